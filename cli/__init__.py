@@ -1,0 +1,1 @@
+"""The ``tlxform`` command line."""

@@ -1,0 +1,51 @@
+"""The interface every runtime backend implements (emulated CPU processes, NVSHMEM on GPUs).
+
+The common layers (world, symmetric heap, channels, host primitives) are written once against this
+interface; a backend only knows how to bootstrap, allocate symmetric bytes, synchronise and write or
+wait on a flag word from the host side.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+
+class Backend(Protocol):
+    """One rank's connection to the world."""
+
+    name: str  # "emulated" or "nvshmem"
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+
+    def allocate(self, nbytes: int) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """Collective. Returns this rank's uint8 buffer and a uint8 view of every rank's copy
+        (index = rank; entry ``rank`` is the local buffer itself), all usable from this process."""
+
+    def release(self, local: torch.Tensor) -> None:
+        """Collective. Frees a buffer returned by :meth:`allocate`."""
+
+    def barrier(self) -> None:
+        """Host-synchronous barrier of all ranks (device work issued before it is complete)."""
+
+    def stream_barrier(self, stream: torch.cuda.Stream | None) -> None:
+        """Barrier ordered on ``stream``: work after it on the stream starts once every rank's
+        work before it has completed. The emulated backend (synchronous kernels) just calls barrier()."""
+
+    def write_value(self, word: torch.Tensor, value: int, stream: torch.cuda.Stream | None) -> None:
+        """Store ``value`` into the int64 ``word`` (a one-element view, possibly a peer's) with
+        release order after earlier work on ``stream`` (copy-engine side: cuStreamWriteValue64)."""
+
+    def wait_value(self, word: torch.Tensor, value: int, stream: torch.cuda.Stream | None,
+                   timeout_s: float) -> None:
+        """Make ``stream`` wait until the int64 ``word`` is >= ``value`` (cuStreamWaitValue64, GEQ).
+        The emulated backend polls on the host and raises WaitTimeout after ``timeout_s``."""
+
+    def copy(self, src: torch.Tensor, dst: torch.Tensor, stream: torch.cuda.Stream | None) -> None:
+        """Copy-engine copy of bytes between (peer) symmetric views on ``stream``."""
+
+    def finalize(self) -> None:
+        """Tear down the world. Buffers are released by the heap before this is called."""

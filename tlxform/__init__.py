@@ -1,0 +1,65 @@
+"""TileLink: compute-communication overlapped Triton kernels from plain annotated kernels.
+
+Public API::
+
+    import tilelink
+
+    @tilelink.overlap(tilelink.all_gather("a_ptr", dim=0))
+    @triton.jit
+    def matmul(a_ptr, b_ptr, c_ptr, M, N, K, ...): ...
+
+    tilelink.init()                      # or tilelink.spawn(fn, world_size, backend="emulated")
+    matmul[grid](a_shard, b, c, M, N, K, ...)
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from tilelink.errors import (
+    AnnotationError,
+    LaunchError,
+    NotInitializedError,
+    SymmetricHeapError,
+    TileLinkError,
+    WaitTimeout,
+    WorldMismatchError,
+)
+
+__version__ = "0.1.0"
+
+# name -> module that defines it; imported on first use so that `import tilelink` stays cheap and
+# the runtime (torch, triton) is only loaded when asked for.
+_LAZY = {
+    "overlap": "tilelink.overlap",
+    "all_gather": "tilelink.spec",
+    "reduce_scatter": "tilelink.spec",
+    "init": "tilelink.runtime.world",
+    "finalize": "tilelink.runtime.world",
+    "rank": "tilelink.runtime.world",
+    "world_size": "tilelink.runtime.world",
+    "local_rank": "tilelink.runtime.world",
+    "is_initialized": "tilelink.runtime.world",
+    "spawn": "tilelink.runtime.launch",
+    "build": "tilelink.overlap",
+}
+
+__all__ = [
+    "AnnotationError",
+    "LaunchError",
+    "NotInitializedError",
+    "SymmetricHeapError",
+    "TileLinkError",
+    "WaitTimeout",
+    "WorldMismatchError",
+    *_LAZY,
+]
+
+
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'tilelink' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

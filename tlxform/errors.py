@@ -1,0 +1,65 @@
+"""Every error TileLink raises. Each names what went wrong and what to do about it."""
+
+from __future__ import annotations
+
+
+class TileLinkError(Exception):
+    """Base class of all TileLink errors."""
+
+
+class NotInitializedError(TileLinkError):
+    """A runtime call was made before ``tilelink.init()`` (or after ``finalize()``)."""
+
+
+class SymmetricHeapError(TileLinkError):
+    """A tensor that must live on the symmetric heap does not, or was already freed."""
+
+
+class WorldMismatchError(TileLinkError):
+    """Ranks disagree (world size, shapes, dtypes) or a context belongs to another world."""
+
+
+class LaunchError(TileLinkError):
+    """Arguments of an overlapped launch are invalid (shape, dtype, device, layout)."""
+
+
+class AnnotationError(TileLinkError):
+    """The ``@tilelink.overlap`` annotation cannot be applied to a kernel.
+
+    The message names the user's file, line and column and says what to write instead.
+    """
+
+    def __init__(self, message: str, *, file: str | None = None, line: int | None = None,
+                 column: int | None = None, hint: str | None = None) -> None:
+        self.file, self.line, self.column, self.hint = file, line, column, hint
+        self.reason = message
+        where = ""
+        if file is not None:
+            where = f"{file}:{line if line is not None else '?'}"
+            if column is not None:
+                where += f":{column}"
+            where += ": "
+        text = f"{where}{message}"
+        if hint:
+            text += f"\n  what to do: {hint}"
+        super().__init__(text)
+
+
+class WaitTimeout(TileLinkError):
+    """A device-side wait spun past its budget: a notify it depends on never came.
+
+    Attributes name the rank that waited, the primitive, the channel or tile index,
+    the value it waited for and the last value it saw.
+    """
+
+    def __init__(self, *, rank: int, primitive: str, index: int, expected: int, seen: int,
+                 budget_s: float, kernel: str | None = None) -> None:
+        self.rank, self.primitive, self.index = rank, primitive, index
+        self.expected, self.seen, self.budget_s, self.kernel = expected, seen, budget_s, kernel
+        where = f" in kernel {kernel}" if kernel else ""
+        super().__init__(
+            f"rank {rank}: {primitive} on channel/tile {index}{where} waited {budget_s:g} s for value "
+            f">= {expected} but saw {seen}. A producer never notified it: check that every rank "
+            f"launched the same operator with the same shapes, and that no rank failed earlier. "
+            f"Raise the budget with TILELINK_WAIT_TIMEOUT=<seconds> if the producer is just slow."
+        )
