@@ -1,0 +1,299 @@
+"""All-gather consumer: the kernel reads a tensor that is sharded across ranks (paper Fig. 2, §4.1).
+
+Spec: ``tilelink.all_gather("a_ptr", dim=0)``. Rank ``r`` passes its shard (rows
+``[r*ceil(M/R), min(M, (r+1)*ceil(M/R)))``); every other argument is the full problem's.
+
+Rewrite of the user's kernel (the consumer):
+- before the first statement that reads the tensor, in the block where the tile is known, wait for
+  the channels holding the tile's rows (``consumer_tile_wait``) and offset the tensor's pointers by
+  the wait's token, so software pipelining cannot hoist the loads above the wait (paper §4.2);
+- rotate the tile index so that the local shard's tiles come first (``order="local_first"``);
+- add the channel parameters (``tlk_*``).
+
+Partner kernels (the producer), chosen by ``via``/``mode``:
+- ``sm`` + ``pull``: :func:`ag_pull_producer` copies every peer's channels into the local buffer on
+  ``comm_sms`` programs, in ring order, notifying each channel when its rows have landed;
+- ``sm`` + ``push``: :func:`ag_push_producer` writes this rank's channels into every peer and
+  notifies the peer's barrier (p2p);
+- ``copy_engine``: no kernel; the host copies each peer's channels on a side stream and sets the
+  barrier word after each copy (``rank_copy_data`` + ``rank_notify``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+import tilelink.language as tll
+import tilelink.mapping as tlm
+from tilelink.analysis import KernelAnalysis
+from tilelink.errors import AnnotationError, LaunchError
+from tilelink.mapping import RowSharding
+from tilelink.plan import Insertion, ReportEntry, RewritePlan
+from tilelink.rules.emit import CHANNEL_PARAMS, channels_of_tile, remap_order
+from tilelink.rules.launch import Launcher, Streams
+from tilelink.runtime import (
+    Channel,
+    Diagnostics,
+    peer_table,
+    peer_tensor,
+    rank_copy_data,
+    rank_notify,
+    symmetric_empty,
+)
+from tilelink.spec import AllGatherSpec, Options
+
+RULE = "all_gather"
+DEFAULTS = dict(via="sm", mode="pull", order="local_first", comm_block=128, comm_sms=16)
+
+
+def rewrite(an: KernelAnalysis, spec: AllGatherSpec, options: Options) -> RewritePlan:
+    """Plan the consumer-side rewrite of ``an`` for ``spec``."""
+    opts = options.resolved(**DEFAULTS)
+    report: list[ReportEntry] = []
+    insertions: list[Insertion] = []
+    loads = [a for t in spec.tensors for a in an.accesses_of(t, "load")]
+    if not loads:
+        names = " or ".join(repr(t) for t in spec.tensors)
+        raise AnnotationError(
+            f"kernel {an.name!r} never loads from {names} (through tl.load or a tensor descriptor)",
+            file=an.file, line=an.where.line, column=an.where.column,
+            hint="annotate the pointer the kernel reads, or remove the all_gather spec")
+    untiled = [a for a in loads if a.tile is None]
+    if untiled:
+        a = untiled[0]
+        raise AnnotationError(
+            f"cannot tell which rows along dim {spec.dim} of {a.tensor!r} this load reads "
+            f"(pointer `{a.pointer}`)", file=a.where.file, line=a.where.line, column=a.where.column,
+            hint="compute the offsets as `offs = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)` and index "
+                 "with offs[:, None], or pass tile=(\"<start>\", \"<size>\") to all_gather(...)")
+    first = loads[0]
+    tile = first.tile
+    assert tile is not None and first.anchor is not None
+    if tile.size_param is None and spec.size is None:
+        raise AnnotationError(
+            f"cannot find the parameter holding the full size of dim {spec.dim} of {first.tensor!r}",
+            file=first.where.file, line=first.where.line, column=first.where.column,
+            hint=f"mask the load with `{tile.offsets or 'offs'}[:, None] < M`, or pass size=\"M\" to "
+                 f"all_gather(...)")
+    size_param = spec.size or tile.size_param
+    # one wait per anchor statement: loads in the same statement (or loop) share it
+    anchors: dict = {}
+    for a in loads:
+        anchors.setdefault((a.anchor.line, a.anchor.column), a)
+    for a in anchors.values():
+        t = a.tile
+        tokens = sorted({n for x in loads if x.anchor == a.anchor for n in x.earlier_aliases})
+        lines = [
+            f"# tilelink: wait until rows [{t.start}, {t.start} + {t.size}) of "
+            f"{', '.join(spec.tensors)} have arrived (all_gather, dim {spec.dim})",
+            channels_of_tile(t),
+            "tlk_token = tll.consumer_tile_wait(tlk_barriers, tlk_first, tlk_count, tlk_epoch, tlk_diag, "
+            "tlk_budget)",
+        ]
+        lines += [f"{n} = {n} + tlk_token" for n in tokens]
+        if any(x.descriptor for x in loads if x.anchor == a.anchor):
+            report.append(ReportEntry(an.name, RULE, "note",
+                                      "tensor-descriptor loads carry no token: the wait's acquire orders them",
+                                      a.where))
+        insertions.append(Insertion(a.anchor, "before", tuple(lines)))
+        report.append(ReportEntry(
+            an.name, RULE, "applied",
+            f"consumer_tile_wait before line {a.anchor.line} (first read of {a.tensor} at line "
+            f"{a.where.line}; tile rows {t.start} .. +{t.size})", a.anchor))
+    shift = f"(tlk_rank * tlk_rows_per_rank) // ({tile.size})"
+    if opts.order in ("local_first", "ring"):
+        more, entry = remap_order(an, first, RULE, opts.order, shift)
+        insertions += more
+        report.append(entry)
+    else:
+        report.append(remap_order(an, first, RULE, opts.order, shift)[1])
+    partners = {"copy_engine": (), "sm": ("ag_pull_producer",) if opts.mode == "pull" else ("ag_push_producer",)}
+    launch = {
+        "rule": RULE, "tensors": list(spec.tensors), "dim": spec.dim, "size_param": size_param,
+        "via": opts.via, "mode": opts.mode, "order": opts.order, "comm_block": opts.comm_block,
+        "comm_sms": opts.comm_sms, "channels_per_rank": opts.channels_per_rank,
+    }
+    report.append(ReportEntry(an.name, RULE, "note",
+                              f"producer: {opts.via}" + (f" {opts.mode}" if opts.via == "sm" else "")
+                              + f", {opts.comm_sms if opts.via == 'sm' else 'no'} SMs, "
+                              f"comm tile {opts.comm_block} rows"))
+    return RewritePlan(an.name, RULE, spec, opts, CHANNEL_PARAMS, tuple(insertions), partners[opts.via],
+                       launch, tuple(report))
+
+
+# --------------------------------------------------------------------------- partner kernels
+@triton.jit
+def ag_pull_producer(full_ptr, peer_table, tlk_barriers, tlk_epoch, tlk_rank, tlk_world, tlk_rows,
+                     tlk_rows_per_rank, tlk_rows_per_channel, tlk_channels_per_rank, row_elems, outer,
+                     outer_stride, BLOCK: tl.constexpr):
+    """Pull every peer's channels into this rank's copy of the gathered buffer, ring order.
+
+    ``full_ptr`` is the local (outer, rows, row_elems) contiguous buffer; rank ``r``'s rows are
+    already in place on every rank's copy (the launcher copies the shard before this runs).
+    """
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    num_channels = tlk_world * tlk_channels_per_rank
+    for i in range(pid, num_channels, nprog):
+        # this rank's own channels first, then the next rank's: ring order over sources
+        ch = (i + tlk_rank * tlk_channels_per_rank) % num_channels
+        lo, hi = tlm.tl_channel_range(ch, tlk_rows, tlk_rows_per_rank, tlk_rows_per_channel,
+                                      tlk_channels_per_rank)
+        src = ch // tlk_channels_per_rank
+        if src != tlk_rank:
+            n = (hi - lo) * row_elems
+            for o in range(0, outer):
+                base = o * outer_stride + lo * row_elems
+                for off in range(0, n, BLOCK):
+                    idx = off + tl.arange(0, BLOCK)
+                    mask = idx < n
+                    x = tll.tile_pull_data(peer_table, full_ptr, src, base + idx, mask)
+                    tl.store(full_ptr + base + idx, x, mask=mask)
+        tll.producer_tile_notify(tlk_barriers, ch, 1, tlk_barriers, tlk_rank, tlk_world, 0)
+
+
+@triton.jit
+def ag_push_producer(full_ptr, peer_table, tlk_barriers, barrier_table, tlk_epoch, tlk_rank, tlk_world,
+                     tlk_rows, tlk_rows_per_rank, tlk_rows_per_channel, tlk_channels_per_rank, row_elems,
+                     outer, outer_stride, BLOCK: tl.constexpr):
+    """Push this rank's channels into every peer's copy and notify the peer's barrier (p2p)."""
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    for i in range(pid, tlk_channels_per_rank * tlk_world, nprog):
+        j = i % tlk_channels_per_rank
+        dst = (tlk_rank + i // tlk_channels_per_rank) % tlk_world
+        ch = tlk_rank * tlk_channels_per_rank + j
+        lo, hi = tlm.tl_channel_range(ch, tlk_rows, tlk_rows_per_rank, tlk_rows_per_channel,
+                                      tlk_channels_per_rank)
+        if dst != tlk_rank:
+            n = (hi - lo) * row_elems
+            for o in range(0, outer):
+                base = o * outer_stride + lo * row_elems
+                for off in range(0, n, BLOCK):
+                    idx = off + tl.arange(0, BLOCK)
+                    mask = idx < n
+                    x = tl.load(full_ptr + base + idx, mask=mask)
+                    tll.tile_push_data(peer_table, full_ptr, dst, base + idx, x, mask)
+        tll.producer_tile_notify(tlk_barriers, ch, 1, barrier_table, dst, tlk_world, 1)
+
+
+
+# --------------------------------------------------------------------------- launch plan
+@dataclass
+class AllGatherContext:
+    """Buffers and channels of one shape: the gathered copy of each tensor and one channel set."""
+
+    sharding: RowSharding
+    shapes: tuple[tuple[int, ...], ...]
+    fulls: tuple[torch.Tensor, ...]  # symmetric (.., M, ..) buffers, one per gathered tensor
+    tables: tuple[torch.Tensor, ...]
+    channel: Channel
+    diag: Diagnostics
+    streams: Streams
+    scratch: torch.Tensor  # a private barrier array for the dry run
+    warm: bool = False
+
+
+class AllGatherLauncher(Launcher):
+    """``kernel[grid](a_shard, ...)``: gather the shards, then run the rewritten consumer."""
+
+    def context(self, bound: dict) -> AllGatherContext:
+        world = self.world()
+        size = self.size_of(bound)
+        sharding = self.sharding(world, size)
+        dim = self.meta["dim"]
+        lo, hi = sharding.rank_range(world.rank)
+        shapes = []
+        for name in self.meta["tensors"]:
+            t = self.tensor_arg(bound, name, world)
+            if t.dim() <= dim:
+                raise LaunchError(f"{self.okernel.name}: {name} has {t.dim()} dims; all_gather is over dim {dim}")
+            if t.shape[dim] != hi - lo:
+                raise LaunchError(
+                    f"{self.okernel.name}: rank {world.rank} must pass rows [{lo}, {hi}) of {name} along dim "
+                    f"{dim} ({hi - lo} rows, for {self.meta['size_param']}={size} over {world.world_size} "
+                    f"ranks), got {t.shape[dim]}")
+            shapes.append((*t.shape[:dim], size, *t.shape[dim + 1:]))
+        key = (size, tuple(shapes), tuple(str(bound[n].dtype) for n in self.meta["tensors"]))
+        ctx = self.contexts.get(key)
+        if ctx is None:
+            fulls = tuple(symmetric_empty(s, bound[n].dtype) for s, n in zip(shapes, self.meta["tensors"],
+                                                                              strict=True))
+            ctx = AllGatherContext(sharding, tuple(shapes), fulls, tuple(peer_table(f) for f in fulls),
+                                   Channel(sharding.num_channels), Diagnostics(), Streams.for_world(world),
+                                   torch.zeros(sharding.num_channels, dtype=torch.int64, device=world.device))
+            self.contexts[key] = ctx
+        return ctx
+
+    def _producer(self, ctx: AllGatherContext, world, barriers, epoch: int) -> None:
+        """Issue the communication of every gathered tensor (SM kernel or copy engine)."""
+        dim = self.meta["dim"]
+        sh = ctx.sharding
+        for full, table, shape in zip(ctx.fulls, ctx.tables, ctx.shapes, strict=True):
+            outer = math.prod(shape[:dim])
+            row_elems = math.prod(shape[dim + 1:])
+            args = dict(tlk_rank=world.rank, tlk_world=world.world_size, tlk_rows=sh.size,
+                        tlk_rows_per_rank=sh.rows_per_rank, tlk_rows_per_channel=sh.rows_per_channel,
+                        tlk_channels_per_rank=sh.channels_per_rank, row_elems=row_elems, outer=outer,
+                        outer_stride=sh.size * row_elems, BLOCK=self.BLOCK)
+            grid = (min(self.meta["comm_sms"], sh.num_channels),)
+            if self.meta["via"] == "copy_engine":
+                self._copy_engine(ctx, world, full, barriers, epoch)
+            elif self.meta["mode"] == "pull":
+                self.partner("ag_pull_producer")[grid](full, table, barriers, epoch, **args)
+            else:
+                self.partner("ag_push_producer")[grid](full, table, barriers, ctx.channel.peer_table
+                                                       if barriers is ctx.channel.barriers else barriers,
+                                                       epoch, **args)
+
+    def _copy_engine(self, ctx: AllGatherContext, world, full, barriers, epoch: int) -> None:
+        dim, sh, k = self.meta["dim"], ctx.sharding, len(ctx.fulls)
+        last = full is ctx.fulls[-1]
+        for step in range(world.world_size):
+            src = (world.rank + step) % world.world_size
+            peer = peer_tensor(full, src) if src != world.rank else None
+            for j in range(sh.channels_per_rank):
+                ch = src * sh.channels_per_rank + j
+                lo, hi = sh.channel_range(ch)
+                if peer is not None and hi > lo:
+                    rank_copy_data(peer.narrow(dim, lo, hi - lo), full.narrow(dim, lo, hi - lo),
+                                   ctx.streams.side)
+                if last:  # one notify per channel once every tensor of the spec has landed
+                    rank_notify(barriers, ch, epoch * k, world.rank, ctx.streams.side)
+
+    def launch(self, grid, bound: dict) -> None:
+        world = self.world()
+        ctx = self.context(bound)
+        dim, k = self.meta["dim"], len(ctx.fulls)
+        lo, hi = ctx.sharding.rank_range(world.rank)
+        call = dict(bound)
+        for name, full in zip(self.meta["tensors"], ctx.fulls, strict=True):
+            call[name] = full
+        if self.needs_dry_run(ctx, world):
+            ctx.scratch.zero_()
+            self._producer(ctx, world, ctx.scratch, 0)
+            self.kernel[grid](**call, **self.channel_args(None, 0, world, ctx.sharding, ctx.diag)
+                              | {"tlk_barriers": ctx.scratch})
+            torch.cuda.synchronize(world.device)
+            ctx.warm = True
+        epoch = ctx.channel.advance()
+        main, side = ctx.streams.main, ctx.streams.side
+        world.stream_barrier(main)  # every rank is done reading the previous call's buffers
+        for name, full in zip(self.meta["tensors"], ctx.fulls, strict=True):
+            if hi > lo:
+                full.narrow(dim, lo, hi - lo).copy_(bound[name])
+        world.stream_barrier(main)  # every rank's shard is in place
+        if side is not None:
+            side.wait_stream(main)
+            with torch.cuda.stream(side):
+                self._producer(ctx, world, ctx.channel.barriers, epoch)
+        else:
+            self._producer(ctx, world, ctx.channel.barriers, epoch)
+        # a channel is notified once per call per gathered tensor
+        self.kernel[grid](**call, **self.channel_args(ctx.channel, epoch * k, world, ctx.sharding, ctx.diag))
+        self.finish(ctx)

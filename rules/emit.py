@@ -1,0 +1,61 @@
+"""Source snippets shared by the rules: the channel parameters and the tile-order remap.
+
+Every inserted name starts with ``tlk_`` so that a reader can tell TileLink's code from theirs.
+"""
+
+from __future__ import annotations
+
+from tilelink.analysis import Access, KernelAnalysis, Tile
+from tilelink.plan import Insertion, ReportEntry
+
+#: parameters added to every rewritten kernel: the channel (paper's BlockChannel), flattened.
+CHANNEL_PARAMS = (
+    "tlk_barriers",  # int64* : this rank's barrier words, one per channel
+    "tlk_epoch",  # int   : calls made on this context so far (barrier targets scale with it)
+    "tlk_rank",
+    "tlk_world",
+    "tlk_rows",  # size of the communicated dimension (M)
+    "tlk_rows_per_rank",
+    "tlk_rows_per_channel",
+    "tlk_channels_per_rank",
+    "tlk_diag",  # int64* : wait diagnostics (first timeout wins)
+    "tlk_budget",  # int64 : wait budget in nanoseconds
+)
+
+MAPPING_ARGS = "tlk_rows, tlk_rows_per_rank, tlk_rows_per_channel, tlk_channels_per_rank"
+
+
+def channels_of_tile(tile: Tile) -> str:
+    """``tlk_first, tlk_count = ...`` for the channels holding the tile's rows."""
+    return (f"tlk_first, tlk_count = tlm.tl_channels_of_rows({tile.start}, {tile.start} + {tile.size}, "
+            f"{MAPPING_ARGS})")
+
+
+def remap_order(an: KernelAnalysis, access: Access, rule: str, order: str,
+                shift: str) -> tuple[list[Insertion], ReportEntry]:
+    """Rotate the tile index so that tiles are visited in ``order`` (paper §3.1, tile order).
+
+    ``shift`` is the tile index, in source, that should come first. Applies to tiles of the form
+    ``pid * SIZE`` whose ``pid`` variable is assigned in the kernel; otherwise says why not.
+    """
+    tile = access.tile
+    assert tile is not None
+    if order == "mesh":
+        return [], ReportEntry(an.name, rule, "note", "order='mesh': tiles keep the kernel's own order")
+    if tile.pid is None or tile.size_param is None:
+        why = ("the tile start is not `pid * SIZE` with an assigned pid variable" if tile.pid is None
+               else "the size of the dimension is unknown (pass size=...)")
+        return [], ReportEntry(an.name, rule, "not applied",
+                               f"order={order!r} not applied: {why}; tiles keep the kernel's own order",
+                               access.where)
+    before = [w for w in an.assignments.get(tile.pid, ()) if w.line < tile.defined_at.line]
+    if not before:
+        return [], ReportEntry(an.name, rule, "not applied",
+                               f"order={order!r} not applied: no assignment of {tile.pid} before its use",
+                               access.where)
+    anchor = before[-1]
+    line = (f"{tile.pid} = tlm.tl_remap_tile({tile.pid}, tl.cdiv({tile.size_param}, {tile.size}), "
+            f"{shift})")
+    ins = Insertion(anchor, "after", (f"# tilelink: visit tiles in {order} order ({rule})", line))
+    return [ins], ReportEntry(an.name, rule, "applied",
+                              f"tile order {order}: {tile.pid} rotated after line {anchor.line}", anchor)

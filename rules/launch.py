@@ -1,0 +1,124 @@
+"""The launch side shared by the rules: contexts per shape, streams, preloading, wait diagnostics.
+
+A rule's launcher turns ``kernel[grid](args...)`` into the overlapped operator: it validates the
+arguments against the launch contract, finds (or collectively creates) the context for their
+shapes, and issues the producer and consumer kernels. On a GPU the partner kernel runs on a side
+stream; in the emulated world kernels run one after the other (the interpreter is synchronous), in
+an order where nothing waits for a kernel that has not run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from tilelink.errors import LaunchError
+from tilelink.mapping import RowSharding
+
+
+def launcher_for(okernel):
+    """The launcher of the rule that rewrote ``okernel``."""
+    rule = okernel.plan.rule
+    if rule == "all_gather":
+        from tilelink.rules.all_gather import AllGatherLauncher
+
+        return AllGatherLauncher(okernel)
+    if rule == "reduce_scatter":
+        from tilelink.rules.reduce_scatter import ReduceScatterLauncher
+
+        return ReduceScatterLauncher(okernel)
+    raise LaunchError(f"no launcher for rule {rule!r}")
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclass
+class Streams:
+    """The main stream of the caller and the side stream of the partner kernel (GPU only)."""
+
+    main: Any
+    side: Any
+
+    @classmethod
+    def for_world(cls, world) -> Streams:
+        if world.device.type != "cuda":
+            return cls(None, None)
+        return cls(torch.cuda.current_stream(world.device), torch.cuda.Stream(world.device))
+
+
+class Launcher:
+    """Common part of the rules' launchers."""
+
+    BLOCK = 1024  # elements per program step of the partner kernels
+
+    def __init__(self, okernel) -> None:
+        self.okernel = okernel
+        self.meta = okernel.plan.launch
+        self.contexts: dict[tuple, Any] = {}
+
+    # -- helpers -------------------------------------------------------------------------------
+    @property
+    def kernel(self):
+        return getattr(self.okernel.module, self.okernel.name)
+
+    def partner(self, name: str):
+        return getattr(self.okernel.module, name)
+
+    def world(self):
+        from tilelink.runtime import current_world
+
+        return current_world()
+
+    def size_of(self, bound: dict) -> int:
+        name = self.meta["size_param"]
+        if name not in bound:
+            raise LaunchError(f"{self.okernel.name}: missing argument {name!r} (the full size of the "
+                              f"communicated dimension)")
+        value = bound[name]
+        if hasattr(value, "item"):
+            value = value.item()
+        if not isinstance(value, int) or value < 1:
+            raise LaunchError(f"{self.okernel.name}: {name}={value!r} must be a positive int")
+        return value
+
+    def sharding(self, world, size: int) -> RowSharding:
+        rpr = cdiv(size, world.world_size)
+        wanted = self.meta.get("channels_per_rank") or cdiv(rpr, self.meta["comm_block"])
+        return RowSharding(size, world.world_size, max(1, min(wanted, rpr)))
+
+    def tensor_arg(self, bound: dict, name: str, world) -> torch.Tensor:
+        t = bound.get(name)
+        if not isinstance(t, torch.Tensor):
+            raise LaunchError(f"{self.okernel.name}: argument {name!r} must be a torch.Tensor (this rank's "
+                              f"shard), got {type(t).__name__}")
+        if t.device != world.device and not (t.device.type == world.device.type == "cuda"
+                                             and t.device.index == world.device.index):
+            raise LaunchError(f"{self.okernel.name}: {name} is on {t.device}, but this rank computes on "
+                              f"{world.device}; move it there first")
+        if not t.is_contiguous():
+            raise LaunchError(f"{self.okernel.name}: {name} must be contiguous (call .contiguous())")
+        return t
+
+    def channel_args(self, channel, epoch: int, world, sharding: RowSharding, diag) -> dict[str, Any]:
+        return dict(tlk_barriers=channel.barriers if channel is not None else None, tlk_epoch=epoch,
+                    tlk_rank=world.rank, tlk_world=world.world_size, tlk_rows=sharding.size,
+                    tlk_rows_per_rank=sharding.rows_per_rank, tlk_rows_per_channel=sharding.rows_per_channel,
+                    tlk_channels_per_rank=sharding.channels_per_rank, tlk_diag=diag.buffer,
+                    tlk_budget=diag.budget_ns)
+
+    def finish(self, ctx) -> None:
+        """Join the side stream and turn a timed-out wait into :class:`tilelink.WaitTimeout`."""
+        if ctx.streams.main is not None:
+            ctx.streams.main.wait_stream(ctx.streams.side)
+        if self.okernel.check_waits:
+            ctx.diag.check(kernel=self.okernel.name)
+
+    def needs_dry_run(self, ctx, world) -> bool:
+        """On a GPU, run every kernel once against a scratch channel (epoch 0: no wait can block)
+        before the first real call: this compiles, loads and autotunes them, so that no module is
+        loaded while another kernel spins (DESIGN.md §9)."""
+        return world.backend != "emulated" and not ctx.warm

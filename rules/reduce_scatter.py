@@ -1,0 +1,234 @@
+"""Reduce-scatter producer: the kernel's stores are partial sums reduced across ranks (paper Fig. 4).
+
+Spec: ``tilelink.reduce_scatter("c_ptr", dim=0)``. Rank ``r`` passes its output shard (rows
+``[r*ceil(M/R), min(M, (r+1)*ceil(M/R)))`` of the summed result); every other argument is the full
+problem's. The kernel itself writes the full partial result into a symmetric buffer.
+
+Rewrite of the user's kernel (the producer):
+- after each store to the tensor, count the elements the tile stored in each channel it overlaps
+  and notify those channels (``producer_tile_notify``, release). A channel is complete when its
+  count reaches ``rows(channel) * row_elems`` per call, whatever the producer's tile sizes, so
+  autotuning the kernel never changes the consumer;
+- rotate the tile index so that each rank starts with the rows the next rank reduces first
+  (``order="ring"``), spreading the consumers' first waits over different producers;
+- add the channel parameters (``tlk_*``).
+
+Partner kernel (the consumer): :func:`rs_pull_consumer` on ``comm_sms`` programs pulls, for each
+of this rank's channels, every rank's partial rows once they are notified (full-mesh pull, ring
+start), sums them in fp32 and writes this rank's output shard.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+import tilelink.language as tll
+import tilelink.mapping as tlm
+from tilelink.analysis import KernelAnalysis
+from tilelink.errors import AnnotationError, LaunchError
+from tilelink.mapping import RowSharding
+from tilelink.plan import Insertion, ReportEntry, RewritePlan
+from tilelink.rules.emit import CHANNEL_PARAMS, MAPPING_ARGS, channels_of_tile, remap_order
+from tilelink.rules.launch import Launcher, Streams, cdiv
+from tilelink.runtime import Channel, Diagnostics, peer_table, symmetric_empty
+from tilelink.spec import Options, ReduceScatterSpec
+
+RULE = "reduce_scatter"
+DEFAULTS = dict(via="sm", mode="pull", order="ring", comm_block=128, comm_sms=16)
+
+
+def rewrite(an: KernelAnalysis, spec: ReduceScatterSpec, options: Options) -> RewritePlan:
+    """Plan the producer-side rewrite of ``an`` for ``spec``."""
+    opts = options.resolved(**DEFAULTS)
+    if spec.dim != 0:
+        raise AnnotationError(f"reduce_scatter over dim {spec.dim} is not supported yet", file=an.file,
+                              line=an.where.line, column=an.where.column,
+                              hint="scatter along dim 0 (rows); transpose the output if needed")
+    if opts.via != "sm":
+        raise AnnotationError("reduce_scatter via='copy_engine' is not supported yet", file=an.file,
+                              line=an.where.line, column=an.where.column, hint="use via='sm' (the default)")
+    stores = [a for t in spec.tensors for a in an.accesses_of(t, "store")]
+    names = " or ".join(repr(t) for t in spec.tensors)
+    if not stores:
+        raise AnnotationError(f"kernel {an.name!r} never stores to {names}", file=an.file,
+                              line=an.where.line, column=an.where.column,
+                              hint="annotate the pointer the kernel writes its partial result to")
+    report: list[ReportEntry] = []
+    insertions: list[Insertion] = []
+    for a in stores:
+        if a.tile is None:
+            raise AnnotationError(
+                f"cannot tell which rows of {a.tensor!r} this store writes (pointer `{a.pointer}`)",
+                file=a.where.file, line=a.where.line, column=a.where.column,
+                hint="compute the offsets as `offs_cm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)` and "
+                     "index with offs_cm[:, None], or pass tile=(\"<start>\", \"<size>\")")
+        if a.descriptor or not a.anchor_is_access:
+            raise AnnotationError(
+                f"the store to {a.tensor!r} must be a plain `tl.store(ptrs, value, mask=...)` statement "
+                f"in the block where its tile is computed", file=a.where.file, line=a.where.line,
+                column=a.where.column, hint="move the store out of the nested block / tensor descriptor")
+        t = a.tile
+        assert t is not None and a.anchor is not None and a.value is not None
+        shape = f"({a.value}).shape"
+        axis = 1 - spec.dim
+        stored = (f"tl.where({a.mask}, 1, 0) + tl.zeros({shape}, tl.int32)" if a.mask
+                  else f"tl.full({shape}, 1, tl.int32)")
+        lines = (
+            f"# tilelink: notify the channels whose rows this tile completed (reduce_scatter, dim {spec.dim})",
+            f"tlk_stored = tl.sum({stored}, axis={axis})",
+            f"tlk_row = {t.start} + tl.arange(0, {t.size})",
+            channels_of_tile(t),
+            "for tlk_i in range(0, tlk_count):",
+            f"    tlk_lo, tlk_hi = tlm.tl_channel_range(tlk_first + tlk_i, {MAPPING_ARGS})",
+            "    tlk_done = tl.sum(tl.where((tlk_row >= tlk_lo) & (tlk_row < tlk_hi), tlk_stored, 0))",
+            "    tll.producer_tile_notify(tlk_barriers, tlk_first + tlk_i, tlk_done, tlk_barriers, tlk_rank, "
+            "tlk_world, 0)",
+        )
+        insertions.append(Insertion(a.anchor, "after", lines))
+        report.append(ReportEntry(an.name, RULE, "applied",
+                                  f"producer_tile_notify after the store at line {a.where.line} "
+                                  f"(tile rows {t.start} .. +{t.size})", a.where))
+    first = stores[0]
+    tile = first.tile
+    assert tile is not None
+    size_param = spec.size or tile.size_param
+    if size_param is None:
+        raise AnnotationError(
+            f"cannot find the parameter holding the full size of dim 0 of {first.tensor!r}",
+            file=first.where.file, line=first.where.line, column=first.where.column,
+            hint=f"mask the store with `{tile.offsets or 'offs'}[:, None] < M`, or pass size=\"M\"")
+    shift = f"(((tlk_rank + 1) % tlk_world) * tlk_rows_per_rank) // ({tile.size})"
+    more, entry = remap_order(an, first, RULE, opts.order, shift)
+    insertions += more
+    report.append(entry)
+    report.append(ReportEntry(an.name, RULE, "note",
+                              f"consumer: SM mesh pull on {opts.comm_sms} programs, comm tile "
+                              f"{opts.comm_block} rows"))
+    launch = {"rule": RULE, "tensors": list(spec.tensors), "dim": spec.dim, "size_param": size_param,
+              "via": opts.via, "mode": opts.mode, "order": opts.order, "comm_block": opts.comm_block,
+              "comm_sms": opts.comm_sms, "channels_per_rank": opts.channels_per_rank}
+    return RewritePlan(an.name, RULE, spec, opts, CHANNEL_PARAMS, tuple(insertions), ("rs_pull_consumer",),
+                       launch, tuple(report))
+
+
+# --------------------------------------------------------------------------- partner kernel
+@triton.jit
+def rs_pull_consumer(partial_ptr, peer_table, out_ptr, tlk_barriers, barrier_table, tlk_epoch, tlk_rank,
+                     tlk_world, tlk_rows, tlk_rows_per_rank, tlk_rows_per_channel, tlk_channels_per_rank,
+                     row_elems, tlk_diag, tlk_budget, BLOCK: tl.constexpr):
+    """Sum every rank's partial rows of this rank's channels into ``out_ptr`` (this rank's shard).
+
+    ``partial_ptr`` is the local copy of the symmetric (rows, row_elems) partial buffer; each unit
+    of work is one block of one channel; a channel of ``n`` elements is complete on a rank once its
+    barrier word reaches ``epoch * n``.
+    """
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    nblocks = tl.cdiv(tlk_rows_per_channel * row_elems, BLOCK)
+    rank_lo = tlk_rank * tlk_rows_per_rank
+    for u in range(pid, tlk_channels_per_rank * nblocks, nprog):
+        ch = tlk_rank * tlk_channels_per_rank + u // nblocks
+        lo, hi = tlm.tl_channel_range(ch, tlk_rows, tlk_rows_per_rank, tlk_rows_per_channel,
+                                      tlk_channels_per_rank)
+        n = (hi - lo) * row_elems
+        off = (u % nblocks) * BLOCK
+        if off < n:
+            idx = off + tl.arange(0, BLOCK)
+            mask = idx < n
+            acc = tl.zeros([BLOCK], dtype=tl.float32)
+            for p in range(0, tlk_world):
+                src = (tlk_rank + 1 + p) % tlk_world
+                src_barriers = tll.peer_ptr(barrier_table, tlk_barriers, src)
+                token = tll.consumer_tile_wait(src_barriers, ch, 1, tlk_epoch * n, tlk_diag, tlk_budget)
+                x = tll.tile_pull_data(peer_table, partial_ptr, src, lo * row_elems + idx + token, mask)
+                acc += x.to(tl.float32)
+            tl.store(out_ptr + (lo - rank_lo) * row_elems + idx, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+# --------------------------------------------------------------------------- launch plan
+@dataclass
+class ReduceScatterContext:
+    """The symmetric partial-result buffer of one shape and its channels."""
+
+    sharding: RowSharding
+    partial: torch.Tensor  # symmetric (M, row_elems) partial sums of this rank
+    table: torch.Tensor
+    channel: Channel
+    diag: Diagnostics
+    streams: Streams
+    scratch: torch.Tensor
+    warm: bool = False
+
+
+class ReduceScatterLauncher(Launcher):
+    """``kernel[grid](..., c_shard, ...)``: run the rewritten producer into a symmetric buffer and
+    reduce this rank's rows from every rank into ``c_shard``."""
+
+    def context(self, bound: dict) -> ReduceScatterContext:
+        world = self.world()
+        size = self.size_of(bound)
+        sharding = self.sharding(world, size)
+        (name,) = self.meta["tensors"]
+        out = self.tensor_arg(bound, name, world)
+        lo, hi = sharding.rank_range(world.rank)
+        if out.dim() < 1 or out.shape[0] != hi - lo:
+            raise LaunchError(
+                f"{self.okernel.name}: rank {world.rank} must pass its output rows [{lo}, {hi}) as {name} "
+                f"({hi - lo} rows, for {self.meta['size_param']}={size} over {world.world_size} ranks), "
+                f"got shape {list(out.shape)}")
+        shape = (size, *out.shape[1:])
+        key = (size, shape, str(out.dtype))
+        ctx = self.contexts.get(key)
+        if ctx is None:
+            partial = symmetric_empty(shape, out.dtype)
+            ctx = ReduceScatterContext(sharding, partial, peer_table(partial), Channel(sharding.num_channels),
+                                       Diagnostics(), Streams.for_world(world),
+                                       torch.zeros(sharding.num_channels, dtype=torch.int64, device=world.device))
+            self.contexts[key] = ctx
+        return ctx
+
+    def _consumer(self, ctx: ReduceScatterContext, world, out, barriers, table, epoch: int) -> None:
+        sh = ctx.sharding
+        row_elems = math.prod(ctx.partial.shape[1:])
+        grid = (max(1, min(self.meta["comm_sms"], sh.channels_per_rank * cdiv(sh.rows_per_channel * row_elems,
+                                                                             self.BLOCK))),)
+        self.partner("rs_pull_consumer")[grid](
+            ctx.partial, ctx.table, out, barriers, table, epoch, world.rank, world.world_size, sh.size,
+            sh.rows_per_rank, sh.rows_per_channel, sh.channels_per_rank, row_elems, ctx.diag.buffer,
+            ctx.diag.budget_ns, BLOCK=self.BLOCK)
+
+    def launch(self, grid, bound: dict) -> None:
+        world = self.world()
+        ctx = self.context(bound)
+        (name,) = self.meta["tensors"]
+        out = bound[name]
+        call = dict(bound)
+        call[name] = ctx.partial
+        if self.needs_dry_run(ctx, world):
+            ctx.scratch.zero_()
+            scratch_table = torch.full((world.world_size,), ctx.scratch.data_ptr(), dtype=torch.int64,
+                                       device=world.device)
+            self.kernel[grid](**call, **self.channel_args(None, 0, world, ctx.sharding, ctx.diag)
+                              | {"tlk_barriers": ctx.scratch})
+            self._consumer(ctx, world, out, ctx.scratch, scratch_table, 0)
+            torch.cuda.synchronize(world.device)
+            ctx.warm = True
+        epoch = ctx.channel.advance()
+        main, side = ctx.streams.main, ctx.streams.side
+        world.stream_barrier(main)  # every rank is done reading the previous call's partial sums
+        args = self.channel_args(ctx.channel, epoch, world, ctx.sharding, ctx.diag)
+        if side is not None:
+            # the consumer takes its few SMs first; the producer never waits for it
+            side.wait_stream(main)
+            with torch.cuda.stream(side):
+                self._consumer(ctx, world, out, ctx.channel.barriers, ctx.channel.peer_table, epoch)
+            self.kernel[grid](**call, **args)
+        else:
+            self.kernel[grid](**call, **args)
+            self._consumer(ctx, world, out, ctx.channel.barriers, ctx.channel.peer_table, epoch)
+        self.finish(ctx)

@@ -1,0 +1,486 @@
+"""Analysis of a user's Triton kernel: what the rewriter needs to know before it changes anything.
+
+Input: the module source (LibCST) and the name of an annotated kernel. Output: a frozen
+:class:`KernelAnalysis` with the kernel's parameters, every load from / store to each annotated
+tensor (through aliases such as ``a_ptrs = a_ptr + ...``, ``+=`` advances and tensor descriptors),
+and the tile each access touches along the communicated dimension. No stage after this one looks at
+the user's source again except through what is recorded here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import libcst as cst
+import libcst.matchers as m
+from libcst.metadata import MetadataWrapper, PositionProvider
+
+from tilelink.errors import AnnotationError
+
+
+# ----------------------------------------------------------------------------- small data types
+@dataclass(frozen=True)
+class Where:
+    """A position in the user's file (1-based line and column)."""
+
+    file: str
+    line: int
+    column: int
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}:{self.column}"
+
+
+@dataclass(frozen=True)
+class Tile:
+    """A tile along the communicated dimension: rows ``[start, start + size)``.
+
+    ``start`` and ``size`` are source expressions valid at the insertion point; ``offsets`` is the
+    name of the 1-D offsets vector (``offs_am``) when the tile was inferred from one; ``size_param``
+    the kernel parameter bounding the dimension (``M``) when it could be found.
+    """
+
+    start: str
+    size: str
+    offsets: str | None
+    size_param: str | None
+    pid: str | None  # the program-id variable of `start = pid * size`, for tile-order remapping
+    defined_at: Where
+
+
+@dataclass(frozen=True)
+class Access:
+    """One load from or store to an annotated tensor."""
+
+    kind: str  # "load" | "store"
+    tensor: str  # the annotated parameter
+    pointer: str  # source of the pointer / descriptor expression
+    descriptor: bool
+    where: Where
+    value: str | None = None  # stored value (stores)
+    mask: str | None = None  # mask= source, if any
+    tile: Tile | None = None
+    anchor: Where | None = None  # the statement, at the tile's block level, that holds the access
+    anchor_is_access: bool = False  # the anchor statement is the access itself (a plain statement)
+    earlier_aliases: tuple[str, ...] = ()  # pointer aliases assigned before the anchor, used after it
+
+
+@dataclass(frozen=True)
+class KernelAnalysis:
+    """Everything the rules need about one kernel."""
+
+    name: str
+    file: str
+    params: tuple[str, ...]
+    constexpr_params: tuple[str, ...]
+    aliases: dict[str, tuple[str, ...]]  # annotated tensor -> alias variable names (incl. itself)
+    descriptor_aliases: dict[str, tuple[str, ...]]
+    accesses: tuple[Access, ...]
+    where: Where
+    assignments: dict[str, tuple[Where, ...]]  # variable -> statements assigning it, in order
+
+    def accesses_of(self, tensor: str, kind: str) -> list[Access]:
+        return [a for a in self.accesses if a.tensor == tensor and a.kind == kind]
+
+
+# ----------------------------------------------------------------------------- helpers
+def code(node: cst.CSTNode) -> str:
+    """Source text of a node (without surrounding whitespace)."""
+    return cst.Module(body=[]).code_for_node(node).strip()
+
+
+def names_in(node: cst.CSTNode) -> set[str]:
+    """Every plain name referenced in ``node`` (attribute bases included, attribute names not)."""
+    found: set[str] = set()
+
+    class _V(cst.CSTVisitor):
+        def visit_Name(self, n: cst.Name) -> None:
+            found.add(n.value)
+
+        def visit_Attribute(self, n: cst.Attribute) -> bool:
+            n.value.visit(self)
+            return False
+
+        def visit_Arg(self, n: cst.Arg) -> bool:
+            n.value.visit(self)  # the keyword of `mask=m` is not a reference
+            return False
+
+    node.visit(_V())
+    return found
+
+
+def is_triton_jit(decorator: cst.Decorator) -> bool:
+    d = decorator.decorator
+    if isinstance(d, cst.Call):
+        d = d.func
+    return m.matches(d, m.Attribute(value=m.Name("triton"), attr=m.Name("jit")) | m.Name("jit"))
+
+
+def is_autotune_or_heuristics(decorator: cst.Decorator) -> bool:
+    d = decorator.decorator
+    if isinstance(d, cst.Call):
+        d = d.func
+    return m.matches(d, m.Attribute(attr=m.Name("autotune") | m.Name("heuristics")))
+
+
+def _is_tl_call(node: cst.CSTNode, name: str) -> bool:
+    return m.matches(node, m.Call(func=m.Attribute(value=m.Name("tl"), attr=m.Name(name))))
+
+
+def _arg(call: cst.Call, position: int, keyword: str) -> cst.BaseExpression | None:
+    for a in call.args:
+        if a.keyword is not None and a.keyword.value == keyword:
+            return a.value
+    positional = [a for a in call.args if a.keyword is None]
+    return positional[position].value if position < len(positional) else None
+
+
+def _arange_size(node: cst.BaseExpression) -> str | None:
+    """``tl.arange(0, B)`` -> ``"B"``."""
+    if _is_tl_call(node, "arange") and len(node.args) == 2:  # type: ignore[attr-defined]
+        lo, hi = node.args  # type: ignore[attr-defined]
+        if m.matches(lo.value, m.Integer("0")):
+            return code(hi.value)
+    return None
+
+
+def parse_offsets(value: cst.BaseExpression) -> tuple[str, str] | None:
+    """Recognise ``start + tl.arange(0, size)`` (either order, optionally ``(...) % bound``).
+
+    Returns ``(start, size)`` source strings or ``None``.
+    """
+    while isinstance(value, cst.BinaryOperation) and isinstance(value.operator, cst.Modulo):
+        value = value.left
+    if isinstance(value, cst.BinaryOperation) and isinstance(value.operator, cst.Add):
+        for a, b in ((value.left, value.right), (value.right, value.left)):
+            size = _arange_size(b)
+            if size is not None:
+                return code(a), size
+    return None
+
+
+# ----------------------------------------------------------------------------- statement walk
+@dataclass(frozen=True)
+class StmtRef:
+    """A statement and the chain of blocks that contain it (outermost first)."""
+
+    node: cst.CSTNode  # a SimpleStatementLine or a compound statement
+    blocks: tuple[cst.BaseSuite, ...]  # enclosing suites, the kernel body first
+
+
+def walk_statements(body: cst.BaseSuite, blocks: tuple[cst.BaseSuite, ...] = ()) -> Iterator[StmtRef]:
+    """Every statement in document order, with its enclosing suites."""
+    blocks = blocks + (body,)
+    for stmt in getattr(body, "body", ()):
+        yield StmtRef(stmt, blocks)
+        if isinstance(stmt, cst.BaseCompoundStatement):
+            for suite in _suites(stmt):
+                yield from walk_statements(suite, blocks)
+
+
+def _suites(stmt: cst.BaseCompoundStatement) -> list[cst.BaseSuite]:
+    suites = [stmt.body]
+    orelse = getattr(stmt, "orelse", None)
+    while orelse is not None:
+        suites.append(orelse.body)
+        orelse = getattr(orelse, "orelse", None) if isinstance(orelse, cst.If) else None
+    return suites
+
+
+def small_statements(ref: StmtRef) -> list[cst.BaseSmallStatement]:
+    return list(ref.node.body) if isinstance(ref.node, cst.SimpleStatementLine) else []
+
+
+def header_expressions(ref: StmtRef) -> list[cst.CSTNode]:
+    """Expressions evaluated by a compound statement's header (loop iterable, if test)."""
+    n = ref.node
+    if isinstance(n, cst.For):
+        return [n.iter]
+    if isinstance(n, (cst.If, cst.While)):
+        return [n.test]
+    return []
+
+
+# ----------------------------------------------------------------------------- the analysis
+class _Analyzer:
+    def __init__(self, module: cst.Module, wrapper: MetadataWrapper, fn: cst.FunctionDef, file: str,
+                 tensors: dict[str, tuple[int, tuple[str, str] | None, str | None]]):
+        self.module, self.fn, self.file, self.tensors = module, fn, file, tensors
+        self.positions = wrapper.resolve(PositionProvider)
+        self.params = tuple(p.name.value for p in fn.params.params)
+        self.constexpr = tuple(
+            p.name.value for p in fn.params.params
+            if p.annotation is not None and "constexpr" in code(p.annotation.annotation))
+        self.statements = list(walk_statements(fn.body))
+        self.assignments: dict[str, list[tuple[StmtRef, cst.BaseExpression]]] = {}
+        for ref in self.statements:
+            for small in small_statements(ref):
+                if isinstance(small, cst.Assign):
+                    for t in small.targets:
+                        if isinstance(t.target, cst.Name):
+                            self.assignments.setdefault(t.target.value, []).append((ref, small.value))
+                        elif isinstance(t.target, cst.Tuple):
+                            for el in t.target.elements:
+                                if isinstance(el.value, cst.Name):
+                                    self.assignments.setdefault(el.value.value, []).append((ref, small.value))
+
+    def where(self, node: cst.CSTNode) -> Where:
+        pos = self.positions[node].start
+        return Where(self.file, pos.line, pos.column + 1)
+
+    # -- aliases -------------------------------------------------------------------------------
+    def aliases(self, tensor: str) -> tuple[set[str], set[str]]:
+        """Names that hold a pointer derived from ``tensor``, and those holding a descriptor."""
+        pointers, descriptors = {tensor}, set()
+        changed = True
+        while changed:
+            changed = False
+            for name, defs in self.assignments.items():
+                if name in pointers or name in descriptors:
+                    continue
+                for _, value in defs:
+                    refs = names_in(value)
+                    if _is_tl_call(value, "make_tensor_descriptor") and refs & pointers:
+                        descriptors.add(name)
+                        changed = True
+                        break
+                    if refs & (pointers | descriptors) and not _is_tl_call(value, "load"):
+                        (descriptors if refs & descriptors and not refs & pointers else pointers).add(name)
+                        changed = True
+                        break
+        return pointers, descriptors
+
+    # -- accesses ------------------------------------------------------------------------------
+    def accesses(self, tensor: str, pointers: set[str], descriptors: set[str]) -> list[Access]:
+        found: list[Access] = []
+        analyzer = self
+
+        class _V(cst.CSTVisitor):
+            def visit_Call(self, call: cst.Call) -> None:
+                f = call.func
+                if _is_tl_call(call, "load") or _is_tl_call(call, "store"):
+                    ptr = _arg(call, 0, "pointer")
+                    if ptr is not None and names_in(ptr) & pointers:
+                        kind = "load" if f.attr.value == "load" else "store"  # type: ignore[attr-defined]
+                        value = _arg(call, 1, "value") if kind == "store" else None
+                        mask = _arg(call, 2 if kind == "store" else 1, "mask")
+                        found.append(Access(kind, tensor, code(ptr), False, analyzer.where(call),
+                                            code(value) if value is not None else None,
+                                            code(mask) if mask is not None else None))
+                elif (isinstance(f, cst.Attribute) and isinstance(f.value, cst.Name)
+                      and f.value.value in descriptors and f.attr.value in ("load", "store")):
+                    offsets = _arg(call, 0, "offsets")
+                    value = _arg(call, 1, "value") if f.attr.value == "store" else None
+                    found.append(Access(f.attr.value, tensor, f.value.value, True, analyzer.where(call),
+                                        code(value) if value is not None else None, None,
+                                        None if offsets is None else None))
+                    analyzer._descriptor_offsets[(tensor, analyzer.where(call))] = offsets
+
+        self._descriptor_offsets: dict = getattr(self, "_descriptor_offsets", {})
+        self.fn.body.visit(_V())
+        return found
+
+    # -- tiles ---------------------------------------------------------------------------------
+    def _pointer_definitions(self, expr: str, pointers: set[str]) -> list[cst.BaseExpression]:
+        """The pointer expression and every alias definition it transitively rests on."""
+        out: list[cst.BaseExpression] = [cst.parse_expression(expr)]
+        seen: set[str] = set()
+        i = 0
+        while i < len(out):
+            for name in names_in(out[i]) & pointers:
+                if name not in seen:
+                    seen.add(name)
+                    out.extend(v for _, v in self.assignments.get(name, []))
+            i += 1
+        return out
+
+    def _offsets_candidates(self, exprs: list[cst.BaseExpression], dim: int, ndim_hint: int) -> list[str]:
+        """Names indexed as the ``dim`` axis (``x[:, None]`` for dim 0 of a 2-D tile)."""
+        found: list[str] = []
+        for e in exprs:
+            for sub in m.findall(e, m.Subscript(value=m.Name())):
+                elements = sub.slice
+                if len(elements) < 2:
+                    continue
+                kinds = ["slice" if isinstance(el.slice, cst.Slice) else "none"
+                         if m.matches(el.slice, m.Index(value=m.Name("None"))) else "other" for el in elements]
+                if kinds.count("slice") == 1 and kinds.count("other") == 0 and kinds.index("slice") == dim:
+                    found.append(sub.value.value)
+        if not found and dim == 0:
+            # a 1-D tile: `a_ptr + offs` with offs = start + tl.arange(0, size)
+            for e in exprs:
+                for name in names_in(e):
+                    if self._offsets_definition(name) is not None:
+                        found.append(name)
+        return found
+
+    def _offsets_definition(self, name: str) -> tuple[StmtRef, str, str] | None:
+        for ref, value in self.assignments.get(name, []):
+            parsed = parse_offsets(value)
+            if parsed is not None:
+                return ref, parsed[0], parsed[1]
+        return None
+
+    def _size_param(self, offsets: str) -> str | None:
+        """``offs_am[:, None] < M`` or ``offs_am < M`` anywhere in the kernel -> ``"M"``."""
+        for cmp in m.findall(self.fn.body, m.Comparison()):
+            left = cmp.left
+            if isinstance(left, cst.Subscript):
+                left = left.value
+            if m.matches(left, m.Name(offsets)) and len(cmp.comparisons) == 1:
+                c = cmp.comparisons[0]
+                if isinstance(c.operator, cst.LessThan) and isinstance(c.comparator, cst.Name) \
+                        and c.comparator.value in self.params:
+                    return c.comparator.value
+        return None
+
+    def _pid_of(self, start: str) -> str | None:
+        """``pid_m * BLOCK_M`` -> ``"pid_m"`` (a variable, not a parameter)."""
+        try:
+            e = cst.parse_expression(start)
+        except cst.ParserSyntaxError:
+            return None
+        if isinstance(e, cst.BinaryOperation) and isinstance(e.operator, cst.Multiply):
+            for side in (e.left, e.right):
+                if isinstance(side, cst.Name) and side.value not in self.params \
+                        and side.value in self.assignments:
+                    return side.value
+        return None
+
+    def tile(self, access: Access, dim: int, pointers: set[str], override: tuple[str, str] | None,
+             size_param: str | None) -> Tile | None:
+        if override is not None:
+            start, size = override
+            return Tile(start, size, None, size_param, self._pid_of(start), access.where)
+        if access.descriptor:
+            offsets = self._descriptor_offsets.get((access.tensor, access.where))
+            desc_defs = self.assignments.get(access.pointer, [])
+            if isinstance(offsets, (cst.List, cst.Tuple)) and dim < len(offsets.elements) and desc_defs:
+                make = desc_defs[0][1]
+                shape = _arg(make, 3, "block_shape") if isinstance(make, cst.Call) else None
+                if isinstance(shape, (cst.List, cst.Tuple)) and dim < len(shape.elements):
+                    start_node = offsets.elements[dim].value
+                    start = code(start_node)
+                    size = code(shape.elements[dim].value)
+                    sp = size_param
+                    if sp is None:
+                        shp = _arg(make, 1, "shape")
+                        if isinstance(shp, (cst.List, cst.Tuple)) and dim < len(shp.elements) and \
+                                isinstance(shp.elements[dim].value, cst.Name):
+                            sp = shp.elements[dim].value.value
+                    return Tile(start, size, None, sp, self._pid_of(start), access.where)
+            return None
+        exprs = self._pointer_definitions(access.pointer, pointers)
+        for name in self._offsets_candidates(exprs, dim, 2):
+            definition = self._offsets_definition(name)
+            if definition is not None:
+                ref, start, size = definition
+                return Tile(start, size, name, size_param or self._size_param(name), self._pid_of(start),
+                            self.where(ref.node))
+        return None
+
+
+def _anchor(an: _Analyzer, acc: Access, tile: Tile | None, pointers: set[str]) -> Access:
+    """Place the access in the block where its tile is known (see :class:`Access`)."""
+    if tile is None:
+        return acc
+    chain = next((r for r in an.statements if _contains(an, r.node, acc.where) and
+                  isinstance(r.node, cst.SimpleStatementLine)), None)
+    if chain is None:  # the access sits in a compound statement's header (e.g. a loop bound)
+        chain = next((r for r in reversed(an.statements) if _contains(an, r.node, acc.where)), None)
+    if chain is None:
+        return acc
+    blocks = chain.blocks
+    target = blocks[0]
+    if tile.offsets is not None:
+        ref = an._offsets_definition(tile.offsets)
+        if ref is not None and any(b is ref[0].blocks[-1] for b in blocks):
+            target = ref[0].blocks[-1]
+    else:
+        start_names = names_in(cst.parse_expression(tile.start))
+        for b in blocks:
+            if any(isinstance(r.node, cst.SimpleStatementLine) and r.blocks[-1] is b and
+                   any(isinstance(sm, cst.Assign) and names_in(sm) & start_names for sm in r.node.body)
+                   for r in an.statements):
+                target = b
+    stmt = next(r for r in an.statements if r.blocks[-1] is target and _contains(an, r.node, acc.where))
+    where = an.where(stmt.node)
+    used_after: set[str] = set()
+    for r in an.statements:
+        if an.positions[r.node].start.line >= where.line:
+            for small in small_statements(r):
+                used_after |= names_in(small)
+            for h in header_expressions(r):
+                used_after |= names_in(h)
+    earlier = sorted(
+        n for n in pointers if n != acc.tensor and n in used_after and any(
+            an.positions[r.node].start.line < where.line for r, _ in an.assignments.get(n, [])))
+    if acc.tensor in used_after:
+        earlier.insert(0, acc.tensor)
+    return Access(acc.kind, acc.tensor, acc.pointer, acc.descriptor, acc.where, acc.value, acc.mask, tile,
+                  where, isinstance(stmt.node, cst.SimpleStatementLine), tuple(earlier))
+
+
+def _contains(an: _Analyzer, node: cst.CSTNode, where: Where) -> bool:
+    r = an.positions[node]
+    return (r.start.line, r.start.column + 1) <= (where.line, where.column) <= (r.end.line, r.end.column + 1)
+
+
+def find_kernel(module: cst.Module, name: str) -> cst.FunctionDef | None:
+    for stmt in module.body:
+        if isinstance(stmt, cst.FunctionDef) and stmt.name.value == name:
+            return stmt
+    return None
+
+
+def analyse(source: str, file: str, kernel: str,
+            tensors: dict[str, tuple[int, tuple[str, str] | None, str | None]],
+            *, annotation_where: Where | None = None) -> tuple[KernelAnalysis, cst.Module]:
+    """Analyse ``kernel`` in ``source`` for the annotated ``tensors``.
+
+    ``tensors`` maps each annotated parameter to ``(dim, tile override, size parameter)``.
+    Raises :class:`AnnotationError` (file, line, column, what to do) when the kernel cannot be used.
+    """
+    try:
+        module = cst.parse_module(source)
+    except cst.ParserSyntaxError as exc:
+        raise AnnotationError(f"cannot parse: {exc.message}", file=file, line=exc.raw_line,
+                              column=exc.raw_column, hint="fix the syntax error") from None
+    wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
+    fn = find_kernel(module, kernel)
+    if fn is None:
+        raise AnnotationError(f"no top-level function named {kernel!r}", file=file, line=None,
+                              hint="@tilelink.overlap applies to top-level @triton.jit kernels")
+    an = _Analyzer(module, wrapper, fn, file, tensors)
+    fn_where = an.where(fn)
+    where = annotation_where or fn_where
+    if not any(is_triton_jit(d) for d in fn.decorators):
+        raise AnnotationError(f"kernel {kernel!r} is not a @triton.jit function", file=file,
+                              line=fn_where.line, column=fn_where.column,
+                              hint="put @tilelink.overlap(...) directly above @triton.jit "
+                                   "(and any @triton.autotune)")
+    aliases: dict[str, tuple[str, ...]] = {}
+    descs: dict[str, tuple[str, ...]] = {}
+    accesses: list[Access] = []
+    for tensor, (dim, override, size_param) in tensors.items():
+        if tensor not in an.params:
+            raise AnnotationError(
+                f"the annotation names {tensor!r}, which is not a parameter of {kernel!r} "
+                f"(parameters: {', '.join(an.params)})", file=file, line=where.line, column=where.column,
+                hint="name the pointer parameter the kernel loads from or stores to")
+        if tensor in an.constexpr:
+            raise AnnotationError(f"{tensor!r} is a tl.constexpr parameter, not a pointer", file=file,
+                                  line=where.line, column=where.column,
+                                  hint="annotate the pointer parameter of the tensor")
+        pointers, descriptors = an.aliases(tensor)
+        aliases[tensor] = tuple(sorted(pointers))
+        descs[tensor] = tuple(sorted(descriptors))
+        for acc in an.accesses(tensor, pointers, descriptors):
+            tile = an.tile(acc, dim, pointers, override, size_param)
+            accesses.append(_anchor(an, acc, tile, pointers))
+    analysis = KernelAnalysis(kernel, file, an.params, an.constexpr, aliases, descs,
+                              tuple(sorted(accesses, key=lambda a: (a.where.line, a.where.column))),
+                              fn_where,
+                              {n: tuple(an.where(r.node) for r, _ in defs) for n, defs in an.assignments.items()})
+    return analysis, module

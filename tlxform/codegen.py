@@ -1,0 +1,297 @@
+"""Code generation: from rewrite plans to one ordinary, readable Triton module.
+
+The generated module holds, in order: a header (source file, specs, source hash), the user's
+imports, the definitions the kernels use (helper ``@triton.jit`` functions, constants), each
+rewritten kernel, the partner kernels of the rules, and ``TILELINK_PLAN`` (the launch metadata).
+It is deterministic: the same source and specs give the same text.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import pprint
+from dataclasses import dataclass
+
+import libcst as cst
+import libcst.matchers as m
+from libcst.metadata import MetadataWrapper, PositionProvider
+
+import tilelink
+from tilelink.analysis import KernelAnalysis, analyse, find_kernel, is_triton_jit, names_in
+from tilelink.errors import AnnotationError
+from tilelink.plan import Insertion, Report, ReportEntry, RewritePlan
+from tilelink.spec import AllGatherSpec, Options, ReduceScatterSpec, Spec
+
+
+@dataclass(frozen=True)
+class Request:
+    """One annotated kernel: its specs and options, and where the annotation is."""
+
+    kernel: str
+    specs: tuple[Spec, ...]
+    options: Options
+    line: int | None = None
+
+
+@dataclass(frozen=True)
+class GeneratedModule:
+    """The output of code generation for one source file."""
+
+    source_file: str
+    source_hash: str
+    text: str
+    report: Report
+    plans: tuple[RewritePlan, ...]
+    originals: dict[str, str]  # kernel -> original source of the function
+    rewritten: dict[str, str]  # kernel -> generated source of the function
+
+
+def _rule_module(spec: Spec):
+    if isinstance(spec, AllGatherSpec):
+        from tilelink.rules import all_gather
+
+        return all_gather
+    if isinstance(spec, ReduceScatterSpec):
+        from tilelink.rules import reduce_scatter
+
+        return reduce_scatter
+    raise TypeError(f"unknown spec {spec!r}")
+
+
+def plan_kernel(source: str, file: str, request: Request) -> tuple[RewritePlan, KernelAnalysis, cst.Module]:
+    """Analyse one kernel and ask its rule for a plan."""
+    if len(request.specs) != 1:
+        raise AnnotationError(
+            f"kernel {request.kernel!r} has {len(request.specs)} specs; this version rewrites one spec "
+            f"per kernel", file=file, line=request.line,
+            hint="gather several tensors together with all_gather((\"k_ptr\", \"v_ptr\")), or split the "
+                 "kernel")
+    spec = request.specs[0]
+    tensors = {t: (spec.dim, spec.tile, spec.size) for t in spec.tensors}
+    an, module = analyse(source, file, request.kernel, tensors)
+    return _rule_module(spec).rewrite(an, spec, request.options), an, module
+
+
+def source_hash(source: str, requests: list[Request]) -> str:
+    h = hashlib.sha256()
+    h.update(source.encode())
+    for r in requests:
+        h.update(repr((r.kernel, [s.describe() for s in r.specs], r.options)).encode())
+    h.update(tilelink.__version__.encode())
+    return h.hexdigest()
+
+
+# ----------------------------------------------------------------------------- kernel rewriting
+class _Rewriter(cst.CSTTransformer):
+    METADATA_DEPENDENCIES = (PositionProvider,)
+
+    def __init__(self, kernel: str, plan: RewritePlan):
+        super().__init__()
+        self.kernel, self.plan = kernel, plan
+        self.before: dict[tuple[int, int], list[cst.BaseStatement]] = {}
+        self.after: dict[tuple[int, int], list[cst.BaseStatement]] = {}
+        for ins in plan.insertions:
+            key = (ins.anchor.line, ins.anchor.column)
+            target = self.before if ins.position == "before" else self.after
+            target.setdefault(key, []).extend(_statements(ins))
+        self.inside = 0
+        self.used: set[tuple[int, int]] = set()
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+        if node.name.value == self.kernel:
+            self.inside += 1
+        return True
+
+    def leave_FunctionDef(self, original: cst.FunctionDef, updated: cst.FunctionDef) -> cst.FunctionDef:
+        if original.name.value != self.kernel:
+            return updated
+        self.inside -= 1
+        params = list(updated.params.params)
+        existing = {p.name.value for p in params}
+        clash = existing & set(self.plan.extra_params)
+        if clash:
+            raise AnnotationError(f"kernel {self.kernel!r} already has parameters named {sorted(clash)}",
+                                  hint="rename them: TileLink reserves the tlk_ prefix")
+        first_default = next((i for i, p in enumerate(params) if p.default is not None), len(params))
+        new = [cst.Param(cst.Name(p)) for p in self.plan.extra_params]
+        if first_default > 0:  # the channel parameters start on a line of their own
+            indent = " " * (len("def ") + len(self.kernel) + 1)
+            prev = params[first_default - 1]
+            params[first_default - 1] = prev.with_changes(comma=cst.Comma(
+                whitespace_after=cst.ParenthesizedWhitespace(
+                    first_line=cst.TrailingWhitespace(whitespace=cst.SimpleWhitespace("  "),
+                                                   comment=cst.Comment("# added by TileLink:")),
+                    indent=False, last_line=cst.SimpleWhitespace(indent))))
+        if first_default < len(params):
+            new[-1] = new[-1].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+        params = params[:first_default] + new + params[first_default:]
+        decorators = [_jit_decorator(d, self.plan.extra_params) if is_triton_jit(d) else d
+                      for d in updated.decorators if not _is_overlap(d)]
+        return updated.with_changes(params=updated.params.with_changes(params=params), decorators=decorators)
+
+    def _splice(self, original_body, updated_body):
+        out: list[cst.BaseStatement] = []
+        for orig, upd in zip(original_body, updated_body, strict=True):
+            pos = self.get_metadata(PositionProvider, orig).start
+            key = (pos.line, pos.column + 1)
+            if key in self.before:
+                stmts = self.before[key]
+                # keep the user's comments above their statement, ours go between
+                out.extend(stmts[:1] and [stmts[0].with_changes(leading_lines=list(upd.leading_lines)
+                                                                + list(stmts[0].leading_lines))])
+                out.extend(stmts[1:])
+                upd = upd.with_changes(leading_lines=[])
+                self.used.add(key)
+            out.append(upd)
+            if key in self.after:
+                out.extend(self.after[key])
+                self.used.add(key)
+        return out
+
+    def leave_IndentedBlock(self, original: cst.IndentedBlock, updated: cst.IndentedBlock):
+        if not self.inside:
+            return updated
+        return updated.with_changes(body=self._splice(original.body, updated.body))
+
+
+def _statements(ins: Insertion) -> list[cst.BaseStatement]:
+    # a leading statement makes the comment lines belong to the first inserted statement
+    text = "pass\n" + "\n".join(ins.lines) + "\n"
+    return list(cst.parse_module(text).body)[1:]
+
+
+def _is_overlap(d: cst.Decorator) -> bool:
+    node = d.decorator.func if isinstance(d.decorator, cst.Call) else d.decorator
+    return m.matches(node, m.Attribute(attr=m.Name("overlap")) | m.Name("overlap"))
+
+
+def _jit_decorator(d: cst.Decorator, extra: tuple[str, ...]) -> cst.Decorator:
+    """``@triton.jit`` -> ``@triton.jit(do_not_specialize=[...])``: the channel scalars change
+    between calls (the epoch) and must not trigger a recompilation while another kernel spins."""
+    names = [p for p in extra if p not in ("tlk_barriers", "tlk_diag")]
+    value = cst.parse_expression("[" + ", ".join(repr(n).replace("'", '"') for n in names) + "]")
+    arg = cst.Arg(value=value, keyword=cst.Name("do_not_specialize"),
+                  equal=cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""),
+                                        whitespace_after=cst.SimpleWhitespace("")))
+    if isinstance(d.decorator, cst.Call):
+        args = [a for a in d.decorator.args if not (a.keyword and a.keyword.value == "do_not_specialize")]
+        return d.with_changes(decorator=d.decorator.with_changes(args=[*args, arg]))
+    return d.with_changes(decorator=cst.Call(func=d.decorator, args=[arg]))
+
+
+# ----------------------------------------------------------------------------- module assembly
+def _top_level_definitions(module: cst.Module) -> dict[str, cst.CSTNode]:
+    defs: dict[str, cst.CSTNode] = {}
+    for stmt in module.body:
+        if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)):
+            defs[stmt.name.value] = stmt
+        elif isinstance(stmt, cst.SimpleStatementLine):
+            for small in stmt.body:
+                if isinstance(small, (cst.Assign, cst.AnnAssign)):
+                    targets = ([t.target for t in small.targets] if isinstance(small, cst.Assign)
+                               else [small.target])
+                    for t in targets:
+                        if isinstance(t, cst.Name):
+                            defs[t.value] = stmt
+    return defs
+
+
+def _imports(module: cst.Module) -> list[cst.CSTNode]:
+    return [s for s in module.body if isinstance(s, cst.SimpleStatementLine)
+            and all(isinstance(x, (cst.Import, cst.ImportFrom)) for x in s.body)
+            and not any(isinstance(x, cst.ImportFrom) and isinstance(x.module, cst.Name)
+                        and x.module.value == "__future__" for x in s.body)]
+
+
+def _code(module: cst.Module, node: cst.CSTNode) -> str:
+    return module.code_for_node(node).strip("\n")
+
+
+def generate(source: str, file: str, requests: list[Request]) -> GeneratedModule:
+    """Rewrite every requested kernel of ``source`` and assemble the generated module."""
+    if not requests:
+        raise AnnotationError("no @tilelink.overlap kernels to generate", file=file, line=None,
+                              hint="annotate a @triton.jit kernel with @tilelink.overlap(...)")
+    plans: list[RewritePlan] = []
+    entries: list[ReportEntry] = []
+    originals: dict[str, str] = {}
+    rewritten: dict[str, str] = {}
+    module = cst.parse_module(source)
+    kernels_code: list[str] = []
+    partner_names: list[tuple[str, str]] = []
+    used_names: set[str] = set()
+    for req in requests:
+        plan, an, parsed = plan_kernel(source, file, req)
+        plans.append(plan)
+        entries.extend(plan.report)
+        fn = find_kernel(parsed, req.kernel)
+        originals[req.kernel] = _code(parsed, fn)
+        wrapper = MetadataWrapper(parsed, unsafe_skip_copy=True)
+        rewriter = _Rewriter(req.kernel, plan)
+        new_module = wrapper.visit(rewriter)
+        missing = {(i.anchor.line, i.anchor.column) for i in plan.insertions} - rewriter.used
+        if missing:  # a rule asked for an anchor that is not a statement: a bug, not a user error
+            raise AssertionError(f"internal: insertion anchors not found in {req.kernel}: {sorted(missing)}")
+        new_fn = find_kernel(new_module, req.kernel)
+        text = _code(new_module, new_fn)
+        rewritten[req.kernel] = text
+        kernels_code.append(text)
+        used_names |= names_in(new_fn)
+        for name in plan.partner_kernels:
+            rule = _rule_module(plan.spec)
+            if (rule.__name__, name) not in partner_names:
+                partner_names.append((rule.__name__, name))
+    # definitions the kernels rely on, transitively, in source order
+    defs = _top_level_definitions(module)
+    annotated = {r.kernel for r in requests}
+    needed: set[str] = set()
+    frontier = [n for n in used_names if n in defs and n not in annotated]
+    while frontier:
+        name = frontier.pop()
+        if name in needed:
+            continue
+        needed.add(name)
+        frontier.extend(n for n in names_in(defs[name]) if n in defs and n not in needed and n not in annotated)
+    support = []
+    seen_nodes: set[int] = set()
+    for stmt in module.body:
+        if id(stmt) in seen_nodes:
+            continue
+        if any(defs.get(n) is stmt for n in needed):
+            seen_nodes.add(id(stmt))
+            support.append(_code(module, stmt))
+    imports = [_code(module, s) for s in _imports(module)]
+    for line in ("import triton", "import triton.language as tl", "import tilelink.language as tll",
+                 "import tilelink.mapping as tlm"):
+        if line not in imports:
+            imports.append(line)
+    partners = []
+    for mod_name, name in partner_names:
+        import importlib
+
+        fn = getattr(importlib.import_module(mod_name), name)
+        partners.append(inspect.getsource(fn.fn if hasattr(fn, "fn") else fn).strip("\n"))
+    digest = source_hash(source, requests)
+    plan_meta = {p.kernel: {**p.launch, "extra_params": list(p.extra_params),
+                            "partner_kernels": list(p.partner_kernels)} for p in plans}
+    header = [
+        f"# Generated by TileLink {tilelink.__version__} from {file} -- do not edit.",
+        f"# Regenerate with: tlxform build {file}",
+        f"# source sha256: {digest}",
+    ]
+    for req in requests:
+        opts = next(p.options for p in plans if p.kernel == req.kernel)
+        chosen = ", ".join(f"{k}={v!r}" for k, v in vars(opts).items() if v is not None)
+        header.append(f"# kernel {req.kernel}: {', '.join(s.describe() for s in req.specs)}; {chosen}")
+    parts = ["\n".join(header), '"""Overlapped kernels generated by TileLink (see the header)."""',
+             "\n".join(imports)]
+    if support:
+        parts.append("\n\n\n".join(support))
+    parts.append("\n\n\n".join(kernels_code))
+    if partners:
+        parts.append("# " + "-" * 76 + "\n# partner kernels of the rules\n\n\n" + "\n\n\n".join(partners))
+    parts.append("TILELINK_PLAN = " + pprint.pformat(plan_meta, width=100, sort_dicts=True))
+    text = "\n\n\n".join(parts) + "\n"
+    cst.parse_module(text)  # the generated module must at least parse
+    return GeneratedModule(file, digest, text, Report(tuple(entries)), tuple(plans), originals, rewritten)

@@ -1,0 +1,140 @@
+"""What a user asks for: the overlap specs of ``@tilelink.overlap`` and their options.
+
+A spec says which kernel parameter is communicated and how (gathered before use, or reduced and
+scattered after the stores); options choose the decoupled design space of the paper (§3.1): the
+resource the communication runs on, its direction, its tile order and its tile size.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+VIA = ("copy_engine", "sm")
+MODES = ("pull", "push")
+ORDERS = ("local_first", "ring", "mesh")
+
+
+@dataclass(frozen=True)
+class AllGatherSpec:
+    """``tensor`` is sharded along ``dim`` across ranks and gathered before the kernel reads it."""
+
+    tensors: tuple[str, ...]
+    dim: int = 0
+    tile: tuple[str, str] | None = None
+    index: str | None = None
+    size: str | None = None
+    kind: str = field(default="all_gather", init=False)
+
+    def describe(self) -> str:
+        names = ", ".join(repr(t) for t in self.tensors)
+        extra = "".join(f", {k}={v!r}" for k, v in (("tile", self.tile), ("index", self.index),
+                                                      ("size", self.size)) if v is not None)
+        return f"all_gather({names}, dim={self.dim}{extra})"
+
+
+@dataclass(frozen=True)
+class ReduceScatterSpec:
+    """The kernel's stores to ``tensor`` are partial sums, reduced and scattered along ``dim``."""
+
+    tensors: tuple[str, ...]
+    dim: int = 0
+    tile: tuple[str, str] | None = None
+    index: str | None = None
+    topk: str | None = None
+    size: str | None = None
+    kind: str = field(default="reduce_scatter", init=False)
+
+    def describe(self) -> str:
+        names = ", ".join(repr(t) for t in self.tensors)
+        extra = "".join(f", {k}={v!r}" for k, v in (("tile", self.tile), ("index", self.index),
+                                                      ("topk", self.topk), ("size", self.size))
+                        if v is not None)
+        return f"reduce_scatter({names}, dim={self.dim}{extra})"
+
+
+Spec = AllGatherSpec | ReduceScatterSpec
+
+
+@dataclass(frozen=True)
+class Options:
+    """The decoupled design-space choices (paper §3.1). ``None`` means: the rule's default."""
+
+    via: str | None = None
+    mode: str | None = None
+    order: str | None = None
+    comm_block: int | None = None
+    comm_sms: int | None = None
+    channels_per_rank: int | None = None
+
+    def resolved(self, **defaults: object) -> Options:
+        """These options with every ``None`` replaced by the given default."""
+        return replace(self, **{k: v for k, v in defaults.items() if getattr(self, k) is None})
+
+
+def _tensors(tensor: str | tuple[str, ...] | list[str], what: str) -> tuple[str, ...]:
+    names = (tensor,) if isinstance(tensor, str) else tuple(tensor)
+    if not names or not all(isinstance(n, str) and n.isidentifier() for n in names):
+        raise ValueError(f"{what}: expected a kernel parameter name or a tuple of names, got {tensor!r}; "
+                         f"write e.g. {what}(\"a_ptr\", dim=0)")
+    return names
+
+
+def _tile(tile: object, what: str) -> tuple[str, str] | None:
+    if tile is None:
+        return None
+    if (not isinstance(tile, (tuple, list)) or len(tile) != 2
+            or not all(isinstance(t, str) and t.strip() for t in tile)):
+        raise ValueError(f"{what}: tile= takes two source expressions (start, size), e.g. "
+                         f"tile=(\"pid_m * BLOCK_M\", \"BLOCK_M\"); got {tile!r}")
+    return (tile[0].strip(), tile[1].strip())
+
+
+def _dim(dim: object, what: str) -> int:
+    if not isinstance(dim, int) or isinstance(dim, bool) or dim < 0:
+        raise ValueError(f"{what}: dim must be a non-negative int, got {dim!r}")
+    return dim
+
+
+def all_gather(tensor: str | tuple[str, ...], dim: int = 0, *, tile: tuple[str, str] | None = None,
+               index: str | None = None, size: str | None = None) -> AllGatherSpec:
+    """Gather ``tensor`` (a pointer parameter, or a tuple gathered together) along ``dim``.
+
+    Args:
+        tensor: name of the pointer parameter the kernel reads; each rank passes its shard.
+        dim: the sharded dimension.
+        tile: ``(start, size)`` source expressions of a tile along ``dim``; inferred when omitted.
+        index: name of a gather-index parameter (dynamic mapping, MoE).
+        size: name of the parameter holding the full size along ``dim``; inferred when omitted.
+    """
+    return AllGatherSpec(_tensors(tensor, "all_gather"), _dim(dim, "all_gather"),
+                         _tile(tile, "all_gather"), index, size)
+
+
+def reduce_scatter(tensor: str | tuple[str, ...], dim: int = 0, *, tile: tuple[str, str] | None = None,
+                   index: str | None = None, topk: str | None = None,
+                   size: str | None = None) -> ReduceScatterSpec:
+    """Reduce the partial sums the kernel stores to ``tensor`` and scatter them along ``dim``.
+
+    Args:
+        tensor: name of the pointer parameter the kernel stores to; each rank passes its output shard.
+        dim: the scattered dimension.
+        tile: ``(start, size)`` source expressions of a tile along ``dim``; inferred when omitted.
+        index: scatter-index parameter (MoE); topk: top-k parameter for the MoE reduction.
+        size: name of the parameter holding the full size along ``dim``; inferred when omitted.
+    """
+    return ReduceScatterSpec(_tensors(tensor, "reduce_scatter"), _dim(dim, "reduce_scatter"),
+                             _tile(tile, "reduce_scatter"), index, topk, size)
+
+
+def make_options(via: str | None = None, mode: str | None = None, order: str | None = None,
+                 comm_block: int | None = None, comm_sms: int | None = None,
+                 channels_per_rank: int | None = None) -> Options:
+    """Validate the keyword options of ``@tilelink.overlap``."""
+    for name, value, allowed in (("via", via, VIA), ("mode", mode, MODES), ("order", order, ORDERS)):
+        if value is not None and value not in allowed:
+            raise ValueError(f"overlap: {name}={value!r} is not one of {', '.join(map(repr, allowed))}")
+    for name, value in (("comm_block", comm_block), ("comm_sms", comm_sms),
+                        ("channels_per_rank", channels_per_rank)):
+        if value is not None and (not isinstance(value, int) or value < 1):
+            raise ValueError(f"overlap: {name} must be a positive int, got {value!r}")
+    return Options(via, mode, order, comm_block, comm_sms, channels_per_rank)
