@@ -81,13 +81,17 @@ def rewrite(an: KernelAnalysis, spec: AllGatherSpec, options: Options) -> Rewrit
             hint=f"mask the load with `{tile.offsets or 'offs'}[:, None] < M`, or pass size=\"M\" to "
                  f"all_gather(...)")
     size_param = spec.size or tile.size_param
-    # one wait per anchor statement: loads in the same statement (or loop) share it
-    anchors: dict = {}
+    # one wait per tile: loads of the same tile (the same offsets definition, so the same block) share
+    # the wait placed before the first of them; a tile given by tile=(...) is waited for per statement
+    groups: dict = {}
     for a in loads:
-        anchors.setdefault((a.anchor.line, a.anchor.column), a)
-    for a in anchors.values():
         t = a.tile
-        tokens = sorted({n for x in loads if x.anchor == a.anchor for n in x.earlier_aliases})
+        key = (t.start, t.size, t.defined_at) if t.offsets is not None else (a.anchor.line, a.anchor.column)
+        groups.setdefault(key, []).append(a)
+    for group in groups.values():
+        a = group[0]
+        t = a.tile
+        tokens = sorted({n for x in group for n in x.earlier_aliases})
         lines = [
             f"# tilelink: wait until rows [{t.start}, {t.start} + {t.size}) of "
             f"{', '.join(spec.tensors)} have arrived (all_gather, dim {spec.dim})",
@@ -96,15 +100,16 @@ def rewrite(an: KernelAnalysis, spec: AllGatherSpec, options: Options) -> Rewrit
             "tlk_budget)",
         ]
         lines += [f"{n} = {n} + tlk_token" for n in tokens]
-        if any(x.descriptor for x in loads if x.anchor == a.anchor):
+        if any(x.descriptor for x in group):
             report.append(ReportEntry(an.name, RULE, "note",
                                       "tensor-descriptor loads carry no token: the wait's acquire orders them",
                                       a.where))
         insertions.append(Insertion(a.anchor, "before", tuple(lines)))
         report.append(ReportEntry(
             an.name, RULE, "applied",
-            f"consumer_tile_wait before line {a.anchor.line} (first read of {a.tensor} at line "
-            f"{a.where.line}; tile rows {t.start} .. +{t.size})", a.anchor))
+            f"consumer_tile_wait before line {a.anchor.line} (guards the reads of "
+            f"{', '.join(sorted({x.tensor for x in group}))} at line(s) "
+            f"{', '.join(str(x.where.line) for x in group)}; tile rows {t.start} .. +{t.size})", a.anchor))
     shift = f"(tlk_rank * tlk_rows_per_rank) // ({tile.size})"
     if opts.order in ("local_first", "ring"):
         more, entry = remap_order(an, first, RULE, opts.order, shift)

@@ -27,8 +27,8 @@ MAPPING_ARGS = "tlk_rows, tlk_rows_per_rank, tlk_rows_per_channel, tlk_channels_
 
 def channels_of_tile(tile: Tile) -> str:
     """``tlk_first, tlk_count = ...`` for the channels holding the tile's rows."""
-    return (f"tlk_first, tlk_count = tlm.tl_channels_of_rows({tile.start}, {tile.start} + {tile.size}, "
-            f"{MAPPING_ARGS})")
+    return (f"tlk_first, tlk_count = tlm.tl_channels_of_rows(\n"
+            f"    {tile.start}, {tile.start} + {tile.size}, {MAPPING_ARGS})")
 
 
 def remap_order(an: KernelAnalysis, access: Access, rule: str, order: str,

@@ -114,9 +114,12 @@ class _Rewriter(cst.CSTTransformer):
             raise AnnotationError(f"kernel {self.kernel!r} already has parameters named {sorted(clash)}",
                                   hint="rename them: TileLink reserves the tlk_ prefix")
         first_default = next((i for i, p in enumerate(params) if p.default is not None), len(params))
+        indent = " " * (len("def ") + len(self.kernel) + 1)
         new = [cst.Param(cst.Name(p)) for p in self.plan.extra_params]
+        for i in range(4, len(new) - 1, 5):  # five channel parameters a line
+            new[i] = new[i].with_changes(comma=cst.Comma(whitespace_after=cst.ParenthesizedWhitespace(
+                first_line=cst.TrailingWhitespace(), indent=False, last_line=cst.SimpleWhitespace(indent))))
         if first_default > 0:  # the channel parameters start on a line of their own
-            indent = " " * (len("def ") + len(self.kernel) + 1)
             prev = params[first_default - 1]
             params[first_default - 1] = prev.with_changes(comma=cst.Comma(
                 whitespace_after=cst.ParenthesizedWhitespace(
@@ -170,7 +173,9 @@ def _jit_decorator(d: cst.Decorator, extra: tuple[str, ...]) -> cst.Decorator:
     """``@triton.jit`` -> ``@triton.jit(do_not_specialize=[...])``: the channel scalars change
     between calls (the epoch) and must not trigger a recompilation while another kernel spins."""
     names = [p for p in extra if p not in ("tlk_barriers", "tlk_diag")]
-    value = cst.parse_expression("[" + ", ".join(repr(n).replace("'", '"') for n in names) + "]")
+    quoted = [f'"{n}"' for n in names]
+    rows = [", ".join(quoted[i:i + 4]) for i in range(0, len(quoted), 4)]
+    value = cst.parse_expression("[\n    " + ",\n    ".join(rows) + ",\n]")
     arg = cst.Arg(value=value, keyword=cst.Name("do_not_specialize"),
                   equal=cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""),
                                         whitespace_after=cst.SimpleWhitespace("")))

@@ -1,0 +1,159 @@
+"""Launch each golden case per the launch contract and compare with torch on the full problem.
+
+Used by ``test_end_to_end.py`` inside spawned (emulated) worlds. Every function returns the largest
+absolute error of this rank's result against the torch reference.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import torch
+import triton
+
+HERE = Path(__file__).parent
+
+
+def load_case(rule: str, case: str):
+    path = HERE / rule / f"{case}.before.py"
+    spec = importlib.util.spec_from_file_location(f"case_{rule}_{case}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def rows_of(rank: int, world: int, size: int) -> tuple[int, int]:
+    per = -(-size // world)
+    return min(size, rank * per), min(size, (rank + 1) * per)
+
+
+def _ag_gemm(kernel, rank, world, M=50, N=24, K=40, grid_fn=None, **meta):
+    g = torch.Generator().manual_seed(1)
+    a, b = torch.randn(M, K, generator=g), torch.randn(K, N, generator=g)
+    lo, hi = rows_of(rank, world, M)
+    c = torch.full((M, N), float("nan"))
+    grid = grid_fn or (lambda m: (triton.cdiv(M, m["BLOCK_M"]) * triton.cdiv(N, m["BLOCK_N"]),))
+    err = 0.0
+    for _ in range(2):  # a context is reused: the second call runs at epoch 2
+        kernel[grid](a[lo:hi].contiguous(), b, c, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
+                     c.stride(0), c.stride(1), **meta)
+        err = max(err, (c - a @ b).abs().max().item())
+    return err
+
+
+def all_gather_pointer_gemm(rank, world):
+    kernel = load_case("all_gather", "pointer_gemm").matmul_kernel
+    return _ag_gemm(kernel, rank, world, BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, GROUP_M=2)
+
+
+def all_gather_descriptor_gemm(rank, world):
+    kernel = load_case("all_gather", "descriptor_gemm").matmul_descriptor_kernel
+    M, N = 48, 32  # descriptors need 16-byte aligned strides
+    return _ag_gemm(kernel, rank, world, M=M, N=N, K=32,
+                    grid_fn=lambda m: (triton.cdiv(M, m["BLOCK_M"]), triton.cdiv(N, m["BLOCK_N"])),
+                    BLOCK_M=16, BLOCK_N=16, BLOCK_K=16)
+
+
+def all_gather_persistent_gemm(rank, world):
+    kernel = load_case("all_gather", "persistent_gemm").persistent_matmul_kernel
+    return _ag_gemm(kernel, rank, world, grid_fn=lambda m: (3,), NUM_PROGRAMS=3, BLOCK_M=16, BLOCK_N=16,
+                    BLOCK_K=16)
+
+
+def all_gather_helper_functions(rank, world):
+    kernel = load_case("all_gather", "helper_functions").matmul_relu_kernel
+    M, N, K = 50, 24, 40
+    g = torch.Generator().manual_seed(2)
+    a, b = torch.randn(M, K, generator=g), torch.randn(K, N, generator=g)
+    lo, hi = rows_of(rank, world, M)
+    c = torch.full((M, N), float("nan"))
+    kernel[(triton.cdiv(M, 16) * triton.cdiv(N, 16),)](a[lo:hi].contiguous(), b, c, M, N, K, K, 1, N, 1, N, 1,
+                                                       BLOCK_M=16, BLOCK_N=16, BLOCK_K=16)
+    return (c - torch.relu(a @ b)).abs().max().item()
+
+
+def all_gather_kv_attention(rank, world):
+    kernel = load_case("all_gather", "kv_attention").attention_kernel
+    SQ, SKV, D = 20, 37, 16
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(n, D, generator=g) for n in (SQ, SKV, SKV))
+    lo, hi = rows_of(rank, world, SKV)
+    o = torch.full((SQ, D), float("nan"))
+    scale = D ** -0.5
+    kernel[(triton.cdiv(SQ, 16),)](q, k[lo:hi].contiguous(), v[lo:hi].contiguous(), o, SQ, SKV, D, D, D, D,
+                                   scale, HEAD_DIM=D, BLOCK_M=16, BLOCK_N=16)
+    ref = torch.softmax(q @ k.T * scale, dim=-1) @ v
+    return (o - ref).abs().max().item()
+
+
+def all_gather_vector_1d(rank, world):
+    kernel = load_case("all_gather", "vector_1d").scale_kernel
+    N = 77
+    g = torch.Generator().manual_seed(4)
+    x, w = torch.randn(N, generator=g), torch.randn(N, generator=g)
+    lo, hi = rows_of(rank, world, N)
+    y = torch.full((N,), float("nan"))
+    kernel[(triton.cdiv(N, 32),)](x[lo:hi].contiguous(), w, y, N, BLOCK=32)
+    return (y - x * w).abs().max().item()
+
+
+def _rs_gemm(kernel, rank, world, M=50, N=24, K=40, **meta):
+    g = torch.Generator().manual_seed(5)
+    a, b = torch.randn(M, K, generator=g), torch.randn(K, N, generator=g)
+    klo, khi = rows_of(rank, world, K)  # each rank holds a slice of K: the partial sums add up to a @ b
+    ar, br = a[:, klo:khi].contiguous(), b[klo:khi].contiguous()
+    lo, hi = rows_of(rank, world, M)
+    out = torch.full((hi - lo, N), float("nan"))
+    grid = (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]),)
+    err = 0.0
+    for _ in range(2):
+        kernel[grid](ar, br, out, M, N, khi - klo, ar.stride(0), ar.stride(1), br.stride(0), br.stride(1), N, 1,
+                     **meta)
+        err = max(err, (out - (a @ b)[lo:hi]).abs().max().item() if hi > lo else 0.0)
+    return err
+
+
+def reduce_scatter_pointer_gemm(rank, world):
+    kernel = load_case("reduce_scatter", "pointer_gemm").matmul_kernel
+    return _rs_gemm(kernel, rank, world, BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, GROUP_M=2)
+
+
+def reduce_scatter_two_kernels(rank, world):
+    """The two halves of a TP MLP: h = relu(x @ w1[:, cols]) then y = sum_r h_r @ w2[rows]."""
+    mod = load_case("reduce_scatter", "two_kernels")
+    M, H, I = 45, 24, 40
+    g = torch.Generator().manual_seed(6)
+    x, w1, w2 = torch.randn(M, H, generator=g), torch.randn(H, I, generator=g), torch.randn(I, H, generator=g)
+    ilo, ihi = rows_of(rank, world, I)
+    w1r, w2r = w1[:, ilo:ihi].contiguous(), w2[ilo:ihi].contiguous()
+    lo, hi = rows_of(rank, world, M)
+    Ir = ihi - ilo
+    h = torch.empty(M, max(Ir, 1))
+    mod.up_kernel[(triton.cdiv(M, 16) * triton.cdiv(max(Ir, 1), 16),)](
+        x[lo:hi].contiguous(), w1r, h, M, max(Ir, 1), H, BLOCK_M=16, BLOCK_N=16, BLOCK_K=16)
+    y = torch.full((hi - lo, H), float("nan"))
+    mod.down_kernel[(triton.cdiv(M, 16) * triton.cdiv(H, 16),)](
+        h if Ir else torch.zeros(M, 1), w2r if Ir else torch.zeros(1, H), y, M, H, max(Ir, 1),
+        BLOCK_M=16, BLOCK_N=16, BLOCK_K=16)
+    ref = torch.relu(x @ w1) @ w2
+    return (y - ref[lo:hi]).abs().max().item() if hi > lo else 0.0
+
+
+CASES = {name: fn for name, fn in globals().items()
+         if name.startswith(("all_gather_", "reduce_scatter_")) and callable(fn)}
+
+
+def run_cases(names: list[str]) -> dict[str, str | float]:
+    """Run the named cases on this rank; an exception becomes its text (the test reports it)."""
+    import traceback
+
+    import tilelink
+
+    out: dict[str, str | float] = {}
+    for name in names:
+        try:
+            out[name] = CASES[name](tilelink.rank(), tilelink.world_size())
+        except Exception:  # noqa: BLE001 - reported by the test with the traceback
+            out[name] = traceback.format_exc()
+    return out
