@@ -1,0 +1,45 @@
+"""Channels (the paper's ``BlockChannel``): one int64 barrier word per channel, on the symmetric heap.
+
+Barrier words are epoch counters and are never reset: a context counts its calls (``epoch``, 1 for
+the first) and a channel notified ``k`` times per call is waited for with ``target = epoch * k``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from tilelink.errors import TileLinkError
+from tilelink.runtime import heap
+from tilelink.runtime.world import current_world
+
+
+class Channel:
+    """Collective: ``num_channels`` barrier words on every rank, zeroed, and their peer table."""
+
+    def __init__(self, num_channels: int) -> None:
+        if int(num_channels) < 1:
+            raise TileLinkError(f"Channel needs at least one channel, got {num_channels}")
+        world = current_world()
+        self.num_channels = int(num_channels)
+        self.rank = world.rank
+        self.world_size = world.world_size
+        self.barriers: torch.Tensor = heap.symmetric_zeros((self.num_channels,), torch.int64)
+        self.peer_table: torch.Tensor = heap.peer_table(self.barriers)
+        self.epoch = 0
+
+    def advance(self) -> int:
+        """Start the next call: returns the new epoch (1 for the first call)."""
+        self.epoch += 1
+        return self.epoch
+
+    def peer_barriers(self, rank: int) -> torch.Tensor:
+        """``rank``'s barrier array (a view usable on this rank)."""
+        return heap.peer_tensor(self.barriers, rank)
+
+    def free(self) -> None:
+        """Collective: release the barrier array."""
+        heap.free(self.barriers)
+
+    def __repr__(self) -> str:
+        return (f"Channel(num_channels={self.num_channels}, rank={self.rank}, "
+                f"world_size={self.world_size}, epoch={self.epoch})")

@@ -1,0 +1,80 @@
+"""Wait diagnostics: the int64[8] record a timed-out device wait leaves, and its host-side check.
+
+Layout: ``[timed_out, kind, index, target, seen, 0, 0, 0]``; the first timeout wins (compare-and-swap
+on word 0). Device waits never hang: they record and return, and the host raises here.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from tilelink.errors import TileLinkError, WaitTimeout
+
+DIAG_WORDS = 8
+KIND_NAMES = {1: "consumer_tile_wait", 2: "peer_tile_wait", 3: "wait_value", 4: "rank_wait"}
+KIND_CODES = {name: code for code, name in KIND_NAMES.items()}
+
+DEFAULT_TIMEOUT_S = 10.0
+DEFAULT_EMULATED_TIMEOUT_S = 60.0
+
+
+def _emulated() -> bool:
+    from tilelink.runtime import world
+
+    if world.is_initialized():
+        return world.current_world().backend == "emulated"
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def wait_timeout_s(emulated: bool | None = None) -> float:
+    """The wait budget in seconds: ``TILELINK_WAIT_TIMEOUT``, else 10 s (60 s emulated)."""
+    value = os.environ.get("TILELINK_WAIT_TIMEOUT")
+    if value:
+        try:
+            seconds = float(value)
+        except ValueError:
+            raise TileLinkError(f"TILELINK_WAIT_TIMEOUT={value!r} is not a number of seconds") from None
+        if seconds <= 0:
+            raise TileLinkError(f"TILELINK_WAIT_TIMEOUT={value!r} must be positive")
+        return seconds
+    if emulated is None:
+        emulated = _emulated()
+    return DEFAULT_EMULATED_TIMEOUT_S if emulated else DEFAULT_TIMEOUT_S
+
+
+def check_diagnostics(diag: torch.Tensor, rank: int, kernel: str | None = None,
+                      budget_s: float | None = None) -> None:
+    """Raise :class:`tilelink.WaitTimeout` if a wait recorded a timeout in ``diag``, and clear it.
+
+    Reading ``diag`` synchronises with the device (its stream must have finished the kernels).
+    """
+    record = [int(v) for v in diag.detach().to("cpu", non_blocking=False).tolist()]
+    if record[0] == 0:
+        return
+    diag.zero_()
+    kind, index, target, seen = record[1:5]
+    raise WaitTimeout(rank=rank, primitive=KIND_NAMES.get(kind, f"wait kind {kind}"), index=index,
+                      expected=target, seen=seen,
+                      budget_s=wait_timeout_s() if budget_s is None else budget_s, kernel=kernel)
+
+
+class Diagnostics:
+    """A diagnostics record on this rank's device, and the budget kernels are given."""
+
+    def __init__(self) -> None:
+        from tilelink.runtime.world import current_world
+
+        world = current_world()
+        self.rank = world.rank
+        self.budget_s = wait_timeout_s(world.backend == "emulated")
+        self.budget_ns = int(self.budget_s * 1e9)
+        self.buffer = torch.zeros(DIAG_WORDS, dtype=torch.int64, device=world.device)
+
+    def check(self, kernel: str | None = None) -> None:
+        """Raise :class:`tilelink.WaitTimeout` if a kernel's wait timed out since the last check."""
+        check_diagnostics(self.buffer, self.rank, kernel=kernel, budget_s=self.budget_s)
+
+    def __repr__(self) -> str:
+        return f"Diagnostics(rank={self.rank}, budget_s={self.budget_s:g})"

@@ -1,0 +1,59 @@
+"""Host-side primitives (paper Table 3): the copy engine moves data and flags on a side stream.
+
+``rank_copy_data`` is ``cudaMemcpyAsync`` between (peer) symmetric views; ``rank_notify`` and
+``rank_wait`` write and wait on barrier words with stream memory operations. In the emulated world
+they are a memcpy, a store and a host poll that raises :class:`tilelink.WaitTimeout`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from tilelink.errors import LaunchError, WaitTimeout
+from tilelink.runtime import heap
+from tilelink.runtime.channel import Channel
+from tilelink.runtime.diagnostics import wait_timeout_s
+from tilelink.runtime.world import current_world
+
+
+def _barrier_array(barriers: torch.Tensor | Channel, index: int, what: str) -> torch.Tensor:
+    tensor = barriers.barriers if isinstance(barriers, Channel) else barriers
+    if not isinstance(tensor, torch.Tensor) or tensor.dtype != torch.int64 or tensor.dim() != 1:
+        raise LaunchError(f"{what}: expected a Channel or a 1-D int64 barrier array on the symmetric "
+                          f"heap, got {tensor!r:.80}")
+    if not 0 <= index < tensor.numel():
+        raise LaunchError(f"{what}: barrier index {index} out of range for {tensor.numel()} channels")
+    return tensor
+
+
+def rank_copy_data(src: torch.Tensor, dst: torch.Tensor, stream: torch.cuda.Stream | None = None) -> None:
+    """Copy ``src`` into ``dst`` with the copy engine (either may be a peer's view,
+    ``tilelink.runtime.peer_tensor``): pull when ``src`` is a peer's, push when ``dst`` is."""
+    if src.shape != dst.shape or src.dtype != dst.dtype:
+        raise LaunchError(f"rank_copy_data: src is {src.dtype} {list(src.shape)} but dst is "
+                          f"{dst.dtype} {list(dst.shape)}; they must match")
+    current_world().impl.copy(src, dst, stream)
+
+
+def rank_notify(barriers: torch.Tensor | Channel, index: int, value: int, rank: int,
+                stream: torch.cuda.Stream | None = None) -> None:
+    """Set barrier word ``index`` of ``rank``'s barrier array to ``value`` after the work issued
+    before on ``stream`` (release): tells ``rank`` that the data of that channel is ready."""
+    tensor = _barrier_array(barriers, index, "rank_notify")
+    word = heap.peer_tensor(tensor, rank)[index:index + 1]
+    current_world().impl.write_value(word, int(value), stream)
+
+
+def rank_wait(barriers: torch.Tensor | Channel, index: int, value: int,
+              stream: torch.cuda.Stream | None = None, timeout_s: float | None = None) -> None:
+    """Make ``stream`` (emulated: the host) wait until the local barrier word ``index`` is
+    ``>= value`` (acquire). The emulated backend raises :class:`tilelink.WaitTimeout` after
+    ``timeout_s`` (default ``TILELINK_WAIT_TIMEOUT``)."""
+    tensor = _barrier_array(barriers, index, "rank_wait")
+    world = current_world()
+    budget = wait_timeout_s(world.backend == "emulated") if timeout_s is None else timeout_s
+    try:
+        world.impl.wait_value(tensor[index:index + 1], int(value), stream, budget)
+    except WaitTimeout as exc:
+        raise WaitTimeout(rank=world.rank, primitive="rank_wait", index=index, expected=int(value),
+                          seen=exc.seen, budget_s=budget) from None

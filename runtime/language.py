@@ -1,0 +1,244 @@
+"""``tilelink.language``: the device-side tile-centric primitives (paper Table 3, §3.2).
+
+Every primitive is a ``@triton.jit`` function, called from user kernels and from the kernels the
+rewriter generates. One source serves two implementations, picked when this module is imported:
+
+- interpreted (``TRITON_INTERPRET=1``, the emulated backend): acquire/release atomics on shared
+  memory; a wait's budget (ns) becomes a number of polls, counted generously so it never times out
+  early (the interpreter polls a few thousand times per second);
+- compiled (GPU): acquire atomic polling bounded by ``%globaltimer``; the wait's token comes out of
+  inline PTX fed with the polled value, so LLVM cannot fold it and the guarded loads stay behind the
+  wait through software pipelining (paper §4.2).
+
+Notifies add with release semantics, waits spin until ``value >= target`` with acquire semantics
+(barrier words are epoch counters, see ``docs/ARCHITECTURE.md``). A wait that runs out of budget
+records ``[1, kind, index, target, seen]`` in the diagnostics array (first timeout wins) and returns:
+kernels never hang; the host raises :class:`tilelink.WaitTimeout` from the record.
+"""
+
+from __future__ import annotations
+
+import os
+
+import triton
+import triton.language as tl
+
+__all__ = [
+    "INTERPRETED",
+    "KIND_CONSUMER_TILE_WAIT",
+    "KIND_PEER_TILE_WAIT",
+    "KIND_WAIT_VALUE",
+    "MODE_LOCAL",
+    "MODE_P2P",
+    "MODE_BROADCAST",
+    "wait_value",
+    "notify_value",
+    "consumer_tile_wait",
+    "consumer_tile_wait_rows",
+    "producer_tile_notify",
+    "peer_tile_notify",
+    "peer_tile_wait",
+    "peer_ptr",
+    "tile_pull_data",
+    "tile_push_data",
+]
+
+INTERPRETED: bool = os.environ.get("TRITON_INTERPRET") == "1"
+
+# diagnostics kinds (tilelink.runtime.diagnostics.KIND_NAMES)
+KIND_CONSUMER_TILE_WAIT: tl.constexpr = tl.constexpr(1)
+KIND_PEER_TILE_WAIT: tl.constexpr = tl.constexpr(2)
+KIND_WAIT_VALUE: tl.constexpr = tl.constexpr(3)
+
+# producer_tile_notify modes
+MODE_LOCAL: tl.constexpr = tl.constexpr(0)
+MODE_P2P: tl.constexpr = tl.constexpr(1)
+MODE_BROADCAST: tl.constexpr = tl.constexpr(2)
+
+# The interpreter polls roughly 4000-6000 times a second; assuming 12000 makes a budget last at
+# least its nominal time (a late timeout is harmless, an early one is a false alarm).
+_NS_PER_POLL: tl.constexpr = tl.constexpr(1_000_000_000 // 12_000)
+
+
+@triton.jit
+def _record_timeout(diag_ptr, kind, index, target, seen):
+    """First timeout wins: claim word 0, then fill the record."""
+    zero = tl.full((), 0, tl.int64)
+    old = tl.atomic_cas(diag_ptr, zero, zero + 1, sem="relaxed", scope="sys")
+    if old == 0:
+        tl.store(diag_ptr + 1, (zero + kind).to(tl.int64))
+        tl.store(diag_ptr + 2, (zero + index).to(tl.int64))
+        tl.store(diag_ptr + 3, (zero + target).to(tl.int64))
+        tl.store(diag_ptr + 4, (zero + seen).to(tl.int64))
+
+
+# ----------------------------------------------------------------------------------------------
+# interpreted implementation (TRITON_INTERPRET=1)
+
+
+@triton.jit
+def _spin_interpreted(flag_ptr, target, diag_ptr, budget, kind, index):
+    seen = tl.atomic_add(flag_ptr, 0, sem="acquire", scope="sys")
+    polls = budget // _NS_PER_POLL + 1
+    n = 0
+    while (seen < target) & (n < polls):
+        seen = tl.atomic_add(flag_ptr, 0, sem="acquire", scope="sys")
+        n += 1
+    if seen < target:
+        _record_timeout(diag_ptr, kind, index, target, seen)
+    return (seen * 0).to(tl.int32)
+
+
+@triton.jit
+def _add_release_interpreted(flag_ptr, value):
+    tl.atomic_add(flag_ptr, value, sem="release", scope="sys")
+
+
+# ----------------------------------------------------------------------------------------------
+# compiled implementation (GPU)
+
+
+@triton.jit
+def _globaltimer():
+    return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64,
+                                     is_pure=False, pack=1)
+
+
+@triton.jit
+def _token_of(seen):
+    # an int32 zero computed by opaque asm from the polled value: nothing after the wait can be
+    # hoisted above it once guarded pointers are offset by it
+    return tl.inline_asm_elementwise("and.b32 $0, $1, 0;", "=r,r", [seen.to(tl.int32)],
+                                     dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def _spin_compiled(flag_ptr, target, diag_ptr, budget, kind, index):
+    seen = tl.atomic_add(flag_ptr, 0, sem="acquire", scope="sys")
+    if seen < target:
+        start = _globaltimer()
+        now = start
+        while (seen < target) & (now - start < budget):
+            seen = tl.atomic_add(flag_ptr, 0, sem="acquire", scope="sys")
+            now = _globaltimer()
+        if seen < target:
+            _record_timeout(diag_ptr, kind, index, target, seen)
+    # the program's other threads read after this point only once the acquire above is done
+    tl.debug_barrier()
+    return _token_of(seen)
+
+
+@triton.jit
+def _add_release_compiled(flag_ptr, value):
+    # every thread's stores of the tile happen before the one releasing atomic
+    tl.debug_barrier()
+    tl.atomic_add(flag_ptr, value, sem="release", scope="sys")
+
+
+if INTERPRETED:
+    _spin = _spin_interpreted
+    _add_release = _add_release_interpreted
+else:
+    _spin = _spin_compiled
+    _add_release = _add_release_compiled
+
+
+# ----------------------------------------------------------------------------------------------
+# primitives
+
+
+@triton.jit
+def wait_value(flag_ptr, target, diag_ptr, budget, kind, index):
+    """Acquire-spin until ``*flag_ptr >= target`` for at most ``budget`` ns.
+
+    On timeout records ``(kind, index, target, seen)`` in ``diag_ptr`` and returns anyway.
+    Returns an int32 zero token; offset the pointers the wait guards by it.
+    """
+    return _spin(flag_ptr, target, diag_ptr, budget, kind, index)
+
+
+@triton.jit
+def notify_value(flag_ptr, value):
+    """Release ``atomic_add(*flag_ptr, value)``: everything this program stored before is visible to
+    whoever acquires the new value."""
+    _add_release(flag_ptr, value)
+
+
+@triton.jit
+def peer_ptr(peer_table, like_ptr, rank):
+    """``rank``'s copy of a symmetric buffer, typed like ``like_ptr`` (the local copy).
+
+    ``peer_table`` is ``tilelink.runtime.peer_table(buffer)``: int64 addresses in this process.
+    """
+    return tl.load(peer_table + rank).to(tl.pointer_type(like_ptr.dtype.element_ty))
+
+
+@triton.jit
+def consumer_tile_wait(barrier_ptr, first, count, target, diag_ptr, budget):
+    """A consumer tile waits until channels ``first .. first+count-1`` of the local barrier array
+    are each ``>= target`` (acquire). Returns the token."""
+    token = tl.full((), 0, tl.int32)
+    for channel in range(first, first + count):
+        token += _spin(barrier_ptr + channel, target, diag_ptr, budget, KIND_CONSUMER_TILE_WAIT,
+                       channel)
+    return token
+
+
+@triton.jit
+def consumer_tile_wait_rows(barrier_ptr, row_start, row_end, rows_per_rank, rows_per_channel,
+                            channels_per_rank, target, diag_ptr, budget):
+    """A consumer tile reading rows ``[row_start, row_end)`` of the gathered dimension waits for
+    every channel holding one of them (static affine mapping: row ``m`` lives on rank
+    ``m // rows_per_rank``, channel ``rank * channels_per_rank + (m % rows_per_rank) //
+    rows_per_channel``). An empty range waits for nothing. Returns the token."""
+    token = tl.full((), 0, tl.int32)
+    if row_end > row_start:
+        last_row = row_end - 1
+        first = (row_start // rows_per_rank) * channels_per_rank + (
+            row_start % rows_per_rank) // rows_per_channel
+        last = (last_row // rows_per_rank) * channels_per_rank + (
+            last_row % rows_per_rank) // rows_per_channel
+        token = consumer_tile_wait(barrier_ptr, first, last - first + 1, target, diag_ptr, budget)
+    return token
+
+
+@triton.jit
+def producer_tile_notify(barrier_ptr, channel, value, peer_table, rank, world, MODE: tl.constexpr):
+    """A producer tile is done: release-add ``value`` to barrier ``channel``.
+
+    ``MODE`` 0 (local): this rank's barrier array at ``barrier_ptr``; 1 (p2p): ``rank``'s copy,
+    through ``peer_table`` (the barrier array's); 2 (broadcast): every one of the ``world`` ranks.
+    """
+    if MODE == 0:
+        _add_release(barrier_ptr + channel, value)
+    elif MODE == 1:
+        _add_release(peer_ptr(peer_table, barrier_ptr, rank) + channel, value)
+    else:
+        for peer in range(0, world):
+            _add_release(peer_ptr(peer_table, barrier_ptr, peer) + channel, value)
+
+
+@triton.jit
+def peer_tile_notify(peer_table, like_ptr, index, rank, value):
+    """Release-add ``value`` to barrier ``index`` of ``rank``'s copy of the barrier array
+    (``like_ptr`` is the local copy, ``peer_table`` its table)."""
+    _add_release(peer_ptr(peer_table, like_ptr, rank) + index, value)
+
+
+@triton.jit
+def peer_tile_wait(barrier_ptr, index, target, diag_ptr, budget):
+    """Acquire-spin until the local barrier ``index`` is ``>= target`` (a peer's tile is done).
+    Returns the token."""
+    return _spin(barrier_ptr + index, target, diag_ptr, budget, KIND_PEER_TILE_WAIT, index)
+
+
+@triton.jit
+def tile_pull_data(peer_table, like_ptr, rank, offsets, mask):
+    """Load a tile (element ``offsets``, masked lanes read 0) from ``rank``'s copy of the buffer."""
+    return tl.load(peer_ptr(peer_table, like_ptr, rank) + offsets, mask=mask, other=0)
+
+
+@triton.jit
+def tile_push_data(peer_table, like_ptr, rank, offsets, data, mask):
+    """Store a tile ``data`` at element ``offsets`` of ``rank``'s copy of the buffer."""
+    tl.store(peer_ptr(peer_table, like_ptr, rank) + offsets, data, mask=mask)

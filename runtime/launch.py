@@ -1,0 +1,248 @@
+"""``tilelink.spawn``: run a function on every rank of a fresh world of local processes.
+
+Each rank is a process started with the ``spawn`` method, given the torchrun variables (``RANK``,
+``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``), initialised with
+``tilelink.init(backend)``; it runs ``fn(*args, **kwargs)`` and sends back the result or its
+exception. No silent hangs: a failing rank fails the whole call (the others are stopped after a
+short grace), and an overall timeout stops every rank and names the ones that had not finished.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import multiprocessing as mp
+import os
+import pickle
+import queue as queue_module
+import socket
+import threading
+import time
+import traceback
+import uuid
+from typing import Any
+
+from tilelink.errors import TileLinkError
+
+DEFAULT_SPAWN_TIMEOUT_S = 300.0
+FAILURE_GRACE_S = 3.0
+
+_environ_lock = threading.Lock()
+
+
+class RankFailedError(TileLinkError):
+    """A rank of a spawned world raised. ``rank``, ``exc_type`` (qualified name) and
+    ``rank_traceback`` (the text) say where; the message holds the rank's traceback."""
+
+    rank: int = -1
+    exc_type: str = ""
+    rank_traceback: str = ""
+
+
+class SpawnTimeout(TileLinkError):
+    """A spawned world did not finish in time; ``pending`` lists the ranks still running."""
+
+    def __init__(self, message: str, pending: list[int]) -> None:
+        super().__init__(message)
+        self.pending = pending
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now (for ``MASTER_PORT``)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _describe_exception(exc: BaseException) -> dict[str, Any]:
+    cls = type(exc)
+    info: dict[str, Any] = {
+        "module": cls.__module__,
+        "qualname": cls.__qualname__,
+        "message": str(exc),
+        "traceback": "".join(traceback.format_exception(cls, exc, exc.__traceback__)),
+        "pickled": None,
+        "args": None,
+        "attrs": {},
+    }
+    with contextlib.suppress(Exception):
+        blob = pickle.dumps(exc)
+        pickle.loads(blob)  # some exceptions pickle but cannot be rebuilt (keyword-only __init__)
+        info["pickled"] = blob
+    with contextlib.suppress(Exception):
+        info["args"] = pickle.dumps(exc.args)
+    for key, value in vars(exc).items():
+        with contextlib.suppress(Exception):
+            info["attrs"][key] = pickle.dumps(value)
+    return info
+
+
+def _rebuild_exception(rank: int, info: dict[str, Any]) -> BaseException:
+    """The rank's exception, re-created in this process with the rank and its traceback in the
+    message; always a :class:`TileLinkError` (non-TileLink types are mixed with RankFailedError)."""
+    header = f"rank {rank} failed with {info['qualname']}: {info['message']}"
+    message = f"{header}\n\n--- traceback of rank {rank} ---\n{info['traceback'].rstrip()}"
+    cls: type | None = None
+    with contextlib.suppress(Exception):
+        cls = importlib.import_module(info["module"])
+        for part in info["qualname"].split("."):
+            cls = getattr(cls, part)
+    if not (isinstance(cls, type) and issubclass(cls, BaseException)):
+        cls = None
+
+    exc: BaseException | None = None
+    if cls is not None and not issubclass(cls, TileLinkError):
+        with contextlib.suppress(TypeError):
+            cls = type(cls.__name__, (RankFailedError, cls), {"__module__": cls.__module__})
+    if cls is not None and issubclass(cls, TileLinkError):
+        with contextlib.suppress(Exception):
+            exc = cls.__new__(cls)
+            for key, blob in info["attrs"].items():
+                with contextlib.suppress(Exception):
+                    setattr(exc, key, pickle.loads(blob))
+            BaseException.__init__(exc, message)
+    if exc is None:
+        exc = RankFailedError(message)
+    exc.rank_failed = rank  # the spawned rank (WaitTimeout.rank is the rank that waited)
+    exc.exc_type = f"{info['module']}.{info['qualname']}"
+    exc.rank_traceback = info["traceback"]
+    if isinstance(exc, RankFailedError):
+        exc.rank = rank
+    return exc
+
+
+def _rank_main(fn, rank: int, env: dict[str, str], backend: str, args: tuple, kwargs: dict,
+               results) -> None:
+    """Body of one rank's process."""
+    os.environ.update(env)
+    import torch
+
+    torch.set_num_threads(1)  # ranks share the host's cores
+    from tilelink.runtime import world
+
+    try:
+        if backend == "nvshmem" and torch.cuda.is_available():
+            torch.cuda.set_device(int(env["LOCAL_RANK"]) % torch.cuda.device_count())
+        world.init(backend)
+        result = fn(*args, **kwargs)
+        payload = pickle.dumps(result)
+    except BaseException as exc:  # noqa: BLE001 - every failure goes back to the parent
+        results.put((rank, "error", _describe_exception(exc)))
+        world.abandon()  # no collective teardown: the other ranks may be stuck or gone
+        return
+    results.put((rank, "ok", payload))
+    try:
+        world.finalize()
+    except Exception:  # the result is delivered; a teardown failure is only worth a note
+        traceback.print_exc()
+
+
+def spawn(fn, world_size: int, *args, backend: str = "emulated", timeout: float | None = None,
+          **kwargs) -> list:
+    """Run ``fn(*args, **kwargs)`` on ``world_size`` fresh local ranks; returns the results by rank.
+
+    ``fn`` must be picklable (a module-level function) and so must its arguments and results.
+    ``backend="emulated"`` runs the kernels under ``TRITON_INTERPRET=1`` on CPU processes;
+    ``"nvshmem"`` puts rank ``r`` on GPU ``r % device_count`` (several ranks may share one).
+    If a rank raises, the same exception type is raised here (always a ``TileLinkError``; other
+    types are mixed with :class:`RankFailedError`) naming the rank and carrying its traceback.
+    ``timeout`` (default ``TILELINK_SPAWN_TIMEOUT`` or 300 s) bounds the whole run.
+    """
+    if world_size < 1:
+        raise TileLinkError(f"spawn: world_size must be at least 1, got {world_size}")
+    if backend not in ("emulated", "nvshmem"):
+        raise TileLinkError(f"spawn: unknown backend {backend!r}: use 'emulated' or 'nvshmem'")
+    if timeout is None:
+        timeout = float(os.environ.get("TILELINK_SPAWN_TIMEOUT", DEFAULT_SPAWN_TIMEOUT_S))
+    session = f"{uuid.uuid4().hex[:12]}-{os.getpid()}"
+    port = free_port()
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    processes = []
+    child_environ = {"TRITON_INTERPRET": "1" if backend == "emulated" else None}
+    try:
+        with _environ_lock:
+            saved = {key: os.environ.get(key) for key in child_environ}
+            try:
+                for key, value in child_environ.items():
+                    if value is None:
+                        os.environ.pop(key, None)
+                    else:
+                        os.environ[key] = value
+                for rank in range(world_size):
+                    env = {"RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank),
+                           "LOCAL_WORLD_SIZE": str(world_size), "MASTER_ADDR": "127.0.0.1",
+                           "MASTER_PORT": str(port), "TILELINK_SESSION": session,
+                           "TILELINK_BACKEND": backend}
+                    process = ctx.Process(target=_rank_main, name=f"tilelink-rank-{rank}",
+                                          args=(fn, rank, env, backend, args, kwargs, results),
+                                          daemon=True)
+                    process.start()
+                    processes.append(process)
+            finally:
+                for key, value in saved.items():
+                    if value is None:
+                        os.environ.pop(key, None)
+                    else:
+                        os.environ[key] = value
+        return _collect(processes, results, timeout)
+    finally:
+        for process in processes:
+            if process.is_alive():
+                process.kill()
+        for process in processes:
+            process.join(timeout=5)
+        results.close()
+        from tilelink.runtime.emulated import remove_session_files
+
+        remove_session_files(session)
+
+
+def _collect(processes: list, results, timeout: float) -> list:
+    world_size = len(processes)
+    outcome: dict[int, tuple[str, Any]] = {}
+    first_failure: int | None = None
+    deadline = time.monotonic() + timeout
+    grace_deadline: float | None = None
+    while len(outcome) < world_size:
+        now = time.monotonic()
+        if grace_deadline is not None and now > grace_deadline:
+            break
+        if now > deadline:
+            pending = [r for r in range(world_size) if r not in outcome]
+            raise SpawnTimeout(
+                f"spawn: ranks {pending} of {world_size} had not finished after {timeout:g} s and "
+                f"were stopped (raise TILELINK_SPAWN_TIMEOUT or the timeout argument if they are "
+                f"just slow; a rank stuck in a collective or a wait means ranks diverged)", pending)
+        try:
+            rank, status, payload = results.get(timeout=0.1)
+        except queue_module.Empty:
+            for rank, process in enumerate(processes):
+                if rank in outcome or process.is_alive():
+                    continue
+                try:  # a result may still be in flight from a process that just exited
+                    got = results.get(timeout=1.0)
+                    outcome[got[0]] = (got[1], got[2])
+                    if got[1] == "error" and first_failure is None:
+                        first_failure, grace_deadline = got[0], time.monotonic() + FAILURE_GRACE_S
+                    continue
+                except queue_module.Empty:
+                    pass
+                outcome[rank] = ("died", process.exitcode)
+                if first_failure is None:
+                    first_failure, grace_deadline = rank, time.monotonic() + FAILURE_GRACE_S
+            continue
+        outcome[rank] = (status, payload)
+        if status == "error" and first_failure is None:
+            first_failure, grace_deadline = rank, time.monotonic() + FAILURE_GRACE_S
+
+    if first_failure is not None:
+        status, payload = outcome[first_failure]
+        if status == "died":
+            exc = RankFailedError(
+                f"rank {first_failure} died with exit code {payload} before reporting a result "
+                f"(killed by a signal, out of memory, or os._exit)")
+            exc.rank = first_failure
+            raise exc
+        raise _rebuild_exception(first_failure, payload)
+    return [pickle.loads(outcome[r][1]) for r in range(world_size)]

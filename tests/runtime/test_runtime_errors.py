@@ -1,0 +1,69 @@
+"""Bounded waits and bad input: every failure names the rank and what to do."""
+
+from __future__ import annotations
+
+import pytest
+import runtime_worlds
+import torch
+
+import tilelink
+from tilelink import runtime
+from tilelink.runtime import world as world_module
+
+
+def test_use_before_init():
+    assert not tilelink.is_initialized()
+    for call in (tilelink.rank, tilelink.world_size, runtime.current_world,
+                 lambda: runtime.symmetric_empty((4,), torch.float32), runtime.Diagnostics,
+                 lambda: runtime.Channel(2)):
+        with pytest.raises(tilelink.NotInitializedError, match=r"tilelink\.init\(\).*tilelink\.spawn"):
+            call()
+    tilelink.finalize()  # harmless when not initialised
+
+
+def test_world_size_mismatch_in_environment(monkeypatch):
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(tilelink.WorldMismatchError, match="RANK=3"):
+        world_module.init(backend="emulated")
+    assert not tilelink.is_initialized()
+
+
+def test_unknown_backend():
+    with pytest.raises(tilelink.TileLinkError, match="unknown TileLink backend"):
+        tilelink.init(backend="mpi")
+
+
+def test_wait_timeouts_name_rank_channel_expected_seen(monkeypatch):
+    monkeypatch.setenv("TILELINK_WAIT_TIMEOUT", "0.3")
+    with pytest.raises(tilelink.WaitTimeout) as info:
+        tilelink.spawn(runtime_worlds.timeouts, 2)
+    e = info.value
+    assert (e.rank, e.primitive, e.index, e.expected, e.seen) == (1, "consumer_tile_wait", 1, 1, 0)
+    assert e.kernel == "consume_kernel"
+    assert "rank 1" in str(e) and "traceback of rank 1" in str(e)
+    assert e.rank_failed == 1
+
+
+def test_bad_input():
+    messages = tilelink.spawn(runtime_worlds.bad_input, 2)[0]
+    assert "symmetric_empty" in messages["foreign"]
+    assert "rank 2 is not a rank" in messages["bad_rank"]
+    assert "already freed" in messages["double_free"]
+    assert "rank 0: shape [4]" in messages["mismatch"] and "rank 1: shape [5]" in messages["mismatch"]
+    assert messages["init_again_same"]
+
+
+def test_failing_rank_raises_in_parent_with_its_traceback():
+    with pytest.raises(AssertionError, match="deliberate failure on rank 1") as info:
+        tilelink.spawn(runtime_worlds.raise_on, 3, 1, "assert")
+    assert isinstance(info.value, runtime.RankFailedError)
+    assert info.value.rank == 1 and "raise_on" in info.value.rank_traceback
+    with pytest.raises(tilelink.LaunchError, match="rank 0 failed"):
+        tilelink.spawn(runtime_worlds.raise_on, 1, 0, "launch")
+
+
+def test_spawn_timeout_names_pending_ranks():
+    with pytest.raises(runtime.SpawnTimeout, match=r"ranks \[0\]") as info:
+        tilelink.spawn(runtime_worlds.hang, 1, 60.0, timeout=4)
+    assert info.value.pending == [0]
