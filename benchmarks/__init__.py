@@ -1,0 +1,1 @@
+"""What ``tlxform bench`` runs: the paper's shapes, baselines, JSON records and PNG charts."""

@@ -1,0 +1,188 @@
+"""What every TileLink benchmark shares: the paper's shapes, per-rank shapes, timing, JSON and charts.
+
+Per-rank shapes of the tensor-parallel MLP (paper §2.4, §7.2, Table 4) at world size W, with S the
+tokens, H the hidden size and I the intermediate size:
+
+- AG+GEMM (gate and up projections fused into one GEMM): each rank holds S/W rows of the input;
+  after the all-gather it computes ``(S, H) @ (H, 2*I/W)``: **M = S, N = 2*I/W, K = H**.
+  (DESIGN.md §9's "8192x4096x1376" for MLP-1 is the gate or up projection alone, N = I/W.)
+- GEMM+RS (down projection): each rank computes the partial sum ``(S, I/W) @ (I/W, H)``, then the
+  reduce-scatter leaves it S/W rows: **M = S, N = H, K = I/W**.
+
+Speed is reported as a ratio ``baseline time / our time`` measured in the same process, side by side
+(rounds alternate which of the two runs first); above 1 means faster than the baseline.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import math
+import statistics
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+import click
+
+
+@dataclasses.dataclass(frozen=True)
+class MLPShape:
+    """One row of the paper's Table 4 (MLP part)."""
+
+    name: str
+    S: int
+    H: int
+    I: int  # noqa: E741 - the paper's name for the intermediate size
+    source: str
+
+
+@dataclasses.dataclass(frozen=True)
+class GemmShape:
+    """One GEMM, C (M x N) = A (M x K) @ B (K x N)."""
+
+    M: int
+    N: int
+    K: int
+
+    @property
+    def flops(self) -> int:
+        return 2 * self.M * self.N * self.K
+
+
+MLP_SHAPES: dict[str, MLPShape] = {s.name: s for s in (
+    MLPShape("MLP-1", 8192, 4096, 11008, "LLaMA-7B"),
+    MLPShape("MLP-2", 8192, 4096, 14336, "LLaMA-3.1-8B"),
+    MLPShape("MLP-3", 8192, 3584, 14336, "Gemma-2-9B"),
+    MLPShape("MLP-4", 8192, 4608, 36864, "Gemma-2-27B"),
+    MLPShape("MLP-5", 8192, 8192, 28672, "LLaMA-3.1-70B"),
+    MLPShape("MLP-6", 8192, 8192, 29568, "Qwen-2-72B"),
+)}
+
+PARTS = ("ag_gemm", "gemm_rs")
+
+
+def scaled(shape: MLPShape, scale: int, world: int = 1) -> MLPShape:
+    """``shape`` with S, H and I divided by ``scale`` (smoke tests on small machines); S and I stay
+    multiples of ``world``."""
+    if scale == 1:
+        return shape
+    shrink = lambda v, m: max(m, v // scale // m * m)
+    return dataclasses.replace(shape, S=shrink(shape.S, world), H=shrink(shape.H, 1),
+                               I=shrink(shape.I, world))
+
+
+def per_rank_gemm(shape: MLPShape, part: str, world: int) -> GemmShape:
+    """The GEMM one rank computes for ``part`` ("ag_gemm" or "gemm_rs") at world size ``world``."""
+    if shape.I % world or shape.S % world:
+        raise click.BadParameter(f"{shape.name}: S={shape.S} and I={shape.I} must be multiples of the "
+                                 f"world size {world}")
+    if part == "ag_gemm":
+        return GemmShape(M=shape.S, N=2 * shape.I // world, K=shape.H)
+    if part == "gemm_rs":
+        return GemmShape(M=shape.S, N=shape.H, K=shape.I // world)
+    raise ValueError(f"unknown part {part!r}; expected one of {PARTS}")
+
+
+def select_shapes(names: str) -> list[MLPShape]:
+    """Parse ``--shapes``: "all" or comma-separated names/numbers ("MLP-1,MLP-3" or "1,3")."""
+    if names.strip().lower() == "all":
+        return list(MLP_SHAPES.values())
+    chosen = []
+    for item in names.split(","):
+        item = item.strip()
+        key = f"MLP-{item}" if item.isdigit() else item.upper()
+        if key not in MLP_SHAPES:
+            raise click.BadParameter(f"unknown shape {item!r}; choose from {', '.join(MLP_SHAPES)} or 'all'")
+        chosen.append(MLP_SHAPES[key])
+    return chosen
+
+
+def time_ms(fn: Callable[[], object], device_type: str) -> float:
+    """Median time of ``fn`` in milliseconds: CUDA events through ``triton.testing.do_bench`` on a
+    GPU (L2 flushed between calls), a host clock over a few calls on the CPU."""
+    if device_type == "cuda":
+        import triton.testing
+
+        return float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
+    fn()
+    samples = []
+    for _ in range(3):
+        start = time.perf_counter()
+        fn()
+        samples.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(samples)
+
+
+def side_by_side(fns: dict[str, Callable[[], object]], rounds: int,
+                 device_type: str) -> dict[str, list[float]]:
+    """Time every function of ``fns`` ``rounds`` times, rotating which runs first in each round."""
+    names = list(fns)
+    times: dict[str, list[float]] = {n: [] for n in names}
+    for r in range(rounds):
+        order = names[r % len(names):] + names[:r % len(names)]
+        for n in order:
+            times[n].append(time_ms(fns[n], device_type))
+    return times
+
+
+def progress(items: Iterable, label: str, length: int | None = None):
+    """A progress bar on stderr (click's), labelled with what is being measured."""
+    return click.progressbar(items, label=label, length=length, file=click.get_text_stream("stderr"),
+                             item_show_func=lambda item: None if item is None else str(item))
+
+
+def environment() -> dict:
+    """Device, library versions and date of a measurement, for the JSON record."""
+    import torch
+    import triton
+
+    device = "cpu"
+    if torch.cuda.is_available():
+        device = f"{torch.cuda.get_device_name()} x{torch.cuda.device_count()}"
+    return {"date": datetime.date.today().isoformat(), "device": device, "torch": torch.__version__,
+            "triton": triton.__version__}
+
+
+def write_json(path: Path, record: dict) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=2, sort_keys=False) + "\n")
+    return path
+
+
+def bar_chart(path: Path, title: str, groups: list[str], series: dict[str, list[float]], ylabel: str,
+              reference: float | None = 1.0) -> Path | None:
+    """Grouped bar chart like the paper's Figure 8: one group per shape, one bar per method.
+
+    Returns the path written, or None (with a message) when matplotlib is not installed.
+    """
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        click.echo(f"matplotlib is not installed: skipped the chart {path.name}", err=True)
+        return None
+    width = 0.8 / max(1, len(series))
+    fig, ax = plt.subplots(figsize=(min(20.0, max(6.0, len(groups) * (0.5 + 0.25 * len(series)))), 4.0))
+    for i, (label, values) in enumerate(series.items()):
+        xs = [g + (i - (len(series) - 1) / 2) * width for g in range(len(groups))]
+        bars = ax.bar(xs, [0 if math.isnan(v) else v for v in values], width, label=label)
+        for bar, v in zip(bars, values, strict=True):
+            if not math.isnan(v):
+                ax.annotate(f"{v:.2f}", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                            ha="center", va="bottom", fontsize=7)
+    if reference is not None:
+        ax.axhline(reference, color="gray", linewidth=0.8, linestyle="--")
+    ax.set_xticks(range(len(groups)))
+    ax.set_xticklabels(groups, fontsize=8)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=150)
+    plt.close(fig)
+    return path

@@ -1,0 +1,347 @@
+"""Tensor-parallel MLP benchmark on the paper's Table 4 shapes (Figure 8): AG+GEMM and GEMM+RS.
+
+Two modes:
+
+- ``compute``: one GPU, one rank. The GEMM each rank computes at world size W (see
+  :mod:`benchmarks.common` for the per-rank shapes), with communication already satisfied: the
+  TileLink plain GEMM (:func:`tilelink.ops.gemm.matmul`) against ``torch.matmul`` (cuBLAS), side by
+  side in one process; ratio = torch time / TileLink time.
+- ``dist``: W processes on W GPUs (spawned here, NCCL). Baselines cuBLAS+NCCL
+  (``all_gather_into_tensor`` + ``matmul``; ``matmul`` + ``reduce_scatter_tensor``) and PyTorch
+  async-TP (``torch.ops.symm_mem.fused_all_gather_matmul`` / ``fused_matmul_reduce_scatter``), and
+  TileLink's ``tilelink.ops.ag_gemm`` / ``gemm_rs`` once they exist. Speedup over cuBLAS+NCCL and
+  overlap ratio ``(comp + comm - overlapped) / comm`` per shape; times are the slowest rank's median.
+
+Run as ``tlxform bench mlp`` or ``python -m benchmarks.mlp``; writes ``mlp_<mode>_w<W>_<dtype>.json``
+and a PNG bar chart next to it.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+import statistics
+import sys
+import zlib
+from pathlib import Path
+
+import click
+
+from benchmarks.common import (
+    PARTS,
+    GemmShape,
+    MLPShape,
+    bar_chart,
+    environment,
+    per_rank_gemm,
+    progress,
+    scaled,
+    select_shapes,
+    side_by_side,
+    time_ms,
+    write_json,
+)
+
+DTYPES = ("bf16", "fp16", "fp32")
+PART_TITLES = {"ag_gemm": "AG+GEMM", "gemm_rs": "GEMM+RS"}
+# Keep NVLink multicast off on shared hosts (DESIGN.md §9).
+_SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+
+
+def _torch_dtype(name: str):
+    import torch
+
+    return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[name]
+
+
+def _rel_err(out, ref) -> float:
+    return float((out.float() - ref).norm() / ref.norm())
+
+
+# ----------------------------------------------------------------------------------------------
+# compute mode: one GPU, the per-rank GEMMs
+
+
+def run_compute(shapes: list[MLPShape], world: int, dtype: str, variants: list[str], rounds: int,
+                scale: int = 1) -> dict:
+    """Measure the TileLink GEMM against torch.matmul at the per-rank shapes; returns the record."""
+    import torch
+
+    from tilelink.ops import gemm
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    tdtype = _torch_dtype(dtype)
+    items = [(s, p) for s in shapes for p in PARTS]
+    rows = []
+    with progress(items, f"GEMM vs torch.matmul ({dtype}, per-rank shapes at W={world})") as bar:
+        for shape, part in bar:
+            g = per_rank_gemm(scaled(shape, scale, world), part, world)
+            gen = torch.Generator(device=device).manual_seed(zlib.crc32(f"{shape.name}/{part}".encode()))
+            a = torch.randn(g.M, g.K, device=device, dtype=tdtype, generator=gen)
+            b = torch.randn(g.K, g.N, device=device, dtype=tdtype, generator=gen)
+            c_torch = torch.empty(g.M, g.N, device=device, dtype=tdtype)
+            c_ours = torch.full((g.M, g.N), float("nan"), device=device, dtype=tdtype)
+            ref = a.float() @ b.float()
+            row = {"shape": shape.name, "part": part, "M": g.M, "N": g.N, "K": g.K, "errors": {},
+                   "rel_err": {}, "config": {}}
+            row["rel_err"]["torch.matmul"] = _rel_err(torch.matmul(a, b, out=c_torch), ref)
+            fns = {"torch.matmul": lambda a=a, b=b, c=c_torch: torch.matmul(a, b, out=c)}
+            for v in variants:
+                try:
+                    c_ours.fill_(float("nan"))
+                    gemm.matmul(a, b, out=c_ours, variant=v)
+                    err = _rel_err(c_ours, ref)
+                    row["rel_err"][v] = err
+                    if not err < 2e-2:  # NaN (unwritten) fails too
+                        raise AssertionError(f"relative error {err:.3g} against the fp32 reference")
+                    fns[v] = lambda a=a, b=b, c=c_ours, v=v: gemm.matmul(a, b, out=c, variant=v)
+                    tuned = gemm._autotuned(gemm._AUTO_VARIANT if v == "auto" else v) if device == "cuda" else None
+                    if tuned is not None and getattr(tuned, "best_config", None) is not None:
+                        row["config"][v] = str(tuned.best_config)
+                except Exception as exc:  # one broken variant must not lose the others' numbers
+                    row["errors"][v] = f"{type(exc).__name__}: {exc}"[:500]
+            times = side_by_side(fns, rounds, device)
+            row["ms"] = times
+            t_torch = statistics.median(times["torch.matmul"])
+            row["median_ms"] = {k: statistics.median(v) for k, v in times.items()}
+            row["tflops"] = {k: g.flops / (m * 1e-3) / 1e12 for k, m in row["median_ms"].items()}
+            row["ratio"] = {v: t_torch / row["median_ms"][v] for v in variants if v in times}
+            row["ratio_per_round"] = {v: [t / o for t, o in zip(times["torch.matmul"], times[v], strict=True)]
+                                      for v in variants if v in times}
+            rows.append(row)
+            cells = [f"{v} {row['median_ms'][v]:.4f} ms ({row['ratio'][v]:.3f}) {row['config'].get(v, '')}"
+                     for v in row["ratio"]]
+            click.echo(f"  {shape.name} {part} {g.M}x{g.N}x{g.K}: torch {t_torch:.4f} ms; "
+                       + ", ".join(cells), err=True)
+            del a, b, c_torch, c_ours, ref
+    return {"benchmark": "mlp", "mode": "compute", "world": world, "dtype": dtype, "rounds": rounds,
+            "scale": scale, "variants": variants, **environment(), "results": rows}
+
+
+def summarize_compute(record: dict) -> str:
+    lines = [f"{'shape':8} {'part':8} {'M':>6} {'N':>6} {'K':>6} {'torch ms':>9} "
+             + " ".join(f"{v + ' ms':>15} {'ratio':>6}" for v in record["variants"])]
+    for r in record["results"]:
+        cells = []
+        for v in record["variants"]:
+            if v in r["ratio"]:
+                cells.append(f"{r['median_ms'][v]:15.4f} {r['ratio'][v]:6.3f}")
+            else:
+                cells.append(f"{'error':>15} {'-':>6}")
+        lines.append(f"{r['shape']:8} {r['part']:8} {r['M']:6d} {r['N']:6d} {r['K']:6d} "
+                     f"{r['median_ms']['torch.matmul']:9.4f} " + " ".join(cells))
+    for v in record["variants"]:
+        ratios = [r["ratio"][v] for r in record["results"] if v in r["ratio"]]
+        if ratios:
+            lines.append(f"{v}: min ratio {min(ratios):.3f}, geomean "
+                         f"{math.exp(sum(map(math.log, ratios)) / len(ratios)):.3f} over {len(ratios)} GEMMs")
+    for r in record["results"]:
+        for v, e in r["errors"].items():
+            lines.append(f"error {r['shape']} {r['part']} {v}: {e}")
+    return "\n".join(lines)
+
+
+def chart_compute(record: dict, path: Path) -> Path | None:
+    groups = [f"{r['shape']}\n{PART_TITLES[r['part']]}" for r in record["results"]]
+    series = {"torch.matmul (cuBLAS)": [1.0] * len(groups)}
+    for v in record["variants"]:
+        series[f"TileLink GEMM ({v})"] = [r["ratio"].get(v, math.nan) for r in record["results"]]
+    return bar_chart(path, f"Per-rank GEMM at W={record['world']}, {record['dtype']}, {record['device']}",
+                     groups, series, "speed relative to torch.matmul")
+
+
+# ----------------------------------------------------------------------------------------------
+# dist mode: W ranks, W GPUs
+
+
+def _tilelink_ops():
+    """``tilelink.ops.ag_gemm`` / ``gemm_rs`` when they exist (issue 5), else None each."""
+    import importlib
+
+    ops = importlib.import_module("tilelink.ops")
+    return getattr(ops, "ag_gemm", None), getattr(ops, "gemm_rs", None)
+
+
+def _dist_part(part: str, g: GemmShape, world: int, dtype, rounds: int) -> dict:
+    import torch
+    import torch.distributed as dist
+
+    group = dist.group.WORLD
+    device = torch.device("cuda", torch.cuda.current_device())
+    ag_gemm, gemm_rs = _tilelink_ops()
+    out: dict = {"errors": {}}
+    fns: dict = {}
+    if part == "ag_gemm":
+        a_shard = torch.randn(g.M // world, g.K, device=device, dtype=dtype)
+        b = torch.randn(g.K, g.N, device=device, dtype=dtype)
+        a_full = torch.empty(g.M, g.K, device=device, dtype=dtype)
+        c = torch.empty(g.M, g.N, device=device, dtype=dtype)
+
+        def comm():
+            dist.all_gather_into_tensor(a_full, a_shard)
+
+        def comp():
+            torch.matmul(a_full, b, out=c)
+
+        fns["comm"], fns["comp"] = comm, comp
+        fns["cuBLAS+NCCL"] = lambda: (comm(), comp())
+        fns["async-TP"] = lambda: torch.ops.symm_mem.fused_all_gather_matmul(
+            a_shard, [b], gather_dim=0, group_name=group.group_name)
+        if ag_gemm is not None:
+            fns["TileLink"] = lambda: ag_gemm(a_shard, b)
+    else:
+        a = torch.randn(g.M, g.K, device=device, dtype=dtype)
+        b = torch.randn(g.K, g.N, device=device, dtype=dtype)
+        c = torch.empty(g.M, g.N, device=device, dtype=dtype)
+        c_shard = torch.empty(g.M // world, g.N, device=device, dtype=dtype)
+
+        def comp():
+            torch.matmul(a, b, out=c)
+
+        def comm():
+            dist.reduce_scatter_tensor(c_shard, c)
+
+        fns["comm"], fns["comp"] = comm, comp
+        fns["cuBLAS+NCCL"] = lambda: (comp(), comm())
+        fns["async-TP"] = lambda: torch.ops.symm_mem.fused_matmul_reduce_scatter(
+            a, b, "sum", scatter_dim=0, group_name=group.group_name)
+        if gemm_rs is not None:
+            fns["TileLink"] = lambda: gemm_rs(a, b)
+    times: dict[str, float] = {}
+    for name, fn in fns.items():
+        try:
+            fn()  # warm-up, and every rank learns here whether a method works
+            torch.cuda.synchronize()
+            samples = []
+            for _ in range(rounds):
+                dist.barrier()
+                samples.append(time_ms(fn, "cuda"))
+            t = torch.tensor([statistics.median(samples)], device=device)
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)
+            times[name] = float(t)
+        except Exception as exc:  # async-TP may be missing on some builds: record, go on
+            out["errors"][name] = f"{type(exc).__name__}: {exc}"[:500]
+    out["median_ms"] = times
+    base = times.get("cuBLAS+NCCL")
+    out["speedup"] = {k: base / v for k, v in times.items() if base and k in ("async-TP", "TileLink")}
+    if "comm" in times and "comp" in times:
+        out["overlap_ratio"] = {k: (times["comp"] + times["comm"] - v) / times["comm"]
+                                for k, v in times.items() if k in ("async-TP", "TileLink")}
+    return out
+
+
+def _dist_worker(rank: int, world: int, port: int, shapes: list[MLPShape], dtype: str, rounds: int,
+                 scale: int, queue) -> None:
+    import torch
+    import torch.distributed as dist
+
+    for k, v in _SAFE_ENV.items():
+        os.environ[k] = v
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", rank=rank, world_size=world, device_id=torch.device("cuda", rank))
+    try:
+        try:
+            from torch.distributed._symmetric_memory import enable_symm_mem_for_group
+
+            enable_symm_mem_for_group(dist.group.WORLD.group_name)
+        except Exception:  # newer torch enables it on demand; older without it: async-TP records an error
+            pass
+        rows = []
+        items = [(s, p) for s in shapes for p in PARTS]
+        bar = progress(items, f"MLP over {world} ranks") if rank == 0 else None
+        iterator = bar.__enter__() if bar else items
+        for shape, part in iterator:
+            g = per_rank_gemm(scaled(shape, scale, world), part, world)
+            row = {"shape": shape.name, "part": part, "M": g.M, "N": g.N, "K": g.K}
+            row.update(_dist_part(part, g, world, _torch_dtype(dtype), rounds))
+            rows.append(row)
+        if bar:
+            bar.__exit__(None, None, None)
+        if rank == 0:
+            queue.put(rows)
+    finally:
+        dist.destroy_process_group()
+
+
+def run_dist(shapes: list[MLPShape], world: int, dtype: str, rounds: int, scale: int = 1) -> dict:
+    """Spawn ``world`` ranks on ``world`` GPUs and measure the baselines (and TileLink if present)."""
+    import torch.multiprocessing as mp
+
+    for k, v in _SAFE_ENV.items():
+        os.environ.setdefault(k, v)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    queue = ctx.SimpleQueue()
+    mp.start_processes(_dist_worker, args=(world, port, shapes, dtype, rounds, scale, queue), nprocs=world,
+                       join=True, start_method="spawn")
+    rows = queue.get()
+    return {"benchmark": "mlp", "mode": "dist", "world": world, "dtype": dtype, "rounds": rounds,
+            "scale": scale, **environment(), "results": rows}
+
+
+def summarize_dist(record: dict) -> str:
+    methods = ("cuBLAS+NCCL", "async-TP", "TileLink", "comp", "comm")
+    lines = [f"{'shape':8} {'part':8} " + " ".join(f"{m + ' ms':>15}" for m in methods)
+             + f" {'async-TP x':>10} {'TileLink x':>10}"]
+    for r in record["results"]:
+        ms = r["median_ms"]
+        cells = " ".join(f"{ms[m]:15.4f}" if m in ms else f"{'-':>15}" for m in methods)
+        sp = r["speedup"]
+        lines.append(f"{r['shape']:8} {r['part']:8} {cells} {sp.get('async-TP', math.nan):10.3f} "
+                     f"{sp.get('TileLink', math.nan):10.3f}")
+        for m, e in r["errors"].items():
+            lines.append(f"  error {m}: {e}")
+    return "\n".join(lines)
+
+
+def chart_dist(record: dict, path: Path) -> Path | None:
+    groups = [f"{r['shape']}\n{PART_TITLES[r['part']]}" for r in record["results"]]
+    series = {"cuBLAS+NCCL": [1.0] * len(groups)}
+    for m in ("async-TP", "TileLink"):
+        series[m] = [r["speedup"].get(m, math.nan) for r in record["results"]]
+    return bar_chart(path, f"TP MLP on {record['world']} GPUs, {record['dtype']}, {record['device']}",
+                     groups, series, "speedup over cuBLAS+NCCL")
+
+
+# ----------------------------------------------------------------------------------------------
+
+
+def run(world: int, shapes: str, out: Path, dtype: str, mode: str = "auto",
+        variants: tuple[str, ...] = ("auto",), rounds: int = 3, scale: int = 1) -> dict:
+    """Run the MLP benchmark and write ``<out>/mlp_<mode>_w<W>_<dtype>.json`` and ``.png``."""
+    import torch
+
+    chosen = select_shapes(shapes)
+    if mode == "auto":
+        mode = "dist" if world > 1 and torch.cuda.device_count() >= world else "compute"
+        if mode == "compute" and world > 1:
+            click.echo(f"{torch.cuda.device_count()} GPU(s) here, fewer than --world {world}: measuring the "
+                       f"per-rank compute part only (communication already satisfied)", err=True)
+    if mode == "dist":
+        record = run_dist(chosen, world, dtype, rounds, scale)
+        text, chart = summarize_dist(record), chart_dist
+    else:
+        record = run_compute(chosen, world, dtype, list(variants), rounds, scale)
+        text, chart = summarize_compute(record), chart_compute
+    stem = f"mlp_{mode}_w{world}_{dtype}"
+    write_json(out / f"{stem}.json", record)
+    chart(record, out / f"{stem}.png")
+    click.echo(text)
+    click.echo(f"wrote {out / (stem + '.json')}", err=True)
+    return record
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m benchmarks.mlp``: the same options as ``tlxform bench mlp``."""
+    from tilelink.cli.bench_cmd import mlp
+
+    mlp.main(args=argv if argv is not None else sys.argv[1:], prog_name="python -m benchmarks.mlp")
+
+
+if __name__ == "__main__":
+    main()

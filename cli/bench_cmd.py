@@ -1,0 +1,56 @@
+"""``tlxform bench``: the paper's benchmarks (``benchmarks/`` of a TileLink checkout)."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from pathlib import Path
+
+import click
+
+_VARIANTS = ("auto", "pointer", "descriptor", "persistent", "persistent_ws")
+
+
+def _benchmarks_module(name: str):
+    """Import ``benchmarks.<name>``; the benchmarks live beside the package in a checkout."""
+    try:
+        return importlib.import_module(f"benchmarks.{name}")
+    except ModuleNotFoundError as exc:
+        if exc.name not in ("benchmarks", f"benchmarks.{name}"):
+            raise
+    root = Path(__file__).resolve().parent.parent
+    if not (root / "benchmarks" / f"{name}.py").is_file():
+        raise click.ClickException(
+            f"benchmarks/{name}.py not found next to {root}; run tlxform bench from a TileLink checkout "
+            f"installed with `pip install -e .`")
+    sys.path.insert(0, str(root))
+    return importlib.import_module(f"benchmarks.{name}")
+
+
+@click.group()
+def bench() -> None:
+    """Run the paper's benchmarks and write JSON records and PNG charts."""
+
+
+@bench.command()
+@click.option("--world", "-w", type=click.IntRange(min=1), default=8, show_default=True,
+              help="Tensor-parallel world size: sets the per-rank shapes, and the ranks in dist mode.")
+@click.option("--shapes", default="all", show_default=True,
+              help="Table 4 MLP shapes: 'all' or a comma list such as 'MLP-1,MLP-3' or '1,3'.")
+@click.option("--out", "out", type=click.Path(file_okay=False, path_type=Path), default=Path("bench-results"),
+              show_default=True, help="Directory for the JSON record and the PNG chart.")
+@click.option("--dtype", type=click.Choice(["bf16", "fp16", "fp32"]), default="bf16", show_default=True)
+@click.option("--mode", type=click.Choice(["auto", "compute", "dist"]), default="auto", show_default=True,
+              help="compute: one GPU, per-rank GEMM vs torch.matmul; dist: --world GPUs, vs cuBLAS+NCCL and "
+                   "async-TP; auto: dist when there are --world GPUs, else compute.")
+@click.option("--variant", "variants", type=click.Choice(_VARIANTS), multiple=True, default=("auto",),
+              show_default=True, help="compute mode: TileLink GEMM variant(s) to measure (repeatable).")
+@click.option("--rounds", type=click.IntRange(min=1), default=3, show_default=True,
+              help="Timed repetitions per method (each a do_bench median); methods alternate order.")
+@click.option("--scale", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Divide S, H and I by this (smoke tests on small machines).")
+def mlp(world: int, shapes: str, out: Path, dtype: str, mode: str, variants: tuple[str, ...], rounds: int,
+        scale: int) -> None:
+    """Tensor-parallel MLP (paper Table 4, Figure 8): AG+GEMM and GEMM+RS per shape."""
+    _benchmarks_module("mlp").run(world=world, shapes=shapes, out=out, dtype=dtype, mode=mode,
+                                  variants=variants, rounds=rounds, scale=scale)
