@@ -446,7 +446,7 @@ def analyse(source: str, file: str, kernel: str,
         module = cst.parse_module(source)
     except cst.ParserSyntaxError as exc:
         raise AnnotationError(f"cannot parse: {exc.message}", file=file, line=exc.raw_line,
-                              column=exc.raw_column, hint="fix the syntax error") from None
+                              column=exc.raw_column + 1, hint="fix the syntax error") from None
     wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
     fn = find_kernel(module, kernel)
     if fn is None:
@@ -454,10 +454,13 @@ def analyse(source: str, file: str, kernel: str,
                               hint="@tilelink.overlap applies to top-level @triton.jit kernels")
     an = _Analyzer(module, wrapper, fn, file, tensors)
     fn_where = an.where(fn)
-    where = annotation_where or fn_where
+    overlap = next((d for d in fn.decorators if m.matches(
+        d.decorator.func if isinstance(d.decorator, cst.Call) else d.decorator,
+        m.Attribute(attr=m.Name("overlap")) | m.Name("overlap"))), None)
+    where = annotation_where or (an.where(overlap) if overlap is not None else fn_where)
     if not any(is_triton_jit(d) for d in fn.decorators):
         raise AnnotationError(f"kernel {kernel!r} is not a @triton.jit function", file=file,
-                              line=fn_where.line, column=fn_where.column,
+                              line=where.line, column=where.column,
                               hint="put @tilelink.overlap(...) directly above @triton.jit "
                                    "(and any @triton.autotune)")
     aliases: dict[str, tuple[str, ...]] = {}

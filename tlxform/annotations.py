@@ -32,7 +32,7 @@ def requests_in(source: str, file: str) -> list[Request]:
         module = cst.parse_module(source)
     except cst.ParserSyntaxError as exc:
         raise AnnotationError(f"cannot parse: {exc.message}", file=file, line=exc.raw_line,
-                              column=exc.raw_column, hint="fix the syntax error") from None
+                              column=exc.raw_column + 1, hint="fix the syntax error") from None
     wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
     positions = wrapper.resolve(PositionProvider)
     requests: list[Request] = []

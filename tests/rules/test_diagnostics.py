@@ -1,0 +1,145 @@
+"""Bad annotations stop with the user's file, line and column and what to write instead."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from tilelink.annotations import requests_in
+from tilelink.codegen import generate
+from tilelink.errors import AnnotationError
+
+HEAD = """\
+import triton
+import triton.language as tl
+import tilelink
+
+"""
+
+GEMM_BODY = """\
+def kernel(a_ptr, b_ptr, c_ptr, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    pid_m = tl.program_id(0)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    a = tl.load(a_ptr + offs_m[:, None] * K + offs_n[None, :], mask=offs_m[:, None] < M)
+    tl.store(c_ptr + offs_m[:, None] * N + offs_n[None, :], a, mask=offs_m[:, None] < M)
+"""
+
+
+def _error(source: str) -> AnnotationError:
+    text = HEAD + textwrap.dedent(source)
+    with pytest.raises(AnnotationError) as info:
+        generate(text, "user_kernels.py", requests_in(text, "user_kernels.py"))
+    return info.value
+
+
+def test_missing_parameter_names_the_parameters() -> None:
+    err = _error('@tilelink.overlap(tilelink.all_gather("x_ptr"))\n@triton.jit\n' + GEMM_BODY)
+    assert err.file == "user_kernels.py" and err.line == 5
+    assert "'x_ptr', which is not a parameter of 'kernel'" in str(err) and "a_ptr, b_ptr" in str(err)
+    assert "what to do:" in str(err)
+
+
+def test_tensor_never_loaded() -> None:
+    err = _error('@tilelink.overlap(tilelink.all_gather("b_ptr"))\n@triton.jit\n' + GEMM_BODY)
+    assert "never loads from 'b_ptr'" in str(err) and err.line is not None
+
+
+def test_tensor_never_stored() -> None:
+    err = _error('@tilelink.overlap(tilelink.reduce_scatter("a_ptr"))\n@triton.jit\n' + GEMM_BODY)
+    assert "never stores to 'a_ptr'" in str(err)
+
+
+def test_tile_that_cannot_be_inferred_points_at_the_load() -> None:
+    err = _error('''
+        @tilelink.overlap(tilelink.all_gather("a_ptr"))
+        @triton.jit
+        def kernel(a_ptr, idx_ptr, c_ptr, BLOCK: tl.constexpr):
+            rows = tl.load(idx_ptr + tl.arange(0, BLOCK))
+            a = tl.load(a_ptr + rows)
+            tl.store(c_ptr + tl.arange(0, BLOCK), a)
+        ''')
+    assert err.line == 10 and err.column == 9
+    assert "tile=(" in err.hint and "cannot tell which rows" in str(err)
+
+
+def test_missing_size_parameter_asks_for_size() -> None:
+    err = _error('''
+        @tilelink.overlap(tilelink.all_gather("a_ptr"))
+        @triton.jit
+        def kernel(a_ptr, c_ptr, BLOCK: tl.constexpr):
+            offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+            tl.store(c_ptr + offs, tl.load(a_ptr + offs))
+        ''')
+    assert 'size="M"' in err.hint
+
+
+def test_size_given_explicitly_is_accepted() -> None:
+    text = HEAD + textwrap.dedent('''
+        @tilelink.overlap(tilelink.all_gather("a_ptr", size="n_rows"))
+        @triton.jit
+        def kernel(a_ptr, c_ptr, n_rows, BLOCK: tl.constexpr):
+            offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+            tl.store(c_ptr + offs, tl.load(a_ptr + offs))
+        ''')
+    gen = generate(text, "k.py", requests_in(text, "k.py"))
+    assert gen.plans[0].launch["size_param"] == "n_rows"
+
+
+def test_tile_override_is_used() -> None:
+    text = HEAD + textwrap.dedent('''
+        @tilelink.overlap(tilelink.all_gather("a_ptr", tile=("row0", "BLOCK"), size="M"))
+        @triton.jit
+        def kernel(a_ptr, idx_ptr, c_ptr, M, BLOCK: tl.constexpr):
+            row0 = tl.program_id(0) * BLOCK
+            rows = tl.load(idx_ptr + tl.arange(0, BLOCK))
+            tl.store(c_ptr + rows, tl.load(a_ptr + row0 + rows))
+        ''')
+    gen = generate(text, "k.py", requests_in(text, "k.py"))
+    body = gen.rewritten["kernel"]
+    assert "tl_channels_of_rows(\n        row0, row0 + BLOCK" in body
+
+
+def test_not_a_triton_kernel() -> None:
+    err = _error('@tilelink.overlap(tilelink.all_gather("a_ptr"))\n' + GEMM_BODY)
+    assert "is not a @triton.jit function" in str(err) and err.line == 5 and "@triton.jit" in err.hint
+
+
+def test_two_specs_on_one_kernel_is_refused_with_a_way_out() -> None:
+    err = _error('@tilelink.overlap(tilelink.all_gather("a_ptr"), tilelink.reduce_scatter("c_ptr"))\n'
+                 '@triton.jit\n' + GEMM_BODY)
+    assert "2 specs" in str(err) and "split the kernel" in err.hint
+
+
+def test_reduce_scatter_store_in_a_nested_block() -> None:
+    err = _error('''
+        @tilelink.overlap(tilelink.reduce_scatter("c_ptr"))
+        @triton.jit
+        def kernel(a_ptr, c_ptr, M, FLAG: tl.constexpr, BLOCK: tl.constexpr):
+            offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+            x = tl.load(a_ptr + offs, mask=offs < M)
+            if FLAG:
+                tl.store(c_ptr + offs, x, mask=offs < M)
+        ''')
+    assert "plain `tl.store" in str(err) and err.line == 12
+
+
+def test_reduce_scatter_other_dim_unsupported() -> None:
+    err = _error('@tilelink.overlap(tilelink.reduce_scatter("c_ptr", dim=1))\n@triton.jit\n' + GEMM_BODY)
+    assert "dim 1 is not supported" in str(err)
+
+
+def test_non_literal_spec_argument_for_the_cli() -> None:
+    err = _error('NAME = "a_ptr"\n@tilelink.overlap(tilelink.all_gather(NAME))\n@triton.jit\n' + GEMM_BODY)
+    assert "must be a literal" in str(err) and err.line == 6
+
+
+def test_bad_option_value() -> None:
+    err = _error('@tilelink.overlap(tilelink.all_gather("a_ptr"), via="dma")\n@triton.jit\n' + GEMM_BODY)
+    assert "via='dma'" in str(err)
+
+
+def test_syntax_error_is_reported_with_position() -> None:
+    err = _error("def broken(:\n    pass\n")
+    assert err.line is not None and err.line >= 5 and "cannot parse" in str(err)
