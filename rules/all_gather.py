@@ -100,10 +100,10 @@ def rewrite(an: KernelAnalysis, spec: AllGatherSpec, options: Options) -> Rewrit
             "tlk_budget)",
         ]
         lines += [f"{n} = {n} + tlk_token" for n in tokens]
-        if any(x.descriptor for x in group):
+        if any(x.descriptor for x in group) and not tokens:
             report.append(ReportEntry(an.name, RULE, "note",
-                                      "tensor-descriptor loads carry no token: the wait's acquire orders them",
-                                      a.where))
+                                      "the tensor-descriptor load's offset is an expression: no token carried; "
+                                      "assign the tile start to a variable so that it can carry one", a.where))
         insertions.append(Insertion(a.anchor, "before", tuple(lines)))
         report.append(ReportEntry(
             an.name, RULE, "applied",

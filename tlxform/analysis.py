@@ -401,7 +401,7 @@ def _anchor(an: _Analyzer, acc: Access, tile: Tile | None, pointers: set[str]) -
         start_names = names_in(cst.parse_expression(tile.start))
         for b in blocks:
             if any(isinstance(r.node, cst.SimpleStatementLine) and r.blocks[-1] is b and
-                   any(isinstance(sm, cst.Assign) and names_in(sm) & start_names for sm in r.node.body)
+                   any(isinstance(sm, cst.Assign) and _targets(sm) & start_names for sm in r.node.body)
                    for r in an.statements):
                 target = b
     stmt = next(r for r in an.statements if r.blocks[-1] is target and _contains(an, r.node, acc.where))
@@ -413,13 +413,24 @@ def _anchor(an: _Analyzer, acc: Access, tile: Tile | None, pointers: set[str]) -
                 used_after |= names_in(small)
             for h in header_expressions(r):
                 used_after |= names_in(h)
-    earlier = sorted(
-        n for n in pointers if n != acc.tensor and n in used_after and any(
-            an.positions[r.node].start.line < where.line for r, _ in an.assignments.get(n, [])))
-    if acc.tensor in used_after:
-        earlier.insert(0, acc.tensor)
+    def assigned_before(n: str) -> bool:
+        return any(an.positions[r.node].start.line < where.line for r, _ in an.assignments.get(n, []))
+
+    if acc.descriptor:
+        # a descriptor cannot carry the token: the tile's start offset along the dimension does
+        # (``offs_am = offs_am + tlk_token`` feeds ``desc.load([offs_am, ...])``)
+        earlier = sorted(n for n in names_in(cst.parse_expression(tile.start))
+                         if n in an.assignments and n not in an.params and assigned_before(n))
+    else:
+        earlier = sorted(n for n in pointers if n != acc.tensor and n in used_after and assigned_before(n))
+        if acc.tensor in used_after:
+            earlier.insert(0, acc.tensor)
     return Access(acc.kind, acc.tensor, acc.pointer, acc.descriptor, acc.where, acc.value, acc.mask, tile,
                   where, isinstance(stmt.node, cst.SimpleStatementLine), tuple(earlier))
+
+
+def _targets(assign: cst.Assign) -> set[str]:
+    return set().union(*(names_in(t.target) for t in assign.targets))
 
 
 def _contains(an: _Analyzer, node: cst.CSTNode, where: Where) -> bool:

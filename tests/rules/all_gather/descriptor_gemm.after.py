@@ -32,11 +32,12 @@ def matmul_descriptor_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak,
     b_desc = tl.make_tensor_descriptor(b_ptr, shape=[K, N], strides=[stride_bk, stride_bn],
                                        block_shape=[BLOCK_K, BLOCK_N])
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    # tilelink: wait until rows [pid_m * BLOCK_M, pid_m * BLOCK_M + BLOCK_M) of a_ptr have arrived (all_gather, dim 0)
+    tlk_first, tlk_count = tlm.tl_channels_of_rows(
+        pid_m * BLOCK_M, pid_m * BLOCK_M + BLOCK_M, tlk_rows, tlk_rows_per_rank, tlk_rows_per_channel, tlk_channels_per_rank)
+    tlk_token = tll.consumer_tile_wait(tlk_barriers, tlk_first, tlk_count, tlk_epoch, tlk_diag, tlk_budget)
+    pid_m = pid_m + tlk_token
     for k in range(0, tl.cdiv(K, BLOCK_K)):
-        # tilelink: wait until rows [pid_m * BLOCK_M, pid_m * BLOCK_M + BLOCK_M) of a_ptr have arrived (all_gather, dim 0)
-        tlk_first, tlk_count = tlm.tl_channels_of_rows(
-            pid_m * BLOCK_M, pid_m * BLOCK_M + BLOCK_M, tlk_rows, tlk_rows_per_rank, tlk_rows_per_channel, tlk_channels_per_rank)
-        tlk_token = tll.consumer_tile_wait(tlk_barriers, tlk_first, tlk_count, tlk_epoch, tlk_diag, tlk_budget)
         a = a_desc.load([pid_m * BLOCK_M, k * BLOCK_K])
         b = b_desc.load([k * BLOCK_K, pid_n * BLOCK_N])
         acc = tl.dot(a, b, acc)
