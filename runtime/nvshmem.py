@@ -1,0 +1,311 @@
+"""The NVSHMEM backend: one rank per process, symmetric heap and flags through ``nvshmem4py``.
+
+Bootstrap (DESIGN.md §7): ``torch.distributed`` (gloo) is already up; rank 0 takes an NVSHMEM unique
+id, gloo broadcasts it, and every rank calls ``nvshmem.core.init(..., initializer_method="uid")`` on
+``cuda:(local_rank % device_count)``. Several ranks may share one GPU (one process each): that is
+how multi-rank correctness runs on a single H200 (DESIGN.md §9).
+
+Host-side flags use CUDA stream memory operations (``cuStreamWriteValue64`` / ``cuStreamWaitValue64``
+from ``cuda.bindings.driver``) on the caller's torch stream. NVLink multicast is never used:
+``NVSHMEM_DISABLE_NVLS=1`` is forced before NVSHMEM starts.
+
+How a host wait that never completes is diagnosed (``wait_value``):
+
+1. ``cuStreamWaitValue64(stream, word, value, GEQ)`` is enqueued, then an event is recorded behind it;
+2. the host polls that event until ``timeout_s`` has passed (the budget covers the work queued on
+   the stream before the wait too);
+3. if the event is still pending, the host reads the word on a private non-blocking stream (the
+   ``seen`` value), *releases* the stuck stream by writing ``value`` into the word from that private
+   stream (otherwise any later synchronisation of the process would hang instead of failing), and
+   raises :class:`tilelink.WaitTimeout`. After a timeout the data behind that flag is not valid;
+   the error says which value was expected and which was seen.
+
+``nvshmem`` and ``cuda.bindings`` are imported when the backend is constructed, so CPU installs never
+need them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import time
+
+import torch
+import torch.distributed as dist
+
+from tilelink.errors import NotInitializedError, SymmetricHeapError, TileLinkError, WaitTimeout
+
+# cuStreamWaitValue64 flag: wait until (int64) *addr >= value (cuda.h, CU_STREAM_WAIT_VALUE_GEQ)
+_WAIT_GEQ_FALLBACK = 0x0
+# cuStreamWriteValue64 flag: the write is preceded by a system-wide fence (release order)
+_WRITE_DEFAULT_FALLBACK = 0x0
+# cuStreamCreate flag: no implicit synchronisation with the legacy default stream
+_STREAM_NON_BLOCKING_FALLBACK = 0x1
+
+_POLL_FIRST_S = 20e-6
+_POLL_MAX_S = 2e-3
+
+
+def _import_nvshmem():
+    try:
+        import nvshmem.core as core  # noqa: PLC0415 - optional GPU dependency, imported on use
+    except ImportError as exc:  # pragma: no cover - depends on the install
+        raise TileLinkError(
+            "the nvshmem backend needs nvshmem4py: pip install 'tilelink[gpu]' "
+            f"(nvshmem4py-cu13==0.4.1, cuda-bindings>=13); import failed: {exc}"
+        ) from exc
+    return core
+
+
+def _import_driver():
+    try:
+        from cuda.bindings import driver  # noqa: PLC0415
+    except ImportError:  # cuda-python < 12.6 spelled it cuda.cuda
+        try:
+            from cuda import cuda as driver  # type: ignore[no-redef]  # noqa: PLC0415
+        except ImportError as exc:  # pragma: no cover - depends on the install
+            raise TileLinkError(
+                f"the nvshmem backend needs cuda-bindings (pip install 'cuda-bindings>=13'): {exc}"
+            ) from exc
+    return driver
+
+
+def _check(result, what: str):
+    """Unpack a ``cuda.bindings`` call's ``(CUresult, *values)`` and raise on an error."""
+    if isinstance(result, tuple):
+        err, *values = result
+    else:
+        err, values = result, []
+    if int(err) != 0:
+        raise TileLinkError(f"{what} failed: {err!r}")
+    if not values:
+        return None
+    return values[0] if len(values) == 1 else tuple(values)
+
+
+def _base_address(t: torch.Tensor) -> int:
+    """The address a buffer is known by; an empty tensor's ``data_ptr()`` is 0, its storage's is not."""
+    return t.data_ptr() if t.numel() else t.untyped_storage().data_ptr()
+
+
+class NvshmemBackend:
+    """One rank's connection to an NVSHMEM world (implements :class:`tilelink.runtime.backend.Backend`)."""
+
+    name = "nvshmem"
+
+    def __init__(self) -> None:
+        if not dist.is_initialized():
+            raise NotInitializedError(
+                "NvshmemBackend needs torch.distributed (gloo) to broadcast the NVSHMEM unique id: "
+                "use tilelink.init(backend='nvshmem') under torchrun / tilelink.spawn"
+            )
+        if not torch.cuda.is_available():
+            raise TileLinkError("the nvshmem backend needs a CUDA GPU; use backend='emulated' without one")
+        # never NVLink multicast: it can take a shared host's GPUs out of service (DESIGN.md §9)
+        os.environ["NVSHMEM_DISABLE_NVLS"] = "1"
+
+        self.rank = dist.get_rank()
+        self.world_size = dist.get_world_size()
+        self.local_rank = int(os.environ.get("LOCAL_RANK", self.rank))
+        index = self.local_rank % torch.cuda.device_count()
+        self.device = torch.device("cuda", index)
+        torch.cuda.set_device(self.device)
+
+        self._core = _import_nvshmem()
+        self._driver = _import_driver()
+        from cuda.core import Device  # noqa: PLC0415 - comes with nvshmem4py
+
+        self._cuda_device = Device(index)
+        self._cuda_device.set_current()
+
+        core = self._core
+        uid = core.get_unique_id(empty=self.rank != 0)
+        raw = uid._data.view("uint8")  # the nvshmemx_uniqueid_v1 struct, as bytes
+        box = [raw.tobytes() if self.rank == 0 else None]
+        dist.broadcast_object_list(box, src=0)
+        if self.rank != 0:
+            import numpy as np  # noqa: PLC0415
+
+            raw[:] = np.frombuffer(box[0], dtype=np.uint8)
+        core.init(device=self._cuda_device, uid=uid, rank=self.rank, nranks=self.world_size,
+                  initializer_method="uid")
+        self._finalized = False
+        pe, npes = core.my_pe(), core.n_pes()
+        if (pe, npes) != (self.rank, self.world_size):
+            raise TileLinkError(f"NVSHMEM started as PE {pe} of {npes}, but this process is rank "
+                                f"{self.rank} of {self.world_size}")
+
+        self._live: dict[int, tuple[torch.Tensor, int]] = {}  # base address -> (nvshmem tensor, nbytes)
+        self._released: set[int] = set()
+        self._side_stream = _check(
+            self._driver.cuStreamCreate(self._flag("CUstream_flags", "CU_STREAM_NON_BLOCKING",
+                                                   _STREAM_NON_BLOCKING_FALLBACK)),
+            "cuStreamCreate")
+        self._write64 = getattr(self._driver, "cuStreamWriteValue64", None)
+        self._wait64 = getattr(self._driver, "cuStreamWaitValue64", None)
+        self.uses_32bit_flags = self._write64 is None or self._wait64 is None
+        if self.uses_32bit_flags:
+            # only the low word of each int64 flag is compared; values must stay below 2**32
+            self._write64 = self._driver.cuStreamWriteValue32
+            self._wait64 = self._driver.cuStreamWaitValue32
+
+        from tilelink.runtime import nvshmem_device  # noqa: PLC0415
+
+        nvshmem_device.install_module_init_hook()
+        nvshmem_device.reinit_modules()
+
+    # ------------------------------------------------------------------ helpers
+
+    def _flag(self, enum_name: str, member: str, fallback: int):
+        enum = getattr(self._driver, enum_name, None)
+        return getattr(enum, member, fallback) if enum is not None else fallback
+
+    def _stream(self, stream: torch.cuda.Stream | None) -> torch.cuda.Stream:
+        self._require_live()
+        return torch.cuda.current_stream(self.device) if stream is None else stream
+
+    def _require_live(self) -> None:
+        if self._finalized:
+            raise NotInitializedError("the NVSHMEM world was finalized; call tilelink.init() again")
+
+    def _word(self, word: torch.Tensor, what: str) -> int:
+        if not isinstance(word, torch.Tensor) or word.dtype != torch.int64 or word.numel() != 1:
+            raise TileLinkError(f"{what}: expected a one-element int64 tensor (a barrier word), got "
+                                f"{word!r:.80}")
+        if word.device.type != "cuda":
+            raise TileLinkError(f"{what}: the barrier word must be on the GPU, got {word.device}")
+        return word.data_ptr()
+
+    def _stream_handle(self, stream: torch.cuda.Stream):
+        return self._driver.CUstream(stream.cuda_stream)
+
+    # ------------------------------------------------------------------ Backend
+
+    def allocate(self, nbytes: int) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """Collective ``nvshmem_malloc`` of ``nbytes``; the local uint8 tensor and every rank's view."""
+        self._require_live()
+        if nbytes < 0:
+            raise SymmetricHeapError(f"cannot allocate {nbytes} bytes")
+        core = self._core
+        # nvshmem_malloc(0) returns NULL: a zero-byte buffer still takes one byte of the heap
+        buffer = core.tensor((max(int(nbytes), 1),), dtype=torch.uint8)
+        base = buffer.data_ptr()
+        local = buffer[:nbytes]
+        peers: list[torch.Tensor] = []
+        for pe in range(self.world_size):
+            if pe == self.rank:
+                # get_peer_tensor on the own PE would take a second reference on the buffer
+                peers.append(local)
+            else:
+                peers.append(core.get_peer_tensor(buffer, pe)[:nbytes])
+        self._live[base] = (buffer, nbytes)
+        self._released.discard(base)
+        return local, peers
+
+    def release(self, local: torch.Tensor) -> None:
+        """Collective ``nvshmem_free`` of a buffer :meth:`allocate` returned; a second release of the
+        same buffer raises :class:`SymmetricHeapError` instead of freeing twice."""
+        self._require_live()
+        base = _base_address(local)
+        entry = self._live.pop(base, None)
+        if entry is None:
+            if base in self._released:
+                raise SymmetricHeapError("this symmetric buffer was already released")
+            raise SymmetricHeapError("this tensor was not allocated by the NVSHMEM backend")
+        self._released.add(base)
+        torch.cuda.synchronize(self.device)  # no kernel of this rank still uses it
+        self._core.free_tensor(entry[0])
+
+    def barrier(self) -> None:
+        """Every rank's work issued before (all streams) is complete when this returns."""
+        self._require_live()
+        torch.cuda.synchronize(self.device)
+        stream = torch.cuda.current_stream(self.device)
+        self._core.barrier_all(self._core.NvshmemStream(stream))
+        stream.synchronize()
+
+    def stream_barrier(self, stream: torch.cuda.Stream | None) -> None:
+        """``nvshmemx_barrier_all_on_stream``: work after it on ``stream`` starts once every rank's
+        work before it on its stream is done."""
+        stream = self._stream(stream)
+        self._core.barrier_all(self._core.NvshmemStream(stream))
+
+    def write_value(self, word: torch.Tensor, value: int, stream: torch.cuda.Stream | None) -> None:
+        """``cuStreamWriteValue64`` (fenced: release order after the stream's earlier work)."""
+        stream = self._stream(stream)
+        address = self._word(word, "write_value")
+        flags = self._flag("CUstreamWriteValue_flags", "CU_STREAM_WRITE_VALUE_DEFAULT",
+                           _WRITE_DEFAULT_FALLBACK)
+        _check(self._write64(self._stream_handle(stream), self._driver.CUdeviceptr(address),
+                             int(value), flags), "cuStreamWriteValue64")
+
+    def wait_value(self, word: torch.Tensor, value: int, stream: torch.cuda.Stream | None,
+                   timeout_s: float) -> None:
+        """``cuStreamWaitValue64(GEQ)`` on ``stream``, then a host check bounded by ``timeout_s``:
+        raises :class:`tilelink.WaitTimeout` (and releases the stream) if the word never got there."""
+        stream = self._stream(stream)
+        address = self._word(word, "wait_value")
+        flags = self._flag("CUstreamWaitValue_flags", "CU_STREAM_WAIT_VALUE_GEQ", _WAIT_GEQ_FALLBACK)
+        _check(self._wait64(self._stream_handle(stream), self._driver.CUdeviceptr(address),
+                            int(value), flags), "cuStreamWaitValue64")
+        passed = torch.cuda.Event()
+        passed.record(stream)
+        deadline = time.monotonic() + float(timeout_s)
+        pause = _POLL_FIRST_S
+        while not passed.query():
+            if time.monotonic() >= deadline:
+                seen = self._read_word(address)
+                if seen >= int(value):  # it arrived in the last instant
+                    break
+                self._release_wait(address, int(value))
+                raise WaitTimeout(rank=self.rank, primitive="rank_wait", index=-1,
+                                  expected=int(value), seen=seen, budget_s=float(timeout_s))
+            time.sleep(pause)
+            pause = min(pause * 2, _POLL_MAX_S)
+
+    def _read_word(self, address: int) -> int:
+        """The int64 at ``address``, read on the private stream (never behind a stuck one)."""
+        host = torch.empty(1, dtype=torch.int64).pin_memory()
+        _check(self._driver.cuMemcpyDtoHAsync(host.data_ptr(), self._driver.CUdeviceptr(address), 8,
+                                              self._side_stream), "cuMemcpyDtoHAsync")
+        _check(self._driver.cuStreamSynchronize(self._side_stream), "cuStreamSynchronize")
+        return int(host.item())
+
+    def _release_wait(self, address: int, value: int) -> None:
+        flags = self._flag("CUstreamWriteValue_flags", "CU_STREAM_WRITE_VALUE_DEFAULT",
+                           _WRITE_DEFAULT_FALLBACK)
+        _check(self._write64(self._side_stream, self._driver.CUdeviceptr(address), value, flags),
+               "cuStreamWriteValue64")
+        _check(self._driver.cuStreamSynchronize(self._side_stream), "cuStreamSynchronize")
+
+    def copy(self, src: torch.Tensor, dst: torch.Tensor, stream: torch.cuda.Stream | None) -> None:
+        """``cudaMemcpyAsync`` of the bytes of ``src`` into ``dst`` on ``stream``."""
+        stream = self._stream(stream)
+        if src.numel() * src.element_size() != dst.numel() * dst.element_size():
+            raise TileLinkError(f"copy: {src.numel() * src.element_size()} bytes into "
+                                f"{dst.numel() * dst.element_size()}")
+        if not (src.is_contiguous() and dst.is_contiguous()):
+            raise TileLinkError("copy: the copy engine moves contiguous bytes; pass contiguous views")
+        with torch.cuda.stream(stream):
+            dst.view(torch.uint8).view(-1).copy_(src.view(torch.uint8).view(-1), non_blocking=True)
+
+    def finalize(self) -> None:
+        """Free what the heap left, ``nvshmem.core.finalize``. Idempotent."""
+        if self._finalized:
+            return
+        torch.cuda.synchronize(self.device)
+        for base in sorted(self._live):
+            buffer, _ = self._live.pop(base)
+            self._core.free_tensor(buffer)
+            self._released.add(base)
+        from tilelink.runtime import nvshmem_device  # noqa: PLC0415
+
+        nvshmem_device.forget_modules()
+        with contextlib.redirect_stdout(io.StringIO()):
+            self._core.finalize()
+        _check(self._driver.cuStreamDestroy(self._side_stream), "cuStreamDestroy")
+        self._finalized = True
+
+    def __repr__(self) -> str:
+        return f"NvshmemBackend(rank={self.rank}, world_size={self.world_size}, device={self.device})"
