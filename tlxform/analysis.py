@@ -341,6 +341,9 @@ class _Analyzer:
             e = cst.parse_expression(start)
         except cst.ParserSyntaxError:
             return None
+        if isinstance(e, cst.Name) and len(self.assignments.get(e.value, [])) == 1:
+            # `offs_am = pid_m * BLOCK_M` then `desc.load([offs_am, ...])`
+            return self._pid_of(code(self.assignments[e.value][0][1]))
         if isinstance(e, cst.BinaryOperation) and isinstance(e.operator, cst.Multiply):
             for side in (e.left, e.right):
                 if isinstance(side, cst.Name) and side.value not in self.params \

@@ -1,0 +1,171 @@
+"""Tensor-parallel overlapped operators: AllGather + GEMM and GEMM + ReduceScatter.
+
+``ag_gemm(a_shard, b)``: ``a_shard`` is this rank's rows of A (M, K) — rank ``r`` holds rows
+``[r*ceil(M/R), min(M, (r+1)*ceil(M/R)))`` — and ``b`` this rank's (K, N) weight; returns the full
+(M, N) product on every rank. ``gemm_rs(a, b_shard)``: ``a`` is this rank's (M, K_r) activation
+slice, ``b_shard`` its (K_r, N) weight slice; returns this rank's rows of the summed (M, N) product.
+
+Both launch the annotated kernels of :mod:`tilelink.ops.tp_kernels`; the symmetric buffers and
+channels of a shape are created on the first call and reused (the kernels' launchers cache them).
+Every argument is checked before anything runs.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from dataclasses import dataclass
+
+import torch
+import triton
+
+from tilelink.errors import LaunchError
+
+_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+@dataclass(frozen=True)
+class TPContext:
+    """What a rank cannot know from its own shard: the full row count M of the gathered dimension.
+
+    Create it once (``tilelink.ops.TPContext(M=8192)``) and pass it to every call; without it,
+    ``ag_gemm`` learns M with one host all-gather of the shard sizes per call.
+    """
+
+    M: int
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+@functools.cache
+def _num_sms(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def _compute_sms(world, kernel) -> int:
+    """Programs of a persistent compute kernel: every SM but the communication kernel's. A persistent
+    kernel holding all SMs would keep the partner's spinning programs (or its own) from ever running."""
+    return max(1, _num_sms(world.device.index or 0) - kernel.plan.launch["comm_sms"])
+
+
+def _config(dtype: torch.dtype) -> dict:
+    if _interpreting():
+        return dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, GROUP_M=2)
+    if dtype == torch.float32:
+        return dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=32, GROUP_M=8, num_warps=8, num_stages=3)
+    return dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=3)
+
+
+def _check_pair(name: str, a: torch.Tensor, b: torch.Tensor, world) -> None:
+    for what, t in (("first operand", a), ("second operand", b)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 2:
+            raise LaunchError(f"{name}: the {what} must be a 2-D torch.Tensor, got "
+                              f"{tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}")
+        if t.dtype not in _DTYPES:
+            raise LaunchError(f"{name}: dtype {t.dtype} is not supported (float16, bfloat16, float32)")
+        if t.device.type != world.device.type or (t.device.index or 0) != (world.device.index or 0):
+            raise LaunchError(f"{name}: the {what} is on {t.device}, this rank computes on {world.device}")
+        if not t.is_contiguous():
+            raise LaunchError(f"{name}: the {what} must be contiguous (call .contiguous())")
+    if a.dtype != b.dtype:
+        raise LaunchError(f"{name}: operands have different dtypes ({a.dtype}, {b.dtype})")
+    if a.shape[1] != b.shape[0]:
+        raise LaunchError(f"{name}: inner dimensions differ: {tuple(a.shape)} @ {tuple(b.shape)}")
+
+
+def _descriptor_ok(*ts: torch.Tensor) -> bool:
+    return all(t.stride(1) == 1 and (t.stride(0) * t.element_size()) % 16 == 0 and t.data_ptr() % 16 == 0
+               for t in ts)
+
+
+def _full_rows(a_shard: torch.Tensor, ctx: TPContext | None, world) -> int:
+    if ctx is not None:
+        return ctx.M
+    if world.world_size == 1:
+        return a_shard.shape[0]
+    import torch.distributed as dist
+
+    sizes: list = [None] * world.world_size
+    dist.all_gather_object(sizes, int(a_shard.shape[0]))
+    return sum(sizes)
+
+
+def _interpreter_inputs(*ts: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    # Triton 3.9's interpreter computes tl.dot of bf16 operands wrongly (numpy has no bf16); bf16
+    # products are exact in fp32, so the emulated world computes in fp32 and casts the result.
+    if _interpreting() and ts[0].dtype == torch.bfloat16:
+        return tuple(t.float() for t in ts)
+    return ts
+
+
+def ag_gemm(a_shard: torch.Tensor, b: torch.Tensor, ctx: TPContext | None = None) -> torch.Tensor:
+    """AllGather(A) @ B with the gather overlapped: returns the full (M, N) product on every rank."""
+    from tilelink.ops import tp_kernels
+    from tilelink.runtime import current_world
+
+    world = current_world()
+    _check_pair("ag_gemm", a_shard, b, world)
+    M = _full_rows(a_shard, ctx, world)
+    per = -(-M // world.world_size)
+    lo, hi = min(M, world.rank * per), min(M, (world.rank + 1) * per)
+    if a_shard.shape[0] != hi - lo:
+        raise LaunchError(f"ag_gemm: rank {world.rank} must hold rows [{lo}, {hi}) of A ({hi - lo} rows for "
+                          f"M={M} over {world.world_size} ranks), got {a_shard.shape[0]}")
+    K, N = b.shape
+    out_dtype = a_shard.dtype
+    a_in, b_in = _interpreter_inputs(a_shard, b)
+    c = torch.empty((M, N), dtype=a_in.dtype, device=world.device)
+    if N == 0 or K == 0:
+        return c.zero_().to(out_dtype)
+    meta = _config(a_in.dtype)
+    args = (a_in, b_in, c, M, N, K, K, 1, b_in.stride(0), b_in.stride(1), c.stride(0), c.stride(1))
+    if world.device.type == "cuda" and _descriptor_ok(b_in, c) and (K * a_in.element_size()) % 16 == 0:
+        from tilelink.ops.gemm import _install_allocator
+
+        _install_allocator()
+        kernel = tp_kernels.ag_gemm_persistent_kernel
+        sms = _compute_sms(world, kernel)
+        tiles = triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"])
+        kernel[(min(sms, tiles),)](*args, NUM_SMS=sms, **meta)
+    else:
+        grid = (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]),)
+        tp_kernels.ag_gemm_kernel[grid](*args, **meta)
+    return c if c.dtype == out_dtype else c.to(out_dtype)
+
+
+def gemm_rs(a: torch.Tensor, b_shard: torch.Tensor) -> torch.Tensor:
+    """(sum over ranks of A_r @ B_r), reduce-scattered: returns this rank's rows of the (M, N) sum."""
+    from tilelink.ops import tp_kernels
+    from tilelink.runtime import current_world
+
+    world = current_world()
+    _check_pair("gemm_rs", a, b_shard, world)
+    M, K = a.shape
+    N = b_shard.shape[1]
+    per = -(-M // world.world_size)
+    lo, hi = min(M, world.rank * per), min(M, (world.rank + 1) * per)
+    out_dtype = a.dtype
+    a_in, b_in = _interpreter_inputs(a, b_shard)
+    out = torch.empty((hi - lo, N), dtype=a_in.dtype, device=world.device)
+    if M == 0 or N == 0:
+        return out.to(out_dtype)
+    if K == 0:  # this rank contributes nothing: a zero slice still takes part in the reduction
+        a_in = torch.zeros((M, 1), dtype=a_in.dtype, device=world.device)
+        b_in = torch.zeros((1, N), dtype=a_in.dtype, device=world.device)
+        K = 1
+    meta = _config(a_in.dtype)
+    args = (a_in, b_in, out, M, N, K, a_in.stride(0), a_in.stride(1), b_in.stride(0), b_in.stride(1), N, 1)
+    if world.device.type == "cuda" and _descriptor_ok(a_in, b_in):
+        from tilelink.ops.gemm import _install_allocator
+
+        _install_allocator()
+        kernel = tp_kernels.gemm_rs_persistent_kernel
+        sms = _compute_sms(world, kernel)
+        tiles = triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"])
+        kernel[(min(sms, tiles),)](*args, NUM_SMS=sms, **meta)
+    else:
+        grid = (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]),)
+        tp_kernels.gemm_rs_kernel[grid](*args, **meta)
+    return out if out.dtype == out_dtype else out.to(out_dtype)

@@ -1,0 +1,75 @@
+"""Rank functions of the operator tests (run in spawned emulated worlds; imported by name)."""
+
+from __future__ import annotations
+
+import torch
+
+import tilelink
+
+
+def bounds(size: int, rank: int, world: int) -> tuple[int, int]:
+    per = -(-size // world)
+    return min(size, rank * per), min(size, (rank + 1) * per)
+
+
+def ops_match_torch(M: int, N: int, K: int, dtype_name: str) -> dict[str, float]:
+    from tilelink.ops import TPContext, ag_gemm, gemm_rs
+
+    dtype = getattr(torch, dtype_name)
+    r, R = tilelink.rank(), tilelink.world_size()
+    g = torch.Generator().manual_seed(7)
+    a = torch.randn(M, K, generator=g).to(dtype)
+    b = torch.randn(K, N, generator=g).to(dtype)
+    lo, hi = bounds(M, r, R)
+    ref = a.double() @ b.double()
+    out: dict[str, float] = {}
+    for label, ctx in (("ag_gemm", None), ("ag_gemm_ctx", TPContext(M))):
+        c = ag_gemm(a[lo:hi].contiguous(), b, ctx)
+        assert c.dtype == dtype and c.shape == (M, N)
+        out[label] = ((c.double() - ref).norm() / ref.norm()).item()
+    klo, khi = bounds(K, r, R)
+    for _ in range(2):
+        y = gemm_rs(a[:, klo:khi].contiguous(), b[klo:khi].contiguous())
+    assert y.dtype == dtype and y.shape == (hi - lo, N)
+    out["gemm_rs"] = ((y.double() - ref[lo:hi]).norm() / max(ref[lo:hi].norm(), 1e-30)).item() if hi > lo else 0.0
+    return out
+
+
+def mlp_matches_torch(S: int, H: int, I: int) -> float:
+    from tilelink.nn import TPMLP
+
+    r, R = tilelink.rank(), tilelink.world_size()
+    g = torch.Generator().manual_seed(8)
+    gate, up = torch.randn(I, H, generator=g) / H**0.5, torch.randn(I, H, generator=g) / H**0.5
+    down = torch.randn(H, I, generator=g) / I**0.5
+    x = torch.randn(S, H, generator=g)
+    mlp = TPMLP(gate, up, down)
+    lo, hi = bounds(S, r, R)
+    y = mlp(x[lo:hi].contiguous())
+    ref = (torch.nn.functional.silu(x @ gate.t()) * (x @ up.t())) @ down.t()
+    return ((y - ref[lo:hi]).norm() / max(ref[lo:hi].norm(), 1e-30)).item() if hi > lo else 0.0
+
+
+def bad_inputs() -> list[str]:
+    """Each bad call must raise LaunchError before any kernel runs; returns the messages."""
+    from tilelink.ops import TPContext, ag_gemm, gemm_rs
+
+    a, b = torch.randn(8, 16), torch.randn(16, 4)
+    calls = [
+        lambda: ag_gemm(a, torch.randn(15, 4)),  # inner dims differ
+        lambda: ag_gemm(a.half(), b),  # dtypes differ
+        lambda: ag_gemm(a.int(), b.int()),  # unsupported dtype
+        lambda: ag_gemm(a.t(), torch.randn(8, 4)),  # not contiguous
+        lambda: ag_gemm(a[0], b),  # not 2-D
+        lambda: ag_gemm(a, b, TPContext(M=50)),  # a context for another shape: 8 rows is not this rank's share
+        lambda: gemm_rs(a, torch.randn(15, 4)),
+    ]
+    messages = []
+    for call in calls:
+        try:
+            call()
+        except tilelink.LaunchError as exc:
+            messages.append(str(exc))
+        else:
+            messages.append("NO ERROR")
+    return messages

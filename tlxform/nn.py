@@ -1,0 +1,5 @@
+"""``tilelink.nn``: ``torch.nn`` layers built on TileLink's overlapped operators."""
+
+from tilelink.ops.layers import TPMLP
+
+__all__ = ["TPMLP"]
