@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 import tilelink
+import tilelink.runtime
 
 
 def bounds(size: int, rank: int, world: int) -> tuple[int, int]:
@@ -17,9 +18,10 @@ def ops_match_torch(M: int, N: int, K: int, dtype_name: str) -> dict[str, float]
 
     dtype = getattr(torch, dtype_name)
     r, R = tilelink.rank(), tilelink.world_size()
+    device = tilelink.runtime.current_world().device
     g = torch.Generator().manual_seed(7)
-    a = torch.randn(M, K, generator=g).to(dtype)
-    b = torch.randn(K, N, generator=g).to(dtype)
+    a = torch.randn(M, K, generator=g).to(dtype).to(device)
+    b = torch.randn(K, N, generator=g).to(dtype).to(device)
     lo, hi = bounds(M, r, R)
     ref = a.double() @ b.double()
     out: dict[str, float] = {}
@@ -43,6 +45,8 @@ def mlp_matches_torch(S: int, H: int, I: int) -> float:
     gate, up = torch.randn(I, H, generator=g) / H**0.5, torch.randn(I, H, generator=g) / H**0.5
     down = torch.randn(H, I, generator=g) / I**0.5
     x = torch.randn(S, H, generator=g)
+    device = tilelink.runtime.current_world().device
+    gate, up, down, x = (t.to(device) for t in (gate, up, down, x))
     mlp = TPMLP(gate, up, down)
     lo, hi = bounds(S, r, R)
     y = mlp(x[lo:hi].contiguous())

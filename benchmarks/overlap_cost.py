@@ -1,0 +1,138 @@
+"""What one GPU can tell about the overlapped GEMMs: their compute against cuBLAS, and the cost of
+the waits and notifies TileLink inserted.
+
+For each per-rank shape of the paper's MLP-1..6 at world size W, side by side in one process:
+
+- ``torch``: ``torch.matmul`` (cuBLAS);
+- ``plain``: the operator's kernel as written (``OverlappedKernel.kernel``, no TileLink code), all SMs;
+- ``rewritten``: the generated kernel with every channel already satisfied (waits pass at once,
+  notifies land in a scratch array), on the programs the operator gives it (all SMs but ``comm_sms``);
+- ``rewritten_all``: the generated kernel on all SMs, so ``rewritten_all / plain`` is the cost of
+  the inserted code alone.
+
+Run on a GPU::
+
+    python -m benchmarks.overlap_cost --world 8 --rounds 3 --out results/
+
+``--small`` runs tiny shapes (also under ``TRITON_INTERPRET=1``, to check the script itself).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+
+import torch
+
+from benchmarks.common import MLP_SHAPES
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def _bench(fn) -> float:
+    if _interpreting():
+        t = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t) * 1e3
+    import triton.testing
+
+    return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+
+
+def _channel_args(M: int, world: int, comm_block: int, device) -> dict:
+    from tilelink.mapping import RowSharding
+
+    rpr = -(-M // world)
+    sh = RowSharding(M, world, max(1, min(-(-rpr // comm_block), rpr)))
+    return dict(tlk_barriers=torch.full((sh.num_channels,), 1 << 40, dtype=torch.int64, device=device),
+                tlk_epoch=1, tlk_rank=0, tlk_world=world, tlk_rows=M, tlk_rows_per_rank=sh.rows_per_rank,
+                tlk_rows_per_channel=sh.rows_per_channel, tlk_channels_per_rank=sh.channels_per_rank,
+                tlk_diag=torch.zeros(8, dtype=torch.int64, device=device), tlk_budget=10**10)
+
+
+def measure(kind: str, M: int, N: int, K: int, world: int, dtype: torch.dtype, device) -> dict:
+    import triton
+
+    from tilelink.ops import tp, tp_kernels
+
+    okernel = tp_kernels.ag_gemm_persistent_kernel if kind == "ag_gemm" else tp_kernels.gemm_rs_persistent_kernel
+    plain = okernel.kernel
+    rewritten = getattr(okernel.module, okernel.name)
+    a = torch.randn(M, K, dtype=dtype, device=device)
+    b = torch.randn(K, N, dtype=dtype, device=device)
+    c = torch.empty(M, N, dtype=dtype, device=device)
+    meta = tp._config(dtype)
+    if device.type == "cuda":
+        from tilelink.ops.gemm import _install_allocator
+
+        _install_allocator()
+        all_sms = torch.cuda.get_device_properties(device).multi_processor_count
+    else:
+        all_sms = 4
+    some_sms = max(1, all_sms - okernel.plan.launch["comm_sms"])
+    tiles = triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"])
+    args = (a, b, c, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1))
+    chan = _channel_args(M, world, okernel.plan.launch["comm_block"], device)
+
+    def run_plain():
+        plain[(min(all_sms, tiles),)](*args, NUM_SMS=all_sms, **meta)
+
+    def run_rewritten(sms: int):
+        rewritten[(min(sms, tiles),)](*args, NUM_SMS=sms, **meta, **chan)
+
+    ref = a.float() @ b.float()
+    checks = {}
+    for name, fn in (("plain", run_plain), ("rewritten", lambda: run_rewritten(some_sms))):
+        c.fill_(float("nan"))
+        fn()
+        checks[name] = ((c.float() - ref).norm() / ref.norm()).item()
+    times = {"torch": _bench(lambda: torch.matmul(a, b, out=c)), "plain": _bench(run_plain),
+             "rewritten": _bench(lambda: run_rewritten(some_sms)),
+             "rewritten_all": _bench(lambda: run_rewritten(all_sms))}
+    flops = 2 * M * N * K
+    return {"kind": kind, "M": M, "N": N, "K": K, "ms": times, "rel_err": checks,
+            "tflops": {k: flops / v / 1e9 for k, v in times.items()}, "sms": {"all": all_sms, "rewritten": some_sms}}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--world", type=int, default=8)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--out", default="results")
+    parser.add_argument("--small", action="store_true")
+    args = parser.parse_args()
+    device = torch.device("cuda" if torch.cuda.is_available() and not _interpreting() else "cpu")
+    dtype = getattr(torch, args.dtype)
+    if _interpreting() and dtype == torch.bfloat16:
+        dtype = torch.float32  # the interpreter's bf16 dot is wrong (see ops/tp.py)
+    shapes = {"tiny": (64, 64, 256)} if args.small else {n: (s.S, s.H, s.I) for n, s in MLP_SHAPES.items()}
+    rows = []
+    for name, (S, H, I) in shapes.items():
+        per_rank_i = I // args.world
+        for kind, (M, N, K) in (("ag_gemm", (S, 2 * per_rank_i, H)), ("gemm_rs", (S, H, per_rank_i))):
+            rounds = [measure(kind, M, N, K, args.world, dtype, device) for _ in range(args.rounds)]
+            row = {"shape": name, **{k: rounds[0][k] for k in ("kind", "M", "N", "K", "rel_err", "sms")},
+                   "rounds": rounds}
+            for num, den in (("plain", "torch"), ("rewritten", "torch"), ("rewritten_all", "plain")):
+                row[f"{num}/{den}"] = statistics.median(r["ms"][den] / r["ms"][num] for r in rounds)
+            rows.append(row)
+            print(f"{name:6} {kind:8} M={M:5} N={N:5} K={K:5}  torch {rounds[-1]['ms']['torch']:.3f} ms  "
+                  f"plain/torch {row['plain/torch']:.3f}  rewritten/torch {row['rewritten/torch']:.3f}  "
+                  f"(wait cost: rewritten_all/plain {row['rewritten_all/plain']:.3f})  err {row['rel_err']}",
+                  flush=True)
+    os.makedirs(args.out, exist_ok=True)
+    path = os.path.join(args.out, "overlap_cost.json")
+    with open(path, "w") as f:
+        json.dump({"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
+                   "torch": torch.__version__, "world": args.world, "dtype": str(dtype), "rows": rows}, f, indent=1)
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
