@@ -44,10 +44,12 @@ def _num_sms(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
-def _compute_sms(world, kernel) -> int:
+def _compute_sms(device: torch.device, kernel) -> int:
     """Programs of a persistent compute kernel: every SM but the communication kernel's. A persistent
     kernel holding all SMs would keep the partner's spinning programs (or its own) from ever running."""
-    return max(1, _num_sms(world.device.index or 0) - kernel.plan.launch["comm_sms"])
+    launch = kernel.plan.launch
+    comm = launch["comm_sms"] if launch["via"] == "sm" else 0
+    return max(1, _num_sms(device.index or 0) - comm)
 
 
 def _config(dtype: torch.dtype) -> dict:
@@ -126,7 +128,7 @@ def ag_gemm(a_shard: torch.Tensor, b: torch.Tensor, ctx: TPContext | None = None
 
         _install_allocator()
         kernel = tp_kernels.ag_gemm_persistent_kernel
-        sms = _compute_sms(world, kernel)
+        sms = _compute_sms(world.device, kernel)
         tiles = triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"])
         kernel[(min(sms, tiles),)](*args, NUM_SMS=sms, **meta)
     else:
@@ -162,7 +164,7 @@ def gemm_rs(a: torch.Tensor, b_shard: torch.Tensor) -> torch.Tensor:
 
         _install_allocator()
         kernel = tp_kernels.gemm_rs_persistent_kernel
-        sms = _compute_sms(world, kernel)
+        sms = _compute_sms(world.device, kernel)
         tiles = triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"])
         kernel[(min(sms, tiles),)](*args, NUM_SMS=sms, **meta)
     else:

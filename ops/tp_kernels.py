@@ -6,8 +6,9 @@ ops/tp_kernels.py``). Two styles of each:
 
 - pointer arithmetic (any shape, any layout; the one the emulated world runs);
 - persistent with tensor descriptors (TMA loads on Hopper; row strides must be 16-byte multiples).
-  The GEMM+RS variant stores C with plain masked stores: a notify must follow stores that have
-  reached memory, and a bulk-tensor store is asynchronous.
+  Its all-gather runs on the copy engine (paper §7.2), so the GEMM keeps every SM. The GEMM+RS
+  variant stores C with plain masked stores: a notify must follow stores that have reached memory,
+  and a bulk-tensor store is asynchronous.
 """
 
 import triton
@@ -51,7 +52,7 @@ def ag_gemm_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=(offs_am[:, None] < M) & (offs_bn[None, :] < N))
 
 
-@tilelink.overlap(tilelink.all_gather("a_ptr", dim=0))
+@tilelink.overlap(tilelink.all_gather("a_ptr", dim=0), via="copy_engine", comm_block=1024)
 @triton.jit
 def ag_gemm_persistent_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm,
                               stride_cn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,

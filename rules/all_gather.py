@@ -279,9 +279,11 @@ class AllGatherLauncher(Launcher):
         call = dict(bound)
         for name, full in zip(self.meta["tensors"], ctx.fulls, strict=True):
             call[name] = full
+        copy_engine = self.meta["via"] == "copy_engine"
         if self.needs_dry_run(ctx, world):
             ctx.scratch.zero_()
-            self._producer(ctx, world, ctx.scratch, 0)
+            if not copy_engine:  # the copy engine has no kernel to load
+                self._producer(ctx, world, ctx.scratch, 0)
             self.kernel[grid](**call, **self.channel_args(None, 0, world, ctx.sharding, ctx.diag)
                               | {"tlk_barriers": ctx.scratch})
             torch.cuda.synchronize(world.device)
@@ -293,12 +295,23 @@ class AllGatherLauncher(Launcher):
             if hi > lo:
                 full.narrow(dim, lo, hi - lo).copy_(bound[name])
         world.stream_barrier(main)  # every rank's shard is in place
-        if side is not None:
-            side.wait_stream(main)
+        # a channel is notified once per call per gathered tensor
+        consumer_args = self.channel_args(ctx.channel, epoch * k, world, ctx.sharding, ctx.diag)
+        if side is None:  # emulated: kernels are synchronous, the producer runs first
+            self._producer(ctx, world, ctx.channel.barriers, epoch)
+            self.kernel[grid](**call, **consumer_args)
+        elif copy_engine:
+            # the copies need no SM: the consumer is launched first, so that the host's enqueueing
+            # of the copies overlaps with the consumer's work instead of delaying its launch
+            ready = torch.cuda.Event()
+            ready.record(main)
+            side.wait_event(ready)
+            self.kernel[grid](**call, **consumer_args)
             with torch.cuda.stream(side):
                 self._producer(ctx, world, ctx.channel.barriers, epoch)
         else:
-            self._producer(ctx, world, ctx.channel.barriers, epoch)
-        # a channel is notified once per call per gathered tensor
-        self.kernel[grid](**call, **self.channel_args(ctx.channel, epoch * k, world, ctx.sharding, ctx.diag))
+            side.wait_stream(main)
+            with torch.cuda.stream(side):
+                self._producer(ctx, world, ctx.channel.barriers, epoch)
+            self.kernel[grid](**call, **consumer_args)
         self.finish(ctx)

@@ -23,13 +23,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import libcst as cst
 import torch
 import triton
 import triton.language as tl
 
 import tilelink.language as tll
 import tilelink.mapping as tlm
-from tilelink.analysis import KernelAnalysis
+from tilelink.analysis import KernelAnalysis, code, parse_offsets
 from tilelink.errors import AnnotationError, LaunchError
 from tilelink.mapping import RowSharding
 from tilelink.plan import Insertion, ReportEntry, RewritePlan
@@ -40,6 +41,53 @@ from tilelink.spec import Options, ReduceScatterSpec
 
 RULE = "reduce_scatter"
 DEFAULTS = dict(via="sm", mode="pull", order="ring", comm_block=128, comm_sms=16)
+
+
+#: count a tile's stored elements with scalar arithmetic when its mask is (rows < M) & (columns < N)
+SCALAR_COUNTS = True
+
+
+def _comparison(node: cst.BaseExpression, axis_slice: int) -> tuple[str, str] | None:
+    """``name[:, None] < bound`` (axis 0) or ``name[None, :] < bound`` (axis 1) -> (name, bound)."""
+    if not (isinstance(node, cst.Comparison) and len(node.comparisons) == 1
+            and isinstance(node.comparisons[0].operator, cst.LessThan)):
+        return None
+    left = node.left
+    if not (isinstance(left, cst.Subscript) and isinstance(left.value, cst.Name) and len(left.slice) == 2):
+        return None
+    kinds = [isinstance(el.slice, cst.Slice) for el in left.slice]
+    if kinds.index(True) != axis_slice or kinds.count(True) != 1:
+        return None
+    return left.value.value, code(node.comparisons[0].comparator)
+
+
+def separable_columns(an: KernelAnalysis, access, tile, size_param: str | None) -> tuple[str, str, str] | None:
+    """For a store masked by ``(rows[:, None] < M) & (cols[None, :] < N)`` with
+    ``cols = start + tl.arange(0, size)``: ``(start, size, N)``; otherwise ``None``."""
+    mask = access.mask
+    if mask is None or size_param is None:
+        return None
+    values = an.values.get(mask, ())
+    text = values[0] if len(values) == 1 else mask
+    try:
+        node = cst.parse_expression(text)
+    except cst.ParserSyntaxError:
+        return None
+    if not (isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.BitAnd)):
+        return None
+    for rows_side, cols_side in ((node.left, node.right), (node.right, node.left)):
+        rows, cols = _comparison(rows_side, 0), _comparison(cols_side, 1)
+        if rows is None or cols is None or rows[1] != size_param:
+            continue
+        row_defs = an.values.get(rows[0], ())
+        col_defs = an.values.get(cols[0], ())
+        if len(row_defs) != 1 or len(col_defs) != 1:
+            continue
+        row_tile = parse_offsets(cst.parse_expression(row_defs[0]))
+        col_tile = parse_offsets(cst.parse_expression(col_defs[0]))
+        if row_tile == (tile.start, tile.size) and col_tile is not None:
+            return col_tile[0], col_tile[1], cols[1]
+    return None
 
 
 def rewrite(an: KernelAnalysis, spec: ReduceScatterSpec, options: Options) -> RewritePlan:
@@ -74,21 +122,37 @@ def rewrite(an: KernelAnalysis, spec: ReduceScatterSpec, options: Options) -> Re
                 column=a.where.column, hint="move the store out of the nested block / tensor descriptor")
         t = a.tile
         assert t is not None and a.anchor is not None and a.value is not None
-        shape = f"({a.value}).shape"
-        axis = 1 - spec.dim
-        stored = (f"tl.where({a.mask}, 1, 0) + tl.zeros({shape}, tl.int32)" if a.mask
-                  else f"tl.full({shape}, 1, tl.int32)")
-        lines = (
-            f"# tilelink: notify the channels whose rows this tile completed (reduce_scatter, dim {spec.dim})",
-            f"tlk_stored = tl.sum({stored}, axis={axis})",
-            f"tlk_row = {t.start} + tl.arange(0, {t.size})",
-            channels_of_tile(t),
-            "for tlk_i in range(0, tlk_count):",
-            f"    tlk_lo, tlk_hi = tlm.tl_channel_range(tlk_first + tlk_i, {MAPPING_ARGS})",
-            "    tlk_done = tl.sum(tl.where((tlk_row >= tlk_lo) & (tlk_row < tlk_hi), tlk_stored, 0))",
-            "    tll.producer_tile_notify(tlk_barriers, tlk_first + tlk_i, tlk_done, tlk_barriers, tlk_rank, "
-            "tlk_world, 0)",
-        )
+        notify = ("    tll.producer_tile_notify(tlk_barriers, tlk_first + tlk_i, tlk_done, tlk_barriers, tlk_rank, "
+                  "tlk_world, 0)")
+        columns = separable_columns(an, a, t, spec.size or t.size_param) if SCALAR_COUNTS else None
+        if columns is not None:
+            # the mask is (rows < M) & (columns < N): a channel's count is rows x valid columns, all scalar
+            col_start, col_size, col_bound = columns
+            lines = (
+                f"# tilelink: notify the channels whose rows this tile completed (reduce_scatter, dim {spec.dim})",
+                f"tlk_cols = tl.maximum(tl.minimum({col_size}, {col_bound} - ({col_start})), 0)",
+                channels_of_tile(t),
+                "for tlk_i in range(0, tlk_count):",
+                f"    tlk_done = tlk_cols * tlm.tl_channel_overlap(tlk_first + tlk_i, {t.start}, {t.start} + {t.size}, "
+                f"{MAPPING_ARGS})",
+                notify,
+            )
+        else:
+            shape = f"({a.value}).shape"
+            stored = (f"tl.where({a.mask}, 1, 0) + tl.zeros({shape}, tl.int32)" if a.mask
+                      else f"tl.full({shape}, 1, tl.int32)")
+            if t.ndim == 2:  # elements stored per row of the tile
+                stored = f"tl.sum({stored}, axis={1 - spec.dim})"
+            lines = (
+                f"# tilelink: notify the channels whose rows this tile completed (reduce_scatter, dim {spec.dim})",
+                f"tlk_stored = {stored}",
+                f"tlk_row = {t.start} + tl.arange(0, {t.size})",
+                channels_of_tile(t),
+                "for tlk_i in range(0, tlk_count):",
+                f"    tlk_lo, tlk_hi = tlm.tl_channel_range(tlk_first + tlk_i, {MAPPING_ARGS})",
+                "    tlk_done = tl.sum(tl.where((tlk_row >= tlk_lo) & (tlk_row < tlk_hi), tlk_stored, 0))",
+                notify,
+            )
         insertions.append(Insertion(a.anchor, "after", lines))
         report.append(ReportEntry(an.name, RULE, "applied",
                                   f"producer_tile_notify after the store at line {a.where.line} "

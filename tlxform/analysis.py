@@ -47,6 +47,7 @@ class Tile:
     size_param: str | None
     pid: str | None  # the program-id variable of `start = pid * size`, for tile-order remapping
     defined_at: Where
+    ndim: int = 2  # rank of the accessed tile: 1 for `ptr + offs`, 2 for `ptr + offs[:, None] ...`
 
 
 @dataclass(frozen=True)
@@ -79,6 +80,7 @@ class KernelAnalysis:
     accesses: tuple[Access, ...]
     where: Where
     assignments: dict[str, tuple[Where, ...]]  # variable -> statements assigning it, in order
+    values: dict[str, tuple[str, ...]]  # variable -> source of each value assigned to it, in order
 
     def accesses_of(self, tensor: str, kind: str) -> list[Access]:
         return [a for a in self.accesses if a.tensor == tensor and a.kind == kind]
@@ -375,12 +377,15 @@ class _Analyzer:
                     return Tile(start, size, None, sp, self._pid_of(start), access.where)
             return None
         exprs = self._pointer_definitions(access.pointer, pointers)
-        for name in self._offsets_candidates(exprs, dim, 2):
+        candidates = self._offsets_candidates(exprs, dim, 2)
+        ndim = 2 if any(m.findall(e, m.Subscript(slice=[m.ZeroOrMore(), m.SubscriptElement(m.Slice()),
+                                                       m.ZeroOrMore()])) for e in exprs) else 1
+        for name in candidates:
             definition = self._offsets_definition(name)
             if definition is not None:
                 ref, start, size = definition
                 return Tile(start, size, name, size_param or self._size_param(name), self._pid_of(start),
-                            self.where(ref.node))
+                            self.where(ref.node), ndim)
         return None
 
 
@@ -499,5 +504,6 @@ def analyse(source: str, file: str, kernel: str,
     analysis = KernelAnalysis(kernel, file, an.params, an.constexpr, aliases, descs,
                               tuple(sorted(accesses, key=lambda a: (a.where.line, a.where.column))),
                               fn_where,
-                              {n: tuple(an.where(r.node) for r, _ in defs) for n, defs in an.assignments.items()})
+                              {n: tuple(an.where(r.node) for r, _ in defs) for n, defs in an.assignments.items()},
+                              {n: tuple(code(v) for _, v in defs) for n, defs in an.assignments.items()})
     return analysis, module

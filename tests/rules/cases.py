@@ -157,3 +157,21 @@ def run_cases(names: list[str]) -> dict[str, str | float]:
         except Exception:  # noqa: BLE001 - reported by the test with the traceback
             out[name] = traceback.format_exc()
     return out
+
+
+def reduce_scatter_vector_partial_sums(rank, world):
+    kernel = load_case("reduce_scatter", "vector_partial_sums").partial_scale_kernel
+    N = 77
+    g = torch.Generator().manual_seed(9)
+    xs = [torch.randn(N, generator=g) for _ in range(world)]  # rank r's partial input
+    w = torch.randn(N, generator=g)
+    lo, hi = rows_of(rank, world, N)
+    y = torch.full((hi - lo,), float("nan"))
+    for _ in range(2):
+        kernel[(triton.cdiv(N, 32),)](xs[rank], w, y, N, BLOCK=32)
+    ref = sum(x * w for x in xs)
+    return (y - ref[lo:hi]).abs().max().item() if hi > lo else 0.0
+
+
+CASES = {name: fn for name, fn in globals().items()
+         if name.startswith(("all_gather_", "reduce_scatter_")) and callable(fn)}

@@ -1,5 +1,6 @@
 """Flash-attention forward (one head, non-causal) over a KV loop; K and V are all-gathered along
-the sequence (dim 0) together, and each KV block waits only for the rank that holds it."""
+the sequence (dim 0) together on the copy engine, and each KV block waits only for the rank that
+holds it."""
 
 import triton
 import triton.language as tl
@@ -7,7 +8,7 @@ import triton.language as tl
 import tilelink
 
 
-@tilelink.overlap(tilelink.all_gather(("k_ptr", "v_ptr"), dim=0))
+@tilelink.overlap(tilelink.all_gather(("k_ptr", "v_ptr"), dim=0), via="copy_engine")
 @triton.jit
 def attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, SEQ_Q, SEQ_KV, stride_qm, stride_kn, stride_vn, stride_om,
                      sm_scale, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):

@@ -52,13 +52,11 @@ def matmul_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk,
     c_mask = (offs_cm[:, None] < M) & (offs_cn[None, :] < N)
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=c_mask)
     # tilelink: notify the channels whose rows this tile completed (reduce_scatter, dim 0)
-    tlk_stored = tl.sum(tl.where(c_mask, 1, 0) + tl.zeros((acc.to(c_ptr.dtype.element_ty)).shape, tl.int32), axis=1)
-    tlk_row = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    tlk_cols = tl.maximum(tl.minimum(BLOCK_N, N - (pid_n * BLOCK_N)), 0)
     tlk_first, tlk_count = tlm.tl_channels_of_rows(
         pid_m * BLOCK_M, pid_m * BLOCK_M + BLOCK_M, tlk_rows, tlk_rows_per_rank, tlk_rows_per_channel, tlk_channels_per_rank)
     for tlk_i in range(0, tlk_count):
-        tlk_lo, tlk_hi = tlm.tl_channel_range(tlk_first + tlk_i, tlk_rows, tlk_rows_per_rank, tlk_rows_per_channel, tlk_channels_per_rank)
-        tlk_done = tl.sum(tl.where((tlk_row >= tlk_lo) & (tlk_row < tlk_hi), tlk_stored, 0))
+        tlk_done = tlk_cols * tlm.tl_channel_overlap(tlk_first + tlk_i, pid_m * BLOCK_M, pid_m * BLOCK_M + BLOCK_M, tlk_rows, tlk_rows_per_rank, tlk_rows_per_channel, tlk_channels_per_rank)
         tll.producer_tile_notify(tlk_barriers, tlk_first + tlk_i, tlk_done, tlk_barriers, tlk_rank, tlk_world, 0)
 
 

@@ -69,13 +69,11 @@ def down_kernel(h_ptr, w_ptr, y_ptr, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl
     y = acc
     tl.store(y_ptr + offs_m[:, None] * N + offs_n[None, :], y, mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
     # tilelink: notify the channels whose rows this tile completed (reduce_scatter, dim 0)
-    tlk_stored = tl.sum(tl.where((offs_m[:, None] < M) & (offs_n[None, :] < N), 1, 0) + tl.zeros((y).shape, tl.int32), axis=1)
-    tlk_row = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    tlk_cols = tl.maximum(tl.minimum(BLOCK_N, N - (pid_n * BLOCK_N)), 0)
     tlk_first, tlk_count = tlm.tl_channels_of_rows(
         pid_m * BLOCK_M, pid_m * BLOCK_M + BLOCK_M, tlk_rows, tlk_rows_per_rank, tlk_rows_per_channel, tlk_channels_per_rank)
     for tlk_i in range(0, tlk_count):
-        tlk_lo, tlk_hi = tlm.tl_channel_range(tlk_first + tlk_i, tlk_rows, tlk_rows_per_rank, tlk_rows_per_channel, tlk_channels_per_rank)
-        tlk_done = tl.sum(tl.where((tlk_row >= tlk_lo) & (tlk_row < tlk_hi), tlk_stored, 0))
+        tlk_done = tlk_cols * tlm.tl_channel_overlap(tlk_first + tlk_i, pid_m * BLOCK_M, pid_m * BLOCK_M + BLOCK_M, tlk_rows, tlk_rows_per_rank, tlk_rows_per_channel, tlk_channels_per_rank)
         tll.producer_tile_notify(tlk_barriers, tlk_first + tlk_i, tlk_done, tlk_barriers, tlk_rank, tlk_world, 0)
 
 
