@@ -54,3 +54,15 @@ def mlp(world: int, shapes: str, out: Path, dtype: str, mode: str, variants: tup
     """Tensor-parallel MLP (paper Table 4, Figure 8): AG+GEMM and GEMM+RS per shape."""
     _benchmarks_module("mlp").run(world=world, shapes=shapes, out=out, dtype=dtype, mode=mode,
                                   variants=variants, rounds=rounds, scale=scale)
+
+
+# further benchmarks live in their own modules of this package (cli/bench_<name>.py), each defining a
+# click command named `command`; a module not written yet is simply not offered
+for _name in ("moe", "attention", "e2e"):
+    try:
+        _module = importlib.import_module(f"tilelink.cli.bench_{_name}")
+    except ModuleNotFoundError as _exc:
+        if _exc.name != f"tilelink.cli.bench_{_name}":
+            raise
+        continue
+    bench.add_command(_module.command, name=_name)
