@@ -74,6 +74,11 @@ def rewrite(an: KernelAnalysis, spec: AllGatherSpec, options: Options) -> Rewrit
     first = loads[0]
     tile = first.tile
     assert tile is not None and first.anchor is not None
+    if tile.dynamic and spec.size is None:
+        raise AnnotationError(
+            f"all_gather with index={spec.index!r} needs the full row count of {first.tensor!r}",
+            file=first.where.file, line=first.where.line, column=first.where.column,
+            hint="pass size=\"<parameter or expression of parameters>\", e.g. size=\"num_valid_tokens // top_k\"")
     if tile.size_param is None and spec.size is None:
         raise AnnotationError(
             f"cannot find the parameter holding the full size of dim {spec.dim} of {first.tensor!r}",
@@ -87,31 +92,48 @@ def rewrite(an: KernelAnalysis, spec: AllGatherSpec, options: Options) -> Rewrit
     for a in loads:
         t = a.tile
         key = (t.start, t.size, t.defined_at) if t.offsets is not None else (a.anchor.line, a.anchor.column)
+        if t.dynamic:
+            key = ("dynamic", t.start, t.defined_at)
         groups.setdefault(key, []).append(a)
     for group in groups.values():
         a = group[0]
         t = a.tile
         tokens = sorted({n for x in group for n in x.earlier_aliases})
-        lines = [
-            f"# tilelink: wait until rows [{t.start}, {t.start} + {t.size}) of "
-            f"{', '.join(spec.tensors)} have arrived (all_gather, dim {spec.dim})",
-            channels_of_tile(t),
-            "tlk_token = tll.consumer_tile_wait(tlk_barriers, tlk_first, tlk_count, tlk_epoch, tlk_diag, "
-            "tlk_budget)",
-        ]
+        if t.dynamic:
+            lines = [
+                f"# tilelink: wait for the channels holding the rows {t.start} this tile gathers from "
+                f"{', '.join(spec.tensors)} (all_gather, dynamic mapping through {spec.index})",
+                f"tlk_src = {t.start}",
+                "tlk_channel = tl.where((tlk_src >= 0) & (tlk_src < tlk_rows), tlm.tl_channel_of_row(tlk_src, "
+                "tlk_rows_per_rank, tlk_rows_per_channel, tlk_channels_per_rank), -1)",
+                "tlk_token = tll.consumer_tile_wait_channels(tlk_barriers, tlk_channel, tlk_epoch, tlk_diag, "
+                "tlk_budget)",
+            ]
+        else:
+            lines = [
+                f"# tilelink: wait until rows [{t.start}, {t.start} + {t.size}) of "
+                f"{', '.join(spec.tensors)} have arrived (all_gather, dim {spec.dim})",
+                channels_of_tile(t),
+                "tlk_token = tll.consumer_tile_wait(tlk_barriers, tlk_first, tlk_count, tlk_epoch, tlk_diag, "
+                "tlk_budget)",
+            ]
         lines += [f"{n} = {n} + tlk_token" for n in tokens]
         if any(x.descriptor for x in group) and not tokens:
             report.append(ReportEntry(an.name, RULE, "note",
                                       "the tensor-descriptor load's offset is an expression: no token carried; "
                                       "assign the tile start to a variable so that it can carry one", a.where))
         insertions.append(Insertion(a.anchor, "before", tuple(lines)))
+        rows = f"rows {t.start} (dynamic)" if t.dynamic else f"tile rows {t.start} .. +{t.size}"
         report.append(ReportEntry(
             an.name, RULE, "applied",
             f"consumer_tile_wait before line {a.anchor.line} (guards the reads of "
             f"{', '.join(sorted({x.tensor for x in group}))} at line(s) "
-            f"{', '.join(str(x.where.line) for x in group)}; tile rows {t.start} .. +{t.size})", a.anchor))
+            f"{', '.join(str(x.where.line) for x in group)}; {rows})", a.anchor))
     shift = f"(tlk_rank * tlk_rows_per_rank) // ({tile.size})"
-    if opts.order in ("local_first", "ring"):
+    if tile.dynamic:
+        report.append(ReportEntry(an.name, RULE, "note", f"dynamic mapping through {spec.index}: each tile "
+                                  "waits for the channels of the rows it gathers; tiles keep the kernel's order"))
+    elif opts.order in ("local_first", "ring"):
         more, entry = remap_order(an, first, RULE, opts.order, shift)
         insertions += more
         report.append(entry)
@@ -120,6 +142,7 @@ def rewrite(an: KernelAnalysis, spec: AllGatherSpec, options: Options) -> Rewrit
     partners = {"copy_engine": (), "sm": ("ag_pull_producer",) if opts.mode == "pull" else ("ag_push_producer",)}
     launch = {
         "rule": RULE, "tensors": list(spec.tensors), "dim": spec.dim, "size_param": size_param,
+        "index": spec.index,
         "via": opts.via, "mode": opts.mode, "order": opts.order, "comm_block": opts.comm_block,
         "comm_sms": opts.comm_sms, "channels_per_rank": opts.channels_per_rank,
     }

@@ -75,10 +75,18 @@ class Launcher:
 
     def size_of(self, bound: dict) -> int:
         name = self.meta["size_param"]
-        if name not in bound:
-            raise LaunchError(f"{self.okernel.name}: missing argument {name!r} (the full size of the "
-                              f"communicated dimension)")
-        value = bound[name]
+        if name.isidentifier():
+            if name not in bound:
+                raise LaunchError(f"{self.okernel.name}: missing argument {name!r} (the full size of the "
+                                  f"communicated dimension)")
+            value = bound[name]
+        else:  # an expression of the integer arguments, e.g. "num_valid_tokens // top_k"
+            scalars = {k: v for k, v in bound.items() if isinstance(v, int) and not isinstance(v, bool)}
+            try:
+                value = eval(compile(name, "<size>", "eval"), {"__builtins__": {}}, scalars)  # noqa: S307
+            except Exception as exc:  # noqa: BLE001 - reported with the expression
+                raise LaunchError(f"{self.okernel.name}: cannot evaluate size={name!r} from the integer "
+                                  f"arguments: {exc}") from None
         if hasattr(value, "item"):
             value = value.item()
         if not isinstance(value, int) or value < 1:

@@ -125,7 +125,22 @@ def rewrite(an: KernelAnalysis, spec: ReduceScatterSpec, options: Options) -> Re
         notify = ("    tll.producer_tile_notify(tlk_barriers, tlk_first + tlk_i, tlk_done, tlk_barriers, tlk_rank, "
                   "tlk_world, 0)")
         columns = separable_columns(an, a, t, spec.size or t.size_param) if SCALAR_COUNTS else None
-        if columns is not None:
+        if t.dynamic:
+            # rows come from the index: count per row, then add each row's count to its channel
+            shape = f"({a.value}).shape"
+            stored = (f"tl.where({a.mask}, 1, 0) + tl.zeros({shape}, tl.int32)" if a.mask
+                      else f"tl.full({shape}, 1, tl.int32)")
+            src = f"({t.start}) // {spec.topk}" if spec.topk else t.start
+            lines = (
+                f"# tilelink: notify the channels of the rows this tile scattered through {spec.index} "
+                f"(reduce_scatter, dynamic mapping)",
+                f"tlk_stored = tl.sum({stored}, axis=1)",
+                f"tlk_src = {src}",
+                "tlk_channel = tl.where((tlk_src >= 0) & (tlk_src < tlk_rows), tlm.tl_channel_of_row(tlk_src, "
+                "tlk_rows_per_rank, tlk_rows_per_channel, tlk_channels_per_rank), -1)",
+                "tll.producer_tile_notify_channels(tlk_barriers, tlk_channel, tlk_stored)",
+            )
+        elif columns is not None:
             # the mask is (rows < M) & (columns < N): a channel's count is rows x valid columns, all scalar
             col_start, col_size, col_bound = columns
             lines = (
@@ -161,22 +176,34 @@ def rewrite(an: KernelAnalysis, spec: ReduceScatterSpec, options: Options) -> Re
     tile = first.tile
     assert tile is not None
     size_param = spec.size or tile.size_param
+    if tile.dynamic and spec.size is None:
+        raise AnnotationError(
+            f"reduce_scatter with index={spec.index!r} needs the full row count of the reduced result",
+            file=first.where.file, line=first.where.line, column=first.where.column,
+            hint="pass size=\"<parameter or expression>\", e.g. size=\"num_valid_tokens // top_k\"")
     if size_param is None:
         raise AnnotationError(
             f"cannot find the parameter holding the full size of dim 0 of {first.tensor!r}",
             file=first.where.file, line=first.where.line, column=first.where.column,
             hint=f"mask the store with `{tile.offsets or 'offs'}[:, None] < M`, or pass size=\"M\"")
     shift = f"(((tlk_rank + 1) % tlk_world) * tlk_rows_per_rank) // ({tile.size})"
-    more, entry = remap_order(an, first, RULE, opts.order, shift)
-    insertions += more
-    report.append(entry)
+    if tile.dynamic:
+        report.append(ReportEntry(an.name, RULE, "note", f"dynamic mapping through {spec.index}"
+                                  + (f", top-{spec.topk} reduction" if spec.topk else "")
+                                  + ": each tile notifies the channels of the rows it stored"))
+    else:
+        more, entry = remap_order(an, first, RULE, opts.order, shift)
+        insertions += more
+        report.append(entry)
     report.append(ReportEntry(an.name, RULE, "note",
                               f"consumer: SM mesh pull on {opts.comm_sms} programs, comm tile "
                               f"{opts.comm_block} rows"))
     launch = {"rule": RULE, "tensors": list(spec.tensors), "dim": spec.dim, "size_param": size_param,
+              "index": spec.index, "topk": spec.topk,
               "via": opts.via, "mode": opts.mode, "order": opts.order, "comm_block": opts.comm_block,
               "comm_sms": opts.comm_sms, "channels_per_rank": opts.channels_per_rank}
-    return RewritePlan(an.name, RULE, spec, opts, CHANNEL_PARAMS, tuple(insertions), ("rs_pull_consumer",),
+    consumer = "rs_topk_pull_consumer" if spec.topk else "rs_pull_consumer"
+    return RewritePlan(an.name, RULE, spec, opts, CHANNEL_PARAMS, tuple(insertions), (consumer,),
                        launch, tuple(report))
 
 
@@ -214,6 +241,41 @@ def rs_pull_consumer(partial_ptr, peer_table, out_ptr, tlk_barriers, barrier_tab
             tl.store(out_ptr + (lo - rank_lo) * row_elems + idx, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
+@triton.jit
+def rs_topk_pull_consumer(partial_ptr, peer_table, out_ptr, tlk_barriers, barrier_table, tlk_epoch, tlk_rank,
+                          tlk_world, tlk_rows, tlk_rows_per_rank, tlk_rows_per_channel, tlk_channels_per_rank,
+                          row_elems, topk, tlk_diag, tlk_budget, BLOCK: tl.constexpr):
+    """MoE: sum every rank's partial rows *and* each token's ``topk`` expert slots (rows
+    ``t * topk + k`` of the partial buffer) into this rank's output rows (paper §7.2: the chain
+    GroupGEMM -> top-k reduce -> reduce-scatter). A channel of ``n`` output elements is complete on a
+    rank once its barrier reaches ``epoch * n * topk``."""
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    nblocks = tl.cdiv(tlk_rows_per_channel * row_elems, BLOCK)
+    rank_lo = tlk_rank * tlk_rows_per_rank
+    for u in range(pid, tlk_channels_per_rank * nblocks, nprog):
+        ch = tlk_rank * tlk_channels_per_rank + u // nblocks
+        lo, hi = tlm.tl_channel_range(ch, tlk_rows, tlk_rows_per_rank, tlk_rows_per_channel,
+                                      tlk_channels_per_rank)
+        n = (hi - lo) * row_elems
+        off = (u % nblocks) * BLOCK
+        if off < n:
+            idx = off + tl.arange(0, BLOCK)
+            mask = idx < n
+            row = lo + idx // row_elems
+            col = idx % row_elems
+            acc = tl.zeros([BLOCK], dtype=tl.float32)
+            for p in range(0, tlk_world):
+                src = (tlk_rank + 1 + p) % tlk_world
+                src_barriers = tll.peer_ptr(barrier_table, tlk_barriers, src)
+                token = tll.consumer_tile_wait(src_barriers, ch, 1, tlk_epoch * n * topk, tlk_diag, tlk_budget)
+                for k in range(0, topk):
+                    x = tll.tile_pull_data(peer_table, partial_ptr, src, (row * topk + k) * row_elems + col + token,
+                                           mask)
+                    acc += x.to(tl.float32)
+            tl.store(out_ptr + (lo - rank_lo) * row_elems + idx, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
 # --------------------------------------------------------------------------- launch plan
 @dataclass
 class ReduceScatterContext:
@@ -245,7 +307,8 @@ class ReduceScatterLauncher(Launcher):
                 f"{self.okernel.name}: rank {world.rank} must pass its output rows [{lo}, {hi}) as {name} "
                 f"({hi - lo} rows, for {self.meta['size_param']}={size} over {world.world_size} ranks), "
                 f"got shape {list(out.shape)}")
-        shape = (size, *out.shape[1:])
+        topk = self.topk(bound)
+        shape = (size * topk, *out.shape[1:])
         key = (size, shape, str(out.dtype))
         ctx = self.contexts.get(key)
         if ctx is None:
@@ -256,15 +319,29 @@ class ReduceScatterLauncher(Launcher):
             self.contexts[key] = ctx
         return ctx
 
+    def topk(self, bound: dict) -> int:
+        """Expert slots per output row (MoE top-k reduction), 1 without."""
+        name = self.meta.get("topk")
+        if not name:
+            return 1
+        value = bound.get(name)
+        if not isinstance(value, int) or value < 1:
+            raise LaunchError(f"{self.okernel.name}: {name}={value!r} must be a positive int (the top-k)")
+        return value
+
     def _consumer(self, ctx: ReduceScatterContext, world, out, barriers, table, epoch: int) -> None:
         sh = ctx.sharding
         row_elems = math.prod(ctx.partial.shape[1:])
         grid = (max(1, min(self.meta["comm_sms"], sh.channels_per_rank * cdiv(sh.rows_per_channel * row_elems,
                                                                              self.BLOCK))),)
-        self.partner("rs_pull_consumer")[grid](
-            ctx.partial, ctx.table, out, barriers, table, epoch, world.rank, world.world_size, sh.size,
-            sh.rows_per_rank, sh.rows_per_channel, sh.channels_per_rank, row_elems, ctx.diag.buffer,
-            ctx.diag.budget_ns, BLOCK=self.BLOCK)
+        common = (ctx.partial, ctx.table, out, barriers, table, epoch, world.rank, world.world_size, sh.size,
+                  sh.rows_per_rank, sh.rows_per_channel, sh.channels_per_rank, row_elems)
+        if self.meta.get("topk"):
+            topk = ctx.partial.shape[0] // sh.size
+            self.partner("rs_topk_pull_consumer")[grid](*common, topk, ctx.diag.buffer, ctx.diag.budget_ns,
+                                                        BLOCK=self.BLOCK)
+        else:
+            self.partner("rs_pull_consumer")[grid](*common, ctx.diag.buffer, ctx.diag.budget_ns, BLOCK=self.BLOCK)
 
     def launch(self, grid, bound: dict) -> None:
         world = self.world()

@@ -35,7 +35,9 @@ __all__ = [
     "notify_value",
     "consumer_tile_wait",
     "consumer_tile_wait_rows",
+    "consumer_tile_wait_channels",
     "producer_tile_notify",
+    "producer_tile_notify_channels",
     "peer_tile_notify",
     "peer_tile_wait",
     "peer_ptr",
@@ -203,6 +205,21 @@ def consumer_tile_wait_rows(barrier_ptr, row_start, row_end, rows_per_rank, rows
 
 
 @triton.jit
+def consumer_tile_wait_channels(barrier_ptr, channels, target, diag_ptr, budget):
+    """Dynamic mapping: a consumer tile whose rows come from a run-time index (the MoE gather) waits
+    for every distinct channel in the vector ``channels`` (entries < 0, e.g. padding, are ignored),
+    each ``>= target``. Returns the token."""
+    token = tl.full((), 0, tl.int32)
+    valid = channels >= 0
+    first = tl.min(tl.where(valid, channels, 2147483647))
+    last = tl.max(tl.where(valid, channels, -1))
+    for channel in range(first, last + 1):
+        if tl.sum((channels == channel).to(tl.int32)) > 0:
+            token += _spin(barrier_ptr + channel, target, diag_ptr, budget, KIND_CONSUMER_TILE_WAIT, channel)
+    return token
+
+
+@triton.jit
 def producer_tile_notify(barrier_ptr, channel, value, peer_table, rank, world, MODE: tl.constexpr):
     """A producer tile is done: release-add ``value`` to barrier ``channel``.
 
@@ -216,6 +233,20 @@ def producer_tile_notify(barrier_ptr, channel, value, peer_table, rank, world, M
     else:
         for peer in range(0, world):
             _add_release(peer_ptr(peer_table, barrier_ptr, peer) + channel, value)
+
+
+@triton.jit
+def producer_tile_notify_channels(barrier_ptr, channels, counts):
+    """Dynamic mapping: a producer tile whose rows go to run-time channels (the MoE scatter) adds, to
+    each distinct channel in the vector ``channels`` (entries < 0 ignored), the sum of ``counts`` of
+    its rows (release, local barrier array)."""
+    valid = channels >= 0
+    first = tl.min(tl.where(valid, channels, 2147483647))
+    last = tl.max(tl.where(valid, channels, -1))
+    for channel in range(first, last + 1):
+        value = tl.sum(tl.where(channels == channel, counts, 0))
+        if value > 0:
+            _add_release(barrier_ptr + channel, value)
 
 
 @triton.jit

@@ -48,6 +48,7 @@ class Tile:
     pid: str | None  # the program-id variable of `start = pid * size`, for tile-order remapping
     defined_at: Where
     ndim: int = 2  # rank of the accessed tile: 1 for `ptr + offs`, 2 for `ptr + offs[:, None] ...`
+    dynamic: bool = False  # rows come from a run-time index: ``start`` is the 1-D vector of source rows
 
 
 @dataclass(frozen=True)
@@ -353,8 +354,32 @@ class _Analyzer:
                     return side.value
         return None
 
+    def _indexed_rows(self, access: Access, dim: int, pointers: set[str], index: str) -> Tile | None:
+        """Dynamic mapping: the rows come from values loaded through the ``index`` parameter, e.g.
+        ``offs_token = tl.load(sorted_token_ids_ptr + ...)`` then ``a_ptr + offs_token[:, None] // top_k
+        * stride_am``: the source rows are ``offs_token // top_k`` (the factor next to the stride)."""
+        loaded = {name for name, defs in self.assignments.items()
+                  if any(_is_tl_call(v, "load") and index in names_in(v) for _, v in defs)}
+        for e in self._pointer_definitions(access.pointer, pointers):
+            for mul in m.findall(e, m.BinaryOperation(operator=m.Multiply())):
+                for side in (mul.left, mul.right):
+                    for sub in m.findall(side, m.Subscript(value=m.Name())):
+                        if sub.value.value not in loaded or len(sub.slice) < 2:
+                            continue
+                        if [isinstance(el.slice, cst.Slice) for el in sub.slice].index(True) != dim:
+                            continue
+                        rows = code(side.deep_replace(sub, cst.Name(sub.value.value)))
+                        ref = self.assignments[sub.value.value][0][0]
+                        return Tile(rows, "", sub.value.value, None, None, self.where(ref.node), 2, True)
+        return None
+
     def tile(self, access: Access, dim: int, pointers: set[str], override: tuple[str, str] | None,
-             size_param: str | None) -> Tile | None:
+             size_param: str | None, index: str | None = None) -> Tile | None:
+        if index is not None and override is None:
+            tile = self._indexed_rows(access, dim, pointers, index)
+            if tile is not None:
+                return Tile(tile.start, tile.size, tile.offsets, size_param, None, tile.defined_at, 2, True)
+            return None
         if override is not None:
             start, size = override
             return Tile(start, size, None, size_param, self._pid_of(start), access.where)
@@ -402,7 +427,7 @@ def _anchor(an: _Analyzer, acc: Access, tile: Tile | None, pointers: set[str]) -
     blocks = chain.blocks
     target = blocks[0]
     if tile.offsets is not None:
-        ref = an._offsets_definition(tile.offsets)
+        ref = an._offsets_definition(tile.offsets) or next(iter(an.assignments.get(tile.offsets, [])), None)
         if ref is not None and any(b is ref[0].blocks[-1] for b in blocks):
             target = ref[0].blocks[-1]
     else:
@@ -454,11 +479,12 @@ def find_kernel(module: cst.Module, name: str) -> cst.FunctionDef | None:
 
 
 def analyse(source: str, file: str, kernel: str,
-            tensors: dict[str, tuple[int, tuple[str, str] | None, str | None]],
+            tensors: dict[str, tuple[int, tuple[str, str] | None, str | None, str | None]],
             *, annotation_where: Where | None = None) -> tuple[KernelAnalysis, cst.Module]:
     """Analyse ``kernel`` in ``source`` for the annotated ``tensors``.
 
-    ``tensors`` maps each annotated parameter to ``(dim, tile override, size parameter)``.
+    ``tensors`` maps each annotated parameter to ``(dim, tile override, size parameter, index
+    parameter)``.
     Raises :class:`AnnotationError` (file, line, column, what to do) when the kernel cannot be used.
     """
     try:
@@ -485,7 +511,7 @@ def analyse(source: str, file: str, kernel: str,
     aliases: dict[str, tuple[str, ...]] = {}
     descs: dict[str, tuple[str, ...]] = {}
     accesses: list[Access] = []
-    for tensor, (dim, override, size_param) in tensors.items():
+    for tensor, (dim, override, size_param, index) in tensors.items():
         if tensor not in an.params:
             raise AnnotationError(
                 f"the annotation names {tensor!r}, which is not a parameter of {kernel!r} "
@@ -499,7 +525,7 @@ def analyse(source: str, file: str, kernel: str,
         aliases[tensor] = tuple(sorted(pointers))
         descs[tensor] = tuple(sorted(descriptors))
         for acc in an.accesses(tensor, pointers, descriptors):
-            tile = an.tile(acc, dim, pointers, override, size_param)
+            tile = an.tile(acc, dim, pointers, override, size_param, index)
             accesses.append(_anchor(an, acc, tile, pointers))
     analysis = KernelAnalysis(kernel, file, an.params, an.constexpr, aliases, descs,
                               tuple(sorted(accesses, key=lambda a: (a.where.line, a.where.column))),

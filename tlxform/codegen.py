@@ -68,7 +68,7 @@ def plan_kernel(source: str, file: str, request: Request) -> tuple[RewritePlan, 
             hint="gather several tensors together with all_gather((\"k_ptr\", \"v_ptr\")), or split the "
                  "kernel")
     spec = request.specs[0]
-    tensors = {t: (spec.dim, spec.tile, spec.size) for t in spec.tensors}
+    tensors = {t: (spec.dim, spec.tile, spec.size, spec.index) for t in spec.tensors}
     an, module = analyse(source, file, request.kernel, tensors)
     return _rule_module(spec).rewrite(an, spec, request.options), an, module
 

@@ -1,5 +1,6 @@
 """``tilelink.nn``: ``torch.nn`` layers built on TileLink's overlapped operators."""
 
+from tilelink.ops.attention_layers import SPAttention
 from tilelink.ops.layers import TPMLP
 
-__all__ = ["TPMLP"]
+__all__ = ["SPAttention", "TPMLP"]

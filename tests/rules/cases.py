@@ -175,3 +175,61 @@ def reduce_scatter_vector_partial_sums(rank, world):
 
 CASES = {name: fn for name, fn in globals().items()
          if name.startswith(("all_gather_", "reduce_scatter_")) and callable(fn)}
+
+
+def all_gather_moe_gather(rank, world):
+    from tilelink.ops.moe_routing import align_tokens
+
+    kernel = load_case("all_gather", "moe_gather").fused_moe_kernel
+    M, K, N, E, topk, BM = 29, 24, 20, 4, 2, 16
+    g = torch.Generator().manual_seed(10)
+    x = torch.randn(M, K, generator=g)
+    w = torch.randn(E, K, N, generator=g)
+    topk_ids = torch.randint(0, E - 1, (M, topk), generator=g)  # expert E-1 receives no token
+    topk_ids[:5] = 0  # and expert 0 many
+    sorted_ids, expert_ids = align_tokens(topk_ids, E, BM)
+    lo, hi = rows_of(rank, world, M)
+    c = torch.full((M * topk, N), float("nan"))
+    EM = sorted_ids.numel()
+    grid = (triton.cdiv(EM, BM) * triton.cdiv(N, 16),)
+    for _ in range(2):
+        kernel[grid](x[lo:hi].contiguous(), w, c, sorted_ids, expert_ids, N, K, EM, M * topk, topk,
+                     K, 1, K * N, N, 1, N, 1, BLOCK_M=BM, BLOCK_N=16, BLOCK_K=16)
+    ref = torch.einsum("tk,tkn->tn", x.repeat_interleave(topk, 0), w[topk_ids.flatten()])
+    return (c - ref).abs().max().item()
+
+
+CASES = {name: fn for name, fn in globals().items()
+         if name.startswith(("all_gather_", "reduce_scatter_")) and callable(fn)}
+
+
+def reduce_scatter_moe_scatter_topk(rank, world):
+    """Each rank holds a slice of every expert's intermediate dim (TP experts): its partial outputs
+    summed over ranks and over each token's top-k slots (router-weighted) give the MoE output."""
+    from tilelink.ops.moe_routing import align_tokens
+
+    kernel = load_case("reduce_scatter", "moe_scatter_topk").fused_moe_down_kernel
+    M, I, H, E, topk, BM = 27, 40, 24, 4, 2, 16
+    g = torch.Generator().manual_seed(11)
+    h = torch.randn(M * topk, I, generator=g)  # intermediate activations, one row per slot
+    w = torch.randn(E, I, H, generator=g)
+    topk_ids = torch.stack([torch.randperm(E, generator=g)[:topk] for _ in range(M)])
+    topk_ids[:4] = torch.tensor([0, 1])  # expert 0 and 1 busier
+    weights = torch.rand(M, topk, generator=g)
+    sorted_ids, expert_ids = align_tokens(topk_ids, E, BM)
+    ilo, ihi = rows_of(rank, world, I)
+    h_r, w_r = h[:, ilo:ihi].contiguous(), w[:, ilo:ihi].contiguous()
+    lo, hi = rows_of(rank, world, M)
+    y = torch.full((hi - lo, H), float("nan"))
+    EM, Ir = sorted_ids.numel(), ihi - ilo
+    grid = (triton.cdiv(EM, BM) * triton.cdiv(H, 16),)
+    for _ in range(2):
+        kernel[grid](h_r, w_r, y, weights.flatten().contiguous(), sorted_ids, expert_ids, H, Ir, EM, M * topk, topk,
+                     Ir, 1, Ir * H, H, 1, H, 1, BLOCK_M=BM, BLOCK_N=16, BLOCK_K=16)
+    per_slot = torch.einsum("si,sih->sh", h, w[topk_ids.flatten()]) * weights.flatten()[:, None]
+    ref = per_slot.view(M, topk, H).sum(1)
+    return (y - ref[lo:hi]).abs().max().item() if hi > lo else 0.0
+
+
+CASES = {name: fn for name, fn in globals().items()
+         if name.startswith(("all_gather_", "reduce_scatter_")) and callable(fn)}

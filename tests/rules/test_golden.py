@@ -37,11 +37,13 @@ def test_golden(before: Path) -> None:
 
 
 def test_cases_cover_the_issue() -> None:
-    """Pointer, descriptor, persistent, helpers, KV loop with a tuple, several kernels, both rules."""
+    """Pointer, descriptor, persistent, helpers, KV loop with a tuple, several kernels, both rules,
+    dynamic (index) mappings for the MoE gather and scatter + top-k reduce."""
     names = {f"{p.parent.name}/{p.name[:-len('.before.py')]}" for p in CASES}
     assert {"all_gather/pointer_gemm", "all_gather/descriptor_gemm", "all_gather/persistent_gemm",
-            "all_gather/helper_functions", "all_gather/kv_attention", "reduce_scatter/pointer_gemm",
-            "reduce_scatter/two_kernels"} <= names
+            "all_gather/helper_functions", "all_gather/kv_attention", "all_gather/moe_gather",
+            "reduce_scatter/pointer_gemm", "reduce_scatter/two_kernels", "reduce_scatter/moe_scatter_topk",
+            "reduce_scatter/vector_partial_sums"} <= names
 
 
 def test_generation_is_deterministic() -> None:
