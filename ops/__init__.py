@@ -8,7 +8,8 @@ from __future__ import annotations
 import importlib
 
 _LAZY = {"ag_gemm": "tilelink.ops.tp", "gemm_rs": "tilelink.ops.tp", "TPContext": "tilelink.ops.tp",
-         "matmul": "tilelink.ops.gemm", "silu_mul": "tilelink.ops.gemm"}
+         "matmul": "tilelink.ops.gemm", "silu_mul": "tilelink.ops.gemm",
+         "sp_attention": "tilelink.ops.attention", "SPContext": "tilelink.ops.attention"}
 
 __all__ = sorted(_LAZY)
 

@@ -1,0 +1,88 @@
+"""Flash-attention forward, written as one plain Triton kernel plus one ``@tilelink.overlap`` line.
+
+Layout as ``torch.nn.functional.scaled_dot_product_attention``: q, o are (batch, heads, q_rows, D),
+k, v are (batch, kv_heads, kv_rows, D) with ``heads % kv_heads == 0`` (grouped-query attention:
+query head ``h`` reads kv head ``h // (heads // kv_heads)``, as SDPA's ``enable_gqa``). The last dim
+must be contiguous; every other stride is a parameter.
+
+The annotation (paper §5, Figure 6) gathers K and V along the sequence (dim 2) on the copy engine:
+each rank passes its (B, Hkv, S_r, D) shards of K and V, every other argument is the full problem's
+(``N_CTX`` is the full sequence length, the K/V strides those of the full contiguous (B, Hkv, S, D)
+tensor). The KV loop visits blocks in a rotated order that starts at ``KV_FIRST`` (the first row of
+this rank's shard), so the blocks that need no communication are computed first; the rewriter waits,
+per KV block, only for the rank that holds it (``tlxform show ops/attention_kernels.py::
+sp_attention_fwd_kernel``).
+
+Query rows are this rank's: ``Q_OFFSET`` is the global position of the first one, so that causal
+masking compares global positions (query at position p sees keys 0..p).
+
+``attention_fwd_kernel`` is the same kernel without TileLink's code: pass ``KV_FIRST=0`` (or any
+row: the order does not change the result) and ``Q_OFFSET`` as usual.
+"""
+
+import triton
+import triton.language as tl
+
+import tilelink
+
+LOG2E = 1.4426950408889634
+
+
+@tilelink.overlap(tilelink.all_gather(("k_ptr", "v_ptr"), dim=2, tile=("start_n", "BLOCK_N"), size="N_CTX"),
+                  via="copy_engine")
+@triton.jit
+def sp_attention_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, sm_scale, Q_CTX, N_CTX, Q_OFFSET, KV_FIRST, HEADS, GROUP,
+                            stride_qz, stride_qh, stride_qm, stride_kz, stride_kh, stride_kn,
+                            stride_vz, stride_vh, stride_vn, stride_oz, stride_oh, stride_om,
+                            HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                            CAUSAL: tl.constexpr, EVEN_N: tl.constexpr):
+    """O = softmax(Q K^T * sm_scale) V for BLOCK_M query rows of one (batch, head); grid
+    (cdiv(Q_CTX, BLOCK_M), batch * HEADS). ``EVEN_N``: ``N_CTX % BLOCK_N == 0`` (no key mask)."""
+    pid_m = tl.program_id(0)
+    off_hz = tl.program_id(1)
+    off_z = (off_hz // HEADS).to(tl.int64)
+    off_h = (off_hz % HEADS).to(tl.int64)
+    off_hkv = off_h // GROUP
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    q_base = q_ptr + off_z * stride_qz + off_h * stride_qh
+    q = tl.load(q_base + offs_m[:, None] * stride_qm + offs_d[None, :], mask=offs_m[:, None] < Q_CTX, other=0.0)
+    k_base = k_ptr + off_z * stride_kz + off_hkv * stride_kh
+    v_base = v_ptr + off_z * stride_vz + off_hkv * stride_vh
+    qk_scale = sm_scale * 1.4426950408889634  # exp(x) = exp2(x * log2(e))
+    # a finite floor instead of -inf: a row whose keys are all masked so far stays NaN-free
+    m_i = tl.zeros([BLOCK_M], dtype=tl.float32) - 1.0e30
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    q_pos = Q_OFFSET + offs_m
+    kv_end = N_CTX
+    if CAUSAL:  # keys after the block's last query row are masked for every row: skip them
+        kv_end = tl.minimum(N_CTX, Q_OFFSET + (pid_m + 1) * BLOCK_M)
+    num_blocks = tl.cdiv(kv_end, BLOCK_N)
+    first_block = (KV_FIRST // BLOCK_N) % num_blocks
+    for i in range(0, num_blocks):
+        # this rank's own KV blocks first: they are local, every other block waits for its rank
+        start_n = ((i + first_block) % num_blocks) * BLOCK_N
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        k = tl.load(k_base + offs_n[:, None] * stride_kn + offs_d[None, :], mask=offs_n[:, None] < N_CTX, other=0.0)
+        v = tl.load(v_base + offs_n[:, None] * stride_vn + offs_d[None, :], mask=offs_n[:, None] < N_CTX, other=0.0)
+        qk = tl.dot(q, tl.trans(k))
+        if CAUSAL:
+            qk = tl.where(q_pos[:, None] >= offs_n[None, :], qk, float("-inf"))
+        elif not EVEN_N:
+            qk = tl.where(offs_n[None, :] < N_CTX, qk, float("-inf"))
+        m_ij = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+        p = tl.math.exp2(qk * qk_scale - m_ij[:, None])
+        alpha = tl.math.exp2(m_i - m_ij)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None]
+        acc = tl.dot(p.to(v.dtype), v, acc)
+        m_i = m_ij
+    acc = acc / l_i[:, None]
+    o_base = o_ptr + off_z * stride_oz + off_h * stride_oh
+    tl.store(o_base + offs_m[:, None] * stride_om + offs_d[None, :], acc.to(o_ptr.dtype.element_ty),
+             mask=offs_m[:, None] < Q_CTX)
+
+
+#: the flash-attention kernel as written, without TileLink's code (single GPU, full K and V)
+attention_fwd_kernel = sp_attention_fwd_kernel.kernel

@@ -1,0 +1,67 @@
+"""Sequence-parallel attention (AllGather K/V + flash attention) in emulated worlds of 1-4 ranks,
+against torch SDPA on the full sequence: causal and not, grouped-query heads, sequence lengths that
+the world size does not divide (down to a rank holding no rows)."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+import torch
+
+import tilelink
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from attention_worlds import bad_inputs, inputs, reference, sp_attention_matches_sdpa  # noqa: E402
+
+
+@pytest.mark.parametrize(("world", "B", "H", "Hkv", "S", "causal"), [
+    (1, 1, 2, 2, 37, False),
+    (2, 1, 4, 2, 45, True),  # GQA 2:1
+    (3, 2, 3, 1, 50, False),  # GQA 3:1 (multi-query), batch 2, ranks of 17, 17, 16 rows
+    (4, 1, 2, 2, 9, True),  # ranks of 3, 3, 3, 0 rows
+])
+def test_sp_attention_matches_sdpa(world: int, B: int, H: int, Hkv: int, S: int, causal: bool) -> None:
+    for err in tilelink.spawn(sp_attention_matches_sdpa, world, B, H, Hkv, S, 16, "float32", causal):
+        assert err < 1e-5, err
+
+
+def test_half_precision_and_context_reuse() -> None:
+    """fp16 and bf16 (the emulated world computes bf16 in fp32), two calls on one context, SPContext."""
+    for dtype in ("float16", "bfloat16"):
+        for err in tilelink.spawn(sp_attention_matches_sdpa, 2, 1, 2, 1, 33, 32, dtype, True, 2, True):
+            assert err < 2e-2, (dtype, err)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_flash_attention_single_device(causal: bool) -> None:
+    """The plain kernel, query rows at a global offset (the last 11 of 29) over every key."""
+    from tilelink.ops.attention import flash_attention
+
+    q, k, v = inputs(1, 4, 2, 29, 16, torch.float32, "cpu")
+    o = flash_attention(q[:, :, 18:], k, v, causal=causal, q_offset=18)
+    ref = reference(q, k, v, causal)[:, :, 18:]
+    assert ((o.double() - ref).norm() / ref.norm()).item() < 1e-5
+
+
+def test_bad_inputs_raise_before_running() -> None:
+    (messages,) = tilelink.spawn(bad_inputs, 1)
+    assert "NO ERROR" not in messages, messages
+    expected = ["different dtypes", "not a multiple of 3 kv heads", "4-D", "contiguous", "must hold rows [0, 12)",
+                "head dim 24", "not supported", "different shapes"]
+    for message, want in zip(messages, expected, strict=True):
+        assert want in message, (want, message)
+
+
+def test_sp_attention_layer_checks_heads() -> None:
+    from tilelink.errors import LaunchError
+    from tilelink.nn import SPAttention
+
+    layer = SPAttention(num_heads=4, num_kv_heads=2, causal=True)
+    with pytest.raises(LaunchError, match="4 query heads"):
+        layer(torch.randn(1, 2, 8, 16), torch.randn(1, 2, 8, 16), torch.randn(1, 2, 8, 16))
+    with pytest.raises(LaunchError, match="2 kv heads"):
+        layer(torch.randn(1, 4, 8, 16), torch.randn(1, 1, 8, 16), torch.randn(1, 1, 8, 16))
+    with pytest.raises(ValueError, match="multiple"):
+        SPAttention(num_heads=4, num_kv_heads=3)
