@@ -306,7 +306,7 @@ class TPDecoderLayer(nn.Module):
 
     def __init__(self, config: DecoderConfig, weights: LayerWeights, rank: int, world: int, device) -> None:
         super().__init__()
-        from tilelink.nn import TPMLP
+        from tilelink.ops.layers import TPMLP  # tilelink.nn's TPMLP, without importing the other layers
 
         shard = shard_layer(config, weights, rank, world, mlp=False, device=device)
         self.config = config
@@ -379,8 +379,10 @@ def moe_layer_available() -> bool:
     (Mixtral style) or by ``TPMLP`` (shared expert) + ``TPMoE`` summed on the same sequence shard
     (Qwen-MoE style); the attention half is unchanged.
     """
-    import tilelink.nn
-
+    try:
+        import tilelink.nn
+    except ImportError:
+        return False
     return hasattr(tilelink.nn, "TPMoE")
 
 
