@@ -97,7 +97,7 @@ def measure(kind: str, M: int, N: int, K: int, world: int, dtype: torch.dtype, d
     some_sms = tp._compute_sms(device, okernel) if device.type == "cuda" else all_sms
     tiles = triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"])
     args = (a, b, c, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1))
-    chan = _channel_args(M, world, okernel.plan.launch["comm_block"], device)
+    chan = _channel_args(M, world, okernel.plan.launch["comm_block"] or 128, device)
 
     def run_plain():
         plain[(min(all_sms, tiles),)](*args, NUM_SMS=all_sms, **meta)

@@ -6,9 +6,11 @@ ops/tp_kernels.py``). Two styles of each:
 
 - pointer arithmetic (any shape, any layout; the one the emulated world runs);
 - persistent with tensor descriptors (TMA loads on Hopper; row strides must be 16-byte multiples).
-  Its all-gather runs on the copy engine (paper §7.2), so the GEMM keeps every SM. The GEMM+RS
-  variant stores C with plain masked stores: a notify must follow stores that have reached memory,
-  and a bulk-tensor store is asynchronous.
+  Both communicate on the copy engine as in the paper (§7.2): the all-gather, and the reduce-scatter's
+  scatter (the hybrid: the copy engine moves each finished channel to its owner, a small SM kernel
+  sums what arrived), so the GEMM keeps every SM. The GEMM+RS variant stores C with plain masked
+  stores: a notify must follow stores that have reached memory, and a bulk-tensor store is
+  asynchronous.
 """
 
 import triton
@@ -104,7 +106,7 @@ def gemm_rs_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk
              mask=c_mask)
 
 
-@tilelink.overlap(tilelink.reduce_scatter("c_ptr", dim=0))
+@tilelink.overlap(tilelink.reduce_scatter("c_ptr", dim=0), via="copy_engine")
 @triton.jit
 def gemm_rs_persistent_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm,
                               stride_cn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,

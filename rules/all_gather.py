@@ -48,7 +48,7 @@ from tilelink.runtime import (
 from tilelink.spec import AllGatherSpec, Options
 
 RULE = "all_gather"
-DEFAULTS = dict(via="sm", mode="pull", order="local_first", comm_block=128, comm_sms=16)
+DEFAULTS = dict(via="sm", mode="pull", order="local_first", comm_sms=16)
 
 
 def rewrite(an: KernelAnalysis, spec: AllGatherSpec, options: Options) -> RewritePlan:
@@ -148,8 +148,8 @@ def rewrite(an: KernelAnalysis, spec: AllGatherSpec, options: Options) -> Rewrit
     }
     report.append(ReportEntry(an.name, RULE, "note",
                               f"producer: {opts.via}" + (f" {opts.mode}" if opts.via == "sm" else "")
-                              + f", {opts.comm_sms if opts.via == 'sm' else 'no'} SMs, "
-                              f"comm tile {opts.comm_block} rows"))
+                              + f", {opts.comm_sms if opts.via == 'sm' else 'no'} SMs, comm tile "
+                              + (f"{opts.comm_block} rows" if opts.comm_block else "chosen at launch")))
     return RewritePlan(an.name, RULE, spec, opts, CHANNEL_PARAMS, tuple(insertions), partners[opts.via],
                        launch, tuple(report))
 

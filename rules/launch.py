@@ -95,7 +95,10 @@ class Launcher:
 
     def sharding(self, world, size: int) -> RowSharding:
         rpr = cdiv(size, world.world_size)
-        wanted = self.meta.get("channels_per_rank") or cdiv(rpr, self.meta["comm_block"])
+        # default channel size: 128 rows for SM communication; a whole rank's rows for the copy engine,
+        # whose every copy and flag costs the host an enqueue
+        block = self.meta.get("comm_block") or (rpr if self.meta["via"] == "copy_engine" else 128)
+        wanted = self.meta.get("channels_per_rank") or cdiv(rpr, block)
         return RowSharding(size, world.world_size, max(1, min(wanted, rpr)))
 
     def tensor_arg(self, bound: dict, name: str, world) -> torch.Tensor:

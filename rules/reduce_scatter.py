@@ -36,11 +36,20 @@ from tilelink.mapping import RowSharding
 from tilelink.plan import Insertion, ReportEntry, RewritePlan
 from tilelink.rules.emit import CHANNEL_PARAMS, MAPPING_ARGS, channels_of_tile, remap_order
 from tilelink.rules.launch import Launcher, Streams, cdiv
-from tilelink.runtime import Channel, Diagnostics, peer_table, symmetric_empty
+from tilelink.runtime import (
+    Channel,
+    Diagnostics,
+    peer_table,
+    peer_tensor,
+    rank_copy_data,
+    rank_notify,
+    rank_wait,
+    symmetric_empty,
+)
 from tilelink.spec import Options, ReduceScatterSpec
 
 RULE = "reduce_scatter"
-DEFAULTS = dict(via="sm", mode="pull", order="ring", comm_block=128, comm_sms=16)
+DEFAULTS = dict(via="sm", mode="pull", order="ring", comm_sms=16)
 
 
 #: count a tile's stored elements with scalar arithmetic when its mask is (rows < M) & (columns < N)
@@ -97,9 +106,6 @@ def rewrite(an: KernelAnalysis, spec: ReduceScatterSpec, options: Options) -> Re
         raise AnnotationError(f"reduce_scatter over dim {spec.dim} is not supported yet", file=an.file,
                               line=an.where.line, column=an.where.column,
                               hint="scatter along dim 0 (rows); transpose the output if needed")
-    if opts.via != "sm":
-        raise AnnotationError("reduce_scatter via='copy_engine' is not supported yet", file=an.file,
-                              line=an.where.line, column=an.where.column, hint="use via='sm' (the default)")
     stores = [a for t in spec.tensors for a in an.accesses_of(t, "store")]
     names = " or ".join(repr(t) for t in spec.tensors)
     if not stores:
@@ -195,14 +201,23 @@ def rewrite(an: KernelAnalysis, spec: ReduceScatterSpec, options: Options) -> Re
         more, entry = remap_order(an, first, RULE, opts.order, shift)
         insertions += more
         report.append(entry)
-    report.append(ReportEntry(an.name, RULE, "note",
-                              f"consumer: SM mesh pull on {opts.comm_sms} programs, comm tile "
-                              f"{opts.comm_block} rows"))
+    if opts.via == "copy_engine":
+        report.append(ReportEntry(an.name, RULE, "note",
+                                  "consumer: hybrid - the copy engine scatters each finished channel to the rank "
+                                  "that owns its rows, then an SM kernel sums what it received (paper §7.2)"))
+    else:
+        report.append(ReportEntry(an.name, RULE, "note",
+                                  f"consumer: SM mesh pull on {opts.comm_sms} programs, comm tile "
+                                  + (f"{opts.comm_block} rows" if opts.comm_block else "128 rows")))
     launch = {"rule": RULE, "tensors": list(spec.tensors), "dim": spec.dim, "size_param": size_param,
               "index": spec.index, "topk": spec.topk,
               "via": opts.via, "mode": opts.mode, "order": opts.order, "comm_block": opts.comm_block,
               "comm_sms": opts.comm_sms, "channels_per_rank": opts.channels_per_rank}
-    consumer = "rs_topk_pull_consumer" if spec.topk else "rs_pull_consumer"
+    if opts.via == "copy_engine" and spec.topk:
+        raise AnnotationError("reduce_scatter with topk= runs on SMs only", file=an.file, line=an.where.line,
+                              column=an.where.column, hint="drop via='copy_engine' for the MoE reduction")
+    consumer = ("rs_reduce_received" if opts.via == "copy_engine"
+                else "rs_topk_pull_consumer" if spec.topk else "rs_pull_consumer")
     return RewritePlan(an.name, RULE, spec, opts, CHANNEL_PARAMS, tuple(insertions), (consumer,),
                        launch, tuple(report))
 
@@ -276,6 +291,37 @@ def rs_topk_pull_consumer(partial_ptr, peer_table, out_ptr, tlk_barriers, barrie
             tl.store(out_ptr + (lo - rank_lo) * row_elems + idx, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
+@triton.jit
+def rs_reduce_received(recv_ptr, out_ptr, recv_barriers, tlk_epoch, tlk_rank, tlk_world, tlk_rows,
+                       tlk_rows_per_rank, tlk_rows_per_channel, tlk_channels_per_rank, row_elems, tlk_diag,
+                       tlk_budget, BLOCK: tl.constexpr):
+    """Hybrid reduce-scatter, SM half: sum the partial rows every rank's copy engine delivered into
+    this rank's receive buffer ``recv_ptr`` (world, rows_per_rank, row_elems) — slot ``p`` from rank
+    ``p``, announced on ``recv_barriers[p * channels_per_rank + j]`` — into ``out_ptr``."""
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    nblocks = tl.cdiv(tlk_rows_per_channel * row_elems, BLOCK)
+    rank_lo = tlk_rank * tlk_rows_per_rank
+    for u in range(pid, tlk_channels_per_rank * nblocks, nprog):
+        j = u // nblocks
+        lo, hi = tlm.tl_channel_range(tlk_rank * tlk_channels_per_rank + j, tlk_rows, tlk_rows_per_rank,
+                                      tlk_rows_per_channel, tlk_channels_per_rank)
+        n = (hi - lo) * row_elems
+        off = (u % nblocks) * BLOCK
+        if off < n:
+            idx = off + tl.arange(0, BLOCK)
+            mask = idx < n
+            acc = tl.zeros([BLOCK], dtype=tl.float32)
+            for p in range(0, tlk_world):
+                src = (tlk_rank + 1 + p) % tlk_world
+                token = tll.consumer_tile_wait(recv_barriers, src * tlk_channels_per_rank + j, 1, tlk_epoch,
+                                               tlk_diag, tlk_budget)
+                slot = src * tlk_rows_per_rank * row_elems + (lo - rank_lo) * row_elems
+                x = tl.load(recv_ptr + slot + idx + token, mask=mask)
+                acc += x.to(tl.float32)
+            tl.store(out_ptr + (lo - rank_lo) * row_elems + idx, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
 # --------------------------------------------------------------------------- launch plan
 @dataclass
 class ReduceScatterContext:
@@ -288,6 +334,8 @@ class ReduceScatterContext:
     diag: Diagnostics
     streams: Streams
     scratch: torch.Tensor
+    recv: torch.Tensor | None = None  # hybrid: (world, rows_per_rank, ...) what the peers' copy engines deliver
+    recv_channel: Channel | None = None
     warm: bool = False
 
 
@@ -316,6 +364,9 @@ class ReduceScatterLauncher(Launcher):
             ctx = ReduceScatterContext(sharding, partial, peer_table(partial), Channel(sharding.num_channels),
                                        Diagnostics(), Streams.for_world(world),
                                        torch.zeros(sharding.num_channels, dtype=torch.int64, device=world.device))
+            if self.meta["via"] == "copy_engine":
+                ctx.recv = symmetric_empty((world.world_size, sharding.rows_per_rank, *out.shape[1:]), out.dtype)
+                ctx.recv_channel = Channel(sharding.num_channels)
             self.contexts[key] = ctx
         return ctx
 
@@ -343,9 +394,68 @@ class ReduceScatterLauncher(Launcher):
         else:
             self.partner("rs_pull_consumer")[grid](*common, ctx.diag.buffer, ctx.diag.budget_ns, BLOCK=self.BLOCK)
 
+    def _reduce(self, ctx: ReduceScatterContext, world, out, recv_barriers, epoch: int) -> None:
+        sh = ctx.sharding
+        row_elems = math.prod(ctx.partial.shape[1:])
+        grid = (max(1, min(self.meta["comm_sms"], sh.channels_per_rank * cdiv(sh.rows_per_channel * row_elems,
+                                                                             self.BLOCK))),)
+        self.partner("rs_reduce_received")[grid](
+            ctx.recv, out, recv_barriers, epoch, world.rank, world.world_size, sh.size, sh.rows_per_rank,
+            sh.rows_per_channel, sh.channels_per_rank, row_elems, ctx.diag.buffer, ctx.diag.budget_ns,
+            BLOCK=self.BLOCK)
+
+    def _scatter(self, ctx: ReduceScatterContext, world, epoch: int) -> None:
+        """Hybrid, copy-engine half: as each channel's rows are complete here, copy them into the
+        receive slot of the rank that owns them and tell it (ring order: the next rank first)."""
+        sh = ctx.sharding
+        row_elems = math.prod(ctx.partial.shape[1:])
+        stream = ctx.streams.side
+        for step in range(1, world.world_size + 1):
+            dst = (world.rank + step) % world.world_size
+            dst_lo = sh.rank_range(dst)[0]
+            peer_recv = peer_tensor(ctx.recv, dst)
+            for j in range(sh.channels_per_rank):
+                ch = dst * sh.channels_per_rank + j
+                lo, hi = sh.channel_range(ch)
+                if hi > lo:
+                    rank_wait(ctx.channel, ch, epoch * (hi - lo) * row_elems, stream)
+                    rank_copy_data(ctx.partial[lo:hi], peer_recv[world.rank, lo - dst_lo:hi - dst_lo], stream)
+                rank_notify(ctx.recv_channel, world.rank * sh.channels_per_rank + j, epoch, dst, stream)
+
+    def _launch_hybrid(self, grid, call: dict, ctx: ReduceScatterContext, world, out) -> None:
+        if self.needs_dry_run(ctx, world):
+            ctx.scratch.zero_()
+            self.kernel[grid](**call, **self.channel_args(None, 0, world, ctx.sharding, ctx.diag)
+                              | {"tlk_barriers": ctx.scratch})
+            self._reduce(ctx, world, out, ctx.scratch, 0)
+            torch.cuda.synchronize(world.device)
+            ctx.warm = True
+        epoch = ctx.channel.advance()
+        ctx.recv_channel.advance()
+        main, side = ctx.streams.main, ctx.streams.side
+        world.stream_barrier(main)  # every rank is done with the previous call's buffers
+        args = self.channel_args(ctx.channel, epoch, world, ctx.sharding, ctx.diag)
+        if side is not None:
+            start = torch.cuda.Event()
+            start.record(main)
+            self.kernel[grid](**call, **args)  # the GEMM keeps every SM
+            side.wait_event(start)
+            with torch.cuda.stream(side):
+                self._scatter(ctx, world, epoch)
+                self._reduce(ctx, world, out, ctx.recv_channel.barriers, epoch)
+        else:
+            self.kernel[grid](**call, **args)
+            self._scatter(ctx, world, epoch)
+            self._reduce(ctx, world, out, ctx.recv_channel.barriers, epoch)
+        self.finish(ctx)
+
     def launch(self, grid, bound: dict) -> None:
         world = self.world()
         ctx = self.context(bound)
+        if self.meta["via"] == "copy_engine":
+            (name,) = self.meta["tensors"]
+            self._launch_hybrid(grid, {**bound, name: ctx.partial}, ctx, world, bound[name])
+            return
         (name,) = self.meta["tensors"]
         out = bound[name]
         call = dict(bound)
