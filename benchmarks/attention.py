@@ -80,10 +80,9 @@ def _rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
 
 def _satisfied_channels(S: int, world: int, okernel, device) -> dict:
     """Channel arguments of the rewritten kernel with every barrier word above its target."""
-    from tilelink.mapping import RowSharding
+    from types import SimpleNamespace
 
-    rpr = -(-S // world)
-    sh = RowSharding(S, world, max(1, min(-(-rpr // okernel.plan.launch["comm_block"]), rpr)))
+    sh = okernel.launcher.sharding(SimpleNamespace(world_size=world), S)  # the operator's own channels
     return dict(tlk_barriers=torch.full((sh.num_channels,), 1 << 40, dtype=torch.int64, device=device),
                 tlk_epoch=1, tlk_rank=0, tlk_world=world, tlk_rows=S, tlk_rows_per_rank=sh.rows_per_rank,
                 tlk_rows_per_channel=sh.rows_per_channel, tlk_channels_per_rank=sh.channels_per_rank,
