@@ -2,5 +2,6 @@
 
 from tilelink.ops.attention_layers import SPAttention
 from tilelink.ops.layers import TPMLP
+from tilelink.ops.moe_layers import TPMoE
 
-__all__ = ["SPAttention", "TPMLP"]
+__all__ = ["SPAttention", "TPMLP", "TPMoE"]

@@ -1,0 +1,194 @@
+"""Tensor-parallel MoE with the communication overlapped: AG + gather + GroupGEMM and GroupGEMM + scatter
++ top-k reduce + RS (paper §7.2, Figure 9), on the dynamic mappings of :mod:`tilelink.ops.moe_kernels`.
+
+Experts are sharded TP-style along their intermediate dimension: every rank holds every expert's
+slice ``[r*ceil(I/R), min(I, (r+1)*ceil(I/R)))``. The tokens are sharded by rows like the dense
+operators (rank ``r`` holds rows ``[r*ceil(M/R), min(M, (r+1)*ceil(M/R)))`` of the (M, H) input).
+
+**Routing is replicated**: both calls take ``topk_ids`` (M, top_k) of *all* M tokens, the same on
+every rank (the router is cheap and per token: :class:`tilelink.nn.TPMoE` computes it on each rank's
+rows and all-gathers the ids and weights). The slot of token ``t``'s ``k``-th expert is ``t*top_k+k``.
+
+- ``ag_moe(x_shard, w, topk_ids)``: ``w`` (E, H, N_r) this rank's expert columns; returns the
+  (M*top_k, N_r) per-slot product ``x[t] @ w[topk_ids[t, k]]`` (row ``t*top_k+k``).
+- ``moe_rs(h, w, topk_ids, topk_weights)``: ``h`` (M*top_k, I_r) this rank's per-slot activations,
+  ``w`` (E, I_r, H); returns this rank's rows of ``sum_k topk_weights[t, k] * h[t*top_k+k] @ w[e]``
+  summed over ranks.
+
+Every argument is checked before a kernel runs; the symmetric buffers and channels of a shape are
+created on its first call and reused (the kernels' launchers cache them per shape).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+
+from tilelink.errors import LaunchError
+from tilelink.ops.moe_routing import align_tokens, check_routing
+
+_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def moe_config(num_slots: int, num_experts: int, N: int, dtype: torch.dtype) -> dict:
+    """Tile config of the grouped GEMMs (Hopper): 128-row tiles once experts average >= 1024 slots,
+    else 64 (a tile belongs to one expert: the per-expert padding costs BLOCK_M / 2 rows on average);
+    256-column tiles for wide outputs."""
+    if _interpreting():
+        return dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, GROUP_M=2)
+    if dtype == torch.float32:
+        return dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=32, GROUP_M=8, num_warps=4, num_stages=3)
+    block_m = 128 if num_slots >= 1024 * num_experts else 64
+    block_n = 256 if N >= 1024 else 128
+    warps = 8 if block_m * block_n >= 128 * 128 else 4
+    stages = 3 if block_m * block_n >= 128 * 256 else 4
+    return dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=64, GROUP_M=8, num_warps=warps, num_stages=stages)
+
+
+def _bounds(size: int, rank: int, world: int) -> tuple[int, int]:
+    per = -(-size // world)
+    return min(size, rank * per), min(size, (rank + 1) * per)
+
+
+def _check_tensor(op: str, what: str, t, dims: int, world, dtypes=_DTYPES) -> None:
+    if not isinstance(t, torch.Tensor) or t.dim() != dims:
+        got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+        raise LaunchError(f"{op}: {what} must be a {dims}-D torch.Tensor, got {got}")
+    if t.dtype not in dtypes:
+        raise LaunchError(f"{op}: {what} has dtype {t.dtype}; supported: {', '.join(str(d) for d in dtypes)}")
+    if t.device.type != world.device.type or (t.device.index or 0) != (world.device.index or 0):
+        raise LaunchError(f"{op}: {what} is on {t.device}, this rank computes on {world.device}")
+    if not t.is_contiguous():
+        raise LaunchError(f"{op}: {what} must be contiguous (call .contiguous())")
+
+
+def _check_routing(op: str, topk_ids, num_experts: int, world) -> None:
+    if not isinstance(topk_ids, torch.Tensor):
+        raise LaunchError(f"{op}: topk_ids must be a (tokens, top_k) integer tensor, got {type(topk_ids).__name__}")
+    if topk_ids.device.type != world.device.type:
+        raise LaunchError(f"{op}: topk_ids is on {topk_ids.device}, this rank computes on {world.device}")
+    try:
+        check_routing(topk_ids, num_experts)
+    except LaunchError as exc:
+        raise LaunchError(f"{op}: {exc}") from None
+    if topk_ids.shape[0] < 1 or topk_ids.shape[1] < 1:
+        raise LaunchError(f"{op}: topk_ids must route at least one token to at least one expert, got shape "
+                          f"{tuple(topk_ids.shape)}")
+
+
+def _interpreter_inputs(*ts: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    # Triton 3.9's interpreter computes tl.dot of bf16 operands wrongly (numpy has no bf16); bf16
+    # products are exact in fp32, so the emulated world computes in fp32 and casts the result.
+    if _interpreting() and ts[0].dtype == torch.bfloat16:
+        return tuple(t.float() for t in ts)
+    return ts
+
+
+def ag_moe(x_shard: torch.Tensor, w: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
+    """AllGather(x) -> gather by routing -> GroupGEMM, overlapped: the (M*top_k, N) per-slot product.
+
+    Args:
+        x_shard: this rank's rows of the (M, H) tokens.
+        w: (E, H, N) this rank's columns of every expert (e.g. gate | up of its intermediate slice).
+        topk_ids: (M, top_k) expert ids of every token, identical on every rank.
+
+    Raises:
+        tilelink.LaunchError: shapes, dtypes, devices or routing that no kernel could serve.
+    """
+    from tilelink.ops import moe_kernels
+    from tilelink.runtime import current_world
+
+    world = current_world()
+    _check_tensor("ag_moe", "x_shard", x_shard, 2, world)
+    _check_tensor("ag_moe", "w (experts, hidden, columns)", w, 3, world)
+    if w.dtype != x_shard.dtype:
+        raise LaunchError(f"ag_moe: x_shard and w have different dtypes ({x_shard.dtype}, {w.dtype})")
+    E, K, N = w.shape
+    if x_shard.shape[1] != K:
+        raise LaunchError(f"ag_moe: x_shard has {x_shard.shape[1]} columns but w expects hidden size {K} "
+                          f"(w is {tuple(w.shape)})")
+    _check_routing("ag_moe", topk_ids, E, world)
+    M, top_k = topk_ids.shape
+    lo, hi = _bounds(M, world.rank, world.world_size)
+    if x_shard.shape[0] != hi - lo:
+        raise LaunchError(f"ag_moe: rank {world.rank} must hold rows [{lo}, {hi}) of the {M} routed tokens "
+                          f"({hi - lo} rows over {world.world_size} ranks), got {x_shard.shape[0]}")
+    out_dtype = x_shard.dtype
+    x_in, w_in = _interpreter_inputs(x_shard, w)
+    num_slots = M * top_k
+    out = torch.empty((num_slots, N), dtype=x_in.dtype, device=world.device)
+    if N == 0:
+        return out.to(out_dtype)
+    if K == 0:
+        x_in = torch.zeros((hi - lo, 1), dtype=x_in.dtype, device=world.device)
+        w_in = torch.zeros((E, 1, N), dtype=x_in.dtype, device=world.device)
+        K = 1
+    meta = moe_config(num_slots, E, N, x_in.dtype)
+    sorted_ids, expert_ids = align_tokens(topk_ids, E, meta["BLOCK_M"])
+    EM = sorted_ids.numel()
+    grid = (triton.cdiv(EM, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]),)
+    moe_kernels.ag_group_gemm_kernel[grid](
+        x_in, w_in, out, sorted_ids, expert_ids, N, K, EM, num_slots, top_k, x_in.stride(0), x_in.stride(1),
+        w_in.stride(0), w_in.stride(1), w_in.stride(2), out.stride(0), out.stride(1), **meta)
+    return out if out.dtype == out_dtype else out.to(out_dtype)
+
+
+def moe_rs(h: torch.Tensor, w: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
+    """GroupGEMM -> scatter -> top-k reduce -> ReduceScatter, overlapped: this rank's (rows, N) output.
+
+    Args:
+        h: (M*top_k, I_r) this rank's slice of the per-slot activations (row ``t*top_k+k``).
+        w: (E, I_r, N) this rank's rows of every expert's down projection.
+        topk_ids: (M, top_k) expert ids of every token, identical on every rank.
+        topk_weights: (M, top_k) router weights of every token (applied inside the kernel).
+
+    Raises:
+        tilelink.LaunchError: shapes, dtypes, devices or routing that no kernel could serve.
+    """
+    from tilelink.ops import moe_kernels
+    from tilelink.runtime import current_world
+
+    world = current_world()
+    _check_tensor("moe_rs", "h (slots, intermediate)", h, 2, world)
+    _check_tensor("moe_rs", "w (experts, intermediate, hidden)", w, 3, world)
+    if w.dtype != h.dtype:
+        raise LaunchError(f"moe_rs: h and w have different dtypes ({h.dtype}, {w.dtype})")
+    E, K, N = w.shape
+    if h.shape[1] != K:
+        raise LaunchError(f"moe_rs: h has {h.shape[1]} columns but w expects {K} intermediate rows "
+                          f"(w is {tuple(w.shape)})")
+    _check_routing("moe_rs", topk_ids, E, world)
+    M, top_k = topk_ids.shape
+    if h.shape[0] != M * top_k:
+        raise LaunchError(f"moe_rs: h must have one row per slot, {M} tokens x top_k {top_k} = {M * top_k}, "
+                          f"got {h.shape[0]}")
+    _check_tensor("moe_rs", "topk_weights", topk_weights, 2, world)
+    if tuple(topk_weights.shape) != (M, top_k):
+        raise LaunchError(f"moe_rs: topk_weights must have the shape of topk_ids {(M, top_k)}, got "
+                          f"{tuple(topk_weights.shape)}")
+    lo, hi = _bounds(M, world.rank, world.world_size)
+    out_dtype = h.dtype
+    h_in, w_in = _interpreter_inputs(h, w)
+    out = torch.empty((hi - lo, N), dtype=h_in.dtype, device=world.device)
+    if N == 0:
+        return out.to(out_dtype)
+    if K == 0:  # this rank holds no intermediate column: a zero slice still takes part in the reduction
+        h_in = torch.zeros((M * top_k, 1), dtype=h_in.dtype, device=world.device)
+        w_in = torch.zeros((E, 1, N), dtype=h_in.dtype, device=world.device)
+        K = 1
+    weights = topk_weights.to(torch.float32).contiguous().view(-1)
+    num_slots = M * top_k
+    meta = moe_config(num_slots, E, N, h_in.dtype)
+    sorted_ids, expert_ids = align_tokens(topk_ids, E, meta["BLOCK_M"])
+    EM = sorted_ids.numel()
+    grid = (triton.cdiv(EM, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]),)
+    moe_kernels.group_gemm_rs_kernel[grid](
+        h_in, w_in, out, weights, sorted_ids, expert_ids, N, K, EM, num_slots, top_k, h_in.stride(0),
+        h_in.stride(1), w_in.stride(0), w_in.stride(1), w_in.stride(2), N, 1, **meta)
+    return out if out.dtype == out_dtype else out.to(out_dtype)
