@@ -1,0 +1,341 @@
+"""Tensor-parallel MoE (paper §7.2, Table 4 MoE-1..6, Figure 9): AG + gather + GroupGEMM and GroupGEMM +
+scatter + top-k reduce + RS.
+
+Per-rank shapes at world size W (S tokens, hidden H, intermediate I, E experts, top-k): after the
+gather every rank computes all ``S * topk`` slots against its slice of every expert —
+part 1 (``ag_moe``, gate | up fused): **slots x H @ H x 2I/W**; part 2 (``moe_rs``): **slots x I/W
+@ I/W x H** — grouped by expert, each expert's slots padded to the tile height.
+
+Modes:
+- ``compute`` (one GPU): the grouped GEMM TileLink's operators are annotated from (``plain``: the
+  kernel as written, no communication; ``rewritten``: the generated kernel with every channel already
+  satisfied) against dense cuBLAS on **equal useful FLOPs** (``torch.matmul`` of (slots, K) @ (K, N))
+  and against a torch loop over experts (gather, matmul per expert, scatter-add); ``--configs`` also
+  times candidate tile configs. Ratio = baseline ms / ours (> 1: ours faster).
+- ``dist`` (W ranks under ``torchrun`` / ``tlxform run``): ``ag_moe`` / ``moe_rs`` (overlapped) against
+  the torch reference (torch.distributed all-gather, loop over experts, reduce-scatter) and against our
+  own non-overlapped path (the same grouped GEMM, then torch.distributed all-gather / reduce-scatter).
+
+Routing: each token picks ``topk`` distinct experts uniformly at random (seeded).
+
+Run: ``python -m benchmarks.moe --mode compute --world 8 --shapes 4,5,6 --rounds 2 --out results/``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import statistics
+from pathlib import Path
+
+import torch
+import triton
+
+from benchmarks.common import environment, side_by_side, write_json
+
+
+@dataclasses.dataclass(frozen=True)
+class MoEShape:
+    """One MoE row of the paper's Table 4."""
+
+    name: str
+    S: int
+    H: int
+    I: int  # noqa: E741 - the paper's name for the intermediate size
+    E: int
+    topk: int
+
+
+MOE_SHAPES = {s.name: s for s in (
+    MoEShape("MoE-1", 8192, 2048, 1536, 8, 2), MoEShape("MoE-2", 8192, 2048, 1536, 32, 2),
+    MoEShape("MoE-3", 8192, 2048, 1536, 32, 5), MoEShape("MoE-4", 8192, 4096, 2048, 8, 2),
+    MoEShape("MoE-5", 8192, 4096, 2048, 32, 2), MoEShape("MoE-6", 8192, 4096, 2048, 32, 5))}
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+PARTS = ("ag_moe", "moe_rs")
+#: candidate (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) of the grouped GEMMs, bf16 on Hopper
+CANDIDATES = ((64, 128, 64, 4, 4), (64, 256, 64, 8, 3), (128, 128, 64, 8, 4), (128, 256, 64, 8, 3))
+
+
+def select_shapes(names: str) -> list[MoEShape]:
+    if names.strip().lower() == "all":
+        return list(MOE_SHAPES.values())
+    out = []
+    for item in names.split(","):
+        key = f"MoE-{item.strip()}" if item.strip().isdigit() else item.strip()
+        if key not in MOE_SHAPES:
+            raise ValueError(f"unknown shape {item!r}; choose from {', '.join(MOE_SHAPES)} or 'all'")
+        out.append(MOE_SHAPES[key])
+    return out
+
+
+def random_routing(S: int, E: int, topk: int, device, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """``topk`` distinct experts per token, uniformly at random, and weights summing to 1."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    ids = torch.rand(S, E, generator=g, device=device).topk(topk, dim=-1).indices
+    w = torch.rand(S, topk, generator=g, device=device)
+    return ids, w / w.sum(-1, keepdim=True)
+
+
+def per_rank_problem(shape: MoEShape, part: str, world: int) -> tuple[int, int, int]:
+    """(slots, N, K) of the grouped GEMM one rank computes for ``part``."""
+    slots, inter = shape.S * shape.topk, shape.I // world
+    return (slots, 2 * inter, shape.H) if part == "ag_moe" else (slots, shape.H, inter)
+
+
+def torch_loop(x: torch.Tensor, w: torch.Tensor, topk_ids: torch.Tensor, weights: torch.Tensor | None,
+               gather_rows: bool) -> torch.Tensor:
+    """The torch reference: for each expert, gather its slots, one matmul, scatter (or scatter-add, weighted,
+    into token rows when ``weights`` is given)."""
+    flat = topk_ids.flatten()
+    slots, topk = flat.numel(), topk_ids.shape[1]
+    out = (torch.empty((slots, w.shape[2]), dtype=x.dtype, device=x.device) if weights is None
+           else torch.zeros((topk_ids.shape[0], w.shape[2]), dtype=torch.float32, device=x.device))
+    for e in range(w.shape[0]):
+        idx = (flat == e).nonzero().squeeze(1)
+        rows = x[idx // topk] if gather_rows else x[idx]
+        y = rows @ w[e]
+        if weights is None:
+            out[idx] = y
+        else:
+            out.index_add_(0, idx // topk, y.float() * weights.flatten()[idx, None])
+    return out if weights is None else out.to(x.dtype)
+
+
+def _satisfied_channels(rows: int, world: int, comm_block: int, device) -> dict:
+    from tilelink.mapping import RowSharding
+
+    rpr = -(-rows // world)
+    sh = RowSharding(rows, world, max(1, min(-(-rpr // comm_block), rpr)))
+    return dict(tlk_barriers=torch.full((sh.num_channels,), 1 << 40, dtype=torch.int64, device=device),
+                tlk_epoch=1, tlk_rank=0, tlk_world=world, tlk_rows=rows, tlk_rows_per_rank=sh.rows_per_rank,
+                tlk_rows_per_channel=sh.rows_per_channel, tlk_channels_per_rank=sh.channels_per_rank,
+                tlk_diag=torch.zeros(8, dtype=torch.int64, device=device), tlk_budget=10**10)
+
+
+def _grouped(part: str, kernel, x, w, out, weights, topk_ids, meta: dict, extra: dict | None = None):
+    """A launch of the grouped GEMM ``kernel`` (plain or rewritten) with routing aligned to ``meta``."""
+    from tilelink.ops.moe_routing import align_tokens
+
+    E, K, N = w.shape
+    slots, topk = topk_ids.numel(), topk_ids.shape[1]
+    sorted_ids, expert_ids = align_tokens(topk_ids, E, meta["BLOCK_M"])
+    EM = sorted_ids.numel()
+    grid = (triton.cdiv(EM, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]),)
+    head = (x, w, out) if part == "ag_moe" else (x, w, out, weights)
+    args = (*head, sorted_ids, expert_ids, N, K, EM, slots, topk, x.stride(0), x.stride(1), w.stride(0),
+            w.stride(1), w.stride(2), out.stride(0), out.stride(1))
+
+    def run():
+        kernel[grid](*args, **meta, **(extra or {}))
+        return out
+    return run
+
+
+def _rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((x.float() - ref.float()).norm() / ref.float().norm()).item()
+
+
+def measure_compute(shape: MoEShape, part: str, world: int, dtype: torch.dtype, rounds: int, sweep: bool,
+                    rewritten: bool, device: str = "cuda") -> dict:
+    from tilelink.ops import moe_kernels
+    from tilelink.ops.moe import moe_config
+
+    device = torch.device(device)
+    slots, N, K = per_rank_problem(shape, part, world)
+    g = torch.Generator(device=device).manual_seed(1)
+    topk_ids, weights = random_routing(shape.S, shape.E, shape.topk, device)
+    rows = shape.S if part == "ag_moe" else slots
+    x = torch.randn(rows, K, dtype=dtype, device=device, generator=g)
+    w = torch.randn(shape.E, K, N, dtype=dtype, device=device, generator=g) / K**0.5
+    okernel = moe_kernels.ag_group_gemm_kernel if part == "ag_moe" else moe_kernels.group_gemm_rs_kernel
+    wflat = weights.flatten().float().contiguous()
+    out_rows = slots  # the plain kernel stores each slot's row (part 2: weighted, before the top-k reduce)
+    meta = moe_config(slots, shape.E, N, dtype)
+    a = torch.randn(slots, K, dtype=dtype, device=device, generator=g)
+    b = torch.randn(K, N, dtype=dtype, device=device, generator=g)
+    fns = {"cublas_dense": functools.partial(torch.matmul, a, b),
+           "torch_loop": functools.partial(torch_loop, x, w, topk_ids, weights if part == "moe_rs" else None,
+                                           part == "ag_moe"),
+           "plain": _grouped(part, okernel.kernel, x, w, torch.empty(out_rows, N, dtype=dtype, device=device),
+                             wflat, topk_ids, meta)}
+    if rewritten:
+        chans = _satisfied_channels(shape.S, world, okernel.plan.launch["comm_block"] or 128, device)
+        fns["rewritten"] = _grouped(part, getattr(okernel.module, okernel.name), x, w,
+                                    torch.empty(out_rows, N, dtype=dtype, device=device), wflat, topk_ids, meta,
+                                    chans)
+    names = {}
+    if sweep:
+        for bm, bn, bk, warps, stages in CANDIDATES:
+            cfg = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, num_warps=warps, num_stages=stages)
+            if all(cfg.get(k) == v for k, v in meta.items()):
+                continue
+            name = f"{bm}x{bn}x{bk}_w{warps}_s{stages}"
+            names[name] = cfg
+            fns[name] = _grouped(part, okernel.kernel, x, w, torch.empty(out_rows, N, dtype=dtype, device=device),
+                                 wflat, topk_ids, cfg)
+    ref = torch_loop(x.float(), w.float(), topk_ids, None, part == "ag_moe")
+    if part == "moe_rs":
+        ref = ref * wflat[:, None]
+    errors, failed = {}, []
+    for name in [n for n in fns if n not in ("cublas_dense", "torch_loop")]:
+        try:
+            errors[name] = _rel_err(fns[name](), ref)
+        except Exception as exc:  # noqa: BLE001 - a config that cannot compile is reported, not fatal
+            failed.append({"config": name, "error": f"{type(exc).__name__}: {exc}"[:300]})
+            del fns[name]
+    times = side_by_side(fns, rounds, device.type)
+    med = {n: statistics.median(t) for n, t in times.items()}
+    flops = 2 * slots * N * K
+    row = {"shape": shape.name, "part": part, "slots": slots, "N": N, "K": K, "E": shape.E, "topk": shape.topk,
+           "config": meta, "ms": med, "times_ms": times,
+           "tflops": {n: flops / (t * 1e-3) / 1e12 for n, t in med.items()},
+           "rate_vs_cublas_dense": {n: med["cublas_dense"] / t for n, t in med.items() if n != "cublas_dense"},
+           "speedup_vs_torch_loop": {n: med["torch_loop"] / t for n, t in med.items() if n != "torch_loop"},
+           "rel_err_vs_fp32_loop": errors, "failed_configs": failed, "sweep_configs": names}
+    best = min((n for n in med if n not in ("cublas_dense", "torch_loop", "rewritten")), key=med.get)
+    row["best_plain"] = best
+    print(f"{shape.name} {part} slots={slots} N={N} K={K}: cublas {med['cublas_dense']:.3f} ms, plain "
+          f"{med['plain']:.3f} ms (rate {row['rate_vs_cublas_dense']['plain']:.3f}), best {best} "
+          f"{med[best]:.3f} ms (rate {row['rate_vs_cublas_dense'][best]:.3f}), torch loop {med['torch_loop']:.3f} ms; "
+          f"err {errors}; failed {failed}", flush=True)
+    return row
+
+
+def run_compute(shapes: list[MoEShape], world: int, dtype: torch.dtype, rounds: int, configs: bool,
+                rewritten: bool) -> dict:
+    rows = []
+    for shape in shapes:
+        for part in PARTS:
+            rows.append(measure_compute(shape, part, world, dtype, rounds, configs, rewritten))
+            torch.cuda.empty_cache()
+    return {"mode": "compute", "world": world, "dtype": str(dtype), "rounds": rounds,
+            "sm_count": torch.cuda.get_device_properties(0).multi_processor_count, "rows": rows,
+            "note": "rate = cuBLAS dense (slots, K) @ (K, N) median ms / ours (equal useful FLOPs; ours also pays "
+                    "the per-expert padding and the gather); medians of triton.testing.do_bench medians (warmup "
+                    "25 ms, rep 100 ms) over rounds that alternate which method runs first"}
+
+
+# --------------------------------------------------------------------------- several ranks
+def _ag_rows(x_shard: torch.Tensor, M: int, group) -> torch.Tensor:
+    import torch.distributed as dist
+
+    world = dist.get_world_size(group)
+    per = -(-M // world)
+    padded = torch.zeros((per, x_shard.shape[1]), dtype=x_shard.dtype, device=x_shard.device)
+    padded[:x_shard.shape[0]] = x_shard
+    full = torch.empty((world * per, x_shard.shape[1]), dtype=x_shard.dtype, device=x_shard.device)
+    dist.all_gather_into_tensor(full, padded, group=group)
+    return full[:M]
+
+
+def _rs_rows(partial: torch.Tensor, group) -> torch.Tensor:
+    import torch.distributed as dist
+
+    world, rank = dist.get_world_size(group), dist.get_rank(group)
+    M = partial.shape[0]
+    per = -(-M // world)
+    padded = torch.zeros((world * per, partial.shape[1]), dtype=partial.dtype, device=partial.device)
+    padded[:M] = partial
+    out = torch.empty((per, partial.shape[1]), dtype=partial.dtype, device=partial.device)
+    dist.reduce_scatter_tensor(out, padded, group=group)
+    return out[:max(0, min(M, (rank + 1) * per) - rank * per)]
+
+
+def measure_dist(shape: MoEShape, world, dtype: torch.dtype, rounds: int, group) -> dict:
+    from tilelink.ops import ag_moe, moe_kernels, moe_rs
+    from tilelink.ops.moe import moe_config
+
+    R, r, device = world.world_size, world.rank, world.device
+    M, inter = shape.S, shape.I // R
+    per = -(-M // R)
+    lo, hi = min(M, r * per), min(M, (r + 1) * per)
+    g = torch.Generator(device=device).manual_seed(r)
+    topk_ids, weights = random_routing(M, shape.E, shape.topk, device)  # same seed: replicated
+    x_shard = torch.randn(hi - lo, shape.H, dtype=dtype, device=device, generator=g)
+    w_up = torch.randn(shape.E, shape.H, 2 * inter, dtype=dtype, device=device, generator=g) / shape.H**0.5
+    w_down = torch.randn(shape.E, inter, shape.H, dtype=dtype, device=device, generator=g) / inter**0.5
+    h = torch.randn(M * shape.topk, inter, dtype=dtype, device=device, generator=g)
+    wflat = weights.flatten().float().contiguous()
+    slots = M * shape.topk
+
+    def fused_ag():  # ours, not overlapped: NCCL all-gather, then the plain grouped GEMM
+        x = _ag_rows(x_shard, M, group)
+        out = torch.empty(slots, 2 * inter, dtype=dtype, device=device)
+        meta = moe_config(slots, shape.E, 2 * inter, dtype)
+        return _grouped("ag_moe", moe_kernels.ag_group_gemm_kernel.kernel, x, w_up, out, None, topk_ids, meta)()
+
+    def fused_rs():  # ours, not overlapped: the plain grouped GEMM, top-k sum, then NCCL reduce-scatter
+        out = torch.empty(slots, shape.H, dtype=dtype, device=device)
+        meta = moe_config(slots, shape.E, shape.H, dtype)
+        y = _grouped("moe_rs", moe_kernels.group_gemm_rs_kernel.kernel, h, w_down, out, wflat, topk_ids, meta)()
+        return _rs_rows(y.view(M, shape.topk, shape.H).sum(1), group)
+
+    fns = {"torch_ag": lambda: torch_loop(_ag_rows(x_shard, M, group), w_up, topk_ids, None, True),
+           "fused_ag": fused_ag, "tilelink_ag": lambda: ag_moe(x_shard, w_up, topk_ids),
+           "torch_rs": lambda: _rs_rows(torch_loop(h, w_down, topk_ids, weights, False), group),
+           "fused_rs": fused_rs, "tilelink_rs": lambda: moe_rs(h, w_down, topk_ids, weights)}
+    errors = {"tilelink_ag": _rel_err(fns["tilelink_ag"](), fns["torch_ag"]()),
+              "fused_ag": _rel_err(fns["fused_ag"](), fns["torch_ag"]())}
+    ref_rs = fns["torch_rs"]()
+    if ref_rs.numel():
+        errors |= {"tilelink_rs": _rel_err(fns["tilelink_rs"](), ref_rs),
+                   "fused_rs": _rel_err(fns["fused_rs"](), ref_rs)}
+    times = side_by_side(fns, rounds, device.type)
+    med = {n: statistics.median(t) for n, t in times.items()}
+    if r == 0:
+        print(f"{shape.name}: {med} err {errors}", flush=True)
+    speedup = {f"{n}_vs_{b}": med[f"{b}_{p}"] / med[n] for p in ("ag", "rs") for n in (f"tilelink_{p}",)
+               for b in ("torch", "fused")}
+    return {"shape": shape.name, "ms": med, "times_ms": times, "rel_err": errors, "speedup": speedup}
+
+
+def run_dist(shapes: list[MoEShape], dtype: torch.dtype, rounds: int) -> dict | None:
+    import torch.distributed as dist
+
+    import tilelink
+
+    world = tilelink.init()
+    group = dist.new_group(backend="nccl") if world.device.type == "cuda" else None
+    rows = [measure_dist(shape, world, dtype, rounds, group) for shape in shapes]
+    rank = world.rank
+    tilelink.finalize()
+    return {"mode": "dist", "world": world.world_size, "dtype": str(dtype), "rounds": rounds,
+            "rows": rows} if rank == 0 else None
+
+
+def run(world: int, shapes: str, out: Path, dtype: str, mode: str, rounds: int, configs: bool,
+        rewritten: bool) -> Path | None:
+    chosen = select_shapes(shapes)
+    if mode == "auto":
+        mode = "dist" if torch.cuda.device_count() >= world > 1 else "compute"
+    if mode == "compute":
+        if not torch.cuda.is_available():
+            raise SystemExit("benchmarks.moe --mode compute needs a CUDA GPU")
+        record = run_compute(chosen, world, DTYPES[dtype], rounds, configs, rewritten)
+    else:
+        record = run_dist(chosen, DTYPES[dtype], rounds)
+        if record is None:
+            return None
+    record = {"benchmark": "moe", **environment(), **record}
+    path = write_json(Path(out) / f"moe_{mode}_w{world}_{dtype}.json", record)
+    print(f"wrote {path}")
+    return path
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--world", type=int, default=8)
+    p.add_argument("--shapes", default="all")
+    p.add_argument("--out", type=Path, default=Path("bench-results"))
+    p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
+    p.add_argument("--mode", choices=["auto", "compute", "dist"], default="auto")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--configs", action="store_true", help="compute mode: also time candidate tile configs")
+    p.add_argument("--no-rewritten", dest="rewritten", action="store_false")
+    a = p.parse_args(argv)
+    run(a.world, a.shapes, a.out, a.dtype, a.mode, a.rounds, a.configs, a.rewritten)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,33 @@
+"""``tlxform bench moe``: tensor-parallel MoE (paper Table 4 MoE-1..6, Figure 9), ``benchmarks/moe.py``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from tilelink.cli.bench_cmd import _benchmarks_module
+
+
+@click.command()
+@click.option("--world", "-w", type=click.IntRange(min=1), default=8, show_default=True,
+              help="Tensor-parallel world size: sets the per-rank shapes, and the ranks in dist mode.")
+@click.option("--shapes", default="all", show_default=True, help="'all' or a comma list such as 'MoE-4' or '4,5,6'.")
+@click.option("--out", "out", type=click.Path(file_okay=False, path_type=Path), default=Path("bench-results"),
+              show_default=True, help="Directory for the JSON record.")
+@click.option("--dtype", type=click.Choice(["bf16", "fp16", "fp32"]), default="bf16", show_default=True)
+@click.option("--mode", type=click.Choice(["auto", "compute", "dist"]), default="auto", show_default=True,
+              help="compute: one GPU, the grouped GEMMs vs dense cuBLAS on equal FLOPs and a torch loop over "
+                   "experts; dist: under torchrun on --world GPUs, ag_moe / moe_rs vs torch and vs our "
+                   "non-overlapped fused path.")
+@click.option("--rounds", type=click.IntRange(min=1), default=3, show_default=True,
+              help="Timed repetitions per method (each a do_bench median); methods alternate order.")
+@click.option("--configs/--no-configs", default=False, show_default=True,
+              help="compute mode: also time candidate tile configs.")
+@click.option("--rewritten/--no-rewritten", default=True, show_default=True,
+              help="compute mode: also time the rewritten kernels with every channel satisfied.")
+def command(world: int, shapes: str, out: Path, dtype: str, mode: str, rounds: int, configs: bool,
+            rewritten: bool) -> None:
+    """Tensor-parallel MoE: AG + gather + GroupGEMM and GroupGEMM + scatter + top-k reduce + RS."""
+    _benchmarks_module("moe").run(world=world, shapes=shapes, out=out, dtype=dtype, mode=mode, rounds=rounds,
+                                  configs=configs, rewritten=rewritten)
