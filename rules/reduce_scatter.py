@@ -337,6 +337,7 @@ class ReduceScatterContext:
     recv: torch.Tensor | None = None  # hybrid: (world, rows_per_rank, ...) what the peers' copy engines deliver
     recv_channel: Channel | None = None
     warm: bool = False
+    satisfied: torch.Tensor | None = None  # a world of one: every wait passes
 
 
 class ReduceScatterLauncher(Launcher):
@@ -452,6 +453,9 @@ class ReduceScatterLauncher(Launcher):
     def launch(self, grid, bound: dict) -> None:
         world = self.world()
         ctx = self.context(bound)
+        if world.world_size == 1 and not self.meta.get("topk"):  # the output shard is the whole result
+            self.alone(grid, dict(bound), ctx, world)
+            return
         if self.meta["via"] == "copy_engine":
             (name,) = self.meta["tensors"]
             self._launch_hybrid(grid, {**bound, name: ctx.partial}, ctx, world, bound[name])

@@ -71,10 +71,44 @@ class Diagnostics:
         self.budget_s = wait_timeout_s(world.backend == "emulated")
         self.budget_ns = int(self.budget_s * 1e9)
         self.buffer = torch.zeros(DIAG_WORDS, dtype=torch.int64, device=world.device)
+        self._host: torch.Tensor | None = None  # pinned copy of the record, read without a device sync
+        self._copied: torch.cuda.Event | None = None
+        self._kernel: str | None = None
 
     def check(self, kernel: str | None = None) -> None:
-        """Raise :class:`tilelink.WaitTimeout` if a kernel's wait timed out since the last check."""
+        """Raise :class:`tilelink.WaitTimeout` if a kernel's wait timed out since the last check.
+        Synchronises with the device."""
+        self._copied = None
         check_diagnostics(self.buffer, self.rank, kernel=kernel, budget_s=self.budget_s)
+
+    def check_later(self, kernel: str | None = None) -> None:
+        """Like :meth:`check` without stalling the launching thread: on a GPU the record is copied to
+        pinned host memory behind the kernels and read by the next call (or :meth:`check_pending`),
+        so a timed-out wait is reported one call late but launches stay asynchronous."""
+        if self.buffer.device.type != "cuda":
+            self.check(kernel)
+            return
+        self.check_pending(block=False)
+        if self._host is None:
+            self._host = torch.zeros(DIAG_WORDS, dtype=torch.int64).pin_memory()
+        self._host.copy_(self.buffer, non_blocking=True)
+        self._copied = torch.cuda.Event()
+        self._copied.record()
+        self._kernel = kernel
+
+    def check_pending(self, block: bool = True) -> None:
+        """Read the record :meth:`check_later` copied, waiting for the copy when ``block``."""
+        if self._copied is None or self._host is None or (not block and not self._copied.query()):
+            return
+        self._copied.synchronize()
+        self._copied = None
+        record = [int(v) for v in self._host.tolist()]
+        if record[0]:
+            self.buffer.zero_()
+            self._host.zero_()
+            kind, index, target, seen = record[1:5]
+            raise WaitTimeout(rank=self.rank, primitive=KIND_NAMES.get(kind, f"wait kind {kind}"), index=index,
+                              expected=target, seen=seen, budget_s=self.budget_s, kernel=self._kernel)
 
     def __repr__(self) -> str:
         return f"Diagnostics(rank={self.rank}, budget_s={self.budget_s:g})"

@@ -122,6 +122,14 @@ class OverlappedKernel:
         once; later launches with the same shapes reuse them."""
         return self.launcher.context(self.bind(args, kwargs))
 
+    def check(self) -> None:
+        """Wait for this operator's kernels and raise :class:`tilelink.WaitTimeout` if a wait timed out.
+
+        In the emulated world every call checks; on a GPU a call reads the previous calls' record
+        without stalling, so call this (or any synchronising check) to see the last call's."""
+        if self._launcher is not None:
+            self._launcher.check()
+
     def bind(self, args: tuple, kwargs: dict) -> dict[str, Any]:
         """Bind a launch's arguments to the kernel's parameter names."""
         params = list(inspect.signature(self.fn).parameters)

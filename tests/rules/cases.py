@@ -242,3 +242,30 @@ def reduce_scatter_hybrid_gemm(rank, world):
 
 CASES = {name: fn for name, fn in globals().items()
          if name.startswith(("all_gather_", "reduce_scatter_")) and callable(fn)}
+
+
+def unsatisfied_wait():
+    """Launch a rewritten consumer whose channels nobody notifies: its wait must time out (no hang)
+    and the check must name the primitive, the channel and the values."""
+    import tilelink
+    from tilelink.mapping import RowSharding
+    from tilelink.runtime import Diagnostics
+
+    okernel = load_case("all_gather", "pointer_gemm").matmul_kernel
+    kernel = getattr(okernel.module, okernel.name)
+    M, N, K = 40, 16, 16
+    a, b, c = torch.randn(M, K), torch.randn(K, N), torch.empty(M, N)
+    sh = RowSharding(M, 2, 2)  # as if rank 0 of 2 ranks: rows 0..19 in channels 0, 1
+    diag = Diagnostics()
+    barriers = torch.zeros(sh.num_channels, dtype=torch.int64)
+    barriers[0] = 5  # channel 0 arrived, channel 1 never does
+    kernel[(1,)](a, b, c, M, N, K, K, 1, N, 1, N, 1, BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, GROUP_M=1,
+                 tlk_barriers=barriers, tlk_epoch=5, tlk_rank=0, tlk_world=2, tlk_rows=M,
+                 tlk_rows_per_rank=sh.rows_per_rank, tlk_rows_per_channel=sh.rows_per_channel,
+                 tlk_channels_per_rank=sh.channels_per_rank, tlk_diag=diag.buffer, tlk_budget=diag.budget_ns)
+    try:
+        diag.check(kernel=okernel.name)
+    except tilelink.WaitTimeout as exc:
+        return {"primitive": exc.primitive, "index": exc.index, "expected": exc.expected, "seen": exc.seen,
+                "message": str(exc)}
+    return {"primitive": None}
