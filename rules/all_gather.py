@@ -86,12 +86,12 @@ def rewrite(an: KernelAnalysis, spec: AllGatherSpec, options: Options) -> Rewrit
             hint=f"mask the load with `{tile.offsets or 'offs'}[:, None] < M`, or pass size=\"M\" to "
                  f"all_gather(...)")
     size_param = spec.size or tile.size_param
-    # one wait per tile: loads of the same tile (the same offsets definition, so the same block) share
-    # the wait placed before the first of them; a tile given by tile=(...) is waited for per statement
+    # one wait per tile: loads of the same tile (the same start defined by the same statement, so in the
+    # same block) share the wait placed before the first of them
     groups: dict = {}
     for a in loads:
         t = a.tile
-        key = (t.start, t.size, t.defined_at) if t.offsets is not None else (a.anchor.line, a.anchor.column)
+        key = (t.start, t.size, t.defined_at)
         if t.dynamic:
             key = ("dynamic", t.start, t.defined_at)
         groups.setdefault(key, []).append(a)
@@ -290,8 +290,14 @@ class AllGatherLauncher(Launcher):
                 ch = src * sh.channels_per_rank + j
                 lo, hi = sh.channel_range(ch)
                 if peer is not None and hi > lo:
-                    rank_copy_data(peer.narrow(dim, lo, hi - lo), full.narrow(dim, lo, hi - lo),
-                                   ctx.streams.side)
+                    if dim == 0 or math.prod(full.shape[:dim]) == 1:  # the rows are one contiguous range
+                        rank_copy_data(peer.narrow(dim, lo, hi - lo), full.narrow(dim, lo, hi - lo),
+                                       ctx.streams.side)
+                    else:  # rows along an inner dim: one contiguous range per outer index
+                        src3 = peer.reshape(-1, full.shape[dim], math.prod(full.shape[dim + 1:]))
+                        dst3 = full.reshape(-1, full.shape[dim], math.prod(full.shape[dim + 1:]))
+                        for o in range(src3.shape[0]):
+                            rank_copy_data(src3[o, lo:hi], dst3[o, lo:hi], ctx.streams.side)
                 if last:  # one notify per channel once every tensor of the spec has landed
                     rank_notify(barriers, ch, epoch * k, world.rank, ctx.streams.side)
 

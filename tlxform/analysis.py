@@ -113,6 +113,29 @@ def names_in(node: cst.CSTNode) -> set[str]:
     return found
 
 
+def names_outside_loads(node: cst.CSTNode) -> set[str]:
+    """Names referenced in ``node`` except inside ``tl.load(...)`` / ``x.load(...)`` calls."""
+    found: set[str] = set()
+
+    class _V(cst.CSTVisitor):
+        def visit_Call(self, n: cst.Call) -> bool:
+            return not m.matches(n, m.Call(func=m.Attribute(attr=m.Name("load"))))
+
+        def visit_Name(self, n: cst.Name) -> None:
+            found.add(n.value)
+
+        def visit_Attribute(self, n: cst.Attribute) -> bool:
+            n.value.visit(self)
+            return False
+
+        def visit_Arg(self, n: cst.Arg) -> bool:
+            n.value.visit(self)
+            return False
+
+    node.visit(_V())
+    return found
+
+
 def is_triton_jit(decorator: cst.Decorator) -> bool:
     d = decorator.decorator
     if isinstance(d, cst.Call):
@@ -243,7 +266,7 @@ class _Analyzer:
                 if name in pointers or name in descriptors:
                     continue
                 for _, value in defs:
-                    refs = names_in(value)
+                    refs = names_outside_loads(value)  # data loaded through a pointer is not a pointer
                     if _is_tl_call(value, "make_tensor_descriptor") and refs & pointers:
                         descriptors.add(name)
                         changed = True
@@ -439,6 +462,17 @@ def _anchor(an: _Analyzer, acc: Access, tile: Tile | None, pointers: set[str]) -
                 target = b
     stmt = next(r for r in an.statements if r.blocks[-1] is target and _contains(an, r.node, acc.where))
     where = an.where(stmt.node)
+    if tile.offsets is None and not tile.dynamic:
+        # a tile given by tile=(...): it is "defined" by the last statement of its block that assigns
+        # a name of its start before the access, so that the loads of one tile share one wait
+        start_names = names_in(cst.parse_expression(tile.start))
+        defs = [r for r in an.statements if r.blocks[-1] is target and isinstance(r.node, cst.SimpleStatementLine)
+                and an.positions[r.node].start.line < where.line
+                and any(isinstance(sm, cst.Assign) and _targets(sm) & start_names for sm in r.node.body)]
+        defined = an.where(defs[-1].node) if defs else an.where(target) if target is not blocks[0] else an.where(
+            an.fn)
+        tile = Tile(tile.start, tile.size, tile.offsets, tile.size_param, tile.pid, defined, tile.ndim,
+                    tile.dynamic)
     used_after: set[str] = set()
     for r in an.statements:
         if an.positions[r.node].start.line >= where.line:

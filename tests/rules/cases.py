@@ -269,3 +269,19 @@ def unsatisfied_wait():
         return {"primitive": exc.primitive, "index": exc.index, "expected": exc.expected, "seen": exc.seen,
                 "message": str(exc)}
     return {"primitive": None}
+
+
+def all_gather_inner_dim_copy_engine(rank, world):
+    kernel = load_case("all_gather", "inner_dim_copy_engine").row_sum_kernel
+    B, S, D = 3, 23, 8
+    g = torch.Generator().manual_seed(12)
+    x = torch.randn(B, S, D, generator=g)
+    lo, hi = rows_of(rank, world, S)
+    y = torch.full((B, S), float("nan"))
+    for _ in range(2):
+        kernel[(triton.cdiv(S, 8), B)](x[:, lo:hi].contiguous(), y, S, D, S * D, D, BLOCK_S=8, BLOCK_D=8)
+    return (y - x.sum(-1)).abs().max().item()
+
+
+CASES = {name: fn for name, fn in globals().items()
+         if name.startswith(("all_gather_", "reduce_scatter_")) and callable(fn)}
