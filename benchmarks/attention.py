@@ -102,10 +102,11 @@ def _rewritten(q, k, v, world: int, meta: dict):
     grid = (-(-rows // meta["BLOCK_M"]), B * H)
 
     def run():
-        gen[grid](q, k, v, o, 1.0 / math.sqrt(D), rows, S, 0, 0, H, H // k.shape[1], q.stride(0), q.stride(1),
-                  q.stride(2), k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2),
-                  o.stride(0), o.stride(1), o.stride(2), HEAD_DIM=D, CAUSAL=False,
-                  EVEN_N=S % meta["BLOCK_N"] == 0, **meta, **chans)
+        chunk = -(-S // world)  # one rank's shard: the rewritten kernel waits once per chunk
+        gen[grid](q, k, v, o, 1.0 / math.sqrt(D), rows, S, 0, 0, chunk, H, H // k.shape[1], q.stride(0),
+                  q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1),
+                  v.stride(2), o.stride(0), o.stride(1), o.stride(2), HEAD_DIM=D, CAUSAL=False,
+                  EVEN_N=S % meta["BLOCK_N"] == 0 and chunk % meta["BLOCK_N"] == 0, **meta, **chans)
         return o
     return run
 

@@ -86,12 +86,14 @@ def _kernel_inputs(*ts: torch.Tensor) -> tuple[torch.Tensor, ...]:
 
 
 def _launch(kernel, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, S: int, kv_heads: int,
-            q_offset: int, kv_first: int, causal: bool, kv_strides: tuple[int, int, int], meta: dict) -> None:
+            q_offset: int, kv_first: int, kv_chunk: int, causal: bool, kv_strides: tuple[int, int, int],
+            meta: dict) -> None:
     B, H, rows, D = q.shape
     grid = (triton.cdiv(rows, meta["BLOCK_M"]), B * H)
-    kernel[grid](q, k, v, o, 1.0 / math.sqrt(D), rows, S, q_offset, kv_first, H, H // kv_heads,
+    even = S % meta["BLOCK_N"] == 0 and kv_chunk % meta["BLOCK_N"] == 0
+    kernel[grid](q, k, v, o, 1.0 / math.sqrt(D), rows, S, q_offset, kv_first, kv_chunk, H, H // kv_heads,
                  q.stride(0), q.stride(1), q.stride(2), *kv_strides, *kv_strides, o.stride(0), o.stride(1),
-                 o.stride(2), HEAD_DIM=D, CAUSAL=causal, EVEN_N=S % meta["BLOCK_N"] == 0, **meta)
+                 o.stride(2), HEAD_DIM=D, CAUSAL=causal, EVEN_N=even, **meta)
 
 
 def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False, q_offset: int = 0,
@@ -114,7 +116,7 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
     if k.shape[2] == 0:
         raise LaunchError("flash_attention: k and v have no rows")
     meta = config or attention_config(q.shape[3], q_in.dtype, q.device.type)
-    _launch(attention_fwd_kernel, q_in, k_in, v_in, o, k.shape[2], k.shape[1], q_offset, 0, causal,
+    _launch(attention_fwd_kernel, q_in, k_in, v_in, o, k.shape[2], k.shape[1], q_offset, 0, max(k.shape[2], 1), causal,
             (k_in.stride(0), k_in.stride(1), k_in.stride(2)), meta)
     return o if o.dtype == out_dtype else o.to(out_dtype)
 
@@ -166,6 +168,6 @@ def sp_attention(q_shard: torch.Tensor, k_shard: torch.Tensor, v_shard: torch.Te
     # buffer are B*Hkv separate ranges; sequence-major they are one. The kernel reads them through
     # the strides of the FULL gathered (S, B, Hkv, D) tensor.
     k_seq, v_seq = (t.permute(2, 0, 1, 3).reshape(1, 1, hi - lo, B * Hkv * D) for t in (k_in, v_in))
-    _launch(attention_kernels.sp_attention_fwd_kernel, q_in, k_seq, v_seq, o, S, Hkv, lo, lo, causal,
+    _launch(attention_kernels.sp_attention_fwd_kernel, q_in, k_seq, v_seq, o, S, Hkv, lo, lo, max(per, 1), causal,
             (Hkv * D, D, B * Hkv * D), meta)
     return o if o.dtype == out_dtype else o.to(out_dtype)

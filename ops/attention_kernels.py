@@ -8,16 +8,17 @@ must be contiguous; every other stride is a parameter.
 The annotation (paper §5, Figure 6) gathers K and V along the sequence (dim 2) on the copy engine:
 each rank passes its (B, Hkv, S_r, D) shards of K and V, every other argument is the full problem's
 (``N_CTX`` is the full sequence length, the K/V strides those of the full contiguous (B, Hkv, S, D)
-tensor). The KV loop visits blocks in a rotated order that starts at ``KV_FIRST`` (the first row of
-this rank's shard), so the blocks that need no communication are computed first; the rewriter waits,
-per KV block, only for the rank that holds it (``tlxform show ops/attention_kernels.py::
+tensor). The KV loop visits the keys one rank's shard (``KV_CHUNK`` rows) at a time, starting with the
+chunk at ``KV_FIRST`` (this rank's own), so the keys that need no communication are computed first;
+the rewriter waits once per chunk, only for the rank that holds it, before the chunk's inner loop, which
+stays free of waits and is software-pipelined (``tlxform show ops/attention_kernels.py::
 sp_attention_fwd_kernel``).
 
 Query rows are this rank's: ``Q_OFFSET`` is the global position of the first one, so that causal
 masking compares global positions (query at position p sees keys 0..p).
 
-``attention_fwd_kernel`` is the same kernel without TileLink's code: pass ``KV_FIRST=0`` (or any
-row: the order does not change the result) and ``Q_OFFSET`` as usual.
+``attention_fwd_kernel`` is the same kernel without TileLink's code: pass ``KV_FIRST=0`` and
+``KV_CHUNK=N_CTX`` (one chunk; any order gives the same result) and ``Q_OFFSET`` as usual.
 """
 
 import triton
@@ -28,16 +29,18 @@ import tilelink
 LOG2E = 1.4426950408889634
 
 
-@tilelink.overlap(tilelink.all_gather(("k_ptr", "v_ptr"), dim=2, tile=("start_n", "BLOCK_N"), size="N_CTX"),
+@tilelink.overlap(tilelink.all_gather(("k_ptr", "v_ptr"), dim=2, tile=("kv_lo", "kv_hi - kv_lo"), size="N_CTX"),
                   via="copy_engine")
 @triton.jit
-def sp_attention_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, sm_scale, Q_CTX, N_CTX, Q_OFFSET, KV_FIRST, HEADS, GROUP,
-                            stride_qz, stride_qh, stride_qm, stride_kz, stride_kh, stride_kn,
+def sp_attention_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, sm_scale, Q_CTX, N_CTX, Q_OFFSET, KV_FIRST, KV_CHUNK, HEADS,
+                            GROUP, stride_qz, stride_qh, stride_qm, stride_kz, stride_kh, stride_kn,
                             stride_vz, stride_vh, stride_vn, stride_oz, stride_oh, stride_om,
                             HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                             CAUSAL: tl.constexpr, EVEN_N: tl.constexpr):
     """O = softmax(Q K^T * sm_scale) V for BLOCK_M query rows of one (batch, head); grid
-    (cdiv(Q_CTX, BLOCK_M), batch * HEADS). ``EVEN_N``: ``N_CTX % BLOCK_N == 0`` (no key mask)."""
+    (cdiv(Q_CTX, BLOCK_M), batch * HEADS). The keys are visited in chunks of ``KV_CHUNK`` rows (a
+    rank's shard), starting with the chunk holding ``KV_FIRST``; ``EVEN_N``: ``N_CTX`` and ``KV_CHUNK``
+    are multiples of ``BLOCK_N`` (no key mask)."""
     pid_m = tl.program_id(0)
     off_hz = tl.program_id(1)
     off_z = (off_hz // HEADS).to(tl.int64)
@@ -58,26 +61,31 @@ def sp_attention_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, sm_scale, Q_CTX, N_CTX, 
     kv_end = N_CTX
     if CAUSAL:  # keys after the block's last query row are masked for every row: skip them
         kv_end = tl.minimum(N_CTX, Q_OFFSET + (pid_m + 1) * BLOCK_M)
-    num_blocks = tl.cdiv(kv_end, BLOCK_N)
-    first_block = (KV_FIRST // BLOCK_N) % num_blocks
-    for i in range(0, num_blocks):
-        # this rank's own KV blocks first: they are local, every other block waits for its rank
-        start_n = ((i + first_block) % num_blocks) * BLOCK_N
-        offs_n = start_n + tl.arange(0, BLOCK_N)
-        k = tl.load(k_base + offs_n[:, None] * stride_kn + offs_d[None, :], mask=offs_n[:, None] < N_CTX, other=0.0)
-        v = tl.load(v_base + offs_n[:, None] * stride_vn + offs_d[None, :], mask=offs_n[:, None] < N_CTX, other=0.0)
-        qk = tl.dot(q, tl.trans(k))
-        if CAUSAL:
-            qk = tl.where(q_pos[:, None] >= offs_n[None, :], qk, float("-inf"))
-        elif not EVEN_N:
-            qk = tl.where(offs_n[None, :] < N_CTX, qk, float("-inf"))
-        m_ij = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
-        p = tl.math.exp2(qk * qk_scale - m_ij[:, None])
-        alpha = tl.math.exp2(m_i - m_ij)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None]
-        acc = tl.dot(p.to(v.dtype), v, acc)
-        m_i = m_ij
+    num_chunks = tl.cdiv(kv_end, KV_CHUNK)
+    first_chunk = (KV_FIRST // KV_CHUNK) % num_chunks
+    for c in range(0, num_chunks):
+        # this rank's own chunk first: it is local; every other chunk is one rank's shard. The inner
+        # loop over its blocks stays free of waits, so the compiler can pipeline it.
+        kv_lo = ((c + first_chunk) % num_chunks) * KV_CHUNK
+        kv_hi = tl.minimum(kv_lo + KV_CHUNK, kv_end)
+        for start_n in range(kv_lo, kv_hi, BLOCK_N):
+            offs_n = start_n + tl.arange(0, BLOCK_N)
+            k = tl.load(k_base + offs_n[:, None] * stride_kn + offs_d[None, :], mask=offs_n[:, None] < kv_hi,
+                        other=0.0)
+            v = tl.load(v_base + offs_n[:, None] * stride_vn + offs_d[None, :], mask=offs_n[:, None] < kv_hi,
+                        other=0.0)
+            qk = tl.dot(q, tl.trans(k))
+            if CAUSAL:
+                qk = tl.where((q_pos[:, None] >= offs_n[None, :]) & (offs_n[None, :] < kv_hi), qk, float("-inf"))
+            elif not EVEN_N:
+                qk = tl.where(offs_n[None, :] < kv_hi, qk, float("-inf"))
+            m_ij = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+            p = tl.math.exp2(qk * qk_scale - m_ij[:, None])
+            alpha = tl.math.exp2(m_i - m_ij)
+            l_i = l_i * alpha + tl.sum(p, 1)
+            acc = acc * alpha[:, None]
+            acc = tl.dot(p.to(v.dtype), v, acc)
+            m_i = m_ij
     acc = acc / l_i[:, None]
     o_base = o_ptr + off_z * stride_oz + off_h * stride_oh
     tl.store(o_base + offs_m[:, None] * stride_om + offs_d[None, :], acc.to(o_ptr.dtype.element_ty),
