@@ -37,17 +37,18 @@ def _interpreting() -> bool:
 
 
 def moe_config(num_slots: int, num_experts: int, N: int, dtype: torch.dtype) -> dict:
-    """Tile config of the grouped GEMMs (Hopper): 128-row tiles once experts average >= 1024 slots,
-    else 64 (a tile belongs to one expert: the per-expert padding costs BLOCK_M / 2 rows on average);
-    256-column tiles for wide outputs."""
+    """Tile config of the grouped GEMMs (Hopper): 128x256x64, 8 warps, 3 stages — the fastest of the four
+    candidates timed on an H200 on every MoE-4..6 per-rank shape at world 8, or within 1% of it
+    (docs/PERFORMANCE.md), although a tile belongs to one expert and 128-row tiles pad more; 64-row
+    tiles when experts average fewer than 128 slots, 128 columns for narrow outputs."""
     if _interpreting():
         return dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, GROUP_M=2)
     if dtype == torch.float32:
         return dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=32, GROUP_M=8, num_warps=4, num_stages=3)
-    block_m = 128 if num_slots >= 1024 * num_experts else 64
-    block_n = 256 if N >= 1024 else 128
+    block_m = 128 if num_slots >= 128 * num_experts else 64
+    block_n = 256 if N >= 256 else 128
     warps = 8 if block_m * block_n >= 128 * 128 else 4
-    stages = 3 if block_m * block_n >= 128 * 256 else 4
+    stages = 3 if block_n >= 256 else 4
     return dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=64, GROUP_M=8, num_warps=warps, num_stages=stages)
 
 
