@@ -48,7 +48,7 @@ def remap_order(an: KernelAnalysis, access: Access, rule: str, order: str,
         return [], ReportEntry(an.name, rule, "not applied",
                                f"order={order!r} not applied: {why}; tiles keep the kernel's own order",
                                access.where)
-    before = [w for w in an.assignments.get(tile.pid, ()) if w.line < tile.defined_at.line]
+    before = [w for w in an.assignments.get(tile.pid, ()) if w.line <= tile.defined_at.line]
     if not before:
         return [], ReportEntry(an.name, rule, "not applied",
                                f"order={order!r} not applied: no assignment of {tile.pid} before its use",

@@ -79,3 +79,12 @@ def test_notify_follows_the_store() -> None:
     gen = _generate(Path(__file__).parent / "reduce_scatter" / "pointer_gemm.before.py")
     body = gen.rewritten["matmul_kernel"]
     assert body.index("tl.store(c_ptrs") < body.index("tll.producer_tile_notify(")
+
+
+@pytest.mark.parametrize("case", ["pointer_gemm", "descriptor_gemm", "persistent_gemm", "helper_functions"])
+def test_all_gather_gemms_visit_the_local_shard_first(case: str) -> None:
+    gen = _generate(Path(__file__).parent / "all_gather" / f"{case}.before.py")
+    (body,) = gen.rewritten.values()
+    remap = body.index("tlm.tl_remap_tile(pid_m")
+    assert remap < body.index("tll.consumer_tile_wait(")
+    assert "tile order local_first" in str(gen.report)
