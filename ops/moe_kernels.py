@@ -23,7 +23,8 @@ import triton.language as tl
 import tilelink
 
 
-@tilelink.overlap(tilelink.all_gather("x_ptr", dim=0, index="sorted_slot_ids_ptr", size="num_slots // top_k"))
+@tilelink.overlap(tilelink.all_gather("x_ptr", dim=0, index="sorted_slot_ids_ptr", size="num_slots // top_k"),
+                  channels_per_rank=1)
 @triton.jit
 def ag_group_gemm_kernel(x_ptr, w_ptr, out_ptr, sorted_slot_ids_ptr, expert_ids_ptr, N, K, EM, num_slots, top_k,
                          stride_xm, stride_xk, stride_we, stride_wk, stride_wn, stride_om, stride_on,
@@ -62,7 +63,7 @@ def ag_group_gemm_kernel(x_ptr, w_ptr, out_ptr, sorted_slot_ids_ptr, expert_ids_
 
 
 @tilelink.overlap(tilelink.reduce_scatter("out_ptr", dim=0, index="sorted_slot_ids_ptr", topk="top_k",
-                                          size="num_slots // top_k"))
+                                          size="num_slots // top_k"), channels_per_rank=1)
 @triton.jit
 def group_gemm_rs_kernel(h_ptr, w_ptr, out_ptr, topk_weights_ptr, sorted_slot_ids_ptr, expert_ids_ptr, N, K, EM,
                          num_slots, top_k, stride_hm, stride_hk, stride_we, stride_wk, stride_wn, stride_om,

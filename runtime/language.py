@@ -205,6 +205,19 @@ def consumer_tile_wait_rows(barrier_ptr, row_start, row_end, rows_per_rank, rows
 
 
 @triton.jit
+def _bit_or(a, b):
+    return a | b
+
+
+@triton.jit
+def _channel_bits(channels, valid, word):
+    """Bit ``c % 32`` set for every channel ``c`` of the vector in 32-channel word ``word``: one
+    reduction finds the distinct channels of a tile, whatever its size."""
+    bits = tl.where(valid & (channels // 32 == word), tl.full(channels.shape, 1, tl.int32) << (channels % 32), 0)
+    return tl.reduce(bits, 0, _bit_or)
+
+
+@triton.jit
 def consumer_tile_wait_channels(barrier_ptr, channels, target, diag_ptr, budget):
     """Dynamic mapping: a consumer tile whose rows come from a run-time index (the MoE gather) waits
     for every distinct channel in the vector ``channels`` (entries < 0, e.g. padding, are ignored),
@@ -213,10 +226,29 @@ def consumer_tile_wait_channels(barrier_ptr, channels, target, diag_ptr, budget)
     valid = channels >= 0
     first = tl.min(tl.where(valid, channels, 2147483647))
     last = tl.max(tl.where(valid, channels, -1))
-    for channel in range(first, last + 1):
-        if tl.sum((channels == channel).to(tl.int32)) > 0:
-            token += _spin(barrier_ptr + channel, target, diag_ptr, budget, KIND_CONSUMER_TILE_WAIT, channel)
+    for word in range(first // 32, last // 32 + 1):
+        bits = _channel_bits(channels, valid, word)
+        for b in range(0, 32):
+            if ((bits >> b) & 1) != 0:
+                token += _spin(barrier_ptr + word * 32 + b, target, diag_ptr, budget, KIND_CONSUMER_TILE_WAIT,
+                               word * 32 + b)
     return token
+
+
+@triton.jit
+def producer_tile_notify_channels(barrier_ptr, channels, counts):
+    """Dynamic mapping: a producer tile whose rows go to run-time channels (the MoE scatter) adds, to
+    each distinct channel in the vector ``channels`` (entries < 0 ignored), the sum of ``counts`` of
+    its rows (release, local barrier array)."""
+    valid = channels >= 0
+    first = tl.min(tl.where(valid, channels, 2147483647))
+    last = tl.max(tl.where(valid, channels, -1))
+    for word in range(first // 32, last // 32 + 1):
+        bits = _channel_bits(channels, valid, word)
+        for b in range(0, 32):
+            if ((bits >> b) & 1) != 0:
+                value = tl.sum(tl.where(channels == word * 32 + b, counts, 0))
+                _add_release(barrier_ptr + word * 32 + b, value)
 
 
 @triton.jit
@@ -233,20 +265,6 @@ def producer_tile_notify(barrier_ptr, channel, value, peer_table, rank, world, M
     else:
         for peer in range(0, world):
             _add_release(peer_ptr(peer_table, barrier_ptr, peer) + channel, value)
-
-
-@triton.jit
-def producer_tile_notify_channels(barrier_ptr, channels, counts):
-    """Dynamic mapping: a producer tile whose rows go to run-time channels (the MoE scatter) adds, to
-    each distinct channel in the vector ``channels`` (entries < 0 ignored), the sum of ``counts`` of
-    its rows (release, local barrier array)."""
-    valid = channels >= 0
-    first = tl.min(tl.where(valid, channels, 2147483647))
-    last = tl.max(tl.where(valid, channels, -1))
-    for channel in range(first, last + 1):
-        value = tl.sum(tl.where(channels == channel, counts, 0))
-        if value > 0:
-            _add_release(barrier_ptr + channel, value)
 
 
 @triton.jit
