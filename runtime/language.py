@@ -109,9 +109,11 @@ def _globaltimer():
 @triton.jit
 def _token_of(seen):
     # an int32 zero computed by opaque asm from the polled value: nothing after the wait can be
-    # hoisted above it once guarded pointers are offset by it
+    # hoisted above it once guarded pointers are offset by it. Times 16, so that the compiler still
+    # knows a guarded pointer's alignment (an opaque offset would make it assume none and drop
+    # vectorised loads)
     return tl.inline_asm_elementwise("and.b32 $0, $1, 0;", "=r,r", [seen.to(tl.int32)],
-                                     dtype=tl.int32, is_pure=False, pack=1)
+                                     dtype=tl.int32, is_pure=False, pack=1) * 16
 
 
 @triton.jit
@@ -183,7 +185,7 @@ def consumer_tile_wait(barrier_ptr, first, count, target, diag_ptr, budget):
     for channel in range(first, first + count):
         token += _spin(barrier_ptr + channel, target, diag_ptr, budget, KIND_CONSUMER_TILE_WAIT,
                        channel)
-    return token
+    return token * 16  # a multiple of 16 whatever the loop did: guarded pointers keep their alignment
 
 
 @triton.jit
@@ -232,7 +234,7 @@ def consumer_tile_wait_channels(barrier_ptr, channels, target, diag_ptr, budget)
             if ((bits >> b) & 1) != 0:
                 token += _spin(barrier_ptr + word * 32 + b, target, diag_ptr, budget, KIND_CONSUMER_TILE_WAIT,
                                word * 32 + b)
-    return token
+    return token * 16
 
 
 @triton.jit

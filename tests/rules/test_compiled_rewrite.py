@@ -1,0 +1,29 @@
+"""The rewrite keeps the compiled kernel's memory instructions: compiled for sm_90 on this CPU
+machine, a rewritten GEMM and flash-attention kernel issue the same 16-byte asynchronous copies as the
+plain ones (a wait token that hid the guarded pointers' alignment made them fall back to 2-byte
+loads, 2.4x slower on an H200)."""
+
+from __future__ import annotations
+
+import ast
+import os
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def test_rewritten_kernels_keep_wide_loads() -> None:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_DEFAULT_FP_FUSION"] = "1"
+    result = subprocess.run([sys.executable, os.path.join(HERE, "compile_rewritten.py")], env=env,
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    profiles = {}
+    for line in result.stdout.splitlines():
+        kernel, variant, rest = line.split(" ", 2)
+        profiles[(kernel, variant)] = ast.literal_eval(rest)
+    for kernel in ("gemm", "attention"):
+        plain, rewritten = profiles[(kernel, "plain")], profiles[(kernel, "rewritten")]
+        assert plain["cp.async 16B"] > 0, plain
+        assert rewritten == plain, (kernel, plain, rewritten)
