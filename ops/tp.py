@@ -102,6 +102,20 @@ def _interpreter_inputs(*ts: torch.Tensor) -> tuple[torch.Tensor, ...]:
     return ts
 
 
+def _launch(kernel, persistent: bool, args: tuple, meta: dict, world, M: int, N: int) -> None:
+    """Launch one of the annotated GEMMs: the persistent TMA one on every SM its partner leaves free, or
+    the pointer one on a grid of C tiles."""
+    tiles = triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"])
+    if persistent:
+        from tilelink.ops.gemm import _install_allocator
+
+        _install_allocator()
+        sms = _compute_sms(world.device, kernel)
+        kernel[(min(sms, tiles),)](*args, NUM_SMS=sms, **meta)
+    else:
+        kernel[(tiles,)](*args, **meta)
+
+
 def ag_gemm(a_shard: torch.Tensor, b: torch.Tensor, ctx: TPContext | None = None) -> torch.Tensor:
     """AllGather(A) @ B with the gather overlapped: returns the full (M, N) product on every rank."""
     from tilelink.ops import tp_kernels
@@ -123,17 +137,9 @@ def ag_gemm(a_shard: torch.Tensor, b: torch.Tensor, ctx: TPContext | None = None
         return c.zero_().to(out_dtype)
     meta = _config(a_in.dtype)
     args = (a_in, b_in, c, M, N, K, K, 1, b_in.stride(0), b_in.stride(1), c.stride(0), c.stride(1))
-    if world.device.type == "cuda" and _descriptor_ok(b_in, c) and (K * a_in.element_size()) % 16 == 0:
-        from tilelink.ops.gemm import _install_allocator
-
-        _install_allocator()
-        kernel = tp_kernels.ag_gemm_persistent_kernel
-        sms = _compute_sms(world.device, kernel)
-        tiles = triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"])
-        kernel[(min(sms, tiles),)](*args, NUM_SMS=sms, **meta)
-    else:
-        grid = (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]),)
-        tp_kernels.ag_gemm_kernel[grid](*args, **meta)
+    persistent = world.device.type == "cuda" and _descriptor_ok(b_in, c) and (K * a_in.element_size()) % 16 == 0
+    _launch(tp_kernels.ag_gemm_persistent_kernel if persistent else tp_kernels.ag_gemm_kernel, persistent, args,
+            meta, world, M, N)
     return c if c.dtype == out_dtype else c.to(out_dtype)
 
 
@@ -159,15 +165,7 @@ def gemm_rs(a: torch.Tensor, b_shard: torch.Tensor) -> torch.Tensor:
         K = 1
     meta = _config(a_in.dtype)
     args = (a_in, b_in, out, M, N, K, a_in.stride(0), a_in.stride(1), b_in.stride(0), b_in.stride(1), N, 1)
-    if world.device.type == "cuda" and _descriptor_ok(a_in, b_in):
-        from tilelink.ops.gemm import _install_allocator
-
-        _install_allocator()
-        kernel = tp_kernels.gemm_rs_persistent_kernel
-        sms = _compute_sms(world.device, kernel)
-        tiles = triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"])
-        kernel[(min(sms, tiles),)](*args, NUM_SMS=sms, **meta)
-    else:
-        grid = (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]),)
-        tp_kernels.gemm_rs_kernel[grid](*args, **meta)
+    persistent = world.device.type == "cuda" and _descriptor_ok(a_in, b_in)
+    _launch(tp_kernels.gemm_rs_persistent_kernel if persistent else tp_kernels.gemm_rs_kernel, persistent, args,
+            meta, world, M, N)
     return out if out.dtype == out_dtype else out.to(out_dtype)

@@ -13,9 +13,12 @@ Rewrite of the user's kernel (the producer):
   (``order="ring"``), spreading the consumers' first waits over different producers;
 - add the channel parameters (``tlk_*``).
 
-Partner kernel (the consumer): :func:`rs_pull_consumer` on ``comm_sms`` programs pulls, for each
-of this rank's channels, every rank's partial rows once they are notified (full-mesh pull, ring
-start), sums them in fp32 and writes this rank's output shard.
+Partner kernels (the consumer), chosen by ``via``:
+- ``sm``: :func:`rs_pull_consumer` on ``comm_sms`` programs pulls, for each of this rank's channels,
+  every rank's partial rows once they are notified (full-mesh pull, ring start), sums them (and each
+  token's top-k expert slots for MoE) in fp32 and writes this rank's output shard;
+- ``copy_engine`` (the paper's hybrid): the host copies each finished channel into the receive slot
+  of the rank that owns it and flags it; :func:`rs_reduce_received` sums what arrived.
 """
 
 from __future__ import annotations
@@ -216,22 +219,23 @@ def rewrite(an: KernelAnalysis, spec: ReduceScatterSpec, options: Options) -> Re
     if opts.via == "copy_engine" and spec.topk:
         raise AnnotationError("reduce_scatter with topk= runs on SMs only", file=an.file, line=an.where.line,
                               column=an.where.column, hint="drop via='copy_engine' for the MoE reduction")
-    consumer = ("rs_reduce_received" if opts.via == "copy_engine"
-                else "rs_topk_pull_consumer" if spec.topk else "rs_pull_consumer")
+    consumer = "rs_reduce_received" if opts.via == "copy_engine" else "rs_pull_consumer"
     return RewritePlan(an.name, RULE, spec, opts, CHANNEL_PARAMS, tuple(insertions), (consumer,),
                        launch, tuple(report))
 
 
 # --------------------------------------------------------------------------- partner kernel
 @triton.jit
-def rs_pull_consumer(partial_ptr, peer_table, out_ptr, tlk_barriers, barrier_table, tlk_epoch, tlk_rank,
-                     tlk_world, tlk_rows, tlk_rows_per_rank, tlk_rows_per_channel, tlk_channels_per_rank,
-                     row_elems, tlk_diag, tlk_budget, BLOCK: tl.constexpr):
+def rs_pull_consumer(partial_ptr, peer_table, out_ptr, tlk_barriers, barrier_table, tlk_epoch, tlk_rank, tlk_world,
+                     tlk_rows, tlk_rows_per_rank, tlk_rows_per_channel, tlk_channels_per_rank, row_elems, tlk_diag,
+                     tlk_budget, TOPK: tl.constexpr, BLOCK: tl.constexpr):
     """Sum every rank's partial rows of this rank's channels into ``out_ptr`` (this rank's shard).
 
-    ``partial_ptr`` is the local copy of the symmetric (rows, row_elems) partial buffer; each unit
-    of work is one block of one channel; a channel of ``n`` elements is complete on a rank once its
-    barrier word reaches ``epoch * n``.
+    ``partial_ptr`` is the local copy of the symmetric partial buffer: (rows, row_elems), or with
+    ``TOPK > 1`` (MoE: GroupGEMM -> top-k reduce -> reduce-scatter, paper §7.2) (rows * TOPK,
+    row_elems) whose rows ``t * TOPK + k`` are token ``t``'s expert slots, summed too. Each unit of
+    work is one block of one channel; a channel of ``n`` output elements is complete on a rank once
+    its barrier word reaches ``epoch * n * TOPK``.
     """
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -250,44 +254,17 @@ def rs_pull_consumer(partial_ptr, peer_table, out_ptr, tlk_barriers, barrier_tab
             for p in range(0, tlk_world):
                 src = (tlk_rank + 1 + p) % tlk_world
                 src_barriers = tll.peer_ptr(barrier_table, tlk_barriers, src)
-                token = tll.consumer_tile_wait(src_barriers, ch, 1, tlk_epoch * n, tlk_diag, tlk_budget)
-                x = tll.tile_pull_data(peer_table, partial_ptr, src, lo * row_elems + idx + token, mask)
-                acc += x.to(tl.float32)
-            tl.store(out_ptr + (lo - rank_lo) * row_elems + idx, acc.to(out_ptr.dtype.element_ty), mask=mask)
-
-
-@triton.jit
-def rs_topk_pull_consumer(partial_ptr, peer_table, out_ptr, tlk_barriers, barrier_table, tlk_epoch, tlk_rank,
-                          tlk_world, tlk_rows, tlk_rows_per_rank, tlk_rows_per_channel, tlk_channels_per_rank,
-                          row_elems, topk, tlk_diag, tlk_budget, BLOCK: tl.constexpr):
-    """MoE: sum every rank's partial rows *and* each token's ``topk`` expert slots (rows
-    ``t * topk + k`` of the partial buffer) into this rank's output rows (paper §7.2: the chain
-    GroupGEMM -> top-k reduce -> reduce-scatter). A channel of ``n`` output elements is complete on a
-    rank once its barrier reaches ``epoch * n * topk``."""
-    pid = tl.program_id(0)
-    nprog = tl.num_programs(0)
-    nblocks = tl.cdiv(tlk_rows_per_channel * row_elems, BLOCK)
-    rank_lo = tlk_rank * tlk_rows_per_rank
-    for u in range(pid, tlk_channels_per_rank * nblocks, nprog):
-        ch = tlk_rank * tlk_channels_per_rank + u // nblocks
-        lo, hi = tlm.tl_channel_range(ch, tlk_rows, tlk_rows_per_rank, tlk_rows_per_channel,
-                                      tlk_channels_per_rank)
-        n = (hi - lo) * row_elems
-        off = (u % nblocks) * BLOCK
-        if off < n:
-            idx = off + tl.arange(0, BLOCK)
-            mask = idx < n
-            row = lo + idx // row_elems
-            col = idx % row_elems
-            acc = tl.zeros([BLOCK], dtype=tl.float32)
-            for p in range(0, tlk_world):
-                src = (tlk_rank + 1 + p) % tlk_world
-                src_barriers = tll.peer_ptr(barrier_table, tlk_barriers, src)
-                token = tll.consumer_tile_wait(src_barriers, ch, 1, tlk_epoch * n * topk, tlk_diag, tlk_budget)
-                for k in range(0, topk):
-                    x = tll.tile_pull_data(peer_table, partial_ptr, src, (row * topk + k) * row_elems + col + token,
-                                           mask)
+                token = tll.consumer_tile_wait(src_barriers, ch, 1, tlk_epoch * n * TOPK, tlk_diag, tlk_budget)
+                if TOPK == 1:
+                    x = tll.tile_pull_data(peer_table, partial_ptr, src, lo * row_elems + idx + token, mask)
                     acc += x.to(tl.float32)
+                else:
+                    row = lo + idx // row_elems
+                    col = idx % row_elems
+                    for k in range(0, TOPK):
+                        x = tll.tile_pull_data(peer_table, partial_ptr, src, (row * TOPK + k) * row_elems + col + token,
+                                               mask)
+                        acc += x.to(tl.float32)
             tl.store(out_ptr + (lo - rank_lo) * row_elems + idx, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
@@ -388,12 +365,8 @@ class ReduceScatterLauncher(Launcher):
                                                                              self.BLOCK))),)
         common = (ctx.partial, ctx.table, out, barriers, table, epoch, world.rank, world.world_size, sh.size,
                   sh.rows_per_rank, sh.rows_per_channel, sh.channels_per_rank, row_elems)
-        if self.meta.get("topk"):
-            topk = ctx.partial.shape[0] // sh.size
-            self.partner("rs_topk_pull_consumer")[grid](*common, topk, ctx.diag.buffer, ctx.diag.budget_ns,
-                                                        BLOCK=self.BLOCK)
-        else:
-            self.partner("rs_pull_consumer")[grid](*common, ctx.diag.buffer, ctx.diag.budget_ns, BLOCK=self.BLOCK)
+        self.partner("rs_pull_consumer")[grid](*common, ctx.diag.buffer, ctx.diag.budget_ns,
+                                               TOPK=ctx.partial.shape[0] // sh.size, BLOCK=self.BLOCK)
 
     def _reduce(self, ctx: ReduceScatterContext, world, out, recv_barriers, epoch: int) -> None:
         sh = ctx.sharding

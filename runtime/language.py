@@ -212,6 +212,14 @@ def _bit_or(a, b):
 
 
 @triton.jit
+def _channel_span(channels):
+    """The valid entries (>= 0) of a channel vector and the smallest and largest of them (an empty
+    vector gives first > last)."""
+    valid = channels >= 0
+    return valid, tl.min(tl.where(valid, channels, 2147483647)), tl.max(tl.where(valid, channels, -1))
+
+
+@triton.jit
 def _channel_bits(channels, valid, word):
     """Bit ``c % 32`` set for every channel ``c`` of the vector in 32-channel word ``word``: one
     reduction finds the distinct channels of a tile, whatever its size."""
@@ -225,9 +233,7 @@ def consumer_tile_wait_channels(barrier_ptr, channels, target, diag_ptr, budget)
     for every distinct channel in the vector ``channels`` (entries < 0, e.g. padding, are ignored),
     each ``>= target``. Returns the token."""
     token = tl.full((), 0, tl.int32)
-    valid = channels >= 0
-    first = tl.min(tl.where(valid, channels, 2147483647))
-    last = tl.max(tl.where(valid, channels, -1))
+    valid, first, last = _channel_span(channels)
     for word in range(first // 32, last // 32 + 1):
         bits = _channel_bits(channels, valid, word)
         for b in range(0, 32):
@@ -242,9 +248,7 @@ def producer_tile_notify_channels(barrier_ptr, channels, counts):
     """Dynamic mapping: a producer tile whose rows go to run-time channels (the MoE scatter) adds, to
     each distinct channel in the vector ``channels`` (entries < 0 ignored), the sum of ``counts`` of
     its rows (release, local barrier array)."""
-    valid = channels >= 0
-    first = tl.min(tl.where(valid, channels, 2147483647))
-    last = tl.max(tl.where(valid, channels, -1))
+    valid, first, last = _channel_span(channels)
     for word in range(first // 32, last // 32 + 1):
         bits = _channel_bits(channels, valid, word)
         for b in range(0, 32):

@@ -93,11 +93,13 @@ def code(node: cst.CSTNode) -> str:
     return cst.Module(body=[]).code_for_node(node).strip()
 
 
-def names_in(node: cst.CSTNode) -> set[str]:
-    """Every plain name referenced in ``node`` (attribute bases included, attribute names not)."""
+def _names(node: cst.CSTNode, *, skip_loads: bool) -> set[str]:
     found: set[str] = set()
 
     class _V(cst.CSTVisitor):
+        def visit_Call(self, n: cst.Call) -> bool:
+            return not (skip_loads and m.matches(n, m.Call(func=m.Attribute(attr=m.Name("load")))))
+
         def visit_Name(self, n: cst.Name) -> None:
             found.add(n.value)
 
@@ -113,27 +115,23 @@ def names_in(node: cst.CSTNode) -> set[str]:
     return found
 
 
+def names_in(node: cst.CSTNode) -> set[str]:
+    """Every plain name referenced in ``node`` (attribute bases included, attribute names not)."""
+    return _names(node, skip_loads=False)
+
+
 def names_outside_loads(node: cst.CSTNode) -> set[str]:
     """Names referenced in ``node`` except inside ``tl.load(...)`` / ``x.load(...)`` calls."""
-    found: set[str] = set()
+    return _names(node, skip_loads=True)
 
-    class _V(cst.CSTVisitor):
-        def visit_Call(self, n: cst.Call) -> bool:
-            return not m.matches(n, m.Call(func=m.Attribute(attr=m.Name("load"))))
 
-        def visit_Name(self, n: cst.Name) -> None:
-            found.add(n.value)
-
-        def visit_Attribute(self, n: cst.Attribute) -> bool:
-            n.value.visit(self)
-            return False
-
-        def visit_Arg(self, n: cst.Arg) -> bool:
-            n.value.visit(self)
-            return False
-
-    node.visit(_V())
-    return found
+def parse_source(source: str, file: str) -> cst.Module:
+    """Parse a user's file; a syntax error becomes an :class:`AnnotationError` at its position."""
+    try:
+        return cst.parse_module(source)
+    except cst.ParserSyntaxError as exc:
+        raise AnnotationError(f"cannot parse: {exc.message}", file=file, line=exc.raw_line,
+                              column=exc.raw_column + 1, hint="fix the syntax error") from None
 
 
 def is_triton_jit(decorator: cst.Decorator) -> bool:
@@ -521,11 +519,7 @@ def analyse(source: str, file: str, kernel: str,
     parameter)``.
     Raises :class:`AnnotationError` (file, line, column, what to do) when the kernel cannot be used.
     """
-    try:
-        module = cst.parse_module(source)
-    except cst.ParserSyntaxError as exc:
-        raise AnnotationError(f"cannot parse: {exc.message}", file=file, line=exc.raw_line,
-                              column=exc.raw_column + 1, hint="fix the syntax error") from None
+    module = parse_source(source, file)
     wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
     fn = find_kernel(module, kernel)
     if fn is None:

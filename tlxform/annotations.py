@@ -11,6 +11,7 @@ import ast
 import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
 
+from tilelink.analysis import parse_source
 from tilelink.codegen import Request
 from tilelink.errors import AnnotationError
 from tilelink.spec import all_gather, make_options, reduce_scatter
@@ -28,11 +29,7 @@ def _callee(node: cst.BaseExpression) -> str | None:
 
 def requests_in(source: str, file: str) -> list[Request]:
     """Every annotated kernel of ``source`` as a :class:`~tilelink.codegen.Request`."""
-    try:
-        module = cst.parse_module(source)
-    except cst.ParserSyntaxError as exc:
-        raise AnnotationError(f"cannot parse: {exc.message}", file=file, line=exc.raw_line,
-                              column=exc.raw_column + 1, hint="fix the syntax error") from None
+    module = parse_source(source, file)
     wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
     positions = wrapper.resolve(PositionProvider)
     requests: list[Request] = []

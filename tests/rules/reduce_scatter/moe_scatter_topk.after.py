@@ -58,13 +58,17 @@ def fused_moe_down_kernel(a_ptr, b_ptr, c_ptr, topk_weights_ptr, sorted_token_id
 
 
 @triton.jit
-def rs_topk_pull_consumer(partial_ptr, peer_table, out_ptr, tlk_barriers, barrier_table, tlk_epoch, tlk_rank,
-                          tlk_world, tlk_rows, tlk_rows_per_rank, tlk_rows_per_channel, tlk_channels_per_rank,
-                          row_elems, topk, tlk_diag, tlk_budget, BLOCK: tl.constexpr):
-    """MoE: sum every rank's partial rows *and* each token's ``topk`` expert slots (rows
-    ``t * topk + k`` of the partial buffer) into this rank's output rows (paper §7.2: the chain
-    GroupGEMM -> top-k reduce -> reduce-scatter). A channel of ``n`` output elements is complete on a
-    rank once its barrier reaches ``epoch * n * topk``."""
+def rs_pull_consumer(partial_ptr, peer_table, out_ptr, tlk_barriers, barrier_table, tlk_epoch, tlk_rank, tlk_world,
+                     tlk_rows, tlk_rows_per_rank, tlk_rows_per_channel, tlk_channels_per_rank, row_elems, tlk_diag,
+                     tlk_budget, TOPK: tl.constexpr, BLOCK: tl.constexpr):
+    """Sum every rank's partial rows of this rank's channels into ``out_ptr`` (this rank's shard).
+
+    ``partial_ptr`` is the local copy of the symmetric partial buffer: (rows, row_elems), or with
+    ``TOPK > 1`` (MoE: GroupGEMM -> top-k reduce -> reduce-scatter, paper §7.2) (rows * TOPK,
+    row_elems) whose rows ``t * TOPK + k`` are token ``t``'s expert slots, summed too. Each unit of
+    work is one block of one channel; a channel of ``n`` output elements is complete on a rank once
+    its barrier word reaches ``epoch * n * TOPK``.
+    """
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     nblocks = tl.cdiv(tlk_rows_per_channel * row_elems, BLOCK)
@@ -78,17 +82,21 @@ def rs_topk_pull_consumer(partial_ptr, peer_table, out_ptr, tlk_barriers, barrie
         if off < n:
             idx = off + tl.arange(0, BLOCK)
             mask = idx < n
-            row = lo + idx // row_elems
-            col = idx % row_elems
             acc = tl.zeros([BLOCK], dtype=tl.float32)
             for p in range(0, tlk_world):
                 src = (tlk_rank + 1 + p) % tlk_world
                 src_barriers = tll.peer_ptr(barrier_table, tlk_barriers, src)
-                token = tll.consumer_tile_wait(src_barriers, ch, 1, tlk_epoch * n * topk, tlk_diag, tlk_budget)
-                for k in range(0, topk):
-                    x = tll.tile_pull_data(peer_table, partial_ptr, src, (row * topk + k) * row_elems + col + token,
-                                           mask)
+                token = tll.consumer_tile_wait(src_barriers, ch, 1, tlk_epoch * n * TOPK, tlk_diag, tlk_budget)
+                if TOPK == 1:
+                    x = tll.tile_pull_data(peer_table, partial_ptr, src, lo * row_elems + idx + token, mask)
                     acc += x.to(tl.float32)
+                else:
+                    row = lo + idx // row_elems
+                    col = idx % row_elems
+                    for k in range(0, TOPK):
+                        x = tll.tile_pull_data(peer_table, partial_ptr, src, (row * TOPK + k) * row_elems + col + token,
+                                               mask)
+                        acc += x.to(tl.float32)
             tl.store(out_ptr + (lo - rank_lo) * row_elems + idx, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
@@ -109,7 +117,7 @@ TILELINK_PLAN = {'fused_moe_down_kernel': {'channels_per_rank': None,
                            'index': 'sorted_token_ids_ptr',
                            'mode': 'pull',
                            'order': 'ring',
-                           'partner_kernels': ['rs_topk_pull_consumer'],
+                           'partner_kernels': ['rs_pull_consumer'],
                            'rule': 'reduce_scatter',
                            'size_param': 'num_valid_tokens // top_k',
                            'tensors': ['c_ptr'],

@@ -112,14 +112,16 @@ def ag_pull_producer(full_ptr, peer_table, tlk_barriers, tlk_epoch, tlk_rank, tl
 
 
 @triton.jit
-def rs_pull_consumer(partial_ptr, peer_table, out_ptr, tlk_barriers, barrier_table, tlk_epoch, tlk_rank,
-                     tlk_world, tlk_rows, tlk_rows_per_rank, tlk_rows_per_channel, tlk_channels_per_rank,
-                     row_elems, tlk_diag, tlk_budget, BLOCK: tl.constexpr):
+def rs_pull_consumer(partial_ptr, peer_table, out_ptr, tlk_barriers, barrier_table, tlk_epoch, tlk_rank, tlk_world,
+                     tlk_rows, tlk_rows_per_rank, tlk_rows_per_channel, tlk_channels_per_rank, row_elems, tlk_diag,
+                     tlk_budget, TOPK: tl.constexpr, BLOCK: tl.constexpr):
     """Sum every rank's partial rows of this rank's channels into ``out_ptr`` (this rank's shard).
 
-    ``partial_ptr`` is the local copy of the symmetric (rows, row_elems) partial buffer; each unit
-    of work is one block of one channel; a channel of ``n`` elements is complete on a rank once its
-    barrier word reaches ``epoch * n``.
+    ``partial_ptr`` is the local copy of the symmetric partial buffer: (rows, row_elems), or with
+    ``TOPK > 1`` (MoE: GroupGEMM -> top-k reduce -> reduce-scatter, paper §7.2) (rows * TOPK,
+    row_elems) whose rows ``t * TOPK + k`` are token ``t``'s expert slots, summed too. Each unit of
+    work is one block of one channel; a channel of ``n`` output elements is complete on a rank once
+    its barrier word reaches ``epoch * n * TOPK``.
     """
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -138,9 +140,17 @@ def rs_pull_consumer(partial_ptr, peer_table, out_ptr, tlk_barriers, barrier_tab
             for p in range(0, tlk_world):
                 src = (tlk_rank + 1 + p) % tlk_world
                 src_barriers = tll.peer_ptr(barrier_table, tlk_barriers, src)
-                token = tll.consumer_tile_wait(src_barriers, ch, 1, tlk_epoch * n, tlk_diag, tlk_budget)
-                x = tll.tile_pull_data(peer_table, partial_ptr, src, lo * row_elems + idx + token, mask)
-                acc += x.to(tl.float32)
+                token = tll.consumer_tile_wait(src_barriers, ch, 1, tlk_epoch * n * TOPK, tlk_diag, tlk_budget)
+                if TOPK == 1:
+                    x = tll.tile_pull_data(peer_table, partial_ptr, src, lo * row_elems + idx + token, mask)
+                    acc += x.to(tl.float32)
+                else:
+                    row = lo + idx // row_elems
+                    col = idx % row_elems
+                    for k in range(0, TOPK):
+                        x = tll.tile_pull_data(peer_table, partial_ptr, src, (row * TOPK + k) * row_elems + col + token,
+                                               mask)
+                        acc += x.to(tl.float32)
             tl.store(out_ptr + (lo - rank_lo) * row_elems + idx, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
