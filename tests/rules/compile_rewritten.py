@@ -49,6 +49,13 @@ def main() -> int:
                   "tlk_diag": "*i64", "tlk_budget": i64}
     attn_meta = {"HEAD_DIM": 128, "BLOCK_M": 128, "BLOCK_N": 64, "CAUSAL": False, "EVEN_N": True}
     cases.append(("attention", ok, attn_types, attn_meta))
+    # the partner kernels of the rules compile for the GPU too (both reduce-scatter variants)
+    module = tp_kernels.gemm_rs_kernel.module
+    partner_types = {"partial_ptr": ptr, "peer_table": "*i64", "out_ptr": ptr, "tlk_barriers": "*i64",
+                     "barrier_table": "*i64", "tlk_diag": "*i64", "tlk_budget": i64}
+    for topk in (1, 2):
+        load_widths(module.rs_pull_consumer, partner_types, {"TOPK": topk, "BLOCK": 1024})
+        print(f"rs_pull_consumer TOPK={topk} {{'compiled': 1}}")
     for name, okernel, types, meta in cases:
         plain = load_widths(okernel.kernel, types, meta)
         rewritten = load_widths(getattr(okernel.module, okernel.name), types, meta)

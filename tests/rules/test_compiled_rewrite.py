@@ -27,3 +27,4 @@ def test_rewritten_kernels_keep_wide_loads() -> None:
         plain, rewritten = profiles[(kernel, "plain")], profiles[(kernel, "rewritten")]
         assert plain["cp.async 16B"] > 0, plain
         assert rewritten == plain, (kernel, plain, rewritten)
+    assert profiles[("rs_pull_consumer", "TOPK=1")] == profiles[("rs_pull_consumer", "TOPK=2")] == {"compiled": 1}
