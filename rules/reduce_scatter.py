@@ -14,9 +14,12 @@ Rewrite of the user's kernel (the producer):
 - add the channel parameters (``tlk_*``).
 
 Partner kernels (the consumer), chosen by ``via``:
-- ``sm``: :func:`rs_pull_consumer` on ``comm_sms`` programs pulls, for each of this rank's channels,
-  every rank's partial rows once they are notified (full-mesh pull, ring start), sums them (and each
-  token's top-k expert slots for MoE) in fp32 and writes this rank's output shard;
+- ``sm`` (``mode="pull"``, the default): :func:`rs_pull_consumer` on ``comm_sms`` programs pulls, for
+  each of this rank's channels, every rank's partial rows once they are notified (full-mesh pull, ring
+  start), sums them (and each token's top-k expert slots for MoE) in fp32 and writes this rank's
+  output shard;
+- ``sm`` with ``mode="push"``: :func:`rs_ring_consumer`, the ring of the paper's Figure 4 (partial sums
+  travel rank to rank, each adding its own, with peer_tile_wait / peer_tile_notify between them);
 - ``copy_engine`` (the paper's hybrid): the host copies each finished channel into the receive slot
   of the rank that owns it and flags it; :func:`rs_reduce_received` sums what arrived.
 """
@@ -208,6 +211,10 @@ def rewrite(an: KernelAnalysis, spec: ReduceScatterSpec, options: Options) -> Re
         report.append(ReportEntry(an.name, RULE, "note",
                                   "consumer: hybrid - the copy engine scatters each finished channel to the rank "
                                   "that owns its rows, then an SM kernel sums what it received (paper §7.2)"))
+    elif opts.mode == "push":
+        report.append(ReportEntry(an.name, RULE, "note",
+                                  f"consumer: SM ring on {opts.comm_sms} programs - each rank adds its partial rows "
+                                  "to what the next rank pushed and pushes the sum to the previous one (paper Fig. 4)"))
     else:
         report.append(ReportEntry(an.name, RULE, "note",
                                   f"consumer: SM mesh pull on {opts.comm_sms} programs, comm tile "
@@ -219,7 +226,11 @@ def rewrite(an: KernelAnalysis, spec: ReduceScatterSpec, options: Options) -> Re
     if opts.via == "copy_engine" and spec.topk:
         raise AnnotationError("reduce_scatter with topk= runs on SMs only", file=an.file, line=an.where.line,
                               column=an.where.column, hint="drop via='copy_engine' for the MoE reduction")
-    consumer = "rs_reduce_received" if opts.via == "copy_engine" else "rs_pull_consumer"
+    if opts.via == "sm" and opts.mode == "push" and spec.topk:
+        raise AnnotationError("reduce_scatter with topk= reduces by pulling", file=an.file, line=an.where.line,
+                              column=an.where.column, hint="drop mode='push' for the MoE reduction")
+    consumer = ("rs_reduce_received" if opts.via == "copy_engine"
+                else "rs_ring_consumer" if opts.mode == "push" else "rs_pull_consumer")
     return RewritePlan(an.name, RULE, spec, opts, CHANNEL_PARAMS, tuple(insertions), (consumer,),
                        launch, tuple(report))
 
@@ -266,6 +277,48 @@ def rs_pull_consumer(partial_ptr, peer_table, out_ptr, tlk_barriers, barrier_tab
                                                mask)
                         acc += x.to(tl.float32)
             tl.store(out_ptr + (lo - rank_lo) * row_elems + idx, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def rs_ring_consumer(partial_ptr, out_ptr, recv_ptr, recv_table, tlk_barriers, recv_flags, flag_table, tlk_epoch,
+                     tlk_rank, tlk_world, tlk_rows, tlk_rows_per_rank, tlk_rows_per_channel, tlk_channels_per_rank,
+                     row_elems, tlk_diag, tlk_budget, BLOCK: tl.constexpr):
+    """Ring reduce-scatter (paper Fig. 4). For each channel ``j`` of every rank's rows, in ``world``
+    steps: at step ``s`` this rank takes segment ``d = rank + s + 1`` (mod world), waits for its own
+    partial rows of channel ``(d, j)`` (producer_tile_wait on the local barrier) and, after the first
+    step, for the running sum the next rank pushed (peer_tile_wait), adds them, and pushes the sum to
+    the previous rank (tile_push_data + peer_tile_notify) -- or, at the last step (``d == rank``),
+    writes it to this rank's output. ``recv_ptr`` is the symmetric (world, rows_per_rank, row_elems)
+    landing buffer, slot ``d`` for segment ``d``; running sums travel in the output's dtype.
+    """
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    prev = (tlk_rank + tlk_world - 1) % tlk_world
+    slot_elems = tlk_rows_per_rank * row_elems
+    for j in range(pid, tlk_channels_per_rank, nprog):
+        for s in range(0, tlk_world):
+            d = (tlk_rank + s + 1) % tlk_world
+            ch = d * tlk_channels_per_rank + j
+            lo, hi = tlm.tl_channel_range(ch, tlk_rows, tlk_rows_per_rank, tlk_rows_per_channel,
+                                          tlk_channels_per_rank)
+            n = (hi - lo) * row_elems
+            at = d * slot_elems + (lo - d * tlk_rows_per_rank) * row_elems
+            token = tll.consumer_tile_wait(tlk_barriers, ch, 1, tlk_epoch * n, tlk_diag, tlk_budget)
+            if s > 0:
+                token += tll.peer_tile_wait(recv_flags, ch, tlk_epoch, tlk_diag, tlk_budget)
+            for off in range(0, n, BLOCK):
+                idx = off + tl.arange(0, BLOCK)
+                mask = idx < n
+                acc = tl.load(partial_ptr + lo * row_elems + idx + token, mask=mask).to(tl.float32)
+                if s > 0:
+                    acc += tl.load(recv_ptr + at + idx + token, mask=mask).to(tl.float32)
+                if s == tlk_world - 1:
+                    tl.store(out_ptr + (lo - d * tlk_rows_per_rank) * row_elems + idx,
+                             acc.to(out_ptr.dtype.element_ty), mask=mask)
+                else:
+                    tll.tile_push_data(recv_table, recv_ptr, prev, at + idx, acc.to(recv_ptr.dtype.element_ty), mask)
+            if s < tlk_world - 1:
+                tll.peer_tile_notify(flag_table, recv_flags, ch, prev, 1)
 
 
 @triton.jit
@@ -342,7 +395,7 @@ class ReduceScatterLauncher(Launcher):
             ctx = ReduceScatterContext(sharding, partial, peer_table(partial), Channel(sharding.num_channels),
                                        Diagnostics(), Streams.for_world(world),
                                        torch.zeros(sharding.num_channels, dtype=torch.int64, device=world.device))
-            if self.meta["via"] == "copy_engine":
+            if self.meta["via"] == "copy_engine" or self.meta["mode"] == "push":
                 ctx.recv = symmetric_empty((world.world_size, sharding.rows_per_rank, *out.shape[1:]), out.dtype)
                 ctx.recv_channel = Channel(sharding.num_channels)
             self.contexts[key] = ctx
@@ -358,9 +411,21 @@ class ReduceScatterLauncher(Launcher):
             raise LaunchError(f"{self.okernel.name}: {name}={value!r} must be a positive int (the top-k)")
         return value
 
-    def _consumer(self, ctx: ReduceScatterContext, world, out, barriers, table, epoch: int) -> None:
+    def _consumer(self, ctx: ReduceScatterContext, world, out, barriers, table, epoch: int, dry: bool = False) -> None:
         sh = ctx.sharding
         row_elems = math.prod(ctx.partial.shape[1:])
+        if self.meta["mode"] == "push":  # the SM ring
+            recv, flags = ctx.recv, ctx.recv_channel.barriers
+            recv_table, flag_table = peer_table(recv), ctx.recv_channel.peer_table
+            if dry:  # a private landing buffer and flags: the dry run must not write into a peer
+                recv, flags = torch.empty_like(recv), ctx.scratch
+                recv_table = torch.full((world.world_size,), recv.data_ptr(), dtype=torch.int64, device=world.device)
+                flag_table = table
+            self.partner("rs_ring_consumer")[(max(1, min(self.meta["comm_sms"], sh.channels_per_rank)),)](
+                ctx.partial, out, recv, recv_table, barriers, flags, flag_table, epoch, world.rank,
+                world.world_size, sh.size, sh.rows_per_rank, sh.rows_per_channel, sh.channels_per_rank, row_elems,
+                ctx.diag.buffer, ctx.diag.budget_ns, BLOCK=self.BLOCK)
+            return
         grid = (max(1, min(self.meta["comm_sms"], sh.channels_per_rank * cdiv(sh.rows_per_channel * row_elems,
                                                                              self.BLOCK))),)
         common = (ctx.partial, ctx.table, out, barriers, table, epoch, world.rank, world.world_size, sh.size,
@@ -443,10 +508,12 @@ class ReduceScatterLauncher(Launcher):
                                        device=world.device)
             self.kernel[grid](**call, **self.channel_args(None, 0, world, ctx.sharding, ctx.diag)
                               | {"tlk_barriers": ctx.scratch})
-            self._consumer(ctx, world, out, ctx.scratch, scratch_table, 0)
+            self._consumer(ctx, world, out, ctx.scratch, scratch_table, 0, dry=True)
             torch.cuda.synchronize(world.device)
             ctx.warm = True
         epoch = ctx.channel.advance()
+        if ctx.recv_channel is not None:
+            ctx.recv_channel.advance()
         main, side = ctx.streams.main, ctx.streams.side
         world.stream_barrier(main)  # every rank is done reading the previous call's partial sums
         args = self.channel_args(ctx.channel, epoch, world, ctx.sharding, ctx.diag)

@@ -285,3 +285,12 @@ def all_gather_inner_dim_copy_engine(rank, world):
 
 CASES = {name: fn for name, fn in globals().items()
          if name.startswith(("all_gather_", "reduce_scatter_")) and callable(fn)}
+
+
+def reduce_scatter_ring_gemm(rank, world):
+    kernel = load_case("reduce_scatter", "ring_gemm").matmul_kernel
+    return _rs_gemm(kernel, rank, world, BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, GROUP_M=2)
+
+
+CASES = {name: fn for name, fn in globals().items()
+         if name.startswith(("all_gather_", "reduce_scatter_")) and callable(fn)}

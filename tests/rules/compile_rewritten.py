@@ -56,6 +56,12 @@ def main() -> int:
     for topk in (1, 2):
         load_widths(module.rs_pull_consumer, partner_types, {"TOPK": topk, "BLOCK": 1024})
         print(f"rs_pull_consumer TOPK={topk} {{'compiled': 1}}")
+    ring_types = {"partial_ptr": ptr, "out_ptr": ptr, "recv_ptr": ptr, "recv_table": "*i64", "tlk_barriers": "*i64",
+                  "recv_flags": "*i64", "flag_table": "*i64", "tlk_diag": "*i64", "tlk_budget": i64}
+    from tilelink.rules import reduce_scatter
+
+    load_widths(reduce_scatter.rs_ring_consumer, ring_types, {"BLOCK": 1024})
+    print("rs_ring_consumer compiled {'compiled': 1}")
     for name, okernel, types, meta in cases:
         plain = load_widths(okernel.kernel, types, meta)
         rewritten = load_widths(getattr(okernel.module, okernel.name), types, meta)

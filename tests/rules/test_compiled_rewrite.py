@@ -28,3 +28,4 @@ def test_rewritten_kernels_keep_wide_loads() -> None:
         assert plain["cp.async 16B"] > 0, plain
         assert rewritten == plain, (kernel, plain, rewritten)
     assert profiles[("rs_pull_consumer", "TOPK=1")] == profiles[("rs_pull_consumer", "TOPK=2")] == {"compiled": 1}
+    assert profiles[("rs_ring_consumer", "compiled")] == {"compiled": 1}

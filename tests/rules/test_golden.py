@@ -43,7 +43,8 @@ def test_cases_cover_the_issue() -> None:
     assert {"all_gather/pointer_gemm", "all_gather/descriptor_gemm", "all_gather/persistent_gemm",
             "all_gather/helper_functions", "all_gather/kv_attention", "all_gather/moe_gather",
             "reduce_scatter/pointer_gemm", "reduce_scatter/two_kernels", "reduce_scatter/moe_scatter_topk",
-            "reduce_scatter/vector_partial_sums"} <= names
+            "reduce_scatter/vector_partial_sums", "reduce_scatter/hybrid_gemm", "reduce_scatter/ring_gemm",
+            "all_gather/inner_dim_copy_engine"} <= names
 
 
 def test_generation_is_deterministic() -> None:
