@@ -28,7 +28,7 @@ MAPPING_ARGS = "tlk_rows, tlk_rows_per_rank, tlk_rows_per_channel, tlk_channels_
 def channels_of_tile(tile: Tile) -> str:
     """``tlk_first, tlk_count = ...`` for the channels holding the tile's rows."""
     return (f"tlk_first, tlk_count = tlm.tl_channels_of_rows(\n"
-            f"    {tile.start}, {tile.start} + {tile.size}, {MAPPING_ARGS})")
+            f"    {tile.start}, {tile.start} + {tile.size},\n    {MAPPING_ARGS})")
 
 
 def remap_order(an: KernelAnalysis, access: Access, rule: str, order: str,
@@ -54,8 +54,8 @@ def remap_order(an: KernelAnalysis, access: Access, rule: str, order: str,
                                f"order={order!r} not applied: no assignment of {tile.pid} before its use",
                                access.where)
     anchor = before[-1]
-    line = (f"{tile.pid} = tlm.tl_remap_tile({tile.pid}, tl.cdiv({tile.size_param}, {tile.size}), "
-            f"{shift})")
+    line = (f"{tile.pid} = tlm.tl_remap_tile(\n"
+            f"    {tile.pid}, tl.cdiv({tile.size_param}, {tile.size}), {shift})")
     ins = Insertion(anchor, "after", (f"# tilelink: visit tiles in {order} order ({rule})", line))
     return [ins], ReportEntry(an.name, rule, "applied",
                               f"tile order {order}: {tile.pid} rotated after line {anchor.line}", anchor)

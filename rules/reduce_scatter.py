@@ -160,8 +160,8 @@ def rewrite(an: KernelAnalysis, spec: ReduceScatterSpec, options: Options) -> Re
                 f"tlk_cols = tl.maximum(tl.minimum({col_size}, {col_bound} - ({col_start})), 0)",
                 channels_of_tile(t),
                 "for tlk_i in range(0, tlk_count):",
-                f"    tlk_done = tlk_cols * tlm.tl_channel_overlap(tlk_first + tlk_i, {t.start}, {t.start} + {t.size}, "
-                f"{MAPPING_ARGS})",
+                f"    tlk_done = tlk_cols * tlm.tl_channel_overlap(\n"
+                f"        tlk_first + tlk_i, {t.start}, {t.start} + {t.size},\n        {MAPPING_ARGS})",
                 notify,
             )
         else:
@@ -176,7 +176,7 @@ def rewrite(an: KernelAnalysis, spec: ReduceScatterSpec, options: Options) -> Re
                 f"tlk_row = {t.start} + tl.arange(0, {t.size})",
                 channels_of_tile(t),
                 "for tlk_i in range(0, tlk_count):",
-                f"    tlk_lo, tlk_hi = tlm.tl_channel_range(tlk_first + tlk_i, {MAPPING_ARGS})",
+                f"    tlk_lo, tlk_hi = tlm.tl_channel_range(\n        tlk_first + tlk_i, {MAPPING_ARGS})",
                 "    tlk_done = tl.sum(tl.where((tlk_row >= tlk_lo) & (tlk_row < tlk_hi), tlk_stored, 0))",
                 notify,
             )

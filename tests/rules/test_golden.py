@@ -8,6 +8,7 @@ To regenerate after an intended change of the generated code::
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -86,6 +87,6 @@ def test_notify_follows_the_store() -> None:
 def test_all_gather_gemms_visit_the_local_shard_first(case: str) -> None:
     gen = _generate(Path(__file__).parent / "all_gather" / f"{case}.before.py")
     (body,) = gen.rewritten.values()
-    remap = body.index("tlm.tl_remap_tile(pid_m")
+    remap = re.search(r"pid_m = tlm\.tl_remap_tile\(\s+pid_m, ", body).start()
     assert remap < body.index("tll.consumer_tile_wait(")
     assert "tile order local_first" in str(gen.report)

@@ -25,7 +25,8 @@ def matmul_descriptor_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak,
                              tlk_rows_per_rank, tlk_rows_per_channel, tlk_channels_per_rank, tlk_diag, tlk_budget):
     pid_m = tl.program_id(0)
     # tilelink: visit tiles in local_first order (all_gather)
-    pid_m = tlm.tl_remap_tile(pid_m, tl.cdiv(M, BLOCK_M), (tlk_rank * tlk_rows_per_rank) // (BLOCK_M))
+    pid_m = tlm.tl_remap_tile(
+        pid_m, tl.cdiv(M, BLOCK_M), (tlk_rank * tlk_rows_per_rank) // (BLOCK_M))
     pid_n = tl.program_id(1)
     a_desc = tl.make_tensor_descriptor(a_ptr, shape=[M, K], strides=[stride_am, stride_ak],
                                        block_shape=[BLOCK_M, BLOCK_K])
@@ -34,7 +35,8 @@ def matmul_descriptor_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak,
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     # tilelink: wait until rows [pid_m * BLOCK_M, pid_m * BLOCK_M + BLOCK_M) of a_ptr have arrived (all_gather, dim 0)
     tlk_first, tlk_count = tlm.tl_channels_of_rows(
-        pid_m * BLOCK_M, pid_m * BLOCK_M + BLOCK_M, tlk_rows, tlk_rows_per_rank, tlk_rows_per_channel, tlk_channels_per_rank)
+        pid_m * BLOCK_M, pid_m * BLOCK_M + BLOCK_M,
+        tlk_rows, tlk_rows_per_rank, tlk_rows_per_channel, tlk_channels_per_rank)
     tlk_token = tll.consumer_tile_wait(tlk_barriers, tlk_first, tlk_count, tlk_epoch, tlk_diag, tlk_budget)
     pid_m = pid_m + tlk_token
     for k in range(0, tl.cdiv(K, BLOCK_K)):

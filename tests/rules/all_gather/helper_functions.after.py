@@ -43,7 +43,8 @@ def matmul_relu_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, strid
                        tlk_rows_per_rank, tlk_rows_per_channel, tlk_channels_per_rank, tlk_diag, tlk_budget):
     pid_m, pid_n = swizzle(tl.program_id(0), M, N, BLOCK_M, BLOCK_N)
     # tilelink: visit tiles in local_first order (all_gather)
-    pid_m = tlm.tl_remap_tile(pid_m, tl.cdiv(M, BLOCK_M), (tlk_rank * tlk_rows_per_rank) // (BLOCK_M))
+    pid_m = tlm.tl_remap_tile(
+        pid_m, tl.cdiv(M, BLOCK_M), (tlk_rank * tlk_rows_per_rank) // (BLOCK_M))
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rk = tl.arange(0, BLOCK_K)
@@ -52,7 +53,8 @@ def matmul_relu_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, strid
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     # tilelink: wait until rows [pid_m * BLOCK_M, pid_m * BLOCK_M + BLOCK_M) of a_ptr have arrived (all_gather, dim 0)
     tlk_first, tlk_count = tlm.tl_channels_of_rows(
-        pid_m * BLOCK_M, pid_m * BLOCK_M + BLOCK_M, tlk_rows, tlk_rows_per_rank, tlk_rows_per_channel, tlk_channels_per_rank)
+        pid_m * BLOCK_M, pid_m * BLOCK_M + BLOCK_M,
+        tlk_rows, tlk_rows_per_rank, tlk_rows_per_channel, tlk_channels_per_rank)
     tlk_token = tll.consumer_tile_wait(tlk_barriers, tlk_first, tlk_count, tlk_epoch, tlk_diag, tlk_budget)
     a_ptrs = a_ptrs + tlk_token
     for k in range(0, tl.cdiv(K, BLOCK_K)):

@@ -27,7 +27,8 @@ def row_sum_kernel(x_ptr, y_ptr, S, D, stride_xb, stride_xs, BLOCK_S: tl.constex
     offs_d = tl.arange(0, BLOCK_D)
     # tilelink: wait until rows [s0, s0 + BLOCK_S) of x_ptr have arrived (all_gather, dim 1)
     tlk_first, tlk_count = tlm.tl_channels_of_rows(
-        s0, s0 + BLOCK_S, tlk_rows, tlk_rows_per_rank, tlk_rows_per_channel, tlk_channels_per_rank)
+        s0, s0 + BLOCK_S,
+        tlk_rows, tlk_rows_per_rank, tlk_rows_per_channel, tlk_channels_per_rank)
     tlk_token = tll.consumer_tile_wait(tlk_barriers, tlk_first, tlk_count, tlk_epoch, tlk_diag, tlk_budget)
     x_ptr = x_ptr + tlk_token
     x = tl.load(x_ptr + b * stride_xb + offs_s[:, None] * stride_xs + offs_d[None, :],

@@ -33,7 +33,8 @@ def attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, SEQ_Q, SEQ_KV, stride_qm, strid
         offs_n = start_n + tl.arange(0, BLOCK_N)
         # tilelink: wait until rows [start_n, start_n + BLOCK_N) of k_ptr, v_ptr have arrived (all_gather, dim 0)
         tlk_first, tlk_count = tlm.tl_channels_of_rows(
-            start_n, start_n + BLOCK_N, tlk_rows, tlk_rows_per_rank, tlk_rows_per_channel, tlk_channels_per_rank)
+            start_n, start_n + BLOCK_N,
+            tlk_rows, tlk_rows_per_rank, tlk_rows_per_channel, tlk_channels_per_rank)
         tlk_token = tll.consumer_tile_wait(tlk_barriers, tlk_first, tlk_count, tlk_epoch, tlk_diag, tlk_budget)
         k_ptr = k_ptr + tlk_token
         v_ptr = v_ptr + tlk_token

@@ -32,7 +32,8 @@ def matmul_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk,
     group_size_m = min(num_pid_m - first_pid_m, GROUP_M)
     pid_m = first_pid_m + ((pid % num_pid_in_group) % group_size_m)
     # tilelink: visit tiles in local_first order (all_gather)
-    pid_m = tlm.tl_remap_tile(pid_m, tl.cdiv(M, BLOCK_M), (tlk_rank * tlk_rows_per_rank) // (BLOCK_M))
+    pid_m = tlm.tl_remap_tile(
+        pid_m, tl.cdiv(M, BLOCK_M), (tlk_rank * tlk_rows_per_rank) // (BLOCK_M))
     pid_n = (pid % num_pid_in_group) // group_size_m
     offs_am = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_bn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -42,7 +43,8 @@ def matmul_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk,
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     # tilelink: wait until rows [pid_m * BLOCK_M, pid_m * BLOCK_M + BLOCK_M) of a_ptr have arrived (all_gather, dim 0)
     tlk_first, tlk_count = tlm.tl_channels_of_rows(
-        pid_m * BLOCK_M, pid_m * BLOCK_M + BLOCK_M, tlk_rows, tlk_rows_per_rank, tlk_rows_per_channel, tlk_channels_per_rank)
+        pid_m * BLOCK_M, pid_m * BLOCK_M + BLOCK_M,
+        tlk_rows, tlk_rows_per_rank, tlk_rows_per_channel, tlk_channels_per_rank)
     tlk_token = tll.consumer_tile_wait(tlk_barriers, tlk_first, tlk_count, tlk_epoch, tlk_diag, tlk_budget)
     a_ptrs = a_ptrs + tlk_token
     for k in range(0, tl.cdiv(K, BLOCK_K)):

@@ -24,7 +24,8 @@ def scale_kernel(x_ptr, w_ptr, y_ptr, N, BLOCK: tl.constexpr,  # added by TileLi
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     # tilelink: wait until rows [tl.program_id(0) * BLOCK, tl.program_id(0) * BLOCK + BLOCK) of x_ptr have arrived (all_gather, dim 0)
     tlk_first, tlk_count = tlm.tl_channels_of_rows(
-        tl.program_id(0) * BLOCK, tl.program_id(0) * BLOCK + BLOCK, tlk_rows, tlk_rows_per_rank, tlk_rows_per_channel, tlk_channels_per_rank)
+        tl.program_id(0) * BLOCK, tl.program_id(0) * BLOCK + BLOCK,
+        tlk_rows, tlk_rows_per_rank, tlk_rows_per_channel, tlk_channels_per_rank)
     tlk_token = tll.consumer_tile_wait(tlk_barriers, tlk_first, tlk_count, tlk_epoch, tlk_diag, tlk_budget)
     x_ptr = x_ptr + tlk_token
     x = tl.load(x_ptr + offs, mask=offs < N, other=0.0)

@@ -32,7 +32,8 @@ def matmul_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk,
     group_size_m = min(num_pid_m - first_pid_m, GROUP_M)
     pid_m = first_pid_m + ((pid % num_pid_in_group) % group_size_m)
     # tilelink: visit tiles in ring order (reduce_scatter)
-    pid_m = tlm.tl_remap_tile(pid_m, tl.cdiv(M, BLOCK_M), (((tlk_rank + 1) % tlk_world) * tlk_rows_per_rank) // (BLOCK_M))
+    pid_m = tlm.tl_remap_tile(
+        pid_m, tl.cdiv(M, BLOCK_M), (((tlk_rank + 1) % tlk_world) * tlk_rows_per_rank) // (BLOCK_M))
     pid_n = (pid % num_pid_in_group) // group_size_m
     offs_am = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_bn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -54,9 +55,12 @@ def matmul_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk,
     # tilelink: notify the channels whose rows this tile completed (reduce_scatter, dim 0)
     tlk_cols = tl.maximum(tl.minimum(BLOCK_N, N - (pid_n * BLOCK_N)), 0)
     tlk_first, tlk_count = tlm.tl_channels_of_rows(
-        pid_m * BLOCK_M, pid_m * BLOCK_M + BLOCK_M, tlk_rows, tlk_rows_per_rank, tlk_rows_per_channel, tlk_channels_per_rank)
+        pid_m * BLOCK_M, pid_m * BLOCK_M + BLOCK_M,
+        tlk_rows, tlk_rows_per_rank, tlk_rows_per_channel, tlk_channels_per_rank)
     for tlk_i in range(0, tlk_count):
-        tlk_done = tlk_cols * tlm.tl_channel_overlap(tlk_first + tlk_i, pid_m * BLOCK_M, pid_m * BLOCK_M + BLOCK_M, tlk_rows, tlk_rows_per_rank, tlk_rows_per_channel, tlk_channels_per_rank)
+        tlk_done = tlk_cols * tlm.tl_channel_overlap(
+            tlk_first + tlk_i, pid_m * BLOCK_M, pid_m * BLOCK_M + BLOCK_M,
+            tlk_rows, tlk_rows_per_rank, tlk_rows_per_channel, tlk_channels_per_rank)
         tll.producer_tile_notify(tlk_barriers, tlk_first + tlk_i, tlk_done, tlk_barriers, tlk_rank, tlk_world, 0)
 
 

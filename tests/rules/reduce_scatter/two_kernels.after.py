@@ -30,14 +30,16 @@ def up_kernel(x_ptr, w_ptr, h_ptr, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.c
               tlk_rows_per_rank, tlk_rows_per_channel, tlk_channels_per_rank, tlk_diag, tlk_budget):
     pid_m, pid_n = tile_of(tl.program_id(0), N, BLOCK_N)
     # tilelink: visit tiles in local_first order (all_gather)
-    pid_m = tlm.tl_remap_tile(pid_m, tl.cdiv(M, BLOCK_M), (tlk_rank * tlk_rows_per_rank) // (BLOCK_M))
+    pid_m = tlm.tl_remap_tile(
+        pid_m, tl.cdiv(M, BLOCK_M), (tlk_rank * tlk_rows_per_rank) // (BLOCK_M))
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     # tilelink: wait until rows [pid_m * BLOCK_M, pid_m * BLOCK_M + BLOCK_M) of x_ptr have arrived (all_gather, dim 0)
     tlk_first, tlk_count = tlm.tl_channels_of_rows(
-        pid_m * BLOCK_M, pid_m * BLOCK_M + BLOCK_M, tlk_rows, tlk_rows_per_rank, tlk_rows_per_channel, tlk_channels_per_rank)
+        pid_m * BLOCK_M, pid_m * BLOCK_M + BLOCK_M,
+        tlk_rows, tlk_rows_per_rank, tlk_rows_per_channel, tlk_channels_per_rank)
     tlk_token = tll.consumer_tile_wait(tlk_barriers, tlk_first, tlk_count, tlk_epoch, tlk_diag, tlk_budget)
     x_ptr = x_ptr + tlk_token
     for k in range(0, tl.cdiv(K, BLOCK_K)):
@@ -71,9 +73,12 @@ def down_kernel(h_ptr, w_ptr, y_ptr, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl
     # tilelink: notify the channels whose rows this tile completed (reduce_scatter, dim 0)
     tlk_cols = tl.maximum(tl.minimum(BLOCK_N, N - (pid_n * BLOCK_N)), 0)
     tlk_first, tlk_count = tlm.tl_channels_of_rows(
-        pid_m * BLOCK_M, pid_m * BLOCK_M + BLOCK_M, tlk_rows, tlk_rows_per_rank, tlk_rows_per_channel, tlk_channels_per_rank)
+        pid_m * BLOCK_M, pid_m * BLOCK_M + BLOCK_M,
+        tlk_rows, tlk_rows_per_rank, tlk_rows_per_channel, tlk_channels_per_rank)
     for tlk_i in range(0, tlk_count):
-        tlk_done = tlk_cols * tlm.tl_channel_overlap(tlk_first + tlk_i, pid_m * BLOCK_M, pid_m * BLOCK_M + BLOCK_M, tlk_rows, tlk_rows_per_rank, tlk_rows_per_channel, tlk_channels_per_rank)
+        tlk_done = tlk_cols * tlm.tl_channel_overlap(
+            tlk_first + tlk_i, pid_m * BLOCK_M, pid_m * BLOCK_M + BLOCK_M,
+            tlk_rows, tlk_rows_per_rank, tlk_rows_per_channel, tlk_channels_per_rank)
         tll.producer_tile_notify(tlk_barriers, tlk_first + tlk_i, tlk_done, tlk_barriers, tlk_rank, tlk_world, 0)
 
 

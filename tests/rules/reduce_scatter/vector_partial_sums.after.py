@@ -30,9 +30,11 @@ def partial_scale_kernel(x_ptr, w_ptr, y_ptr, N, BLOCK: tl.constexpr,  # added b
     tlk_stored = tl.where(keep, 1, 0) + tl.zeros((x * w).shape, tl.int32)
     tlk_row = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     tlk_first, tlk_count = tlm.tl_channels_of_rows(
-        tl.program_id(0) * BLOCK, tl.program_id(0) * BLOCK + BLOCK, tlk_rows, tlk_rows_per_rank, tlk_rows_per_channel, tlk_channels_per_rank)
+        tl.program_id(0) * BLOCK, tl.program_id(0) * BLOCK + BLOCK,
+        tlk_rows, tlk_rows_per_rank, tlk_rows_per_channel, tlk_channels_per_rank)
     for tlk_i in range(0, tlk_count):
-        tlk_lo, tlk_hi = tlm.tl_channel_range(tlk_first + tlk_i, tlk_rows, tlk_rows_per_rank, tlk_rows_per_channel, tlk_channels_per_rank)
+        tlk_lo, tlk_hi = tlm.tl_channel_range(
+            tlk_first + tlk_i, tlk_rows, tlk_rows_per_rank, tlk_rows_per_channel, tlk_channels_per_rank)
         tlk_done = tl.sum(tl.where((tlk_row >= tlk_lo) & (tlk_row < tlk_hi), tlk_stored, 0))
         tll.producer_tile_notify(tlk_barriers, tlk_first + tlk_i, tlk_done, tlk_barriers, tlk_rank, tlk_world, 0)
 
