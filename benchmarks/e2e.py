@@ -1,7 +1,8 @@
 """End-to-end decoder forward (paper §7.3, Figure 11): TileLink TP layers vs plain PyTorch TP.
 
 The model is :class:`tilelink.ops.models.TPDecoder` (AG+GEMM for QKV, local attention, GEMM+RS for W_o,
-``tilelink.nn.TPMLP``); the baseline :class:`tilelink.ops.models_reference.TorchTPDecoder` on the very
+``tilelink.nn.TPMLP``, or ``tilelink.nn.TPMoE`` for the MoE models ``mixtral-8x7b`` and
+``qwen1.5-moe-a2.7b``); the baseline :class:`tilelink.ops.models_reference.TorchTPDecoder` on the very
 same weight tensors (``from_shards``): ``all_gather_into_tensor`` + ``matmul`` and ``matmul`` +
 ``reduce_scatter_tensor`` on an NCCL group. Default input: batch 4 × seq 8192 tokens of hidden states.
 
@@ -37,9 +38,14 @@ PERFORMANCE_MD = Path(__file__).resolve().parent.parent / "docs" / "PERFORMANCE.
 
 
 def forward_flops(config, batch: int, seq: int) -> float:
-    """Matmul FLOPs of one forward (causal attention counted as half of the S² products)."""
+    """Matmul FLOPs of one forward (causal attention counted as half of the S² products). MoE: the router,
+    each token's top-k experts and the shared expert (the FLOPs actually needed, not the padded tiles)."""
     T, H, I, d = batch * seq, config.hidden, config.intermediate, config.head_dim  # noqa: E741
-    per_layer = (2 * T * H * config.qkv_width + 2 * T * config.heads * d * H + 3 * 2 * T * H * I
+    mlp = 3 * 2 * T * H * I
+    if getattr(config, "experts", 0):
+        mlp = (2 * T * H * config.experts + config.top_k * 3 * 2 * T * H * I
+               + 3 * 2 * T * H * config.shared_intermediate + (2 * T * H if config.shared_expert_gate else 0))
+    per_layer = (2 * T * H * config.qkv_width + 2 * T * config.heads * d * H + mlp
                  + 2 * batch * config.heads * seq * seq * d)  # QK^T and PV, each half of S² by causality
     return float(per_layer * config.layers)
 
@@ -138,7 +144,9 @@ def run_model(name: str, *, world: int, batch: int, seq: int, layers: int | None
     flops = forward_flops(config, batch, seq) / world
     return {"model": config.name, "source": config.source, "layers": config.layers, "hidden": config.hidden,
             "intermediate": config.intermediate, "heads": config.heads, "kv_heads": config.kv_heads,
-            "head_dim": config.head_dim, "backend": backend, "baseline_comm": per_rank[0]["baseline_comm"],
+            "head_dim": config.head_dim, "experts": config.experts, "top_k": config.top_k,
+            "shared_intermediate": config.shared_intermediate, "backend": backend,
+            "baseline_comm": per_rank[0]["baseline_comm"],
             "forward_ms": slowest, "median_ms": median, "speedup": median["pytorch"] / median["tilelink"],
             "tflops_per_rank": {m: flops / (t * 1e-3) / 1e12 for m, t in median.items()},
             "rel_err": max(r["rel_err"] for r in per_rank),
@@ -218,8 +226,14 @@ def run(models: tuple[str, ...], world: int, batch: int, seq: int, layers: int |
 
 def _options(fn):
     from tilelink.cli.bench_e2e import options
+    from tilelink.ops.models import MODELS
 
-    return options(fn)
+    fn = options(fn)
+    # every configuration of tilelink.ops.models (the MoE ones too), whatever the CLI's list says
+    for param in getattr(fn, "__click_params__", []):
+        if param.name == "models":
+            param.type = click.Choice(tuple(MODELS), case_sensitive=False)
+    return fn
 
 
 @click.command()

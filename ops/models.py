@@ -12,6 +12,11 @@ batch-major order (token ``b·seq + s``). One decoder layer, on rank r:
    this rank's rows of W_o and reduce-scatters back to the sequence shard; residual add;
 3. ``x = x + TPMLP(rms_norm(x))`` (:class:`tilelink.nn.TPMLP`: AG+GEMM, SiLU·mul, GEMM+RS).
 
+The MoE decoder (``config.experts > 0``; Mixtral / Qwen1.5-MoE style) is the same layer with step 3
+replaced by ``x = x + TPMoE(rms_norm(x))`` (:class:`tilelink.nn.TPMoE`: replicated router, every
+expert TP-sharded along its intermediate dimension, ``ag_moe`` / ``moe_rs``; Qwen's gated shared
+expert inside the same TPMoE).
+
 A final RMSNorm closes the stack. There is no embedding and no LM head: the input is the (T, hidden)
 hidden state, as in the paper's end-to-end layer stack (vocabulary-parallel layers have no overlap
 of the kind TileLink generates).
@@ -21,8 +26,9 @@ heads) or ``R % kv_heads == 0`` (each KV head replicated on the ``R / kv_heads``
 use it). Anything else raises :class:`tilelink.LaunchError` before a kernel runs.
 
 The paper's models (:data:`MODELS`) are reproduced by their shapes — hidden, intermediate, heads, KV
-heads, head size, layers. Model-specific details are left out on purpose: Gemma-2's GeGLU (SiLU·mul
-here), logit soft-capping, sandwich norms and sliding windows, Qwen-2's QKV biases. Weights are random,
+heads, head size, layers; for the MoE models also experts, top-k and the shared expert. Model-specific
+details are left out on purpose: Gemma-2's GeGLU (SiLU·mul here), logit soft-capping, sandwich norms and
+sliding windows, Qwen-2's and Qwen1.5-MoE's QKV biases, Mixtral's sliding window. Weights are random,
 generated from a seed identically on every rank (:func:`layer_weights`) and sharded by one helper
 (:func:`shard_layer`) that :mod:`tilelink.ops.models_reference` uses too, so the two models compute the
 same function and their outputs can be compared.
@@ -45,7 +51,14 @@ from tilelink.errors import LaunchError
 
 @dataclasses.dataclass(frozen=True)
 class DecoderConfig:
-    """Shapes of a LLaMA-style decoder (``head_dim`` defaults to hidden / heads)."""
+    """Shapes of a LLaMA-style decoder (``head_dim`` defaults to hidden / heads).
+
+    MoE models (``experts > 0``): ``intermediate`` is each routed expert's intermediate size; each token
+    goes to its ``top_k`` experts (router softmax in fp32, weights renormalised to sum to 1 when
+    ``normalize_topk``, as Mixtral; Qwen1.5-MoE does not renormalise); ``shared_intermediate > 0`` adds a
+    shared expert every token goes through, scaled by ``sigmoid(x · w_gate)`` when ``shared_expert_gate``
+    (Qwen1.5-MoE). ``experts == 0``: the dense SiLU·mul MLP.
+    """
 
     name: str
     hidden: int
@@ -58,6 +71,11 @@ class DecoderConfig:
     rope_theta: float = 10000.0
     eps: float = 1e-5
     source: str = ""
+    experts: int = 0
+    top_k: int = 0
+    shared_intermediate: int = 0
+    shared_expert_gate: bool = False
+    normalize_topk: bool = True
 
     def __post_init__(self) -> None:
         if self.head_dim == 0 and self.heads > 0:
@@ -66,6 +84,11 @@ class DecoderConfig:
     def with_layers(self, layers: int) -> DecoderConfig:
         """The same model with ``layers`` decoder layers (benchmarks that cannot hold them all)."""
         return dataclasses.replace(self, layers=layers)
+
+    @property
+    def moe(self) -> bool:
+        """Whether the layers' MLP is a mixture of experts."""
+        return self.experts > 0
 
     @property
     def qkv_width(self) -> int:
@@ -80,9 +103,20 @@ MODELS: dict[str, DecoderConfig] = {c.name: c for c in (
     DecoderConfig("gemma-2-27b", 4608, 36864, 32, 16, 46, head_dim=128, eps=1e-6, source="Gemma-2-27B"),
     DecoderConfig("llama-3.1-70b", 8192, 28672, 64, 8, 80, rope_theta=500000.0, source="LLaMA-3.1-70B"),
     DecoderConfig("qwen-2-72b", 8192, 29568, 64, 8, 80, rope_theta=1000000.0, eps=1e-6, source="Qwen-2-72B"),
+    # MoE: intermediate is one routed expert's
+    DecoderConfig("mixtral-8x7b", 4096, 14336, 32, 8, 32, rope_theta=1000000.0, experts=8, top_k=2,
+                  source="Mixtral-8x7B"),
+    DecoderConfig("qwen1.5-moe-a2.7b", 2048, 1408, 16, 16, 24, rope_theta=1000000.0, eps=1e-6, experts=60,
+                  top_k=4, shared_intermediate=5632, shared_expert_gate=True, normalize_topk=False,
+                  source="Qwen1.5-MoE-A2.7B"),
     # test and smoke configurations
     DecoderConfig("tiny", 32, 48, 4, 2, 2, head_dim=8, source="tests (GQA, 2 layers)"),
     DecoderConfig("small", 512, 1376, 8, 4, 2, head_dim=64, source="GPU tests (LLaMA-2-7B / 8 scaled)"),
+    DecoderConfig("tiny-moe", 32, 24, 4, 2, 2, head_dim=8, experts=8, top_k=2,
+                  source="tests (Mixtral style: 8 experts, top-2, 2 layers)"),
+    DecoderConfig("tiny-qwen-moe", 32, 16, 4, 4, 2, head_dim=8, experts=6, top_k=4, shared_intermediate=40,
+                  shared_expert_gate=True, normalize_topk=False,
+                  source="tests (Qwen1.5-MoE style: 6 experts, top-4, gated shared expert, 2 layers)"),
 )}
 
 
@@ -100,7 +134,13 @@ def get_config(name: str) -> DecoderConfig:
 
 @dataclasses.dataclass(frozen=True)
 class LayerWeights:
-    """One layer's unsharded weights, ``nn.Linear`` layout (out_features, in_features)."""
+    """One layer's unsharded weights, ``nn.Linear`` layout (out_features, in_features).
+
+    MoE layers stack the experts' MLPs: ``gate`` and ``up`` (E, I, H), ``down`` (E, H, I) —
+    :class:`tilelink.nn.TPMoE`'s layout — with the ``router`` (E, H) and, when the config has one, the
+    shared expert ``shared_gate``, ``shared_up`` (I_s, H), ``shared_down`` (H, I_s) and its gate
+    ``shared_expert_gate`` (1, H). Dense layers leave those None.
+    """
 
     attn_norm: torch.Tensor  # (H,)
     wq: torch.Tensor  # (heads*d, H)
@@ -108,9 +148,14 @@ class LayerWeights:
     wv: torch.Tensor  # (kv_heads*d, H)
     wo: torch.Tensor  # (H, heads*d)
     mlp_norm: torch.Tensor  # (H,)
-    gate: torch.Tensor  # (I, H)
-    up: torch.Tensor  # (I, H)
-    down: torch.Tensor  # (H, I)
+    gate: torch.Tensor  # (I, H); MoE (E, I, H)
+    up: torch.Tensor  # (I, H); MoE (E, I, H)
+    down: torch.Tensor  # (H, I); MoE (E, H, I)
+    router: torch.Tensor | None = None  # (E, H)
+    shared_gate: torch.Tensor | None = None  # (I_s, H)
+    shared_up: torch.Tensor | None = None  # (I_s, H)
+    shared_down: torch.Tensor | None = None  # (H, I_s)
+    shared_expert_gate: torch.Tensor | None = None  # (1, H)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,6 +165,11 @@ class LayerShard:
     ``w_qkv`` (H, (heads_r + 2·kv_heads_r)·d): this rank's Q columns, then its K and V columns.
     ``w_o`` (heads_r·d, H): the rows of W_o that multiply this rank's heads. ``w_gate_up`` (H, 2·I_r)
     and ``w_down`` (I_r, H): the MLP's slice in :class:`tilelink.nn.TPMLP`'s layout.
+
+    MoE layers, in :class:`tilelink.nn.TPMoE`'s layout: ``w_gate_up`` (E, H, 2·I_r) and ``w_down``
+    (E, I_r, H) every expert's slice; ``router`` (E, H) replicated; the shared expert's slice
+    ``shared_gate_up`` (H, 2·I_s,r), ``shared_down`` (I_s,r, H) and its gate ``shared_expert_gate``
+    (1, H) replicated. Dense layers leave those None.
     """
 
     attn_norm: torch.Tensor
@@ -130,6 +180,10 @@ class LayerShard:
     w_down: torch.Tensor | None
     heads: int
     kv_heads: int
+    router: torch.Tensor | None = None
+    shared_gate_up: torch.Tensor | None = None
+    shared_down: torch.Tensor | None = None
+    shared_expert_gate: torch.Tensor | None = None
 
 
 def _seeded(seed: int, *names: object) -> int:
@@ -145,13 +199,25 @@ def layer_weights(config: DecoderConfig, layer: int, seed: int = 0, device="cpu"
                   dtype: torch.dtype = torch.float32) -> LayerWeights:
     """Layer ``layer``'s random weights: the same on every rank for the same seed and device type.
 
-    Linear weights are N(0, 1/fan_in) so that activations keep their scale through the stack; norm
-    weights are 1 + N(0, 0.1²).
+    Linear weights are N(0, 1/fan_in) so that activations keep their scale through the stack (the router's
+    too: its logits are about N(0, 1)); norm weights are 1 + N(0, 0.1²). MoE configs get the stacked
+    experts, the router and the shared expert (:class:`LayerWeights`); every tensor has its own seed, so
+    the dense weights do not depend on the MoE fields.
     """
     H, I, d = config.hidden, config.intermediate, config.head_dim  # noqa: E741 - the paper's names
     shapes = {"wq": (config.heads * d, H), "wk": (config.kv_heads * d, H), "wv": (config.kv_heads * d, H),
               "wo": (H, config.heads * d), "gate": (I, H), "up": (I, H), "down": (H, I)}
-    tensors = {name: _randn(shape, _seeded(seed, layer, name), device, dtype, shape[1] ** -0.5)
+    fan_in = {name: shape[1] for name, shape in shapes.items()}
+    if config.moe:
+        E, Is = config.experts, config.shared_intermediate
+        shapes.update(gate=(E, I, H), up=(E, I, H), down=(E, H, I), router=(E, H))
+        fan_in.update(gate=H, up=H, down=I, router=H)
+        if Is:
+            shapes.update(shared_gate=(Is, H), shared_up=(Is, H), shared_down=(H, Is))
+            fan_in.update(shared_gate=H, shared_up=H, shared_down=Is)
+            if config.shared_expert_gate:
+                shapes["shared_expert_gate"], fan_in["shared_expert_gate"] = (1, H), H
+    tensors = {name: _randn(shape, _seeded(seed, layer, name), device, dtype, fan_in[name] ** -0.5)
                for name, shape in shapes.items()}
     for name in ("attn_norm", "mlp_norm"):
         tensors[name] = (1.0 + _randn((H,), _seeded(seed, layer, name), device, torch.float32, 0.1)).to(dtype)
@@ -195,27 +261,48 @@ def check_config(config: DecoderConfig, world: int) -> None:
                           f"the other")
     if config.rope and config.head_dim % 2:
         raise LaunchError(f"{config.name}: RoPE needs an even head_dim, got {config.head_dim}")
+    if config.experts < 0 or config.shared_intermediate < 0:
+        raise LaunchError(f"{config.name}: experts and shared_intermediate must not be negative")
+    if config.moe and not 1 <= config.top_k <= config.experts:
+        raise LaunchError(f"{config.name}: top_k={config.top_k} must be between 1 and the {config.experts} "
+                          f"experts")
+    if not config.moe and (config.top_k or config.shared_intermediate or config.shared_expert_gate):
+        raise LaunchError(f"{config.name}: top_k, shared_intermediate and shared_expert_gate need experts > 0")
+    if config.shared_expert_gate and not config.shared_intermediate:
+        raise LaunchError(f"{config.name}: shared_expert_gate needs a shared expert (shared_intermediate > 0)")
 
 
 def shard_layer(config: DecoderConfig, w: LayerWeights, rank: int, world: int, *, mlp: bool = True,
                 device=None) -> LayerShard:
     """Rank ``rank``'s slice of ``w`` (both models shard with this; see :class:`LayerShard`).
 
-    ``mlp=False`` leaves the MLP out (the TileLink model's :class:`tilelink.nn.TPMLP` slices it
-    itself, with the same :func:`row_bounds` split of the intermediate dimension).
+    ``mlp=False`` leaves the MLP out (the TileLink model's :class:`tilelink.nn.TPMLP` or
+    :class:`tilelink.nn.TPMoE` slices it itself, with the same :func:`row_bounds` split of the
+    intermediate dimension — every expert's, and the shared expert's).
     """
     d = config.head_dim
     q_lo, q_hi, kv_lo, kv_hi = head_bounds(config, rank, world)
     q, k, v = w.wq[q_lo * d:q_hi * d], w.wk[kv_lo * d:kv_hi * d], w.wv[kv_lo * d:kv_hi * d]
     move = (lambda t: t.contiguous().to(device)) if device is not None else (lambda t: t.contiguous())
-    gate_up = down = None
-    if mlp:
+    mlp_parts: dict[str, torch.Tensor | None] = {"w_gate_up": None, "w_down": None}
+    if mlp and config.moe:
         lo, hi = row_bounds(config.intermediate, rank, world)
-        gate_up = move(torch.cat([w.gate[lo:hi].t(), w.up[lo:hi].t()], dim=1))
-        down = move(w.down[:, lo:hi].t())
+        mlp_parts = {"w_gate_up": move(torch.cat([w.gate[:, lo:hi].transpose(1, 2), w.up[:, lo:hi].transpose(1, 2)],
+                                                 dim=2)),
+                     "w_down": move(w.down[:, :, lo:hi].transpose(1, 2)), "router": move(w.router)}
+        if w.shared_gate is not None:
+            lo, hi = row_bounds(w.shared_gate.shape[0], rank, world)
+            mlp_parts["shared_gate_up"] = move(torch.cat([w.shared_gate[lo:hi].t(), w.shared_up[lo:hi].t()], dim=1))
+            mlp_parts["shared_down"] = move(w.shared_down[:, lo:hi].t())
+            if w.shared_expert_gate is not None:
+                mlp_parts["shared_expert_gate"] = move(w.shared_expert_gate)
+    elif mlp:
+        lo, hi = row_bounds(config.intermediate, rank, world)
+        mlp_parts = {"w_gate_up": move(torch.cat([w.gate[lo:hi].t(), w.up[lo:hi].t()], dim=1)),
+                     "w_down": move(w.down[:, lo:hi].t())}
     return LayerShard(attn_norm=move(w.attn_norm), w_qkv=move(torch.cat([q, k, v], dim=0).t()),
                       w_o=move(w.wo[:, q_lo * d:q_hi * d].t()), mlp_norm=move(w.mlp_norm),
-                      w_gate_up=gate_up, w_down=down, heads=q_hi - q_lo, kv_heads=kv_hi - kv_lo)
+                      heads=q_hi - q_lo, kv_heads=kv_hi - kv_lo, **mlp_parts)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -302,32 +389,53 @@ class TPAttention(nn.Module):
 
 
 class TPDecoderLayer(nn.Module):
-    """Pre-norm decoder layer: ``x += attn(norm(x)); x += mlp(norm(x))`` on sequence-sharded rows."""
+    """Pre-norm decoder layer: ``x += attn(norm(x)); x += mlp(norm(x))`` on sequence-sharded rows.
+
+    The MLP is a :class:`tilelink.nn.TPMLP`, or for an MoE config a :class:`tilelink.nn.TPMoE` (with the
+    shared expert when the config has one).
+    """
 
     def __init__(self, config: DecoderConfig, weights: LayerWeights, rank: int, world: int, device) -> None:
         super().__init__()
-        from tilelink.ops.layers import TPMLP  # tilelink.nn's TPMLP, without importing the other layers
-
         shard = shard_layer(config, weights, rank, world, mlp=False, device=device)
         self.config = config
         self.attn_norm = nn.Parameter(shard.attn_norm, requires_grad=False)
         self.mlp_norm = nn.Parameter(shard.mlp_norm, requires_grad=False)
         self.attn = TPAttention(config, shard)
-        self.mlp = TPMLP(weights.gate, weights.up, weights.down)
+        if config.moe:
+            from tilelink.ops.moe_layers import TPMoE  # tilelink.nn's TPMoE
+
+            self.mlp = TPMoE(weights.router, weights.gate, weights.up, weights.down, config.top_k,
+                             normalize=config.normalize_topk, shared_gate=weights.shared_gate,
+                             shared_up=weights.shared_up, shared_down=weights.shared_down,
+                             shared_expert_gate=weights.shared_expert_gate)
+        else:
+            from tilelink.ops.layers import TPMLP  # tilelink.nn's TPMLP, without importing the other layers
+
+            self.mlp = TPMLP(weights.gate, weights.up, weights.down)
 
     def shard(self) -> LayerShard:
         """This layer's weights as a :class:`LayerShard` (shared, not copied)."""
+        moe = {}
+        if self.config.moe:
+            moe["router"] = self.mlp.router.data
+            if self.mlp.shared is not None:
+                moe["shared_gate_up"], moe["shared_down"] = self.mlp.shared.w_gate_up.data, self.mlp.shared.w_down.data
+            if self.mlp.shared_expert_gate is not None:
+                moe["shared_expert_gate"] = self.mlp.shared_expert_gate.data
         return LayerShard(self.attn_norm.data, self.attn.w_qkv.data, self.attn.w_o.data, self.mlp_norm.data,
-                          self.mlp.w_gate_up.data, self.mlp.w_down.data, self.attn.heads, self.attn.kv_heads)
+                          self.mlp.w_gate_up.data, self.mlp.w_down.data, self.attn.heads, self.attn.kv_heads, **moe)
 
     def forward(self, x: torch.Tensor, ctx, batch: int, seq: int, rope) -> torch.Tensor:
         eps = self.config.eps
         x = x + self.attn(rms_norm(x, self.attn_norm, eps), ctx, batch, seq, rope)
-        return x + self.mlp(rms_norm(x, self.mlp_norm, eps), ctx)
+        h = rms_norm(x, self.mlp_norm, eps)
+        return x + (self.mlp(h) if self.config.moe else self.mlp(h, ctx))
 
 
 class TPDecoder(nn.Module):
-    """The LLaMA-style decoder on TileLink layers, for the world :func:`tilelink.init` joined.
+    """The LLaMA-style decoder (dense, or MoE when ``config.experts``) on TileLink layers, for the world
+    :func:`tilelink.init` joined.
 
     ``TPDecoder(config, seed=0, dtype=torch.bfloat16)`` generates each layer's weights from ``seed``
     (on the rank's device), keeps this rank's shard and drops the rest, one layer at a time.
@@ -369,16 +477,11 @@ class TPDecoder(nn.Module):
 
 
 # ------------------------------------------------------------------------------------------------
-# MoE: the hook for issue 6
+# MoE
 
 
 def moe_layer_available() -> bool:
-    """Whether ``tilelink.nn.TPMoE`` (issue 6) exists; the MoE decoder variant needs it.
-
-    Hook: an MoE decoder layer is :class:`TPDecoderLayer` with ``self.mlp`` replaced by a TPMoE
-    (Mixtral style) or by ``TPMLP`` (shared expert) + ``TPMoE`` summed on the same sequence shard
-    (Qwen-MoE style); the attention half is unchanged.
-    """
+    """Whether ``tilelink.nn.TPMoE`` exists (the MoE configs need it; it does since issue 6)."""
     try:
         import tilelink.nn
     except ImportError:

@@ -9,6 +9,12 @@ communication differs: collectives and matmuls one after the other, nothing over
   then ``matmul``;
 - reduce-scatter: ``matmul``, then ``reduce_scatter_tensor`` of the (padded) partial sums.
 
+The MoE layer (``config.experts > 0``) in the same style: gather the normed rows, route every token
+with the replicated router (softmax in fp32, top-k, optional renormalisation: the rule of
+:class:`tilelink.nn.TPMoE`), then a loop over the experts, each on its tokens with this rank's slice of
+the expert's intermediate dimension, the routing weight applied, plus this rank's slice of the shared
+expert (times its sigmoid gate); one reduce-scatter of the summed partial outputs.
+
 Those are NCCL's. On a gloo group — the one :func:`tilelink.init` brings up on the CPU, also the only
 group available when several ranks share one GPU (NCCL refuses two ranks on one device) — gloo has no
 ``reduce_scatter_tensor``, so the reduce-scatter is an ``all_reduce`` followed by slicing this rank's
@@ -85,13 +91,54 @@ class RowCollectives:
         return host[lo:hi].to(partial.dtype).to(partial.device).contiguous()
 
 
+def route(h: torch.Tensor, router: torch.Tensor, top_k: int, normalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-k expert ids (T, top_k) and fp32 weights of the rows of ``h``: softmax of the fp32 logits,
+    renormalised over the top k when ``normalize`` (:class:`tilelink.nn.TPMoE`'s rule)."""
+    weights, ids = torch.topk(torch.softmax(F.linear(h.float(), router.float()), dim=-1), top_k, dim=-1)
+    if normalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return ids, weights
+
+
+def moe_partial(config: DecoderConfig, shard: LayerShard, h: torch.Tensor) -> torch.Tensor:
+    """This rank's partial MoE output (T, H) on the gathered rows ``h``: a loop over the experts (slots
+    sorted by expert, one host sync for the counts), each expert's slice of I, weighted by the routing,
+    plus this rank's slice of the shared expert; accumulated in fp32, returned in ``h``'s dtype."""
+    ids, weights = route(h, shard.router, config.top_k, config.normalize_topk)
+    flat = ids.flatten()
+    order = torch.argsort(flat, stable=True)
+    counts = torch.bincount(flat, minlength=config.experts).tolist()
+    tokens = order // config.top_k
+    rows = h[tokens]
+    out = torch.empty((rows.shape[0], h.shape[1]), dtype=h.dtype, device=h.device)
+    start = 0
+    for e, count in enumerate(counts):
+        if count:
+            gate, up = (rows[start:start + count] @ shard.w_gate_up[e]).chunk(2, dim=1)
+            out[start:start + count] = (F.silu(gate) * up) @ shard.w_down[e]
+        start += count
+    acc = torch.zeros(h.shape, dtype=torch.float32, device=h.device)
+    acc.index_add_(0, tokens, out.float() * weights.flatten()[order, None])
+    if shard.shared_gate_up is not None:
+        gate, up = (h @ shard.shared_gate_up).chunk(2, dim=1)
+        shared = (F.silu(gate) * up) @ shard.shared_down
+        if shard.shared_expert_gate is not None:
+            shared = shared * torch.sigmoid(F.linear(h, shard.shared_expert_gate))
+        acc += shared.float()
+    return acc.to(h.dtype)
+
+
 class TorchTPDecoderLayer(torch.nn.Module):
-    """One decoder layer in plain PyTorch TP on a :class:`~tilelink.ops.models.LayerShard`."""
+    """One decoder layer in plain PyTorch TP on a :class:`~tilelink.ops.models.LayerShard` (dense or MoE)."""
 
     def __init__(self, config: DecoderConfig, shard: LayerShard, comm: RowCollectives) -> None:
         super().__init__()
         if shard.w_gate_up is None or shard.w_down is None:
             raise LaunchError("TorchTPDecoderLayer: the shard has no MLP weights (shard_layer(..., mlp=True))")
+        if config.moe and (shard.router is None or shard.w_gate_up.dim() != 3):
+            raise LaunchError(f"TorchTPDecoderLayer: {config.name} is an MoE model but the shard has no experts")
+        if config.moe and config.shared_intermediate and shard.shared_gate_up is None:
+            raise LaunchError(f"TorchTPDecoderLayer: {config.name} has a shared expert but the shard has none")
         self.config, self.shard, self.comm = config, shard, comm
 
     def forward(self, x: torch.Tensor, batch: int, seq: int, rope) -> torch.Tensor:
@@ -100,6 +147,8 @@ class TorchTPDecoderLayer(torch.nn.Module):
         o = attention_core(h @ s.w_qkv, s.heads, s.kv_heads, self.config.head_dim, batch, seq, rope)
         x = x + self.comm.reduce_scatter_rows(o @ s.w_o)
         h = self.comm.all_gather_rows(rms_norm(x, s.mlp_norm, eps), total)
+        if self.config.moe:
+            return x + self.comm.reduce_scatter_rows(moe_partial(self.config, s, h))
         gate, up = (h @ s.w_gate_up).chunk(2, dim=1)
         return x + self.comm.reduce_scatter_rows((F.silu(gate) * up) @ s.w_down)
 
@@ -139,9 +188,33 @@ class TorchTPDecoder(torch.nn.Module):
         return rms_norm(x, self.final_norm, self.config.eps)
 
 
+def unsharded_moe(config: DecoderConfig, w: LayerWeights, h: torch.Tensor,
+                  routing: list[torch.Tensor] | None = None) -> torch.Tensor:
+    """The MoE MLP on all rows with the full weights: for each expert, ``nonzero`` of its tokens, its
+    SiLU·mul MLP, weighted by the routing; plus the (gated) shared expert. ``routing``: a list to which
+    the top-k ids (T, top_k) are appended."""
+    ids, weights = route(h, w.router, config.top_k, config.normalize_topk)
+    if routing is not None:
+        routing.append(ids)
+    out = torch.zeros(h.shape, dtype=torch.float32, device=h.device)
+    for e in range(config.experts):
+        token, k = (ids == e).nonzero(as_tuple=True)
+        if token.numel():
+            x = h[token]
+            y = F.linear(F.silu(F.linear(x, w.gate[e])) * F.linear(x, w.up[e]), w.down[e])
+            out.index_add_(0, token, y.float() * weights[token, k, None])
+    if w.shared_gate is not None:
+        shared = F.linear(F.silu(F.linear(h, w.shared_gate)) * F.linear(h, w.shared_up), w.shared_down)
+        if w.shared_expert_gate is not None:
+            shared = shared * torch.sigmoid(F.linear(h, w.shared_expert_gate))
+        out += shared.float()
+    return out.to(h.dtype)
+
+
 def unsharded_forward(config: DecoderConfig, weights: list[LayerWeights], final_norm: torch.Tensor,
-                      x: torch.Tensor, batch: int, seq: int) -> torch.Tensor:
-    """The whole model in one process on the full (batch·seq, hidden) input, ``nn.Linear`` weights."""
+                      x: torch.Tensor, batch: int, seq: int, routing: list[torch.Tensor] | None = None) -> torch.Tensor:
+    """The whole model in one process on the full (batch·seq, hidden) input, ``nn.Linear`` weights.
+    For an MoE model, ``routing`` (a list) receives each layer's top-k expert ids."""
     rope = rope_tables(config, seq, x.device)
     d, eps = config.head_dim, config.eps
     for w in weights:
@@ -149,5 +222,8 @@ def unsharded_forward(config: DecoderConfig, weights: list[LayerWeights], final_
         qkv = torch.cat([F.linear(h, w.wq), F.linear(h, w.wk), F.linear(h, w.wv)], dim=1)
         x = x + F.linear(attention_core(qkv, config.heads, config.kv_heads, d, batch, seq, rope), w.wo)
         h = rms_norm(x, w.mlp_norm, eps)
-        x = x + F.linear(F.silu(F.linear(h, w.gate)) * F.linear(h, w.up), w.down)
+        if config.moe:
+            x = x + unsharded_moe(config, w, h, routing)
+        else:
+            x = x + F.linear(F.silu(F.linear(h, w.gate)) * F.linear(h, w.up), w.down)
     return rms_norm(x, final_norm, eps)

@@ -17,7 +17,8 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 def decoder_matches_references(model: str, batch: int, seq: int, dtype_name: str, layers: int = 0,
                                **overrides) -> dict:
     """TPDecoder vs TorchTPDecoder (same seed, own weights) vs the unsharded single-process model;
-    ``overrides`` replace fields of the named configuration."""
+    ``overrides`` replace fields of the named configuration. MoE models also return each layer's
+    tokens per expert (``expert_tokens``, from the unsharded model's routing)."""
     from tilelink.ops import models
     from tilelink.ops.models_reference import TorchTPDecoder, unsharded_forward
 
@@ -39,18 +40,24 @@ def decoder_matches_references(model: str, batch: int, seq: int, dtype_name: str
     y_torch = torch_model(x_shard, batch, seq)
     # the unsharded model, in fp32 from the same weights
     weights = [models.layer_weights(config, i, 3, device, dtype) for i in range(config.layers)]
-    weights = [models.LayerWeights(**{f.name: getattr(w, f.name).float() for f in dataclasses.fields(w)})
-               for w in weights]
+    weights = [models.LayerWeights(**{f.name: None if getattr(w, f.name) is None else getattr(w, f.name).float()
+                                      for f in dataclasses.fields(w)}) for w in weights]
+    routing: list[torch.Tensor] = []
     ref = unsharded_forward(config, weights, models.final_norm_weight(config, 3, device, dtype).float(),
-                            x.float(), batch, seq)[lo:hi]
-    # TPMLP must slice the MLP exactly as shard_layer does (the baseline's MLP shard)
-    shard = models.shard_layer(config, models.layer_weights(config, 0, 3, device, dtype), r, R)
-    same_mlp = bool(torch.equal(shard.w_gate_up, tl_model.layers[0].mlp.w_gate_up.data)
-                    and torch.equal(shard.w_down, tl_model.layers[0].mlp.w_down.data))
+                            x.float(), batch, seq, routing)[lo:hi]
+    # TPMLP / TPMoE must slice the MLP exactly as shard_layer does (the baseline's MLP shard)
+    same_mlp = True
+    for i, layer in enumerate(tl_model.layers):
+        shard, mine = models.shard_layer(config, models.layer_weights(config, i, 3, device, dtype), r, R), layer.shard()
+        for f in ("w_gate_up", "w_down", "router", "shared_gate_up", "shared_down", "shared_expert_gate"):
+            a, b = getattr(shard, f), getattr(mine, f)
+            same_mlp &= (a is None and b is None) or (a is not None and b is not None and torch.equal(a, b))
     shared = TorchTPDecoder.from_shards(config, tl_model.shards())(x_shard, batch, seq)
-    return {"rows": (lo, hi), "shape": tuple(y_tl.shape), "dtype": str(y_tl.dtype), "same_mlp": same_mlp,
+    expert_tokens = [torch.bincount(ids.flatten().cpu(), minlength=config.experts).tolist() for ids in routing]
+    return {"rows": (lo, hi), "shape": tuple(y_tl.shape), "dtype": str(y_tl.dtype), "same_mlp": bool(same_mlp),
             "tl_vs_torch": _rel(y_tl, y_torch), "tl_vs_unsharded": _rel(y_tl, ref),
-            "torch_vs_unsharded": _rel(y_torch, ref), "shared_vs_torch": _rel(shared, y_torch)}
+            "torch_vs_unsharded": _rel(y_torch, ref), "shared_vs_torch": _rel(shared, y_torch),
+            "expert_tokens": expert_tokens}
 
 
 def bad_model_inputs() -> list[str]:
@@ -70,6 +77,8 @@ def bad_model_inputs() -> list[str]:
         lambda: TorchTPDecoder(dataclasses.replace(tiny, heads=3, kv_heads=1, layers=1)),
         lambda: models.get_config("no-such-model"),
         lambda: model(torch.randn(n, tiny.hidden, dtype=torch.float64), 1, 13),  # dtype not the weights'
+        lambda: models.TPDecoder(dataclasses.replace(models.get_config("tiny-moe"), top_k=9, layers=1)),  # > 8 experts
+        lambda: TorchTPDecoder(dataclasses.replace(tiny, top_k=2, layers=1)),  # top_k on a dense model
     ]
     messages = [f"world {R}"]
     for call in calls:

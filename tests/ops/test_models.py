@@ -1,5 +1,6 @@
-"""The end-to-end decoder (tilelink.ops.models) in an emulated world of 2 ranks against the PyTorch TP
-baseline and a single-process unsharded model; tiny shapes (the interpreter is slow), 13 tokens."""
+"""The end-to-end decoders (tilelink.ops.models; dense, and MoE: Mixtral style and Qwen1.5-MoE style
+with a shared expert) in an emulated world of 2 ranks against the PyTorch TP baseline and a
+single-process unsharded model; tiny shapes (the interpreter is slow), 3 to 13 tokens."""
 
 from __future__ import annotations
 
@@ -36,6 +37,8 @@ def test_bad_inputs_raise_launch_error() -> None:
         assert "hidden=32" in messages[1] and "must hold rows" in messages[2], messages
         assert "3 heads cannot be split over 2 ranks" in messages[3] and "over 2 ranks" in messages[4]
         assert "unknown model" in messages[5] and "dtype" in messages[6], messages
+        assert "top_k=9 must be between 1 and the 8 experts" in messages[7], messages
+        assert "need experts > 0" in messages[8], messages
 
 
 def test_data_parallel_groups_with_tp_inside() -> None:
@@ -44,3 +47,33 @@ def test_data_parallel_groups_with_tp_inside() -> None:
     assert [(r["dp_rank"], r["tp_rank"]) for r in results] == [(0, 0), (0, 1), (1, 0), (1, 1)]
     for r in results:
         assert r["tp_size"] == 2 and r["dp_size"] == 2 and r["err"] < 1e-5, r
+
+
+def test_two_layer_moe_decoder_matches_torch_tp_and_unsharded() -> None:
+    """Mixtral style (8 experts, top-2, renormalised), 13 tokens."""
+    results = tilelink.spawn(decoder_matches_references, 2, "tiny-moe", 1, 13, "float32")
+    assert [r["rows"] for r in results] == [(0, 7), (7, 13)]
+    for r in results:
+        assert r["shape"] == (r["rows"][1] - r["rows"][0], 32) and r["same_mlp"], r
+        assert [sum(counts) for counts in r["expert_tokens"]] == [26, 26], r
+        assert r["tl_vs_torch"] < 1e-5 and r["shared_vs_torch"] == 0.0, r
+        assert r["tl_vs_unsharded"] < 1e-5 and r["torch_vs_unsharded"] < 1e-5, r
+
+
+def test_moe_experts_without_tokens() -> None:
+    """3 tokens x top-2 = 6 slots for 8 experts: at least two experts receive no token in every layer
+    (rank 1 holds a single row)."""
+    results = tilelink.spawn(decoder_matches_references, 2, "tiny-moe", 1, 3, "float32")
+    assert [r["rows"] for r in results] == [(0, 2), (2, 3)]
+    for r in results:
+        assert all(counts.count(0) >= 2 for counts in r["expert_tokens"]), r
+        assert r["tl_vs_torch"] < 1e-5 and r["tl_vs_unsharded"] < 1e-5 and r["torch_vs_unsharded"] < 1e-5, r
+
+
+def test_qwen_style_moe_with_shared_expert() -> None:
+    """Qwen1.5-MoE style: 6 experts, top-4 not renormalised, a sigmoid-gated shared expert; batch 2."""
+    results = tilelink.spawn(decoder_matches_references, 2, "tiny-qwen-moe", 2, 5, "float32")
+    assert [r["rows"] for r in results] == [(0, 5), (5, 10)]
+    for r in results:
+        assert r["same_mlp"] and r["shared_vs_torch"] == 0.0, r
+        assert r["tl_vs_torch"] < 1e-5 and r["tl_vs_unsharded"] < 1e-5 and r["torch_vs_unsharded"] < 1e-5, r
