@@ -226,14 +226,8 @@ def run(models: tuple[str, ...], world: int, batch: int, seq: int, layers: int |
 
 def _options(fn):
     from tilelink.cli.bench_e2e import options
-    from tilelink.ops.models import MODELS
 
-    fn = options(fn)
-    # every configuration of tilelink.ops.models (the MoE ones too), whatever the CLI's list says
-    for param in getattr(fn, "__click_params__", []):
-        if param.name == "models":
-            param.type = click.Choice(tuple(MODELS), case_sensitive=False)
-    return fn
+    return options(fn)
 
 
 @click.command()

@@ -12,8 +12,10 @@ from pathlib import Path
 
 import click
 
+# the names of tilelink.ops.models.MODELS, spelled out so that `tlxform --help` need not import torch
+# (tests/ops/test_models.py keeps the two lists equal)
 MODEL_NAMES = ("llama-2-7b", "llama-3.1-8b", "gemma-2-9b", "gemma-2-27b", "llama-3.1-70b", "qwen-2-72b", "tiny",
-               "small")
+               "small", "mixtral-8x7b", "qwen1.5-moe-a2.7b", "tiny-moe", "tiny-qwen-moe")
 
 
 def options(fn):

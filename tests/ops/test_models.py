@@ -77,3 +77,10 @@ def test_qwen_style_moe_with_shared_expert() -> None:
     for r in results:
         assert r["same_mlp"] and r["shared_vs_torch"] == 0.0, r
         assert r["tl_vs_torch"] < 1e-5 and r["tl_vs_unsharded"] < 1e-5 and r["torch_vs_unsharded"] < 1e-5, r
+
+
+def test_bench_e2e_offers_every_model() -> None:
+    from tilelink.cli.bench_e2e import MODEL_NAMES
+    from tilelink.ops.models import MODELS
+
+    assert set(MODEL_NAMES) == set(MODELS)
