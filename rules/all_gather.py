@@ -149,7 +149,8 @@ def rewrite(an: KernelAnalysis, spec: AllGatherSpec, options: Options) -> Rewrit
     report.append(ReportEntry(an.name, RULE, "note",
                               f"producer: {opts.via}" + (f" {opts.mode}" if opts.via == "sm" else "")
                               + f", {opts.comm_sms if opts.via == 'sm' else 'no'} SMs, comm tile "
-                              + (f"{opts.comm_block} rows" if opts.comm_block else "chosen at launch")))
+                              + (f"{opts.comm_block} rows" if opts.comm_block
+                                 else "a rank's rows" if opts.via == "copy_engine" else "128 rows")))
     return RewritePlan(an.name, RULE, spec, opts, CHANNEL_PARAMS, tuple(insertions), partners[opts.via],
                        launch, tuple(report))
 
