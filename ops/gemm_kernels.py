@@ -130,8 +130,9 @@ def matmul_kernel_descriptor(
 
 
 @triton.jit
-def _tile_coordinates(tile_id, num_pid_in_group, num_pid_m, GROUP_M: tl.constexpr):
-    """(pid_m, pid_n) of a tile id in the grouped order of :func:`matmul_kernel`."""
+def tile_coordinates(tile_id, num_pid_in_group, num_pid_m, GROUP_M: tl.constexpr):
+    """(pid_m, pid_n) of a tile id in the grouped ("super-tile") order of :func:`matmul_kernel`, for L2
+    reuse."""
     group_id = tile_id // num_pid_in_group
     first_pid_m = group_id * GROUP_M
     group_size_m = min(num_pid_m - first_pid_m, GROUP_M)
@@ -179,7 +180,7 @@ def matmul_kernel_descriptor_persistent(
     # coordinates of the tile it stores from its own counter.
     tile_id_c = start_pid - NUM_SMS
     for tile_id in tl.range(start_pid, num_tiles, NUM_SMS, flatten=FLATTEN, warp_specialize=WARP_SPECIALIZE):
-        pid_m, pid_n = _tile_coordinates(tile_id, num_pid_in_group, num_pid_m, GROUP_M)
+        pid_m, pid_n = tile_coordinates(tile_id, num_pid_in_group, num_pid_m, GROUP_M)
         offs_am = pid_m * BLOCK_M
         offs_bn = pid_n * BLOCK_N
         accumulator = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -188,7 +189,7 @@ def matmul_kernel_descriptor_persistent(
             b = b_desc.load([ki * BLOCK_K, offs_bn])
             accumulator = tl.dot(a, b, accumulator, input_precision=DOT_PRECISION)
         tile_id_c += NUM_SMS
-        pid_cm, pid_cn = _tile_coordinates(tile_id_c, num_pid_in_group, num_pid_m, GROUP_M)
+        pid_cm, pid_cn = tile_coordinates(tile_id_c, num_pid_in_group, num_pid_m, GROUP_M)
         c_desc.store([pid_cm * BLOCK_M, pid_cn * BLOCK_N], accumulator.to(c_ptr.dtype.element_ty))
 
 

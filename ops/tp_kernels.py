@@ -17,17 +17,7 @@ import triton
 import triton.language as tl
 
 import tilelink
-
-
-@triton.jit
-def tile_coordinates(tile_id, num_pid_in_group, num_pid_m, GROUP_M: tl.constexpr):
-    """(pid_m, pid_n) of a tile id in grouped ("super-tile") order, for L2 reuse."""
-    group_id = tile_id // num_pid_in_group
-    first_pid_m = group_id * GROUP_M
-    group_size_m = min(num_pid_m - first_pid_m, GROUP_M)
-    pid_m = first_pid_m + (tile_id % group_size_m)
-    pid_n = (tile_id % num_pid_in_group) // group_size_m
-    return pid_m, pid_n
+from tilelink.ops.gemm_kernels import tile_coordinates
 
 
 @tilelink.overlap(tilelink.all_gather("a_ptr", dim=0))
