@@ -23,6 +23,8 @@ import os
 import triton
 import triton.language as tl
 
+import tilelink.mapping as tlm
+
 __all__ = [
     "INTERPRETED",
     "KIND_CONSUMER_TILE_WAIT",
@@ -192,16 +194,12 @@ def consumer_tile_wait(barrier_ptr, first, count, target, diag_ptr, budget):
 def consumer_tile_wait_rows(barrier_ptr, row_start, row_end, rows_per_rank, rows_per_channel,
                             channels_per_rank, target, diag_ptr, budget):
     """A consumer tile reading rows ``[row_start, row_end)`` of the gathered dimension waits for
-    every channel holding one of them (static affine mapping: row ``m`` lives on rank
-    ``m // rows_per_rank``, channel ``rank * channels_per_rank + (m % rows_per_rank) //
-    rows_per_channel``). An empty range waits for nothing. Returns the token."""
+    every channel holding one of them (the static affine mapping of :mod:`tilelink.mapping`). An
+    empty range waits for nothing. Returns the token."""
     token = tl.full((), 0, tl.int32)
     if row_end > row_start:
-        last_row = row_end - 1
-        first = (row_start // rows_per_rank) * channels_per_rank + (
-            row_start % rows_per_rank) // rows_per_channel
-        last = (last_row // rows_per_rank) * channels_per_rank + (
-            last_row % rows_per_rank) // rows_per_channel
+        first = tlm.tl_channel_of_row(row_start, rows_per_rank, rows_per_channel, channels_per_rank)
+        last = tlm.tl_channel_of_row(row_end - 1, rows_per_rank, rows_per_channel, channels_per_rank)
         token = consumer_tile_wait(barrier_ptr, first, last - first + 1, target, diag_ptr, budget)
     return token
 
