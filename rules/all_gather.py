@@ -260,26 +260,25 @@ class AllGatherLauncher(Launcher):
             self.contexts[key] = ctx
         return ctx
 
-    def _producer(self, ctx: AllGatherContext, world, barriers, epoch: int) -> None:
-        """Issue the communication of every gathered tensor (SM kernel or copy engine)."""
+    def _producer(self, ctx: AllGatherContext, world, barriers, barrier_table, epoch: int) -> None:
+        """Issue the communication of every gathered tensor (SM kernel or copy engine); ``barrier_table``
+        is the peer table of ``barriers`` (push mode notifies the peers' copies)."""
         dim = self.meta["dim"]
         sh = ctx.sharding
         for full, table, shape in zip(ctx.fulls, ctx.tables, ctx.shapes, strict=True):
-            outer = math.prod(shape[:dim])
+            if self.meta["via"] == "copy_engine":
+                self._copy_engine(ctx, world, full, barriers, epoch)
+                continue
             row_elems = math.prod(shape[dim + 1:])
             args = dict(tlk_rank=world.rank, tlk_world=world.world_size, tlk_rows=sh.size,
                         tlk_rows_per_rank=sh.rows_per_rank, tlk_rows_per_channel=sh.rows_per_channel,
-                        tlk_channels_per_rank=sh.channels_per_rank, row_elems=row_elems, outer=outer,
-                        outer_stride=sh.size * row_elems, BLOCK=self.BLOCK)
+                        tlk_channels_per_rank=sh.channels_per_rank, row_elems=row_elems,
+                        outer=math.prod(shape[:dim]), outer_stride=sh.size * row_elems, BLOCK=self.BLOCK)
             grid = (min(self.meta["comm_sms"], sh.num_channels),)
-            if self.meta["via"] == "copy_engine":
-                self._copy_engine(ctx, world, full, barriers, epoch)
-            elif self.meta["mode"] == "pull":
+            if self.meta["mode"] == "pull":
                 self.partner("ag_pull_producer")[grid](full, table, barriers, epoch, **args)
             else:
-                self.partner("ag_push_producer")[grid](full, table, barriers, ctx.channel.peer_table
-                                                       if barriers is ctx.channel.barriers else barriers,
-                                                       epoch, **args)
+                self.partner("ag_push_producer")[grid](full, table, barriers, barrier_table, epoch, **args)
 
     def _copy_engine(self, ctx: AllGatherContext, world, full, barriers, epoch: int) -> None:
         dim, sh, k = self.meta["dim"], ctx.sharding, len(ctx.fulls)
@@ -314,14 +313,8 @@ class AllGatherLauncher(Launcher):
         for name, full in zip(self.meta["tensors"], ctx.fulls, strict=True):
             call[name] = full
         copy_engine = self.meta["via"] == "copy_engine"
-        if self.needs_dry_run(ctx, world):
-            ctx.scratch.zero_()
-            if not copy_engine:  # the copy engine has no kernel to load
-                self._producer(ctx, world, ctx.scratch, 0)
-            self.kernel[grid](**call, **self.channel_args(None, 0, world, ctx.sharding, ctx.diag)
-                              | {"tlk_barriers": ctx.scratch})
-            torch.cuda.synchronize(world.device)
-            ctx.warm = True
+        self.warm_up(ctx, world, grid, call, partners=lambda: None if copy_engine else self._producer(
+            ctx, world, ctx.scratch, self.scratch_table(ctx, world), 0))  # the copy engine has no kernel
         epoch = ctx.channel.advance()
         main, side = ctx.streams.main, ctx.streams.side
         world.stream_barrier(main)  # every rank is done reading the previous call's buffers
@@ -330,9 +323,9 @@ class AllGatherLauncher(Launcher):
                 full.narrow(dim, lo, hi - lo).copy_(bound[name])
         world.stream_barrier(main)  # every rank's shard is in place
         # a channel is notified once per call per gathered tensor
-        consumer_args = self.channel_args(ctx.channel, epoch * k, world, ctx.sharding, ctx.diag)
+        consumer_args = self.channel_args(ctx.channel.barriers, epoch * k, world, ctx.sharding, ctx.diag)
         if side is None:  # emulated: kernels are synchronous, the producer runs first
-            self._producer(ctx, world, ctx.channel.barriers, epoch)
+            self._producer(ctx, world, ctx.channel.barriers, ctx.channel.peer_table, epoch)
             self.kernel[grid](**call, **consumer_args)
         elif copy_engine:
             # the copies need no SM: the consumer is launched first, so that the host's enqueueing
@@ -342,10 +335,10 @@ class AllGatherLauncher(Launcher):
             side.wait_event(ready)
             self.kernel[grid](**call, **consumer_args)
             with torch.cuda.stream(side):
-                self._producer(ctx, world, ctx.channel.barriers, epoch)
+                self._producer(ctx, world, ctx.channel.barriers, ctx.channel.peer_table, epoch)
         else:
             side.wait_stream(main)
             with torch.cuda.stream(side):
-                self._producer(ctx, world, ctx.channel.barriers, epoch)
+                self._producer(ctx, world, ctx.channel.barriers, ctx.channel.peer_table, epoch)
             self.kernel[grid](**call, **consumer_args)
         self.finish(ctx)

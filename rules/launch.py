@@ -114,12 +114,38 @@ class Launcher:
             raise LaunchError(f"{self.okernel.name}: {name} must be contiguous (call .contiguous())")
         return t
 
-    def channel_args(self, channel, epoch: int, world, sharding: RowSharding, diag) -> dict[str, Any]:
-        return dict(tlk_barriers=channel.barriers if channel is not None else None, tlk_epoch=epoch,
-                    tlk_rank=world.rank, tlk_world=world.world_size, tlk_rows=sharding.size,
-                    tlk_rows_per_rank=sharding.rows_per_rank, tlk_rows_per_channel=sharding.rows_per_channel,
-                    tlk_channels_per_rank=sharding.channels_per_rank, tlk_diag=diag.buffer,
-                    tlk_budget=diag.budget_ns)
+    def channel_args(self, barriers: torch.Tensor, epoch: int, world, sharding: RowSharding,
+                     diag) -> dict[str, Any]:
+        """The ``tlk_*`` arguments of the rewritten kernel."""
+        return channel_args(barriers, epoch, world.rank, world.world_size, sharding, diag.buffer, diag.budget_ns)
+
+    def satisfied_args(self, rows: int, world_size: int, device) -> dict[str, Any]:
+        """``tlk_*`` arguments for rank 0 of a world of ``world_size`` with the operator's own channels,
+        every barrier word far above its target: each wait passes at once (benchmarks of the compute part)."""
+        from types import SimpleNamespace
+
+        sh = self.sharding(SimpleNamespace(world_size=world_size), rows)
+        return channel_args(torch.full((sh.num_channels,), 1 << 40, dtype=torch.int64, device=device), 1, 0,
+                            world_size, sh, torch.zeros(8, dtype=torch.int64, device=device), 10**10)
+
+    def scratch_table(self, ctx, world) -> torch.Tensor:
+        """A peer table whose every entry is this rank's scratch array: a dry run's p2p notifies and
+        peer waits stay on this rank."""
+        return torch.full((world.world_size,), ctx.scratch.data_ptr(), dtype=torch.int64, device=world.device)
+
+    def warm_up(self, ctx, world, grid, call: dict, partners=lambda: None) -> None:
+        """On a GPU, before the first real call of a context: run the rewritten kernel against the
+        scratch channel at epoch 0 (no wait can block), then ``partners()`` (the partner kernels, the
+        same way), and wait. This compiles, loads and autotunes every kernel, so that no module is
+        loaded while another kernel spins (DESIGN.md §9)."""
+        if world.backend == "emulated" or ctx.warm:
+            return
+        ctx.scratch.zero_()
+        self.kernel[grid](**call, **self.channel_args(ctx.scratch, 0, world, ctx.sharding, ctx.diag))
+        partners()
+        if world.device.type == "cuda":
+            torch.cuda.synchronize(world.device)
+        ctx.warm = True
 
     def finish(self, ctx) -> None:
         """Join the side stream and turn a timed-out wait into :class:`tilelink.WaitTimeout`."""
@@ -136,17 +162,18 @@ class Launcher:
 
     def alone(self, grid, call: dict, ctx, world) -> None:
         """A world of one rank: nothing to communicate. The rewritten kernel runs on the caller's own
-        tensors with every wait already satisfied (a barrier array far above any target) and its
-        notifies counted in a scratch array: no copy, no barrier, no partner kernel."""
-        if getattr(ctx, "satisfied", None) is None:
+        tensors against a barrier array far above any target (every wait passes; notifies only add to
+        it): no copy, no barrier, no partner kernel."""
+        if ctx.satisfied is None:
             ctx.satisfied = torch.full_like(ctx.scratch, 1 << 60)
-        args = self.channel_args(None, 1, world, ctx.sharding, ctx.diag) | {"tlk_barriers": ctx.satisfied}
-        self.kernel[grid](**call, **args)
+        self.kernel[grid](**call, **self.channel_args(ctx.satisfied, 1, world, ctx.sharding, ctx.diag))
         if self.okernel.check_waits:
             ctx.diag.check_later(kernel=self.okernel.name)
 
-    def needs_dry_run(self, ctx, world) -> bool:
-        """On a GPU, run every kernel once against a scratch channel (epoch 0: no wait can block)
-        before the first real call: this compiles, loads and autotunes them, so that no module is
-        loaded while another kernel spins (DESIGN.md §9)."""
-        return world.backend != "emulated" and not ctx.warm
+
+def channel_args(barriers: torch.Tensor, epoch: int, rank: int, world_size: int, sharding: RowSharding,
+                 diag: torch.Tensor, budget_ns: int) -> dict[str, Any]:
+    """The ``tlk_*`` arguments a rewritten kernel gets (rules/emit.py's CHANNEL_PARAMS)."""
+    return dict(tlk_barriers=barriers, tlk_epoch=epoch, tlk_rank=rank, tlk_world=world_size, tlk_rows=sharding.size,
+                tlk_rows_per_rank=sharding.rows_per_rank, tlk_rows_per_channel=sharding.rows_per_channel,
+                tlk_channels_per_rank=sharding.channels_per_rank, tlk_diag=diag, tlk_budget=budget_ns)

@@ -462,18 +462,12 @@ class ReduceScatterLauncher(Launcher):
                 rank_notify(ctx.recv_channel, world.rank * sh.channels_per_rank + j, epoch, dst, stream)
 
     def _launch_hybrid(self, grid, call: dict, ctx: ReduceScatterContext, world, out) -> None:
-        if self.needs_dry_run(ctx, world):
-            ctx.scratch.zero_()
-            self.kernel[grid](**call, **self.channel_args(None, 0, world, ctx.sharding, ctx.diag)
-                              | {"tlk_barriers": ctx.scratch})
-            self._reduce(ctx, world, out, ctx.scratch, 0)
-            torch.cuda.synchronize(world.device)
-            ctx.warm = True
+        self.warm_up(ctx, world, grid, call, partners=lambda: self._reduce(ctx, world, out, ctx.scratch, 0))
         epoch = ctx.channel.advance()
         ctx.recv_channel.advance()
         main, side = ctx.streams.main, ctx.streams.side
         world.stream_barrier(main)  # every rank is done with the previous call's buffers
-        args = self.channel_args(ctx.channel, epoch, world, ctx.sharding, ctx.diag)
+        args = self.channel_args(ctx.channel.barriers, epoch, world, ctx.sharding, ctx.diag)
         if side is not None:
             start = torch.cuda.Event()
             start.record(main)
@@ -494,29 +488,20 @@ class ReduceScatterLauncher(Launcher):
         if world.world_size == 1 and not self.meta.get("topk"):  # the output shard is the whole result
             self.alone(grid, dict(bound), ctx, world)
             return
-        if self.meta["via"] == "copy_engine":
-            (name,) = self.meta["tensors"]
-            self._launch_hybrid(grid, {**bound, name: ctx.partial}, ctx, world, bound[name])
-            return
         (name,) = self.meta["tensors"]
         out = bound[name]
-        call = dict(bound)
-        call[name] = ctx.partial
-        if self.needs_dry_run(ctx, world):
-            ctx.scratch.zero_()
-            scratch_table = torch.full((world.world_size,), ctx.scratch.data_ptr(), dtype=torch.int64,
-                                       device=world.device)
-            self.kernel[grid](**call, **self.channel_args(None, 0, world, ctx.sharding, ctx.diag)
-                              | {"tlk_barriers": ctx.scratch})
-            self._consumer(ctx, world, out, ctx.scratch, scratch_table, 0, dry=True)
-            torch.cuda.synchronize(world.device)
-            ctx.warm = True
+        call = {**bound, name: ctx.partial}  # the kernel writes its partial sums to the symmetric buffer
+        if self.meta["via"] == "copy_engine":
+            self._launch_hybrid(grid, call, ctx, world, out)
+            return
+        self.warm_up(ctx, world, grid, call, partners=lambda: self._consumer(
+            ctx, world, out, ctx.scratch, self.scratch_table(ctx, world), 0, dry=True))
         epoch = ctx.channel.advance()
         if ctx.recv_channel is not None:
             ctx.recv_channel.advance()
         main, side = ctx.streams.main, ctx.streams.side
         world.stream_barrier(main)  # every rank is done reading the previous call's partial sums
-        args = self.channel_args(ctx.channel, epoch, world, ctx.sharding, ctx.diag)
+        args = self.channel_args(ctx.channel.barriers, epoch, world, ctx.sharding, ctx.diag)
         if side is not None:
             # the consumer takes its few SMs first; the producer never waits for it
             side.wait_stream(main)
