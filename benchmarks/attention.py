@@ -78,17 +78,6 @@ def _rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
     return ((x.float() - ref.float()).norm() / ref.float().norm()).item()
 
 
-def _satisfied_channels(S: int, world: int, okernel, device) -> dict:
-    """Channel arguments of the rewritten kernel with every barrier word above its target."""
-    from types import SimpleNamespace
-
-    sh = okernel.launcher.sharding(SimpleNamespace(world_size=world), S)  # the operator's own channels
-    return dict(tlk_barriers=torch.full((sh.num_channels,), 1 << 40, dtype=torch.int64, device=device),
-                tlk_epoch=1, tlk_rank=0, tlk_world=world, tlk_rows=S, tlk_rows_per_rank=sh.rows_per_rank,
-                tlk_rows_per_channel=sh.rows_per_channel, tlk_channels_per_rank=sh.channels_per_rank,
-                tlk_diag=torch.zeros(8, dtype=torch.int64, device=device), tlk_budget=10**10)
-
-
 def _rewritten(q, k, v, world: int, meta: dict):
     """The generated kernel on full K/V with satisfied channels (rank 0's query rows)."""
     from tilelink.ops import attention_kernels
@@ -98,7 +87,7 @@ def _rewritten(q, k, v, world: int, meta: dict):
     B, H, rows, D = q.shape
     S = k.shape[2]
     o = torch.empty_like(q)
-    chans = _satisfied_channels(S, world, ok, q.device)
+    chans = ok.launcher.satisfied_args(S, world, q.device)
     grid = (-(-rows // meta["BLOCK_M"]), B * H)
 
     def run():

@@ -102,17 +102,6 @@ def torch_loop(x: torch.Tensor, w: torch.Tensor, topk_ids: torch.Tensor, weights
     return out if weights is None else out.to(x.dtype)
 
 
-def _satisfied_channels(rows: int, world: int, comm_block: int, device) -> dict:
-    from tilelink.mapping import RowSharding
-
-    rpr = -(-rows // world)
-    sh = RowSharding(rows, world, max(1, min(-(-rpr // comm_block), rpr)))
-    return dict(tlk_barriers=torch.full((sh.num_channels,), 1 << 40, dtype=torch.int64, device=device),
-                tlk_epoch=1, tlk_rank=0, tlk_world=world, tlk_rows=rows, tlk_rows_per_rank=sh.rows_per_rank,
-                tlk_rows_per_channel=sh.rows_per_channel, tlk_channels_per_rank=sh.channels_per_rank,
-                tlk_diag=torch.zeros(8, dtype=torch.int64, device=device), tlk_budget=10**10)
-
-
 def _grouped(part: str, kernel, x, w, out, weights, topk_ids, meta: dict, extra: dict | None = None):
     """A launch of the grouped GEMM ``kernel`` (plain or rewritten) with routing aligned to ``meta``."""
     from tilelink.ops.moe_routing import align_tokens
@@ -160,7 +149,7 @@ def measure_compute(shape: MoEShape, part: str, world: int, dtype: torch.dtype, 
            "plain": _grouped(part, okernel.kernel, x, w, torch.empty(out_rows, N, dtype=dtype, device=device),
                              wflat, topk_ids, meta)}
     if rewritten:
-        chans = _satisfied_channels(shape.S, world, okernel.plan.launch["comm_block"] or 128, device)
+        chans = okernel.launcher.satisfied_args(shape.S, world, device)
         fns["rewritten"] = _grouped(part, getattr(okernel.module, okernel.name), x, w,
                                     torch.empty(out_rows, N, dtype=dtype, device=device), wflat, topk_ids, meta,
                                     chans)

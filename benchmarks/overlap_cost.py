@@ -46,17 +46,6 @@ def _bench(fn) -> float:
     return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
 
 
-def _channel_args(M: int, world: int, comm_block: int, device) -> dict:
-    from tilelink.mapping import RowSharding
-
-    rpr = -(-M // world)
-    sh = RowSharding(M, world, max(1, min(-(-rpr // comm_block), rpr)))
-    return dict(tlk_barriers=torch.full((sh.num_channels,), 1 << 40, dtype=torch.int64, device=device),
-                tlk_epoch=1, tlk_rank=0, tlk_world=world, tlk_rows=M, tlk_rows_per_rank=sh.rows_per_rank,
-                tlk_rows_per_channel=sh.rows_per_channel, tlk_channels_per_rank=sh.channels_per_rank,
-                tlk_diag=torch.zeros(8, dtype=torch.int64, device=device), tlk_budget=10**10)
-
-
 def _generic_count_kernel(okernel):
     """``okernel`` rewritten with the generic per-element store count instead of the scalar one."""
     from pathlib import Path
@@ -97,7 +86,7 @@ def measure(kind: str, M: int, N: int, K: int, world: int, dtype: torch.dtype, d
     some_sms = tp._compute_sms(device, okernel) if device.type == "cuda" else all_sms
     tiles = triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"])
     args = (a, b, c, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1))
-    chan = _channel_args(M, world, okernel.plan.launch["comm_block"] or 128, device)
+    chan = okernel.launcher.satisfied_args(M, world, device)  # the operator's own channels
 
     def run_plain():
         plain[(min(all_sms, tiles),)](*args, NUM_SMS=all_sms, **meta)
