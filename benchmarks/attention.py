@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.common import environment, side_by_side, write_json
+from benchmarks.common import environment, select_named, side_by_side, write_json
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,18 +53,6 @@ CANDIDATES = ((128, 128, 8, 3), (128, 64, 8, 4), (64, 64, 4, 3))
 def flops(heads: int, q_rows: int, kv_rows: int, head_dim: int) -> int:
     """Two GEMMs (QK^T and PV) of a non-causal forward pass."""
     return 4 * heads * q_rows * kv_rows * head_dim
-
-
-def select_shapes(names: str) -> list[AttnShape]:
-    if names.strip().lower() == "all":
-        return list(ATTN_SHAPES.values())
-    out = []
-    for item in names.split(","):
-        key = f"Attn-{item.strip()}" if item.strip().isdigit() else item.strip()
-        if key not in ATTN_SHAPES:
-            raise ValueError(f"unknown shape {item!r}; choose from {', '.join(ATTN_SHAPES)} or 'all'")
-        out.append(ATTN_SHAPES[key])
-    return out
 
 
 def sdpa_flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -262,7 +250,7 @@ def run_dist(shapes: list[AttnShape], seqs: list[int], dtype: torch.dtype, round
 
 def run(world: int, shapes: str, seqs: str, out: Path, dtype: str, mode: str, rounds: int, configs: bool,
         rewritten: bool) -> Path | None:
-    chosen = select_shapes(shapes)
+    chosen = select_named(ATTN_SHAPES, "Attn", shapes)
     seq_list = [int(s.lower().replace("k", "")) * 1024 if s.lower().endswith("k") else int(s)
                 for s in seqs.split(",")] if seqs != "all" else list(SEQS)
     if mode == "auto":

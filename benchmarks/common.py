@@ -85,18 +85,25 @@ def per_rank_gemm(shape: MLPShape, part: str, world: int) -> GemmShape:
     raise ValueError(f"unknown part {part!r}; expected one of {PARTS}")
 
 
-def select_shapes(names: str) -> list[MLPShape]:
-    """Parse ``--shapes``: "all" or comma-separated names/numbers ("MLP-1,MLP-3" or "1,3")."""
+def select_named(table: dict, prefix: str, names: str) -> list:
+    """Parse ``--shapes``: "all" or comma-separated names or numbers ("MLP-1,MLP-3" or "1,3") of
+    ``table``, whose keys are ``<prefix>-<n>``."""
     if names.strip().lower() == "all":
-        return list(MLP_SHAPES.values())
+        return list(table.values())
+    by_key = {key.upper(): value for key, value in table.items()}
     chosen = []
     for item in names.split(","):
         item = item.strip()
-        key = f"MLP-{item}" if item.isdigit() else item.upper()
-        if key not in MLP_SHAPES:
-            raise click.BadParameter(f"unknown shape {item!r}; choose from {', '.join(MLP_SHAPES)} or 'all'")
-        chosen.append(MLP_SHAPES[key])
+        key = (f"{prefix}-{item}" if item.isdigit() else item).upper()
+        if key not in by_key:
+            raise click.BadParameter(f"unknown shape {item!r}; choose from {', '.join(table)} or 'all'")
+        chosen.append(by_key[key])
     return chosen
+
+
+def select_shapes(names: str) -> list[MLPShape]:
+    """The MLP shapes of ``--shapes`` (see :func:`select_named`)."""
+    return select_named(MLP_SHAPES, "MLP", names)
 
 
 def time_ms(fn: Callable[[], object], device_type: str) -> float:

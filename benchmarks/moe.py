@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 import triton
 
-from benchmarks.common import environment, side_by_side, write_json
+from benchmarks.common import environment, select_named, side_by_side, write_json
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,18 +55,6 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 PARTS = ("ag_moe", "moe_rs")
 #: candidate (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) of the grouped GEMMs, bf16 on Hopper
 CANDIDATES = ((64, 128, 64, 4, 4), (64, 256, 64, 8, 3), (128, 128, 64, 8, 4), (128, 256, 64, 8, 3))
-
-
-def select_shapes(names: str) -> list[MoEShape]:
-    if names.strip().lower() == "all":
-        return list(MOE_SHAPES.values())
-    out = []
-    for item in names.split(","):
-        key = f"MoE-{item.strip()}" if item.strip().isdigit() else item.strip()
-        if key not in MOE_SHAPES:
-            raise ValueError(f"unknown shape {item!r}; choose from {', '.join(MOE_SHAPES)} or 'all'")
-        out.append(MOE_SHAPES[key])
-    return out
 
 
 def random_routing(S: int, E: int, topk: int, device, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -295,7 +283,7 @@ def run_dist(shapes: list[MoEShape], dtype: torch.dtype, rounds: int) -> dict | 
 
 def run(world: int, shapes: str, out: Path, dtype: str, mode: str, rounds: int, configs: bool,
         rewritten: bool) -> Path | None:
-    chosen = select_shapes(shapes)
+    chosen = select_named(MOE_SHAPES, "MoE", shapes)
     if mode == "auto":
         mode = "dist" if torch.cuda.device_count() >= world > 1 else "compute"
     if mode == "compute":
