@@ -17,15 +17,9 @@ from tilelink.errors import AnnotationError
 
 
 def _generate(path: str):
-    from tilelink.annotations import requests_in
-    from tilelink.codegen import generate
+    from tilelink.overlap import build  # imported here: `tlxform --help` need not load the rewriter
 
-    text = Path(path).read_text()
-    requests = requests_in(text, path)
-    if not requests:
-        raise AnnotationError("no @tilelink.overlap kernels in this file", file=path,
-                              hint="annotate a @triton.jit kernel with @tilelink.overlap(tilelink.all_gather(...))")
-    return generate(text, path, requests)
+    return build(path)
 
 
 def _fail(exc: AnnotationError) -> None:

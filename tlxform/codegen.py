@@ -216,8 +216,8 @@ def _code(module: cst.Module, node: cst.CSTNode) -> str:
 def generate(source: str, file: str, requests: list[Request]) -> GeneratedModule:
     """Rewrite every requested kernel of ``source`` and assemble the generated module."""
     if not requests:
-        raise AnnotationError("no @tilelink.overlap kernels to generate", file=file, line=None,
-                              hint="annotate a @triton.jit kernel with @tilelink.overlap(...)")
+        raise AnnotationError("no @tilelink.overlap kernels in this file", file=file, line=None,
+                              hint="annotate a @triton.jit kernel with @tilelink.overlap(tilelink.all_gather(...))")
     plans: list[RewritePlan] = []
     entries: list[ReportEntry] = []
     originals: dict[str, str] = {}
