@@ -30,14 +30,11 @@ import time
 import torch
 
 from benchmarks.common import MLP_SHAPES
-
-
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET") == "1"
+from tilelink.ops.contract import interpreting
 
 
 def _bench(fn) -> float:
-    if _interpreting():
+    if interpreting():
         t = time.perf_counter()
         fn()
         return (time.perf_counter() - t) * 1e3
@@ -120,9 +117,9 @@ def main() -> None:
     parser.add_argument("--out", default="results")
     parser.add_argument("--small", action="store_true")
     args = parser.parse_args()
-    device = torch.device("cuda" if torch.cuda.is_available() and not _interpreting() else "cpu")
+    device = torch.device("cuda" if torch.cuda.is_available() and not interpreting() else "cpu")
     dtype = getattr(torch, args.dtype)
-    if _interpreting() and dtype == torch.bfloat16:
+    if interpreting() and dtype == torch.bfloat16:
         dtype = torch.float32  # the interpreter's bf16 dot is wrong (see ops/tp.py)
     shapes = {"tiny": (64, 64, 256)} if args.small else {n: (s.S, s.H, s.I) for n, s in MLP_SHAPES.items()}
     rows = []

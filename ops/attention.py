@@ -15,15 +15,14 @@ kernel without communication, for one GPU.
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 
 import torch
 import triton
 
 from tilelink.errors import LaunchError
+from tilelink.ops.contract import check_rows, check_tensor, full_size, interpreter_inputs, interpreting
 
-_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _HEAD_DIMS = (16, 32, 64, 128)
 
 
@@ -38,13 +37,9 @@ class SPContext:
     S: int
 
 
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET") == "1"
-
-
 def attention_config(head_dim: int, dtype: torch.dtype, device_type: str = "cuda") -> dict:
     """Tile sizes and launch options of the flash-attention kernel (the ones benchmarked on an H200)."""
-    if _interpreting() or device_type != "cuda":
+    if interpreting() or device_type != "cuda":
         return dict(BLOCK_M=16, BLOCK_N=16)
     if dtype == torch.float32:
         return dict(BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=2)
@@ -55,13 +50,7 @@ def attention_config(head_dim: int, dtype: torch.dtype, device_type: str = "cuda
 
 def _check(name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, device: torch.device) -> None:
     for what, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor) or t.dim() != 4:
-            raise LaunchError(f"{name}: {what} must be a 4-D torch.Tensor (batch, heads, rows, head_dim), got "
-                              f"{tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}")
-        if t.dtype not in _DTYPES:
-            raise LaunchError(f"{name}: dtype {t.dtype} of {what} is not supported (float16, bfloat16, float32)")
-        if t.device.type != device.type or (t.device.index or 0) != (device.index or 0):
-            raise LaunchError(f"{name}: {what} is on {t.device}, this rank computes on {device}")
+        check_tensor(name, what, t, 4, device, layout=" (batch, heads, rows, head_dim)", contiguous=False)
     if not (q.dtype == k.dtype == v.dtype):
         raise LaunchError(f"{name}: q, k and v have different dtypes ({q.dtype}, {k.dtype}, {v.dtype})")
     if k.shape != v.shape:
@@ -78,11 +67,8 @@ def _check(name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, device:
 
 
 def _kernel_inputs(*ts: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    # Triton 3.9's interpreter computes tl.dot of bf16 operands wrongly (numpy has no bf16): the
-    # emulated world computes bf16 in fp32 and casts the result back
-    if _interpreting() and ts[0].dtype == torch.bfloat16:
-        ts = tuple(t.float() for t in ts)
-    return tuple(t if t.stride(-1) == 1 else t.contiguous() for t in ts)
+    # the kernel needs a contiguous last dim; every other stride is a parameter
+    return tuple(t if t.stride(-1) == 1 else t.contiguous() for t in interpreter_inputs(*ts))
 
 
 def _launch(kernel, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, S: int, kv_heads: int,
@@ -121,18 +107,6 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
     return o if o.dtype == out_dtype else o.to(out_dtype)
 
 
-def _full_rows(k_shard: torch.Tensor, ctx: SPContext | None, world) -> int:
-    if ctx is not None:
-        return ctx.S
-    if world.world_size == 1:
-        return k_shard.shape[2]
-    import torch.distributed as dist
-
-    sizes: list = [None] * world.world_size
-    dist.all_gather_object(sizes, int(k_shard.shape[2]))
-    return sum(sizes)
-
-
 def sp_attention(q_shard: torch.Tensor, k_shard: torch.Tensor, v_shard: torch.Tensor, causal: bool = False,
                  ctx: SPContext | None = None) -> torch.Tensor:
     """This rank's rows of attention over the whole sequence, with the K/V all-gather overlapped.
@@ -150,14 +124,10 @@ def sp_attention(q_shard: torch.Tensor, k_shard: torch.Tensor, v_shard: torch.Te
             raise LaunchError(f"sp_attention: {what} must be contiguous (call .contiguous())")
     if ctx is not None and (not isinstance(ctx.S, int) or ctx.S < 1):
         raise LaunchError(f"sp_attention: SPContext.S={ctx.S!r} must be a positive int")
-    S = _full_rows(k_shard, ctx, world)
-    per = -(-S // world.world_size)
-    lo, hi = min(S, world.rank * per), min(S, (world.rank + 1) * per)
+    S = full_size(k_shard, 2, ctx.S if ctx is not None else None, world)
     for what, t in (("q_shard", q_shard), ("k_shard", k_shard)):
-        if t.shape[2] != hi - lo:
-            raise LaunchError(f"sp_attention: rank {world.rank} must hold rows [{lo}, {hi}) of the sequence "
-                              f"({hi - lo} rows for S={S} over {world.world_size} ranks); {what} has "
-                              f"{t.shape[2]}")
+        lo, hi = check_rows("sp_attention", f"the sequence in {what}", t.shape[2], S, world)
+    per = -(-S // world.world_size)
     out_dtype = q_shard.dtype
     q_in, k_in, v_in = _kernel_inputs(q_shard, k_shard, v_shard)
     o = torch.empty(q_in.shape, dtype=q_in.dtype, device=world.device)

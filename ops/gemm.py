@@ -19,7 +19,6 @@ Variants (``variant=``):
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 import triton
@@ -27,13 +26,13 @@ import triton.testing
 
 from tilelink.errors import LaunchError
 from tilelink.ops import gemm_kernels
+from tilelink.ops.contract import DTYPES, interpreting
 
 __all__ = ["matmul", "silu_mul", "VARIANTS", "HOPPER_CONFIGS"]
 
 VARIANTS = ("auto", "pointer", "descriptor", "persistent", "persistent_ws")
 # Measured on an H200 (docs/PERFORMANCE.md): persistent_ws had the best worst case on the MLP shapes.
 _AUTO_VARIANT = "persistent_ws"
-_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _SMEM_BYTES = 227 * 1024  # Hopper's largest shared-memory allocation per block
 
 
@@ -77,8 +76,6 @@ def _prune_configs(configs, named_args, *, epilogue_in_smem: bool, **kwargs):
     return fits or [min(configs, key=smem)]
 
 
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET") == "1"
 
 
 _KERNELS = {
@@ -128,7 +125,7 @@ def _check(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None, variant: 
             raise LaunchError(f"matmul: {name} must be a torch.Tensor, got {type(t).__name__}")
         if t.dim() != 2:
             raise LaunchError(f"matmul: {name} must be 2-D, got shape {tuple(t.shape)}")
-        if t.dtype not in _DTYPES:
+        if t.dtype not in DTYPES:
             raise LaunchError(f"matmul: {name} has dtype {t.dtype}; supported: float16, bfloat16, float32")
     if a.shape[1] != b.shape[0]:
         raise LaunchError(f"matmul: inner dimensions differ: a is {tuple(a.shape)}, b is {tuple(b.shape)} "
@@ -137,7 +134,7 @@ def _check(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None, variant: 
         raise LaunchError(f"matmul: a is {a.dtype} but b is {b.dtype}; cast one so that both match")
     if a.device != b.device:
         raise LaunchError(f"matmul: a is on {a.device} but b is on {b.device}; move both to one device")
-    if a.device.type == "cpu" and not _interpreting():
+    if a.device.type == "cpu" and not interpreting():
         raise LaunchError("matmul: CPU tensors run only under the Triton interpreter; set TRITON_INTERPRET=1 "
                           "before importing triton, or move the tensors to a CUDA device")
     if a.device.type not in ("cpu", "cuda"):
@@ -155,7 +152,7 @@ def _check(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None, variant: 
         M, N = a.shape[0], b.shape[1]
         if not isinstance(out, torch.Tensor) or tuple(out.shape) != (M, N):
             raise LaunchError(f"matmul: out must be a tensor of shape {(M, N)}")
-        if out.dtype not in _DTYPES or out.device != a.device:
+        if out.dtype not in DTYPES or out.device != a.device:
             raise LaunchError(f"matmul: out must be float16/bfloat16/float32 on {a.device}, got {out.dtype} "
                               f"on {out.device}")
         if out.numel() and out.stride(1) != 1:
@@ -193,7 +190,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None, *,
         precision = "tf32"
     args = (a, b, c, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1))
 
-    if _interpreting():
+    if interpreting():
         # One fixed configuration; the interpreter needs no tuning and runs the pointer kernel the
         # overlapped operators are written from. Triton 3.9's interpreter computes tl.dot of bf16
         # operands wrongly (numpy has no bf16), so bf16 inputs go in as fp32: bf16 products are exact
@@ -245,9 +242,9 @@ def silu_mul(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     if not isinstance(x, torch.Tensor) or x.dim() != 2 or x.shape[1] % 2:
         shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
         raise LaunchError(f"silu_mul: x must be 2-D with an even number of columns (gate | up), got {shape}")
-    if x.dtype not in _DTYPES:
+    if x.dtype not in DTYPES:
         raise LaunchError(f"silu_mul: x has dtype {x.dtype}; supported: float16, bfloat16, float32")
-    if x.device.type == "cpu" and not _interpreting():
+    if x.device.type == "cpu" and not interpreting():
         raise LaunchError("silu_mul: CPU tensors run only under TRITON_INTERPRET=1")
     M, N = x.shape[0], x.shape[1] // 2
     if out is None:
@@ -256,7 +253,7 @@ def silu_mul(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         raise LaunchError(f"silu_mul: out must have shape {(M, N)} on {x.device}")
     if M == 0 or N == 0:
         return out
-    block_m, block_n = (16, 16) if _interpreting() else (32, 128)
+    block_m, block_n = (16, 16) if interpreting() else (32, 128)
     grid = (triton.cdiv(M, block_m), triton.cdiv(N, block_n))
     gemm_kernels.silu_mul_kernel[grid](x, out, M, N, x.stride(0), x.stride(1), out.stride(0), out.stride(1),
                                        BLOCK_M=block_m, BLOCK_N=block_n, num_warps=4)

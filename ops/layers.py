@@ -6,11 +6,7 @@ import torch
 from torch import nn
 
 from tilelink.errors import LaunchError
-
-
-def _shard_bounds(size: int, rank: int, world: int) -> tuple[int, int]:
-    per = -(-size // world)
-    return min(size, rank * per), min(size, (rank + 1) * per)
+from tilelink.mapping import shard_range
 
 
 class TPMLP(nn.Module):
@@ -33,7 +29,7 @@ class TPMLP(nn.Module):
             raise LaunchError(f"TPMLP: expected gate and up (I, H) and down (H, I), got {tuple(gate.shape)}, "
                               f"{tuple(up.shape)}, {tuple(down.shape)}")
         intermediate, hidden = gate.shape
-        lo, hi = _shard_bounds(intermediate, world.rank, world.world_size)
+        lo, hi = shard_range(intermediate, world.rank, world.world_size)
         self.hidden, self.intermediate = hidden, intermediate
         fused = torch.cat([gate[lo:hi].t(), up[lo:hi].t()], dim=1).contiguous()
         self.w_gate_up = nn.Parameter(fused.to(world.device), requires_grad=False)

@@ -47,6 +47,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tilelink.errors import LaunchError
+from tilelink.mapping import shard_range
 
 
 @dataclasses.dataclass(frozen=True)
@@ -230,10 +231,8 @@ def final_norm_weight(config: DecoderConfig, seed: int = 0, device="cpu",
     return (1.0 + _randn((config.hidden,), _seeded(seed, "final_norm"), device, torch.float32, 0.1)).to(dtype)
 
 
-def row_bounds(size: int, rank: int, world: int) -> tuple[int, int]:
-    """Rows ``[r·⌈size/R⌉, min(size, (r+1)·⌈size/R⌉))``: the split of the sequence and of I."""
-    per = -(-size // world)
-    return min(size, rank * per), min(size, (rank + 1) * per)
+#: rows ``[r·⌈size/R⌉, min(size, (r+1)·⌈size/R⌉))``: the split of the sequence and of I
+row_bounds = shard_range
 
 
 def head_bounds(config: DecoderConfig, rank: int, world: int) -> tuple[int, int, int, int]:

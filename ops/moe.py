@@ -21,19 +21,13 @@ created on its first call and reused (the kernels' launchers cache them per shap
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 
 from tilelink.errors import LaunchError
+from tilelink.mapping import shard_range
+from tilelink.ops.contract import check_rows, check_tensor, interpreter_inputs, interpreting
 from tilelink.ops.moe_routing import align_tokens, check_routing
-
-_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-
-
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def moe_config(num_slots: int, num_experts: int, N: int, dtype: torch.dtype) -> dict:
@@ -41,7 +35,7 @@ def moe_config(num_slots: int, num_experts: int, N: int, dtype: torch.dtype) -> 
     candidates timed on an H200 on every MoE-4..6 per-rank shape at world 8, or within 1% of it
     (docs/PERFORMANCE.md), although a tile belongs to one expert and 128-row tiles pad more; 64-row
     tiles when experts average fewer than 128 slots, 128 columns for narrow outputs."""
-    if _interpreting():
+    if interpreting():
         return dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, GROUP_M=2)
     if dtype == torch.float32:
         return dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=32, GROUP_M=8, num_warps=4, num_stages=3)
@@ -50,23 +44,6 @@ def moe_config(num_slots: int, num_experts: int, N: int, dtype: torch.dtype) -> 
     warps = 8 if block_m * block_n >= 128 * 128 else 4
     stages = 3 if block_n >= 256 else 4
     return dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=64, GROUP_M=8, num_warps=warps, num_stages=stages)
-
-
-def _bounds(size: int, rank: int, world: int) -> tuple[int, int]:
-    per = -(-size // world)
-    return min(size, rank * per), min(size, (rank + 1) * per)
-
-
-def _check_tensor(op: str, what: str, t, dims: int, world, dtypes=_DTYPES) -> None:
-    if not isinstance(t, torch.Tensor) or t.dim() != dims:
-        got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
-        raise LaunchError(f"{op}: {what} must be a {dims}-D torch.Tensor, got {got}")
-    if t.dtype not in dtypes:
-        raise LaunchError(f"{op}: {what} has dtype {t.dtype}; supported: {', '.join(str(d) for d in dtypes)}")
-    if t.device.type != world.device.type or (t.device.index or 0) != (world.device.index or 0):
-        raise LaunchError(f"{op}: {what} is on {t.device}, this rank computes on {world.device}")
-    if not t.is_contiguous():
-        raise LaunchError(f"{op}: {what} must be contiguous (call .contiguous())")
 
 
 def _check_routing(op: str, topk_ids, num_experts: int, world) -> None:
@@ -81,14 +58,6 @@ def _check_routing(op: str, topk_ids, num_experts: int, world) -> None:
     if topk_ids.shape[0] < 1 or topk_ids.shape[1] < 1:
         raise LaunchError(f"{op}: topk_ids must route at least one token to at least one expert, got shape "
                           f"{tuple(topk_ids.shape)}")
-
-
-def _interpreter_inputs(*ts: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    # Triton 3.9's interpreter computes tl.dot of bf16 operands wrongly (numpy has no bf16); bf16
-    # products are exact in fp32, so the emulated world computes in fp32 and casts the result.
-    if _interpreting() and ts[0].dtype == torch.bfloat16:
-        return tuple(t.float() for t in ts)
-    return ts
 
 
 def ag_moe(x_shard: torch.Tensor, w: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
@@ -106,8 +75,8 @@ def ag_moe(x_shard: torch.Tensor, w: torch.Tensor, topk_ids: torch.Tensor) -> to
     from tilelink.runtime import current_world
 
     world = current_world()
-    _check_tensor("ag_moe", "x_shard", x_shard, 2, world)
-    _check_tensor("ag_moe", "w (experts, hidden, columns)", w, 3, world)
+    check_tensor("ag_moe", "x_shard", x_shard, 2, world.device)
+    check_tensor("ag_moe", "w (experts, hidden, columns)", w, 3, world.device)
     if w.dtype != x_shard.dtype:
         raise LaunchError(f"ag_moe: x_shard and w have different dtypes ({x_shard.dtype}, {w.dtype})")
     E, K, N = w.shape
@@ -116,12 +85,9 @@ def ag_moe(x_shard: torch.Tensor, w: torch.Tensor, topk_ids: torch.Tensor) -> to
                           f"(w is {tuple(w.shape)})")
     _check_routing("ag_moe", topk_ids, E, world)
     M, top_k = topk_ids.shape
-    lo, hi = _bounds(M, world.rank, world.world_size)
-    if x_shard.shape[0] != hi - lo:
-        raise LaunchError(f"ag_moe: rank {world.rank} must hold rows [{lo}, {hi}) of the {M} routed tokens "
-                          f"({hi - lo} rows over {world.world_size} ranks), got {x_shard.shape[0]}")
+    lo, hi = check_rows("ag_moe", f"the {M} routed tokens", x_shard.shape[0], M, world)
     out_dtype = x_shard.dtype
-    x_in, w_in = _interpreter_inputs(x_shard, w)
+    x_in, w_in = interpreter_inputs(x_shard, w)
     num_slots = M * top_k
     out = torch.empty((num_slots, N), dtype=x_in.dtype, device=world.device)
     if N == 0:
@@ -156,8 +122,8 @@ def moe_rs(h: torch.Tensor, w: torch.Tensor, topk_ids: torch.Tensor, topk_weight
     from tilelink.runtime import current_world
 
     world = current_world()
-    _check_tensor("moe_rs", "h (slots, intermediate)", h, 2, world)
-    _check_tensor("moe_rs", "w (experts, intermediate, hidden)", w, 3, world)
+    check_tensor("moe_rs", "h (slots, intermediate)", h, 2, world.device)
+    check_tensor("moe_rs", "w (experts, intermediate, hidden)", w, 3, world.device)
     if w.dtype != h.dtype:
         raise LaunchError(f"moe_rs: h and w have different dtypes ({h.dtype}, {w.dtype})")
     E, K, N = w.shape
@@ -169,13 +135,13 @@ def moe_rs(h: torch.Tensor, w: torch.Tensor, topk_ids: torch.Tensor, topk_weight
     if h.shape[0] != M * top_k:
         raise LaunchError(f"moe_rs: h must have one row per slot, {M} tokens x top_k {top_k} = {M * top_k}, "
                           f"got {h.shape[0]}")
-    _check_tensor("moe_rs", "topk_weights", topk_weights, 2, world)
+    check_tensor("moe_rs", "topk_weights", topk_weights, 2, world.device)
     if tuple(topk_weights.shape) != (M, top_k):
         raise LaunchError(f"moe_rs: topk_weights must have the shape of topk_ids {(M, top_k)}, got "
                           f"{tuple(topk_weights.shape)}")
-    lo, hi = _bounds(M, world.rank, world.world_size)
+    lo, hi = shard_range(M, world.rank, world.world_size)
     out_dtype = h.dtype
-    h_in, w_in = _interpreter_inputs(h, w)
+    h_in, w_in = interpreter_inputs(h, w)
     out = torch.empty((hi - lo, N), dtype=h_in.dtype, device=world.device)
     if N == 0:
         return out.to(out_dtype)

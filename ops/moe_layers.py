@@ -6,11 +6,7 @@ import torch
 from torch import nn
 
 from tilelink.errors import LaunchError
-
-
-def _shard_bounds(size: int, rank: int, world: int) -> tuple[int, int]:
-    per = -(-size // world)
-    return min(size, rank * per), min(size, (rank + 1) * per)
+from tilelink.mapping import shard_range
 
 
 def _gather_rows(local: torch.Tensor, world) -> torch.Tensor:
@@ -68,7 +64,7 @@ class TPMoE(nn.Module):
             raise LaunchError(f"TPMoE: top_k={top_k} must be between 1 and the {experts} experts")
         self.hidden, self.intermediate, self.num_experts, self.top_k = hidden, intermediate, experts, top_k
         self.normalize = normalize
-        lo, hi = _shard_bounds(intermediate, world.rank, world.world_size)
+        lo, hi = shard_range(intermediate, world.rank, world.world_size)
         fused = torch.cat([gate[:, lo:hi].transpose(1, 2), up[:, lo:hi].transpose(1, 2)], dim=2).contiguous()
         self.router = nn.Parameter(router.detach().to(world.device), requires_grad=False)
         self.w_gate_up = nn.Parameter(fused.to(world.device), requires_grad=False)

@@ -12,16 +12,15 @@ Every argument is checked before anything runs.
 
 from __future__ import annotations
 
-import functools
-import os
 from dataclasses import dataclass
 
 import torch
 import triton
 
 from tilelink.errors import LaunchError
-
-_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+from tilelink.mapping import shard_range
+from tilelink.ops.contract import check_rows, check_tensor, full_size, interpreter_inputs, interpreting
+from tilelink.ops.gemm import _install_allocator, _num_sms
 
 
 @dataclass(frozen=True)
@@ -35,15 +34,6 @@ class TPContext:
     M: int
 
 
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET") == "1"
-
-
-@functools.cache
-def _num_sms(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
 def _compute_sms(device: torch.device, kernel) -> int:
     """Programs of a persistent compute kernel: every SM but the communication kernel's. A persistent
     kernel holding all SMs would keep the partner's spinning programs (or its own) from ever running."""
@@ -53,7 +43,7 @@ def _compute_sms(device: torch.device, kernel) -> int:
 
 
 def _config(dtype: torch.dtype) -> dict:
-    if _interpreting():
+    if interpreting():
         return dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, GROUP_M=2)
     if dtype == torch.float32:
         return dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=32, GROUP_M=8, num_warps=8, num_stages=3)
@@ -61,16 +51,8 @@ def _config(dtype: torch.dtype) -> dict:
 
 
 def _check_pair(name: str, a: torch.Tensor, b: torch.Tensor, world) -> None:
-    for what, t in (("first operand", a), ("second operand", b)):
-        if not isinstance(t, torch.Tensor) or t.dim() != 2:
-            raise LaunchError(f"{name}: the {what} must be a 2-D torch.Tensor, got "
-                              f"{tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}")
-        if t.dtype not in _DTYPES:
-            raise LaunchError(f"{name}: dtype {t.dtype} is not supported (float16, bfloat16, float32)")
-        if t.device.type != world.device.type or (t.device.index or 0) != (world.device.index or 0):
-            raise LaunchError(f"{name}: the {what} is on {t.device}, this rank computes on {world.device}")
-        if not t.is_contiguous():
-            raise LaunchError(f"{name}: the {what} must be contiguous (call .contiguous())")
+    for what, t in (("the first operand", a), ("the second operand", b)):
+        check_tensor(name, what, t, 2, world.device)
     if a.dtype != b.dtype:
         raise LaunchError(f"{name}: operands have different dtypes ({a.dtype}, {b.dtype})")
     if a.shape[1] != b.shape[0]:
@@ -82,33 +64,11 @@ def _descriptor_ok(*ts: torch.Tensor) -> bool:
                for t in ts)
 
 
-def _full_rows(a_shard: torch.Tensor, ctx: TPContext | None, world) -> int:
-    if ctx is not None:
-        return ctx.M
-    if world.world_size == 1:
-        return a_shard.shape[0]
-    import torch.distributed as dist
-
-    sizes: list = [None] * world.world_size
-    dist.all_gather_object(sizes, int(a_shard.shape[0]))
-    return sum(sizes)
-
-
-def _interpreter_inputs(*ts: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    # Triton 3.9's interpreter computes tl.dot of bf16 operands wrongly (numpy has no bf16); bf16
-    # products are exact in fp32, so the emulated world computes in fp32 and casts the result.
-    if _interpreting() and ts[0].dtype == torch.bfloat16:
-        return tuple(t.float() for t in ts)
-    return ts
-
-
 def _launch(kernel, persistent: bool, args: tuple, meta: dict, world, M: int, N: int) -> None:
     """Launch one of the annotated GEMMs: the persistent TMA one on every SM its partner leaves free, or
     the pointer one on a grid of C tiles."""
     tiles = triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"])
     if persistent:
-        from tilelink.ops.gemm import _install_allocator
-
         _install_allocator()
         sms = _compute_sms(world.device, kernel)
         kernel[(min(sms, tiles),)](*args, NUM_SMS=sms, **meta)
@@ -123,15 +83,11 @@ def ag_gemm(a_shard: torch.Tensor, b: torch.Tensor, ctx: TPContext | None = None
 
     world = current_world()
     _check_pair("ag_gemm", a_shard, b, world)
-    M = _full_rows(a_shard, ctx, world)
-    per = -(-M // world.world_size)
-    lo, hi = min(M, world.rank * per), min(M, (world.rank + 1) * per)
-    if a_shard.shape[0] != hi - lo:
-        raise LaunchError(f"ag_gemm: rank {world.rank} must hold rows [{lo}, {hi}) of A ({hi - lo} rows for "
-                          f"M={M} over {world.world_size} ranks), got {a_shard.shape[0]}")
+    M = full_size(a_shard, 0, ctx.M if ctx is not None else None, world)
+    check_rows("ag_gemm", "A", a_shard.shape[0], M, world)
     K, N = b.shape
     out_dtype = a_shard.dtype
-    a_in, b_in = _interpreter_inputs(a_shard, b)
+    a_in, b_in = interpreter_inputs(a_shard, b)
     c = torch.empty((M, N), dtype=a_in.dtype, device=world.device)
     if N == 0 or K == 0:
         return c.zero_().to(out_dtype)
@@ -152,10 +108,9 @@ def gemm_rs(a: torch.Tensor, b_shard: torch.Tensor) -> torch.Tensor:
     _check_pair("gemm_rs", a, b_shard, world)
     M, K = a.shape
     N = b_shard.shape[1]
-    per = -(-M // world.world_size)
-    lo, hi = min(M, world.rank * per), min(M, (world.rank + 1) * per)
+    lo, hi = shard_range(M, world.rank, world.world_size)
     out_dtype = a.dtype
-    a_in, b_in = _interpreter_inputs(a, b_shard)
+    a_in, b_in = interpreter_inputs(a, b_shard)
     out = torch.empty((hi - lo, N), dtype=a_in.dtype, device=world.device)
     if M == 0 or N == 0:
         return out.to(out_dtype)

@@ -25,7 +25,7 @@ def _emulated() -> bool:
 
     if world.is_initialized():
         return world.current_world().backend == "emulated"
-    return os.environ.get("TRITON_INTERPRET") == "1"
+    return world.interpreting()
 
 
 def wait_timeout_s(emulated: bool | None = None) -> float:

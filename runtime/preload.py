@@ -7,14 +7,14 @@ running kernel (DESIGN.md §9). So every kernel of an overlapped operator is pre
 
 from __future__ import annotations
 
-import os
+from tilelink.runtime.world import interpreting
 
 
 def preload(kernel, grid, *args, **kwargs):
     """Compile ``kernel`` for these arguments and load its module on the current device, launching
     nothing. Returns the compiled kernel (``None`` under ``TRITON_INTERPRET=1``, where there is
     nothing to load)."""
-    if os.environ.get("TRITON_INTERPRET") == "1":
+    if interpreting():
         return None
     compiled = kernel.warmup(*args, grid=grid, **kwargs)
     init_handles = getattr(compiled, "_init_handles", None)

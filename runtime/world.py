@@ -46,13 +46,19 @@ _owns_process_group = False
 _atexit_registered = False
 
 
+def interpreting() -> bool:
+    """Kernels of this process run in Triton's interpreter (``TRITON_INTERPRET=1``: the emulated
+    world, CPU tests)."""
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
 def default_backend() -> str:
     """``TILELINK_BACKEND`` if set, else ``emulated`` under the interpreter or without CUDA, else
     ``nvshmem``."""
     name = os.environ.get("TILELINK_BACKEND")
     if name:
         return name
-    if os.environ.get("TRITON_INTERPRET") == "1" or not torch.cuda.is_available():
+    if interpreting() or not torch.cuda.is_available():
         return "emulated"
     return "nvshmem"
 

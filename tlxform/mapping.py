@@ -94,6 +94,7 @@ __all__ = [
     "remap_tile",
     "remap_tile_rows",
     "rotate_tile",
+    "shard_range",
     "tile_range",
     "tile_shift",
     # Triton forms (built on first access)
@@ -368,6 +369,13 @@ def __getattr__(name: str) -> Any:
 
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
+
+
+def shard_range(size: int, rank: int, world: int) -> tuple[int, int]:
+    """Rows ``[lo, hi)`` of a dimension of ``size`` that ``rank`` of ``world`` holds: rank ``r`` holds
+    ``[r*ceil(size/world), min(size, (r+1)*ceil(size/world)))`` (the last ranks may hold fewer or
+    none). The split of every launch contract, and of the weights the layers shard."""
+    return rank_range(rank, size, _cdiv(size, world))
 
 
 def _as_int(value: Any) -> int | None:

@@ -1,0 +1,67 @@
+"""The launch contract of the overlapped operators, in one place.
+
+What every operator of :mod:`tilelink.ops` does the same way before a kernel runs: check each
+argument (type, rank, dtype, device, layout) and the rows a rank holds
+(:func:`tilelink.mapping.shard_range`), learn a full size the shards alone do not tell, and hand
+Triton's interpreter inputs it computes correctly.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from tilelink.errors import LaunchError
+from tilelink.mapping import shard_range
+from tilelink.runtime.world import interpreting
+
+DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+__all__ = ["DTYPES", "check_rows", "check_tensor", "full_size", "interpreter_inputs", "interpreting"]
+
+
+def interpreter_inputs(*ts: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The tensors a kernel should get. Triton 3.9's interpreter computes ``tl.dot`` of bf16 operands
+    wrongly (numpy has no bf16); bf16 products are exact in fp32, so under the interpreter bf16 inputs
+    go in as fp32 and the caller casts the result back."""
+    if interpreting() and ts[0].dtype == torch.bfloat16:
+        return tuple(t.float() for t in ts)
+    return ts
+
+
+def check_tensor(op: str, what: str, t: object, dims: int, device: torch.device, *, layout: str = "",
+                 dtypes: tuple[torch.dtype, ...] = DTYPES, contiguous: bool = True) -> None:
+    """Raise :class:`tilelink.LaunchError` unless ``t`` is a ``dims``-D tensor of ``dtypes`` on
+    ``device`` (and contiguous when asked); ``layout`` names its dims in the message."""
+    if not isinstance(t, torch.Tensor) or t.dim() != dims:
+        got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+        raise LaunchError(f"{op}: {what} must be a {dims}-D torch.Tensor{layout}, got {got}")
+    if t.dtype not in dtypes:
+        names = ", ".join(str(d).removeprefix("torch.") for d in dtypes)
+        raise LaunchError(f"{op}: dtype {t.dtype} of {what} is not supported ({names})")
+    if t.device.type != device.type or (t.device.index or 0) != (device.index or 0):
+        raise LaunchError(f"{op}: {what} is on {t.device}, this rank computes on {device}")
+    if contiguous and not t.is_contiguous():
+        raise LaunchError(f"{op}: {what} must be contiguous (call .contiguous())")
+
+
+def check_rows(op: str, what: str, got: int, size: int, world) -> tuple[int, int]:
+    """This rank's rows ``[lo, hi)`` of a dimension of ``size``; raises unless it holds ``got`` of them."""
+    lo, hi = shard_range(size, world.rank, world.world_size)
+    if got != hi - lo:
+        raise LaunchError(f"{op}: rank {world.rank} must hold rows [{lo}, {hi}) of {what} ({hi - lo} rows for "
+                          f"{size} over {world.world_size} ranks), got {got}")
+    return lo, hi
+
+
+def full_size(shard: torch.Tensor, dim: int, known: int | None, world) -> int:
+    """The full size along ``dim`` of a tensor sharded over the ranks: ``known`` when the caller's
+    context gives it, else the sum of every rank's shard (one host all-gather)."""
+    if known is not None:
+        return known
+    if world.world_size == 1:
+        return shard.shape[dim]
+    import torch.distributed as dist
+
+    sizes: list = [None] * world.world_size
+    dist.all_gather_object(sizes, int(shard.shape[dim]))
+    return sum(sizes)
