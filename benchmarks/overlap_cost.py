@@ -48,7 +48,7 @@ def _generic_count_kernel(okernel):
     from pathlib import Path
 
     from tilelink.codegen import Request, generate
-    from tilelink.overlap import load_generated
+    from tilelink.overlapped import load_generated
     from tilelink.rules import reduce_scatter
 
     reduce_scatter.SCALAR_COUNTS = False

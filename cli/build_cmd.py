@@ -17,7 +17,7 @@ from tilelink.errors import AnnotationError
 
 
 def _generate(path: str):
-    from tilelink.overlap import build  # imported here: `tlxform --help` need not load the rewriter
+    from tilelink.overlapped import build  # imported here: `tlxform --help` need not load the rewriter
 
     return build(path)
 

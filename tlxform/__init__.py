@@ -31,7 +31,7 @@ __version__ = "0.1.0"
 # name -> module that defines it; imported on first use so that `import tilelink` stays cheap and
 # the runtime (torch, triton) is only loaded when asked for.
 _LAZY = {
-    "overlap": "tilelink.overlap",
+    "overlap": "tilelink.overlapped",
     "all_gather": "tilelink.spec",
     "reduce_scatter": "tilelink.spec",
     "init": "tilelink.runtime.world",
@@ -41,7 +41,7 @@ _LAZY = {
     "local_rank": "tilelink.runtime.world",
     "is_initialized": "tilelink.runtime.world",
     "spawn": "tilelink.runtime.launch",
-    "build": "tilelink.overlap",
+    "build": "tilelink.overlapped",
 }
 
 __all__ = [

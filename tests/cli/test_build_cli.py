@@ -58,3 +58,16 @@ def test_check_writes_nothing(tmp_path: Path, monkeypatch) -> None:
     result = CliRunner().invoke(main, ["check", AG])
     assert result.exit_code == 0 and f"{AG}: ok" in result.output
     assert not any(tmp_path.iterdir())
+
+
+def test_importing_the_decorator_module_keeps_tilelink_overlap_the_decorator() -> None:
+    """`tilelink.overlap` is the decorator whatever was imported first (a submodule of the same name
+    would replace it on the package)."""
+    import subprocess
+    import sys
+
+    code = ("import tilelink.overlapped, tilelink.cli.build_cmd, tilelink; "
+            f"from tilelink.cli.build_cmd import _generate; _generate({AG!r}); "
+            "assert callable(tilelink.overlap) and tilelink.overlap.__name__ == 'overlap'")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
