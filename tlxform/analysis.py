@@ -510,16 +510,15 @@ def find_kernel(module: cst.Module, name: str) -> cst.FunctionDef | None:
     return None
 
 
-def analyse(source: str, file: str, kernel: str,
-            tensors: dict[str, tuple[int, tuple[str, str] | None, str | None, str | None]],
-            *, annotation_where: Where | None = None) -> tuple[KernelAnalysis, cst.Module]:
-    """Analyse ``kernel`` in ``source`` for the annotated ``tensors``.
+def analyse(module: cst.Module, file: str, kernel: str,
+            tensors: dict[str, tuple[int, tuple[str, str] | None, str | None, str | None]]) -> KernelAnalysis:
+    """Analyse ``kernel`` of the parsed ``module`` (:func:`parse_source`) for the annotated ``tensors``.
 
     ``tensors`` maps each annotated parameter to ``(dim, tile override, size parameter, index
-    parameter)``.
-    Raises :class:`AnnotationError` (file, line, column, what to do) when the kernel cannot be used.
+    parameter)``. Positions are those of ``module``'s nodes, so a rewrite of the same module object
+    can find its anchors. Raises :class:`AnnotationError` (file, line, column, what to do) when the
+    kernel cannot be used.
     """
-    module = parse_source(source, file)
     wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
     fn = find_kernel(module, kernel)
     if fn is None:
@@ -530,7 +529,7 @@ def analyse(source: str, file: str, kernel: str,
     overlap = next((d for d in fn.decorators if m.matches(
         d.decorator.func if isinstance(d.decorator, cst.Call) else d.decorator,
         m.Attribute(attr=m.Name("overlap")) | m.Name("overlap"))), None)
-    where = annotation_where or (an.where(overlap) if overlap is not None else fn_where)
+    where = an.where(overlap) if overlap is not None else fn_where
     if not any(is_triton_jit(d) for d in fn.decorators):
         raise AnnotationError(f"kernel {kernel!r} is not a @triton.jit function", file=file,
                               line=where.line, column=where.column,
@@ -560,4 +559,4 @@ def analyse(source: str, file: str, kernel: str,
                               fn_where,
                               {n: tuple(an.where(r.node) for r, _ in defs) for n, defs in an.assignments.items()},
                               {n: tuple(code(v) for _, v in defs) for n, defs in an.assignments.items()})
-    return analysis, module
+    return analysis

@@ -18,9 +18,9 @@ import libcst.matchers as m
 from libcst.metadata import MetadataWrapper, PositionProvider
 
 import tilelink
-from tilelink.analysis import KernelAnalysis, analyse, find_kernel, is_triton_jit, names_in
+from tilelink.analysis import analyse, find_kernel, is_triton_jit, names_in, parse_source
 from tilelink.errors import AnnotationError
-from tilelink.plan import Insertion, Report, ReportEntry, RewritePlan
+from tilelink.plan import Insertion, Report, RewritePlan
 from tilelink.spec import AllGatherSpec, Options, ReduceScatterSpec, Spec
 
 
@@ -59,8 +59,8 @@ def _rule_module(spec: Spec):
     raise TypeError(f"unknown spec {spec!r}")
 
 
-def plan_kernel(source: str, file: str, request: Request) -> tuple[RewritePlan, KernelAnalysis, cst.Module]:
-    """Analyse one kernel and ask its rule for a plan."""
+def plan_kernel(module: cst.Module, file: str, request: Request) -> RewritePlan:
+    """Analyse one kernel of the parsed ``module`` and ask its rule for a plan."""
     if len(request.specs) != 1:
         raise AnnotationError(
             f"kernel {request.kernel!r} has {len(request.specs)} specs; this version rewrites one spec "
@@ -69,8 +69,7 @@ def plan_kernel(source: str, file: str, request: Request) -> tuple[RewritePlan, 
                  "kernel")
     spec = request.specs[0]
     tensors = {t: (spec.dim, spec.tile, spec.size, spec.index) for t in spec.tensors}
-    an, module = analyse(source, file, request.kernel, tensors)
-    return _rule_module(spec).rewrite(an, spec, request.options), an, module
+    return _rule_module(spec).rewrite(analyse(module, file, request.kernel, tensors), spec, request.options)
 
 
 def source_hash(source: str, requests: list[Request]) -> str:
@@ -218,35 +217,27 @@ def generate(source: str, file: str, requests: list[Request]) -> GeneratedModule
     if not requests:
         raise AnnotationError("no @tilelink.overlap kernels in this file", file=file, line=None,
                               hint="annotate a @triton.jit kernel with @tilelink.overlap(tilelink.all_gather(...))")
+    module = parse_source(source, file)
     plans: list[RewritePlan] = []
-    entries: list[ReportEntry] = []
     originals: dict[str, str] = {}
     rewritten: dict[str, str] = {}
-    module = cst.parse_module(source)
-    kernels_code: list[str] = []
-    partner_names: list[tuple[str, str]] = []
+    partners: dict[tuple[str, str], object] = {}  # (rule module, name) -> partner kernel, in first-use order
     used_names: set[str] = set()
     for req in requests:
-        plan, an, parsed = plan_kernel(source, file, req)
+        plan = plan_kernel(module, file, req)
         plans.append(plan)
-        entries.extend(plan.report)
-        fn = find_kernel(parsed, req.kernel)
-        originals[req.kernel] = _code(parsed, fn)
-        wrapper = MetadataWrapper(parsed, unsafe_skip_copy=True)
         rewriter = _Rewriter(req.kernel, plan)
-        new_module = wrapper.visit(rewriter)
+        new_module = MetadataWrapper(module, unsafe_skip_copy=True).visit(rewriter)
         missing = {(i.anchor.line, i.anchor.column) for i in plan.insertions} - rewriter.used
         if missing:  # a rule asked for an anchor that is not a statement: a bug, not a user error
             raise AssertionError(f"internal: insertion anchors not found in {req.kernel}: {sorted(missing)}")
         new_fn = find_kernel(new_module, req.kernel)
-        text = _code(new_module, new_fn)
-        rewritten[req.kernel] = text
-        kernels_code.append(text)
+        originals[req.kernel] = _code(module, find_kernel(module, req.kernel))
+        rewritten[req.kernel] = _code(new_module, new_fn)
         used_names |= names_in(new_fn)
+        rule = _rule_module(plan.spec)
         for name in plan.partner_kernels:
-            rule = _rule_module(plan.spec)
-            if (rule.__name__, name) not in partner_names:
-                partner_names.append((rule.__name__, name))
+            partners.setdefault((rule.__name__, name), getattr(rule, name))
     # definitions the kernels rely on, transitively, in source order
     defs = _top_level_definitions(module)
     annotated = {r.kernel for r in requests}
@@ -258,25 +249,14 @@ def generate(source: str, file: str, requests: list[Request]) -> GeneratedModule
             continue
         needed.add(name)
         frontier.extend(n for n in names_in(defs[name]) if n in defs and n not in needed and n not in annotated)
-    support = []
-    seen_nodes: set[int] = set()
-    for stmt in module.body:
-        if id(stmt) in seen_nodes:
-            continue
-        if any(defs.get(n) is stmt for n in needed):
-            seen_nodes.add(id(stmt))
-            support.append(_code(module, stmt))
+    needed_nodes = {id(defs[n]) for n in needed}
+    support = [_code(module, stmt) for stmt in module.body if id(stmt) in needed_nodes]
     imports = [_code(module, s) for s in _imports(module)]
     for line in ("import triton", "import triton.language as tl", "import tilelink.language as tll",
                  "import tilelink.mapping as tlm"):
         if line not in imports:
             imports.append(line)
-    partners = []
-    for mod_name, name in partner_names:
-        import importlib
-
-        fn = getattr(importlib.import_module(mod_name), name)
-        partners.append(inspect.getsource(fn.fn if hasattr(fn, "fn") else fn).strip("\n"))
+    partner_sources = [inspect.getsource(fn.fn if hasattr(fn, "fn") else fn).strip("\n") for fn in partners.values()]
     digest = source_hash(source, requests)
     plan_meta = {p.kernel: {**p.launch, "extra_params": list(p.extra_params),
                             "partner_kernels": list(p.partner_kernels)} for p in plans}
@@ -285,18 +265,18 @@ def generate(source: str, file: str, requests: list[Request]) -> GeneratedModule
         f"# Regenerate with: tlxform build {file}",
         f"# source sha256: {digest}",
     ]
-    for req in requests:
-        opts = next(p.options for p in plans if p.kernel == req.kernel)
-        chosen = ", ".join(f"{k}={v!r}" for k, v in vars(opts).items() if v is not None)
+    for req, plan in zip(requests, plans, strict=True):
+        chosen = ", ".join(f"{k}={v!r}" for k, v in vars(plan.options).items() if v is not None)
         header.append(f"# kernel {req.kernel}: {', '.join(s.describe() for s in req.specs)}; {chosen}")
     parts = ["\n".join(header), '"""Overlapped kernels generated by TileLink (see the header)."""',
              "\n".join(imports)]
     if support:
         parts.append("\n\n\n".join(support))
-    parts.append("\n\n\n".join(kernels_code))
-    if partners:
-        parts.append("# " + "-" * 76 + "\n# partner kernels of the rules\n\n\n" + "\n\n\n".join(partners))
+    parts.append("\n\n\n".join(rewritten.values()))
+    if partner_sources:
+        parts.append("# " + "-" * 76 + "\n# partner kernels of the rules\n\n\n" + "\n\n\n".join(partner_sources))
     parts.append("TILELINK_PLAN = " + pprint.pformat(plan_meta, width=100, sort_dicts=True))
     text = "\n\n\n".join(parts) + "\n"
     cst.parse_module(text)  # the generated module must at least parse
-    return GeneratedModule(file, digest, text, Report(tuple(entries)), tuple(plans), originals, rewritten)
+    report = Report(tuple(entry for plan in plans for entry in plan.report))
+    return GeneratedModule(file, digest, text, report, tuple(plans), originals, rewritten)
