@@ -232,6 +232,8 @@ class _Analyzer:
                  tensors: dict[str, tuple[int, tuple[str, str] | None, str | None]]):
         self.module, self.fn, self.file, self.tensors = module, fn, file, tensors
         self.positions = wrapper.resolve(PositionProvider)
+        # (tensor, where) of a descriptor access -> its offsets list node, for the tile inference
+        self.descriptor_offsets: dict[tuple[str, Where], cst.BaseExpression | None] = {}
         self.params = tuple(p.name.value for p in fn.params.params)
         self.constexpr = tuple(
             p.name.value for p in fn.params.params
@@ -269,7 +271,7 @@ class _Analyzer:
                         descriptors.add(name)
                         changed = True
                         break
-                    if refs & (pointers | descriptors) and not _is_tl_call(value, "load"):
+                    if refs & (pointers | descriptors):
                         (descriptors if refs & descriptors and not refs & pointers else pointers).add(name)
                         changed = True
                         break
@@ -297,11 +299,9 @@ class _Analyzer:
                     offsets = _arg(call, 0, "offsets")
                     value = _arg(call, 1, "value") if f.attr.value == "store" else None
                     found.append(Access(f.attr.value, tensor, f.value.value, True, analyzer.where(call),
-                                        code(value) if value is not None else None, None,
-                                        None if offsets is None else None))
-                    analyzer._descriptor_offsets[(tensor, analyzer.where(call))] = offsets
+                                        code(value) if value is not None else None))
+                    analyzer.descriptor_offsets[(tensor, analyzer.where(call))] = offsets
 
-        self._descriptor_offsets: dict = getattr(self, "_descriptor_offsets", {})
         self.fn.body.visit(_V())
         return found
 
@@ -405,7 +405,7 @@ class _Analyzer:
             start, size = override
             return Tile(start, size, None, size_param, self._pid_of(start), access.where)
         if access.descriptor:
-            offsets = self._descriptor_offsets.get((access.tensor, access.where))
+            offsets = self.descriptor_offsets.get((access.tensor, access.where))
             desc_defs = self.assignments.get(access.pointer, [])
             if isinstance(offsets, (cst.List, cst.Tuple)) and dim < len(offsets.elements) and desc_defs:
                 make = desc_defs[0][1]
