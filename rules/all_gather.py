@@ -34,7 +34,7 @@ from tilelink.analysis import KernelAnalysis
 from tilelink.errors import AnnotationError, LaunchError
 from tilelink.mapping import RowSharding
 from tilelink.plan import Insertion, ReportEntry, RewritePlan
-from tilelink.rules.emit import CHANNEL_PARAMS, channels_of_tile, remap_order
+from tilelink.rules.emit import CHANNEL_PARAMS, channels_of_row_vector, channels_of_tile, remap_order
 from tilelink.rules.launch import Launcher, Streams
 from tilelink.runtime import (
     Channel,
@@ -103,9 +103,7 @@ def rewrite(an: KernelAnalysis, spec: AllGatherSpec, options: Options) -> Rewrit
             lines = [
                 f"# tilelink: wait for the channels holding the rows {t.start} this tile gathers from "
                 f"{', '.join(spec.tensors)} (all_gather, dynamic mapping through {spec.index})",
-                f"tlk_src = {t.start}",
-                "tlk_channel = tl.where((tlk_src >= 0) & (tlk_src < tlk_rows), tlm.tl_channel_of_row(tlk_src, "
-                "tlk_rows_per_rank, tlk_rows_per_channel, tlk_channels_per_rank), -1)",
+                *channels_of_row_vector(t.start),
                 "tlk_token = tll.consumer_tile_wait_channels(tlk_barriers, tlk_channel, tlk_epoch, tlk_diag, "
                 "tlk_budget)",
             ]

@@ -31,6 +31,14 @@ def channels_of_tile(tile: Tile) -> str:
             f"    {tile.start}, {tile.start} + {tile.size},\n    {MAPPING_ARGS})")
 
 
+def channels_of_row_vector(rows: str) -> tuple[str, str]:
+    """``tlk_src`` = the rows (a vector, from a run-time index) and ``tlk_channel`` = each row's channel,
+    ``-1`` for rows outside ``[0, tlk_rows)`` (padding): the dynamic mapping's two lines."""
+    return (f"tlk_src = {rows}",
+            "tlk_channel = tl.where((tlk_src >= 0) & (tlk_src < tlk_rows), tlm.tl_channel_of_row(tlk_src, "
+            "tlk_rows_per_rank, tlk_rows_per_channel, tlk_channels_per_rank), -1)")
+
+
 def remap_order(an: KernelAnalysis, access: Access, rule: str, order: str,
                 shift: str) -> tuple[list[Insertion], ReportEntry]:
     """Rotate the tile index so that tiles are visited in ``order`` (paper §3.1, tile order).

@@ -40,7 +40,7 @@ from tilelink.analysis import KernelAnalysis, code, parse_offsets
 from tilelink.errors import AnnotationError, LaunchError
 from tilelink.mapping import RowSharding
 from tilelink.plan import Insertion, ReportEntry, RewritePlan
-from tilelink.rules.emit import CHANNEL_PARAMS, MAPPING_ARGS, channels_of_tile, remap_order
+from tilelink.rules.emit import CHANNEL_PARAMS, MAPPING_ARGS, channels_of_row_vector, channels_of_tile, remap_order
 from tilelink.rules.launch import Launcher, Streams, cdiv
 from tilelink.runtime import (
     Channel,
@@ -136,20 +136,19 @@ def rewrite(an: KernelAnalysis, spec: ReduceScatterSpec, options: Options) -> Re
         assert t is not None and a.anchor is not None and a.value is not None
         notify = ("    tll.producer_tile_notify(tlk_barriers, tlk_first + tlk_i, tlk_done, tlk_barriers, tlk_rank, "
                   "tlk_world, 0)")
-        columns = separable_columns(an, a, t, spec.size or t.size_param) if SCALAR_COUNTS else None
+        # elements the tile stored, per element: 1 where the store's mask holds
+        shape = f"({a.value}).shape"
+        stored = (f"tl.where({a.mask}, 1, 0) + tl.zeros({shape}, tl.int32)" if a.mask
+                  else f"tl.full({shape}, 1, tl.int32)")
+        columns = (separable_columns(an, a, t, spec.size or t.size_param)
+                   if SCALAR_COUNTS and not t.dynamic else None)
         if t.dynamic:
             # rows come from the index: count per row, then add each row's count to its channel
-            shape = f"({a.value}).shape"
-            stored = (f"tl.where({a.mask}, 1, 0) + tl.zeros({shape}, tl.int32)" if a.mask
-                      else f"tl.full({shape}, 1, tl.int32)")
-            src = f"({t.start}) // {spec.topk}" if spec.topk else t.start
             lines = (
                 f"# tilelink: notify the channels of the rows this tile scattered through {spec.index} "
                 f"(reduce_scatter, dynamic mapping)",
                 f"tlk_stored = tl.sum({stored}, axis=1)",
-                f"tlk_src = {src}",
-                "tlk_channel = tl.where((tlk_src >= 0) & (tlk_src < tlk_rows), tlm.tl_channel_of_row(tlk_src, "
-                "tlk_rows_per_rank, tlk_rows_per_channel, tlk_channels_per_rank), -1)",
+                *channels_of_row_vector(f"({t.start}) // {spec.topk}" if spec.topk else t.start),
                 "tll.producer_tile_notify_channels(tlk_barriers, tlk_channel, tlk_stored)",
             )
         elif columns is not None:
@@ -165,9 +164,6 @@ def rewrite(an: KernelAnalysis, spec: ReduceScatterSpec, options: Options) -> Re
                 notify,
             )
         else:
-            shape = f"({a.value}).shape"
-            stored = (f"tl.where({a.mask}, 1, 0) + tl.zeros({shape}, tl.int32)" if a.mask
-                      else f"tl.full({shape}, 1, tl.int32)")
             if t.ndim == 2:  # elements stored per row of the tile
                 stored = f"tl.sum({stored}, axis={1 - spec.dim})"
             lines = (
