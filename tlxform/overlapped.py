@@ -77,6 +77,7 @@ class OverlappedKernel:
     def __init__(self, kernel: Any, specs: tuple, options) -> None:
         self.kernel = kernel
         self.fn = python_function(kernel)
+        self.params = tuple(inspect.signature(self.fn).parameters)  # bound on every launch: read once
         self.name = self.fn.__name__
         self.file = inspect.getsourcefile(self.fn) or "<unknown>"
         try:
@@ -132,10 +133,9 @@ class OverlappedKernel:
 
     def bind(self, args: tuple, kwargs: dict) -> dict[str, Any]:
         """Bind a launch's arguments to the kernel's parameter names."""
-        params = list(inspect.signature(self.fn).parameters)
-        if len(args) > len(params):
-            raise LaunchError(f"{self.name}: {len(args)} positional arguments for {len(params)} parameters")
-        bound = dict(zip(params, args, strict=False))
+        if len(args) > len(self.params):
+            raise LaunchError(f"{self.name}: {len(args)} positional arguments for {len(self.params)} parameters")
+        bound = dict(zip(self.params, args, strict=False))
         for k, v in kwargs.items():
             if k in bound:
                 raise LaunchError(f"{self.name}: argument {k!r} given twice")
