@@ -105,6 +105,40 @@ def separable_columns(an: KernelAnalysis, access, tile, size_param: str | None) 
     return None
 
 
+def _row_vector(node: cst.BaseExpression) -> str | None:
+    """``rows[:, None]`` -> ``rows``; ``rows[:, None] < bound`` -> ``rows < bound``: a per-row condition."""
+    compared = _comparison(node, 0)
+    if compared is not None:
+        return f"{compared[0]} < {compared[1]}"
+    if (isinstance(node, cst.Subscript) and isinstance(node.value, cst.Name) and len(node.slice) == 2
+            and isinstance(node.slice[0].slice, cst.Slice) and not isinstance(node.slice[1].slice, cst.Slice)
+            and code(node.slice[1].slice) == "None"):
+        return node.value.value
+    return None
+
+
+def row_times_columns(an: KernelAnalysis, access) -> tuple[str, str, str, str] | None:
+    """For a store masked by ``<row condition>[:, None] & (cols[None, :] < N)`` with
+    ``cols = start + tl.arange(0, size)``: ``(row condition, start, size, N)``, so that each row's
+    stored count is ``where(row condition, valid columns, 0)``; otherwise ``None``."""
+    if access.mask is None:
+        return None
+    values = an.values.get(access.mask, ())
+    try:
+        node = cst.parse_expression(values[0] if len(values) == 1 else access.mask)
+    except cst.ParserSyntaxError:
+        return None
+    if not (isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.BitAnd)):
+        return None
+    for rows_side, cols_side in ((node.left, node.right), (node.right, node.left)):
+        rows, cols = _row_vector(rows_side), _comparison(cols_side, 1)
+        col_defs = an.values.get(cols[0], ()) if cols else ()
+        col_tile = parse_offsets(cst.parse_expression(col_defs[0])) if len(col_defs) == 1 else None
+        if rows is not None and col_tile is not None:
+            return rows, col_tile[0], col_tile[1], cols[1]
+    return None
+
+
 def rewrite(an: KernelAnalysis, spec: ReduceScatterSpec, options: Options) -> RewritePlan:
     """Plan the producer-side rewrite of ``an`` for ``spec``."""
     opts = options.resolved(**DEFAULTS)
@@ -144,10 +178,17 @@ def rewrite(an: KernelAnalysis, spec: ReduceScatterSpec, options: Options) -> Re
                    if SCALAR_COUNTS and not t.dynamic else None)
         if t.dynamic:
             # rows come from the index: count per row, then add each row's count to its channel
+            separable = row_times_columns(an, a) if SCALAR_COUNTS else None
+            if separable is not None:
+                rows_ok, col_start, col_size, col_bound = separable
+                count = (f"tlk_stored = tl.where({rows_ok}, "
+                         f"tl.maximum(tl.minimum({col_size}, {col_bound} - ({col_start})), 0), 0)")
+            else:
+                count = f"tlk_stored = tl.sum({stored}, axis=1)"
             lines = (
                 f"# tilelink: notify the channels of the rows this tile scattered through {spec.index} "
                 f"(reduce_scatter, dynamic mapping)",
-                f"tlk_stored = tl.sum({stored}, axis=1)",
+                count,
                 *channels_of_row_vector(f"({t.start}) // {spec.topk}" if spec.topk else t.start),
                 "tll.producer_tile_notify_channels(tlk_barriers, tlk_channel, tlk_stored)",
             )

@@ -98,6 +98,21 @@ def _add_release_interpreted(flag_ptr, value):
     tl.atomic_add(flag_ptr, value, sem="release", scope="sys")
 
 
+@triton.jit
+def _add_release_lanes_interpreted(flag_ptrs, values, mask):
+    tl.atomic_add(flag_ptrs, values, mask=mask, sem="release", scope="sys")
+
+
+@triton.jit
+def _after_acquire_interpreted():
+    pass
+
+
+@triton.jit
+def _token_of_interpreted(seen):
+    return (seen * 0).to(tl.int32)
+
+
 # ----------------------------------------------------------------------------------------------
 # compiled implementation (GPU)
 
@@ -141,12 +156,31 @@ def _add_release_compiled(flag_ptr, value):
     tl.atomic_add(flag_ptr, value, sem="release", scope="sys")
 
 
+@triton.jit
+def _add_release_lanes_compiled(flag_ptrs, values, mask):
+    # as _add_release_compiled, for a vector of flags: each lane's atomic is issued by its own thread
+    tl.debug_barrier()
+    tl.atomic_add(flag_ptrs, values, mask=mask, sem="release", scope="sys")
+
+
+@triton.jit
+def _after_acquire_compiled():
+    # the threads that did not poll read after this point only once the acquires are done
+    tl.debug_barrier()
+
+
 if INTERPRETED:
     _spin = _spin_interpreted
     _add_release = _add_release_interpreted
+    _add_release_lanes = _add_release_lanes_interpreted
+    _after_acquire = _after_acquire_interpreted
+    _zero_token = _token_of_interpreted
 else:
     _spin = _spin_compiled
     _add_release = _add_release_compiled
+    _add_release_lanes = _add_release_lanes_compiled
+    _after_acquire = _after_acquire_compiled
+    _zero_token = _token_of
 
 
 # ----------------------------------------------------------------------------------------------
@@ -218,41 +252,51 @@ def _channel_span(channels):
 
 
 @triton.jit
-def _channel_bits(channels, valid, word):
-    """Bit ``c % 32`` set for every channel ``c`` of the vector in 32-channel word ``word``: one
-    reduction finds the distinct channels of a tile, whatever its size."""
-    bits = tl.where(valid & (channels // 32 == word), tl.full(channels.shape, 1, tl.int32) << (channels % 32), 0)
-    return tl.reduce(bits, 0, _bit_or)
+def _channel_lanes(channels, valid, word):
+    """(BLOCK, 32) membership: entry ``[i, b]`` is set where ``channels[i]`` is channel
+    ``word * 32 + b``. One 2-D reduction then finds a tile's distinct channels, whatever its size."""
+    lane = tl.arange(0, 32)
+    return valid[:, None] & (channels[:, None] == word * 32 + lane[None, :])
 
 
 @triton.jit
 def consumer_tile_wait_channels(barrier_ptr, channels, target, diag_ptr, budget):
     """Dynamic mapping: a consumer tile whose rows come from a run-time index (the MoE gather) waits
     for every distinct channel in the vector ``channels`` (entries < 0, e.g. padding, are ignored),
-    each ``>= target``. Returns the token."""
+    each ``>= target``. Returns the token.
+
+    Each 32-channel word is polled once with one vector of acquire reads (the lanes a program's
+    threads hold run in parallel); only channels that are not there yet are spun on one by one."""
     token = tl.full((), 0, tl.int32)
     valid, first, last = _channel_span(channels)
+    lane = tl.arange(0, 32)
     for word in range(first // 32, last // 32 + 1):
-        bits = _channel_bits(channels, valid, word)
+        need = tl.max(_channel_lanes(channels, valid, word).to(tl.int32), axis=0) > 0
+        seen = tl.atomic_add(barrier_ptr + word * 32 + lane, tl.zeros((32,), tl.int64), mask=need,
+                             sem="acquire", scope="sys")
+        seen = tl.where(need, seen, target)
+        token += _zero_token(tl.min(seen))
+        late = tl.reduce(tl.where(seen < target, 1 << lane, 0), 0, _bit_or)
         for b in range(0, 32):
-            if ((bits >> b) & 1) != 0:
+            if ((late >> b) & 1) != 0:
                 token += _spin(barrier_ptr + word * 32 + b, target, diag_ptr, budget, KIND_CONSUMER_TILE_WAIT,
                                word * 32 + b)
-    return token * 16
+    _after_acquire()
+    return token
 
 
 @triton.jit
 def producer_tile_notify_channels(barrier_ptr, channels, counts):
     """Dynamic mapping: a producer tile whose rows go to run-time channels (the MoE scatter) adds, to
     each distinct channel in the vector ``channels`` (entries < 0 ignored), the sum of ``counts`` of
-    its rows (release, local barrier array)."""
+    its rows (release, local barrier array): one vector of releasing atomics per 32-channel word."""
     valid, first, last = _channel_span(channels)
+    lane = tl.arange(0, 32)
     for word in range(first // 32, last // 32 + 1):
-        bits = _channel_bits(channels, valid, word)
-        for b in range(0, 32):
-            if ((bits >> b) & 1) != 0:
-                value = tl.sum(tl.where(channels == word * 32 + b, counts, 0))
-                _add_release(barrier_ptr + word * 32 + b, value)
+        member = _channel_lanes(channels, valid, word)
+        sums = tl.sum(tl.where(member, counts[:, None], 0), axis=0)
+        hit = tl.max(member.to(tl.int32), axis=0) > 0
+        _add_release_lanes(barrier_ptr + word * 32 + lane, sums.to(tl.int64), hit)
 
 
 @triton.jit
