@@ -9,7 +9,8 @@ part 1 (``ag_moe``, gate | up fused): **slots x H @ H x 2I/W**; part 2 (``moe_rs
 Modes:
 - ``compute`` (one GPU): the grouped GEMM TileLink's operators are annotated from (``plain``: the
   kernel as written, no communication; ``rewritten``: the generated kernel with every channel already
-  satisfied) against dense cuBLAS on **equal useful FLOPs** (``torch.matmul`` of (slots, K) @ (K, N))
+  satisfied; for the AG part also ``persistent`` / ``persistent_rewritten``, the persistent kernel
+  ``ag_moe`` runs on a GPU) against dense cuBLAS on **equal useful FLOPs** (``torch.matmul`` of (slots, K) @ (K, N))
   and against a torch loop over experts (gather, matmul per expert, scatter-add); ``--configs`` also
   times candidate tile configs. Ratio = baseline ms / ours (> 1: ours faster).
 - ``dist`` (W ranks under ``torchrun`` / ``tlxform run``): ``ag_moe`` / ``moe_rs`` (overlapped) against
@@ -30,7 +31,6 @@ import statistics
 from pathlib import Path
 
 import torch
-import triton
 
 from benchmarks.common import environment, select_named, side_by_side, write_json
 
@@ -90,21 +90,22 @@ def torch_loop(x: torch.Tensor, w: torch.Tensor, topk_ids: torch.Tensor, weights
     return out if weights is None else out.to(x.dtype)
 
 
-def _grouped(part: str, kernel, x, w, out, weights, topk_ids, meta: dict, extra: dict | None = None):
-    """A launch of the grouped GEMM ``kernel`` (plain or rewritten) with routing aligned to ``meta``."""
+def _grouped(part: str, x, w, out, weights, topk_ids, meta: dict, *, persistent: bool = False,
+             rewritten: bool = False, rows: int = 0, world: int = 1):
+    """A launch of the operator's grouped GEMM (``persistent`` or pointer form; as written, or
+    ``rewritten`` with every channel of ``world`` ranks sharing ``rows`` tokens already satisfied), with
+    the routing aligned to ``meta``."""
+    from tilelink.ops.moe import grouped_gemm
     from tilelink.ops.moe_routing import align_tokens
 
-    E, K, N = w.shape
-    slots, topk = topk_ids.numel(), topk_ids.shape[1]
-    sorted_ids, expert_ids = align_tokens(topk_ids, E, meta["BLOCK_M"])
-    EM = sorted_ids.numel()
-    grid = (triton.cdiv(EM, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]),)
-    head = (x, w, out) if part == "ag_moe" else (x, w, out, weights)
-    args = (*head, sorted_ids, expert_ids, N, K, EM, slots, topk, x.stride(0), x.stride(1), w.stride(0),
-            w.stride(1), w.stride(2), out.stride(0), out.stride(1))
+    sorted_ids, expert_ids = align_tokens(topk_ids, w.shape[0], meta["BLOCK_M"])
+    okernel, grid, args, launch_meta = grouped_gemm(part, x, w, out, weights, sorted_ids, expert_ids,
+                                                    topk_ids.numel(), topk_ids.shape[1], meta, persistent)
+    kernel = getattr(okernel.module, okernel.name) if rewritten else okernel.kernel
+    extra = okernel.launcher.satisfied_args(rows, world, x.device) if rewritten else {}
 
     def run():
-        kernel[grid](*args, **meta, **(extra or {}))
+        kernel[grid](*args, **launch_meta, **extra)
         return out
     return run
 
@@ -115,7 +116,6 @@ def _rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
 
 def measure_compute(shape: MoEShape, part: str, world: int, dtype: torch.dtype, rounds: int, sweep: bool,
                     rewritten: bool, device: str = "cuda") -> dict:
-    from tilelink.ops import moe_kernels
     from tilelink.ops.moe import moe_config
 
     device = torch.device(device)
@@ -125,32 +125,38 @@ def measure_compute(shape: MoEShape, part: str, world: int, dtype: torch.dtype, 
     rows = shape.S if part == "ag_moe" else slots
     x = torch.randn(rows, K, dtype=dtype, device=device, generator=g)
     w = torch.randn(shape.E, K, N, dtype=dtype, device=device, generator=g) / K**0.5
-    okernel = moe_kernels.ag_group_gemm_kernel if part == "ag_moe" else moe_kernels.group_gemm_rs_kernel
     wflat = weights.flatten().float().contiguous()
     out_rows = slots  # the plain kernel stores each slot's row (part 2: weighted, before the top-k reduce)
     meta = moe_config(slots, shape.E, N, dtype)
     a = torch.randn(slots, K, dtype=dtype, device=device, generator=g)
     b = torch.randn(K, N, dtype=dtype, device=device, generator=g)
+
+    def grouped(cfg: dict, persistent: bool, rewritten: bool = False):
+        out = torch.empty(out_rows, N, dtype=dtype, device=device)
+        return _grouped(part, x, w, out, wflat, topk_ids, cfg, persistent=persistent, rewritten=rewritten,
+                        rows=shape.S, world=world)
+
     fns = {"cublas_dense": functools.partial(torch.matmul, a, b),
            "torch_loop": functools.partial(torch_loop, x, w, topk_ids, weights if part == "moe_rs" else None,
                                            part == "ag_moe"),
-           "plain": _grouped(part, okernel.kernel, x, w, torch.empty(out_rows, N, dtype=dtype, device=device),
-                             wflat, topk_ids, meta)}
+           "plain": grouped(meta, False)}
+    forms = (False, True) if part == "ag_moe" else (False,)  # only the AG part has a persistent kernel
+    if part == "ag_moe":
+        fns["persistent"] = grouped(meta, True)
     if rewritten:
-        chans = okernel.launcher.satisfied_args(shape.S, world, device)
-        fns["rewritten"] = _grouped(part, getattr(okernel.module, okernel.name), x, w,
-                                    torch.empty(out_rows, N, dtype=dtype, device=device), wflat, topk_ids, meta,
-                                    chans)
+        fns["rewritten"] = grouped(meta, False, True)
+        if part == "ag_moe":
+            fns["persistent_rewritten"] = grouped(meta, True, True)
     names = {}
     if sweep:
         for bm, bn, bk, warps, stages in CANDIDATES:
             cfg = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, num_warps=warps, num_stages=stages)
             if all(cfg.get(k) == v for k, v in meta.items()):
                 continue
-            name = f"{bm}x{bn}x{bk}_w{warps}_s{stages}"
-            names[name] = cfg
-            fns[name] = _grouped(part, okernel.kernel, x, w, torch.empty(out_rows, N, dtype=dtype, device=device),
-                                 wflat, topk_ids, cfg)
+            for persistent in forms:
+                name = f"{'persistent ' if persistent else ''}{bm}x{bn}x{bk}_w{warps}_s{stages}"
+                names[name] = cfg
+                fns[name] = grouped(cfg, persistent)
     ref = torch_loop(x.float(), w.float(), topk_ids, None, part == "ag_moe")
     if part == "moe_rs":
         ref = ref * wflat[:, None]
@@ -170,10 +176,12 @@ def measure_compute(shape: MoEShape, part: str, world: int, dtype: torch.dtype, 
            "rate_vs_cublas_dense": {n: med["cublas_dense"] / t for n, t in med.items() if n != "cublas_dense"},
            "speedup_vs_torch_loop": {n: med["torch_loop"] / t for n, t in med.items() if n != "torch_loop"},
            "rel_err_vs_fp32_loop": errors, "failed_configs": failed, "sweep_configs": names}
-    best = min((n for n in med if n not in ("cublas_dense", "torch_loop", "rewritten")), key=med.get)
+    best = min((n for n in med if n not in ("cublas_dense", "torch_loop") and "rewritten" not in n), key=med.get)
     row["best_plain"] = best
-    print(f"{shape.name} {part} slots={slots} N={N} K={K}: cublas {med['cublas_dense']:.3f} ms, plain "
-          f"{med['plain']:.3f} ms (rate {row['rate_vs_cublas_dense']['plain']:.3f}), best {best} "
+    rates = row["rate_vs_cublas_dense"]
+    print(f"{shape.name} {part} slots={slots} N={N} K={K}: cublas {med['cublas_dense']:.3f} ms; rate vs cuBLAS: "
+          + ", ".join(f"{n} {rates[n]:.3f}" for n in ("plain", "rewritten", "persistent", "persistent_rewritten")
+                      if n in rates) + f"; best {best} "
           f"{med[best]:.3f} ms (rate {row['rate_vs_cublas_dense'][best]:.3f}), torch loop {med['torch_loop']:.3f} ms; "
           f"err {errors}; failed {failed}", flush=True)
     return row
@@ -220,8 +228,8 @@ def _rs_rows(partial: torch.Tensor, group) -> torch.Tensor:
 
 
 def measure_dist(shape: MoEShape, world, dtype: torch.dtype, rounds: int, group) -> dict:
-    from tilelink.ops import ag_moe, moe_kernels, moe_rs
-    from tilelink.ops.moe import moe_config
+    from tilelink.ops import ag_moe, moe_rs
+    from tilelink.ops.moe import _persistent, moe_config
 
     R, r, device = world.world_size, world.rank, world.device
     M, inter = shape.S, shape.I // R
@@ -240,12 +248,12 @@ def measure_dist(shape: MoEShape, world, dtype: torch.dtype, rounds: int, group)
         x = _ag_rows(x_shard, M, group)
         out = torch.empty(slots, 2 * inter, dtype=dtype, device=device)
         meta = moe_config(slots, shape.E, 2 * inter, dtype)
-        return _grouped("ag_moe", moe_kernels.ag_group_gemm_kernel.kernel, x, w_up, out, None, topk_ids, meta)()
+        return _grouped("ag_moe", x, w_up, out, None, topk_ids, meta, persistent=_persistent(w_up, device))()
 
     def fused_rs():  # ours, not overlapped: the plain grouped GEMM, top-k sum, then NCCL reduce-scatter
         out = torch.empty(slots, shape.H, dtype=dtype, device=device)
         meta = moe_config(slots, shape.E, shape.H, dtype)
-        y = _grouped("moe_rs", moe_kernels.group_gemm_rs_kernel.kernel, h, w_down, out, wflat, topk_ids, meta)()
+        y = _grouped("moe_rs", h, w_down, out, wflat, topk_ids, meta)()
         return _rs_rows(y.view(M, shape.topk, shape.H).sum(1), group)
 
     fns = {"torch_ag": lambda: torch_loop(_ag_rows(x_shard, M, group), w_up, topk_ids, None, True),

@@ -46,6 +46,46 @@ def moe_config(num_slots: int, num_experts: int, N: int, dtype: torch.dtype) -> 
     return dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=64, GROUP_M=8, num_warps=warps, num_stages=stages)
 
 
+#: ``ag_moe`` on the persistent tensor-descriptor kernel: ``None`` = on a GPU when the weights allow it;
+#: tests of the emulated world set ``True`` to run it in the interpreter
+PERSISTENT: bool | None = None
+
+
+def _persistent(w: torch.Tensor, device: torch.device) -> bool:
+    """Whether the persistent kernel can read ``w`` (E, K, N) through a (E * K, N) tensor descriptor."""
+    fits = (w.is_contiguous() and (w.shape[2] * w.element_size()) % 16 == 0 and w.data_ptr() % 16 == 0
+            and w.shape[0] * w.shape[1] > 0)
+    return fits and (device.type == "cuda" if PERSISTENT is None else PERSISTENT)
+
+
+def grouped_gemm(part: str, x, w, out, weights, sorted_ids, expert_ids, num_slots: int, top_k: int, meta: dict,
+                 persistent: bool):
+    """``(overlapped kernel, grid, args, meta)`` of one grouped GEMM of ``part`` ("ag_moe" or "moe_rs"):
+    what the operators launch, and what ``benchmarks.moe`` times in its plain and rewritten forms.
+    ``persistent`` selects the persistent kernel, which only the AG part has."""
+    from tilelink.ops import moe_kernels
+    from tilelink.ops.gemm import _install_allocator
+    from tilelink.ops.tp import _compute_sms
+
+    E, K, N = w.shape
+    EM = sorted_ids.numel()
+    tiles = triton.cdiv(EM, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"])
+    head = (x, w, out) if part == "ag_moe" else (x, w, out, weights)
+    routing = (sorted_ids, expert_ids, N, K, EM, num_slots, top_k)
+    if persistent and part == "ag_moe":
+        if x.device.type == "cuda":
+            _install_allocator()  # tensor descriptors made on the device need scratch memory
+        kernel = moe_kernels.ag_group_gemm_persistent_kernel
+        sms = _compute_sms(x.device, kernel) if x.device.type == "cuda" else 4
+        args = (*head, *routing, E, x.stride(0), x.stride(1), w.stride(1), w.stride(2), out.stride(0),
+                out.stride(1))
+        return kernel, (min(sms, tiles),), args, {**meta, "NUM_SMS": sms}
+    kernel = moe_kernels.ag_group_gemm_kernel if part == "ag_moe" else moe_kernels.group_gemm_rs_kernel
+    args = (*head, *routing, x.stride(0), x.stride(1), w.stride(0), w.stride(1), w.stride(2), out.stride(0),
+            out.stride(1))
+    return kernel, (tiles,), args, meta
+
+
 def _check_routing(op: str, topk_ids, num_experts: int, world) -> None:
     if not isinstance(topk_ids, torch.Tensor):
         raise LaunchError(f"{op}: topk_ids must be a (tokens, top_k) integer tensor, got {type(topk_ids).__name__}")
@@ -71,7 +111,6 @@ def ag_moe(x_shard: torch.Tensor, w: torch.Tensor, topk_ids: torch.Tensor) -> to
     Raises:
         tilelink.LaunchError: shapes, dtypes, devices or routing that no kernel could serve.
     """
-    from tilelink.ops import moe_kernels
     from tilelink.runtime import current_world
 
     world = current_world()
@@ -98,11 +137,9 @@ def ag_moe(x_shard: torch.Tensor, w: torch.Tensor, topk_ids: torch.Tensor) -> to
         K = 1
     meta = moe_config(num_slots, E, N, x_in.dtype)
     sorted_ids, expert_ids = align_tokens(topk_ids, E, meta["BLOCK_M"])
-    EM = sorted_ids.numel()
-    grid = (triton.cdiv(EM, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]),)
-    moe_kernels.ag_group_gemm_kernel[grid](
-        x_in, w_in, out, sorted_ids, expert_ids, N, K, EM, num_slots, top_k, x_in.stride(0), x_in.stride(1),
-        w_in.stride(0), w_in.stride(1), w_in.stride(2), out.stride(0), out.stride(1), **meta)
+    kernel, grid, args, meta = grouped_gemm("ag_moe", x_in, w_in, out, None, sorted_ids, expert_ids, num_slots, top_k,
+                                            meta, _persistent(w_in, world.device))
+    kernel[grid](*args, **meta)
     return out if out.dtype == out_dtype else out.to(out_dtype)
 
 
@@ -118,7 +155,6 @@ def moe_rs(h: torch.Tensor, w: torch.Tensor, topk_ids: torch.Tensor, topk_weight
     Raises:
         tilelink.LaunchError: shapes, dtypes, devices or routing that no kernel could serve.
     """
-    from tilelink.ops import moe_kernels
     from tilelink.runtime import current_world
 
     world = current_world()
@@ -153,9 +189,7 @@ def moe_rs(h: torch.Tensor, w: torch.Tensor, topk_ids: torch.Tensor, topk_weight
     num_slots = M * top_k
     meta = moe_config(num_slots, E, N, h_in.dtype)
     sorted_ids, expert_ids = align_tokens(topk_ids, E, meta["BLOCK_M"])
-    EM = sorted_ids.numel()
-    grid = (triton.cdiv(EM, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]),)
-    moe_kernels.group_gemm_rs_kernel[grid](
-        h_in, w_in, out, weights, sorted_ids, expert_ids, N, K, EM, num_slots, top_k, h_in.stride(0),
-        h_in.stride(1), w_in.stride(0), w_in.stride(1), w_in.stride(2), N, 1, **meta)
+    kernel, grid, args, meta = grouped_gemm("moe_rs", h_in, w_in, out, weights, sorted_ids, expert_ids, num_slots,
+                                            top_k, meta, persistent=False)
+    kernel[grid](*args, **meta)
     return out if out.dtype == out_dtype else out.to(out_dtype)

@@ -50,10 +50,13 @@ def _rel(x: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 def parts_match_torch(M: int, H: int, inter: int, E: int, top_k: int, kinds: list[str], dtype_name: str = "float32",
-                      calls: int = 2) -> dict[str, float]:
+                      calls: int = 2, persistent: bool | None = None) -> dict[str, float]:
     """ag_moe and moe_rs, each rank holding its slice of every expert's intermediate dim, against a loop
-    over experts, for each routing kind; every call twice (a context is reused at epoch 2)."""
-    from tilelink.ops import ag_moe, moe_rs
+    over experts, for each routing kind; every call twice (a context is reused at epoch 2).
+    ``persistent``: force (True) or forbid (False) ag_moe's persistent tensor-descriptor kernel."""
+    from tilelink.ops import ag_moe, moe, moe_rs
+
+    moe.PERSISTENT = persistent
 
     dtype = getattr(torch, dtype_name)
     r, R = tilelink.rank(), tilelink.world_size()
@@ -70,6 +73,8 @@ def parts_match_torch(M: int, H: int, inter: int, E: int, top_k: int, kinds: lis
         weights = torch.rand(M, top_k, generator=g)
         dev = {n: t.to(dtype).to(device) for n, t in (("x", x), ("w_up", w_up), ("w_down", w_down))}
         ids = topk_ids.to(device)
+        if persistent:  # the weights must suit the persistent kernel, or the test would not test it
+            assert moe._persistent(dev["w_up"][:, :, ilo:ihi].contiguous(), device)
         for _ in range(calls):
             up = ag_moe(dev["x"][lo:hi].contiguous(), dev["w_up"][:, :, ilo:ihi].contiguous(), ids)
         assert up.shape == (M * top_k, ihi - ilo) and up.dtype == dtype

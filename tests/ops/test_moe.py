@@ -31,6 +31,18 @@ def test_parts_match_torch(world: int, M: int, kinds: list[str], calls: int) -> 
         assert all(err < 1e-5 for err in per_rank.values()), per_rank
 
 
+@pytest.mark.parametrize(("world", "M"), [(1, 13), (2, 11), (3, 10)])
+def test_persistent_kernels_match_torch(world: int, M: int) -> None:
+    # ag_moe's persistent kernel (expert weights through a tensor descriptor, the gather on the copy
+    # engine) that it takes on a GPU, forced here in the interpreter
+    from tilelink.ops import moe_kernels
+
+    for per_rank in tilelink.spawn(parts_match_torch, world, M, 16, 24, 5, 2, ["random", "skewed"], "float32", 2,
+                                   True):
+        assert all(err < 1e-5 for err in per_rank.values()), per_rank
+    assert moe_kernels.ag_group_gemm_persistent_kernel.plan.launch["via"] == "copy_engine"
+
+
 def test_top1_all_tokens_on_one_expert() -> None:
     for per_rank in tilelink.spawn(parts_match_torch, 2, 7, 16, 16, 3, 1, ["one"], "float32", 1):
         assert all(err < 1e-5 for err in per_rank.values()), per_rank
