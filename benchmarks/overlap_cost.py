@@ -16,6 +16,9 @@ Run on a GPU::
 
     python -m benchmarks.overlap_cost --world 8 --rounds 3 --out results/
 
+``--configs`` also times the rewritten kernel (on the operator's programs) with each candidate of
+``tilelink.ops.gemm.HOPPER_CONFIGS`` that fits, to choose the operators' per-shape configs.
+
 ``--small`` runs tiny shapes (also under ``TRITON_INTERPRET=1``, to check the script itself).
 """
 
@@ -29,7 +32,7 @@ import time
 
 import torch
 
-from benchmarks.common import MLP_SHAPES
+from benchmarks.common import select_shapes
 from tilelink.ops.contract import interpreting
 
 
@@ -61,7 +64,23 @@ def _generic_count_kernel(okernel):
     return getattr(load_generated(gen, "generic_count"), okernel.name)
 
 
-def measure(kind: str, M: int, N: int, K: int, world: int, dtype: torch.dtype, device) -> dict:
+def _candidates(kind: str, dtype: torch.dtype) -> list[dict]:
+    """The autotuning candidates that fit this kernel's shared memory, as launch keyword arguments."""
+    from tilelink.ops.gemm import HOPPER_CONFIGS, _config, _prune_configs
+
+    extra = [_config(128, 256, 64, 3, 8, group_m=4), _config(128, 256, 64, 3, 8, group_m=16),
+             _config(128, 128, 64, 6, 8), _config(64, 256, 64, 4, 4)]
+    probe = {"a_ptr": torch.empty(0, dtype=dtype), "c_ptr": torch.empty(0, dtype=dtype)}
+    fits = _prune_configs(HOPPER_CONFIGS + extra, probe, epilogue_in_smem=kind == "ag_gemm")
+    return [{**c.kwargs, "num_warps": c.num_warps, "num_stages": c.num_stages} for c in fits]
+
+
+def config_name(meta: dict) -> str:
+    return (f"{meta['BLOCK_M']}x{meta['BLOCK_N']}x{meta['BLOCK_K']} w{meta['num_warps']} s{meta['num_stages']}"
+            f" g{meta['GROUP_M']}")
+
+
+def measure(kind: str, M: int, N: int, K: int, world: int, dtype: torch.dtype, device, configs: bool = False) -> dict:
     import triton
 
     from tilelink.ops import tp, tp_kernels
@@ -81,15 +100,17 @@ def measure(kind: str, M: int, N: int, K: int, world: int, dtype: torch.dtype, d
     else:
         all_sms = 4
     some_sms = tp._compute_sms(device, okernel) if device.type == "cuda" else all_sms
-    tiles = triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"])
     args = (a, b, c, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1))
     chan = okernel.launcher.satisfied_args(M, world, device)  # the operator's own channels
 
-    def run_plain():
-        plain[(min(all_sms, tiles),)](*args, NUM_SMS=all_sms, **meta)
+    def tiles(m: dict) -> int:
+        return triton.cdiv(M, m["BLOCK_M"]) * triton.cdiv(N, m["BLOCK_N"])
 
-    def run_rewritten(sms: int):
-        rewritten[(min(sms, tiles),)](*args, NUM_SMS=sms, **meta, **chan)
+    def run_plain():
+        plain[(min(all_sms, tiles(meta)),)](*args, NUM_SMS=all_sms, **meta)
+
+    def run_rewritten(sms: int, m: dict = meta):
+        rewritten[(min(sms, tiles(m)),)](*args, NUM_SMS=sms, **m, **chan)
 
     ref = a.float() @ b.float()
     checks = {}
@@ -103,9 +124,19 @@ def measure(kind: str, M: int, N: int, K: int, world: int, dtype: torch.dtype, d
     if kind == "gemm_rs":  # the per-element count the rewriter falls back to, for comparison
         generic = _generic_count_kernel(okernel)
         times["generic_count_all"] = _bench(
-            lambda: generic[(min(all_sms, tiles),)](*args, NUM_SMS=all_sms, **meta, **chan))
+            lambda: generic[(min(all_sms, tiles(meta)),)](*args, NUM_SMS=all_sms, **meta, **chan))
+    config_ms = {}
+    if configs and device.type == "cuda":
+        import triton.runtime.errors
+
+        for m in _candidates(kind, dtype):
+            try:
+                config_ms[config_name(m)] = _bench(lambda m=m: run_rewritten(some_sms, m))
+            except triton.runtime.errors.OutOfResources as e:
+                config_ms[config_name(m)] = f"out of resources: {e}"
     flops = 2 * M * N * K
-    return {"kind": kind, "M": M, "N": N, "K": K, "ms": times, "rel_err": checks,
+    return {"kind": kind, "M": M, "N": N, "K": K, "ms": times, "rel_err": checks, "config_ms": config_ms,
+            "config": config_name({"num_warps": 4, "num_stages": 3, **meta}),
             "tflops": {k: flops / v / 1e9 for k, v in times.items()}, "sms": {"all": all_sms, "rewritten": some_sms}}
 
 
@@ -116,23 +147,34 @@ def main() -> None:
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--out", default="results")
     parser.add_argument("--small", action="store_true")
+    parser.add_argument("--configs", action="store_true", help="also time every candidate config (rewritten kernel)")
+    parser.add_argument("--shapes", default="all", help="comma list of MLP shape numbers such as 1,2 or 'all'")
     args = parser.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() and not interpreting() else "cpu")
     dtype = getattr(torch, args.dtype)
     if interpreting() and dtype == torch.bfloat16:
         dtype = torch.float32  # the interpreter's bf16 dot is wrong (see ops/tp.py)
-    shapes = {"tiny": (64, 64, 256)} if args.small else {n: (s.S, s.H, s.I) for n, s in MLP_SHAPES.items()}
+    shapes = ({"tiny": (64, 64, 256)} if args.small
+              else {s.name: (s.S, s.H, s.I) for s in select_shapes(args.shapes)})
     rows = []
     for name, (S, H, I) in shapes.items():
         per_rank_i = I // args.world
         for kind, (M, N, K) in (("ag_gemm", (S, 2 * per_rank_i, H)), ("gemm_rs", (S, H, per_rank_i))):
-            rounds = [measure(kind, M, N, K, args.world, dtype, device) for _ in range(args.rounds)]
+            rounds = [measure(kind, M, N, K, args.world, dtype, device, args.configs) for _ in range(args.rounds)]
             row = {"shape": name, **{k: rounds[0][k] for k in ("kind", "M", "N", "K", "rel_err", "sms")},
                    "rounds": rounds}
             for num, den in (("plain", "torch"), ("rewritten", "torch"), ("rewritten_all", "plain"),
                              ("generic_count_all", "plain")):
                 if num in rounds[0]["ms"]:
                     row[f"{num}/{den}"] = statistics.median(r["ms"][den] / r["ms"][num] for r in rounds)
+            if rounds[0]["config_ms"]:
+                row["config_ratio"] = {  # torch / rewritten with that config, median over rounds
+                    c: statistics.median(r["ms"]["torch"] / r["config_ms"][c] for r in rounds)
+                    for c, v in rounds[0]["config_ms"].items() if not isinstance(v, str)}
+                best = max(row["config_ratio"], key=row["config_ratio"].get)
+                print("    configs (torch / rewritten): " + ", ".join(
+                    f"{c} {r:.3f}" for c, r in sorted(row["config_ratio"].items(), key=lambda kv: -kv[1]))
+                    + f"  best {best}", flush=True)
             rows.append(row)
             print(f"{name:6} {kind:8} M={M:5} N={N:5} K={K:5}  torch {rounds[-1]['ms']['torch']:.3f} ms  "
                   f"plain/torch {row['plain/torch']:.3f}  rewritten/torch {row['rewritten/torch']:.3f}  "
