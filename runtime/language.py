@@ -151,9 +151,16 @@ def _spin_compiled(flag_ptr, target, diag_ptr, budget, kind, index):
 
 @triton.jit
 def _add_release_compiled(flag_ptr, value):
-    # every thread's stores of the tile happen before the one releasing atomic
+    # Every thread's stores of the tile happen before one releasing reduction, issued by thread 0 (the
+    # barrier makes the others' stores part of what its release publishes). A `red`, not an atomic that
+    # returns the old value: nothing waits for the add itself, and no result is broadcast to the program's
+    # threads afterwards (1.5-2% of a short-K GEMM+RS tile on an H200, docs/PERFORMANCE.md).
     tl.debug_barrier()
-    tl.atomic_add(flag_ptr, value, sem="release", scope="sys")
+    tl.inline_asm_elementwise(
+        "{ .reg .pred %tlk_first; .reg .b32 %tlk_tid; mov.u32 %tlk_tid, %tid.x; "
+        "setp.eq.u32 %tlk_first, %tlk_tid, 0; @%tlk_first red.release.sys.global.add.u64 [$1], $2; "
+        "mov.u32 $0, 0; }",
+        "=r,l,l", [flag_ptr, tl.full((), 0, tl.int64) + value], dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit

@@ -57,7 +57,10 @@ def main() -> int:
         compiled = triton.compile(source, target=target)
         ptx = compiled.asm["ptx"]
         features = {"globaltimer": "%globaltimer" in ptx, "acquire": ".acquire" in ptx,
-                    "release": ".release" in ptx, "cubin": len(compiled.asm["cubin"]) > 0}
+                    "release": ".release" in ptx, "cubin": len(compiled.asm["cubin"]) > 0,
+                    # a notify is one releasing reduction by thread 0, not an atomic whose result is awaited
+                    "red_by_thread0": "red.release.sys.global.add.u64" in ptx and "setp.eq.u32 %tlk_first" in ptx,
+                    "atom_release": "atom.global.sys.release" in ptx or "atom.release.sys" in ptx}
         print(kernel.__name__, " ".join(f"{k}={int(v)}" for k, v in features.items()), flush=True)
     return 0
 
