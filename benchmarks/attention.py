@@ -14,7 +14,9 @@ Modes:
 - ``dist`` (W GPUs, under ``torchrun --nproc-per-node W``): ``sp_attention`` against torch
   all-gather of K/V + SDPA (no overlap) and against a ring attention (K/V passed around the ring with
   ``torch.distributed`` P2P while the current chunk is computed, partial results merged by their
-  log-sum-exp).
+  log-sum-exp). Also the communication alone (``comm_only``: the K/V all-gather) and the computation
+  alone (``comp_only``: our flash kernel on the gathered K/V), for the paper's overlap ratio
+  ``(comp_only + comm_only - overlapped) / comm_only`` of TileLink and of the ring; JSON and a PNG chart.
 
 Run: ``python -m benchmarks.attention --mode compute --world 8 --rounds 3 --out results/``.
 """
@@ -200,38 +202,69 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.T
     return out.to(q.dtype)
 
 
-def allgather_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """torch baseline: all-gather K and V along the sequence (NCCL), then SDPA (no overlap)."""
+def gather_kv(k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The communication alone: all-gather K and V along the sequence (NCCL, or the default group's
+    backend), returned as the full (batch, kv heads, world * shard, head_dim) K and V."""
     import torch.distributed as dist
 
-    world = dist.get_world_size()
+    world = dist.get_world_size(_GROUP)
     kv = torch.stack((k, v)).contiguous()
-    full = torch.empty((world, *kv.shape), dtype=kv.dtype, device=kv.device)
+    full = torch.empty((world * 2, *kv.shape[1:]), dtype=kv.dtype, device=kv.device)  # ranks' (K, V) in turn
     dist.all_gather_into_tensor(full, kv, group=_GROUP)
-    kf = full[:, 0].permute(1, 2, 0, 3, 4).reshape(k.shape[0], k.shape[1], -1, k.shape[3])
-    vf = full[:, 1].permute(1, 2, 0, 3, 4).reshape(k.shape[0], k.shape[1], -1, k.shape[3])
+    full = full.view(world, *kv.shape)
+    shape = (k.shape[0], k.shape[1], -1, k.shape[3])
+    return (full[:, 0].permute(1, 2, 0, 3, 4).reshape(shape), full[:, 1].permute(1, 2, 0, 3, 4).reshape(shape))
+
+
+def allgather_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """torch baseline: all-gather K and V along the sequence, then SDPA (no overlap)."""
+    kf, vf = gather_kv(k, v)
     return sdpa_flash(q, kf, vf) if q.is_cuda else torch.nn.functional.scaled_dot_product_attention(q, kf, vf)
 
 
+def overlap_ratio(comp_ms: float, comm_ms: float, overlapped_ms: float) -> float:
+    """The paper's overlap ratio (§7.2, Figure 10): the share of the communication time hidden,
+    ``(comp_only + comm_only - overlapped) / comm_only``."""
+    return (comp_ms + comm_ms - overlapped_ms) / comm_ms
+
+
 def _measure_dist(shape: AttnShape, S: int, world, dtype: torch.dtype, rounds: int) -> dict:
-    from tilelink.ops import SPContext, sp_attention
+    from tilelink.ops import SPContext, flash_attention, sp_attention
 
     n = S // world.world_size
     g = torch.Generator(device=world.device).manual_seed(world.rank)
     q, k, v = (torch.randn(1, shape.heads, n, shape.head_dim, device=world.device, dtype=dtype, generator=g)
                for _ in range(3))
+    kf, vf = gather_kv(k, v)  # the comp-only input: this rank's queries against the gathered sequence
     fns = {"torch_ag_sdpa": functools.partial(allgather_sdpa, q, k, v),
            "ring": functools.partial(ring_attention, q, k, v),
-           "tilelink": functools.partial(sp_attention, q, k, v, ctx=SPContext(S))}
+           "tilelink": functools.partial(sp_attention, q, k, v, ctx=SPContext(S)),
+           "comm_only": functools.partial(gather_kv, k, v),
+           "comp_only": functools.partial(flash_attention, q, kf, vf)}
     with torch.cuda.device(world.device):
         ref = fns["torch_ag_sdpa"]()
-        errors = {name: _rel_err(fn(), ref) for name, fn in fns.items() if name != "torch_ag_sdpa"}
+        errors = {name: _rel_err(fns[name](), ref) for name in ("ring", "tilelink", "comp_only")}
         times = side_by_side(fns, rounds, "cuda")
     med = {name: statistics.median(t) for name, t in times.items()}
     if world.rank == 0:
         print(f"{shape.name} S={S}: {med}", flush=True)
     return {"shape": shape.name, "S": S, "ms": med, "times_ms": times, "rel_err": errors,
-            "speedup_vs_torch": {name: med["torch_ag_sdpa"] / t for name, t in med.items()}}
+            "speedup_vs_torch": {name: med["torch_ag_sdpa"] / med[name] for name in ("ring", "tilelink")},
+            "overlap_ratio": {name: overlap_ratio(med["comp_only"], med["comm_only"], med[name])
+                              for name in ("ring", "tilelink")}}
+
+
+def chart(record: dict, path: Path) -> Path | None:
+    """Speedup over torch (all-gather + SDPA) per shape, TileLink and RingAttention, like Figure 10."""
+    from benchmarks.common import bar_chart
+
+    rows = record["rows"]
+    groups = [f"{r['shape']} {r['S'] // 1024}k" for r in rows]
+    series = {"TileLink": [r["speedup_vs_torch"]["tilelink"] for r in rows],
+              "RingAttn": [r["speedup_vs_torch"]["ring"] for r in rows]}
+    ratios = ", ".join(f"{g}: {r['overlap_ratio']['tilelink']:.0%}" for g, r in zip(groups, rows, strict=True))
+    return bar_chart(path, f"SP attention on {record['world']} GPUs, {record['dtype']} (TileLink overlap {ratios})",
+                     groups, series, "speedup over torch all-gather + SDPA")
 
 
 def run_dist(shapes: list[AttnShape], seqs: list[int], dtype: torch.dtype, rounds: int) -> dict | None:
@@ -269,6 +302,10 @@ def run(world: int, shapes: str, seqs: str, out: Path, dtype: str, mode: str, ro
     record = {"benchmark": "attention", **environment(), **record}
     write_json(path, record)
     print(f"wrote {path}")
+    if mode == "dist":
+        png = chart(record, path.with_suffix(".png"))
+        if png is not None:
+            print(f"wrote {png}")
     return path
 
 

@@ -10,7 +10,8 @@ import importlib
 _LAZY = {"ag_gemm": "tilelink.ops.tp", "gemm_rs": "tilelink.ops.tp", "TPContext": "tilelink.ops.tp",
          "ag_moe": "tilelink.ops.moe", "moe_rs": "tilelink.ops.moe",
          "matmul": "tilelink.ops.gemm", "silu_mul": "tilelink.ops.gemm",
-         "sp_attention": "tilelink.ops.attention", "SPContext": "tilelink.ops.attention"}
+         "sp_attention": "tilelink.ops.attention", "SPContext": "tilelink.ops.attention",
+         "flash_attention": "tilelink.ops.attention"}
 
 __all__ = sorted(_LAZY)
 
