@@ -65,3 +65,24 @@ def full_size(shard: torch.Tensor, dim: int, known: int | None, world) -> int:
     sizes: list = [None] * world.world_size
     dist.all_gather_object(sizes, int(shard.shape[dim]))
     return sum(sizes)
+
+
+def aligned(t: torch.Tensor, dim: int = -1, size: int | None = None) -> torch.Tensor:
+    """``t`` with dimension ``dim`` (the last or the first) holding a 16-byte multiple of elements (at
+    least ``size`` and at least one), contiguous and 16-byte aligned: what a tensor descriptor needs.
+    ``t`` itself when it already is; otherwise a zero-padded copy.
+
+    The operators pick their kernel (persistent with tensor descriptors, or pointer loads) from what
+    every rank shares, never from the sizes of this rank's own shard: ranks that picked differently
+    would run different communication protocols and wait for each other forever. A shard whose size
+    does not suit a descriptor is padded instead (zero columns add nothing to a product)."""
+    dim = dim % t.dim()
+    per = 16 // t.element_size()
+    want = -(-max(t.shape[dim] if size is None else size, 1) // per) * per
+    if want == t.shape[dim] and t.is_contiguous() and t.data_ptr() % 16 == 0:
+        return t
+    shape = list(t.shape)
+    shape[dim] = want
+    out = t.new_zeros(shape)
+    out.narrow(dim, 0, t.shape[dim]).copy_(t)
+    return out

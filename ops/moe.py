@@ -26,7 +26,7 @@ import triton
 
 from tilelink.errors import LaunchError
 from tilelink.mapping import shard_range
-from tilelink.ops.contract import check_rows, check_tensor, interpreter_inputs, interpreting
+from tilelink.ops.contract import aligned, check_rows, check_tensor, interpreter_inputs, interpreting
 from tilelink.ops.moe_routing import align_tokens, check_routing
 
 
@@ -46,16 +46,16 @@ def moe_config(num_slots: int, num_experts: int, N: int, dtype: torch.dtype) -> 
     return dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=64, GROUP_M=8, num_warps=warps, num_stages=stages)
 
 
-#: ``ag_moe`` on the persistent tensor-descriptor kernel: ``None`` = on a GPU when the weights allow it;
-#: tests of the emulated world set ``True`` to run it in the interpreter
+#: ``ag_moe`` on the persistent tensor-descriptor kernel: ``None`` = on a GPU; tests of the emulated world
+#: set ``True`` to run it in the interpreter
 PERSISTENT: bool | None = None
 
 
-def _persistent(w: torch.Tensor, device: torch.device) -> bool:
-    """Whether the persistent kernel can read ``w`` (E, K, N) through a (E * K, N) tensor descriptor."""
-    fits = (w.is_contiguous() and (w.shape[2] * w.element_size()) % 16 == 0 and w.data_ptr() % 16 == 0
-            and w.shape[0] * w.shape[1] > 0)
-    return fits and (device.type == "cuda" if PERSISTENT is None else PERSISTENT)
+def _persistent(device: torch.device) -> bool:
+    """Whether every rank's ``ag_moe`` takes the persistent kernel: decided from the device type alone,
+    which the ranks share, never from this rank's own weight slice (see
+    :func:`tilelink.ops.contract.aligned`)."""
+    return device.type == "cuda" if PERSISTENT is None else PERSISTENT
 
 
 def grouped_gemm(part: str, x, w, out, weights, sorted_ids, expert_ids, num_slots: int, top_k: int, meta: dict,
@@ -76,7 +76,7 @@ def grouped_gemm(part: str, x, w, out, weights, sorted_ids, expert_ids, num_slot
         if x.device.type == "cuda":
             _install_allocator()  # tensor descriptors made on the device need scratch memory
         kernel = moe_kernels.ag_group_gemm_persistent_kernel
-        sms = _compute_sms(x.device, kernel) if x.device.type == "cuda" else 4
+        sms = _compute_sms(x.device, kernel)
         args = (*head, *routing, E, x.stride(0), x.stride(1), w.stride(1), w.stride(2), out.stride(0),
                 out.stride(1))
         return kernel, (min(sms, tiles),), args, {**meta, "NUM_SMS": sms}
@@ -84,6 +84,29 @@ def grouped_gemm(part: str, x, w, out, weights, sorted_ids, expert_ids, num_slot
     args = (*head, *routing, x.stride(0), x.stride(1), w.stride(0), w.stride(1), w.stride(2), out.stride(0),
             out.stride(1))
     return kernel, (tiles,), args, meta
+
+
+def _launch(part: str, x, w, out, weights, topk_ids: torch.Tensor, world) -> None:
+    """Align the routing to the tile config and launch ``part``'s grouped GEMM. A rank that holds no
+    column of the inner dimension (K == 0) still takes part, with a zero slice."""
+    E, K, N = w.shape
+    num_slots, top_k = topk_ids.numel(), topk_ids.shape[1]
+    if K == 0:
+        x = torch.zeros((x.shape[0], 1), dtype=x.dtype, device=world.device)
+        w = torch.zeros((E, 1, N), dtype=x.dtype, device=world.device)
+    persistent = part == "ag_moe" and _persistent(world.device)
+    run_out = out
+    if persistent:  # the weights' rows as a descriptor needs them: pad this rank's columns if it must
+        w = aligned(w, -1)
+        if w.shape[2] != N:
+            run_out = out.new_empty((out.shape[0], w.shape[2]))
+    meta = moe_config(num_slots, E, w.shape[2], x.dtype)
+    sorted_ids, expert_ids = align_tokens(topk_ids, E, meta["BLOCK_M"])
+    kernel, grid, args, meta = grouped_gemm(part, x, w, run_out, weights, sorted_ids, expert_ids, num_slots, top_k,
+                                            meta, persistent)
+    kernel[grid](*args, **meta)
+    if run_out is not out:
+        out.copy_(run_out[:, :N])
 
 
 def _check_routing(op: str, topk_ids, num_experts: int, world) -> None:
@@ -124,22 +147,16 @@ def ag_moe(x_shard: torch.Tensor, w: torch.Tensor, topk_ids: torch.Tensor) -> to
                           f"(w is {tuple(w.shape)})")
     _check_routing("ag_moe", topk_ids, E, world)
     M, top_k = topk_ids.shape
-    lo, hi = check_rows("ag_moe", f"the {M} routed tokens", x_shard.shape[0], M, world)
+    check_rows("ag_moe", f"the {M} routed tokens", x_shard.shape[0], M, world)
     out_dtype = x_shard.dtype
     x_in, w_in = interpreter_inputs(x_shard, w)
     num_slots = M * top_k
+    if N == 0:  # no column here, but the other ranks need this rank's tokens: gather into one dummy column
+        _launch("ag_moe", x_in, w_in.new_zeros((E, max(K, 1), 1)), x_in.new_empty((num_slots, 1)), None, topk_ids,
+                world)
+        return torch.empty((num_slots, 0), dtype=out_dtype, device=world.device)
     out = torch.empty((num_slots, N), dtype=x_in.dtype, device=world.device)
-    if N == 0:
-        return out.to(out_dtype)
-    if K == 0:
-        x_in = torch.zeros((hi - lo, 1), dtype=x_in.dtype, device=world.device)
-        w_in = torch.zeros((E, 1, N), dtype=x_in.dtype, device=world.device)
-        K = 1
-    meta = moe_config(num_slots, E, N, x_in.dtype)
-    sorted_ids, expert_ids = align_tokens(topk_ids, E, meta["BLOCK_M"])
-    kernel, grid, args, meta = grouped_gemm("ag_moe", x_in, w_in, out, None, sorted_ids, expert_ids, num_slots, top_k,
-                                            meta, _persistent(w_in, world.device))
-    kernel[grid](*args, **meta)
+    _launch("ag_moe", x_in, w_in, out, None, topk_ids, world)
     return out if out.dtype == out_dtype else out.to(out_dtype)
 
 
@@ -181,15 +198,6 @@ def moe_rs(h: torch.Tensor, w: torch.Tensor, topk_ids: torch.Tensor, topk_weight
     out = torch.empty((hi - lo, N), dtype=h_in.dtype, device=world.device)
     if N == 0:
         return out.to(out_dtype)
-    if K == 0:  # this rank holds no intermediate column: a zero slice still takes part in the reduction
-        h_in = torch.zeros((M * top_k, 1), dtype=h_in.dtype, device=world.device)
-        w_in = torch.zeros((E, 1, N), dtype=h_in.dtype, device=world.device)
-        K = 1
     weights = topk_weights.to(torch.float32).contiguous().view(-1)
-    num_slots = M * top_k
-    meta = moe_config(num_slots, E, N, h_in.dtype)
-    sorted_ids, expert_ids = align_tokens(topk_ids, E, meta["BLOCK_M"])
-    kernel, grid, args, meta = grouped_gemm("moe_rs", h_in, w_in, out, weights, sorted_ids, expert_ids, num_slots,
-                                            top_k, meta, persistent=False)
-    kernel[grid](*args, **meta)
+    _launch("moe_rs", h_in, w_in, out, weights, topk_ids, world)
     return out if out.dtype == out_dtype else out.to(out_dtype)

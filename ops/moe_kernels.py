@@ -44,12 +44,7 @@ def ag_group_gemm_kernel(x_ptr, w_ptr, out_ptr, sorted_slot_ids_ptr, expert_ids_
     """
     num_pid_m = tl.cdiv(EM, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
-    pid = tl.program_id(0)
-    num_pid_in_group = GROUP_M * num_pid_n
-    first_pid_m = (pid // num_pid_in_group) * GROUP_M
-    group_size_m = min(num_pid_m - first_pid_m, GROUP_M)
-    pid_m = first_pid_m + (pid % group_size_m)
-    pid_n = (pid % num_pid_in_group) // group_size_m
+    pid_m, pid_n = tile_coordinates(tl.program_id(0), GROUP_M * num_pid_n, num_pid_m, GROUP_M)
     offs_slot_id = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_slot = tl.load(sorted_slot_ids_ptr + offs_slot_id, mask=offs_slot_id < EM, other=num_slots)
     slot_mask = offs_slot < num_slots
@@ -85,12 +80,7 @@ def group_gemm_rs_kernel(h_ptr, w_ptr, out_ptr, topk_weights_ptr, sorted_slot_id
     """
     num_pid_m = tl.cdiv(EM, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
-    pid = tl.program_id(0)
-    num_pid_in_group = GROUP_M * num_pid_n
-    first_pid_m = (pid // num_pid_in_group) * GROUP_M
-    group_size_m = min(num_pid_m - first_pid_m, GROUP_M)
-    pid_m = first_pid_m + (pid % group_size_m)
-    pid_n = (pid % num_pid_in_group) // group_size_m
+    pid_m, pid_n = tile_coordinates(tl.program_id(0), GROUP_M * num_pid_n, num_pid_m, GROUP_M)
     offs_slot_id = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_slot = tl.load(sorted_slot_ids_ptr + offs_slot_id, mask=offs_slot_id < EM, other=num_slots)
     slot_mask = offs_slot < num_slots

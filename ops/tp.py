@@ -19,7 +19,7 @@ import triton
 
 from tilelink.errors import LaunchError
 from tilelink.mapping import shard_range
-from tilelink.ops.contract import check_rows, check_tensor, full_size, interpreter_inputs, interpreting
+from tilelink.ops.contract import aligned, check_rows, check_tensor, full_size, interpreter_inputs, interpreting
 from tilelink.ops.gemm import _install_allocator, _num_sms
 
 
@@ -39,7 +39,8 @@ def _compute_sms(device: torch.device, kernel) -> int:
     kernel holding all SMs would keep the partner's spinning programs (or its own) from ever running."""
     launch = kernel.plan.launch
     comm = launch["comm_sms"] if launch["via"] == "sm" else 0
-    return max(1, _num_sms(device.index or 0) - comm)
+    sms = _num_sms(device.index or 0) if device.type == "cuda" else INTERPRETED_SMS
+    return max(1, sms - comm)
 
 
 def _config(dtype: torch.dtype) -> dict:
@@ -59,9 +60,19 @@ def _check_pair(name: str, a: torch.Tensor, b: torch.Tensor, world) -> None:
         raise LaunchError(f"{name}: inner dimensions differ: {tuple(a.shape)} @ {tuple(b.shape)}")
 
 
-def _descriptor_ok(*ts: torch.Tensor) -> bool:
-    return all(t.stride(1) == 1 and (t.stride(0) * t.element_size()) % 16 == 0 and t.data_ptr() % 16 == 0
-               for t in ts)
+#: the persistent tensor-descriptor kernels: ``None`` = on a GPU; tests of the emulated world set ``True``
+#: to run them in the interpreter
+PERSISTENT: bool | None = None
+#: programs of a persistent kernel in the interpreter (the emulated world's stand-in for the SM count)
+INTERPRETED_SMS = 4
+
+
+def _persistent(world, shared_dim: int, dtype: torch.dtype) -> bool:
+    """Whether every rank takes the persistent kernels: decided from what the ranks share (the device
+    type, the dtype, and the dimension ``shared_dim`` every rank has the same size of), never from this
+    rank's own shard sizes (see :func:`tilelink.ops.contract.aligned`)."""
+    wanted = world.device.type == "cuda" if PERSISTENT is None else PERSISTENT
+    return wanted and (shared_dim * torch.empty((), dtype=dtype).element_size()) % 16 == 0
 
 
 def _launch(kernel, persistent: bool, args: tuple, meta: dict, world, M: int, N: int) -> None:
@@ -69,7 +80,8 @@ def _launch(kernel, persistent: bool, args: tuple, meta: dict, world, M: int, N:
     the pointer one on a grid of C tiles."""
     tiles = triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"])
     if persistent:
-        _install_allocator()
+        if world.device.type == "cuda":
+            _install_allocator()
         sms = _compute_sms(world.device, kernel)
         kernel[(min(sms, tiles),)](*args, NUM_SMS=sms, **meta)
     else:
@@ -88,14 +100,20 @@ def ag_gemm(a_shard: torch.Tensor, b: torch.Tensor, ctx: TPContext | None = None
     K, N = b.shape
     out_dtype = a_shard.dtype
     a_in, b_in = interpreter_inputs(a_shard, b)
-    c = torch.empty((M, N), dtype=a_in.dtype, device=world.device)
-    if N == 0 or K == 0:
-        return c.zero_().to(out_dtype)
+    if K == 0:  # every rank has K == 0 (the ranks share K): nothing to gather
+        return torch.zeros((M, N), dtype=out_dtype, device=world.device)
+    persistent = _persistent(world, K, a_in.dtype)
+    # N is this rank's own: pad it rather than let it choose the kernel; with N == 0 this rank still
+    # takes part in the gather the others wait for, on one dummy column
+    b_run = aligned(b_in, -1) if persistent else (b_in if N else b_in.new_zeros((K, 1)))
+    n_run = b_run.shape[1]
+    c = torch.empty((M, n_run), dtype=a_in.dtype, device=world.device)
     meta = _config(a_in.dtype)
-    args = (a_in, b_in, c, M, N, K, K, 1, b_in.stride(0), b_in.stride(1), c.stride(0), c.stride(1))
-    persistent = world.device.type == "cuda" and _descriptor_ok(b_in, c) and (K * a_in.element_size()) % 16 == 0
+    args = (a_in, b_run, c, M, n_run, K, K, 1, b_run.stride(0), b_run.stride(1), c.stride(0), c.stride(1))
     _launch(tp_kernels.ag_gemm_persistent_kernel if persistent else tp_kernels.ag_gemm_kernel, persistent, args,
-            meta, world, M, N)
+            meta, world, M, n_run)
+    if n_run != N:
+        c = c[:, :N].contiguous()
     return c if c.dtype == out_dtype else c.to(out_dtype)
 
 
@@ -118,9 +136,12 @@ def gemm_rs(a: torch.Tensor, b_shard: torch.Tensor) -> torch.Tensor:
         a_in = torch.zeros((M, 1), dtype=a_in.dtype, device=world.device)
         b_in = torch.zeros((1, N), dtype=a_in.dtype, device=world.device)
         K = 1
+    persistent = _persistent(world, N, a_in.dtype)
+    if persistent:  # K is this rank's own: pad it with zero columns of A and rows of B (they add nothing)
+        a_in, b_in = aligned(a_in, -1), aligned(aligned(b_in, -1), 0, a_in.shape[1])
+        K = a_in.shape[1]
     meta = _config(a_in.dtype)
     args = (a_in, b_in, out, M, N, K, a_in.stride(0), a_in.stride(1), b_in.stride(0), b_in.stride(1), N, 1)
-    persistent = world.device.type == "cuda" and _descriptor_ok(a_in, b_in)
     _launch(tp_kernels.gemm_rs_persistent_kernel if persistent else tp_kernels.gemm_rs_kernel, persistent, args,
             meta, world, M, N)
     return out if out.dtype == out_dtype else out.to(out_dtype)

@@ -15,7 +15,7 @@ import torch
 import tilelink
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "ops"))
-from tp_worlds import mlp_matches_torch, ops_match_torch  # noqa: E402
+from tp_worlds import mlp_matches_torch, ops_match_torch, uneven_slices_match_torch  # noqa: E402
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
                                                   reason="needs an NVIDIA GPU (run tests/gpu/run.sh on the device)")]
@@ -34,6 +34,15 @@ def test_ops_odd_shapes_pointer_kernels(world: int) -> None:
     """Odd K and N: rows are not 16-byte aligned, so the pointer kernels run."""
     for per_rank in tilelink.spawn(ops_match_torch, world, 333, 77, 121, "float16", backend="nvshmem"):
         assert all(err < 1e-2 for err in per_rank.values()), per_rank
+
+
+@pytest.mark.parametrize(("N", "K"), [(2, 12), (10, 12), (8, 10), (8, 2)])
+def test_uneven_slices_one_kernel_on_every_rank(N: int, K: int) -> None:
+    """Three ranks with their own, uneven slices of B's columns (AG) or of K (RS), one of them possibly
+    empty, float32: every rank takes the kernel the shared dimension allows (persistent with padding
+    where its own slice is not 16-byte aligned), so none waits on a protocol the others do not run."""
+    for per_rank in tilelink.spawn(uneven_slices_match_torch, 3, 131, N, K, None, backend="nvshmem"):
+        assert all(err < 5e-3 for err in per_rank.values()), per_rank  # tl.dot on fp32 is TF32
 
 
 def test_tp_mlp_two_ranks() -> None:

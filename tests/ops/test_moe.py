@@ -31,14 +31,20 @@ def test_parts_match_torch(world: int, M: int, kinds: list[str], calls: int) -> 
         assert all(err < 1e-5 for err in per_rank.values()), per_rank
 
 
-@pytest.mark.parametrize(("world", "M"), [(1, 13), (2, 11), (3, 10)])
-def test_persistent_kernels_match_torch(world: int, M: int) -> None:
+@pytest.mark.parametrize(("world", "M", "inter", "persistent"), [
+    (1, 13, 24, True), (2, 11, 24, True), (3, 10, 24, True),
+    (3, 10, 10, True),  # columns 4, 4, 2: the last rank's weight rows are not 16 bytes long (padded)
+    (3, 9, 2, True),  # columns 1, 1, 0: the last rank has none and still serves its tokens to the others
+    (3, 9, 2, False),
+])
+def test_persistent_kernels_match_torch(world: int, M: int, inter: int, persistent: bool) -> None:
     # ag_moe's persistent kernel (expert weights through a tensor descriptor, the gather on the copy
-    # engine) that it takes on a GPU, forced here in the interpreter
+    # engine) that it takes on a GPU, forced here in the interpreter; every rank must take the same
+    # kernel whatever its own slice, or the ranks would wait on different protocols
     from tilelink.ops import moe_kernels
 
-    for per_rank in tilelink.spawn(parts_match_torch, world, M, 16, 24, 5, 2, ["random", "skewed"], "float32", 2,
-                                   True):
+    for per_rank in tilelink.spawn(parts_match_torch, world, M, 16, inter, 5, 2, ["random", "skewed"], "float32",
+                                   2, persistent):
         assert all(err < 1e-5 for err in per_rank.values()), per_rank
     assert moe_kernels.ag_group_gemm_persistent_kernel.plan.launch["via"] == "copy_engine"
 

@@ -10,12 +10,26 @@ import pytest
 import tilelink
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from tp_worlds import bad_inputs, mlp_matches_torch, ops_match_torch  # noqa: E402
+from tp_worlds import bad_inputs, mlp_matches_torch, ops_match_torch, uneven_slices_match_torch  # noqa: E402
 
 
 @pytest.mark.parametrize("world", [1, 2, 3, 4])
 def test_ag_gemm_and_gemm_rs_match_torch(world: int) -> None:
     for per_rank in tilelink.spawn(ops_match_torch, world, 37, 20, 33, "float32"):
+        assert all(err < 1e-5 for err in per_rank.values()), per_rank
+
+
+@pytest.mark.parametrize(("world", "N", "K", "persistent"), [
+    (3, 10, 12, True),  # AG on the persistent kernel, B columns 4, 4, 2: the last rank's rows are padded
+    (3, 2, 12, True),  # AG persistent, B columns 1, 1, 0: a rank with none still serves its rows
+    (3, 8, 10, True),  # RS on the persistent kernel, K 4, 4, 2: the last rank's A rows are padded
+    (3, 8, 2, True),  # RS persistent, K 1, 1, 0: a rank with none still takes part
+    (3, 2, 10, False),  # both on the pointer kernels, B columns 1, 1, 0
+    (2, 9, 8, True),  # AG persistent, B columns 5, 4
+])
+def test_uneven_slices_take_one_kernel_on_every_rank(world: int, N: int, K: int, persistent: bool) -> None:
+    # the persistent tensor-descriptor kernels a GPU takes, forced here in the interpreter
+    for per_rank in tilelink.spawn(uneven_slices_match_torch, world, 19, N, K, persistent):
         assert all(err < 1e-5 for err in per_rank.values()), per_rank
 
 

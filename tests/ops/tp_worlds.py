@@ -37,6 +37,40 @@ def ops_match_torch(M: int, N: int, K: int, dtype_name: str) -> dict[str, float]
     return out
 
 
+def uneven_slices_match_torch(M: int, N: int, K: int, persistent: bool | None) -> dict[str, float]:
+    """ag_gemm with this rank's own slice of B's columns and gemm_rs with its own slice of K, split
+    unevenly (a rank may hold none), on the kernel chosen by ``tilelink.ops.tp.PERSISTENT``. Every rank
+    must take the same kernel whatever its own slice, or the ranks would wait on different protocols.
+    float32 (4-byte elements)."""
+    from tilelink.ops import TPContext, ag_gemm, gemm_rs, tp, tp_kernels
+
+    tp.PERSISTENT = persistent
+    r, R = tilelink.rank(), tilelink.world_size()
+    device = tilelink.runtime.current_world().device
+    g = torch.Generator().manual_seed(9)
+    a = torch.randn(M, K, generator=g)
+    b = torch.randn(K, N, generator=g)
+    lo, hi = bounds(M, r, R)
+    nlo, nhi = bounds(N, r, R)
+    klo, khi = bounds(K, r, R)
+    out: dict[str, float] = {}
+    c = ag_gemm(a[lo:hi].contiguous().to(device), b[:, nlo:nhi].contiguous().to(device), TPContext(M))
+    assert c.shape == (M, nhi - nlo) and c.is_contiguous()
+    ref = a.double() @ b[:, nlo:nhi].double()
+    out["ag_gemm"] = ((c.double().cpu() - ref).norm() / max(ref.norm(), 1e-30)).item() if nhi > nlo else 0.0
+    y = gemm_rs(a[:, klo:khi].contiguous().to(device), b[klo:khi].contiguous().to(device))
+    ref = (a.double() @ b.double())[lo:hi]
+    out["gemm_rs"] = ((y.double().cpu() - ref).norm() / max(ref.norm(), 1e-30)).item() if hi > lo else 0.0
+    # the kernels that ran are the ones asked for, where the dimension the ranks share allows them (K for
+    # the gather's rows, N for the reduced rows)
+    for name, shared in (("ag_gemm", K), ("gemm_rs", N)):
+        wanted = device.type == "cuda" if persistent is None else persistent
+        expected = wanted and (shared * 4) % 16 == 0
+        assert bool(getattr(tp_kernels, f"{name}_persistent_kernel").launcher.contexts) == expected, name
+        assert bool(getattr(tp_kernels, f"{name}_kernel").launcher.contexts) != expected, name
+    return out
+
+
 def mlp_matches_torch(S: int, H: int, I: int) -> float:
     from tilelink.nn import TPMLP
 
