@@ -194,9 +194,23 @@ def all_gather_moe_gather(rank, world):
 def reduce_scatter_moe_scatter_topk(rank, world):
     """Each rank holds a slice of every expert's intermediate dim (TP experts): its partial outputs
     summed over ranks and over each token's top-k slots (router-weighted) give the MoE output."""
+    return moe_down(load_case("reduce_scatter", "moe_scatter_topk").fused_moe_down_kernel, rank, world)
+
+
+def moe_down_from_file(path: str) -> float:
+    """:func:`moe_down` on this rank of the ``fused_moe_down_kernel`` defined in the file ``path`` (a
+    variant of the moe_scatter_topk case written by a test)."""
+    import tilelink
+
+    spec = importlib.util.spec_from_file_location("moe_down_variant", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return moe_down(module.fused_moe_down_kernel, tilelink.rank(), tilelink.world_size())
+
+
+def moe_down(kernel, rank, world):
     from tilelink.ops.moe_routing import align_tokens
 
-    kernel = load_case("reduce_scatter", "moe_scatter_topk").fused_moe_down_kernel
     M, I, H, E, topk, BM = 27, 40, 24, 4, 2, 16
     g = torch.Generator().manual_seed(11)
     h = torch.randn(M * topk, I, generator=g)  # intermediate activations, one row per slot

@@ -1,0 +1,45 @@
+"""How a reduce-scatter producer counts the elements a tile stored, which its notify adds to the
+channel: scalar arithmetic when the store mask separates into a row part and a column part, the generic
+per-element sum otherwise. Both must give the consumer the same totals, so both run end to end."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+from cases import HERE, moe_down_from_file
+
+import tilelink
+
+SEPARABLE = "mask=token_mask[:, None] & (offs_bn[None, :] < N))"
+# the same elements, in a form the rewriter cannot split into rows x columns (acc == acc holds: no NaN)
+ENTANGLED = "mask=token_mask[:, None] & (offs_bn[None, :] < N) & (acc == acc))"
+
+
+def _variant(tmp_path: Path, mask: str) -> Path:
+    source = (HERE / "reduce_scatter" / "moe_scatter_topk.before.py").read_text()
+    assert source.count(SEPARABLE) == 1
+    path = tmp_path / "moe_down_variant.py"
+    path.write_text(source.replace(SEPARABLE, mask))
+    return path
+
+
+def _generated(path: Path) -> str:
+    spec = importlib.util.spec_from_file_location("moe_down_variant_text", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.fused_moe_down_kernel.source
+
+
+def test_separable_dynamic_mask_counts_rows_times_columns(tmp_path: Path) -> None:
+    text = _generated(_variant(tmp_path, SEPARABLE))
+    assert "tlk_stored = tl.where(token_mask, tl.maximum(tl.minimum(BLOCK_N, N - (pid_n * BLOCK_N)), 0), 0)" in text
+    assert "tlk_stored = tl.sum(" not in text
+
+
+def test_entangled_dynamic_mask_falls_back_to_the_generic_count_and_still_matches(tmp_path: Path) -> None:
+    path = _variant(tmp_path, ENTANGLED)
+    text = _generated(path)
+    assert "tlk_stored = tl.sum(tl.where(token_mask[:, None] & (offs_bn[None, :] < N) & (acc == acc), 1, 0)" in text
+    for err in tilelink.spawn(moe_down_from_file, 3, str(path)):
+        assert err < 1e-3, err
