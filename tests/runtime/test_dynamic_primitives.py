@@ -57,3 +57,50 @@ def test_notify_adds_each_channels_summed_counts() -> None:
     expected = torch.zeros(80, dtype=torch.int64)
     expected[3], expected[40], expected[70], expected[33] = 1 + 5, 2 + 3, 4, 6
     assert torch.equal(barriers, expected)
+
+
+@triton.jit
+def _wait_seen_kernel(barriers, channels_ptr, diag, budget, seen_ptr, num_channels, out, N: tl.constexpr):
+    channels = tl.load(channels_ptr + tl.arange(0, N))
+    token, seen = tll.consumer_tile_wait_channels_seen(barriers, channels, 5, diag, budget, tl.load(seen_ptr),
+                                                       num_channels)
+    tl.store(out, token)
+    tl.store(seen_ptr, seen)
+
+
+def _run_wait_seen(barriers: torch.Tensor, channels: list[int], seen: int, num_channels: int,
+                   budget: int = 200_000_000) -> tuple[torch.Tensor, int]:
+    diag = torch.zeros(8, dtype=torch.int64)
+    out = torch.full((1,), 7, dtype=torch.int32)
+    seen_t = torch.tensor([seen], dtype=torch.int32)
+    _wait_seen_kernel[(1,)](barriers, torch.tensor(channels, dtype=torch.int32), diag, budget, seen_t, num_channels,
+                            out, N=len(channels))
+    assert out.item() == 0  # the token is zero
+    return diag, seen_t.item()
+
+
+def test_wait_seen_remembers_the_channels_that_arrived_and_skips_them() -> None:
+    barriers = torch.zeros(8, dtype=torch.int64)
+    barriers[[0, 2, 5]] = 5
+    diag, seen = _run_wait_seen(barriers, [2, -1, 5, 0, 2, 0, -1, 5], 0, 6)
+    check_diagnostics(diag, rank=0)
+    assert seen == (1 << 0) | (1 << 2) | (1 << 5)
+    # channels 1, 3, 4 are still needed: a tile of them is polled (and channel 4 is missing: it times out)
+    barriers[[1, 3]] = 5
+    diag, seen = _run_wait_seen(barriers, [1, 3, 4, -1], seen, 6, budget=20_000_000)
+    assert diag[0].item() == 1 and diag[2].item() == 4
+    # once all 6 channels are seen, nothing is polled: a barrier reset to 0 goes unnoticed
+    barriers.zero_()
+    diag, seen = _run_wait_seen(barriers, [4, 1, 0, -1], 0b111111, 6)
+    check_diagnostics(diag, rank=0)
+    assert seen == 0b111111
+
+
+def test_wait_seen_with_more_than_32_channels_always_polls() -> None:
+    barriers = torch.zeros(80, dtype=torch.int64)
+    barriers[[3, 40]] = 5
+    diag, seen = _run_wait_seen(barriers, [3, 40], -1, 64)
+    check_diagnostics(diag, rank=0)
+    barriers[40] = 0  # not remembered: polled again, and it times out
+    diag, _ = _run_wait_seen(barriers, [3, 40], seen, 64, budget=20_000_000)
+    assert diag[0].item() == 1 and diag[2].item() == 40
