@@ -248,7 +248,7 @@ def measure_dist(shape: MoEShape, world, dtype: torch.dtype, rounds: int, group)
         x = _ag_rows(x_shard, M, group)
         out = torch.empty(slots, 2 * inter, dtype=dtype, device=device)
         meta = moe_config(slots, shape.E, 2 * inter, dtype)
-        return _grouped("ag_moe", x, w_up, out, None, topk_ids, meta, persistent=_persistent(w_up, device))()
+        return _grouped("ag_moe", x, w_up, out, None, topk_ids, meta, persistent=_persistent(device))()
 
     def fused_rs():  # ours, not overlapped: the plain grouped GEMM, top-k sum, then NCCL reduce-scatter
         out = torch.empty(slots, shape.H, dtype=dtype, device=device)
