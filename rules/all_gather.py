@@ -95,7 +95,6 @@ def rewrite(an: KernelAnalysis, spec: AllGatherSpec, options: Options) -> Rewrit
         if t.dynamic:
             key = ("dynamic", t.start, t.defined_at)
         groups.setdefault(key, []).append(a)
-    seen_declared = False
     for group in groups.values():
         a = group[0]
         t = a.tile
@@ -103,21 +102,11 @@ def rewrite(an: KernelAnalysis, spec: AllGatherSpec, options: Options) -> Rewrit
         if t.dynamic:
             lines = [
                 f"# tilelink: wait for the channels holding the rows {t.start} this tile gathers from "
-                f"{', '.join(spec.tensors)} (all_gather, dynamic mapping through {spec.index}); channels "
-                f"this program saw arrive are not polled again",
+                f"{', '.join(spec.tensors)} (all_gather, dynamic mapping through {spec.index})",
                 *channels_of_row_vector(t.start),
-                "tlk_token, tlk_seen = tll.consumer_tile_wait_channels_seen(",
-                "    tlk_barriers, tlk_channel, tlk_epoch, tlk_diag, tlk_budget, tlk_seen,",
-                "    tlk_world * tlk_channels_per_rank)",
+                "tlk_token = tll.consumer_tile_wait_channels(tlk_barriers, tlk_channel, tlk_epoch, tlk_diag, "
+                "tlk_budget)",
             ]
-            if an.body_start is None:
-                raise AnnotationError(f"kernel {an.name!r} has no statement to start from", file=an.file,
-                                      line=an.where.line, column=an.where.column, hint="give the kernel a body")
-            if not seen_declared:
-                insertions.append(Insertion(an.body_start, "before", (
-                    "tlk_seen = tl.full((), 0, tl.int32)  # tilelink: channels this program saw arrive "
-                    "(all_gather, dynamic mapping)",)))
-                seen_declared = True
         else:
             lines = [
                 f"# tilelink: wait until rows [{t.start}, {t.start} + {t.size}) of "

@@ -38,7 +38,6 @@ __all__ = [
     "consumer_tile_wait",
     "consumer_tile_wait_rows",
     "consumer_tile_wait_channels",
-    "consumer_tile_wait_channels_seen",
     "producer_tile_notify",
     "producer_tile_notify_channels",
     "peer_tile_notify",
@@ -291,26 +290,6 @@ def consumer_tile_wait_channels(barrier_ptr, channels, target, diag_ptr, budget)
                                word * 32 + b)
     _after_acquire()
     return token
-
-
-@triton.jit
-def consumer_tile_wait_channels_seen(barrier_ptr, channels, target, diag_ptr, budget, seen, num_channels):
-    """:func:`consumer_tile_wait_channels` for a program that waits tile after tile (a persistent loop):
-    ``seen`` is the bitmask of the channels 0..31 this program has already seen arrive (0 before its
-    first tile). Returns ``(token, seen)``. Once every one of the ``num_channels`` channels is in it, a
-    tile's wait is one comparison: those channels are final until the next call, and this program's
-    loads all come after the acquire that saw them."""
-    if num_channels < 32:
-        everything = (1 << num_channels) - 1
-    else:
-        everything = -1  # more than one word: not cached (a mask of 32 bits cannot hold them all)
-    token = tl.full((), 0, tl.int32)
-    if (num_channels >= 32) | (seen != everything):
-        token = consumer_tile_wait_channels(barrier_ptr, channels, target, diag_ptr, budget)
-        valid = (channels >= 0) & (channels < 32)
-        seen = seen | tl.reduce(tl.where(valid, tl.full(channels.shape, 1, tl.int32) << (channels % 32), 0), 0,
-                                _bit_or)
-    return token + _zero_token(seen), seen
 
 
 @triton.jit

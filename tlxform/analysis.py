@@ -82,7 +82,6 @@ class KernelAnalysis:
     where: Where
     assignments: dict[str, tuple[Where, ...]]  # variable -> statements assigning it, in order
     values: dict[str, tuple[str, ...]]  # variable -> source of each value assigned to it, in order
-    body_start: Where | None = None  # the kernel's first statement after its docstring
 
     def accesses_of(self, tensor: str, kind: str) -> list[Access]:
         return [a for a in self.accesses if a.tensor == tensor and a.kind == kind]
@@ -555,14 +554,9 @@ def analyse(module: cst.Module, file: str, kernel: str,
         for acc in an.accesses(tensor, pointers, descriptors):
             tile = an.tile(acc, dim, pointers, override, size_param, index)
             accesses.append(_anchor(an, acc, tile, pointers))
-    body = list(fn.body.body) if isinstance(fn.body, cst.IndentedBlock) else []
-    docstring = m.SimpleStatementLine(body=[m.Expr(value=m.SimpleString() | m.ConcatenatedString())])
-    if len(body) > 1 and m.matches(body[0], docstring):
-        body = body[1:]
     analysis = KernelAnalysis(kernel, file, an.params, an.constexpr, aliases, descs,
                               tuple(sorted(accesses, key=lambda a: (a.where.line, a.where.column))),
                               fn_where,
                               {n: tuple(an.where(r.node) for r, _ in defs) for n, defs in an.assignments.items()},
-                              {n: tuple(code(v) for _, v in defs) for n, defs in an.assignments.items()},
-                              an.where(body[0]) if body else None)
+                              {n: tuple(code(v) for _, v in defs) for n, defs in an.assignments.items()})
     return analysis

@@ -23,7 +23,6 @@ def fused_moe_kernel(a_ptr, b_ptr, c_ptr, sorted_token_ids_ptr, expert_ids_ptr, 
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,  # added by TileLink:
                      tlk_barriers, tlk_epoch, tlk_rank, tlk_world, tlk_rows,
                      tlk_rows_per_rank, tlk_rows_per_channel, tlk_channels_per_rank, tlk_diag, tlk_budget):
-    tlk_seen = tl.full((), 0, tl.int32)  # tilelink: channels this program saw arrive (all_gather, dynamic mapping)
     pid = tl.program_id(0)
     num_pid_n = tl.cdiv(N, BLOCK_N)
     pid_m = pid // num_pid_n
@@ -37,12 +36,10 @@ def fused_moe_kernel(a_ptr, b_ptr, c_ptr, sorted_token_ids_ptr, expert_ids_ptr, 
     a_ptrs = a_ptr + (offs_token[:, None] // top_k * stride_am + offs_k[None, :] * stride_ak)
     b_ptrs = b_ptr + expert * stride_be + offs_k[:, None] * stride_bk + offs_bn[None, :] * stride_bn
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    # tilelink: wait for the channels holding the rows offs_token // top_k this tile gathers from a_ptr (all_gather, dynamic mapping through sorted_token_ids_ptr); channels this program saw arrive are not polled again
+    # tilelink: wait for the channels holding the rows offs_token // top_k this tile gathers from a_ptr (all_gather, dynamic mapping through sorted_token_ids_ptr)
     tlk_src = offs_token // top_k
     tlk_channel = tl.where((tlk_src >= 0) & (tlk_src < tlk_rows), tlm.tl_channel_of_row(tlk_src, tlk_rows_per_rank, tlk_rows_per_channel, tlk_channels_per_rank), -1)
-    tlk_token, tlk_seen = tll.consumer_tile_wait_channels_seen(
-        tlk_barriers, tlk_channel, tlk_epoch, tlk_diag, tlk_budget, tlk_seen,
-        tlk_world * tlk_channels_per_rank)
+    tlk_token = tll.consumer_tile_wait_channels(tlk_barriers, tlk_channel, tlk_epoch, tlk_diag, tlk_budget)
     a_ptrs = a_ptrs + tlk_token
     for k in range(0, tl.cdiv(K, BLOCK_K)):
         a = tl.load(a_ptrs, mask=token_mask[:, None] & (offs_k[None, :] < K - k * BLOCK_K), other=0.0)
