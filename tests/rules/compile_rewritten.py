@@ -49,6 +49,17 @@ def main() -> int:
                   "tlk_diag": "*i64", "tlk_budget": i64}
     attn_meta = {"HEAD_DIM": 128, "BLOCK_M": 128, "BLOCK_N": 64, "CAUSAL": False, "EVEN_N": True}
     cases.append(("attention", ok, attn_types, attn_meta))
+    # the MoE grouped GEMMs: dynamic-mapping waits (AG) and notifies (RS)
+    from tilelink.ops import moe_kernels
+
+    routing = {"sorted_slot_ids_ptr": "*i32", "expert_ids_ptr": "*i32", "tlk_barriers": "*i64", "tlk_diag": "*i64",
+               "tlk_budget": i64}
+    moe_meta = {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "stride_wn": 1, "stride_on": 1}
+    cases.append(("moe_ag", moe_kernels.ag_group_gemm_kernel,
+                  {"x_ptr": ptr, "w_ptr": ptr, "out_ptr": ptr, **routing}, {**moe_meta, "stride_xk": 1}))
+    cases.append(("moe_rs", moe_kernels.group_gemm_rs_kernel,
+                  {"h_ptr": ptr, "w_ptr": ptr, "out_ptr": ptr, "topk_weights_ptr": "*fp32", **routing},
+                  {**moe_meta, "stride_hk": 1}))
     # the partner kernels of the rules compile for the GPU too (both reduce-scatter variants)
     module = tp_kernels.gemm_rs_kernel.module
     partner_types = {"partial_ptr": ptr, "peer_table": "*i64", "out_ptr": ptr, "tlk_barriers": "*i64",

@@ -1,7 +1,7 @@
 """The rewrite keeps the compiled kernel's memory instructions: compiled for sm_90 on this CPU
-machine, a rewritten GEMM and flash-attention kernel issue the same 16-byte asynchronous copies as the
-plain ones (a wait token that hid the guarded pointers' alignment made them fall back to 2-byte
-loads, 2.4x slower on an H200)."""
+machine, a rewritten GEMM, flash-attention kernel and MoE grouped GEMMs (dynamic mappings) issue the
+same 16-byte asynchronous copies as the plain ones (a wait token that hid the guarded pointers'
+alignment made them fall back to 2-byte loads, 2.4x slower on an H200)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ def test_rewritten_kernels_keep_wide_loads() -> None:
     for line in result.stdout.splitlines():
         kernel, variant, rest = line.split(" ", 2)
         profiles[(kernel, variant)] = ast.literal_eval(rest)
-    for kernel in ("gemm", "attention"):
+    for kernel in ("gemm", "attention", "moe_ag", "moe_rs"):
         plain, rewritten = profiles[(kernel, "plain")], profiles[(kernel, "rewritten")]
         assert plain["cp.async 16B"] > 0, plain
         assert rewritten == plain, (kernel, plain, rewritten)
