@@ -95,9 +95,13 @@ def _grouped(part: str, x, w, out, weights, topk_ids, meta: dict, *, persistent:
     """A launch of the operator's grouped GEMM (``persistent`` or pointer form; as written, or
     ``rewritten`` with every channel of ``world`` ranks sharing ``rows`` tokens already satisfied), with
     the routing aligned to ``meta``."""
+    from tilelink.ops.contract import aligned
     from tilelink.ops.moe import grouped_gemm
     from tilelink.ops.moe_routing import align_tokens
 
+    if persistent and aligned(w, -1) is not w:
+        raise ValueError(f"the persistent kernel needs 16-byte rows of w, got {tuple(w.shape)} {w.dtype}: "
+                         f"pad N (tilelink.ops.contract.aligned) as ag_moe does")
     sorted_ids, expert_ids = align_tokens(topk_ids, w.shape[0], meta["BLOCK_M"])
     okernel, grid, args, launch_meta = grouped_gemm(part, x, w, out, weights, sorted_ids, expert_ids,
                                                     topk_ids.numel(), topk_ids.shape[1], meta, persistent)

@@ -167,10 +167,11 @@ def main() -> None:
                              ("generic_count_all", "plain")):
                 if num in rounds[0]["ms"]:
                     row[f"{num}/{den}"] = statistics.median(r["ms"][den] / r["ms"][num] for r in rounds)
-            if rounds[0]["config_ms"]:
+            timed = [c for c in rounds[0]["config_ms"]  # configs that ran in every round
+                     if all(not isinstance(r["config_ms"].get(c), (str, type(None))) for r in rounds)]
+            if timed:
                 row["config_ratio"] = {  # torch / rewritten with that config, median over rounds
-                    c: statistics.median(r["ms"]["torch"] / r["config_ms"][c] for r in rounds)
-                    for c, v in rounds[0]["config_ms"].items() if not isinstance(v, str)}
+                    c: statistics.median(r["ms"]["torch"] / r["config_ms"][c] for r in rounds) for c in timed}
                 best = max(row["config_ratio"], key=row["config_ratio"].get)
                 print("    configs (torch / rewritten): " + ", ".join(
                     f"{c} {r:.3f}" for c, r in sorted(row["config_ratio"].items(), key=lambda kv: -kv[1]))

@@ -77,7 +77,7 @@ def grouped_gemm(part: str, x, w, out, weights, sorted_ids, expert_ids, num_slot
             _install_allocator()  # tensor descriptors made on the device need scratch memory
         kernel = moe_kernels.ag_group_gemm_persistent_kernel
         sms = _compute_sms(x.device, kernel)
-        args = (*head, *routing, E, x.stride(0), x.stride(1), w.stride(1), w.stride(2), out.stride(0),
+        args = (*head, *routing, E, x.stride(0), x.stride(1), w.stride(0), w.stride(1), w.stride(2), out.stride(0),
                 out.stride(1))
         return kernel, (min(sms, tiles),), args, {**meta, "NUM_SMS": sms}
     kernel = moe_kernels.ag_group_gemm_kernel if part == "ag_moe" else moe_kernels.group_gemm_rs_kernel
@@ -152,8 +152,7 @@ def ag_moe(x_shard: torch.Tensor, w: torch.Tensor, topk_ids: torch.Tensor) -> to
     x_in, w_in = interpreter_inputs(x_shard, w)
     num_slots = M * top_k
     if N == 0:  # no column here, but the other ranks need this rank's tokens: gather into one dummy column
-        _launch("ag_moe", x_in, w_in.new_zeros((E, max(K, 1), 1)), x_in.new_empty((num_slots, 1)), None, topk_ids,
-                world)
+        _launch("ag_moe", x_in, w_in.new_zeros((E, K, 1)), x_in.new_empty((num_slots, 1)), None, topk_ids, world)
         return torch.empty((num_slots, 0), dtype=out_dtype, device=world.device)
     out = torch.empty((num_slots, N), dtype=x_in.dtype, device=world.device)
     _launch("ag_moe", x_in, w_in, out, None, topk_ids, world)

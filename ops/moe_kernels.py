@@ -17,7 +17,8 @@ Tiles are visited in grouped order (``GROUP_M`` M tiles share the N sweep) for L
 expert's weight columns, with pointer arithmetic (any layout). The AG part also has a persistent form,
 :func:`ag_group_gemm_persistent_kernel`, with the expert weights read by a tensor descriptor (TMA on
 Hopper; the gathered rows stay pointer loads: a gathered tile has no tensor-descriptor form on Hopper) and
-the gather on the copy engine, which ``ag_moe`` takes on a GPU when ``w`` is contiguous with 16-byte rows.
+the gather on the copy engine, which ``ag_moe`` takes on every GPU rank (padding a rank's columns of ``w``
+to 16-byte rows when they are not).
 The same persistent form of the RS part was faster as written (0.68 against 0.61 of dense cuBLAS on
 MoE-4) but slower once rewritten (0.39 against 0.45), on the SMs its reduce-scatter partner leaves it
 (docs/PERFORMANCE.md), so ``moe_rs`` keeps the pointer kernel.
@@ -106,18 +107,19 @@ def group_gemm_rs_kernel(h_ptr, w_ptr, out_ptr, topk_weights_ptr, sorted_slot_id
                   via="copy_engine", channels_per_rank=1)
 @triton.jit
 def ag_group_gemm_persistent_kernel(x_ptr, w_ptr, out_ptr, sorted_slot_ids_ptr, expert_ids_ptr, N, K, EM, num_slots,
-                                    top_k, num_experts, stride_xm, stride_xk, stride_wk, stride_wn, stride_om,
-                                    stride_on, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                                    GROUP_M: tl.constexpr, NUM_SMS: tl.constexpr):
+                                    top_k, num_experts, stride_xm, stride_xk, stride_we, stride_wk, stride_wn,
+                                    stride_om, stride_on, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                                    BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, NUM_SMS: tl.constexpr):
     """:func:`ag_group_gemm_kernel`, persistent (``NUM_SMS`` programs stride over the tiles) with the
-    expert weights read by a tensor descriptor over the contiguous (E * K, N) view of ``w``: TMA loads
-    of ``w`` on Hopper, the gathered rows of ``x`` by pointers. Launch ``min(NUM_SMS, tiles)`` programs.
+    expert weights read by a 3-D tensor descriptor over ``w`` (E, K, N): TMA loads of ``w`` on Hopper,
+    the gathered rows of ``x`` by pointers. Launch ``min(NUM_SMS, tiles)`` programs.
     The gather runs on the copy engine, so the persistent GEMM keeps every SM."""
     start_pid = tl.program_id(0)
     num_pid_m = tl.cdiv(EM, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
-    w_desc = tl.make_tensor_descriptor(w_ptr, shape=[num_experts * K, N], strides=[stride_wk, stride_wn],
-                                       block_shape=[BLOCK_K, BLOCK_N])
+    # one expert's (K, N) at a time: the K tail of a tile reads zeros, not the next expert's rows
+    w_desc = tl.make_tensor_descriptor(w_ptr, shape=[num_experts, K, N], strides=[stride_we, stride_wk, stride_wn],
+                                       block_shape=[1, BLOCK_K, BLOCK_N])
     for tile_id in tl.range(start_pid, num_pid_m * num_pid_n, NUM_SMS):
         pid_m, pid_n = tile_coordinates(tile_id, GROUP_M * num_pid_n, num_pid_m, GROUP_M)
         offs_slot = tl.load(sorted_slot_ids_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
@@ -128,7 +130,7 @@ def ag_group_gemm_persistent_kernel(x_ptr, w_ptr, out_ptr, sorted_slot_ids_ptr, 
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for ki in range(0, tl.cdiv(K, BLOCK_K)):
             x = tl.load(x_ptrs, mask=slot_mask[:, None] & (offs_k[None, :] < K - ki * BLOCK_K), other=0.0)
-            w = w_desc.load([expert * K + ki * BLOCK_K, pid_n * BLOCK_N])
+            w = w_desc.load([expert, ki * BLOCK_K, pid_n * BLOCK_N]).reshape(BLOCK_K, BLOCK_N)
             acc = tl.dot(x, w, acc)
             x_ptrs += BLOCK_K * stride_xk
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)

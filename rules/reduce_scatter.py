@@ -30,6 +30,7 @@ import math
 from dataclasses import dataclass
 
 import libcst as cst
+import libcst.matchers as m
 import torch
 import triton
 import triton.language as tl
@@ -62,23 +63,39 @@ DEFAULTS = dict(via="sm", mode="pull", order="ring", comm_sms=16)
 SCALAR_COUNTS = True
 
 
+def _expanded(node: cst.BaseExpression, axis_slice: int) -> str | None:
+    """``name[:, None]`` (axis 0) or ``name[None, :]`` (axis 1) -> ``name``: a 1-D vector made 2-D."""
+    if not (isinstance(node, cst.Subscript) and isinstance(node.value, cst.Name) and len(node.slice) == 2):
+        return None
+    kinds = [isinstance(el.slice, cst.Slice) for el in node.slice]
+    other = node.slice[1 - axis_slice].slice
+    if kinds[axis_slice] and not kinds[1 - axis_slice] and code(other) == "None":
+        return node.value.value
+    return None
+
+
 def _comparison(node: cst.BaseExpression, axis_slice: int) -> tuple[str, str] | None:
-    """``name[:, None] < bound`` (axis 0) or ``name[None, :] < bound`` (axis 1) -> (name, bound)."""
+    """``name[:, None] < bound`` (axis 0) or ``name[None, :] < bound`` (axis 1) -> (name, bound), for a
+    bound with no subscript (a scalar, not another vector)."""
     if not (isinstance(node, cst.Comparison) and len(node.comparisons) == 1
             and isinstance(node.comparisons[0].operator, cst.LessThan)):
         return None
-    left = node.left
-    if not (isinstance(left, cst.Subscript) and isinstance(left.value, cst.Name) and len(left.slice) == 2):
+    name = _expanded(node.left, axis_slice)
+    bound = node.comparisons[0].comparator
+    if name is None or m.findall(bound, m.Subscript()):
         return None
-    kinds = [isinstance(el.slice, cst.Slice) for el in left.slice]
-    if kinds.index(True) != axis_slice or kinds.count(True) != 1:
-        return None
-    return left.value.value, code(node.comparisons[0].comparator)
+    return name, code(bound)
 
 
-def separable_columns(an: KernelAnalysis, access, tile, size_param: str | None) -> tuple[str, str, str] | None:
-    """For a store masked by ``(rows[:, None] < M) & (cols[None, :] < N)`` with
-    ``cols = start + tl.arange(0, size)``: ``(start, size, N)``; otherwise ``None``."""
+def _live_columns(cols: str, bound: str) -> str:
+    """The columns a row of the tile stores, counted from the column vector as it is at the store (so
+    whatever was done to it before): ``sum(cols < bound)``."""
+    return f"tl.sum(({cols} < ({bound})).to(tl.int32))"
+
+
+def separable_columns(an: KernelAnalysis, access, tile, size_param: str | None) -> str | None:
+    """For a store masked by ``(rows[:, None] < M) & (cols[None, :] < N)`` with ``rows`` the tile's
+    offsets: the scalar count of the columns each of its rows stores; otherwise ``None``."""
     mask = access.mask
     if mask is None or size_param is None:
         return None
@@ -95,32 +112,25 @@ def separable_columns(an: KernelAnalysis, access, tile, size_param: str | None) 
         if rows is None or cols is None or rows[1] != size_param:
             continue
         row_defs = an.values.get(rows[0], ())
-        col_defs = an.values.get(cols[0], ())
-        if len(row_defs) != 1 or len(col_defs) != 1:
+        if len(row_defs) != 1:
             continue
-        row_tile = parse_offsets(cst.parse_expression(row_defs[0]))
-        col_tile = parse_offsets(cst.parse_expression(col_defs[0]))
-        if row_tile == (tile.start, tile.size) and col_tile is not None:
-            return col_tile[0], col_tile[1], cols[1]
+        if parse_offsets(cst.parse_expression(row_defs[0])) == (tile.start, tile.size):
+            return _live_columns(*cols)
     return None
 
 
 def _row_vector(node: cst.BaseExpression) -> str | None:
-    """``rows[:, None]`` -> ``rows``; ``rows[:, None] < bound`` -> ``rows < bound``: a per-row condition."""
+    """``rows[:, None]`` -> ``rows``; ``rows[:, None] < bound`` -> ``rows < (bound)``: a per-row condition."""
     compared = _comparison(node, 0)
     if compared is not None:
-        return f"{compared[0]} < {compared[1]}"
-    if (isinstance(node, cst.Subscript) and isinstance(node.value, cst.Name) and len(node.slice) == 2
-            and isinstance(node.slice[0].slice, cst.Slice) and not isinstance(node.slice[1].slice, cst.Slice)
-            and code(node.slice[1].slice) == "None"):
-        return node.value.value
-    return None
+        return f"{compared[0]} < ({compared[1]})"
+    return _expanded(node, 0)
 
 
-def row_times_columns(an: KernelAnalysis, access) -> tuple[str, str, str, str] | None:
-    """For a store masked by ``<row condition>[:, None] & (cols[None, :] < N)`` with
-    ``cols = start + tl.arange(0, size)``: ``(row condition, start, size, N)``, so that each row's
-    stored count is ``where(row condition, valid columns, 0)``; otherwise ``None``."""
+def row_times_columns(an: KernelAnalysis, access) -> tuple[str, str] | None:
+    """For a store masked by ``<row condition>[:, None] & (cols[None, :] < N)``: ``(row condition,
+    columns stored per row)``, so that each row's stored count is ``where(row condition, columns, 0)``,
+    the per-element count of that mask without its 2-D reduction; otherwise ``None``."""
     if access.mask is None:
         return None
     values = an.values.get(access.mask, ())
@@ -132,10 +142,8 @@ def row_times_columns(an: KernelAnalysis, access) -> tuple[str, str, str, str] |
         return None
     for rows_side, cols_side in ((node.left, node.right), (node.right, node.left)):
         rows, cols = _row_vector(rows_side), _comparison(cols_side, 1)
-        col_defs = an.values.get(cols[0], ()) if cols else ()
-        col_tile = parse_offsets(cst.parse_expression(col_defs[0])) if len(col_defs) == 1 else None
-        if rows is not None and col_tile is not None:
-            return rows, col_tile[0], col_tile[1], cols[1]
+        if rows is not None and cols is not None:
+            return rows, _live_columns(*cols)
     return None
 
 
@@ -180,9 +188,8 @@ def rewrite(an: KernelAnalysis, spec: ReduceScatterSpec, options: Options) -> Re
             # rows come from the index: count per row, then add each row's count to its channel
             separable = row_times_columns(an, a) if SCALAR_COUNTS else None
             if separable is not None:
-                rows_ok, col_start, col_size, col_bound = separable
-                count = (f"tlk_stored = tl.where({rows_ok}, "
-                         f"tl.maximum(tl.minimum({col_size}, {col_bound} - ({col_start})), 0), 0)")
+                rows_ok, columns = separable
+                count = f"tlk_stored = tl.where({rows_ok}, {columns}, 0)"
             else:
                 count = f"tlk_stored = tl.sum({stored}, axis=1)"
             lines = (
@@ -194,10 +201,9 @@ def rewrite(an: KernelAnalysis, spec: ReduceScatterSpec, options: Options) -> Re
             )
         elif columns is not None:
             # the mask is (rows < M) & (columns < N): a channel's count is rows x valid columns, all scalar
-            col_start, col_size, col_bound = columns
             lines = (
                 f"# tilelink: notify the channels whose rows this tile completed (reduce_scatter, dim {spec.dim})",
-                f"tlk_cols = tl.maximum(tl.minimum({col_size}, {col_bound} - ({col_start})), 0)",
+                f"tlk_cols = {columns}",
                 channels_of_tile(t),
                 "for tlk_i in range(0, tlk_count):",
                 f"    tlk_done = tlk_cols * tlm.tl_channel_overlap(\n"

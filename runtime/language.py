@@ -155,6 +155,7 @@ def _add_release_compiled(flag_ptr, value):
     # barrier makes the others' stores part of what its release publishes). A `red`, not an atomic that
     # returns the old value: nothing waits for the add itself, and no result is broadcast to the program's
     # threads afterwards (1.5-2% of a short-K GEMM+RS tile on an H200, docs/PERFORMANCE.md).
+    tl.static_assert(flag_ptr.numel == 1, "a notify adds one value to one flag (thread 0 issues it)")
     tl.debug_barrier()
     tl.inline_asm_elementwise(
         "{ .reg .pred %tlk_first; .reg .b32 %tlk_tid; mov.u32 %tlk_tid, %tid.x; "

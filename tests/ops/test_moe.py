@@ -68,3 +68,28 @@ def test_bad_inputs_raise_before_running() -> None:
                 "contiguous", "topk_ids is on meta"]
     for message, words in zip(messages, expected, strict=True):
         assert words in message and message.startswith(("ag_moe:", "moe_rs:")), (words, message)
+
+
+def test_persistent_kernel_reads_each_experts_weights_only() -> None:
+    # K = 20 is not a multiple of BLOCK_K = 16: the last K step of a tile must read zeros past its
+    # expert's rows, not the next expert's (0 * inf would be NaN)
+    import torch
+
+    from tilelink.ops.moe import grouped_gemm
+    from tilelink.ops.moe_routing import align_tokens
+
+    E, K, N, M, top_k = 3, 20, 16, 9, 1
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(M, K, generator=g)
+    w = torch.randn(E, K, N, generator=g)
+    w[1] = float("inf")  # no token is routed to expert 1
+    topk_ids = torch.zeros(M, top_k, dtype=torch.int64)
+    topk_ids[::2] = 2
+    meta = dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, GROUP_M=2)
+    sorted_ids, expert_ids = align_tokens(topk_ids, E, meta["BLOCK_M"])
+    out = torch.full((M * top_k, N), float("nan"))
+    okernel, grid, args, launch_meta = grouped_gemm("ag_moe", x, w, out, None, sorted_ids, expert_ids, M * top_k, top_k,
+                                                    meta, persistent=True)
+    okernel.kernel[grid](*args, **launch_meta)
+    ref = torch.stack([x[t] @ w[topk_ids[t, 0]] for t in range(M)])
+    assert torch.allclose(out, ref, atol=1e-4), (out - ref).abs().max()

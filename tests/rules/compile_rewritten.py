@@ -18,14 +18,19 @@ def _signature(kernel, types: dict[str, str], constexprs: dict) -> dict[str, str
     return {n: ("constexpr" if n in constexprs else types.get(n, "i32")) for n in kernel.arg_names}
 
 
-def load_widths(kernel, types: dict[str, str], constexprs: dict) -> dict[str, int]:
+def compile_ptx(kernel, types: dict[str, str], constexprs: dict, **options) -> str:
     sig = _signature(kernel, types, constexprs)
     # what Triton's launcher specialises at run time for 16-aligned pointers and strides
     aligned = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(kernel.arg_names)
                if sig[n].startswith("*") or (n.startswith("stride") and sig[n] != "constexpr")
                or n in ("N", "K", "M", "N_CTX")}
-    compiled = triton.compile(ASTSource(kernel, sig, constexprs, aligned), target=GPUTarget("cuda", 90, 32))
-    ptx = compiled.asm["ptx"]
+    compiled = triton.compile(ASTSource(kernel, sig, constexprs, aligned), target=GPUTarget("cuda", 90, 32),
+                              options=options)
+    return compiled.asm["ptx"]
+
+
+def load_widths(kernel, types: dict[str, str], constexprs: dict) -> dict[str, int]:
+    ptx = compile_ptx(kernel, types, constexprs)
     return {"cp.async 16B": len(re.findall(r"cp\.async\.c[ag]\.shared\.global[^\n]*, 0x10", ptx)),
             "cp.async <16B": len(re.findall(r"cp\.async\.c[ag]\.shared\.global[^\n]*, 0x(?:8|4|2);", ptx)),
             "ld.global.v4": ptx.count("ld.global.v4"), "ld.global scalar": len(re.findall(r"ld\.global\.b16", ptx))}
@@ -78,6 +83,20 @@ def main() -> int:
         rewritten = load_widths(getattr(okernel.module, okernel.name), types, meta)
         print(f"{name} plain {plain}")
         print(f"{name} rewritten {rewritten}")
+    # the persistent tensor-descriptor kernels the operators take on a GPU: their bulk-tensor loads
+    persistent = {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8, "NUM_SMS": 132}
+    for name, okernel, types, meta in (
+            ("persistent_ag_gemm", tp_kernels.ag_gemm_persistent_kernel, gemm_types,
+             {**gemm_meta, **persistent}),
+            ("persistent_gemm_rs", tp_kernels.gemm_rs_persistent_kernel, gemm_types,
+             {**gemm_meta, **persistent}),
+            ("persistent_moe_ag", moe_kernels.ag_group_gemm_persistent_kernel,
+             {"x_ptr": ptr, "w_ptr": ptr, "out_ptr": ptr, **routing}, {**moe_meta, **persistent, "stride_xk": 1})):
+        for variant, fn in (("plain", okernel.kernel), ("rewritten", getattr(okernel.module, okernel.name))):
+            ptx = compile_ptx(fn, types, meta, num_warps=8, num_stages=3)
+            print(name, variant, {"tma 2d": len(re.findall(r"cp\.async\.bulk\.tensor\.2d\.shared", ptx)),
+                                  "tma 3d": len(re.findall(r"cp\.async\.bulk\.tensor\.3d\.shared", ptx)),
+                                  "red.release.sys": ptx.count("red.release.sys")})
     return 0
 
 

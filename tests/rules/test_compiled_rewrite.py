@@ -29,3 +29,11 @@ def test_rewritten_kernels_keep_wide_loads() -> None:
         assert rewritten == plain, (kernel, plain, rewritten)
     assert profiles[("rs_pull_consumer", "TOPK=1")] == profiles[("rs_pull_consumer", "TOPK=2")] == {"compiled": 1}
     assert profiles[("rs_ring_consumer", "compiled")] == {"compiled": 1}
+    # the persistent kernels: the same bulk-tensor (TMA) loads once rewritten; the MoE weights by a 3-D
+    # descriptor (one expert at a time); the reduce-scatter's notify a releasing reduction
+    for kernel, tma in (("persistent_ag_gemm", "tma 2d"), ("persistent_gemm_rs", "tma 2d"),
+                        ("persistent_moe_ag", "tma 3d")):
+        plain, rewritten = profiles[(kernel, "plain")], profiles[(kernel, "rewritten")]
+        assert plain[tma] > 0 and rewritten[tma] == plain[tma], (kernel, plain, rewritten)
+    assert profiles[("persistent_gemm_rs", "rewritten")]["red.release.sys"] > 0
+    assert profiles[("persistent_gemm_rs", "plain")]["red.release.sys"] == 0

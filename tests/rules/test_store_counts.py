@@ -1,6 +1,7 @@
 """How a reduce-scatter producer counts the elements a tile stored, which its notify adds to the
-channel: scalar arithmetic when the store mask separates into a row part and a column part, the generic
-per-element sum otherwise. Both must give the consumer the same totals, so both run end to end."""
+channel: rows x columns, the columns counted from the live column vector, when the store mask separates
+into a row part and a column part; the generic per-element sum otherwise. Both must give the consumer
+the same totals, so both run end to end."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ import tilelink
 SEPARABLE = "mask=token_mask[:, None] & (offs_bn[None, :] < N))"
 # the same elements, in a form the rewriter cannot split into rows x columns (acc == acc holds: no NaN)
 ENTANGLED = "mask=token_mask[:, None] & (offs_bn[None, :] < N) & (acc == acc))"
+# a bound that is an expression of lower precedence than the subtraction an inlined count would use
+LOW_PRECEDENCE_BOUND = "mask=token_mask[:, None] & (offs_bn[None, :] < N & 65535))"
 
 
 def _variant(tmp_path: Path, mask: str) -> Path:
@@ -33,8 +36,15 @@ def _generated(path: Path) -> str:
 
 def test_separable_dynamic_mask_counts_rows_times_columns(tmp_path: Path) -> None:
     text = _generated(_variant(tmp_path, SEPARABLE))
-    assert "tlk_stored = tl.where(token_mask, tl.maximum(tl.minimum(BLOCK_N, N - (pid_n * BLOCK_N)), 0), 0)" in text
+    assert "tlk_stored = tl.where(token_mask, tl.sum((offs_bn < (N)).to(tl.int32)), 0)" in text
     assert "tlk_stored = tl.sum(" not in text
+
+
+def test_separable_mask_with_a_low_precedence_bound_keeps_it_whole(tmp_path: Path) -> None:
+    path = _variant(tmp_path, LOW_PRECEDENCE_BOUND)
+    assert "tlk_stored = tl.where(token_mask, tl.sum((offs_bn < (N & 65535)).to(tl.int32)), 0)" in _generated(path)
+    for err in tilelink.spawn(moe_down_from_file, 2, str(path)):
+        assert err < 1e-3, err
 
 
 def test_entangled_dynamic_mask_falls_back_to_the_generic_count_and_still_matches(tmp_path: Path) -> None:

@@ -71,7 +71,7 @@ def down_kernel(h_ptr, w_ptr, y_ptr, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl
     y = acc
     tl.store(y_ptr + offs_m[:, None] * N + offs_n[None, :], y, mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
     # tilelink: notify the channels whose rows this tile completed (reduce_scatter, dim 0)
-    tlk_cols = tl.maximum(tl.minimum(BLOCK_N, N - (pid_n * BLOCK_N)), 0)
+    tlk_cols = tl.sum((offs_n < (N)).to(tl.int32))
     tlk_first, tlk_count = tlm.tl_channels_of_rows(
         pid_m * BLOCK_M, pid_m * BLOCK_M + BLOCK_M,
         tlk_rows, tlk_rows_per_rank, tlk_rows_per_channel, tlk_channels_per_rank)
