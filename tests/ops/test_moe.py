@@ -49,6 +49,13 @@ def test_persistent_kernels_match_torch(world: int, M: int, inter: int, persiste
     assert moe_kernels.ag_group_gemm_persistent_kernel.plan.launch["via"] == "copy_engine"
 
 
+@pytest.mark.parametrize("persistent", [True, False])
+def test_no_hidden_size_and_a_rank_without_columns(persistent: bool) -> None:
+    # H = 0 (K == 0 on every rank) with columns 1, 1, 0: every rank still gathers the same shapes
+    for per_rank in tilelink.spawn(parts_match_torch, 3, 7, 0, 2, 3, 2, ["random"], "float32", 1, persistent):
+        assert set(per_rank) == {"ag_moe/random", "moe_rs/random"} and all(e == 0.0 for e in per_rank.values())
+
+
 def test_top1_all_tokens_on_one_expert() -> None:
     for per_rank in tilelink.spawn(parts_match_torch, 2, 7, 16, 16, 3, 1, ["one"], "float32", 1):
         assert all(err < 1e-5 for err in per_rank.values()), per_rank
