@@ -202,14 +202,20 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.T
     return out.to(q.dtype)
 
 
+def _gather_buffers(k: torch.Tensor, v: torch.Tensor, world: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """This rank's K and V stacked, and the buffer the all-gather fills with every rank's (K, V) in turn
+    (one flat leading dimension: what both gloo and NCCL accept)."""
+    kv = torch.stack((k, v)).contiguous()
+    return kv, torch.empty((world * 2, *kv.shape[1:]), dtype=kv.dtype, device=kv.device)
+
+
 def gather_kv(k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The communication alone: all-gather K and V along the sequence (NCCL, or the default group's
     backend), returned as the full (batch, kv heads, world * shard, head_dim) K and V."""
     import torch.distributed as dist
 
     world = dist.get_world_size(_GROUP)
-    kv = torch.stack((k, v)).contiguous()
-    full = torch.empty((world * 2, *kv.shape[1:]), dtype=kv.dtype, device=kv.device)  # ranks' (K, V) in turn
+    kv, full = _gather_buffers(k, v, world)
     dist.all_gather_into_tensor(full, kv, group=_GROUP)
     full = full.view(world, *kv.shape)
     shape = (k.shape[0], k.shape[1], -1, k.shape[3])
@@ -238,8 +244,7 @@ def _measure_dist(shape: AttnShape, S: int, world, dtype: torch.dtype, rounds: i
     import torch.distributed as dist
 
     kf, vf = gather_kv(k, v)  # the comp-only input: this rank's queries against the gathered sequence
-    kv = torch.stack((k, v)).contiguous()
-    gathered = torch.empty((world.world_size * 2, *kv.shape[1:]), dtype=kv.dtype, device=kv.device)
+    kv, gathered = _gather_buffers(k, v, world.world_size)
     fns = {"torch_ag_sdpa": functools.partial(allgather_sdpa, q, k, v),
            "ring": functools.partial(ring_attention, q, k, v),
            "tilelink": functools.partial(sp_attention, q, k, v, ctx=SPContext(S)),

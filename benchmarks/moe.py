@@ -233,7 +233,8 @@ def _rs_rows(partial: torch.Tensor, group) -> torch.Tensor:
 
 def measure_dist(shape: MoEShape, world, dtype: torch.dtype, rounds: int, group) -> dict:
     from tilelink.ops import ag_moe, moe_rs
-    from tilelink.ops.moe import _persistent, moe_config
+    from tilelink.ops.contract import persistent_wanted
+    from tilelink.ops.moe import moe_config
 
     R, r, device = world.world_size, world.rank, world.device
     M, inter = shape.S, shape.I // R
@@ -252,7 +253,7 @@ def measure_dist(shape: MoEShape, world, dtype: torch.dtype, rounds: int, group)
         x = _ag_rows(x_shard, M, group)
         out = torch.empty(slots, 2 * inter, dtype=dtype, device=device)
         meta = moe_config(slots, shape.E, 2 * inter, dtype)
-        return _grouped("ag_moe", x, w_up, out, None, topk_ids, meta, persistent=_persistent(device))()
+        return _grouped("ag_moe", x, w_up, out, None, topk_ids, meta, persistent=persistent_wanted(device))()
 
     def fused_rs():  # ours, not overlapped: the plain grouped GEMM, top-k sum, then NCCL reduce-scatter
         out = torch.empty(slots, shape.H, dtype=dtype, device=device)

@@ -67,6 +67,17 @@ def full_size(shard: torch.Tensor, dim: int, known: int | None, world) -> int:
     return sum(sizes)
 
 
+#: the operators' persistent tensor-descriptor kernels: ``None`` = on a GPU; tests of the emulated world
+#: set ``True`` to run them in the interpreter
+PERSISTENT: bool | None = None
+
+
+def persistent_wanted(device: torch.device) -> bool:
+    """Whether the operators take their persistent tensor-descriptor kernels on ``device``: decided from
+    the device type, which the ranks share, never from a rank's own slice (see :func:`aligned`)."""
+    return device.type == "cuda" if PERSISTENT is None else PERSISTENT
+
+
 def aligned(t: torch.Tensor, dim: int = -1, size: int | None = None) -> torch.Tensor:
     """``t`` with dimension ``dim`` (the last or the first) holding a 16-byte multiple of elements (at
     least ``size`` and at least one), contiguous and 16-byte aligned: what a tensor descriptor needs.

@@ -26,7 +26,7 @@ import triton
 
 from tilelink.errors import LaunchError
 from tilelink.mapping import shard_range
-from tilelink.ops.contract import aligned, check_rows, check_tensor, interpreter_inputs, interpreting
+from tilelink.ops.contract import aligned, check_rows, check_tensor, interpreter_inputs, interpreting, persistent_wanted
 from tilelink.ops.moe_routing import align_tokens, check_routing
 
 
@@ -44,18 +44,6 @@ def moe_config(num_slots: int, num_experts: int, N: int, dtype: torch.dtype) -> 
     warps = 8 if block_m * block_n >= 128 * 128 else 4
     stages = 3 if block_n >= 256 else 4
     return dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=64, GROUP_M=8, num_warps=warps, num_stages=stages)
-
-
-#: ``ag_moe`` on the persistent tensor-descriptor kernel: ``None`` = on a GPU; tests of the emulated world
-#: set ``True`` to run it in the interpreter
-PERSISTENT: bool | None = None
-
-
-def _persistent(device: torch.device) -> bool:
-    """Whether every rank's ``ag_moe`` takes the persistent kernel: decided from the device type alone,
-    which the ranks share, never from this rank's own weight slice (see
-    :func:`tilelink.ops.contract.aligned`)."""
-    return device.type == "cuda" if PERSISTENT is None else PERSISTENT
 
 
 def grouped_gemm(part: str, x, w, out, weights, sorted_ids, expert_ids, num_slots: int, top_k: int, meta: dict,
@@ -94,7 +82,7 @@ def _launch(part: str, x, w, out, weights, topk_ids: torch.Tensor, world) -> Non
     if K == 0:
         x = torch.zeros((x.shape[0], 1), dtype=x.dtype, device=world.device)
         w = torch.zeros((E, 1, N), dtype=x.dtype, device=world.device)
-    persistent = part == "ag_moe" and _persistent(world.device)
+    persistent = part == "ag_moe" and persistent_wanted(world.device)
     run_out = out
     if persistent:  # the weights' rows as a descriptor needs them: pad this rank's columns if it must
         w = aligned(w, -1)

@@ -19,7 +19,15 @@ import triton
 
 from tilelink.errors import LaunchError
 from tilelink.mapping import shard_range
-from tilelink.ops.contract import aligned, check_rows, check_tensor, full_size, interpreter_inputs, interpreting
+from tilelink.ops.contract import (
+    aligned,
+    check_rows,
+    check_tensor,
+    full_size,
+    interpreter_inputs,
+    interpreting,
+    persistent_wanted,
+)
 from tilelink.ops.gemm import _install_allocator, _num_sms
 
 
@@ -60,9 +68,6 @@ def _check_pair(name: str, a: torch.Tensor, b: torch.Tensor, world) -> None:
         raise LaunchError(f"{name}: inner dimensions differ: {tuple(a.shape)} @ {tuple(b.shape)}")
 
 
-#: the persistent tensor-descriptor kernels: ``None`` = on a GPU; tests of the emulated world set ``True``
-#: to run them in the interpreter
-PERSISTENT: bool | None = None
 #: programs of a persistent kernel in the interpreter (the emulated world's stand-in for the SM count)
 INTERPRETED_SMS = 4
 
@@ -71,8 +76,7 @@ def _persistent(world, shared_dim: int, dtype: torch.dtype) -> bool:
     """Whether every rank takes the persistent kernels: decided from what the ranks share (the device
     type, the dtype, and the dimension ``shared_dim`` every rank has the same size of), never from this
     rank's own shard sizes (see :func:`tilelink.ops.contract.aligned`)."""
-    wanted = world.device.type == "cuda" if PERSISTENT is None else PERSISTENT
-    return wanted and (shared_dim * torch.empty((), dtype=dtype).element_size()) % 16 == 0
+    return persistent_wanted(world.device) and (shared_dim * torch.empty((), dtype=dtype).element_size()) % 16 == 0
 
 
 def _launch(kernel, persistent: bool, args: tuple, meta: dict, world, M: int, N: int) -> None:
@@ -138,7 +142,7 @@ def gemm_rs(a: torch.Tensor, b_shard: torch.Tensor) -> torch.Tensor:
         K = 1
     persistent = _persistent(world, N, a_in.dtype)
     if persistent:  # K is this rank's own: pad it with zero columns of A and rows of B (they add nothing)
-        a_in, b_in = aligned(a_in, -1), aligned(aligned(b_in, -1), 0, a_in.shape[1])
+        a_in, b_in = aligned(a_in, -1), aligned(b_in, 0)  # both round K up to the same 16 bytes
         K = a_in.shape[1]
     meta = _config(a_in.dtype)
     args = (a_in, b_in, out, M, N, K, a_in.stride(0), a_in.stride(1), b_in.stride(0), b_in.stride(1), N, 1)

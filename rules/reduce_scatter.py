@@ -93,21 +93,27 @@ def _live_columns(cols: str, bound: str) -> str:
     return f"tl.sum(({cols} < ({bound})).to(tl.int32))"
 
 
+def _mask_halves(an: KernelAnalysis, access) -> tuple[tuple[cst.BaseExpression, cst.BaseExpression], ...]:
+    """The store mask ``a & b`` (its one value when the mask is a variable) as ``((a, b), (b, a))``, each
+    pair a candidate (row part, column part); ``()`` for any other mask."""
+    if access.mask is None:
+        return ()
+    values = an.values.get(access.mask, ())
+    try:
+        node = cst.parse_expression(values[0] if len(values) == 1 else access.mask)
+    except cst.ParserSyntaxError:
+        return ()
+    if not (isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.BitAnd)):
+        return ()
+    return (node.left, node.right), (node.right, node.left)
+
+
 def separable_columns(an: KernelAnalysis, access, tile, size_param: str | None) -> str | None:
     """For a store masked by ``(rows[:, None] < M) & (cols[None, :] < N)`` with ``rows`` the tile's
     offsets: the scalar count of the columns each of its rows stores; otherwise ``None``."""
-    mask = access.mask
-    if mask is None or size_param is None:
+    if size_param is None:
         return None
-    values = an.values.get(mask, ())
-    text = values[0] if len(values) == 1 else mask
-    try:
-        node = cst.parse_expression(text)
-    except cst.ParserSyntaxError:
-        return None
-    if not (isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.BitAnd)):
-        return None
-    for rows_side, cols_side in ((node.left, node.right), (node.right, node.left)):
+    for rows_side, cols_side in _mask_halves(an, access):
         rows, cols = _comparison(rows_side, 0), _comparison(cols_side, 1)
         if rows is None or cols is None or rows[1] != size_param:
             continue
@@ -131,16 +137,7 @@ def row_times_columns(an: KernelAnalysis, access) -> tuple[str, str] | None:
     """For a store masked by ``<row condition>[:, None] & (cols[None, :] < N)``: ``(row condition,
     columns stored per row)``, so that each row's stored count is ``where(row condition, columns, 0)``,
     the per-element count of that mask without its 2-D reduction; otherwise ``None``."""
-    if access.mask is None:
-        return None
-    values = an.values.get(access.mask, ())
-    try:
-        node = cst.parse_expression(values[0] if len(values) == 1 else access.mask)
-    except cst.ParserSyntaxError:
-        return None
-    if not (isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.BitAnd)):
-        return None
-    for rows_side, cols_side in ((node.left, node.right), (node.right, node.left)):
+    for rows_side, cols_side in _mask_halves(an, access):
         rows, cols = _row_vector(rows_side), _comparison(cols_side, 1)
         if rows is not None and cols is not None:
             return rows, _live_columns(*cols)

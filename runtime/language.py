@@ -81,6 +81,11 @@ def _record_timeout(diag_ptr, kind, index, target, seen):
 
 
 @triton.jit
+def _token_of_interpreted(seen):
+    return (seen * 0).to(tl.int32)
+
+
+@triton.jit
 def _spin_interpreted(flag_ptr, target, diag_ptr, budget, kind, index):
     seen = tl.atomic_add(flag_ptr, 0, sem="acquire", scope="sys")
     polls = budget // _NS_PER_POLL + 1
@@ -90,27 +95,18 @@ def _spin_interpreted(flag_ptr, target, diag_ptr, budget, kind, index):
         n += 1
     if seen < target:
         _record_timeout(diag_ptr, kind, index, target, seen)
-    return (seen * 0).to(tl.int32)
+    return _token_of_interpreted(seen)
 
 
 @triton.jit
-def _add_release_interpreted(flag_ptr, value):
-    tl.atomic_add(flag_ptr, value, sem="release", scope="sys")
-
-
-@triton.jit
-def _add_release_lanes_interpreted(flag_ptrs, values, mask):
-    tl.atomic_add(flag_ptrs, values, mask=mask, sem="release", scope="sys")
+def _add_release_interpreted(flag_ptr, value, mask=None):
+    # one flag, or a vector of flags (the lanes of a 32-channel word)
+    tl.atomic_add(flag_ptr, value, mask=mask, sem="release", scope="sys")
 
 
 @triton.jit
 def _after_acquire_interpreted():
     pass
-
-
-@triton.jit
-def _token_of_interpreted(seen):
-    return (seen * 0).to(tl.int32)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -180,7 +176,7 @@ def _after_acquire_compiled():
 if INTERPRETED:
     _spin = _spin_interpreted
     _add_release = _add_release_interpreted
-    _add_release_lanes = _add_release_lanes_interpreted
+    _add_release_lanes = _add_release_interpreted
     _after_acquire = _after_acquire_interpreted
     _zero_token = _token_of_interpreted
 else:

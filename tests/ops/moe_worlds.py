@@ -54,9 +54,9 @@ def parts_match_torch(M: int, H: int, inter: int, E: int, top_k: int, kinds: lis
     """ag_moe and moe_rs, each rank holding its slice of every expert's intermediate dim, against a loop
     over experts, for each routing kind; every call twice (a context is reused at epoch 2).
     ``persistent``: force (True) or forbid (False) ag_moe's persistent tensor-descriptor kernel."""
-    from tilelink.ops import ag_moe, moe, moe_rs
+    from tilelink.ops import ag_moe, contract, moe_rs
 
-    moe.PERSISTENT = persistent
+    contract.PERSISTENT = persistent
 
     dtype = getattr(torch, dtype_name)
     r, R = tilelink.rank(), tilelink.world_size()

@@ -39,12 +39,12 @@ def ops_match_torch(M: int, N: int, K: int, dtype_name: str) -> dict[str, float]
 
 def uneven_slices_match_torch(M: int, N: int, K: int, persistent: bool | None) -> dict[str, float]:
     """ag_gemm with this rank's own slice of B's columns and gemm_rs with its own slice of K, split
-    unevenly (a rank may hold none), on the kernel chosen by ``tilelink.ops.tp.PERSISTENT``. Every rank
+    unevenly (a rank may hold none), on the kernel chosen by ``tilelink.ops.contract.PERSISTENT``. Every rank
     must take the same kernel whatever its own slice, or the ranks would wait on different protocols.
     float32 (4-byte elements)."""
-    from tilelink.ops import TPContext, ag_gemm, gemm_rs, tp, tp_kernels
+    from tilelink.ops import TPContext, ag_gemm, contract, gemm_rs, tp_kernels
 
-    tp.PERSISTENT = persistent
+    contract.PERSISTENT = persistent
     r, R = tilelink.rank(), tilelink.world_size()
     device = tilelink.runtime.current_world().device
     g = torch.Generator().manual_seed(9)
