@@ -35,11 +35,13 @@ __all__ = [
     "MODE_BROADCAST",
     "wait_value",
     "notify_value",
+    "bulk_store_wait",
     "consumer_tile_wait",
     "consumer_tile_wait_rows",
     "consumer_tile_wait_channels",
     "producer_tile_notify",
     "producer_tile_notify_channels",
+    "producer_tile_notify_rows",
     "peer_tile_notify",
     "peer_tile_wait",
     "peer_ptr",
@@ -109,6 +111,18 @@ def _after_acquire_interpreted():
     pass
 
 
+@triton.jit
+def _add_release_span_interpreted(first_ptr, at_first, last_ptr, at_last, middle_ptrs, at_middle, inside):
+    tl.atomic_add(first_ptr, at_first, sem="release", scope="sys")
+    tl.atomic_add(last_ptr, at_last, sem="release", scope="sys")
+    tl.atomic_add(middle_ptrs, at_middle, mask=inside, sem="release", scope="sys")
+
+
+@triton.jit
+def _bulk_store_wait_interpreted():
+    pass  # the interpreter's descriptor stores are done when they return
+
+
 # ----------------------------------------------------------------------------------------------
 # compiled implementation (GPU)
 
@@ -146,13 +160,24 @@ def _spin_compiled(flag_ptr, target, diag_ptr, budget, kind, index):
 
 
 @triton.jit
+def _cta_barrier():
+    # Every thread of the program meets here, with the memory ordering of a CTA barrier: the named
+    # barrier 15, in inline PTX. Not tl.debug_barrier(): the compiler treats its barrier as a point that
+    # every asynchronous copy and MMA in flight must reach first, and in a software-pipelined tile loop
+    # (`tl.range(..., flatten=True)`) that serialised the loop: a GEMM+RS with a barrier per tile ran at
+    # 0.40 of cuBLAS, with this one at 0.97 (H200, docs/PERFORMANCE.md). As with any barrier, every
+    # thread must reach it: not inside one partition of a warp-specialised loop.
+    tl.inline_asm_elementwise("bar.sync 15; mov.u32 $0, 0;", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
 def _add_release_compiled(flag_ptr, value):
     # Every thread's stores of the tile happen before one releasing reduction, issued by thread 0 (the
     # barrier makes the others' stores part of what its release publishes). A `red`, not an atomic that
     # returns the old value: nothing waits for the add itself, and no result is broadcast to the program's
     # threads afterwards (1.5-2% of a short-K GEMM+RS tile on an H200, docs/PERFORMANCE.md).
     tl.static_assert(flag_ptr.numel == 1, "a notify adds one value to one flag (thread 0 issues it)")
-    tl.debug_barrier()
+    _cta_barrier()
     tl.inline_asm_elementwise(
         "{ .reg .pred %tlk_first; .reg .b32 %tlk_tid; mov.u32 %tlk_tid, %tid.x; "
         "setp.eq.u32 %tlk_first, %tlk_tid, 0; @%tlk_first red.release.sys.global.add.u64 [$1], $2; "
@@ -163,8 +188,33 @@ def _add_release_compiled(flag_ptr, value):
 @triton.jit
 def _add_release_lanes_compiled(flag_ptrs, values, mask):
     # as _add_release_compiled, for a vector of flags: each lane's atomic is issued by its own thread
-    tl.debug_barrier()
+    _cta_barrier()
     tl.atomic_add(flag_ptrs, values, mask=mask, sem="release", scope="sys")
+
+
+@triton.jit
+def _add_release_span_compiled(first_ptr, at_first, last_ptr, at_last, middle_ptrs, at_middle, inside):
+    # One barrier; then thread 0 issues one release fence and the first flag's add, and the last flag's
+    # add when it is not 0 (a fence followed by the adds releases both: one system-scope fence per tile,
+    # 2-3% of a short-K GEMM+RS against two releasing adds, docs/PERFORMANCE.md); the lanes inside, if
+    # any, release their own flags.
+    _cta_barrier()
+    tl.inline_asm_elementwise(
+        "{ .reg .pred %tlk_first, %tlk_two; .reg .b32 %tlk_tid; mov.u32 %tlk_tid, %tid.x; "
+        "setp.eq.u32 %tlk_first, %tlk_tid, 0; setp.ne.u64 %tlk_two, $4, 0; "
+        "and.pred %tlk_two, %tlk_two, %tlk_first; @%tlk_first fence.acq_rel.sys; "
+        "@%tlk_first red.relaxed.sys.global.add.u64 [$1], $2; @%tlk_two red.relaxed.sys.global.add.u64 [$3], $4; "
+        "mov.u32 $0, 0; }",
+        "=r,l,l,l,l", [first_ptr, tl.full((), 0, tl.int64) + at_first, last_ptr, tl.full((), 0, tl.int64) + at_last],
+        dtype=tl.int32, is_pure=False, pack=1)
+    tl.atomic_add(middle_ptrs, at_middle, mask=inside, sem="release", scope="sys")
+
+
+@triton.jit
+def _bulk_store_wait_compiled():
+    # the program's bulk-tensor (TMA) stores have written global memory, not only read shared memory
+    tl.inline_asm_elementwise("cp.async.bulk.wait_group 0; mov.u32 $0, 0;", "=r", [], dtype=tl.int32,
+                              is_pure=False, pack=1)
 
 
 @triton.jit
@@ -179,12 +229,16 @@ if INTERPRETED:
     _add_release_lanes = _add_release_interpreted
     _after_acquire = _after_acquire_interpreted
     _zero_token = _token_of_interpreted
+    _bulk_store_wait = _bulk_store_wait_interpreted
+    _add_release_span = _add_release_span_interpreted
 else:
     _spin = _spin_compiled
     _add_release = _add_release_compiled
     _add_release_lanes = _add_release_lanes_compiled
     _after_acquire = _after_acquire_compiled
     _zero_token = _token_of
+    _bulk_store_wait = _bulk_store_wait_compiled
+    _add_release_span = _add_release_span_compiled
 
 
 # ----------------------------------------------------------------------------------------------
@@ -206,6 +260,14 @@ def notify_value(flag_ptr, value):
     """Release ``atomic_add(*flag_ptr, value)``: everything this program stored before is visible to
     whoever acquires the new value."""
     _add_release(flag_ptr, value)
+
+
+@triton.jit
+def bulk_store_wait():
+    """Wait until this program's tensor-descriptor (TMA) stores have reached global memory. A descriptor
+    store is asynchronous: a notify that publishes its tile must come after this (the reduce-scatter
+    rewrite inserts it after a descriptor store)."""
+    _bulk_store_wait()
 
 
 @triton.jit
@@ -263,29 +325,41 @@ def _channel_lanes(channels, valid, word):
     return valid[:, None] & (channels[:, None] == word * 32 + lane[None, :])
 
 
+#: a tile whose channels span at most this many consecutive channels polls each of them with one scalar
+#: acquire (rows gathered in sorted order, as MoE slots sorted by expert are, span one or two)
+SCALAR_SPAN: tl.constexpr = tl.constexpr(4)
+
+
 @triton.jit
 def consumer_tile_wait_channels(barrier_ptr, channels, target, diag_ptr, budget):
     """Dynamic mapping: a consumer tile whose rows come from a run-time index (the MoE gather) waits
     for every distinct channel in the vector ``channels`` (entries < 0, e.g. padding, are ignored),
     each ``>= target``. Returns the token.
 
-    Each 32-channel word is polled once with one vector of acquire reads (the lanes a program's
-    threads hold run in parallel); only channels that are not there yet are spun on one by one."""
+    When the valid channels span at most ``SCALAR_SPAN`` consecutive channels, each channel of the span
+    is polled with one scalar acquire (a channel of the span that no row needs is waited for too: an
+    all-gather's channels arrive whatever its consumers do). Otherwise each 32-channel word is polled
+    once with one vector of acquire reads (the lanes a program's threads hold run in parallel) and only
+    the channels not there yet are spun on one by one."""
     token = tl.full((), 0, tl.int32)
     valid, first, last = _channel_span(channels)
-    lane = tl.arange(0, 32)
-    for word in range(first // 32, last // 32 + 1):
-        need = tl.max(_channel_lanes(channels, valid, word).to(tl.int32), axis=0) > 0
-        seen = tl.atomic_add(barrier_ptr + word * 32 + lane, tl.zeros((32,), tl.int64), mask=need,
-                             sem="acquire", scope="sys")
-        seen = tl.where(need, seen, target)
-        token += _zero_token(tl.min(seen))
-        late = tl.reduce(tl.where(seen < target, 1 << lane, 0), 0, _bit_or)
-        for b in range(0, 32):
-            if ((late >> b) & 1) != 0:
-                token += _spin(barrier_ptr + word * 32 + b, target, diag_ptr, budget, KIND_CONSUMER_TILE_WAIT,
-                               word * 32 + b)
-    _after_acquire()
+    if last - first < SCALAR_SPAN:
+        for c in range(first, last + 1):
+            token += _spin(barrier_ptr + c, target, diag_ptr, budget, KIND_CONSUMER_TILE_WAIT, c)
+    else:
+        lane = tl.arange(0, 32)
+        for word in range(first // 32, last // 32 + 1):
+            need = tl.max(_channel_lanes(channels, valid, word).to(tl.int32), axis=0) > 0
+            seen = tl.atomic_add(barrier_ptr + word * 32 + lane, tl.zeros((32,), tl.int64), mask=need,
+                                 sem="acquire", scope="sys")
+            seen = tl.where(need, seen, target)
+            token += _zero_token(tl.min(seen))
+            late = tl.reduce(tl.where(seen < target, 1 << lane, 0), 0, _bit_or)
+            for b in range(0, 32):
+                if ((late >> b) & 1) != 0:
+                    token += _spin(barrier_ptr + word * 32 + b, target, diag_ptr, budget, KIND_CONSUMER_TILE_WAIT,
+                                   word * 32 + b)
+        _after_acquire()
     return token
 
 
@@ -301,6 +375,34 @@ def producer_tile_notify_channels(barrier_ptr, channels, counts):
         sums = tl.sum(tl.where(member, counts[:, None], 0), axis=0)
         hit = tl.max(member.to(tl.int32), axis=0) > 0
         _add_release_lanes(barrier_ptr + word * 32 + lane, sums.to(tl.int64), hit)
+
+
+@triton.jit
+def producer_tile_notify_rows(barrier_ptr, row_lo, row_hi, row_elems, rows, rows_per_rank, rows_per_channel,
+                              channels_per_rank, MAX_CHANNELS: tl.constexpr):
+    """A producer tile that stored ``row_elems`` elements of each row in ``[row_lo, row_hi)`` (rows past
+    ``rows`` ignored) adds, to each channel holding some of them, ``row_elems`` times its rows in the
+    range (release, local barrier array). ``MAX_CHANNELS`` (a power of two) bounds the channels the
+    range spans: its row count will do, since a channel holds at least one row.
+
+    Straight-line code (no loop, no branch), so that a flattened tile loop (``tl.range(..., flatten=True)``)
+    stays one software pipeline: after one barrier, thread 0 releases the first and the last channel
+    with one fence (the last one only when the range spans more than one channel), and the channels
+    between them, which only exist when channels are shorter than the tile, are released by one masked
+    vector of atomics."""
+    first, count = tlm.tl_channels_of_rows(row_lo, row_hi, rows, rows_per_rank, rows_per_channel,
+                                           channels_per_rank)
+    last = first + tl.maximum(count, 1) - 1
+    at_first = row_elems * tlm.tl_channel_overlap(first, row_lo, row_hi, rows, rows_per_rank, rows_per_channel,
+                                                  channels_per_rank)
+    at_last = tl.where(count > 1, row_elems * tlm.tl_channel_overlap(
+        last, row_lo, row_hi, rows, rows_per_rank, rows_per_channel, channels_per_rank), 0)
+    middle = first + 1 + tl.arange(0, MAX_CHANNELS)
+    inside = middle < last
+    at_middle = row_elems * tlm.tl_channel_overlap(tl.where(inside, middle, first), row_lo, row_hi, rows,
+                                                   rows_per_rank, rows_per_channel, channels_per_rank)
+    _add_release_span(barrier_ptr + first, at_first, barrier_ptr + last, at_last, barrier_ptr + middle,
+                      at_middle.to(tl.int64), inside)
 
 
 @triton.jit

@@ -60,7 +60,9 @@ def main() -> int:
                     "release": ".release" in ptx, "cubin": len(compiled.asm["cubin"]) > 0,
                     # a notify is one releasing reduction by thread 0, not an atomic whose result is awaited
                     "red_by_thread0": "red.release.sys.global.add.u64" in ptx and "setp.eq.u32 %tlk_first" in ptx,
-                    "atom_release": "atom.global.sys.release" in ptx or "atom.release.sys" in ptx}
+                    "atom_release": "atom.global.sys.release" in ptx or "atom.release.sys" in ptx,
+                    # its barrier is the named one the compiler does not see (a flattened loop stays pipelined)
+                    "named_barrier": "bar.sync 15;" in ptx}
         print(kernel.__name__, " ".join(f"{k}={int(v)}" for k, v in features.items()), flush=True)
     return 0
 

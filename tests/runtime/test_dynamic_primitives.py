@@ -3,6 +3,7 @@ more than one 32-channel word of them, padding entries ignored. Run in this proc
 
 from __future__ import annotations
 
+import pytest
 import torch
 import triton
 import triton.language as tl
@@ -27,11 +28,11 @@ def _notify_kernel(barriers, channels_ptr, counts_ptr, N: tl.constexpr):
     tll.producer_tile_notify_channels(barriers, channels, counts)
 
 
-def _run_wait(barriers: torch.Tensor) -> torch.Tensor:
+def _run_wait(barriers: torch.Tensor, chans: list[int] = CHANNELS) -> torch.Tensor:
     diag = torch.zeros(8, dtype=torch.int64)
     out = torch.full((1,), 7, dtype=torch.int32)
-    channels = torch.tensor(CHANNELS, dtype=torch.int32)
-    _wait_kernel[(1,)](barriers, channels, diag, 200_000_000, out, N=len(CHANNELS))
+    channels = torch.tensor(chans, dtype=torch.int32)
+    _wait_kernel[(1,)](barriers, channels, diag, 200_000_000, out, N=len(chans))
     assert out.item() == 0  # the token is zero
     return diag
 
@@ -49,6 +50,23 @@ def test_wait_names_the_one_missing_channel() -> None:
     assert diag[0].item() == 1 and diag[2].item() == 40 and diag[3].item() == 5 and diag[4].item() == 0
 
 
+#: sorted rows from two neighbouring channels: the span is polled with scalar acquires
+SORTED = [-1, 6, 6, 6, 7, 7, -1, -1]
+
+
+def test_narrow_span_passes_when_its_channels_arrived() -> None:
+    barriers = torch.zeros(80, dtype=torch.int64)
+    barriers[[6, 7]] = 5
+    check_diagnostics(_run_wait(barriers, SORTED), rank=0)
+
+
+def test_narrow_span_names_the_missing_channel() -> None:
+    barriers = torch.zeros(80, dtype=torch.int64)
+    barriers[6] = 5  # channel 7 never arrives
+    diag = _run_wait(barriers, SORTED)
+    assert diag[0].item() == 1 and diag[2].item() == 7 and diag[3].item() == 5 and diag[4].item() == 0
+
+
 def test_notify_adds_each_channels_summed_counts() -> None:
     barriers = torch.zeros(80, dtype=torch.int64)
     channels = torch.tensor(CHANNELS, dtype=torch.int32)
@@ -57,3 +75,23 @@ def test_notify_adds_each_channels_summed_counts() -> None:
     expected = torch.zeros(80, dtype=torch.int64)
     expected[3], expected[40], expected[70], expected[33] = 1 + 5, 2 + 3, 4, 6
     assert torch.equal(barriers, expected)
+
+
+@triton.jit
+def _notify_rows_kernel(barriers, lo, hi, cols, M, rpr, rpc, C, MAX: tl.constexpr):
+    tll.producer_tile_notify_rows(barriers, lo, hi, cols, M, rpr, rpc, C, MAX)
+
+
+@pytest.mark.parametrize("lo, hi", [(0, 16), (5, 21), (9, 10), (28, 44), (40, 56), (11, 12)])
+def test_notify_rows_adds_each_channels_rows_times_columns(lo: int, hi: int) -> None:
+    """Rows [lo, hi) of M = 40 (rows 40+ ignored), 10 rows per rank in channels of 3 rows (4 per rank, the
+    last one short): one, two or many channels, the first and last partly covered, each adds its rows
+    inside the range times the columns."""
+    from tilelink.mapping import channel_overlap
+
+    M, rpr, rpc, C, cols = 40, 10, 3, 4, 7
+    barriers = torch.zeros(4 * C, dtype=torch.int64)
+    _notify_rows_kernel[(1,)](barriers, lo, hi, cols, M, rpr, rpc, C, MAX=16)
+    expected = torch.tensor([cols * channel_overlap(ch, lo, hi, M, rpr, rpc, C) for ch in range(4 * C)])
+    assert torch.equal(barriers, expected), (barriers, expected)
+    assert barriers.sum().item() == cols * max(0, min(hi, M) - lo)

@@ -20,4 +20,5 @@ def test_compiled_primitives_compile_for_sm90():
         assert "globaltimer=1 acquire=1" in lines[waiting], lines
     for notifying in ("produce_kernel", "pull_kernel", "ring_kernel", "ag_producer_kernel"):
         assert "release=1" in lines[notifying] and "red_by_thread0=1 atom_release=0" in lines[notifying], lines
+        assert "named_barrier=1" in lines[notifying], lines
     assert all("cubin=1" in v for v in lines.values())
