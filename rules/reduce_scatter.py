@@ -144,6 +144,45 @@ def row_times_columns(an: KernelAnalysis, access) -> tuple[str, str] | None:
     return None
 
 
+def _descriptor_notify(an: KernelAnalysis, a, t, spec: ReduceScatterSpec, notify: str) -> tuple[str, ...]:
+    """The notify after a tensor-descriptor store ``desc.store([o0, o1, ...], value)``: wait for the
+    asynchronous store to reach memory, then add to each channel its rows of the box times the box's
+    columns inside the tensor (a descriptor store writes the part of its box inside ``shape``)."""
+    box = an.descriptor_box(a)
+    if t.dynamic or box is None:
+        raise AnnotationError(
+            f"cannot tell which elements the descriptor store to {a.tensor!r} writes",
+            file=a.where.file, line=a.where.line, column=a.where.column,
+            hint="make the descriptor once with tl.make_tensor_descriptor(ptr, shape=[...], strides=[...], "
+                 "block_shape=[...]) and store with a literal offsets list; a gathered (index=) store needs "
+                 "tl.store with pointers")
+    offsets, block, shape = box
+    inner = [f"tl.maximum(tl.minimum({b}, ({n}) - ({o})), 0)"
+             for o, b, n in zip(offsets[1:], block[1:], shape[1:], strict=True)]
+    return (
+        f"# tilelink: notify the channels whose rows this tile completed (reduce_scatter, dim {spec.dim})",
+        "tll.bulk_store_wait()  # the descriptor store is asynchronous: wait until it has written memory",
+        f"tlk_cols = {' * '.join(inner) if inner else '1'}",
+        *_notify_rows(an, t, notify),
+    )
+
+
+def _notify_rows(an: KernelAnalysis, t, notify: str) -> tuple[str, ...]:
+    """Add ``tlk_cols`` times its rows of the tile to each channel the tile's rows span. With a
+    compile-time tile height, one loop-free primitive (a flattened tile loop stays flattened);
+    otherwise a loop over the channels."""
+    if t.size in an.constexpr_params or t.size.isdigit():
+        return (f"tll.producer_tile_notify_rows(tlk_barriers, {t.start}, {t.start} + {t.size}, tlk_cols,\n"
+                f"    {MAPPING_ARGS}, {t.size})",)
+    return (
+        channels_of_tile(t),
+        "for tlk_i in range(0, tlk_count):",
+        f"    tlk_done = tlk_cols * tlm.tl_channel_overlap(\n"
+        f"        tlk_first + tlk_i, {t.start}, {t.start} + {t.size},\n        {MAPPING_ARGS})",
+        notify,
+    )
+
+
 def rewrite(an: KernelAnalysis, spec: ReduceScatterSpec, options: Options) -> RewritePlan:
     """Plan the producer-side rewrite of ``an`` for ``spec``."""
     opts = options.resolved(**DEFAULTS)
@@ -162,19 +201,29 @@ def rewrite(an: KernelAnalysis, spec: ReduceScatterSpec, options: Options) -> Re
     for a in stores:
         if a.tile is None:
             raise AnnotationError(
-                f"cannot tell which rows of {a.tensor!r} this store writes (pointer `{a.pointer}`)",
+                f"cannot tell which rows of {a.tensor!r} this store writes "
+                f"({'descriptor' if a.descriptor else 'pointer'} `{a.pointer}`)",
                 file=a.where.file, line=a.where.line, column=a.where.column,
-                hint="compute the offsets as `offs_cm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)` and "
-                     "index with offs_cm[:, None], or pass tile=(\"<start>\", \"<size>\")")
-        if a.descriptor or not a.anchor_is_access:
+                hint="store with a literal offsets list, `desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], acc)`, "
+                     "to a descriptor made once by tl.make_tensor_descriptor(..., block_shape=[...])"
+                if a.descriptor else
+                "compute the offsets as `offs_cm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)` and "
+                "index with offs_cm[:, None], or pass tile=(\"<start>\", \"<size>\")")
+        if not a.anchor_is_access:
             raise AnnotationError(
-                f"the store to {a.tensor!r} must be a plain `tl.store(ptrs, value, mask=...)` statement "
-                f"in the block where its tile is computed", file=a.where.file, line=a.where.line,
-                column=a.where.column, hint="move the store out of the nested block / tensor descriptor")
+                f"the store to {a.tensor!r} must be a statement of its own (`tl.store(ptrs, value, mask=...)` or "
+                f"`desc.store([offsets], value)`) in the block where its tile is computed", file=a.where.file,
+                line=a.where.line, column=a.where.column, hint="move the store out of the nested block")
         t = a.tile
         assert t is not None and a.anchor is not None and a.value is not None
         notify = ("    tll.producer_tile_notify(tlk_barriers, tlk_first + tlk_i, tlk_done, tlk_barriers, tlk_rank, "
                   "tlk_world, 0)")
+        if a.descriptor:
+            insertions.append(Insertion(a.anchor, "after", _descriptor_notify(an, a, t, spec, notify)))
+            report.append(ReportEntry(an.name, RULE, "applied",
+                                      f"bulk_store_wait + producer_tile_notify after the descriptor store at line "
+                                      f"{a.where.line} (tile rows {t.start} .. +{t.size})", a.where))
+            continue
         # elements the tile stored, per element: 1 where the store's mask holds
         shape = f"({a.value}).shape"
         stored = (f"tl.where({a.mask}, 1, 0) + tl.zeros({shape}, tl.int32)" if a.mask
@@ -201,11 +250,7 @@ def rewrite(an: KernelAnalysis, spec: ReduceScatterSpec, options: Options) -> Re
             lines = (
                 f"# tilelink: notify the channels whose rows this tile completed (reduce_scatter, dim {spec.dim})",
                 f"tlk_cols = {columns}",
-                channels_of_tile(t),
-                "for tlk_i in range(0, tlk_count):",
-                f"    tlk_done = tlk_cols * tlm.tl_channel_overlap(\n"
-                f"        tlk_first + tlk_i, {t.start}, {t.start} + {t.size},\n        {MAPPING_ARGS})",
-                notify,
+                *_notify_rows(an, t, notify),
             )
         else:
             if t.ndim == 2:  # elements stored per row of the tile

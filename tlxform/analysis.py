@@ -66,6 +66,7 @@ class Access:
     anchor: Where | None = None  # the statement, at the tile's block level, that holds the access
     anchor_is_access: bool = False  # the anchor statement is the access itself (a plain statement)
     earlier_aliases: tuple[str, ...] = ()  # pointer aliases assigned before the anchor, used after it
+    offsets: str | None = None  # a descriptor access's offsets list (``[pid_m * BLOCK_M, pid_n * BLOCK_N]``)
 
 
 @dataclass(frozen=True)
@@ -85,6 +86,22 @@ class KernelAnalysis:
 
     def accesses_of(self, tensor: str, kind: str) -> list[Access]:
         return [a for a in self.accesses if a.tensor == tensor and a.kind == kind]
+
+    def descriptor_box(self, access: Access) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]] | None:
+        """For a descriptor access ``desc.store([o0, o1], v)`` whose descriptor is made once by
+        ``tl.make_tensor_descriptor(ptr, shape=[s0, s1], strides=..., block_shape=[b0, b1])``: the sources
+        ``((o0, o1), (b0, b1), (s0, s1))``; ``None`` when any of them is not a literal list."""
+        made = self.values.get(access.pointer, ())
+        if not access.descriptor or access.offsets is None or len(made) != 1:
+            return None
+        call, offsets = cst.parse_expression(made[0]), cst.parse_expression(access.offsets)
+        if not _is_tl_call(call, "make_tensor_descriptor"):
+            return None
+        parts = (offsets, _arg(call, 3, "block_shape"), _arg(call, 1, "shape"))  # type: ignore[arg-type]
+        if not all(isinstance(p, (cst.List, cst.Tuple)) for p in parts):
+            return None
+        lists = tuple(tuple(code(el.value) for el in p.elements) for p in parts)  # type: ignore[union-attr]
+        return lists if len({len(x) for x in lists}) == 1 else None
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -299,7 +316,8 @@ class _Analyzer:
                     offsets = _arg(call, 0, "offsets")
                     value = _arg(call, 1, "value") if f.attr.value == "store" else None
                     found.append(Access(f.attr.value, tensor, f.value.value, True, analyzer.where(call),
-                                        code(value) if value is not None else None))
+                                        code(value) if value is not None else None,
+                                        offsets=code(offsets) if offsets is not None else None))
                     analyzer.descriptor_offsets[(tensor, analyzer.where(call))] = offsets
 
         self.fn.body.visit(_V())
@@ -491,7 +509,7 @@ def _anchor(an: _Analyzer, acc: Access, tile: Tile | None, pointers: set[str]) -
         if acc.tensor in used_after:
             earlier.insert(0, acc.tensor)
     return Access(acc.kind, acc.tensor, acc.pointer, acc.descriptor, acc.where, acc.value, acc.mask, tile,
-                  where, isinstance(stmt.node, cst.SimpleStatementLine), tuple(earlier))
+                  where, isinstance(stmt.node, cst.SimpleStatementLine), tuple(earlier), acc.offsets)
 
 
 def _targets(assign: cst.Assign) -> set[str]:

@@ -19,6 +19,11 @@ def _signature(kernel, types: dict[str, str], constexprs: dict) -> dict[str, str
 
 
 def compile_ptx(kernel, types: dict[str, str], constexprs: dict, **options) -> str:
+    return compile_asm(kernel, types, constexprs, **options)["ptx"]
+
+
+def compile_asm(kernel, types: dict[str, str], constexprs: dict, **options) -> dict:
+    """Every stage's text of ``kernel`` compiled for sm_90 (``ttgir``, ``ptx``, ...)."""
     sig = _signature(kernel, types, constexprs)
     # what Triton's launcher specialises at run time for 16-aligned pointers and strides
     aligned = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(kernel.arg_names)
@@ -26,7 +31,7 @@ def compile_ptx(kernel, types: dict[str, str], constexprs: dict, **options) -> s
                or n in ("N", "K", "M", "N_CTX")}
     compiled = triton.compile(ASTSource(kernel, sig, constexprs, aligned), target=GPUTarget("cuda", 90, 32),
                               options=options)
-    return compiled.asm["ptx"]
+    return compiled.asm
 
 
 def load_widths(kernel, types: dict[str, str], constexprs: dict) -> dict[str, int]:
@@ -93,10 +98,15 @@ def main() -> int:
             ("persistent_moe_ag", moe_kernels.ag_group_gemm_persistent_kernel,
              {"x_ptr": ptr, "w_ptr": ptr, "out_ptr": ptr, **routing}, {**moe_meta, **persistent, "stride_xk": 1})):
         for variant, fn in (("plain", okernel.kernel), ("rewritten", getattr(okernel.module, okernel.name))):
-            ptx = compile_ptx(fn, types, meta, num_warps=8, num_stages=3)
+            asm = compile_asm(fn, types, meta, num_warps=8, num_stages=3)
+            ptx = asm["ptx"]
             print(name, variant, {"tma 2d": len(re.findall(r"cp\.async\.bulk\.tensor\.2d\.shared", ptx)),
                                   "tma 3d": len(re.findall(r"cp\.async\.bulk\.tensor\.3d\.shared", ptx)),
-                                  "red.release.sys": ptx.count("red.release.sys")})
+                                  "tma store": len(re.findall(r"cp\.async\.bulk\.tensor\.\dd\.global\.shared", ptx)),
+                                  "store wait": len(re.findall(r"cp\.async\.bulk\.wait_group 0;", ptx)),
+                                  # a releasing add, or a release fence followed by relaxed adds
+                                  "sys release": ptx.count("red.release.sys") + ptx.count("fence.acq_rel.sys"),
+                                  "loops": asm["ttgir"].count("scf.for ")})
     return 0
 
 

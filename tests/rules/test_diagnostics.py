@@ -122,7 +122,22 @@ def test_reduce_scatter_store_in_a_nested_block() -> None:
             if FLAG:
                 tl.store(c_ptr + offs, x, mask=offs < M)
         ''')
-    assert "plain `tl.store" in str(err) and err.line == 12
+    assert "must be a statement of its own" in str(err) and err.line == 12 and "nested block" in err.hint
+
+
+def test_reduce_scatter_descriptor_store_without_a_literal_box() -> None:
+    err = _error('''
+        @tilelink.overlap(tilelink.reduce_scatter("c_ptr"))
+        @triton.jit
+        def kernel(a_ptr, c_ptr, M, N, BLOCK: tl.constexpr):
+            pid = tl.program_id(0)
+            c_desc = tl.make_tensor_descriptor(c_ptr, shape=[M, N], strides=[N, 1], block_shape=[BLOCK, BLOCK])
+            offsets = [pid * BLOCK, 0]
+            x = tl.load(a_ptr + tl.arange(0, BLOCK)[:, None] + tl.arange(0, BLOCK)[None, :])
+            c_desc.store(offsets, x)
+        ''')
+    assert "cannot tell which rows of 'c_ptr' this store writes (descriptor `c_desc`)" in str(err)
+    assert err.line == 13 and "literal offsets list" in err.hint
 
 
 def test_reduce_scatter_other_dim_unsupported() -> None:

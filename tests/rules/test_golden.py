@@ -45,7 +45,7 @@ def test_cases_cover_the_issue() -> None:
             "all_gather/helper_functions", "all_gather/kv_attention", "all_gather/moe_gather",
             "reduce_scatter/pointer_gemm", "reduce_scatter/two_kernels", "reduce_scatter/moe_scatter_topk",
             "reduce_scatter/vector_partial_sums", "reduce_scatter/hybrid_gemm", "reduce_scatter/ring_gemm",
-            "all_gather/inner_dim_copy_engine"} <= names
+            "all_gather/inner_dim_copy_engine", "reduce_scatter/descriptor_gemm"} <= names
 
 
 def test_generation_is_deterministic() -> None:
@@ -77,10 +77,21 @@ def test_wait_dominates_every_guarded_load() -> None:
     assert body.count("consumer_tile_wait(") == 1  # K and V of one block share one wait
 
 
+def test_descriptor_store_is_waited_for_then_notified_without_a_loop() -> None:
+    """A descriptor store is asynchronous: the notify comes after a bulk_store_wait, counts the box's
+    columns inside C, and has no loop (the flattened tile loop stays flattened)."""
+    gen = _generate(Path(__file__).parent / "reduce_scatter" / "descriptor_gemm.before.py")
+    body = gen.rewritten["matmul_kernel"]
+    store = body.index("c_desc.store(")
+    assert store < body.index("tll.bulk_store_wait()") < body.index("tll.producer_tile_notify_rows(")
+    assert "tlk_cols = tl.maximum(tl.minimum(BLOCK_N, (N) - (pid_n * BLOCK_N)), 0)" in body
+    assert "for tlk_i" not in body and "flatten=True" in body
+
+
 def test_notify_follows_the_store() -> None:
     gen = _generate(Path(__file__).parent / "reduce_scatter" / "pointer_gemm.before.py")
     body = gen.rewritten["matmul_kernel"]
-    assert body.index("tl.store(c_ptrs") < body.index("tll.producer_tile_notify(")
+    assert body.index("tl.store(c_ptrs") < body.index("tll.producer_tile_notify")
 
 
 @pytest.mark.parametrize("case", ["pointer_gemm", "descriptor_gemm", "persistent_gemm", "helper_functions"])

@@ -54,14 +54,8 @@ def matmul_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk,
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=c_mask)
     # tilelink: notify the channels whose rows this tile completed (reduce_scatter, dim 0)
     tlk_cols = tl.sum((offs_cn < (N)).to(tl.int32))
-    tlk_first, tlk_count = tlm.tl_channels_of_rows(
-        pid_m * BLOCK_M, pid_m * BLOCK_M + BLOCK_M,
-        tlk_rows, tlk_rows_per_rank, tlk_rows_per_channel, tlk_channels_per_rank)
-    for tlk_i in range(0, tlk_count):
-        tlk_done = tlk_cols * tlm.tl_channel_overlap(
-            tlk_first + tlk_i, pid_m * BLOCK_M, pid_m * BLOCK_M + BLOCK_M,
-            tlk_rows, tlk_rows_per_rank, tlk_rows_per_channel, tlk_channels_per_rank)
-        tll.producer_tile_notify(tlk_barriers, tlk_first + tlk_i, tlk_done, tlk_barriers, tlk_rank, tlk_world, 0)
+    tll.producer_tile_notify_rows(tlk_barriers, pid_m * BLOCK_M, pid_m * BLOCK_M + BLOCK_M, tlk_cols,
+        tlk_rows, tlk_rows_per_rank, tlk_rows_per_channel, tlk_channels_per_rank, BLOCK_M)
 
 
 # ----------------------------------------------------------------------------

@@ -72,14 +72,8 @@ def down_kernel(h_ptr, w_ptr, y_ptr, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl
     tl.store(y_ptr + offs_m[:, None] * N + offs_n[None, :], y, mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
     # tilelink: notify the channels whose rows this tile completed (reduce_scatter, dim 0)
     tlk_cols = tl.sum((offs_n < (N)).to(tl.int32))
-    tlk_first, tlk_count = tlm.tl_channels_of_rows(
-        pid_m * BLOCK_M, pid_m * BLOCK_M + BLOCK_M,
-        tlk_rows, tlk_rows_per_rank, tlk_rows_per_channel, tlk_channels_per_rank)
-    for tlk_i in range(0, tlk_count):
-        tlk_done = tlk_cols * tlm.tl_channel_overlap(
-            tlk_first + tlk_i, pid_m * BLOCK_M, pid_m * BLOCK_M + BLOCK_M,
-            tlk_rows, tlk_rows_per_rank, tlk_rows_per_channel, tlk_channels_per_rank)
-        tll.producer_tile_notify(tlk_barriers, tlk_first + tlk_i, tlk_done, tlk_barriers, tlk_rank, tlk_world, 0)
+    tll.producer_tile_notify_rows(tlk_barriers, pid_m * BLOCK_M, pid_m * BLOCK_M + BLOCK_M, tlk_cols,
+        tlk_rows, tlk_rows_per_rank, tlk_rows_per_channel, tlk_channels_per_rank, BLOCK_M)
 
 
 # ----------------------------------------------------------------------------
