@@ -131,7 +131,7 @@ def measure_compute(shape: MoEShape, part: str, world: int, dtype: torch.dtype, 
     w = torch.randn(shape.E, K, N, dtype=dtype, device=device, generator=g) / K**0.5
     wflat = weights.flatten().float().contiguous()
     out_rows = slots  # the plain kernel stores each slot's row (part 2: weighted, before the top-k reduce)
-    meta = moe_config(slots, shape.E, N, dtype)
+    meta = moe_config(slots, shape.E, N, dtype, K)
     a = torch.randn(slots, K, dtype=dtype, device=device, generator=g)
     b = torch.randn(K, N, dtype=dtype, device=device, generator=g)
 
@@ -252,12 +252,12 @@ def measure_dist(shape: MoEShape, world, dtype: torch.dtype, rounds: int, group)
     def fused_ag():  # ours, not overlapped: NCCL all-gather, then the plain grouped GEMM
         x = _ag_rows(x_shard, M, group)
         out = torch.empty(slots, 2 * inter, dtype=dtype, device=device)
-        meta = moe_config(slots, shape.E, 2 * inter, dtype)
+        meta = moe_config(slots, shape.E, 2 * inter, dtype, shape.H)
         return _grouped("ag_moe", x, w_up, out, None, topk_ids, meta, persistent=persistent_wanted(device))()
 
     def fused_rs():  # ours, not overlapped: the plain grouped GEMM, top-k sum, then NCCL reduce-scatter
         out = torch.empty(slots, shape.H, dtype=dtype, device=device)
-        meta = moe_config(slots, shape.E, shape.H, dtype)
+        meta = moe_config(slots, shape.E, shape.H, dtype, inter)
         y = _grouped("moe_rs", h, w_down, out, wflat, topk_ids, meta)()
         return _rs_rows(y.view(M, shape.topk, shape.H).sum(1), group)
 

@@ -30,19 +30,21 @@ from tilelink.ops.contract import aligned, check_rows, check_tensor, interpreter
 from tilelink.ops.moe_routing import align_tokens, check_routing
 
 
-def moe_config(num_slots: int, num_experts: int, N: int, dtype: torch.dtype) -> dict:
-    """Tile config of the grouped GEMMs (Hopper): 128x256x64, 8 warps, 3 stages — the fastest of the four
-    candidates timed on an H200 on every MoE-4..6 per-rank shape at world 8, or within 1% of it
-    (docs/PERFORMANCE.md), although a tile belongs to one expert and 128-row tiles pad more; 64-row
+def moe_config(num_slots: int, num_experts: int, N: int, dtype: torch.dtype, K: int = 4096) -> dict:
+    """Tile config of the grouped GEMMs (Hopper), from the candidates timed on an H200 at the MoE-4..6
+    per-rank shapes of world 8 (docs/PERFORMANCE.md): 128x256x64, 8 warps, 3 stages (one program per SM)
+    for the AG part; for a short inner dimension (``K <= 512``, the RS part: 256 at world 8)
+    128x128x64 with 4 warps, two programs per SM, so that one program's epilogue (the scattered stores and
+    the notify) overlaps the other's loads and MMAs (0.51 of dense cuBLAS rewritten against 0.44). 64-row
     tiles when experts average fewer than 128 slots, 128 columns for narrow outputs."""
     if interpreting():
         return dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, GROUP_M=2)
     if dtype == torch.float32:
         return dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=32, GROUP_M=8, num_warps=4, num_stages=3)
     block_m = 128 if num_slots >= 128 * num_experts else 64
-    block_n = 256 if N >= 256 else 128
-    warps = 8 if block_m * block_n >= 128 * 128 else 4
-    stages = 3 if block_n >= 256 else 4
+    block_n = 256 if N >= 256 and K > 512 else 128
+    warps = 8 if block_m * block_n >= 128 * 128 and K > 512 else 4
+    stages = 3 if block_n >= 256 or K <= 512 else 4
     return dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=64, GROUP_M=8, num_warps=warps, num_stages=stages)
 
 
@@ -88,7 +90,7 @@ def _launch(part: str, x, w, out, weights, topk_ids: torch.Tensor, world) -> Non
         w = aligned(w, -1)
         if w.shape[2] != N:
             run_out = out.new_empty((out.shape[0], w.shape[2]))
-    meta = moe_config(num_slots, E, w.shape[2], x.dtype)
+    meta = moe_config(num_slots, E, w.shape[2], x.dtype, w.shape[1])
     sorted_ids, expert_ids = align_tokens(topk_ids, E, meta["BLOCK_M"])
     kernel, grid, args, meta = grouped_gemm(part, x, w, run_out, weights, sorted_ids, expert_ids, num_slots, top_k,
                                             meta, persistent)

@@ -8,9 +8,8 @@ ops/tp_kernels.py``). Two styles of each:
 - persistent with tensor descriptors (TMA loads on Hopper; row strides must be 16-byte multiples).
   Both communicate on the copy engine as in the paper (§7.2): the all-gather, and the reduce-scatter's
   scatter (the hybrid: the copy engine moves each finished channel to its owner, a small SM kernel
-  sums what arrived), so the GEMM keeps every SM. The GEMM+RS variant stores C with plain masked
-  stores: a notify must follow stores that have reached memory, and a bulk-tensor store is
-  asynchronous.
+  sums what arrived), so the GEMM keeps every SM. The GEMM+RS variant stores C by descriptor too:
+  the rewrite waits for the asynchronous bulk store to reach memory before each tile's notify.
 """
 
 import triton
@@ -101,7 +100,8 @@ def gemm_rs_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk
 def gemm_rs_persistent_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm,
                               stride_cn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                               GROUP_M: tl.constexpr, NUM_SMS: tl.constexpr):
-    """Persistent GEMM+RS: A and B moved by tensor descriptors, C stored with masked stores."""
+    """Persistent GEMM+RS: A, B and C moved by tensor descriptors, the tile loop flattened (one software
+    pipeline over every tile of the program, so a tile's epilogue overlaps the next tile's loads)."""
     start_pid = tl.program_id(0)
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
@@ -109,15 +109,13 @@ def gemm_rs_persistent_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak
                                        block_shape=[BLOCK_M, BLOCK_K])
     b_desc = tl.make_tensor_descriptor(b_ptr, shape=[K, N], strides=[stride_bk, stride_bn],
                                        block_shape=[BLOCK_K, BLOCK_N])
-    for tile_id in tl.range(start_pid, num_pid_m * num_pid_n, NUM_SMS):
+    c_desc = tl.make_tensor_descriptor(c_ptr, shape=[M, N], strides=[stride_cm, stride_cn],
+                                       block_shape=[BLOCK_M, BLOCK_N])
+    for tile_id in tl.range(start_pid, num_pid_m * num_pid_n, NUM_SMS, flatten=True):
         pid_m, pid_n = tile_coordinates(tile_id, GROUP_M * num_pid_n, num_pid_m, GROUP_M)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for ki in range(0, tl.cdiv(K, BLOCK_K)):
             a = a_desc.load([pid_m * BLOCK_M, ki * BLOCK_K])
             b = b_desc.load([ki * BLOCK_K, pid_n * BLOCK_N])
             acc = tl.dot(a, b, acc)
-        offs_cm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        offs_cn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        c_mask = (offs_cm[:, None] < M) & (offs_cn[None, :] < N)
-        tl.store(c_ptr + offs_cm[:, None] * stride_cm + offs_cn[None, :] * stride_cn,
-                 acc.to(c_ptr.dtype.element_ty), mask=c_mask)
+        c_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], acc.to(c_ptr.dtype.element_ty))
