@@ -18,6 +18,7 @@ and a PNG bar chart next to it.
 
 from __future__ import annotations
 
+import faulthandler
 import math
 import os
 import socket
@@ -46,6 +47,9 @@ from benchmarks.common import (
 DTYPES = ("bf16", "fp16", "fp32")
 PART_TITLES = {"ag_gemm": "AG+GEMM", "gemm_rs": "GEMM+RS"}
 # Keep NVLink multicast off on shared hosts (DESIGN.md §9).
+#: seconds one method of the dist mode may take (warm-up and rounds) before every thread's stack is dumped
+METHOD_BUDGET_S = 120
+
 _SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
 
@@ -189,7 +193,10 @@ def _dist_part(part: str, g: GemmShape, world: int, dtype, rounds: int) -> dict:
         fns["async-TP"] = lambda: torch.ops.symm_mem.fused_all_gather_matmul(
             a_shard, [b], gather_dim=0, group_name=group.group_name)
         if ag_gemm is not None:
-            fns["TileLink"] = lambda: ag_gemm(a_shard, b)
+            from tilelink.ops import TPContext
+
+            ctx = TPContext(M=g.M)  # created once: no per-call exchange of the shard sizes
+            fns["TileLink"] = lambda: ag_gemm(a_shard, b, ctx)
     else:
         a = torch.randn(g.M, g.K, device=device, dtype=dtype)
         b = torch.randn(g.K, g.N, device=device, dtype=dtype)
@@ -210,6 +217,10 @@ def _dist_part(part: str, g: GemmShape, world: int, dtype, rounds: int) -> dict:
             fns["TileLink"] = lambda: gemm_rs(a, b)
     times: dict[str, float] = {}
     for name, fn in fns.items():
+        # say what runs, and dump every thread's stack if one method takes unreasonably long: a hang in
+        # a collective or a kernel then names its place instead of ending in a silent timeout
+        print(f"[rank {dist.get_rank()}] {part} M={g.M} N={g.N} K={g.K}: {name}", file=sys.stderr, flush=True)
+        faulthandler.dump_traceback_later(METHOD_BUDGET_S)
         try:
             fn()  # warm-up, and every rank learns here whether a method works
             torch.cuda.synchronize()
@@ -222,6 +233,8 @@ def _dist_part(part: str, g: GemmShape, world: int, dtype, rounds: int) -> dict:
             times[name] = float(t)
         except Exception as exc:  # async-TP may be missing on some builds: record, go on
             out["errors"][name] = f"{type(exc).__name__}: {exc}"[:500]
+        finally:
+            faulthandler.cancel_dump_traceback_later()
     out["median_ms"] = times
     base = times.get("cuBLAS+NCCL")
     out["speedup"] = {k: base / v for k, v in times.items() if base and k in ("async-TP", "TileLink")}
@@ -249,6 +262,9 @@ def _dist_worker(rank: int, world: int, port: int, shapes: list[MLPShape], dtype
             enable_symm_mem_for_group(dist.group.WORLD.group_name)
         except Exception:  # newer torch enables it on demand; older without it: async-TP records an error
             pass
+        import tilelink
+
+        tilelink.init("nvshmem")  # TileLink's ranks: this NCCL group broadcasts NVSHMEM's unique id
         rows = []
         items = [(s, p) for s in shapes for p in PARTS]
         bar = progress(items, f"MLP over {world} ranks") if rank == 0 else None
@@ -262,6 +278,7 @@ def _dist_worker(rank: int, world: int, port: int, shapes: list[MLPShape], dtype
             bar.__exit__(None, None, None)
         if rank == 0:
             queue.put(rows)
+        tilelink.finalize()
     finally:
         dist.destroy_process_group()
 

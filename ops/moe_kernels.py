@@ -21,7 +21,10 @@ the gather on the copy engine, which ``ag_moe`` takes on every GPU rank (padding
 to 16-byte rows when they are not).
 The same persistent form of the RS part was faster as written (0.68 against 0.61 of dense cuBLAS on
 MoE-4) but slower once rewritten (0.39 against 0.45), on the SMs its reduce-scatter partner leaves it
-(docs/PERFORMANCE.md), so ``moe_rs`` keeps the pointer kernel.
+(docs/PERFORMANCE.md), so ``moe_rs`` keeps the pointer kernel, with two 128x128 programs per SM. That
+persistent form was flattened, and the notify's barrier of the time (``tl.debug_barrier``) is what
+serialises a flattened loop; with the named-barrier notify it is worth another try, once the dynamic
+notify has a loop-free form.
 """
 
 import triton
