@@ -254,7 +254,7 @@ def _measure_dist(shape: AttnShape, S: int, world, dtype: torch.dtype, rounds: i
     with torch.cuda.device(world.device):
         ref = fns["torch_ag_sdpa"]()
         errors = {name: _rel_err(fns[name](), ref) for name in ("ring", "tilelink", "comp_only")}
-        times = side_by_side(fns, rounds, "cuda")
+        times = side_by_side(fns, rounds, "cuda", group=_GROUP or dist.group.WORLD)
     med = {name: statistics.median(t) for name, t in times.items()}
     if world.rank == 0:
         print(f"{shape.name} S={S}: {med}", flush=True)

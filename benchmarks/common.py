@@ -106,9 +106,17 @@ def select_shapes(names: str) -> list[MLPShape]:
     return select_named(MLP_SHAPES, "MLP", names)
 
 
-def time_ms(fn: Callable[[], object], device_type: str) -> float:
+def time_ms(fn: Callable[[], object], device_type: str, group=None) -> float:
     """Median time of ``fn`` in milliseconds: CUDA events through ``triton.testing.do_bench`` on a
-    GPU (L2 flushed between calls), a host clock over a few calls on the CPU."""
+    GPU (L2 flushed between calls), a host clock over a few calls on the CPU.
+
+    ``group``: ``fn`` takes part in collectives of this torch.distributed group, so every rank must call
+    it the same number of times. ``do_bench`` picks its repetitions from this rank's own estimate; two
+    ranks with different estimates then issue different numbers of collectives and wait for each other
+    forever (the first two-GPU run of the dist mode hung so). With a group the counts come from the
+    largest estimate of any rank (:func:`time_ms_agreed`)."""
+    if group is not None:
+        return time_ms_agreed(fn, device_type, group)
     if device_type == "cuda":
         import triton.testing
 
@@ -122,15 +130,51 @@ def time_ms(fn: Callable[[], object], device_type: str) -> float:
     return statistics.median(samples)
 
 
+def time_ms_agreed(fn: Callable[[], object], device_type: str, group, warmup_ms: float = 25,
+                   rep_ms: float = 100) -> float:
+    """:func:`time_ms` for a ``fn`` that calls collectives of ``group``: every rank estimates ``fn``'s time
+    from a few calls, the ranks agree on the largest estimate, and all run the same number of warm-up
+    and timed calls (at least 3 timed), each timed alone (CUDA events; L2 flushed first on a GPU, as
+    ``do_bench`` does). Returns the median."""
+    import torch
+    import torch.distributed as dist
+
+    cuda = device_type == "cuda"
+    flush = torch.empty(64 * 1024 * 1024, dtype=torch.int32, device="cuda") if cuda else None
+
+    def call_ms() -> float:
+        if cuda:
+            flush.zero_()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            return start.elapsed_time(end)
+        t = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t) * 1e3
+
+    fn()
+    estimate = torch.tensor([statistics.median(call_ms() for _ in range(3))], dtype=torch.float64,
+                            device="cuda" if cuda else "cpu")
+    dist.all_reduce(estimate, op=dist.ReduceOp.MAX, group=group)
+    per_call = max(float(estimate), 1e-3)
+    for _ in range(max(1, int(warmup_ms / per_call))):
+        fn()
+    return statistics.median(call_ms() for _ in range(max(3, int(rep_ms / per_call))))
+
+
 def side_by_side(fns: dict[str, Callable[[], object]], rounds: int,
-                 device_type: str) -> dict[str, list[float]]:
-    """Time every function of ``fns`` ``rounds`` times, rotating which runs first in each round."""
+                 device_type: str, group=None) -> dict[str, list[float]]:
+    """Time every function of ``fns`` ``rounds`` times, rotating which runs first in each round; with
+    ``group``, functions calling collectives of that group (see :func:`time_ms`)."""
     names = list(fns)
     times: dict[str, list[float]] = {n: [] for n in names}
     for r in range(rounds):
         order = names[r % len(names):] + names[:r % len(names)]
         for n in order:
-            times[n].append(time_ms(fns[n], device_type))
+            times[n].append(time_ms(fns[n], device_type, group))
     return times
 
 

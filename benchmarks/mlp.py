@@ -227,7 +227,7 @@ def _dist_part(part: str, g: GemmShape, world: int, dtype, rounds: int) -> dict:
             samples = []
             for _ in range(rounds):
                 dist.barrier()
-                samples.append(time_ms(fn, "cuda"))
+                samples.append(time_ms(fn, "cuda", group))
             t = torch.tensor([statistics.median(samples)], device=device)
             dist.all_reduce(t, op=dist.ReduceOp.MAX)
             times[name] = float(t)

@@ -232,6 +232,8 @@ def _rs_rows(partial: torch.Tensor, group) -> torch.Tensor:
 
 
 def measure_dist(shape: MoEShape, world, dtype: torch.dtype, rounds: int, group) -> dict:
+    import torch.distributed as dist
+
     from tilelink.ops import ag_moe, moe_rs
     from tilelink.ops.contract import persistent_wanted
     from tilelink.ops.moe import moe_config
@@ -271,7 +273,7 @@ def measure_dist(shape: MoEShape, world, dtype: torch.dtype, rounds: int, group)
     if ref_rs.numel():
         errors |= {"tilelink_rs": _rel_err(fns["tilelink_rs"](), ref_rs),
                    "fused_rs": _rel_err(fns["fused_rs"](), ref_rs)}
-    times = side_by_side(fns, rounds, device.type)
+    times = side_by_side(fns, rounds, device.type, group=group or dist.group.WORLD)
     med = {n: statistics.median(t) for n, t in times.items()}
     if r == 0:
         print(f"{shape.name}: {med} err {errors}", flush=True)
