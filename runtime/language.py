@@ -212,9 +212,11 @@ def _add_release_span_compiled(first_ptr, at_first, last_ptr, at_last, middle_pt
 
 @triton.jit
 def _bulk_store_wait_compiled():
-    # the program's bulk-tensor (TMA) stores have written global memory, not only read shared memory
-    tl.inline_asm_elementwise("cp.async.bulk.wait_group 0; mov.u32 $0, 0;", "=r", [], dtype=tl.int32,
-                              is_pure=False, pack=1)
+    # The program's bulk-tensor (TMA) stores have written global memory, not only read shared memory (each
+    # thread waits for the groups it issued); then a proxy fence orders those async-proxy writes before the
+    # generic-proxy release that follows (a conservative fence: not timed apart, see docs/PERFORMANCE.md).
+    tl.inline_asm_elementwise("cp.async.bulk.wait_group 0; fence.proxy.async.global; mov.u32 $0, 0;", "=r", [],
+                              dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit

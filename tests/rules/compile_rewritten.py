@@ -103,7 +103,9 @@ def main() -> int:
             print(name, variant, {"tma 2d": len(re.findall(r"cp\.async\.bulk\.tensor\.2d\.shared", ptx)),
                                   "tma 3d": len(re.findall(r"cp\.async\.bulk\.tensor\.3d\.shared", ptx)),
                                   "tma store": len(re.findall(r"cp\.async\.bulk\.tensor\.\dd\.global\.shared", ptx)),
-                                  "store wait": len(re.findall(r"cp\.async\.bulk\.wait_group 0;", ptx)),
+                                  # the bulk store has written memory, and a proxy fence orders it before the release
+                                  "store wait": len(re.findall(r"cp\.async\.bulk\.wait_group 0; fence\.proxy\.async\.global;",
+                                                               ptx)),
                                   # a releasing add, or a release fence followed by relaxed adds
                                   "sys release": ptx.count("red.release.sys") + ptx.count("fence.acq_rel.sys"),
                                   "loops": asm["ttgir"].count("scf.for ")})
