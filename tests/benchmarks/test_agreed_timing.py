@@ -63,6 +63,6 @@ def test_ranks_call_a_collective_function_equally_often() -> None:
         assert p.exitcode == 0
     assert results[0][0] == results[1][0]  # the same number of calls of each function on both ranks
     assert results[0][0]["slow_on_one_rank"] >= 2 * (1 + 3 + 1)  # per round: estimate, warm-up, >= 3 timed
-    for calls, times in results.values():
+    for _calls, times in results.values():
         assert all(len(t) == 2 and all(x > 0 for x in t) for t in times.values())
     assert min(results[1][1]["slow_on_one_rank"]) >= 3.5 > max(results[0][1]["slow_on_one_rank"])

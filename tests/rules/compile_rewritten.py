@@ -18,6 +18,10 @@ def _signature(kernel, types: dict[str, str], constexprs: dict) -> dict[str, str
     return {n: ("constexpr" if n in constexprs else types.get(n, "i32")) for n in kernel.arg_names}
 
 
+#: what bulk_store_wait() compiles to: the program's bulk stores have written memory, then a proxy fence
+STORE_WAIT = r"cp\.async\.bulk\.wait_group 0; fence\.proxy\.async\.global;"
+
+
 def compile_ptx(kernel, types: dict[str, str], constexprs: dict, **options) -> str:
     return compile_asm(kernel, types, constexprs, **options)["ptx"]
 
@@ -103,9 +107,7 @@ def main() -> int:
             print(name, variant, {"tma 2d": len(re.findall(r"cp\.async\.bulk\.tensor\.2d\.shared", ptx)),
                                   "tma 3d": len(re.findall(r"cp\.async\.bulk\.tensor\.3d\.shared", ptx)),
                                   "tma store": len(re.findall(r"cp\.async\.bulk\.tensor\.\dd\.global\.shared", ptx)),
-                                  # the bulk store has written memory, and a proxy fence orders it before the release
-                                  "store wait": len(re.findall(r"cp\.async\.bulk\.wait_group 0; fence\.proxy\.async\.global;",
-                                                               ptx)),
+                                  "store wait": len(re.findall(STORE_WAIT, ptx)),
                                   # a releasing add, or a release fence followed by relaxed adds
                                   "sys release": ptx.count("red.release.sys") + ptx.count("fence.acq_rel.sys"),
                                   "loops": asm["ttgir"].count("scf.for ")})
