@@ -169,8 +169,8 @@ def _descriptor_notify(an: KernelAnalysis, a, t, spec: ReduceScatterSpec, notify
 
 def _notify_rows(an: KernelAnalysis, t, notify: str) -> tuple[str, ...]:
     """Add ``tlk_cols`` times its rows of the tile to each channel the tile's rows span. With a
-    compile-time tile height, one loop-free primitive (a flattened tile loop stays flattened);
-    otherwise a loop over the channels."""
+    compile-time tile height (a power of two, as tile sizes are), one loop-free primitive (a flattened
+    tile loop stays flattened); otherwise a loop over the channels."""
     if t.size in an.constexpr_params or t.size.isdigit():
         return (f"tll.producer_tile_notify_rows(tlk_barriers, {t.start}, {t.start} + {t.size}, tlk_cols,\n"
                 f"    {MAPPING_ARGS}, {t.size})",)

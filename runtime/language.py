@@ -381,17 +381,16 @@ def producer_tile_notify_channels(barrier_ptr, channels, counts):
 
 @triton.jit
 def producer_tile_notify_rows(barrier_ptr, row_lo, row_hi, row_elems, rows, rows_per_rank, rows_per_channel,
-                              channels_per_rank, MAX_CHANNELS: tl.constexpr):
+                              channels_per_rank, MAX_ROWS: tl.constexpr):
     """A producer tile that stored ``row_elems`` elements of each row in ``[row_lo, row_hi)`` (rows past
     ``rows`` ignored) adds, to each channel holding some of them, ``row_elems`` times its rows in the
-    range (release, local barrier array). ``MAX_CHANNELS`` (a power of two) bounds the channels the
-    range spans: its row count will do, since a channel holds at least one row.
+    range (release, local barrier array). ``MAX_ROWS`` (a power of two) is at least ``row_hi - row_lo``.
 
     Straight-line code (no loop, no branch), so that a flattened tile loop (``tl.range(..., flatten=True)``)
     stays one software pipeline: after one barrier, thread 0 releases the first and the last channel
-    with one fence (the last one only when the range spans more than one channel), and the channels
-    between them, which only exist when channels are shorter than the tile, are released by one masked
-    vector of atomics."""
+    with one fence (the last one only when the range spans more than one channel). Any channel between
+    them (only when channels are shorter than the tile) is released by the lane of its first row in the
+    range, one masked vector of atomics over the rows: empty channels inside the span take no lane."""
     first, count = tlm.tl_channels_of_rows(row_lo, row_hi, rows, rows_per_rank, rows_per_channel,
                                            channels_per_rank)
     last = first + tl.maximum(count, 1) - 1
@@ -399,12 +398,16 @@ def producer_tile_notify_rows(barrier_ptr, row_lo, row_hi, row_elems, rows, rows
                                                   channels_per_rank)
     at_last = tl.where(count > 1, row_elems * tlm.tl_channel_overlap(
         last, row_lo, row_hi, rows, rows_per_rank, rows_per_channel, channels_per_rank), 0)
-    middle = first + 1 + tl.arange(0, MAX_CHANNELS)
-    inside = middle < last
-    at_middle = row_elems * tlm.tl_channel_overlap(tl.where(inside, middle, first), row_lo, row_hi, rows,
-                                                   rows_per_rank, rows_per_channel, channels_per_rank)
-    _add_release_span(barrier_ptr + first, at_first, barrier_ptr + last, at_last, barrier_ptr + middle,
-                      at_middle.to(tl.int64), inside)
+    row = row_lo + tl.arange(0, MAX_ROWS)
+    in_range = (row < row_hi) & (row < rows)
+    channel = tlm.tl_channel_of_row(tl.where(in_range, row, row_lo), rows_per_rank, rows_per_channel,
+                                    channels_per_rank)
+    channel_lo, _ = tlm.tl_channel_range(channel, rows, rows_per_rank, rows_per_channel, channels_per_rank)
+    leads = in_range & (row == tl.maximum(channel_lo, row_lo)) & (channel > first) & (channel < last)
+    at_middle = row_elems * tlm.tl_channel_overlap(channel, row_lo, row_hi, rows, rows_per_rank, rows_per_channel,
+                                                   channels_per_rank)
+    _add_release_span(barrier_ptr + first, at_first, barrier_ptr + last, at_last, barrier_ptr + channel,
+                      at_middle.to(tl.int64), leads)
 
 
 @triton.jit

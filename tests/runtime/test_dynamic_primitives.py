@@ -7,6 +7,8 @@ import pytest
 import torch
 import triton
 import triton.language as tl
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import tilelink.language as tll
 from tilelink.runtime.diagnostics import check_diagnostics
@@ -82,16 +84,38 @@ def _notify_rows_kernel(barriers, lo, hi, cols, M, rpr, rpc, C, MAX: tl.constexp
     tll.producer_tile_notify_rows(barriers, lo, hi, cols, M, rpr, rpc, C, MAX)
 
 
+def _notify_rows(M: int, world: int, C: int, lo: int, hi: int, cols: int, max_rows: int) -> None:
+    """Run producer_tile_notify_rows and compare every barrier word with the Python mapping's overlap."""
+    from tilelink.mapping import RowSharding, channel_overlap
+
+    sh = RowSharding(M, world, C)
+    rpr, rpc = sh.rows_per_rank, sh.rows_per_channel
+    barriers = torch.zeros(world * C, dtype=torch.int64)
+    _notify_rows_kernel[(1,)](barriers, lo, hi, cols, M, rpr, rpc, C, MAX=max_rows)
+    expected = torch.tensor([cols * channel_overlap(ch, lo, hi, M, rpr, rpc, C) for ch in range(world * C)])
+    assert torch.equal(barriers, expected), (M, world, C, lo, hi, barriers, expected)
+    assert barriers.sum().item() == cols * max(0, min(hi, M) - lo)
+
+
 @pytest.mark.parametrize("lo, hi", [(0, 16), (5, 21), (9, 10), (28, 44), (40, 56), (11, 12)])
 def test_notify_rows_adds_each_channels_rows_times_columns(lo: int, hi: int) -> None:
     """Rows [lo, hi) of M = 40 (rows 40+ ignored), 10 rows per rank in channels of 3 rows (4 per rank, the
     last one short): one, two or many channels, the first and last partly covered, each adds its rows
     inside the range times the columns."""
-    from tilelink.mapping import channel_overlap
+    _notify_rows(40, 4, 4, lo, hi, 7, 16)
 
-    M, rpr, rpc, C, cols = 40, 10, 3, 4, 7
-    barriers = torch.zeros(4 * C, dtype=torch.int64)
-    _notify_rows_kernel[(1,)](barriers, lo, hi, cols, M, rpr, rpc, C, MAX=16)
-    expected = torch.tensor([cols * channel_overlap(ch, lo, hi, M, rpr, rpc, C) for ch in range(4 * C)])
-    assert torch.equal(barriers, expected), (barriers, expected)
-    assert barriers.sum().item() == cols * max(0, min(hi, M) - lo)
+
+def test_notify_rows_with_more_channels_than_rows_in_the_span() -> None:
+    """99 rows per rank in 98 channels of 2 rows: 49 of them empty. A 16-row tile across the ranks'
+    boundary spans 57 channel positions, more than its rows: each non-empty one is still notified."""
+    _notify_rows(197, 2, 98, 96, 112, 3, 16)
+
+
+@settings(max_examples=40, deadline=None)
+@given(world=st.integers(1, 5), M=st.integers(1, 60), data=st.data())
+def test_notify_rows_matches_the_mapping(world: int, M: int, data) -> None:
+    rpr = -(-M // world)
+    C = data.draw(st.integers(1, rpr))
+    lo = data.draw(st.integers(0, M + 3))
+    height = data.draw(st.sampled_from([1, 2, 4, 8, 16]))
+    _notify_rows(M, world, C, lo, lo + height, data.draw(st.integers(1, 9)), 16)
