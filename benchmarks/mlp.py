@@ -278,8 +278,10 @@ def _dist_worker(rank: int, world: int, port: int, shapes: list[MLPShape], dtype
             bar.__exit__(None, None, None)
         if rank == 0:
             queue.put(rows)
-        tilelink.finalize()
     finally:
+        import tilelink
+
+        tilelink.finalize()  # before the process group its NVSHMEM world was bootstrapped over
         dist.destroy_process_group()
 
 

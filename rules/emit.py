@@ -5,6 +5,8 @@ Every inserted name starts with ``tlk_`` so that a reader can tell TileLink's co
 
 from __future__ import annotations
 
+import libcst as cst
+
 from tilelink.analysis import Access, KernelAnalysis, Tile
 from tilelink.plan import Insertion, ReportEntry
 
@@ -25,10 +27,38 @@ CHANNEL_PARAMS = (
 MAPPING_ARGS = "tlk_rows, tlk_rows_per_rank, tlk_rows_per_channel, tlk_channels_per_rank"
 
 
+def _operand(expr: str, right: bool) -> str:
+    """``expr`` as an operand of ``+``: as it is when it binds at least as tightly (a name, a call, a
+    product; a sum on the left), else in parentheses (``BM // 2 if HALF else BM`` must not swallow the
+    addition)."""
+    node = cst.parse_expression(expr)
+    tight = (cst.Name, cst.Integer, cst.Attribute, cst.Call, cst.Subscript)
+    if isinstance(node, tight) or (isinstance(node, cst.BinaryOperation) and isinstance(
+            node.operator, (cst.Multiply, cst.FloorDivide, cst.Modulo)
+            + (() if right else (cst.Add, cst.Subtract)))):
+        return expr
+    return f"({expr})"
+
+
+def plus(left: str, right: str) -> str:
+    """``left + right`` in source, each side parenthesised only where it must be."""
+    return f"{_operand(left, False)} + {_operand(right, True)}"
+
+
+def tile_end(tile: Tile) -> str:
+    """``start + size`` of the tile, in source."""
+    return plus(tile.start, tile.size)
+
+
+def tile_rows(tile: Tile) -> str:
+    """``start + tl.arange(0, size)``: the tile's row indices, in source."""
+    return f"{_operand(tile.start, False)} + tl.arange(0, {tile.size})"
+
+
 def channels_of_tile(tile: Tile) -> str:
     """``tlk_first, tlk_count = ...`` for the channels holding the tile's rows."""
     return (f"tlk_first, tlk_count = tlm.tl_channels_of_rows(\n"
-            f"    {tile.start}, {tile.start} + {tile.size},\n    {MAPPING_ARGS})")
+            f"    {tile.start}, {tile_end(tile)},\n    {MAPPING_ARGS})")
 
 
 def channels_of_row_vector(rows: str) -> tuple[str, str]:
@@ -56,7 +86,15 @@ def remap_order(an: KernelAnalysis, access: Access, rule: str, order: str,
         return [], ReportEntry(an.name, rule, "not applied",
                                f"order={order!r} not applied: {why}; tiles keep the kernel's own order",
                                access.where)
-    before = [w for w in an.assignments.get(tile.pid, ()) if w.line <= tile.defined_at.line]
+    assigned = an.assignments.get(tile.pid, ())
+    if len(assigned) > 1:
+        # e.g. a persistent kernel that recomputes pid_m for its epilogue (tile_id_c): rotating one
+        # assignment would store a tile at another tile's rows
+        lines = ", ".join(str(w.line) for w in assigned)
+        return [], ReportEntry(an.name, rule, "not applied",
+                               f"order={order!r} not applied: {tile.pid} is assigned more than once (lines "
+                               f"{lines}); tiles keep the kernel's own order", access.where)
+    before = [w for w in assigned if w.line <= tile.defined_at.line]
     if not before:
         return [], ReportEntry(an.name, rule, "not applied",
                                f"order={order!r} not applied: no assignment of {tile.pid} before its use",

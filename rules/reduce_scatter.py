@@ -41,7 +41,16 @@ from tilelink.analysis import KernelAnalysis, code, parse_offsets
 from tilelink.errors import AnnotationError, LaunchError
 from tilelink.mapping import RowSharding
 from tilelink.plan import Insertion, ReportEntry, RewritePlan
-from tilelink.rules.emit import CHANNEL_PARAMS, MAPPING_ARGS, channels_of_row_vector, channels_of_tile, remap_order
+from tilelink.rules.emit import (
+    CHANNEL_PARAMS,
+    MAPPING_ARGS,
+    channels_of_row_vector,
+    channels_of_tile,
+    plus,
+    remap_order,
+    tile_end,
+    tile_rows,
+)
 from tilelink.rules.launch import Launcher, Streams, cdiv
 from tilelink.runtime import (
     Channel,
@@ -157,7 +166,8 @@ def _descriptor_notify(an: KernelAnalysis, a, t, spec: ReduceScatterSpec, notify
                  "block_shape=[...]) and store with a literal offsets list; a gathered (index=) store needs "
                  "tl.store with pointers")
     offsets, block, shape = box
-    inner = [f"tl.maximum(tl.minimum({b}, ({n}) - ({o})), 0)"
+    # the box [o, o + b) clipped to [0, n) along each inner dimension
+    inner = [f"tl.maximum(tl.minimum({plus(o, b)}, {n}) - tl.maximum({o}, 0), 0)"
              for o, b, n in zip(offsets[1:], block[1:], shape[1:], strict=True)]
     return (
         f"# tilelink: notify the channels whose rows this tile completed (reduce_scatter, dim {spec.dim})",
@@ -172,13 +182,13 @@ def _notify_rows(an: KernelAnalysis, t, notify: str) -> tuple[str, ...]:
     compile-time tile height (a power of two, as tile sizes are), one loop-free primitive (a flattened
     tile loop stays flattened); otherwise a loop over the channels."""
     if t.size in an.constexpr_params or t.size.isdigit():
-        return (f"tll.producer_tile_notify_rows(tlk_barriers, {t.start}, {t.start} + {t.size}, tlk_cols,\n"
+        return (f"tll.producer_tile_notify_rows(tlk_barriers, {t.start}, {tile_end(t)}, tlk_cols,\n"
                 f"    {MAPPING_ARGS}, {t.size})",)
     return (
         channels_of_tile(t),
         "for tlk_i in range(0, tlk_count):",
         f"    tlk_done = tlk_cols * tlm.tl_channel_overlap(\n"
-        f"        tlk_first + tlk_i, {t.start}, {t.start} + {t.size},\n        {MAPPING_ARGS})",
+        f"        tlk_first + tlk_i, {t.start}, {tile_end(t)},\n        {MAPPING_ARGS})",
         notify,
     )
 
@@ -258,7 +268,7 @@ def rewrite(an: KernelAnalysis, spec: ReduceScatterSpec, options: Options) -> Re
             lines = (
                 f"# tilelink: notify the channels whose rows this tile completed (reduce_scatter, dim {spec.dim})",
                 f"tlk_stored = {stored}",
-                f"tlk_row = {t.start} + tl.arange(0, {t.size})",
+                f"tlk_row = {tile_rows(t)}",
                 channels_of_tile(t),
                 "for tlk_i in range(0, tlk_count):",
                 f"    tlk_lo, tlk_hi = tlm.tl_channel_range(\n        tlk_first + tlk_i, {MAPPING_ARGS})",

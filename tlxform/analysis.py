@@ -553,6 +553,16 @@ def analyse(module: cst.Module, file: str, kernel: str,
                               line=where.line, column=where.column,
                               hint="put @tilelink.overlap(...) directly above @triton.jit "
                                    "(and any @triton.autotune)")
+    for loop in m.findall(fn.body, m.Call(func=m.Attribute(value=m.Name("tl"), attr=m.Name("range")))):
+        ws = _arg(loop, 99, "warp_specialize")  # type: ignore[arg-type]
+        if ws is not None and not m.matches(ws, m.Name("False")):
+            at = an.where(loop)
+            raise AnnotationError(
+                f"kernel {kernel!r} has a warp-specialised loop (warp_specialize={code(ws)}): its partitions run "
+                f"different code, while TileLink's waits and notifies synchronise every thread of the program",
+                file=file, line=at.line, column=at.column,
+                hint="drop warp_specialize from the loops of an annotated kernel (pipelining and "
+                     "flatten=True are fine)")
     aliases: dict[str, tuple[str, ...]] = {}
     descs: dict[str, tuple[str, ...]] = {}
     accesses: list[Access] = []

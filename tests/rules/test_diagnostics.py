@@ -158,3 +158,16 @@ def test_bad_option_value() -> None:
 def test_syntax_error_is_reported_with_position() -> None:
     err = _error("def broken(:\n    pass\n")
     assert err.line is not None and err.line >= 5 and "cannot parse" in str(err)
+
+
+def test_warp_specialised_loop_is_refused() -> None:
+    err = _error('''
+        @tilelink.overlap(tilelink.reduce_scatter("c_ptr"))
+        @triton.jit
+        def kernel(a_ptr, c_ptr, M, WS: tl.constexpr, BLOCK: tl.constexpr):
+            for t in tl.range(tl.program_id(0), tl.cdiv(M, BLOCK), 4, warp_specialize=WS):
+                offs = t * BLOCK + tl.arange(0, BLOCK)
+                tl.store(c_ptr + offs, tl.load(a_ptr + offs, mask=offs < M), mask=offs < M)
+        ''')
+    assert "warp-specialised loop (warp_specialize=WS)" in str(err) and err.line == 9
+    assert "drop warp_specialize" in err.hint

@@ -84,7 +84,8 @@ def test_descriptor_store_is_waited_for_then_notified_without_a_loop() -> None:
     body = gen.rewritten["matmul_kernel"]
     store = body.index("c_desc.store(")
     assert store < body.index("tll.bulk_store_wait()") < body.index("tll.producer_tile_notify_rows(")
-    assert "tlk_cols = tl.maximum(tl.minimum(BLOCK_N, (N) - (pid_n * BLOCK_N)), 0)" in body
+    # the box's columns inside C: [o, o + BLOCK_N) clipped to [0, N)
+    assert "tlk_cols = tl.maximum(tl.minimum(pid_n * BLOCK_N + BLOCK_N, N) - tl.maximum(pid_n * BLOCK_N, 0), 0)" in body
     assert "for tlk_i" not in body and "flatten=True" in body
 
 

@@ -44,7 +44,7 @@ def matmul_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk,
         c_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], acc.to(c_ptr.dtype.element_ty))
         # tilelink: notify the channels whose rows this tile completed (reduce_scatter, dim 0)
         tll.bulk_store_wait()  # the descriptor store is asynchronous: wait until it has written memory
-        tlk_cols = tl.maximum(tl.minimum(BLOCK_N, (N) - (pid_n * BLOCK_N)), 0)
+        tlk_cols = tl.maximum(tl.minimum(pid_n * BLOCK_N + BLOCK_N, N) - tl.maximum(pid_n * BLOCK_N, 0), 0)
         tll.producer_tile_notify_rows(tlk_barriers, pid_m * BLOCK_M, pid_m * BLOCK_M + BLOCK_M, tlk_cols,
             tlk_rows, tlk_rows_per_rank, tlk_rows_per_channel, tlk_channels_per_rank, BLOCK_M)
 

@@ -1,0 +1,137 @@
+"""Reduce-scatter producers that store through a tensor descriptor: each channel must receive exactly
+its rows times the stored columns, whatever the shape of the offsets, and the tile-order rotation must
+never move a store away from the tile it computed. Each case is generated, then run once in the
+interpreter against a local barrier array (rank 0 of a small world)."""
+
+from __future__ import annotations
+
+import importlib.util
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+import triton
+
+from tilelink.annotations import requests_in
+from tilelink.codegen import generate
+from tilelink.mapping import RowSharding
+
+HEAD = """
+import triton
+import triton.language as tl
+import tilelink
+
+"""
+
+
+def _build(tmp_path: Path, name: str, body: str):
+    src = HEAD + textwrap.dedent(body)
+    path = tmp_path / f"{name}.py"
+    path.write_text(src)
+    gen = generate(src, str(path), requests_in(src, str(path)))
+    out = tmp_path / f"{name}_tilelink.py"
+    out.write_text(gen.text)
+    spec = importlib.util.spec_from_file_location(f"descriptor_case_{name}", out)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module, gen
+
+
+def _channels(M: int, world: int, C: int) -> tuple[RowSharding, dict]:
+    sh = RowSharding(M, world, C)
+    return sh, dict(tlk_epoch=1, tlk_rank=0, tlk_world=world, tlk_rows=M, tlk_rows_per_rank=sh.rows_per_rank,
+                    tlk_rows_per_channel=sh.rows_per_channel, tlk_channels_per_rank=C,
+                    tlk_diag=torch.zeros(8, dtype=torch.int64), tlk_budget=10**9)
+
+
+def _expected(sh: RowSharding, row_elems: int) -> torch.Tensor:
+    return torch.tensor([sh.channel_rows(c) * row_elems for c in range(sh.num_channels)])
+
+
+@pytest.mark.parametrize("half", [False, True])
+def test_block_height_given_by_an_expression(tmp_path: Path, half: bool) -> None:
+    """``block_shape=[BM // 2 if HALF else BM, ...]``: the tile end must be ``start + (that)``."""
+    module, gen = _build(tmp_path, "ifexp", """
+        @tilelink.overlap(tilelink.reduce_scatter("c_ptr", dim=0))
+        @triton.jit
+        def k(c_ptr, M, N, BM: tl.constexpr, BLOCK_N: tl.constexpr, HALF: tl.constexpr):
+            pid = tl.program_id(0)
+            pid_n = tl.program_id(1)
+            c_desc = tl.make_tensor_descriptor(c_ptr, shape=[M, N], strides=[N, 1],
+                                               block_shape=[BM // 2 if HALF else BM, BLOCK_N])
+            c_desc.store([pid * (BM // 2 if HALF else BM), pid_n * BLOCK_N],
+                         tl.full((BM // 2 if HALF else BM, BLOCK_N), 1.0, tl.float32))
+        """)
+    assert "+ (BM // 2 if HALF else BM)" in gen.rewritten["k"]
+    M, N = 64, 8
+    sh, chan = _channels(M, 2, 2)
+    barriers = torch.zeros(sh.num_channels, dtype=torch.int64)
+    c = torch.zeros(M, N)
+    module.k[(triton.cdiv(M, 8 if half else 16), 1)](c, M, N, BM=16, BLOCK_N=8, HALF=half, tlk_barriers=barriers,
+                                                     **chan)
+    assert (c == 1).all()
+    assert torch.equal(barriers, _expected(sh, N)), barriers
+
+
+def test_column_offsets_below_zero_count_only_the_columns_inside(tmp_path: Path) -> None:
+    """Right-aligned column tiles: the first box starts left of column 0, and stores only its part inside."""
+    module, _ = _build(tmp_path, "negative", """
+        @tilelink.overlap(tilelink.reduce_scatter("c_ptr", dim=0))
+        @triton.jit
+        def k(c_ptr, M, N, BM: tl.constexpr, BN: tl.constexpr):
+            pid = tl.program_id(0)
+            pid_n = tl.program_id(1)
+            c_desc = tl.make_tensor_descriptor(c_ptr, shape=[M, N], strides=[N, 1], block_shape=[BM, BN])
+            c_desc.store([pid * BM, N - (tl.cdiv(N, BN) - pid_n) * BN], tl.full((BM, BN), 1.0, tl.float32))
+        """)
+    M, N = 32, 12
+    sh, chan = _channels(M, 2, 1)
+    barriers = torch.zeros(sh.num_channels, dtype=torch.int64)
+    c = torch.zeros(M, N)
+    module.k[(2, 2)](c, M, N, BM=16, BN=8, tlk_barriers=barriers, **chan)
+    assert (c == 1).all()
+    assert torch.equal(barriers, _expected(sh, N)), barriers
+
+
+def test_pid_recomputed_for_the_epilogue_is_not_rotated(tmp_path: Path) -> None:
+    """A persistent kernel that recomputes ``pid_m`` for its store (``tile_id_c``, as Triton's tutorial
+    does): rotating one of the two assignments would store a tile at another tile's rows, so the
+    rotation is not applied, and the product stays right on rank 0 of two."""
+    module, gen = _build(tmp_path, "recomputed", """
+        @triton.jit
+        def _pid(tile_id, num_pid_n):
+            return tile_id // num_pid_n, tile_id % num_pid_n
+
+
+        @tilelink.overlap(tilelink.reduce_scatter("c_ptr", dim=0))
+        @triton.jit
+        def k(a_ptr, b_ptr, c_ptr, M, N, K, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+              NUM_SMS: tl.constexpr):
+            start_pid = tl.program_id(0)
+            num_pid_n = tl.cdiv(N, BN)
+            a_desc = tl.make_tensor_descriptor(a_ptr, shape=[M, K], strides=[K, 1], block_shape=[BM, BK])
+            b_desc = tl.make_tensor_descriptor(b_ptr, shape=[K, N], strides=[N, 1], block_shape=[BK, BN])
+            c_desc = tl.make_tensor_descriptor(c_ptr, shape=[M, N], strides=[N, 1], block_shape=[BM, BN])
+            tile_id_c = start_pid - NUM_SMS
+            for tile_id in tl.range(start_pid, tl.cdiv(M, BM) * num_pid_n, NUM_SMS):
+                pid_m, pid_n = _pid(tile_id, num_pid_n)
+                acc = tl.zeros((BM, BN), dtype=tl.float32)
+                for ki in range(0, tl.cdiv(K, BK)):
+                    acc = tl.dot(a_desc.load([pid_m * BM, ki * BK]), b_desc.load([ki * BK, pid_n * BN]), acc)
+                tile_id_c += NUM_SMS
+                pid_m, pid_n = _pid(tile_id_c, num_pid_n)
+                c_desc.store([pid_m * BM, pid_n * BN], acc)
+        """)
+    assert "tl_remap_tile" not in gen.rewritten["k"]
+    assert "pid_m is assigned more than once" in str(gen.report)
+    M, N, K = 64, 32, 32
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(M, K, generator=g), torch.randn(K, N, generator=g)
+    triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8))
+    sh, chan = _channels(M, 2, 2)
+    barriers = torch.zeros(sh.num_channels, dtype=torch.int64)
+    c = torch.zeros(M, N)
+    module.k[(3,)](a, b, c, M, N, K, BM=16, BN=16, BK=16, NUM_SMS=3, tlk_barriers=barriers, **chan)
+    assert (c - a @ b).abs().max().item() < 1e-4
+    assert torch.equal(barriers, _expected(sh, N)), barriers
