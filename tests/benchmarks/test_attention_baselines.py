@@ -5,61 +5,37 @@ each rank's query rows against the whole sequence, on CPU ranks of a gloo group;
 from __future__ import annotations
 
 import os
-import socket
 import sys
 
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gloo_ranks import ROOT, run_on_gloo_ranks  # noqa: E402
+
 sys.path.insert(0, ROOT)
 
 from benchmarks.attention import overlap_ratio  # noqa: E402
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _rank(rank: int, world: int, port: int, shard: int, queue) -> None:
-    sys.path.insert(0, ROOT)
+def _compare(rank: int, world: int, shard: int) -> dict:
     from benchmarks.attention import allgather_sdpa, gather_kv, ring_attention
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
-        g = torch.Generator().manual_seed(0)
-        q, k, v = (torch.randn(2, 3, world * shard, 16, generator=g) for _ in range(3))
-        rows = slice(rank * shard, (rank + 1) * shard)
-        ref = torch.nn.functional.scaled_dot_product_attention(q[:, :, rows], k, v)
-        kf, vf = gather_kv(k[:, :, rows].contiguous(), v[:, :, rows].contiguous())
-        errs = {"gather_k": (kf - k).abs().max().item(), "gather_v": (vf - v).abs().max().item()}
-        for name, fn in (("ring", ring_attention), ("allgather_sdpa", allgather_sdpa)):
-            out = fn(q[:, :, rows].contiguous(), k[:, :, rows].contiguous(), v[:, :, rows].contiguous())
-            errs[name] = (out - ref).abs().max().item()
-        queue.put((rank, errs))
-    finally:
-        dist.destroy_process_group()
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 3, world * shard, 16, generator=g) for _ in range(3))
+    rows = slice(rank * shard, (rank + 1) * shard)
+    ref = torch.nn.functional.scaled_dot_product_attention(q[:, :, rows], k, v)
+    kf, vf = gather_kv(k[:, :, rows].contiguous(), v[:, :, rows].contiguous())
+    errs = {"gather_k": (kf - k).abs().max().item(), "gather_v": (vf - v).abs().max().item()}
+    for name, fn in (("ring", ring_attention), ("allgather_sdpa", allgather_sdpa)):
+        out = fn(q[:, :, rows].contiguous(), k[:, :, rows].contiguous(), v[:, :, rows].contiguous())
+        errs[name] = (out - ref).abs().max().item()
+    return errs
 
 
 @pytest.mark.parametrize("world", [2, 3])
 def test_ring_attention_and_allgather_sdpa_match_full_attention(world: int) -> None:
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    port = _free_port()
-    procs = [ctx.Process(target=_rank, args=(r, world, port, 5, queue)) for r in range(world)]
-    for p in procs:
-        p.start()
-    results = dict(queue.get(timeout=120) for _ in procs)
-    for p in procs:
-        p.join(timeout=60)
-        assert p.exitcode == 0
-    assert sorted(results) == list(range(world))
-    for rank, errs in results.items():
+    for rank, errs in run_on_gloo_ranks(_compare, world, 5).items():
         assert all(e < 1e-5 for e in errs.values()), (rank, errs)
 
 
