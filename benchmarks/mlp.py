@@ -249,6 +249,8 @@ def _dist_worker(rank: int, world: int, port: int, shapes: list[MLPShape], dtype
     import torch
     import torch.distributed as dist
 
+    import tilelink
+
     for k, v in _SAFE_ENV.items():
         os.environ[k] = v
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
@@ -262,8 +264,6 @@ def _dist_worker(rank: int, world: int, port: int, shapes: list[MLPShape], dtype
             enable_symm_mem_for_group(dist.group.WORLD.group_name)
         except Exception:  # newer torch enables it on demand; older without it: async-TP records an error
             pass
-        import tilelink
-
         tilelink.init("nvshmem")  # TileLink's ranks: this NCCL group broadcasts NVSHMEM's unique id
         rows = []
         items = [(s, p) for s in shapes for p in PARTS]
@@ -279,8 +279,6 @@ def _dist_worker(rank: int, world: int, port: int, shapes: list[MLPShape], dtype
         if rank == 0:
             queue.put(rows)
     finally:
-        import tilelink
-
         tilelink.finalize()  # before the process group its NVSHMEM world was bootstrapped over
         dist.destroy_process_group()
 

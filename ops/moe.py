@@ -41,10 +41,11 @@ def moe_config(num_slots: int, num_experts: int, N: int, dtype: torch.dtype, K: 
         return dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, GROUP_M=2)
     if dtype == torch.float32:
         return dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=32, GROUP_M=8, num_warps=4, num_stages=3)
+    short_k = K <= 512  # two programs per SM
     block_m = 128 if num_slots >= 128 * num_experts else 64
-    block_n = 256 if N >= 256 and K > 512 else 128
-    warps = 8 if block_m * block_n >= 128 * 128 and K > 512 else 4
-    stages = 3 if block_n >= 256 or K <= 512 else 4
+    block_n = 128 if short_k or N < 256 else 256
+    warps = 4 if short_k or block_m * block_n < 128 * 128 else 8
+    stages = 3 if short_k or block_n >= 256 else 4
     return dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=64, GROUP_M=8, num_warps=warps, num_stages=stages)
 
 

@@ -113,9 +113,9 @@ def _after_acquire_interpreted():
 
 @triton.jit
 def _add_release_span_interpreted(first_ptr, at_first, last_ptr, at_last, middle_ptrs, at_middle, inside):
-    tl.atomic_add(first_ptr, at_first, sem="release", scope="sys")
-    tl.atomic_add(last_ptr, at_last, sem="release", scope="sys")
-    tl.atomic_add(middle_ptrs, at_middle, mask=inside, sem="release", scope="sys")
+    _add_release_interpreted(first_ptr, at_first)
+    _add_release_interpreted(last_ptr, at_last)
+    _add_release_interpreted(middle_ptrs, at_middle, inside)
 
 
 @triton.jit

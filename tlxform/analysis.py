@@ -249,8 +249,6 @@ class _Analyzer:
                  tensors: dict[str, tuple[int, tuple[str, str] | None, str | None]]):
         self.module, self.fn, self.file, self.tensors = module, fn, file, tensors
         self.positions = wrapper.resolve(PositionProvider)
-        # (tensor, where) of a descriptor access -> its offsets list node, for the tile inference
-        self.descriptor_offsets: dict[tuple[str, Where], cst.BaseExpression | None] = {}
         self.params = tuple(p.name.value for p in fn.params.params)
         self.constexpr = tuple(
             p.name.value for p in fn.params.params
@@ -318,7 +316,6 @@ class _Analyzer:
                     found.append(Access(f.attr.value, tensor, f.value.value, True, analyzer.where(call),
                                         code(value) if value is not None else None,
                                         offsets=code(offsets) if offsets is not None else None))
-                    analyzer.descriptor_offsets[(tensor, analyzer.where(call))] = offsets
 
         self.fn.body.visit(_V())
         return found
@@ -423,7 +420,7 @@ class _Analyzer:
             start, size = override
             return Tile(start, size, None, size_param, self._pid_of(start), access.where)
         if access.descriptor:
-            offsets = self.descriptor_offsets.get((access.tensor, access.where))
+            offsets = cst.parse_expression(access.offsets) if access.offsets is not None else None
             desc_defs = self.assignments.get(access.pointer, [])
             if isinstance(offsets, (cst.List, cst.Tuple)) and dim < len(offsets.elements) and desc_defs:
                 make = desc_defs[0][1]
