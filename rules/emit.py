@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from tilelink.analysis import Access, KernelAnalysis, Tile
+from tilelink.analysis import Access, KernelAnalysis, Tile, names_in
 from tilelink.plan import Insertion, ReportEntry
 
 #: parameters added to every rewritten kernel: the channel (paper's BlockChannel), flattened.
@@ -87,21 +87,27 @@ def remap_order(an: KernelAnalysis, access: Access, rule: str, order: str,
                                f"order={order!r} not applied: {why}; tiles keep the kernel's own order",
                                access.where)
     assigned = an.assignments.get(tile.pid, ())
-    if len(assigned) > 1:
-        # e.g. a persistent kernel that recomputes pid_m for its epilogue (tile_id_c): rotating one
-        # assignment would store a tile at another tile's rows
+    values = an.values.get(tile.pid, ())
+    if len(assigned) > 1 and (tile.pid in an.rebound
+                              or any(tile.pid in names_in(cst.parse_expression(v)) for v in values)):
+        # a pid variable computed afresh each time (a persistent kernel recomputing pid_m for its
+        # epilogue, a second loop over the last wave's tiles) is rotated after every assignment; one that
+        # is also updated from itself cannot be: rotating one of its values would store a tile at
+        # another tile's rows
         lines = ", ".join(str(w.line) for w in assigned)
         return [], ReportEntry(an.name, rule, "not applied",
                                f"order={order!r} not applied: {tile.pid} is assigned more than once (lines "
-                               f"{lines}); tiles keep the kernel's own order", access.where)
+                               f"{lines}), not always from a fresh value; tiles keep the kernel's own order",
+                               access.where)
     before = [w for w in assigned if w.line <= tile.defined_at.line]
     if not before:
         return [], ReportEntry(an.name, rule, "not applied",
                                f"order={order!r} not applied: no assignment of {tile.pid} before its use",
                                access.where)
-    anchor = before[-1]
     line = (f"{tile.pid} = tlm.tl_remap_tile(\n"
             f"    {tile.pid}, tl.cdiv({tile.size_param}, {tile.size}), {shift})")
-    ins = Insertion(anchor, "after", (f"# tilelink: visit tiles in {order} order ({rule})", line))
-    return [ins], ReportEntry(an.name, rule, "applied",
-                              f"tile order {order}: {tile.pid} rotated after line {anchor.line}", anchor)
+    inserts = [Insertion(w, "after", (f"# tilelink: visit tiles in {order} order ({rule})", line)) for w in assigned]
+    lines = ", ".join(str(w.line) for w in assigned)
+    return inserts, ReportEntry(an.name, rule, "applied",
+                                f"tile order {order}: {tile.pid} rotated after line{'s' if len(assigned) > 1 else ''} "
+                                f"{lines}", assigned[0])

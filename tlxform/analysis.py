@@ -83,6 +83,9 @@ class KernelAnalysis:
     where: Where
     assignments: dict[str, tuple[Where, ...]]  # variable -> statements assigning it, in order
     values: dict[str, tuple[str, ...]]  # variable -> source of each value assigned to it, in order
+    # variables also bound other than by `name = value` (`+=`, a `for` target, `:=`): their values are
+    # not all in `values`
+    rebound: frozenset[str] = frozenset()
 
     def accesses_of(self, tensor: str, kind: str) -> list[Access]:
         return [a for a in self.accesses if a.tensor == tensor and a.kind == kind]
@@ -265,6 +268,11 @@ class _Analyzer:
                             for el in t.target.elements:
                                 if isinstance(el.value, cst.Name):
                                     self.assignments.setdefault(el.value.value, []).append((ref, small.value))
+        self.rebound = {n.value for node in m.findall(fn.body, m.AugAssign(target=m.Name())
+                                                       | m.AnnAssign(target=m.Name()) | m.NamedExpr(target=m.Name()))
+                        for n in [node.target]}
+        for loop in m.findall(fn.body, m.For()):
+            self.rebound |= names_in(loop.target)
 
     def where(self, node: cst.CSTNode) -> Where:
         pos = self.positions[node].start
@@ -583,5 +591,6 @@ def analyse(module: cst.Module, file: str, kernel: str,
                               tuple(sorted(accesses, key=lambda a: (a.where.line, a.where.column))),
                               fn_where,
                               {n: tuple(an.where(r.node) for r, _ in defs) for n, defs in an.assignments.items()},
-                              {n: tuple(code(v) for _, v in defs) for n, defs in an.assignments.items()})
+                              {n: tuple(code(v) for _, v in defs) for n, defs in an.assignments.items()},
+                              frozenset(an.rebound))
     return analysis

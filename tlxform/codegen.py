@@ -125,8 +125,9 @@ class _Rewriter(cst.CSTTransformer):
                     first_line=cst.TrailingWhitespace(whitespace=cst.SimpleWhitespace("  "),
                                                    comment=cst.Comment("# added by TileLink:")),
                     indent=False, last_line=cst.SimpleWhitespace(indent))))
-        if first_default < len(params):
-            new[-1] = new[-1].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+        if first_default < len(params):  # the kernel's own defaulted parameters go on a line of their own
+            new[-1] = new[-1].with_changes(comma=cst.Comma(whitespace_after=cst.ParenthesizedWhitespace(
+                first_line=cst.TrailingWhitespace(), indent=False, last_line=cst.SimpleWhitespace(indent))))
         params = params[:first_default] + new + params[first_default:]
         decorators = [_jit_decorator(d, self.plan.extra_params) if is_triton_jit(d) else d
                       for d in updated.decorators if not _is_overlap(d)]

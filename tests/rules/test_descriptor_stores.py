@@ -94,10 +94,10 @@ def test_column_offsets_below_zero_count_only_the_columns_inside(tmp_path: Path)
     assert torch.equal(barriers, _expected(sh, N)), barriers
 
 
-def test_pid_recomputed_for_the_epilogue_is_not_rotated(tmp_path: Path) -> None:
+def test_pid_recomputed_for_the_epilogue_is_rotated_at_both(tmp_path: Path) -> None:
     """A persistent kernel that recomputes ``pid_m`` for its store (``tile_id_c``, as Triton's tutorial
-    does): rotating one of the two assignments would store a tile at another tile's rows, so the
-    rotation is not applied, and the product stays right on rank 0 of two."""
+    does): rotating only one of the two assignments would store a tile at another tile's rows; both are
+    rotated, and the product stays right on rank 0 of two."""
     module, gen = _build(tmp_path, "recomputed", """
         @triton.jit
         def _pid(tile_id, num_pid_n):
@@ -123,8 +123,8 @@ def test_pid_recomputed_for_the_epilogue_is_not_rotated(tmp_path: Path) -> None:
                 pid_m, pid_n = _pid(tile_id_c, num_pid_n)
                 c_desc.store([pid_m * BM, pid_n * BN], acc)
         """)
-    assert "tl_remap_tile" not in gen.rewritten["k"]
-    assert "pid_m is assigned more than once" in str(gen.report)
+    assert gen.rewritten["k"].count("pid_m = tlm.tl_remap_tile(") == 2
+    assert "pid_m rotated after lines" in str(gen.report)
     M, N, K = 64, 32, 32
     g = torch.Generator().manual_seed(0)
     a, b = torch.randn(M, K, generator=g), torch.randn(K, N, generator=g)
@@ -135,3 +135,22 @@ def test_pid_recomputed_for_the_epilogue_is_not_rotated(tmp_path: Path) -> None:
     module.k[(3,)](a, b, c, M, N, K, BM=16, BN=16, BK=16, NUM_SMS=3, tlk_barriers=barriers, **chan)
     assert (c - a @ b).abs().max().item() < 1e-4
     assert torch.equal(barriers, _expected(sh, N)), barriers
+
+
+def test_pid_updated_from_itself_is_not_rotated(tmp_path: Path) -> None:
+    """``pid_m`` assigned twice, once from its own value: rotating both values would rotate the second
+    twice, so the tile order is left alone and the report says why."""
+    _, gen = _build(tmp_path, "self_updated", """
+        @tilelink.overlap(tilelink.reduce_scatter("c_ptr", dim=0))
+        @triton.jit
+        def k(c_ptr, M, N, BM: tl.constexpr, BN: tl.constexpr):
+            pid_m = tl.program_id(0)
+            pid_m = pid_m % tl.cdiv(M, BM)
+            rows = pid_m * BM + tl.arange(0, BM)
+            cols = tl.arange(0, BN)
+            tl.store(c_ptr + rows[:, None] * N + cols[None, :], tl.zeros((BM, BN), dtype=tl.float32) + 1.0,
+                     mask=(rows[:, None] < M) & (cols[None, :] < N))
+        """)
+    assert "tl_remap_tile" not in gen.rewritten["k"]
+    assert "pid_m is assigned more than once (lines" in str(gen.report)
+    assert "not always from a fresh value" in str(gen.report)
