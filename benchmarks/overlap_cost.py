@@ -4,7 +4,8 @@ the waits and notifies TileLink inserted.
 For each per-rank shape of the paper's MLP-1..6 at world size W, side by side in one process:
 
 - ``torch``: ``torch.matmul`` (cuBLAS);
-- ``plain``: the operator's kernel as written (``OverlappedKernel.kernel``, no TileLink code), all SMs;
+- ``plain``: the operator's kernel as written (``OverlappedKernel.kernel``, no TileLink code), all SMs,
+  with the operator's launch parameters (AG+GEMM cuts its last wave's tiles in ``TAIL_SPLIT`` pieces);
 - ``rewritten``: the generated kernel with every channel already satisfied (waits pass at once,
   notifies land in a scratch array), on the programs the operator gives it (all SMs but ``comm_sms``);
 - ``rewritten_all``: the generated kernel on all SMs, so ``rewritten_all / plain`` is the cost of
@@ -67,6 +68,7 @@ def measure(kind: str, M: int, N: int, K: int, world: int, dtype: torch.dtype, d
     import triton
 
     from tilelink.ops import tp, tp_kernels
+    from tilelink.ops.contract import tail_split
 
     okernel = tp_kernels.ag_gemm_persistent_kernel if kind == "ag_gemm" else tp_kernels.gemm_rs_persistent_kernel
     plain = okernel.kernel
@@ -86,14 +88,21 @@ def measure(kind: str, M: int, N: int, K: int, world: int, dtype: torch.dtype, d
     args = (a, b, c, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1))
     chan = okernel.launcher.satisfied_args(M, world, device)  # the operator's own channels
 
-    def tiles(m: dict) -> int:
-        return triton.cdiv(M, m["BLOCK_M"]) * triton.cdiv(N, m["BLOCK_N"])
+    def launch(m: dict, sms: int) -> tuple[tuple[int], dict]:
+        # the grid and tile meta the operator launches with: AG+GEMM splits its last wave's tiles
+        tiles = triton.cdiv(M, m["BLOCK_M"]) * triton.cdiv(N, m["BLOCK_N"])
+        if kind != "ag_gemm":
+            return (min(sms, tiles),), {**m, "NUM_SMS": sms}
+        split = tail_split(tiles, sms, m["BLOCK_N"])
+        return (min(sms, tiles * split),), {**m, "NUM_SMS": sms, "TAIL_SPLIT": split}
 
     def run_plain():
-        plain[(min(all_sms, tiles(meta)),)](*args, NUM_SMS=all_sms, **meta)
+        grid, m = launch(meta, all_sms)
+        plain[grid](*args, **m)
 
     def run_rewritten(sms: int, m: dict = meta):
-        rewritten[(min(sms, tiles(m)),)](*args, NUM_SMS=sms, **m, **chan)
+        grid, m = launch(m, sms)
+        rewritten[grid](*args, **m, **chan)
 
     ref = a.float() @ b.float()
     checks = {}

@@ -16,7 +16,7 @@ from tilelink.runtime.world import interpreting
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
-__all__ = ["DTYPES", "check_rows", "check_tensor", "full_size", "interpreter_inputs", "interpreting"]
+__all__ = ["DTYPES", "check_rows", "check_tensor", "full_size", "interpreter_inputs", "interpreting", "tail_split"]
 
 
 def interpreter_inputs(*ts: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -97,3 +97,19 @@ def aligned(t: torch.Tensor, dim: int = -1, size: int | None = None) -> torch.Te
     out = t.new_zeros(shape)
     out.narrow(dim, 0, t.shape[dim]).copy_(t)
     return out
+
+
+def tail_split(tiles: int, programs: int, block_n: int, most: int = 4, narrowest: int | None = None) -> int:
+    """Column pieces to cut each tile of a persistent kernel's last, partial wave into (1, 2 or 4, at
+    most ``most``): the largest whose pieces (``tiles % programs`` times it) still run at once on the
+    ``programs``, with pieces at least ``narrowest`` columns wide (default 64 on a GPU, 8 in the
+    interpreter). A last wave of a
+    few tiles then takes a fraction of a tile's time instead of a whole one, with most SMs idle (on an
+    H200: AG+GEMM MLP-1, 704 tiles on 132 SMs, 0.97 -> 1.01 of cuBLAS; docs/PERFORMANCE.md)."""
+    tail = tiles % programs
+    if narrowest is None:
+        narrowest = 8 if interpreting() else 64
+    split = 1
+    while tail and split * 2 <= most and block_n // (split * 2) >= narrowest and tail * split * 2 <= programs:
+        split *= 2
+    return split

@@ -27,6 +27,7 @@ from tilelink.ops.contract import (
     interpreter_inputs,
     interpreting,
     persistent_wanted,
+    tail_split,
 )
 from tilelink.ops.gemm import _install_allocator, _num_sms
 
@@ -79,15 +80,18 @@ def _persistent(world, shared_dim: int, dtype: torch.dtype) -> bool:
     return persistent_wanted(world.device) and (shared_dim * torch.empty((), dtype=dtype).element_size()) % 16 == 0
 
 
-def _launch(kernel, persistent: bool, args: tuple, meta: dict, world, M: int, N: int) -> None:
+def _launch(kernel, persistent: bool, args: tuple, meta: dict, world, M: int, N: int, tail: bool = False) -> None:
     """Launch one of the annotated GEMMs: the persistent TMA one on every SM its partner leaves free, or
-    the pointer one on a grid of C tiles."""
+    the pointer one on a grid of C tiles. ``tail``: the persistent kernel cuts its last wave's tiles in
+    ``TAIL_SPLIT`` pieces (:func:`tilelink.ops.contract.tail_split`)."""
     tiles = triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"])
     if persistent:
         if world.device.type == "cuda":
             _install_allocator()
         sms = _compute_sms(world.device, kernel)
-        kernel[(min(sms, tiles),)](*args, NUM_SMS=sms, **meta)
+        split = tail_split(tiles, sms, meta["BLOCK_N"]) if tail else 1
+        extra = {"TAIL_SPLIT": split} if tail else {}
+        kernel[(min(sms, tiles * split),)](*args, NUM_SMS=sms, **meta, **extra)
     else:
         kernel[(tiles,)](*args, **meta)
 
@@ -115,7 +119,7 @@ def ag_gemm(a_shard: torch.Tensor, b: torch.Tensor, ctx: TPContext | None = None
     meta = _config(a_in.dtype)
     args = (a_in, b_run, c, M, n_run, K, K, 1, b_run.stride(0), b_run.stride(1), c.stride(0), c.stride(1))
     _launch(tp_kernels.ag_gemm_persistent_kernel if persistent else tp_kernels.ag_gemm_kernel, persistent, args,
-            meta, world, M, n_run)
+            meta, world, M, n_run, tail=True)
     if n_run != N:
         c = c[:, :N].contiguous()
     return c if c.dtype == out_dtype else c.to(out_dtype)

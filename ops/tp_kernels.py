@@ -47,18 +47,26 @@ def ag_gemm_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk
 @triton.jit
 def ag_gemm_persistent_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm,
                               stride_cn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                              GROUP_M: tl.constexpr, NUM_SMS: tl.constexpr):
-    """Persistent AG+GEMM: NUM_SMS programs stride over C tiles; A, B, C moved by tensor descriptors."""
+                              GROUP_M: tl.constexpr, NUM_SMS: tl.constexpr, TAIL_SPLIT: tl.constexpr = 1):
+    """Persistent AG+GEMM: NUM_SMS programs stride over C tiles; A, B, C moved by tensor descriptors.
+
+    With ``TAIL_SPLIT`` > 1 the tiles of the last, partial wave (``tiles % NUM_SMS`` of them) are cut
+    into ``TAIL_SPLIT`` column pieces that run on every program at once (:func:`tail_split` picks it):
+    the wave that would keep a few SMs busy for a whole tile takes a fraction of one."""
     start_pid = tl.program_id(0)
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
+    num_tiles = num_pid_m * num_pid_n
+    tail = num_tiles % NUM_SMS
+    if TAIL_SPLIT == 1:
+        tail = 0
     a_desc = tl.make_tensor_descriptor(a_ptr, shape=[M, K], strides=[stride_am, stride_ak],
                                        block_shape=[BLOCK_M, BLOCK_K])
     b_desc = tl.make_tensor_descriptor(b_ptr, shape=[K, N], strides=[stride_bk, stride_bn],
                                        block_shape=[BLOCK_K, BLOCK_N])
     c_desc = tl.make_tensor_descriptor(c_ptr, shape=[M, N], strides=[stride_cm, stride_cn],
                                        block_shape=[BLOCK_M, BLOCK_N])
-    for tile_id in tl.range(start_pid, num_pid_m * num_pid_n, NUM_SMS):
+    for tile_id in tl.range(start_pid, num_tiles - tail, NUM_SMS):
         pid_m, pid_n = tile_coordinates(tile_id, GROUP_M * num_pid_n, num_pid_m, GROUP_M)
         offs_am = pid_m * BLOCK_M
         offs_bn = pid_n * BLOCK_N
@@ -68,6 +76,23 @@ def ag_gemm_persistent_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak
             b = b_desc.load([ki * BLOCK_K, offs_bn])
             acc = tl.dot(a, b, acc)
         c_desc.store([offs_am, offs_bn], acc.to(c_ptr.dtype.element_ty))
+    # the last wave's tiles, in TAIL_SPLIT column pieces
+    PIECE: tl.constexpr = BLOCK_N // TAIL_SPLIT
+    b_piece = tl.make_tensor_descriptor(b_ptr, shape=[K, N], strides=[stride_bk, stride_bn],
+                                        block_shape=[BLOCK_K, PIECE])
+    c_piece = tl.make_tensor_descriptor(c_ptr, shape=[M, N], strides=[stride_cm, stride_cn],
+                                        block_shape=[BLOCK_M, PIECE])
+    for piece in tl.range(start_pid, tail * TAIL_SPLIT, NUM_SMS):
+        pid_m, pid_n = tile_coordinates(num_tiles - tail + piece // TAIL_SPLIT, GROUP_M * num_pid_n, num_pid_m,
+                                        GROUP_M)
+        tail_am = pid_m * BLOCK_M
+        tail_bn = pid_n * BLOCK_N + (piece % TAIL_SPLIT) * PIECE
+        acc = tl.zeros((BLOCK_M, PIECE), dtype=tl.float32)
+        for ki in range(0, tl.cdiv(K, BLOCK_K)):
+            a = a_desc.load([tail_am, ki * BLOCK_K])
+            b = b_piece.load([ki * BLOCK_K, tail_bn])
+            acc = tl.dot(a, b, acc)
+        c_piece.store([tail_am, tail_bn], acc.to(c_ptr.dtype.element_ty))
 
 
 @tilelink.overlap(tilelink.reduce_scatter("c_ptr", dim=0))

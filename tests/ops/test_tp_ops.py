@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 
@@ -31,6 +32,33 @@ def test_uneven_slices_take_one_kernel_on_every_rank(world: int, N: int, K: int,
     # the persistent tensor-descriptor kernels a GPU takes, forced here in the interpreter
     for per_rank in tilelink.spawn(uneven_slices_match_torch, world, 19, N, K, persistent):
         assert all(err < 1e-5 for err in per_rank.values()), per_rank
+
+
+@pytest.mark.parametrize(("world", "M", "N", "K", "split"), [
+    (2, 80, 24, 12, 2),  # 5 tiles of 16 rows on 4 programs: one wave, then one tile in two 8-column pieces
+    (3, 70, 40, 8, 2),  # per-rank columns 14, 14, 12 (padded to 16 bytes): 4 tiles + the last in two pieces
+    (1, 40, 48, 20, 2),  # 3 x 3 tiles on 4 programs: two waves, then one tile in two pieces
+])
+def test_persistent_ag_gemm_splits_its_last_wave(world: int, M: int, N: int, K: int, split: int) -> None:
+    from tilelink.ops.contract import tail_split
+    from tilelink.ops.tp import INTERPRETED_SMS
+
+    widest = math.ceil(N / world)  # rank 0's columns, padded to 16 bytes of fp32
+    tiles = math.ceil(M / 16) * math.ceil(math.ceil(widest / 4) * 4 / 16)
+    assert tail_split(tiles, INTERPRETED_SMS, 16) == split  # the shapes do reach the split last wave
+    for per_rank in tilelink.spawn(uneven_slices_match_torch, world, M, N, K, True):
+        assert all(err < 1e-5 for err in per_rank.values()), per_rank
+
+
+def test_tail_split_runs_the_last_wave_at_once() -> None:
+    from tilelink.ops.contract import tail_split
+
+    assert tail_split(704, 132, 256, narrowest=64) == 2  # AG+GEMM MLP-1 at world 8: 44 tiles left after 5 waves
+    assert tail_split(1856, 132, 256, narrowest=64) == 4  # MLP-6: 8 tiles left
+    assert tail_split(896, 132, 256, narrowest=64) == 1  # 104 left: two pieces each would not run at once
+    assert tail_split(264, 132, 256, narrowest=64) == 1  # whole waves
+    assert tail_split(30, 132, 256, narrowest=64) == 4  # one partial wave
+    assert tail_split(1856, 132, 128, narrowest=64) == 2  # pieces of at least 64 columns
 
 
 def test_bf16_and_fp16() -> None:

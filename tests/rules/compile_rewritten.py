@@ -96,11 +96,12 @@ def main() -> int:
     persistent = {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8, "NUM_SMS": 132}
     for name, okernel, types, meta in (
             ("persistent_ag_gemm", tp_kernels.ag_gemm_persistent_kernel, gemm_types,
-             {**gemm_meta, **persistent}),
+             {**gemm_meta, **persistent, "TAIL_SPLIT": 2}),
             ("persistent_gemm_rs", tp_kernels.gemm_rs_persistent_kernel, gemm_types,
              {**gemm_meta, **persistent}),
             ("persistent_moe_ag", moe_kernels.ag_group_gemm_persistent_kernel,
-             {"x_ptr": ptr, "w_ptr": ptr, "out_ptr": ptr, **routing}, {**moe_meta, **persistent, "stride_xk": 1})):
+             {"x_ptr": ptr, "w_ptr": ptr, "out_ptr": ptr, **routing},
+             {**moe_meta, **persistent, "stride_xk": 1, "TAIL_SPLIT": 4})):
         for variant, fn in (("plain", okernel.kernel), ("rewritten", getattr(okernel.module, okernel.name))):
             asm = compile_asm(fn, types, meta, num_warps=8, num_stages=3)
             ptx = asm["ptx"]
