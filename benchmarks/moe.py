@@ -120,7 +120,7 @@ def _rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
 
 def measure_compute(shape: MoEShape, part: str, world: int, dtype: torch.dtype, rounds: int, sweep: bool,
                     rewritten: bool, device: str = "cuda") -> dict:
-    from tilelink.ops.moe import moe_config
+    from tilelink.ops.moe import moe_config, persistent_ag_config
 
     device = torch.device(device)
     slots, N, K = per_rank_problem(shape, part, world)
@@ -145,12 +145,14 @@ def measure_compute(shape: MoEShape, part: str, world: int, dtype: torch.dtype, 
                                            part == "ag_moe"),
            "plain": grouped(meta, False)}
     forms = (False, True) if part == "ag_moe" else (False,)  # only the AG part has a persistent kernel
+    # the persistent AG kernel's tile for this routing, as ag_moe chooses it (its last wave split in pieces)
+    pmeta = persistent_ag_config(meta, topk_ids, shape.E, N, device) if part == "ag_moe" else meta
     if part == "ag_moe":
-        fns["persistent"] = grouped(meta, True)
+        fns["persistent"] = grouped(pmeta, True)
     if rewritten:
         fns["rewritten"] = grouped(meta, False, True)
         if part == "ag_moe":
-            fns["persistent_rewritten"] = grouped(meta, True, True)
+            fns["persistent_rewritten"] = grouped(pmeta, True, True)
     names = {}
     if sweep:
         for bm, bn, bk, warps, stages in CANDIDATES:
@@ -175,7 +177,7 @@ def measure_compute(shape: MoEShape, part: str, world: int, dtype: torch.dtype, 
     med = {n: statistics.median(t) for n, t in times.items()}
     flops = 2 * slots * N * K
     row = {"shape": shape.name, "part": part, "slots": slots, "N": N, "K": K, "E": shape.E, "topk": shape.topk,
-           "config": meta, "ms": med, "times_ms": times,
+           "config": meta, "persistent_config": pmeta, "ms": med, "times_ms": times,
            "tflops": {n: flops / (t * 1e-3) / 1e12 for n, t in med.items()},
            "rate_vs_cublas_dense": {n: med["cublas_dense"] / t for n, t in med.items() if n != "cublas_dense"},
            "speedup_vs_torch_loop": {n: med["torch_loop"] / t for n, t in med.items() if n != "torch_loop"},

@@ -26,7 +26,15 @@ import triton
 
 from tilelink.errors import LaunchError
 from tilelink.mapping import shard_range
-from tilelink.ops.contract import aligned, check_rows, check_tensor, interpreter_inputs, interpreting, persistent_wanted
+from tilelink.ops.contract import (
+    aligned,
+    check_rows,
+    check_tensor,
+    interpreter_inputs,
+    interpreting,
+    persistent_wanted,
+    tail_split,
+)
 from tilelink.ops.moe_routing import align_tokens, check_routing
 
 
@@ -49,6 +57,37 @@ def moe_config(num_slots: int, num_experts: int, N: int, dtype: torch.dtype, K: 
     return dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=64, GROUP_M=8, num_warps=warps, num_stages=stages)
 
 
+#: the persistent AG grouped GEMM's tiles of equal area, bf16/fp16 on Hopper: (BLOCK_M, BLOCK_N, time of one
+#: tile relative to the first). One program per SM either way; 64x512 was 3% slower per tile on an H200
+#: (MoE-4, whole waves of both), and with one N tile it takes a 512-wide gate|up slice in one pass.
+PERSISTENT_AG_TILES = ((128, 256, 1.0), (64, 512, 1.03))
+
+
+def persistent_ag_config(meta: dict, topk_ids: torch.Tensor, num_experts: int, N: int, device) -> dict:
+    """The tile of the persistent AG grouped GEMM for this routing: of :data:`PERSISTENT_AG_TILES`, the
+    one whose tiles (each expert padded to the tile height) leave the least of a wave idle, the last wave
+    split in column pieces (:func:`tilelink.ops.contract.tail_split`). On an H200 at MoE-6 (world 8)
+    128x256 gives 678 tiles, 5.14 waves on 132 SMs, and 64x512 gives 658, 4.98 waves: 0.85 -> 0.88 of
+    dense cuBLAS (docs/PERFORMANCE.md). ``meta`` (from :func:`moe_config`) is kept unless it is the
+    128x256 bf16/fp16 tile."""
+    from tilelink.ops import moe_kernels
+    from tilelink.ops.tp import _compute_sms
+
+    if interpreting() or (meta["BLOCK_M"], meta["BLOCK_N"]) != PERSISTENT_AG_TILES[0][:2]:
+        return meta
+    programs = _compute_sms(torch.device(device), moe_kernels.ag_group_gemm_persistent_kernel)
+    counts = torch.bincount(topk_ids.flatten().to(torch.int64), minlength=num_experts).cpu()
+
+    def cost(tile) -> float:
+        bm, bn, rel = tile
+        tiles = int(((counts + bm - 1) // bm).sum()) * triton.cdiv(N, bn)
+        waves = tiles // programs + (1 / tail_split(tiles, programs, bn) if tiles % programs else 0)
+        return waves * rel
+
+    bm, bn, _ = min(PERSISTENT_AG_TILES, key=cost)
+    return {**meta, "BLOCK_M": bm, "BLOCK_N": bn}
+
+
 def grouped_gemm(part: str, x, w, out, weights, sorted_ids, expert_ids, num_slots: int, top_k: int, meta: dict,
                  persistent: bool):
     """``(overlapped kernel, grid, args, meta)`` of one grouped GEMM of ``part`` ("ag_moe" or "moe_rs"):
@@ -68,9 +107,10 @@ def grouped_gemm(part: str, x, w, out, weights, sorted_ids, expert_ids, num_slot
             _install_allocator()  # tensor descriptors made on the device need scratch memory
         kernel = moe_kernels.ag_group_gemm_persistent_kernel
         sms = _compute_sms(x.device, kernel)
+        split = tail_split(tiles, sms, meta["BLOCK_N"])
         args = (*head, *routing, E, x.stride(0), x.stride(1), w.stride(0), w.stride(1), w.stride(2), out.stride(0),
                 out.stride(1))
-        return kernel, (min(sms, tiles),), args, {**meta, "NUM_SMS": sms}
+        return kernel, (min(sms, tiles * split),), args, {**meta, "NUM_SMS": sms, "TAIL_SPLIT": split}
     kernel = moe_kernels.ag_group_gemm_kernel if part == "ag_moe" else moe_kernels.group_gemm_rs_kernel
     args = (*head, *routing, x.stride(0), x.stride(1), w.stride(0), w.stride(1), w.stride(2), out.stride(0),
             out.stride(1))
@@ -92,6 +132,8 @@ def _launch(part: str, x, w, out, weights, topk_ids: torch.Tensor, world) -> Non
         if w.shape[2] != N:
             run_out = out.new_empty((out.shape[0], w.shape[2]))
     meta = moe_config(num_slots, E, w.shape[2], x.dtype, w.shape[1])
+    if persistent:
+        meta = persistent_ag_config(meta, topk_ids, E, w.shape[2], x.device)
     sorted_ids, expert_ids = align_tokens(topk_ids, E, meta["BLOCK_M"])
     kernel, grid, args, meta = grouped_gemm(part, x, w, run_out, weights, sorted_ids, expert_ids, num_slots, top_k,
                                             meta, persistent)

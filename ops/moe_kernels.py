@@ -112,18 +112,24 @@ def group_gemm_rs_kernel(h_ptr, w_ptr, out_ptr, topk_weights_ptr, sorted_slot_id
 def ag_group_gemm_persistent_kernel(x_ptr, w_ptr, out_ptr, sorted_slot_ids_ptr, expert_ids_ptr, N, K, EM, num_slots,
                                     top_k, num_experts, stride_xm, stride_xk, stride_we, stride_wk, stride_wn,
                                     stride_om, stride_on, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                                    BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, NUM_SMS: tl.constexpr):
+                                    BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, NUM_SMS: tl.constexpr,
+                                    TAIL_SPLIT: tl.constexpr = 1):
     """:func:`ag_group_gemm_kernel`, persistent (``NUM_SMS`` programs stride over the tiles) with the
     expert weights read by a 3-D tensor descriptor over ``w`` (E, K, N): TMA loads of ``w`` on Hopper,
-    the gathered rows of ``x`` by pointers. Launch ``min(NUM_SMS, tiles)`` programs.
-    The gather runs on the copy engine, so the persistent GEMM keeps every SM."""
+    the gathered rows of ``x`` by pointers. Launch ``min(NUM_SMS, tiles * TAIL_SPLIT)`` programs.
+    The gather runs on the copy engine, so the persistent GEMM keeps every SM. With ``TAIL_SPLIT`` > 1
+    the tiles of the last, partial wave run as ``TAIL_SPLIT`` column pieces each, all at once."""
     start_pid = tl.program_id(0)
     num_pid_m = tl.cdiv(EM, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
+    num_tiles = num_pid_m * num_pid_n
+    tail = num_tiles % NUM_SMS
+    if TAIL_SPLIT == 1:
+        tail = 0
     # one expert's (K, N) at a time: the K tail of a tile reads zeros, not the next expert's rows
     w_desc = tl.make_tensor_descriptor(w_ptr, shape=[num_experts, K, N], strides=[stride_we, stride_wk, stride_wn],
                                        block_shape=[1, BLOCK_K, BLOCK_N])
-    for tile_id in tl.range(start_pid, num_pid_m * num_pid_n, NUM_SMS):
+    for tile_id in tl.range(start_pid, num_tiles - tail, NUM_SMS):
         pid_m, pid_n = tile_coordinates(tile_id, GROUP_M * num_pid_n, num_pid_m, GROUP_M)
         offs_slot = tl.load(sorted_slot_ids_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
         slot_mask = offs_slot < num_slots
@@ -139,3 +145,25 @@ def ag_group_gemm_persistent_kernel(x_ptr, w_ptr, out_ptr, sorted_slot_ids_ptr, 
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         out_ptrs = out_ptr + offs_slot[:, None] * stride_om + offs_n[None, :] * stride_on
         tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=slot_mask[:, None] & (offs_n[None, :] < N))
+    # the last wave's tiles, in TAIL_SPLIT column pieces
+    PIECE: tl.constexpr = BLOCK_N // TAIL_SPLIT
+    w_piece = tl.make_tensor_descriptor(w_ptr, shape=[num_experts, K, N], strides=[stride_we, stride_wk, stride_wn],
+                                        block_shape=[1, BLOCK_K, PIECE])
+    for piece in tl.range(start_pid, tail * TAIL_SPLIT, NUM_SMS):
+        pid_m, pid_n = tile_coordinates(num_tiles - tail + piece // TAIL_SPLIT, GROUP_M * num_pid_n, num_pid_m,
+                                        GROUP_M)
+        col = pid_n * BLOCK_N + (piece % TAIL_SPLIT) * PIECE
+        tail_slot = tl.load(sorted_slot_ids_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
+        tail_mask = tail_slot < num_slots
+        expert = tl.load(expert_ids_ptr + pid_m)
+        offs_k = tl.arange(0, BLOCK_K)
+        tail_ptrs = x_ptr + (tail_slot[:, None] // top_k * stride_xm + offs_k[None, :] * stride_xk)
+        acc = tl.zeros((BLOCK_M, PIECE), dtype=tl.float32)
+        for ki in range(0, tl.cdiv(K, BLOCK_K)):
+            x = tl.load(tail_ptrs, mask=tail_mask[:, None] & (offs_k[None, :] < K - ki * BLOCK_K), other=0.0)
+            w = w_piece.load([expert, ki * BLOCK_K, col]).reshape(BLOCK_K, PIECE)
+            acc = tl.dot(x, w, acc)
+            tail_ptrs += BLOCK_K * stride_xk
+        offs_n = col + tl.arange(0, PIECE)
+        out_ptrs = out_ptr + tail_slot[:, None] * stride_om + offs_n[None, :] * stride_on
+        tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=tail_mask[:, None] & (offs_n[None, :] < N))

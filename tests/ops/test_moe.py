@@ -100,3 +100,31 @@ def test_persistent_kernel_reads_each_experts_weights_only() -> None:
     okernel.kernel[grid](*args, **launch_meta)
     ref = torch.stack([x[t] @ w[topk_ids[t, 0]] for t in range(M)])
     assert torch.allclose(out, ref, atol=1e-4), (out - ref).abs().max()
+
+
+def test_persistent_kernel_splits_its_last_wave() -> None:
+    # 3 M tiles (24 + 16 tokens, 16-row tiles) x 2 N tiles = 6 tiles on the interpreter's 4 programs: one
+    # wave, then the last 2 tiles as two 8-column pieces each; as written and rewritten (channels satisfied)
+    import torch
+
+    from tilelink.ops.moe import grouped_gemm
+    from tilelink.ops.moe_routing import align_tokens
+
+    E, K, N, M, top_k = 2, 24, 32, 40, 1
+    g = torch.Generator().manual_seed(6)
+    x = torch.randn(M, K, generator=g)
+    w = torch.randn(E, K, N, generator=g)
+    topk_ids = torch.zeros(M, top_k, dtype=torch.int64)
+    topk_ids[24:] = 1
+    meta = dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, GROUP_M=2)
+    sorted_ids, expert_ids = align_tokens(topk_ids, E, meta["BLOCK_M"])
+    ref = torch.stack([x[t] @ w[topk_ids[t, 0]] for t in range(M)])
+    out = torch.full((M * top_k, N), float("nan"))
+    okernel, grid, args, launch_meta = grouped_gemm("ag_moe", x, w, out, None, sorted_ids, expert_ids, M * top_k, top_k,
+                                                    meta, persistent=True)
+    assert launch_meta["TAIL_SPLIT"] == 2 and grid == (4,)
+    for kernel, extra in ((okernel.kernel, {}),
+                          (getattr(okernel.module, okernel.name), okernel.launcher.satisfied_args(M, 2, x.device))):
+        out.fill_(float("nan"))
+        kernel[grid](*args, **launch_meta, **extra)
+        assert torch.allclose(out, ref, atol=1e-4), (out - ref).abs().max()
