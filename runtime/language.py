@@ -380,6 +380,17 @@ def producer_tile_notify_channels(barrier_ptr, channels, counts):
 
 
 @triton.jit
+def _channel_at(row, rows, rows_per_rank, rows_per_channel, channels_per_rank):
+    # the channel holding ``row`` and its rows [lo, hi): two integer divisions (the mapping's
+    # channel_of_row then channel_range would take five; this runs once per tile of a producer loop)
+    rank = row // rows_per_rank
+    j = (row - rank * rows_per_rank) // rows_per_channel
+    lo = rank * rows_per_rank + j * rows_per_channel
+    hi = tl.minimum(tl.minimum(lo + rows_per_channel, (rank + 1) * rows_per_rank), rows)
+    return rank * channels_per_rank + j, lo, hi
+
+
+@triton.jit
 def producer_tile_notify_rows(barrier_ptr, row_lo, row_hi, row_elems, rows, rows_per_rank, rows_per_channel,
                               channels_per_rank, MAX_ROWS: tl.constexpr):
     """A producer tile that stored ``row_elems`` elements of each row in ``[row_lo, row_hi)`` (rows past
@@ -390,22 +401,29 @@ def producer_tile_notify_rows(barrier_ptr, row_lo, row_hi, row_elems, rows, rows
     stays one software pipeline: after one barrier, thread 0 releases the first and the last channel
     with one fence (the last one only when the range spans more than one channel). Any channel between
     them (only when channels are shorter than the tile) is released by the lane of its first row in the
-    range, one masked vector of atomics over the rows: empty channels inside the span take no lane."""
-    first, count = tlm.tl_channels_of_rows(row_lo, row_hi, rows, rows_per_rank, rows_per_channel,
-                                           channels_per_rank)
-    last = first + tl.maximum(count, 1) - 1
-    at_first = row_elems * tlm.tl_channel_overlap(first, row_lo, row_hi, rows, rows_per_rank, rows_per_channel,
-                                                  channels_per_rank)
-    at_last = tl.where(count > 1, row_elems * tlm.tl_channel_overlap(
-        last, row_lo, row_hi, rows, rows_per_rank, rows_per_channel, channels_per_rank), 0)
+    range, one masked vector of atomics over the rows: empty channels inside the span take no lane.
+    The same sums as :func:`tilelink.mapping.channel_overlap` over the mapping's channels, with six
+    integer divisions per tile instead of about twenty (each is tens of instructions on every thread: on
+    an H200 the mapping's form cost a short-K GEMM+RS about 3%, docs/PERFORMANCE.md)."""
+    a = tl.maximum(row_lo, 0)
+    b = tl.minimum(row_hi, rows)
+    nonempty = b > a
+    a = tl.minimum(a, rows - 1)
+    first, first_lo, first_hi = _channel_at(a, rows, rows_per_rank, rows_per_channel, channels_per_rank)
+    last, last_lo, last_hi = _channel_at(tl.maximum(b - 1, a), rows, rows_per_rank, rows_per_channel,
+                                         channels_per_rank)
+    first = tl.where(nonempty, first, 0)  # no rows (rows == 0 included): one add of 0 to channel 0
+    last = tl.where(nonempty, last, 0)
+    at_first = tl.where(nonempty, row_elems * tl.maximum(tl.minimum(row_hi, first_hi) - tl.maximum(row_lo, first_lo), 0),
+                        0)
+    at_last = tl.where(nonempty & (last > first),
+                       row_elems * tl.maximum(tl.minimum(row_hi, last_hi) - tl.maximum(row_lo, last_lo), 0), 0)
     row = row_lo + tl.arange(0, MAX_ROWS)
-    in_range = (row < row_hi) & (row < rows)
-    channel = tlm.tl_channel_of_row(tl.where(in_range, row, row_lo), rows_per_rank, rows_per_channel,
-                                    channels_per_rank)
-    channel_lo, _ = tlm.tl_channel_range(channel, rows, rows_per_rank, rows_per_channel, channels_per_rank)
+    in_range = (row < row_hi) & (row < rows) & (row >= 0)
+    channel, channel_lo, channel_hi = _channel_at(tl.where(in_range, row, a), rows, rows_per_rank, rows_per_channel,
+                                                  channels_per_rank)
     leads = in_range & (row == tl.maximum(channel_lo, row_lo)) & (channel > first) & (channel < last)
-    at_middle = row_elems * tlm.tl_channel_overlap(channel, row_lo, row_hi, rows, rows_per_rank, rows_per_channel,
-                                                   channels_per_rank)
+    at_middle = row_elems * (tl.minimum(row_hi, channel_hi) - tl.maximum(row_lo, channel_lo))
     _add_release_span(barrier_ptr + first, at_first, barrier_ptr + last, at_last, barrier_ptr + channel,
                       at_middle.to(tl.int64), leads)
 

@@ -119,3 +119,12 @@ def test_notify_rows_matches_the_mapping(world: int, M: int, data) -> None:
     lo = data.draw(st.integers(0, M + 3))
     height = data.draw(st.sampled_from([1, 2, 4, 8, 16]))
     _notify_rows(M, world, C, lo, lo + height, data.draw(st.integers(1, 9)), 16)
+
+
+def test_notify_rows_of_no_rows_adds_nothing() -> None:
+    """A tile past the last row, or a tensor of no rows: every word stays 0 (and no word outside the
+    barrier array is touched: the one add of 0 goes to channel 0)."""
+    for rows, lo, hi in ((0, 0, 16), (20, 32, 48)):
+        barriers = torch.zeros(4, dtype=torch.int64)
+        _notify_rows_kernel[(1,)](barriers, lo, hi, 5, rows, 10, 5, 2, MAX=16)
+        assert not barriers.any(), (rows, lo, hi, barriers)
