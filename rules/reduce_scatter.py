@@ -153,10 +153,12 @@ def row_times_columns(an: KernelAnalysis, access) -> tuple[str, str] | None:
     return None
 
 
-def _descriptor_notify(an: KernelAnalysis, a, t, spec: ReduceScatterSpec, notify: str) -> tuple[str, ...]:
+def _descriptor_notify(an: KernelAnalysis, a, t, spec: ReduceScatterSpec, notify: str,
+                       paired: bool) -> tuple[str, ...]:
     """The notify after a tensor-descriptor store ``desc.store([o0, o1, ...], value)``: wait for the
     asynchronous store to reach memory, then add to each channel its rows of the box times the box's
-    columns inside the tensor (a descriptor store writes the part of its box inside ``shape``)."""
+    columns inside the tensor (a descriptor store writes the part of its box inside ``shape``).
+    ``paired``: the tile loop's form (:func:`_paired_notify`), which waits for the store itself."""
     box = an.descriptor_box(a)
     if t.dynamic or box is None:
         raise AnnotationError(
@@ -169,12 +171,49 @@ def _descriptor_notify(an: KernelAnalysis, a, t, spec: ReduceScatterSpec, notify
     # the box [o, o + b) clipped to [0, n) along each inner dimension
     inner = [f"tl.maximum(tl.minimum({plus(o, b)}, {n}) - tl.maximum({o}, 0), 0)"
              for o, b, n in zip(offsets[1:], block[1:], shape[1:], strict=True)]
+    cols = f"tlk_cols = {' * '.join(inner) if inner else '1'}"
+    if paired:
+        return (_PAIRED_COMMENT.format(dim=spec.dim), cols, *_paired_notify(t))
     return (
         f"# tilelink: notify the channels whose rows this tile completed (reduce_scatter, dim {spec.dim})",
         "tll.bulk_store_wait()  # the descriptor store is asynchronous: wait until it has written memory",
-        f"tlk_cols = {' * '.join(inner) if inner else '1'}",
+        cols,
         *_notify_rows(an, t, notify),
     )
+
+
+_PAIRED_COMMENT = ("# tilelink: notify the channels whose rows this tile completed, every second tile with the "
+                   "one before (reduce_scatter, dim {dim})")
+#: the tile loop's pending adds (first channel, its add, last channel, its add) and the tile count, carried
+#: from one notify to the next
+_PENDING = "tlk_pend_first, tlk_pend_add_first, tlk_pend_last, tlk_pend_add_last, tlk_step"
+
+
+def _paired_notify(t) -> tuple[str, ...]:
+    """The notify of a store in a tile loop with a compile-time tile height: one barrier and one system
+    fence per two tiles (:func:`tilelink.language.producer_tile_notify_rows_paired`)."""
+    return (f"{_PENDING} = tll.producer_tile_notify_rows_paired(\n"
+            f"    tlk_barriers, tlk_step, tlk_pend_first, tlk_pend_add_first, tlk_pend_last, tlk_pend_add_last,\n"
+            f"    {t.start}, {tile_end(t)}, tlk_cols,\n"
+            f"    {MAPPING_ARGS}, {t.size})",)
+
+
+def _paired_loop(a) -> list[Insertion]:
+    """Around the tile loop of a paired notify: nothing pending before it, what is left sent after it."""
+    return [Insertion(a.loop, "before", (
+                "# tilelink: a tile's notify may wait for the next tile's; both then go out together",
+                f"{_PENDING} = 0, 0, 0, 0, 0")),
+            Insertion(a.loop, "after", (
+                "# tilelink: send the adds of the loop's last tile if they are still pending (reduce_scatter)",
+                "tll.producer_tile_notify_pending(tlk_barriers, tlk_pend_first, tlk_pend_add_first, tlk_pend_last, "
+                "tlk_pend_add_last)"))]
+
+
+def _pairs(an: KernelAnalysis, a, t, stores) -> bool:
+    """Whether the store's notify takes the paired form: it is the only store of its tile loop and its
+    tile height is a compile-time constant."""
+    return (a.loop is not None and (t.size in an.constexpr_params or t.size.isdigit()) and not t.dynamic
+            and sum(1 for b in stores if b.loop == a.loop) == 1)
 
 
 def _notify_rows(an: KernelAnalysis, t, notify: str) -> tuple[str, ...]:
@@ -228,8 +267,16 @@ def rewrite(an: KernelAnalysis, spec: ReduceScatterSpec, options: Options) -> Re
         assert t is not None and a.anchor is not None and a.value is not None
         notify = ("    tll.producer_tile_notify(tlk_barriers, tlk_first + tlk_i, tlk_done, tlk_barriers, tlk_rank, "
                   "tlk_world, 0)")
+        columns = (separable_columns(an, a, t, spec.size or t.size_param)
+                   if SCALAR_COUNTS and not t.dynamic and not a.descriptor else None)
+        paired = _pairs(an, a, t, stores) and (a.descriptor or columns is not None)
+        if paired:
+            insertions += _paired_loop(a)
+            report.append(ReportEntry(an.name, RULE, "applied",
+                                      f"the tile loop at line {a.loop.line} notifies two tiles at a time (one barrier "
+                                      "and fence per two tiles; a tile's adds at most one tile late)", a.loop))
         if a.descriptor:
-            insertions.append(Insertion(a.anchor, "after", _descriptor_notify(an, a, t, spec, notify)))
+            insertions.append(Insertion(a.anchor, "after", _descriptor_notify(an, a, t, spec, notify, paired)))
             report.append(ReportEntry(an.name, RULE, "applied",
                                       f"bulk_store_wait + producer_tile_notify after the descriptor store at line "
                                       f"{a.where.line} (tile rows {t.start} .. +{t.size})", a.where))
@@ -238,8 +285,6 @@ def rewrite(an: KernelAnalysis, spec: ReduceScatterSpec, options: Options) -> Re
         shape = f"({a.value}).shape"
         stored = (f"tl.where({a.mask}, 1, 0) + tl.zeros({shape}, tl.int32)" if a.mask
                   else f"tl.full({shape}, 1, tl.int32)")
-        columns = (separable_columns(an, a, t, spec.size or t.size_param)
-                   if SCALAR_COUNTS and not t.dynamic else None)
         if t.dynamic:
             # rows come from the index: count per row, then add each row's count to its channel
             separable = row_times_columns(an, a) if SCALAR_COUNTS else None
@@ -255,6 +300,8 @@ def rewrite(an: KernelAnalysis, spec: ReduceScatterSpec, options: Options) -> Re
                 *channels_of_row_vector(f"({t.start}) // {spec.topk}" if spec.topk else t.start),
                 "tll.producer_tile_notify_channels(tlk_barriers, tlk_channel, tlk_stored)",
             )
+        elif columns is not None and paired:
+            lines = (_PAIRED_COMMENT.format(dim=spec.dim), f"tlk_cols = {columns}", *_paired_notify(t))
         elif columns is not None:
             # the mask is (rows < M) & (columns < N): a channel's count is rows x valid columns, all scalar
             lines = (

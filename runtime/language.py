@@ -42,6 +42,8 @@ __all__ = [
     "producer_tile_notify",
     "producer_tile_notify_channels",
     "producer_tile_notify_rows",
+    "producer_tile_notify_rows_paired",
+    "producer_tile_notify_pending",
     "peer_tile_notify",
     "peer_tile_wait",
     "peer_ptr",
@@ -116,6 +118,16 @@ def _add_release_span_interpreted(first_ptr, at_first, last_ptr, at_last, middle
     _add_release_interpreted(first_ptr, at_first)
     _add_release_interpreted(last_ptr, at_last)
     _add_release_interpreted(middle_ptrs, at_middle, inside)
+
+
+@triton.jit
+def _add_release_pending_interpreted(sync, fire, first0, at_first0, last0, at_last0, first1, at_first1, last1,
+                                     at_last1):
+    if fire:
+        _add_release_interpreted(first0, at_first0)
+        _add_release_interpreted(last0, at_last0)
+        _add_release_interpreted(first1, at_first1)
+        _add_release_interpreted(last1, at_last1)
 
 
 @triton.jit
@@ -211,6 +223,30 @@ def _add_release_span_compiled(first_ptr, at_first, last_ptr, at_last, middle_pt
 
 
 @triton.jit
+def _add_release_pending_compiled(sync, fire, first0, at_first0, last0, at_last0, first1, at_first1, last1,
+                                  at_last1):
+    # When ``sync`` (the same on every thread, so the predicated barrier is met by all or none): the
+    # program's bulk stores have written memory and every thread meets; when also ``fire``, thread 0 issues
+    # one release fence and the non-zero adds to two tiles' first and last channels. No loop, no branch: a
+    # flattened tile loop stays flattened.
+    tl.inline_asm_elementwise(
+        "{ .reg .pred %tlk_sync, %tlk_t0, %tlk_p; .reg .b32 %tlk_tid; setp.ne.u32 %tlk_sync, $1, 0; "
+        "mov.u32 %tlk_tid, %tid.x; setp.eq.u32 %tlk_t0, %tlk_tid, 0; setp.ne.and.u32 %tlk_t0, $2, 0, %tlk_t0; "
+        "@%tlk_sync cp.async.bulk.wait_group 0; @%tlk_sync fence.proxy.async.global; @%tlk_sync bar.sync 15; "
+        "@%tlk_t0 fence.acq_rel.sys; "
+        "setp.ne.and.u64 %tlk_p, $4, 0, %tlk_t0; @%tlk_p red.relaxed.sys.global.add.u64 [$3], $4; "
+        "setp.ne.and.u64 %tlk_p, $6, 0, %tlk_t0; @%tlk_p red.relaxed.sys.global.add.u64 [$5], $6; "
+        "setp.ne.and.u64 %tlk_p, $8, 0, %tlk_t0; @%tlk_p red.relaxed.sys.global.add.u64 [$7], $8; "
+        "setp.ne.and.u64 %tlk_p, $10, 0, %tlk_t0; @%tlk_p red.relaxed.sys.global.add.u64 [$9], $10; "
+        "mov.u32 $0, 0; }",
+        "=r,r,r,l,l,l,l,l,l,l,l",
+        [sync.to(tl.int32), fire.to(tl.int32), first0, tl.full((), 0, tl.int64) + at_first0, last0,
+         tl.full((), 0, tl.int64) + at_last0, first1, tl.full((), 0, tl.int64) + at_first1, last1,
+         tl.full((), 0, tl.int64) + at_last1],
+        dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
 def _bulk_store_wait_compiled():
     # The program's bulk-tensor (TMA) stores have written global memory, not only read shared memory (each
     # thread waits for the groups it issued); then a proxy fence orders those async-proxy writes before the
@@ -233,6 +269,7 @@ if INTERPRETED:
     _zero_token = _token_of_interpreted
     _bulk_store_wait = _bulk_store_wait_interpreted
     _add_release_span = _add_release_span_interpreted
+    _add_release_pending = _add_release_pending_interpreted
 else:
     _spin = _spin_compiled
     _add_release = _add_release_compiled
@@ -241,6 +278,7 @@ else:
     _zero_token = _token_of
     _bulk_store_wait = _bulk_store_wait_compiled
     _add_release_span = _add_release_span_compiled
+    _add_release_pending = _add_release_pending_compiled
 
 
 # ----------------------------------------------------------------------------------------------
@@ -391,6 +429,33 @@ def _channel_at(row, rows, rows_per_rank, rows_per_channel, channels_per_rank):
 
 
 @triton.jit
+def _row_span(row_lo, row_hi, row_elems, rows, rows_per_rank, rows_per_channel, channels_per_rank,
+              MAX_ROWS: tl.constexpr):
+    # What a tile of rows [row_lo, row_hi) adds: (first channel, its add, last channel, its add (0 when it
+    # is the first), each row's channel, what its channel gets, whether the row releases a middle channel)
+    a = tl.maximum(row_lo, 0)
+    b = tl.minimum(row_hi, rows)
+    nonempty = b > a
+    a = tl.minimum(a, rows - 1)
+    first, first_lo, first_hi = _channel_at(a, rows, rows_per_rank, rows_per_channel, channels_per_rank)
+    last, last_lo, last_hi = _channel_at(tl.maximum(b - 1, a), rows, rows_per_rank, rows_per_channel,
+                                         channels_per_rank)
+    first = tl.where(nonempty, first, 0)  # no rows (rows == 0 included): one add of 0 to channel 0
+    last = tl.where(nonempty, last, 0)
+    at_first = tl.where(nonempty,
+                        row_elems * tl.maximum(tl.minimum(row_hi, first_hi) - tl.maximum(row_lo, first_lo), 0), 0)
+    at_last = tl.where(nonempty & (last > first),
+                       row_elems * tl.maximum(tl.minimum(row_hi, last_hi) - tl.maximum(row_lo, last_lo), 0), 0)
+    row = row_lo + tl.arange(0, MAX_ROWS)
+    in_range = (row < row_hi) & (row < rows) & (row >= 0)
+    channel, channel_lo, channel_hi = _channel_at(tl.where(in_range, row, a), rows, rows_per_rank, rows_per_channel,
+                                                  channels_per_rank)
+    leads = in_range & (row == tl.maximum(channel_lo, row_lo)) & (channel > first) & (channel < last)
+    at_middle = row_elems * (tl.minimum(row_hi, channel_hi) - tl.maximum(row_lo, channel_lo))
+    return first, at_first, last, at_last, channel, at_middle.to(tl.int64), leads
+
+
+@triton.jit
 def producer_tile_notify_rows(barrier_ptr, row_lo, row_hi, row_elems, rows, rows_per_rank, rows_per_channel,
                               channels_per_rank, MAX_ROWS: tl.constexpr):
     """A producer tile that stored ``row_elems`` elements of each row in ``[row_lo, row_hi)`` (rows past
@@ -405,27 +470,45 @@ def producer_tile_notify_rows(barrier_ptr, row_lo, row_hi, row_elems, rows, rows
     The same sums as :func:`tilelink.mapping.channel_overlap` over the mapping's channels, with six
     integer divisions per tile instead of about twenty (each is tens of instructions on every thread: on
     an H200 the mapping's form cost a short-K GEMM+RS about 3%, docs/PERFORMANCE.md)."""
-    a = tl.maximum(row_lo, 0)
-    b = tl.minimum(row_hi, rows)
-    nonempty = b > a
-    a = tl.minimum(a, rows - 1)
-    first, first_lo, first_hi = _channel_at(a, rows, rows_per_rank, rows_per_channel, channels_per_rank)
-    last, last_lo, last_hi = _channel_at(tl.maximum(b - 1, a), rows, rows_per_rank, rows_per_channel,
-                                         channels_per_rank)
-    first = tl.where(nonempty, first, 0)  # no rows (rows == 0 included): one add of 0 to channel 0
-    last = tl.where(nonempty, last, 0)
-    at_first = tl.where(nonempty, row_elems * tl.maximum(tl.minimum(row_hi, first_hi) - tl.maximum(row_lo, first_lo), 0),
-                        0)
-    at_last = tl.where(nonempty & (last > first),
-                       row_elems * tl.maximum(tl.minimum(row_hi, last_hi) - tl.maximum(row_lo, last_lo), 0), 0)
-    row = row_lo + tl.arange(0, MAX_ROWS)
-    in_range = (row < row_hi) & (row < rows) & (row >= 0)
-    channel, channel_lo, channel_hi = _channel_at(tl.where(in_range, row, a), rows, rows_per_rank, rows_per_channel,
-                                                  channels_per_rank)
-    leads = in_range & (row == tl.maximum(channel_lo, row_lo)) & (channel > first) & (channel < last)
-    at_middle = row_elems * (tl.minimum(row_hi, channel_hi) - tl.maximum(row_lo, channel_lo))
-    _add_release_span(barrier_ptr + first, at_first, barrier_ptr + last, at_last, barrier_ptr + channel,
-                      at_middle.to(tl.int64), leads)
+    first, at_first, last, at_last, channel, at_middle, leads = _row_span(
+        row_lo, row_hi, row_elems, rows, rows_per_rank, rows_per_channel, channels_per_rank, MAX_ROWS)
+    _add_release_span(barrier_ptr + first, at_first, barrier_ptr + last, at_last, barrier_ptr + channel, at_middle,
+                      leads)
+
+
+@triton.jit
+def producer_tile_notify_rows_paired(barrier_ptr, step, pend_first, pend_at_first, pend_last, pend_at_last, row_lo,
+                                     row_hi, row_elems, rows, rows_per_rank, rows_per_channel, channels_per_rank,
+                                     MAX_ROWS: tl.constexpr):
+    """:func:`producer_tile_notify_rows` for the tiles of a loop, two at a time: at even ``step`` this
+    tile's first and last channel adds become the pending ones; at odd ``step`` the pending adds and this
+    tile's go out together, after one barrier and one system fence. Returns ``(pend_first, pend_at_first,
+    pend_last, pend_at_last, step + 1)`` for the next tile (all 0 before the first); after the loop,
+    :func:`producer_tile_notify_pending` sends what is still pending. A tile's channels between its first
+    and last (channels shorter than the tile) are released at once, with a barrier of their own. Waits
+    for the program's bulk (TMA) stores itself.
+
+    Half the barriers, waits for the bulk stores and system fences of a notify per tile, each channel's
+    adds at most one tile late: on an H200 a short-K GEMM+RS (K = 1376..1792) lost 2-3% to its notifies
+    instead of 4-5% (docs/PERFORMANCE.md). Straight-line code, so a flattened loop stays flattened."""
+    now = (step % 2) == 1
+    first, at_first, last, at_last, channel, at_middle, leads = _row_span(
+        row_lo, row_hi, row_elems, rows, rows_per_rank, rows_per_channel, channels_per_rank, MAX_ROWS)
+    middle = last > first + 1  # some channel may lie between the first and the last
+    _add_release_pending(now | middle, now, barrier_ptr + pend_first, pend_at_first, barrier_ptr + pend_last,
+                         pend_at_last, barrier_ptr + first, at_first, barrier_ptr + last, at_last)
+    # after the barrier above (taken whenever a lane leads a middle channel), each by its lane's thread
+    tl.atomic_add(barrier_ptr + channel, at_middle, mask=leads, sem="release", scope="sys")
+    return (tl.where(now, 0, first), tl.where(now, 0, at_first), tl.where(now, 0, last), tl.where(now, 0, at_last),
+            step + 1)
+
+
+@triton.jit
+def producer_tile_notify_pending(barrier_ptr, pend_first, pend_at_first, pend_last, pend_at_last):
+    """After a loop of :func:`producer_tile_notify_rows_paired`: send the adds still pending (none when
+    the loop had an even number of tiles: they are 0)."""
+    _add_release_pending(pend_first >= 0, pend_first >= 0, barrier_ptr + pend_first, pend_at_first,
+                         barrier_ptr + pend_last, pend_at_last, barrier_ptr, 0, barrier_ptr, 0)
 
 
 @triton.jit

@@ -67,6 +67,7 @@ class Access:
     anchor_is_access: bool = False  # the anchor statement is the access itself (a plain statement)
     earlier_aliases: tuple[str, ...] = ()  # pointer aliases assigned before the anchor, used after it
     offsets: str | None = None  # a descriptor access's offsets list (``[pid_m * BLOCK_M, pid_n * BLOCK_N]``)
+    loop: Where | None = None  # the `for` statement whose body holds the anchor (a tile loop), if any
 
 
 @dataclass(frozen=True)
@@ -513,8 +514,10 @@ def _anchor(an: _Analyzer, acc: Access, tile: Tile | None, pointers: set[str]) -
         earlier = sorted(n for n in pointers if n != acc.tensor and n in used_after and assigned_before(n))
         if acc.tensor in used_after:
             earlier.insert(0, acc.tensor)
+    loop = next((r for r in an.statements if isinstance(r.node, cst.For) and r.node.body is target), None)
     return Access(acc.kind, acc.tensor, acc.pointer, acc.descriptor, acc.where, acc.value, acc.mask, tile,
-                  where, isinstance(stmt.node, cst.SimpleStatementLine), tuple(earlier), acc.offsets)
+                  where, isinstance(stmt.node, cst.SimpleStatementLine), tuple(earlier), acc.offsets,
+                  an.where(loop.node) if loop is not None else None)
 
 
 def _targets(assign: cst.Assign) -> set[str]:
