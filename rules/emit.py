@@ -87,18 +87,25 @@ def remap_order(an: KernelAnalysis, access: Access, rule: str, order: str,
                                f"order={order!r} not applied: {why}; tiles keep the kernel's own order",
                                access.where)
     assigned = an.assignments.get(tile.pid, ())
-    values = an.values.get(tile.pid, ())
-    if len(assigned) > 1 and (tile.pid in an.rebound
-                              or any(tile.pid in names_in(cst.parse_expression(v)) for v in values)):
+    lines = ", ".join(str(w.line) for w in assigned)
+    if tile.pid in an.rebound or tile.pid in _depends_on(an, an.values.get(tile.pid, ())):
         # a pid variable computed afresh each time (a persistent kernel recomputing pid_m for its
         # epilogue, a second loop over the last wave's tiles) is rotated after every assignment; one that
-        # is also updated from itself cannot be: rotating one of its values would store a tile at
-        # another tile's rows
-        lines = ", ".join(str(w.line) for w in assigned)
+        # is also updated from itself (directly, through another variable, by `+=` or as a `for` target)
+        # cannot be: its rotated value would be rotated again, and tiles would be stored at other tiles' rows
         return [], ReportEntry(an.name, rule, "not applied",
-                               f"order={order!r} not applied: {tile.pid} is assigned more than once (lines "
-                               f"{lines}), not always from a fresh value; tiles keep the kernel's own order",
-                               access.where)
+                               f"order={order!r} not applied: {tile.pid} (assigned at line(s) {lines}) is also "
+                               f"updated from its own value; tiles keep the kernel's own order", access.where)
+    # every access whose tile start reads the pid must be a `pid * SIZE` tile of the same size: one rotation
+    # of `cdiv(size_param, SIZE)` tiles cannot serve tiles of another height or another form
+    uses = [a for a in an.accesses if a.tile is not None and not a.tile.dynamic
+            and tile.pid in _depends_on(an, (a.tile.start,))]
+    forms = {(a.tile.pid, a.tile.size, a.tile.size_param) for a in uses}
+    if len(forms) > 1:
+        where = ", ".join(sorted({f"line {a.where.line}: rows {a.tile.start} .. +{a.tile.size}" for a in uses}))
+        return [], ReportEntry(an.name, rule, "not applied",
+                               f"order={order!r} not applied: {tile.pid} indexes tiles of different sizes or forms "
+                               f"({where}); tiles keep the kernel's own order", access.where)
     before = [w for w in assigned if w.line <= tile.defined_at.line]
     if not before:
         return [], ReportEntry(an.name, rule, "not applied",
@@ -107,7 +114,20 @@ def remap_order(an: KernelAnalysis, access: Access, rule: str, order: str,
     line = (f"{tile.pid} = tlm.tl_remap_tile(\n"
             f"    {tile.pid}, tl.cdiv({tile.size_param}, {tile.size}), {shift})")
     inserts = [Insertion(w, "after", (f"# tilelink: visit tiles in {order} order ({rule})", line)) for w in assigned]
-    lines = ", ".join(str(w.line) for w in assigned)
     return inserts, ReportEntry(an.name, rule, "applied",
                                 f"tile order {order}: {tile.pid} rotated after line{'s' if len(assigned) > 1 else ''} "
                                 f"{lines}", assigned[0])
+
+
+def _depends_on(an: KernelAnalysis, values: tuple[str, ...]) -> set[str]:
+    """Every kernel variable the source expressions ``values`` read, directly or through the values
+    assigned to the variables they read."""
+    seen: set[str] = set()
+    todo = [n for v in values for n in names_in(cst.parse_expression(v))]
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        todo += [n for v in an.values.get(name, ()) for n in names_in(cst.parse_expression(v))]
+    return seen

@@ -202,7 +202,7 @@ def _paired_loop(a) -> list[Insertion]:
     """Around the tile loop of a paired notify: nothing pending before it, what is left sent after it."""
     return [Insertion(a.loop, "before", (
                 "# tilelink: a tile's notify may wait for the next tile's; both then go out together",
-                f"{_PENDING} = 0, 0, 0, 0, 0")),
+                f"{_PENDING} = tll.nothing_pending()")),
             Insertion(a.loop, "after", (
                 "# tilelink: send the adds of the loop's last tile if they are still pending (reduce_scatter)",
                 "tll.producer_tile_notify_pending(tlk_barriers, tlk_pend_first, tlk_pend_add_first, tlk_pend_last, "
@@ -210,10 +210,12 @@ def _paired_loop(a) -> list[Insertion]:
 
 
 def _pairs(an: KernelAnalysis, a, t, stores) -> bool:
-    """Whether the store's notify takes the paired form: it is the only store of its tile loop and its
-    tile height is a compile-time constant."""
+    """Whether the store's notify takes the paired form: it is in a tile loop, it is the kernel's only
+    store to the reduced tensors (the pending adds are one set of loop variables: a second paired loop
+    inside or around this one would clear or resend them), and its tile height is a compile-time
+    constant."""
     return (a.loop is not None and (t.size in an.constexpr_params or t.size.isdigit()) and not t.dynamic
-            and sum(1 for b in stores if b.loop == a.loop) == 1)
+            and len(stores) == 1)
 
 
 def _notify_rows(an: KernelAnalysis, t, notify: str) -> tuple[str, ...]:
@@ -277,9 +279,11 @@ def rewrite(an: KernelAnalysis, spec: ReduceScatterSpec, options: Options) -> Re
                                       "and fence per two tiles; a tile's adds at most one tile late)", a.loop))
         if a.descriptor:
             insertions.append(Insertion(a.anchor, "after", _descriptor_notify(an, a, t, spec, notify, paired)))
+            what = ("producer_tile_notify_rows_paired (it waits for the bulk store)" if paired
+                    else "bulk_store_wait + producer_tile_notify")
             report.append(ReportEntry(an.name, RULE, "applied",
-                                      f"bulk_store_wait + producer_tile_notify after the descriptor store at line "
-                                      f"{a.where.line} (tile rows {t.start} .. +{t.size})", a.where))
+                                      f"{what} after the descriptor store at line {a.where.line} (tile rows {t.start} "
+                                      f".. +{t.size})", a.where))
             continue
         # elements the tile stored, per element: 1 where the store's mask holds
         shape = f"({a.value}).shape"

@@ -44,6 +44,7 @@ __all__ = [
     "producer_tile_notify_rows",
     "producer_tile_notify_rows_paired",
     "producer_tile_notify_pending",
+    "nothing_pending",
     "peer_tile_notify",
     "peer_tile_wait",
     "peer_ptr",
@@ -477,38 +478,48 @@ def producer_tile_notify_rows(barrier_ptr, row_lo, row_hi, row_elems, rows, rows
 
 
 @triton.jit
-def producer_tile_notify_rows_paired(barrier_ptr, step, pend_first, pend_at_first, pend_last, pend_at_last, row_lo,
-                                     row_hi, row_elems, rows, rows_per_rank, rows_per_channel, channels_per_rank,
-                                     MAX_ROWS: tl.constexpr):
+def nothing_pending():
+    """The pending adds of :func:`producer_tile_notify_rows_paired` before a tile loop's first tile:
+    ``(pend_first, pend_add_first, pend_last, pend_add_last, step)``, typed as the loop carries them."""
+    zero = tl.full((), 0, tl.int32)
+    return zero, zero.to(tl.int64), zero, zero.to(tl.int64), zero
+
+
+@triton.jit
+def producer_tile_notify_rows_paired(barrier_ptr, step, pend_first, pend_add_first, pend_last, pend_add_last,
+                                     row_lo, row_hi, row_elems, rows, rows_per_rank, rows_per_channel,
+                                     channels_per_rank, MAX_ROWS: tl.constexpr):
     """:func:`producer_tile_notify_rows` for the tiles of a loop, two at a time: at even ``step`` this
     tile's first and last channel adds become the pending ones; at odd ``step`` the pending adds and this
-    tile's go out together, after one barrier and one system fence. Returns ``(pend_first, pend_at_first,
-    pend_last, pend_at_last, step + 1)`` for the next tile (all 0 before the first); after the loop,
-    :func:`producer_tile_notify_pending` sends what is still pending. A tile's channels between its first
-    and last (channels shorter than the tile) are released at once, with a barrier of their own. Waits
-    for the program's bulk (TMA) stores itself.
+    tile's go out together, after one barrier and one system fence. Returns ``(pend_first, pend_add_first,
+    pend_last, pend_add_last, step + 1)`` (int32, int64, int32, int64, int32) for the next tile; before the
+    first, :func:`nothing_pending`; after the loop, :func:`producer_tile_notify_pending` sends what is
+    still pending. A tile's channels between its first and last (channels shorter than the tile) are
+    released at once, with a barrier of their own. Waits for the program's bulk (TMA) stores itself.
 
     Half the barriers, waits for the bulk stores and system fences of a notify per tile, each channel's
-    adds at most one tile late: on an H200 a short-K GEMM+RS (K = 1376..1792) lost 2-3% to its notifies
-    instead of 4-5% (docs/PERFORMANCE.md). Straight-line code, so a flattened loop stays flattened."""
+    adds at most one tile late: on an H200 a short-K GEMM+RS (K = 1376..1792) lost 2-4% to its notifies
+    instead of 4-5% (docs/PERFORMANCE.md). Straight-line code, so a flattened loop stays flattened. The
+    producer must not wait for anything its consumer sends before the loop ends (adds still pending)."""
     now = (step % 2) == 1
     first, at_first, last, at_last, channel, at_middle, leads = _row_span(
         row_lo, row_hi, row_elems, rows, rows_per_rank, rows_per_channel, channels_per_rank, MAX_ROWS)
     middle = last > first + 1  # some channel may lie between the first and the last
-    _add_release_pending(now | middle, now, barrier_ptr + pend_first, pend_at_first, barrier_ptr + pend_last,
-                         pend_at_last, barrier_ptr + first, at_first, barrier_ptr + last, at_last)
+    _add_release_pending(now | middle, now, barrier_ptr + pend_first, pend_add_first, barrier_ptr + pend_last,
+                         pend_add_last, barrier_ptr + first, at_first, barrier_ptr + last, at_last)
     # after the barrier above (taken whenever a lane leads a middle channel), each by its lane's thread
     tl.atomic_add(barrier_ptr + channel, at_middle, mask=leads, sem="release", scope="sys")
-    return (tl.where(now, 0, first), tl.where(now, 0, at_first), tl.where(now, 0, last), tl.where(now, 0, at_last),
-            step + 1)
+    return (tl.where(now, 0, first).to(tl.int32), tl.where(now, 0, at_first).to(tl.int64),
+            tl.where(now, 0, last).to(tl.int32), tl.where(now, 0, at_last).to(tl.int64), (step + 1).to(tl.int32))
 
 
 @triton.jit
-def producer_tile_notify_pending(barrier_ptr, pend_first, pend_at_first, pend_last, pend_at_last):
-    """After a loop of :func:`producer_tile_notify_rows_paired`: send the adds still pending (none when
-    the loop had an even number of tiles: they are 0)."""
-    _add_release_pending(pend_first >= 0, pend_first >= 0, barrier_ptr + pend_first, pend_at_first,
-                         barrier_ptr + pend_last, pend_at_last, barrier_ptr, 0, barrier_ptr, 0)
+def producer_tile_notify_pending(barrier_ptr, pend_first, pend_add_first, pend_last, pend_add_last):
+    """After a loop of :func:`producer_tile_notify_rows_paired`: wait for the program's bulk stores, then
+    send the adds still pending (there are none, and nothing is done, when both are 0)."""
+    some = (pend_add_first != 0) | (pend_add_last != 0)
+    _add_release_pending(some, some, barrier_ptr + pend_first, pend_add_first, barrier_ptr + pend_last,
+                         pend_add_last, barrier_ptr, 0, barrier_ptr, 0)
 
 
 @triton.jit

@@ -84,7 +84,8 @@ def test_descriptor_store_in_a_tile_loop_is_notified_in_pairs_without_a_loop() -
     added, so the flattened tile loop stays flattened."""
     gen = _generate(Path(__file__).parent / "reduce_scatter" / "descriptor_gemm.before.py")
     body = gen.rewritten["matmul_kernel"]
-    init = body.index("tlk_pend_first, tlk_pend_add_first, tlk_pend_last, tlk_pend_add_last, tlk_step = 0, 0, 0, 0, 0")
+    init = body.index("tlk_pend_first, tlk_pend_add_first, tlk_pend_last, tlk_pend_add_last, tlk_step = "
+                      "tll.nothing_pending()")
     loop = body.index("for tile_id in tl.range(")
     store = body.index("c_desc.store(")
     paired = body.index("= tll.producer_tile_notify_rows_paired(")

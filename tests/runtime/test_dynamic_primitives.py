@@ -132,7 +132,7 @@ def test_notify_rows_of_no_rows_adds_nothing() -> None:
 
 @triton.jit
 def _paired_kernel(barriers, starts, stop, height, cols, M, rpr, rpc, C, MAX: tl.constexpr, FLUSH: tl.constexpr):
-    pend_first, pend_add_first, pend_last, pend_add_last, step = 0, 0, 0, 0, 0
+    pend_first, pend_add_first, pend_last, pend_add_last, step = tll.nothing_pending()
     for t in range(0, stop):
         lo = tl.load(starts + t)
         pend_first, pend_add_first, pend_last, pend_add_last, step = tll.producer_tile_notify_rows_paired(

@@ -31,7 +31,7 @@ def matmul_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk,
     c_desc = tl.make_tensor_descriptor(c_ptr, shape=[M, N], strides=[stride_cm, stride_cn],
                                        block_shape=[BLOCK_M, BLOCK_N])
     # tilelink: a tile's notify may wait for the next tile's; both then go out together
-    tlk_pend_first, tlk_pend_add_first, tlk_pend_last, tlk_pend_add_last, tlk_step = 0, 0, 0, 0, 0
+    tlk_pend_first, tlk_pend_add_first, tlk_pend_last, tlk_pend_add_last, tlk_step = tll.nothing_pending()
     for tile_id in tl.range(tl.program_id(0), num_tiles, NUM_SMS, flatten=True):
         pid_m = tile_id // num_pid_n
         # tilelink: visit tiles in ring order (reduce_scatter)
