@@ -327,8 +327,9 @@ def rewrite(an: KernelAnalysis, spec: ReduceScatterSpec, options: Options) -> Re
                 notify,
             )
         insertions.append(Insertion(a.anchor, "after", lines))
+        what = "producer_tile_notify_rows_paired" if paired else "producer_tile_notify"
         report.append(ReportEntry(an.name, RULE, "applied",
-                                  f"producer_tile_notify after the store at line {a.where.line} "
+                                  f"{what} after the store at line {a.where.line} "
                                   f"(tile rows {t.start} .. +{t.size})", a.where))
     first = stores[0]
     tile = first.tile

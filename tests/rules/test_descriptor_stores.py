@@ -261,6 +261,7 @@ def test_paired_notify_compiles_with_a_64_bit_tile_start(tmp_path: Path) -> None
                          mask=(rows[:, None] < M) & (cols[None, :] < N))
         """)
     assert "tll.producer_tile_notify_rows_paired(" in gen.rewritten["k"]
+    assert "producer_tile_notify_rows_paired after the store at line" in str(gen.report)
     script = tmp_path / "compile_wide.py"
     script.write_text(textwrap.dedent(f"""
         import importlib.util
