@@ -49,6 +49,17 @@ def _expected(sh: RowSharding, row_elems: int) -> torch.Tensor:
     return torch.tensor([sh.channel_rows(c) * row_elems for c in range(sh.num_channels)])
 
 
+def _fills_with_ones(module, grid, M: int, N: int, world: int, C: int, **meta) -> None:
+    """Run kernel ``k`` (it stores 1 into every element of an (M, N) tensor) as rank 0 of ``world`` ranks of
+    ``C`` channels each: every element is written and every channel gets exactly its rows times N."""
+    sh, chan = _channels(M, world, C)
+    barriers = torch.zeros(sh.num_channels, dtype=torch.int64)
+    c = torch.zeros(M, N)
+    module.k[grid](c, M, N, tlk_barriers=barriers, **meta, **chan)
+    assert (c == 1).all()
+    assert torch.equal(barriers, _expected(sh, N)), barriers
+
+
 @pytest.mark.parametrize("half", [False, True])
 def test_block_height_given_by_an_expression(tmp_path: Path, half: bool) -> None:
     """``block_shape=[BM // 2 if HALF else BM, ...]``: the tile end must be ``start + (that)``."""
@@ -85,13 +96,7 @@ def test_column_offsets_below_zero_count_only_the_columns_inside(tmp_path: Path)
             c_desc = tl.make_tensor_descriptor(c_ptr, shape=[M, N], strides=[N, 1], block_shape=[BM, BN])
             c_desc.store([pid * BM, N - (tl.cdiv(N, BN) - pid_n) * BN], tl.full((BM, BN), 1.0, tl.float32))
         """)
-    M, N = 32, 12
-    sh, chan = _channels(M, 2, 1)
-    barriers = torch.zeros(sh.num_channels, dtype=torch.int64)
-    c = torch.zeros(M, N)
-    module.k[(2, 2)](c, M, N, BM=16, BN=8, tlk_barriers=barriers, **chan)
-    assert (c == 1).all()
-    assert torch.equal(barriers, _expected(sh, N)), barriers
+    _fills_with_ones(module, (2, 2), 32, 12, 2, 1, BM=16, BN=8)
 
 
 def test_pid_recomputed_for_the_epilogue_is_rotated_at_both(tmp_path: Path) -> None:
@@ -175,13 +180,7 @@ def test_pid_updated_through_another_variable_or_augmented_is_not_rotated(tmp_pa
         """)
     assert "tl_remap_tile" not in gen.rewritten["k"]
     assert "is also updated from its own value" in str(gen.report)
-    M, N = 64, 8
-    sh, chan = _channels(M, 4, 1)
-    barriers = torch.zeros(sh.num_channels, dtype=torch.int64)
-    c = torch.zeros(M, N)
-    module.k[(2,)](c, M, N, BM=8, BN=8, NUM_SMS=2, tlk_barriers=barriers, **chan)
-    assert (c == 1).all()
-    assert torch.equal(barriers, _expected(sh, N)), barriers
+    _fills_with_ones(module, (2,), 64, 8, 4, 1, BM=8, BN=8, NUM_SMS=2)
 
 
 def test_pid_indexing_tiles_of_two_heights_is_not_rotated(tmp_path: Path) -> None:
@@ -205,13 +204,7 @@ def test_pid_indexing_tiles_of_two_heights_is_not_rotated(tmp_path: Path) -> Non
                          mask=(rows2[:, None] < M) & (cols[None, :] < N))
         """)
     assert "tl_remap_tile" not in gen.rewritten["k"]
-    M, N = 60, 8
-    sh, chan = _channels(M, 4, 1)
-    barriers = torch.zeros(sh.num_channels, dtype=torch.int64)
-    c = torch.zeros(M, N)
-    module.k[(1,)](c, M, N, BM=8, BN=8, tlk_barriers=barriers, **chan)
-    assert (c == 1).all()
-    assert torch.equal(barriers, _expected(sh, N)), barriers
+    _fills_with_ones(module, (1,), 60, 8, 4, 1, BM=8, BN=8)
 
 
 def test_two_stores_in_nested_tile_loops_are_notified_tile_by_tile(tmp_path: Path) -> None:
@@ -233,13 +226,7 @@ def test_two_stores_in_nested_tile_loops_are_notified_tile_by_tile(tmp_path: Pat
                              mask=(rows2[:, None] < M) & (cols[None, :] < N))
         """)
     assert "paired" not in gen.rewritten["k"]
-    M, N = 64, 8
-    sh, chan = _channels(M, 2, 2)
-    barriers = torch.zeros(sh.num_channels, dtype=torch.int64)
-    c = torch.zeros(M, N)
-    module.k[(1,)](c, M, N, BM=8, BN=8, tlk_barriers=barriers, **chan)
-    assert (c == 1).all()
-    assert torch.equal(barriers, _expected(sh, N)), barriers
+    _fills_with_ones(module, (1,), 64, 8, 2, 2, BM=8, BN=8)
 
 
 def test_paired_notify_compiles_with_a_64_bit_tile_start(tmp_path: Path) -> None:
