@@ -68,7 +68,7 @@ def measure(kind: str, M: int, N: int, K: int, world: int, dtype: torch.dtype, d
     import triton
 
     from tilelink.ops import tp, tp_kernels
-    from tilelink.ops.contract import tail_split
+    from tilelink.ops.contract import persistent_grid
 
     okernel = tp_kernels.ag_gemm_persistent_kernel if kind == "ag_gemm" else tp_kernels.gemm_rs_persistent_kernel
     plain = okernel.kernel
@@ -91,10 +91,7 @@ def measure(kind: str, M: int, N: int, K: int, world: int, dtype: torch.dtype, d
     def launch(m: dict, sms: int) -> tuple[tuple[int], dict]:
         # the grid and tile meta the operator launches with: AG+GEMM splits its last wave's tiles
         tiles = triton.cdiv(M, m["BLOCK_M"]) * triton.cdiv(N, m["BLOCK_N"])
-        if kind != "ag_gemm":
-            return (min(sms, tiles),), {**m, "NUM_SMS": sms}
-        split = tail_split(tiles, sms, m["BLOCK_N"])
-        return (min(sms, tiles * split),), {**m, "NUM_SMS": sms, "TAIL_SPLIT": split}
+        return persistent_grid(tiles, sms, m, tail=kind == "ag_gemm")
 
     def run_plain():
         grid, m = launch(meta, all_sms)

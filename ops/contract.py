@@ -16,7 +16,8 @@ from tilelink.runtime.world import interpreting
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
-__all__ = ["DTYPES", "check_rows", "check_tensor", "full_size", "interpreter_inputs", "interpreting", "tail_split"]
+__all__ = ["DTYPES", "check_rows", "check_tensor", "full_size", "interpreter_inputs", "interpreting", "persistent_grid",
+           "tail_split"]
 
 
 def interpreter_inputs(*ts: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -103,9 +104,9 @@ def tail_split(tiles: int, programs: int, block_n: int, most: int = 4, narrowest
     """Column pieces to cut each tile of a persistent kernel's last, partial wave into (1, 2 or 4, at
     most ``most``): the largest whose pieces (``tiles % programs`` times it) still run at once on the
     ``programs``, with pieces at least ``narrowest`` columns wide (default 64 on a GPU, 8 in the
-    interpreter). A last wave of a
-    few tiles then takes a fraction of a tile's time instead of a whole one, with most SMs idle (on an
-    H200: AG+GEMM MLP-1, 704 tiles on 132 SMs, 0.97 -> 1.01 of cuBLAS; docs/PERFORMANCE.md)."""
+    interpreter). A last wave of a few tiles then takes a fraction of a tile's time instead of a whole
+    one, with most SMs idle (on an H200: AG+GEMM MLP-1, 704 tiles on 132 SMs, 0.97 -> 1.01 of cuBLAS;
+    docs/PERFORMANCE.md)."""
     tail = tiles % programs
     if narrowest is None:
         narrowest = 8 if interpreting() else 64
@@ -113,3 +114,13 @@ def tail_split(tiles: int, programs: int, block_n: int, most: int = 4, narrowest
     while tail and split * 2 <= most and block_n // (split * 2) >= narrowest and tail * split * 2 <= programs:
         split *= 2
     return split
+
+
+def persistent_grid(tiles: int, programs: int, meta: dict, tail: bool = True) -> tuple[tuple[int], dict]:
+    """The grid and launch meta of a persistent kernel over ``tiles`` tiles on ``programs`` programs
+    (``NUM_SMS``); with ``tail``, the kernel takes ``TAIL_SPLIT`` (:func:`tail_split`) and the grid covers
+    its last wave's pieces too."""
+    if not tail:
+        return (min(programs, tiles),), {**meta, "NUM_SMS": programs}
+    split = tail_split(tiles, programs, meta["BLOCK_N"])
+    return (min(programs, tiles * split),), {**meta, "NUM_SMS": programs, "TAIL_SPLIT": split}

@@ -32,6 +32,7 @@ from tilelink.ops.contract import (
     check_tensor,
     interpreter_inputs,
     interpreting,
+    persistent_grid,
     persistent_wanted,
     tail_split,
 )
@@ -106,11 +107,10 @@ def grouped_gemm(part: str, x, w, out, weights, sorted_ids, expert_ids, num_slot
         if x.device.type == "cuda":
             _install_allocator()  # tensor descriptors made on the device need scratch memory
         kernel = moe_kernels.ag_group_gemm_persistent_kernel
-        sms = _compute_sms(x.device, kernel)
-        split = tail_split(tiles, sms, meta["BLOCK_N"])
+        grid, launch_meta = persistent_grid(tiles, _compute_sms(x.device, kernel), meta)
         args = (*head, *routing, E, x.stride(0), x.stride(1), w.stride(0), w.stride(1), w.stride(2), out.stride(0),
                 out.stride(1))
-        return kernel, (min(sms, tiles * split),), args, {**meta, "NUM_SMS": sms, "TAIL_SPLIT": split}
+        return kernel, grid, args, launch_meta
     kernel = moe_kernels.ag_group_gemm_kernel if part == "ag_moe" else moe_kernels.group_gemm_rs_kernel
     args = (*head, *routing, x.stride(0), x.stride(1), w.stride(0), w.stride(1), w.stride(2), out.stride(0),
             out.stride(1))

@@ -26,8 +26,8 @@ from tilelink.ops.contract import (
     full_size,
     interpreter_inputs,
     interpreting,
+    persistent_grid,
     persistent_wanted,
-    tail_split,
 )
 from tilelink.ops.gemm import _install_allocator, _num_sms
 
@@ -88,10 +88,8 @@ def _launch(kernel, persistent: bool, args: tuple, meta: dict, world, M: int, N:
     if persistent:
         if world.device.type == "cuda":
             _install_allocator()
-        sms = _compute_sms(world.device, kernel)
-        split = tail_split(tiles, sms, meta["BLOCK_N"]) if tail else 1
-        extra = {"TAIL_SPLIT": split} if tail else {}
-        kernel[(min(sms, tiles * split),)](*args, NUM_SMS=sms, **meta, **extra)
+        grid, launch_meta = persistent_grid(tiles, _compute_sms(world.device, kernel), meta, tail)
+        kernel[grid](*args, **launch_meta)
     else:
         kernel[(tiles,)](*args, **meta)
 

@@ -269,9 +269,8 @@ class _Analyzer:
                             for el in t.target.elements:
                                 if isinstance(el.value, cst.Name):
                                     self.assignments.setdefault(el.value.value, []).append((ref, small.value))
-        self.rebound = {n.value for node in m.findall(fn.body, m.AugAssign(target=m.Name())
-                                                       | m.AnnAssign(target=m.Name()) | m.NamedExpr(target=m.Name()))
-                        for n in [node.target]}
+        self.rebound = {node.target.value for node in m.findall(
+            fn.body, m.AugAssign(target=m.Name()) | m.AnnAssign(target=m.Name()) | m.NamedExpr(target=m.Name()))}
         for loop in m.findall(fn.body, m.For()):
             self.rebound |= names_in(loop.target)
 

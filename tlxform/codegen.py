@@ -115,19 +115,20 @@ class _Rewriter(cst.CSTTransformer):
         first_default = next((i for i, p in enumerate(params) if p.default is not None), len(params))
         indent = " " * (len("def ") + len(self.kernel) + 1)
         new = [cst.Param(cst.Name(p)) for p in self.plan.extra_params]
+
+        def break_after(param: cst.Param, comment: str | None = None) -> cst.Param:
+            # the parameter's comma ends its line (with ``comment``); the next one starts under the first
+            trailing = (cst.TrailingWhitespace() if comment is None else
+                        cst.TrailingWhitespace(whitespace=cst.SimpleWhitespace("  "), comment=cst.Comment(comment)))
+            return param.with_changes(comma=cst.Comma(whitespace_after=cst.ParenthesizedWhitespace(
+                first_line=trailing, indent=False, last_line=cst.SimpleWhitespace(indent))))
+
         for i in range(4, len(new) - 1, 5):  # five channel parameters a line
-            new[i] = new[i].with_changes(comma=cst.Comma(whitespace_after=cst.ParenthesizedWhitespace(
-                first_line=cst.TrailingWhitespace(), indent=False, last_line=cst.SimpleWhitespace(indent))))
+            new[i] = break_after(new[i])
         if first_default > 0:  # the channel parameters start on a line of their own
-            prev = params[first_default - 1]
-            params[first_default - 1] = prev.with_changes(comma=cst.Comma(
-                whitespace_after=cst.ParenthesizedWhitespace(
-                    first_line=cst.TrailingWhitespace(whitespace=cst.SimpleWhitespace("  "),
-                                                   comment=cst.Comment("# added by TileLink:")),
-                    indent=False, last_line=cst.SimpleWhitespace(indent))))
+            params[first_default - 1] = break_after(params[first_default - 1], "# added by TileLink:")
         if first_default < len(params):  # the kernel's own defaulted parameters go on a line of their own
-            new[-1] = new[-1].with_changes(comma=cst.Comma(whitespace_after=cst.ParenthesizedWhitespace(
-                first_line=cst.TrailingWhitespace(), indent=False, last_line=cst.SimpleWhitespace(indent))))
+            new[-1] = break_after(new[-1])
         params = params[:first_default] + new + params[first_default:]
         decorators = [_jit_decorator(d, self.plan.extra_params) if is_triton_jit(d) else d
                       for d in updated.decorators if not _is_overlap(d)]
