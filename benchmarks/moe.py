@@ -9,10 +9,11 @@ part 1 (``ag_moe``, gate | up fused): **slots x H @ H x 2I/W**; part 2 (``moe_rs
 Modes:
 - ``compute`` (one GPU): the grouped GEMM TileLink's operators are annotated from (``plain``: the
   kernel as written, no communication; ``rewritten``: the generated kernel with every channel already
-  satisfied; for the AG part also ``persistent`` / ``persistent_rewritten``, the persistent kernel
-  ``ag_moe`` runs on a GPU) against dense cuBLAS on **equal useful FLOPs** (``torch.matmul`` of (slots, K) @ (K, N))
-  and against a torch loop over experts (gather, matmul per expert, scatter-add); ``--configs`` also
-  times candidate tile configs. Ratio = baseline ms / ours (> 1: ours faster).
+  satisfied; ``persistent`` / ``persistent_rewritten``: the tensor-descriptor kernel the operator runs on
+  a GPU, persistent for ``ag_moe``, the column sweep for ``moe_rs``) against dense cuBLAS on **equal
+  useful FLOPs** (``torch.matmul`` of (slots, K) @ (K, N)) and against a torch loop over experts (gather,
+  matmul per expert, scatter-add); ``--configs`` also times candidate tile configs. Ratio = baseline ms /
+  ours (> 1: ours faster).
 - ``dist`` (W ranks under ``torchrun`` / ``tlxform run``): ``ag_moe`` / ``moe_rs`` (overlapped) against
   the torch reference (torch.distributed all-gather, loop over experts, reduce-scatter) and against our
   own non-overlapped path (the same grouped GEMM, then torch.distributed all-gather / reduce-scatter).
@@ -120,7 +121,7 @@ def _rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
 
 def measure_compute(shape: MoEShape, part: str, world: int, dtype: torch.dtype, rounds: int, sweep: bool,
                     rewritten: bool, device: str = "cuda") -> dict:
-    from tilelink.ops.moe import moe_config, persistent_ag_config
+    from tilelink.ops.moe import moe_config, persistent_ag_config, sweep_config
 
     device = torch.device(device)
     slots, N, K = per_rank_problem(shape, part, world)
@@ -144,15 +145,14 @@ def measure_compute(shape: MoEShape, part: str, world: int, dtype: torch.dtype, 
            "torch_loop": functools.partial(torch_loop, x, w, topk_ids, weights if part == "moe_rs" else None,
                                            part == "ag_moe"),
            "plain": grouped(meta, False)}
-    forms = (False, True) if part == "ag_moe" else (False,)  # only the AG part has a persistent kernel
-    # the persistent AG kernel's tile for this routing, as ag_moe chooses it (its last wave split in pieces)
-    pmeta = persistent_ag_config(meta, topk_ids, shape.E, N, device) if part == "ag_moe" else meta
-    if part == "ag_moe":
-        fns["persistent"] = grouped(pmeta, True)
+    forms = (False, True) if part == "ag_moe" else (False,)  # the candidates are the AG kernels' tiles
+    # the descriptor kernel the operator takes on a GPU: the persistent AG kernel with its tile for this routing
+    # (its last wave split in pieces), the RS part's column sweep
+    pmeta = (persistent_ag_config(meta, topk_ids, shape.E, N, device) if part == "ag_moe" else sweep_config(K))
+    fns["persistent"] = grouped(pmeta, True)
     if rewritten:
         fns["rewritten"] = grouped(meta, False, True)
-        if part == "ag_moe":
-            fns["persistent_rewritten"] = grouped(pmeta, True, True)
+        fns["persistent_rewritten"] = grouped(pmeta, True, True)
     names = {}
     if sweep:
         for bm, bn, bk, warps, stages in CANDIDATES:
@@ -238,7 +238,7 @@ def measure_dist(shape: MoEShape, world, dtype: torch.dtype, rounds: int, group)
 
     from tilelink.ops import ag_moe, moe_rs
     from tilelink.ops.contract import persistent_wanted
-    from tilelink.ops.moe import moe_config
+    from tilelink.ops.moe import moe_config, sweep_config
 
     R, r, device = world.world_size, world.rank, world.device
     M, inter = shape.S, shape.I // R
@@ -261,8 +261,9 @@ def measure_dist(shape: MoEShape, world, dtype: torch.dtype, rounds: int, group)
 
     def fused_rs():  # ours, not overlapped: the plain grouped GEMM, top-k sum, then NCCL reduce-scatter
         out = torch.empty(slots, shape.H, dtype=dtype, device=device)
-        meta = moe_config(slots, shape.E, shape.H, dtype, inter)
-        y = _grouped("moe_rs", h, w_down, out, wflat, topk_ids, meta)()
+        sweep = persistent_wanted(device) and dtype != torch.float32  # the kernel moe_rs takes
+        meta = sweep_config(inter) if sweep else moe_config(slots, shape.E, shape.H, dtype, inter)
+        y = _grouped("moe_rs", h, w_down, out, wflat, topk_ids, meta, persistent=sweep)()
         return _rs_rows(y.view(M, shape.topk, shape.H).sum(1), group)
 
     fns = {"torch_ag": lambda: torch_loop(_ag_rows(x_shard, M, group), w_up, topk_ids, None, True),

@@ -89,11 +89,44 @@ def persistent_ag_config(meta: dict, topk_ids: torch.Tensor, num_experts: int, N
     return {**meta, "BLOCK_M": bm, "BLOCK_N": bn}
 
 
+def sweep_config(K: int) -> dict:
+    """Tile config of :func:`tilelink.ops.moe_kernels.group_gemm_rs_sweep_kernel` for this rank's inner
+    dimension ``K`` (bf16/fp16 on Hopper): ``K <= 256`` gathers the rows once (``ONE_K``), 128x64 tiles,
+    4 warps, 4 stages (one program per SM): the best of the candidates timed on an H200 at the MoE-4..6
+    per-rank shapes of world 8 (K = 256, docs/PERFORMANCE.md). A longer K loops over it in 64-deep steps
+    for every column tile (not timed). ``N_CHUNKS=None``: :func:`grouped_gemm` picks it from the tiles
+    (:func:`sweep_chunks`)."""
+    small = 32 if interpreting() else 256  # the emulated world's small shapes take both forms
+    one_k = K <= small
+    block_k = max(16, triton.next_power_of_2(K)) if one_k else (16 if interpreting() else 64)
+    if interpreting():  # two runs of column tiles: the tests' 40 columns leave the second one short
+        return dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=block_k, N_CHUNKS=2, ONE_K=one_k)
+    if one_k:
+        return dict(BLOCK_M=128, BLOCK_N=64, BLOCK_K=block_k, N_CHUNKS=None, ONE_K=True, num_warps=4, num_stages=4)
+    return dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=block_k, N_CHUNKS=None, ONE_K=False, num_warps=8, num_stages=3)
+
+
+#: a sweep program's cost besides its column tiles (gathering its rows, filling the pipeline, the notify's
+#: wait for its stores), as a fraction of sweeping all the columns: 1/8 fits the H200 timings of 1, 2 and 4
+#: runs at MoE-4..6 (docs/PERFORMANCE.md)
+SWEEP_OVERHEAD = 1 / 8
+
+
+def sweep_chunks(m_tiles: int, programs: int, most: int = 8) -> int:
+    """Runs of column tiles per M tile for the column sweep: with ``c`` runs the ``m_tiles * c`` programs
+    take ``ceil(m_tiles * c / programs)`` waves of ``SWEEP_OVERHEAD + 1 / c`` each; the fewest runs of the
+    least time (each run is one more notify and one more gather of the rows). MoE-5 at world 8 (144 M tiles
+    on 116 SMs): 2; MoE-6 (336): 1."""
+    runs = [c for c in (1, 2, 4, 8) if c <= most]
+    return min(runs, key=lambda c: (triton.cdiv(m_tiles * c, programs) * (SWEEP_OVERHEAD + 1 / c), c))
+
+
 def grouped_gemm(part: str, x, w, out, weights, sorted_ids, expert_ids, num_slots: int, top_k: int, meta: dict,
                  persistent: bool):
     """``(overlapped kernel, grid, args, meta)`` of one grouped GEMM of ``part`` ("ag_moe" or "moe_rs"):
     what the operators launch, and what ``benchmarks.moe`` times in its plain and rewritten forms.
-    ``persistent`` selects the persistent kernel, which only the AG part has."""
+    ``persistent`` selects the tensor-descriptor kernel: the persistent AG kernel, or the RS part's
+    column sweep (``meta`` from :func:`sweep_config`)."""
     from tilelink.ops import moe_kernels
     from tilelink.ops.gemm import _install_allocator
     from tilelink.ops.tp import _compute_sms
@@ -103,9 +136,17 @@ def grouped_gemm(part: str, x, w, out, weights, sorted_ids, expert_ids, num_slot
     tiles = triton.cdiv(EM, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"])
     head = (x, w, out) if part == "ag_moe" else (x, w, out, weights)
     routing = (sorted_ids, expert_ids, N, K, EM, num_slots, top_k)
-    if persistent and part == "ag_moe":
-        if x.device.type == "cuda":
-            _install_allocator()  # tensor descriptors made on the device need scratch memory
+    if persistent and x.device.type == "cuda":
+        _install_allocator()  # tensor descriptors made on the device need scratch memory
+    if persistent and part == "moe_rs":
+        kernel = moe_kernels.group_gemm_rs_sweep_kernel
+        m_tiles = triton.cdiv(EM, meta["BLOCK_M"])
+        if meta["N_CHUNKS"] is None:
+            meta = {**meta, "N_CHUNKS": sweep_chunks(m_tiles, _compute_sms(x.device, kernel))}
+        args = (*head, sorted_ids, expert_ids, N, K, num_slots, top_k, E, x.stride(0), x.stride(1), w.stride(0),
+                w.stride(1), w.stride(2), out.stride(0), out.stride(1))
+        return kernel, (m_tiles, meta["N_CHUNKS"]), args, meta
+    if persistent:
         kernel = moe_kernels.ag_group_gemm_persistent_kernel
         grid, launch_meta = persistent_grid(tiles, _compute_sms(x.device, kernel), meta)
         args = (*head, *routing, E, x.stride(0), x.stride(1), w.stride(0), w.stride(1), w.stride(2), out.stride(0),
@@ -125,14 +166,20 @@ def _launch(part: str, x, w, out, weights, topk_ids: torch.Tensor, world) -> Non
     if K == 0:
         x = torch.zeros((x.shape[0], 1), dtype=x.dtype, device=world.device)
         w = torch.zeros((E, 1, N), dtype=x.dtype, device=world.device)
-    persistent = part == "ag_moe" and persistent_wanted(world.device)
+    # the descriptor kernels, chosen from what every rank shares (device, dtype): the RS sweep holds fp32
+    # rows too large for shared memory
+    persistent = persistent_wanted(world.device) and (part == "ag_moe" or interpreting()
+                                                      or x.dtype != torch.float32)
     run_out = out
-    if persistent:  # the weights' rows as a descriptor needs them: pad this rank's columns if it must
+    if persistent:  # the weights' rows as a descriptor needs them: pad the columns if it must
         w = aligned(w, -1)
         if w.shape[2] != N:
             run_out = out.new_empty((out.shape[0], w.shape[2]))
-    meta = moe_config(num_slots, E, w.shape[2], x.dtype, w.shape[1])
-    if persistent:
+    if persistent and part == "moe_rs":
+        meta = sweep_config(w.shape[1])
+    else:
+        meta = moe_config(num_slots, E, w.shape[2], x.dtype, w.shape[1])
+    if persistent and part == "ag_moe":
         meta = persistent_ag_config(meta, topk_ids, E, w.shape[2], x.device)
     sorted_ids, expert_ids = align_tokens(topk_ids, E, meta["BLOCK_M"])
     kernel, grid, args, meta = grouped_gemm(part, x, w, run_out, weights, sorted_ids, expert_ids, num_slots, top_k,

@@ -19,12 +19,11 @@ expert's weight columns, with pointer arithmetic (any layout). The AG part also 
 Hopper; the gathered rows stay pointer loads: a gathered tile has no tensor-descriptor form on Hopper) and
 the gather on the copy engine, which ``ag_moe`` takes on every GPU rank (padding a rank's columns of ``w``
 to 16-byte rows when they are not).
-The same persistent form of the RS part was faster as written (0.68 against 0.61 of dense cuBLAS on
-MoE-4) but slower once rewritten (0.39 against 0.45), on the SMs its reduce-scatter partner leaves it
-(docs/PERFORMANCE.md), so ``moe_rs`` keeps the pointer kernel, with two 128x128 programs per SM. That
-persistent form was flattened, and the notify's barrier of the time (``tl.debug_barrier``) is what
-serialises a flattened loop; with the named-barrier notify it is worth another try, once the dynamic
-notify has a loop-free form.
+The RS part's short inner dimension (``I / R``: 256 at world 8) makes its tiles short: a tile loads as
+much as it computes, and its notify's fence waits for its stores. On a GPU ``moe_rs`` takes
+:func:`group_gemm_rs_sweep_kernel`: each program gathers its rows of ``h`` once and sweeps a run of
+column tiles, ``w`` by tensor descriptor, and the rewrite notifies once per program, after the sweep
+(0.63 -> 0.79 of dense cuBLAS as written on MoE-4, docs/PERFORMANCE.md).
 """
 
 import triton
@@ -167,3 +166,46 @@ def ag_group_gemm_persistent_kernel(x_ptr, w_ptr, out_ptr, sorted_slot_ids_ptr, 
         offs_n = col + tl.arange(0, PIECE)
         out_ptrs = out_ptr + tail_slot[:, None] * stride_om + offs_n[None, :] * stride_on
         tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=tail_mask[:, None] & (offs_n[None, :] < N))
+
+
+@tilelink.overlap(tilelink.reduce_scatter("out_ptr", dim=0, index="sorted_slot_ids_ptr", topk="top_k",
+                                          size="num_slots // top_k"), channels_per_rank=1)
+@triton.jit
+def group_gemm_rs_sweep_kernel(h_ptr, w_ptr, out_ptr, topk_weights_ptr, sorted_slot_ids_ptr, expert_ids_ptr, N, K,
+                               num_slots, top_k, num_experts, stride_hm, stride_hk, stride_we, stride_wk, stride_wn,
+                               stride_om, stride_on, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                               BLOCK_K: tl.constexpr, N_CHUNKS: tl.constexpr, ONE_K: tl.constexpr):
+    """:func:`group_gemm_rs_kernel` for a short inner dimension. Program ``(m, c)`` takes the M tile ``m``
+    (BLOCK_M sorted slots of one expert) and the ``c``-th of ``N_CHUNKS`` runs of column tiles: with
+    ``ONE_K`` (``K <= BLOCK_K``) it gathers its rows of ``h`` once and reuses them for every column tile;
+    otherwise it loops over K for each. ``w`` (E, K, N) is read by a 3-D tensor descriptor (TMA on Hopper;
+    rows of 16-byte multiples). Launch ``(cdiv(EM, BLOCK_M), N_CHUNKS)`` programs."""
+    pid_m = tl.program_id(0)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    per_chunk = tl.cdiv(num_pid_n, N_CHUNKS)
+    offs_slot = tl.load(sorted_slot_ids_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
+    slot_mask = offs_slot < num_slots
+    expert = tl.load(expert_ids_ptr + pid_m)
+    weight = tl.load(topk_weights_ptr + offs_slot, mask=slot_mask, other=0.0)
+    offs_k = tl.arange(0, BLOCK_K)
+    h_ptrs = h_ptr + offs_slot[:, None] * stride_hm + offs_k[None, :] * stride_hk
+    # one expert's (K, N) at a time: the K tail reads zeros, not the next expert's rows
+    w_desc = tl.make_tensor_descriptor(w_ptr, shape=[num_experts, K, N], strides=[stride_we, stride_wk, stride_wn],
+                                       block_shape=[1, BLOCK_K, BLOCK_N])
+    if ONE_K:
+        h = tl.load(h_ptrs, mask=slot_mask[:, None] & (offs_k[None, :] < K), other=0.0)
+    first = tl.program_id(1) * per_chunk
+    for pid_n in range(first, tl.minimum(first + per_chunk, num_pid_n)):
+        if ONE_K:
+            acc = tl.dot(h, w_desc.load([expert, 0, pid_n * BLOCK_N]).reshape(BLOCK_K, BLOCK_N))
+        else:
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for ki in range(0, tl.cdiv(K, BLOCK_K)):
+                h_k = tl.load(h_ptrs + ki * BLOCK_K * stride_hk,
+                              mask=slot_mask[:, None] & (offs_k[None, :] < K - ki * BLOCK_K), other=0.0)
+                w = w_desc.load([expert, ki * BLOCK_K, pid_n * BLOCK_N]).reshape(BLOCK_K, BLOCK_N)
+                acc = tl.dot(h_k, w, acc)
+        acc = acc * weight[:, None]
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        out_ptrs = out_ptr + offs_slot[:, None] * stride_om + offs_n[None, :] * stride_on
+        tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=slot_mask[:, None] & (offs_n[None, :] < N))

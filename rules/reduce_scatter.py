@@ -234,6 +234,77 @@ def _notify_rows(an: KernelAnalysis, t, notify: str) -> tuple[str, ...]:
     )
 
 
+_NOTIFY_CHANNEL = ("    tll.producer_tile_notify(tlk_barriers, tlk_first + tlk_i, tlk_done, tlk_barriers, tlk_rank, "
+                   "tlk_world, 0)")
+
+
+def _stored_per_element(a) -> str:
+    """Elements the store wrote, per element of its value: 1 where its mask holds."""
+    shape = f"({a.value}).shape"
+    return (f"tl.where({a.mask}, 1, 0) + tl.zeros({shape}, tl.int32)" if a.mask
+            else f"tl.full({shape}, 1, tl.int32)")
+
+
+def _dynamic_comment(spec: ReduceScatterSpec) -> str:
+    return (f"# tilelink: notify the channels of the rows this tile scattered through {spec.index} "
+            f"(reduce_scatter, dynamic mapping)")
+
+
+def _dynamic_count(an: KernelAnalysis, a, target: str) -> str:
+    """``target`` the elements a gathered (``index=``) store wrote per row: rows x columns when its mask
+    separates, else a sum over each row of its mask."""
+    separable = row_times_columns(an, a) if SCALAR_COUNTS else None
+    if separable is not None:
+        rows_ok, columns = separable
+        return f"{target} tl.where({rows_ok}, {columns}, 0)"
+    return f"{target} tl.sum({_stored_per_element(a)}, axis=1)"
+
+
+def _dynamic_notify(t, spec: ReduceScatterSpec) -> tuple[str, ...]:
+    """Each row's channel, and the notify adding ``tlk_stored`` of each row to its channel."""
+    return (*channels_of_row_vector(f"({t.start}) // {spec.topk}" if spec.topk else t.start),
+            "tll.producer_tile_notify_channels(tlk_barriers, tlk_channel, tlk_stored)")
+
+
+def _swept(an: KernelAnalysis, a, t, spec: ReduceScatterSpec) -> list[Insertion]:
+    """A store in a loop over the columns of rows fixed before the loop (``a.anchor``): count what each
+    iteration stored, and notify the rows' channels once, after the loop (one barrier and fence for
+    the whole sweep instead of one per iteration)."""
+    loop = a.anchor
+    if t.dynamic:
+        return [Insertion(loop, "before", ("# tilelink: the loop below stores the same rows each iteration: "
+                                           "count per row what it stored (reduce_scatter)",
+                                           f"tlk_stored = tl.zeros_like({t.start}).to(tl.int32)")),
+                Insertion(a.where, "after", (_dynamic_count(an, a, "tlk_stored +="),)),
+                Insertion(loop, "after", (_dynamic_comment(spec), *_dynamic_notify(t, spec)))]
+    if a.descriptor:
+        box = an.descriptor_box(a)
+        if box is None:
+            _descriptor_notify(an, a, t, spec, "", False)  # raises: the box is unknown
+        assert box is not None
+        offsets, block, shape = box
+        inner = [f"tl.maximum(tl.minimum({plus(o, b)}, {n}) - tl.maximum({o}, 0), 0)"
+                 for o, b, n in zip(offsets[1:], block[1:], shape[1:], strict=True)]
+        columns = " * ".join(inner) if inner else "1"
+        wait: tuple[str, ...] = ("tll.bulk_store_wait()  # the descriptor stores are asynchronous: wait until "
+                                 "they have written memory",)
+    else:
+        columns = separable_columns(an, a, t, spec.size or t.size_param) if SCALAR_COUNTS else None
+        wait = ()
+        if columns is None:
+            raise AnnotationError(
+                f"cannot count the elements the store to {a.tensor!r} writes in each iteration of the loop at "
+                f"line {a.anchor.line}", file=a.where.file, line=a.where.line, column=a.where.column,
+                hint="mask the store with (rows < M)[:, None] & (columns < N)[None, :], or store once per tile "
+                     "outside the loop")
+    return [Insertion(loop, "before", ("# tilelink: the loop below stores the same rows each iteration: "
+                                       "count the columns it stored (reduce_scatter)", "tlk_cols = 0")),
+            Insertion(a.where, "after", (f"tlk_cols += {columns}",)),
+            Insertion(loop, "after", (
+                f"# tilelink: notify the channels whose rows the loop completed (reduce_scatter, dim {spec.dim})",
+                *wait, *_notify_rows(an, t, _NOTIFY_CHANNEL)))]
+
+
 def rewrite(an: KernelAnalysis, spec: ReduceScatterSpec, options: Options) -> RewritePlan:
     """Plan the producer-side rewrite of ``an`` for ``spec``."""
     opts = options.resolved(**DEFAULTS)
@@ -260,13 +331,23 @@ def rewrite(an: KernelAnalysis, spec: ReduceScatterSpec, options: Options) -> Re
                 if a.descriptor else
                 "compute the offsets as `offs_cm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)` and "
                 "index with offs_cm[:, None], or pass tile=(\"<start>\", \"<size>\")")
-        if not a.anchor_is_access:
+        if not a.anchor_is_access and not a.swept:
             raise AnnotationError(
                 f"the store to {a.tensor!r} must be a statement of its own (`tl.store(ptrs, value, mask=...)` or "
-                f"`desc.store([offsets], value)`) in the block where its tile is computed", file=a.where.file,
-                line=a.where.line, column=a.where.column, hint="move the store out of the nested block")
+                f"`desc.store([offsets], value)`) in the block where its tile is computed, or directly in the "
+                f"body of a loop over the tile's columns", file=a.where.file, line=a.where.line,
+                column=a.where.column,
+                hint="move the store out of the nested block (an `if` or an inner loop), or compute its row "
+                     "offsets outside the loop that sweeps the columns")
         t = a.tile
         assert t is not None and a.anchor is not None and a.value is not None
+        if a.swept:
+            insertions += _swept(an, a, t, spec)
+            report.append(ReportEntry(an.name, RULE, "applied",
+                                      f"the loop at line {a.anchor.line} stores the same rows on every iteration "
+                                      f"(line {a.where.line}): it counts what they stored and notifies once, "
+                                      "after the loop", a.anchor))
+            continue
         notify = ("    tll.producer_tile_notify(tlk_barriers, tlk_first + tlk_i, tlk_done, tlk_barriers, tlk_rank, "
                   "tlk_world, 0)")
         columns = (separable_columns(an, a, t, spec.size or t.size_param)
@@ -285,25 +366,9 @@ def rewrite(an: KernelAnalysis, spec: ReduceScatterSpec, options: Options) -> Re
                                       f"{what} after the descriptor store at line {a.where.line} (tile rows {t.start} "
                                       f".. +{t.size})", a.where))
             continue
-        # elements the tile stored, per element: 1 where the store's mask holds
-        shape = f"({a.value}).shape"
-        stored = (f"tl.where({a.mask}, 1, 0) + tl.zeros({shape}, tl.int32)" if a.mask
-                  else f"tl.full({shape}, 1, tl.int32)")
         if t.dynamic:
-            # rows come from the index: count per row, then add each row's count to its channel
-            separable = row_times_columns(an, a) if SCALAR_COUNTS else None
-            if separable is not None:
-                rows_ok, columns = separable
-                count = f"tlk_stored = tl.where({rows_ok}, {columns}, 0)"
-            else:
-                count = f"tlk_stored = tl.sum({stored}, axis=1)"
-            lines = (
-                f"# tilelink: notify the channels of the rows this tile scattered through {spec.index} "
-                f"(reduce_scatter, dynamic mapping)",
-                count,
-                *channels_of_row_vector(f"({t.start}) // {spec.topk}" if spec.topk else t.start),
-                "tll.producer_tile_notify_channels(tlk_barriers, tlk_channel, tlk_stored)",
-            )
+            lines = (_dynamic_comment(spec), _dynamic_count(an, a, "tlk_stored ="),
+                     *_dynamic_notify(t, spec))
         elif columns is not None and paired:
             lines = (_PAIRED_COMMENT.format(dim=spec.dim), f"tlk_cols = {columns}", *_paired_notify(t))
         elif columns is not None:
@@ -314,6 +379,7 @@ def rewrite(an: KernelAnalysis, spec: ReduceScatterSpec, options: Options) -> Re
                 *_notify_rows(an, t, notify),
             )
         else:
+            stored = _stored_per_element(a)
             if t.ndim == 2:  # elements stored per row of the tile
                 stored = f"tl.sum({stored}, axis={1 - spec.dim})"
             lines = (

@@ -68,6 +68,10 @@ class Access:
     earlier_aliases: tuple[str, ...] = ()  # pointer aliases assigned before the anchor, used after it
     offsets: str | None = None  # a descriptor access's offsets list (``[pid_m * BLOCK_M, pid_n * BLOCK_N]``)
     loop: Where | None = None  # the `for` statement whose body holds the anchor (a tile loop), if any
+    # the anchor is a `for` loop whose body holds the access as a statement of its own, and the loop assigns
+    # neither the tile's offsets nor a name of its start: the loop sweeps other dimensions (columns) of the
+    # same rows
+    swept: bool = False
 
 
 @dataclass(frozen=True)
@@ -516,7 +520,23 @@ def _anchor(an: _Analyzer, acc: Access, tile: Tile | None, pointers: set[str]) -
     loop = next((r for r in an.statements if isinstance(r.node, cst.For) and r.node.body is target), None)
     return Access(acc.kind, acc.tensor, acc.pointer, acc.descriptor, acc.where, acc.value, acc.mask, tile,
                   where, isinstance(stmt.node, cst.SimpleStatementLine), tuple(earlier), acc.offsets,
-                  an.where(loop.node) if loop is not None else None)
+                  an.where(loop.node) if loop is not None else None, _sweeps(an, stmt.node, chain, acc, tile))
+
+
+def _sweeps(an: _Analyzer, anchor: cst.CSTNode, chain, acc: Access, tile: Tile) -> bool:
+    """Whether ``anchor`` is a ``for`` loop whose body holds the access as a statement of its own (a
+    store at the start of its line) and which assigns neither the tile's offsets nor a name of its start."""
+    if not isinstance(anchor, cst.For) or chain.blocks[-1] is not anchor.body:
+        return False
+    if an.where(chain.node) != acc.where:
+        return False
+    bound = names_in(anchor.target)
+    for node in m.findall(anchor.body, m.Assign() | m.AugAssign() | m.AnnAssign() | m.For() | m.NamedExpr()):
+        targets = ([t.target for t in node.targets] if isinstance(node, cst.Assign) else [node.target])
+        for t in targets:
+            bound |= names_in(t)
+    rows = names_in(cst.parse_expression(tile.start)) | ({tile.offsets} if tile.offsets else set())
+    return not (rows & bound)
 
 
 def _targets(assign: cst.Assign) -> set[str]:

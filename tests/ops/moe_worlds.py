@@ -53,7 +53,8 @@ def parts_match_torch(M: int, H: int, inter: int, E: int, top_k: int, kinds: lis
                       calls: int = 2, persistent: bool | None = None) -> dict[str, float]:
     """ag_moe and moe_rs, each rank holding its slice of every expert's intermediate dim, against a loop
     over experts, for each routing kind; every call twice (a context is reused at epoch 2).
-    ``persistent``: force (True) or forbid (False) ag_moe's persistent tensor-descriptor kernel."""
+    ``persistent``: force (True) or forbid (False) the tensor-descriptor kernels (ag_moe's persistent
+    kernel, moe_rs's column sweep)."""
     from tilelink.ops import ag_moe, contract, moe_rs
 
     contract.PERSISTENT = persistent
@@ -92,6 +93,9 @@ def parts_match_torch(M: int, H: int, inter: int, E: int, top_k: int, kinds: lis
 
         assert bool(moe_kernels.ag_group_gemm_persistent_kernel.launcher.contexts) == persistent
         assert bool(moe_kernels.ag_group_gemm_kernel.launcher.contexts) == (not persistent)
+        if H > 0:  # moe_rs launches nothing without columns
+            assert bool(moe_kernels.group_gemm_rs_sweep_kernel.launcher.contexts) == persistent
+            assert bool(moe_kernels.group_gemm_rs_kernel.launcher.contexts) == (not persistent)
     return out
 
 

@@ -31,19 +31,23 @@ def test_parts_match_torch(world: int, M: int, kinds: list[str], calls: int) -> 
         assert all(err < 1e-5 for err in per_rank.values()), per_rank
 
 
-@pytest.mark.parametrize(("world", "M", "inter", "persistent"), [
-    (1, 13, 24, True), (2, 11, 24, True), (3, 10, 24, True),
-    (3, 10, 10, True),  # columns 4, 4, 2: the last rank's weight rows are not 16 bytes long (padded)
-    (3, 9, 2, True),  # columns 1, 1, 0: the last rank has none and still serves its tokens to the others
-    (3, 9, 2, False),
+@pytest.mark.parametrize(("world", "M", "H", "inter", "persistent"), [
+    (1, 13, 16, 24, True), (2, 11, 16, 24, True), (3, 10, 16, 24, True),
+    (3, 10, 16, 10, True),  # columns 4, 4, 2: the last rank's weight rows are not 16 bytes long (padded)
+    (3, 9, 16, 2, True),  # columns 1, 1, 0: the last rank has none and still serves its tokens to the others
+    (3, 9, 16, 2, False),
+    # moe_rs's sweep: intermediate slices 33, 33, 31 (the first two loop over K, the last gathers its rows once),
+    # 40 output columns in 3 column tiles of 16, swept in 2 runs (the last one partial)
+    (3, 10, 40, 97, True),
 ])
-def test_persistent_kernels_match_torch(world: int, M: int, inter: int, persistent: bool) -> None:
-    # ag_moe's persistent kernel (expert weights through a tensor descriptor, the gather on the copy
-    # engine) that it takes on a GPU, forced here in the interpreter; every rank must take the same
-    # kernel whatever its own slice, or the ranks would wait on different protocols
+def test_persistent_kernels_match_torch(world: int, M: int, H: int, inter: int, persistent: bool) -> None:
+    # the tensor-descriptor kernels the operators take on a GPU (ag_moe: persistent, expert weights through a
+    # tensor descriptor, the gather on the copy engine; moe_rs: the column sweep notified once per program),
+    # forced here in the interpreter; every rank must take the same kernel whatever its own slice, or the
+    # ranks would wait on different protocols
     from tilelink.ops import moe_kernels
 
-    for per_rank in tilelink.spawn(parts_match_torch, world, M, 16, inter, 5, 2, ["random", "skewed"], "float32",
+    for per_rank in tilelink.spawn(parts_match_torch, world, M, H, inter, 5, 2, ["random", "skewed"], "float32",
                                    2, persistent):
         assert all(err < 1e-5 for err in per_rank.values()), per_rank
     assert moe_kernels.ag_group_gemm_persistent_kernel.plan.launch["via"] == "copy_engine"
@@ -128,3 +132,46 @@ def test_persistent_kernel_splits_its_last_wave() -> None:
         out.fill_(float("nan"))
         kernel[grid](*args, **launch_meta, **extra)
         assert torch.allclose(out, ref, atol=1e-4), (out - ref).abs().max()
+
+
+def test_sweep_runs_of_columns_follow_the_waves() -> None:
+    # the column sweep's runs per M tile: the fewest that keep the last wave from idling most SMs
+    from tilelink.ops.moe import sweep_chunks
+
+    assert sweep_chunks(336, 116) == 1  # MoE-6 at world 8: 2.9 waves of whole sweeps; more runs add notifies
+    assert sweep_chunks(144, 116) == 2  # MoE-5: 1.24 waves of whole sweeps would leave 88 SMs idle for one
+    assert sweep_chunks(100, 116) == 1  # one wave
+    assert sweep_chunks(117, 116, most=1) == 1
+    for tiles in range(1, 400, 7):  # never slower by the model than a single run
+        c = sweep_chunks(tiles, 132)
+        assert -(-tiles * c // 132) * (1 / 8 + 1 / c) <= -(-tiles // 132) * (1 / 8 + 1), tiles
+
+
+def test_sweep_kernel_as_written_and_rewritten_matches_torch() -> None:
+    # moe_rs's column sweep in one process: 3 M tiles x 3 column tiles (40 columns, the last tile partial)
+    # in 2 runs, rows gathered once (K = 24) and per K step (K = 40); rewritten with every channel satisfied
+    import torch
+
+    from tilelink.ops.moe import grouped_gemm, sweep_config
+    from tilelink.ops.moe_routing import align_tokens
+
+    E, N, M, top_k = 3, 40, 20, 2
+    g = torch.Generator().manual_seed(7)
+    topk_ids = torch.stack([torch.randperm(E, generator=g)[:top_k] for _ in range(M)])
+    weights = torch.rand(M * top_k, generator=g)
+    for K in (24, 40):
+        h = torch.randn(M * top_k, K, generator=g)
+        w = torch.randn(E, K, N, generator=g)
+        meta = sweep_config(K)
+        assert meta["ONE_K"] == (K == 24)
+        sorted_ids, expert_ids = align_tokens(topk_ids, E, meta["BLOCK_M"])
+        ref = torch.stack([h[s] @ w[topk_ids.flatten()[s]] for s in range(M * top_k)]) * weights[:, None]
+        out = torch.full((M * top_k, N), float("nan"))
+        okernel, grid, args, launch_meta = grouped_gemm("moe_rs", h, w, out, weights, sorted_ids, expert_ids,
+                                                        M * top_k, top_k, meta, persistent=True)
+        assert grid == (sorted_ids.numel() // 16, 2)
+        for kernel, extra in ((okernel.kernel, {}),
+                              (getattr(okernel.module, okernel.name), okernel.launcher.satisfied_args(M, 2, h.device))):
+            out.fill_(float("nan"))
+            kernel[grid](*args, **launch_meta, **extra)
+            assert torch.allclose(out, ref, atol=1e-4), (K, (out - ref).abs().max())

@@ -98,14 +98,14 @@ def all_gather_vector_1d(rank, world):
     return (y - x * w).abs().max().item()
 
 
-def _rs_gemm(kernel, rank, world, M=50, N=24, K=40, **meta):
+def _rs_gemm(kernel, rank, world, M=50, N=24, K=40, grid_fn=None, **meta):
     g = torch.Generator().manual_seed(5)
     a, b = torch.randn(M, K, generator=g), torch.randn(K, N, generator=g)
     klo, khi = rows_of(rank, world, K)  # each rank holds a slice of K: the partial sums add up to a @ b
     ar, br = a[:, klo:khi].contiguous(), b[klo:khi].contiguous()
     lo, hi = rows_of(rank, world, M)
     out = torch.full((hi - lo, N), float("nan"))
-    grid = (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]),)
+    grid = (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]),) if grid_fn is None else grid_fn(M)
     err = 0.0
     for _ in range(2):
         kernel[grid](ar, br, out, M, N, khi - klo, ar.stride(0), ar.stride(1), br.stride(0), br.stride(1), N, 1,
@@ -117,6 +117,19 @@ def _rs_gemm(kernel, rank, world, M=50, N=24, K=40, **meta):
 def reduce_scatter_pointer_gemm(rank, world):
     kernel = load_case("reduce_scatter", "pointer_gemm").matmul_kernel
     return _rs_gemm(kernel, rank, world, BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, GROUP_M=2)
+
+
+def reduce_scatter_row_sweep(rank, world):
+    kernel = load_case("reduce_scatter", "row_sweep").matmul_kernel
+    return _rs_gemm(kernel, rank, world, N=40, grid_fn=lambda M: (triton.cdiv(M, 16),), BLOCK_M=16, BLOCK_N=16,
+                    BLOCK_K=16)
+
+
+def reduce_scatter_descriptor_row_sweep(rank, world):
+    kernel = load_case("reduce_scatter", "descriptor_row_sweep").matmul_kernel
+    # descriptors need 16-byte strides: K = 48 splits into 12, 16 or 24 columns a rank
+    return _rs_gemm(kernel, rank, world, N=40, K=48, grid_fn=lambda M: (triton.cdiv(M, 16),), BLOCK_M=16,
+                    BLOCK_N=16, BLOCK_K=16)
 
 
 def reduce_scatter_two_kernels(rank, world):

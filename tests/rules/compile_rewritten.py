@@ -113,6 +113,19 @@ def main() -> int:
                                   # a releasing add, or a release fence followed by relaxed adds
                                   "sys release": ptx.count("red.release.sys") + ptx.count("fence.acq_rel.sys"),
                                   "loops": asm["ttgir"].count("scf.for ")})
+    # moe_rs's column sweep: w by a 3-D descriptor in both forms (rows gathered once, or per K step), and one
+    # releasing notify after the sweep
+    for one_k, block_k in ((True, 256), (False, 64)):
+        sweep = {"BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_K": block_k, "N_CHUNKS": 2, "ONE_K": one_k, "stride_hk": 1,
+                 "stride_wn": 1, "stride_on": 1}
+        okernel = moe_kernels.group_gemm_rs_sweep_kernel
+        for variant, fn in (("plain", okernel.kernel), ("rewritten", getattr(okernel.module, okernel.name))):
+            ptx = compile_asm(fn, {"h_ptr": ptr, "w_ptr": ptr, "out_ptr": ptr, "topk_weights_ptr": "*fp32",
+                                   **routing}, sweep, num_warps=4, num_stages=4 if one_k else 3)["ptx"]
+            print(f"sweep_moe_rs_k{'1' if one_k else 'n'}", variant,
+                  {"tma 3d": len(re.findall(r"cp\.async\.bulk\.tensor\.3d\.shared", ptx)),
+                   "sys release": len(re.findall(r"\b(?:atom|red)\.[\w.]*\b(?:sys\.release|release\.sys)\b", ptx))
+                   + ptx.count("fence.acq_rel.sys")})
     return 0
 
 

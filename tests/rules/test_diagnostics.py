@@ -171,3 +171,36 @@ def test_warp_specialised_loop_is_refused() -> None:
         ''')
     assert "warp-specialised loop (warp_specialize=WS)" in str(err) and err.line == 9
     assert "drop warp_specialize" in err.hint
+
+
+SWEEP = """
+@tilelink.overlap(tilelink.reduce_scatter("c_ptr"))
+@triton.jit
+def kernel(c_ptr, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    for pid_n in range(0, tl.cdiv(N, BLOCK_N)):
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+{inside}
+"""
+
+
+@pytest.mark.parametrize(("inside", "line"), [
+    # the rows change inside the loop: one notify after it cannot name them
+    ("        offs_m = offs_m + 0\n"
+     "        tl.store(c_ptr + offs_m[:, None] * N + offs_n[None, :], 1.0, mask=offs_m[:, None] < M)", 13),
+    # the store is not a statement of the loop's own body
+    ("        if pid_n > 0:\n"
+     "            tl.store(c_ptr + offs_m[:, None] * N + offs_n[None, :], 1.0, mask=offs_m[:, None] < M)", 13),
+])
+def test_store_in_a_column_loop_that_cannot_be_counted_says_why(inside: str, line: int) -> None:
+    err = _error(SWEEP.format(inside=inside))
+    assert err.line == line, err
+    assert "directly in the body of a loop over the tile's columns" in str(err)
+    assert "compute its row offsets outside the loop" in str(err)
+
+
+def test_store_in_a_column_loop_with_an_entangled_mask_says_what_to_write() -> None:
+    err = _error(SWEEP.format(inside="        tl.store(c_ptr + offs_m[:, None] * N + offs_n[None, :], 1.0, "
+                                     "mask=(offs_m[:, None] + offs_n[None, :]) < M)"))
+    assert err.line == 12, err
+    assert "cannot count the elements the store to 'c_ptr' writes in each iteration of the loop at line 10" in str(err)
