@@ -10,7 +10,7 @@ the user's source again except through what is recorded here.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import libcst as cst
 import libcst.matchers as m
@@ -91,6 +91,9 @@ class KernelAnalysis:
     # variables also bound other than by `name = value` (`+=`, a `for` target, `:=`): their values are
     # not all in `values`
     rebound: frozenset[str] = frozenset()
+    # variable -> every statement that binds it (``=``, ``+=``, ``:``, ``:=``, a ``for`` target), in order: its
+    # start, and for a ``for`` loop the end of the loop too (the target holds an iteration's value inside it)
+    bindings: dict[str, tuple[tuple[Where, Where | None], ...]] = field(default_factory=dict)
 
     def accesses_of(self, tensor: str, kind: str) -> list[Access]:
         return [a for a in self.accesses if a.tensor == tensor and a.kind == kind]
@@ -277,6 +280,15 @@ class _Analyzer:
             fn.body, m.AugAssign(target=m.Name()) | m.AnnAssign(target=m.Name()) | m.NamedExpr(target=m.Name()))}
         for loop in m.findall(fn.body, m.For()):
             self.rebound |= names_in(loop.target)
+        self.bindings: dict[str, list[tuple[Where, Where | None]]] = {}
+        for node in m.findall(fn.body, m.Assign() | m.AugAssign() | m.AnnAssign() | m.NamedExpr() | m.For()):
+            targets = [t.target for t in node.targets] if isinstance(node, cst.Assign) else [node.target]
+            end = self.positions[node].end if isinstance(node, cst.For) else None
+            span = (self.where(node), Where(self.file, end.line, end.column + 1) if end else None)
+            for name in set().union(*(names_in(t) for t in targets)):
+                self.bindings.setdefault(name, []).append(span)
+        for spans in self.bindings.values():
+            spans.sort(key=lambda b: (b[0].line, b[0].column))
 
     def where(self, node: cst.CSTNode) -> Where:
         pos = self.positions[node].start
@@ -614,5 +626,5 @@ def analyse(module: cst.Module, file: str, kernel: str,
                               fn_where,
                               {n: tuple(an.where(r.node) for r, _ in defs) for n, defs in an.assignments.items()},
                               {n: tuple(code(v) for _, v in defs) for n, defs in an.assignments.items()},
-                              frozenset(an.rebound))
+                              frozenset(an.rebound), {n: tuple(b) for n, b in an.bindings.items()})
     return analysis

@@ -1,5 +1,6 @@
 """The overlapped MoE operators on the GPU: two ranks sharing one H200 through NVSHMEM, bf16, compiled
-kernels (Hopper configs of ``tilelink.ops.moe.moe_config``), against a torch loop over experts.
+kernels (Hopper configs of ``tilelink.ops.moe``: the persistent AG kernel and the RS column sweep), against a
+torch loop over experts.
 
 Same rank functions as the emulated tests (``tests/ops/moe_worlds.py``).
 """
@@ -32,3 +33,12 @@ def test_ag_moe_and_moe_rs_two_ranks_bf16() -> None:
 def test_tp_moe_two_ranks_bf16_shared_expert() -> None:
     for err in tilelink.spawn(layer_matches_torch, 2, 300, 256, 320, 8, 2, True, "bfloat16", backend="nvshmem"):
         assert err < 3e-2
+
+
+def test_moe_rs_sweep_with_long_and_short_inner_slices_bf16() -> None:
+    """I=513 over 2 ranks: rank 0 holds 257 intermediate rows (the column sweep loops over K), rank 1 holds
+    256 (it gathers its rows once): one kernel in two specialisations, one protocol. H=200 output columns
+    (the last 64-column tile partial); the tensor-descriptor kernels asked for (persistent=True) and checked."""
+    for per_rank in tilelink.spawn(parts_match_torch, 2, 257, 200, 513, 4, 2, ["random"], "bfloat16", 2, True,
+                                   backend="nvshmem"):
+        assert all(err < 2e-2 for err in per_rank.values()), per_rank

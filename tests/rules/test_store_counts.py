@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
+import pytest
 from cases import HERE, moe_down_from_file
 
 import tilelink
@@ -35,16 +36,42 @@ def _generated(path: Path) -> str:
 
 
 def test_separable_dynamic_mask_counts_rows_times_columns(tmp_path: Path) -> None:
+    # the columns from the column vector's definition (offs_bn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)):
+    # scalar arithmetic, no reduction across the program's threads
     text = _generated(_variant(tmp_path, SEPARABLE))
-    assert "tlk_stored = tl.where(token_mask, tl.sum((offs_bn < (N)).to(tl.int32)), 0)" in text
-    assert "tlk_stored = tl.sum(" not in text
+    assert "tlk_stored = tl.where(token_mask, tl.minimum(tl.maximum((N) - (pid_n * BLOCK_N), 0), BLOCK_N), 0)" in text
+    assert "tlk_stored = tl.sum(" not in text and "tl.sum((offs_bn" not in text
 
 
 def test_separable_mask_with_a_low_precedence_bound_keeps_it_whole(tmp_path: Path) -> None:
     path = _variant(tmp_path, LOW_PRECEDENCE_BOUND)
-    assert "tlk_stored = tl.where(token_mask, tl.sum((offs_bn < (N & 65535)).to(tl.int32)), 0)" in _generated(path)
+    assert ("tlk_stored = tl.where(token_mask, tl.minimum(tl.maximum((N & 65535) - (pid_n * BLOCK_N), 0), BLOCK_N), 0)"
+            in _generated(path))
     for err in tilelink.spawn(moe_down_from_file, 2, str(path)):
         assert err < 1e-3, err
+
+
+COLUMNS = "    offs_bn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)\n"
+
+
+@pytest.mark.parametrize(("change", "why"), [
+    # the column vector wraps: its values are not start + 0..SIZE-1
+    ("    offs_bn = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % (N + BLOCK_N)\n", "modulo"),
+    # the start's name is bound again after the column vector is made: at the store it means something else
+    (COLUMNS + "    pid_n = pid_n + 1000\n", "rebound"),
+])
+def test_column_count_falls_back_to_the_vector_when_its_definition_does_not_hold_at_the_store(
+        tmp_path: Path, change: str, why: str) -> None:
+    source = (HERE / "reduce_scatter" / "moe_scatter_topk.before.py").read_text()
+    assert source.count(COLUMNS) == 1
+    path = tmp_path / f"moe_down_{why}.py"
+    path.write_text(source.replace(COLUMNS, change))
+    text = _generated(path)
+    assert "tlk_stored = tl.where(token_mask, tl.sum((offs_bn < (N)).to(tl.int32)), 0)" in text, text
+    assert "tl.maximum((N) - (pid_n" not in text
+    if why == "modulo":  # the wrapped columns reload the same elements: the kernel still computes the product
+        for err in tilelink.spawn(moe_down_from_file, 2, str(path)):
+            assert err < 1e-3, err
 
 
 def test_entangled_dynamic_mask_falls_back_to_the_generic_count_and_still_matches(tmp_path: Path) -> None:

@@ -53,7 +53,7 @@ def matmul_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk,
     c_mask = (offs_cm[:, None] < M) & (offs_cn[None, :] < N)
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=c_mask)
     # tilelink: notify the channels whose rows this tile completed (reduce_scatter, dim 0)
-    tlk_cols = tl.sum((offs_cn < (N)).to(tl.int32))
+    tlk_cols = tl.minimum(tl.maximum((N) - (pid_n * BLOCK_N), 0), BLOCK_N)
     tll.producer_tile_notify_rows(tlk_barriers, pid_m * BLOCK_M, pid_m * BLOCK_M + BLOCK_M, tlk_cols,
         tlk_rows, tlk_rows_per_rank, tlk_rows_per_channel, tlk_channels_per_rank, BLOCK_M)
 

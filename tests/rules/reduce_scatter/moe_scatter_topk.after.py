@@ -47,7 +47,7 @@ def fused_moe_down_kernel(a_ptr, b_ptr, c_ptr, topk_weights_ptr, sorted_token_id
     c_ptrs = c_ptr + offs_token[:, None] * stride_cm + offs_bn[None, :] * stride_cn
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=token_mask[:, None] & (offs_bn[None, :] < N))
     # tilelink: notify the channels of the rows this tile scattered through sorted_token_ids_ptr (reduce_scatter, dynamic mapping)
-    tlk_stored = tl.where(token_mask, tl.sum((offs_bn < (N)).to(tl.int32)), 0)
+    tlk_stored = tl.where(token_mask, tl.minimum(tl.maximum((N) - (pid_n * BLOCK_N), 0), BLOCK_N), 0)
     tlk_src = (offs_token) // top_k
     tlk_channel = tl.where((tlk_src >= 0) & (tlk_src < tlk_rows), tlm.tl_channel_of_row(tlk_src, tlk_rows_per_rank, tlk_rows_per_channel, tlk_channels_per_rank), -1)
     tll.producer_tile_notify_channels(tlk_barriers, tlk_channel, tlk_stored)

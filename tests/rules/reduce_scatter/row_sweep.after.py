@@ -41,7 +41,7 @@ def matmul_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk,
             acc = tl.dot(a, b, acc)
         tl.store(c_ptr + offs_am[:, None] * stride_cm + offs_bn[None, :] * stride_cn, acc,
                  mask=(offs_am[:, None] < M) & (offs_bn[None, :] < N))
-        tlk_cols += tl.sum((offs_bn < (N)).to(tl.int32))
+        tlk_cols += tl.minimum(tl.maximum((N) - (pid_n * BLOCK_N), 0), BLOCK_N)
     # tilelink: notify the channels whose rows the loop completed (reduce_scatter, dim 0)
     tll.producer_tile_notify_rows(tlk_barriers, pid_m * BLOCK_M, pid_m * BLOCK_M + BLOCK_M, tlk_cols,
         tlk_rows, tlk_rows_per_rank, tlk_rows_per_channel, tlk_channels_per_rank, BLOCK_M)

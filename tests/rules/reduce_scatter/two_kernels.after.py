@@ -71,7 +71,7 @@ def down_kernel(h_ptr, w_ptr, y_ptr, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl
     y = acc
     tl.store(y_ptr + offs_m[:, None] * N + offs_n[None, :], y, mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
     # tilelink: notify the channels whose rows this tile completed (reduce_scatter, dim 0)
-    tlk_cols = tl.sum((offs_n < (N)).to(tl.int32))
+    tlk_cols = tl.minimum(tl.maximum((N) - (pid_n * BLOCK_N), 0), BLOCK_N)
     tll.producer_tile_notify_rows(tlk_barriers, pid_m * BLOCK_M, pid_m * BLOCK_M + BLOCK_M, tlk_cols,
         tlk_rows, tlk_rows_per_rank, tlk_rows_per_channel, tlk_channels_per_rank, BLOCK_M)
 
