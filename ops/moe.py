@@ -116,7 +116,7 @@ def sweep_chunks(m_tiles: int, programs: int, most: int = 8) -> int:
     """Runs of column tiles per M tile for the column sweep: with ``c`` runs the ``m_tiles * c`` programs
     take ``ceil(m_tiles * c / programs)`` waves of ``SWEEP_OVERHEAD + 1 / c`` each; the fewest runs of the
     least time (each run is one more notify and one more gather of the rows). MoE-5 at world 8 (144 M tiles
-    on 116 SMs): 2; MoE-6 (336): 1."""
+    on 116 SMs): 2; MoE-6 (339): 1."""
     runs = [c for c in (1, 2, 4, 8) if c <= most]
     return min(runs, key=lambda c: (triton.cdiv(m_tiles * c, programs) * (SWEEP_OVERHEAD + 1 / c), c))
 

@@ -20,10 +20,11 @@ Hopper; the gathered rows stay pointer loads: a gathered tile has no tensor-desc
 the gather on the copy engine, which ``ag_moe`` takes on every GPU rank (padding a rank's columns of ``w``
 to 16-byte rows when they are not).
 The RS part's short inner dimension (``I / R``: 256 at world 8) makes its tiles short: a tile loads as
-much as it computes, and its notify's fence waits for its stores. On a GPU ``moe_rs`` takes
-:func:`group_gemm_rs_sweep_kernel`: each program gathers its rows of ``h`` once and sweeps a run of
-column tiles, ``w`` by tensor descriptor, and the rewrite notifies once per program, after the sweep
-(0.63 -> 0.79 of dense cuBLAS as written on MoE-4, docs/PERFORMANCE.md).
+much as it computes, and a notify per tile (count, barrier, fence) comes every few microseconds. On a
+GPU ``moe_rs`` takes :func:`group_gemm_rs_sweep_kernel`: each program gathers its rows of ``h`` once and
+sweeps a run of column tiles, ``w`` by tensor descriptor, and the rewrite notifies once per program, after
+the sweep
+(MoE-4 at world 8 on an H200: 0.51 -> 0.76 of dense cuBLAS rewritten, docs/PERFORMANCE.md).
 """
 
 import triton
