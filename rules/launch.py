@@ -153,6 +153,7 @@ class Launcher:
             ctx.streams.main.wait_stream(ctx.streams.side)
         if self.okernel.check_waits:
             ctx.diag.check_later(kernel=self.okernel.name)
+            self.world().impl.check_waits()  # a copy-engine wait released by the watcher (non-blocking)
 
     def check(self) -> None:
         """Wait for every context's kernels and raise :class:`tilelink.WaitTimeout` for a timed-out wait."""

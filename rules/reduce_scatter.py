@@ -705,7 +705,8 @@ class ReduceScatterLauncher(Launcher):
                 ch = dst * sh.channels_per_rank + j
                 lo, hi = sh.channel_range(ch)
                 if hi > lo:
-                    rank_wait(ctx.channel, ch, epoch * (hi - lo) * row_elems, stream)
+                    # the host goes on enqueueing; a stuck wait is released and raised by finish()
+                    rank_wait(ctx.channel, ch, epoch * (hi - lo) * row_elems, stream, block=False)
                     rank_copy_data(ctx.partial[lo:hi], peer_recv[world.rank, lo - dst_lo:hi - dst_lo], stream)
                 rank_notify(ctx.recv_channel, world.rank * sh.channels_per_rank + j, epoch, dst, stream)
 

@@ -40,9 +40,15 @@ class Backend(Protocol):
         release order after earlier work on ``stream`` (copy-engine side: cuStreamWriteValue64)."""
 
     def wait_value(self, word: torch.Tensor, value: int, stream: torch.cuda.Stream | None,
-                   timeout_s: float) -> None:
+                   timeout_s: float, block: bool = True, index: int = -1) -> None:
         """Make ``stream`` wait until the int64 ``word`` is >= ``value`` (cuStreamWaitValue64, GEQ).
-        The emulated backend polls on the host and raises WaitTimeout after ``timeout_s``."""
+        The emulated backend polls on the host and raises WaitTimeout after ``timeout_s``. With
+        ``block=False`` a GPU backend returns at once and watches the wait from a host thread: a wait
+        still pending after ``timeout_s`` is released and raised as WaitTimeout by the next
+        :meth:`check_waits` or wait."""
+
+    def check_waits(self) -> None:
+        """Raise the WaitTimeout of a watched (``block=False``) wait that timed out; never blocks."""
 
     def copy(self, src: torch.Tensor, dst: torch.Tensor, stream: torch.cuda.Stream | None) -> None:
         """Copy-engine copy of bytes between (peer) symmetric views on ``stream``."""

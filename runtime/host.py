@@ -45,15 +45,18 @@ def rank_notify(barriers: torch.Tensor | Channel, index: int, value: int, rank: 
 
 
 def rank_wait(barriers: torch.Tensor | Channel, index: int, value: int,
-              stream: torch.cuda.Stream | None = None, timeout_s: float | None = None) -> None:
+              stream: torch.cuda.Stream | None = None, timeout_s: float | None = None, block: bool = True) -> None:
     """Make ``stream`` (emulated: the host) wait until the local barrier word ``index`` is
     ``>= value`` (acquire). The emulated backend raises :class:`tilelink.WaitTimeout` after
-    ``timeout_s`` (default ``TILELINK_WAIT_TIMEOUT``)."""
+    ``timeout_s`` (default ``TILELINK_WAIT_TIMEOUT``). On a GPU the host checks the wait before
+    returning; with ``block=False`` it returns at once (the host keeps enqueueing) and a wait still
+    pending after ``timeout_s`` is released by a watcher thread and raised by the next
+    ``current_world().impl.check_waits()`` or wait."""
     tensor = _barrier_array(barriers, index, "rank_wait")
     world = current_world()
     budget = wait_timeout_s(world.backend == "emulated") if timeout_s is None else timeout_s
     try:
-        world.impl.wait_value(tensor[index:index + 1], int(value), stream, budget)
+        world.impl.wait_value(tensor[index:index + 1], int(value), stream, budget, block=block, index=index)
     except WaitTimeout as exc:
         raise WaitTimeout(rank=world.rank, primitive="rank_wait", index=index, expected=int(value),
                           seen=exc.seen, budget_s=budget) from None

@@ -69,6 +69,27 @@ def backend_suite(backend):
         out["timeout"] = (exc.expected, exc.seen, exc.primitive)
     side.synchronize()
     out["timeout_s"] = round(time.monotonic() - start, 2)
+    # the same wait, not blocking the host: it returns at once, the watcher releases the stream after the
+    # budget, and the next check raises the timeout
+    start = time.monotonic()
+    backend.wait_value(words.view(torch.int64)[prv:prv + 1], 2000, side, timeout_s=1.0, block=False, index=prv)
+    out["watched_return_s"] = round(time.monotonic() - start, 2)
+    side.synchronize()
+    out["watched_release_s"] = round(time.monotonic() - start, 2)
+    time.sleep(0.05)
+    try:
+        backend.check_waits()
+        out["watched_timeout"] = "no error"
+    except tilelink.WaitTimeout as exc:
+        out["watched_timeout"] = (exc.expected, exc.seen, exc.index)
+    backend.check_waits()  # raised once
+    # a watched wait that is satisfied raises nothing
+    backend.barrier()  # every rank's timed-out wait is over before anyone writes again
+    backend.write_value(word_views[nxt].view(torch.int64)[r:r + 1], 3000, side)
+    backend.wait_value(words.view(torch.int64)[prv:prv + 1], 3000, side, timeout_s=30.0, block=False)
+    side.synchronize()
+    time.sleep(0.05)
+    backend.check_waits()
     backend.barrier()
 
     # release is collective and refuses a second release of the same buffer
@@ -106,6 +127,8 @@ def test_backend_world(world_size):
         assert out["pulled"] == 1024 * ((prv - 1) % n + 7)
         assert out["timeout"][0] == 1000 and out["timeout"][1] == 3 and out["timeout"][2] == "rank_wait"
         assert out["timeout_s"] < 10
+        assert out["watched_return_s"] < 0.5 and 0.9 < out["watched_release_s"] < 10, out
+        assert out["watched_timeout"] == (2000, 1000, prv), out
         assert out["double_release"] == "SymmetricHeapError"
         assert out["foreign_release"] == "SymmetricHeapError"
         assert out["empty"] == (0, [0] * n)
