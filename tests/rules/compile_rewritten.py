@@ -88,6 +88,9 @@ def main() -> int:
 
     load_widths(reduce_scatter.rs_ring_consumer, ring_types, {"BLOCK": 1024})
     print("rs_ring_consumer compiled {'compiled': 1}")
+    load_widths(reduce_scatter.rs_reduce_received, {"recv_ptr": ptr, "out_ptr": ptr, "recv_barriers": "*i64",
+                                                    "tlk_diag": "*i64", "tlk_budget": i64}, {"BLOCK": 1024})
+    print("rs_reduce_received compiled {'compiled': 1}")
     for name, okernel, types, meta in cases:
         plain = load_widths(okernel.kernel, types, meta)
         rewritten = load_widths(getattr(okernel.module, okernel.name), types, meta)

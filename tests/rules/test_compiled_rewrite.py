@@ -29,6 +29,7 @@ def test_rewritten_kernels_keep_wide_loads() -> None:
         assert rewritten == plain, (kernel, plain, rewritten)
     assert profiles[("rs_pull_consumer", "TOPK=1")] == profiles[("rs_pull_consumer", "TOPK=2")] == {"compiled": 1}
     assert profiles[("rs_ring_consumer", "compiled")] == {"compiled": 1}
+    assert profiles[("rs_reduce_received", "compiled")] == {"compiled": 1}
     # the persistent kernels: the same bulk-tensor (TMA) loads once rewritten; the MoE weights by a 3-D
     # descriptor (one expert at a time); the reduce-scatter's notify a releasing reduction
     for kernel, tma in (("persistent_ag_gemm", "tma 2d"), ("persistent_gemm_rs", "tma 2d"),

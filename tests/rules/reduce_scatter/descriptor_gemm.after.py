@@ -69,24 +69,28 @@ def rs_reduce_received(recv_ptr, out_ptr, recv_barriers, tlk_epoch, tlk_rank, tl
     nprog = tl.num_programs(0)
     nblocks = tl.cdiv(tlk_rows_per_channel * row_elems, BLOCK)
     rank_lo = tlk_rank * tlk_rows_per_rank
-    for u in range(pid, tlk_channels_per_rank * nblocks, nprog):
-        j = u // nblocks
+    for j in range(0, tlk_channels_per_rank):
         lo, hi = tlm.tl_channel_range(tlk_rank * tlk_channels_per_rank + j, tlk_rows, tlk_rows_per_rank,
                                       tlk_rows_per_channel, tlk_channels_per_rank)
         n = (hi - lo) * row_elems
-        off = (u % nblocks) * BLOCK
-        if off < n:
-            idx = off + tl.arange(0, BLOCK)
-            mask = idx < n
-            acc = tl.zeros([BLOCK], dtype=tl.float32)
+        first = (pid + nprog - (j * nblocks) % nprog) % nprog  # blocks dealt round-robin across the channels
+        if first < tl.cdiv(n, BLOCK):
+            # once per channel and source, not per block (each wait is a poll and a barrier)
+            token = tl.zeros((), dtype=tl.int32)
             for p in range(0, tlk_world):
                 src = (tlk_rank + 1 + p) % tlk_world
-                token = tll.consumer_tile_wait(recv_barriers, src * tlk_channels_per_rank + j, 1, tlk_epoch,
-                                               tlk_diag, tlk_budget)
-                slot = src * tlk_rows_per_rank * row_elems + (lo - rank_lo) * row_elems
-                x = tl.load(recv_ptr + slot + idx + token, mask=mask)
-                acc += x.to(tl.float32)
-            tl.store(out_ptr + (lo - rank_lo) * row_elems + idx, acc.to(out_ptr.dtype.element_ty), mask=mask)
+                token += tll.consumer_tile_wait(recv_barriers, src * tlk_channels_per_rank + j, 1, tlk_epoch,
+                                                tlk_diag, tlk_budget)
+            for off in range(first * BLOCK, n, nprog * BLOCK):
+                idx = off + tl.arange(0, BLOCK)
+                mask = idx < n
+                acc = tl.zeros([BLOCK], dtype=tl.float32)
+                for p in range(0, tlk_world):
+                    src = (tlk_rank + 1 + p) % tlk_world
+                    slot = src * tlk_rows_per_rank * row_elems + (lo - rank_lo) * row_elems
+                    x = tl.load(recv_ptr + slot + idx + token, mask=mask)
+                    acc += x.to(tl.float32)
+                tl.store(out_ptr + (lo - rank_lo) * row_elems + idx, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 TILELINK_PLAN = {'matmul_kernel': {'channels_per_rank': None,

@@ -51,39 +51,47 @@ def rs_pull_consumer(partial_ptr, peer_table, out_ptr, tlk_barriers, barrier_tab
 
     ``partial_ptr`` is the local copy of the symmetric partial buffer: (rows, row_elems), or with
     ``TOPK > 1`` (MoE: GroupGEMM -> top-k reduce -> reduce-scatter, paper §7.2) (rows * TOPK,
-    row_elems) whose rows ``t * TOPK + k`` are token ``t``'s expert slots, summed too. Each unit of
-    work is one block of one channel; a channel of ``n`` output elements is complete on a rank once
-    its barrier word reaches ``epoch * n * TOPK``.
+    row_elems) whose rows ``t * TOPK + k`` are token ``t``'s expert slots, summed too. Channel by
+    channel, the blocks of a channel are dealt round-robin over the programs; a program waits once per
+    channel and rank, before its first block of the channel (a channel of ``n`` output elements is
+    complete on a rank once its barrier word reaches ``epoch * n * TOPK``). Waiting per block instead
+    polled a peer's flag over the link for every 1024 elements.
     """
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     nblocks = tl.cdiv(tlk_rows_per_channel * row_elems, BLOCK)
     rank_lo = tlk_rank * tlk_rows_per_rank
-    for u in range(pid, tlk_channels_per_rank * nblocks, nprog):
-        ch = tlk_rank * tlk_channels_per_rank + u // nblocks
+    for j in range(0, tlk_channels_per_rank):
+        ch = tlk_rank * tlk_channels_per_rank + j
         lo, hi = tlm.tl_channel_range(ch, tlk_rows, tlk_rows_per_rank, tlk_rows_per_channel,
                                       tlk_channels_per_rank)
         n = (hi - lo) * row_elems
-        off = (u % nblocks) * BLOCK
-        if off < n:
-            idx = off + tl.arange(0, BLOCK)
-            mask = idx < n
-            acc = tl.zeros([BLOCK], dtype=tl.float32)
+        # this program's first block of the channel: blocks are dealt round-robin across the channels
+        first = (pid + nprog - (j * nblocks) % nprog) % nprog
+        if first < tl.cdiv(n, BLOCK):
+            # once per channel and source (not per block): each wait polls a peer's flag over the link
+            token = tl.zeros((), dtype=tl.int32)
             for p in range(0, tlk_world):
                 src = (tlk_rank + 1 + p) % tlk_world
                 src_barriers = tll.peer_ptr(barrier_table, tlk_barriers, src)
-                token = tll.consumer_tile_wait(src_barriers, ch, 1, tlk_epoch * n * TOPK, tlk_diag, tlk_budget)
-                if TOPK == 1:
-                    x = tll.tile_pull_data(peer_table, partial_ptr, src, lo * row_elems + idx + token, mask)
-                    acc += x.to(tl.float32)
-                else:
-                    row = lo + idx // row_elems
-                    col = idx % row_elems
-                    for k in range(0, TOPK):
-                        x = tll.tile_pull_data(peer_table, partial_ptr, src, (row * TOPK + k) * row_elems + col + token,
-                                               mask)
+                token += tll.consumer_tile_wait(src_barriers, ch, 1, tlk_epoch * n * TOPK, tlk_diag, tlk_budget)
+            for off in range(first * BLOCK, n, nprog * BLOCK):
+                idx = off + tl.arange(0, BLOCK)
+                mask = idx < n
+                acc = tl.zeros([BLOCK], dtype=tl.float32)
+                for p in range(0, tlk_world):
+                    src = (tlk_rank + 1 + p) % tlk_world
+                    if TOPK == 1:
+                        x = tll.tile_pull_data(peer_table, partial_ptr, src, lo * row_elems + idx + token, mask)
                         acc += x.to(tl.float32)
-            tl.store(out_ptr + (lo - rank_lo) * row_elems + idx, acc.to(out_ptr.dtype.element_ty), mask=mask)
+                    else:
+                        row = lo + idx // row_elems
+                        col = idx % row_elems
+                        for k in range(0, TOPK):
+                            x = tll.tile_pull_data(peer_table, partial_ptr, src,
+                                                   (row * TOPK + k) * row_elems + col + token, mask)
+                            acc += x.to(tl.float32)
+                tl.store(out_ptr + (lo - rank_lo) * row_elems + idx, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 TILELINK_PLAN = {'partial_scale_kernel': {'channels_per_rank': None,
