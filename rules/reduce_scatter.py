@@ -114,8 +114,9 @@ def _before(a: Where, b: Where) -> bool:
 
 def _column_range(an: KernelAnalysis, access, cols: str) -> tuple[str, str] | None:
     """``(start, SIZE)`` when ``cols`` is assigned once, as ``start + tl.arange(0, SIZE)`` (no modulo), before
-    the store, and no name of ``start`` is bound again between that assignment and the store, nor is it the
-    target of a loop that ends before the store: ``start`` then means at the store what it meant there."""
+    the store, and every binding of a name of ``start`` comes before that assignment (none after it, even
+    after the store in a loop) and is not the target of a loop that ends before the store: ``start`` then
+    means at the store what it meant there."""
     values, binds = an.values.get(cols, ()), an.bindings.get(cols, ())
     if len(values) != 1 or len(binds) != 1:
         return None
@@ -130,7 +131,9 @@ def _column_range(an: KernelAnalysis, access, cols: str) -> tuple[str, str] | No
         return None  # a load may read something the kernel wrote since
     for name in names_in(start):
         for at, loop_end in an.bindings.get(name, ()):
-            if _before(defined, at) and _before(at, store):
+            # bound after the column vector was made (before the store, or later in a loop around both or
+            # around the store only): at the store it may mean something else
+            if _before(defined, at):
                 return None
             if loop_end is not None and _before(loop_end, store):
                 return None
@@ -301,17 +304,18 @@ def _dynamic_notify(t, spec: ReduceScatterSpec) -> tuple[str, ...]:
             "tll.producer_tile_notify_channels(tlk_barriers, tlk_channel, tlk_stored)")
 
 
-def _swept(an: KernelAnalysis, a, t, spec: ReduceScatterSpec) -> list[Insertion]:
-    """A store in a loop over the columns of rows fixed before the loop (``a.anchor``): count what each
-    iteration stored, and notify the rows' channels once, after the loop (one barrier and fence for
-    the whole sweep instead of one per iteration)."""
+def _swept(an: KernelAnalysis, a, t, spec: ReduceScatterSpec, total: str) -> list[Insertion]:
+    """A store in a loop over the columns of rows fixed before the loop (``a.anchor``): count in ``total``
+    (a name of this store's own: another store's notify may reuse ``tlk_cols`` / ``tlk_stored`` inside the
+    loop) what each iteration stored, and notify the rows' channels once, after the loop (one barrier and
+    fence for the whole sweep instead of one per iteration)."""
     loop = a.anchor
     if t.dynamic:
         return [Insertion(loop, "before", ("# tilelink: the loop below stores the same rows each iteration: "
                                            "count per row what it stored (reduce_scatter)",
-                                           f"tlk_stored = tl.zeros_like({t.start}).to(tl.int32)")),
-                Insertion(a.where, "after", (_dynamic_count(an, a, "tlk_stored +="),)),
-                Insertion(loop, "after", (_dynamic_comment(spec), *_dynamic_notify(t, spec)))]
+                                           f"{total} = tl.zeros_like({t.start}).to(tl.int32)")),
+                Insertion(a.where, "after", (_dynamic_count(an, a, f"{total} +="),)),
+                Insertion(loop, "after", (_dynamic_comment(spec), f"tlk_stored = {total}", *_dynamic_notify(t, spec)))]
     if a.descriptor:
         box = an.descriptor_box(a)
         if box is None:
@@ -333,11 +337,11 @@ def _swept(an: KernelAnalysis, a, t, spec: ReduceScatterSpec) -> list[Insertion]
                 hint="mask the store with (rows < M)[:, None] & (columns < N)[None, :], or store once per tile "
                      "outside the loop")
     return [Insertion(loop, "before", ("# tilelink: the loop below stores the same rows each iteration: "
-                                       "count the columns it stored (reduce_scatter)", "tlk_cols = 0")),
-            Insertion(a.where, "after", (f"tlk_cols += {columns}",)),
+                                       "count the columns it stored (reduce_scatter)", f"{total} = 0")),
+            Insertion(a.where, "after", (f"{total} += {columns}",)),
             Insertion(loop, "after", (
                 f"# tilelink: notify the channels whose rows the loop completed (reduce_scatter, dim {spec.dim})",
-                *wait, *_notify_rows(an, t, _NOTIFY_CHANNEL)))]
+                *wait, f"tlk_cols = {total}", *_notify_rows(an, t, _NOTIFY_CHANNEL)))]
 
 
 def rewrite(an: KernelAnalysis, spec: ReduceScatterSpec, options: Options) -> RewritePlan:
@@ -373,11 +377,12 @@ def rewrite(an: KernelAnalysis, spec: ReduceScatterSpec, options: Options) -> Re
                 f"body of a loop over the tile's columns", file=a.where.file, line=a.where.line,
                 column=a.where.column,
                 hint="move the store out of the nested block (an `if` or an inner loop), or compute its row "
-                     "offsets outside the loop that sweeps the columns")
+                     "offsets outside the loop that sweeps the columns; that loop may change only the column "
+                     "terms of the address (`offs_n[None, :]`), not a pointer it advances")
         t = a.tile
         assert t is not None and a.anchor is not None and a.value is not None
         if a.swept:
-            insertions += _swept(an, a, t, spec)
+            insertions += _swept(an, a, t, spec, "tlk_swept" if len(stores) == 1 else f"tlk_swept_{stores.index(a)}")
             report.append(ReportEntry(an.name, RULE, "applied",
                                       f"the loop at line {a.anchor.line} stores the same rows on every iteration "
                                       f"(line {a.where.line}): it counts what they stored and notifies once, "
@@ -515,7 +520,8 @@ def rs_pull_consumer(partial_ptr, peer_table, out_ptr, tlk_barriers, barrier_tab
             for p in range(0, tlk_world):
                 src = (tlk_rank + 1 + p) % tlk_world
                 src_barriers = tll.peer_ptr(barrier_table, tlk_barriers, src)
-                token += tll.consumer_tile_wait(src_barriers, ch, 1, tlk_epoch * n * TOPK, tlk_diag, tlk_budget)
+                token += tll.consumer_tile_wait(src_barriers, ch, 1, tlk_epoch.to(tl.int64) * n * TOPK, tlk_diag,
+                                                tlk_budget)
             for off in range(first * BLOCK, n, nprog * BLOCK):
                 idx = off + tl.arange(0, BLOCK)
                 mask = idx < n
@@ -559,7 +565,7 @@ def rs_ring_consumer(partial_ptr, out_ptr, recv_ptr, recv_table, tlk_barriers, r
                                           tlk_channels_per_rank)
             n = (hi - lo) * row_elems
             at = d * slot_elems + (lo - d * tlk_rows_per_rank) * row_elems
-            token = tll.consumer_tile_wait(tlk_barriers, ch, 1, tlk_epoch * n, tlk_diag, tlk_budget)
+            token = tll.consumer_tile_wait(tlk_barriers, ch, 1, tlk_epoch.to(tl.int64) * n, tlk_diag, tlk_budget)
             if s > 0:
                 token += tll.peer_tile_wait(recv_flags, ch, tlk_epoch, tlk_diag, tlk_budget)
             for off in range(0, n, BLOCK):

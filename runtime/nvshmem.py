@@ -22,7 +22,9 @@ How a host wait that never completes is diagnosed (``wait_value``):
 
 ``wait_value(..., block=False)`` (what the operators' copy-engine halves use, so that the host keeps
 enqueueing while the GPU works) returns after step 1 and leaves steps 2-3 to a watcher thread; the
-WaitTimeout of a wait it released is raised by the next ``check_waits()`` (every launch's finish) or wait.
+WaitTimeout of a wait it released is printed at once and raised by the next ``check_waits()`` (every
+launch's finish) or by ``finalize()``; its budget starts when the stream reaches the wait. Not for CUDA graph
+capture (the watcher queries events while the host runs on).
 A blocking host poll made each hybrid reduce-scatter call wait on the host for its channels: on two H200s
 gemm_rs took 3.0 ms against 0.74 ms for cuBLAS + NCCL (docs/PERFORMANCE.md).
 
@@ -35,6 +37,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import sys
 import threading
 import time
 
@@ -97,56 +100,80 @@ def _base_address(t: torch.Tensor) -> int:
 
 
 class _WaitWatcher:
-    """The host side of non-blocking stream waits: a daemon thread polls each watched wait's event;
-    one still pending after its budget is diagnosed and released as a blocking wait would be (its
-    word read, the stream released), and its WaitTimeout kept for :meth:`raise_timeout`."""
+    """The host side of non-blocking stream waits: a daemon thread polls each watched wait; one whose
+    stream has reached it (``reached``) but not passed it (``passed``) within its budget is diagnosed and
+    released as a blocking wait would be (its word read, the stream released), and its WaitTimeout kept
+    for :meth:`raise_timeout`. The budget starts when the stream reaches the wait, not when the host
+    enqueued it: the host may run far ahead of a busy stream."""
 
     def __init__(self, backend: NvshmemBackend) -> None:
         self._backend = backend
-        self._pending: list[tuple[torch.cuda.Event, int, int, float, float, int]] = []
+        # [reached, passed, address, value, budget, index, deadline (None until reached)]
+        self._pending: list[list] = []
         self._lock = threading.Lock()
-        self._timeout: WaitTimeout | None = None
+        self._error: Exception | None = None
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"tilelink-wait-watch-{backend.rank}", daemon=True)
         self._thread.start()
 
-    def watch(self, passed: torch.cuda.Event, address: int, value: int, timeout_s: float, index: int) -> None:
+    def watch(self, reached: torch.cuda.Event, passed: torch.cuda.Event, address: int, value: int,
+              timeout_s: float, index: int) -> None:
         with self._lock:
-            self._pending.append((passed, address, value, time.monotonic() + timeout_s, timeout_s, index))
+            self._pending.append([reached, passed, address, value, timeout_s, index, None])
 
     def raise_timeout(self) -> None:
         with self._lock:
-            timeout, self._timeout = self._timeout, None
-        if timeout is not None:
-            raise timeout
+            error, self._error = self._error, None
+        if error is not None:
+            raise error
 
     def stop(self) -> None:
         self._stopping.set()
         self._thread.join()
 
+    def _keep(self, error: Exception) -> None:
+        with self._lock:
+            self._error = self._error or error  # the first: what went wrong first
+
     def _run(self) -> None:
-        torch.cuda.set_device(self._backend.device)  # the driver calls of a release need the context here
+        try:
+            torch.cuda.set_device(self._backend.device)  # the driver calls of a release need the context here
+        except Exception as exc:  # noqa: BLE001 - kept and raised by the next check
+            self._keep(TileLinkError(f"the host-wait watcher could not start on {self._backend.device}: {exc}"))
         while not self._stopping.is_set():
             with self._lock:
                 pending = list(self._pending)
             for item in pending:
-                passed, address, value, deadline, budget, index = item
-                if passed.query():
-                    done = True
-                elif time.monotonic() < deadline or self._backend._read_word(address) >= value:
-                    continue  # not yet due, or it arrived and the stream is about to pass
-                else:
-                    seen = self._backend._read_word(address)
-                    self._backend._release_wait(address, value)
-                    with self._lock:
-                        self._timeout = self._timeout or WaitTimeout(
-                            rank=self._backend.rank, primitive="rank_wait", index=index, expected=value, seen=seen,
-                            budget_s=budget)
+                try:
+                    done = self._check(item)
+                except Exception as exc:  # noqa: BLE001 - a watcher that died would leave stuck waits stuck
+                    self._keep(TileLinkError(f"the host-wait watcher failed on a rank_wait: {exc}"))
                     done = True
                 if done:
                     with self._lock:
                         self._pending.remove(item)
             self._stopping.wait(_POLL_MAX_S if pending else 10 * _POLL_MAX_S)
+
+    def _check(self, item: list) -> bool:
+        """One look at a watched wait; whether it is over (passed, or released)."""
+        reached, passed, address, value, budget, index, deadline = item
+        if passed.query():
+            return True
+        now = time.monotonic()
+        if deadline is None:
+            if reached.query():
+                item[6] = now + budget
+            return False
+        if now < deadline or self._backend._read_word(address) >= value:
+            return False  # not yet due, or it arrived and the stream is about to pass
+        seen = self._backend._read_word(address)
+        self._backend._release_wait(address, value)
+        timeout = WaitTimeout(rank=self._backend.rank, primitive="rank_wait", index=index, expected=value,
+                              seen=seen, budget_s=budget)
+        # said at once (the data behind the flag is not valid); raised by the next check
+        sys.stderr.write(f"tilelink: {timeout} (released; raised at the next launch)\n")
+        self._keep(timeout)
+        return True
 
 
 class NvshmemBackend:
@@ -306,16 +333,19 @@ class NvshmemBackend:
         """``cuStreamWaitValue64(GEQ)`` on ``stream``, then a host check bounded by ``timeout_s``:
         raises :class:`tilelink.WaitTimeout` (and releases the stream) if the word never got there.
         ``block=False``: the check runs on the watcher thread (see the module's docstring)."""
-        self.check_waits()
         stream = self._stream(stream)
         address = self._word(word, "wait_value")
         flags = self._flag("CUstreamWaitValue_flags", "CU_STREAM_WAIT_VALUE_GEQ", _WAIT_GEQ_FALLBACK)
+        reached = None
+        if not block:  # the watcher's budget starts when the stream gets here
+            reached = torch.cuda.Event()
+            reached.record(stream)
         _check(self._wait64(self._stream_handle(stream), self._driver.CUdeviceptr(address),
                             int(value), flags), "cuStreamWaitValue64")
         passed = torch.cuda.Event()
         passed.record(stream)
-        if not block:
-            self._watcher().watch(passed, address, int(value), float(timeout_s), index)
+        if reached is not None:
+            self._watcher().watch(reached, passed, address, int(value), float(timeout_s), index)
             return
         deadline = time.monotonic() + float(timeout_s)
         pause = _POLL_FIRST_S
@@ -370,9 +400,9 @@ class NvshmemBackend:
         if self._finalized:
             return
         torch.cuda.synchronize(self.device)  # a stuck watched wait is released by the watcher within its budget
-        if self._watch is not None:
-            self._watch.stop()
-            self._watch = None
+        watch, self._watch = self._watch, None
+        if watch is not None:
+            watch.stop()
         for base in sorted(self._live):
             buffer, _ = self._live.pop(base)
             self._core.free_tensor(buffer)
@@ -384,6 +414,8 @@ class NvshmemBackend:
             self._core.finalize()
         _check(self._driver.cuStreamDestroy(self._side_stream), "cuStreamDestroy")
         self._finalized = True
+        if watch is not None:
+            watch.raise_timeout()  # a watched wait that timed out after the last launch: not lost
 
     def __repr__(self) -> str:
         return f"NvshmemBackend(rank={self.rank}, world_size={self.world_size}, device={self.device})"

@@ -537,7 +537,9 @@ def _anchor(an: _Analyzer, acc: Access, tile: Tile | None, pointers: set[str]) -
 
 def _sweeps(an: _Analyzer, anchor: cst.CSTNode, chain, acc: Access, tile: Tile) -> bool:
     """Whether ``anchor`` is a ``for`` loop whose body holds the access as a statement of its own (a
-    store at the start of its line) and which assigns neither the tile's offsets nor a name of its start."""
+    store at the start of its line) that writes the same rows on every iteration: the loop binds neither
+    the tile's offsets nor a name of its start, nor any name the store's address depends on other than
+    through its column terms (``cols[None, :]``; a descriptor store: other than its column offsets)."""
     if not isinstance(anchor, cst.For) or chain.blocks[-1] is not anchor.body:
         return False
     if an.where(chain.node) != acc.where:
@@ -548,7 +550,46 @@ def _sweeps(an: _Analyzer, anchor: cst.CSTNode, chain, acc: Access, tile: Tile) 
         for t in targets:
             bound |= names_in(t)
     rows = names_in(cst.parse_expression(tile.start)) | ({tile.offsets} if tile.offsets else set())
-    return not (rows & bound)
+    if rows & bound:
+        return False
+    if acc.descriptor:  # the descriptor and its row offset stay; its column offsets may move
+        if acc.offsets is None or acc.pointer in bound:
+            return False
+        offsets = cst.parse_expression(acc.offsets)
+        if not isinstance(offsets, (cst.List, cst.Tuple)) or not offsets.elements:
+            return False
+        return not (names_in(offsets.elements[0].value) & bound)
+    return not (_row_names(an, cst.parse_expression(acc.pointer), bound) & bound)
+
+
+def _row_names(an: _Analyzer, expr: cst.BaseExpression, bound: set[str], depth: int = 0) -> set[str]:
+    """The names ``expr`` depends on other than through column terms ``x[None, :]``, looking through
+    names assigned once (a name assigned more than once, or by ``+=``, stands for itself)."""
+    found: set[str] = set()
+
+    class _V(cst.CSTVisitor):
+        def visit_Subscript(self, node: cst.Subscript) -> bool:
+            el = node.slice
+            column = (len(el) == 2 and isinstance(el[0].slice, cst.Index) and code(el[0].slice.value) == "None"
+                      and isinstance(el[1].slice, cst.Slice))
+            return not column  # a column term may change from one column tile to the next
+
+        def visit_Name(self, node: cst.Name) -> None:
+            found.add(node.value)
+
+        def visit_Attribute(self, node: cst.Attribute) -> bool:
+            node.value.visit(self)  # `tl.arange`: the module, not the attribute
+            return False
+
+    expr.visit(_V())
+    out: set[str] = set()
+    for name in found:
+        defs = an.assignments.get(name, [])
+        if len(defs) == 1 and name not in an.rebound and depth < 8:
+            out |= _row_names(an, defs[0][1], bound, depth + 1)
+        else:
+            out.add(name)
+    return out
 
 
 def _targets(assign: cst.Assign) -> set[str]:

@@ -221,6 +221,25 @@ def moe_down_from_file(path: str) -> float:
     return moe_down(module.fused_moe_down_kernel, tilelink.rank(), tilelink.world_size())
 
 
+def fill_from_file(path: str, name: str, M: int, N: int, programs: int, meta: dict, calls: int = 2) -> float:
+    """Run ``name(c_ptr, M, N, stride_cm, **meta)`` from the file ``path`` (a kernel that stores 1.0 to every
+    element of C, reduce-scattered along M) on ``programs`` programs, ``calls`` times; the largest error of
+    this rank's rows against the world size (every rank adds its ones)."""
+    import tilelink
+
+    spec = importlib.util.spec_from_file_location(f"fill_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    kernel = getattr(module, name)
+    lo, hi = rows_of(tilelink.rank(), tilelink.world_size(), M)
+    err = 0.0
+    for _ in range(calls):
+        out = torch.full((hi - lo, N), float("nan"))
+        kernel[(programs,)](out, M, N, N, **meta)
+        err = max(err, (out - tilelink.world_size()).abs().max().item() if hi > lo else 0.0)
+    return err
+
+
 def moe_down(kernel, rank, world):
     from tilelink.ops.moe_routing import align_tokens
 

@@ -33,7 +33,7 @@ def matmul_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk,
     pid_m = tlm.tl_remap_tile(
         pid_m, tl.cdiv(M, BLOCK_M), (((tlk_rank + 1) % tlk_world) * tlk_rows_per_rank) // (BLOCK_M))
     # tilelink: the loop below stores the same rows each iteration: count the columns it stored (reduce_scatter)
-    tlk_cols = 0
+    tlk_swept = 0
     for pid_n in range(0, tl.cdiv(N, BLOCK_N)):
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for ki in range(0, tl.cdiv(K, BLOCK_K)):
@@ -41,9 +41,10 @@ def matmul_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk,
             b = b_desc.load([ki * BLOCK_K, pid_n * BLOCK_N])
             acc = tl.dot(a, b, acc)
         c_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], acc)
-        tlk_cols += tl.maximum(tl.minimum(pid_n * BLOCK_N + BLOCK_N, N) - tl.maximum(pid_n * BLOCK_N, 0), 0)
+        tlk_swept += tl.maximum(tl.minimum(pid_n * BLOCK_N + BLOCK_N, N) - tl.maximum(pid_n * BLOCK_N, 0), 0)
     # tilelink: notify the channels whose rows the loop completed (reduce_scatter, dim 0)
     tll.bulk_store_wait()  # the descriptor stores are asynchronous: wait until they have written memory
+    tlk_cols = tlk_swept
     tll.producer_tile_notify_rows(tlk_barriers, pid_m * BLOCK_M, pid_m * BLOCK_M + BLOCK_M, tlk_cols,
         tlk_rows, tlk_rows_per_rank, tlk_rows_per_channel, tlk_channels_per_rank, BLOCK_M)
 
@@ -83,7 +84,8 @@ def rs_pull_consumer(partial_ptr, peer_table, out_ptr, tlk_barriers, barrier_tab
             for p in range(0, tlk_world):
                 src = (tlk_rank + 1 + p) % tlk_world
                 src_barriers = tll.peer_ptr(barrier_table, tlk_barriers, src)
-                token += tll.consumer_tile_wait(src_barriers, ch, 1, tlk_epoch * n * TOPK, tlk_diag, tlk_budget)
+                token += tll.consumer_tile_wait(src_barriers, ch, 1, tlk_epoch.to(tl.int64) * n * TOPK, tlk_diag,
+                                                tlk_budget)
             for off in range(first * BLOCK, n, nprog * BLOCK):
                 idx = off + tl.arange(0, BLOCK)
                 mask = idx < n

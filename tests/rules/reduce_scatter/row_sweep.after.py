@@ -29,7 +29,7 @@ def matmul_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk,
     offs_am = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_k = tl.arange(0, BLOCK_K)
     # tilelink: the loop below stores the same rows each iteration: count the columns it stored (reduce_scatter)
-    tlk_cols = 0
+    tlk_swept = 0
     for pid_n in range(0, tl.cdiv(N, BLOCK_N)):
         offs_bn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -41,8 +41,9 @@ def matmul_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk,
             acc = tl.dot(a, b, acc)
         tl.store(c_ptr + offs_am[:, None] * stride_cm + offs_bn[None, :] * stride_cn, acc,
                  mask=(offs_am[:, None] < M) & (offs_bn[None, :] < N))
-        tlk_cols += tl.minimum(tl.maximum((N) - (pid_n * BLOCK_N), 0), BLOCK_N)
+        tlk_swept += tl.minimum(tl.maximum((N) - (pid_n * BLOCK_N), 0), BLOCK_N)
     # tilelink: notify the channels whose rows the loop completed (reduce_scatter, dim 0)
+    tlk_cols = tlk_swept
     tll.producer_tile_notify_rows(tlk_barriers, pid_m * BLOCK_M, pid_m * BLOCK_M + BLOCK_M, tlk_cols,
         tlk_rows, tlk_rows_per_rank, tlk_rows_per_channel, tlk_channels_per_rank, BLOCK_M)
 
@@ -82,7 +83,8 @@ def rs_pull_consumer(partial_ptr, peer_table, out_ptr, tlk_barriers, barrier_tab
             for p in range(0, tlk_world):
                 src = (tlk_rank + 1 + p) % tlk_world
                 src_barriers = tll.peer_ptr(barrier_table, tlk_barriers, src)
-                token += tll.consumer_tile_wait(src_barriers, ch, 1, tlk_epoch * n * TOPK, tlk_diag, tlk_budget)
+                token += tll.consumer_tile_wait(src_barriers, ch, 1, tlk_epoch.to(tl.int64) * n * TOPK, tlk_diag,
+                                                tlk_budget)
             for off in range(first * BLOCK, n, nprog * BLOCK):
                 idx = off + tl.arange(0, BLOCK)
                 mask = idx < n

@@ -1,0 +1,116 @@
+"""The row sweep (a store in a loop that keeps its rows, notified once after the loop): every element a
+loop stores is counted exactly once, with several stores in one loop too; a loop that moves the rows
+through the store's address is not taken for a sweep; a column count whose start changes after the
+column vector was made falls back to counting the vector."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+from cases import fill_from_file
+
+import tilelink
+from tilelink.annotations import requests_in
+from tilelink.codegen import generate
+from tilelink.errors import AnnotationError
+
+HEAD = "import triton\nimport triton.language as tl\nimport tilelink\n\n\n"
+DECORATORS = '@tilelink.overlap(tilelink.reduce_scatter("c_ptr", dim=0), order="mesh")\n@triton.jit\n'
+
+# each iteration stores two column tiles of the same rows: two counts, two notifies
+TWO_STORES = '''
+def kernel(c_ptr, M, N, stride_cm, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    pid_m = tl.program_id(0)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32) + 1.0
+    for j in range(0, tl.cdiv(N, 2 * BLOCK_N)):
+        offs_a = 2 * j * BLOCK_N + tl.arange(0, BLOCK_N)
+        offs_b = (2 * j + 1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        tl.store(c_ptr + offs_m[:, None] * stride_cm + offs_a[None, :], acc,
+                 mask=(offs_m[:, None] < M) & (offs_a[None, :] < N))
+        tl.store(c_ptr + offs_m[:, None] * stride_cm + offs_b[None, :], acc,
+                 mask=(offs_m[:, None] < M) & (offs_b[None, :] < N))
+'''
+
+# a swept store and, in the same loop, a store of other rows notified per iteration (tlk_cols reused)
+SWEPT_AND_TILE = '''
+def kernel(c_ptr, M, N, stride_cm, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    pid_m = tl.program_id(0)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32) + 1.0
+    for j in range(0, tl.cdiv(N, BLOCK_N)):
+        offs_n = j * BLOCK_N + tl.arange(0, BLOCK_N)
+        tl.store(c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :], acc,
+                 mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+        offs_m2 = (pid_m + tl.num_programs(0)) * BLOCK_M + tl.arange(0, BLOCK_M)
+        tl.store(c_ptr + offs_m2[:, None] * stride_cm + offs_n[None, :], acc,
+                 mask=(offs_m2[:, None] < M) & (offs_n[None, :] < N))
+'''
+
+
+def _write(tmp_path: Path, body: str) -> Path:
+    path = tmp_path / "sweep_case.py"
+    path.write_text(HEAD + DECORATORS + textwrap.dedent(body))
+    return path
+
+
+def _generated(text: str) -> str:
+    return generate(text, "sweep_case.py", requests_in(text, "sweep_case.py")).text
+
+
+@pytest.mark.parametrize(("body", "programs"), [(TWO_STORES, 4), (SWEPT_AND_TILE, 2)], ids=["two", "with_tile"])
+def test_every_store_of_a_sweep_loop_is_counted_once(tmp_path: Path, body: str, programs: int) -> None:
+    path = _write(tmp_path, body)
+    text = _generated(path.read_text())
+    assert "tlk_swept_0 +=" in text  # the swept store's own count, which the other store's notify cannot touch
+    assert ("tlk_swept_1 +=" in text) == (body is TWO_STORES)
+    # M = 64 rows over 2 ranks, 40 columns (the last tile partial): C is 2.0 everywhere, twice
+    for err in tilelink.spawn(fill_from_file, 2, str(path), "kernel", 64, 40, programs,
+                              dict(BLOCK_M=16, BLOCK_N=16)):
+        assert err == 0.0, err
+
+
+ADVANCED = '''
+def kernel(c_ptr, M, N, stride_cm, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :]
+    for j in range(0, 4):
+        tl.store(ptrs, 1.0, mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+        ptrs += BLOCK_M * stride_cm
+'''
+
+ROW_TERM = '''
+def kernel(c_ptr, M, N, stride_cm, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    for j in range(0, 4):
+        tl.store(c_ptr + (offs_m[:, None] + j * BLOCK_M) * stride_cm + offs_n[None, :], 1.0,
+                 mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+'''
+
+
+@pytest.mark.parametrize("body", [ADVANCED, ROW_TERM], ids=["pointer_advanced", "loop_index_in_rows"])
+def test_a_loop_that_moves_the_rows_is_not_a_sweep(body: str) -> None:
+    text = HEAD + DECORATORS + textwrap.dedent(body)
+    with pytest.raises(AnnotationError) as info:
+        _generated(text)
+    assert "may change only the column terms" in str(info.value)
+
+
+def test_column_count_falls_back_when_its_start_changes_later_in_the_loop() -> None:
+    text = HEAD + DECORATORS + textwrap.dedent('''
+        def kernel(c_ptr, M, N, stride_cm, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+            col = 0
+            offs_n = col + tl.arange(0, BLOCK_N)
+            for t in range(0, tl.cdiv(M, BLOCK_M)):
+                offs_m = t * BLOCK_M + tl.arange(0, BLOCK_M)
+                tl.store(c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :], 1.0,
+                         mask=(offs_m[:, None] < M) & (offs_n[None, :] < N - col))
+                col += 0
+    ''')
+    out = _generated(text)
+    assert "tl.sum((offs_n < (N - col)).to(tl.int32))" in out
+    assert "tl.maximum((N - col) - (col)" not in out
