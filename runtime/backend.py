@@ -44,8 +44,8 @@ class Backend(Protocol):
         """Make ``stream`` wait until the int64 ``word`` is >= ``value`` (cuStreamWaitValue64, GEQ).
         The emulated backend polls on the host and raises WaitTimeout after ``timeout_s``. With
         ``block=False`` a GPU backend returns at once and watches the wait from a host thread: a wait
-        still pending after ``timeout_s`` is released and raised as WaitTimeout by the next
-        :meth:`check_waits` or wait."""
+        still pending after ``timeout_s`` (counted from when the stream reaches it) is released and
+        raised as WaitTimeout by the next :meth:`check_waits` (and printed at once)."""
 
     def check_waits(self) -> None:
         """Raise the WaitTimeout of a watched (``block=False``) wait that timed out; never blocks."""

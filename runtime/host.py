@@ -50,8 +50,8 @@ def rank_wait(barriers: torch.Tensor | Channel, index: int, value: int,
     ``>= value`` (acquire). The emulated backend raises :class:`tilelink.WaitTimeout` after
     ``timeout_s`` (default ``TILELINK_WAIT_TIMEOUT``). On a GPU the host checks the wait before
     returning; with ``block=False`` it returns at once (the host keeps enqueueing) and a wait still
-    pending after ``timeout_s`` is released by a watcher thread and raised by the next
-    ``current_world().impl.check_waits()`` or wait."""
+    pending after ``timeout_s`` (from when the stream reaches it) is released by a watcher thread,
+    printed at once and raised by the next ``current_world().impl.check_waits()`` (each launch's finish)."""
     tensor = _barrier_array(barriers, index, "rank_wait")
     world = current_world()
     budget = wait_timeout_s(world.backend == "emulated") if timeout_s is None else timeout_s

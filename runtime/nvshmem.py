@@ -148,11 +148,36 @@ class _WaitWatcher:
                     done = self._check(item)
                 except Exception as exc:  # noqa: BLE001 - a watcher that died would leave stuck waits stuck
                     self._keep(TileLinkError(f"the host-wait watcher failed on a rank_wait: {exc}"))
+                    self._release(item)
                     done = True
                 if done:
                     with self._lock:
-                        self._pending.remove(item)
+                        if item in self._pending:  # drain() may have taken it
+                            self._pending.remove(item)
             self._stopping.wait(_POLL_MAX_S if pending else 10 * _POLL_MAX_S)
+
+    def _release(self, item: list) -> None:
+        """Best effort: let the stream past a wait the watcher could not judge (no stuck stream)."""
+        with contextlib.suppress(Exception):
+            self._backend._release_wait(item[2], item[3])
+
+    def drain(self) -> None:
+        """Until every watched wait is over: passed, or released after its budget (and its timeout kept).
+        Bounded: past the longest budget plus a second, what is left is released."""
+        with self._lock:
+            longest = max((item[4] for item in self._pending), default=0.0)
+        deadline = time.monotonic() + longest + 1.0
+        while time.monotonic() < deadline:
+            with self._lock:
+                if not self._pending:
+                    return
+            time.sleep(_POLL_MAX_S)
+        with self._lock:
+            left, self._pending = list(self._pending), []
+        for item in left:
+            self._release(item)
+        if left:
+            self._keep(TileLinkError(f"{len(left)} host wait(s) still pending at finalize were released"))
 
     def _check(self, item: list) -> bool:
         """One look at a watched wait; whether it is over (passed, or released)."""
@@ -399,10 +424,11 @@ class NvshmemBackend:
         """Free what the heap left, ``nvshmem.core.finalize``. Idempotent."""
         if self._finalized:
             return
-        torch.cuda.synchronize(self.device)  # a stuck watched wait is released by the watcher within its budget
         watch, self._watch = self._watch, None
-        if watch is not None:
+        if watch is not None:  # every watched wait passed or released first: the sync below cannot hang on one
+            watch.drain()
             watch.stop()
+        torch.cuda.synchronize(self.device)
         for base in sorted(self._live):
             buffer, _ = self._live.pop(base)
             self._core.free_tensor(buffer)

@@ -559,20 +559,58 @@ def _sweeps(an: _Analyzer, anchor: cst.CSTNode, chain, acc: Access, tile: Tile) 
         if not isinstance(offsets, (cst.List, cst.Tuple)) or not offsets.elements:
             return False
         return not (names_in(offsets.elements[0].value) & bound)
-    return not (_row_names(an, cst.parse_expression(acc.pointer), bound) & bound)
+    return not (_row_names(an, cst.parse_expression(acc.pointer), _bounded_columns(an, acc)) & bound)
 
 
-def _row_names(an: _Analyzer, expr: cst.BaseExpression, bound: set[str], depth: int = 0) -> set[str]:
-    """The names ``expr`` depends on other than through column terms ``x[None, :]``, looking through
-    names assigned once (a name assigned more than once, or by ``+=``, stands for itself)."""
+def _bounded_columns(an: _Analyzer, acc: Access) -> set[str]:
+    """The column vectors the store's mask bounds (``cols[None, :] < bound``): the store writes them only
+    inside the row, so they may change from one iteration of a row sweep to the next."""
+    if acc.mask is None:
+        return set()
+    defs = an.assignments.get(acc.mask, [])
+    try:
+        mask = defs[0][1] if len(defs) == 1 else cst.parse_expression(acc.mask)
+    except cst.ParserSyntaxError:
+        return set()
+    out = set()
+    for cmp in m.findall(mask, m.Comparison(left=m.Subscript(value=m.Name()),
+                                            comparisons=[m.ComparisonTarget(operator=m.LessThan())])):
+        el = cmp.left.slice
+        if (len(el) == 2 and isinstance(el[0].slice, cst.Index) and code(el[0].slice.value) == "None"
+                and isinstance(el[1].slice, cst.Slice)):
+            out.add(cmp.left.value.value)
+    return out
+
+
+#: calls a name's value may make and still be read as its expression (no side effect, no memory read)
+_PURE_TL = {"arange", "program_id", "num_programs", "cdiv", "minimum", "maximum", "where", "full", "zeros",
+            "zeros_like", "multiple_of", "max_contiguous", "broadcast_to", "expand_dims", "reshape", "abs"}
+
+
+def _pure(expr: cst.BaseExpression) -> bool:
+    for call in m.findall(expr, m.Call()):
+        func = call.func
+        if isinstance(func, cst.Attribute) and func.attr.value == "to":
+            continue
+        if not (isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value == "tl"
+                and func.attr.value in _PURE_TL):
+            return False
+    return True
+
+
+def _row_names(an: _Analyzer, expr: cst.BaseExpression, columns: set[str], depth: int = 0) -> set[str]:
+    """The names ``expr`` depends on other than through the bounded column terms ``cols[None, :]``
+    (``columns``), looking through names assigned once to a pure expression (a name assigned more than
+    once, by ``+=``, or from a load, an atomic or any other call, stands for itself)."""
     found: set[str] = set()
 
     class _V(cst.CSTVisitor):
         def visit_Subscript(self, node: cst.Subscript) -> bool:
             el = node.slice
-            column = (len(el) == 2 and isinstance(el[0].slice, cst.Index) and code(el[0].slice.value) == "None"
+            column = (isinstance(node.value, cst.Name) and node.value.value in columns and len(el) == 2
+                      and isinstance(el[0].slice, cst.Index) and code(el[0].slice.value) == "None"
                       and isinstance(el[1].slice, cst.Slice))
-            return not column  # a column term may change from one column tile to the next
+            return not column  # a bounded column term may change from one column tile to the next
 
         def visit_Name(self, node: cst.Name) -> None:
             found.add(node.value)
@@ -585,8 +623,8 @@ def _row_names(an: _Analyzer, expr: cst.BaseExpression, bound: set[str], depth: 
     out: set[str] = set()
     for name in found:
         defs = an.assignments.get(name, [])
-        if len(defs) == 1 and name not in an.rebound and depth < 8:
-            out |= _row_names(an, defs[0][1], bound, depth + 1)
+        if len(defs) == 1 and name not in an.rebound and depth < 8 and _pure(defs[0][1]):
+            out |= _row_names(an, defs[0][1], columns, depth + 1)
         else:
             out.add(name)
     return out

@@ -79,17 +79,22 @@ def main() -> int:
     module = tp_kernels.gemm_rs_kernel.module
     partner_types = {"partial_ptr": ptr, "peer_table": "*i64", "out_ptr": ptr, "tlk_barriers": "*i64",
                      "barrier_table": "*i64", "tlk_diag": "*i64", "tlk_budget": i64}
+    # the first real call passes epoch 1, which Triton specialises to a constant: both must compile
+    epoch_one = {"tlk_epoch": 1}
     for topk in (1, 2):
         load_widths(module.rs_pull_consumer, partner_types, {"TOPK": topk, "BLOCK": 1024})
+        load_widths(module.rs_pull_consumer, partner_types, {"TOPK": topk, "BLOCK": 1024, **epoch_one})
         print(f"rs_pull_consumer TOPK={topk} {{'compiled': 1}}")
     ring_types = {"partial_ptr": ptr, "out_ptr": ptr, "recv_ptr": ptr, "recv_table": "*i64", "tlk_barriers": "*i64",
                   "recv_flags": "*i64", "flag_table": "*i64", "tlk_diag": "*i64", "tlk_budget": i64}
     from tilelink.rules import reduce_scatter
 
     load_widths(reduce_scatter.rs_ring_consumer, ring_types, {"BLOCK": 1024})
+    load_widths(reduce_scatter.rs_ring_consumer, ring_types, {"BLOCK": 1024, **epoch_one})
     print("rs_ring_consumer compiled {'compiled': 1}")
-    load_widths(reduce_scatter.rs_reduce_received, {"recv_ptr": ptr, "out_ptr": ptr, "recv_barriers": "*i64",
-                                                    "tlk_diag": "*i64", "tlk_budget": i64}, {"BLOCK": 1024})
+    received_types = {"recv_ptr": ptr, "out_ptr": ptr, "recv_barriers": "*i64", "tlk_diag": "*i64", "tlk_budget": i64}
+    load_widths(reduce_scatter.rs_reduce_received, received_types, {"BLOCK": 1024})
+    load_widths(reduce_scatter.rs_reduce_received, received_types, {"BLOCK": 1024, **epoch_one})
     print("rs_reduce_received compiled {'compiled': 1}")
     for name, okernel, types, meta in cases:
         plain = load_widths(okernel.kernel, types, meta)

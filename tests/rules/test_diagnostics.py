@@ -200,7 +200,13 @@ def test_store_in_a_column_loop_that_cannot_be_counted_says_why(inside: str, lin
 
 
 def test_store_in_a_column_loop_with_an_entangled_mask_says_what_to_write() -> None:
+    # the mask bounds no column vector by itself: nothing says the address stays in the row
     err = _error(SWEEP.format(inside="        tl.store(c_ptr + offs_m[:, None] * N + offs_n[None, :], 1.0, "
                                      "mask=(offs_m[:, None] + offs_n[None, :]) < M)"))
+    assert err.line == 12, err
+    assert "may change only the column terms of the address" in str(err)
+    # a bounded column vector, but a mask the count cannot split into rows x columns
+    err = _error(SWEEP.format(inside="        tl.store(c_ptr + offs_m[:, None] * N + offs_n[None, :], 1.0, "
+                                     "mask=(offs_m[:, None] < M) & (offs_n[None, :] < N) & (offs_m[:, None] >= 0))"))
     assert err.line == 12, err
     assert "cannot count the elements the store to 'c_ptr' writes in each iteration of the loop at line 10" in str(err)

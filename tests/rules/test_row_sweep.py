@@ -92,7 +92,31 @@ def kernel(c_ptr, M, N, stride_cm, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr)
 '''
 
 
-@pytest.mark.parametrize("body", [ADVANCED, ROW_TERM], ids=["pointer_advanced", "loop_index_in_rows"])
+# a column term the mask does not bound carries the loop's row offset
+UNBOUNDED_COLUMNS = '''
+def kernel(c_ptr, M, N, stride_cm, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    for i in range(0, 2):
+        cols = offs_n + i * tl.num_programs(0) * BLOCK_M * stride_cm
+        tl.store(c_ptr + offs_m[:, None] * stride_cm + cols[None, :], 1.0,
+                 mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+'''
+
+# a value assigned once in the loop, but from an atomic: it differs from one iteration to the next
+ATOMIC_SHIFT = '''
+def kernel(c_ptr, ctr_ptr, M, N, stride_cm, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    for i in range(0, 2):
+        shift = tl.atomic_add(ctr_ptr + tl.program_id(0), 1) * tl.num_programs(0) * BLOCK_M * stride_cm
+        tl.store(c_ptr + offs_m[:, None] * stride_cm + shift + offs_n[None, :], 1.0,
+                 mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+'''
+
+
+@pytest.mark.parametrize("body", [ADVANCED, ROW_TERM, UNBOUNDED_COLUMNS, ATOMIC_SHIFT],
+                         ids=["pointer_advanced", "loop_index_in_rows", "unbounded_columns", "atomic_shift"])
 def test_a_loop_that_moves_the_rows_is_not_a_sweep(body: str) -> None:
     text = HEAD + DECORATORS + textwrap.dedent(body)
     with pytest.raises(AnnotationError) as info:

@@ -86,7 +86,7 @@ def rs_ring_consumer(partial_ptr, out_ptr, recv_ptr, recv_table, tlk_barriers, r
                                           tlk_channels_per_rank)
             n = (hi - lo) * row_elems
             at = d * slot_elems + (lo - d * tlk_rows_per_rank) * row_elems
-            token = tll.consumer_tile_wait(tlk_barriers, ch, 1, tlk_epoch.to(tl.int64) * n, tlk_diag, tlk_budget)
+            token = tll.consumer_tile_wait(tlk_barriers, ch, 1, n.to(tl.int64) * tlk_epoch, tlk_diag, tlk_budget)
             if s > 0:
                 token += tll.peer_tile_wait(recv_flags, ch, tlk_epoch, tlk_diag, tlk_budget)
             for off in range(0, n, BLOCK):
