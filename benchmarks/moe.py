@@ -238,7 +238,7 @@ def measure_dist(shape: MoEShape, world, dtype: torch.dtype, rounds: int, group)
 
     from tilelink.ops import ag_moe, moe_rs
     from tilelink.ops.contract import persistent_wanted
-    from tilelink.ops.moe import moe_config, sweep_config
+    from tilelink.ops.moe import descriptor_kernel_wanted, launch_config, moe_config
 
     R, r, device = world.world_size, world.rank, world.device
     M, inter = shape.S, shape.I // R
@@ -261,8 +261,8 @@ def measure_dist(shape: MoEShape, world, dtype: torch.dtype, rounds: int, group)
 
     def fused_rs():  # ours, not overlapped: the plain grouped GEMM, top-k sum, then NCCL reduce-scatter
         out = torch.empty(slots, shape.H, dtype=dtype, device=device)
-        sweep = persistent_wanted(device) and dtype != torch.float32  # the kernel moe_rs takes
-        meta = sweep_config(inter) if sweep else moe_config(slots, shape.E, shape.H, dtype, inter)
+        sweep = descriptor_kernel_wanted("moe_rs", device, dtype)  # the kernel and tile moe_rs takes
+        meta = launch_config("moe_rs", sweep, topk_ids, shape.E, shape.H, dtype, inter, device)
         y = _grouped("moe_rs", h, w_down, out, wflat, topk_ids, meta, persistent=sweep)()
         return _rs_rows(y.view(M, shape.topk, shape.H).sum(1), group)
 

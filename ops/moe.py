@@ -121,6 +121,23 @@ def sweep_chunks(m_tiles: int, programs: int, most: int = 8) -> int:
     return min(runs, key=lambda c: (triton.cdiv(m_tiles * c, programs) * (SWEEP_OVERHEAD + 1 / c), c))
 
 
+def descriptor_kernel_wanted(part: str, device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether ``part`` ("ag_moe" or "moe_rs") runs its tensor-descriptor kernel (the persistent AG kernel,
+    the RS column sweep), decided from what every rank shares (device type, dtype): the RS sweep holds fp32
+    rows too large for shared memory."""
+    return persistent_wanted(device) and (part == "ag_moe" or interpreting() or dtype != torch.float32)
+
+
+def launch_config(part: str, persistent: bool, topk_ids: torch.Tensor, num_experts: int, N: int,
+                  dtype: torch.dtype, K: int, device) -> dict:
+    """The tile config the operator launches ``part`` with: :func:`sweep_config` for the RS sweep,
+    :func:`moe_config` otherwise, with the persistent AG kernel's tile chosen from the routing."""
+    if persistent and part == "moe_rs":
+        return sweep_config(K)
+    meta = moe_config(topk_ids.numel(), num_experts, N, dtype, K)
+    return persistent_ag_config(meta, topk_ids, num_experts, N, device) if persistent else meta
+
+
 def grouped_gemm(part: str, x, w, out, weights, sorted_ids, expert_ids, num_slots: int, top_k: int, meta: dict,
                  persistent: bool):
     """``(overlapped kernel, grid, args, meta)`` of one grouped GEMM of ``part`` ("ag_moe" or "moe_rs"):
@@ -166,21 +183,13 @@ def _launch(part: str, x, w, out, weights, topk_ids: torch.Tensor, world) -> Non
     if K == 0:
         x = torch.zeros((x.shape[0], 1), dtype=x.dtype, device=world.device)
         w = torch.zeros((E, 1, N), dtype=x.dtype, device=world.device)
-    # the descriptor kernels, chosen from what every rank shares (device, dtype): the RS sweep holds fp32
-    # rows too large for shared memory
-    persistent = persistent_wanted(world.device) and (part == "ag_moe" or interpreting()
-                                                      or x.dtype != torch.float32)
+    persistent = descriptor_kernel_wanted(part, world.device, x.dtype)
     run_out = out
     if persistent:  # the weights' rows as a descriptor needs them: pad the columns if it must
         w = aligned(w, -1)
         if w.shape[2] != N:
             run_out = out.new_empty((out.shape[0], w.shape[2]))
-    if persistent and part == "moe_rs":
-        meta = sweep_config(w.shape[1])
-    else:
-        meta = moe_config(num_slots, E, w.shape[2], x.dtype, w.shape[1])
-    if persistent and part == "ag_moe":
-        meta = persistent_ag_config(meta, topk_ids, E, w.shape[2], x.device)
+    meta = launch_config(part, persistent, topk_ids, E, w.shape[2], x.dtype, w.shape[1], x.device)
     sorted_ids, expert_ids = align_tokens(topk_ids, E, meta["BLOCK_M"])
     kernel, grid, args, meta = grouped_gemm(part, x, w, run_out, weights, sorted_ids, expert_ids, num_slots, top_k,
                                             meta, persistent)

@@ -37,7 +37,7 @@ import triton.language as tl
 
 import tilelink.language as tll
 import tilelink.mapping as tlm
-from tilelink.analysis import KernelAnalysis, Where, code, names_in, parse_offsets
+from tilelink.analysis import KernelAnalysis, Where, code, expanded, names_in, parse_offsets
 from tilelink.errors import AnnotationError, LaunchError
 from tilelink.mapping import RowSharding
 from tilelink.plan import Insertion, ReportEntry, RewritePlan
@@ -72,24 +72,13 @@ DEFAULTS = dict(via="sm", mode="pull", order="ring", comm_sms=16)
 SCALAR_COUNTS = True
 
 
-def _expanded(node: cst.BaseExpression, axis_slice: int) -> str | None:
-    """``name[:, None]`` (axis 0) or ``name[None, :]`` (axis 1) -> ``name``: a 1-D vector made 2-D."""
-    if not (isinstance(node, cst.Subscript) and isinstance(node.value, cst.Name) and len(node.slice) == 2):
-        return None
-    kinds = [isinstance(el.slice, cst.Slice) for el in node.slice]
-    other = node.slice[1 - axis_slice].slice
-    if kinds[axis_slice] and not kinds[1 - axis_slice] and code(other) == "None":
-        return node.value.value
-    return None
-
-
 def _comparison(node: cst.BaseExpression, axis_slice: int) -> tuple[str, str] | None:
     """``name[:, None] < bound`` (axis 0) or ``name[None, :] < bound`` (axis 1) -> (name, bound), for a
     bound with no subscript (a scalar, not another vector)."""
     if not (isinstance(node, cst.Comparison) and len(node.comparisons) == 1
             and isinstance(node.comparisons[0].operator, cst.LessThan)):
         return None
-    name = _expanded(node.left, axis_slice)
+    name = expanded(node.left, axis_slice)
     bound = node.comparisons[0].comparator
     if name is None or m.findall(bound, m.Subscript()):
         return None
@@ -177,7 +166,7 @@ def _row_vector(node: cst.BaseExpression) -> str | None:
     compared = _comparison(node, 0)
     if compared is not None:
         return f"{compared[0]} < ({compared[1]})"
-    return _expanded(node, 0)
+    return expanded(node, 0)
 
 
 def row_times_columns(an: KernelAnalysis, access) -> tuple[str, str] | None:
@@ -191,12 +180,25 @@ def row_times_columns(an: KernelAnalysis, access) -> tuple[str, str] | None:
     return None
 
 
-def _descriptor_notify(an: KernelAnalysis, a, t, spec: ReduceScatterSpec, notify: str,
-                       paired: bool) -> tuple[str, ...]:
+def _descriptor_notify(an: KernelAnalysis, a, t, spec: ReduceScatterSpec, paired: bool) -> tuple[str, ...]:
     """The notify after a tensor-descriptor store ``desc.store([o0, o1, ...], value)``: wait for the
     asynchronous store to reach memory, then add to each channel its rows of the box times the box's
     columns inside the tensor (a descriptor store writes the part of its box inside ``shape``).
     ``paired``: the tile loop's form (:func:`_paired_notify`), which waits for the store itself."""
+    cols = f"tlk_cols = {_box_columns(an, a, t)}"
+    if paired:
+        return (_PAIRED_COMMENT.format(dim=spec.dim), cols, *_paired_notify(t))
+    return (
+        f"# tilelink: notify the channels whose rows this tile completed (reduce_scatter, dim {spec.dim})",
+        "tll.bulk_store_wait()  # the descriptor store is asynchronous: wait until it has written memory",
+        cols,
+        *_notify_rows(an, t),
+    )
+
+
+def _box_columns(an: KernelAnalysis, a, t) -> str:
+    """The elements of each row a descriptor store ``desc.store([o0, o1, ...], value)`` writes: the part of
+    its box inside the tensor's ``shape`` along every inner dimension."""
     box = an.descriptor_box(a)
     if t.dynamic or box is None:
         raise AnnotationError(
@@ -209,15 +211,7 @@ def _descriptor_notify(an: KernelAnalysis, a, t, spec: ReduceScatterSpec, notify
     # the box [o, o + b) clipped to [0, n) along each inner dimension
     inner = [f"tl.maximum(tl.minimum({plus(o, b)}, {n}) - tl.maximum({o}, 0), 0)"
              for o, b, n in zip(offsets[1:], block[1:], shape[1:], strict=True)]
-    cols = f"tlk_cols = {' * '.join(inner) if inner else '1'}"
-    if paired:
-        return (_PAIRED_COMMENT.format(dim=spec.dim), cols, *_paired_notify(t))
-    return (
-        f"# tilelink: notify the channels whose rows this tile completed (reduce_scatter, dim {spec.dim})",
-        "tll.bulk_store_wait()  # the descriptor store is asynchronous: wait until it has written memory",
-        cols,
-        *_notify_rows(an, t, notify),
-    )
+    return " * ".join(inner) if inner else "1"
 
 
 _PAIRED_COMMENT = ("# tilelink: notify the channels whose rows this tile completed, every second tile with the "
@@ -256,7 +250,12 @@ def _pairs(an: KernelAnalysis, a, t, stores) -> bool:
             and len(stores) == 1)
 
 
-def _notify_rows(an: KernelAnalysis, t, notify: str) -> tuple[str, ...]:
+#: the loop body that adds ``tlk_done`` to channel ``tlk_first + tlk_i`` (a notify loop over the channels)
+_NOTIFY_CHANNEL = ("    tll.producer_tile_notify(tlk_barriers, tlk_first + tlk_i, tlk_done, tlk_barriers, tlk_rank, "
+                   "tlk_world, 0)")
+
+
+def _notify_rows(an: KernelAnalysis, t) -> tuple[str, ...]:
     """Add ``tlk_cols`` times its rows of the tile to each channel the tile's rows span. With a
     compile-time tile height (a power of two, as tile sizes are), one loop-free primitive (a flattened
     tile loop stays flattened); otherwise a loop over the channels."""
@@ -268,12 +267,8 @@ def _notify_rows(an: KernelAnalysis, t, notify: str) -> tuple[str, ...]:
         "for tlk_i in range(0, tlk_count):",
         f"    tlk_done = tlk_cols * tlm.tl_channel_overlap(\n"
         f"        tlk_first + tlk_i, {t.start}, {tile_end(t)},\n        {MAPPING_ARGS})",
-        notify,
+        _NOTIFY_CHANNEL,
     )
-
-
-_NOTIFY_CHANNEL = ("    tll.producer_tile_notify(tlk_barriers, tlk_first + tlk_i, tlk_done, tlk_barriers, tlk_rank, "
-                   "tlk_world, 0)")
 
 
 def _stored_per_element(a) -> str:
@@ -317,14 +312,7 @@ def _swept(an: KernelAnalysis, a, t, spec: ReduceScatterSpec, total: str) -> lis
                 Insertion(a.where, "after", (_dynamic_count(an, a, f"{total} +="),)),
                 Insertion(loop, "after", (_dynamic_comment(spec), f"tlk_stored = {total}", *_dynamic_notify(t, spec)))]
     if a.descriptor:
-        box = an.descriptor_box(a)
-        if box is None:
-            _descriptor_notify(an, a, t, spec, "", False)  # raises: the box is unknown
-        assert box is not None
-        offsets, block, shape = box
-        inner = [f"tl.maximum(tl.minimum({plus(o, b)}, {n}) - tl.maximum({o}, 0), 0)"
-                 for o, b, n in zip(offsets[1:], block[1:], shape[1:], strict=True)]
-        columns = " * ".join(inner) if inner else "1"
+        columns = _box_columns(an, a, t)
         wait: tuple[str, ...] = ("tll.bulk_store_wait()  # the descriptor stores are asynchronous: wait until "
                                  "they have written memory",)
     else:
@@ -341,7 +329,7 @@ def _swept(an: KernelAnalysis, a, t, spec: ReduceScatterSpec, total: str) -> lis
             Insertion(a.where, "after", (f"{total} += {columns}",)),
             Insertion(loop, "after", (
                 f"# tilelink: notify the channels whose rows the loop completed (reduce_scatter, dim {spec.dim})",
-                *wait, f"tlk_cols = {total}", *_notify_rows(an, t, _NOTIFY_CHANNEL)))]
+                *wait, f"tlk_cols = {total}", *_notify_rows(an, t)))]
 
 
 def rewrite(an: KernelAnalysis, spec: ReduceScatterSpec, options: Options) -> RewritePlan:
@@ -388,8 +376,6 @@ def rewrite(an: KernelAnalysis, spec: ReduceScatterSpec, options: Options) -> Re
                                       f"(line {a.where.line}): it counts what they stored and notifies once, "
                                       "after the loop", a.anchor))
             continue
-        notify = ("    tll.producer_tile_notify(tlk_barriers, tlk_first + tlk_i, tlk_done, tlk_barriers, tlk_rank, "
-                  "tlk_world, 0)")
         columns = (separable_columns(an, a, t, spec.size or t.size_param)
                    if SCALAR_COUNTS and not t.dynamic and not a.descriptor else None)
         paired = _pairs(an, a, t, stores) and (a.descriptor or columns is not None)
@@ -399,7 +385,7 @@ def rewrite(an: KernelAnalysis, spec: ReduceScatterSpec, options: Options) -> Re
                                       f"the tile loop at line {a.loop.line} notifies two tiles at a time (one barrier "
                                       "and fence per two tiles; a tile's adds at most one tile late)", a.loop))
         if a.descriptor:
-            insertions.append(Insertion(a.anchor, "after", _descriptor_notify(an, a, t, spec, notify, paired)))
+            insertions.append(Insertion(a.anchor, "after", _descriptor_notify(an, a, t, spec, paired)))
             what = ("producer_tile_notify_rows_paired (it waits for the bulk store)" if paired
                     else "bulk_store_wait + producer_tile_notify")
             report.append(ReportEntry(an.name, RULE, "applied",
@@ -416,7 +402,7 @@ def rewrite(an: KernelAnalysis, spec: ReduceScatterSpec, options: Options) -> Re
             lines = (
                 f"# tilelink: notify the channels whose rows this tile completed (reduce_scatter, dim {spec.dim})",
                 f"tlk_cols = {columns}",
-                *_notify_rows(an, t, notify),
+                *_notify_rows(an, t),
             )
         else:
             stored = _stored_per_element(a)
@@ -430,7 +416,7 @@ def rewrite(an: KernelAnalysis, spec: ReduceScatterSpec, options: Options) -> Re
                 "for tlk_i in range(0, tlk_count):",
                 f"    tlk_lo, tlk_hi = tlm.tl_channel_range(\n        tlk_first + tlk_i, {MAPPING_ARGS})",
                 "    tlk_done = tl.sum(tl.where((tlk_row >= tlk_lo) & (tlk_row < tlk_hi), tlk_stored, 0))",
-                notify,
+                _NOTIFY_CHANNEL,
             )
         insertions.append(Insertion(a.anchor, "after", lines))
         what = "producer_tile_notify_rows_paired" if paired else "producer_tile_notify"

@@ -189,12 +189,11 @@ class _WaitWatcher:
             if reached.query():
                 item[6] = now + budget
             return False
-        if now < deadline or self._backend._read_word(address) >= value:
-            return False  # not yet due, or it arrived and the stream is about to pass
-        seen = self._backend._read_word(address)
-        self._backend._release_wait(address, value)
-        timeout = WaitTimeout(rank=self._backend.rank, primitive="rank_wait", index=index, expected=value,
-                              seen=seen, budget_s=budget)
+        if now < deadline:
+            return False
+        timeout = self._backend._expire(address, value, budget, index)
+        if timeout is None:
+            return False  # it arrived: the stream is about to pass
         # said at once (the data behind the flag is not valid); raised by the next check
         sys.stderr.write(f"tilelink: {timeout} (released; raised at the next launch)\n")
         self._keep(timeout)
@@ -376,12 +375,10 @@ class NvshmemBackend:
         pause = _POLL_FIRST_S
         while not passed.query():
             if time.monotonic() >= deadline:
-                seen = self._read_word(address)
-                if seen >= int(value):  # it arrived in the last instant
+                timeout = self._expire(address, int(value), float(timeout_s), index)
+                if timeout is None:  # it arrived in the last instant
                     break
-                self._release_wait(address, int(value))
-                raise WaitTimeout(rank=self.rank, primitive="rank_wait", index=-1,
-                                  expected=int(value), seen=seen, budget_s=float(timeout_s))
+                raise timeout
             time.sleep(pause)
             pause = min(pause * 2, _POLL_MAX_S)
 
@@ -393,6 +390,16 @@ class NvshmemBackend:
         if self._watch is None:
             self._watch = _WaitWatcher(self)
         return self._watch
+
+    def _expire(self, address: int, value: int, budget_s: float, index: int) -> WaitTimeout | None:
+        """A wait whose budget is spent: ``None`` if its word got there after all; otherwise release the
+        stuck stream and return the :class:`tilelink.WaitTimeout` saying what was seen."""
+        seen = self._read_word(address)
+        if seen >= value:
+            return None
+        self._release_wait(address, value)
+        return WaitTimeout(rank=self.rank, primitive="rank_wait", index=index, expected=value, seen=seen,
+                           budget_s=budget_s)
 
     def _read_word(self, address: int) -> int:
         """The int64 at ``address``, read on the private stream (never behind a stuck one)."""

@@ -153,6 +153,17 @@ def names_outside_loads(node: cst.CSTNode) -> set[str]:
     return _names(node, skip_loads=True)
 
 
+def expanded(node: cst.BaseExpression, axis: int) -> str | None:
+    """``name[:, None]`` (axis 0) or ``name[None, :]`` (axis 1) -> ``name``: a 1-D vector made 2-D."""
+    if not (isinstance(node, cst.Subscript) and isinstance(node.value, cst.Name) and len(node.slice) == 2):
+        return None
+    kinds = [isinstance(el.slice, cst.Slice) for el in node.slice]
+    other = node.slice[1 - axis].slice
+    if kinds[axis] and not kinds[1 - axis] and code(other) == "None":
+        return node.value.value
+    return None
+
+
 def parse_source(source: str, file: str) -> cst.Module:
     """Parse a user's file; a syntax error becomes an :class:`AnnotationError` at its position."""
     try:
@@ -544,11 +555,8 @@ def _sweeps(an: _Analyzer, anchor: cst.CSTNode, chain, acc: Access, tile: Tile) 
         return False
     if an.where(chain.node) != acc.where:
         return False
-    bound = names_in(anchor.target)
-    for node in m.findall(anchor.body, m.Assign() | m.AugAssign() | m.AnnAssign() | m.For() | m.NamedExpr()):
-        targets = ([t.target for t in node.targets] if isinstance(node, cst.Assign) else [node.target])
-        for t in targets:
-            bound |= names_in(t)
+    # every name the loop binds (its target included): one with a binding inside the loop's span
+    bound = {name for name, spans in an.bindings.items() if any(_contains(an, anchor, at) for at, _ in spans)}
     rows = names_in(cst.parse_expression(tile.start)) | ({tile.offsets} if tile.offsets else set())
     if rows & bound:
         return False
@@ -572,14 +580,8 @@ def _bounded_columns(an: _Analyzer, acc: Access) -> set[str]:
         mask = defs[0][1] if len(defs) == 1 else cst.parse_expression(acc.mask)
     except cst.ParserSyntaxError:
         return set()
-    out = set()
-    for cmp in m.findall(mask, m.Comparison(left=m.Subscript(value=m.Name()),
-                                            comparisons=[m.ComparisonTarget(operator=m.LessThan())])):
-        el = cmp.left.slice
-        if (len(el) == 2 and isinstance(el[0].slice, cst.Index) and code(el[0].slice.value) == "None"
-                and isinstance(el[1].slice, cst.Slice)):
-            out.add(cmp.left.value.value)
-    return out
+    comparisons = m.findall(mask, m.Comparison(comparisons=[m.ComparisonTarget(operator=m.LessThan())]))
+    return {name for cmp in comparisons if (name := expanded(cmp.left, 1)) is not None}
 
 
 #: calls a name's value may make and still be read as its expression (no side effect, no memory read)
@@ -606,11 +608,8 @@ def _row_names(an: _Analyzer, expr: cst.BaseExpression, columns: set[str], depth
 
     class _V(cst.CSTVisitor):
         def visit_Subscript(self, node: cst.Subscript) -> bool:
-            el = node.slice
-            column = (isinstance(node.value, cst.Name) and node.value.value in columns and len(el) == 2
-                      and isinstance(el[0].slice, cst.Index) and code(el[0].slice.value) == "None"
-                      and isinstance(el[1].slice, cst.Slice))
-            return not column  # a bounded column term may change from one column tile to the next
+            # a bounded column term may change from one column tile to the next
+            return expanded(node, 1) not in columns
 
         def visit_Name(self, node: cst.Name) -> None:
             found.add(node.value)
