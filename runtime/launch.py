@@ -10,6 +10,7 @@ short grace), and an overall timeout stops every rank and names the ones that ha
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import importlib
 import multiprocessing as mp
 import os
@@ -25,6 +26,7 @@ from typing import Any
 from tilelink.errors import TileLinkError
 
 DEFAULT_SPAWN_TIMEOUT_S = 300.0
+STACK_DUMP_MARGIN_S = 5.0  # a rank prints its stack this long before the parent stops it
 FAILURE_GRACE_S = 3.0
 
 _environ_lock = threading.Lock()
@@ -112,9 +114,13 @@ def _rebuild_exception(rank: int, info: dict[str, Any]) -> BaseException:
 
 
 def _rank_main(fn, rank: int, env: dict[str, str], backend: str, args: tuple, kwargs: dict,
-               results) -> None:
-    """Body of one rank's process."""
+               results, deadline: float | None = None) -> None:
+    """Body of one rank's process. A rank still running shortly before the parent gives up on it
+    (``deadline``, wall-clock seconds) prints every thread's Python stack to stderr, so a hang says
+    where it is."""
     os.environ.update(env)
+    if deadline is not None:
+        faulthandler.dump_traceback_later(max(deadline - time.time() - STACK_DUMP_MARGIN_S, 1.0), exit=False)
     import torch
 
     torch.set_num_threads(1)  # ranks share the host's cores
@@ -122,7 +128,10 @@ def _rank_main(fn, rank: int, env: dict[str, str], backend: str, args: tuple, kw
 
     try:
         if backend == "nvshmem" and torch.cuda.is_available():
-            torch.cuda.set_device(int(env["LOCAL_RANK"]) % torch.cuda.device_count())
+            from tilelink.runtime.nvshmem import rank_device_index
+
+            torch.cuda.set_device(rank_device_index(int(env["LOCAL_RANK"]), int(env["LOCAL_WORLD_SIZE"]),
+                                                    torch.cuda.device_count()))
         world.init(backend)
         result = fn(*args, **kwargs)
         payload = pickle.dumps(result)
@@ -131,6 +140,7 @@ def _rank_main(fn, rank: int, env: dict[str, str], backend: str, args: tuple, kw
         world.abandon()  # no collective teardown: the other ranks may be stuck or gone
         return
     results.put((rank, "ok", payload))
+    faulthandler.cancel_dump_traceback_later()
     try:
         world.finalize()
     except Exception:  # the result is delivered; a teardown failure is only worth a note
@@ -143,7 +153,8 @@ def spawn(fn, world_size: int, *args, backend: str = "emulated", timeout: float 
 
     ``fn`` must be picklable (a module-level function) and so must its arguments and results.
     ``backend="emulated"`` runs the kernels under ``TRITON_INTERPRET=1`` on CPU processes;
-    ``"nvshmem"`` puts rank ``r`` on GPU ``r % device_count`` (several ranks may share one).
+    ``"nvshmem"`` puts rank ``r`` on GPU ``r`` when there are GPUs enough, else every rank on GPU 0
+    (ranks spread unevenly over several GPUs hung NVSHMEM's init).
     If a rank raises, the same exception type is raised here (always a ``TileLinkError``; other
     types are mixed with :class:`RankFailedError`) naming the rank and carrying its traceback.
     ``timeout`` (default ``TILELINK_SPAWN_TIMEOUT`` or 300 s) bounds the whole run.
@@ -175,7 +186,7 @@ def spawn(fn, world_size: int, *args, backend: str = "emulated", timeout: float 
                            "MASTER_PORT": str(port), "TILELINK_SESSION": session,
                            "TILELINK_BACKEND": backend}
                     process = ctx.Process(target=_rank_main, name=f"tilelink-rank-{rank}",
-                                          args=(fn, rank, env, backend, args, kwargs, results),
+                                          args=(fn, rank, env, backend, args, kwargs, results, time.time() + timeout),
                                           daemon=True)
                     process.start()
                     processes.append(process)
@@ -213,7 +224,8 @@ def _collect(processes: list, results, timeout: float) -> list:
             raise SpawnTimeout(
                 f"spawn: ranks {pending} of {world_size} had not finished after {timeout:g} s and "
                 f"were stopped (raise TILELINK_SPAWN_TIMEOUT or the timeout argument if they are "
-                f"just slow; a rank stuck in a collective or a wait means ranks diverged)", pending)
+                f"just slow; a rank stuck in a collective or a wait means ranks diverged; each stuck rank "
+                f"printed its Python stack to stderr {STACK_DUMP_MARGIN_S:g} s before)", pending)
         try:
             rank, status, payload = results.get(timeout=0.1)
         except queue_module.Empty:

@@ -2,8 +2,9 @@
 
 Bootstrap (DESIGN.md §7): ``torch.distributed`` (gloo) is already up; rank 0 takes an NVSHMEM unique
 id, gloo broadcasts it, and every rank calls ``nvshmem.core.init(..., initializer_method="uid")`` on
-``cuda:(local_rank % device_count)``. Several ranks may share one GPU (one process each): that is
-how multi-rank correctness runs on a single H200 (DESIGN.md §9).
+``cuda:local_rank``, or ``cuda:0`` for every rank when a host has more ranks than GPUs
+(``rank_device_index``). Several ranks may share one GPU (one process each): that is how multi-rank
+correctness runs on a single H200 (DESIGN.md §9).
 
 Host-side flags use CUDA stream memory operations (``cuStreamWriteValue64`` / ``cuStreamWaitValue64``
 from ``cuda.bindings.driver``) on the caller's torch stream. NVLink multicast is never used:
@@ -200,6 +201,16 @@ class _WaitWatcher:
         return True
 
 
+def rank_device_index(local_rank: int, local_world: int, gpus: int) -> int:
+    """The GPU of a host's ``local_rank``-th rank: its own while there are GPUs enough, else GPU 0 for
+    every rank. NVSHMEM (without CUDA MPS) hung in ``init`` when ranks shared GPUs unevenly over a
+    multi-GPU host (3 ranks on 2 H200s, every rank stuck); every rank on one GPU is the sharing that
+    works (2-8 ranks on one H200, DESIGN.md §10)."""
+    if gpus < 1:
+        raise TileLinkError("the nvshmem backend needs a CUDA GPU; use backend='emulated' without one")
+    return local_rank if local_world <= gpus else 0
+
+
 class NvshmemBackend:
     """One rank's connection to an NVSHMEM world (implements :class:`tilelink.runtime.backend.Backend`)."""
 
@@ -219,7 +230,8 @@ class NvshmemBackend:
         self.rank = dist.get_rank()
         self.world_size = dist.get_world_size()
         self.local_rank = int(os.environ.get("LOCAL_RANK", self.rank))
-        index = self.local_rank % torch.cuda.device_count()
+        index = rank_device_index(self.local_rank, int(os.environ.get("LOCAL_WORLD_SIZE", self.world_size)),
+                                  torch.cuda.device_count())
         self.device = torch.device("cuda", index)
         torch.cuda.set_device(self.device)
 

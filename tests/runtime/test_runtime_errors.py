@@ -63,7 +63,24 @@ def test_failing_rank_raises_in_parent_with_its_traceback():
         tilelink.spawn(runtime_worlds.raise_on, 1, 0, "launch")
 
 
-def test_spawn_timeout_names_pending_ranks():
+def test_spawn_timeout_names_pending_ranks(capfd):
     with pytest.raises(runtime.SpawnTimeout, match=r"ranks \[0\]") as info:
-        tilelink.spawn(runtime_worlds.hang, 1, 60.0, timeout=4)
+        tilelink.spawn(runtime_worlds.hang, 1, 60.0, timeout=8)
     assert info.value.pending == [0]
+    assert "printed its Python stack" in str(info.value)
+    # the stuck rank said where it was before it was stopped
+    err = capfd.readouterr().err
+    assert "Thread" in err and 'in hang' in err, err[-2000:]
+
+
+def test_ranks_share_one_gpu_when_a_host_has_too_few():
+    """One GPU per rank while there are enough; else all on GPU 0 (NVSHMEM hung in init with 3 ranks
+    spread over 2 GPUs)."""
+    from tilelink.runtime.nvshmem import rank_device_index
+
+    assert [rank_device_index(r, 2, 2) for r in range(2)] == [0, 1]
+    assert [rank_device_index(r, 2, 8) for r in range(2)] == [0, 1]
+    assert [rank_device_index(r, 3, 2) for r in range(3)] == [0, 0, 0]
+    assert [rank_device_index(r, 8, 1) for r in range(8)] == [0] * 8
+    with pytest.raises(tilelink.TileLinkError, match="needs a CUDA GPU"):
+        rank_device_index(0, 1, 0)
