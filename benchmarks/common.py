@@ -134,8 +134,10 @@ def time_ms_agreed(fn: Callable[[], object], device_type: str, group, warmup_ms:
                    rep_ms: float = 100) -> float:
     """:func:`time_ms` for a ``fn`` that calls collectives of ``group``: every rank estimates ``fn``'s time
     from a few calls, the ranks agree on the largest estimate, and all run the same number of warm-up
-    and timed calls (at least 3 timed), each timed alone (CUDA events; L2 flushed first on a GPU, as
-    ``do_bench`` does). Returns the median."""
+    and timed calls (at least 3 timed), each between its own CUDA events with L2 flushed first, enqueued
+    back to back as ``do_bench`` does (the host runs ahead of the GPU: an operator's host work is hidden
+    unless it is longer than its GPU work; a synchronisation after each call exposed every call's
+    launch latency). Returns the median."""
     import torch
     import torch.distributed as dist
 
@@ -162,7 +164,18 @@ def time_ms_agreed(fn: Callable[[], object], device_type: str, group, warmup_ms:
     per_call = max(float(estimate), 1e-3)
     for _ in range(max(1, int(warmup_ms / per_call))):
         fn()
-    return statistics.median(call_ms() for _ in range(max(3, int(rep_ms / per_call))))
+    calls = max(3, int(rep_ms / per_call))
+    if not cuda:
+        return statistics.median(call_ms() for _ in range(calls))
+    torch.cuda.synchronize()
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(calls)]
+    for start, end in events:
+        flush.zero_()
+        start.record()
+        fn()
+        end.record()
+    torch.cuda.synchronize()
+    return statistics.median(start.elapsed_time(end) for start, end in events)
 
 
 def side_by_side(fns: dict[str, Callable[[], object]], rounds: int,
