@@ -26,14 +26,14 @@ class _Allocation:
     shape: tuple[int, ...]
     dtype: torch.dtype
     tables: dict[tuple, torch.Tensor] = field(default_factory=dict)
+    typed: dict[tuple, torch.Tensor] = field(default_factory=dict)  # (rank, dtype) -> that rank's copy, typed
 
-    @property
-    def base(self) -> int:
-        return self.local.data_ptr()
-
-    @property
-    def nbytes(self) -> int:
-        return self.local.numel()
+    def __post_init__(self) -> None:
+        # read on every launch's peer lookups: plain ints, not tensor calls
+        self.base = self.local.data_ptr()
+        self.nbytes = self.local.numel()
+        self.end = self.base + max(self.nbytes, 1)
+        self.device = self.local.device
 
     def describe(self) -> str:
         return f"symmetric {self.dtype} buffer of shape {list(self.shape)}"
@@ -93,8 +93,7 @@ def symmetric_zeros(shape, dtype: torch.dtype) -> torch.Tensor:
 def _find(t: torch.Tensor) -> _Allocation | None:
     ptr = t.data_ptr()
     for allocation in _live:
-        if allocation.local.device == t.device and allocation.base <= ptr < allocation.base + max(
-                allocation.nbytes, 1):
+        if allocation.base <= ptr < allocation.end and allocation.device == t.device:
             return allocation
     return None
 
@@ -133,8 +132,10 @@ def peer_tensor(t: torch.Tensor, rank: int) -> torch.Tensor:
     offset = t.data_ptr() - allocation.base
     if offset % itemsize:
         raise SymmetricHeapError(f"peer_tensor: view at byte offset {offset} is not aligned to {t.dtype}")
-    peer = allocation.peers[rank]
-    typed = peer[: allocation.nbytes - allocation.nbytes % itemsize].view(t.dtype)
+    typed = allocation.typed.get((rank, t.dtype))
+    if typed is None:
+        typed = allocation.peers[rank][: allocation.nbytes - allocation.nbytes % itemsize].view(t.dtype)
+        allocation.typed[(rank, t.dtype)] = typed
     return typed.as_strided(t.shape, t.stride(), typed.storage_offset() + offset // itemsize)
 
 
@@ -165,6 +166,7 @@ def free(t: torch.Tensor) -> None:
     world.impl.release(allocation.local)
     allocation.peers.clear()
     allocation.tables.clear()
+    allocation.typed.clear()
 
 
 def release_all(world: World) -> None:
@@ -174,6 +176,7 @@ def release_all(world: World) -> None:
         world.impl.release(allocation.local)
         allocation.peers.clear()
         allocation.tables.clear()
+        allocation.typed.clear()
     _freed.clear()
 
 
