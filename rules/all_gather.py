@@ -35,11 +35,10 @@ from tilelink.errors import AnnotationError, LaunchError
 from tilelink.mapping import RowSharding
 from tilelink.plan import Insertion, ReportEntry, RewritePlan
 from tilelink.rules.emit import CHANNEL_PARAMS, channels_of_row_vector, channels_of_tile, remap_order
-from tilelink.rules.launch import Launcher, Streams
+from tilelink.rules.launch import Launcher, Streams, vector_peer_table
 from tilelink.runtime import (
     Channel,
     Diagnostics,
-    peer_table,
     peer_tensor,
     rank_copy_data,
     rank_notify,
@@ -174,12 +173,15 @@ def ag_pull_producer(full_ptr, peer_table, tlk_barriers, tlk_epoch, tlk_rank, tl
         src = ch // tlk_channels_per_rank
         if src != tlk_rank:
             n = (hi - lo) * row_elems
+            # the table holds whole symmetric buffers (16-byte aligned, checked at launch): said so (on the
+            # cast itself: a hint on a helper's result is lost when it is inlined), the rows move as vectors
+            peer = tl.multiple_of(tl.load(peer_table + src).to(tl.pointer_type(full_ptr.dtype.element_ty)), 16)
             for o in range(0, outer):
                 base = o * outer_stride + lo * row_elems
                 for off in range(0, n, BLOCK):
                     idx = off + tl.arange(0, BLOCK)
                     mask = idx < n
-                    x = tll.tile_pull_data(peer_table, full_ptr, src, base + idx, mask)
+                    x = tl.load(peer + base + idx, mask=mask, other=0)
                     tl.store(full_ptr + base + idx, x, mask=mask)
         tll.producer_tile_notify(tlk_barriers, ch, 1, tlk_barriers, tlk_rank, tlk_world, 0)
 
@@ -252,7 +254,7 @@ class AllGatherLauncher(Launcher):
         if ctx is None:
             fulls = tuple(symmetric_empty(s, bound[n].dtype) for s, n in zip(shapes, self.meta["tensors"],
                                                                               strict=True))
-            ctx = AllGatherContext(sharding, tuple(shapes), fulls, tuple(peer_table(f) for f in fulls),
+            ctx = AllGatherContext(sharding, tuple(shapes), fulls, tuple(vector_peer_table(f) for f in fulls),
                                    Channel(sharding.num_channels), Diagnostics(), Streams.for_world(world),
                                    torch.zeros(sharding.num_channels, dtype=torch.int64, device=world.device))
             self.contexts[key] = ctx
@@ -271,12 +273,14 @@ class AllGatherLauncher(Launcher):
             args = dict(tlk_rank=world.rank, tlk_world=world.world_size, tlk_rows=sh.size,
                         tlk_rows_per_rank=sh.rows_per_rank, tlk_rows_per_channel=sh.rows_per_channel,
                         tlk_channels_per_rank=sh.channels_per_rank, row_elems=row_elems,
-                        outer=math.prod(shape[:dim]), outer_stride=sh.size * row_elems, BLOCK=self.BLOCK)
+                        outer=math.prod(shape[:dim]), outer_stride=sh.size * row_elems)
             grid = (min(self.meta["comm_sms"], sh.num_channels),)
             if self.meta["mode"] == "pull":
-                self.partner("ag_pull_producer")[grid](full, table, barriers, epoch, **args)
+                self.partner("ag_pull_producer")[grid](full, table, barriers, epoch, **args,
+                                                       **self.pull_meta(world, self.PULL_PRODUCER_GPU))
             else:
-                self.partner("ag_push_producer")[grid](full, table, barriers, barrier_table, epoch, **args)
+                self.partner("ag_push_producer")[grid](full, table, barriers, barrier_table, epoch, **args,
+                                                       BLOCK=self.BLOCK)
 
     def _copy_engine(self, ctx: AllGatherContext, world, full, barriers, epoch: int) -> None:
         dim, sh, k = self.meta["dim"], ctx.sharding, len(ctx.fulls)

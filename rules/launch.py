@@ -50,10 +50,41 @@ class Streams:
         return cls(torch.cuda.current_stream(world.device), torch.cuda.Stream(world.device))
 
 
+def vector_peer_table(buffer: torch.Tensor) -> torch.Tensor:
+    """``tilelink.runtime.peer_table(buffer)`` for a partner kernel that tells the compiler every entry is
+    16-byte aligned (``tl.multiple_of(..., 16)`` on the pointer it loads, so a peer's rows move as
+    vectors): checked here, once per context, since a wrong hint would load misaligned vectors."""
+    from tilelink.runtime import peer_table
+
+    table = peer_table(buffer)
+    if table.device.type == "cuda":  # the interpreter ignores the hint
+        check_vector_aligned(table.tolist())
+    return table
+
+
+def check_vector_aligned(addresses: list[int]) -> None:
+    """Raise :class:`LaunchError` unless every address is a multiple of 16 bytes."""
+    odd = [hex(a) for a in addresses if a % 16]
+    if odd:
+        raise LaunchError(f"a symmetric buffer's copies must start 16-byte aligned for the partner kernels' "
+                          f"vector loads; these do not: {', '.join(odd)} (allocate it with "
+                          f"tilelink.runtime.symmetric_empty, not as a view at an odd offset)")
+
+
 class Launcher:
     """Common part of the rules' launchers."""
 
     BLOCK = 1024  # elements per program step of the partner kernels
+    #: the SM pull partners on a GPU (``BLOCK``, ``num_warps``): each of their few programs pulls a round trip
+    #: over the link per step, so the bytes in flight per SM set the bandwidth. On 2 H200s (comm_sms 16,
+    #: scratch pull_bw.py, docs/PERFORMANCE.md session 6) 1024-element steps of 4 warps pulled 15-29 GB/s
+    PULL_CONSUMER_GPU = {"BLOCK": 8192, "num_warps": 16}
+    PULL_PRODUCER_GPU = {"BLOCK": 16384, "num_warps": 8}
+
+    def pull_meta(self, world, gpu: dict) -> dict:
+        """The launch options of an SM pull partner: ``gpu`` on a GPU, else the emulated world's small
+        steps (more blocks per channel for the tests to cover)."""
+        return dict(gpu) if world.device.type == "cuda" else {"BLOCK": self.BLOCK}
 
     def __init__(self, okernel) -> None:
         self.okernel = okernel

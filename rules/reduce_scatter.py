@@ -52,7 +52,7 @@ from tilelink.rules.emit import (
     tile_end,
     tile_rows,
 )
-from tilelink.rules.launch import Launcher, Streams, cdiv
+from tilelink.rules.launch import Launcher, Streams, cdiv, vector_peer_table
 from tilelink.runtime import (
     Channel,
     Diagnostics,
@@ -516,18 +516,27 @@ def rs_pull_consumer(partial_ptr, peer_table, out_ptr, tlk_barriers, barrier_tab
                 idx = off + tl.arange(0, BLOCK)
                 mask = idx < n
                 acc = tl.zeros([BLOCK], dtype=tl.float32)
-                for p in range(0, tlk_world):
-                    src = (tlk_rank + 1 + p) % tlk_world
-                    if TOPK == 1:
-                        x = tll.tile_pull_data(peer_table, partial_ptr, src, lo * row_elems + idx + token, mask)
-                        acc += x.to(tl.float32)
-                    else:
-                        row = lo + idx // row_elems
-                        col = idx % row_elems
-                        for k in range(0, TOPK):
-                            x = tll.tile_pull_data(peer_table, partial_ptr, src,
-                                                   (row * TOPK + k) * row_elems + col + token, mask)
+                # four sources (and every top-k slot) at a time, unrolled: their loads are in flight
+                # together; a pull is a round trip over the link, and one load at a time per thread
+                # left the consumer latency-bound
+                for p0 in range(0, tlk_world, 4):
+                    for q in tl.static_range(4):
+                        src = (tlk_rank + 1 + p0 + q) % tlk_world
+                        live = mask & (tl.full([BLOCK], p0 + q, tl.int32) < tlk_world)
+                        # the table holds whole symmetric buffers (16-byte aligned, checked at launch): said
+                        # so (on the cast itself: a hint on a helper's result is lost when it is inlined), a
+                        # peer's rows load as vectors, not element by element
+                        peer = tl.multiple_of(
+                            tl.load(peer_table + src).to(tl.pointer_type(partial_ptr.dtype.element_ty)), 16)
+                        if TOPK == 1:
+                            x = tl.load(peer + lo * row_elems + idx + token, mask=live, other=0)
                             acc += x.to(tl.float32)
+                        else:
+                            row = lo + idx // row_elems
+                            col = idx % row_elems
+                            for k in tl.static_range(TOPK):
+                                x = tl.load(peer + (row * TOPK + k) * row_elems + col + token, mask=live, other=0)
+                                acc += x.to(tl.float32)
                 tl.store(out_ptr + (lo - rank_lo) * row_elems + idx, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
@@ -648,7 +657,7 @@ class ReduceScatterLauncher(Launcher):
         ctx = self.contexts.get(key)
         if ctx is None:
             partial = symmetric_empty(shape, out.dtype)
-            ctx = ReduceScatterContext(sharding, partial, peer_table(partial), Channel(sharding.num_channels),
+            ctx = ReduceScatterContext(sharding, partial, vector_peer_table(partial), Channel(sharding.num_channels),
                                        Diagnostics(), Streams.for_world(world),
                                        torch.zeros(sharding.num_channels, dtype=torch.int64, device=world.device))
             if self.meta["via"] == "copy_engine" or self.meta["mode"] == "push":
@@ -682,12 +691,13 @@ class ReduceScatterLauncher(Launcher):
                 world.world_size, sh.size, sh.rows_per_rank, sh.rows_per_channel, sh.channels_per_rank, row_elems,
                 ctx.diag.buffer, ctx.diag.budget_ns, BLOCK=self.BLOCK)
             return
+        meta = self.pull_meta(world, self.PULL_CONSUMER_GPU)
         grid = (max(1, min(self.meta["comm_sms"], sh.channels_per_rank * cdiv(sh.rows_per_channel * row_elems,
-                                                                             self.BLOCK))),)
+                                                                             meta["BLOCK"]))),)
         common = (ctx.partial, ctx.table, out, barriers, table, epoch, world.rank, world.world_size, sh.size,
                   sh.rows_per_rank, sh.rows_per_channel, sh.channels_per_rank, row_elems)
         self.partner("rs_pull_consumer")[grid](*common, ctx.diag.buffer, ctx.diag.budget_ns,
-                                               TOPK=ctx.partial.shape[0] // sh.size, BLOCK=self.BLOCK)
+                                               TOPK=ctx.partial.shape[0] // sh.size, **meta)
 
     def _reduce(self, ctx: ReduceScatterContext, world, out, recv_barriers, epoch: int) -> None:
         sh = ctx.sharding

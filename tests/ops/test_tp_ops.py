@@ -14,8 +14,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from tp_worlds import bad_inputs, mlp_matches_torch, ops_match_torch, uneven_slices_match_torch  # noqa: E402
 
 
-@pytest.mark.parametrize("world", [1, 2, 3, 4])
+@pytest.mark.parametrize("world", [1, 2, 3, 4, 6])
 def test_ag_gemm_and_gemm_rs_match_torch(world: int) -> None:
+    """World 6: the SM pull consumer's second group of four sources, two of them past the world."""
     for per_rank in tilelink.spawn(ops_match_torch, world, 37, 20, 33, "float32"):
         assert all(err < 1e-5 for err in per_rank.values()), per_rank
 

@@ -23,24 +23,30 @@ def _signature(kernel, types: dict[str, str], constexprs: dict) -> dict[str, str
 STORE_WAIT = r"(@%\w+ )?cp\.async\.bulk\.wait_group 0; (@%\w+ )?fence\.proxy\.async\.global;"
 
 
-def compile_ptx(kernel, types: dict[str, str], constexprs: dict, **options) -> str:
-    return compile_asm(kernel, types, constexprs, **options)["ptx"]
+def compile_ptx(kernel, types: dict[str, str], constexprs: dict, divisible: tuple[str, ...] = (), **options) -> str:
+    return compile_asm(kernel, types, constexprs, divisible, **options)["ptx"]
 
 
-def compile_asm(kernel, types: dict[str, str], constexprs: dict, **options) -> dict:
+#: the partner kernels' integer arguments that Triton's launcher specialises as multiples of 16 at run time
+#: for the benchmarks' shapes (the partners are plain ``triton.jit``; the rewritten kernels do not
+#: specialise their ``tlk_*`` arguments)
+PARTNER_DIVISIBLE = ("row_elems", "tlk_rows", "tlk_rows_per_rank", "tlk_rows_per_channel", "outer_stride")
+
+
+def compile_asm(kernel, types: dict[str, str], constexprs: dict, divisible: tuple[str, ...] = (), **options) -> dict:
     """Every stage's text of ``kernel`` compiled for sm_90 (``ttgir``, ``ptx``, ...)."""
     sig = _signature(kernel, types, constexprs)
     # what Triton's launcher specialises at run time for 16-aligned pointers and strides
     aligned = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(kernel.arg_names)
                if sig[n].startswith("*") or (n.startswith("stride") and sig[n] != "constexpr")
-               or n in ("N", "K", "M", "N_CTX")}
+               or n in ("N", "K", "M", "N_CTX") or n in divisible}
     compiled = triton.compile(ASTSource(kernel, sig, constexprs, aligned), target=GPUTarget("cuda", 90, 32),
                               options=options)
     return compiled.asm
 
 
-def load_widths(kernel, types: dict[str, str], constexprs: dict) -> dict[str, int]:
-    ptx = compile_ptx(kernel, types, constexprs)
+def load_widths(kernel, types: dict[str, str], constexprs: dict, divisible: tuple[str, ...] = ()) -> dict[str, int]:
+    ptx = compile_ptx(kernel, types, constexprs, divisible=divisible)
     return {"cp.async 16B": len(re.findall(r"cp\.async\.c[ag]\.shared\.global[^\n]*, 0x10", ptx)),
             "cp.async <16B": len(re.findall(r"cp\.async\.c[ag]\.shared\.global[^\n]*, 0x(?:8|4|2);", ptx)),
             "ld.global.v4": ptx.count("ld.global.v4"), "ld.global scalar": len(re.findall(r"ld\.global\.b16", ptx))}
@@ -49,6 +55,7 @@ def load_widths(kernel, types: dict[str, str], constexprs: dict) -> dict[str, in
 def main() -> int:
     assert not tll.INTERPRETED, "run with TRITON_INTERPRET unset"
     from tilelink.ops import attention_kernels, tp_kernels
+    from tilelink.rules.launch import Launcher
 
     ptr, i64 = "*bf16", "i64"
     cases = []
@@ -82,9 +89,21 @@ def main() -> int:
     # the first real call passes epoch 1, which Triton specialises to a constant: both must compile
     epoch_one = {"tlk_epoch": 1}
     for topk in (1, 2):
-        load_widths(module.rs_pull_consumer, partner_types, {"TOPK": topk, "BLOCK": 1024})
+        # a peer's rows load as 16-byte vectors (the pointer from the peer table is declared aligned)
+        widths = load_widths(module.rs_pull_consumer, partner_types, {"TOPK": topk, "BLOCK": 1024}, PARTNER_DIVISIBLE)
         load_widths(module.rs_pull_consumer, partner_types, {"TOPK": topk, "BLOCK": 1024, **epoch_one})
-        print(f"rs_pull_consumer TOPK={topk} {{'compiled': 1}}")
+        gpu = dict(Launcher.PULL_CONSUMER_GPU)  # what a GPU launches
+        compile_ptx(module.rs_pull_consumer, partner_types, {"TOPK": topk, "BLOCK": gpu.pop("BLOCK")},
+                    PARTNER_DIVISIBLE, **gpu)
+        print(f"rs_pull_consumer TOPK={topk} {widths}")
+    from tilelink.rules import all_gather
+
+    ag_types = {"full_ptr": ptr, "peer_table": "*i64", "tlk_barriers": "*i64"}
+    widths = load_widths(all_gather.ag_pull_producer, ag_types, {"BLOCK": 1024}, PARTNER_DIVISIBLE)
+    load_widths(all_gather.ag_pull_producer, ag_types, {"BLOCK": 1024, **epoch_one})
+    gpu = dict(Launcher.PULL_PRODUCER_GPU)
+    compile_ptx(all_gather.ag_pull_producer, ag_types, {"BLOCK": gpu.pop("BLOCK")}, PARTNER_DIVISIBLE, **gpu)
+    print(f"ag_pull_producer compiled {widths}")
     ring_types = {"partial_ptr": ptr, "out_ptr": ptr, "recv_ptr": ptr, "recv_table": "*i64", "tlk_barriers": "*i64",
                   "recv_flags": "*i64", "flag_table": "*i64", "tlk_diag": "*i64", "tlk_budget": i64}
     from tilelink.rules import reduce_scatter
@@ -93,9 +112,9 @@ def main() -> int:
     load_widths(reduce_scatter.rs_ring_consumer, ring_types, {"BLOCK": 1024, **epoch_one})
     print("rs_ring_consumer compiled {'compiled': 1}")
     received_types = {"recv_ptr": ptr, "out_ptr": ptr, "recv_barriers": "*i64", "tlk_diag": "*i64", "tlk_budget": i64}
-    load_widths(reduce_scatter.rs_reduce_received, received_types, {"BLOCK": 1024})
+    widths = load_widths(reduce_scatter.rs_reduce_received, received_types, {"BLOCK": 1024}, PARTNER_DIVISIBLE)
     load_widths(reduce_scatter.rs_reduce_received, received_types, {"BLOCK": 1024, **epoch_one})
-    print("rs_reduce_received compiled {'compiled': 1}")
+    print(f"rs_reduce_received compiled {widths}")
     for name, okernel, types, meta in cases:
         plain = load_widths(okernel.kernel, types, meta)
         rewritten = load_widths(getattr(okernel.module, okernel.name), types, meta)

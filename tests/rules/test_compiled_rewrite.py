@@ -27,9 +27,12 @@ def test_rewritten_kernels_keep_wide_loads() -> None:
         plain, rewritten = profiles[(kernel, "plain")], profiles[(kernel, "rewritten")]
         assert plain["cp.async 16B"] > 0, plain
         assert rewritten == plain, (kernel, plain, rewritten)
-    assert profiles[("rs_pull_consumer", "TOPK=1")] == profiles[("rs_pull_consumer", "TOPK=2")] == {"compiled": 1}
+    # the partners move rows as 16-byte vectors, a peer's too (2-byte loads made a pull a load per element):
+    # the pull consumer four sources at a time (and each top-k slot)
+    for key, vectors in ((("rs_pull_consumer", "TOPK=1"), 4), (("rs_pull_consumer", "TOPK=2"), 8),
+                         (("ag_pull_producer", "compiled"), 1), (("rs_reduce_received", "compiled"), 1)):
+        assert profiles[key]["ld.global.v4"] == vectors and profiles[key]["ld.global scalar"] == 0, (key, profiles[key])
     assert profiles[("rs_ring_consumer", "compiled")] == {"compiled": 1}
-    assert profiles[("rs_reduce_received", "compiled")] == {"compiled": 1}
     # the persistent kernels: the same bulk-tensor (TMA) loads once rewritten; the MoE weights by a 3-D
     # descriptor (one expert at a time); the reduce-scatter's notify a releasing reduction
     for kernel, tma in (("persistent_ag_gemm", "tma 2d"), ("persistent_gemm_rs", "tma 2d"),

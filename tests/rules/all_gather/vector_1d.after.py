@@ -57,12 +57,15 @@ def ag_pull_producer(full_ptr, peer_table, tlk_barriers, tlk_epoch, tlk_rank, tl
         src = ch // tlk_channels_per_rank
         if src != tlk_rank:
             n = (hi - lo) * row_elems
+            # the table holds whole symmetric buffers (16-byte aligned, checked at launch): said so (on the
+            # cast itself: a hint on a helper's result is lost when it is inlined), the rows move as vectors
+            peer = tl.multiple_of(tl.load(peer_table + src).to(tl.pointer_type(full_ptr.dtype.element_ty)), 16)
             for o in range(0, outer):
                 base = o * outer_stride + lo * row_elems
                 for off in range(0, n, BLOCK):
                     idx = off + tl.arange(0, BLOCK)
                     mask = idx < n
-                    x = tll.tile_pull_data(peer_table, full_ptr, src, base + idx, mask)
+                    x = tl.load(peer + base + idx, mask=mask, other=0)
                     tl.store(full_ptr + base + idx, x, mask=mask)
         tll.producer_tile_notify(tlk_barriers, ch, 1, tlk_barriers, tlk_rank, tlk_world, 0)
 

@@ -94,18 +94,27 @@ def rs_pull_consumer(partial_ptr, peer_table, out_ptr, tlk_barriers, barrier_tab
                 idx = off + tl.arange(0, BLOCK)
                 mask = idx < n
                 acc = tl.zeros([BLOCK], dtype=tl.float32)
-                for p in range(0, tlk_world):
-                    src = (tlk_rank + 1 + p) % tlk_world
-                    if TOPK == 1:
-                        x = tll.tile_pull_data(peer_table, partial_ptr, src, lo * row_elems + idx + token, mask)
-                        acc += x.to(tl.float32)
-                    else:
-                        row = lo + idx // row_elems
-                        col = idx % row_elems
-                        for k in range(0, TOPK):
-                            x = tll.tile_pull_data(peer_table, partial_ptr, src,
-                                                   (row * TOPK + k) * row_elems + col + token, mask)
+                # four sources (and every top-k slot) at a time, unrolled: their loads are in flight
+                # together; a pull is a round trip over the link, and one load at a time per thread
+                # left the consumer latency-bound
+                for p0 in range(0, tlk_world, 4):
+                    for q in tl.static_range(4):
+                        src = (tlk_rank + 1 + p0 + q) % tlk_world
+                        live = mask & (tl.full([BLOCK], p0 + q, tl.int32) < tlk_world)
+                        # the table holds whole symmetric buffers (16-byte aligned, checked at launch): said
+                        # so (on the cast itself: a hint on a helper's result is lost when it is inlined), a
+                        # peer's rows load as vectors, not element by element
+                        peer = tl.multiple_of(
+                            tl.load(peer_table + src).to(tl.pointer_type(partial_ptr.dtype.element_ty)), 16)
+                        if TOPK == 1:
+                            x = tl.load(peer + lo * row_elems + idx + token, mask=live, other=0)
                             acc += x.to(tl.float32)
+                        else:
+                            row = lo + idx // row_elems
+                            col = idx % row_elems
+                            for k in tl.static_range(TOPK):
+                                x = tl.load(peer + (row * TOPK + k) * row_elems + col + token, mask=live, other=0)
+                                acc += x.to(tl.float32)
                 tl.store(out_ptr + (lo - rank_lo) * row_elems + idx, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
