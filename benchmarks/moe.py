@@ -237,8 +237,7 @@ def measure_dist(shape: MoEShape, world, dtype: torch.dtype, rounds: int, group)
     import torch.distributed as dist
 
     from tilelink.ops import ag_moe, moe_rs
-    from tilelink.ops.contract import persistent_wanted
-    from tilelink.ops.moe import descriptor_kernel_wanted, launch_config, moe_config
+    from tilelink.ops.moe import descriptor_kernel_wanted, launch_config
 
     R, r, device = world.world_size, world.rank, world.device
     M, inter = shape.S, shape.I // R
@@ -256,8 +255,9 @@ def measure_dist(shape: MoEShape, world, dtype: torch.dtype, rounds: int, group)
     def fused_ag():  # ours, not overlapped: NCCL all-gather, then the plain grouped GEMM
         x = _ag_rows(x_shard, M, group)
         out = torch.empty(slots, 2 * inter, dtype=dtype, device=device)
-        meta = moe_config(slots, shape.E, 2 * inter, dtype, shape.H)
-        return _grouped("ag_moe", x, w_up, out, None, topk_ids, meta, persistent=persistent_wanted(device))()
+        persistent = descriptor_kernel_wanted("ag_moe", device, dtype)  # the kernel and tile ag_moe takes
+        meta = launch_config("ag_moe", persistent, topk_ids, shape.E, 2 * inter, dtype, shape.H, device)
+        return _grouped("ag_moe", x, w_up, out, None, topk_ids, meta, persistent=persistent)()
 
     def fused_rs():  # ours, not overlapped: the plain grouped GEMM, top-k sum, then NCCL reduce-scatter
         out = torch.empty(slots, shape.H, dtype=dtype, device=device)
