@@ -56,6 +56,21 @@ _STREAM_NON_BLOCKING_FALLBACK = 0x1
 
 _POLL_FIRST_S = 20e-6
 _POLL_MAX_S = 2e-3
+#: nvshmem.core.init still running after this long is reported (it has no timeout of its own)
+INIT_WARN_S = 60.0
+
+
+@contextlib.contextmanager
+def warn_if_slow(seconds: float, message: str):
+    """Print ``message`` to stderr if the body is still running after ``seconds`` (it is not stopped):
+    a collective start-up that never returns says what it is waiting for."""
+    timer = threading.Timer(seconds, lambda: sys.stderr.write(f"tilelink: {message}\n"))
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
 
 
 def _import_nvshmem():
@@ -251,8 +266,14 @@ class NvshmemBackend:
             import numpy as np  # noqa: PLC0415
 
             raw[:] = np.frombuffer(box[0], dtype=np.uint8)
-        core.init(device=self._cuda_device, uid=uid, rank=self.rank, nranks=self.world_size,
-                  initializer_method="uid")
+        gpus = torch.cuda.device_count()
+        with warn_if_slow(INIT_WARN_S, f"rank {self.rank} of {self.world_size}: nvshmem.core.init has not returned "
+                          f"after {INIT_WARN_S:g} s (on GPU {index} of {gpus}). It returns once every rank "
+                          f"has called it: check that all {self.world_size} ranks started and reached "
+                          f"tilelink.init, and that ranks sharing GPUs all share one (NVSHMEM without CUDA "
+                          f"MPS hung with ranks spread unevenly over several GPUs)"):
+            core.init(device=self._cuda_device, uid=uid, rank=self.rank, nranks=self.world_size,
+                      initializer_method="uid")
         self._finalized = False
         pe, npes = core.my_pe(), core.n_pes()
         if (pe, npes) != (self.rank, self.world_size):

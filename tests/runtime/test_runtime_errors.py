@@ -84,3 +84,16 @@ def test_ranks_share_one_gpu_when_a_host_has_too_few():
     assert [rank_device_index(r, 8, 1) for r in range(8)] == [0] * 8
     with pytest.raises(tilelink.TileLinkError, match="needs a CUDA GPU"):
         rank_device_index(0, 1, 0)
+
+
+def test_a_slow_start_up_says_what_it_waits_for(capfd):
+    import time
+
+    from tilelink.runtime.nvshmem import warn_if_slow
+
+    with warn_if_slow(0.05, "init is slow"):
+        time.sleep(0.3)
+    with warn_if_slow(5.0, "not printed"):
+        pass
+    err = capfd.readouterr().err
+    assert "tilelink: init is slow" in err and "not printed" not in err
