@@ -21,8 +21,9 @@ Partner kernels (the consumer), chosen by ``via``:
 - ``sm`` with ``mode="push"``: :func:`rs_ring_consumer`, the ring of the paper's Figure 4 (partial sums
   travel rank to rank, each adding its own, with peer_tile_wait / peer_tile_notify between them);
 - ``copy_engine`` (the paper's hybrid): the host copies each finished channel into the receive slot
-  of the rank that owns it and flags it; :func:`rs_reduce_received` sums what arrived, on every SM
-  (``REDUCE_PROGRAMS_PER_SM`` programs each: it starts after the GEMM's last tile).
+  of the rank that owns it and flags it; :func:`rs_reduce_received` sums what arrived and this rank's
+  own rows (read where the GEMM wrote them, not copied), on every SM (``REDUCE_PROGRAMS_PER_SM``
+  programs each: it starts after the GEMM's last tile).
 """
 
 from __future__ import annotations
@@ -583,33 +584,35 @@ def rs_ring_consumer(partial_ptr, out_ptr, recv_ptr, recv_table, tlk_barriers, r
 
 
 @triton.jit
-def rs_reduce_received(recv_ptr, out_ptr, recv_barriers, tlk_epoch, tlk_rank, tlk_world, tlk_rows,
-                       tlk_rows_per_rank, tlk_rows_per_channel, tlk_channels_per_rank, row_elems, tlk_diag,
+def rs_reduce_received(recv_ptr, partial_ptr, out_ptr, recv_barriers, tlk_barriers, tlk_epoch, tlk_rank, tlk_world,
+                       tlk_rows, tlk_rows_per_rank, tlk_rows_per_channel, tlk_channels_per_rank, row_elems, tlk_diag,
                        tlk_budget, BLOCK: tl.constexpr):
-    """Hybrid reduce-scatter, SM half: sum the partial rows every rank's copy engine delivered into
-    this rank's receive buffer ``recv_ptr`` (world, rows_per_rank, row_elems) — slot ``p`` from rank
-    ``p``, announced on ``recv_barriers[p * channels_per_rank + j]`` — into ``out_ptr``."""
+    """Hybrid reduce-scatter, SM half: into ``out_ptr``, sum this rank's own partial rows where the GEMM
+    wrote them (``partial_ptr``, complete once the GEMM's channel count ``tlk_barriers[ch]`` reaches
+    ``epoch * n``: no copy) and the partial rows every peer's copy engine delivered into the receive
+    buffer ``recv_ptr`` (world, rows_per_rank, row_elems), slot ``p`` from rank ``p``, announced on
+    ``recv_barriers[p * channels_per_rank + j]``."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     nblocks = tl.cdiv(tlk_rows_per_channel * row_elems, BLOCK)
     rank_lo = tlk_rank * tlk_rows_per_rank
     for j in range(0, tlk_channels_per_rank):
-        lo, hi = tlm.tl_channel_range(tlk_rank * tlk_channels_per_rank + j, tlk_rows, tlk_rows_per_rank,
-                                      tlk_rows_per_channel, tlk_channels_per_rank)
+        ch = tlk_rank * tlk_channels_per_rank + j
+        lo, hi = tlm.tl_channel_range(ch, tlk_rows, tlk_rows_per_rank, tlk_rows_per_channel, tlk_channels_per_rank)
         n = (hi - lo) * row_elems
         first = (pid + nprog - (j * nblocks) % nprog) % nprog  # blocks dealt round-robin across the channels
         if first < tl.cdiv(n, BLOCK):
             # once per channel and source, not per block (each wait is a poll and a barrier)
-            token = tl.zeros((), dtype=tl.int32)
-            for p in range(0, tlk_world):
+            token = tll.consumer_tile_wait(tlk_barriers, ch, 1, n.to(tl.int64) * tlk_epoch, tlk_diag, tlk_budget)
+            for p in range(0, tlk_world - 1):
                 src = (tlk_rank + 1 + p) % tlk_world
                 token += tll.consumer_tile_wait(recv_barriers, src * tlk_channels_per_rank + j, 1, tlk_epoch,
                                                 tlk_diag, tlk_budget)
             for off in range(first * BLOCK, n, nprog * BLOCK):
                 idx = off + tl.arange(0, BLOCK)
                 mask = idx < n
-                acc = tl.zeros([BLOCK], dtype=tl.float32)
-                for p in range(0, tlk_world):
+                acc = tl.load(partial_ptr + lo * row_elems + idx + token, mask=mask).to(tl.float32)
+                for p in range(0, tlk_world - 1):
                     src = (tlk_rank + 1 + p) % tlk_world
                     slot = src * tlk_rows_per_rank * row_elems + (lo - rank_lo) * row_elems
                     x = tl.load(recv_ptr + slot + idx + token, mask=mask)
@@ -699,44 +702,49 @@ class ReduceScatterLauncher(Launcher):
         self.partner("rs_pull_consumer")[grid](*common, ctx.diag.buffer, ctx.diag.budget_ns,
                                                TOPK=ctx.partial.shape[0] // sh.size, **meta)
 
-    def _reduce(self, ctx: ReduceScatterContext, world, out, recv_barriers, epoch: int) -> None:
+    def _reduce(self, ctx: ReduceScatterContext, world, out, recv_barriers, barriers, epoch: int) -> None:
         sh = ctx.sharding
         row_elems = math.prod(ctx.partial.shape[1:])
         blocks = sh.channels_per_rank * cdiv(sh.rows_per_channel * row_elems, self.BLOCK)
         if world.device.type == "cuda":
-            # it starts once the copy engine delivered this rank's last channel, after the GEMM's last
-            # tile: every SM is free. On comm_sms programs it was latency-bound (one block's loads in
+            # it is launched behind the side stream's wait for this rank's own rows, the GEMM's last
+            # tiles: every SM is free by then. On comm_sms programs it was latency-bound (one block's loads in
             # flight per SM: 1.05 ms for 96 MB on 2 H200s, against the GEMM's 0.48 ms)
             programs = REDUCE_PROGRAMS_PER_SM * torch.cuda.get_device_properties(world.device).multi_processor_count
         else:
             programs = self.meta["comm_sms"]
         grid = (max(1, min(programs, blocks)),)
         self.partner("rs_reduce_received")[grid](
-            ctx.recv, out, recv_barriers, epoch, world.rank, world.world_size, sh.size, sh.rows_per_rank,
-            sh.rows_per_channel, sh.channels_per_rank, row_elems, ctx.diag.buffer, ctx.diag.budget_ns,
-            BLOCK=self.BLOCK)
+            ctx.recv, ctx.partial, out, recv_barriers, barriers, epoch, world.rank, world.world_size, sh.size,
+            sh.rows_per_rank, sh.rows_per_channel, sh.channels_per_rank, row_elems, ctx.diag.buffer,
+            ctx.diag.budget_ns, BLOCK=self.BLOCK)
 
     def _scatter(self, ctx: ReduceScatterContext, world, epoch: int) -> None:
         """Hybrid, copy-engine half: as each channel's rows are complete here, copy them into the
-        receive slot of the rank that owns them and tell it (ring order: the next rank first)."""
+        receive slot of the rank that owns them and tell it (ring order: the next rank first). This
+        rank's own rows stay where the GEMM wrote them (the reduction reads them there); the stream only
+        waits for them, so that the reduction, launched next, starts after the GEMM's last tile."""
         sh = ctx.sharding
         row_elems = math.prod(ctx.partial.shape[1:])
         stream = ctx.streams.side
         for step in range(1, world.world_size + 1):
             dst = (world.rank + step) % world.world_size
             dst_lo = sh.rank_range(dst)[0]
-            peer_recv = peer_tensor(ctx.recv, dst)
+            peer_recv = peer_tensor(ctx.recv, dst) if dst != world.rank else None
             for j in range(sh.channels_per_rank):
                 ch = dst * sh.channels_per_rank + j
                 lo, hi = sh.channel_range(ch)
                 if hi > lo:
                     # the host goes on enqueueing; a stuck wait is released and raised by finish()
                     rank_wait(ctx.channel, ch, epoch * (hi - lo) * row_elems, stream, block=False)
-                    rank_copy_data(ctx.partial[lo:hi], peer_recv[world.rank, lo - dst_lo:hi - dst_lo], stream)
-                rank_notify(ctx.recv_channel, world.rank * sh.channels_per_rank + j, epoch, dst, stream)
+                    if peer_recv is not None:
+                        rank_copy_data(ctx.partial[lo:hi], peer_recv[world.rank, lo - dst_lo:hi - dst_lo], stream)
+                if peer_recv is not None:
+                    rank_notify(ctx.recv_channel, world.rank * sh.channels_per_rank + j, epoch, dst, stream)
 
     def _launch_hybrid(self, grid, call: dict, ctx: ReduceScatterContext, world, out) -> None:
-        self.warm_up(ctx, world, grid, call, partners=lambda: self._reduce(ctx, world, out, ctx.scratch, 0))
+        self.warm_up(ctx, world, grid, call,
+                     partners=lambda: self._reduce(ctx, world, out, ctx.scratch, ctx.scratch, 0))
         epoch = ctx.channel.advance()
         ctx.recv_channel.advance()
         main, side = ctx.streams.main, ctx.streams.side
@@ -749,11 +757,11 @@ class ReduceScatterLauncher(Launcher):
             side.wait_event(start)
             with torch.cuda.stream(side):
                 self._scatter(ctx, world, epoch)
-                self._reduce(ctx, world, out, ctx.recv_channel.barriers, epoch)
+                self._reduce(ctx, world, out, ctx.recv_channel.barriers, ctx.channel.barriers, epoch)
         else:
             self.kernel[grid](**call, **args)
             self._scatter(ctx, world, epoch)
-            self._reduce(ctx, world, out, ctx.recv_channel.barriers, epoch)
+            self._reduce(ctx, world, out, ctx.recv_channel.barriers, ctx.channel.barriers, epoch)
         self.finish(ctx)
 
     def launch(self, grid, bound: dict) -> None:

@@ -111,7 +111,8 @@ def main() -> int:
     load_widths(reduce_scatter.rs_ring_consumer, ring_types, {"BLOCK": 1024})
     load_widths(reduce_scatter.rs_ring_consumer, ring_types, {"BLOCK": 1024, **epoch_one})
     print("rs_ring_consumer compiled {'compiled': 1}")
-    received_types = {"recv_ptr": ptr, "out_ptr": ptr, "recv_barriers": "*i64", "tlk_diag": "*i64", "tlk_budget": i64}
+    received_types = {"recv_ptr": ptr, "partial_ptr": ptr, "out_ptr": ptr, "recv_barriers": "*i64",
+                      "tlk_barriers": "*i64", "tlk_diag": "*i64", "tlk_budget": i64}
     widths = load_widths(reduce_scatter.rs_reduce_received, received_types, {"BLOCK": 1024}, PARTNER_DIVISIBLE)
     load_widths(reduce_scatter.rs_reduce_received, received_types, {"BLOCK": 1024, **epoch_one})
     print(f"rs_reduce_received compiled {widths}")

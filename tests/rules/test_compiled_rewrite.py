@@ -30,7 +30,7 @@ def test_rewritten_kernels_keep_wide_loads() -> None:
     # the partners move rows as 16-byte vectors, a peer's too (2-byte loads made a pull a load per element):
     # the pull consumer four sources at a time (and each top-k slot)
     for key, vectors in ((("rs_pull_consumer", "TOPK=1"), 4), (("rs_pull_consumer", "TOPK=2"), 8),
-                         (("ag_pull_producer", "compiled"), 1), (("rs_reduce_received", "compiled"), 1)):
+                         (("ag_pull_producer", "compiled"), 1), (("rs_reduce_received", "compiled"), 2)):
         assert profiles[key]["ld.global.v4"] == vectors and profiles[key]["ld.global scalar"] == 0, (key, profiles[key])
     assert profiles[("rs_ring_consumer", "compiled")] == {"compiled": 1}
     # the persistent kernels: the same bulk-tensor (TMA) loads once rewritten; the MoE weights by a 3-D

@@ -59,33 +59,35 @@ def matmul_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk,
 
 
 @triton.jit
-def rs_reduce_received(recv_ptr, out_ptr, recv_barriers, tlk_epoch, tlk_rank, tlk_world, tlk_rows,
-                       tlk_rows_per_rank, tlk_rows_per_channel, tlk_channels_per_rank, row_elems, tlk_diag,
+def rs_reduce_received(recv_ptr, partial_ptr, out_ptr, recv_barriers, tlk_barriers, tlk_epoch, tlk_rank, tlk_world,
+                       tlk_rows, tlk_rows_per_rank, tlk_rows_per_channel, tlk_channels_per_rank, row_elems, tlk_diag,
                        tlk_budget, BLOCK: tl.constexpr):
-    """Hybrid reduce-scatter, SM half: sum the partial rows every rank's copy engine delivered into
-    this rank's receive buffer ``recv_ptr`` (world, rows_per_rank, row_elems) — slot ``p`` from rank
-    ``p``, announced on ``recv_barriers[p * channels_per_rank + j]`` — into ``out_ptr``."""
+    """Hybrid reduce-scatter, SM half: into ``out_ptr``, sum this rank's own partial rows where the GEMM
+    wrote them (``partial_ptr``, complete once the GEMM's channel count ``tlk_barriers[ch]`` reaches
+    ``epoch * n``: no copy) and the partial rows every peer's copy engine delivered into the receive
+    buffer ``recv_ptr`` (world, rows_per_rank, row_elems), slot ``p`` from rank ``p``, announced on
+    ``recv_barriers[p * channels_per_rank + j]``."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     nblocks = tl.cdiv(tlk_rows_per_channel * row_elems, BLOCK)
     rank_lo = tlk_rank * tlk_rows_per_rank
     for j in range(0, tlk_channels_per_rank):
-        lo, hi = tlm.tl_channel_range(tlk_rank * tlk_channels_per_rank + j, tlk_rows, tlk_rows_per_rank,
-                                      tlk_rows_per_channel, tlk_channels_per_rank)
+        ch = tlk_rank * tlk_channels_per_rank + j
+        lo, hi = tlm.tl_channel_range(ch, tlk_rows, tlk_rows_per_rank, tlk_rows_per_channel, tlk_channels_per_rank)
         n = (hi - lo) * row_elems
         first = (pid + nprog - (j * nblocks) % nprog) % nprog  # blocks dealt round-robin across the channels
         if first < tl.cdiv(n, BLOCK):
             # once per channel and source, not per block (each wait is a poll and a barrier)
-            token = tl.zeros((), dtype=tl.int32)
-            for p in range(0, tlk_world):
+            token = tll.consumer_tile_wait(tlk_barriers, ch, 1, n.to(tl.int64) * tlk_epoch, tlk_diag, tlk_budget)
+            for p in range(0, tlk_world - 1):
                 src = (tlk_rank + 1 + p) % tlk_world
                 token += tll.consumer_tile_wait(recv_barriers, src * tlk_channels_per_rank + j, 1, tlk_epoch,
                                                 tlk_diag, tlk_budget)
             for off in range(first * BLOCK, n, nprog * BLOCK):
                 idx = off + tl.arange(0, BLOCK)
                 mask = idx < n
-                acc = tl.zeros([BLOCK], dtype=tl.float32)
-                for p in range(0, tlk_world):
+                acc = tl.load(partial_ptr + lo * row_elems + idx + token, mask=mask).to(tl.float32)
+                for p in range(0, tlk_world - 1):
                     src = (tlk_rank + 1 + p) % tlk_world
                     slot = src * tlk_rows_per_rank * row_elems + (lo - rank_lo) * row_elems
                     x = tl.load(recv_ptr + slot + idx + token, mask=mask)
