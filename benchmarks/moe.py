@@ -14,7 +14,8 @@ Modes:
   useful FLOPs** (``torch.matmul`` of (slots, K) @ (K, N)) and against a torch loop over experts (gather,
   matmul per expert, scatter-add); ``--configs`` also times candidate tile configs. Ratio = baseline ms /
   ours (> 1: ours faster).
-- ``dist`` (W ranks under ``torchrun`` / ``tlxform run``): ``ag_moe`` / ``moe_rs`` (overlapped) against
+- ``dist`` (``--world W`` ranks started here, one per GPU; or each process one rank under ``torchrun`` /
+  ``tlxform run``): ``ag_moe`` / ``moe_rs`` (overlapped) against
   the torch reference (torch.distributed all-gather, loop over experts, reduce-scatter) and against our
   own non-overlapped path (the same grouped GEMM, then torch.distributed all-gather / reduce-scatter).
 
@@ -286,18 +287,37 @@ def measure_dist(shape: MoEShape, world, dtype: torch.dtype, rounds: int, group)
     return {"shape": shape.name, "ms": med, "times_ms": times, "rel_err": errors, "speedup": speedup}
 
 
-def run_dist(shapes: list[MoEShape], dtype: torch.dtype, rounds: int) -> dict | None:
+def _dist_rows(shapes: list[MoEShape], dtype: torch.dtype, rounds: int) -> list[dict] | None:
+    """One rank of the dist mode, in an initialised world; rank 0 returns the rows."""
     import torch.distributed as dist
+
+    from tilelink.runtime import current_world
+
+    world = current_world()
+    group = dist.new_group(backend="nccl") if world.device.type == "cuda" else None
+    rows = [measure_dist(shape, world, dtype, rounds, group) for shape in shapes]
+    return rows if world.rank == 0 else None
+
+
+def run_dist(shapes: list[MoEShape], dtype: torch.dtype, rounds: int, world: int) -> dict | None:
+    """Under ``torchrun`` / ``tlxform run`` (``WORLD_SIZE`` set): this process is one rank. Otherwise
+    ``world`` ranks are started here: one per GPU (NVSHMEM), or emulated on CPU processes without GPUs
+    enough."""
+    import os
 
     import tilelink
 
-    world = tilelink.init()
-    group = dist.new_group(backend="nccl") if world.device.type == "cuda" else None
-    rows = [measure_dist(shape, world, dtype, rounds, group) for shape in shapes]
-    rank = world.rank
-    tilelink.finalize()
-    return {"mode": "dist", "world": world.world_size, "dtype": str(dtype), "rounds": rounds,
-            "rows": rows} if rank == 0 else None
+    if "WORLD_SIZE" in os.environ:
+        tilelink.init()
+        rows = _dist_rows(shapes, dtype, rounds)
+        size = tilelink.world_size()
+        tilelink.finalize()
+    else:
+        backend = "nvshmem" if torch.cuda.is_available() and torch.cuda.device_count() >= world else "emulated"
+        rows = tilelink.spawn(_dist_rows, world, shapes, dtype, rounds, backend=backend, timeout=3600)[0]
+        size = world
+    return {"mode": "dist", "world": size, "dtype": str(dtype), "rounds": rounds,
+            "rows": rows} if rows is not None else None
 
 
 def run(world: int, shapes: str, out: Path, dtype: str, mode: str, rounds: int, configs: bool,
@@ -310,7 +330,7 @@ def run(world: int, shapes: str, out: Path, dtype: str, mode: str, rounds: int, 
             raise SystemExit("benchmarks.moe --mode compute needs a CUDA GPU")
         record = run_compute(chosen, world, DTYPES[dtype], rounds, configs, rewritten)
     else:
-        record = run_dist(chosen, DTYPES[dtype], rounds)
+        record = run_dist(chosen, DTYPES[dtype], rounds, world)
         if record is None:
             return None
     record = {"benchmark": "moe", **environment(), **record}
