@@ -90,6 +90,7 @@ class Launcher:
         self.okernel = okernel
         self.meta = okernel.plan.launch
         self.contexts: dict[tuple, Any] = {}
+        self._world = None  # the world the contexts belong to
 
     # -- helpers -------------------------------------------------------------------------------
     @property
@@ -100,9 +101,15 @@ class Launcher:
         return getattr(self.okernel.module, name)
 
     def world(self):
+        """The current world. A new one (``finalize()``, then ``init()``) drops the contexts of the old:
+        their symmetric buffers and channels were freed with it (reusing them crashed the rank)."""
         from tilelink.runtime import current_world
 
-        return current_world()
+        world = current_world()
+        if world is not self._world:
+            self.contexts.clear()
+            self._world = world  # held: a new world cannot reuse the identity of this one
+        return world
 
     def size_of(self, bound: dict) -> int:
         name = self.meta["size_param"]

@@ -9,6 +9,7 @@ every other argument is the full problem's.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import inspect
 import os
@@ -19,7 +20,7 @@ from types import ModuleType
 from typing import Any
 
 from tilelink.codegen import GeneratedModule, Request, generate
-from tilelink.errors import AnnotationError, LaunchError
+from tilelink.errors import AnnotationError, LaunchError, WaitTimeout
 from tilelink.plan import Report
 from tilelink.spec import AllGatherSpec, ReduceScatterSpec, make_options
 
@@ -92,6 +93,8 @@ class OverlappedKernel:
         self.check_waits = os.environ.get("TILELINK_CHECK_WAITS", "1") != "0"
         self._module: ModuleType | None = None
         self._launcher = None
+        # (world, error): a wait of an earlier call in that world timed out, no more launches there
+        self._timed_out: tuple[Any, WaitTimeout] | None = None
         self.__doc__ = self.fn.__doc__
         self.__name__ = self.name
 
@@ -129,7 +132,8 @@ class OverlappedKernel:
         In the emulated world every call checks; on a GPU a call reads the previous calls' record
         without stalling, so call this (or any synchronising check) to see the last call's."""
         if self._launcher is not None:
-            self._launcher.check()
+            with self._remember_timeout():
+                self._launcher.check()
 
     def bind(self, args: tuple, kwargs: dict) -> dict[str, Any]:
         """Bind a launch's arguments to the kernel's parameter names."""
@@ -144,12 +148,34 @@ class OverlappedKernel:
 
     def __getitem__(self, grid):
         def launch(*args: Any, **kwargs: Any):
-            return self.launcher.launch(grid, self.bind(args, kwargs))
+            if self._timed_out is not None and self._timed_out[0] is _current_world():
+                raise LaunchError(
+                    f"{self.name}: an earlier call on this rank had a wait time out ({self._timed_out[1]}). That "
+                    f"call's results were not valid, and its channels' counts no longer match the other ranks' "
+                    f"(a late notify still adds to them), so later calls could pass their waits too early: "
+                    f"start the world again (tilelink.finalize(), then tilelink.init()) once the cause is fixed")
+            with self._remember_timeout():
+                return self.launcher.launch(grid, self.bind(args, kwargs))
 
         return launch
 
+    @contextlib.contextmanager
+    def _remember_timeout(self):
+        """A :class:`tilelink.WaitTimeout` raised here is raised, and kept: later launches refuse to run."""
+        try:
+            yield
+        except WaitTimeout as exc:
+            self._timed_out = (_current_world(), exc)  # a new world starts clean
+            raise
+
     def __repr__(self) -> str:
         return f"<overlapped kernel {self.name} ({', '.join(s.describe() for s in self.specs)})>"
+
+
+def _current_world():
+    from tilelink.runtime import world
+
+    return world.current_world() if world.is_initialized() else None
 
 
 def _display_path(file: str) -> str:

@@ -325,3 +325,54 @@ def hang(seconds: float) -> None:
 
     if runtime.current_world().rank == 0:
         time.sleep(seconds)
+
+
+def world_again_after_finalize() -> float:
+    """An operator called, the world finalized and started again, the operator called again: its
+    contexts of the old world (freed buffers) are not reused."""
+    import tilelink
+    from tilelink.ops import gemm_rs
+
+    g = torch.Generator().manual_seed(runtime.current_world().rank)
+    a, b = torch.randn(8, 4, generator=g), torch.randn(4, 6, generator=g)
+    first = gemm_rs(a, b)
+    tilelink.finalize()
+    tilelink.init("emulated")
+    return (gemm_rs(a, b) - first).abs().max().item()
+
+
+def timed_out_operator_refuses() -> dict:
+    """A wait of an operator's call times out: that call raises WaitTimeout, the next call of the same
+    kernel refuses (LaunchError) instead of running on counts that no longer match; a new world runs."""
+    import tilelink
+    from tilelink.ops import gemm_rs
+    from tilelink.runtime import diagnostics
+
+    a, b = torch.randn(8, 4), torch.randn(4, 6)
+    real = diagnostics.Diagnostics.check
+    calls = {"n": 0}
+
+    def check_once_timed_out(self, kernel=None):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise tilelink.WaitTimeout(rank=0, primitive="consumer_tile_wait", index=1, expected=8, seen=0,
+                                       budget_s=1.0, kernel=kernel)
+        return real(self, kernel)
+
+    diagnostics.Diagnostics.check = check_once_timed_out
+    try:
+        out = {}
+        try:
+            gemm_rs(a, b)
+        except tilelink.WaitTimeout as exc:
+            out["first"] = type(exc).__name__
+        try:
+            gemm_rs(a, b)
+        except tilelink.LaunchError as exc:
+            out["second"] = str(exc)
+        tilelink.finalize()
+        tilelink.init("emulated")
+        out["new_world"] = (gemm_rs(a, b) - a @ b).abs().max().item()
+        return out
+    finally:
+        diagnostics.Diagnostics.check = real

@@ -97,3 +97,15 @@ def test_a_slow_start_up_says_what_it_waits_for(capfd):
         pass
     err = capfd.readouterr().err
     assert "tilelink: init is slow" in err and "not printed" not in err
+
+
+def test_a_world_started_again_does_not_reuse_freed_buffers():
+    assert tilelink.spawn(runtime_worlds.world_again_after_finalize, 2) == [0.0, 0.0]
+
+
+def test_an_operator_whose_wait_timed_out_refuses_the_next_call():
+    (out,) = tilelink.spawn(runtime_worlds.timed_out_operator_refuses, 1)
+    assert out["first"] == "WaitTimeout"
+    assert "an earlier call on this rank had a wait time out" in out["second"]
+    assert "consumer_tile_wait" in out["second"] and "tilelink.finalize()" in out["second"]
+    assert out["new_world"] < 1e-5
