@@ -201,13 +201,15 @@ def ag_push_producer(full_ptr, peer_table, tlk_barriers, barrier_table, tlk_epoc
                                       tlk_channels_per_rank)
         if dst != tlk_rank:
             n = (hi - lo) * row_elems
+            # whole symmetric buffers, 16-byte aligned (checked at launch): the rows are stored as vectors
+            peer = tl.multiple_of(tl.load(peer_table + dst).to(tl.pointer_type(full_ptr.dtype.element_ty)), 16)
             for o in range(0, outer):
                 base = o * outer_stride + lo * row_elems
                 for off in range(0, n, BLOCK):
                     idx = off + tl.arange(0, BLOCK)
                     mask = idx < n
                     x = tl.load(full_ptr + base + idx, mask=mask)
-                    tll.tile_push_data(peer_table, full_ptr, dst, base + idx, x, mask)
+                    tl.store(peer + base + idx, x, mask=mask)
         tll.producer_tile_notify(tlk_barriers, ch, 1, barrier_table, dst, tlk_world, 1)
 
 

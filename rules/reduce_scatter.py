@@ -57,7 +57,6 @@ from tilelink.rules.launch import Launcher, Streams, cdiv, vector_peer_table
 from tilelink.runtime import (
     Channel,
     Diagnostics,
-    peer_table,
     peer_tensor,
     rank_copy_data,
     rank_notify,
@@ -549,7 +548,7 @@ def rs_ring_consumer(partial_ptr, out_ptr, recv_ptr, recv_table, tlk_barriers, r
     steps: at step ``s`` this rank takes segment ``d = rank + s + 1`` (mod world), waits for its own
     partial rows of channel ``(d, j)`` (producer_tile_wait on the local barrier) and, after the first
     step, for the running sum the next rank pushed (peer_tile_wait), adds them, and pushes the sum to
-    the previous rank (tile_push_data + peer_tile_notify) -- or, at the last step (``d == rank``),
+    the previous rank (a store into its landing buffer + peer_tile_notify) -- or, at the last step (``d == rank``),
     writes it to this rank's output. ``recv_ptr`` is the symmetric (world, rows_per_rank, row_elems)
     landing buffer, slot ``d`` for segment ``d``; running sums travel in the output's dtype.
     """
@@ -557,6 +556,9 @@ def rs_ring_consumer(partial_ptr, out_ptr, recv_ptr, recv_table, tlk_barriers, r
     nprog = tl.num_programs(0)
     prev = (tlk_rank + tlk_world - 1) % tlk_world
     slot_elems = tlk_rows_per_rank * row_elems
+    # the previous rank's landing buffer, a whole symmetric buffer (16-byte aligned, checked at launch):
+    # the running sums are stored there as vectors
+    prev_recv = tl.multiple_of(tl.load(recv_table + prev).to(tl.pointer_type(recv_ptr.dtype.element_ty)), 16)
     for j in range(pid, tlk_channels_per_rank, nprog):
         for s in range(0, tlk_world):
             d = (tlk_rank + s + 1) % tlk_world
@@ -578,7 +580,7 @@ def rs_ring_consumer(partial_ptr, out_ptr, recv_ptr, recv_table, tlk_barriers, r
                     tl.store(out_ptr + (lo - d * tlk_rows_per_rank) * row_elems + idx,
                              acc.to(out_ptr.dtype.element_ty), mask=mask)
                 else:
-                    tll.tile_push_data(recv_table, recv_ptr, prev, at + idx, acc.to(recv_ptr.dtype.element_ty), mask)
+                    tl.store(prev_recv + at + idx, acc.to(recv_ptr.dtype.element_ty), mask=mask)
             if s < tlk_world - 1:
                 tll.peer_tile_notify(flag_table, recv_flags, ch, prev, 1)
 
@@ -634,6 +636,7 @@ class ReduceScatterContext:
     scratch: torch.Tensor
     recv: torch.Tensor | None = None  # hybrid: (world, rows_per_rank, ...) what the peers' copy engines deliver
     recv_channel: Channel | None = None
+    recv_table: torch.Tensor | None = None  # the ring's: every rank's copy of recv (vector stores)
     warm: bool = False
     satisfied: torch.Tensor | None = None  # a world of one: every wait passes
 
@@ -665,6 +668,7 @@ class ReduceScatterLauncher(Launcher):
                                        torch.zeros(sharding.num_channels, dtype=torch.int64, device=world.device))
             if self.meta["via"] == "copy_engine" or self.meta["mode"] == "push":
                 ctx.recv = symmetric_empty((world.world_size, sharding.rows_per_rank, *out.shape[1:]), out.dtype)
+                ctx.recv_table = vector_peer_table(ctx.recv)
                 ctx.recv_channel = Channel(sharding.num_channels)
             self.contexts[key] = ctx
         return ctx
@@ -684,7 +688,7 @@ class ReduceScatterLauncher(Launcher):
         row_elems = math.prod(ctx.partial.shape[1:])
         if self.meta["mode"] == "push":  # the SM ring
             recv, flags = ctx.recv, ctx.recv_channel.barriers
-            recv_table, flag_table = peer_table(recv), ctx.recv_channel.peer_table
+            recv_table, flag_table = ctx.recv_table, ctx.recv_channel.peer_table
             if dry:  # a private landing buffer and flags: the dry run must not write into a peer
                 recv, flags = torch.empty_like(recv), ctx.scratch
                 recv_table = torch.full((world.world_size,), recv.data_ptr(), dtype=torch.int64, device=world.device)

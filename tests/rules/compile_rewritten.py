@@ -49,7 +49,9 @@ def load_widths(kernel, types: dict[str, str], constexprs: dict, divisible: tupl
     ptx = compile_ptx(kernel, types, constexprs, divisible=divisible)
     return {"cp.async 16B": len(re.findall(r"cp\.async\.c[ag]\.shared\.global[^\n]*, 0x10", ptx)),
             "cp.async <16B": len(re.findall(r"cp\.async\.c[ag]\.shared\.global[^\n]*, 0x(?:8|4|2);", ptx)),
-            "ld.global.v4": ptx.count("ld.global.v4"), "ld.global scalar": len(re.findall(r"ld\.global\.b16", ptx))}
+            "ld.global.v4": ptx.count("ld.global.v4"), "ld.global scalar": len(re.findall(r"ld\.global\.b16", ptx)),
+            "st.global.v4": len(re.findall(r"st\.global[^\n]*\.v4", ptx)),
+            "st.global scalar": len(re.findall(r"st\.global[^\n]*\.b16 ", ptx))}
 
 
 def main() -> int:
@@ -108,9 +110,13 @@ def main() -> int:
                   "recv_flags": "*i64", "flag_table": "*i64", "tlk_diag": "*i64", "tlk_budget": i64}
     from tilelink.rules import reduce_scatter
 
-    load_widths(reduce_scatter.rs_ring_consumer, ring_types, {"BLOCK": 1024})
+    widths = load_widths(reduce_scatter.rs_ring_consumer, ring_types, {"BLOCK": 1024}, PARTNER_DIVISIBLE)
     load_widths(reduce_scatter.rs_ring_consumer, ring_types, {"BLOCK": 1024, **epoch_one})
-    print("rs_ring_consumer compiled {'compiled': 1}")
+    print(f"rs_ring_consumer compiled {widths}")
+    push_types = {"full_ptr": ptr, "peer_table": "*i64", "tlk_barriers": "*i64", "barrier_table": "*i64"}
+    widths = load_widths(all_gather.ag_push_producer, push_types, {"BLOCK": 1024}, PARTNER_DIVISIBLE)
+    load_widths(all_gather.ag_push_producer, push_types, {"BLOCK": 1024, **epoch_one})
+    print(f"ag_push_producer compiled {widths}")
     received_types = {"recv_ptr": ptr, "partial_ptr": ptr, "out_ptr": ptr, "recv_barriers": "*i64",
                       "tlk_barriers": "*i64", "tlk_diag": "*i64", "tlk_budget": i64}
     widths = load_widths(reduce_scatter.rs_reduce_received, received_types, {"BLOCK": 1024}, PARTNER_DIVISIBLE)

@@ -30,9 +30,11 @@ def test_rewritten_kernels_keep_wide_loads() -> None:
     # the partners move rows as 16-byte vectors, a peer's too (2-byte loads made a pull a load per element):
     # the pull consumer four sources at a time (and each top-k slot)
     for key, vectors in ((("rs_pull_consumer", "TOPK=1"), 4), (("rs_pull_consumer", "TOPK=2"), 8),
-                         (("ag_pull_producer", "compiled"), 1), (("rs_reduce_received", "compiled"), 2)):
+                         (("ag_pull_producer", "compiled"), 1), (("rs_reduce_received", "compiled"), 2),
+                         (("rs_ring_consumer", "compiled"), 2), (("ag_push_producer", "compiled"), 1)):
         assert profiles[key]["ld.global.v4"] == vectors and profiles[key]["ld.global scalar"] == 0, (key, profiles[key])
-    assert profiles[("rs_ring_consumer", "compiled")] == {"compiled": 1}
+        # and stores, a peer's too (the ring's running sums, the push producer's rows)
+        assert profiles[key]["st.global.v4"] == 1 and profiles[key]["st.global scalar"] == 0, (key, profiles[key])
     # the persistent kernels: the same bulk-tensor (TMA) loads once rewritten; the MoE weights by a 3-D
     # descriptor (one expert at a time); the reduce-scatter's notify a releasing reduction
     for kernel, tma in (("persistent_ag_gemm", "tma 2d"), ("persistent_gemm_rs", "tma 2d"),

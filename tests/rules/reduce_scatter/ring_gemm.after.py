@@ -70,7 +70,7 @@ def rs_ring_consumer(partial_ptr, out_ptr, recv_ptr, recv_table, tlk_barriers, r
     steps: at step ``s`` this rank takes segment ``d = rank + s + 1`` (mod world), waits for its own
     partial rows of channel ``(d, j)`` (producer_tile_wait on the local barrier) and, after the first
     step, for the running sum the next rank pushed (peer_tile_wait), adds them, and pushes the sum to
-    the previous rank (tile_push_data + peer_tile_notify) -- or, at the last step (``d == rank``),
+    the previous rank (a store into its landing buffer + peer_tile_notify) -- or, at the last step (``d == rank``),
     writes it to this rank's output. ``recv_ptr`` is the symmetric (world, rows_per_rank, row_elems)
     landing buffer, slot ``d`` for segment ``d``; running sums travel in the output's dtype.
     """
@@ -78,6 +78,9 @@ def rs_ring_consumer(partial_ptr, out_ptr, recv_ptr, recv_table, tlk_barriers, r
     nprog = tl.num_programs(0)
     prev = (tlk_rank + tlk_world - 1) % tlk_world
     slot_elems = tlk_rows_per_rank * row_elems
+    # the previous rank's landing buffer, a whole symmetric buffer (16-byte aligned, checked at launch):
+    # the running sums are stored there as vectors
+    prev_recv = tl.multiple_of(tl.load(recv_table + prev).to(tl.pointer_type(recv_ptr.dtype.element_ty)), 16)
     for j in range(pid, tlk_channels_per_rank, nprog):
         for s in range(0, tlk_world):
             d = (tlk_rank + s + 1) % tlk_world
@@ -99,7 +102,7 @@ def rs_ring_consumer(partial_ptr, out_ptr, recv_ptr, recv_table, tlk_barriers, r
                     tl.store(out_ptr + (lo - d * tlk_rows_per_rank) * row_elems + idx,
                              acc.to(out_ptr.dtype.element_ty), mask=mask)
                 else:
-                    tll.tile_push_data(recv_table, recv_ptr, prev, at + idx, acc.to(recv_ptr.dtype.element_ty), mask)
+                    tl.store(prev_recv + at + idx, acc.to(recv_ptr.dtype.element_ty), mask=mask)
             if s < tlk_world - 1:
                 tll.peer_tile_notify(flag_table, recv_flags, ch, prev, 1)
 
