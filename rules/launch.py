@@ -52,8 +52,8 @@ class Streams:
 
 def vector_peer_table(buffer: torch.Tensor) -> torch.Tensor:
     """``tilelink.runtime.peer_table(buffer)`` for a partner kernel that tells the compiler every entry is
-    16-byte aligned (``tl.multiple_of(..., 16)`` on the pointer it loads, so a peer's rows move as
-    vectors): checked here, once per context, since a wrong hint would load misaligned vectors."""
+    16-byte aligned (``tll.peer_ptr_aligned``, so a peer's rows move as vectors): checked here, once per
+    context, since a wrong hint would load misaligned vectors."""
     from tilelink.runtime import peer_table
 
     table = peer_table(buffer)

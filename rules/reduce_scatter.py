@@ -523,11 +523,8 @@ def rs_pull_consumer(partial_ptr, peer_table, out_ptr, tlk_barriers, barrier_tab
                     for q in tl.static_range(4):
                         src = (tlk_rank + 1 + p0 + q) % tlk_world
                         live = mask & (tl.full([BLOCK], p0 + q, tl.int32) < tlk_world)
-                        # the table holds whole symmetric buffers (16-byte aligned, checked at launch): said
-                        # so (on the cast itself: a hint on a helper's result is lost when it is inlined), a
-                        # peer's rows load as vectors, not element by element
-                        peer = tl.multiple_of(
-                            tl.load(peer_table + src).to(tl.pointer_type(partial_ptr.dtype.element_ty)), 16)
+                        # whole symmetric buffers (checked at launch): a peer's rows load as vectors
+                        peer = tll.peer_ptr_aligned(peer_table, partial_ptr, src)
                         if TOPK == 1:
                             x = tl.load(peer + lo * row_elems + idx + token, mask=live, other=0)
                             acc += x.to(tl.float32)
@@ -556,9 +553,9 @@ def rs_ring_consumer(partial_ptr, out_ptr, recv_ptr, recv_table, tlk_barriers, r
     nprog = tl.num_programs(0)
     prev = (tlk_rank + tlk_world - 1) % tlk_world
     slot_elems = tlk_rows_per_rank * row_elems
-    # the previous rank's landing buffer, a whole symmetric buffer (16-byte aligned, checked at launch):
-    # the running sums are stored there as vectors
-    prev_recv = tl.multiple_of(tl.load(recv_table + prev).to(tl.pointer_type(recv_ptr.dtype.element_ty)), 16)
+    # the previous rank's landing buffer, a whole symmetric buffer (checked at launch): the running sums
+    # are stored there as vectors
+    prev_recv = tll.peer_ptr_aligned(recv_table, recv_ptr, prev)
     for j in range(pid, tlk_channels_per_rank, nprog):
         for s in range(0, tlk_world):
             d = (tlk_rank + s + 1) % tlk_world

@@ -48,6 +48,7 @@ __all__ = [
     "peer_tile_notify",
     "peer_tile_wait",
     "peer_ptr",
+    "peer_ptr_aligned",
     "tile_pull_data",
     "tile_push_data",
 ]
@@ -318,6 +319,15 @@ def peer_ptr(peer_table, like_ptr, rank):
     ``peer_table`` is ``tilelink.runtime.peer_table(buffer)``: int64 addresses in this process.
     """
     return tl.load(peer_table + rank).to(tl.pointer_type(like_ptr.dtype.element_ty))
+
+
+@triton.jit
+def peer_ptr_aligned(peer_table, like_ptr, rank):
+    """:func:`peer_ptr` declared 16-byte aligned, so that contiguous accesses through it are vectors (a
+    pointer loaded from a table has no known alignment: without this, 2-byte accesses). Only for a table
+    of whole symmetric buffers (``tilelink.rules.launch.vector_peer_table`` checks the alignment). The
+    hint is made here, on the cast: ``tl.multiple_of`` on a helper's result is lost when it is inlined."""
+    return tl.multiple_of(tl.load(peer_table + rank).to(tl.pointer_type(like_ptr.dtype.element_ty)), 16)
 
 
 @triton.jit

@@ -84,9 +84,8 @@ def ag_pull_producer(full_ptr, peer_table, tlk_barriers, tlk_epoch, tlk_rank, tl
         src = ch // tlk_channels_per_rank
         if src != tlk_rank:
             n = (hi - lo) * row_elems
-            # the table holds whole symmetric buffers (16-byte aligned, checked at launch): said so (on the
-            # cast itself: a hint on a helper's result is lost when it is inlined), the rows move as vectors
-            peer = tl.multiple_of(tl.load(peer_table + src).to(tl.pointer_type(full_ptr.dtype.element_ty)), 16)
+            # whole symmetric buffers (checked at launch): the rows move as vectors
+            peer = tll.peer_ptr_aligned(peer_table, full_ptr, src)
             for o in range(0, outer):
                 base = o * outer_stride + lo * row_elems
                 for off in range(0, n, BLOCK):

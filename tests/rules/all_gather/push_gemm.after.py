@@ -79,8 +79,8 @@ def ag_push_producer(full_ptr, peer_table, tlk_barriers, barrier_table, tlk_epoc
                                       tlk_channels_per_rank)
         if dst != tlk_rank:
             n = (hi - lo) * row_elems
-            # whole symmetric buffers, 16-byte aligned (checked at launch): the rows are stored as vectors
-            peer = tl.multiple_of(tl.load(peer_table + dst).to(tl.pointer_type(full_ptr.dtype.element_ty)), 16)
+            # whole symmetric buffers (checked at launch): the rows are stored as vectors
+            peer = tll.peer_ptr_aligned(peer_table, full_ptr, dst)
             for o in range(0, outer):
                 base = o * outer_stride + lo * row_elems
                 for off in range(0, n, BLOCK):

@@ -106,11 +106,8 @@ def rs_pull_consumer(partial_ptr, peer_table, out_ptr, tlk_barriers, barrier_tab
                     for q in tl.static_range(4):
                         src = (tlk_rank + 1 + p0 + q) % tlk_world
                         live = mask & (tl.full([BLOCK], p0 + q, tl.int32) < tlk_world)
-                        # the table holds whole symmetric buffers (16-byte aligned, checked at launch): said
-                        # so (on the cast itself: a hint on a helper's result is lost when it is inlined), a
-                        # peer's rows load as vectors, not element by element
-                        peer = tl.multiple_of(
-                            tl.load(peer_table + src).to(tl.pointer_type(partial_ptr.dtype.element_ty)), 16)
+                        # whole symmetric buffers (checked at launch): a peer's rows load as vectors
+                        peer = tll.peer_ptr_aligned(peer_table, partial_ptr, src)
                         if TOPK == 1:
                             x = tl.load(peer + lo * row_elems + idx + token, mask=live, other=0)
                             acc += x.to(tl.float32)

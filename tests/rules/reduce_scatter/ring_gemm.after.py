@@ -78,9 +78,9 @@ def rs_ring_consumer(partial_ptr, out_ptr, recv_ptr, recv_table, tlk_barriers, r
     nprog = tl.num_programs(0)
     prev = (tlk_rank + tlk_world - 1) % tlk_world
     slot_elems = tlk_rows_per_rank * row_elems
-    # the previous rank's landing buffer, a whole symmetric buffer (16-byte aligned, checked at launch):
-    # the running sums are stored there as vectors
-    prev_recv = tl.multiple_of(tl.load(recv_table + prev).to(tl.pointer_type(recv_ptr.dtype.element_ty)), 16)
+    # the previous rank's landing buffer, a whole symmetric buffer (checked at launch): the running sums
+    # are stored there as vectors
+    prev_recv = tll.peer_ptr_aligned(recv_table, recv_ptr, prev)
     for j in range(pid, tlk_channels_per_rank, nprog):
         for s in range(0, tlk_world):
             d = (tlk_rank + s + 1) % tlk_world

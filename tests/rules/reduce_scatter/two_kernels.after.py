@@ -100,9 +100,8 @@ def ag_pull_producer(full_ptr, peer_table, tlk_barriers, tlk_epoch, tlk_rank, tl
         src = ch // tlk_channels_per_rank
         if src != tlk_rank:
             n = (hi - lo) * row_elems
-            # the table holds whole symmetric buffers (16-byte aligned, checked at launch): said so (on the
-            # cast itself: a hint on a helper's result is lost when it is inlined), the rows move as vectors
-            peer = tl.multiple_of(tl.load(peer_table + src).to(tl.pointer_type(full_ptr.dtype.element_ty)), 16)
+            # whole symmetric buffers (checked at launch): the rows move as vectors
+            peer = tll.peer_ptr_aligned(peer_table, full_ptr, src)
             for o in range(0, outer):
                 base = o * outer_stride + lo * row_elems
                 for off in range(0, n, BLOCK):
@@ -157,11 +156,8 @@ def rs_pull_consumer(partial_ptr, peer_table, out_ptr, tlk_barriers, barrier_tab
                     for q in tl.static_range(4):
                         src = (tlk_rank + 1 + p0 + q) % tlk_world
                         live = mask & (tl.full([BLOCK], p0 + q, tl.int32) < tlk_world)
-                        # the table holds whole symmetric buffers (16-byte aligned, checked at launch): said
-                        # so (on the cast itself: a hint on a helper's result is lost when it is inlined), a
-                        # peer's rows load as vectors, not element by element
-                        peer = tl.multiple_of(
-                            tl.load(peer_table + src).to(tl.pointer_type(partial_ptr.dtype.element_ty)), 16)
+                        # whole symmetric buffers (checked at launch): a peer's rows load as vectors
+                        peer = tll.peer_ptr_aligned(peer_table, partial_ptr, src)
                         if TOPK == 1:
                             x = tl.load(peer + lo * row_elems + idx + token, mask=live, other=0)
                             acc += x.to(tl.float32)
