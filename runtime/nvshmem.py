@@ -245,8 +245,8 @@ class NvshmemBackend:
         self.rank = dist.get_rank()
         self.world_size = dist.get_world_size()
         self.local_rank = int(os.environ.get("LOCAL_RANK", self.rank))
-        index = rank_device_index(self.local_rank, int(os.environ.get("LOCAL_WORLD_SIZE", self.world_size)),
-                                  torch.cuda.device_count())
+        gpus = torch.cuda.device_count()
+        index = rank_device_index(self.local_rank, int(os.environ.get("LOCAL_WORLD_SIZE", self.world_size)), gpus)
         self.device = torch.device("cuda", index)
         torch.cuda.set_device(self.device)
 
@@ -266,7 +266,6 @@ class NvshmemBackend:
             import numpy as np  # noqa: PLC0415
 
             raw[:] = np.frombuffer(box[0], dtype=np.uint8)
-        gpus = torch.cuda.device_count()
         with warn_if_slow(INIT_WARN_S, f"rank {self.rank} of {self.world_size}: nvshmem.core.init has not returned "
                           f"after {INIT_WARN_S:g} s (on GPU {index} of {gpus}). It returns once every rank "
                           f"has called it: check that all {self.world_size} ranks started and reached "
