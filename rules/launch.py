@@ -91,6 +91,8 @@ class Launcher:
         self.meta = okernel.plan.launch
         self.contexts: dict[tuple, Any] = {}
         self._world = None  # the world the contexts belong to
+        #: a wait of a call in this world timed out (kept by OverlappedKernel): later calls refuse to run
+        self.timed_out: Exception | None = None
 
     # -- helpers -------------------------------------------------------------------------------
     @property
@@ -101,13 +103,15 @@ class Launcher:
         return getattr(self.okernel.module, name)
 
     def world(self):
-        """The current world. A new one (``finalize()``, then ``init()``) drops the contexts of the old:
-        their symmetric buffers and channels were freed with it (reusing them crashed the rank)."""
+        """The current world. A new one (``finalize()``, then ``init()``) drops what belonged to the old:
+        the contexts, whose symmetric buffers and channels were freed with it (reusing them crashed the
+        rank), and a timed-out wait."""
         from tilelink.runtime import current_world
 
         world = current_world()
         if world is not self._world:
             self.contexts.clear()
+            self.timed_out = None
             self._world = world  # held: a new world cannot reuse the identity of this one
         return world
 

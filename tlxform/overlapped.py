@@ -93,8 +93,6 @@ class OverlappedKernel:
         self.check_waits = os.environ.get("TILELINK_CHECK_WAITS", "1") != "0"
         self._module: ModuleType | None = None
         self._launcher = None
-        # (world, error): a wait of an earlier call in that world timed out, no more launches there
-        self._timed_out: tuple[Any, WaitTimeout] | None = None
         self.__doc__ = self.fn.__doc__
         self.__name__ = self.name
 
@@ -148,34 +146,31 @@ class OverlappedKernel:
 
     def __getitem__(self, grid):
         def launch(*args: Any, **kwargs: Any):
-            if self._timed_out is not None and self._timed_out[0] is _current_world():
+            launcher = self.launcher
+            launcher.world()  # a new world starts clean
+            if launcher.timed_out is not None:
                 raise LaunchError(
-                    f"{self.name}: an earlier call on this rank had a wait time out ({self._timed_out[1]}). That "
+                    f"{self.name}: an earlier call on this rank had a wait time out ({launcher.timed_out}). That "
                     f"call's results were not valid, and its channels' counts no longer match the other ranks' "
                     f"(a late notify still adds to them), so later calls could pass their waits too early: "
                     f"start the world again (tilelink.finalize(), then tilelink.init()) once the cause is fixed")
             with self._remember_timeout():
-                return self.launcher.launch(grid, self.bind(args, kwargs))
+                return launcher.launch(grid, self.bind(args, kwargs))
 
         return launch
 
     @contextlib.contextmanager
     def _remember_timeout(self):
-        """A :class:`tilelink.WaitTimeout` raised here is raised, and kept: later launches refuse to run."""
+        """A :class:`tilelink.WaitTimeout` raised here is raised, and kept by the launcher for this world:
+        later launches refuse to run."""
         try:
             yield
         except WaitTimeout as exc:
-            self._timed_out = (_current_world(), exc)  # a new world starts clean
+            self.launcher.timed_out = exc
             raise
 
     def __repr__(self) -> str:
         return f"<overlapped kernel {self.name} ({', '.join(s.describe() for s in self.specs)})>"
-
-
-def _current_world():
-    from tilelink.runtime import world
-
-    return world.current_world() if world.is_initialized() else None
 
 
 def _display_path(file: str) -> str:
