@@ -106,6 +106,14 @@ def select_shapes(names: str) -> list[MLPShape]:
     return select_named(MLP_SHAPES, "MLP", names)
 
 
+def spawn_backend(world: int) -> str:
+    """The backend for ``world`` ranks started by a benchmark: NVSHMEM with a GPU for each rank, else
+    emulated ranks (CPU processes)."""
+    import torch
+
+    return "nvshmem" if torch.cuda.is_available() and torch.cuda.device_count() >= world else "emulated"
+
+
 def time_ms(fn: Callable[[], object], device_type: str, group=None) -> float:
     """Median time of ``fn`` in milliseconds: CUDA events through ``triton.testing.do_bench`` on a
     GPU (L2 flushed between calls), a host clock over a few calls on the CPU.

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.common import environment, select_named, side_by_side, write_json
+from benchmarks.common import environment, select_named, side_by_side, spawn_backend, write_json
 
 
 @dataclasses.dataclass(frozen=True)
@@ -313,8 +313,7 @@ def run_dist(shapes: list[MoEShape], dtype: torch.dtype, rounds: int, world: int
         size = tilelink.world_size()
         tilelink.finalize()
     else:
-        backend = "nvshmem" if torch.cuda.is_available() and torch.cuda.device_count() >= world else "emulated"
-        rows = tilelink.spawn(_dist_rows, world, shapes, dtype, rounds, backend=backend, timeout=3600)[0]
+        rows = tilelink.spawn(_dist_rows, world, shapes, dtype, rounds, backend=spawn_backend(world), timeout=3600)[0]
         size = world
     return {"mode": "dist", "world": size, "dtype": str(dtype), "rounds": rounds,
             "rows": rows} if rows is not None else None

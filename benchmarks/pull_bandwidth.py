@@ -6,16 +6,15 @@
 of this rank's channels; ``ag_pull_producer`` (the all-gather's SM producer) copies every peer's rows. Each
 runs on ``--programs`` programs (the rules' ``comm_sms``) against barrier words set far above any target,
 so every wait passes at once and what is timed is the pulling. Bandwidth = bytes read from the peers /
-time (rank 0's median of ``triton.testing.do_bench``); each result is compared with the expected sum
-(relative error of the bf16 output) or rows first. Without a GPU the ranks run emulated (Triton's
-interpreter): a check of the harness, with meaningless times.
+time (rank 0's ``benchmarks.common.time_ms``, ``triton.testing.do_bench``'s median on a GPU); each result
+is compared with the expected sum (relative error of the bf16 output) or rows first. Without a GPU the
+ranks run emulated (Triton's interpreter): a check of the harness, with meaningless times.
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
-import time
 from pathlib import Path
 
 import torch
@@ -23,16 +22,6 @@ import torch
 #: (BLOCK, num_warps) of each partner to time; the launcher's own setting is marked in the output
 CONSUMER_SETTINGS = ((1024, 4), (4096, 4), (8192, 16), (16384, 8))
 PRODUCER_SETTINGS = ((1024, 4), (8192, 8), (16384, 8))
-
-
-def _time_ms(fn, cuda: bool) -> float:
-    if cuda:
-        import triton.testing
-
-        return float(triton.testing.do_bench(fn, warmup=10, rep=50, return_mode="median"))
-    start = time.perf_counter()
-    fn()
-    return (time.perf_counter() - start) * 1e3
 
 
 def _partial_of(rank: int, rows: int, cols: int, device) -> torch.Tensor:
@@ -44,6 +33,7 @@ def _partial_of(rank: int, rows: int, cols: int, device) -> torch.Tensor:
 def measure(rows: int, cols: int, programs: int, consumer_settings, producer_settings) -> list[dict] | None:
     """One rank's part (under ``tilelink.spawn``): every setting of both partners; rank 0 returns the rows."""
     import tilelink
+    from benchmarks.common import time_ms
     from tilelink.mapping import RowSharding
     from tilelink.rules.all_gather import ag_pull_producer
     from tilelink.rules.launch import Launcher
@@ -80,7 +70,7 @@ def measure(rows: int, cols: int, programs: int, consumer_settings, producer_set
             pull()
             error = ((out.float() - want).abs().max() / want.abs().max()).item()  # relative: bf16 output
             world.barrier()
-            ms = _time_ms(pull, cuda)
+            ms = time_ms(pull, device.type)
             world.barrier()
             remote = (size - 1) * rpr * topk * cols * 2
             out_rows.append({"kernel": "rs_pull_consumer", "topk": topk, "BLOCK": block, "num_warps": warps,
@@ -101,7 +91,7 @@ def measure(rows: int, cols: int, programs: int, consumer_settings, producer_set
         expected = torch.arange(size, device=device).repeat_interleave(rpr).to(torch.float32)[:, None]
         error = ((full.float() - expected).abs().max() / expected.abs().max()).item()
         world.barrier()
-        ms = _time_ms(gather, cuda)
+        ms = time_ms(gather, device.type)
         world.barrier()
         remote = (size - 1) * rpr * cols * 2
         out_rows.append({"kernel": "ag_pull_producer", "topk": 1, "BLOCK": block, "num_warps": warps,
@@ -117,10 +107,10 @@ def run(world: int, rows: int, cols: int, programs: int, out: Path | None,
     """``backend``: by default NVSHMEM with a GPU per rank, else emulated ranks; ``"nvshmem"`` also runs
     ranks that share a GPU (a correctness check; their bandwidth is not the link's)."""
     import tilelink
-    from benchmarks.common import environment, write_json
+    from benchmarks.common import environment, spawn_backend, write_json
 
     if backend is None:
-        backend = "nvshmem" if torch.cuda.is_available() and torch.cuda.device_count() >= world else "emulated"
+        backend = spawn_backend(world)
     results = tilelink.spawn(measure, world, rows, cols, programs, consumer_settings, producer_settings,
                              backend=backend)[0]
     print(f"{'kernel':18} {'topk':>4} {'BLOCK':>6} {'warps':>5} {'us':>9} {'GB/s':>7} {'rel err':>8}")
