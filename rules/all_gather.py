@@ -22,7 +22,7 @@ Partner kernels (the producer), chosen by ``via``/``mode``:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import triton
@@ -153,7 +153,7 @@ def rewrite(an: KernelAnalysis, spec: AllGatherSpec, options: Options) -> Rewrit
 
 
 # --------------------------------------------------------------------------- partner kernels
-@triton.jit
+@triton.jit(do_not_specialize=["tlk_epoch"])  # one variant for every call
 def ag_pull_producer(full_ptr, peer_table, tlk_barriers, tlk_epoch, tlk_rank, tlk_world, tlk_rows,
                      tlk_rows_per_rank, tlk_rows_per_channel, tlk_channels_per_rank, row_elems, outer,
                      outer_stride, BLOCK: tl.constexpr):
@@ -185,7 +185,7 @@ def ag_pull_producer(full_ptr, peer_table, tlk_barriers, tlk_epoch, tlk_rank, tl
         tll.producer_tile_notify(tlk_barriers, ch, 1, tlk_barriers, tlk_rank, tlk_world, 0)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["tlk_epoch"])  # one variant for every call
 def ag_push_producer(full_ptr, peer_table, tlk_barriers, barrier_table, tlk_epoch, tlk_rank, tlk_world,
                      tlk_rows, tlk_rows_per_rank, tlk_rows_per_channel, tlk_channels_per_rank, row_elems,
                      outer, outer_stride, BLOCK: tl.constexpr):
@@ -226,7 +226,7 @@ class AllGatherContext:
     diag: Diagnostics
     streams: Streams
     scratch: torch.Tensor  # a private barrier array for the dry run
-    warm: bool = False
+    variants: set = field(default_factory=set)  # the rewritten kernel's variants loaded (warm_up)
     satisfied: torch.Tensor | None = None  # a world of one: every wait passes
 
 

@@ -9,6 +9,7 @@ an order where nothing waits for a kernel that has not run.
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import Any
 
@@ -69,6 +70,30 @@ def check_vector_aligned(addresses: list[int]) -> None:
         raise LaunchError(f"a symmetric buffer's copies must start 16-byte aligned for the partner kernels' "
                           f"vector loads; these do not: {', '.join(odd)} (allocate it with "
                           f"tilelink.runtime.symmetric_empty, not as a view at an odd offset)")
+
+
+def variant_key(kernel, call: dict) -> tuple:
+    """What of ``call`` decides which variant of ``kernel`` Triton compiles: constexprs by value, tensors
+    by dtype and 16-byte alignment, other ints by what Triton specializes them on (equal to 1, a
+    multiple of 16; neither for ``do_not_specialize`` ones) and their width. Finer than Triton's own
+    key, never coarser: two calls with one key run one compiled kernel. An autotuned (or heuristics)
+    kernel is keyed on every int's value, since its configuration may depend on any of them."""
+    fn, wrapped = kernel, False
+    while not hasattr(fn, "params") and hasattr(fn, "fn"):
+        fn, wrapped = fn.fn, True
+    params = {p.name: p for p in getattr(fn, "params", ())}
+    key = []
+    for name, value in call.items():
+        param = params.get(name)
+        if isinstance(value, torch.Tensor):
+            key.append((name, value.dtype, value.data_ptr() % 16 == 0))
+        elif (type(value) is int and param is not None and not param.is_constexpr and not wrapped):
+            plain = bool(getattr(param, "do_not_specialize", False))
+            key.append((name, not plain and value == 1, not plain and value % 16 == 0, -2**31 <= value < 2**31,
+                        value < 2**63))
+        else:
+            key.append((name, value if isinstance(value, Hashable) else repr(value)))
+    return tuple(key)
 
 
 class Launcher:
@@ -176,18 +201,33 @@ class Launcher:
         return torch.full((world.world_size,), ctx.scratch.data_ptr(), dtype=torch.int64, device=world.device)
 
     def warm_up(self, ctx, world, grid, call: dict, partners=lambda: None) -> None:
-        """On a GPU, before the first real call of a context: run the rewritten kernel against the
-        scratch channel at epoch 0 (no wait can block), then ``partners()`` (the partner kernels, the
-        same way), and wait. This compiles, loads and autotunes every kernel, so that no module is
-        loaded while another kernel spins (DESIGN.md §9)."""
-        if world.backend == "emulated" or ctx.warm:
+        """On a GPU, before a call that would make Triton compile and load a kernel (DESIGN.md §9: loading
+        a module waits for the running kernels, so a module loaded while another kernel spins for it
+        deadlocks until the wait's budget runs out).
+
+        Before the first real call of a context: run the rewritten kernel against the scratch channel at
+        epoch 0 (no wait can block), then ``partners()`` (the partner kernels, the same way), and wait.
+        This compiles, loads and autotunes every kernel. The partners' variant is fixed by the context
+        (their epoch is not specialized on). The rewritten kernel's is not: a later call with other
+        constexprs (an MoE layer with other experts, or whose routing picks another tile, on buffers of
+        the same shape) or differently aligned tensors needs another variant. That one is run dry
+        again, here, before anything of the call is enqueued, on zeroed stand-ins for the symmetric
+        buffers (the peers may still be reading this rank's copies of them)."""
+        if world.backend == "emulated":
+            return
+        key = variant_key(self.kernel, call)
+        if key in ctx.variants:
             return
         ctx.scratch.zero_()
+        first = not ctx.variants
+        if not first:
+            call = {**call, **{name: torch.zeros_like(call[name]) for name in self.meta["tensors"]}}
         self.kernel[grid](**call, **self.channel_args(ctx.scratch, 0, world, ctx.sharding, ctx.diag))
-        partners()
+        if first:
+            partners()
         if world.device.type == "cuda":
             torch.cuda.synchronize(world.device)
-        ctx.warm = True
+        ctx.variants.add(key)
 
     def finish(self, ctx) -> None:
         """Join the side stream and turn a timed-out wait into :class:`tilelink.WaitTimeout`."""

@@ -29,7 +29,7 @@ Partner kernels (the consumer), chosen by ``via``:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import libcst as cst
 import libcst.matchers as m
@@ -479,7 +479,7 @@ def rewrite(an: KernelAnalysis, spec: ReduceScatterSpec, options: Options) -> Re
 
 
 # --------------------------------------------------------------------------- partner kernel
-@triton.jit
+@triton.jit(do_not_specialize=["tlk_epoch"])  # one variant for every call
 def rs_pull_consumer(partial_ptr, peer_table, out_ptr, tlk_barriers, barrier_table, tlk_epoch, tlk_rank, tlk_world,
                      tlk_rows, tlk_rows_per_rank, tlk_rows_per_channel, tlk_channels_per_rank, row_elems, tlk_diag,
                      tlk_budget, TOPK: tl.constexpr, BLOCK: tl.constexpr):
@@ -537,7 +537,7 @@ def rs_pull_consumer(partial_ptr, peer_table, out_ptr, tlk_barriers, barrier_tab
                 tl.store(out_ptr + (lo - rank_lo) * row_elems + idx, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["tlk_epoch"])  # one variant for every call
 def rs_ring_consumer(partial_ptr, out_ptr, recv_ptr, recv_table, tlk_barriers, recv_flags, flag_table, tlk_epoch,
                      tlk_rank, tlk_world, tlk_rows, tlk_rows_per_rank, tlk_rows_per_channel, tlk_channels_per_rank,
                      row_elems, tlk_diag, tlk_budget, BLOCK: tl.constexpr):
@@ -582,7 +582,7 @@ def rs_ring_consumer(partial_ptr, out_ptr, recv_ptr, recv_table, tlk_barriers, r
                 tll.peer_tile_notify(flag_table, recv_flags, ch, prev, 1)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["tlk_epoch"])  # one variant for every call
 def rs_reduce_received(recv_ptr, partial_ptr, out_ptr, recv_barriers, tlk_barriers, tlk_epoch, tlk_rank, tlk_world,
                        tlk_rows, tlk_rows_per_rank, tlk_rows_per_channel, tlk_channels_per_rank, row_elems, tlk_diag,
                        tlk_budget, BLOCK: tl.constexpr):
@@ -634,7 +634,7 @@ class ReduceScatterContext:
     recv: torch.Tensor | None = None  # hybrid: (world, rows_per_rank, ...) what the peers' copy engines deliver
     recv_channel: Channel | None = None
     recv_table: torch.Tensor | None = None  # the ring's: every rank's copy of recv (vector stores)
-    warm: bool = False
+    variants: set = field(default_factory=set)  # the rewritten kernel's variants loaded (warm_up)
     satisfied: torch.Tensor | None = None  # a world of one: every wait passes
 
 

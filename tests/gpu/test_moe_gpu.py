@@ -16,7 +16,7 @@ import torch
 import tilelink
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "ops"))
-from moe_worlds import layer_matches_torch, parts_match_torch  # noqa: E402
+from moe_worlds import experts_one_after_another, layer_matches_torch, parts_match_torch  # noqa: E402
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
                                                   reason="needs an NVIDIA GPU (run tests/gpu/run.sh on the device)")]
@@ -42,3 +42,15 @@ def test_moe_rs_sweep_with_long_and_short_inner_slices_bf16() -> None:
     for per_rank in tilelink.spawn(parts_match_torch, 2, 257, 200, 513, 4, 2, ["random"], "bfloat16", 2, True,
                                    backend="nvshmem"):
         assert all(err < 2e-2 for err in per_rank.values()), per_rank
+
+
+def test_a_second_layer_with_other_experts_loads_its_kernels_before_anything_spins() -> None:
+    """An MoE layer with 16 experts after one with 5, equal shapes: the operators reuse their buffers, but
+    the kernels need other variants (E is specialised on). On two H200s, MoE-5 after MoE-4 compiled one at
+    the launch, while the partner kernel already spun for it: the wait timed out after 10 s. Now each
+    variant is loaded (run dry) before the call is enqueued; the contexts must show the second one."""
+    for errors, variants in tilelink.spawn(experts_one_after_another, 2, [5, 16], 300, 256, 384, 2, "bfloat16",
+                                           backend="nvshmem"):
+        assert all(err < 2e-2 for err in errors.values()), errors
+        assert len(errors) == 4, errors
+        assert all(len(n) == 1 and n[0] >= 2 for n in variants.values()), variants

@@ -99,6 +99,24 @@ def parts_match_torch(M: int, H: int, inter: int, E: int, top_k: int, kinds: lis
     return out
 
 
+def experts_one_after_another(expert_counts: list[int], M: int, H: int, inter: int, top_k: int,
+                              dtype_name: str = "float32") -> tuple[dict[str, float], dict[str, list[int]]]:
+    """Two MoE layers of equal shapes but different expert counts, one after the other (``parts_match_torch``
+    for each ``E``): the operators reuse their contexts (same buffers), but the kernels may need other
+    variants (other constexprs, ``E`` specialised). Returns the errors, and for each overlapped kernel the
+    number of variants each of its contexts loaded (``Launcher.warm_up``; none in the emulated world)."""
+    from tilelink.ops import moe_kernels
+
+    errors: dict[str, float] = {}
+    for E in expert_counts:
+        got = parts_match_torch(M, H, inter, E, top_k, ["random"], dtype_name, 2, True)
+        errors |= {f"E={E} {name}": err for name, err in got.items()}
+    variants = {}
+    for name in ("ag_group_gemm_persistent_kernel", "group_gemm_rs_sweep_kernel"):
+        variants[name] = [len(c.variants) for c in getattr(moe_kernels, name).launcher.contexts.values()]
+    return errors, variants
+
+
 def layer_matches_torch(M: int, H: int, inter: int, E: int, top_k: int, shared: bool,
                         dtype_name: str = "float32") -> float:
     """TPMoE (router, softmax top-k renormalised, TP experts, optional gated shared expert) vs torch."""

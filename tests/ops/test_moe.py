@@ -15,7 +15,7 @@ import pytest
 import tilelink
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from moe_worlds import bad_inputs, layer_matches_torch, parts_match_torch  # noqa: E402
+from moe_worlds import bad_inputs, experts_one_after_another, layer_matches_torch, parts_match_torch  # noqa: E402
 
 
 @pytest.mark.parametrize(("world", "M", "kinds", "calls"), [
@@ -175,3 +175,11 @@ def test_sweep_kernel_as_written_and_rewritten_matches_torch() -> None:
             out.fill_(float("nan"))
             kernel[grid](*args, **launch_meta, **extra)
             assert torch.allclose(out, ref, atol=1e-4), (K, (out - ref).abs().max())
+
+
+def test_layers_with_other_expert_counts_reuse_the_contexts() -> None:
+    """Equal shapes, 3 experts then 6: one context per operator serves both (the GPU run loads the second
+    kernel variant first, tests/gpu/test_moe_gpu.py; the interpreter has none to load)."""
+    for errors, variants in tilelink.spawn(experts_one_after_another, 2, [3, 6], 9, 16, 24, 2):
+        assert len(errors) == 4 and all(err < 1e-5 for err in errors.values()), errors
+        assert variants == {"ag_group_gemm_persistent_kernel": [0], "group_gemm_rs_sweep_kernel": [0]}

@@ -37,7 +37,7 @@ def scale_kernel(x_ptr, w_ptr, y_ptr, N, BLOCK: tl.constexpr,  # added by TileLi
 # partner kernels of the rules
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["tlk_epoch"])  # one variant for every call
 def ag_pull_producer(full_ptr, peer_table, tlk_barriers, tlk_epoch, tlk_rank, tlk_world, tlk_rows,
                      tlk_rows_per_rank, tlk_rows_per_channel, tlk_channels_per_rank, row_elems, outer,
                      outer_stride, BLOCK: tl.constexpr):

@@ -62,7 +62,7 @@ def matmul_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk,
 # partner kernels of the rules
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["tlk_epoch"])  # one variant for every call
 def rs_reduce_received(recv_ptr, partial_ptr, out_ptr, recv_barriers, tlk_barriers, tlk_epoch, tlk_rank, tlk_world,
                        tlk_rows, tlk_rows_per_rank, tlk_rows_per_channel, tlk_channels_per_rank, row_elems, tlk_diag,
                        tlk_budget, BLOCK: tl.constexpr):

@@ -80,7 +80,7 @@ def down_kernel(h_ptr, w_ptr, y_ptr, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl
 # partner kernels of the rules
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["tlk_epoch"])  # one variant for every call
 def ag_pull_producer(full_ptr, peer_table, tlk_barriers, tlk_epoch, tlk_rank, tlk_world, tlk_rows,
                      tlk_rows_per_rank, tlk_rows_per_channel, tlk_channels_per_rank, row_elems, outer,
                      outer_stride, BLOCK: tl.constexpr):
@@ -112,7 +112,7 @@ def ag_pull_producer(full_ptr, peer_table, tlk_barriers, tlk_epoch, tlk_rank, tl
         tll.producer_tile_notify(tlk_barriers, ch, 1, tlk_barriers, tlk_rank, tlk_world, 0)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["tlk_epoch"])  # one variant for every call
 def rs_pull_consumer(partial_ptr, peer_table, out_ptr, tlk_barriers, barrier_table, tlk_epoch, tlk_rank, tlk_world,
                      tlk_rows, tlk_rows_per_rank, tlk_rows_per_channel, tlk_channels_per_rank, row_elems, tlk_diag,
                      tlk_budget, TOPK: tl.constexpr, BLOCK: tl.constexpr):

@@ -43,7 +43,7 @@ def partial_scale_kernel(x_ptr, w_ptr, y_ptr, N, BLOCK: tl.constexpr,  # added b
 # partner kernels of the rules
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["tlk_epoch"])  # one variant for every call
 def rs_pull_consumer(partial_ptr, peer_table, out_ptr, tlk_barriers, barrier_table, tlk_epoch, tlk_rank, tlk_world,
                      tlk_rows, tlk_rows_per_rank, tlk_rows_per_channel, tlk_channels_per_rank, row_elems, tlk_diag,
                      tlk_budget, TOPK: tl.constexpr, BLOCK: tl.constexpr):
