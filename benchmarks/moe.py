@@ -99,12 +99,14 @@ def _grouped(part: str, x, w, out, weights, topk_ids, meta: dict, *, persistent:
     the routing aligned to ``meta``."""
     from tilelink.ops.contract import aligned
     from tilelink.ops.moe import grouped_gemm
-    from tilelink.ops.moe_routing import align_tokens
+    from tilelink.ops.moe_routing import align_tokens, as_routing
 
+    routing = as_routing(topk_ids, w.shape[0])  # the operators' one copy to the host per call
+    topk_ids = routing.topk_ids
     if persistent and aligned(w, -1) is not w:
         raise ValueError(f"the persistent kernel needs 16-byte rows of w, got {tuple(w.shape)} {w.dtype}: "
                          f"pad N (tilelink.ops.contract.aligned) as ag_moe does")
-    sorted_ids, expert_ids = align_tokens(topk_ids, w.shape[0], meta["BLOCK_M"])
+    sorted_ids, expert_ids = align_tokens(routing, w.shape[0], meta["BLOCK_M"])
     okernel, grid, args, launch_meta = grouped_gemm(part, x, w, out, weights, sorted_ids, expert_ids,
                                                     topk_ids.numel(), topk_ids.shape[1], meta, persistent)
     kernel = getattr(okernel.module, okernel.name) if rewritten else okernel.kernel
@@ -239,6 +241,7 @@ def measure_dist(shape: MoEShape, world, dtype: torch.dtype, rounds: int, group)
 
     from tilelink.ops import ag_moe, moe_rs
     from tilelink.ops.moe import descriptor_kernel_wanted, launch_config
+    from tilelink.ops.moe_routing import route
 
     R, r, device = world.world_size, world.rank, world.device
     M, inter = shape.S, shape.I // R
@@ -257,14 +260,16 @@ def measure_dist(shape: MoEShape, world, dtype: torch.dtype, rounds: int, group)
         x = _ag_rows(x_shard, M, group)
         out = torch.empty(slots, 2 * inter, dtype=dtype, device=device)
         persistent = descriptor_kernel_wanted("ag_moe", device, dtype)  # the kernel and tile ag_moe takes
-        meta = launch_config("ag_moe", persistent, topk_ids, shape.E, 2 * inter, dtype, shape.H, device)
-        return _grouped("ag_moe", x, w_up, out, None, topk_ids, meta, persistent=persistent)()
+        routing = route(topk_ids, shape.E)  # checked and counted once, as ag_moe does
+        meta = launch_config("ag_moe", persistent, routing, shape.E, 2 * inter, dtype, shape.H, device)
+        return _grouped("ag_moe", x, w_up, out, None, routing, meta, persistent=persistent)()
 
     def fused_rs():  # ours, not overlapped: the plain grouped GEMM, top-k sum, then NCCL reduce-scatter
         out = torch.empty(slots, shape.H, dtype=dtype, device=device)
         sweep = descriptor_kernel_wanted("moe_rs", device, dtype)  # the kernel and tile moe_rs takes
-        meta = launch_config("moe_rs", sweep, topk_ids, shape.E, shape.H, dtype, inter, device)
-        y = _grouped("moe_rs", h, w_down, out, wflat, topk_ids, meta, persistent=sweep)()
+        routing = route(topk_ids, shape.E)
+        meta = launch_config("moe_rs", sweep, routing, shape.E, shape.H, dtype, inter, device)
+        y = _grouped("moe_rs", h, w_down, out, wflat, routing, meta, persistent=sweep)()
         return _rs_rows(y.view(M, shape.topk, shape.H).sum(1), group)
 
     fns = {"torch_ag": lambda: torch_loop(_ag_rows(x_shard, M, group), w_up, topk_ids, None, True),

@@ -36,7 +36,7 @@ from tilelink.ops.contract import (
     persistent_wanted,
     tail_split,
 )
-from tilelink.ops.moe_routing import align_tokens, check_routing
+from tilelink.ops.moe_routing import Routing, align_tokens, as_routing, route
 
 
 def moe_config(num_slots: int, num_experts: int, N: int, dtype: torch.dtype, K: int = 4096) -> dict:
@@ -64,7 +64,7 @@ def moe_config(num_slots: int, num_experts: int, N: int, dtype: torch.dtype, K: 
 PERSISTENT_AG_TILES = ((128, 256, 1.0), (64, 512, 1.03))
 
 
-def persistent_ag_config(meta: dict, topk_ids: torch.Tensor, num_experts: int, N: int, device) -> dict:
+def persistent_ag_config(meta: dict, topk_ids: torch.Tensor | Routing, num_experts: int, N: int, device) -> dict:
     """The tile of the persistent AG grouped GEMM for this routing: of :data:`PERSISTENT_AG_TILES`, the
     one whose tiles (each expert padded to the tile height) leave the least of a wave idle, the last wave
     split in column pieces (:func:`tilelink.ops.contract.tail_split`). On an H200 at MoE-6 (world 8)
@@ -77,7 +77,7 @@ def persistent_ag_config(meta: dict, topk_ids: torch.Tensor, num_experts: int, N
     if interpreting() or (meta["BLOCK_M"], meta["BLOCK_N"]) != PERSISTENT_AG_TILES[0][:2]:
         return meta
     programs = _compute_sms(torch.device(device), moe_kernels.ag_group_gemm_persistent_kernel)
-    counts = torch.bincount(topk_ids.flatten().to(torch.int64), minlength=num_experts).cpu()
+    counts = as_routing(topk_ids, num_experts).host_counts
 
     def cost(tile) -> float:
         bm, bn, rel = tile
@@ -128,13 +128,14 @@ def descriptor_kernel_wanted(part: str, device: torch.device, dtype: torch.dtype
     return persistent_wanted(device) and (part == "ag_moe" or interpreting() or dtype != torch.float32)
 
 
-def launch_config(part: str, persistent: bool, topk_ids: torch.Tensor, num_experts: int, N: int,
+def launch_config(part: str, persistent: bool, topk_ids: torch.Tensor | Routing, num_experts: int, N: int,
                   dtype: torch.dtype, K: int, device) -> dict:
     """The tile config the operator launches ``part`` with: :func:`sweep_config` for the RS sweep,
     :func:`moe_config` otherwise, with the persistent AG kernel's tile chosen from the routing."""
     if persistent and part == "moe_rs":
         return sweep_config(K)
-    meta = moe_config(topk_ids.numel(), num_experts, N, dtype, K)
+    slots = (topk_ids.topk_ids if isinstance(topk_ids, Routing) else topk_ids).numel()
+    meta = moe_config(slots, num_experts, N, dtype, K)
     return persistent_ag_config(meta, topk_ids, num_experts, N, device) if persistent else meta
 
 
@@ -175,11 +176,11 @@ def grouped_gemm(part: str, x, w, out, weights, sorted_ids, expert_ids, num_slot
     return kernel, (tiles,), args, meta
 
 
-def _launch(part: str, x, w, out, weights, topk_ids: torch.Tensor, world) -> None:
+def _launch(part: str, x, w, out, weights, routing: Routing, world) -> None:
     """Align the routing to the tile config and launch ``part``'s grouped GEMM. A rank that holds no
     column of the inner dimension (K == 0) still takes part, with a zero slice."""
     E, K, N = w.shape
-    num_slots, top_k = topk_ids.numel(), topk_ids.shape[1]
+    num_slots, top_k = routing.topk_ids.numel(), routing.topk_ids.shape[1]
     if K == 0:
         x = torch.zeros((x.shape[0], 1), dtype=x.dtype, device=world.device)
         w = torch.zeros((E, 1, N), dtype=x.dtype, device=world.device)
@@ -189,8 +190,8 @@ def _launch(part: str, x, w, out, weights, topk_ids: torch.Tensor, world) -> Non
         w = aligned(w, -1)
         if w.shape[2] != N:
             run_out = out.new_empty((out.shape[0], w.shape[2]))
-    meta = launch_config(part, persistent, topk_ids, E, w.shape[2], x.dtype, w.shape[1], x.device)
-    sorted_ids, expert_ids = align_tokens(topk_ids, E, meta["BLOCK_M"])
+    meta = launch_config(part, persistent, routing, E, w.shape[2], x.dtype, w.shape[1], x.device)
+    sorted_ids, expert_ids = align_tokens(routing, E, meta["BLOCK_M"])
     kernel, grid, args, meta = grouped_gemm(part, x, w, run_out, weights, sorted_ids, expert_ids, num_slots, top_k,
                                             meta, persistent)
     kernel[grid](*args, **meta)
@@ -198,18 +199,20 @@ def _launch(part: str, x, w, out, weights, topk_ids: torch.Tensor, world) -> Non
         out.copy_(run_out[:, :N])
 
 
-def _check_routing(op: str, topk_ids, num_experts: int, world) -> None:
+def _check_routing(op: str, topk_ids, num_experts: int, world) -> Routing:
+    """The checked routing of a call (its one copy to the host: :func:`tilelink.ops.moe_routing.route`)."""
     if not isinstance(topk_ids, torch.Tensor):
         raise LaunchError(f"{op}: topk_ids must be a (tokens, top_k) integer tensor, got {type(topk_ids).__name__}")
     if topk_ids.device.type != world.device.type:
         raise LaunchError(f"{op}: topk_ids is on {topk_ids.device}, this rank computes on {world.device}")
     try:
-        check_routing(topk_ids, num_experts)
+        routing = route(topk_ids, num_experts)
     except LaunchError as exc:
         raise LaunchError(f"{op}: {exc}") from None
     if topk_ids.shape[0] < 1 or topk_ids.shape[1] < 1:
         raise LaunchError(f"{op}: topk_ids must route at least one token to at least one expert, got shape "
                           f"{tuple(topk_ids.shape)}")
+    return routing
 
 
 def ag_moe(x_shard: torch.Tensor, w: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
@@ -234,17 +237,17 @@ def ag_moe(x_shard: torch.Tensor, w: torch.Tensor, topk_ids: torch.Tensor) -> to
     if x_shard.shape[1] != K:
         raise LaunchError(f"ag_moe: x_shard has {x_shard.shape[1]} columns but w expects hidden size {K} "
                           f"(w is {tuple(w.shape)})")
-    _check_routing("ag_moe", topk_ids, E, world)
+    routing = _check_routing("ag_moe", topk_ids, E, world)
     M, top_k = topk_ids.shape
     check_rows("ag_moe", f"the {M} routed tokens", x_shard.shape[0], M, world)
     out_dtype = x_shard.dtype
     x_in, w_in = interpreter_inputs(x_shard, w)
     num_slots = M * top_k
     if N == 0:  # no column here, but the other ranks need this rank's tokens: gather into one dummy column
-        _launch("ag_moe", x_in, w_in.new_zeros((E, K, 1)), x_in.new_empty((num_slots, 1)), None, topk_ids, world)
+        _launch("ag_moe", x_in, w_in.new_zeros((E, K, 1)), x_in.new_empty((num_slots, 1)), None, routing, world)
         return torch.empty((num_slots, 0), dtype=out_dtype, device=world.device)
     out = torch.empty((num_slots, N), dtype=x_in.dtype, device=world.device)
-    _launch("ag_moe", x_in, w_in, out, None, topk_ids, world)
+    _launch("ag_moe", x_in, w_in, out, None, routing, world)
     return out if out.dtype == out_dtype else out.to(out_dtype)
 
 
@@ -271,7 +274,7 @@ def moe_rs(h: torch.Tensor, w: torch.Tensor, topk_ids: torch.Tensor, topk_weight
     if h.shape[1] != K:
         raise LaunchError(f"moe_rs: h has {h.shape[1]} columns but w expects {K} intermediate rows "
                           f"(w is {tuple(w.shape)})")
-    _check_routing("moe_rs", topk_ids, E, world)
+    routing = _check_routing("moe_rs", topk_ids, E, world)
     M, top_k = topk_ids.shape
     if h.shape[0] != M * top_k:
         raise LaunchError(f"moe_rs: h must have one row per slot, {M} tokens x top_k {top_k} = {M * top_k}, "
@@ -287,5 +290,5 @@ def moe_rs(h: torch.Tensor, w: torch.Tensor, topk_ids: torch.Tensor, topk_weight
     if N == 0:
         return out.to(out_dtype)
     weights = topk_weights.to(torch.float32).contiguous().view(-1)
-    _launch("moe_rs", h_in, w_in, out, weights, topk_ids, world)
+    _launch("moe_rs", h_in, w_in, out, weights, routing, world)
     return out if out.dtype == out_dtype else out.to(out_dtype)

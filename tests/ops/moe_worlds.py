@@ -117,6 +117,41 @@ def experts_one_after_another(expert_counts: list[int], M: int, H: int, inter: i
     return errors, variants
 
 
+def host_syncs_per_call(M: int, H: int, inter: int, E: int, top_k: int) -> dict[str, int]:
+    """The synchronising CUDA operations (``torch.cuda.set_sync_debug_mode``) of one ag_moe and one moe_rs
+    call after a first one (bf16): the routing's one copy to the host (``moe_routing.route``)."""
+    import warnings
+
+    from tilelink.ops import ag_moe, moe_rs
+
+    r, R = tilelink.rank(), tilelink.world_size()
+    device = tilelink.runtime.current_world().device
+    g = torch.Generator().manual_seed(9)
+    lo, hi = bounds(M, r, R)
+    ilo, ihi = bounds(inter, r, R)
+    x = torch.randn(hi - lo, H, generator=g).to(torch.bfloat16).to(device)
+    w_up = torch.randn(E, H, ihi - ilo, generator=g).to(torch.bfloat16).to(device)
+    w_down = torch.randn(E, ihi - ilo, H, generator=g).to(torch.bfloat16).to(device)
+    h = torch.randn(M * top_k, ihi - ilo, generator=g).to(torch.bfloat16).to(device)
+    ids = routing(M, E, top_k, "random", g).to(device)
+    weights = torch.rand(M, top_k, generator=g).to(device)
+    calls = {"ag_moe": lambda: ag_moe(x, w_up, ids), "moe_rs": lambda: moe_rs(h, w_down, ids, weights)}
+    syncs = {}
+    for name, call in calls.items():
+        call()  # the first call creates the context and loads the kernels
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                call()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        syncs[name] = sum("synchroniz" in str(w.message) for w in caught)
+    torch.cuda.synchronize()
+    return syncs
+
+
 def layer_matches_torch(M: int, H: int, inter: int, E: int, top_k: int, shared: bool,
                         dtype_name: str = "float32") -> float:
     """TPMoE (router, softmax top-k renormalised, TP experts, optional gated shared expert) vs torch."""

@@ -1,0 +1,51 @@
+"""The routing's host side (tilelink.ops.moe_routing): one copy to the host per call carries the checks
+and the per-expert counts; the alignment takes the counts from it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import tilelink
+from tilelink.ops.moe_routing import align_tokens, route
+
+
+def test_route_counts_every_expert_and_checks_the_ids_in_one_pass():
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, 6, (37, 3), generator=g)
+    ids[:, 0] = 2  # expert 2 most; some expert may get none
+    r = route(ids, 7)
+    ref = torch.bincount(ids.flatten(), minlength=7)
+    assert torch.equal(r.counts, ref) and torch.equal(r.host_counts, ref) and r.counts[6] == 0
+    assert r.host_counts.device.type == "cpu" and r.flat.dtype == torch.int64
+    assert route(ids.to(torch.int32), 7).host_counts.tolist() == ref.tolist()
+    for bad, words in ((ids - 1, "min -1"), (ids + 2, "max 7"), (ids.float(), "integer tensor"),
+                       (ids.flatten(), "(tokens, top_k)"), (torch.zeros(3, 8, dtype=torch.int64), "top_k=8")):
+        with pytest.raises(tilelink.LaunchError, match=words.replace("(", r"\(").replace(")", r"\)")):
+            route(bad, 7)
+
+
+def test_align_tokens_from_a_routing_or_from_the_ids_alike():
+    g = torch.Generator().manual_seed(2)
+    ids = torch.stack([torch.randperm(5, generator=g)[:2] for _ in range(23)])
+    ids[ids == 3] = 0  # expert 3 receives nothing
+    for block in (1, 4, 16):
+        sorted_a, experts_a = align_tokens(ids, 5, block)
+        sorted_b, experts_b = align_tokens(route(ids, 5), 5, block)
+        assert torch.equal(sorted_a, sorted_b) and torch.equal(experts_a, experts_b)
+        counts = torch.bincount(ids.flatten(), minlength=5)
+        blocks = (counts + block - 1) // block
+        assert sorted_a.numel() == int(blocks.sum()) * block and experts_a.tolist() == torch.repeat_interleave(
+            torch.arange(5), blocks).tolist()
+        for b, e in enumerate(experts_a.tolist()):  # each block's real slots are its expert's, in slot order
+            slots = [s for s in sorted_a[b * block:(b + 1) * block].tolist() if s < ids.numel()]
+            assert all(ids.flatten()[s] == e for s in slots) and slots == sorted(slots)
+        real = sorted(s for s in sorted_a.tolist() if s < ids.numel())
+        assert real == list(range(ids.numel()))  # every slot exactly once
+
+
+def test_no_tokens():
+    r = route(torch.zeros(0, 2, dtype=torch.int64), 4)
+    assert r.host_counts.tolist() == [0, 0, 0, 0]
+    sorted_ids, expert_ids = align_tokens(r, 4, 16)
+    assert sorted_ids.numel() == 0 and expert_ids.numel() == 0
