@@ -116,7 +116,7 @@ def sweep_chunks(m_tiles: int, programs: int, most: int = 8) -> int:
     """Runs of column tiles per M tile for the column sweep: with ``c`` runs the ``m_tiles * c`` programs
     take ``ceil(m_tiles * c / programs)`` waves of ``SWEEP_OVERHEAD + 1 / c`` each; the fewest runs of the
     least time (each run is one more notify and one more gather of the rows). MoE-5 at world 8 (144 M tiles
-    on 116 SMs): 2; MoE-6 (339): 1."""
+    on 132 SMs): 2; MoE-4 (132) and MoE-6 (339): 1."""
     runs = [c for c in (1, 2, 4, 8) if c <= most]
     return min(runs, key=lambda c: (triton.cdiv(m_tiles * c, programs) * (SWEEP_OVERHEAD + 1 / c), c))
 
@@ -200,28 +200,36 @@ def _launch(part: str, x, w, out, weights, routing: Routing, world) -> None:
 
 
 def _check_routing(op: str, topk_ids, num_experts: int, world) -> Routing:
-    """The checked routing of a call (its one copy to the host: :func:`tilelink.ops.moe_routing.route`)."""
-    if not isinstance(topk_ids, torch.Tensor):
+    """The checked routing of a call (its one copy to the host: :func:`tilelink.ops.moe_routing.route`), or
+    the :class:`Routing` the caller made once for both parts of a layer."""
+    routing = None
+    if isinstance(topk_ids, Routing):
+        if topk_ids.num_experts != num_experts:
+            raise LaunchError(f"{op}: the routing was made for {topk_ids.num_experts} experts, w has {num_experts}")
+        routing, topk_ids = topk_ids, topk_ids.topk_ids
+    elif not isinstance(topk_ids, torch.Tensor):
         raise LaunchError(f"{op}: topk_ids must be a (tokens, top_k) integer tensor, got {type(topk_ids).__name__}")
     if topk_ids.device.type != world.device.type:
         raise LaunchError(f"{op}: topk_ids is on {topk_ids.device}, this rank computes on {world.device}")
-    try:
-        routing = route(topk_ids, num_experts)
-    except LaunchError as exc:
-        raise LaunchError(f"{op}: {exc}") from None
+    if routing is None:
+        try:
+            routing = route(topk_ids, num_experts)
+        except LaunchError as exc:
+            raise LaunchError(f"{op}: {exc}") from None
     if topk_ids.shape[0] < 1 or topk_ids.shape[1] < 1:
         raise LaunchError(f"{op}: topk_ids must route at least one token to at least one expert, got shape "
                           f"{tuple(topk_ids.shape)}")
     return routing
 
 
-def ag_moe(x_shard: torch.Tensor, w: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
+def ag_moe(x_shard: torch.Tensor, w: torch.Tensor, topk_ids: torch.Tensor | Routing) -> torch.Tensor:
     """AllGather(x) -> gather by routing -> GroupGEMM, overlapped: the (M*top_k, N) per-slot product.
 
     Args:
         x_shard: this rank's rows of the (M, H) tokens.
         w: (E, H, N) this rank's columns of every expert (e.g. gate | up of its intermediate slice).
-        topk_ids: (M, top_k) expert ids of every token, identical on every rank.
+        topk_ids: (M, top_k) expert ids of every token, identical on every rank; or its
+            :func:`tilelink.ops.moe_routing.route`, made once for both parts of a layer (one copy to the host).
 
     Raises:
         tilelink.LaunchError: shapes, dtypes, devices or routing that no kernel could serve.
@@ -238,7 +246,7 @@ def ag_moe(x_shard: torch.Tensor, w: torch.Tensor, topk_ids: torch.Tensor) -> to
         raise LaunchError(f"ag_moe: x_shard has {x_shard.shape[1]} columns but w expects hidden size {K} "
                           f"(w is {tuple(w.shape)})")
     routing = _check_routing("ag_moe", topk_ids, E, world)
-    M, top_k = topk_ids.shape
+    M, top_k = routing.topk_ids.shape
     check_rows("ag_moe", f"the {M} routed tokens", x_shard.shape[0], M, world)
     out_dtype = x_shard.dtype
     x_in, w_in = interpreter_inputs(x_shard, w)
@@ -251,13 +259,14 @@ def ag_moe(x_shard: torch.Tensor, w: torch.Tensor, topk_ids: torch.Tensor) -> to
     return out if out.dtype == out_dtype else out.to(out_dtype)
 
 
-def moe_rs(h: torch.Tensor, w: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
+def moe_rs(h: torch.Tensor, w: torch.Tensor, topk_ids: torch.Tensor | Routing,
+           topk_weights: torch.Tensor) -> torch.Tensor:
     """GroupGEMM -> scatter -> top-k reduce -> ReduceScatter, overlapped: this rank's (rows, N) output.
 
     Args:
         h: (M*top_k, I_r) this rank's slice of the per-slot activations (row ``t*top_k+k``).
         w: (E, I_r, N) this rank's rows of every expert's down projection.
-        topk_ids: (M, top_k) expert ids of every token, identical on every rank.
+        topk_ids: (M, top_k) expert ids of every token, identical on every rank (or its ``route``).
         topk_weights: (M, top_k) router weights of every token (applied inside the kernel).
 
     Raises:
@@ -275,7 +284,7 @@ def moe_rs(h: torch.Tensor, w: torch.Tensor, topk_ids: torch.Tensor, topk_weight
         raise LaunchError(f"moe_rs: h has {h.shape[1]} columns but w expects {K} intermediate rows "
                           f"(w is {tuple(w.shape)})")
     routing = _check_routing("moe_rs", topk_ids, E, world)
-    M, top_k = topk_ids.shape
+    M, top_k = routing.topk_ids.shape
     if h.shape[0] != M * top_k:
         raise LaunchError(f"moe_rs: h must have one row per slot, {M} tokens x top_k {top_k} = {M * top_k}, "
                           f"got {h.shape[0]}")

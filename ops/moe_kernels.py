@@ -24,7 +24,11 @@ much as it computes, and a notify per tile (count, barrier, fence) comes every f
 GPU ``moe_rs`` takes :func:`group_gemm_rs_sweep_kernel`: each program gathers its rows of ``h`` once and
 sweeps a run of column tiles, ``w`` by tensor descriptor, and the rewrite notifies once per program, after
 the sweep
-(MoE-4 at world 8 on an H200: 0.51 -> 0.76 of dense cuBLAS rewritten, docs/PERFORMANCE.md).
+(MoE-4 at world 8 on an H200: 0.51 -> 0.76 of dense cuBLAS rewritten, docs/PERFORMANCE.md). Its reduction
+is the hybrid (``via="copy_engine"``): the copy engine carries each token's slot rows to the rank that
+owns the token, then one kernel on every SM sums slots and ranks, so the sweep keeps every SM. A rank's
+tokens are spread over all experts, so its rows are complete only after the last tiles: an SM pull
+consumer on 16 SMs took 1.13 ms after a 0.46 ms sweep on two H200s (MoE-4), pulling at 113 GB/s.
 """
 
 import triton
@@ -170,7 +174,7 @@ def ag_group_gemm_persistent_kernel(x_ptr, w_ptr, out_ptr, sorted_slot_ids_ptr, 
 
 
 @tilelink.overlap(tilelink.reduce_scatter("out_ptr", dim=0, index="sorted_slot_ids_ptr", topk="top_k",
-                                          size="num_slots // top_k"), channels_per_rank=1)
+                                          size="num_slots // top_k"), via="copy_engine", channels_per_rank=1)
 @triton.jit
 def group_gemm_rs_sweep_kernel(h_ptr, w_ptr, out_ptr, topk_weights_ptr, sorted_slot_ids_ptr, expert_ids_ptr, N, K,
                                num_slots, top_k, num_experts, stride_hm, stride_hk, stride_we, stride_wk, stride_wn,

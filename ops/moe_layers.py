@@ -102,12 +102,14 @@ class TPMoE(nn.Module):
     def forward(self, x_shard: torch.Tensor) -> torch.Tensor:
         from tilelink.ops.gemm import silu_mul
         from tilelink.ops.moe import ag_moe, moe_rs
+        from tilelink.ops.moe_routing import route
 
         if x_shard.dim() != 2 or x_shard.shape[1] != self.hidden:
             raise LaunchError(f"TPMoE: input must be (rows, {self.hidden}), got {tuple(x_shard.shape)}")
         topk_ids, topk_weights = self.route(x_shard)
-        h = ag_moe(x_shard, self.w_gate_up.to(x_shard.dtype), topk_ids)
-        y = moe_rs(silu_mul(h), self.w_down.to(x_shard.dtype), topk_ids, topk_weights)
+        routing = route(topk_ids, self.w_down.shape[0])  # checked and counted once for both parts
+        h = ag_moe(x_shard, self.w_gate_up.to(x_shard.dtype), routing)
+        y = moe_rs(silu_mul(h), self.w_down.to(x_shard.dtype), routing, topk_weights)
         if self.shared is not None:
             s = self.shared(x_shard)
             if self.shared_expert_gate is not None:

@@ -23,7 +23,8 @@ Partner kernels (the consumer), chosen by ``via``:
 - ``copy_engine`` (the paper's hybrid): the host copies each finished channel into the receive slot
   of the rank that owns it and flags it; :func:`rs_reduce_received` sums what arrived and this rank's
   own rows (read where the GEMM wrote them, not copied), on every SM (``REDUCE_PROGRAMS_PER_SM``
-  programs each: it starts after the GEMM's last tile).
+  programs each: it starts after the GEMM's last tile). With ``topk=`` (MoE) a token's top-k expert
+  slots travel together (contiguous rows) and are summed by the same kernel.
 """
 
 from __future__ import annotations
@@ -466,9 +467,6 @@ def rewrite(an: KernelAnalysis, spec: ReduceScatterSpec, options: Options) -> Re
               "index": spec.index, "topk": spec.topk,
               "via": opts.via, "mode": opts.mode, "order": opts.order, "comm_block": opts.comm_block,
               "comm_sms": opts.comm_sms, "channels_per_rank": opts.channels_per_rank}
-    if opts.via == "copy_engine" and spec.topk:
-        raise AnnotationError("reduce_scatter with topk= runs on SMs only", file=an.file, line=an.where.line,
-                              column=an.where.column, hint="drop via='copy_engine' for the MoE reduction")
     if opts.via == "sm" and opts.mode == "push" and spec.topk:
         raise AnnotationError("reduce_scatter with topk= reduces by pulling", file=an.file, line=an.where.line,
                               column=an.where.column, hint="drop mode='push' for the MoE reduction")
@@ -585,37 +583,65 @@ def rs_ring_consumer(partial_ptr, out_ptr, recv_ptr, recv_table, tlk_barriers, r
 @triton.jit(do_not_specialize=["tlk_epoch"])  # one variant for every call
 def rs_reduce_received(recv_ptr, partial_ptr, out_ptr, recv_barriers, tlk_barriers, tlk_epoch, tlk_rank, tlk_world,
                        tlk_rows, tlk_rows_per_rank, tlk_rows_per_channel, tlk_channels_per_rank, row_elems, tlk_diag,
-                       tlk_budget, BLOCK: tl.constexpr):
+                       tlk_budget, TOPK: tl.constexpr, BLOCK: tl.constexpr):
     """Hybrid reduce-scatter, SM half: into ``out_ptr``, sum this rank's own partial rows where the GEMM
     wrote them (``partial_ptr``, complete once the GEMM's channel count ``tlk_barriers[ch]`` reaches
-    ``epoch * n``: no copy) and the partial rows every peer's copy engine delivered into the receive
-    buffer ``recv_ptr`` (world, rows_per_rank, row_elems), slot ``p`` from rank ``p``, announced on
-    ``recv_barriers[p * channels_per_rank + j]``."""
+    ``epoch * n * TOPK``: no copy) and the partial rows every peer's copy engine delivered into the
+    receive buffer ``recv_ptr`` (world, rows_per_rank * TOPK, row_elems), slot ``p`` from rank ``p``,
+    announced on ``recv_barriers[p * channels_per_rank + j]``. With ``TOPK > 1`` (MoE) a row ``t`` is the
+    ``TOPK`` expert slots ``t * TOPK + k``, summed too (GroupGEMM -> top-k reduce -> reduce-scatter)."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
-    nblocks = tl.cdiv(tlk_rows_per_channel * row_elems, BLOCK)
     rank_lo = tlk_rank * tlk_rows_per_rank
+    slot_elems = tlk_rows_per_rank * TOPK * row_elems
+    # TOPK == 1: a channel's rows are one range, cut in BLOCK-element blocks. TOPK > 1: a block is a
+    # piece of one token row (no division per element to find its row and column)
+    row_blocks = tl.cdiv(row_elems, BLOCK)
+    if TOPK == 1:
+        nblocks = tl.cdiv(tlk_rows_per_channel * row_elems, BLOCK)
+    else:
+        nblocks = tlk_rows_per_channel * row_blocks
     for j in range(0, tlk_channels_per_rank):
         ch = tlk_rank * tlk_channels_per_rank + j
         lo, hi = tlm.tl_channel_range(ch, tlk_rows, tlk_rows_per_rank, tlk_rows_per_channel, tlk_channels_per_rank)
         n = (hi - lo) * row_elems
+        if TOPK == 1:
+            count = tl.cdiv(n, BLOCK)
+        else:
+            count = (hi - lo) * row_blocks
         first = (pid + nprog - (j * nblocks) % nprog) % nprog  # blocks dealt round-robin across the channels
-        if first < tl.cdiv(n, BLOCK):
+        if first < count:
             # once per channel and source, not per block (each wait is a poll and a barrier)
-            token = tll.consumer_tile_wait(tlk_barriers, ch, 1, n.to(tl.int64) * tlk_epoch, tlk_diag, tlk_budget)
+            token = tll.consumer_tile_wait(tlk_barriers, ch, 1, (n * TOPK).to(tl.int64) * tlk_epoch, tlk_diag,
+                                           tlk_budget)
             for p in range(0, tlk_world - 1):
                 src = (tlk_rank + 1 + p) % tlk_world
                 token += tll.consumer_tile_wait(recv_barriers, src * tlk_channels_per_rank + j, 1, tlk_epoch,
                                                 tlk_diag, tlk_budget)
-            for off in range(first * BLOCK, n, nprog * BLOCK):
-                idx = off + tl.arange(0, BLOCK)
-                mask = idx < n
-                acc = tl.load(partial_ptr + lo * row_elems + idx + token, mask=mask).to(tl.float32)
-                for p in range(0, tlk_world - 1):
-                    src = (tlk_rank + 1 + p) % tlk_world
-                    slot = src * tlk_rows_per_rank * row_elems + (lo - rank_lo) * row_elems
-                    x = tl.load(recv_ptr + slot + idx + token, mask=mask)
-                    acc += x.to(tl.float32)
+            for b in range(first, count, nprog):
+                if TOPK == 1:  # rows are contiguous: one range per source
+                    idx = b * BLOCK + tl.arange(0, BLOCK)
+                    mask = idx < n
+                    acc = tl.load(partial_ptr + lo * row_elems + idx + token, mask=mask).to(tl.float32)
+                    for p in range(0, tlk_world - 1):
+                        src = (tlk_rank + 1 + p) % tlk_world
+                        x = tl.load(recv_ptr + src * slot_elems + (lo - rank_lo) * row_elems + idx + token, mask=mask)
+                        acc += x.to(tl.float32)
+                else:  # token row lo + r, columns col: its TOPK slot rows here and at every source
+                    r = b // row_blocks
+                    col = (b % row_blocks) * BLOCK + tl.arange(0, BLOCK)
+                    mask = col < row_elems
+                    acc = tl.zeros([BLOCK], dtype=tl.float32)
+                    for k in tl.static_range(TOPK):
+                        x = tl.load(partial_ptr + ((lo + r) * TOPK + k) * row_elems + col + token, mask=mask)
+                        acc += x.to(tl.float32)
+                    for p in range(0, tlk_world - 1):
+                        src = (tlk_rank + 1 + p) % tlk_world
+                        for k in tl.static_range(TOPK):
+                            x = tl.load(recv_ptr + src * slot_elems + ((lo - rank_lo + r) * TOPK + k) * row_elems
+                                        + col + token, mask=mask)
+                            acc += x.to(tl.float32)
+                    idx = r * row_elems + col
                 tl.store(out_ptr + (lo - rank_lo) * row_elems + idx, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
@@ -664,7 +690,9 @@ class ReduceScatterLauncher(Launcher):
                                        Diagnostics(), Streams.for_world(world),
                                        torch.zeros(sharding.num_channels, dtype=torch.int64, device=world.device))
             if self.meta["via"] == "copy_engine" or self.meta["mode"] == "push":
-                ctx.recv = symmetric_empty((world.world_size, sharding.rows_per_rank, *out.shape[1:]), out.dtype)
+                # the hybrid's receive slots hold a peer's partial rows of this rank's tokens: top-k slots each
+                ctx.recv = symmetric_empty((world.world_size, sharding.rows_per_rank * topk, *out.shape[1:]),
+                                           out.dtype)
                 ctx.recv_table = vector_peer_table(ctx.recv)
                 ctx.recv_channel = Channel(sharding.num_channels)
             self.contexts[key] = ctx
@@ -718,7 +746,7 @@ class ReduceScatterLauncher(Launcher):
         self.partner("rs_reduce_received")[grid](
             ctx.recv, ctx.partial, out, recv_barriers, barriers, epoch, world.rank, world.world_size, sh.size,
             sh.rows_per_rank, sh.rows_per_channel, sh.channels_per_rank, row_elems, ctx.diag.buffer,
-            ctx.diag.budget_ns, BLOCK=self.BLOCK)
+            ctx.diag.budget_ns, TOPK=ctx.partial.shape[0] // sh.size, BLOCK=self.BLOCK)
 
     def _scatter(self, ctx: ReduceScatterContext, world, epoch: int) -> None:
         """Hybrid, copy-engine half: as each channel's rows are complete here, copy them into the
@@ -727,6 +755,7 @@ class ReduceScatterLauncher(Launcher):
         waits for them, so that the reduction, launched next, starts after the GEMM's last tile."""
         sh = ctx.sharding
         row_elems = math.prod(ctx.partial.shape[1:])
+        topk = ctx.partial.shape[0] // sh.size  # a token's rows are its top-k expert slots, one range
         stream = ctx.streams.side
         for step in range(1, world.world_size + 1):
             dst = (world.rank + step) % world.world_size
@@ -737,9 +766,10 @@ class ReduceScatterLauncher(Launcher):
                 lo, hi = sh.channel_range(ch)
                 if hi > lo:
                     # the host goes on enqueueing; a stuck wait is released and raised by finish()
-                    rank_wait(ctx.channel, ch, epoch * (hi - lo) * row_elems, stream, block=False)
+                    rank_wait(ctx.channel, ch, epoch * (hi - lo) * row_elems * topk, stream, block=False)
                     if peer_recv is not None:
-                        rank_copy_data(ctx.partial[lo:hi], peer_recv[world.rank, lo - dst_lo:hi - dst_lo], stream)
+                        rank_copy_data(ctx.partial[lo * topk:hi * topk],
+                                       peer_recv[world.rank, (lo - dst_lo) * topk:(hi - dst_lo) * topk], stream)
                 if peer_recv is not None:
                     rank_notify(ctx.recv_channel, world.rank * sh.channels_per_rank + j, epoch, dst, stream)
 

@@ -88,7 +88,7 @@ def main() -> int:
     module = tp_kernels.gemm_rs_kernel.module
     partner_types = {"partial_ptr": ptr, "peer_table": "*i64", "out_ptr": ptr, "tlk_barriers": "*i64",
                      "barrier_table": "*i64", "tlk_diag": "*i64", "tlk_budget": i64}
-    # the first real call passes epoch 1, which Triton specialises to a constant: both must compile
+    # the partners are not specialised on the epoch (do_not_specialize); the constant form compiles too
     epoch_one = {"tlk_epoch": 1}
     for topk in (1, 2):
         # a peer's rows load as 16-byte vectors (the pointer from the peer table is declared aligned)
@@ -119,9 +119,11 @@ def main() -> int:
     print(f"ag_push_producer compiled {widths}")
     received_types = {"recv_ptr": ptr, "partial_ptr": ptr, "out_ptr": ptr, "recv_barriers": "*i64",
                       "tlk_barriers": "*i64", "tlk_diag": "*i64", "tlk_budget": i64}
-    widths = load_widths(reduce_scatter.rs_reduce_received, received_types, {"BLOCK": 1024}, PARTNER_DIVISIBLE)
-    load_widths(reduce_scatter.rs_reduce_received, received_types, {"BLOCK": 1024, **epoch_one})
-    print(f"rs_reduce_received compiled {widths}")
+    for topk in (1, 2):  # the MoE reduction on the copy engine sums each token's top-k slots too
+        widths = load_widths(reduce_scatter.rs_reduce_received, received_types, {"TOPK": topk, "BLOCK": 1024},
+                             PARTNER_DIVISIBLE)
+        load_widths(reduce_scatter.rs_reduce_received, received_types, {"TOPK": topk, "BLOCK": 1024, **epoch_one})
+        print(f"rs_reduce_received TOPK={topk} {widths}")
     for name, okernel, types, meta in cases:
         plain = load_widths(okernel.kernel, types, meta)
         rewritten = load_widths(getattr(okernel.module, okernel.name), types, meta)

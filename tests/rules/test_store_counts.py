@@ -80,3 +80,17 @@ def test_entangled_dynamic_mask_falls_back_to_the_generic_count_and_still_matche
     assert "tlk_stored = tl.sum(tl.where(token_mask[:, None] & (offs_bn[None, :] < N) & (acc == acc), 1, 0)" in text
     for err in tilelink.spawn(moe_down_from_file, 3, str(path)):
         assert err < 1e-3, err
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_moe_reduction_on_the_copy_engine(tmp_path: Path, world: int) -> None:
+    # the hybrid with top-k: a token's expert slots travel to the rank owning the token as one range of
+    # rows (copy engine), then one SM kernel sums the slots of every rank (the GEMM keeps every SM)
+    source = (HERE / "reduce_scatter" / "moe_scatter_topk.before.py").read_text()
+    old = 'size="num_valid_tokens // top_k"))'
+    assert source.count(old) == 1
+    path = tmp_path / "moe_down_hybrid.py"
+    path.write_text(source.replace(old, 'size="num_valid_tokens // top_k"), via="copy_engine")'))
+    assert "rs_reduce_received" in _generated(path)
+    for err in tilelink.spawn(moe_down_from_file, world, str(path)):
+        assert err < 1e-3, err
