@@ -195,6 +195,7 @@ def layer_matches_torch(M: int, H: int, inter: int, E: int, top_k: int, shared: 
 def bad_inputs() -> list[str]:
     """Each bad call must raise LaunchError before any kernel runs; returns the messages in order."""
     from tilelink.ops import ag_moe, moe_rs
+    from tilelink.ops.moe_routing import route
 
     M, H, inter, E, k = 6, 16, 8, 4, 2
     x, w_up, w_down = torch.randn(M, H), torch.randn(E, H, inter), torch.randn(E, inter, H)
@@ -212,6 +213,7 @@ def bad_inputs() -> list[str]:
         lambda: moe_rs(h, w_down, ids, weights[:, :1].contiguous()),  # weights' shape
         lambda: moe_rs(h, w_down.transpose(1, 2), ids, weights),  # not contiguous
         lambda: ag_moe(x, w_up, ids.to("meta")),  # routing on another device
+        lambda: moe_rs(h, w_down, route(ids, E + 1), weights),  # a routing made for other experts
     ]
     messages = []
     for call in calls:
