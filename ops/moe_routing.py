@@ -24,7 +24,8 @@ from tilelink.errors import LaunchError
 
 @dataclass(frozen=True)
 class Routing:
-    """What the host knows of ``topk_ids`` (M, top_k) after :func:`route`."""
+    """What the host knows of ``topk_ids`` (M, top_k) after :func:`route`. It describes the ids as they
+    were then (``flat`` may be a view of them): make a new one after changing the ids in place."""
 
     topk_ids: torch.Tensor
     num_experts: int
@@ -64,8 +65,13 @@ def route(topk_ids: torch.Tensor, num_experts: int) -> Routing:
 
 
 def as_routing(topk_ids: torch.Tensor | Routing, num_experts: int) -> Routing:
-    """``topk_ids`` itself when it is a :class:`Routing` already, else :func:`route` of it."""
-    return topk_ids if isinstance(topk_ids, Routing) else route(topk_ids, num_experts)
+    """``topk_ids`` itself when it is a :class:`Routing` of ``num_experts`` experts already, else
+    :func:`route` of it."""
+    if not isinstance(topk_ids, Routing):
+        return route(topk_ids, num_experts)
+    if topk_ids.num_experts != num_experts:
+        raise LaunchError(f"the routing was made for {topk_ids.num_experts} experts, not {num_experts}")
+    return topk_ids
 
 
 def align_tokens(topk_ids: torch.Tensor | Routing, num_experts: int, block: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -75,25 +75,36 @@ def check_vector_aligned(addresses: list[int]) -> None:
 def variant_key(kernel, call: dict) -> tuple:
     """What of ``call`` decides which variant of ``kernel`` Triton compiles: constexprs by value, tensors
     by dtype and 16-byte alignment, other ints by what Triton specializes them on (equal to 1, a
-    multiple of 16; neither for ``do_not_specialize`` ones) and their width. Finer than Triton's own
-    key, never coarser: two calls with one key run one compiled kernel. An autotuned (or heuristics)
-    kernel is keyed on every int's value, since its configuration may depend on any of them."""
+    multiple of 16; neither for ``do_not_specialize`` ones) and their width, floats by type. Finer than
+    Triton's own key, never coarser: two calls with one key run one compiled kernel. An autotuned (or
+    heuristics) kernel is keyed on every int's value and every tensor's shape and strides too, since
+    its configuration may depend on any of them."""
     fn, wrapped = kernel, False
     while not hasattr(fn, "params") and hasattr(fn, "fn"):
         fn, wrapped = fn.fn, True
     params = {p.name: p for p in getattr(fn, "params", ())}
-    key = []
-    for name, value in call.items():
-        param = params.get(name)
-        if isinstance(value, torch.Tensor):
-            key.append((name, value.dtype, value.data_ptr() % 16 == 0))
-        elif (type(value) is int and param is not None and not param.is_constexpr and not wrapped):
-            plain = bool(getattr(param, "do_not_specialize", False))
-            key.append((name, not plain and value == 1, not plain and value % 16 == 0, -2**31 <= value < 2**31,
-                        value < 2**63))
-        else:
-            key.append((name, value if isinstance(value, Hashable) else repr(value)))
-    return tuple(key)
+    return tuple((name, _value_key(value, params.get(name), wrapped)) for name, value in call.items())
+
+
+def _value_key(value, param, wrapped: bool):
+    if isinstance(value, torch.Tensor):
+        key = (value.dtype, value.data_ptr() % 16 == 0)
+        return key + (tuple(value.shape), value.stride()) if wrapped else key
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return value
+    if isinstance(value, int):
+        if param is None or param.is_constexpr or wrapped:
+            return value
+        plain = bool(getattr(param, "do_not_specialize", False))
+        return (not plain and value == 1, not plain and value % 16 == 0, -2**31 <= value < 2**31, value < 2**63)
+    if isinstance(value, float):
+        return value if param is not None and param.is_constexpr else float
+    if isinstance(value, (tuple, list)):
+        return type(value), tuple(_value_key(v, None, wrapped) for v in value)
+    base = getattr(value, "base", None)
+    if isinstance(base, torch.Tensor) and hasattr(value, "block_shape"):  # a host tensor descriptor
+        return type(value), _value_key(base, None, wrapped), tuple(value.block_shape)
+    return value if isinstance(value, Hashable) else type(value)
 
 
 class Launcher:
@@ -208,7 +219,9 @@ class Launcher:
         Before the first real call of a context: run the rewritten kernel against the scratch channel at
         epoch 0 (no wait can block), then ``partners()`` (the partner kernels, the same way), and wait.
         This compiles, loads and autotunes every kernel. The partners' variant is fixed by the context
-        (their epoch is not specialized on). The rewritten kernel's is not: a later call with other
+        (their epoch is not specialized on) but for the alignment of the caller's output shard, a
+        reduce-scatter's: another one compiles at its launch, before the rewritten kernel's, which waits
+        for nothing (a pause, not a deadlock). The rewritten kernel's variant is not: a later call with other
         constexprs (an MoE layer with other experts, or whose routing picks another tile, on buffers of
         the same shape) or differently aligned tensors needs another variant. That one is run dry
         again, here, before anything of the call is enqueued, on zeroed stand-ins for the symmetric

@@ -508,7 +508,7 @@ def rs_pull_consumer(partial_ptr, peer_table, out_ptr, tlk_barriers, barrier_tab
             for p in range(0, tlk_world):
                 src = (tlk_rank + 1 + p) % tlk_world
                 src_barriers = tll.peer_ptr(barrier_table, tlk_barriers, src)
-                token += tll.consumer_tile_wait(src_barriers, ch, 1, (n * TOPK).to(tl.int64) * tlk_epoch, tlk_diag,
+                token += tll.consumer_tile_wait(src_barriers, ch, 1, n.to(tl.int64) * TOPK * tlk_epoch, tlk_diag,
                                                 tlk_budget)
             for off in range(first * BLOCK, n, nprog * BLOCK):
                 idx = off + tl.arange(0, BLOCK)
@@ -612,7 +612,7 @@ def rs_reduce_received(recv_ptr, partial_ptr, out_ptr, recv_barriers, tlk_barrie
         first = (pid + nprog - (j * nblocks) % nprog) % nprog  # blocks dealt round-robin across the channels
         if first < count:
             # once per channel and source, not per block (each wait is a poll and a barrier)
-            token = tll.consumer_tile_wait(tlk_barriers, ch, 1, (n * TOPK).to(tl.int64) * tlk_epoch, tlk_diag,
+            token = tll.consumer_tile_wait(tlk_barriers, ch, 1, n.to(tl.int64) * TOPK * tlk_epoch, tlk_diag,
                                            tlk_budget)
             for p in range(0, tlk_world - 1):
                 src = (tlk_rank + 1 + p) % tlk_world
@@ -657,7 +657,7 @@ class ReduceScatterContext:
     diag: Diagnostics
     streams: Streams
     scratch: torch.Tensor
-    recv: torch.Tensor | None = None  # hybrid: (world, rows_per_rank, ...) what the peers' copy engines deliver
+    recv: torch.Tensor | None = None  # hybrid: (world, rows_per_rank * topk, ...) what the peers' copy engines deliver
     recv_channel: Channel | None = None
     recv_table: torch.Tensor | None = None  # the ring's: every rank's copy of recv (vector stores)
     variants: set = field(default_factory=set)  # the rewritten kernel's variants loaded (warm_up)
@@ -682,6 +682,10 @@ class ReduceScatterLauncher(Launcher):
                 f"got shape {list(out.shape)}")
         topk = self.topk(bound)
         shape = (size * topk, *out.shape[1:])
+        if math.prod(shape) >= 2**31:  # the partner kernels index the partial sums with 32-bit offsets
+            raise LaunchError(f"{self.okernel.name}: the partial sums of one call would hold {math.prod(shape)} "
+                              f"elements ({' x '.join(map(str, shape))}), past the 2**31 the reduce-scatter "
+                              f"kernels address; split the call along {self.meta['size_param']}")
         key = (size, shape, str(out.dtype))
         ctx = self.contexts.get(key)
         if ctx is None:
@@ -734,7 +738,11 @@ class ReduceScatterLauncher(Launcher):
     def _reduce(self, ctx: ReduceScatterContext, world, out, recv_barriers, barriers, epoch: int) -> None:
         sh = ctx.sharding
         row_elems = math.prod(ctx.partial.shape[1:])
-        blocks = sh.channels_per_rank * cdiv(sh.rows_per_channel * row_elems, self.BLOCK)
+        topk = ctx.partial.shape[0] // sh.size
+        # the kernel's blocks: pieces of the channel's rows, or with top-k pieces of one token row each
+        per_channel = (sh.rows_per_channel * cdiv(row_elems, self.BLOCK) if topk > 1
+                       else cdiv(sh.rows_per_channel * row_elems, self.BLOCK))
+        blocks = sh.channels_per_rank * per_channel
         if world.device.type == "cuda":
             # it is launched behind the side stream's wait for this rank's own rows, the GEMM's last
             # tiles: every SM is free by then. On comm_sms programs it was latency-bound (one block's loads in
@@ -746,7 +754,7 @@ class ReduceScatterLauncher(Launcher):
         self.partner("rs_reduce_received")[grid](
             ctx.recv, ctx.partial, out, recv_barriers, barriers, epoch, world.rank, world.world_size, sh.size,
             sh.rows_per_rank, sh.rows_per_channel, sh.channels_per_rank, row_elems, ctx.diag.buffer,
-            ctx.diag.budget_ns, TOPK=ctx.partial.shape[0] // sh.size, BLOCK=self.BLOCK)
+            ctx.diag.budget_ns, TOPK=topk, BLOCK=self.BLOCK)
 
     def _scatter(self, ctx: ReduceScatterContext, world, epoch: int) -> None:
         """Hybrid, copy-engine half: as each channel's rows are complete here, copy them into the

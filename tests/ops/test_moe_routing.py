@@ -49,3 +49,10 @@ def test_no_tokens():
     assert r.host_counts.tolist() == [0, 0, 0, 0]
     sorted_ids, expert_ids = align_tokens(r, 4, 16)
     assert sorted_ids.numel() == 0 and expert_ids.numel() == 0
+
+
+def test_a_routing_serves_only_its_expert_count():
+    r = route(torch.tensor([[0, 1], [2, 0]]), 3)
+    align_tokens(r, 3, 4)
+    with pytest.raises(tilelink.LaunchError, match="made for 3 experts, not 4"):
+        align_tokens(r, 4, 4)

@@ -40,10 +40,30 @@ def test_the_key_follows_what_triton_specializes_on():
         assert variant_key(KERNEL, {**dict(x_ptr=x, n=3, tlk_epoch=2, BLOCK=64), **other}) != base, other
 
 
-def test_an_autotuned_kernel_is_keyed_on_every_int_value():
+def test_an_autotuned_kernel_is_keyed_on_every_int_value_and_tensor_shape():
     tuned = triton.autotune(configs=[triton.Config({}, num_warps=4)], key=["n"])(KERNEL)
     x = torch.zeros(64)
     assert variant_key(tuned, dict(x_ptr=x, n=3, BLOCK=64)) != variant_key(tuned, dict(x_ptr=x, n=5, BLOCK=64))
+    # a heuristic or a pruning function may read a tensor's shape
+    assert variant_key(tuned, dict(x_ptr=x, n=3, BLOCK=64)) != variant_key(tuned, dict(x_ptr=x[:32], n=3, BLOCK=64))
+
+
+def test_floats_sequences_and_other_values():
+    def body(x_ptr, scale, dims, BLOCK: tl.constexpr):
+        pass
+
+    kernel = JITFunction(body)
+    x = torch.zeros(8)
+    base = variant_key(kernel, dict(x_ptr=x, scale=0.5, dims=(3, x), BLOCK=2))
+    # a float argument is one type to Triton, whatever its value
+    assert variant_key(kernel, dict(x_ptr=x, scale=2.0, dims=(3, x), BLOCK=2)) == base
+    # a sequence is keyed element by element (a tensor in it by dtype and alignment, an int by value), and
+    # may be unhashable
+    assert variant_key(kernel, dict(x_ptr=x, scale=0.5, dims=(3, torch.ones(8)), BLOCK=2)) == base
+    assert variant_key(kernel, dict(x_ptr=x, scale=0.5, dims=(4, x), BLOCK=2)) != base
+    assert variant_key(kernel, dict(x_ptr=x, scale=0.5, dims=(3, x.half()), BLOCK=2)) != base
+    key = variant_key(kernel, dict(x_ptr=x, scale=0.5, dims=[3, [x]], BLOCK=2))
+    assert key in {key}  # hashable
 
 
 class _Recorder(Launcher):

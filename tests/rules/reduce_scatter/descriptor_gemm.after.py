@@ -90,7 +90,7 @@ def rs_reduce_received(recv_ptr, partial_ptr, out_ptr, recv_barriers, tlk_barrie
         first = (pid + nprog - (j * nblocks) % nprog) % nprog  # blocks dealt round-robin across the channels
         if first < count:
             # once per channel and source, not per block (each wait is a poll and a barrier)
-            token = tll.consumer_tile_wait(tlk_barriers, ch, 1, (n * TOPK).to(tl.int64) * tlk_epoch, tlk_diag,
+            token = tll.consumer_tile_wait(tlk_barriers, ch, 1, n.to(tl.int64) * TOPK * tlk_epoch, tlk_diag,
                                            tlk_budget)
             for p in range(0, tlk_world - 1):
                 src = (tlk_rank + 1 + p) % tlk_world

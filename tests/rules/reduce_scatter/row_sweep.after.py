@@ -83,7 +83,7 @@ def rs_pull_consumer(partial_ptr, peer_table, out_ptr, tlk_barriers, barrier_tab
             for p in range(0, tlk_world):
                 src = (tlk_rank + 1 + p) % tlk_world
                 src_barriers = tll.peer_ptr(barrier_table, tlk_barriers, src)
-                token += tll.consumer_tile_wait(src_barriers, ch, 1, (n * TOPK).to(tl.int64) * tlk_epoch, tlk_diag,
+                token += tll.consumer_tile_wait(src_barriers, ch, 1, n.to(tl.int64) * TOPK * tlk_epoch, tlk_diag,
                                                 tlk_budget)
             for off in range(first * BLOCK, n, nprog * BLOCK):
                 idx = off + tl.arange(0, BLOCK)
