@@ -114,7 +114,7 @@ def spawn_backend(world: int) -> str:
     return "nvshmem" if torch.cuda.is_available() and torch.cuda.device_count() >= world else "emulated"
 
 
-def time_ms(fn: Callable[[], object], device_type: str, group=None) -> float:
+def time_ms(fn: Callable[[], object], device_type: str, group=None, host: list | None = None) -> float:
     """Median time of ``fn`` in milliseconds: CUDA events through ``triton.testing.do_bench`` on a
     GPU (L2 flushed between calls), a host clock over a few calls on the CPU.
 
@@ -122,9 +122,10 @@ def time_ms(fn: Callable[[], object], device_type: str, group=None) -> float:
     it the same number of times. ``do_bench`` picks its repetitions from this rank's own estimate; two
     ranks with different estimates then issue different numbers of collectives and wait for each other
     forever (the first two-GPU run of the dist mode hung so). With a group the counts come from the
-    largest estimate of any rank (:func:`time_ms_agreed`)."""
+    largest estimate of any rank (:func:`time_ms_agreed`), which also appends the host's time per call to
+    ``host``."""
     if group is not None:
-        return time_ms_agreed(fn, device_type, group)
+        return time_ms_agreed(fn, device_type, group, host=host)
     if device_type == "cuda":
         import triton.testing
 
@@ -139,13 +140,15 @@ def time_ms(fn: Callable[[], object], device_type: str, group=None) -> float:
 
 
 def time_ms_agreed(fn: Callable[[], object], device_type: str, group, warmup_ms: float = 25,
-                   rep_ms: float = 100) -> float:
+                   rep_ms: float = 100, host: list | None = None) -> float:
     """:func:`time_ms` for a ``fn`` that calls collectives of ``group``: every rank estimates ``fn``'s time
     from a few calls, the ranks agree on the largest estimate, and all run the same number of warm-up
     and timed calls (at least 3 timed), each between its own CUDA events with L2 flushed first, enqueued
     back to back as ``do_bench`` does (the host runs ahead of the GPU: an operator's host work is hidden
     unless it is longer than its GPU work; a synchronisation after each call exposed every call's
-    launch latency). Returns the median."""
+    launch latency). Returns the median. ``host``: the host's time per call is appended to it, the
+    enqueueing of the timed calls over their number (on the CPU the calls' own time): when it is as long
+    as the median, the host, not the GPU, sets the pace."""
     import torch
     import torch.distributed as dist
 
@@ -174,28 +177,36 @@ def time_ms_agreed(fn: Callable[[], object], device_type: str, group, warmup_ms:
         fn()
     calls = max(3, int(rep_ms / per_call))
     if not cuda:
-        return statistics.median(call_ms() for _ in range(calls))
+        samples = [call_ms() for _ in range(calls)]
+        if host is not None:
+            host.append(statistics.median(samples))
+        return statistics.median(samples)
     torch.cuda.synchronize()
     events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(calls)]
+    enqueue = time.perf_counter()
     for start, end in events:
         flush.zero_()
         start.record()
         fn()
         end.record()
+    if host is not None:
+        host.append((time.perf_counter() - enqueue) * 1e3 / calls)
     torch.cuda.synchronize()
     return statistics.median(start.elapsed_time(end) for start, end in events)
 
 
 def side_by_side(fns: dict[str, Callable[[], object]], rounds: int,
-                 device_type: str, group=None) -> dict[str, list[float]]:
+                 device_type: str, group=None, host: dict[str, list[float]] | None = None) -> dict[str, list[float]]:
     """Time every function of ``fns`` ``rounds`` times, rotating which runs first in each round; with
-    ``group``, functions calling collectives of that group (see :func:`time_ms`)."""
+    ``group``, functions calling collectives of that group (see :func:`time_ms`), and the host's time per
+    call of each in ``host``."""
     names = list(fns)
     times: dict[str, list[float]] = {n: [] for n in names}
     for r in range(rounds):
         order = names[r % len(names):] + names[:r % len(names)]
         for n in order:
-            times[n].append(time_ms(fns[n], device_type, group))
+            times[n].append(time_ms(fns[n], device_type, group,
+                                    host=host.setdefault(n, []) if host is not None else None))
     return times
 
 

@@ -216,6 +216,7 @@ def _dist_part(part: str, g: GemmShape, world: int, dtype, rounds: int) -> dict:
         if gemm_rs is not None:
             fns["TileLink"] = lambda: gemm_rs(a, b)
     times: dict[str, float] = {}
+    host_ms: dict[str, float] = {}  # the host's time per call (enqueueing): as long as times' when it sets the pace
     for name, fn in fns.items():
         # say what runs, and dump every thread's stack if one method takes unreasonably long: a hang in
         # a collective or a kernel then names its place instead of ending in a silent timeout
@@ -224,18 +225,19 @@ def _dist_part(part: str, g: GemmShape, world: int, dtype, rounds: int) -> dict:
         try:
             fn()  # warm-up, and every rank learns here whether a method works
             torch.cuda.synchronize()
-            samples = []
+            samples, host = [], []
             for _ in range(rounds):
                 dist.barrier()
-                samples.append(time_ms(fn, "cuda", group))
-            t = torch.tensor([statistics.median(samples)], device=device)
+                samples.append(time_ms(fn, "cuda", group, host=host))
+            t = torch.tensor([statistics.median(samples), statistics.median(host)], device=device)
             dist.all_reduce(t, op=dist.ReduceOp.MAX)
-            times[name] = float(t)
+            times[name], host_ms[name] = float(t[0]), float(t[1])
         except Exception as exc:  # async-TP may be missing on some builds: record, go on
             out["errors"][name] = f"{type(exc).__name__}: {exc}"[:500]
         finally:
             faulthandler.cancel_dump_traceback_later()
     out["median_ms"] = times
+    out["host_ms"] = host_ms
     base = times.get("cuBLAS+NCCL")
     out["speedup"] = {k: base / v for k, v in times.items() if base and k in ("async-TP", "TileLink")}
     if "comm" in times and "comp" in times:

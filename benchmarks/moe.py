@@ -283,13 +283,16 @@ def measure_dist(shape: MoEShape, world, dtype: torch.dtype, rounds: int, group)
     got_rs = {name: fns[name]() for name in ("tilelink_rs", "fused_rs")}
     if ref_rs.numel():
         errors |= {name: _rel_err(out, ref_rs) for name, out in got_rs.items()}
-    times = side_by_side(fns, rounds, device.type, group=group or dist.group.WORLD)
+    host: dict[str, list[float]] = {}
+    times = side_by_side(fns, rounds, device.type, group=group or dist.group.WORLD, host=host)
     med = {n: statistics.median(t) for n, t in times.items()}
+    host_ms = {n: statistics.median(t) for n, t in host.items()}  # as long as ms: the host sets the pace
     if r == 0:
-        print(f"{shape.name}: {med} err {errors}", flush=True)
+        print(f"{shape.name}: {med} host {host_ms} err {errors}", flush=True)
     speedup = {f"{n}_vs_{b}": med[f"{b}_{p}"] / med[n] for p in ("ag", "rs") for n in (f"tilelink_{p}",)
                for b in ("torch", "fused")}
-    return {"shape": shape.name, "ms": med, "times_ms": times, "rel_err": errors, "speedup": speedup}
+    return {"shape": shape.name, "ms": med, "host_ms": host_ms, "times_ms": times, "rel_err": errors,
+            "speedup": speedup}
 
 
 def _dist_rows(shapes: list[MoEShape], dtype: torch.dtype, rounds: int) -> list[dict] | None:

@@ -2,8 +2,15 @@
 
 Slot ``s = t * top_k + k`` is token ``t``'s ``k``-th choice. ``align_tokens`` lists the slots expert by
 expert, each expert's list padded to a multiple of ``block`` with the value ``num_slots`` (an invalid
-slot the kernels mask out), and gives each block of ``block`` entries its expert. All torch ops: the
-same code runs on CPU and GPU tensors.
+slot the kernels mask out), and gives each block of ``block`` entries its expert.
+
+Two small Triton kernels do it (one program per expert; under ``TRITON_INTERPRET=1`` on CPU tensors):
+:func:`routing_stats_kernel` counts each expert's slots and finds the id range, and
+:func:`align_kernel` places each expert's slots in slot order (a prefix sum of its matches, chunk by
+chunk), its padding and its blocks' expert. They replace some fifteen torch ops (a stable sort, cumulative
+sums, gathers, ``repeat_interleave``): on two H200s the sort, ``repeat_interleave`` and the gathers alone took
+about 0.6 ms of host time per call, more than the GPU work of the grouped GEMM they fed (docs/PERFORMANCE.md,
+session 7).
 
 **One transfer to the host per call.** The host needs the routing's per-expert counts (the padded length,
 the blocks' experts, the tile config chosen from the waves) and its smallest and largest id (the checks).
@@ -18,8 +25,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import triton
+import triton.language as tl
 
 from tilelink.errors import LaunchError
+
+#: ids read per step by the routing kernels
+CHUNK = 1024
 
 
 @dataclass(frozen=True)
@@ -29,7 +41,7 @@ class Routing:
 
     topk_ids: torch.Tensor
     num_experts: int
-    flat: torch.Tensor  # the ids as int64, slot order, on their device
+    flat: torch.Tensor  # the ids in slot order (contiguous), on their device
     counts: torch.Tensor  # slots per expert (num_experts,), int64, on the ids' device
     host_counts: torch.Tensor  # the same on the CPU
 
@@ -44,24 +56,69 @@ def check_shape(topk_ids: torch.Tensor, num_experts: int) -> None:
         raise LaunchError(f"topk_ids must be an integer tensor, got {topk_ids.dtype}")
 
 
+@triton.jit
+def routing_stats_kernel(ids_ptr, n, stats_ptr, CHUNK: tl.constexpr):
+    """Program ``e``: ``stats[2 + e]`` = the slots routed to expert ``e``; program 0 also ``stats[0]``,
+    ``stats[1]`` = the smallest and largest id (``stats`` int64)."""
+    e = tl.program_id(0)
+    count = tl.zeros((), dtype=tl.int64)
+    lo = tl.full((), 1 << 62, tl.int64)
+    hi = tl.full((), -(1 << 62), tl.int64)
+    for off in range(0, n, CHUNK):
+        idx = off + tl.arange(0, CHUNK)
+        live = idx < n
+        v = tl.load(ids_ptr + idx, mask=live, other=0).to(tl.int64)
+        count += tl.sum((live & (v == e)).to(tl.int64), axis=0)
+        lo = tl.minimum(lo, tl.min(tl.where(live, v, 1 << 62), axis=0))
+        hi = tl.maximum(hi, tl.max(tl.where(live, v, -(1 << 62)), axis=0))
+    tl.store(stats_ptr + 2 + e, count)
+    if e == 0:
+        tl.store(stats_ptr, lo)
+        tl.store(stats_ptr + 1, hi)
+
+
+@triton.jit
+def align_kernel(ids_ptr, n, counts_ptr, num_experts, block, sorted_ptr, expert_ids_ptr, E_POW2: tl.constexpr,
+                 CHUNK: tl.constexpr):
+    """Program ``e``: expert ``e``'s slots, in slot order, at its place in ``sorted_ptr`` (experts one after
+    the other, each padded to a multiple of ``block`` with ``n``), and ``e`` as the expert of its blocks."""
+    e = tl.program_id(0)
+    experts = tl.arange(0, E_POW2)
+    counts = tl.load(counts_ptr + experts, mask=experts < num_experts, other=0).to(tl.int32)
+    padded = (counts + block - 1) // block * block
+    start = tl.sum(tl.where(experts < e, padded, 0), axis=0)
+    mine = tl.sum(tl.where(experts == e, counts, 0), axis=0)
+    mine_padded = tl.sum(tl.where(experts == e, padded, 0), axis=0)
+    placed = tl.zeros((), dtype=tl.int32)
+    for off in range(0, n, CHUNK):
+        idx = off + tl.arange(0, CHUNK)
+        live = idx < n
+        hit = (live & (tl.load(ids_ptr + idx, mask=live, other=-1) == e)).to(tl.int32)
+        rank = tl.cumsum(hit, axis=0) - hit  # the matches before this one in the chunk
+        tl.store(sorted_ptr + start + placed + rank, idx.to(tl.int32), mask=hit != 0)
+        placed += tl.sum(hit, axis=0)
+    for off in range(mine, mine_padded, CHUNK):  # the padding after the expert's slots
+        idx = off + tl.arange(0, CHUNK)
+        tl.store(sorted_ptr + start + idx, tl.full((CHUNK,), 0, tl.int32) + n, mask=idx < mine_padded)
+    for off in range(0, mine_padded // block, CHUNK):
+        b = off + tl.arange(0, CHUNK)
+        tl.store(expert_ids_ptr + start // block + b, tl.full((CHUNK,), 0, tl.int32) + e,
+                 mask=b < mine_padded // block)
+
+
 def route(topk_ids: torch.Tensor, num_experts: int) -> Routing:
     """Check ``topk_ids`` and count the slots of each expert, with one copy to the host (the ids' range
     and the counts together). Raises :class:`LaunchError` for ids outside ``[0, num_experts)``."""
     check_shape(topk_ids, num_experts)
-    flat = topk_ids.flatten().to(torch.int64)
-    device = flat.device
-    # out-of-range ids are counted clamped (never indexed out of bounds) and refused below
-    counts = torch.zeros(num_experts, dtype=torch.int64, device=device)
+    flat = topk_ids.contiguous().view(-1)
+    stats = torch.zeros(2 + num_experts, dtype=torch.int64, device=flat.device)
     if flat.numel():
-        counts.scatter_add_(0, flat.clamp(0, num_experts - 1), torch.ones_like(flat))
-        lo_hi = torch.stack([flat.min(), flat.max()])
-    else:
-        lo_hi = torch.zeros(2, dtype=torch.int64, device=device)
-    host = torch.cat([lo_hi, counts]).cpu()
+        routing_stats_kernel[(num_experts,)](flat, flat.numel(), stats, CHUNK=CHUNK)
+    host = stats.cpu()
     lo, hi = int(host[0]), int(host[1])
     if lo < 0 or hi >= num_experts:
         raise LaunchError(f"topk_ids has expert ids outside [0, {num_experts}): min {lo}, max {hi}")
-    return Routing(topk_ids, num_experts, flat, counts, host[2:])
+    return Routing(topk_ids, num_experts, flat, stats[2:], host[2:])
 
 
 def as_routing(topk_ids: torch.Tensor | Routing, num_experts: int) -> Routing:
@@ -79,20 +136,12 @@ def align_tokens(topk_ids: torch.Tensor | Routing, num_experts: int, block: int)
     multiple of ``block`` (padding = ``topk_ids.numel()``), and the expert of each block (int32).
     ``topk_ids`` may be its :class:`Routing` (no copy to the host then)."""
     routing = as_routing(topk_ids, num_experts)
-    flat, counts = routing.flat, routing.counts
-    n = flat.numel()
+    flat = routing.flat
     device = flat.device
-    padded = (counts + block - 1) // block * block
-    starts = torch.cumsum(padded, 0) - padded
-    order = torch.argsort(flat, stable=True)
-    experts = flat[order]
-    first_of_expert = torch.cumsum(counts, 0) - counts
-    dest = starts[experts] + torch.arange(n, device=device) - first_of_expert[experts]
     blocks = int(((routing.host_counts + block - 1) // block).sum())  # from the host's counts: no copy
-    sorted_ids = torch.full((blocks * block,), n, dtype=torch.int32, device=device)
-    sorted_ids[dest] = order.to(torch.int32)
-    # built on the device, its length given: without output_size repeat_interleave reads the repeats' sum
-    # back, and a copy of a host-built list to the device waited for the GPU too (7 ms on two H200s)
-    expert_ids = torch.repeat_interleave(torch.arange(num_experts, dtype=torch.int32, device=device),
-                                         padded // block, output_size=blocks)
+    sorted_ids = torch.empty(blocks * block, dtype=torch.int32, device=device)
+    expert_ids = torch.empty(blocks, dtype=torch.int32, device=device)
+    if blocks:  # every entry of both is written
+        align_kernel[(num_experts,)](flat, flat.numel(), routing.counts, num_experts, block, sorted_ids, expert_ids,
+                                     E_POW2=triton.next_power_of_2(num_experts), CHUNK=CHUNK)
     return sorted_ids, expert_ids

@@ -14,7 +14,7 @@ from gloo_ranks import ROOT, run_on_gloo_ranks  # noqa: E402
 sys.path.insert(0, ROOT)
 
 
-def _time_both(rank: int, world: int) -> tuple[dict, dict]:
+def _time_both(rank: int, world: int) -> tuple[dict, dict, dict]:
     import torch
     import torch.distributed as dist
 
@@ -31,15 +31,18 @@ def _time_both(rank: int, world: int) -> tuple[dict, dict]:
         calls["collective"] += 1
         dist.all_reduce(t)
 
+    host: dict = {}
     times = side_by_side({"slow_on_one_rank": slow_on_one_rank, "collective": collective}, 2, "cpu",
-                         group=dist.group.WORLD)
-    return calls, times
+                         group=dist.group.WORLD, host=host)
+    return calls, times, host
 
 
 def test_ranks_call_a_collective_function_equally_often() -> None:
     results = run_on_gloo_ranks(_time_both, 2)
     assert results[0][0] == results[1][0]  # the same number of calls of each function on both ranks
     assert results[0][0]["slow_on_one_rank"] >= 2 * (1 + 3 + 1)  # per round: estimate, warm-up, >= 3 timed
-    for _calls, times in results.values():
+    for _calls, times, host in results.values():
         assert all(len(t) == 2 and all(x > 0 for x in t) for t in times.values())
+        assert set(host) == set(times) and all(len(h) == 2 for h in host.values())  # the host's time per call
     assert min(results[1][1]["slow_on_one_rank"]) >= 3.5 > max(results[0][1]["slow_on_one_rank"])
+    assert min(results[1][2]["slow_on_one_rank"]) >= 3.5 > max(results[0][2]["slow_on_one_rank"])

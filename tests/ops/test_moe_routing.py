@@ -56,3 +56,29 @@ def test_a_routing_serves_only_its_expert_count():
     align_tokens(r, 3, 4)
     with pytest.raises(tilelink.LaunchError, match="made for 3 experts, not 4"):
         align_tokens(r, 4, 4)
+
+
+def _reference(ids: torch.Tensor, E: int, block: int) -> tuple[list[int], list[int]]:
+    flat = ids.flatten().tolist()
+    sorted_ids, experts = [], []
+    for e in range(E):
+        mine = [s for s, x in enumerate(flat) if x == e]
+        padded = -(-len(mine) // block) * block
+        sorted_ids += mine + [len(flat)] * (padded - len(mine))
+        experts += [e] * (padded // block)
+    return sorted_ids, experts
+
+
+@pytest.mark.parametrize(("tokens", "top_k", "E", "block", "dtype"), [
+    (1300, 2, 7, 16, torch.int64),  # 2600 slots: the kernels read the ids in three chunks
+    (5, 3, 40, 4, torch.int32),  # most experts without a slot; 40 experts (not a power of two)
+    (64, 1, 1, 128, torch.int64),  # one expert, one block mostly padding
+])
+def test_the_kernels_match_a_plain_reference(tokens, top_k, E, block, dtype):
+    g = torch.Generator().manual_seed(tokens + E)
+    ids = torch.stack([torch.randperm(E, generator=g)[:top_k] for _ in range(tokens)]).to(dtype)
+    r = route(ids, E)
+    assert r.host_counts.tolist() == torch.bincount(ids.flatten().long(), minlength=E).tolist()
+    sorted_ids, experts = align_tokens(r, E, block)
+    ref_sorted, ref_experts = _reference(ids, E, block)
+    assert sorted_ids.tolist() == ref_sorted and experts.tolist() == ref_experts

@@ -124,6 +124,16 @@ def main() -> int:
                              PARTNER_DIVISIBLE)
         load_widths(reduce_scatter.rs_reduce_received, received_types, {"TOPK": topk, "BLOCK": 1024, **epoch_one})
         print(f"rs_reduce_received TOPK={topk} {widths}")
+    # the MoE routing kernels (ids of either integer width)
+    from tilelink.ops import moe_routing
+
+    for ids in ("*i64", "*i32"):
+        stats = compile_ptx(moe_routing.routing_stats_kernel, {"ids_ptr": ids, "stats_ptr": "*i64"},
+                            {"CHUNK": moe_routing.CHUNK})
+        align = compile_ptx(moe_routing.align_kernel, {"ids_ptr": ids, "counts_ptr": "*i64", "sorted_ptr": "*i32",
+                                                       "expert_ids_ptr": "*i32"},
+                            {"E_POW2": 64, "CHUNK": moe_routing.CHUNK})
+        print(f"moe_routing {ids[1:]} {{'stats ptx': {len(stats) > 0}, 'align ptx': {len(align) > 0}}}")
     for name, okernel, types, meta in cases:
         plain = load_widths(okernel.kernel, types, meta)
         rewritten = load_widths(getattr(okernel.module, okernel.name), types, meta)
