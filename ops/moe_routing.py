@@ -30,8 +30,10 @@ import triton.language as tl
 
 from tilelink.errors import LaunchError
 
-#: ids read per step by the routing kernels
-CHUNK = 1024
+#: ids read per step by the routing kernels (each program reads all of them: MoE-6's 40960 slots in 10
+#: steps), and their warps
+CHUNK = 4096
+WARPS = 8
 
 
 @dataclass(frozen=True)
@@ -113,7 +115,7 @@ def route(topk_ids: torch.Tensor, num_experts: int) -> Routing:
     flat = topk_ids.contiguous().view(-1)
     stats = torch.zeros(2 + num_experts, dtype=torch.int64, device=flat.device)
     if flat.numel():
-        routing_stats_kernel[(num_experts,)](flat, flat.numel(), stats, CHUNK=CHUNK)
+        routing_stats_kernel[(num_experts,)](flat, flat.numel(), stats, CHUNK=CHUNK, num_warps=WARPS)
     host = stats.cpu()
     lo, hi = int(host[0]), int(host[1])
     if lo < 0 or hi >= num_experts:
@@ -143,5 +145,5 @@ def align_tokens(topk_ids: torch.Tensor | Routing, num_experts: int, block: int)
     expert_ids = torch.empty(blocks, dtype=torch.int32, device=device)
     if blocks:  # every entry of both is written
         align_kernel[(num_experts,)](flat, flat.numel(), routing.counts, num_experts, block, sorted_ids, expert_ids,
-                                     E_POW2=triton.next_power_of_2(num_experts), CHUNK=CHUNK)
+                                     E_POW2=triton.next_power_of_2(num_experts), CHUNK=CHUNK, num_warps=WARPS)
     return sorted_ids, expert_ids

@@ -129,10 +129,10 @@ def main() -> int:
 
     for ids in ("*i64", "*i32"):
         stats = compile_ptx(moe_routing.routing_stats_kernel, {"ids_ptr": ids, "stats_ptr": "*i64"},
-                            {"CHUNK": moe_routing.CHUNK})
+                            {"CHUNK": moe_routing.CHUNK}, num_warps=moe_routing.WARPS)
         align = compile_ptx(moe_routing.align_kernel, {"ids_ptr": ids, "counts_ptr": "*i64", "sorted_ptr": "*i32",
                                                        "expert_ids_ptr": "*i32"},
-                            {"E_POW2": 64, "CHUNK": moe_routing.CHUNK})
+                            {"E_POW2": 64, "CHUNK": moe_routing.CHUNK}, num_warps=moe_routing.WARPS)
         print(f"moe_routing {ids[1:]} {{'stats ptx': {len(stats) > 0}, 'align ptx': {len(align) > 0}}}")
     for name, okernel, types, meta in cases:
         plain = load_widths(okernel.kernel, types, meta)
