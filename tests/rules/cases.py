@@ -12,6 +12,8 @@ from pathlib import Path
 import torch
 import triton
 
+import tilelink
+
 HERE = Path(__file__).parent
 
 
@@ -333,3 +335,19 @@ def run_cases_warmed_up(names: list[str]) -> dict[str, str | float]:
 #: every launch harness of this module, by name (case functions are named <rule>_<case>)
 CASES = {name: fn for name, fn in globals().items()
          if name.startswith(("all_gather_", "reduce_scatter_")) and callable(fn)}
+
+
+def moe_down_too_large():
+    """A top-k reduce-scatter whose partial sums would hold 2**31 elements (65536 tokens x top-128 x 256
+    columns): refused before anything is allocated or launched. Returns the message."""
+    kernel = load_case("reduce_scatter", "moe_scatter_topk").fused_moe_down_kernel
+    M, H, topk = 65536, 256, 128
+    y = torch.empty(M // tilelink.world_size(), H)
+    tiny = torch.zeros(16)
+    ids = torch.zeros(16, dtype=torch.int32)
+    try:
+        kernel[(1,)](tiny, tiny, y, tiny, ids, ids, H, 1, 16, M * topk, topk, 1, 1, 1, 1, 1, H, 1,
+                     BLOCK_M=16, BLOCK_N=16, BLOCK_K=16)
+    except tilelink.LaunchError as exc:
+        return str(exc)
+    return "NO ERROR"

@@ -94,3 +94,10 @@ def test_moe_reduction_on_the_copy_engine(tmp_path: Path, world: int) -> None:
     assert "rs_reduce_received" in _generated(path)
     for err in tilelink.spawn(moe_down_from_file, world, str(path)):
         assert err < 1e-3, err
+
+
+def test_partial_sums_past_32_bit_offsets_are_refused() -> None:
+    from cases import moe_down_too_large
+
+    (message,) = tilelink.spawn(moe_down_too_large, 1)
+    assert "2147483648 elements (8388608 x 256)" in message and "split the call along" in message, message
