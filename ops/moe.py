@@ -36,7 +36,7 @@ from tilelink.ops.contract import (
     persistent_wanted,
     tail_split,
 )
-from tilelink.ops.moe_routing import Routing, align_tokens, as_routing, route
+from tilelink.ops.moe_routing import Routing, align_tokens, as_routing
 
 
 def moe_config(num_slots: int, num_experts: int, N: int, dtype: torch.dtype, K: int = 4096) -> dict:
@@ -202,20 +202,17 @@ def _launch(part: str, x, w, out, weights, routing: Routing, world) -> None:
 def _check_routing(op: str, topk_ids, num_experts: int, world) -> Routing:
     """The checked routing of a call (its one copy to the host: :func:`tilelink.ops.moe_routing.route`), or
     the :class:`Routing` the caller made once for both parts of a layer."""
-    routing = None
+    given = topk_ids
     if isinstance(topk_ids, Routing):
-        if topk_ids.num_experts != num_experts:
-            raise LaunchError(f"{op}: the routing was made for {topk_ids.num_experts} experts, w has {num_experts}")
-        routing, topk_ids = topk_ids, topk_ids.topk_ids
+        topk_ids = topk_ids.topk_ids
     elif not isinstance(topk_ids, torch.Tensor):
         raise LaunchError(f"{op}: topk_ids must be a (tokens, top_k) integer tensor, got {type(topk_ids).__name__}")
     if topk_ids.device.type != world.device.type:
         raise LaunchError(f"{op}: topk_ids is on {topk_ids.device}, this rank computes on {world.device}")
-    if routing is None:
-        try:
-            routing = route(topk_ids, num_experts)
-        except LaunchError as exc:
-            raise LaunchError(f"{op}: {exc}") from None
+    try:
+        routing = as_routing(given, num_experts)
+    except LaunchError as exc:
+        raise LaunchError(f"{op}: {exc}") from None
     if topk_ids.shape[0] < 1 or topk_ids.shape[1] < 1:
         raise LaunchError(f"{op}: topk_ids must route at least one token to at least one expert, got shape "
                           f"{tuple(topk_ids.shape)}")

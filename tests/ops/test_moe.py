@@ -76,7 +76,7 @@ def test_bad_inputs_raise_before_running() -> None:
     assert "NO ERROR" not in messages, messages
     expected = ["top_k=5 is larger than the 4 experts", "outside [0, 4)", "integer tensor", "expects hidden size 16",
                 "different dtypes", "must hold rows [0, 6)", "3-D", "one row per slot", "shape of topk_ids",
-                "contiguous", "topk_ids is on meta", "routing was made for 5 experts, w has 4"]
+                "contiguous", "topk_ids is on meta", "routing was made for 5 experts, not 4"]
     for message, words in zip(messages, expected, strict=True):
         assert words in message and message.startswith(("ag_moe:", "moe_rs:")), (words, message)
 
