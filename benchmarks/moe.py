@@ -236,7 +236,44 @@ def _rs_rows(partial: torch.Tensor, group) -> torch.Tensor:
     return out[:max(0, min(M, (rank + 1) * per) - rank * per)]
 
 
-def measure_dist(shape: MoEShape, world, dtype: torch.dtype, rounds: int, group) -> dict:
+#: the methods whose calls ``--profile`` records (the overlapped operators and the fused baseline)
+PROFILED = ("tilelink_ag", "fused_ag", "tilelink_rs", "fused_rs")
+
+
+def profile_calls(fns: dict, names, shape_name: str, rank: int, out: Path, group, calls: int = 5) -> dict:
+    """``calls`` calls of each method of ``names`` under ``torch.profiler`` (CPU, and CUDA on a GPU), after a
+    barrier: a Chrome trace per method and rank in ``out``, and the last call's device timeline (kernels,
+    copies, and their start relative to the call's first) in the returned dict. What the host and the
+    device spend per call, kernel by kernel (docs/PERFORMANCE.md, session 7)."""
+    import torch.distributed as dist
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = torch.cuda.is_available()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    out.mkdir(parents=True, exist_ok=True)
+    timelines = {}
+    for name in names:
+        dist.barrier(group=group)
+        with profile(activities=activities) as prof:
+            for _ in range(calls):
+                fns[name]()
+            if cuda:
+                torch.cuda.synchronize()
+        prof.export_chrome_trace(str(out / f"{shape_name}_{name}_r{rank}.json"))
+        device = [e for e in prof.events() if e.device_type.name == "CUDA"]
+        if device:
+            device.sort(key=lambda e: e.time_range.start)
+            last = device[-max(1, len(device) // calls):]  # about one call's worth
+            t0 = last[0].time_range.start
+            timelines[name] = [(round(e.time_range.start - t0, 1), round(e.time_range.elapsed_us(), 1), e.name[:80])
+                               for e in last]
+        else:
+            timelines[name] = []
+    return timelines
+
+
+def measure_dist(shape: MoEShape, world, dtype: torch.dtype, rounds: int, group,
+                 profile_dir: Path | None = None) -> dict:
     import torch.distributed as dist
 
     from tilelink.ops import ag_moe, moe_rs
@@ -291,11 +328,16 @@ def measure_dist(shape: MoEShape, world, dtype: torch.dtype, rounds: int, group)
         print(f"{shape.name}: {med} host {host_ms} err {errors}", flush=True)
     speedup = {f"{n}_vs_{b}": med[f"{b}_{p}"] / med[n] for p in ("ag", "rs") for n in (f"tilelink_{p}",)
                for b in ("torch", "fused")}
-    return {"shape": shape.name, "ms": med, "host_ms": host_ms, "times_ms": times, "rel_err": errors,
-            "speedup": speedup}
+    row = {"shape": shape.name, "ms": med, "host_ms": host_ms, "times_ms": times, "rel_err": errors,
+           "speedup": speedup}
+    if profile_dir is not None:
+        row["timeline_us"] = profile_calls(fns, PROFILED, shape.name, r, Path(profile_dir),
+                                           group or dist.group.WORLD)
+    return row
 
 
-def _dist_rows(shapes: list[MoEShape], dtype: torch.dtype, rounds: int) -> list[dict] | None:
+def _dist_rows(shapes: list[MoEShape], dtype: torch.dtype, rounds: int,
+               profile_dir: Path | None = None) -> list[dict] | None:
     """One rank of the dist mode, in an initialised world; rank 0 returns the rows."""
     import torch.distributed as dist
 
@@ -303,11 +345,12 @@ def _dist_rows(shapes: list[MoEShape], dtype: torch.dtype, rounds: int) -> list[
 
     world = current_world()
     group = dist.new_group(backend="nccl") if world.device.type == "cuda" else None
-    rows = [measure_dist(shape, world, dtype, rounds, group) for shape in shapes]
+    rows = [measure_dist(shape, world, dtype, rounds, group, profile_dir) for shape in shapes]
     return rows if world.rank == 0 else None
 
 
-def run_dist(shapes: list[MoEShape], dtype: torch.dtype, rounds: int, world: int) -> dict | None:
+def run_dist(shapes: list[MoEShape], dtype: torch.dtype, rounds: int, world: int,
+             profile_dir: Path | None = None) -> dict | None:
     """Under ``torchrun`` / ``tlxform run`` (``WORLD_SIZE`` set): this process is one rank. Otherwise
     ``world`` ranks are started here: one per GPU (NVSHMEM), or emulated on CPU processes without GPUs
     enough."""
@@ -317,18 +360,19 @@ def run_dist(shapes: list[MoEShape], dtype: torch.dtype, rounds: int, world: int
 
     if "WORLD_SIZE" in os.environ:
         tilelink.init()
-        rows = _dist_rows(shapes, dtype, rounds)
+        rows = _dist_rows(shapes, dtype, rounds, profile_dir)
         size = tilelink.world_size()
         tilelink.finalize()
     else:
-        rows = tilelink.spawn(_dist_rows, world, shapes, dtype, rounds, backend=spawn_backend(world), timeout=3600)[0]
+        rows = tilelink.spawn(_dist_rows, world, shapes, dtype, rounds, profile_dir, backend=spawn_backend(world),
+                              timeout=3600)[0]
         size = world
     return {"mode": "dist", "world": size, "dtype": str(dtype), "rounds": rounds,
             "rows": rows} if rows is not None else None
 
 
 def run(world: int, shapes: str, out: Path, dtype: str, mode: str, rounds: int, configs: bool,
-        rewritten: bool) -> Path | None:
+        rewritten: bool, profile: bool = False) -> Path | None:
     chosen = select_named(MOE_SHAPES, "MoE", shapes)
     if mode == "auto":
         mode = "dist" if torch.cuda.device_count() >= world > 1 else "compute"
@@ -337,7 +381,7 @@ def run(world: int, shapes: str, out: Path, dtype: str, mode: str, rounds: int, 
             raise SystemExit("benchmarks.moe --mode compute needs a CUDA GPU")
         record = run_compute(chosen, world, DTYPES[dtype], rounds, configs, rewritten)
     else:
-        record = run_dist(chosen, DTYPES[dtype], rounds, world)
+        record = run_dist(chosen, DTYPES[dtype], rounds, world, Path(out) / "profile" if profile else None)
         if record is None:
             return None
     record = {"benchmark": "moe", **environment(), **record}
@@ -356,8 +400,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--configs", action="store_true", help="compute mode: also time candidate tile configs")
     p.add_argument("--no-rewritten", dest="rewritten", action="store_false")
+    p.add_argument("--profile", action="store_true",
+                   help="dist mode: also profile 5 calls of each overlapped operator and fused baseline (Chrome "
+                        "traces in OUT/profile, the last call's device timeline in the JSON)")
     a = p.parse_args(argv)
-    run(a.world, a.shapes, a.out, a.dtype, a.mode, a.rounds, a.configs, a.rewritten)
+    run(a.world, a.shapes, a.out, a.dtype, a.mode, a.rounds, a.configs, a.rewritten, a.profile)
 
 
 if __name__ == "__main__":

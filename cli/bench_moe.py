@@ -18,16 +18,20 @@ from tilelink.cli.bench_cmd import _benchmarks_module
 @click.option("--dtype", type=click.Choice(["bf16", "fp16", "fp32"]), default="bf16", show_default=True)
 @click.option("--mode", type=click.Choice(["auto", "compute", "dist"]), default="auto", show_default=True,
               help="compute: one GPU, the grouped GEMMs vs dense cuBLAS on equal FLOPs and a torch loop over "
-                   "experts; dist: under torchrun on --world GPUs, ag_moe / moe_rs vs torch and vs our "
-                   "non-overlapped fused path.")
+                   "experts; dist: --world ranks (started here, one per GPU or emulated without GPUs enough; "
+                   "or under torchrun), ag_moe / moe_rs vs torch and vs our non-overlapped fused path, with "
+                   "the host's time per call.")
 @click.option("--rounds", type=click.IntRange(min=1), default=3, show_default=True,
               help="Timed repetitions per method (each a do_bench median); methods alternate order.")
 @click.option("--configs/--no-configs", default=False, show_default=True,
               help="compute mode: also time candidate tile configs.")
 @click.option("--rewritten/--no-rewritten", default=True, show_default=True,
               help="compute mode: also time the rewritten kernels with every channel satisfied.")
+@click.option("--profile/--no-profile", default=False, show_default=True,
+              help="dist mode: also profile 5 calls of each overlapped operator and of the fused path (Chrome "
+                   "traces in OUT/profile, the last call's device timeline in the JSON).")
 def command(world: int, shapes: str, out: Path, dtype: str, mode: str, rounds: int, configs: bool,
-            rewritten: bool) -> None:
+            rewritten: bool, profile: bool) -> None:
     """Tensor-parallel MoE: AG + gather + GroupGEMM and GroupGEMM + scatter + top-k reduce + RS."""
     _benchmarks_module("moe").run(world=world, shapes=shapes, out=out, dtype=dtype, mode=mode, rounds=rounds,
-                                  configs=configs, rewritten=rewritten)
+                                  configs=configs, rewritten=rewritten, profile=profile)

@@ -24,3 +24,15 @@ def test_every_method_agrees(monkeypatch) -> None:
     assert set(row["speedup"]) == {"tilelink_ag_vs_torch", "tilelink_ag_vs_fused", "tilelink_rs_vs_torch",
                                    "tilelink_rs_vs_fused"}
     assert all(t > 0 for times in row["times_ms"].values() for t in times)
+
+
+def test_profile_writes_a_trace_per_method_and_rank(monkeypatch, tmp_path) -> None:
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    record = run_dist([MoEShape("tiny", 16, 32, 16, 4, 2)], torch.float32, 1, 2, tmp_path)
+    (row,) = record["rows"]
+    names = {"tilelink_ag", "fused_ag", "tilelink_rs", "fused_rs"}
+    assert set(row["timeline_us"]) == names  # device timelines: empty without a GPU
+    assert set(row["host_ms"]) >= names and all(ms > 0 for ms in row["host_ms"].values())
+    traces = sorted(p.name for p in tmp_path.iterdir())
+    assert traces == sorted(f"tiny_{n}_r{r}.json" for n in names for r in (0, 1))
+    assert all((tmp_path / t).stat().st_size > 0 for t in traces)
