@@ -663,6 +663,16 @@ class ReduceScatterContext:
     variants: set = field(default_factory=set)  # the rewritten kernel's variants loaded (warm_up)
     satisfied: torch.Tensor | None = None  # a world of one: every wait passes
 
+    @property
+    def row_elems(self) -> int:
+        """Elements of one row of the partial sums."""
+        return math.prod(self.partial.shape[1:])
+
+    @property
+    def topk(self) -> int:
+        """Partial rows per output row: a token's top-k expert slots (MoE, one contiguous range), else 1."""
+        return self.partial.shape[0] // self.sharding.size
+
 
 class ReduceScatterLauncher(Launcher):
     """``kernel[grid](..., c_shard, ...)``: run the rewritten producer into a symmetric buffer and
@@ -714,7 +724,7 @@ class ReduceScatterLauncher(Launcher):
 
     def _consumer(self, ctx: ReduceScatterContext, world, out, barriers, table, epoch: int, dry: bool = False) -> None:
         sh = ctx.sharding
-        row_elems = math.prod(ctx.partial.shape[1:])
+        row_elems = ctx.row_elems
         if self.meta["mode"] == "push":  # the SM ring
             recv, flags = ctx.recv, ctx.recv_channel.barriers
             recv_table, flag_table = ctx.recv_table, ctx.recv_channel.peer_table
@@ -733,12 +743,11 @@ class ReduceScatterLauncher(Launcher):
         common = (ctx.partial, ctx.table, out, barriers, table, epoch, world.rank, world.world_size, sh.size,
                   sh.rows_per_rank, sh.rows_per_channel, sh.channels_per_rank, row_elems)
         self.partner("rs_pull_consumer")[grid](*common, ctx.diag.buffer, ctx.diag.budget_ns,
-                                               TOPK=ctx.partial.shape[0] // sh.size, **meta)
+                                               TOPK=ctx.topk, **meta)
 
     def _reduce(self, ctx: ReduceScatterContext, world, out, recv_barriers, barriers, epoch: int) -> None:
         sh = ctx.sharding
-        row_elems = math.prod(ctx.partial.shape[1:])
-        topk = ctx.partial.shape[0] // sh.size
+        row_elems, topk = ctx.row_elems, ctx.topk
         # the kernel's blocks: pieces of the channel's rows, or with top-k pieces of one token row each
         per_channel = (sh.rows_per_channel * cdiv(row_elems, self.BLOCK) if topk > 1
                        else cdiv(sh.rows_per_channel * row_elems, self.BLOCK))
@@ -762,8 +771,7 @@ class ReduceScatterLauncher(Launcher):
         rank's own rows stay where the GEMM wrote them (the reduction reads them there); the stream only
         waits for them, so that the reduction, launched next, starts after the GEMM's last tile."""
         sh = ctx.sharding
-        row_elems = math.prod(ctx.partial.shape[1:])
-        topk = ctx.partial.shape[0] // sh.size  # a token's rows are its top-k expert slots, one range
+        row_elems, topk = ctx.row_elems, ctx.topk
         stream = ctx.streams.side
         for step in range(1, world.world_size + 1):
             dst = (world.rank + step) % world.world_size
