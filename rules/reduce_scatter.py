@@ -185,14 +185,14 @@ def row_times_columns(an: KernelAnalysis, access) -> tuple[str, str] | None:
     return None
 
 
-def _descriptor_notify(an: KernelAnalysis, a, t, spec: ReduceScatterSpec, paired: bool) -> tuple[str, ...]:
+def _descriptor_notify(an: KernelAnalysis, a, t, spec: ReduceScatterSpec, grouped: bool) -> tuple[str, ...]:
     """The notify after a tensor-descriptor store ``desc.store([o0, o1, ...], value)``: wait for the
     asynchronous store to reach memory, then add to each channel its rows of the box times the box's
     columns inside the tensor (a descriptor store writes the part of its box inside ``shape``).
-    ``paired``: the tile loop's form (:func:`_paired_notify`), which waits for the store itself."""
+    ``grouped``: the tile loop's form (:func:`_grouped_notify`), which waits for the store itself."""
     cols = f"tlk_cols = {_box_columns(an, a, t)}"
-    if paired:
-        return (_PAIRED_COMMENT.format(dim=spec.dim), cols, *_paired_notify(t))
+    if grouped:
+        return (_GROUPED_COMMENT.format(dim=spec.dim), cols, *_grouped_notify(t))
     return (
         f"# tilelink: notify the channels whose rows this tile completed (reduce_scatter, dim {spec.dim})",
         "tll.bulk_store_wait()  # the descriptor store is asynchronous: wait until it has written memory",
@@ -219,36 +219,34 @@ def _box_columns(an: KernelAnalysis, a, t) -> str:
     return " * ".join(inner) if inner else "1"
 
 
-_PAIRED_COMMENT = ("# tilelink: notify the channels whose rows this tile completed, every second tile with the "
-                   "one before (reduce_scatter, dim {dim})")
-#: the tile loop's pending adds (first channel, its add, last channel, its add) and the tile count, carried
-#: from one notify to the next
-_PENDING = "tlk_pend_first, tlk_pend_add_first, tlk_pend_last, tlk_pend_add_last, tlk_step"
+_GROUPED_COMMENT = ("# tilelink: notify the channels whose rows this tile completed, four tiles at a time "
+                   "(reduce_scatter, dim {dim})")
+#: the tile loop's held adds (first channel, its add, last channel, its add of up to three tiles) and the
+#: tile count, carried from one notify to the next
+_PENDING = "tlk_pending"
 
 
-def _paired_notify(t) -> tuple[str, ...]:
+def _grouped_notify(t) -> tuple[str, ...]:
     """The notify of a store in a tile loop with a compile-time tile height: one barrier and one system
-    fence per two tiles (:func:`tilelink.language.producer_tile_notify_rows_paired`)."""
-    return (f"{_PENDING} = tll.producer_tile_notify_rows_paired(\n"
-            f"    tlk_barriers, tlk_step, tlk_pend_first, tlk_pend_add_first, tlk_pend_last, tlk_pend_add_last,\n"
-            f"    {t.start}, {tile_end(t)}, tlk_cols,\n"
+    fence per four tiles (:func:`tilelink.language.producer_tile_notify_rows_grouped`)."""
+    return (f"{_PENDING} = tll.producer_tile_notify_rows_grouped(\n"
+            f"    tlk_barriers, {_PENDING}, {t.start}, {tile_end(t)}, tlk_cols,\n"
             f"    {MAPPING_ARGS}, {t.size})",)
 
 
-def _paired_loop(a) -> list[Insertion]:
-    """Around the tile loop of a paired notify: nothing pending before it, what is left sent after it."""
+def _grouped_loop(a) -> list[Insertion]:
+    """Around the tile loop of a grouped notify: nothing held before it, what is left sent after it."""
     return [Insertion(a.loop, "before", (
-                "# tilelink: a tile's notify may wait for the next tile's; both then go out together",
-                f"{_PENDING} = tll.nothing_pending()")),
+                "# tilelink: a tile's adds are held until its group of four tiles is done (reduce_scatter)",
+                f"{_PENDING} = tll.no_pending_tiles()")),
             Insertion(a.loop, "after", (
-                "# tilelink: send the adds of the loop's last tile if they are still pending (reduce_scatter)",
-                "tll.producer_tile_notify_pending(tlk_barriers, tlk_pend_first, tlk_pend_add_first, tlk_pend_last, "
-                "tlk_pend_add_last)"))]
+                "# tilelink: send the adds the loop's last group still holds (reduce_scatter)",
+                f"tll.producer_tile_notify_flush(tlk_barriers, {_PENDING})"))]
 
 
-def _pairs(an: KernelAnalysis, a, t, stores) -> bool:
-    """Whether the store's notify takes the paired form: it is in a tile loop, it is the kernel's only
-    store to the reduced tensors (the pending adds are one set of loop variables: a second paired loop
+def _groups(an: KernelAnalysis, a, t, stores) -> bool:
+    """Whether the store's notify takes the grouped form: it is in a tile loop, it is the kernel's only
+    store to the reduced tensors (the pending adds are one set of loop variables: a second grouped loop
     inside or around this one would clear or resend them), and its tile height is a compile-time
     constant."""
     return (a.loop is not None and (t.size in an.constexpr_params or t.size.isdigit()) and not t.dynamic
@@ -383,15 +381,15 @@ def rewrite(an: KernelAnalysis, spec: ReduceScatterSpec, options: Options) -> Re
             continue
         columns = (separable_columns(an, a, t, spec.size or t.size_param)
                    if SCALAR_COUNTS and not t.dynamic and not a.descriptor else None)
-        paired = _pairs(an, a, t, stores) and (a.descriptor or columns is not None)
-        if paired:
-            insertions += _paired_loop(a)
+        grouped = _groups(an, a, t, stores) and (a.descriptor or columns is not None)
+        if grouped:
+            insertions += _grouped_loop(a)
             report.append(ReportEntry(an.name, RULE, "applied",
-                                      f"the tile loop at line {a.loop.line} notifies two tiles at a time (one barrier "
-                                      "and fence per two tiles; a tile's adds at most one tile late)", a.loop))
+                                      f"the tile loop at line {a.loop.line} notifies four tiles at a time (one barrier "
+                                      "and fence per four tiles; a tile's adds at most three tiles late)", a.loop))
         if a.descriptor:
-            insertions.append(Insertion(a.anchor, "after", _descriptor_notify(an, a, t, spec, paired)))
-            what = ("producer_tile_notify_rows_paired (it waits for the bulk store)" if paired
+            insertions.append(Insertion(a.anchor, "after", _descriptor_notify(an, a, t, spec, grouped)))
+            what = ("producer_tile_notify_rows_grouped (it waits for the bulk store)" if grouped
                     else "bulk_store_wait + producer_tile_notify")
             report.append(ReportEntry(an.name, RULE, "applied",
                                       f"{what} after the descriptor store at line {a.where.line} (tile rows {t.start} "
@@ -400,8 +398,8 @@ def rewrite(an: KernelAnalysis, spec: ReduceScatterSpec, options: Options) -> Re
         if t.dynamic:
             lines = (_dynamic_comment(spec), _dynamic_count(an, a, "tlk_stored ="),
                      *_dynamic_notify(t, spec))
-        elif columns is not None and paired:
-            lines = (_PAIRED_COMMENT.format(dim=spec.dim), f"tlk_cols = {columns}", *_paired_notify(t))
+        elif columns is not None and grouped:
+            lines = (_GROUPED_COMMENT.format(dim=spec.dim), f"tlk_cols = {columns}", *_grouped_notify(t))
         elif columns is not None:
             # the mask is (rows < M) & (columns < N): a channel's count is rows x valid columns, all scalar
             lines = (
@@ -424,7 +422,7 @@ def rewrite(an: KernelAnalysis, spec: ReduceScatterSpec, options: Options) -> Re
                 _NOTIFY_CHANNEL,
             )
         insertions.append(Insertion(a.anchor, "after", lines))
-        what = "producer_tile_notify_rows_paired" if paired else "producer_tile_notify"
+        what = "producer_tile_notify_rows_grouped" if grouped else "producer_tile_notify"
         report.append(ReportEntry(an.name, RULE, "applied",
                                   f"{what} after the store at line {a.where.line} "
                                   f"(tile rows {t.start} .. +{t.size})", a.where))

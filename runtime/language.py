@@ -42,9 +42,10 @@ __all__ = [
     "producer_tile_notify",
     "producer_tile_notify_channels",
     "producer_tile_notify_rows",
-    "producer_tile_notify_rows_paired",
-    "producer_tile_notify_pending",
-    "nothing_pending",
+    "producer_tile_notify_rows_grouped",
+    "producer_tile_notify_flush",
+    "no_pending_tiles",
+    "NOTIFY_EVERY",
     "peer_tile_notify",
     "peer_tile_wait",
     "peer_ptr",
@@ -64,6 +65,8 @@ KIND_WAIT_VALUE: tl.constexpr = tl.constexpr(3)
 MODE_LOCAL: tl.constexpr = tl.constexpr(0)
 MODE_P2P: tl.constexpr = tl.constexpr(1)
 MODE_BROADCAST: tl.constexpr = tl.constexpr(2)
+#: tiles per notify of :func:`producer_tile_notify_rows_grouped` (its state holds the other three)
+NOTIFY_EVERY: tl.constexpr = tl.constexpr(4)
 
 # The interpreter polls roughly 4000-6000 times a second; assuming 12000 makes a budget last at
 # least its nominal time (a late timeout is harmless, an early one is a false alarm).
@@ -123,13 +126,13 @@ def _add_release_span_interpreted(first_ptr, at_first, last_ptr, at_last, middle
 
 
 @triton.jit
-def _add_release_pending_interpreted(sync, fire, first0, at_first0, last0, at_last0, first1, at_first1, last1,
-                                     at_last1):
+def _add_release_group_interpreted(sync, fire, base, pending, first, at_first, last, at_last):
     if fire:
-        _add_release_interpreted(first0, at_first0)
-        _add_release_interpreted(last0, at_last0)
-        _add_release_interpreted(first1, at_first1)
-        _add_release_interpreted(last1, at_last1)
+        for i in tl.static_range(NOTIFY_EVERY - 1):
+            _add_release_interpreted(base + pending[1 + 4 * i], pending[2 + 4 * i])
+            _add_release_interpreted(base + pending[3 + 4 * i], pending[4 + 4 * i])
+        _add_release_interpreted(base + first, at_first)
+        _add_release_interpreted(base + last, at_last)
 
 
 @triton.jit
@@ -224,27 +227,35 @@ def _add_release_span_compiled(first_ptr, at_first, last_ptr, at_last, middle_pt
     tl.atomic_add(middle_ptrs, at_middle, mask=inside, sem="release", scope="sys")
 
 
+def _group_release_asm(pairs: int) -> str:
+    # operands: $0 out, $1 sync, $2 fire, then (address, add) for each pair
+    adds = " ".join(f"setp.ne.and.u64 %tlk_p, ${4 + 2 * i}, 0, %tlk_t0; "
+                    f"@%tlk_p red.relaxed.sys.global.add.u64 [${3 + 2 * i}], ${4 + 2 * i};" for i in range(pairs))
+    return ("{ .reg .pred %tlk_sync, %tlk_t0, %tlk_p; .reg .b32 %tlk_tid; setp.ne.u32 %tlk_sync, $1, 0; "
+            "mov.u32 %tlk_tid, %tid.x; setp.eq.u32 %tlk_t0, %tlk_tid, 0; setp.ne.and.u32 %tlk_t0, $2, 0, %tlk_t0; "
+            "@%tlk_sync cp.async.bulk.wait_group 0; @%tlk_sync fence.proxy.async.global; @%tlk_sync bar.sync 15; "
+            f"@%tlk_t0 fence.acq_rel.sys; {adds} mov.u32 $0, 0; }}")
+
+
+#: a grouped notify releases two adds (first and last channel) per tile of the group
+_GROUP_ASM: tl.constexpr = tl.constexpr(_group_release_asm(2 * NOTIFY_EVERY))
+_GROUP_CONSTRAINTS: tl.constexpr = tl.constexpr("=r,r,r" + ",l,l" * (2 * NOTIFY_EVERY))
+
+
 @triton.jit
-def _add_release_pending_compiled(sync, fire, first0, at_first0, last0, at_last0, first1, at_first1, last1,
-                                  at_last1):
+def _add_release_group_compiled(sync, fire, base, pending, first, at_first, last, at_last):
     # When ``sync`` (the same on every thread, so the predicated barrier is met by all or none): the
     # program's bulk stores have written memory and every thread meets; when also ``fire``, thread 0 issues
-    # one release fence and the non-zero adds to two tiles' first and last channels. No loop, no branch: a
-    # flattened tile loop stays flattened.
+    # one release fence and the non-zero adds of the pending tiles and of this one (first and last channel
+    # each). No loop, no branch: a flattened tile loop stays flattened.
+    wide = tl.full((), 0, tl.int64)
     tl.inline_asm_elementwise(
-        "{ .reg .pred %tlk_sync, %tlk_t0, %tlk_p; .reg .b32 %tlk_tid; setp.ne.u32 %tlk_sync, $1, 0; "
-        "mov.u32 %tlk_tid, %tid.x; setp.eq.u32 %tlk_t0, %tlk_tid, 0; setp.ne.and.u32 %tlk_t0, $2, 0, %tlk_t0; "
-        "@%tlk_sync cp.async.bulk.wait_group 0; @%tlk_sync fence.proxy.async.global; @%tlk_sync bar.sync 15; "
-        "@%tlk_t0 fence.acq_rel.sys; "
-        "setp.ne.and.u64 %tlk_p, $4, 0, %tlk_t0; @%tlk_p red.relaxed.sys.global.add.u64 [$3], $4; "
-        "setp.ne.and.u64 %tlk_p, $6, 0, %tlk_t0; @%tlk_p red.relaxed.sys.global.add.u64 [$5], $6; "
-        "setp.ne.and.u64 %tlk_p, $8, 0, %tlk_t0; @%tlk_p red.relaxed.sys.global.add.u64 [$7], $8; "
-        "setp.ne.and.u64 %tlk_p, $10, 0, %tlk_t0; @%tlk_p red.relaxed.sys.global.add.u64 [$9], $10; "
-        "mov.u32 $0, 0; }",
-        "=r,r,r,l,l,l,l,l,l,l,l",
-        [sync.to(tl.int32), fire.to(tl.int32), first0, tl.full((), 0, tl.int64) + at_first0, last0,
-         tl.full((), 0, tl.int64) + at_last0, first1, tl.full((), 0, tl.int64) + at_first1, last1,
-         tl.full((), 0, tl.int64) + at_last1],
+        _GROUP_ASM, _GROUP_CONSTRAINTS,
+        [sync.to(tl.int32), fire.to(tl.int32),
+         base + pending[1], wide + pending[2], base + pending[3], wide + pending[4],
+         base + pending[5], wide + pending[6], base + pending[7], wide + pending[8],
+         base + pending[9], wide + pending[10], base + pending[11], wide + pending[12],
+         base + first, wide + at_first, base + last, wide + at_last],
         dtype=tl.int32, is_pure=False, pack=1)
 
 
@@ -271,7 +282,7 @@ if INTERPRETED:
     _zero_token = _token_of_interpreted
     _bulk_store_wait = _bulk_store_wait_interpreted
     _add_release_span = _add_release_span_interpreted
-    _add_release_pending = _add_release_pending_interpreted
+    _add_release_group = _add_release_group_interpreted
 else:
     _spin = _spin_compiled
     _add_release = _add_release_compiled
@@ -280,7 +291,7 @@ else:
     _zero_token = _token_of
     _bulk_store_wait = _bulk_store_wait_compiled
     _add_release_span = _add_release_span_compiled
-    _add_release_pending = _add_release_pending_compiled
+    _add_release_group = _add_release_group_compiled
 
 
 # ----------------------------------------------------------------------------------------------
@@ -488,48 +499,64 @@ def producer_tile_notify_rows(barrier_ptr, row_lo, row_hi, row_elems, rows, rows
 
 
 @triton.jit
-def nothing_pending():
-    """The pending adds of :func:`producer_tile_notify_rows_paired` before a tile loop's first tile:
-    ``(pend_first, pend_add_first, pend_last, pend_add_last, step)``, typed as the loop carries them."""
-    zero = tl.full((), 0, tl.int32)
-    return zero, zero.to(tl.int64), zero, zero.to(tl.int64), zero
+def no_pending_tiles():
+    """The state of :func:`producer_tile_notify_rows_grouped` before a tile loop's first tile: ``(step,
+    then for each of the ``NOTIFY_EVERY - 1`` tiles a group may hold back: first channel, its add, last
+    channel, its add)``, typed as the loop carries them (int32 channels and step, int64 adds)."""
+    z = tl.full((), 0, tl.int32)
+    w = z.to(tl.int64)
+    return (z, z, w, z, w, z, w, z, w, z, w, z, w)
 
 
 @triton.jit
-def producer_tile_notify_rows_paired(barrier_ptr, step, pend_first, pend_add_first, pend_last, pend_add_last,
-                                     row_lo, row_hi, row_elems, rows, rows_per_rank, rows_per_channel,
-                                     channels_per_rank, MAX_ROWS: tl.constexpr):
-    """:func:`producer_tile_notify_rows` for the tiles of a loop, two at a time: at even ``step`` this
-    tile's first and last channel adds become the pending ones; at odd ``step`` the pending adds and this
-    tile's go out together, after one barrier and one system fence. Returns ``(pend_first, pend_add_first,
-    pend_last, pend_add_last, step + 1)`` (int32, int64, int32, int64, int32) for the next tile; before the
-    first, :func:`nothing_pending`; after the loop, :func:`producer_tile_notify_pending` sends what is
-    still pending. A tile's channels between its first and last (channels shorter than the tile) are
-    released at once, with a barrier of their own. Waits for the program's bulk (TMA) stores itself.
+def _held(send, here, value, kept):
+    # a pending field after this tile: cleared when the group went out, this tile's in its own slot
+    return tl.where(send, 0, tl.where(here, value, kept))
 
-    Half the barriers, waits for the bulk stores and system fences of a notify per tile, each channel's
-    adds at most one tile late: on an H200 a short-K GEMM+RS (K = 1376..1792) lost 2-4% to its notifies
-    instead of 4-5% (docs/PERFORMANCE.md). Straight-line code, so a flattened loop stays flattened. The
-    producer must not wait for anything its consumer sends before the loop ends (adds still pending)."""
-    now = (step % 2) == 1
+
+@triton.jit
+def producer_tile_notify_rows_grouped(barrier_ptr, pending, row_lo, row_hi, row_elems, rows, rows_per_rank,
+                                      rows_per_channel, channels_per_rank, MAX_ROWS: tl.constexpr):
+    """:func:`producer_tile_notify_rows` for the tiles of a loop, ``NOTIFY_EVERY`` (4) at a time: a tile's
+    first and last channel adds are held in ``pending`` until the group's last tile, then the group's adds
+    go out together after one wait for the program's bulk (TMA) stores, one barrier and one system fence.
+    Returns the state for the next tile; before the first, :func:`no_pending_tiles`; after the loop,
+    :func:`producer_tile_notify_flush` sends what is still held. A tile's channels between its first and
+    last (channels shorter than the tile) are released at once, with a barrier of their own.
+
+    Each channel's adds come at most three of the program's tiles late (a channel's tiles are spread over
+    every program, so it completes at most three tiles after its last tile). On an H200 the notify of
+    every tile cost a short-K GEMM+RS (K = 1376..1792) about 5% and one per two tiles 3-4%; one per four
+    about 2% (docs/PERFORMANCE.md). Straight-line code, so a flattened loop stays flattened. The producer
+    must not wait for anything its consumer sends before the loop ends (adds still held)."""
+    step = pending[0]
+    slot = step % NOTIFY_EVERY
+    send = slot == NOTIFY_EVERY - 1
     first, at_first, last, at_last, channel, at_middle, leads = _row_span(
         row_lo, row_hi, row_elems, rows, rows_per_rank, rows_per_channel, channels_per_rank, MAX_ROWS)
     middle = last > first + 1  # some channel may lie between the first and the last
-    _add_release_pending(now | middle, now, barrier_ptr + pend_first, pend_add_first, barrier_ptr + pend_last,
-                         pend_add_last, barrier_ptr + first, at_first, barrier_ptr + last, at_last)
+    _add_release_group(send | middle, send, barrier_ptr, pending, first, at_first, last, at_last)
     # after the barrier above (taken whenever a lane leads a middle channel), each by its lane's thread
     tl.atomic_add(barrier_ptr + channel, at_middle, mask=leads, sem="release", scope="sys")
-    return (tl.where(now, 0, first).to(tl.int32), tl.where(now, 0, at_first).to(tl.int64),
-            tl.where(now, 0, last).to(tl.int32), tl.where(now, 0, at_last).to(tl.int64), (step + 1).to(tl.int32))
+    c = first.to(tl.int32)
+    d = last.to(tl.int32)
+    a = at_first.to(tl.int64)
+    b = at_last.to(tl.int64)
+    return ((step + 1).to(tl.int32),
+            _held(send, slot == 0, c, pending[1]), _held(send, slot == 0, a, pending[2]),
+            _held(send, slot == 0, d, pending[3]), _held(send, slot == 0, b, pending[4]),
+            _held(send, slot == 1, c, pending[5]), _held(send, slot == 1, a, pending[6]),
+            _held(send, slot == 1, d, pending[7]), _held(send, slot == 1, b, pending[8]),
+            _held(send, slot == 2, c, pending[9]), _held(send, slot == 2, a, pending[10]),
+            _held(send, slot == 2, d, pending[11]), _held(send, slot == 2, b, pending[12]))
 
 
 @triton.jit
-def producer_tile_notify_pending(barrier_ptr, pend_first, pend_add_first, pend_last, pend_add_last):
-    """After a loop of :func:`producer_tile_notify_rows_paired`: wait for the program's bulk stores, then
-    send the adds still pending (there are none, and nothing is done, when both are 0)."""
-    some = (pend_add_first != 0) | (pend_add_last != 0)
-    _add_release_pending(some, some, barrier_ptr + pend_first, pend_add_first, barrier_ptr + pend_last,
-                         pend_add_last, barrier_ptr, 0, barrier_ptr, 0)
+def producer_tile_notify_flush(barrier_ptr, pending):
+    """After a loop of :func:`producer_tile_notify_rows_grouped`: wait for the program's bulk stores, then
+    send the adds still held (none, and nothing is done, when every held add is 0)."""
+    some = ((pending[2] | pending[4] | pending[6] | pending[8] | pending[10] | pending[12]) != 0)
+    _add_release_group(some, some, barrier_ptr, pending, 0, 0, 0, 0)
 
 
 @triton.jit

@@ -19,7 +19,7 @@ def _signature(kernel, types: dict[str, str], constexprs: dict) -> dict[str, str
 
 
 #: what bulk_store_wait() compiles to: the program's bulk stores have written memory, then a proxy fence
-#: (predicated in the paired notify of a tile loop)
+#: (predicated in the grouped notify of a tile loop)
 STORE_WAIT = r"(@%\w+ )?cp\.async\.bulk\.wait_group 0; (@%\w+ )?fence\.proxy\.async\.global;"
 
 

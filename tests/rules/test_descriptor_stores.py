@@ -209,7 +209,7 @@ def test_pid_indexing_tiles_of_two_heights_is_not_rotated(tmp_path: Path) -> Non
 
 def test_two_stores_in_nested_tile_loops_are_notified_tile_by_tile(tmp_path: Path) -> None:
     """A tile loop with a store, holding an inner loop with another store: their pending adds would share
-    one set of loop variables, so neither is paired; every channel gets exactly its rows."""
+    one set of loop variables, so neither is grouped; every channel gets exactly its rows."""
     module, gen = _build(tmp_path, "nested", """
         @tilelink.overlap(tilelink.reduce_scatter("c_ptr", dim=0))
         @triton.jit
@@ -225,11 +225,11 @@ def test_two_stores_in_nested_tile_loops_are_notified_tile_by_tile(tmp_path: Pat
                              tl.zeros((BM, BN), dtype=tl.float32) + 1.0,
                              mask=(rows2[:, None] < M) & (cols[None, :] < N))
         """)
-    assert "paired" not in gen.rewritten["k"]
+    assert "grouped" not in gen.rewritten["k"] and "tlk_pending" not in gen.rewritten["k"]
     _fills_with_ones(module, (1,), 64, 8, 2, 2, BM=8, BN=8)
 
 
-def test_paired_notify_compiles_with_a_64_bit_tile_start(tmp_path: Path) -> None:
+def test_grouped_notify_compiles_with_a_64_bit_tile_start(tmp_path: Path) -> None:
     """The pending adds are carried with fixed types whatever the tile start's: a 64-bit ``pid_m`` in a
     persistent loop compiles for sm_90 (a loop-carried variable may not change type)."""
     import os
@@ -247,8 +247,8 @@ def test_paired_notify_compiles_with_a_64_bit_tile_start(tmp_path: Path) -> None
                 tl.store(c_ptr + rows[:, None] * N + cols[None, :], tl.zeros((BM, BN), dtype=tl.float32) + 1.0,
                          mask=(rows[:, None] < M) & (cols[None, :] < N))
         """)
-    assert "tll.producer_tile_notify_rows_paired(" in gen.rewritten["k"]
-    assert "producer_tile_notify_rows_paired after the store at line" in str(gen.report)
+    assert "tll.producer_tile_notify_rows_grouped(" in gen.rewritten["k"]
+    assert "producer_tile_notify_rows_grouped after the store at line" in str(gen.report)
     script = tmp_path / "compile_wide.py"
     script.write_text(textwrap.dedent(f"""
         import importlib.util

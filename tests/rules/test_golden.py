@@ -77,26 +77,25 @@ def test_wait_dominates_every_guarded_load() -> None:
     assert body.count("consumer_tile_wait(") == 1  # K and V of one block share one wait
 
 
-def test_descriptor_store_in_a_tile_loop_is_notified_in_pairs_without_a_loop() -> None:
+def test_descriptor_store_in_a_tile_loop_is_notified_in_groups_without_a_loop() -> None:
     """A descriptor store in a flattened tile loop: the notify after it counts the box's columns inside C
-    and goes out every second tile with the one before (the paired primitive waits for the asynchronous
-    stores itself); no tile is pending before the loop and the last one is flushed after it; no loop is
-    added, so the flattened tile loop stays flattened."""
+    and goes out once per four tiles (the grouped primitive waits for the asynchronous stores itself);
+    nothing is held before the loop and what the last group holds is flushed after it; no loop is added,
+    so the flattened tile loop stays flattened."""
     gen = _generate(Path(__file__).parent / "reduce_scatter" / "descriptor_gemm.before.py")
     body = gen.rewritten["matmul_kernel"]
-    init = body.index("tlk_pend_first, tlk_pend_add_first, tlk_pend_last, tlk_pend_add_last, tlk_step = "
-                      "tll.nothing_pending()")
+    init = body.index("tlk_pending = tll.no_pending_tiles()")
     loop = body.index("for tile_id in tl.range(")
     store = body.index("c_desc.store(")
-    paired = body.index("= tll.producer_tile_notify_rows_paired(")
-    flush = body.index("tll.producer_tile_notify_pending(")
-    assert init < loop < store < paired < flush
+    grouped = body.index("tlk_pending = tll.producer_tile_notify_rows_grouped(")
+    flush = body.index("tll.producer_tile_notify_flush(tlk_barriers, tlk_pending)")
+    assert init < loop < store < grouped < flush
     # the flush is after the loop: at the loop's indentation, not inside it
     assert body[:flush].rsplit("\n", 1)[1] == body[:loop].rsplit("\n", 1)[1]
     # the box's columns inside C: [o, o + BLOCK_N) clipped to [0, N)
     assert "tlk_cols = tl.maximum(tl.minimum(pid_n * BLOCK_N + BLOCK_N, N) - tl.maximum(pid_n * BLOCK_N, 0), 0)" in body
     assert "for tlk_i" not in body and "flatten=True" in body
-    assert "notifies two tiles at a time" in str(gen.report)
+    assert "notifies four tiles at a time" in str(gen.report)
 
 
 def test_notify_follows_the_store() -> None:

@@ -131,30 +131,29 @@ def test_notify_rows_of_no_rows_adds_nothing() -> None:
 
 
 @triton.jit
-def _paired_kernel(barriers, starts, stop, height, cols, M, rpr, rpc, C, MAX: tl.constexpr, FLUSH: tl.constexpr):
-    pend_first, pend_add_first, pend_last, pend_add_last, step = tll.nothing_pending()
+def _grouped_kernel(barriers, starts, stop, height, cols, M, rpr, rpc, C, MAX: tl.constexpr, FLUSH: tl.constexpr):
+    pending = tll.no_pending_tiles()
     for t in range(0, stop):
         lo = tl.load(starts + t)
-        pend_first, pend_add_first, pend_last, pend_add_last, step = tll.producer_tile_notify_rows_paired(
-            barriers, step, pend_first, pend_add_first, pend_last, pend_add_last, lo, lo + height, cols, M, rpr,
-            rpc, C, MAX)
+        pending = tll.producer_tile_notify_rows_grouped(barriers, pending, lo, lo + height, cols, M, rpr, rpc, C, MAX)
     if FLUSH:
-        tll.producer_tile_notify_pending(barriers, pend_first, pend_add_first, pend_last, pend_add_last)
+        tll.producer_tile_notify_flush(barriers, pending)
 
 
 @settings(max_examples=30, deadline=None)
 @given(world=st.integers(1, 4), M=st.integers(1, 70), data=st.data())
-def test_paired_notify_adds_every_tile_once_at_most_one_tile_late(world: int, M: int, data) -> None:
-    """A loop of tiles notified two at a time: before the pending adds are sent, every tile but the last
-    of an odd count is in, and of that last one the channels strictly between its first and last (they
-    go out at once); after, every channel holds exactly what per-tile notifies would have added."""
+def test_grouped_notify_adds_every_tile_once_at_most_three_tiles_late(world: int, M: int, data) -> None:
+    """A loop of tiles notified four at a time: before the held adds are sent, every tile of a complete
+    group of four is in, and of the tiles of the last, incomplete group only the channels strictly between
+    their first and last (they go out at once); after the flush every channel holds exactly what per-tile
+    notifies would have added."""
     from tilelink.mapping import RowSharding, channel_overlap, channels_of_rows
 
     rpr = -(-M // world)
     C = data.draw(st.integers(1, rpr))
     sh = RowSharding(M, world, C)
     height = data.draw(st.sampled_from([1, 4, 8, 16]))
-    starts = data.draw(st.lists(st.integers(0, M + 3), min_size=0, max_size=7))
+    starts = data.draw(st.lists(st.integers(0, M + 3), min_size=0, max_size=11))
     cols = data.draw(st.integers(1, 9))
 
     def adds(lo: int, only_middle: bool = False) -> list[int]:
@@ -162,15 +161,15 @@ def test_paired_notify_adds_every_tile_once_at_most_one_tile_late(world: int, M:
         return [cols * channel_overlap(ch, lo, lo + height, M, sh.rows_per_rank, sh.rows_per_channel, C)
                 if not only_middle or first < ch < first + count - 1 else 0 for ch in range(world * C)]
 
-    def expected(tiles: list[int], last_middle: int | None = None) -> torch.Tensor:
-        rows = [adds(lo) for lo in tiles] + ([adds(last_middle, True)] if last_middle is not None else [])
+    def expected(tiles: list[int], held: list[int]) -> torch.Tensor:
+        rows = [adds(lo) for lo in tiles] + [adds(lo, True) for lo in held]
         return torch.tensor([sum(r[ch] for r in rows) for ch in range(world * C)], dtype=torch.int64)
 
     args = (torch.tensor(starts + [0], dtype=torch.int32), len(starts), height, cols, M, sh.rows_per_rank,
             sh.rows_per_channel, C)
     for flush in (False, True):
         barriers = torch.zeros(world * C, dtype=torch.int64)
-        _paired_kernel[(1,)](barriers, *args, MAX=16, FLUSH=flush)
-        pending = not flush and len(starts) % 2 == 1
-        want = expected(starts[:-1], starts[-1]) if pending else expected(starts)
+        _grouped_kernel[(1,)](barriers, *args, MAX=16, FLUSH=flush)
+        sent = len(starts) if flush else len(starts) - len(starts) % 4
+        want = expected(starts[:sent], starts[sent:])
         assert torch.equal(barriers, want), (flush, starts, barriers, want)

@@ -30,8 +30,8 @@ def matmul_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk,
                                        block_shape=[BLOCK_K, BLOCK_N])
     c_desc = tl.make_tensor_descriptor(c_ptr, shape=[M, N], strides=[stride_cm, stride_cn],
                                        block_shape=[BLOCK_M, BLOCK_N])
-    # tilelink: a tile's notify may wait for the next tile's; both then go out together
-    tlk_pend_first, tlk_pend_add_first, tlk_pend_last, tlk_pend_add_last, tlk_step = tll.nothing_pending()
+    # tilelink: a tile's adds are held until its group of four tiles is done (reduce_scatter)
+    tlk_pending = tll.no_pending_tiles()
     for tile_id in tl.range(tl.program_id(0), num_tiles, NUM_SMS, flatten=True):
         pid_m = tile_id // num_pid_n
         # tilelink: visit tiles in ring order (reduce_scatter)
@@ -44,14 +44,13 @@ def matmul_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk,
             b = b_desc.load([ki * BLOCK_K, pid_n * BLOCK_N])
             acc = tl.dot(a, b, acc)
         c_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], acc.to(c_ptr.dtype.element_ty))
-        # tilelink: notify the channels whose rows this tile completed, every second tile with the one before (reduce_scatter, dim 0)
+        # tilelink: notify the channels whose rows this tile completed, four tiles at a time (reduce_scatter, dim 0)
         tlk_cols = tl.maximum(tl.minimum(pid_n * BLOCK_N + BLOCK_N, N) - tl.maximum(pid_n * BLOCK_N, 0), 0)
-        tlk_pend_first, tlk_pend_add_first, tlk_pend_last, tlk_pend_add_last, tlk_step = tll.producer_tile_notify_rows_paired(
-            tlk_barriers, tlk_step, tlk_pend_first, tlk_pend_add_first, tlk_pend_last, tlk_pend_add_last,
-            pid_m * BLOCK_M, pid_m * BLOCK_M + BLOCK_M, tlk_cols,
+        tlk_pending = tll.producer_tile_notify_rows_grouped(
+            tlk_barriers, tlk_pending, pid_m * BLOCK_M, pid_m * BLOCK_M + BLOCK_M, tlk_cols,
             tlk_rows, tlk_rows_per_rank, tlk_rows_per_channel, tlk_channels_per_rank, BLOCK_M)
-    # tilelink: send the adds of the loop's last tile if they are still pending (reduce_scatter)
-    tll.producer_tile_notify_pending(tlk_barriers, tlk_pend_first, tlk_pend_add_first, tlk_pend_last, tlk_pend_add_last)
+    # tilelink: send the adds the loop's last group still holds (reduce_scatter)
+    tll.producer_tile_notify_flush(tlk_barriers, tlk_pending)
 
 
 # ----------------------------------------------------------------------------
