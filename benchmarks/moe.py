@@ -56,7 +56,8 @@ MOE_SHAPES = {s.name: s for s in (
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 PARTS = ("ag_moe", "moe_rs")
 #: candidate (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) of the grouped GEMMs, bf16 on Hopper
-CANDIDATES = ((64, 128, 64, 4, 4), (64, 256, 64, 8, 3), (128, 128, 64, 8, 4), (128, 256, 64, 8, 3))
+CANDIDATES = ((64, 128, 64, 4, 4), (64, 256, 64, 8, 3), (128, 128, 64, 8, 4), (128, 256, 64, 8, 3),
+              (128, 256, 128, 8, 2), (64, 512, 64, 8, 3))
 
 
 def random_routing(S: int, E: int, topk: int, device, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:

@@ -95,7 +95,7 @@ def sweep_config(K: int) -> dict:
     4 warps, 4 stages (one program per SM): the best of the candidates timed on an H200 at the MoE-4..6
     per-rank shapes of world 8 (K = 256, docs/PERFORMANCE.md). A longer K loops over it in 64-deep steps
     for every column tile (not timed). ``N_CHUNKS=None``: :func:`grouped_gemm` picks it from the tiles
-    (:func:`sweep_chunks`)."""
+    (:func:`sweep_plan`)."""
     small = 32 if interpreting() else 256  # the emulated world's small shapes take both forms
     one_k = K <= small
     block_k = max(16, triton.next_power_of_2(K)) if one_k else (16 if interpreting() else 64)
@@ -112,13 +112,36 @@ def sweep_config(K: int) -> dict:
 SWEEP_OVERHEAD = 1 / 8
 
 
-def sweep_chunks(m_tiles: int, programs: int, most: int = 8) -> int:
-    """Runs of column tiles per M tile for the column sweep: with ``c`` runs the ``m_tiles * c`` programs
-    take ``ceil(m_tiles * c / programs)`` waves of ``SWEEP_OVERHEAD + 1 / c`` each; the fewest runs of the
-    least time (each run is one more notify and one more gather of the rows). MoE-5 at world 8 (144 M tiles
-    on 132 SMs): 2; MoE-4 (132) and MoE-6 (339): 1."""
-    runs = [c for c in (1, 2, 4, 8) if c <= most]
-    return min(runs, key=lambda c: (triton.cdiv(m_tiles * c, programs) * (SWEEP_OVERHEAD + 1 / c), c))
+def sweep_plan(m_tiles: int, programs: int, n_tiles: int, most: int = 8) -> tuple[int, int, int]:
+    """How the column sweep splits its M tiles' columns into runs, one program per run: ``(body_tiles,
+    body_runs, tail_runs)``, the first ``body_tiles`` M tiles in ``body_runs`` runs each, the rest in
+    ``tail_runs`` runs each. Waves of programs run one after another; a wave of runs of ``1/c`` of the
+    columns takes ``SWEEP_OVERHEAD + 1/c`` of a whole sweep. Of these, the least time (then the fewest
+    programs):
+
+    - every M tile in ``c`` runs (``c`` in 1, 2, 4, 8): ``ceil(m_tiles * c / programs)`` waves;
+    - whole sweeps for the full waves of M tiles, and the last, partial wave's ``t`` tiles each in
+      ``programs // t`` runs (at most ``n_tiles``), so that it fills the SMs.
+
+    On an H200 at world 8 (132 SMs, 64 column tiles): MoE-4's 132 M tiles take one wave of whole sweeps;
+    MoE-5's 144 take 132 whole sweeps and 12 tiles in 11 runs (1.34 sweeps of time, against 1.88 for two
+    runs each); MoE-6's 339 take whole sweeps (a tail of 75 tiles has no room for a second run)."""
+    def waves(c: int) -> float:
+        return triton.cdiv(m_tiles * c, programs) * (SWEEP_OVERHEAD + 1 / c)
+
+    plans = [(waves(c), m_tiles * c, (m_tiles, c, c)) for c in (1, 2, 4, 8) if c <= max(1, min(most, n_tiles))]
+    full, tail = (m_tiles // programs) * programs, m_tiles % programs
+    if full and tail:
+        runs = max(1, min(programs // tail, n_tiles))
+        plans.append(((full // programs) * (SWEEP_OVERHEAD + 1) + SWEEP_OVERHEAD + 1 / runs, full + tail * runs,
+                      (full, 1, runs)))
+    return min(plans, key=lambda p: p[:2])[2]
+
+
+def sweep_programs(m_tiles: int, plan: tuple[int, int, int]) -> int:
+    """The programs a :func:`sweep_plan` launches."""
+    body_tiles, body_runs, tail_runs = plan
+    return body_tiles * body_runs + (m_tiles - body_tiles) * tail_runs
 
 
 def descriptor_kernel_wanted(part: str, device: torch.device, dtype: torch.dtype) -> bool:
@@ -159,11 +182,13 @@ def grouped_gemm(part: str, x, w, out, weights, sorted_ids, expert_ids, num_slot
     if persistent and part == "moe_rs":
         kernel = moe_kernels.group_gemm_rs_sweep_kernel
         m_tiles = triton.cdiv(EM, meta["BLOCK_M"])
-        if meta["N_CHUNKS"] is None:
-            meta = {**meta, "N_CHUNKS": sweep_chunks(m_tiles, _compute_sms(x.device, kernel))}
+        runs = meta.get("N_CHUNKS")  # a fixed number of runs for every M tile, or None: planned here
+        meta = {k: v for k, v in meta.items() if k != "N_CHUNKS"}
+        plan = ((m_tiles, runs, runs) if runs is not None
+                else sweep_plan(m_tiles, _compute_sms(x.device, kernel), triton.cdiv(N, meta["BLOCK_N"])))
         args = (*head, sorted_ids, expert_ids, N, K, num_slots, top_k, E, x.stride(0), x.stride(1), w.stride(0),
-                w.stride(1), w.stride(2), out.stride(0), out.stride(1))
-        return kernel, (m_tiles, meta["N_CHUNKS"]), args, meta
+                w.stride(1), w.stride(2), out.stride(0), out.stride(1), *plan)
+        return kernel, (sweep_programs(m_tiles, plan),), args, meta
     if persistent:
         kernel = moe_kernels.ag_group_gemm_persistent_kernel
         grid, launch_meta = persistent_grid(tiles, _compute_sms(x.device, kernel), meta)

@@ -178,16 +178,25 @@ def ag_group_gemm_persistent_kernel(x_ptr, w_ptr, out_ptr, sorted_slot_ids_ptr, 
 @triton.jit
 def group_gemm_rs_sweep_kernel(h_ptr, w_ptr, out_ptr, topk_weights_ptr, sorted_slot_ids_ptr, expert_ids_ptr, N, K,
                                num_slots, top_k, num_experts, stride_hm, stride_hk, stride_we, stride_wk, stride_wn,
-                               stride_om, stride_on, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                               BLOCK_K: tl.constexpr, N_CHUNKS: tl.constexpr, ONE_K: tl.constexpr):
-    """:func:`group_gemm_rs_kernel` for a short inner dimension. Program ``(m, c)`` takes the M tile ``m``
-    (BLOCK_M sorted slots of one expert) and the ``c``-th of ``N_CHUNKS`` runs of column tiles: with
-    ``ONE_K`` (``K <= BLOCK_K``) it gathers its rows of ``h`` once and reuses them for every column tile;
-    otherwise it loops over K for each. ``w`` (E, K, N) is read by a 3-D tensor descriptor (TMA on Hopper;
-    rows of 16-byte multiples). Launch ``(cdiv(EM, BLOCK_M), N_CHUNKS)`` programs."""
-    pid_m = tl.program_id(0)
+                               stride_om, stride_on, body_tiles, body_runs, tail_runs, BLOCK_M: tl.constexpr,
+                               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ONE_K: tl.constexpr):
+    """:func:`group_gemm_rs_kernel` for a short inner dimension. A program takes one M tile (BLOCK_M sorted
+    slots of one expert) and one run of its column tiles: the first ``body_tiles`` M tiles are swept in
+    ``body_runs`` runs each, the others in ``tail_runs`` runs each (a last, partial wave of M tiles cut
+    in more runs, so that it fills the SMs). With ``ONE_K`` (``K <= BLOCK_K``) a program gathers its rows
+    of ``h`` once and reuses them for every column tile; otherwise it loops over K for each. ``w`` (E, K,
+    N) is read by a 3-D tensor descriptor (TMA on Hopper; rows of 16-byte multiples). Launch
+    ``body_tiles * body_runs + (M tiles - body_tiles) * tail_runs`` programs
+    (:func:`tilelink.ops.moe.sweep_plan`)."""
+    pid = tl.program_id(0)
     num_pid_n = tl.cdiv(N, BLOCK_N)
-    per_chunk = tl.cdiv(num_pid_n, N_CHUNKS)
+    body = body_tiles * body_runs
+    in_tail = pid >= body
+    tail = tl.maximum(pid - body, 0)
+    runs = tl.where(in_tail, tail_runs, body_runs)
+    pid_m = tl.where(in_tail, body_tiles + tail // tail_runs, pid // body_runs)
+    per_chunk = tl.cdiv(num_pid_n, runs)
+    first = tl.where(in_tail, tail % tail_runs, pid % body_runs) * per_chunk
     offs_slot = tl.load(sorted_slot_ids_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
     slot_mask = offs_slot < num_slots
     expert = tl.load(expert_ids_ptr + pid_m)
@@ -199,7 +208,6 @@ def group_gemm_rs_sweep_kernel(h_ptr, w_ptr, out_ptr, topk_weights_ptr, sorted_s
                                        block_shape=[1, BLOCK_K, BLOCK_N])
     if ONE_K:
         h = tl.load(h_ptrs, mask=slot_mask[:, None] & (offs_k[None, :] < K), other=0.0)
-    first = tl.program_id(1) * per_chunk
     for pid_n in range(first, tl.minimum(first + per_chunk, num_pid_n)):
         if ONE_K:
             acc = tl.dot(h, w_desc.load([expert, 0, pid_n * BLOCK_N]).reshape(BLOCK_K, BLOCK_N))

@@ -134,22 +134,36 @@ def test_persistent_kernel_splits_its_last_wave() -> None:
         assert torch.allclose(out, ref, atol=1e-4), (out - ref).abs().max()
 
 
-def test_sweep_runs_of_columns_follow_the_waves() -> None:
-    # the column sweep's runs per M tile: the fewest that keep the last wave from idling most SMs
-    from tilelink.ops.moe import sweep_chunks
+def test_sweep_plan_fills_the_waves() -> None:
+    # the column sweep's runs: whole sweeps while they fill the SMs; a last, partial wave cut in more runs
+    from tilelink.ops.moe import SWEEP_OVERHEAD, sweep_plan, sweep_programs
 
-    assert sweep_chunks(336, 116) == 1  # MoE-6 at world 8: 2.9 waves of whole sweeps; more runs add notifies
-    assert sweep_chunks(144, 116) == 2  # MoE-5: 1.24 waves of whole sweeps would leave 88 SMs idle for one
-    assert sweep_chunks(100, 116) == 1  # one wave
-    assert sweep_chunks(117, 116, most=1) == 1
-    for tiles in range(1, 400, 7):  # never slower by the model than a single run
-        c = sweep_chunks(tiles, 132)
-        assert -(-tiles * c // 132) * (1 / 8 + 1 / c) <= -(-tiles // 132) * (1 / 8 + 1), tiles
+    assert sweep_plan(132, 132, 64) == (132, 1, 1)  # MoE-4 at world 8: one wave of whole sweeps
+    assert sweep_plan(144, 132, 64) == (132, 1, 11)  # MoE-5: 12 tiles left, each in 11 runs (132 programs)
+    assert sweep_plan(339, 132, 64) == (339, 1, 1)  # MoE-6: 75 left, no room for a second run of each
+    assert sweep_plan(100, 132, 64) == (100, 1, 1)  # one wave
+    assert sweep_plan(140, 132, 3) == (132, 1, 3)  # no more runs than column tiles
+    assert sweep_plan(117, 116, 64, most=1) == (116, 1, 64)  # 1 tile left: one program per column tile
+
+    def model(tiles: int, plan: tuple[int, int, int], programs: int) -> float:
+        body, body_runs, tail_runs = plan
+        t = -(-body * body_runs // programs) * (SWEEP_OVERHEAD + 1 / body_runs)
+        return t + (-(-(tiles - body) * tail_runs // programs) * (SWEEP_OVERHEAD + 1 / tail_runs) if tiles > body
+                    else 0)
+
+    for tiles in range(1, 400, 7):  # every M tile once, and never slower by the model than whole sweeps
+        plan = sweep_plan(tiles, 132, 64)
+        body, body_runs, tail_runs = plan
+        assert 0 < body <= tiles and body_runs >= 1 and tail_runs >= 1, (tiles, plan)
+        assert sweep_programs(tiles, plan) == body * body_runs + (tiles - body) * tail_runs
+        assert model(tiles, plan, 132) <= model(tiles, (tiles, 1, 1), 132) + 1e-9, (tiles, plan)
 
 
-def test_sweep_kernel_as_written_and_rewritten_matches_torch() -> None:
+@pytest.mark.parametrize("plan", [None, "tail"])
+def test_sweep_kernel_as_written_and_rewritten_matches_torch(plan, monkeypatch) -> None:
     # moe_rs's column sweep in one process: 3 M tiles x 3 column tiles (40 columns, the last tile partial)
-    # in 2 runs, rows gathered once (K = 24) and per K step (K = 40); rewritten with every channel satisfied
+    # rows gathered once (K = 24) and per K step (K = 40); rewritten with every channel satisfied. Every M
+    # tile in 2 runs, or (plan "tail", on 2 programs) 2 tiles swept whole and the last in 2 runs
     import torch
 
     from tilelink.ops.moe import grouped_gemm, sweep_config
@@ -159,22 +173,36 @@ def test_sweep_kernel_as_written_and_rewritten_matches_torch() -> None:
     g = torch.Generator().manual_seed(7)
     topk_ids = torch.stack([torch.randperm(E, generator=g)[:top_k] for _ in range(M)])
     weights = torch.rand(M * top_k, generator=g)
+    if plan == "tail":
+        import tilelink.ops.tp as tp
+
+        monkeypatch.setattr(tp, "_compute_sms", lambda device, kernel: 2)
     for K in (24, 40):
         h = torch.randn(M * top_k, K, generator=g)
         w = torch.randn(E, K, N, generator=g)
         meta = sweep_config(K)
+        if plan == "tail":
+            meta = {**meta, "N_CHUNKS": None}
         assert meta["ONE_K"] == (K == 24)
         sorted_ids, expert_ids = align_tokens(topk_ids, E, meta["BLOCK_M"])
+        m_tiles = sorted_ids.numel() // 16
         ref = torch.stack([h[s] @ w[topk_ids.flatten()[s]] for s in range(M * top_k)]) * weights[:, None]
         out = torch.full((M * top_k, N), float("nan"))
         okernel, grid, args, launch_meta = grouped_gemm("moe_rs", h, w, out, weights, sorted_ids, expert_ids,
                                                         M * top_k, top_k, meta, persistent=True)
-        assert grid == (sorted_ids.numel() // 16, 2)
+        if plan == "tail":
+            assert m_tiles == 3 and args[-3:] == (2, 1, 2) and grid == (4,), (m_tiles, args[-3:], grid)
+        else:
+            assert args[-3:] == (m_tiles, 2, 2) and grid == (m_tiles * 2,)
+        assert "N_CHUNKS" not in launch_meta
         for kernel, extra in ((okernel.kernel, {}),
                               (getattr(okernel.module, okernel.name), okernel.launcher.satisfied_args(M, 2, h.device))):
             out.fill_(float("nan"))
             kernel[grid](*args, **launch_meta, **extra)
             assert torch.allclose(out, ref, atol=1e-4), (K, (out - ref).abs().max())
+            if extra:  # each of the 2 channels (a rank's 10 tokens) got its tokens' top_k slot rows of N, once
+                added = extra["tlk_barriers"] - (1 << 40)
+                assert added.tolist() == [10 * top_k * N, 10 * top_k * N], added
 
 
 def test_layers_with_other_expert_counts_reuse_the_contexts() -> None:

@@ -162,7 +162,7 @@ def main() -> int:
     # moe_rs's column sweep: w by a 3-D descriptor in both forms (rows gathered once, or per K step), and one
     # releasing notify after the sweep
     for one_k, block_k in ((True, 256), (False, 64)):
-        sweep = {"BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_K": block_k, "N_CHUNKS": 2, "ONE_K": one_k, "stride_hk": 1,
+        sweep = {"BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_K": block_k, "ONE_K": one_k, "stride_hk": 1,
                  "stride_wn": 1, "stride_on": 1}
         okernel = moe_kernels.group_gemm_rs_sweep_kernel
         for variant, fn in (("plain", okernel.kernel), ("rewritten", getattr(okernel.module, okernel.name))):
