@@ -274,7 +274,11 @@ def profile_calls(fns: dict, names, shape_name: str, rank: int, out: Path, group
 
 
 def measure_dist(shape: MoEShape, world, dtype: torch.dtype, rounds: int, group,
-                 profile_dir: Path | None = None) -> dict:
+                 profile_dir: Path | None = None, routing: str = "per-call") -> dict:
+    """One shape of the dist mode on this rank. ``routing``: "per-call", every call routes ``topk_ids``
+    itself (one copy to the host, which waits for the GPU's queued work: the host cannot run ahead); "once",
+    the ``Routing`` is made once before the timed calls and passed in (as ``TPMoE`` routes once for both
+    parts of a layer, or a caller that reuses a routing): no call waits for the GPU."""
     import torch.distributed as dist
 
     from tilelink.ops import ag_moe, moe_rs
@@ -293,27 +297,34 @@ def measure_dist(shape: MoEShape, world, dtype: torch.dtype, rounds: int, group,
     h = torch.randn(M * shape.topk, inter, dtype=dtype, device=device, generator=g)
     wflat = weights.flatten().float().contiguous()
     slots = M * shape.topk
+    if routing not in ("per-call", "once"):
+        raise ValueError(f"routing must be 'per-call' or 'once', got {routing!r}")
+    given = route(topk_ids, shape.E) if routing == "once" else None
+
+    def routed():  # the routing a call works with: its own, or the one made before the timed calls
+        return given if given is not None else route(topk_ids, shape.E)
 
     def fused_ag():  # ours, not overlapped: NCCL all-gather, then the plain grouped GEMM
         x = _ag_rows(x_shard, M, group)
         out = torch.empty(slots, 2 * inter, dtype=dtype, device=device)
         persistent = descriptor_kernel_wanted("ag_moe", device, dtype)  # the kernel and tile ag_moe takes
-        routing = route(topk_ids, shape.E)  # checked and counted once, as ag_moe does
-        meta = launch_config("ag_moe", persistent, routing, shape.E, 2 * inter, dtype, shape.H, device)
-        return _grouped("ag_moe", x, w_up, out, None, routing, meta, persistent=persistent)()
+        r = routed()  # checked and counted once, as ag_moe does
+        meta = launch_config("ag_moe", persistent, r, shape.E, 2 * inter, dtype, shape.H, device)
+        return _grouped("ag_moe", x, w_up, out, None, r, meta, persistent=persistent)()
 
     def fused_rs():  # ours, not overlapped: the plain grouped GEMM, top-k sum, then NCCL reduce-scatter
         out = torch.empty(slots, shape.H, dtype=dtype, device=device)
         sweep = descriptor_kernel_wanted("moe_rs", device, dtype)  # the kernel and tile moe_rs takes
-        routing = route(topk_ids, shape.E)
-        meta = launch_config("moe_rs", sweep, routing, shape.E, shape.H, dtype, inter, device)
-        y = _grouped("moe_rs", h, w_down, out, wflat, routing, meta, persistent=sweep)()
+        r = routed()
+        meta = launch_config("moe_rs", sweep, r, shape.E, shape.H, dtype, inter, device)
+        y = _grouped("moe_rs", h, w_down, out, wflat, r, meta, persistent=sweep)()
         return _rs_rows(y.view(M, shape.topk, shape.H).sum(1), group)
 
     fns = {"torch_ag": lambda: torch_loop(_ag_rows(x_shard, M, group), w_up, topk_ids, None, True),
-           "fused_ag": fused_ag, "tilelink_ag": lambda: ag_moe(x_shard, w_up, topk_ids),
+           "fused_ag": fused_ag, "tilelink_ag": lambda: ag_moe(x_shard, w_up, given if given is not None else topk_ids),
            "torch_rs": lambda: _rs_rows(torch_loop(h, w_down, topk_ids, weights, False), group),
-           "fused_rs": fused_rs, "tilelink_rs": lambda: moe_rs(h, w_down, topk_ids, weights)}
+           "fused_rs": fused_rs,
+           "tilelink_rs": lambda: moe_rs(h, w_down, given if given is not None else topk_ids, weights)}
     errors = {"tilelink_ag": _rel_err(fns["tilelink_ag"](), fns["torch_ag"]()),
               "fused_ag": _rel_err(fns["fused_ag"](), fns["torch_ag"]())}
     ref_rs = fns["torch_rs"]()
@@ -329,8 +340,8 @@ def measure_dist(shape: MoEShape, world, dtype: torch.dtype, rounds: int, group,
         print(f"{shape.name}: {med} host {host_ms} err {errors}", flush=True)
     speedup = {f"{n}_vs_{b}": med[f"{b}_{p}"] / med[n] for p in ("ag", "rs") for n in (f"tilelink_{p}",)
                for b in ("torch", "fused")}
-    row = {"shape": shape.name, "ms": med, "host_ms": host_ms, "times_ms": times, "rel_err": errors,
-           "speedup": speedup}
+    row = {"shape": shape.name, "routing": routing, "ms": med, "host_ms": host_ms, "times_ms": times,
+           "rel_err": errors, "speedup": speedup}
     if profile_dir is not None:
         row["timeline_us"] = profile_calls(fns, PROFILED, shape.name, r, Path(profile_dir),
                                            group or dist.group.WORLD)
@@ -338,7 +349,7 @@ def measure_dist(shape: MoEShape, world, dtype: torch.dtype, rounds: int, group,
 
 
 def _dist_rows(shapes: list[MoEShape], dtype: torch.dtype, rounds: int,
-               profile_dir: Path | None = None) -> list[dict] | None:
+               profile_dir: Path | None = None, routing: str = "per-call") -> list[dict] | None:
     """One rank of the dist mode, in an initialised world; rank 0 returns the rows."""
     import torch.distributed as dist
 
@@ -346,12 +357,12 @@ def _dist_rows(shapes: list[MoEShape], dtype: torch.dtype, rounds: int,
 
     world = current_world()
     group = dist.new_group(backend="nccl") if world.device.type == "cuda" else None
-    rows = [measure_dist(shape, world, dtype, rounds, group, profile_dir) for shape in shapes]
+    rows = [measure_dist(shape, world, dtype, rounds, group, profile_dir, routing) for shape in shapes]
     return rows if world.rank == 0 else None
 
 
 def run_dist(shapes: list[MoEShape], dtype: torch.dtype, rounds: int, world: int,
-             profile_dir: Path | None = None) -> dict | None:
+             profile_dir: Path | None = None, routing: str = "per-call") -> dict | None:
     """Under ``torchrun`` / ``tlxform run`` (``WORLD_SIZE`` set): this process is one rank. Otherwise
     ``world`` ranks are started here: one per GPU (NVSHMEM), or emulated on CPU processes without GPUs
     enough."""
@@ -361,19 +372,19 @@ def run_dist(shapes: list[MoEShape], dtype: torch.dtype, rounds: int, world: int
 
     if "WORLD_SIZE" in os.environ:
         tilelink.init()
-        rows = _dist_rows(shapes, dtype, rounds, profile_dir)
+        rows = _dist_rows(shapes, dtype, rounds, profile_dir, routing)
         size = tilelink.world_size()
         tilelink.finalize()
     else:
-        rows = tilelink.spawn(_dist_rows, world, shapes, dtype, rounds, profile_dir, backend=spawn_backend(world),
-                              timeout=3600)[0]
+        rows = tilelink.spawn(_dist_rows, world, shapes, dtype, rounds, profile_dir, routing,
+                              backend=spawn_backend(world), timeout=3600)[0]
         size = world
-    return {"mode": "dist", "world": size, "dtype": str(dtype), "rounds": rounds,
+    return {"mode": "dist", "world": size, "dtype": str(dtype), "rounds": rounds, "routing": routing,
             "rows": rows} if rows is not None else None
 
 
 def run(world: int, shapes: str, out: Path, dtype: str, mode: str, rounds: int, configs: bool,
-        rewritten: bool, profile: bool = False) -> Path | None:
+        rewritten: bool, profile: bool = False, routing: str = "per-call") -> Path | None:
     chosen = select_named(MOE_SHAPES, "MoE", shapes)
     if mode == "auto":
         mode = "dist" if torch.cuda.device_count() >= world > 1 else "compute"
@@ -382,11 +393,12 @@ def run(world: int, shapes: str, out: Path, dtype: str, mode: str, rounds: int, 
             raise SystemExit("benchmarks.moe --mode compute needs a CUDA GPU")
         record = run_compute(chosen, world, DTYPES[dtype], rounds, configs, rewritten)
     else:
-        record = run_dist(chosen, DTYPES[dtype], rounds, world, Path(out) / "profile" if profile else None)
+        record = run_dist(chosen, DTYPES[dtype], rounds, world, Path(out) / "profile" if profile else None, routing)
         if record is None:
             return None
     record = {"benchmark": "moe", **environment(), **record}
-    path = write_json(Path(out) / f"moe_{mode}_w{world}_{dtype}.json", record)
+    suffix = "_routed_once" if mode == "dist" and routing == "once" else ""
+    path = write_json(Path(out) / f"moe_{mode}_w{world}_{dtype}{suffix}.json", record)
     print(f"wrote {path}")
     return path
 
@@ -404,8 +416,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--profile", action="store_true",
                    help="dist mode: also profile 5 calls of each overlapped operator and fused baseline (Chrome "
                         "traces in OUT/profile, the last call's device timeline in the JSON)")
+    p.add_argument("--routing", choices=["per-call", "once"], default="per-call",
+                   help="dist mode: every call routes topk_ids itself (one copy to the host per call), or the "
+                        "routing is made once before the timed calls and passed in")
     a = p.parse_args(argv)
-    run(a.world, a.shapes, a.out, a.dtype, a.mode, a.rounds, a.configs, a.rewritten, a.profile)
+    run(a.world, a.shapes, a.out, a.dtype, a.mode, a.rounds, a.configs, a.rewritten, a.profile, a.routing)
 
 
 if __name__ == "__main__":

@@ -30,8 +30,12 @@ from tilelink.cli.bench_cmd import _benchmarks_module
 @click.option("--profile/--no-profile", default=False, show_default=True,
               help="dist mode: also profile 5 calls of each overlapped operator and of the fused path (Chrome "
                    "traces in OUT/profile, the last call's device timeline in the JSON).")
+@click.option("--routing", type=click.Choice(["per-call", "once"]), default="per-call", show_default=True,
+              help="dist mode: every call routes topk_ids itself (one copy to the host, which waits for the "
+                   "GPU), or the routing is made once before the timed calls and passed in (as TPMoE does for "
+                   "both parts of a layer).")
 def command(world: int, shapes: str, out: Path, dtype: str, mode: str, rounds: int, configs: bool,
-            rewritten: bool, profile: bool) -> None:
+            rewritten: bool, profile: bool, routing: str) -> None:
     """Tensor-parallel MoE: AG + gather + GroupGEMM and GroupGEMM + scatter + top-k reduce + RS."""
     _benchmarks_module("moe").run(world=world, shapes=shapes, out=out, dtype=dtype, mode=mode, rounds=rounds,
-                                  configs=configs, rewritten=rewritten, profile=profile)
+                                  configs=configs, rewritten=rewritten, profile=profile, routing=routing)

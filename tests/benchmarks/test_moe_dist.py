@@ -36,3 +36,15 @@ def test_profile_writes_a_trace_per_method_and_rank(monkeypatch, tmp_path) -> No
     traces = sorted(p.name for p in tmp_path.iterdir())
     assert traces == sorted(f"tiny_{n}_r{r}.json" for n in names for r in (0, 1))
     assert all((tmp_path / t).stat().st_size > 0 for t in traces)
+
+
+def test_routing_made_once_gives_the_same_results(monkeypatch) -> None:
+    """``routing="once"``: the Routing is made before the timed calls and passed to the operators and to
+    the fused path; every method still agrees with the torch loop."""
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    record = run_dist([MoEShape("tiny", 16, 32, 16, 4, 2)], torch.float32, 1, 2, routing="once")
+    assert record["routing"] == "once"
+    (row,) = record["rows"]
+    assert row["routing"] == "once"
+    assert set(row["rel_err"]) == {"tilelink_ag", "fused_ag", "tilelink_rs", "fused_rs"}
+    assert all(err < 1e-5 for err in row["rel_err"].values()), row["rel_err"]
