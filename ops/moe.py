@@ -77,11 +77,11 @@ def persistent_ag_config(meta: dict, topk_ids: torch.Tensor | Routing, num_exper
     if interpreting() or (meta["BLOCK_M"], meta["BLOCK_N"]) != PERSISTENT_AG_TILES[0][:2]:
         return meta
     programs = _compute_sms(torch.device(device), moe_kernels.ag_group_gemm_persistent_kernel)
-    counts = as_routing(topk_ids, num_experts).host_counts
+    routing = as_routing(topk_ids, num_experts)
 
     def cost(tile) -> float:
         bm, bn, rel = tile
-        tiles = int(((counts + bm - 1) // bm).sum()) * triton.cdiv(N, bn)
+        tiles = routing.blocks(bm) * triton.cdiv(N, bn)
         waves = tiles // programs + (1 / tail_split(tiles, programs, bn) if tiles % programs else 0)
         return waves * rel
 

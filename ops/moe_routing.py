@@ -46,6 +46,11 @@ class Routing:
     flat: torch.Tensor  # the ids in slot order (contiguous), on their device
     counts: torch.Tensor  # slots per expert (num_experts,), int64, on the ids' device
     host_counts: torch.Tensor  # the same on the CPU
+    count_list: tuple[int, ...] = ()  # the same as Python ints (host arithmetic without torch ops)
+
+    def blocks(self, block: int) -> int:
+        """Blocks of ``block`` slots once each expert's slots are padded to a multiple of ``block``."""
+        return sum(-(-c // block) for c in self.count_list)
 
 
 def check_shape(topk_ids: torch.Tensor, num_experts: int) -> None:
@@ -117,10 +122,11 @@ def route(topk_ids: torch.Tensor, num_experts: int) -> Routing:
     if flat.numel():
         routing_stats_kernel[(num_experts,)](flat, flat.numel(), stats, CHUNK=CHUNK, num_warps=WARPS)
     host = stats.cpu()
-    lo, hi = int(host[0]), int(host[1])
+    values = host.tolist()
+    lo, hi = values[0], values[1]
     if lo < 0 or hi >= num_experts:
         raise LaunchError(f"topk_ids has expert ids outside [0, {num_experts}): min {lo}, max {hi}")
-    return Routing(topk_ids, num_experts, flat, stats[2:], host[2:])
+    return Routing(topk_ids, num_experts, flat, stats[2:], host[2:], tuple(values[2:]))
 
 
 def as_routing(topk_ids: torch.Tensor | Routing, num_experts: int) -> Routing:
@@ -140,7 +146,7 @@ def align_tokens(topk_ids: torch.Tensor | Routing, num_experts: int, block: int)
     routing = as_routing(topk_ids, num_experts)
     flat = routing.flat
     device = flat.device
-    blocks = int(((routing.host_counts + block - 1) // block).sum())  # from the host's counts: no copy
+    blocks = routing.blocks(block)  # from the host's counts: no copy
     sorted_ids = torch.empty(blocks * block, dtype=torch.int32, device=device)
     expert_ids = torch.empty(blocks, dtype=torch.int32, device=device)
     if blocks:  # every entry of both is written

@@ -9,6 +9,7 @@ an order where nothing waits for a kernel that has not run.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import Any
@@ -70,6 +71,12 @@ def check_vector_aligned(addresses: list[int]) -> None:
         raise LaunchError(f"a symmetric buffer's copies must start 16-byte aligned for the partner kernels' "
                           f"vector loads; these do not: {', '.join(odd)} (allocate it with "
                           f"tilelink.runtime.symmetric_empty, not as a view at an odd offset)")
+
+
+@functools.lru_cache(maxsize=64)
+def _size_code(expression: str):
+    """A ``size=`` expression compiled once (it is evaluated at every launch)."""
+    return compile(expression, "<size>", "eval")
 
 
 def variant_key(kernel, call: dict) -> tuple:
@@ -161,7 +168,7 @@ class Launcher:
         else:  # an expression of the integer arguments, e.g. "num_valid_tokens // top_k"
             scalars = {k: v for k, v in bound.items() if isinstance(v, int) and not isinstance(v, bool)}
             try:
-                value = eval(compile(name, "<size>", "eval"), {"__builtins__": {}}, scalars)  # noqa: S307
+                value = eval(_size_code(name), {"__builtins__": {}}, scalars)  # noqa: S307
             except Exception as exc:  # noqa: BLE001 - reported with the expression
                 raise LaunchError(f"{self.okernel.name}: cannot evaluate size={name!r} from the integer "
                                   f"arguments: {exc}") from None

@@ -73,6 +73,7 @@ class Diagnostics:
         self.buffer = torch.zeros(DIAG_WORDS, dtype=torch.int64, device=world.device)
         self._host: torch.Tensor | None = None  # pinned copy of the record, read without a device sync
         self._copied: torch.cuda.Event | None = None
+        self._event: torch.cuda.Event | None = None  # one event, recorded again by each check_later
         self._kernel: str | None = None
 
     def check(self, kernel: str | None = None) -> None:
@@ -92,8 +93,10 @@ class Diagnostics:
         if self._host is None:
             self._host = torch.zeros(DIAG_WORDS, dtype=torch.int64).pin_memory()
         self._host.copy_(self.buffer, non_blocking=True)
-        self._copied = torch.cuda.Event()
-        self._copied.record()
+        if self._event is None:  # made once: creating an event per call cost the launching thread
+            self._event = torch.cuda.Event()
+        self._event.record()
+        self._copied = self._event
         self._kernel = kernel
 
     def check_pending(self, block: bool = True) -> None:

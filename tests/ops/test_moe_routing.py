@@ -19,6 +19,9 @@ def test_route_counts_every_expert_and_checks_the_ids_in_one_pass():
     assert torch.equal(r.counts, ref) and torch.equal(r.host_counts, ref) and r.counts[6] == 0
     assert r.host_counts.device.type == "cpu" and r.flat.dtype == torch.int64
     assert route(ids.to(torch.int32), 7).host_counts.tolist() == ref.tolist()
+    assert r.count_list == tuple(ref.tolist())  # the host's ints: tile counts without torch ops
+    for block in (1, 4, 16):
+        assert r.blocks(block) == sum(-(-c // block) for c in ref.tolist())
     for bad, words in ((ids - 1, "min -1"), (ids + 2, "max 7"), (ids.float(), "integer tensor"),
                        (ids.flatten(), "(tokens, top_k)"), (torch.zeros(3, 8, dtype=torch.int64), "top_k=8")):
         with pytest.raises(tilelink.LaunchError, match=words.replace("(", r"\(").replace(")", r"\)")):
