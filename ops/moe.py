@@ -183,6 +183,9 @@ def grouped_gemm(part: str, x, w, out, weights, sorted_ids, expert_ids, num_slot
         kernel = moe_kernels.group_gemm_rs_sweep_kernel
         m_tiles = triton.cdiv(EM, meta["BLOCK_M"])
         runs = meta.get("N_CHUNKS")  # a fixed number of runs for every M tile, or None: planned here
+        if runs is not None and (not isinstance(runs, int) or isinstance(runs, bool) or runs < 1):
+            raise LaunchError(f"moe_rs: N_CHUNKS must be a positive int (runs of column tiles per M tile) or "
+                              f"None (planned from the waves), got {runs!r}")
         meta = {k: v for k, v in meta.items() if k != "N_CHUNKS"}
         plan = ((m_tiles, runs, runs) if runs is not None
                 else sweep_plan(m_tiles, _compute_sms(x.device, kernel), triton.cdiv(N, meta["BLOCK_N"])))

@@ -175,7 +175,7 @@ def ag_group_gemm_persistent_kernel(x_ptr, w_ptr, out_ptr, sorted_slot_ids_ptr, 
 
 @tilelink.overlap(tilelink.reduce_scatter("out_ptr", dim=0, index="sorted_slot_ids_ptr", topk="top_k",
                                           size="num_slots // top_k"), via="copy_engine", channels_per_rank=1)
-@triton.jit
+@triton.jit(do_not_specialize=["body_tiles", "body_runs", "tail_runs"])  # one variant for every plan
 def group_gemm_rs_sweep_kernel(h_ptr, w_ptr, out_ptr, topk_weights_ptr, sorted_slot_ids_ptr, expert_ids_ptr, N, K,
                                num_slots, top_k, num_experts, stride_hm, stride_hk, stride_we, stride_wk, stride_wn,
                                stride_om, stride_on, body_tiles, body_runs, tail_runs, BLOCK_M: tl.constexpr,

@@ -48,6 +48,10 @@ class Routing:
     host_counts: torch.Tensor  # the same on the CPU
     count_list: tuple[int, ...] = ()  # the same as Python ints (host arithmetic without torch ops)
 
+    def __post_init__(self) -> None:
+        if len(self.count_list) != self.num_experts:  # made without them: from the host's tensor, once
+            object.__setattr__(self, "count_list", tuple(int(c) for c in self.host_counts.tolist()))
+
     def blocks(self, block: int) -> int:
         """Blocks of ``block`` slots once each expert's slots are padded to a multiple of ``block``."""
         return sum(-(-c // block) for c in self.count_list)

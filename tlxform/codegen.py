@@ -172,10 +172,21 @@ def _is_overlap(d: cst.Decorator) -> bool:
 
 def _jit_decorator(d: cst.Decorator, extra: tuple[str, ...]) -> cst.Decorator:
     """``@triton.jit`` -> ``@triton.jit(do_not_specialize=[...])``: the channel scalars change
-    between calls (the epoch) and must not trigger a recompilation while another kernel spins."""
+    between calls (the epoch) and must not trigger a recompilation while another kernel spins. A
+    ``do_not_specialize`` the kernel already had is kept: its entries come first (a literal list or tuple
+    is extended; any other expression is unpacked into the new list)."""
     names = [p for p in extra if p not in ("tlk_barriers", "tlk_diag")]
     quoted = [f'"{n}"' for n in names]
-    rows = [", ".join(quoted[i:i + 4]) for i in range(0, len(quoted), 4)]
+    theirs: list[str] = []
+    if isinstance(d.decorator, cst.Call):
+        for a in d.decorator.args:
+            if a.keyword and a.keyword.value == "do_not_specialize":
+                if isinstance(a.value, (cst.List, cst.Tuple)):
+                    theirs = [cst.Module([]).code_for_node(e.value) for e in a.value.elements]
+                else:
+                    theirs = [f"*{cst.Module([]).code_for_node(a.value)}"]
+    entries = theirs + [q for q in quoted if q not in theirs]
+    rows = [", ".join(entries[i:i + 4]) for i in range(0, len(entries), 4)]
     value = cst.parse_expression("[\n    " + ",\n    ".join(rows) + ",\n]")
     arg = cst.Arg(value=value, keyword=cst.Name("do_not_specialize"),
                   equal=cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""),

@@ -190,6 +190,11 @@ def test_sweep_kernel_as_written_and_rewritten_matches_torch(plan, monkeypatch) 
         out = torch.full((M * top_k, N), float("nan"))
         okernel, grid, args, launch_meta = grouped_gemm("moe_rs", h, w, out, weights, sorted_ids, expert_ids,
                                                         M * top_k, top_k, meta, persistent=True)
+        if plan is None:  # a fixed number of runs must be a positive int
+            for bad in (0, -1, 1.5):
+                with pytest.raises(tilelink.LaunchError, match="N_CHUNKS must be a positive int"):
+                    grouped_gemm("moe_rs", h, w, out, weights, sorted_ids, expert_ids, M * top_k, top_k,
+                                 {**meta, "N_CHUNKS": bad}, persistent=True)
         if plan == "tail":
             assert m_tiles == 3 and args[-3:] == (2, 1, 2) and grid == (4,), (m_tiles, args[-3:], grid)
         else:

@@ -268,3 +268,26 @@ def test_grouped_notify_compiles_with_a_64_bit_tile_start(tmp_path: Path) -> Non
     env = {key: v for key, v in os.environ.items() if key != "TRITON_INTERPRET"}
     result = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0 and "compiled" in result.stdout, result.stdout + result.stderr[-3000:]
+
+
+@pytest.mark.parametrize("theirs", ['["n"]', '("n",)', "NAMES"])
+def test_a_kernels_own_do_not_specialize_is_kept(tmp_path: Path, theirs: str) -> None:
+    """``@triton.jit(do_not_specialize=...)`` on the annotated kernel: the rewritten kernel's decorator keeps
+    the kernel's own entries (a literal list or tuple, or a name: unpacked) and adds the channel scalars."""
+    module, gen = _build(tmp_path, "own_dns", f"""
+        NAMES = ["n"]
+
+        @tilelink.overlap(tilelink.reduce_scatter("c_ptr", dim=0))
+        @triton.jit(do_not_specialize={theirs})
+        def k(c_ptr, M, N, n, BM: tl.constexpr, BN: tl.constexpr):
+            rows = tl.program_id(0) * BM + tl.arange(0, BM)
+            cols = tl.arange(0, BN)
+            tl.store(c_ptr + rows[:, None] * N + cols[None, :], tl.zeros((BM, BN), dtype=tl.float32) + n,
+                     mask=(rows[:, None] < M) & (cols[None, :] < N))
+        """)
+    text = gen.text
+    decorator = text[text.index("@triton.jit(do_not_specialize=["):text.index("def k(")]
+    assert ('"n"' in decorator) != (theirs == "NAMES") and ("*NAMES" in decorator) == (theirs == "NAMES")
+    assert '"tlk_epoch"' in decorator
+    listed = eval(decorator[len("@triton.jit(do_not_specialize="):decorator.rindex(")")], vars(module))  # noqa: S307
+    assert listed[0] == "n" and listed.count("n") == 1 and "tlk_epoch" in listed and "M" not in listed, listed
