@@ -45,12 +45,12 @@ class Routing:
     num_experts: int
     flat: torch.Tensor  # the ids in slot order (contiguous), on their device
     counts: torch.Tensor  # slots per expert (num_experts,), int64, on the ids' device
-    host_counts: torch.Tensor  # the same on the CPU
-    count_list: tuple[int, ...] = ()  # the same as Python ints (host arithmetic without torch ops)
+    count_list: tuple[int, ...]  # the same on the host, as Python ints (host arithmetic without torch ops)
 
-    def __post_init__(self) -> None:
-        if len(self.count_list) != self.num_experts:  # made without them: from the host's tensor, once
-            object.__setattr__(self, "count_list", tuple(int(c) for c in self.host_counts.tolist()))
+    @property
+    def host_counts(self) -> torch.Tensor:
+        """The slots per expert as an int64 CPU tensor."""
+        return torch.tensor(self.count_list, dtype=torch.int64)
 
     def blocks(self, block: int) -> int:
         """Blocks of ``block`` slots once each expert's slots are padded to a multiple of ``block``."""
@@ -125,12 +125,10 @@ def route(topk_ids: torch.Tensor, num_experts: int) -> Routing:
     stats = torch.zeros(2 + num_experts, dtype=torch.int64, device=flat.device)
     if flat.numel():
         routing_stats_kernel[(num_experts,)](flat, flat.numel(), stats, CHUNK=CHUNK, num_warps=WARPS)
-    host = stats.cpu()
-    values = host.tolist()
-    lo, hi = values[0], values[1]
+    lo, hi, *counts = stats.tolist()
     if lo < 0 or hi >= num_experts:
         raise LaunchError(f"topk_ids has expert ids outside [0, {num_experts}): min {lo}, max {hi}")
-    return Routing(topk_ids, num_experts, flat, stats[2:], host[2:], tuple(values[2:]))
+    return Routing(topk_ids, num_experts, flat, stats[2:], tuple(counts))
 
 
 def as_routing(topk_ids: torch.Tensor | Routing, num_experts: int) -> Routing:
