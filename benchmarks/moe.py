@@ -283,7 +283,7 @@ def measure_dist(shape: MoEShape, world, dtype: torch.dtype, rounds: int, group,
 
     from tilelink.ops import ag_moe, moe_rs
     from tilelink.ops.moe import descriptor_kernel_wanted, launch_config
-    from tilelink.ops.moe_routing import route
+    from tilelink.ops.moe_routing import as_routing, route
 
     R, r, device = world.world_size, world.rank, world.device
     M, inter = shape.S, shape.I // R
@@ -299,32 +299,29 @@ def measure_dist(shape: MoEShape, world, dtype: torch.dtype, rounds: int, group,
     slots = M * shape.topk
     if routing not in ("per-call", "once"):
         raise ValueError(f"routing must be 'per-call' or 'once', got {routing!r}")
-    given = route(topk_ids, shape.E) if routing == "once" else None
-
-    def routed():  # the routing a call works with: its own, or the one made before the timed calls
-        return given if given is not None else route(topk_ids, shape.E)
+    # what every call of our paths takes: the ids (each call routes them itself), or their Routing
+    ids = route(topk_ids, shape.E) if routing == "once" else topk_ids
 
     def fused_ag():  # ours, not overlapped: NCCL all-gather, then the plain grouped GEMM
         x = _ag_rows(x_shard, M, group)
         out = torch.empty(slots, 2 * inter, dtype=dtype, device=device)
         persistent = descriptor_kernel_wanted("ag_moe", device, dtype)  # the kernel and tile ag_moe takes
-        r = routed()  # checked and counted once, as ag_moe does
-        meta = launch_config("ag_moe", persistent, r, shape.E, 2 * inter, dtype, shape.H, device)
-        return _grouped("ag_moe", x, w_up, out, None, r, meta, persistent=persistent)()
+        routed = as_routing(ids, shape.E)  # checked and counted once, as ag_moe does
+        meta = launch_config("ag_moe", persistent, routed, shape.E, 2 * inter, dtype, shape.H, device)
+        return _grouped("ag_moe", x, w_up, out, None, routed, meta, persistent=persistent)()
 
     def fused_rs():  # ours, not overlapped: the plain grouped GEMM, top-k sum, then NCCL reduce-scatter
         out = torch.empty(slots, shape.H, dtype=dtype, device=device)
         sweep = descriptor_kernel_wanted("moe_rs", device, dtype)  # the kernel and tile moe_rs takes
-        r = routed()
-        meta = launch_config("moe_rs", sweep, r, shape.E, shape.H, dtype, inter, device)
-        y = _grouped("moe_rs", h, w_down, out, wflat, r, meta, persistent=sweep)()
+        routed = as_routing(ids, shape.E)
+        meta = launch_config("moe_rs", sweep, routed, shape.E, shape.H, dtype, inter, device)
+        y = _grouped("moe_rs", h, w_down, out, wflat, routed, meta, persistent=sweep)()
         return _rs_rows(y.view(M, shape.topk, shape.H).sum(1), group)
 
     fns = {"torch_ag": lambda: torch_loop(_ag_rows(x_shard, M, group), w_up, topk_ids, None, True),
-           "fused_ag": fused_ag, "tilelink_ag": lambda: ag_moe(x_shard, w_up, given if given is not None else topk_ids),
+           "fused_ag": fused_ag, "tilelink_ag": lambda: ag_moe(x_shard, w_up, ids),
            "torch_rs": lambda: _rs_rows(torch_loop(h, w_down, topk_ids, weights, False), group),
-           "fused_rs": fused_rs,
-           "tilelink_rs": lambda: moe_rs(h, w_down, given if given is not None else topk_ids, weights)}
+           "fused_rs": fused_rs, "tilelink_rs": lambda: moe_rs(h, w_down, ids, weights)}
     errors = {"tilelink_ag": _rel_err(fns["tilelink_ag"](), fns["torch_ag"]()),
               "fused_ag": _rel_err(fns["fused_ag"](), fns["torch_ag"]())}
     ref_rs = fns["torch_rs"]()
