@@ -95,7 +95,9 @@ def _rebuild_exception(rank: int, info: dict[str, Any]) -> BaseException:
     exc: BaseException | None = None
     if cls is not None and not issubclass(cls, TileLinkError):
         with contextlib.suppress(TypeError):
-            cls = type(cls.__name__, (RankFailedError, cls), {"__module__": cls.__module__})
+            # its message is the rank's header and traceback, whatever the original type's __str__ shows
+            cls = type(cls.__name__, (RankFailedError, cls), {"__module__": cls.__module__,
+                                                               "__str__": BaseException.__str__})
     if cls is not None and issubclass(cls, TileLinkError):
         with contextlib.suppress(Exception):
             exc = cls.__new__(cls)

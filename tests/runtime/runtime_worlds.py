@@ -316,6 +316,10 @@ def raise_on(rank: int, exc_type: str) -> int:
     if runtime.current_world().rank == rank:
         if exc_type == "assert":
             raise AssertionError(f"deliberate failure on rank {rank}")
+        if exc_type == "interpreter":  # Triton's interpreter errors print only their own message
+            from triton.runtime.errors import InterpreterError
+
+            raise InterpreterError(f"ValueError('deliberate interpreter failure on rank {rank}')")
         raise tilelink.LaunchError(f"deliberate launch error on rank {rank}")
     return runtime.current_world().rank
 

@@ -61,6 +61,12 @@ def test_failing_rank_raises_in_parent_with_its_traceback():
     assert info.value.rank == 1 and "raise_on" in info.value.rank_traceback
     with pytest.raises(tilelink.LaunchError, match="rank 0 failed"):
         tilelink.spawn(runtime_worlds.raise_on, 1, 0, "launch")
+    # an exception type whose str() shows only its own field still shows the rank and where it was raised
+    from triton.runtime.errors import InterpreterError
+
+    with pytest.raises(InterpreterError) as info:
+        tilelink.spawn(runtime_worlds.raise_on, 2, 1, "interpreter")
+    assert "rank 1 failed" in str(info.value) and "in raise_on" in str(info.value), str(info.value)
 
 
 def test_spawn_timeout_names_pending_ranks(capfd):
