@@ -35,6 +35,15 @@ def test_ag_moe_and_moe_rs_two_ranks_bf16() -> None:
         assert all(err < 2e-2 for err in per_rank.values()), per_rank
 
 
+@pytest.mark.parametrize("world", [4, 8])
+def test_ag_moe_and_moe_rs_more_ranks_bf16(world: int) -> None:
+    """4 and 8 ranks on the one GPU: M=333 tokens (not a multiple of either), H=256, I=384 (48 rows per rank
+    at 8), E=8, top-2, random and skewed routings, each called twice."""
+    for per_rank in tilelink.spawn(parts_match_torch, world, 333, 256, 384, 8, 2, ["random", "skewed"], "bfloat16",
+                                   2, backend="nvshmem"):
+        assert all(err < 2e-2 for err in per_rank.values()), per_rank
+
+
 def test_tp_moe_two_ranks_bf16_shared_expert() -> None:
     for err in tilelink.spawn(layer_matches_torch, 2, 300, 256, 320, 8, 2, True, "bfloat16", backend="nvshmem"):
         assert err < 3e-2

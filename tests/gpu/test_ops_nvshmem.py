@@ -21,7 +21,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
                                                   reason="needs an NVIDIA GPU (run tests/gpu/run.sh on the device)")]
 
 
-@pytest.mark.parametrize("world", [1, 2, 4])
+@pytest.mark.parametrize("world", [1, 2, 4, 8])
 def test_ops_bf16_scaled_mlp1(world: int) -> None:
     """MLP-1 scaled down (H=512, I=1376 -> AG N=2*I/R) with M not divisible by the world size."""
     n = 2 * 1376 // world
