@@ -36,9 +36,10 @@ def test_ag_moe_and_moe_rs_two_ranks_bf16() -> None:
 
 
 @pytest.mark.parametrize("world", [4, 8])
-def test_ag_moe_and_moe_rs_more_ranks_bf16(world: int) -> None:
+def test_ag_moe_and_moe_rs_more_ranks_bf16(world: int, heap_for_ranks) -> None:
     """4 and 8 ranks on the one GPU: M=333 tokens (not a multiple of either), H=256, I=384 (48 rows per rank
     at 8), E=8, top-2, random and skewed routings, each called twice."""
+    heap_for_ranks(world)
     for per_rank in tilelink.spawn(parts_match_torch, world, 333, 256, 384, 8, 2, ["random", "skewed"], "bfloat16",
                                    2, backend="nvshmem"):
         assert all(err < 2e-2 for err in per_rank.values()), per_rank

@@ -113,7 +113,8 @@ def backend_suite(backend):
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 4, 8])
-def test_backend_world(world_size):
+def test_backend_world(world_size, heap_for_ranks):
+    heap_for_ranks(world_size)
     results = run_world(backend_suite, world_size, timeout=240)
     for r, out in enumerate(results):
         n = world_size

@@ -13,7 +13,8 @@ from ranks import run_world
 
 
 @pytest.mark.parametrize("world_size", [2, 4, 8])
-def test_put_signal_ring(world_size):
+def test_put_signal_ring(world_size, heap_for_ranks):
+    heap_for_ranks(world_size)
     results = run_world(ring_put_signal, world_size, timeout=300)
     for r, out in enumerate(results):
         assert out["pe"] == [r, world_size]

@@ -22,8 +22,9 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 
 
 @pytest.mark.parametrize("world", [1, 2, 4, 8])
-def test_ops_bf16_scaled_mlp1(world: int) -> None:
+def test_ops_bf16_scaled_mlp1(world: int, heap_for_ranks) -> None:
     """MLP-1 scaled down (H=512, I=1376 -> AG N=2*I/R) with M not divisible by the world size."""
+    heap_for_ranks(world)
     n = 2 * 1376 // world
     for per_rank in tilelink.spawn(ops_match_torch, world, 1000, n, 512, "bfloat16", backend="nvshmem"):
         assert all(err < 1e-2 for err in per_rank.values()), per_rank
