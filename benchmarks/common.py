@@ -177,10 +177,10 @@ def time_ms_agreed(fn: Callable[[], object], device_type: str, group, warmup_ms:
         fn()
     calls = max(3, int(rep_ms / per_call))
     if not cuda:
-        samples = [call_ms() for _ in range(calls)]
+        median = statistics.median(call_ms() for _ in range(calls))
         if host is not None:
-            host.append(statistics.median(samples))
-        return statistics.median(samples)
+            host.append(median)
+        return median
     torch.cuda.synchronize()
     events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(calls)]
     enqueue = time.perf_counter()

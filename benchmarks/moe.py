@@ -285,6 +285,8 @@ def measure_dist(shape: MoEShape, world, dtype: torch.dtype, rounds: int, group,
     from tilelink.ops.moe import descriptor_kernel_wanted, launch_config
     from tilelink.ops.moe_routing import as_routing, route
 
+    if routing not in ("per-call", "once"):
+        raise ValueError(f"routing must be 'per-call' or 'once', got {routing!r}")
     R, r, device = world.world_size, world.rank, world.device
     M, inter = shape.S, shape.I // R
     per = -(-M // R)
@@ -297,8 +299,6 @@ def measure_dist(shape: MoEShape, world, dtype: torch.dtype, rounds: int, group,
     h = torch.randn(M * shape.topk, inter, dtype=dtype, device=device, generator=g)
     wflat = weights.flatten().float().contiguous()
     slots = M * shape.topk
-    if routing not in ("per-call", "once"):
-        raise ValueError(f"routing must be 'per-call' or 'once', got {routing!r}")
     # what every call of our paths takes: the ids (each call routes them itself), or their Routing
     ids = route(topk_ids, shape.E) if routing == "once" else topk_ids
 
