@@ -19,7 +19,15 @@ Modes:
   the torch reference (torch.distributed all-gather, loop over experts, reduce-scatter) and against our
   own non-overlapped path (the same grouped GEMM, then torch.distributed all-gather / reduce-scatter).
 
-Routing: each token picks ``topk`` distinct experts uniformly at random (seeded).
+Routing: each token picks ``topk`` distinct experts uniformly at random (seeded). ``--expert-routing``
+(compute mode) also takes two routings that give every expert the same number of slots (no padding beyond
+the last tile of the whole problem): ``balanced`` (token ``t``'s ``k``-th expert is ``(t*topk + k) mod E``,
+so a token's experts are neighbours) and ``equal`` (the balanced rows given to the tokens in a random order:
+every expert the same count, a token's experts and each expert's tokens random). Against ``random`` they
+separate what the padding of uneven experts costs from what a random gather costs (docs/PERFORMANCE.md,
+session 10). Compute mode also times ``triton_dense``: our own autotuned dense Triton GEMM
+(:func:`tilelink.ops.gemm.matmul`) on the same dense problem as cuBLAS, the rate a Triton kernel reaches
+without a gather, padding or scatter.
 
 Run: ``python -m benchmarks.moe --mode compute --world 8 --shapes 4,5,6 --rounds 2 --out results/``.
 """
@@ -66,6 +74,28 @@ def random_routing(S: int, E: int, topk: int, device, seed: int = 0) -> tuple[to
     ids = torch.rand(S, E, generator=g, device=device).topk(topk, dim=-1).indices
     w = torch.rand(S, topk, generator=g, device=device)
     return ids, w / w.sum(-1, keepdim=True)
+
+
+#: the routings of ``--expert-routing`` (see the module docstring)
+EXPERT_ROUTINGS = ("random", "balanced", "equal")
+
+
+def expert_routing(kind: str, S: int, E: int, topk: int, device, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """(topk_ids (S, topk), weights (S, topk)) of routing ``kind`` of :data:`EXPERT_ROUTINGS`: ``topk``
+    distinct experts per token (``topk <= E``), weights summing to 1 (those of :func:`random_routing` for
+    every kind). With ``balanced`` and ``equal`` every expert gets the same number of slots when ``E``
+    divides ``S * topk``."""
+    if kind not in EXPERT_ROUTINGS:
+        raise ValueError(f"expert routing must be one of {', '.join(EXPERT_ROUTINGS)}, got {kind!r}")
+    ids, weights = random_routing(S, E, topk, device, seed)
+    if kind == "random":
+        return ids, weights
+    slot = torch.arange(S * topk, device=device).view(S, topk)
+    ids = slot % E  # balanced: consecutive slots on consecutive experts, so a token's experts are distinct
+    if kind == "equal":
+        g = torch.Generator(device=device).manual_seed(seed + 1)
+        ids = ids[torch.randperm(S, generator=g, device=device)]
+    return ids, weights
 
 
 def per_rank_problem(shape: MoEShape, part: str, world: int) -> tuple[int, int, int]:
@@ -124,13 +154,15 @@ def _rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 def measure_compute(shape: MoEShape, part: str, world: int, dtype: torch.dtype, rounds: int, sweep: bool,
-                    rewritten: bool, device: str = "cuda") -> dict:
+                    rewritten: bool, device: str = "cuda", routing: str = "random") -> dict:
+    from tilelink.ops.gemm import matmul
     from tilelink.ops.moe import moe_config, persistent_ag_config, sweep_config
+    from tilelink.ops.moe_routing import route
 
     device = torch.device(device)
     slots, N, K = per_rank_problem(shape, part, world)
     g = torch.Generator(device=device).manual_seed(1)
-    topk_ids, weights = random_routing(shape.S, shape.E, shape.topk, device)
+    topk_ids, weights = expert_routing(routing, shape.S, shape.E, shape.topk, device)
     rows = shape.S if part == "ag_moe" else slots
     x = torch.randn(rows, K, dtype=dtype, device=device, generator=g)
     w = torch.randn(shape.E, K, N, dtype=dtype, device=device, generator=g) / K**0.5
@@ -145,7 +177,7 @@ def measure_compute(shape: MoEShape, part: str, world: int, dtype: torch.dtype, 
         return _grouped(part, x, w, out, wflat, topk_ids, cfg, persistent=persistent, rewritten=rewritten,
                         rows=shape.S, world=world)
 
-    fns = {"cublas_dense": functools.partial(torch.matmul, a, b),
+    fns = {"cublas_dense": functools.partial(torch.matmul, a, b), "triton_dense": functools.partial(matmul, a, b),
            "torch_loop": functools.partial(torch_loop, x, w, topk_ids, weights if part == "moe_rs" else None,
                                            part == "ag_moe"),
            "plain": grouped(meta, False)}
@@ -171,7 +203,7 @@ def measure_compute(shape: MoEShape, part: str, world: int, dtype: torch.dtype, 
     if part == "moe_rs":
         ref = ref * wflat[:, None]
     errors, failed = {}, []
-    for name in [n for n in fns if n not in ("cublas_dense", "torch_loop")]:
+    for name in [n for n in fns if n not in ("cublas_dense", "triton_dense", "torch_loop")]:
         try:
             errors[name] = _rel_err(fns[name](), ref)
         except Exception as exc:  # noqa: BLE001 - a config that cannot compile is reported, not fatal
@@ -180,17 +212,24 @@ def measure_compute(shape: MoEShape, part: str, world: int, dtype: torch.dtype, 
     times = side_by_side(fns, rounds, device.type)
     med = {n: statistics.median(t) for n, t in times.items()}
     flops = 2 * slots * N * K
-    row = {"shape": shape.name, "part": part, "slots": slots, "N": N, "K": K, "E": shape.E, "topk": shape.topk,
-           "config": meta, "persistent_config": pmeta, "ms": med, "times_ms": times,
+    counted = route(topk_ids, shape.E)
+    row = {"shape": shape.name, "part": part, "routing": routing, "slots": slots, "N": N, "K": K, "E": shape.E,
+           "topk": shape.topk, "config": meta, "persistent_config": pmeta, "ms": med, "times_ms": times,
+           # the rows each kernel computes beyond the slots: every expert padded to its tile height
+           "padded_rows": {n: counted.blocks(c["BLOCK_M"]) * c["BLOCK_M"] - slots
+                           for n, c in (("plain", meta), ("persistent", pmeta))},
            "tflops": {n: flops / (t * 1e-3) / 1e12 for n, t in med.items()},
            "rate_vs_cublas_dense": {n: med["cublas_dense"] / t for n, t in med.items() if n != "cublas_dense"},
            "speedup_vs_torch_loop": {n: med["torch_loop"] / t for n, t in med.items() if n != "torch_loop"},
            "rel_err_vs_fp32_loop": errors, "failed_configs": failed, "sweep_configs": names}
-    best = min((n for n in med if n not in ("cublas_dense", "torch_loop") and "rewritten" not in n), key=med.get)
+    best = min((n for n in med if n not in ("cublas_dense", "triton_dense", "torch_loop") and "rewritten" not in n),
+               key=med.get)
     row["best_plain"] = best
     rates = row["rate_vs_cublas_dense"]
-    print(f"{shape.name} {part} slots={slots} N={N} K={K}: cublas {med['cublas_dense']:.3f} ms; rate vs cuBLAS: "
-          + ", ".join(f"{n} {rates[n]:.3f}" for n in ("plain", "rewritten", "persistent", "persistent_rewritten")
+    print(f"{shape.name} {part} ({routing} routing) slots={slots} N={N} K={K}: cublas {med['cublas_dense']:.3f} ms; "
+          "rate vs cuBLAS: "
+          + ", ".join(f"{n} {rates[n]:.3f}" for n in ("triton_dense", "plain", "rewritten", "persistent",
+                                                      "persistent_rewritten")
                       if n in rates) + f"; best {best} "
           f"{med[best]:.3f} ms (rate {row['rate_vs_cublas_dense'][best]:.3f}), torch loop {med['torch_loop']:.3f} ms; "
           f"err {errors}; failed {failed}", flush=True)
@@ -198,13 +237,13 @@ def measure_compute(shape: MoEShape, part: str, world: int, dtype: torch.dtype, 
 
 
 def run_compute(shapes: list[MoEShape], world: int, dtype: torch.dtype, rounds: int, configs: bool,
-                rewritten: bool) -> dict:
+                rewritten: bool, routing: str = "random") -> dict:
     rows = []
     for shape in shapes:
         for part in PARTS:
-            rows.append(measure_compute(shape, part, world, dtype, rounds, configs, rewritten))
+            rows.append(measure_compute(shape, part, world, dtype, rounds, configs, rewritten, routing=routing))
             torch.cuda.empty_cache()
-    return {"mode": "compute", "world": world, "dtype": str(dtype), "rounds": rounds,
+    return {"mode": "compute", "world": world, "dtype": str(dtype), "rounds": rounds, "expert_routing": routing,
             "sm_count": torch.cuda.get_device_properties(0).multi_processor_count, "rows": rows,
             "note": "rate = cuBLAS dense (slots, K) @ (K, N) median ms / ours (equal useful FLOPs; ours also pays "
                     "the per-expert padding and the gather); medians of triton.testing.do_bench medians (warmup "
@@ -381,20 +420,26 @@ def run_dist(shapes: list[MoEShape], dtype: torch.dtype, rounds: int, world: int
 
 
 def run(world: int, shapes: str, out: Path, dtype: str, mode: str, rounds: int, configs: bool,
-        rewritten: bool, profile: bool = False, routing: str = "per-call") -> Path | None:
+        rewritten: bool, profile: bool = False, routing: str = "per-call",
+        expert_routing_kind: str = "random") -> Path | None:
     chosen = select_named(MOE_SHAPES, "MoE", shapes)
+    if expert_routing_kind not in EXPERT_ROUTINGS:
+        raise SystemExit(f"--expert-routing must be one of {', '.join(EXPERT_ROUTINGS)}")
     if mode == "auto":
         mode = "dist" if torch.cuda.device_count() >= world > 1 else "compute"
     if mode == "compute":
         if not torch.cuda.is_available():
             raise SystemExit("benchmarks.moe --mode compute needs a CUDA GPU")
-        record = run_compute(chosen, world, DTYPES[dtype], rounds, configs, rewritten)
+        record = run_compute(chosen, world, DTYPES[dtype], rounds, configs, rewritten, expert_routing_kind)
     else:
+        if expert_routing_kind != "random":
+            raise SystemExit("--expert-routing is for --mode compute; the dist mode routes at random")
         record = run_dist(chosen, DTYPES[dtype], rounds, world, Path(out) / "profile" if profile else None, routing)
         if record is None:
             return None
     record = {"benchmark": "moe", **environment(), **record}
-    suffix = "_routed_once" if mode == "dist" and routing == "once" else ""
+    suffix = ("_routed_once" if mode == "dist" and routing == "once" else
+              f"_{expert_routing_kind}_routing" if expert_routing_kind != "random" else "")
     path = write_json(Path(out) / f"moe_{mode}_w{world}_{dtype}{suffix}.json", record)
     print(f"wrote {path}")
     return path
@@ -416,8 +461,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--routing", choices=["per-call", "once"], default="per-call",
                    help="dist mode: every call routes topk_ids itself (one copy to the host per call), or the "
                         "routing is made once before the timed calls and passed in")
+    p.add_argument("--expert-routing", choices=EXPERT_ROUTINGS, default="random",
+                   help="compute mode: which experts the tokens pick: at random, or every expert the same count "
+                        "(balanced: a token's experts neighbours; equal: in a random order)")
     a = p.parse_args(argv)
-    run(a.world, a.shapes, a.out, a.dtype, a.mode, a.rounds, a.configs, a.rewritten, a.profile, a.routing)
+    run(a.world, a.shapes, a.out, a.dtype, a.mode, a.rounds, a.configs, a.rewritten, a.profile, a.routing,
+        a.expert_routing)
 
 
 if __name__ == "__main__":
