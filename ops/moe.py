@@ -64,6 +64,27 @@ def moe_config(num_slots: int, num_experts: int, N: int, dtype: torch.dtype, K: 
 PERSISTENT_AG_TILES = ((128, 256, 1.0), (64, 512, 1.03))
 
 
+#: the deepest pipeline of the persistent AG kernel's last-wave pieces (``TAIL_STAGES``, see :func:`tail_stages`):
+#: on an H200 (MoE-5 at world 8, random routing, 24 last tiles in four 128x64 pieces, K = 4096) 6 stages took
+#: the kernel from 0.722 to 0.752 of dense cuBLAS, 8 to 0.747 (docs/PERFORMANCE.md, session 10)
+TAIL_STAGES = 6
+
+
+def tail_stages(meta: dict) -> int | None:
+    """``TAIL_STAGES`` for the persistent AG kernel launched with ``meta`` (``TAIL_SPLIT`` set): when the last
+    wave is cut in column pieces, the deepest pipeline up to :data:`TAIL_STAGES` whose stages take no more
+    shared memory than the whole tiles' ``num_stages`` (the two loops share it); None (the kernel's
+    ``num_stages``) when that is no deeper, or when the last wave runs whole tiles: there an explicit
+    depth made Triton 3.6 keep both loops' buffers apart (384 KiB for 128x256, more than an H200 has)."""
+    split = meta["TAIL_SPLIT"]
+    if split == 1:
+        return None
+    stages = meta.get("num_stages", 3)  # Triton's default
+    bm, bn = meta["BLOCK_M"], meta["BLOCK_N"]
+    deepest = min(TAIL_STAGES, stages * (bm + bn) // (bm + bn // split))  # a stage: BLOCK_K x (rows + columns)
+    return deepest if deepest > stages else None
+
+
 def persistent_ag_config(meta: dict, topk_ids: torch.Tensor | Routing, num_experts: int, N: int, device) -> dict:
     """The tile of the persistent AG grouped GEMM for this routing: of :data:`PERSISTENT_AG_TILES`, the
     one whose tiles (each expert padded to the tile height) leave the least of a wave idle, the last wave
@@ -195,6 +216,9 @@ def grouped_gemm(part: str, x, w, out, weights, sorted_ids, expert_ids, num_slot
     if persistent:
         kernel = moe_kernels.ag_group_gemm_persistent_kernel
         grid, launch_meta = persistent_grid(tiles, _compute_sms(x.device, kernel), meta)
+        stages = tail_stages(launch_meta)
+        if stages is not None:
+            launch_meta["TAIL_STAGES"] = stages
         args = (*head, *routing, E, x.stride(0), x.stride(1), w.stride(0), w.stride(1), w.stride(2), out.stride(0),
                 out.stride(1))
         return kernel, grid, args, launch_meta

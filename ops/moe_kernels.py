@@ -117,12 +117,14 @@ def ag_group_gemm_persistent_kernel(x_ptr, w_ptr, out_ptr, sorted_slot_ids_ptr, 
                                     top_k, num_experts, stride_xm, stride_xk, stride_we, stride_wk, stride_wn,
                                     stride_om, stride_on, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                                     BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, NUM_SMS: tl.constexpr,
-                                    TAIL_SPLIT: tl.constexpr = 1):
+                                    TAIL_SPLIT: tl.constexpr = 1, TAIL_STAGES: tl.constexpr = None):
     """:func:`ag_group_gemm_kernel`, persistent (``NUM_SMS`` programs stride over the tiles) with the
     expert weights read by a 3-D tensor descriptor over ``w`` (E, K, N): TMA loads of ``w`` on Hopper,
     the gathered rows of ``x`` by pointers. Launch ``min(NUM_SMS, tiles * TAIL_SPLIT)`` programs.
     The gather runs on the copy engine, so the persistent GEMM keeps every SM. With ``TAIL_SPLIT`` > 1
-    the tiles of the last, partial wave run as ``TAIL_SPLIT`` column pieces each, all at once."""
+    the tiles of the last, partial wave run as ``TAIL_SPLIT`` column pieces each, all at once, their
+    K loop pipelined ``TAIL_STAGES`` deep (None: the kernel's ``num_stages``): a narrow piece waits on
+    its loads more than it computes, and its stages are smaller."""
     start_pid = tl.program_id(0)
     num_pid_m = tl.cdiv(EM, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
@@ -163,7 +165,7 @@ def ag_group_gemm_persistent_kernel(x_ptr, w_ptr, out_ptr, sorted_slot_ids_ptr, 
         offs_k = tl.arange(0, BLOCK_K)
         tail_ptrs = x_ptr + (tail_slot[:, None] // top_k * stride_xm + offs_k[None, :] * stride_xk)
         acc = tl.zeros((BLOCK_M, PIECE), dtype=tl.float32)
-        for ki in range(0, tl.cdiv(K, BLOCK_K)):
+        for ki in tl.range(0, tl.cdiv(K, BLOCK_K), num_stages=TAIL_STAGES):
             x = tl.load(tail_ptrs, mask=tail_mask[:, None] & (offs_k[None, :] < K - ki * BLOCK_K), other=0.0)
             w = w_piece.load([expert, ki * BLOCK_K, col]).reshape(BLOCK_K, PIECE)
             acc = tl.dot(x, w, acc)

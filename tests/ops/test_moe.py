@@ -127,11 +127,43 @@ def test_persistent_kernel_splits_its_last_wave() -> None:
     okernel, grid, args, launch_meta = grouped_gemm("ag_moe", x, w, out, None, sorted_ids, expert_ids, M * top_k, top_k,
                                                     meta, persistent=True)
     assert launch_meta["TAIL_SPLIT"] == 2 and grid == (4,)
+    assert launch_meta["TAIL_STAGES"] == 4  # the pieces' own pipeline: 3 * (16 + 16) // (16 + 8) stages
     for kernel, extra in ((okernel.kernel, {}),
                           (getattr(okernel.module, okernel.name), okernel.launcher.satisfied_args(M, 2, x.device))):
         out.fill_(float("nan"))
         kernel[grid](*args, **launch_meta, **extra)
         assert torch.allclose(out, ref, atol=1e-4), (out - ref).abs().max()
+
+
+def test_persistent_kernel_keeps_its_pipeline_depth_without_pieces() -> None:
+    # 2 M tiles x 2 N tiles = 4 tiles on the interpreter's 4 programs: one whole wave, no pieces, and no
+    # explicit depth for the pieces' loop (Triton 3.6 would then keep both loops' buffers apart on a GPU)
+    import torch
+
+    from tilelink.ops.moe import grouped_gemm
+    from tilelink.ops.moe_routing import align_tokens
+
+    E, K, N, M = 2, 16, 32, 32
+    x, w = torch.randn(M, K), torch.randn(E, K, N)
+    topk_ids = (torch.arange(M) >= 16).long()[:, None]
+    meta = dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, GROUP_M=2)
+    sorted_ids, expert_ids = align_tokens(topk_ids, E, meta["BLOCK_M"])
+    out = torch.empty(M, N)
+    _, grid, _, launch_meta = grouped_gemm("ag_moe", x, w, out, None, sorted_ids, expert_ids, M, 1, meta,
+                                           persistent=True)
+    assert launch_meta["TAIL_SPLIT"] == 1 and "TAIL_STAGES" not in launch_meta and grid == (4,)
+
+
+def test_last_wave_pieces_pipeline_deeper_in_the_same_shared_memory() -> None:
+    from tilelink.ops.moe import TAIL_STAGES, tail_stages
+
+    def meta(bm, bn, stages, split):
+        return dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=64, num_stages=stages, TAIL_SPLIT=split)
+    assert tail_stages(meta(128, 256, 4, 4)) == TAIL_STAGES == 6  # 128x64 pieces: 8 would fit, 6 is the most
+    assert tail_stages(meta(128, 256, 4, 2)) == 6  # 128x128 pieces: 4 * 384 // 256
+    assert tail_stages(meta(64, 512, 3, 2)) == 5  # 64x256 pieces: 3 * 576 // 320
+    assert tail_stages(meta(128, 256, 4, 1)) is None  # whole tiles: the kernel's own depth
+    assert tail_stages(meta(128, 256, 8, 2)) is None  # the kernel's own depth is deeper already
 
 
 def test_sweep_plan_fills_the_waves() -> None:

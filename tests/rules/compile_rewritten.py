@@ -148,7 +148,7 @@ def main() -> int:
              {**gemm_meta, **persistent}),
             ("persistent_moe_ag", moe_kernels.ag_group_gemm_persistent_kernel,
              {"x_ptr": ptr, "w_ptr": ptr, "out_ptr": ptr, **routing},
-             {**moe_meta, **persistent, "stride_xk": 1, "TAIL_SPLIT": 4})):
+             {**moe_meta, **persistent, "stride_xk": 1, "TAIL_SPLIT": 4, "TAIL_STAGES": 6})):
         for variant, fn in (("plain", okernel.kernel), ("rewritten", getattr(okernel.module, okernel.name))):
             asm = compile_asm(fn, types, meta, num_warps=8, num_stages=3)
             ptx = asm["ptx"]
