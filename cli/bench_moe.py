@@ -34,8 +34,14 @@ from tilelink.cli.bench_cmd import _benchmarks_module
               help="dist mode: every call routes topk_ids itself (one copy to the host, which waits for the "
                    "GPU), or the routing is made once before the timed calls and passed in (as TPMoE does for "
                    "both parts of a layer).")
+@click.option("--expert-routing", type=click.Choice(["random", "balanced", "equal"]), default="random",
+              show_default=True,
+              help="compute mode: which experts the tokens pick: at random, or every expert the same number of "
+                   "slots (balanced: a token's experts neighbours; equal: dealt in a random order), to see what "
+                   "uneven experts cost.")
 def command(world: int, shapes: str, out: Path, dtype: str, mode: str, rounds: int, configs: bool,
-            rewritten: bool, profile: bool, routing: str) -> None:
+            rewritten: bool, profile: bool, routing: str, expert_routing: str) -> None:
     """Tensor-parallel MoE: AG + gather + GroupGEMM and GroupGEMM + scatter + top-k reduce + RS."""
     _benchmarks_module("moe").run(world=world, shapes=shapes, out=out, dtype=dtype, mode=mode, rounds=rounds,
-                                  configs=configs, rewritten=rewritten, profile=profile, routing=routing)
+                                  configs=configs, rewritten=rewritten, profile=profile, routing=routing,
+                                  expert_routing_kind=expert_routing)

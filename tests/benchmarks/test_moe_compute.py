@@ -44,6 +44,18 @@ def test_an_unknown_routing_is_refused() -> None:
         main(["--mode", "dist", "--world", "1", "--shapes", "1", "--expert-routing", "equal"])
 
 
+def test_the_cli_takes_the_routing_and_refuses_it_where_it_does_not_apply() -> None:
+    from click.testing import CliRunner
+
+    from tilelink.cli.main import main as tlxform
+
+    result = CliRunner().invoke(tlxform, ["bench", "moe", "--mode", "dist", "--world", "1", "--shapes", "1",
+                                          "--expert-routing", "balanced"])
+    assert result.exit_code != 0 and "--expert-routing is for --mode compute" in result.output, result.output
+    result = CliRunner().invoke(tlxform, ["bench", "moe", "--expert-routing", "skewed"])
+    assert result.exit_code == 2 and "'skewed' is not one of 'random', 'balanced', 'equal'" in result.output
+
+
 @pytest.mark.parametrize("routing", ["random", "equal"])
 @pytest.mark.parametrize("part", ["ag_moe", "moe_rs"])
 def test_compute_mode_times_kernels_that_agree(part: str, routing: str) -> None:
