@@ -132,7 +132,7 @@ def _grouped(part: str, x, w, out, weights, topk_ids, meta: dict, *, persistent:
     from tilelink.ops.moe import grouped_gemm
     from tilelink.ops.moe_routing import align_tokens, as_routing
 
-    routing = as_routing(topk_ids, w.shape[0])  # the operators' one copy to the host per call
+    routing = as_routing(topk_ids, w.shape[0])  # ids: routed here, one copy to the host; a Routing: as it is
     topk_ids = routing.topk_ids
     if persistent and aligned(w, -1) is not w:
         raise ValueError(f"the persistent kernel needs 16-byte rows of w, got {tuple(w.shape)} {w.dtype}: "
@@ -163,6 +163,7 @@ def measure_compute(shape: MoEShape, part: str, world: int, dtype: torch.dtype, 
     slots, N, K = per_rank_problem(shape, part, world)
     g = torch.Generator(device=device).manual_seed(1)
     topk_ids, weights = expert_routing(routing, shape.S, shape.E, shape.topk, device)
+    routed = route(topk_ids, shape.E)  # checked and counted once, for every kernel below
     rows = shape.S if part == "ag_moe" else slots
     x = torch.randn(rows, K, dtype=dtype, device=device, generator=g)
     w = torch.randn(shape.E, K, N, dtype=dtype, device=device, generator=g) / K**0.5
@@ -174,7 +175,7 @@ def measure_compute(shape: MoEShape, part: str, world: int, dtype: torch.dtype, 
 
     def grouped(cfg: dict, persistent: bool, rewritten: bool = False):
         out = torch.empty(out_rows, N, dtype=dtype, device=device)
-        return _grouped(part, x, w, out, wflat, topk_ids, cfg, persistent=persistent, rewritten=rewritten,
+        return _grouped(part, x, w, out, wflat, routed, cfg, persistent=persistent, rewritten=rewritten,
                         rows=shape.S, world=world)
 
     fns = {"cublas_dense": functools.partial(torch.matmul, a, b), "triton_dense": functools.partial(matmul, a, b),
@@ -184,7 +185,7 @@ def measure_compute(shape: MoEShape, part: str, world: int, dtype: torch.dtype, 
     forms = (False, True) if part == "ag_moe" else (False,)  # the candidates are the AG kernels' tiles
     # the descriptor kernel the operator takes on a GPU: the persistent AG kernel with its tile for this routing
     # (its last wave split in pieces), the RS part's column sweep
-    pmeta = (persistent_ag_config(meta, topk_ids, shape.E, N, device) if part == "ag_moe" else sweep_config(K))
+    pmeta = (persistent_ag_config(meta, routed, shape.E, N, device) if part == "ag_moe" else sweep_config(K))
     fns["persistent"] = grouped(pmeta, True)
     if rewritten:
         fns["rewritten"] = grouped(meta, False, True)
@@ -212,11 +213,10 @@ def measure_compute(shape: MoEShape, part: str, world: int, dtype: torch.dtype, 
     times = side_by_side(fns, rounds, device.type)
     med = {n: statistics.median(t) for n, t in times.items()}
     flops = 2 * slots * N * K
-    counted = route(topk_ids, shape.E)
     row = {"shape": shape.name, "part": part, "routing": routing, "slots": slots, "N": N, "K": K, "E": shape.E,
            "topk": shape.topk, "config": meta, "persistent_config": pmeta, "ms": med, "times_ms": times,
            # the rows each kernel computes beyond the slots: every expert padded to its tile height
-           "padded_rows": {n: counted.blocks(c["BLOCK_M"]) * c["BLOCK_M"] - slots
+           "padded_rows": {n: routed.blocks(c["BLOCK_M"]) * c["BLOCK_M"] - slots
                            for n, c in (("plain", meta), ("persistent", pmeta))},
            "tflops": {n: flops / (t * 1e-3) / 1e12 for n, t in med.items()},
            "rate_vs_cublas_dense": {n: med["cublas_dense"] / t for n, t in med.items() if n != "cublas_dense"},
