@@ -185,14 +185,15 @@ def row_times_columns(an: KernelAnalysis, access) -> tuple[str, str] | None:
     return None
 
 
-def _descriptor_notify(an: KernelAnalysis, a, t, spec: ReduceScatterSpec, grouped: bool) -> tuple[str, ...]:
+def _descriptor_notify(an: KernelAnalysis, a, t, spec: ReduceScatterSpec, pending: str | None) -> tuple[str, ...]:
     """The notify after a tensor-descriptor store ``desc.store([o0, o1, ...], value)``: wait for the
     asynchronous store to reach memory, then add to each channel its rows of the box times the box's
     columns inside the tensor (a descriptor store writes the part of its box inside ``shape``).
-    ``grouped``: the tile loop's form (:func:`_grouped_notify`), which waits for the store itself."""
+    ``pending``: the held adds' variable of the tile loop's form (:func:`_grouped_notify`), which waits for
+    the store itself; None for a notify per tile."""
     cols = f"tlk_cols = {_box_columns(an, a, t)}"
-    if grouped:
-        return (_GROUPED_COMMENT.format(dim=spec.dim), cols, *_grouped_notify(t))
+    if pending is not None:
+        return (_GROUPED_COMMENT.format(dim=spec.dim), cols, *_grouped_notify(t, pending))
     return (
         f"# tilelink: notify the channels whose rows this tile completed (reduce_scatter, dim {spec.dim})",
         "tll.bulk_store_wait()  # the descriptor store is asynchronous: wait until it has written memory",
@@ -226,31 +227,35 @@ _GROUPED_COMMENT = ("# tilelink: notify the channels whose rows this tile comple
 _PENDING = "tlk_pending"
 
 
-def _grouped_notify(t) -> tuple[str, ...]:
+def _grouped_notify(t, pending: str) -> tuple[str, ...]:
     """The notify of a store in a tile loop with a compile-time tile height: one barrier and one system
-    fence per four tiles (:func:`tilelink.language.producer_tile_notify_rows_grouped`)."""
-    return (f"{_PENDING} = tll.producer_tile_notify_rows_grouped(\n"
-            f"    tlk_barriers, {_PENDING}, {t.start}, {tile_end(t)}, tlk_cols,\n"
+    fence per four tiles (:func:`tilelink.language.producer_tile_notify_rows_grouped`); ``pending`` is the
+    store's own loop variable of held adds."""
+    return (f"{pending} = tll.producer_tile_notify_rows_grouped(\n"
+            f"    tlk_barriers, {pending}, {t.start}, {tile_end(t)}, tlk_cols,\n"
             f"    {MAPPING_ARGS}, {t.size})",)
 
 
-def _grouped_loop(a) -> list[Insertion]:
+def _grouped_loop(a, pending: str) -> list[Insertion]:
     """Around the tile loop of a grouped notify: nothing held before it, what is left sent after it."""
     return [Insertion(a.loop, "before", (
                 "# tilelink: a tile's adds are held until its group of four tiles is done (reduce_scatter)",
-                f"{_PENDING} = tll.no_pending_tiles()")),
+                f"{pending} = tll.no_pending_tiles()")),
             Insertion(a.loop, "after", (
                 "# tilelink: send the adds the loop's last group still holds (reduce_scatter)",
-                f"tll.producer_tile_notify_flush(tlk_barriers, {_PENDING})"))]
+                f"tll.producer_tile_notify_flush(tlk_barriers, {pending})"))]
 
 
-def _groups(an: KernelAnalysis, a, t, stores) -> bool:
-    """Whether the store's notify takes the grouped form: it is in a tile loop, it is the kernel's only
-    store to the reduced tensors (the pending adds are one set of loop variables: a second grouped loop
-    inside or around this one would clear or resend them), and its tile height is a compile-time
-    constant."""
-    return (a.loop is not None and (t.size in an.constexpr_params or t.size.isdigit()) and not t.dynamic
-            and len(stores) == 1)
+def _pending_name(a, stores) -> str:
+    """The loop variable holding store ``a``'s held adds: one per store, so that a second grouped loop
+    (after this one, or inside or around it) neither clears nor resends this one's adds."""
+    return _PENDING if len(stores) == 1 else f"{_PENDING}_{stores.index(a)}"
+
+
+def _groups(an: KernelAnalysis, a, t) -> bool:
+    """Whether the store's notify takes the grouped form: it is a statement of a tile loop's body, and its
+    tile height is a compile-time constant."""
+    return a.loop is not None and (t.size in an.constexpr_params or t.size.isdigit()) and not t.dynamic
 
 
 #: the loop body that adds ``tlk_done`` to channel ``tlk_first + tlk_i`` (a notify loop over the channels)
@@ -381,14 +386,15 @@ def rewrite(an: KernelAnalysis, spec: ReduceScatterSpec, options: Options) -> Re
             continue
         columns = (separable_columns(an, a, t, spec.size or t.size_param)
                    if SCALAR_COUNTS and not t.dynamic and not a.descriptor else None)
-        grouped = _groups(an, a, t, stores) and (a.descriptor or columns is not None)
+        grouped = _groups(an, a, t) and (a.descriptor or columns is not None)
+        pending = _pending_name(a, stores) if grouped else None
         if grouped:
-            insertions += _grouped_loop(a)
+            insertions += _grouped_loop(a, pending)
             report.append(ReportEntry(an.name, RULE, "applied",
                                       f"the tile loop at line {a.loop.line} notifies four tiles at a time (one barrier "
                                       "and fence per four tiles; a tile's adds at most three tiles late)", a.loop))
         if a.descriptor:
-            insertions.append(Insertion(a.anchor, "after", _descriptor_notify(an, a, t, spec, grouped)))
+            insertions.append(Insertion(a.anchor, "after", _descriptor_notify(an, a, t, spec, pending)))
             what = ("producer_tile_notify_rows_grouped (it waits for the bulk store)" if grouped
                     else "bulk_store_wait + producer_tile_notify")
             report.append(ReportEntry(an.name, RULE, "applied",
@@ -399,7 +405,7 @@ def rewrite(an: KernelAnalysis, spec: ReduceScatterSpec, options: Options) -> Re
             lines = (_dynamic_comment(spec), _dynamic_count(an, a, "tlk_stored ="),
                      *_dynamic_notify(t, spec))
         elif columns is not None and grouped:
-            lines = (_GROUPED_COMMENT.format(dim=spec.dim), f"tlk_cols = {columns}", *_grouped_notify(t))
+            lines = (_GROUPED_COMMENT.format(dim=spec.dim), f"tlk_cols = {columns}", *_grouped_notify(t, pending))
         elif columns is not None:
             # the mask is (rows < M) & (columns < N): a channel's count is rows x valid columns, all scalar
             lines = (

@@ -207,9 +207,10 @@ def test_pid_indexing_tiles_of_two_heights_is_not_rotated(tmp_path: Path) -> Non
     _fills_with_ones(module, (1,), 60, 8, 4, 1, BM=8, BN=8)
 
 
-def test_two_stores_in_nested_tile_loops_are_notified_tile_by_tile(tmp_path: Path) -> None:
-    """A tile loop with a store, holding an inner loop with another store: their pending adds would share
-    one set of loop variables, so neither is grouped; every channel gets exactly its rows."""
+def test_two_stores_in_nested_tile_loops_hold_their_adds_apart(tmp_path: Path) -> None:
+    """A tile loop with a store, holding an inner loop with another store: each store's held adds are
+    loop variables of its own (the inner loop's are flushed after it, on every outer iteration), so
+    neither clears nor resends the other's; every channel gets exactly its rows."""
     module, gen = _build(tmp_path, "nested", """
         @tilelink.overlap(tilelink.reduce_scatter("c_ptr", dim=0))
         @triton.jit
@@ -225,8 +226,14 @@ def test_two_stores_in_nested_tile_loops_are_notified_tile_by_tile(tmp_path: Pat
                              tl.zeros((BM, BN), dtype=tl.float32) + 1.0,
                              mask=(rows2[:, None] < M) & (cols[None, :] < N))
         """)
-    assert "grouped" not in gen.rewritten["k"] and "tlk_pending" not in gen.rewritten["k"]
+    body = gen.rewritten["k"]
+    outer, inner = body.index("for t in range("), body.index("for u in range(")
+    assert outer < body.index("tlk_pending_1 = tll.no_pending_tiles()") < inner  # the inner store's, per t
+    assert body.index("tlk_pending_0 = tll.no_pending_tiles()") < outer
+    assert inner < body.index("tll.producer_tile_notify_flush(tlk_barriers, tlk_pending_1)") < body.index(
+        "tll.producer_tile_notify_flush(tlk_barriers, tlk_pending_0)")
     _fills_with_ones(module, (1,), 64, 8, 2, 2, BM=8, BN=8)
+    _fills_with_ones(module, (1,), 60, 5, 3, 2, BM=8, BN=8)
 
 
 def test_grouped_notify_compiles_with_a_64_bit_tile_start(tmp_path: Path) -> None:
@@ -291,3 +298,40 @@ def test_a_kernels_own_do_not_specialize_is_kept(tmp_path: Path, theirs: str) ->
     assert '"tlk_epoch"' in decorator
     listed = eval(decorator[len("@triton.jit(do_not_specialize="):decorator.rindex(")")], vars(module))  # noqa: S307
     assert listed[0] == "n" and listed.count("n") == 1 and "tlk_epoch" in listed and "M" not in listed, listed
+
+
+def test_two_tile_loops_hold_their_adds_apart(tmp_path: Path) -> None:
+    """Two tile loops that each store tiles by descriptor (a persistent kernel's body and a second loop over
+    its last tiles): each loop holds its own adds (a variable of its own, nothing held before it, flushed
+    after it), so the second loop neither clears nor resends the first one's, and every channel gets
+    exactly its rows times N."""
+    module, gen = _build(tmp_path, "two_loops", """
+        @tilelink.overlap(tilelink.reduce_scatter("c_ptr", dim=0))
+        @triton.jit
+        def k(c_ptr, M, N, SPLIT, BM: tl.constexpr, BN: tl.constexpr, PROGRAMS: tl.constexpr):
+            pid = tl.program_id(0)
+            num_n = tl.cdiv(N, BN)
+            tiles = tl.cdiv(M, BM) * num_n
+            c_desc = tl.make_tensor_descriptor(c_ptr, shape=[M, N], strides=[N, 1], block_shape=[BM, BN])
+            for tile in tl.range(pid, SPLIT, PROGRAMS):
+                pid_m = tile // num_n
+                pid_n = tile % num_n
+                c_desc.store([pid_m * BM, pid_n * BN], tl.full((BM, BN), 1.0, tl.float32))
+            for tile in range(SPLIT + pid, tiles, PROGRAMS):
+                pid_m = tile // num_n
+                pid_n = tile % num_n
+                c_desc.store([pid_m * BM, pid_n * BN], tl.full((BM, BN), 1.0, tl.float32))
+        """)
+    body = gen.rewritten["k"]
+    for i in (0, 1):
+        assert body.count(f"tlk_pending_{i} = tll.no_pending_tiles()") == 1
+        assert body.count(f"tll.producer_tile_notify_flush(tlk_barriers, tlk_pending_{i})") == 1
+        assert body.count(f"tlk_pending_{i} = tll.producer_tile_notify_rows_grouped(") == 1
+    loops = [body.index("for tile in tl.range("), body.index("for tile in range(")]
+    flushes = [body.index(f"tll.producer_tile_notify_flush(tlk_barriers, tlk_pending_{i})") for i in (0, 1)]
+    assert loops[0] < flushes[0] < loops[1] < flushes[1]
+    assert str(gen.report).count("notifies four tiles at a time") == 2
+    # 7 x 3 tiles on 2 programs: the first loop takes 9 of them (4 or 5 per program: a group of four and a
+    # flushed rest), the second the other 12; the last row tile and column tile are partial
+    M, N, BM, BN = 100, 40, 16, 16
+    _fills_with_ones(module, (2,), M, N, 2, 3, SPLIT=9, BM=BM, BN=BN, PROGRAMS=2)
