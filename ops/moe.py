@@ -133,36 +133,47 @@ def sweep_config(K: int) -> dict:
 SWEEP_OVERHEAD = 1 / 8
 
 
-def sweep_plan(m_tiles: int, programs: int, n_tiles: int, most: int = 8) -> tuple[int, int, int]:
-    """How the column sweep splits its M tiles' columns into runs, one program per run: ``(body_tiles,
-    body_runs, tail_runs)``, the first ``body_tiles`` M tiles in ``body_runs`` runs each, the rest in
-    ``tail_runs`` runs each. Waves of programs run one after another; a wave of runs of ``1/c`` of the
-    columns takes ``SWEEP_OVERHEAD + 1/c`` of a whole sweep. Of these, the least time (then the fewest
-    programs):
+def sweep_plan(m_tiles: int, programs: int, n_tiles: int, most: int = 8) -> tuple[int, int, int, int]:
+    """How the column sweep shares out its M tiles' column tiles, one run of them per program:
+    ``(body_tiles, body_runs, tail_width, tail_span)`` (:func:`tilelink.ops.moe_kernels.group_gemm_rs_sweep_kernel`):
+    the first ``body_tiles`` M tiles in ``body_runs`` runs each; the rest's column tiles, each M tile's
+    counted as ``tail_width``, in spans of ``tail_span``. Waves of programs run one after another; a wave
+    of runs of ``1/c`` of the columns takes ``SWEEP_OVERHEAD + 1/c`` of a whole sweep, a span that goes on
+    into a second M tile one more ``SWEEP_OVERHEAD`` (it gathers a second set of rows). Of these, the least
+    time (then the fewest programs):
 
     - every M tile in ``c`` runs (``c`` in 1, 2, 4, 8): ``ceil(m_tiles * c / programs)`` waves;
     - whole sweeps for the full waves of M tiles, and the last, partial wave's ``t`` tiles each in
-      ``programs // t`` runs (at most ``n_tiles``), so that it fills the SMs.
+      ``programs // t`` runs (at most ``n_tiles``), so that it fills the SMs;
+    - whole sweeps for the full waves, and the last wave's ``t * n_tiles`` column tiles in equal spans
+      over all the programs, a span crossing from one M tile into the next where it must.
 
     On an H200 at world 8 (132 SMs, 64 column tiles): MoE-4's 132 M tiles take one wave of whole sweeps;
     MoE-5's 144 take 132 whole sweeps and 12 tiles in 11 runs (1.34 sweeps of time, against 1.88 for two
-    runs each); MoE-6's 339 take whole sweeps (a tail of 75 tiles has no room for a second run)."""
+    runs each); MoE-6's 339 (random routing) take 264 whole sweeps and 75 tiles' 4800 column tiles in
+    spans of 37 (3.08 sweeps, against 3.38 for whole sweeps: a tail of 75 tiles has no room for a second
+    run of each)."""
     def waves(c: int) -> float:
         return triton.cdiv(m_tiles * c, programs) * (SWEEP_OVERHEAD + 1 / c)
 
-    plans = [(waves(c), m_tiles * c, (m_tiles, c, c)) for c in (1, 2, 4, 8) if c <= max(1, min(most, n_tiles))]
+    plans = [(waves(c), m_tiles * c, (m_tiles, c, 1, 1)) for c in (1, 2, 4, 8) if c <= max(1, min(most, n_tiles))]
     full, tail = (m_tiles // programs) * programs, m_tiles % programs
     if full and tail:
+        body = (full // programs) * (SWEEP_OVERHEAD + 1)
         runs = max(1, min(programs // tail, n_tiles))
-        plans.append(((full // programs) * (SWEEP_OVERHEAD + 1) + SWEEP_OVERHEAD + 1 / runs, full + tail * runs,
-                      (full, 1, runs)))
+        per = triton.cdiv(n_tiles, runs)
+        plans.append((body + SWEEP_OVERHEAD + 1 / runs, full + tail * runs, (full, 1, runs * per, per)))
+        span = triton.cdiv(tail * n_tiles, programs)
+        crossing = 2 if n_tiles % span else 1
+        plans.append((body + crossing * SWEEP_OVERHEAD + span / n_tiles, full + triton.cdiv(tail * n_tiles, span),
+                      (full, 1, n_tiles, span)))
     return min(plans, key=lambda p: p[:2])[2]
 
 
-def sweep_programs(m_tiles: int, plan: tuple[int, int, int]) -> int:
+def sweep_programs(m_tiles: int, plan: tuple[int, int, int, int]) -> int:
     """The programs a :func:`sweep_plan` launches."""
-    body_tiles, body_runs, tail_runs = plan
-    return body_tiles * body_runs + (m_tiles - body_tiles) * tail_runs
+    body_tiles, body_runs, tail_width, tail_span = plan
+    return body_tiles * body_runs + triton.cdiv((m_tiles - body_tiles) * tail_width, tail_span)
 
 
 def descriptor_kernel_wanted(part: str, device: torch.device, dtype: torch.dtype) -> bool:
@@ -208,10 +219,10 @@ def grouped_gemm(part: str, x, w, out, weights, sorted_ids, expert_ids, num_slot
             raise LaunchError(f"moe_rs: N_CHUNKS must be a positive int (runs of column tiles per M tile) or "
                               f"None (planned from the waves), got {runs!r}")
         meta = {k: v for k, v in meta.items() if k != "N_CHUNKS"}
-        plan = ((m_tiles, runs, runs) if runs is not None
+        plan = ((m_tiles, runs, 1, 1) if runs is not None
                 else sweep_plan(m_tiles, _compute_sms(x.device, kernel), triton.cdiv(N, meta["BLOCK_N"])))
         args = (*head, sorted_ids, expert_ids, N, K, num_slots, top_k, E, x.stride(0), x.stride(1), w.stride(0),
-                w.stride(1), w.stride(2), out.stride(0), out.stride(1), *plan)
+                w.stride(1), w.stride(2), out.stride(0), out.stride(1), m_tiles, *plan)
         return kernel, (sweep_programs(m_tiles, plan),), args, meta
     if persistent:
         kernel = moe_kernels.ag_group_gemm_persistent_kernel

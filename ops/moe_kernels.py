@@ -177,50 +177,57 @@ def ag_group_gemm_persistent_kernel(x_ptr, w_ptr, out_ptr, sorted_slot_ids_ptr, 
 
 @tilelink.overlap(tilelink.reduce_scatter("out_ptr", dim=0, index="sorted_slot_ids_ptr", topk="top_k",
                                           size="num_slots // top_k"), via="copy_engine", channels_per_rank=1)
-@triton.jit(do_not_specialize=["body_tiles", "body_runs", "tail_runs"])  # one variant for every plan
+@triton.jit(do_not_specialize=["m_tiles", "body_tiles", "body_runs", "tail_width", "tail_span"])  # every plan
 def group_gemm_rs_sweep_kernel(h_ptr, w_ptr, out_ptr, topk_weights_ptr, sorted_slot_ids_ptr, expert_ids_ptr, N, K,
                                num_slots, top_k, num_experts, stride_hm, stride_hk, stride_we, stride_wk, stride_wn,
-                               stride_om, stride_on, body_tiles, body_runs, tail_runs, BLOCK_M: tl.constexpr,
-                               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ONE_K: tl.constexpr):
-    """:func:`group_gemm_rs_kernel` for a short inner dimension. A program takes one M tile (BLOCK_M sorted
-    slots of one expert) and one run of its column tiles: the first ``body_tiles`` M tiles are swept in
-    ``body_runs`` runs each, the others in ``tail_runs`` runs each (a last, partial wave of M tiles cut
-    in more runs, so that it fills the SMs). With ``ONE_K`` (``K <= BLOCK_K``) a program gathers its rows
-    of ``h`` once and reuses them for every column tile; otherwise it loops over K for each. ``w`` (E, K,
-    N) is read by a 3-D tensor descriptor (TMA on Hopper; rows of 16-byte multiples). Launch
-    ``body_tiles * body_runs + (M tiles - body_tiles) * tail_runs`` programs
-    (:func:`tilelink.ops.moe.sweep_plan`)."""
+                               stride_om, stride_on, m_tiles, body_tiles, body_runs, tail_width, tail_span,
+                               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                               ONE_K: tl.constexpr):
+    """:func:`group_gemm_rs_kernel` for a short inner dimension. A program sweeps a run of column tiles of
+    an M tile (BLOCK_M sorted slots of one expert): the first ``body_tiles`` of the ``m_tiles`` M tiles
+    in ``body_runs`` runs each; the column tiles of the others, each M tile's counted as ``tail_width``
+    (at least the column tiles; the rest are empty), in spans of ``tail_span``, one per program. A span
+    that ends in one M tile goes on in the next: the last, partial wave of M tiles is shared out evenly
+    over the SMs (with ``tail_width`` a multiple of ``tail_span`` no span crosses a tile: runs). With
+    ``ONE_K`` (``K <= BLOCK_K``) a program gathers its rows of ``h`` once per M tile and reuses them for
+    every column tile; otherwise it loops over K for each. ``w`` (E, K, N) is read by a 3-D tensor
+    descriptor (TMA on Hopper; rows of 16-byte multiples). Launch :func:`tilelink.ops.moe.sweep_programs`
+    programs (:func:`tilelink.ops.moe.sweep_plan`)."""
     pid = tl.program_id(0)
     num_pid_n = tl.cdiv(N, BLOCK_N)
+    per_run = tl.cdiv(num_pid_n, body_runs)
     body = body_tiles * body_runs
     in_tail = pid >= body
-    tail = tl.maximum(pid - body, 0)
-    runs = tl.where(in_tail, tail_runs, body_runs)
-    pid_m = tl.where(in_tail, body_tiles + tail // tail_runs, pid // body_runs)
-    per_chunk = tl.cdiv(num_pid_n, runs)
-    first = tl.where(in_tail, tail % tail_runs, pid % body_runs) * per_chunk
-    offs_slot = tl.load(sorted_slot_ids_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
-    slot_mask = offs_slot < num_slots
-    expert = tl.load(expert_ids_ptr + pid_m)
-    weight = tl.load(topk_weights_ptr + offs_slot, mask=slot_mask, other=0.0)
+    # this program's span [start, end) of its region's column tiles, M tile by M tile of `width` each
+    width = tl.where(in_tail, tail_width, body_runs * per_run)
+    start = tl.where(in_tail, (pid - body) * tail_span, pid * per_run)
+    end = tl.minimum(start + tl.where(in_tail, tail_span, per_run),
+                     tl.where(in_tail, m_tiles - body_tiles, body_tiles) * width)
     offs_k = tl.arange(0, BLOCK_K)
-    h_ptrs = h_ptr + offs_slot[:, None] * stride_hm + offs_k[None, :] * stride_hk
     # one expert's (K, N) at a time: the K tail reads zeros, not the next expert's rows
     w_desc = tl.make_tensor_descriptor(w_ptr, shape=[num_experts, K, N], strides=[stride_we, stride_wk, stride_wn],
                                        block_shape=[1, BLOCK_K, BLOCK_N])
-    if ONE_K:
-        h = tl.load(h_ptrs, mask=slot_mask[:, None] & (offs_k[None, :] < K), other=0.0)
-    for pid_n in range(first, tl.minimum(first + per_chunk, num_pid_n)):
+    for m in range(start // width, tl.cdiv(end, width)):
+        pid_m = tl.where(in_tail, body_tiles, 0) + m
+        first = tl.maximum(start - m * width, 0)
+        offs_slot = tl.load(sorted_slot_ids_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
+        slot_mask = offs_slot < num_slots
+        expert = tl.load(expert_ids_ptr + pid_m)
+        weight = tl.load(topk_weights_ptr + offs_slot, mask=slot_mask, other=0.0)
+        h_ptrs = h_ptr + offs_slot[:, None] * stride_hm + offs_k[None, :] * stride_hk
         if ONE_K:
-            acc = tl.dot(h, w_desc.load([expert, 0, pid_n * BLOCK_N]).reshape(BLOCK_K, BLOCK_N))
-        else:
-            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            for ki in range(0, tl.cdiv(K, BLOCK_K)):
-                h_k = tl.load(h_ptrs + ki * BLOCK_K * stride_hk,
-                              mask=slot_mask[:, None] & (offs_k[None, :] < K - ki * BLOCK_K), other=0.0)
-                w = w_desc.load([expert, ki * BLOCK_K, pid_n * BLOCK_N]).reshape(BLOCK_K, BLOCK_N)
-                acc = tl.dot(h_k, w, acc)
-        acc = acc * weight[:, None]
-        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        out_ptrs = out_ptr + offs_slot[:, None] * stride_om + offs_n[None, :] * stride_on
-        tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=slot_mask[:, None] & (offs_n[None, :] < N))
+            h = tl.load(h_ptrs, mask=slot_mask[:, None] & (offs_k[None, :] < K), other=0.0)
+        for pid_n in range(first, tl.minimum(end - m * width, num_pid_n)):
+            if ONE_K:
+                acc = tl.dot(h, w_desc.load([expert, 0, pid_n * BLOCK_N]).reshape(BLOCK_K, BLOCK_N))
+            else:
+                acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+                for ki in range(0, tl.cdiv(K, BLOCK_K)):
+                    h_k = tl.load(h_ptrs + ki * BLOCK_K * stride_hk,
+                                  mask=slot_mask[:, None] & (offs_k[None, :] < K - ki * BLOCK_K), other=0.0)
+                    w = w_desc.load([expert, ki * BLOCK_K, pid_n * BLOCK_N]).reshape(BLOCK_K, BLOCK_N)
+                    acc = tl.dot(h_k, w, acc)
+            acc = acc * weight[:, None]
+            offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+            out_ptrs = out_ptr + offs_slot[:, None] * stride_om + offs_n[None, :] * stride_on
+            tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=slot_mask[:, None] & (offs_n[None, :] < N))

@@ -170,32 +170,42 @@ def test_sweep_plan_fills_the_waves() -> None:
     # the column sweep's runs: whole sweeps while they fill the SMs; a last, partial wave cut in more runs
     from tilelink.ops.moe import SWEEP_OVERHEAD, sweep_plan, sweep_programs
 
-    assert sweep_plan(132, 132, 64) == (132, 1, 1)  # MoE-4 at world 8: one wave of whole sweeps
-    assert sweep_plan(144, 132, 64) == (132, 1, 11)  # MoE-5: 12 tiles left, each in 11 runs (132 programs)
-    assert sweep_plan(339, 132, 64) == (339, 1, 1)  # MoE-6: 75 left, no room for a second run of each
-    assert sweep_plan(100, 132, 64) == (100, 1, 1)  # one wave
-    assert sweep_plan(140, 132, 3) == (132, 1, 3)  # no more runs than column tiles
-    assert sweep_plan(117, 116, 64, most=1) == (116, 1, 64)  # 1 tile left: one program per column tile
+    assert sweep_plan(132, 132, 64) == (132, 1, 1, 1)  # MoE-4 at world 8: one wave of whole sweeps
+    assert sweep_plan(144, 132, 64) == (132, 1, 66, 6)  # MoE-5: 12 tiles left, each in 11 runs of 6 columns
+    assert sweep_programs(144, (132, 1, 66, 6)) == 264
+    # MoE-6 (random routing): 75 left, no room for a second run of each; their 4800 column tiles in spans of 37
+    assert sweep_plan(339, 132, 64) == (264, 1, 64, 37)
+    assert sweep_programs(339, (264, 1, 64, 37)) == 264 + 130
+    assert sweep_plan(320, 132, 64) == (264, 1, 64, 32)  # MoE-6 (equal counts): 56 left, in 2 runs each
+    assert sweep_plan(100, 132, 64) == (100, 1, 1, 1)  # one wave
+    assert sweep_plan(140, 132, 3) == (132, 1, 3, 1)  # no more runs than column tiles
+    assert sweep_plan(117, 116, 64, most=1) == (116, 1, 64, 1)  # 1 tile left: one program per column tile
 
-    def model(tiles: int, plan: tuple[int, int, int], programs: int) -> float:
-        body, body_runs, tail_runs = plan
+    def model(tiles: int, plan: tuple[int, int, int, int], programs: int, n: int = 64) -> float:
+        body, body_runs, width, span = plan
         t = -(-body * body_runs // programs) * (SWEEP_OVERHEAD + 1 / body_runs)
-        return t + (-(-(tiles - body) * tail_runs // programs) * (SWEEP_OVERHEAD + 1 / tail_runs) if tiles > body
-                    else 0)
+        if tiles == body:
+            return t
+        spans = -(-(tiles - body) * width // span)
+        return t + -(-spans // programs) * ((1 if width % span == 0 else 2) * SWEEP_OVERHEAD + span / n)
 
     for tiles in range(1, 400, 7):  # every M tile once, and never slower by the model than whole sweeps
         plan = sweep_plan(tiles, 132, 64)
-        body, body_runs, tail_runs = plan
-        assert 0 < body <= tiles and body_runs >= 1 and tail_runs >= 1, (tiles, plan)
-        assert sweep_programs(tiles, plan) == body * body_runs + (tiles - body) * tail_runs
-        assert model(tiles, plan, 132) <= model(tiles, (tiles, 1, 1), 132) + 1e-9, (tiles, plan)
+        body, body_runs, width, span = plan
+        assert 0 < body <= tiles and body_runs >= 1 and width >= 1 and span >= 1, (tiles, plan)
+        if body < tiles:  # every column tile of the tail in some span, no span longer than a tile's columns
+            assert width >= 64 and span <= 64, (tiles, plan)
+        assert model(tiles, plan, 132) <= model(tiles, (tiles, 1, 1, 1), 132) + 1e-9, (tiles, plan)
 
 
-@pytest.mark.parametrize("plan", [None, "tail"])
+@pytest.mark.parametrize("plan", [None, "tail", (1, 1, 3, 2), (0, 1, 3, 2), (2, 1, 3, 2)])
 def test_sweep_kernel_as_written_and_rewritten_matches_torch(plan, monkeypatch) -> None:
     # moe_rs's column sweep in one process: 3 M tiles x 3 column tiles (40 columns, the last tile partial)
     # rows gathered once (K = 24) and per K step (K = 40); rewritten with every channel satisfied. Every M
-    # tile in 2 runs, or (plan "tail", on 2 programs) 2 tiles swept whole and the last in 2 runs
+    # tile in 2 runs, or (plan "tail", on 2 programs) 2 tiles swept whole and the last in 2 runs (a width of
+    # 4 column tiles, the 4th empty), or a plan given: spans of 2 column tiles over the M tiles after the
+    # first (one span crosses from the 2nd M tile into the 3rd), over all three (the last span is clipped),
+    # over the last M tile alone
     import torch
 
     from tilelink.ops.moe import grouped_gemm, sweep_config
@@ -209,11 +219,15 @@ def test_sweep_kernel_as_written_and_rewritten_matches_torch(plan, monkeypatch) 
         import tilelink.ops.tp as tp
 
         monkeypatch.setattr(tp, "_compute_sms", lambda device, kernel: 2)
+    elif plan is not None:
+        import tilelink.ops.moe as moe
+
+        monkeypatch.setattr(moe, "sweep_plan", lambda m_tiles, programs, n_tiles: plan)
     for K in (24, 40):
         h = torch.randn(M * top_k, K, generator=g)
         w = torch.randn(E, K, N, generator=g)
         meta = sweep_config(K)
-        if plan == "tail":
+        if plan is not None:
             meta = {**meta, "N_CHUNKS": None}
         assert meta["ONE_K"] == (K == 24)
         sorted_ids, expert_ids = align_tokens(topk_ids, E, meta["BLOCK_M"])
@@ -228,9 +242,12 @@ def test_sweep_kernel_as_written_and_rewritten_matches_torch(plan, monkeypatch) 
                     grouped_gemm("moe_rs", h, w, out, weights, sorted_ids, expert_ids, M * top_k, top_k,
                                  {**meta, "N_CHUNKS": bad}, persistent=True)
         if plan == "tail":
-            assert m_tiles == 3 and args[-3:] == (2, 1, 2) and grid == (4,), (m_tiles, args[-3:], grid)
+            assert m_tiles == 3 and args[-5:] == (3, 2, 1, 4, 2) and grid == (4,), (m_tiles, args[-5:], grid)
+        elif plan is not None:
+            assert m_tiles == 3 and args[-5:] == (3, *plan), args[-5:]
+            assert grid == (plan[0] + -(-(3 - plan[0]) * 3 // 2),), grid
         else:
-            assert args[-3:] == (m_tiles, 2, 2) and grid == (m_tiles * 2,)
+            assert args[-5:] == (m_tiles, m_tiles, 2, 1, 1) and grid == (m_tiles * 2,)
         assert "N_CHUNKS" not in launch_meta
         for kernel, extra in ((okernel.kernel, {}),
                               (getattr(okernel.module, okernel.name), okernel.launcher.satisfied_args(M, 2, h.device))):
