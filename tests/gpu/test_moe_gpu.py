@@ -21,6 +21,7 @@ from moe_worlds import (  # noqa: E402
     host_syncs_per_call,
     layer_matches_torch,
     parts_match_torch,
+    parts_with_sweep_spans,
 )
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
@@ -57,6 +58,16 @@ def test_moe_rs_sweep_with_long_and_short_inner_slices_bf16() -> None:
     for per_rank in tilelink.spawn(parts_match_torch, 2, 257, 200, 513, 4, 2, ["random"], "bfloat16", 2, True,
                                    backend="nvshmem"):
         assert all(err < 2e-2 for err in per_rank.values()), per_rank
+
+
+def test_moe_rs_sweep_in_spans_across_m_tiles_bf16() -> None:
+    """moe_rs's column sweep with the plan a large routing's last, partial wave takes (the M tiles after the
+    first in equal spans of column tiles, crossing from one M tile into the next: here spans of 3 of the
+    4 column tiles of H=256), forced at this small shape: M=333, I=384 over 2 ranks, E=8, top-2."""
+    for per_rank, plans in tilelink.spawn(parts_with_sweep_spans, 2, 3, 333, 256, 384, 8, 2, ["random", "skewed"],
+                                          "bfloat16", 2, True, backend="nvshmem"):
+        assert all(err < 2e-2 for err in per_rank.values()), per_rank
+        assert plans and all(p == (1, 1, 4, 3) for p in plans), plans
 
 
 def test_a_second_layer_with_other_experts_loads_its_kernels_before_anything_spins() -> None:

@@ -99,6 +99,29 @@ def parts_match_torch(M: int, H: int, inter: int, E: int, top_k: int, kinds: lis
     return out
 
 
+def parts_with_sweep_spans(span: int, *args) -> tuple[dict[str, float], list[tuple[int, int, int, int]]]:
+    """:func:`parts_match_torch` (``*args``, persistent kernels) with moe_rs's column sweep planned as its
+    first M tile swept whole and the other M tiles' column tiles in spans of ``span`` (crossing from one M
+    tile into the next where ``span`` does not divide the column tiles), whatever the SM count: the plan
+    :func:`tilelink.ops.moe.sweep_plan` gives the last, partial wave of a large routing. Returns the errors
+    and the plans the sweep ran with."""
+    from tilelink.ops import moe
+
+    plans: list[tuple[int, int, int, int]] = []
+    planner, config = moe.sweep_plan, moe.sweep_config
+
+    def plan(m_tiles: int, programs: int, n_tiles: int) -> tuple[int, int, int, int]:
+        plans.append((1, 1, n_tiles, span))
+        return plans[-1]
+
+    moe.sweep_plan = plan
+    moe.sweep_config = lambda K: {**config(K), "N_CHUNKS": None}  # planned, not a fixed number of runs
+    try:
+        return parts_match_torch(*args), plans
+    finally:
+        moe.sweep_plan, moe.sweep_config = planner, config
+
+
 def experts_one_after_another(expert_counts: list[int], M: int, H: int, inter: int, top_k: int,
                               dtype_name: str = "float32") -> tuple[dict[str, float], dict[str, list[int]]]:
     """Two MoE layers of equal shapes but different expert counts, one after the other (``parts_match_torch``

@@ -15,7 +15,13 @@ import pytest
 import tilelink
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from moe_worlds import bad_inputs, experts_one_after_another, layer_matches_torch, parts_match_torch  # noqa: E402
+from moe_worlds import (  # noqa: E402
+    bad_inputs,
+    experts_one_after_another,
+    layer_matches_torch,
+    parts_match_torch,
+    parts_with_sweep_spans,
+)
 
 
 @pytest.mark.parametrize(("world", "M", "kinds", "calls"), [
@@ -51,6 +57,16 @@ def test_persistent_kernels_match_torch(world: int, M: int, H: int, inter: int, 
                                    2, persistent):
         assert all(err < 1e-5 for err in per_rank.values()), per_rank
     assert moe_kernels.ag_group_gemm_persistent_kernel.plan.launch["via"] == "copy_engine"
+
+
+def test_moe_rs_sweep_in_spans_across_m_tiles() -> None:
+    # the sweep's last wave shared out in spans of column tiles (what a large routing's partial wave takes on a
+    # GPU): 40 output columns in 3 column tiles of 16, the M tiles after the first in spans of 2, so spans
+    # cross from one M tile into the next; 2 ranks (each notifies the rows it scattered), random and skewed
+    for per_rank, plans in tilelink.spawn(parts_with_sweep_spans, 2, 2, 13, 40, 24, 5, 2, ["random", "skewed"],
+                                          "float32", 2, True):
+        assert all(err < 1e-5 for err in per_rank.values()), per_rank
+        assert plans and all(p == (1, 1, 3, 2) for p in plans), plans
 
 
 @pytest.mark.parametrize("persistent", [True, False])
