@@ -161,13 +161,17 @@ def main() -> int:
                                   "loops": asm["ttgir"].count("scf.for ")})
     # moe_rs's column sweep: w by a 3-D descriptor in both forms (rows gathered once, or per K step), and one
     # releasing notify after the sweep
-    for one_k, block_k in ((True, 256), (False, 64)):
-        sweep = {"BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_K": block_k, "ONE_K": one_k, "stride_hk": 1,
+    from tilelink.ops.moe import sweep_config
+    for K in (256, 1024):  # the operator's configs: rows gathered once, or per K step
+        config = sweep_config(K)
+        one_k = config["ONE_K"]
+        sweep = {**{k: config[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "ONE_K")}, "stride_hk": 1,
                  "stride_wn": 1, "stride_on": 1}
         okernel = moe_kernels.group_gemm_rs_sweep_kernel
         for variant, fn in (("plain", okernel.kernel), ("rewritten", getattr(okernel.module, okernel.name))):
             ptx = compile_asm(fn, {"h_ptr": ptr, "w_ptr": ptr, "out_ptr": ptr, "topk_weights_ptr": "*fp32",
-                                   **routing}, sweep, num_warps=4, num_stages=4 if one_k else 3)["ptx"]
+                                   **routing}, sweep, num_warps=config["num_warps"],
+                            num_stages=config["num_stages"])["ptx"]
             print(f"sweep_moe_rs_k{'1' if one_k else 'n'}", variant,
                   {"tma 3d": len(re.findall(r"cp\.async\.bulk\.tensor\.3d\.shared", ptx)),
                    "sys release": len(re.findall(r"\b(?:atom|red)\.[\w.]*\b(?:sys\.release|release\.sys)\b", ptx))
