@@ -224,7 +224,6 @@ _GROUPED_COMMENT = ("# tilelink: notify the channels whose rows this tile comple
                    "(reduce_scatter, dim {dim})")
 #: the tile loop's held adds (first channel, its add, last channel, its add of up to three tiles) and the
 #: tile count, carried from one notify to the next
-_PENDING = "tlk_pending"
 
 
 def _grouped_notify(t, pending: str) -> tuple[str, ...]:
@@ -246,10 +245,11 @@ def _grouped_loop(a, pending: str) -> list[Insertion]:
                 f"tll.producer_tile_notify_flush(tlk_barriers, {pending})"))]
 
 
-def _pending_name(a, stores) -> str:
-    """The loop variable holding store ``a``'s held adds: one per store, so that a second grouped loop
-    (after this one, or inside or around it) neither clears nor resends this one's adds."""
-    return _PENDING if len(stores) == 1 else f"{_PENDING}_{stores.index(a)}"
+def _store_variable(base: str, a, stores) -> str:
+    """The name of a variable that belongs to store ``a`` (its swept count, its held adds): ``base`` when it is
+    the only store, ``base_<index>`` otherwise, so that a second store's loop (after this one's, or inside or
+    around it) neither clears nor resends this one's."""
+    return base if len(stores) == 1 else f"{base}_{stores.index(a)}"
 
 
 def _groups(an: KernelAnalysis, a, t) -> bool:
@@ -378,7 +378,7 @@ def rewrite(an: KernelAnalysis, spec: ReduceScatterSpec, options: Options) -> Re
         t = a.tile
         assert t is not None and a.anchor is not None and a.value is not None
         if a.swept:
-            insertions += _swept(an, a, t, spec, "tlk_swept" if len(stores) == 1 else f"tlk_swept_{stores.index(a)}")
+            insertions += _swept(an, a, t, spec, _store_variable("tlk_swept", a, stores))
             report.append(ReportEntry(an.name, RULE, "applied",
                                       f"the loop at line {a.anchor.line} stores the same rows on every iteration "
                                       f"(line {a.where.line}): it counts what they stored and notifies once, "
@@ -387,7 +387,7 @@ def rewrite(an: KernelAnalysis, spec: ReduceScatterSpec, options: Options) -> Re
         columns = (separable_columns(an, a, t, spec.size or t.size_param)
                    if SCALAR_COUNTS and not t.dynamic and not a.descriptor else None)
         grouped = _groups(an, a, t) and (a.descriptor or columns is not None)
-        pending = _pending_name(a, stores) if grouped else None
+        pending = _store_variable("tlk_pending", a, stores) if grouped else None
         if grouped:
             insertions += _grouped_loop(a, pending)
             report.append(ReportEntry(an.name, RULE, "applied",
