@@ -23,12 +23,15 @@ Partner kernels (the consumer), chosen by ``via``:
 - ``copy_engine`` (the paper's hybrid): the host copies each finished channel into the receive slot
   of the rank that owns it and flags it; :func:`rs_reduce_received` sums what arrived and this rank's
   own rows (read where the GEMM wrote them, not copied), on every SM (``REDUCE_PROGRAMS_PER_SM``
-  programs each: it starts after the GEMM's last tile). With ``topk=`` (MoE) a token's top-k expert
-  slots travel together (contiguous rows) and are summed by the same kernel.
+  programs each: it starts after the GEMM's last tile). With ``topk=`` (MoE) a third kernel comes first,
+  :func:`rs_topk_reduce`, behind the GEMM on every SM: it sums each token's top-k expert slots channel by
+  channel (the copy engine's order) and flags each channel, so the copy engine moves a token's one summed row
+  instead of its top-k slot rows (``1 / topk`` of the bytes) while the next channel is summed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass, field
 
@@ -457,8 +460,10 @@ def rewrite(an: KernelAnalysis, spec: ReduceScatterSpec, options: Options) -> Re
         report.append(entry)
     if opts.via == "copy_engine":
         report.append(ReportEntry(an.name, RULE, "note",
-                                  "consumer: hybrid - the copy engine scatters each finished channel to the rank "
-                                  "that owns its rows, then an SM kernel sums what it received (paper §7.2)"))
+                                  ("consumer: hybrid - after the GEMM an SM kernel sums each token's top-k slots, "
+                                   "channel by channel; " if spec.topk else "consumer: hybrid - ")
+                                  + "the copy engine scatters each finished channel to the rank that owns its rows, "
+                                    "then an SM kernel sums what it received (paper §7.2)"))
     elif opts.mode == "push":
         report.append(ReportEntry(an.name, RULE, "note",
                                   f"consumer: SM ring on {opts.comm_sms} programs - each rank adds its partial rows "
@@ -474,10 +479,11 @@ def rewrite(an: KernelAnalysis, spec: ReduceScatterSpec, options: Options) -> Re
     if opts.via == "sm" and opts.mode == "push" and spec.topk:
         raise AnnotationError("reduce_scatter with topk= reduces by pulling", file=an.file, line=an.where.line,
                               column=an.where.column, hint="drop mode='push' for the MoE reduction")
-    consumer = ("rs_reduce_received" if opts.via == "copy_engine"
-                else "rs_ring_consumer" if opts.mode == "push" else "rs_pull_consumer")
-    return RewritePlan(an.name, RULE, spec, opts, CHANNEL_PARAMS, tuple(insertions), (consumer,),
-                       launch, tuple(report))
+    if opts.via == "copy_engine":  # with top-k, the slots are summed before the copy engine moves them
+        partners = ("rs_topk_reduce", "rs_reduce_received") if spec.topk else ("rs_reduce_received",)
+    else:
+        partners = ("rs_ring_consumer",) if opts.mode == "push" else ("rs_pull_consumer",)
+    return RewritePlan(an.name, RULE, spec, opts, CHANNEL_PARAMS, tuple(insertions), partners, launch, tuple(report))
 
 
 # --------------------------------------------------------------------------- partner kernel
@@ -584,68 +590,80 @@ def rs_ring_consumer(partial_ptr, out_ptr, recv_ptr, recv_table, tlk_barriers, r
                 tll.peer_tile_notify(flag_table, recv_flags, ch, prev, 1)
 
 
+@triton.jit
+def rs_topk_reduce(partial_ptr, reduced_ptr, reduced_barriers, tlk_rank, tlk_world, tlk_rows, tlk_rows_per_rank,
+                   tlk_rows_per_channel, tlk_channels_per_rank, row_elems, TOPK: tl.constexpr, BLOCK: tl.constexpr):
+    """Hybrid reduce-scatter with ``topk=`` (MoE), the SM stage between the GEMM and the copy engine
+    (GroupGEMM -> top-k reduce -> reduce-scatter, paper §7.2): sum each token's ``TOPK`` expert slot rows
+    (rows ``t * TOPK + k`` of ``partial_ptr``, as the GEMM stored them) into its row ``t`` of ``reduced_ptr``,
+    in fp32. Launched behind the GEMM on its stream (a rank's tokens are spread over every expert, so no
+    channel is complete before the GEMM's last tiles). Channels go in the order the copy engine sends them
+    (the next rank's first, this rank's own last); each program adds the elements it wrote to
+    ``reduced_barriers[ch]`` once per channel (release), so a channel of ``n`` rows is complete at
+    ``epoch * n * row_elems`` and the copy engine moves it, ``1 / TOPK`` of the slot rows' bytes, while the
+    next channel is being summed."""
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    row_blocks = tl.cdiv(row_elems, BLOCK)  # a block: a piece of one token row
+    dealt = 0  # blocks of the channels before: each channel's first block goes to the next program in turn
+    for step in range(1, tlk_world + 1):
+        dst = (tlk_rank + step) % tlk_world
+        for j in range(0, tlk_channels_per_rank):
+            ch = dst * tlk_channels_per_rank + j
+            lo, hi = tlm.tl_channel_range(ch, tlk_rows, tlk_rows_per_rank, tlk_rows_per_channel,
+                                          tlk_channels_per_rank)
+            count = (hi - lo) * row_blocks
+            written = 0
+            for b in range((pid + nprog - dealt % nprog) % nprog, count, nprog):
+                row = lo + b // row_blocks
+                col = (b % row_blocks) * BLOCK + tl.arange(0, BLOCK)
+                mask = col < row_elems
+                acc = tl.zeros([BLOCK], dtype=tl.float32)
+                for k in tl.static_range(TOPK):  # the slots' loads in flight together
+                    x = tl.load(partial_ptr + (row * TOPK + k) * row_elems + col, mask=mask)
+                    acc += x.to(tl.float32)
+                tl.store(reduced_ptr + row * row_elems + col, acc.to(reduced_ptr.dtype.element_ty), mask=mask)
+                written += tl.sum(mask.to(tl.int32))
+            if written > 0:
+                tll.notify_value(reduced_barriers + ch, written.to(tl.int64))
+            dealt += count
+
+
 @triton.jit(do_not_specialize=["tlk_epoch"])  # one variant for every call
 def rs_reduce_received(recv_ptr, partial_ptr, out_ptr, recv_barriers, tlk_barriers, tlk_epoch, tlk_rank, tlk_world,
                        tlk_rows, tlk_rows_per_rank, tlk_rows_per_channel, tlk_channels_per_rank, row_elems, tlk_diag,
-                       tlk_budget, TOPK: tl.constexpr, BLOCK: tl.constexpr):
-    """Hybrid reduce-scatter, SM half: into ``out_ptr``, sum this rank's own partial rows where the GEMM
-    wrote them (``partial_ptr``, complete once the GEMM's channel count ``tlk_barriers[ch]`` reaches
-    ``epoch * n * TOPK``: no copy) and the partial rows every peer's copy engine delivered into the
-    receive buffer ``recv_ptr`` (world, rows_per_rank * TOPK, row_elems), slot ``p`` from rank ``p``,
-    announced on ``recv_barriers[p * channels_per_rank + j]``. With ``TOPK > 1`` (MoE) a row ``t`` is the
-    ``TOPK`` expert slots ``t * TOPK + k``, summed too (GroupGEMM -> top-k reduce -> reduce-scatter)."""
+                       tlk_budget, BLOCK: tl.constexpr):
+    """Hybrid reduce-scatter, SM half: into ``out_ptr``, sum this rank's own partial rows where they were
+    written (``partial_ptr``, (rows, row_elems): complete once ``tlk_barriers[ch]`` reaches ``epoch * n``
+    for a channel of ``n`` elements; no copy) and the partial rows every peer's copy engine delivered into
+    the receive buffer ``recv_ptr`` (world, rows_per_rank, row_elems), slot ``p`` from rank ``p``, announced
+    on ``recv_barriers[p * channels_per_rank + j]``. With ``topk=`` (MoE) these are the rows
+    :func:`rs_topk_reduce` summed over each token's expert slots, and its channels."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     rank_lo = tlk_rank * tlk_rows_per_rank
-    slot_elems = tlk_rows_per_rank * TOPK * row_elems
-    # TOPK == 1: a channel's rows are one range, cut in BLOCK-element blocks. TOPK > 1: a block is a
-    # piece of one token row (no division per element to find its row and column)
-    row_blocks = tl.cdiv(row_elems, BLOCK)
-    if TOPK == 1:
-        nblocks = tl.cdiv(tlk_rows_per_channel * row_elems, BLOCK)
-    else:
-        nblocks = tlk_rows_per_channel * row_blocks
+    slot_elems = tlk_rows_per_rank * row_elems
+    nblocks = tl.cdiv(tlk_rows_per_channel * row_elems, BLOCK)  # a channel's rows are one range
     for j in range(0, tlk_channels_per_rank):
         ch = tlk_rank * tlk_channels_per_rank + j
         lo, hi = tlm.tl_channel_range(ch, tlk_rows, tlk_rows_per_rank, tlk_rows_per_channel, tlk_channels_per_rank)
         n = (hi - lo) * row_elems
-        if TOPK == 1:
-            count = tl.cdiv(n, BLOCK)
-        else:
-            count = (hi - lo) * row_blocks
         first = (pid + nprog - (j * nblocks) % nprog) % nprog  # blocks dealt round-robin across the channels
-        if first < count:
+        if first < tl.cdiv(n, BLOCK):
             # once per channel and source, not per block (each wait is a poll and a barrier)
-            token = tll.consumer_tile_wait(tlk_barriers, ch, 1, n.to(tl.int64) * TOPK * tlk_epoch, tlk_diag,
-                                           tlk_budget)
+            token = tll.consumer_tile_wait(tlk_barriers, ch, 1, n.to(tl.int64) * tlk_epoch, tlk_diag, tlk_budget)
             for p in range(0, tlk_world - 1):
                 src = (tlk_rank + 1 + p) % tlk_world
                 token += tll.consumer_tile_wait(recv_barriers, src * tlk_channels_per_rank + j, 1, tlk_epoch,
                                                 tlk_diag, tlk_budget)
-            for b in range(first, count, nprog):
-                if TOPK == 1:  # rows are contiguous: one range per source
-                    idx = b * BLOCK + tl.arange(0, BLOCK)
-                    mask = idx < n
-                    acc = tl.load(partial_ptr + lo * row_elems + idx + token, mask=mask).to(tl.float32)
-                    for p in range(0, tlk_world - 1):
-                        src = (tlk_rank + 1 + p) % tlk_world
-                        x = tl.load(recv_ptr + src * slot_elems + (lo - rank_lo) * row_elems + idx + token, mask=mask)
-                        acc += x.to(tl.float32)
-                else:  # token row lo + r, columns col: its TOPK slot rows here and at every source
-                    r = b // row_blocks
-                    col = (b % row_blocks) * BLOCK + tl.arange(0, BLOCK)
-                    mask = col < row_elems
-                    acc = tl.zeros([BLOCK], dtype=tl.float32)
-                    for k in tl.static_range(TOPK):
-                        x = tl.load(partial_ptr + ((lo + r) * TOPK + k) * row_elems + col + token, mask=mask)
-                        acc += x.to(tl.float32)
-                    for p in range(0, tlk_world - 1):
-                        src = (tlk_rank + 1 + p) % tlk_world
-                        for k in tl.static_range(TOPK):
-                            x = tl.load(recv_ptr + src * slot_elems + ((lo - rank_lo + r) * TOPK + k) * row_elems
-                                        + col + token, mask=mask)
-                            acc += x.to(tl.float32)
-                    idx = r * row_elems + col
+            for off in range(first * BLOCK, n, nprog * BLOCK):
+                idx = off + tl.arange(0, BLOCK)
+                mask = idx < n
+                acc = tl.load(partial_ptr + lo * row_elems + idx + token, mask=mask).to(tl.float32)
+                for p in range(0, tlk_world - 1):
+                    src = (tlk_rank + 1 + p) % tlk_world
+                    x = tl.load(recv_ptr + src * slot_elems + (lo - rank_lo) * row_elems + idx + token, mask=mask)
+                    acc += x.to(tl.float32)
                 tl.store(out_ptr + (lo - rank_lo) * row_elems + idx, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
@@ -661,8 +679,10 @@ class ReduceScatterContext:
     diag: Diagnostics
     streams: Streams
     scratch: torch.Tensor
-    recv: torch.Tensor | None = None  # hybrid: (world, rows_per_rank * topk, ...) what the peers' copy engines deliver
+    recv: torch.Tensor | None = None  # hybrid: (world, rows_per_rank, ...) what the peers' copy engines deliver
     recv_channel: Channel | None = None
+    reduced: torch.Tensor | None = None  # hybrid with top-k: (rows, ...) each token's slots summed (rs_topk_reduce)
+    reduced_channel: Channel | None = None  # ... its channels, complete at epoch * rows(channel) * row_elems
     recv_table: torch.Tensor | None = None  # the ring's: every rank's copy of recv (vector stores)
     variants: set = field(default_factory=set)  # the rewritten kernel's variants loaded (warm_up)
     satisfied: torch.Tensor | None = None  # a world of one: every wait passes
@@ -676,6 +696,17 @@ class ReduceScatterContext:
     def topk(self) -> int:
         """Partial rows per output row: a token's top-k expert slots (MoE, one contiguous range), else 1."""
         return self.partial.shape[0] // self.sharding.size
+
+    @property
+    def sent(self) -> torch.Tensor:
+        """The rows the hybrid's copy engine sends and its reduction reads for this rank: each token's
+        slots summed with top-k, else the partial sums."""
+        return self.partial if self.reduced_channel is None else self.reduced
+
+    @property
+    def sent_channel(self) -> Channel:
+        """The channels that say when rows of :attr:`sent` are complete."""
+        return self.channel if self.reduced_channel is None else self.reduced_channel
 
 
 class ReduceScatterLauncher(Launcher):
@@ -708,11 +739,14 @@ class ReduceScatterLauncher(Launcher):
                                        Diagnostics(), Streams.for_world(world),
                                        torch.zeros(sharding.num_channels, dtype=torch.int64, device=world.device))
             if self.meta["via"] == "copy_engine" or self.meta["mode"] == "push":
-                # the hybrid's receive slots hold a peer's partial rows of this rank's tokens: top-k slots each
-                ctx.recv = symmetric_empty((world.world_size, sharding.rows_per_rank * topk, *out.shape[1:]),
-                                           out.dtype)
+                # the receive slots hold a peer's partial rows of this rank's tokens (top-k slots summed)
+                ctx.recv = symmetric_empty((world.world_size, sharding.rows_per_rank, *out.shape[1:]), out.dtype)
                 ctx.recv_table = vector_peer_table(ctx.recv)
                 ctx.recv_channel = Channel(sharding.num_channels)
+            if self.meta["via"] == "copy_engine" and topk > 1:
+                ctx.reduced_channel = Channel(sharding.num_channels)
+                if world.world_size > 1:  # alone, the summed slots go straight into the output
+                    ctx.reduced = torch.empty((size, *out.shape[1:]), dtype=out.dtype, device=world.device)
             self.contexts[key] = ctx
         return ctx
 
@@ -749,33 +783,38 @@ class ReduceScatterLauncher(Launcher):
         self.partner("rs_pull_consumer")[grid](*common, ctx.diag.buffer, ctx.diag.budget_ns,
                                                TOPK=ctx.topk, **meta)
 
-    def _reduce(self, ctx: ReduceScatterContext, world, out, recv_barriers, barriers, epoch: int) -> None:
-        sh = ctx.sharding
-        row_elems, topk = ctx.row_elems, ctx.topk
-        # the kernel's blocks: pieces of the channel's rows, or with top-k pieces of one token row each
-        per_channel = (sh.rows_per_channel * cdiv(row_elems, self.BLOCK) if topk > 1
-                       else cdiv(sh.rows_per_channel * row_elems, self.BLOCK))
-        blocks = sh.channels_per_rank * per_channel
+    def _programs(self, world) -> int:
+        """Programs of the hybrid's SM kernels on a GPU (``REDUCE_PROGRAMS_PER_SM`` per SM: they run when the
+        GEMM is done, and on ``comm_sms`` programs they were latency-bound, one block's loads in flight per
+        SM: 1.05 ms for 96 MB on 2 H200s, against the GEMM's 0.48 ms); ``comm_sms`` in the emulated world."""
         if world.device.type == "cuda":
-            # it is launched behind the side stream's wait for this rank's own rows, the GEMM's last
-            # tiles: every SM is free by then. On comm_sms programs it was latency-bound (one block's loads in
-            # flight per SM: 1.05 ms for 96 MB on 2 H200s, against the GEMM's 0.48 ms)
-            programs = REDUCE_PROGRAMS_PER_SM * torch.cuda.get_device_properties(world.device).multi_processor_count
-        else:
-            programs = self.meta["comm_sms"]
-        grid = (max(1, min(programs, blocks)),)
-        self.partner("rs_reduce_received")[grid](
-            ctx.recv, ctx.partial, out, recv_barriers, barriers, epoch, world.rank, world.world_size, sh.size,
-            sh.rows_per_rank, sh.rows_per_channel, sh.channels_per_rank, row_elems, ctx.diag.buffer,
-            ctx.diag.budget_ns, TOPK=topk, BLOCK=self.BLOCK)
+            return REDUCE_PROGRAMS_PER_SM * torch.cuda.get_device_properties(world.device).multi_processor_count
+        return self.meta["comm_sms"]
+
+    def _topk_reduce(self, ctx: ReduceScatterContext, world, reduced, barriers) -> None:
+        """Sum each token's top-k slots into ``reduced`` (:func:`rs_topk_reduce`), flagging ``barriers``."""
+        sh = ctx.sharding
+        blocks = sh.size * cdiv(ctx.row_elems, self.BLOCK)
+        self.partner("rs_topk_reduce")[(max(1, min(self._programs(world), blocks)),)](
+            ctx.partial, reduced, barriers, world.rank, world.world_size, sh.size, sh.rows_per_rank,
+            sh.rows_per_channel, sh.channels_per_rank, ctx.row_elems, TOPK=ctx.topk, BLOCK=self.BLOCK)
+
+    def _reduce(self, ctx: ReduceScatterContext, world, out, recv_barriers, barriers, epoch: int) -> None:
+        # launched behind the side stream's wait for this rank's own rows: every SM is free by then
+        sh = ctx.sharding
+        blocks = sh.channels_per_rank * cdiv(sh.rows_per_channel * ctx.row_elems, self.BLOCK)
+        self.partner("rs_reduce_received")[(max(1, min(self._programs(world), blocks)),)](
+            ctx.recv, ctx.sent, out, recv_barriers, barriers, epoch, world.rank, world.world_size, sh.size,
+            sh.rows_per_rank, sh.rows_per_channel, sh.channels_per_rank, ctx.row_elems, ctx.diag.buffer,
+            ctx.diag.budget_ns, BLOCK=self.BLOCK)
 
     def _scatter(self, ctx: ReduceScatterContext, world, epoch: int) -> None:
         """Hybrid, copy-engine half: as each channel's rows are complete here, copy them into the
         receive slot of the rank that owns them and tell it (ring order: the next rank first). This
-        rank's own rows stay where the GEMM wrote them (the reduction reads them there); the stream only
+        rank's own rows stay where they were written (the reduction reads them there); the stream only
         waits for them, so that the reduction, launched next, starts after the GEMM's last tile."""
         sh = ctx.sharding
-        row_elems, topk = ctx.row_elems, ctx.topk
+        sent, row_elems = ctx.sent, ctx.row_elems
         stream = ctx.streams.side
         for step in range(1, world.world_size + 1):
             dst = (world.rank + step) % world.world_size
@@ -786,33 +825,42 @@ class ReduceScatterLauncher(Launcher):
                 lo, hi = sh.channel_range(ch)
                 if hi > lo:
                     # the host goes on enqueueing; a stuck wait is released and raised by finish()
-                    rank_wait(ctx.channel, ch, epoch * (hi - lo) * row_elems * topk, stream, block=False)
+                    rank_wait(ctx.sent_channel, ch, epoch * (hi - lo) * row_elems, stream, block=False)
                     if peer_recv is not None:
-                        rank_copy_data(ctx.partial[lo * topk:hi * topk],
-                                       peer_recv[world.rank, (lo - dst_lo) * topk:(hi - dst_lo) * topk], stream)
+                        rank_copy_data(sent[lo:hi], peer_recv[world.rank, lo - dst_lo:hi - dst_lo], stream)
                 if peer_recv is not None:
                     rank_notify(ctx.recv_channel, world.rank * sh.channels_per_rank + j, epoch, dst, stream)
 
     def _launch_hybrid(self, grid, call: dict, ctx: ReduceScatterContext, world, out) -> None:
-        self.warm_up(ctx, world, grid, call,
-                     partners=lambda: self._reduce(ctx, world, out, ctx.scratch, ctx.scratch, 0))
+        alone = world.world_size == 1  # with top-k: the summed slots are the result
+
+        def partners() -> None:
+            if ctx.reduced_channel is not None:
+                self._topk_reduce(ctx, world, out if alone else ctx.reduced, ctx.scratch)
+            if not alone:
+                self._reduce(ctx, world, out, ctx.scratch, ctx.scratch, 0)
+
+        self.warm_up(ctx, world, grid, call, partners=partners)
         epoch = ctx.channel.advance()
         ctx.recv_channel.advance()
+        if ctx.reduced_channel is not None:
+            ctx.reduced_channel.advance()
         main, side = ctx.streams.main, ctx.streams.side
         world.stream_barrier(main)  # every rank is done with the previous call's buffers
         args = self.channel_args(ctx.channel.barriers, epoch, world, ctx.sharding, ctx.diag)
+        start = None
         if side is not None:
             start = torch.cuda.Event()
             start.record(main)
-            self.kernel[grid](**call, **args)  # the GEMM keeps every SM
-            side.wait_event(start)
-            with torch.cuda.stream(side):
+        self.kernel[grid](**call, **args)  # the GEMM keeps every SM
+        if ctx.reduced_channel is not None:  # behind the GEMM on its stream: no channel is complete before its end
+            self._topk_reduce(ctx, world, out if alone else ctx.reduced, ctx.reduced_channel.barriers)
+        if not alone:
+            if side is not None:
+                side.wait_event(start)
+            with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
                 self._scatter(ctx, world, epoch)
-                self._reduce(ctx, world, out, ctx.recv_channel.barriers, ctx.channel.barriers, epoch)
-        else:
-            self.kernel[grid](**call, **args)
-            self._scatter(ctx, world, epoch)
-            self._reduce(ctx, world, out, ctx.recv_channel.barriers, ctx.channel.barriers, epoch)
+                self._reduce(ctx, world, out, ctx.recv_channel.barriers, ctx.sent_channel.barriers, epoch)
         self.finish(ctx)
 
     def launch(self, grid, bound: dict) -> None:

@@ -119,11 +119,14 @@ def main() -> int:
     print(f"ag_push_producer compiled {widths}")
     received_types = {"recv_ptr": ptr, "partial_ptr": ptr, "out_ptr": ptr, "recv_barriers": "*i64",
                       "tlk_barriers": "*i64", "tlk_diag": "*i64", "tlk_budget": i64}
-    for topk in (1, 2):  # the MoE reduction on the copy engine sums each token's top-k slots too
-        widths = load_widths(reduce_scatter.rs_reduce_received, received_types, {"TOPK": topk, "BLOCK": 1024},
+    widths = load_widths(reduce_scatter.rs_reduce_received, received_types, {"BLOCK": 1024}, PARTNER_DIVISIBLE)
+    load_widths(reduce_scatter.rs_reduce_received, received_types, {"BLOCK": 1024, **epoch_one})
+    print(f"rs_reduce_received compiled {widths}")
+    topk_types = {"partial_ptr": ptr, "reduced_ptr": ptr, "reduced_barriers": "*i64"}
+    for topk in (2, 5):  # the MoE hybrid sums each token's top-k slots before the copy engine
+        widths = load_widths(reduce_scatter.rs_topk_reduce, topk_types, {"TOPK": topk, "BLOCK": 1024},
                              PARTNER_DIVISIBLE)
-        load_widths(reduce_scatter.rs_reduce_received, received_types, {"TOPK": topk, "BLOCK": 1024, **epoch_one})
-        print(f"rs_reduce_received TOPK={topk} {widths}")
+        print(f"rs_topk_reduce TOPK={topk} {widths}")
     # the MoE routing kernels (ids of either integer width)
     from tilelink.ops import moe_routing
 

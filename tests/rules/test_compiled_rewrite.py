@@ -30,8 +30,8 @@ def test_rewritten_kernels_keep_wide_loads() -> None:
     # the partners move rows as 16-byte vectors, a peer's too (2-byte loads made a pull a load per element):
     # the pull consumer four sources at a time (and each top-k slot)
     for key, vectors in ((("rs_pull_consumer", "TOPK=1"), 4), (("rs_pull_consumer", "TOPK=2"), 8),
-                         (("ag_pull_producer", "compiled"), 1), (("rs_reduce_received", "TOPK=1"), 2),
-                         (("rs_reduce_received", "TOPK=2"), 4),  # the MoE hybrid: own and received, each slot
+                         (("ag_pull_producer", "compiled"), 1), (("rs_reduce_received", "compiled"), 2),
+                         (("rs_topk_reduce", "TOPK=2"), 2), (("rs_topk_reduce", "TOPK=5"), 5),  # MoE: each slot
                          (("rs_ring_consumer", "compiled"), 2), (("ag_push_producer", "compiled"), 1)):
         assert profiles[key]["ld.global.v4"] == vectors and profiles[key]["ld.global scalar"] == 0, (key, profiles[key])
         # and stores, a peer's too (the ring's running sums, the push producer's rows)
