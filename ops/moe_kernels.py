@@ -22,13 +22,13 @@ to 16-byte rows when they are not).
 The RS part's short inner dimension (``I / R``: 256 at world 8) makes its tiles short: a tile loads as
 much as it computes, and a notify per tile (count, barrier, fence) comes every few microseconds. On a
 GPU ``moe_rs`` takes :func:`group_gemm_rs_sweep_kernel`: each program gathers its rows of ``h`` once and
-sweeps a run of column tiles, ``w`` by tensor descriptor, and the rewrite notifies once per program, after
-the sweep
-(MoE-4 at world 8 on an H200: 0.51 -> 0.76 of dense cuBLAS rewritten, docs/PERFORMANCE.md). Its reduction
-is the hybrid (``via="copy_engine"``): the copy engine carries each token's slot rows to the rank that
-owns the token, then one kernel on every SM sums slots and ranks, so the sweep keeps every SM. A rank's
-tokens are spread over all experts, so its rows are complete only after the last tiles: an SM pull
-consumer on 16 SMs took 1.13 ms after a 0.46 ms sweep on two H200s (MoE-4), pulling at 113 GB/s.
+sweeps a run of column tiles, ``w`` by tensor descriptor (MoE-4 at world 8 on an H200: 0.51 -> 0.76 of
+dense cuBLAS rewritten, docs/PERFORMANCE.md). Its reduction is the hybrid (``via="copy_engine"``) in three
+stages: behind the sweep, one kernel on every SM sums each token's top-k slot rows, rank by rank; the copy
+engine carries each rank's summed rows to it; one kernel sums the ranks. The sweep keeps every SM and its
+rewrite adds no notify: a rank's tokens are spread over all experts, so its rows are complete only after
+the last tiles (an SM pull consumer on 16 SMs beside the sweep took 1.13 ms after its 0.46 ms on two
+H200s, MoE-4, pulling at 113 GB/s).
 """
 
 import triton

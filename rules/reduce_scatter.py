@@ -380,6 +380,13 @@ def rewrite(an: KernelAnalysis, spec: ReduceScatterSpec, options: Options) -> Re
                      "terms of the address (`offs_n[None, :]`), not a pointer it advances")
         t = a.tile
         assert t is not None and a.anchor is not None and a.value is not None
+        if opts.via == "copy_engine" and spec.topk:
+            report.append(ReportEntry(an.name, RULE, "note",
+                                      f"no notify after the store at line {a.where.line}: with topk= on the copy "
+                                      "engine the top-k reduce runs behind this kernel on its stream (a rank's "
+                                      "tokens are spread over every expert, so no channel is complete before the "
+                                      "last tile)", a.where))
+            continue
         if a.swept:
             insertions += _swept(an, a, t, spec, _store_variable("tlk_swept", a, stores))
             report.append(ReportEntry(an.name, RULE, "applied",
@@ -452,8 +459,9 @@ def rewrite(an: KernelAnalysis, spec: ReduceScatterSpec, options: Options) -> Re
     shift = f"(((tlk_rank + 1) % tlk_world) * tlk_rows_per_rank) // ({tile.size})"
     if tile.dynamic:
         report.append(ReportEntry(an.name, RULE, "note", f"dynamic mapping through {spec.index}"
-                                  + (f", top-{spec.topk} reduction" if spec.topk else "")
-                                  + ": each tile notifies the channels of the rows it stored"))
+                                  + (f", top-k reduction (topk={spec.topk})" if spec.topk else "")
+                                  + ("" if opts.via == "copy_engine" and spec.topk
+                                     else ": each tile notifies the channels of the rows it stored")))
     else:
         more, entry = remap_order(an, first, RULE, opts.order, shift)
         insertions += more

@@ -265,14 +265,23 @@ def test_sweep_kernel_as_written_and_rewritten_matches_torch(plan, monkeypatch) 
         else:
             assert args[-5:] == (m_tiles, m_tiles, 2, 1, 1) and grid == (m_tiles * 2,)
         assert "N_CHUNKS" not in launch_meta
-        for kernel, extra in ((okernel.kernel, {}),
-                              (getattr(okernel.module, okernel.name), okernel.launcher.satisfied_args(M, 2, h.device))):
+        # as written; rewritten as the operator's (the hybrid with top-k: no notify, the top-k reduce follows it
+        # on its stream); and rewritten for the SM pull, whose notifies count the swept, spanned stores
+        for kernel, counted in ((okernel.kernel, None), (getattr(okernel.module, okernel.name), False),
+                                (sm_pull_sweep(okernel), True)):
+            extra = {} if counted is None else okernel.launcher.satisfied_args(M, 2, h.device)
             out.fill_(float("nan"))
             kernel[grid](*args, **launch_meta, **extra)
             assert torch.allclose(out, ref, atol=1e-4), (K, (out - ref).abs().max())
-            if extra:  # each of the 2 channels (a rank's 10 tokens) got its tokens' top_k slot rows of N, once
+            if counted is not None:  # each of the 2 channels (a rank's 10 tokens): its tokens' top_k slot rows of N
                 added = extra["tlk_barriers"] - (1 << 40)
-                assert added.tolist() == [10 * top_k * N, 10 * top_k * N], added
+                assert added.tolist() == ([10 * top_k * N] * 2 if counted else [0, 0]), added
+
+
+def sm_pull_sweep(okernel):
+    """moe_rs's sweep kernel rewritten for the SM pull reduce-scatter (the copy engine's needs no notify)."""
+    spec = okernel.plan.spec
+    return getattr(tilelink.overlap(spec, channels_per_rank=1)(okernel.kernel).module, okernel.name)
 
 
 def test_layers_with_other_expert_counts_reuse_the_contexts() -> None:

@@ -52,8 +52,8 @@ def test_rewritten_kernels_keep_wide_loads() -> None:
     assert plain["tma store"] > 0 and rewritten["tma store"] == plain["tma store"], (plain, rewritten)
     assert plain["store wait"] == 0 and rewritten["store wait"] > 0, (plain, rewritten)
     assert rewritten["loops"] == plain["loops"], (plain, rewritten)
-    # moe_rs's column sweep keeps its TMA loads of w once rewritten, and notifies after the sweep
+    # moe_rs's column sweep keeps its TMA loads of w once rewritten, and adds no notify (the hybrid's top-k
+    # reduce follows it on its stream)
     for kernel in ("sweep_moe_rs_k1", "sweep_moe_rs_kn"):
         plain, rewritten = profiles[(kernel, "plain")], profiles[(kernel, "rewritten")]
-        assert plain["tma 3d"] > 0 and rewritten["tma 3d"] == plain["tma 3d"], (kernel, plain, rewritten)
-        assert plain["sys release"] == 0 and rewritten["sys release"] > 0, (kernel, plain, rewritten)
+        assert plain["tma 3d"] > 0 and rewritten == plain, (kernel, plain, rewritten)
