@@ -11,7 +11,8 @@ tells the rewriter where the rows come from (``tlxform show ops/moe_kernels.py::
   ``x`` is all-gathered across ranks, each tile waits only for the channels of the tokens it gathers.
 - :func:`group_gemm_rs_kernel` (GroupGEMM + scatter + top-k reduce + RS): ``out[s] = weight[s] *
   h[s] @ w[expert(s)]`` scattered to slot rows, reduced over each token's ``top_k`` slots and over
-  the ranks (the rule's partner kernels, ``rs_topk_reduce`` first on the copy engine's path); each rank keeps its rows of the tokens.
+  the ranks (the rule's partner kernels; on the copy engine's path ``rs_topk_reduce`` first); each rank
+  keeps its rows of the tokens.
 
 Tiles are visited in grouped order (``GROUP_M`` M tiles share the N sweep) for L2 reuse of the
 expert's weight columns, with pointer arithmetic (any layout). The AG part also has a persistent form,
