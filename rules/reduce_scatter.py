@@ -721,6 +721,12 @@ class ReduceScatterLauncher(Launcher):
     """``kernel[grid](..., c_shard, ...)``: run the rewritten producer into a symmetric buffer and
     reduce this rank's rows from every rank into ``c_shard``."""
 
+    #: :func:`rs_topk_reduce` on a GPU: 4096-element blocks, 8 warps, 4 programs per SM. On an H200 (MoE-4 and
+    #: MoE-6 slot rows, 8192 tokens of 4096) 3.1-3.7 TB/s, against 2.1-2.5 TB/s for 1024-element blocks of 4
+    #: warps, 8 per SM (61 / 108 us against 81 / 178 us; torch's sum over the top-k: 145 / 175 us;
+    #: scratch/topk12.py, docs/PERFORMANCE.md session 12)
+    TOPK_REDUCE_GPU = {"BLOCK": 4096, "num_warps": 8, "per_sm": 4}
+
     def context(self, bound: dict) -> ReduceScatterContext:
         world = self.world()
         size = self.size_of(bound)
@@ -794,21 +800,23 @@ class ReduceScatterLauncher(Launcher):
         self.partner("rs_pull_consumer")[grid](*common, ctx.diag.buffer, ctx.diag.budget_ns,
                                                TOPK=ctx.topk, **meta)
 
-    def _programs(self, world) -> int:
-        """Programs of the hybrid's SM kernels on a GPU (``REDUCE_PROGRAMS_PER_SM`` per SM: they run when the
-        GEMM is done, and on ``comm_sms`` programs they were latency-bound, one block's loads in flight per
-        SM: 1.05 ms for 96 MB on 2 H200s, against the GEMM's 0.48 ms); ``comm_sms`` in the emulated world."""
+    def _programs(self, world, per_sm: int = REDUCE_PROGRAMS_PER_SM) -> int:
+        """Programs of the hybrid's SM kernels on a GPU (``per_sm`` per SM: they run when the GEMM is done,
+        and on ``comm_sms`` programs they were latency-bound, one block's loads in flight per SM: 1.05 ms
+        for 96 MB on 2 H200s, against the GEMM's 0.48 ms); ``comm_sms`` in the emulated world."""
         if world.device.type == "cuda":
-            return REDUCE_PROGRAMS_PER_SM * torch.cuda.get_device_properties(world.device).multi_processor_count
+            return per_sm * torch.cuda.get_device_properties(world.device).multi_processor_count
         return self.meta["comm_sms"]
 
     def _topk_reduce(self, ctx: ReduceScatterContext, world, reduced, barriers) -> None:
         """Sum each token's top-k slots into ``reduced`` (:func:`rs_topk_reduce`), flagging ``barriers``."""
         sh = ctx.sharding
-        blocks = sh.size * cdiv(ctx.row_elems, self.BLOCK)
-        self.partner("rs_topk_reduce")[(max(1, min(self._programs(world), blocks)),)](
+        meta = self.pull_meta(world, self.TOPK_REDUCE_GPU)
+        per_sm = meta.pop("per_sm", REDUCE_PROGRAMS_PER_SM)
+        blocks = sh.size * cdiv(ctx.row_elems, meta["BLOCK"])
+        self.partner("rs_topk_reduce")[(max(1, min(self._programs(world, per_sm), blocks)),)](
             ctx.partial, reduced, barriers, world.rank, world.world_size, sh.size, sh.rows_per_rank,
-            sh.rows_per_channel, sh.channels_per_rank, ctx.row_elems, TOPK=ctx.topk, BLOCK=self.BLOCK)
+            sh.rows_per_channel, sh.channels_per_rank, ctx.row_elems, TOPK=ctx.topk, **meta)
 
     def _reduce(self, ctx: ReduceScatterContext, world, out, recv_barriers, barriers, epoch: int) -> None:
         # launched behind the side stream's wait for this rank's own rows: every SM is free by then

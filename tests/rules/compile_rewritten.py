@@ -126,6 +126,9 @@ def main() -> int:
     for topk in (2, 5):  # the MoE hybrid sums each token's top-k slots before the copy engine
         widths = load_widths(reduce_scatter.rs_topk_reduce, topk_types, {"TOPK": topk, "BLOCK": 1024},
                              PARTNER_DIVISIBLE)
+        gpu = {k: v for k, v in reduce_scatter.ReduceScatterLauncher.TOPK_REDUCE_GPU.items() if k != "per_sm"}
+        compile_ptx(reduce_scatter.rs_topk_reduce, topk_types, {"TOPK": topk, "BLOCK": gpu.pop("BLOCK")},
+                    PARTNER_DIVISIBLE, **gpu)  # the GPU's launch compiles too
         print(f"rs_topk_reduce TOPK={topk} {widths}")
     # the MoE routing kernels (ids of either integer width)
     from tilelink.ops import moe_routing
