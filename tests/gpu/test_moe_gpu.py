@@ -19,6 +19,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 from moe_worlds import (  # noqa: E402
     experts_one_after_another,
     host_syncs_per_call,
+    hybrid_calls_back_to_back,
     layer_matches_torch,
     parts_match_torch,
     parts_with_sweep_spans,
@@ -68,6 +69,14 @@ def test_moe_rs_sweep_in_spans_across_m_tiles_bf16() -> None:
                                           "bfloat16", 2, True, backend="nvshmem"):
         assert all(err < 2e-2 for err in per_rank.values()), per_rank
         assert plans and all(p == (1, 1, 4, 3) for p in plans), plans
+
+
+def test_hybrid_calls_back_to_back_with_new_data_bf16() -> None:
+    """moe_rs and gemm_rs, 5 calls each with new data, queued without a wait between calls (no barrier: each
+    call's receive slots by its parity) and checked at the end, on 2 ranks sharing the GPU."""
+    for errors in tilelink.spawn(hybrid_calls_back_to_back, 2, 333, 256, 384, 8, 2, 5, "bfloat16",
+                                 backend="nvshmem"):
+        assert len(errors) == 10 and max(errors) < 2e-2, errors
 
 
 def test_a_second_layer_with_other_experts_loads_its_kernels_before_anything_spins() -> None:

@@ -247,3 +247,47 @@ def bad_inputs() -> list[str]:
         else:
             messages.append("NO ERROR")
     return messages
+
+
+def hybrid_calls_back_to_back(M: int, H: int, inter: int, E: int, top_k: int, calls: int,
+                              dtype_name: str = "float32") -> list[float]:
+    """The hybrid reduce-scatters (``moe_rs`` with top-k, ``gemm_rs`` without), ``calls`` calls of each with new
+    data every call, queued one after another and checked only at the end: nothing waits between calls, so a
+    call that read a receive slot the next call was already writing, or the slot of the call before, would
+    give a wrong sum. The descriptor kernels are forced (the hybrid is theirs). Returns the relative error of
+    every call, moe_rs's then gemm_rs's."""
+    from tilelink.ops import contract, gemm_rs, moe_kernels, moe_rs, tp_kernels
+
+    contract.PERSISTENT = True
+    for okernel in (moe_kernels.group_gemm_rs_sweep_kernel, tp_kernels.gemm_rs_persistent_kernel):
+        assert okernel.plan.launch["via"] == "copy_engine", okernel
+
+    dtype = getattr(torch, dtype_name)
+    r, R = tilelink.rank(), tilelink.world_size()
+    device = tilelink.runtime.current_world().device
+    ilo, ihi = bounds(inter, r, R)
+    lo, hi = bounds(M, r, R)
+    g = torch.Generator().manual_seed(11)
+    topk_ids = routing(M, E, top_k, "random", g)
+    ids = topk_ids.to(device)
+    w_down = torch.randn(E, inter, H, generator=g) / inter**0.5
+    b = torch.randn(inter, H, generator=g) / inter**0.5
+    w_dev = w_down[:, ilo:ihi].contiguous().to(dtype).to(device)
+    b_dev = b[ilo:ihi].contiguous().to(dtype).to(device)
+    inputs, outputs = [], []
+    for _ in range(calls):
+        h = torch.randn(M * top_k, inter, generator=g)
+        weights = torch.rand(M, top_k, generator=g)
+        a = torch.randn(M, inter, generator=g)
+        inputs.append((h, weights, a))
+        outputs.append((moe_rs(h[:, ilo:ihi].contiguous().to(dtype).to(device), w_dev, ids, weights.to(device)),
+                        gemm_rs(a[:, ilo:ihi].contiguous().to(dtype).to(device), b_dev)))
+    errors = []
+    for (h, weights, a), (y, c) in zip(inputs, outputs, strict=True):
+        per_slot = torch.einsum("si,sih->sh", h.double(), w_down.double()[topk_ids.flatten()])
+        ref_y = (per_slot * weights.double().flatten()[:, None]).view(M, top_k, H).sum(1)[lo:hi]
+        ref_c = (a.double() @ b.double())[lo:hi]
+        errors.append((_rel(y.cpu(), ref_y), _rel(c.cpu(), ref_c)))
+    for okernel in (moe_kernels.group_gemm_rs_sweep_kernel, tp_kernels.gemm_rs_persistent_kernel):
+        assert okernel.launcher.contexts, f"{okernel} did not run"
+    return [e for pair in zip(*errors, strict=True) for e in pair]

@@ -18,6 +18,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from moe_worlds import (  # noqa: E402
     bad_inputs,
     experts_one_after_another,
+    hybrid_calls_back_to_back,
     layer_matches_torch,
     parts_match_torch,
     parts_with_sweep_spans,
@@ -74,6 +75,13 @@ def test_no_hidden_size_and_a_rank_without_columns(persistent: bool) -> None:
     # H = 0 (K == 0 on every rank) with columns 1, 1, 0: every rank still gathers the same shapes
     for per_rank in tilelink.spawn(parts_match_torch, 3, 7, 0, 2, 3, 2, ["random"], "float32", 1, persistent):
         assert set(per_rank) == {"ag_moe/random", "moe_rs/random"} and all(e == 0.0 for e in per_rank.values())
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_hybrid_calls_back_to_back_with_new_data(world: int) -> None:
+    # no barrier between calls: each call's receive slots by its parity; every call's own data checked
+    for errors in tilelink.spawn(hybrid_calls_back_to_back, world, 13, 24, 20, 4, 2, 4):
+        assert len(errors) == 8 and max(errors) < 1e-5, errors
 
 
 def test_top1_all_tokens_on_one_expert() -> None:
