@@ -756,9 +756,10 @@ class ReduceScatterLauncher(Launcher):
                 # the receive slots hold a peer's partial rows of this rank's tokens (top-k slots summed);
                 # the hybrid's in two sets, odd and even calls (_launch_hybrid: no barrier between calls)
                 sets = (2,) if self.meta["via"] == "copy_engine" else ()
-                ctx.recv = symmetric_empty((*sets, world.world_size, sharding.rows_per_rank, *out.shape[1:]),
-                                           out.dtype)
-                ctx.recv_table = vector_peer_table(ctx.recv)
+                if world.world_size > 1:  # alone, nothing is received
+                    ctx.recv = symmetric_empty((*sets, world.world_size, sharding.rows_per_rank, *out.shape[1:]),
+                                               out.dtype)
+                    ctx.recv_table = vector_peer_table(ctx.recv)
                 ctx.recv_channel = Channel(sharding.num_channels)
             if self.meta["via"] == "copy_engine" and topk > 1:
                 ctx.reduced_channel = Channel(sharding.num_channels)
