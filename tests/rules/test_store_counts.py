@@ -91,7 +91,15 @@ def test_moe_reduction_on_the_copy_engine(tmp_path: Path, world: int) -> None:
     assert source.count(old) == 1
     path = tmp_path / "moe_down_hybrid.py"
     path.write_text(source.replace(old, 'size="num_valid_tokens // top_k"), via="copy_engine")'))
-    assert "rs_reduce_received" in _generated(path)
+    assert "rs_topk_reduce" in _generated(path) and "rs_reduce_received" in _generated(path)
+    # the GEMM notifies nothing: the top-k reduce follows it on its stream, and the report says so
+    spec = importlib.util.spec_from_file_location("moe_down_hybrid_report", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    kernel = module.fused_moe_down_kernel
+    body = kernel.source.split("def fused_moe_down_kernel", 1)[1].split("# partner kernels", 1)[0]
+    assert "notify" not in body, body
+    assert any("no notify after the store" in entry.message for entry in kernel.report.entries), kernel.report
     for err in tilelink.spawn(moe_down_from_file, world, str(path)):
         assert err < 1e-3, err
 
