@@ -149,6 +149,10 @@ def _grouped(part: str, x, w, out, weights, topk_ids, meta: dict, *, persistent:
     return run
 
 
+#: what compute mode times besides our grouped GEMMs: the dense GEMMs at equal FLOPs and the torch loop
+REFERENCES = ("cublas_dense", "triton_dense", "torch_loop")
+
+
 def _rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
     return ((x.float() - ref.float()).norm() / ref.float().norm()).item()
 
@@ -204,7 +208,7 @@ def measure_compute(shape: MoEShape, part: str, world: int, dtype: torch.dtype, 
     if part == "moe_rs":
         ref = ref * wflat[:, None]
     errors, failed = {}, []
-    for name in [n for n in fns if n not in ("cublas_dense", "triton_dense", "torch_loop")]:
+    for name in [n for n in fns if n not in REFERENCES]:
         try:
             errors[name] = _rel_err(fns[name](), ref)
         except Exception as exc:  # noqa: BLE001 - a config that cannot compile is reported, not fatal
@@ -222,8 +226,7 @@ def measure_compute(shape: MoEShape, part: str, world: int, dtype: torch.dtype, 
            "rate_vs_cublas_dense": {n: med["cublas_dense"] / t for n, t in med.items() if n != "cublas_dense"},
            "speedup_vs_torch_loop": {n: med["torch_loop"] / t for n, t in med.items() if n != "torch_loop"},
            "rel_err_vs_fp32_loop": errors, "failed_configs": failed, "sweep_configs": names}
-    best = min((n for n in med if n not in ("cublas_dense", "triton_dense", "torch_loop") and "rewritten" not in n),
-               key=med.get)
+    best = min((n for n in med if n not in REFERENCES and "rewritten" not in n), key=med.get)
     row["best_plain"] = best
     rates = row["rate_vs_cublas_dense"]
     print(f"{shape.name} {part} ({routing} routing) slots={slots} N={N} K={K}: cublas {med['cublas_dense']:.3f} ms; "

@@ -129,9 +129,9 @@ def sweep_config(K: int) -> dict:
     return dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=block_k, N_CHUNKS=None, ONE_K=False, num_warps=8, num_stages=3)
 
 
-#: a sweep program's cost besides its column tiles (gathering its rows, filling the pipeline, the notify's
-#: wait for its stores), as a fraction of sweeping all the columns: 1/8 fits the H200 timings of 1, 2 and 4
-#: runs at MoE-4..6 (docs/PERFORMANCE.md)
+#: a sweep program's cost besides its column tiles (gathering its rows, filling the pipeline), as a fraction
+#: of sweeping all the columns: 1/8 fits the H200 timings of 1, 2 and 4 runs at MoE-4..6 (docs/PERFORMANCE.md;
+#: timed when the rewrite still notified after each sweep)
 SWEEP_OVERHEAD = 1 / 8
 
 

@@ -852,11 +852,12 @@ class ReduceScatterLauncher(Launcher):
                     rank_notify(ctx.recv_channel, world.rank * sh.channels_per_rank + j, epoch, dst, stream)
 
     def _launch_hybrid(self, grid, call: dict, ctx: ReduceScatterContext, world, out) -> None:
-        alone = world.world_size == 1  # with top-k: the summed slots are the result
+        alone = world.world_size == 1
+        reduced = out if alone else ctx.reduced  # with top-k, where the summed slots go: alone, the result
 
         def partners() -> None:
             if ctx.reduced_channel is not None:
-                self._topk_reduce(ctx, world, out if alone else ctx.reduced, ctx.scratch)
+                self._topk_reduce(ctx, world, reduced, ctx.scratch)
             if not alone:
                 self._reduce(ctx, world, out, ctx.scratch, ctx.scratch, 0)
 
@@ -877,7 +878,7 @@ class ReduceScatterLauncher(Launcher):
             start.record(main)
         self.kernel[grid](**call, **args)  # the GEMM keeps every SM
         if ctx.reduced_channel is not None:  # behind the GEMM on its stream: no channel is complete before its end
-            self._topk_reduce(ctx, world, out if alone else ctx.reduced, ctx.reduced_channel.barriers)
+            self._topk_reduce(ctx, world, reduced, ctx.reduced_channel.barriers)
         if not alone:
             if side is not None:
                 side.wait_event(start)

@@ -247,6 +247,9 @@ def test_sweep_kernel_as_written_and_rewritten_matches_torch(plan, monkeypatch) 
         import tilelink.ops.moe as moe
 
         monkeypatch.setattr(moe, "sweep_plan", lambda m_tiles, programs, n_tiles: plan)
+    from tilelink.ops import moe_kernels
+
+    pull = sm_pull_sweep(moe_kernels.group_gemm_rs_sweep_kernel)
     for K in (24, 40):
         h = torch.randn(M * top_k, K, generator=g)
         w = torch.randn(E, K, N, generator=g)
@@ -276,7 +279,7 @@ def test_sweep_kernel_as_written_and_rewritten_matches_torch(plan, monkeypatch) 
         # as written; rewritten as the operator's (the hybrid with top-k: no notify, the top-k reduce follows it
         # on its stream); and rewritten for the SM pull, whose notifies count the swept, spanned stores
         for kernel, counted in ((okernel.kernel, None), (getattr(okernel.module, okernel.name), False),
-                                (sm_pull_sweep(okernel), True)):
+                                (pull, True)):
             extra = {} if counted is None else okernel.launcher.satisfied_args(M, 2, h.device)
             out.fill_(float("nan"))
             kernel[grid](*args, **launch_meta, **extra)

@@ -165,8 +165,8 @@ def main() -> int:
                                   # a releasing add, or a release fence followed by relaxed adds
                                   "sys release": ptx.count("red.release.sys") + ptx.count("fence.acq_rel.sys"),
                                   "loops": asm["ttgir"].count("scf.for ")})
-    # moe_rs's column sweep: w by a 3-D descriptor in both forms (rows gathered once, or per K step), and one
-    # releasing notify after the sweep
+    # moe_rs's column sweep: w by a 3-D descriptor in both forms (rows gathered once, or per K step), and its
+    # rewrite (the hybrid with top-k) adds no notify
     from tilelink.ops.moe import sweep_config
     for K in (256, 1024):  # the operator's configs: rows gathered once, or per K step
         config = sweep_config(K)

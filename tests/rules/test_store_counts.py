@@ -28,11 +28,16 @@ def _variant(tmp_path: Path, mask: str) -> Path:
     return path
 
 
-def _generated(path: Path) -> str:
+def _kernel(path: Path):
+    """The overlapped kernel of a generated variant (its source, its report)."""
     spec = importlib.util.spec_from_file_location("moe_down_variant_text", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module.fused_moe_down_kernel.source
+    return module.fused_moe_down_kernel
+
+
+def _generated(path: Path) -> str:
+    return _kernel(path).source
 
 
 def test_separable_dynamic_mask_counts_rows_times_columns(tmp_path: Path) -> None:
@@ -91,12 +96,9 @@ def test_moe_reduction_on_the_copy_engine(tmp_path: Path, world: int) -> None:
     assert source.count(old) == 1
     path = tmp_path / "moe_down_hybrid.py"
     path.write_text(source.replace(old, 'size="num_valid_tokens // top_k"), via="copy_engine")'))
-    assert "rs_topk_reduce" in _generated(path) and "rs_reduce_received" in _generated(path)
+    kernel = _kernel(path)
+    assert "rs_topk_reduce" in kernel.source and "rs_reduce_received" in kernel.source
     # the GEMM notifies nothing: the top-k reduce follows it on its stream, and the report says so
-    spec = importlib.util.spec_from_file_location("moe_down_hybrid_report", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    kernel = module.fused_moe_down_kernel
     body = kernel.source.split("def fused_moe_down_kernel", 1)[1].split("# partner kernels", 1)[0]
     assert "notify" not in body, body
     assert any("no notify after the store" in entry.message for entry in kernel.report.entries), kernel.report
