@@ -42,6 +42,7 @@ from tilelink.runtime import (
     peer_tensor,
     rank_copy_data,
     rank_notify,
+    rank_wait,
     symmetric_empty,
 )
 from tilelink.spec import AllGatherSpec, Options
@@ -216,13 +217,17 @@ def ag_push_producer(full_ptr, peer_table, tlk_barriers, barrier_table, tlk_epoc
 # --------------------------------------------------------------------------- launch plan
 @dataclass
 class AllGatherContext:
-    """Buffers and channels of one shape: the gathered copy of each tensor and one channel set."""
+    """Buffers and channels of one shape: two sets of gathered copies of each tensor, chosen by the call's
+    parity (``sets[epoch % 2]``, so that no call waits for the peers to finish reading the last one), the
+    data channels, and the ``ready`` words: word ``r`` holds the last call whose shard rank ``r`` has put in
+    place (a world of one has neither buffers nor ``ready``: nothing is gathered)."""
 
     sharding: RowSharding
     shapes: tuple[tuple[int, ...], ...]
-    fulls: tuple[torch.Tensor, ...]  # symmetric (.., M, ..) buffers, one per gathered tensor
-    tables: tuple[torch.Tensor, ...]
+    sets: tuple[tuple[torch.Tensor, ...], ...]  # [parity][tensor]: symmetric (.., M, ..) buffers
+    tables: tuple[tuple[torch.Tensor, ...], ...]  # their peer tables, the same way
     channel: Channel
+    ready: Channel | None
     diag: Diagnostics
     streams: Streams
     scratch: torch.Tensor  # a private barrier array for the dry run
@@ -253,23 +258,43 @@ class AllGatherLauncher(Launcher):
         key = (size, tuple(shapes), tuple(str(bound[n].dtype) for n in self.meta["tensors"]))
         ctx = self.contexts.get(key)
         if ctx is None:
-            fulls = tuple(symmetric_empty(s, bound[n].dtype) for s, n in zip(shapes, self.meta["tensors"],
-                                                                              strict=True))
-            ctx = AllGatherContext(sharding, tuple(shapes), fulls, tuple(vector_peer_table(f) for f in fulls),
-                                   Channel(sharding.num_channels), Diagnostics(), Streams.for_world(world),
+            alone = world.world_size == 1
+            sets = () if alone else tuple(
+                tuple(symmetric_empty(s, bound[n].dtype) for s, n in zip(shapes, self.meta["tensors"], strict=True))
+                for _parity in range(2))
+            ctx = AllGatherContext(sharding, tuple(shapes), sets,
+                                   tuple(tuple(vector_peer_table(f) for f in fulls) for fulls in sets),
+                                   Channel(sharding.num_channels), None if alone else Channel(world.world_size),
+                                   Diagnostics(), Streams.for_world(world),
                                    torch.zeros(sharding.num_channels, dtype=torch.int64, device=world.device))
             self.contexts[key] = ctx
         return ctx
 
-    def _producer(self, ctx: AllGatherContext, world, barriers, barrier_table, epoch: int) -> None:
-        """Issue the communication of every gathered tensor (SM kernel or copy engine); ``barrier_table``
-        is the peer table of ``barriers`` (push mode notifies the peers' copies)."""
+    def _peer_order(self, world) -> list[int]:
+        """The other ranks, ring order (the next rank first)."""
+        return [(world.rank + step) % world.world_size for step in range(1, world.world_size)]
+
+    def _wait_ready(self, ctx: AllGatherContext, src: int, epoch: int) -> None:
+        """The side stream (emulated: the host) waits until ``src`` has put its shard of call ``epoch`` in
+        place; nothing to wait for in a dry run (epoch 0)."""
+        if epoch:
+            rank_wait(ctx.ready, src, epoch, ctx.streams.side, block=False)
+
+    def _producer(self, ctx: AllGatherContext, world, epoch: int, barriers, barrier_table) -> None:
+        """Issue the communication of every gathered tensor of call ``epoch`` (SM kernel or copy engine) into
+        the set of its parity; ``barrier_table`` is the peer table of ``barriers`` (push mode notifies the
+        peers' copies). Epoch 0 is the dry run of ``warm_up``."""
         dim = self.meta["dim"]
         sh = ctx.sharding
-        for full, table, shape in zip(ctx.fulls, ctx.tables, ctx.shapes, strict=True):
-            if self.meta["via"] == "copy_engine":
-                self._copy_engine(ctx, world, full, barriers, epoch)
-                continue
+        fulls, tables = ctx.sets[epoch % 2], ctx.tables[epoch % 2]
+        if self.meta["via"] == "copy_engine":
+            self._copy_engine(ctx, world, fulls, barriers, epoch)
+            return
+        # a pull reads each peer's shard, a push writes into each peer's set of this parity, which the
+        # peer's word says it has stopped reading (it is past call epoch - 2): every peer first
+        for src in self._peer_order(world):
+            self._wait_ready(ctx, src, epoch)
+        for full, table, shape in zip(fulls, tables, ctx.shapes, strict=True):
             row_elems = math.prod(shape[dim + 1:])
             args = dict(tlk_rank=world.rank, tlk_world=world.world_size, tlk_rows=sh.size,
                         tlk_rows_per_rank=sh.rows_per_rank, tlk_rows_per_channel=sh.rows_per_channel,
@@ -283,26 +308,30 @@ class AllGatherLauncher(Launcher):
                 self.partner("ag_push_producer")[grid](full, table, barriers, barrier_table, epoch, **args,
                                                        BLOCK=self.BLOCK)
 
-    def _copy_engine(self, ctx: AllGatherContext, world, full, barriers, epoch: int) -> None:
-        dim, sh, k = self.meta["dim"], ctx.sharding, len(ctx.fulls)
-        last = full is ctx.fulls[-1]
-        for step in range(world.world_size):
-            src = (world.rank + step) % world.world_size
-            peer = peer_tensor(full, src) if src != world.rank else None
+    def _copy_engine(self, ctx: AllGatherContext, world, fulls, barriers, epoch: int) -> None:
+        """Pull every peer's channels of every tensor into ``fulls`` (ring order, each peer once its shard
+        is in place), one notify per channel once every tensor's rows of it have landed."""
+        dim, sh, k = self.meta["dim"], ctx.sharding, len(fulls)
+        stream = ctx.streams.side
+        for j in range(sh.channels_per_rank):  # this rank's own channels first: its shard is in place
+            rank_notify(barriers, world.rank * sh.channels_per_rank + j, epoch * k, world.rank, stream)
+        for src in self._peer_order(world):
+            self._wait_ready(ctx, src, epoch)
+            peers = [peer_tensor(full, src) for full in fulls]
             for j in range(sh.channels_per_rank):
                 ch = src * sh.channels_per_rank + j
                 lo, hi = sh.channel_range(ch)
-                if peer is not None and hi > lo:
+                for full, peer in zip(fulls, peers, strict=True):
+                    if hi <= lo:
+                        continue
                     if dim == 0 or math.prod(full.shape[:dim]) == 1:  # the rows are one contiguous range
-                        rank_copy_data(peer.narrow(dim, lo, hi - lo), full.narrow(dim, lo, hi - lo),
-                                       ctx.streams.side)
+                        rank_copy_data(peer.narrow(dim, lo, hi - lo), full.narrow(dim, lo, hi - lo), stream)
                     else:  # rows along an inner dim: one contiguous range per outer index
                         src3 = peer.reshape(-1, full.shape[dim], math.prod(full.shape[dim + 1:]))
                         dst3 = full.reshape(-1, full.shape[dim], math.prod(full.shape[dim + 1:]))
                         for o in range(src3.shape[0]):
-                            rank_copy_data(src3[o, lo:hi], dst3[o, lo:hi], ctx.streams.side)
-                if last:  # one notify per channel once every tensor of the spec has landed
-                    rank_notify(barriers, ch, epoch * k, world.rank, ctx.streams.side)
+                            rank_copy_data(src3[o, lo:hi], dst3[o, lo:hi], stream)
+                rank_notify(barriers, ch, epoch * k, world.rank, stream)
 
     def launch(self, grid, bound: dict) -> None:
         world = self.world()
@@ -310,46 +339,46 @@ class AllGatherLauncher(Launcher):
         if world.world_size == 1:  # the shard is the whole tensor
             self.alone(grid, dict(bound), ctx, world)
             return
-        dim, k = self.meta["dim"], len(ctx.fulls)
+        dim, k = self.meta["dim"], len(ctx.shapes)
         lo, hi = ctx.sharding.rank_range(world.rank)
-        call = dict(bound)
-        for name, full in zip(self.meta["tensors"], ctx.fulls, strict=True):
-            call[name] = full
         copy_engine = self.meta["via"] == "copy_engine"
-        self.warm_up(ctx, world, grid, call, partners=lambda: None if copy_engine else self._producer(
-            ctx, world, ctx.scratch, self.scratch_table(ctx, world), 0))  # the copy engine has no kernel
         epoch = ctx.channel.advance()
+        fulls = ctx.sets[epoch % 2]
+        call = dict(bound)
+        for name, full in zip(self.meta["tensors"], fulls, strict=True):
+            call[name] = full
+        self.warm_up(ctx, world, grid, call, partners=lambda: None if copy_engine else self._producer(
+            ctx, world, 0, ctx.scratch, self.scratch_table(ctx, world)))  # the copy engine has no kernel
         main, side = ctx.streams.main, ctx.streams.side
-        world.stream_barrier(main)  # every rank is done reading the previous call's buffers
-        for name, full in zip(self.meta["tensors"], ctx.fulls, strict=True):
+        # No barrier: this call's shard goes into the set of its parity, then every peer is told. A peer reads
+        # (or, pushing, writes) this rank's set only after that word, and this rank writes the set again at
+        # call epoch + 2, whose streams follow this rank's wait for every peer's word of epoch + 1, which each
+        # peer sets only once its streams are past call epoch: the set's readers and writers of call epoch
+        # are done (ARCHITECTURE.md). Two stream barriers here made every call wait for the slowest rank's host.
+        for name, full in zip(self.meta["tensors"], fulls, strict=True):
             if hi > lo:
                 full.narrow(dim, lo, hi - lo).copy_(bound[name])
-        world.stream_barrier(main)  # every rank's shard is in place
+        for dst in self._peer_order(world):
+            rank_notify(ctx.ready, world.rank, epoch, dst, main)
         # a channel is notified once per call per gathered tensor
         consumer_args = self.channel_args(ctx.channel.barriers, epoch * k, world, ctx.sharding, ctx.diag)
         if side is None:  # emulated: kernels are synchronous, the producer runs first
-            self._producer(ctx, world, ctx.channel.barriers, ctx.channel.peer_table, epoch)
+            self._producer(ctx, world, epoch, ctx.channel.barriers, ctx.channel.peer_table)
             self.kernel[grid](**call, **consumer_args)
-        elif copy_engine:
-            ready = torch.cuda.Event()
-            ready.record(main)
-            side.wait_event(ready)
-            if self.meta["index"]:
-                # rows gathered by index (MoE: a tile's tokens come from every rank): the consumer's first
-                # tiles wait for the copies anyway, so they go first. Launched second, they started 0.2 ms
-                # after the GEMM on two H200s, whenever the host was behind the GPU
-                with torch.cuda.stream(side):
-                    self._producer(ctx, world, ctx.channel.barriers, ctx.channel.peer_table, epoch)
-                self.kernel[grid](**call, **consumer_args)
-            else:
-                # the copies need no SM: the consumer is launched first (its first tiles are this rank's own
-                # rows), so that the host's enqueueing of the copies overlaps with the consumer's work
-                self.kernel[grid](**call, **consumer_args)
-                with torch.cuda.stream(side):
-                    self._producer(ctx, world, ctx.channel.barriers, ctx.channel.peer_table, epoch)
-        else:
-            side.wait_stream(main)
+            self.finish(ctx)
+            return
+        side.wait_stream(main)  # behind the shard and the words above, never behind the consumer
+        if copy_engine and not self.meta["index"]:
+            # the copies need no SM: the consumer is launched first (its first tiles are this rank's own
+            # rows), so that the host's enqueueing of the copies overlaps with the consumer's work
+            self.kernel[grid](**call, **consumer_args)
             with torch.cuda.stream(side):
-                self._producer(ctx, world, ctx.channel.barriers, ctx.channel.peer_table, epoch)
+                self._producer(ctx, world, epoch, ctx.channel.barriers, ctx.channel.peer_table)
+        else:
+            # SM producers, and a gather by index (MoE: a tile's tokens come from every rank, so the consumer's
+            # first tiles wait for the copies anyway; launched second, they started 0.2 ms after the GEMM on
+            # two H200s whenever the host was behind the GPU): the producer goes first
+            with torch.cuda.stream(side):
+                self._producer(ctx, world, epoch, ctx.channel.barriers, ctx.channel.peer_table)
             self.kernel[grid](**call, **consumer_args)
         self.finish(ctx)

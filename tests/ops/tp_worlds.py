@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 import tilelink
@@ -111,3 +113,61 @@ def bad_inputs() -> list[str]:
         else:
             messages.append("NO ERROR")
     return messages
+
+
+@contextlib.contextmanager
+def lagging_gathers(lag: bool):
+    """While open, and if ``lag``, this rank's all-gather producers start late: the host sleeps 0.3 s in the
+    emulated world; on a GPU the side stream sleeps a few ms before its copies. The rank has already told its
+    peers that its shard is in place, so they go on to their next call while it has still to read theirs (the
+    warm-up's dry run is not delayed)."""
+    import time
+
+    from tilelink.rules.all_gather import AllGatherLauncher
+
+    produce = AllGatherLauncher._producer
+
+    def late(self, ctx, world, epoch, *args):
+        if epoch:
+            if world.device.type == "cuda":
+                torch.cuda._sleep(5_000_000)  # the current stream: the side stream
+            else:
+                time.sleep(0.3)
+        return produce(self, ctx, world, epoch, *args)
+
+    if lag:
+        AllGatherLauncher._producer = late
+    try:
+        yield
+    finally:
+        AllGatherLauncher._producer = produce
+
+
+def ag_gemm_back_to_back(M: int, N: int, K: int, calls: int, dtype_name: str = "float32") -> dict[str, float]:
+    """``ag_gemm`` on the persistent kernel (the copy engine) and on the pointer kernel (the SM pull), ``calls``
+    calls each with new data every call, queued one after another and checked only at the end, rank 1's
+    gathers late (:func:`lagging_gathers`). No barrier separates the calls: a rank that wrote its next shard
+    over one a peer was still reading would give that peer a wrong product. Returns each kernel's largest
+    relative error on this rank."""
+    from tilelink.ops import TPContext, ag_gemm, contract, tp_kernels
+
+    dtype = getattr(torch, dtype_name)
+    r, R = tilelink.rank(), tilelink.world_size()
+    device = tilelink.runtime.current_world().device
+    lo, hi = bounds(M, r, R)
+    g = torch.Generator().manual_seed(17)
+    ctx = TPContext(M)  # M known: no host all-gather of the shard sizes, which would line the ranks up
+    out: dict[str, float] = {}
+    for label, persistent in (("copy_engine", True), ("sm_pull", False)):
+        contract.PERSISTENT = persistent
+        runs = []
+        with lagging_gathers(r == 1):
+            for _ in range(calls):
+                a = torch.randn(M, K, generator=g).to(dtype)
+                b = torch.randn(K, N, generator=g).to(dtype)
+                runs.append((ag_gemm(a[lo:hi].contiguous().to(device), b.to(device), ctx), a.double() @ b.double()))
+        out[label] = max(((c.double().cpu() - ref).norm() / ref.norm()).item() for c, ref in runs)
+        kernel = tp_kernels.ag_gemm_persistent_kernel if persistent else tp_kernels.ag_gemm_kernel
+        assert kernel.launcher.contexts, f"{label}: {kernel} did not run"
+    contract.PERSISTENT = None
+    return out

@@ -332,6 +332,49 @@ def run_cases_warmed_up(names: list[str]) -> dict[str, str | float]:
     return run_cases(names)
 
 
+def back_to_back_all_gathers(calls: int = 4, slow_rank: int = 1) -> dict[str, float]:
+    """The all-gathers of three cases (SM pull, SM push, the copy engine with K and V gathered together),
+    ``calls`` calls each with new data every call, checked only at the end; rank ``slow_rank`` gathers late
+    (``tests/ops/tp_worlds.py``'s ``lagging_gathers``), so the others run a call ahead. No barrier separates
+    calls: a rank that wrote its next shard over the one a slow peer was still reading, or pushed into a copy
+    the peer's consumer was still reading, would give a wrong result. Returns each case's largest error on
+    this rank."""
+    import sys
+
+    sys.path.insert(0, str(HERE.parent / "ops"))
+    from tp_worlds import lagging_gathers
+
+    rank, world = tilelink.rank(), tilelink.world_size()
+    errors = {}
+    g = torch.Generator().manual_seed(21)
+    with lagging_gathers(rank == slow_rank):
+        M, N, K = 50, 24, 40
+        lo, hi = rows_of(rank, world, M)
+        for case in ("pointer_gemm", "push_gemm"):
+            kernel = load_case("all_gather", case).matmul_kernel
+            grid = (triton.cdiv(M, 16) * triton.cdiv(N, 16),)
+            runs = []
+            for _ in range(calls):
+                a, b = torch.randn(M, K, generator=g), torch.randn(K, N, generator=g)
+                c = torch.full((M, N), float("nan"))
+                kernel[grid](a[lo:hi].contiguous(), b, c, M, N, K, a.stride(0), a.stride(1), b.stride(0),
+                             b.stride(1), c.stride(0), c.stride(1), BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, GROUP_M=2)
+                runs.append((c, a @ b))
+            errors[case] = max((c - ref).abs().max().item() for c, ref in runs)
+        kernel = load_case("all_gather", "kv_attention").attention_kernel
+        SQ, SKV, D = 20, 37, 16
+        lo, hi = rows_of(rank, world, SKV)
+        runs = []
+        for _ in range(calls):
+            q, k, v = (torch.randn(n, D, generator=g) for n in (SQ, SKV, SKV))
+            o = torch.full((SQ, D), float("nan"))
+            kernel[(triton.cdiv(SQ, 16),)](q, k[lo:hi].contiguous(), v[lo:hi].contiguous(), o, SQ, SKV, D, D, D,
+                                           D, D ** -0.5, HEAD_DIM=D, BLOCK_M=16, BLOCK_N=16)
+            runs.append((o, torch.softmax(q @ k.T * D ** -0.5, dim=-1) @ v))
+        errors["kv_attention"] = max((o - ref).abs().max().item() for o, ref in runs)
+    return errors
+
+
 #: every launch harness of this module, by name (case functions are named <rule>_<case>)
 CASES = {name: fn for name, fn in globals().items()
          if name.startswith(("all_gather_", "reduce_scatter_")) and callable(fn)}

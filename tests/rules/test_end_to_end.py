@@ -23,3 +23,14 @@ def test_every_case_matches_torch(world: int, warm_up: bool) -> None:
             elif not value < 1e-3:
                 failures.append(f"{name} rank {rank}: max error {value}")
     assert not failures, "\n".join(failures)
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_all_gather_calls_back_to_back_with_a_slow_rank(world: int) -> None:
+    """No barrier between all-gather calls: new data every call, one rank a call behind, every result right."""
+    from cases import back_to_back_all_gathers
+
+    wrong = [f"{case}, rank {rank} of {world}: max error {err}"
+             for rank, errors in enumerate(tilelink.spawn(back_to_back_all_gathers, world))
+             for case, err in errors.items() if not err < 1e-3]
+    assert not wrong, "\n".join(wrong)
