@@ -21,7 +21,6 @@ from __future__ import annotations
 import faulthandler
 import math
 import os
-import socket
 import statistics
 import sys
 import zlib
@@ -291,9 +290,9 @@ def run_dist(shapes: list[MLPShape], world: int, dtype: str, rounds: int, scale:
 
     for k, v in _SAFE_ENV.items():
         os.environ.setdefault(k, v)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    from tilelink.runtime.launch import free_port
+
+    port = free_port()
     ctx = mp.get_context("spawn")
     queue = ctx.SimpleQueue()
     mp.start_processes(_dist_worker, args=(world, port, shapes, dtype, rounds, scale, queue), nprocs=world,

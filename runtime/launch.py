@@ -16,6 +16,7 @@ import multiprocessing as mp
 import os
 import pickle
 import queue as queue_module
+import random
 import socket
 import threading
 import time
@@ -49,9 +50,24 @@ class SpawnTimeout(TileLinkError):
         self.pending = pending
 
 
+#: ``MASTER_PORT`` candidates: below Linux's ephemeral range (32768-60999), so that no socket's automatic
+#: port takes one between the check here and rank 0's bind, seconds later (that race failed a GPU test with
+#: EADDRINUSE when the port came from the ephemeral range)
+PORT_RANGE = (20000, 32000)
+
+
 def free_port() -> int:
-    """A TCP port free on 127.0.0.1 right now (for ``MASTER_PORT``)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+    """A TCP port free on 127.0.0.1 right now (for ``MASTER_PORT``), outside the ephemeral range."""
+    rng = random.Random()  # not the global generator, which callers may have seeded alike in every process
+    for _ in range(200):
+        port = rng.randrange(*PORT_RANGE)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:  # a crowded range: any free port
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
 

@@ -5,19 +5,12 @@ from __future__ import annotations
 
 import datetime
 import os
-import socket
 import sys
 
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _rank(fn, rank: int, world: int, port: int, args: tuple, queue) -> None:
@@ -35,7 +28,9 @@ def run_on_gloo_ranks(fn, world: int, *args) -> dict:
     be importable: a module-level function); every process must exit cleanly."""
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    port = _free_port()
+    from tilelink.runtime.launch import free_port
+
+    port = free_port()
     procs = [ctx.Process(target=_rank, args=(fn, r, world, port, args, queue)) for r in range(world)]
     for p in procs:
         p.start()

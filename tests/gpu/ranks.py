@@ -13,17 +13,10 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
-import socket
 import time
 import traceback
 
 NO_MULTICAST = {"NVSHMEM_DISABLE_NVLS": "1", "NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _child(fn, rank, world_size, port, mode, queue, args):
@@ -65,6 +58,8 @@ def run_world(fn, world_size: int, *args, mode: str = "backend", timeout: float 
     """Run ``fn`` on every rank of a fresh world; returns the results by rank."""
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
+    from tilelink.runtime.launch import free_port
+
     port = free_port()
     procs = [ctx.Process(target=_child, args=(fn, r, world_size, port, mode, queue, args), daemon=True)
              for r in range(world_size)]

@@ -136,6 +136,11 @@ def lagging_gathers(lag: bool):
         return produce(self, ctx, world, epoch, *args)
 
     if lag:
+        if tilelink.runtime.current_world().device.type == "cuda":
+            # loaded now: CUDA loads a module lazily, at its first launch, and a load waits for the kernels
+            # running, which would be this rank's consumer spinning on the copies queued behind the sleep
+            torch.cuda._sleep(1)
+            torch.cuda.synchronize()
         AllGatherLauncher._producer = late
     try:
         yield

@@ -115,3 +115,17 @@ def test_an_operator_whose_wait_timed_out_refuses_the_next_call():
     assert "an earlier call on this rank had a wait time out" in out["second"]
     assert "consumer_tile_wait" in out["second"] and "tilelink.finalize()" in out["second"]
     assert out["new_world"] < 1e-5
+
+
+def test_master_ports_come_from_outside_the_ephemeral_range():
+    """spawn's MASTER_PORT is checked free, then bound by rank 0 seconds later: a port of the ephemeral range
+    could be taken in between by any socket's automatic port (EADDRINUSE, seen on the GPU machine)."""
+    import socket
+
+    from tilelink.runtime.launch import PORT_RANGE, free_port
+
+    ports = {free_port() for _ in range(20)}
+    assert all(PORT_RANGE[0] <= p < PORT_RANGE[1] for p in ports), ports
+    assert len(ports) > 1  # not one fixed port for every world
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", ports.pop()))  # and free
