@@ -77,7 +77,7 @@ def _persistent(world, shared_dim: int, dtype: torch.dtype) -> bool:
     """Whether every rank takes the persistent kernels: decided from what the ranks share (the device
     type, the dtype, and the dimension ``shared_dim`` every rank has the same size of), never from this
     rank's own shard sizes (see :func:`tilelink.ops.contract.aligned`)."""
-    return persistent_wanted(world.device) and (shared_dim * torch.empty((), dtype=dtype).element_size()) % 16 == 0
+    return persistent_wanted(world.device) and (shared_dim * dtype.itemsize) % 16 == 0
 
 
 def _launch(kernel, persistent: bool, args: tuple, meta: dict, world, M: int, N: int, tail: bool = False) -> None:

@@ -233,6 +233,7 @@ class AllGatherContext:
     scratch: torch.Tensor  # a private barrier array for the dry run
     variants: set = field(default_factory=set)  # the rewritten kernel's variants loaded (warm_up)
     satisfied: torch.Tensor | None = None  # a world of one: every wait passes
+    copy_plans: dict = field(default_factory=dict)  # parity -> the copy engine's views (AllGatherLauncher._copy_plan)
 
 
 class AllGatherLauncher(Launcher):
@@ -288,7 +289,7 @@ class AllGatherLauncher(Launcher):
         sh = ctx.sharding
         fulls, tables = ctx.sets[epoch % 2], ctx.tables[epoch % 2]
         if self.meta["via"] == "copy_engine":
-            self._copy_engine(ctx, world, fulls, barriers, epoch)
+            self._copy_engine(ctx, world, epoch, barriers)
             return
         # a pull reads each peer's shard, a push writes into each peer's set of this parity, which the
         # peer's word says it has stopped reading (it is past call epoch - 2): every peer first
@@ -308,29 +309,48 @@ class AllGatherLauncher(Launcher):
                 self.partner("ag_push_producer")[grid](full, table, barriers, barrier_table, epoch, **args,
                                                        BLOCK=self.BLOCK)
 
-    def _copy_engine(self, ctx: AllGatherContext, world, fulls, barriers, epoch: int) -> None:
-        """Pull every peer's channels of every tensor into ``fulls`` (ring order, each peer once its shard
-        is in place), one notify per channel once every tensor's rows of it have landed."""
-        dim, sh, k = self.meta["dim"], ctx.sharding, len(fulls)
-        stream = ctx.streams.side
-        for j in range(sh.channels_per_rank):  # this rank's own channels first: its shard is in place
-            rank_notify(barriers, world.rank * sh.channels_per_rank + j, epoch * k, world.rank, stream)
+    def _copy_plan(self, ctx: AllGatherContext, world, parity: int) -> list:
+        """The copy engine's work for the set of ``parity``, made once per context: for each peer (ring order),
+        for each of its channels, the (peer's view, own view) pairs of every tensor's rows (one pair per outer
+        index when the rows lie along an inner dim). Views made per call cost the host microseconds each."""
+        plan = ctx.copy_plans.get(parity)
+        if plan is not None:
+            return plan
+        dim, sh, fulls = self.meta["dim"], ctx.sharding, ctx.sets[parity]
+        plan = []
         for src in self._peer_order(world):
-            self._wait_ready(ctx, src, epoch)
             peers = [peer_tensor(full, src) for full in fulls]
+            channels = []
             for j in range(sh.channels_per_rank):
                 ch = src * sh.channels_per_rank + j
                 lo, hi = sh.channel_range(ch)
+                pairs = []
                 for full, peer in zip(fulls, peers, strict=True):
                     if hi <= lo:
                         continue
                     if dim == 0 or math.prod(full.shape[:dim]) == 1:  # the rows are one contiguous range
-                        rank_copy_data(peer.narrow(dim, lo, hi - lo), full.narrow(dim, lo, hi - lo), stream)
+                        pairs.append((peer.narrow(dim, lo, hi - lo), full.narrow(dim, lo, hi - lo)))
                     else:  # rows along an inner dim: one contiguous range per outer index
                         src3 = peer.reshape(-1, full.shape[dim], math.prod(full.shape[dim + 1:]))
                         dst3 = full.reshape(-1, full.shape[dim], math.prod(full.shape[dim + 1:]))
-                        for o in range(src3.shape[0]):
-                            rank_copy_data(src3[o, lo:hi], dst3[o, lo:hi], stream)
+                        pairs.extend((src3[o, lo:hi], dst3[o, lo:hi]) for o in range(src3.shape[0]))
+                channels.append((ch, pairs))
+            plan.append((src, channels))
+        ctx.copy_plans[parity] = plan
+        return plan
+
+    def _copy_engine(self, ctx: AllGatherContext, world, epoch: int, barriers) -> None:
+        """Pull every peer's channels of every tensor into the set of ``epoch``'s parity (ring order, each
+        peer once its shard is in place), one notify per channel once every tensor's rows of it have landed."""
+        sh, k = ctx.sharding, len(ctx.shapes)
+        stream = ctx.streams.side
+        for j in range(sh.channels_per_rank):  # this rank's own channels first: its shard is in place
+            rank_notify(barriers, world.rank * sh.channels_per_rank + j, epoch * k, world.rank, stream)
+        for src, channels in self._copy_plan(ctx, world, epoch % 2):
+            self._wait_ready(ctx, src, epoch)
+            for ch, pairs in channels:
+                for src_view, dst_view in pairs:
+                    rank_copy_data(src_view, dst_view, stream)
                 rank_notify(barriers, ch, epoch * k, world.rank, stream)
 
     def launch(self, grid, bound: dict) -> None:

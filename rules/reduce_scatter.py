@@ -694,6 +694,7 @@ class ReduceScatterContext:
     recv_table: torch.Tensor | None = None  # the ring's: every rank's copy of recv (vector stores)
     variants: set = field(default_factory=set)  # the rewritten kernel's variants loaded (warm_up)
     satisfied: torch.Tensor | None = None  # a world of one: every wait passes
+    scatter_plans: dict = field(default_factory=dict)  # parity -> the hybrid copy engine's views (_scatter_plan)
 
     @property
     def row_elems(self) -> int:
@@ -828,27 +829,47 @@ class ReduceScatterLauncher(Launcher):
             sh.rows_per_rank, sh.rows_per_channel, sh.channels_per_rank, ctx.row_elems, ctx.diag.buffer,
             ctx.diag.budget_ns, BLOCK=self.BLOCK)
 
+    def _scatter_plan(self, ctx: ReduceScatterContext, world, parity: int) -> list:
+        """The hybrid copy engine's work for the receive slots of ``parity``, made once per context: for each
+        destination rank (ring order: the next rank first, this rank last), for each of its channels, the
+        channel, its rows and the (own rows, peer's receive slot) views to copy (``None`` for this rank's
+        own rows, which stay where they are). Views made per call cost the host microseconds each."""
+        plan = ctx.scatter_plans.get(parity)
+        if plan is not None:
+            return plan
+        sh, sent = ctx.sharding, ctx.sent
+        plan = []
+        for step in range(1, world.world_size + 1):
+            dst = (world.rank + step) % world.world_size
+            dst_lo = sh.rank_range(dst)[0]
+            peer_recv = peer_tensor(ctx.recv, dst) if dst != world.rank else None
+            channels = []
+            for j in range(sh.channels_per_rank):
+                ch = dst * sh.channels_per_rank + j
+                lo, hi = sh.channel_range(ch)
+                views = None
+                if peer_recv is not None and hi > lo:
+                    views = (sent[lo:hi], peer_recv[parity, world.rank, lo - dst_lo:hi - dst_lo])
+                channels.append((j, ch, hi - lo, views))
+            plan.append((dst, peer_recv is not None, channels))
+        ctx.scatter_plans[parity] = plan
+        return plan
+
     def _scatter(self, ctx: ReduceScatterContext, world, epoch: int) -> None:
         """Hybrid, copy-engine half: as each channel's rows are complete here, copy them into the
         receive slot of the rank that owns them and tell it (ring order: the next rank first). This
         rank's own rows stay where they were written (the reduction reads them there); the stream only
         waits for them, so that the reduction, launched next, starts after the GEMM's last tile."""
-        sh = ctx.sharding
-        sent, row_elems = ctx.sent, ctx.row_elems
+        sh, row_elems = ctx.sharding, ctx.row_elems
         stream = ctx.streams.side
-        for step in range(1, world.world_size + 1):
-            dst = (world.rank + step) % world.world_size
-            dst_lo = sh.rank_range(dst)[0]
-            peer_recv = peer_tensor(ctx.recv, dst) if dst != world.rank else None
-            for j in range(sh.channels_per_rank):
-                ch = dst * sh.channels_per_rank + j
-                lo, hi = sh.channel_range(ch)
-                if hi > lo:
+        for dst, remote, channels in self._scatter_plan(ctx, world, epoch % 2):
+            for j, ch, rows, views in channels:
+                if rows > 0:
                     # the host goes on enqueueing; a stuck wait is released and raised by finish()
-                    rank_wait(ctx.sent_channel, ch, epoch * (hi - lo) * row_elems, stream, block=False)
-                    if peer_recv is not None:
-                        rank_copy_data(sent[lo:hi], peer_recv[epoch % 2, world.rank, lo - dst_lo:hi - dst_lo], stream)
-                if peer_recv is not None:
+                    rank_wait(ctx.sent_channel, ch, epoch * rows * row_elems, stream, block=False)
+                    if views is not None:
+                        rank_copy_data(*views, stream)
+                if remote:
                     rank_notify(ctx.recv_channel, world.rank * sh.channels_per_rank + j, epoch, dst, stream)
 
     def _launch_hybrid(self, grid, call: dict, ctx: ReduceScatterContext, world, out) -> None:

@@ -47,6 +47,14 @@ class Backend(Protocol):
         still pending after ``timeout_s`` (counted from when the stream reaches it) is released and
         raised as WaitTimeout by the next :meth:`check_waits` (and printed at once)."""
 
+    def write_value_at(self, address: int, value: int, stream: torch.cuda.Stream | None) -> None:
+        """:meth:`write_value` on the int64 word at ``address`` (a barrier word of a Channel, this rank's copy
+        or a peer's, checked by the caller): the operators' launch path, without a tensor view per word."""
+
+    def wait_value_at(self, address: int, value: int, stream: torch.cuda.Stream | None, timeout_s: float,
+                      block: bool = True, index: int = -1) -> None:
+        """:meth:`wait_value` on this rank's int64 word at ``address`` (checked by the caller)."""
+
     def check_waits(self) -> None:
         """Raise the WaitTimeout of a watched (``block=False``) wait that timed out; never blocks."""
 

@@ -25,12 +25,24 @@ class Channel:
         self.world_size = world.world_size
         self.barriers: torch.Tensor = heap.symmetric_zeros((self.num_channels,), torch.int64)
         self.peer_table: torch.Tensor = heap.peer_table(self.barriers)
+        #: where each rank's copy of the barrier array is mapped in this process (host-side notifies and
+        #: waits address a word directly: a tensor view per word cost the launch path microseconds each)
+        self.addresses: tuple[int, ...] = tuple(heap.peer_tensor(self.barriers, r).data_ptr()
+                                                for r in range(self.world_size))
         self.epoch = 0
 
     def advance(self) -> int:
         """Start the next call: returns the new epoch (1 for the first call)."""
         self.epoch += 1
         return self.epoch
+
+    def word_address(self, index: int, rank: int) -> int:
+        """The address, in this process, of word ``index`` of ``rank``'s copy."""
+        if not 0 <= index < self.num_channels:
+            raise TileLinkError(f"barrier index {index} out of range for {self.num_channels} channels")
+        if not 0 <= rank < self.world_size:
+            raise TileLinkError(f"rank {rank} is not a rank of this world of {self.world_size}")
+        return self.addresses[rank] + 8 * index
 
     def peer_barriers(self, rank: int) -> torch.Tensor:
         """``rank``'s barrier array (a view usable on this rank)."""

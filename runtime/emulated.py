@@ -94,22 +94,27 @@ class EmulatedBackend:
         self.barrier()  # kernels are synchronous here: everything issued before is complete
 
     def write_value(self, word: torch.Tensor, value: int, stream: torch.cuda.Stream | None) -> None:
-        # one aligned 8-byte store; x86 keeps it after the earlier stores (release)
-        ctypes.c_int64.from_address(word.data_ptr()).value = int(value)
+        self.write_value_at(word.data_ptr(), value, stream)
 
-    def read_value(self, word: torch.Tensor) -> int:
-        return ctypes.c_int64.from_address(word.data_ptr()).value
+    def write_value_at(self, address: int, value: int, stream: torch.cuda.Stream | None) -> None:
+        # one aligned 8-byte store; x86 keeps it after the earlier stores (release)
+        ctypes.c_int64.from_address(address).value = int(value)
 
     def check_waits(self) -> None:
         return None  # every wait here is a host poll that raises itself
 
     def wait_value(self, word: torch.Tensor, value: int, stream: torch.cuda.Stream | None,
                    timeout_s: float, block: bool = True, index: int = -1) -> None:
+        self.wait_value_at(word.data_ptr(), value, stream, timeout_s, block, index)
+
+    def wait_value_at(self, address: int, value: int, stream: torch.cuda.Stream | None, timeout_s: float,
+                      block: bool = True, index: int = -1) -> None:
         # kernels are synchronous here: a wait that returned before the data arrived would gain nothing
         deadline = time.monotonic() + timeout_s
         pause = 1e-5
+        word = ctypes.c_int64.from_address(address)
         while True:
-            seen = self.read_value(word)
+            seen = word.value
             if seen >= value:
                 return
             if time.monotonic() > deadline:

@@ -72,7 +72,7 @@ def symmetric_empty(shape, dtype: torch.dtype) -> torch.Tensor:
     if any(s < 0 for s in shape):
         raise SymmetricHeapError(f"symmetric_empty: negative dimension in shape {list(shape)}")
     _check_agreement(world, shape, dtype)
-    itemsize = torch.empty((), dtype=dtype).element_size()
+    itemsize = dtype.itemsize
     nbytes = math.prod(shape) * itemsize
     local, peers = world.impl.allocate(nbytes)
     allocation = _Allocation(local=local, peers=list(peers), shape=shape, dtype=dtype)

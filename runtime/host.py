@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from tilelink.errors import LaunchError, WaitTimeout
+from tilelink.errors import LaunchError, TileLinkError, WaitTimeout
 from tilelink.runtime import heap
 from tilelink.runtime.channel import Channel
 from tilelink.runtime.diagnostics import wait_timeout_s
@@ -35,13 +35,23 @@ def rank_copy_data(src: torch.Tensor, dst: torch.Tensor, stream: torch.cuda.Stre
     current_world().impl.copy(src, dst, stream)
 
 
+def _word_address(barriers: torch.Tensor | Channel, index: int, rank: int, what: str) -> int:
+    """Where word ``index`` of ``rank``'s copy of the barrier array is mapped in this process."""
+    if isinstance(barriers, Channel):
+        try:
+            return barriers.word_address(index, rank)
+        except TileLinkError as exc:
+            raise LaunchError(f"{what}: {exc}") from None
+    tensor = _barrier_array(barriers, index, what)
+    return heap.peer_tensor(tensor, rank)[index:index + 1].data_ptr()
+
+
 def rank_notify(barriers: torch.Tensor | Channel, index: int, value: int, rank: int,
                 stream: torch.cuda.Stream | None = None) -> None:
     """Set barrier word ``index`` of ``rank``'s barrier array to ``value`` after the work issued
     before on ``stream`` (release): tells ``rank`` that the data of that channel is ready."""
-    tensor = _barrier_array(barriers, index, "rank_notify")
-    word = heap.peer_tensor(tensor, rank)[index:index + 1]
-    current_world().impl.write_value(word, int(value), stream)
+    address = _word_address(barriers, index, rank, "rank_notify")
+    current_world().impl.write_value_at(address, int(value), stream)
 
 
 def rank_wait(barriers: torch.Tensor | Channel, index: int, value: int,
@@ -52,11 +62,11 @@ def rank_wait(barriers: torch.Tensor | Channel, index: int, value: int,
     returning; with ``block=False`` it returns at once (the host keeps enqueueing) and a wait still
     pending after ``timeout_s`` (from when the stream reaches it) is released by a watcher thread,
     printed at once and raised by the next ``current_world().impl.check_waits()`` (each launch's finish)."""
-    tensor = _barrier_array(barriers, index, "rank_wait")
     world = current_world()
+    address = _word_address(barriers, index, world.rank, "rank_wait")
     budget = wait_timeout_s(world.backend == "emulated") if timeout_s is None else timeout_s
     try:
-        world.impl.wait_value(tensor[index:index + 1], int(value), stream, budget, block=block, index=index)
+        world.impl.wait_value_at(address, int(value), stream, budget, block=block, index=index)
     except WaitTimeout as exc:
         raise WaitTimeout(rank=world.rank, primitive="rank_wait", index=index, expected=int(value),
                           seen=exc.seen, budget_s=budget) from None

@@ -199,6 +199,7 @@ class _WaitWatcher:
         """One look at a watched wait; whether it is over (passed, or released)."""
         reached, passed, address, value, budget, index, deadline = item
         if passed.query():
+            self._backend._spare_events.extend((reached, passed))  # both complete: reused by later waits
             return True
         now = time.monotonic()
         if deadline is None:
@@ -286,6 +287,12 @@ class NvshmemBackend:
             self._driver.cuStreamCreate(self._flag("CUstream_flags", "CU_STREAM_NON_BLOCKING",
                                                    _STREAM_NON_BLOCKING_FALLBACK)),
             "cuStreamCreate")
+        # computed once: each enqueue of a copy, flag or wait is on the operators' host path
+        self._write_flags = self._flag("CUstreamWriteValue_flags", "CU_STREAM_WRITE_VALUE_DEFAULT",
+                                       _WRITE_DEFAULT_FALLBACK)
+        self._wait_flags = self._flag("CUstreamWaitValue_flags", "CU_STREAM_WAIT_VALUE_GEQ", _WAIT_GEQ_FALLBACK)
+        self._handles: dict[int, object] = {}  # torch stream's cuda_stream -> its CUstream
+        self._spare_events: list[torch.cuda.Event] = []  # see _event (appended to by the watcher thread too)
         self._write64 = getattr(self._driver, "cuStreamWriteValue64", None)
         self._wait64 = getattr(self._driver, "cuStreamWaitValue64", None)
         self.uses_32bit_flags = self._write64 is None or self._wait64 is None
@@ -322,7 +329,11 @@ class NvshmemBackend:
         return word.data_ptr()
 
     def _stream_handle(self, stream: torch.cuda.Stream):
-        return self._driver.CUstream(stream.cuda_stream)
+        raw = stream.cuda_stream
+        handle = self._handles.get(raw)
+        if handle is None:
+            handle = self._handles[raw] = self._driver.CUstream(raw)
+        return handle
 
     # ------------------------------------------------------------------ Backend
 
@@ -377,28 +388,33 @@ class NvshmemBackend:
 
     def write_value(self, word: torch.Tensor, value: int, stream: torch.cuda.Stream | None) -> None:
         """``cuStreamWriteValue64`` (fenced: release order after the stream's earlier work)."""
+        self.write_value_at(self._word(word, "write_value"), value, stream)
+
+    def write_value_at(self, address: int, value: int, stream: torch.cuda.Stream | None) -> None:
+        """:meth:`write_value` on the word at ``address`` (checked by the caller: a barrier word's, of this
+        rank's or a peer's copy)."""
         stream = self._stream(stream)
-        address = self._word(word, "write_value")
-        flags = self._flag("CUstreamWriteValue_flags", "CU_STREAM_WRITE_VALUE_DEFAULT",
-                           _WRITE_DEFAULT_FALLBACK)
-        _check(self._write64(self._stream_handle(stream), self._driver.CUdeviceptr(address),
-                             int(value), flags), "cuStreamWriteValue64")
+        _check(self._write64(self._stream_handle(stream), self._driver.CUdeviceptr(address), int(value),
+                             self._write_flags), "cuStreamWriteValue64")
 
     def wait_value(self, word: torch.Tensor, value: int, stream: torch.cuda.Stream | None,
                    timeout_s: float, block: bool = True, index: int = -1) -> None:
         """``cuStreamWaitValue64(GEQ)`` on ``stream``, then a host check bounded by ``timeout_s``:
         raises :class:`tilelink.WaitTimeout` (and releases the stream) if the word never got there.
         ``block=False``: the check runs on the watcher thread (see the module's docstring)."""
+        self.wait_value_at(self._word(word, "wait_value"), value, stream, timeout_s, block, index)
+
+    def wait_value_at(self, address: int, value: int, stream: torch.cuda.Stream | None, timeout_s: float,
+                      block: bool = True, index: int = -1) -> None:
+        """:meth:`wait_value` on the word at ``address`` (checked by the caller: a local barrier word's)."""
         stream = self._stream(stream)
-        address = self._word(word, "wait_value")
-        flags = self._flag("CUstreamWaitValue_flags", "CU_STREAM_WAIT_VALUE_GEQ", _WAIT_GEQ_FALLBACK)
         reached = None
         if not block:  # the watcher's budget starts when the stream gets here
-            reached = torch.cuda.Event()
+            reached = self._event()
             reached.record(stream)
-        _check(self._wait64(self._stream_handle(stream), self._driver.CUdeviceptr(address),
-                            int(value), flags), "cuStreamWaitValue64")
-        passed = torch.cuda.Event()
+        _check(self._wait64(self._stream_handle(stream), self._driver.CUdeviceptr(address), int(value),
+                            self._wait_flags), "cuStreamWaitValue64")
+        passed = self._event()
         passed.record(stream)
         if reached is not None:
             self._watcher().watch(reached, passed, address, int(value), float(timeout_s), index)
@@ -413,6 +429,14 @@ class NvshmemBackend:
                 raise timeout
             time.sleep(pause)
             pause = min(pause * 2, _POLL_MAX_S)
+        else:
+            self._spare_events.append(passed)
+
+    def _event(self) -> torch.cuda.Event:
+        """An event for a wait: a spare one (its earlier record complete: the watcher returns the events of
+        waits that passed), else a new one. Creating two events per wait cost the launch path about 10 us."""
+        spare = self._spare_events
+        return spare.pop() if spare else torch.cuda.Event()
 
     def check_waits(self) -> None:
         if self._watch is not None:
@@ -442,9 +466,7 @@ class NvshmemBackend:
         return int(host.item())
 
     def _release_wait(self, address: int, value: int) -> None:
-        flags = self._flag("CUstreamWriteValue_flags", "CU_STREAM_WRITE_VALUE_DEFAULT",
-                           _WRITE_DEFAULT_FALLBACK)
-        _check(self._write64(self._side_stream, self._driver.CUdeviceptr(address), value, flags),
+        _check(self._write64(self._side_stream, self._driver.CUdeviceptr(address), value, self._write_flags),
                "cuStreamWriteValue64")
         _check(self._driver.cuStreamSynchronize(self._side_stream), "cuStreamSynchronize")
 
@@ -460,8 +482,8 @@ class NvshmemBackend:
         if not (src.is_contiguous() and dst.is_contiguous()):
             raise TileLinkError("copy: the copy engine moves contiguous bytes; pass contiguous views")
         if nbytes:
-            _check(self._driver.cuMemcpyAsync(self._driver.CUdeviceptr(dst.data_ptr()),
-                                              self._driver.CUdeviceptr(src.data_ptr()), nbytes,
+            ptr = self._driver.CUdeviceptr
+            _check(self._driver.cuMemcpyAsync(ptr(dst.data_ptr()), ptr(src.data_ptr()), nbytes,
                                               self._stream_handle(stream)), "cuMemcpyAsync")
 
     def finalize(self) -> None:
