@@ -42,7 +42,6 @@ from tilelink.runtime import (
     peer_tensor,
     rank_copy_data,
     rank_notify,
-    rank_wait,
     symmetric_empty,
 )
 from tilelink.spec import AllGatherSpec, Options
@@ -275,12 +274,6 @@ class AllGatherLauncher(Launcher):
         """The other ranks, ring order (the next rank first)."""
         return [(world.rank + step) % world.world_size for step in range(1, world.world_size)]
 
-    def _wait_ready(self, ctx: AllGatherContext, src: int, epoch: int) -> None:
-        """The side stream (emulated: the host) waits until ``src`` has put its shard of call ``epoch`` in
-        place; nothing to wait for in a dry run (epoch 0)."""
-        if epoch:
-            rank_wait(ctx.ready, src, epoch, ctx.streams.side, block=False)
-
     def _producer(self, ctx: AllGatherContext, world, epoch: int, barriers, barrier_table) -> None:
         """Issue the communication of every gathered tensor of call ``epoch`` (SM kernel or copy engine) into
         the set of its parity; ``barrier_table`` is the peer table of ``barriers`` (push mode notifies the
@@ -291,10 +284,6 @@ class AllGatherLauncher(Launcher):
         if self.meta["via"] == "copy_engine":
             self._copy_engine(ctx, world, epoch, barriers)
             return
-        # a pull reads each peer's shard, a push writes into each peer's set of this parity, which the
-        # peer's word says it has stopped reading (it is past call epoch - 2): every peer first
-        for src in self._peer_order(world):
-            self._wait_ready(ctx, src, epoch)
         for full, table, shape in zip(fulls, tables, ctx.shapes, strict=True):
             row_elems = math.prod(shape[dim + 1:])
             args = dict(tlk_rank=world.rank, tlk_world=world.world_size, tlk_rows=sh.size,
@@ -340,14 +329,13 @@ class AllGatherLauncher(Launcher):
         return plan
 
     def _copy_engine(self, ctx: AllGatherContext, world, epoch: int, barriers) -> None:
-        """Pull every peer's channels of every tensor into the set of ``epoch``'s parity (ring order, each
-        peer once its shard is in place), one notify per channel once every tensor's rows of it have landed."""
+        """Pull every peer's channels of every tensor into the set of ``epoch``'s parity (ring order), one
+        notify per channel once every tensor's rows of it have landed."""
         sh, k = ctx.sharding, len(ctx.shapes)
         stream = ctx.streams.side
         for j in range(sh.channels_per_rank):  # this rank's own channels first: its shard is in place
             rank_notify(barriers, world.rank * sh.channels_per_rank + j, epoch * k, world.rank, stream)
-        for src, channels in self._copy_plan(ctx, world, epoch % 2):
-            self._wait_ready(ctx, src, epoch)
+        for _src, channels in self._copy_plan(ctx, world, epoch % 2):
             for ch, pairs in channels:
                 for src_view, dst_view in pairs:
                     rank_copy_data(src_view, dst_view, stream)
@@ -370,16 +358,16 @@ class AllGatherLauncher(Launcher):
         self.warm_up(ctx, world, grid, call, partners=lambda: None if copy_engine else self._producer(
             ctx, world, 0, ctx.scratch, self.scratch_table(ctx, world)))  # the copy engine has no kernel
         main, side = ctx.streams.main, ctx.streams.side
-        # No barrier: this call's shard goes into the set of its parity, then every peer is told. A peer reads
-        # (or, pushing, writes) this rank's set only after that word, and this rank writes the set again at
-        # call epoch + 2, whose streams follow this rank's wait for every peer's word of epoch + 1, which each
-        # peer sets only once its streams are past call epoch: the set's readers and writers of call epoch
-        # are done (ARCHITECTURE.md). Two stream barriers here made every call wait for the slowest rank's host.
+        # No barrier: this call's shard goes into the set of its parity, then every peer is told, and the call's
+        # kernels and copies start once every peer has said the same (Launcher.handshake). A peer reads (or,
+        # pushing, writes) this rank's set only after that word, and this rank writes the set again at call
+        # epoch + 2, behind its wait for every peer's word of epoch + 1, which each peer sets only once its streams
+        # are past call epoch: the set's readers and writers of call epoch are done (ARCHITECTURE.md). Two stream
+        # barriers here (before the shard copy, and after) made every rank wait for the other ranks' barrier kernels.
         for name, full in zip(self.meta["tensors"], fulls, strict=True):
             if hi > lo:
                 full.narrow(dim, lo, hi - lo).copy_(bound[name])
-        for dst in self._peer_order(world):
-            rank_notify(ctx.ready, world.rank, epoch, dst, main)
+        self.handshake(ctx.ready, world, epoch, main, main)
         # a channel is notified once per call per gathered tensor
         consumer_args = self.channel_args(ctx.channel.barriers, epoch * k, world, ctx.sharding, ctx.diag)
         if side is None:  # emulated: kernels are synchronous, the producer runs first
@@ -387,7 +375,7 @@ class AllGatherLauncher(Launcher):
             self.kernel[grid](**call, **consumer_args)
             self.finish(ctx)
             return
-        side.wait_stream(main)  # behind the shard and the words above, never behind the consumer
+        side.wait_stream(main)  # behind the shard and the handshake, never behind the consumer
         if copy_engine and not self.meta["index"]:
             # the copies need no SM: the consumer is launched first (its first tiles are this rank's own
             # rows), so that the host's enqueueing of the copies overlaps with the consumer's work

@@ -249,6 +249,23 @@ class Launcher:
             torch.cuda.synchronize(world.device)
         ctx.variants.add(key)
 
+    def handshake(self, ready, world, epoch: int, notify_stream, wait_stream) -> None:
+        """Tell every peer that this rank reached call ``epoch`` (word ``rank`` of their ``ready``, set when
+        ``notify_stream`` gets here), then make ``wait_stream`` (emulated: the host) wait for every peer's word.
+        The wait's budget is :func:`tilelink.runtime.diagnostics.skew_timeout_s`: a peer whose host is behind
+        between calls is waited for on a stream, holding no SM, and the kernels launched behind the wait then
+        wait on that peer only for its GPU work, with the budget of a wait (without it, ten seconds of host work
+        on one rank between two calls timed out the others' kernels)."""
+        from tilelink.runtime import rank_notify, rank_wait
+        from tilelink.runtime.diagnostics import skew_timeout_s
+
+        peers = [(world.rank + step) % world.world_size for step in range(1, world.world_size)]
+        for dst in peers:
+            rank_notify(ready, world.rank, epoch, dst, notify_stream)
+        budget = skew_timeout_s(world.backend == "emulated")
+        for src in peers:
+            rank_wait(ready, src, epoch, wait_stream, timeout_s=budget, block=False)
+
     def finish(self, ctx) -> None:
         """Join the side stream and turn a timed-out wait into :class:`tilelink.WaitTimeout`."""
         if ctx.streams.main is not None:

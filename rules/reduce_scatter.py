@@ -695,6 +695,7 @@ class ReduceScatterContext:
     variants: set = field(default_factory=set)  # the rewritten kernel's variants loaded (warm_up)
     satisfied: torch.Tensor | None = None  # a world of one: every wait passes
     scatter_plans: dict = field(default_factory=dict)  # parity -> the hybrid copy engine's views (_scatter_plan)
+    ready: Channel | None = None  # the hybrid's: word r is the last call rank r has reached (Launcher.handshake)
 
     @property
     def row_elems(self) -> int:
@@ -762,6 +763,8 @@ class ReduceScatterLauncher(Launcher):
                                                out.dtype)
                     ctx.recv_table = vector_peer_table(ctx.recv)
                 ctx.recv_channel = Channel(sharding.num_channels)
+            if self.meta["via"] == "copy_engine" and world.world_size > 1:
+                ctx.ready = Channel(world.world_size)  # word r: the last call rank r has reached (handshake)
             if self.meta["via"] == "copy_engine" and topk > 1:
                 ctx.reduced_channel = Channel(sharding.num_channels)
                 if world.world_size > 1:  # alone, the summed slots go straight into the output
@@ -892,11 +895,16 @@ class ReduceScatterLauncher(Launcher):
         # parity. Its copy for call n + 2 comes after its reduction of call n + 1, which waited for this rank's
         # copy of n + 1, which this rank's stream runs after its own reduction of call n: the set a peer
         # overwrites has been read. (A barrier here cost the ranks' skew on every call: 0.1-0.5 ms on 2 H200s.)
+        # The copies and the reduction start once every peer has reached this call (Launcher.handshake): the
+        # reduction's waits then cover the peers' GPU work, not their hosts' time between calls. The GEMM waits
+        # for nobody.
         args = self.channel_args(ctx.channel.barriers, epoch, world, ctx.sharding, ctx.diag)
         start = None
         if side is not None:
             start = torch.cuda.Event()
             start.record(main)
+        if not alone:
+            self.handshake(ctx.ready, world, epoch, main, side)
         self.kernel[grid](**call, **args)  # the GEMM keeps every SM
         if ctx.reduced_channel is not None:  # behind the GEMM on its stream: no channel is complete before its end
             self._topk_reduce(ctx, world, reduced, ctx.reduced_channel.barriers)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from tilelink.errors import TileLinkError
+from tilelink.errors import LaunchError, SymmetricHeapError, TileLinkError, WorldMismatchError
 from tilelink.runtime import heap
 from tilelink.runtime.world import current_world
 
@@ -20,6 +20,7 @@ class Channel:
         if int(num_channels) < 1:
             raise TileLinkError(f"Channel needs at least one channel, got {num_channels}")
         world = current_world()
+        self._world = world  # its buffers die with it
         self.num_channels = int(num_channels)
         self.rank = world.rank
         self.world_size = world.world_size
@@ -36,12 +37,14 @@ class Channel:
         self.epoch += 1
         return self.epoch
 
-    def word_address(self, index: int, rank: int) -> int:
+    def word_address(self, index: int, rank: int, what: str = "word_address") -> int:
         """The address, in this process, of word ``index`` of ``rank``'s copy."""
+        if not self.addresses or current_world() is not self._world:
+            raise SymmetricHeapError(f"{what}: this Channel was freed (Channel.free, or its world finalized)")
         if not 0 <= index < self.num_channels:
-            raise TileLinkError(f"barrier index {index} out of range for {self.num_channels} channels")
+            raise LaunchError(f"{what}: barrier index {index} out of range for {self.num_channels} channels")
         if not 0 <= rank < self.world_size:
-            raise TileLinkError(f"rank {rank} is not a rank of this world of {self.world_size}")
+            raise WorldMismatchError(f"{what}: rank {rank} is not a rank of this world of {self.world_size}")
         return self.addresses[rank] + 8 * index
 
     def peer_barriers(self, rank: int) -> torch.Tensor:
@@ -50,6 +53,7 @@ class Channel:
 
     def free(self) -> None:
         """Collective: release the barrier array."""
+        self.addresses = ()  # a host-side notify after this would write into whatever the heap puts there next
         heap.free(self.barriers)
 
     def __repr__(self) -> str:

@@ -44,6 +44,17 @@ def wait_timeout_s(emulated: bool | None = None) -> float:
     return DEFAULT_EMULATED_TIMEOUT_S if emulated else DEFAULT_TIMEOUT_S
 
 
+#: budgets of a wait for a peer to reach a call (``Launcher.handshake``), in wait budgets: a peer whose host is
+#: behind between calls (an evaluation or a checkpoint on one rank, a first call that compiles) is waited for as
+#: long as this, on a stream and no SM, before the call's kernels start waiting on it with the budget of a wait
+SKEW_FACTOR = 30
+
+
+def skew_timeout_s(emulated: bool | None = None) -> float:
+    """How long a call waits for a peer to reach it: :data:`SKEW_FACTOR` wait budgets (5 min on a GPU by default)."""
+    return SKEW_FACTOR * wait_timeout_s(emulated)
+
+
 def check_diagnostics(diag: torch.Tensor, rank: int, kernel: str | None = None,
                       budget_s: float | None = None) -> None:
     """Raise :class:`tilelink.WaitTimeout` if a wait recorded a timeout in ``diag``, and clear it.

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from tilelink.errors import LaunchError, TileLinkError, WaitTimeout
+from tilelink.errors import LaunchError, WaitTimeout
 from tilelink.runtime import heap
 from tilelink.runtime.channel import Channel
 from tilelink.runtime.diagnostics import wait_timeout_s
@@ -38,11 +38,10 @@ def rank_copy_data(src: torch.Tensor, dst: torch.Tensor, stream: torch.cuda.Stre
 def _word_address(barriers: torch.Tensor | Channel, index: int, rank: int, what: str) -> int:
     """Where word ``index`` of ``rank``'s copy of the barrier array is mapped in this process."""
     if isinstance(barriers, Channel):
-        try:
-            return barriers.word_address(index, rank)
-        except TileLinkError as exc:
-            raise LaunchError(f"{what}: {exc}") from None
+        return barriers.word_address(index, rank, what)
     tensor = _barrier_array(barriers, index, what)
+    if rank == current_world().rank:  # this rank's own word: any int64 array on its device will do
+        return tensor[index:index + 1].data_ptr()
     return heap.peer_tensor(tensor, rank)[index:index + 1].data_ptr()
 
 

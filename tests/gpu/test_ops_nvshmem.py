@@ -15,7 +15,13 @@ import torch
 import tilelink
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "ops"))
-from tp_worlds import ag_gemm_back_to_back, mlp_matches_torch, ops_match_torch, uneven_slices_match_torch  # noqa: E402
+from tp_worlds import (  # noqa: E402
+    ag_gemm_back_to_back,
+    calls_with_a_late_host,
+    mlp_matches_torch,
+    ops_match_torch,
+    uneven_slices_match_torch,
+)
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
                                                   reason="needs an NVIDIA GPU (run tests/gpu/run.sh on the device)")]
@@ -56,5 +62,14 @@ def test_ag_gemm_calls_back_to_back_with_a_lagging_rank_bf16(world: int) -> None
     """No barrier between all-gather calls: five calls with new data, rank 1's stream a few ms behind before
     each, on the copy engine and on the SM pull; every product right."""
     for rank, per_rank in enumerate(tilelink.spawn(ag_gemm_back_to_back, world, 333, 256, 512, 5, "bfloat16",
+                                                   backend="nvshmem")):
+        assert all(err < 1e-2 for err in per_rank.values()), (rank, per_rank)
+
+
+def test_a_rank_late_between_calls_is_waited_for_bf16(monkeypatch) -> None:
+    """Rank 1's host 2.5 s late between two calls, the wait budget 1 s: the all-gathers (copy engine, SM pull)
+    and the hybrid reduce-scatter wait for it at the call's handshake, and every result is right."""
+    monkeypatch.setenv("TILELINK_WAIT_TIMEOUT", "1")
+    for rank, per_rank in enumerate(tilelink.spawn(calls_with_a_late_host, 2, 333, 256, 512, 2.5, "bfloat16",
                                                    backend="nvshmem")):
         assert all(err < 1e-2 for err in per_rank.values()), (rank, per_rank)

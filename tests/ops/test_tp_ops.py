@@ -14,6 +14,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from tp_worlds import (  # noqa: E402
     ag_gemm_back_to_back,
     bad_inputs,
+    calls_with_a_late_host,
     mlp_matches_torch,
     ops_match_torch,
     uneven_slices_match_torch,
@@ -85,6 +86,14 @@ def test_ag_gemm_calls_back_to_back_with_a_lagging_rank(world: int) -> None:
     """No barrier between all-gather calls: new data every call, rank 1 behind the others, every product right
     on both the copy engine and the SM pull."""
     for rank, per_rank in enumerate(tilelink.spawn(ag_gemm_back_to_back, world, 37, 24, 32, 3)):
+        assert all(err < 1e-5 for err in per_rank.values()), (rank, per_rank)
+
+
+def test_a_rank_late_between_calls_is_waited_for(monkeypatch) -> None:
+    """Rank 1's host 2.5 s late between two calls, the wait budget 1 s: the all-gathers and the hybrid
+    reduce-scatter wait for it at the call's handshake, longer than a wait's budget, and every result is right."""
+    monkeypatch.setenv("TILELINK_WAIT_TIMEOUT", "1")
+    for rank, per_rank in enumerate(tilelink.spawn(calls_with_a_late_host, 2, 37, 24, 32, 2.5)):
         assert all(err < 1e-5 for err in per_rank.values()), (rank, per_rank)
 
 

@@ -176,3 +176,41 @@ def ag_gemm_back_to_back(M: int, N: int, K: int, calls: int, dtype_name: str = "
         assert kernel.launcher.contexts, f"{label}: {kernel} did not run"
     contract.PERSISTENT = None
     return out
+
+
+def calls_with_a_late_host(M: int, N: int, K: int, late_s: float, dtype_name: str = "float32") -> dict[str, float]:
+    """``ag_gemm`` (copy engine, SM pull) and ``gemm_rs`` (the hybrid), three calls each; rank 1's host is
+    ``late_s`` behind before the second (an evaluation on one rank between two steps), longer than the wait
+    budget the caller set: the other ranks' calls must wait for it, not time out. Returns each operator's
+    largest relative error on this rank."""
+    import time
+
+    from tilelink.ops import TPContext, ag_gemm, contract, gemm_rs
+
+    dtype = getattr(torch, dtype_name)
+    r, R = tilelink.rank(), tilelink.world_size()
+    device = tilelink.runtime.current_world().device
+    lo, hi = bounds(M, r, R)
+    klo, khi = bounds(K, r, R)
+    g = torch.Generator().manual_seed(23)
+    ctx = TPContext(M)
+    out: dict[str, float] = {}
+    for label, persistent, op in (("ag_gemm copy_engine", True, "ag"), ("ag_gemm sm_pull", False, "ag"),
+                                  ("gemm_rs hybrid", True, "rs")):
+        contract.PERSISTENT = persistent
+        errors = []
+        for call in range(3):
+            a = torch.randn(M, K, generator=g).to(dtype)
+            b = torch.randn(K, N, generator=g).to(dtype)
+            if call == 1 and r == 1:
+                time.sleep(late_s)
+            ref = a.double() @ b.double()
+            if op == "ag":
+                c = ag_gemm(a[lo:hi].contiguous().to(device), b.to(device), ctx)
+            else:
+                c = gemm_rs(a[:, klo:khi].contiguous().to(device), b[klo:khi].contiguous().to(device))
+                ref = ref[lo:hi]
+            errors.append(((c.double().cpu() - ref).norm() / ref.norm()).item())
+        out[label] = max(errors)
+    contract.PERSISTENT = None
+    return out

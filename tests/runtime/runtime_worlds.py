@@ -305,6 +305,20 @@ def bad_input() -> dict:
     with pytest.raises(tilelink.WorldMismatchError) as info:
         runtime.symmetric_empty((4 + world.rank,), torch.float32)  # ranks disagree
     messages["mismatch"] = str(info.value)
+    # the host primitives on a Channel: a bad word or rank, and a freed channel, refused before anything is written
+    ch = runtime.Channel(2)
+    with pytest.raises(tilelink.LaunchError) as info:
+        runtime.rank_notify(ch, 2, 1, 0)
+    messages["notify_index"] = str(info.value)
+    with pytest.raises(tilelink.WorldMismatchError) as info:
+        runtime.rank_notify(ch, 0, 1, world.world_size)
+    messages["notify_rank"] = str(info.value)
+    ch.free()
+    with pytest.raises(tilelink.SymmetricHeapError) as info:
+        runtime.rank_wait(ch, 0, 0)
+    messages["freed_channel"] = str(info.value)
+    local = torch.ones(3, dtype=torch.int64)  # this rank's own word need not be on the heap
+    runtime.rank_wait(local, 1, 1, timeout_s=1.0)
     with pytest.raises(tilelink.TileLinkError):
         tilelink.init(backend="nvshmem")  # already initialised with another backend
     messages["init_again_same"] = tilelink.init(backend="emulated") is runtime.current_world()

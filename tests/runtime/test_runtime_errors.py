@@ -52,6 +52,9 @@ def test_bad_input():
     assert "already freed" in messages["double_free"]
     assert "rank 0: shape [4]" in messages["mismatch"] and "rank 1: shape [5]" in messages["mismatch"]
     assert messages["init_again_same"]
+    assert messages["notify_index"] == "rank_notify: barrier index 2 out of range for 2 channels"
+    assert messages["notify_rank"] == "rank_notify: rank 2 is not a rank of this world of 2"
+    assert "rank_wait: this Channel was freed" in messages["freed_channel"]
 
 
 def test_failing_rank_raises_in_parent_with_its_traceback():
