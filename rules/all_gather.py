@@ -344,6 +344,7 @@ class AllGatherLauncher(Launcher):
     def launch(self, grid, bound: dict) -> None:
         world = self.world()
         ctx = self.context(bound)
+        ctx.streams.follow_caller(world.device)
         if world.world_size == 1:  # the shard is the whole tensor
             self.alone(grid, dict(bound), ctx, world)
             return

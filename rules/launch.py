@@ -51,6 +51,13 @@ class Streams:
             return cls(None, None)
         return cls(torch.cuda.current_stream(world.device), torch.cuda.Stream(world.device))
 
+    def follow_caller(self, device) -> None:
+        """Take the caller's current stream as the main one, at each call: the kernels, the shard's copy and
+        the caller's later work run on it, so the flags, waits and joins of the call must too (a context made
+        under one stream and called under another ordered them on the old one)."""
+        if self.main is not None:
+            self.main = torch.cuda.current_stream(device)
+
 
 def vector_peer_table(buffer: torch.Tensor) -> torch.Tensor:
     """``tilelink.runtime.peer_table(buffer)`` for a partner kernel that tells the compiler every entry is

@@ -919,6 +919,7 @@ class ReduceScatterLauncher(Launcher):
     def launch(self, grid, bound: dict) -> None:
         world = self.world()
         ctx = self.context(bound)
+        ctx.streams.follow_caller(world.device)
         if world.world_size == 1 and not self.meta.get("topk"):  # the output shard is the whole result
             self.alone(grid, dict(bound), ctx, world)
             return
