@@ -40,7 +40,11 @@ def _word_address(barriers: torch.Tensor | Channel, index: int, rank: int, what:
     if isinstance(barriers, Channel):
         return barriers.word_address(index, rank, what)
     tensor = _barrier_array(barriers, index, what)
-    if rank == current_world().rank:  # this rank's own word: any int64 array on its device will do
+    world = current_world()
+    if rank == world.rank:  # this rank's own word: any int64 array on its device will do
+        if tensor.device.type != world.device.type:
+            raise LaunchError(f"{what}: the barrier array is on {tensor.device}, but this rank's words are on "
+                              f"{world.device}; move it there (or allocate it with tilelink.runtime.symmetric_zeros)")
         return tensor[index:index + 1].data_ptr()
     return heap.peer_tensor(tensor, rank)[index:index + 1].data_ptr()
 
