@@ -270,20 +270,16 @@ class AllGatherLauncher(Launcher):
             self.contexts[key] = ctx
         return ctx
 
-    def _peer_order(self, world) -> list[int]:
-        """The other ranks, ring order (the next rank first)."""
-        return [(world.rank + step) % world.world_size for step in range(1, world.world_size)]
-
     def _producer(self, ctx: AllGatherContext, world, epoch: int, barriers, barrier_table) -> None:
         """Issue the communication of every gathered tensor of call ``epoch`` (SM kernel or copy engine) into
         the set of its parity; ``barrier_table`` is the peer table of ``barriers`` (push mode notifies the
         peers' copies). Epoch 0 is the dry run of ``warm_up``."""
-        dim = self.meta["dim"]
-        sh = ctx.sharding
-        fulls, tables = ctx.sets[epoch % 2], ctx.tables[epoch % 2]
         if self.meta["via"] == "copy_engine":
             self._copy_engine(ctx, world, epoch, barriers)
             return
+        dim = self.meta["dim"]
+        sh = ctx.sharding
+        fulls, tables = ctx.sets[epoch % 2], ctx.tables[epoch % 2]
         for full, table, shape in zip(fulls, tables, ctx.shapes, strict=True):
             row_elems = math.prod(shape[dim + 1:])
             args = dict(tlk_rank=world.rank, tlk_world=world.world_size, tlk_rows=sh.size,
@@ -299,17 +295,16 @@ class AllGatherLauncher(Launcher):
                                                        BLOCK=self.BLOCK)
 
     def _copy_plan(self, ctx: AllGatherContext, world, parity: int) -> list:
-        """The copy engine's work for the set of ``parity``, made once per context: for each peer (ring order),
-        for each of its channels, the (peer's view, own view) pairs of every tensor's rows (one pair per outer
-        index when the rows lie along an inner dim). Views made per call cost the host microseconds each."""
+        """The copy engine's work for the set of ``parity``, made once per context: the peers' channels (ring
+        order), each with the (peer's view, own view) pairs of every tensor's rows (one pair per outer index
+        when the rows lie along an inner dim). Views made per call cost the host microseconds each."""
         plan = ctx.copy_plans.get(parity)
         if plan is not None:
             return plan
         dim, sh, fulls = self.meta["dim"], ctx.sharding, ctx.sets[parity]
         plan = []
-        for src in self._peer_order(world):
+        for src in self.peer_order(world):
             peers = [peer_tensor(full, src) for full in fulls]
-            channels = []
             for j in range(sh.channels_per_rank):
                 ch = src * sh.channels_per_rank + j
                 lo, hi = sh.channel_range(ch)
@@ -323,8 +318,7 @@ class AllGatherLauncher(Launcher):
                         src3 = peer.reshape(-1, full.shape[dim], math.prod(full.shape[dim + 1:]))
                         dst3 = full.reshape(-1, full.shape[dim], math.prod(full.shape[dim + 1:]))
                         pairs.extend((src3[o, lo:hi], dst3[o, lo:hi]) for o in range(src3.shape[0]))
-                channels.append((ch, pairs))
-            plan.append((src, channels))
+                plan.append((ch, pairs))
         ctx.copy_plans[parity] = plan
         return plan
 
@@ -335,11 +329,10 @@ class AllGatherLauncher(Launcher):
         stream = ctx.streams.side
         for j in range(sh.channels_per_rank):  # this rank's own channels first: its shard is in place
             rank_notify(barriers, world.rank * sh.channels_per_rank + j, epoch * k, world.rank, stream)
-        for _src, channels in self._copy_plan(ctx, world, epoch % 2):
-            for ch, pairs in channels:
-                for src_view, dst_view in pairs:
-                    rank_copy_data(src_view, dst_view, stream)
-                rank_notify(barriers, ch, epoch * k, world.rank, stream)
+        for ch, pairs in self._copy_plan(ctx, world, epoch % 2):
+            for src_view, dst_view in pairs:
+                rank_copy_data(src_view, dst_view, stream)
+            rank_notify(barriers, ch, epoch * k, world.rank, stream)
 
     def launch(self, grid, bound: dict) -> None:
         world = self.world()

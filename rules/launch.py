@@ -256,6 +256,11 @@ class Launcher:
             torch.cuda.synchronize(world.device)
         ctx.variants.add(key)
 
+    @staticmethod
+    def peer_order(world) -> list[int]:
+        """The other ranks, ring order (the next rank first)."""
+        return [(world.rank + step) % world.world_size for step in range(1, world.world_size)]
+
     def handshake(self, ready, world, epoch: int, notify_stream, wait_stream) -> None:
         """Tell every peer that this rank reached call ``epoch`` (word ``rank`` of their ``ready``, set when
         ``notify_stream`` gets here), then make ``wait_stream`` (emulated: the host) wait for every peer's word.
@@ -266,7 +271,7 @@ class Launcher:
         from tilelink.runtime import rank_notify, rank_wait
         from tilelink.runtime.diagnostics import skew_timeout_s
 
-        peers = [(world.rank + step) % world.world_size for step in range(1, world.world_size)]
+        peers = self.peer_order(world)
         for dst in peers:
             rank_notify(ready, world.rank, epoch, dst, notify_stream)
         budget = skew_timeout_s(world.backend == "emulated")

@@ -225,14 +225,13 @@ def _box_columns(an: KernelAnalysis, a, t) -> str:
 
 _GROUPED_COMMENT = ("# tilelink: notify the channels whose rows this tile completed, four tiles at a time "
                    "(reduce_scatter, dim {dim})")
-#: the tile loop's held adds (first channel, its add, last channel, its add of up to three tiles) and the
-#: tile count, carried from one notify to the next
 
 
 def _grouped_notify(t, pending: str) -> tuple[str, ...]:
     """The notify of a store in a tile loop with a compile-time tile height: one barrier and one system
     fence per four tiles (:func:`tilelink.language.producer_tile_notify_rows_grouped`); ``pending`` is the
-    store's own loop variable of held adds."""
+    store's own loop variable of held adds (the tile count, then the first channel, its add, the last channel
+    and its add of up to three tiles), carried from one notify to the next."""
     return (f"{pending} = tll.producer_tile_notify_rows_grouped(\n"
             f"    tlk_barriers, {pending}, {t.start}, {tile_end(t)}, tlk_cols,\n"
             f"    {MAPPING_ARGS}, {t.size})",)
