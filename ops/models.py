@@ -476,19 +476,6 @@ class TPDecoder(nn.Module):
 
 
 # ------------------------------------------------------------------------------------------------
-# MoE
-
-
-def moe_layer_available() -> bool:
-    """Whether ``tilelink.nn.TPMoE`` exists (the MoE configs need it; it does since issue 6)."""
-    try:
-        import tilelink.nn
-    except ImportError:
-        return False
-    return hasattr(tilelink.nn, "TPMoE")
-
-
-# ------------------------------------------------------------------------------------------------
 # data parallel across groups of TP ranks (the paper's two-node run)
 
 

@@ -67,6 +67,7 @@ from tilelink.runtime import (
     rank_wait,
     symmetric_empty,
 )
+from tilelink.runtime import races
 from tilelink.spec import Options, ReduceScatterSpec
 
 RULE = "reduce_scatter"
@@ -74,10 +75,6 @@ DEFAULTS = dict(via="sm", mode="pull", order="ring", comm_sms=16)
 #: programs per SM of the hybrid's reduction (it runs after the GEMM, on every SM): enough resident
 #: programs that each SM keeps several blocks' loads in flight
 REDUCE_PROGRAMS_PER_SM = 8
-
-
-#: count a tile's stored elements with scalar arithmetic when its mask is (rows < M) & (columns < N)
-SCALAR_COUNTS = True
 
 
 def _comparison(node: cst.BaseExpression, axis_slice: int) -> tuple[str, str] | None:
@@ -296,7 +293,7 @@ def _dynamic_comment(spec: ReduceScatterSpec) -> str:
 def _dynamic_count(an: KernelAnalysis, a, target: str) -> str:
     """``target`` the elements a gathered (``index=``) store wrote per row: rows x columns when its mask
     separates, else a sum over each row of its mask."""
-    separable = row_times_columns(an, a) if SCALAR_COUNTS else None
+    separable = row_times_columns(an, a)
     if separable is not None:
         rows_ok, columns = separable
         return f"{target} tl.where({rows_ok}, {columns}, 0)"
@@ -326,7 +323,7 @@ def _swept(an: KernelAnalysis, a, t, spec: ReduceScatterSpec, total: str) -> lis
         wait: tuple[str, ...] = ("tll.bulk_store_wait()  # the descriptor stores are asynchronous: wait until "
                                  "they have written memory",)
     else:
-        columns = separable_columns(an, a, t, spec.size or t.size_param) if SCALAR_COUNTS else None
+        columns = separable_columns(an, a, t, spec.size or t.size_param)
         wait = ()
         if columns is None:
             raise AnnotationError(
@@ -394,7 +391,7 @@ def rewrite(an: KernelAnalysis, spec: ReduceScatterSpec, options: Options) -> Re
                                       "after the loop", a.anchor))
             continue
         columns = (separable_columns(an, a, t, spec.size or t.size_param)
-                   if SCALAR_COUNTS and not t.dynamic and not a.descriptor else None)
+                   if not t.dynamic and not a.descriptor else None)
         grouped = _groups(an, a, t) and (a.descriptor or columns is not None)
         pending = _store_variable("tlk_pending", a, stores) if grouped else None
         if grouped:
@@ -904,7 +901,7 @@ class ReduceScatterLauncher(Launcher):
             start.record(main)
         if not alone:
             self.handshake(ctx.ready, world, epoch, main, side)
-        self.kernel[grid](**call, **args)  # the GEMM keeps every SM
+        self._produce(grid, call, args, ctx, epoch)  # the GEMM keeps every SM
         if ctx.reduced_channel is not None:  # behind the GEMM on its stream: no channel is complete before its end
             self._topk_reduce(ctx, world, reduced, ctx.reduced_channel.barriers)
         if not alone:
@@ -943,6 +940,30 @@ class ReduceScatterLauncher(Launcher):
                 self._consumer(ctx, world, out, ctx.channel.barriers, ctx.channel.peer_table, epoch)
             self.kernel[grid](**call, **args)
         else:
-            self.kernel[grid](**call, **args)
+            self._produce(grid, call, args, ctx, epoch)
             self._consumer(ctx, world, out, ctx.channel.barriers, ctx.channel.peer_table, epoch)
         self.finish(ctx)
+
+    def _produce(self, grid, call: dict, args: dict, ctx: ReduceScatterContext, epoch: int) -> None:
+        """Run the rewritten producer. On the race-exposing schedule (emulated, :mod:`tilelink.runtime.races`)
+        the partial sums start as poison and each channel's rows are taken at the moment the producer's notifies
+        complete it, as a consumer polling that channel would read them; the consumer then reads those: a store
+        after the notify that publishes it, or a notify that counts more than was stored, changes the result."""
+        if not races.enabled() or ctx.partial.device.type != "cpu":
+            self.kernel[grid](**call, **args)
+            return
+        sh, topk, row_elems, partial = ctx.sharding, ctx.topk, ctx.row_elems, ctx.partial
+        barriers = args["tlk_barriers"]
+        races.poison_(partial)
+        taken: dict[int, torch.Tensor] = {}
+
+        def take(ch: int) -> None:
+            lo, hi = sh.channel_range(ch)
+            if ch not in taken and int(barriers[ch]) >= epoch * (hi - lo) * row_elems * topk:
+                taken[ch] = partial[lo * topk:hi * topk].clone()
+
+        with races.watch(barriers, on_release=take):
+            self.kernel[grid](**call, **args)
+        for ch, rows in taken.items():
+            lo, hi = sh.channel_range(ch)
+            partial[lo * topk:hi * topk].copy_(rows)

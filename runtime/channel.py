@@ -47,10 +47,6 @@ class Channel:
             raise WorldMismatchError(f"{what}: rank {rank} is not a rank of this world of {self.world_size}")
         return self.addresses[rank] + 8 * index
 
-    def peer_barriers(self, rank: int) -> torch.Tensor:
-        """``rank``'s barrier array (a view usable on this rank)."""
-        return heap.peer_tensor(self.barriers, rank)
-
     def free(self) -> None:
         """Collective: release the barrier array."""
         self.addresses = ()  # a host-side notify after this would write into whatever the heap puts there next
