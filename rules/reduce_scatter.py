@@ -67,7 +67,6 @@ from tilelink.runtime import (
     rank_wait,
     symmetric_empty,
 )
-from tilelink.runtime import races
 from tilelink.spec import Options, ReduceScatterSpec
 
 RULE = "reduce_scatter"
@@ -901,7 +900,7 @@ class ReduceScatterLauncher(Launcher):
             start.record(main)
         if not alone:
             self.handshake(ctx.ready, world, epoch, main, side)
-        self._produce(grid, call, args, ctx, epoch)  # the GEMM keeps every SM
+        self.kernel[grid](**call, **args)  # the GEMM keeps every SM
         if ctx.reduced_channel is not None:  # behind the GEMM on its stream: no channel is complete before its end
             self._topk_reduce(ctx, world, reduced, ctx.reduced_channel.barriers)
         if not alone:
@@ -940,30 +939,6 @@ class ReduceScatterLauncher(Launcher):
                 self._consumer(ctx, world, out, ctx.channel.barriers, ctx.channel.peer_table, epoch)
             self.kernel[grid](**call, **args)
         else:
-            self._produce(grid, call, args, ctx, epoch)
+            self.kernel[grid](**call, **args)
             self._consumer(ctx, world, out, ctx.channel.barriers, ctx.channel.peer_table, epoch)
         self.finish(ctx)
-
-    def _produce(self, grid, call: dict, args: dict, ctx: ReduceScatterContext, epoch: int) -> None:
-        """Run the rewritten producer. On the race-exposing schedule (emulated, :mod:`tilelink.runtime.races`)
-        the partial sums start as poison and each channel's rows are taken at the moment the producer's notifies
-        complete it, as a consumer polling that channel would read them; the consumer then reads those: a store
-        after the notify that publishes it, or a notify that counts more than was stored, changes the result."""
-        if not races.enabled() or ctx.partial.device.type != "cpu":
-            self.kernel[grid](**call, **args)
-            return
-        sh, topk, row_elems, partial = ctx.sharding, ctx.topk, ctx.row_elems, ctx.partial
-        barriers = args["tlk_barriers"]
-        races.poison_(partial)
-        taken: dict[int, torch.Tensor] = {}
-
-        def take(ch: int) -> None:
-            lo, hi = sh.channel_range(ch)
-            if ch not in taken and int(barriers[ch]) >= epoch * (hi - lo) * row_elems * topk:
-                taken[ch] = partial[lo * topk:hi * topk].clone()
-
-        with races.watch(barriers, on_release=take):
-            self.kernel[grid](**call, **args)
-        for ch, rows in taken.items():
-            lo, hi = sh.channel_range(ch)
-            partial[lo * topk:hi * topk].copy_(rows)
