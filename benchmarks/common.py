@@ -5,7 +5,6 @@ tokens, H the hidden size and I the intermediate size:
 
 - AG+GEMM (gate and up projections fused into one GEMM): each rank holds S/W rows of the input;
   after the all-gather it computes ``(S, H) @ (H, 2*I/W)``: **M = S, N = 2*I/W, K = H**.
-  (DESIGN.md §9's "8192x4096x1376" for MLP-1 is the gate or up projection alone, N = I/W.)
 - GEMM+RS (down projection): each rank computes the partial sum ``(S, I/W) @ (I/W, H)``, then the
   reduce-scatter leaves it S/W rows: **M = S, N = H, K = I/W**.
 

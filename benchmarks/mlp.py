@@ -9,7 +9,7 @@ Two modes:
 - ``dist``: W processes on W GPUs (spawned here, NCCL). Baselines cuBLAS+NCCL
   (``all_gather_into_tensor`` + ``matmul``; ``matmul`` + ``reduce_scatter_tensor``) and PyTorch
   async-TP (``torch.ops.symm_mem.fused_all_gather_matmul`` / ``fused_matmul_reduce_scatter``), and
-  TileLink's ``tilelink.ops.ag_gemm`` / ``gemm_rs`` once they exist. Speedup over cuBLAS+NCCL and
+  TileLink's ``tilelink.ops.ag_gemm`` / ``gemm_rs``. Speedup over cuBLAS+NCCL and
   overlap ratio ``(comp + comm - overlapped) / comm`` per shape; times are the slowest rank's median.
 
 Run as ``tlxform bench mlp`` or ``python -m benchmarks.mlp``; writes ``mlp_<mode>_w<W>_<dtype>.json``
@@ -45,10 +45,10 @@ from benchmarks.common import (
 
 DTYPES = ("bf16", "fp16", "fp32")
 PART_TITLES = {"ag_gemm": "AG+GEMM", "gemm_rs": "GEMM+RS"}
-# Keep NVLink multicast off on shared hosts (DESIGN.md §9).
 #: seconds one method of the dist mode may take (warm-up and rounds) before every thread's stack is dumped
 METHOD_BUDGET_S = 120
 
+#: NVLink multicast stays off on shared hosts: it can take the host's GPUs out of service
 _SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
 
@@ -159,7 +159,7 @@ def chart_compute(record: dict, path: Path) -> Path | None:
 
 
 def _tilelink_ops():
-    """``tilelink.ops.ag_gemm`` / ``gemm_rs`` when they exist (issue 5), else None each."""
+    """``tilelink.ops.ag_gemm`` / ``gemm_rs`` (None for one the package lacks)."""
     import importlib
 
     ops = importlib.import_module("tilelink.ops")

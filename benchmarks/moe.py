@@ -24,8 +24,8 @@ Routing: each token picks ``topk`` distinct experts uniformly at random (seeded)
 the last tile of the whole problem): ``balanced`` (token ``t``'s ``k``-th expert is ``(t*topk + k) mod E``,
 so a token's experts are neighbours) and ``equal`` (the balanced rows given to the tokens in a random order:
 every expert the same count, a token's experts and each expert's tokens random). Against ``random`` they
-separate what the padding of uneven experts costs from what a random gather costs (docs/PERFORMANCE.md,
-session 10). Compute mode also times ``triton_dense``: our own autotuned dense Triton GEMM
+separate what the padding of uneven experts costs from what a random gather costs. Compute mode also times
+``triton_dense``: our own autotuned dense Triton GEMM
 (:func:`tilelink.ops.gemm.matmul`) on the same dense problem as cuBLAS, the rate a Triton kernel reaches
 without a gather, padding or scatter.
 
@@ -287,7 +287,7 @@ def profile_calls(fns: dict, names, shape_name: str, rank: int, out: Path, group
     """``calls`` calls of each method of ``names`` under ``torch.profiler`` (CPU, and CUDA on a GPU), after a
     barrier: a Chrome trace per method and rank in ``out``, and the last call's device timeline (kernels,
     copies, and their start relative to the call's first) in the returned dict. What the host and the
-    device spend per call, kernel by kernel (docs/PERFORMANCE.md, session 7)."""
+    device spend per call, kernel by kernel."""
     import torch.distributed as dist
     from torch.profiler import ProfilerActivity, profile
 

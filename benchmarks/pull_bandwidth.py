@@ -1,4 +1,4 @@
-"""Bandwidth of the SM pull partners across ranks, by launch setting (docs/PERFORMANCE.md, session 6).
+"""Bandwidth of the SM pull partners across ranks, by launch setting.
 
     python3 -m benchmarks.pull_bandwidth --world 2 --out DIR          # one rank per GPU (NVSHMEM)
 

@@ -105,8 +105,7 @@ def tail_split(tiles: int, programs: int, block_n: int, most: int = 4, narrowest
     most ``most``): the largest whose pieces (``tiles % programs`` times it) still run at once on the
     ``programs``, with pieces at least ``narrowest`` columns wide (default 64 on a GPU, 8 in the
     interpreter). A last wave of a few tiles then takes a fraction of a tile's time instead of a whole
-    one, with most SMs idle (on an H200: AG+GEMM MLP-1, 704 tiles on 132 SMs, 0.97 -> 1.01 of cuBLAS;
-    docs/PERFORMANCE.md)."""
+    one, with most SMs idle (on an H200: AG+GEMM MLP-1, 704 tiles on 132 SMs, 0.97 -> 1.01 of cuBLAS)."""
     tail = tiles % programs
     if narrowest is None:
         narrowest = 8 if interpreting() else 64

@@ -1,4 +1,4 @@
-"""LLaMA-style tensor-parallel dense decoder on TileLink's layers (paper §7.3, DESIGN.md §8).
+"""LLaMA-style tensor-parallel decoder, dense or mixture-of-experts, on TileLink's layers (paper §7.3).
 
 Layout between layers: activations are **sequence sharded**. With T = batch·seq tokens and R ranks,
 rank r holds rows ``[r·⌈T/R⌉, min(T, (r+1)·⌈T/R⌉))`` of the (T, hidden) activations, tokens in

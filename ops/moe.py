@@ -41,7 +41,7 @@ from tilelink.ops.moe_routing import Routing, align_tokens, as_routing
 
 def moe_config(num_slots: int, num_experts: int, N: int, dtype: torch.dtype, K: int = 4096) -> dict:
     """Tile config of the grouped GEMMs (Hopper), from the candidates timed on an H200 at the MoE-4..6
-    per-rank shapes of world 8 (docs/PERFORMANCE.md): 128x256x64, 8 warps, 3 stages (one program per SM)
+    per-rank shapes of world 8: 128x256x64, 8 warps, 3 stages (one program per SM)
     for the AG part; for a short inner dimension (``K <= 512``, the RS part: 256 at world 8)
     128x128x64 with 4 warps, two programs per SM, so that one program's epilogue (the scattered stores and
     the notify) overlaps the other's loads and MMAs (0.51 of dense cuBLAS rewritten against 0.44). 64-row
@@ -66,7 +66,7 @@ PERSISTENT_AG_TILES = ((128, 256, 1.0), (64, 512, 1.03))
 
 #: the deepest pipeline of the persistent AG kernel's last-wave pieces (``TAIL_STAGES``, see :func:`tail_stages`):
 #: on an H200 (MoE-5 at world 8, random routing, 24 last tiles in four 128x64 pieces, K = 4096) 6 stages took
-#: the kernel from 0.722 to 0.752 of dense cuBLAS, 8 to 0.747 (docs/PERFORMANCE.md, session 10)
+#: the kernel from 0.722 to 0.752 of dense cuBLAS, 8 to 0.747
 TAIL_STAGES = 6
 
 
@@ -90,7 +90,7 @@ def persistent_ag_config(meta: dict, topk_ids: torch.Tensor | Routing, num_exper
     one whose tiles (each expert padded to the tile height) leave the least of a wave idle, the last wave
     split in column pieces (:func:`tilelink.ops.contract.tail_split`). On an H200 at MoE-6 (world 8)
     128x256 gives 678 tiles, 5.14 waves on 132 SMs, and 64x512 gives 658, 4.98 waves: 0.85 -> 0.88 of
-    dense cuBLAS (docs/PERFORMANCE.md). ``meta`` (from :func:`moe_config`) is kept unless it is the
+    dense cuBLAS. ``meta`` (from :func:`moe_config`) is kept unless it is the
     128x256 bf16/fp16 tile."""
     from tilelink.ops import moe_kernels
     from tilelink.ops.tp import _compute_sms
@@ -114,10 +114,10 @@ def sweep_config(K: int) -> dict:
     """Tile config of :func:`tilelink.ops.moe_kernels.group_gemm_rs_sweep_kernel` for this rank's inner
     dimension ``K`` (bf16/fp16 on Hopper): ``K <= 256`` gathers the rows once (``ONE_K``), 128x64 tiles,
     4 warps, 4 stages (one program per SM): the best of the candidates timed on an H200 at the MoE-4..6
-    per-rank shapes of world 8 (K = 256, docs/PERFORMANCE.md). A longer K loops over it in 64-deep steps
+    per-rank shapes of world 8 (K = 256). A longer K loops over it in 64-deep steps
     for every column tile, with 128x256 tiles, 8 warps, 3 stages: at world 2 (K = 1024) 0.85 / 0.71 / 0.76
     of dense cuBLAS on MoE-4/5/6, against 0.64 / 0.55 / 0.57 for 128x128 (wider tiles gather a tile's rows
-    for half as many column tiles; H200, docs/PERFORMANCE.md). ``N_CHUNKS=None``: :func:`grouped_gemm`
+    for half as many column tiles; H200). ``N_CHUNKS=None``: :func:`grouped_gemm`
     picks it from the tiles (:func:`sweep_plan`)."""
     small = 32 if interpreting() else 256  # the emulated world's small shapes take both forms
     one_k = K <= small
@@ -130,8 +130,8 @@ def sweep_config(K: int) -> dict:
 
 
 #: a sweep program's cost besides its column tiles (gathering its rows, filling the pipeline), as a fraction
-#: of sweeping all the columns: 1/8 fits the H200 timings of 1, 2 and 4 runs at MoE-4..6 (docs/PERFORMANCE.md;
-#: timed when the rewrite still notified after each sweep)
+#: of sweeping all the columns: 1/8 fits the H200 timings of 1, 2 and 4 runs at MoE-4..6 (timed with a
+#: notify after each sweep, which the copy-engine path does not insert)
 SWEEP_OVERHEAD = 1 / 8
 
 

@@ -24,7 +24,7 @@ The RS part's short inner dimension (``I / R``: 256 at world 8) makes its tiles 
 much as it computes, and a notify per tile (count, barrier, fence) comes every few microseconds. On a
 GPU ``moe_rs`` takes :func:`group_gemm_rs_sweep_kernel`: each program gathers its rows of ``h`` once and
 sweeps a run of column tiles, ``w`` by tensor descriptor (MoE-4 at world 8 on an H200: 0.51 -> 0.76 of
-dense cuBLAS rewritten, docs/PERFORMANCE.md). Its reduction is the hybrid (``via="copy_engine"``) in three
+dense cuBLAS rewritten). Its reduction is the hybrid (``via="copy_engine"``) in three
 stages: behind the sweep, one kernel on every SM sums each token's top-k slot rows, rank by rank; the copy
 engine carries each rank's summed rows to it; one kernel sums the ranks. The sweep keeps every SM and its
 rewrite adds no notify: a rank's tokens are spread over all experts, so its rows are complete only after

@@ -9,15 +9,14 @@ Two small Triton kernels do it (one program per expert; under ``TRITON_INTERPRET
 :func:`align_kernel` places each expert's slots in slot order (a prefix sum of its matches, chunk by
 chunk), its padding and its blocks' expert. They replace some fifteen torch ops (a stable sort, cumulative
 sums, gathers, ``repeat_interleave``): on two H200s the sort, ``repeat_interleave`` and the gathers alone took
-about 0.6 ms of host time per call, more than the GPU work of the grouped GEMM they fed (docs/PERFORMANCE.md,
-session 7).
+about 0.6 ms of host time per call, more than the GPU work of the grouped GEMM they fed.
 
 **One transfer to the host per call.** The host needs the routing's per-expert counts (the padded length,
 the blocks' experts, the tile config chosen from the waves) and its smallest and largest id (the checks).
 :func:`route` brings all of them over in one copy; every later step takes the :class:`Routing`. A copy to
-the host waits for the GPU to finish what was queued before it: an MoE call made nine (``int(t.min())``,
-``bincount``'s own checks, ``repeat_interleave``'s length, ...), each a stall of the host. The one left
-still keeps the host from running ahead of the GPU across calls (docs/PERFORMANCE.md, session 7).
+the host waits for the GPU to finish what was queued before it, so each is a stall of the host (asking for
+the values one by one takes nine: ``int(t.min())``, ``bincount``'s own checks, ``repeat_interleave``'s length,
+...). The one left still keeps the host from running ahead of the GPU across calls.
 """
 
 from __future__ import annotations

@@ -126,8 +126,8 @@ class Launcher:
 
     BLOCK = 1024  # elements per program step of the partner kernels
     #: the SM pull partners on a GPU (``BLOCK``, ``num_warps``): each of their few programs pulls a round trip
-    #: over the link per step, so the bytes in flight per SM set the bandwidth. On 2 H200s (comm_sms 16,
-    #: scratch pull_bw.py, docs/PERFORMANCE.md session 6) 1024-element steps of 4 warps pulled 15-29 GB/s
+    #: over the link per step, so the bytes in flight per SM set the bandwidth. On 2 H200s (comm_sms 16)
+    #: 1024-element steps of 4 warps pulled 15-29 GB/s, these settings 67-253 GB/s
     PULL_CONSUMER_GPU = {"BLOCK": 8192, "num_warps": 16}
     PULL_PRODUCER_GPU = {"BLOCK": 16384, "num_warps": 8}
 
@@ -226,7 +226,7 @@ class Launcher:
         return torch.full((world.world_size,), ctx.scratch.data_ptr(), dtype=torch.int64, device=world.device)
 
     def warm_up(self, ctx, world, grid, call: dict, partners=lambda: None) -> None:
-        """On a GPU, before a call that would make Triton compile and load a kernel (DESIGN.md §9: loading
+        """On a GPU, before a call that would make Triton compile and load a kernel (loading
         a module waits for the running kernels, so a module loaded while another kernel spins for it
         deadlocks until the wait's budget runs out).
 

@@ -93,7 +93,7 @@ def _live_columns(an: KernelAnalysis, access, cols: str, bound: str) -> str:
     """The columns a row of the tile stores: ``clamp(bound - start, 0, SIZE)`` when the column vector is
     ``start + tl.arange(0, SIZE)`` as the store sees it (:func:`_column_range`), scalar arithmetic on every
     thread; otherwise counted from the vector itself, ``sum(cols < bound)``, a reduction across the
-    program's threads (in a tile loop it costs 5-8% of a short-K grouped GEMM on an H200, docs/PERFORMANCE.md)."""
+    program's threads (in a tile loop it costs 5-8% of a short-K grouped GEMM on an H200)."""
     span = _column_range(an, access, cols)
     if span is not None:
         start, size = span
@@ -720,8 +720,7 @@ class ReduceScatterLauncher(Launcher):
 
     #: :func:`rs_topk_reduce` on a GPU: 4096-element blocks, 8 warps, 4 programs per SM. On an H200 (MoE-4 and
     #: MoE-6 slot rows, 8192 tokens of 4096) 3.1-3.7 TB/s, against 2.1-2.5 TB/s for 1024-element blocks of 4
-    #: warps, 8 per SM (61 / 108 us against 81 / 178 us; torch's sum over the top-k: 145 / 175 us;
-    #: scratch/topk12.py, docs/PERFORMANCE.md session 12)
+    #: warps, 8 per SM
     TOPK_REDUCE_GPU = {"BLOCK": 4096, "num_warps": 8, "per_sm": 4}
 
     def context(self, bound: dict) -> ReduceScatterContext:
@@ -802,7 +801,7 @@ class ReduceScatterLauncher(Launcher):
 
     def _programs(self, world, per_sm: int = REDUCE_PROGRAMS_PER_SM) -> int:
         """Programs of the hybrid's SM kernels on a GPU (``per_sm`` per SM: they run when the GEMM is done,
-        and on ``comm_sms`` programs they were latency-bound, one block's loads in flight per SM: 1.05 ms
+        and on ``comm_sms`` programs they would be latency-bound, one block's loads in flight per SM: 1.05 ms
         for 96 MB on 2 H200s, against the GEMM's 0.48 ms); ``comm_sms`` in the emulated world."""
         if world.device.type == "cuda":
             return per_sm * torch.cuda.get_device_properties(world.device).multi_processor_count
@@ -889,7 +888,7 @@ class ReduceScatterLauncher(Launcher):
         # No barrier between calls: a peer writes this rank's receive slots only, in the set of its call's
         # parity. Its copy for call n + 2 comes after its reduction of call n + 1, which waited for this rank's
         # copy of n + 1, which this rank's stream runs after its own reduction of call n: the set a peer
-        # overwrites has been read. (A barrier here cost the ranks' skew on every call: 0.1-0.5 ms on 2 H200s.)
+        # overwrites has been read. (A barrier here would cost the ranks' skew on every call: 0.1-0.5 ms on 2 H200s.)
         # The copies and the reduction start once every peer has reached this call (Launcher.handshake): the
         # reduction's waits then cover the peers' GPU work, not their hosts' time between calls. The GEMM waits
         # for nobody.

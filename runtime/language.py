@@ -182,7 +182,7 @@ def _cta_barrier():
     # barrier 15, in inline PTX. Not tl.debug_barrier(): the compiler treats its barrier as a point that
     # every asynchronous copy and MMA in flight must reach first, and in a software-pipelined tile loop
     # (`tl.range(..., flatten=True)`) that serialised the loop: a GEMM+RS with a barrier per tile ran at
-    # 0.40 of cuBLAS, with this one at 0.97 (H200, docs/PERFORMANCE.md). As with any barrier, every
+    # 0.40 of cuBLAS, with this one at 0.97 (on an H200). As with any barrier, every
     # thread must reach it: not inside one partition of a warp-specialised loop.
     tl.inline_asm_elementwise("bar.sync 15; mov.u32 $0, 0;", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
 
@@ -192,7 +192,7 @@ def _add_release_compiled(flag_ptr, value):
     # Every thread's stores of the tile happen before one releasing reduction, issued by thread 0 (the
     # barrier makes the others' stores part of what its release publishes). A `red`, not an atomic that
     # returns the old value: nothing waits for the add itself, and no result is broadcast to the program's
-    # threads afterwards (1.5-2% of a short-K GEMM+RS tile on an H200, docs/PERFORMANCE.md).
+    # threads afterwards (1.5-2% of a short-K GEMM+RS tile on an H200).
     tl.static_assert(flag_ptr.numel == 1, "a notify adds one value to one flag (thread 0 issues it)")
     _cta_barrier()
     tl.inline_asm_elementwise(
@@ -213,7 +213,7 @@ def _add_release_lanes_compiled(flag_ptrs, values, mask):
 def _add_release_span_compiled(first_ptr, at_first, last_ptr, at_last, middle_ptrs, at_middle, inside):
     # One barrier; then thread 0 issues one release fence and the first flag's add, and the last flag's
     # add when it is not 0 (a fence followed by the adds releases both: one system-scope fence per tile,
-    # 2-3% of a short-K GEMM+RS against two releasing adds, docs/PERFORMANCE.md); the lanes inside, if
+    # 2-3% of a short-K GEMM+RS against two releasing adds, on an H200); the lanes inside, if
     # any, release their own flags.
     _cta_barrier()
     tl.inline_asm_elementwise(
@@ -263,7 +263,7 @@ def _add_release_group_compiled(sync, fire, base, pending, first, at_first, last
 def _bulk_store_wait_compiled():
     # The program's bulk-tensor (TMA) stores have written global memory, not only read shared memory (each
     # thread waits for the groups it issued); then a proxy fence orders those async-proxy writes before the
-    # generic-proxy release that follows (a conservative fence: not timed apart, see docs/PERFORMANCE.md).
+    # generic-proxy release that follows (a conservative fence, not timed on its own).
     tl.inline_asm_elementwise("cp.async.bulk.wait_group 0; fence.proxy.async.global; mov.u32 $0, 0;", "=r", [],
                               dtype=tl.int32, is_pure=False, pack=1)
 
@@ -491,7 +491,7 @@ def producer_tile_notify_rows(barrier_ptr, row_lo, row_hi, row_elems, rows, rows
     range, one masked vector of atomics over the rows: empty channels inside the span take no lane.
     The same sums as :func:`tilelink.mapping.channel_overlap` over the mapping's channels, with six
     integer divisions per tile instead of about twenty (each is tens of instructions on every thread: on
-    an H200 the mapping's form cost a short-K GEMM+RS about 3%, docs/PERFORMANCE.md)."""
+    an H200 the mapping's form cost a short-K GEMM+RS about 3%)."""
     first, at_first, last, at_last, channel, at_middle, leads = _row_span(
         row_lo, row_hi, row_elems, rows, rows_per_rank, rows_per_channel, channels_per_rank, MAX_ROWS)
     _add_release_span(barrier_ptr + first, at_first, barrier_ptr + last, at_last, barrier_ptr + channel, at_middle,
@@ -527,7 +527,7 @@ def producer_tile_notify_rows_grouped(barrier_ptr, pending, row_lo, row_hi, row_
     Each channel's adds come at most three of the program's tiles late (a channel's tiles are spread over
     every program, so it completes at most three tiles after its last tile). On an H200 the notify of
     every tile cost a short-K GEMM+RS (K = 1376..1792) about 5% and one per two tiles 3-4%; one per four
-    about 2% (docs/PERFORMANCE.md). Straight-line code, so a flattened loop stays flattened. The producer
+    about 2%. Straight-line code, so a flattened loop stays flattened. The producer
     must not wait for anything its consumer sends before the loop ends (adds still held)."""
     step = pending[0]
     slot = step % NOTIFY_EVERY

@@ -1,10 +1,10 @@
 """The NVSHMEM backend: one rank per process, symmetric heap and flags through ``nvshmem4py``.
 
-Bootstrap (DESIGN.md §7): ``torch.distributed`` (gloo) is already up; rank 0 takes an NVSHMEM unique
+Bootstrap: ``torch.distributed`` (gloo) is already up; rank 0 takes an NVSHMEM unique
 id, gloo broadcasts it, and every rank calls ``nvshmem.core.init(..., initializer_method="uid")`` on
 ``cuda:local_rank``, or ``cuda:0`` for every rank when a host has more ranks than GPUs
 (``rank_device_index``). Several ranks may share one GPU (one process each): that is how multi-rank
-correctness runs on a single H200 (DESIGN.md §9).
+correctness runs on a single GPU.
 
 Host-side flags use CUDA stream memory operations (``cuStreamWriteValue64`` / ``cuStreamWaitValue64``
 from ``cuda.bindings.driver``) on the caller's torch stream. NVLink multicast is never used:
@@ -26,8 +26,8 @@ enqueueing while the GPU works) returns after step 1 and leaves steps 2-3 to a w
 WaitTimeout of a wait it released is printed at once and raised by the next ``check_waits()`` (every
 launch's finish) or by ``finalize()``; its budget starts when the stream reaches the wait. Not for CUDA graph
 capture (the watcher queries events while the host runs on).
-A blocking host poll made each hybrid reduce-scatter call wait on the host for its channels: on two H200s
-gemm_rs took 3.0 ms against 0.74 ms for cuBLAS + NCCL (docs/PERFORMANCE.md).
+A blocking host poll would make each hybrid reduce-scatter call wait on the host for its channels (on two
+H200s gemm_rs took 3.0 ms that way, against 0.74 ms for cuBLAS + NCCL).
 
 ``nvshmem`` and ``cuda.bindings`` are imported when the backend is constructed, so CPU installs never
 need them.
@@ -221,7 +221,7 @@ def rank_device_index(local_rank: int, local_world: int, gpus: int) -> int:
     """The GPU of a host's ``local_rank``-th rank: its own while there are GPUs enough, else GPU 0 for
     every rank. NVSHMEM (without CUDA MPS) hung in ``init`` when ranks shared GPUs unevenly over a
     multi-GPU host (3 ranks on 2 H200s, every rank stuck); every rank on one GPU is the sharing that
-    works (2-8 ranks on one H200, DESIGN.md §10)."""
+    works (2-8 ranks on one H200)."""
     if gpus < 1:
         raise TileLinkError("the nvshmem backend needs a CUDA GPU; use backend='emulated' without one")
     return local_rank if local_world <= gpus else 0
@@ -240,7 +240,7 @@ class NvshmemBackend:
             )
         if not torch.cuda.is_available():
             raise TileLinkError("the nvshmem backend needs a CUDA GPU; use backend='emulated' without one")
-        # never NVLink multicast: it can take a shared host's GPUs out of service (DESIGN.md §9)
+        # never NVLink multicast: it can take a shared host's GPUs out of service
         os.environ["NVSHMEM_DISABLE_NVLS"] = "1"
 
         self.rank = dist.get_rank()

@@ -1,6 +1,6 @@
 """NVSHMEM device functions for Triton kernels, and the module init every such kernel needs.
 
-Two halves (DESIGN.md §7):
+Two halves:
 
 * :data:`DEVICE_FUNCTIONS`, the table of the ``libnvshmem_device.bc`` functions TileLink calls, each
   with its C signature, and one ``tl.extern``-style builtin per entry (``my_pe()``,
@@ -22,7 +22,7 @@ Launch a kernel that calls these with ``kernel[grid](..., extern_libs=extern_lib
 Measured on an H200 with 4 PEs on the one GPU (tests/gpu/probe_putmem_signal.py): with module init
 done on one specialisation only, the ranks whose launch Triton specialised differently (``pe == 1``
 becomes a constant, ``pe == 0`` is 16-divisible) hit an illegal address in
-``nvshmemx_putmem_signal_block`` and the others completed -- DESIGN.md §9's failure. Also: ``dest``
+``nvshmemx_putmem_signal_block`` and the others completed. Also: ``dest``
 and ``sig_addr`` must be *symmetric* addresses (this PE's copy); passing a peer's mapped address (a
 ``peer_table`` entry) silently wrote the data to the wrong place. ``sig_op`` 0 is not SET here (SET is
 9, ADD 10); it went through NVSHMEM's transport path instead of the NVLink store.

@@ -2,7 +2,7 @@
 
 A kernel that spins on a flag deadlocks if the kernel it waits for is launched for the first time
 while it spins: Triton compiles and loads a module on its first launch, and loading waits for the
-running kernel (DESIGN.md §9). So every kernel of an overlapped operator is preloaded first.
+running kernel. So every kernel of an overlapped operator is preloaded first.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""``tilelink.mapping``: the tile-centric mapping (paper §4.1, DESIGN.md §5).
+"""``tilelink.mapping``: the tile-centric mapping (paper §4.1).
 
 A tile id is mapped to a shape range (``f_S``), a rank (``f_R``) and a channel (``f_C``, one barrier
 word). Two kinds:

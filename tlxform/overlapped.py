@@ -3,7 +3,7 @@
 At decoration time the kernel's source file is analysed and rewritten (errors name the user's file
 and line); the generated module is written to a cache directory keyed by its hash and imported on
 first launch. ``kernel[grid](args...)`` then launches the overlapped operator on the current world
-following the launch contract (DESIGN.md §6): the annotated tensor argument is this rank's shard,
+following the launch contract: the annotated tensor argument is this rank's shard,
 every other argument is the full problem's.
 """
 

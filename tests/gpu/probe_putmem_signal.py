@@ -1,4 +1,4 @@
-"""Probe DESIGN.md §9's nvshmemx_putmem_signal_block illegal addresses (several PEs on one GPU).
+"""Probe nvshmemx_putmem_signal_block's illegal addresses with several PEs on one GPU.
 
 Runs the ring of tests/gpu/putmem_kernels.py (which passes as test_put_signal_ring: symmetric dest
 and signal addresses, sig_op SET=9 / ADD=10, every module initialised) in fresh 4-rank worlds,

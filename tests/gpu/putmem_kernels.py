@@ -44,7 +44,7 @@ def ring_put_signal(backend, rounds=((9, 3), (10, 5)), dest_mode="symmetric", ho
 
     dest_mode "peer_pointer" passes the peer's mapped address (what peer_table holds) as dest
     instead of the symmetric address; hook=False compiles with NVSHMEM module init initialised only
-    on a pe=2 variant (the situation of DESIGN.md §9)."""
+    on a pe=2 variant (a module of another specialisation then never gets its module init)."""
     from triton import knobs
 
     torch.cuda.set_device(backend.device)

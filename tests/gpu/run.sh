@@ -8,7 +8,7 @@ cd "$(dirname "$0")/../.."
 REPO=$PWD
 OUT=${OUT:-/tmp/tilelink-gpu}
 mkdir -p "$OUT"
-# never NVLink multicast on a shared host (DESIGN.md §9)
+# never NVLink multicast on a shared host: it can take the host's GPUs out of service
 export NVSHMEM_DISABLE_NVLS=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 export PYTHONUNBUFFERED=1
 

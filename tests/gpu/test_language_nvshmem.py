@@ -2,8 +2,8 @@
 broadcast notify + pull, a producer/consumer pair, the host copy engine, and a bounded wait that
 must end in WaitTimeout. The emulated counterparts live in tests/runtime.
 
-Every kernel is compiled and loaded on every rank before any kernel that spins is launched
-(DESIGN.md §9).
+Every kernel is compiled and loaded on every rank before any kernel that spins is launched (loading
+a module waits for the running kernels).
 """
 
 from __future__ import annotations

@@ -81,9 +81,9 @@ def test_hybrid_calls_back_to_back_with_new_data_bf16() -> None:
 
 def test_a_second_layer_with_other_experts_loads_its_kernels_before_anything_spins() -> None:
     """An MoE layer with 16 experts after one with 5, equal shapes: the operators reuse their buffers, but
-    the kernels need other variants (E is specialised on). On two H200s, MoE-5 after MoE-4 compiled one at
-    the launch, while the partner kernel already spun for it: the wait timed out after 10 s. Now each
-    variant is loaded (run dry) before the call is enqueued; the contexts must show the second one."""
+    the kernels need other variants (E is specialised on). A variant compiled at the launch, while the partner
+    kernel already spins for it, times the wait out; so each variant is loaded (run dry) before the call is
+    enqueued, and the contexts must show the second one."""
     for errors, variants in tilelink.spawn(experts_one_after_another, 2, [5, 16], 300, 256, 384, 2, "bfloat16",
                                            backend="nvshmem"):
         assert all(err < 2e-2 for err in errors.values()), errors
@@ -92,7 +92,7 @@ def test_a_second_layer_with_other_experts_loads_its_kernels_before_anything_spi
 
 
 def test_one_host_sync_per_call() -> None:
-    """Each synchronising copy keeps the host from running ahead of the GPU; on two H200s an MoE call made
-    nine and its host time was its whole time. The routing now crosses to the host once per call."""
+    """Each synchronising copy keeps the host from running ahead of the GPU (with nine per MoE call, the host
+    time was the whole time on two H200s): the routing crosses to the host once per call."""
     for syncs in tilelink.spawn(host_syncs_per_call, 2, 300, 256, 384, 8, 2, backend="nvshmem"):
         assert syncs == {"ag_moe": 1, "moe_rs": 1}, syncs

@@ -1,8 +1,8 @@
 """NVSHMEM device functions from Triton: my_pe/n_pes, putmem_signal_block + signals, fence/quiet.
 
 The ring puts into pe = (rank + 1) % n, so rank 0 launches with pe == 1, which Triton compiles into
-a module of its own: this is the regression test for DESIGN.md §9's illegal addresses (a module
-that links the NVSHMEM bitcode but never got ``module_init``).
+a module of its own: this is the regression test for the illegal addresses of a module that links
+the NVSHMEM bitcode but never got ``module_init``.
 """
 
 from __future__ import annotations

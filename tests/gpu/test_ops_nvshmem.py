@@ -1,4 +1,4 @@
-"""The overlapped operators on the GPU: ranks sharing one H200 through NVSHMEM (DESIGN.md §10).
+"""The overlapped operators on the GPU: ranks sharing one GPU through NVSHMEM.
 
 The same rank functions as the emulated tests (``tests/ops/tp_worlds.py``), on CUDA tensors, with the
 compiled kernels: the persistent TMA variants where the shapes allow, the pointer ones otherwise.

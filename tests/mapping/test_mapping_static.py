@@ -1,4 +1,4 @@
-"""Properties of the static tile-centric mapping (DESIGN.md §5), checked on the Python model.
+"""Properties of the static tile-centric mapping, checked on the Python model.
 
 Example budget (fixed, for CI): every property runs ``@settings(max_examples=200, deadline=None,
 derandomize=True)`` (``FAST`` below) over ranks 1–16, channels per rank 1–8 (capped at rows per

@@ -1,4 +1,4 @@
-"""Golden before/after files of every rule and case (STYLE.md: regenerated only on purpose).
+"""Golden before/after files of every rule and case, regenerated only on purpose.
 
 To regenerate after an intended change of the generated code::
 
