@@ -313,6 +313,11 @@ class _Analyzer:
         while changed:
             changed = False
             for name, defs in self.assignments.items():
+                if name in pointers and name not in descriptors and any(
+                        _is_tl_call(v, "make_tensor_descriptor") for _, v in defs):
+                    # a pointer rebound to its own descriptor: `desc = tl.make_tensor_descriptor(desc, ...)`
+                    descriptors.add(name)
+                    changed = True
                 if name in pointers or name in descriptors:
                     continue
                 for _, value in defs:
@@ -389,12 +394,20 @@ class _Analyzer:
                         found.append(name)
         return found
 
-    def _offsets_definition(self, name: str) -> tuple[StmtRef, str, str] | None:
+    def _offsets_definition(self, name: str, at: Where | None = None) -> tuple[StmtRef, str, str] | None:
+        """``name = start + tl.arange(0, size)``: the assignment that reaches ``at`` (the last one before it in a
+        block that holds it), else the first such assignment of the kernel."""
+        found = []
         for ref, value in self.assignments.get(name, []):
             parsed = parse_offsets(value)
             if parsed is not None:
-                return ref, parsed[0], parsed[1]
-        return None
+                found.append((ref, parsed[0], parsed[1]))
+        if at is not None:
+            reaching = [d for d in found if self.positions[d[0].node].start.line <= at.line
+                        and (d[0].blocks[-1] is self.fn.body or _contains(self, d[0].blocks[-1], at))]
+            if reaching:
+                return reaching[-1]
+        return found[0] if found else None
 
     def _size_param(self, offsets: str) -> str | None:
         """``offs_am[:, None] < M`` or ``offs_am < M`` anywhere in the kernel -> ``"M"``."""
@@ -477,7 +490,7 @@ class _Analyzer:
         ndim = 2 if any(m.findall(e, m.Subscript(slice=[m.ZeroOrMore(), m.SubscriptElement(m.Slice()),
                                                        m.ZeroOrMore()])) for e in exprs) else 1
         for name in candidates:
-            definition = self._offsets_definition(name)
+            definition = self._offsets_definition(name, access.where)
             if definition is not None:
                 ref, start, size = definition
                 return Tile(start, size, name, size_param or self._size_param(name), self._pid_of(start),
@@ -498,7 +511,8 @@ def _anchor(an: _Analyzer, acc: Access, tile: Tile | None, pointers: set[str]) -
     blocks = chain.blocks
     target = blocks[0]
     if tile.offsets is not None:
-        ref = an._offsets_definition(tile.offsets) or next(iter(an.assignments.get(tile.offsets, [])), None)
+        ref = an._offsets_definition(tile.offsets, acc.where) or next(iter(an.assignments.get(tile.offsets, [])),
+                                                                        None)
         if ref is not None and any(b is ref[0].blocks[-1] for b in blocks):
             target = ref[0].blocks[-1]
     else:
@@ -509,8 +523,12 @@ def _anchor(an: _Analyzer, acc: Access, tile: Tile | None, pointers: set[str]) -
                    for r in an.statements):
                 target = b
     stmt = next(r for r in an.statements if r.blocks[-1] is target and _contains(an, r.node, acc.where))
+    stmt, moved = _settle(an, acc, tile, stmt, pointers)
+    target = stmt.blocks[-1]
     where = an.where(stmt.node)
-    if tile.offsets is None and not tile.dynamic:
+    if moved:
+        tile = Tile(tile.start, tile.size, tile.offsets, tile.size_param, tile.pid, where, tile.ndim, tile.dynamic)
+    elif tile.offsets is None and not tile.dynamic:
         # a tile given by tile=(...): it is "defined" by the last statement of its block that assigns
         # a name of its start before the access, so that the loads of one tile share one wait
         start_names = names_in(cst.parse_expression(tile.start))
@@ -544,6 +562,208 @@ def _anchor(an: _Analyzer, acc: Access, tile: Tile | None, pointers: set[str]) -
     return Access(acc.kind, acc.tensor, acc.pointer, acc.descriptor, acc.where, acc.value, acc.mask, tile,
                   where, isinstance(stmt.node, cst.SimpleStatementLine), tuple(earlier), acc.offsets,
                   an.where(loop.node) if loop is not None else None, _sweeps(an, stmt.node, chain, acc, tile))
+
+
+# ----------------------------------------------------------------------------- soundness
+def _refuse(acc: Access, message: str, hint: str) -> AnnotationError:
+    return AnnotationError(message, file=acc.where.file, line=acc.where.line, column=acc.where.column, hint=hint)
+
+
+def _bindings_inside(an: _Analyzer, node: cst.CSTNode, names: set[str]) -> list[tuple[str, Where]]:
+    """Every binding (``=``, ``+=``, ``:=``, a ``for`` target) of ``names`` that lies inside ``node``."""
+    return sorted(((n, at) for n in names for at, _ in an.bindings.get(n, ()) if _contains(an, node, at)),
+                  key=lambda b: (b[1].line, b[1].column))
+
+
+def _loops_holding(an: _Analyzer, node: cst.CSTNode, where: Where) -> list[cst.CSTNode]:
+    """The loops inside ``node`` (``node`` included) that hold ``where``, outermost first."""
+    return [n for n in m.findall(node, m.For() | m.While()) if _contains(an, n, where)]
+
+
+def _describe(what: list[tuple[str, Where]]) -> str:
+    return ", ".join(f"`{n}` at line {at.line}" for n, at in what)
+
+
+def _settle(an: _Analyzer, acc: Access, tile: Tile, stmt: StmtRef, pointers: set[str]) -> tuple[StmtRef, bool]:
+    """Make the wait (or notify) at ``stmt`` cover the rows the access touches on every execution of it, or
+    refuse. The rows are fixed by the tile's start (or its offsets vector) and by the pointer the access goes
+    through: a name of them bound again in a loop between ``stmt`` and the access (``offset += BLOCK_N`` in a key
+    loop) moves the rows on each iteration, so the anchor goes into that loop, where the start is evaluated
+    afresh on every iteration. What cannot be made so is refused with the line that moves the rows."""
+    verb = "reads" if acc.kind == "load" else "writes"
+    _check_pointer_advances(an, acc, tile, pointers)
+    moved = False
+    if tile.offsets is not None and not tile.dynamic:
+        # the rows are the value of the offsets vector; the wait evaluates its definition's start expression
+        definition = an._offsets_definition(tile.offsets, acc.where)
+        d_at = an.where(definition[0].node) if definition is not None else None
+        others = [(tile.offsets, at) for at, _ in an.bindings.get(tile.offsets, ()) if at != d_at and (
+            (d_at is not None and (d_at.line, d_at.column) < (at.line, at.column) < (acc.where.line,
+                                                                                      acc.where.column))
+            or any(_contains(an, lp, at) for lp in _loops_holding(an, stmt.node, acc.where)))]
+        if definition is None or not any(b is definition[0].blocks[-1] for b in stmt.blocks) or others:
+            moves = _describe(others) if others else f"`{tile.offsets}`"
+            raise _refuse(acc, f"cannot tell which rows of {acc.tensor!r} the {acc.kind} {verb} on every "
+                               f"iteration: the row offsets {moves} are bound again between their definition "
+                               f"and the {acc.kind}",
+                          f"compute the row offsets once per tile, right before the {acc.kind} and in its block: "
+                          f"`{tile.offsets} = start + tl.arange(0, BLOCK)`")
+        start_names = names_in(cst.parse_expression(tile.start))
+        between = [(n, at) for n, at in _bindings_inside(an, an.fn.body, start_names)
+                   if d_at is not None and (d_at.line, d_at.column) < (at.line, at.column)
+                   and _contains(an, stmt.node, at) or (d_at is not None and (d_at.line, d_at.column) < (
+                       at.line, at.column) < (an.where(stmt.node).line, an.where(stmt.node).column))]
+        if between:
+            raise _refuse(acc, f"the start of the rows `{tile.offsets}` ({tile.start}) changes before the "
+                               f"{acc.kind} ({_describe(between)}): the {'wait' if acc.kind == 'load' else 'notify'}"
+                               f" cannot be computed from it",
+                          f"compute `{tile.offsets}` after the last change of {', '.join(sorted(start_names))}")
+        return stmt, moved
+    names = names_in(cst.parse_expression(tile.start)) - set(an.params)
+    while True:
+        loop = next((lp for lp in _loops_holding(an, stmt.node, acc.where)
+                     if _bindings_inside(an, lp, names)), None)
+        if loop is None:
+            break
+        body = loop.body
+        stmt = next(r for r in an.statements if r.blocks[-1] is body and _contains(an, r.node, acc.where))
+        moved = True
+    # a start name bound inside the anchor statement itself, before the access, outside any loop: the value the
+    # wait computes before the statement is not the one the access uses
+    early = [(n, at) for n, at in _bindings_inside(an, stmt.node, names)
+             if (at.line, at.column) < (acc.where.line, acc.where.column)]
+    if early and not isinstance(stmt.node, cst.SimpleStatementLine):
+        raise _refuse(acc, f"the start of the rows of this {acc.kind} ({tile.start}) is changed at "
+                           f"{_describe(early)}, inside the block that holds the {acc.kind}, before it",
+                      f"compute the row start in the same block as the {acc.kind} and before it")
+    return stmt, moved
+
+
+def _row_strides(an: _Analyzer, exprs: list[cst.BaseExpression], tile: Tile) -> set[str] | None:
+    """The stride names the tile's row offsets are multiplied by in the pointer's definitions (``offs_am[:, None]
+    * stride_am`` -> ``{"stride_am"}``); ``None`` when the rows are not scaled by a named stride."""
+    if tile.offsets is None:
+        return None
+    found: set[str] = set()
+    plain = False
+    for e in exprs:
+        for mul in m.findall(e, m.BinaryOperation(operator=m.Multiply())):
+            for side, other in ((mul.left, mul.right), (mul.right, mul.left)):
+                if tile.offsets in names_in(side) and tile.offsets not in names_in(other):
+                    found |= names_in(other) & set(an.params)
+        if tile.offsets in names_in(e) and not found:
+            plain = True
+    return None if plain or not found else found
+
+
+def _check_pointer_advances(an: _Analyzer, acc: Access, tile: Tile, pointers: set[str]) -> None:
+    """A pointer the access goes through that is advanced (``a_ptrs += BLOCK_K * stride_ak``, ``p = p + d``)
+    must move along other dimensions than the rows: an advance by the row stride, or by a step TileLink cannot
+    place (no stride parameter in it), moves the rows the tile inference saw, and is refused."""
+    if acc.descriptor:
+        return
+    exprs = _pointer_definitions_of(an, acc.pointer, pointers)
+    involved = set().union(*(names_in(e) for e in exprs)) & pointers
+    rows = _row_strides(an, exprs, tile)
+    for name in sorted(involved):
+        for ref, value in an.assignments.get(name, []):
+            if name not in names_in(value):
+                continue
+            step = _step_of(value, name)
+            _judge_step(an, acc, tile, name, step, rows, an.where(ref.node))
+        for node in m.findall(an.fn.body, m.AugAssign(target=m.Name(name))):
+            step = node.value if isinstance(node.operator, (cst.AddAssign, cst.SubtractAssign)) else None
+            _judge_step(an, acc, tile, name, step, rows, an.where(node))
+
+
+def _pointer_definitions_of(an: _Analyzer, expr: str, pointers: set[str]) -> list[cst.BaseExpression]:
+    return an._pointer_definitions(expr, pointers)
+
+
+def _step_of(value: cst.BaseExpression, name: str) -> cst.BaseExpression | None:
+    """``name + d`` / ``d + name`` / ``name - d`` -> ``d``; anything else -> ``None`` (an unknown move)."""
+    if isinstance(value, cst.BinaryOperation) and isinstance(value.operator, (cst.Add, cst.Subtract)):
+        if m.matches(value.left, m.Name(name)) and name not in names_in(value.right):
+            return value.right
+        if isinstance(value.operator, cst.Add) and m.matches(value.right, m.Name(name)) \
+                and name not in names_in(value.left):
+            return value.left
+    return None
+
+
+def _judge_step(an: _Analyzer, acc: Access, tile: Tile, name: str, step: cst.BaseExpression | None,
+                rows: set[str] | None, at: Where) -> None:
+    hint = ("advance the pointer only along the other dimensions, by their stride (`a_ptrs += BLOCK_K * "
+            "stride_ak`), and compute the rows of each tile afresh (`offs = start + tl.arange(0, BLOCK)`, "
+            "`ptrs = base + offs[:, None] * stride + ...`) inside the loop")
+    what = f"`{name}` is advanced at line {at.line}"
+    if step is None:
+        raise _refuse(acc, f"{what} by an expression TileLink cannot follow, so the rows of {acc.tensor!r} the "
+                           f"{acc.kind} at line {acc.where.line} touches are unknown", hint)
+    moved = names_in(step)
+    if rows is not None and moved & rows:
+        raise _refuse(acc, f"{what} by `{code(step)}`, along the rows of {acc.tensor!r}: the rows the {acc.kind} at "
+                           f"line {acc.where.line} touches move with it, which TileLink does not follow", hint)
+    if rows is None or tile.ndim == 1 or not (moved & (set(an.params) - set(an.constexpr))):
+        raise _refuse(acc, f"{what} by `{code(step)}`, which TileLink cannot place on a dimension other than the "
+                           f"rows of {acc.tensor!r} (it needs the rows scaled by a stride parameter and the step "
+                           f"by another one)", hint)
+
+
+def _check_host_descriptor(an: _Analyzer, tensor: str, descriptors: set[str]) -> None:
+    """``a_desc.load(...)`` on a parameter no ``tl.make_tensor_descriptor`` builds: a descriptor made on the host
+    (``TensorDescriptor``), whose block shape and base the kernel's source does not show."""
+    if tensor in descriptors:
+        return
+    for call in m.findall(an.fn.body, m.Call(func=m.Attribute(value=m.Name(tensor),
+                                                              attr=m.Name("load") | m.Name("store")))):
+        at = an.where(call)
+        raise AnnotationError(
+            f"{tensor!r} is a tensor descriptor made on the host (`TensorDescriptor`): TileLink replaces the tensor "
+            f"behind an annotated parameter by its gathered or reduced buffer, which needs the kernel to build the "
+            f"descriptor itself", file=at.file, line=at.line, column=at.column,
+            hint=f"pass the tensor's pointer and its sizes, and make the descriptor in the kernel: `{tensor} = "
+                 f"tl.make_tensor_descriptor({tensor}, shape=[M, K], strides=[stride_m, 1], "
+                 f"block_shape=[BLOCK_M, BLOCK_K])`")
+
+
+def _check_other_uses(an: _Analyzer, tensor: str, pointers: set[str], descriptors: set[str]) -> None:
+    """Every use of the annotated tensor is one TileLink sees: a ``tl.load`` / ``tl.store`` through a pointer, a
+    descriptor's ``load`` / ``store``, a descriptor made by ``tl.make_tensor_descriptor``, or pointer arithmetic.
+    The tensor (or a pointer or descriptor made from it) handed to a ``@triton.jit`` helper, an atomic or any
+    other call would be read or written without a wait or a notify: refused."""
+    seen_ok = {"load", "store", "make_tensor_descriptor", "multiple_of", "max_contiguous", "cast", "where",
+               "broadcast_to", "expand_dims", "reshape", "view"}
+    aliases = pointers | descriptors
+    for call in m.findall(an.fn.body, m.Call()):
+        func = call.func
+        name = code(func)
+        is_tl = isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value == "tl"
+        if is_tl and func.attr.value in seen_ok:  # type: ignore[union-attr]
+            continue
+        if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value in aliases \
+                and func.attr.value in ("load", "store"):
+            continue
+        if isinstance(func, cst.Attribute) and func.attr.value == "to":
+            continue
+        used = set()
+        for arg in call.args:
+            used |= names_outside_loads(arg.value) & aliases
+        if not used:
+            continue
+        at = an.where(call)
+        what = "an atomic" if name.startswith("tl.atomic") else f"`{name}`"
+        raise AnnotationError(
+            f"{', '.join(sorted(used))} (from the annotated {tensor!r}) is passed to {what} at line {at.line}: "
+            f"TileLink does not see the reads or writes made there, so it could neither wait before a read nor "
+            f"notify after a write",
+            file=at.file, line=at.line, column=at.column,
+            hint="store the result with `tl.store` instead of an atomic (a reduce-scatter already sums the ranks' "
+                 "partial results)" if name.startswith("tl.atomic") else
+            f"make pointers by arithmetic (`ptrs = base + offs[:, None] * stride + ...`), not with `{name}`"
+            if is_tl else
+            "make that access a `tl.load` / `tl.store` (or a descriptor's `.load` / `.store`) in the annotated "
+            "kernel itself: inline the helper's accesses, keep the rest of the helper")
 
 
 def _sweeps(an: _Analyzer, anchor: cst.CSTNode, chain, acc: Access, tile: Tile) -> bool:
@@ -694,6 +914,8 @@ def analyse(module: cst.Module, file: str, kernel: str,
                                   line=where.line, column=where.column,
                                   hint="annotate the pointer parameter of the tensor")
         pointers, descriptors = an.aliases(tensor)
+        _check_host_descriptor(an, tensor, descriptors)
+        _check_other_uses(an, tensor, pointers, descriptors)
         aliases[tensor] = tuple(sorted(pointers))
         descs[tensor] = tuple(sorted(descriptors))
         for acc in an.accesses(tensor, pointers, descriptors):

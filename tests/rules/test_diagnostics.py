@@ -184,19 +184,22 @@ def kernel(c_ptr, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
 """
 
 
-@pytest.mark.parametrize(("inside", "line"), [
+@pytest.mark.parametrize(("inside", "line", "says"), [
     # the rows change inside the loop: one notify after it cannot name them
     ("        offs_m = offs_m + 0\n"
-     "        tl.store(c_ptr + offs_m[:, None] * N + offs_n[None, :], 1.0, mask=offs_m[:, None] < M)", 13),
+     "        tl.store(c_ptr + offs_m[:, None] * N + offs_n[None, :], 1.0, mask=offs_m[:, None] < M)", 13,
+     ("the row offsets `offs_m` at line 12 are bound again between their definition and the store",
+      "compute the row offsets once per tile")),
     # the store is not a statement of the loop's own body
     ("        if pid_n > 0:\n"
-     "            tl.store(c_ptr + offs_m[:, None] * N + offs_n[None, :], 1.0, mask=offs_m[:, None] < M)", 13),
+     "            tl.store(c_ptr + offs_m[:, None] * N + offs_n[None, :], 1.0, mask=offs_m[:, None] < M)", 13,
+     ("directly in the body of a loop over the tile's columns", "compute its row offsets outside the loop")),
 ])
-def test_store_in_a_column_loop_that_cannot_be_counted_says_why(inside: str, line: int) -> None:
+def test_store_in_a_column_loop_that_cannot_be_counted_says_why(inside: str, line: int, says) -> None:
     err = _error(SWEEP.format(inside=inside))
     assert err.line == line, err
-    assert "directly in the body of a loop over the tile's columns" in str(err)
-    assert "compute its row offsets outside the loop" in str(err)
+    for text in says:
+        assert text in str(err), err
 
 
 def test_store_in_a_column_loop_with_an_entangled_mask_says_what_to_write() -> None:

@@ -1,0 +1,72 @@
+"""Rank functions for the kernel forms of ``tests/rules/forms/`` (each a kernel of the shape upstream kernels are
+written in, with only its annotation added): every one returns this rank's largest error against torch."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import torch
+import triton
+
+import tilelink
+from tests.rules.cases import rows_of, worst
+
+FORMS = Path(__file__).parent / "forms"
+
+
+def load_form(name: str):
+    spec = importlib.util.spec_from_file_location(f"form_{name}", FORMS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def attention_descriptor_advance(calls: int = 2) -> float:
+    rank, world = tilelink.rank(), tilelink.world_size()
+    kernel = load_form("attention_descriptor_advance").attn_fwd
+    SQ, SKV, D = 20, 37, 16
+    g = torch.Generator().manual_seed(11)
+    q, k, v = (torch.randn(n, D, generator=g) for n in (SQ, SKV, SKV))
+    lo, hi = rows_of(rank, world, SKV)
+    scale = D ** -0.5
+    ref = torch.softmax(q @ k.T * scale, dim=-1) @ v
+    err = 0.0
+    for _ in range(calls):
+        o = torch.full((SQ, D), float("nan"))
+        kernel[(triton.cdiv(SQ, 16),)](q, k[lo:hi].contiguous(), v[lo:hi].contiguous(), o, SQ, SKV, scale,
+                                       HEAD_DIM=D, BLOCK_M=16, BLOCK_N=16)
+        err = worst(err, (o - ref).abs().max().item())
+    return err
+
+
+def gemm_row_wrap(calls: int = 2) -> float:
+    rank, world = tilelink.rank(), tilelink.world_size()
+    kernel = load_form("gemm_row_wrap").matmul_wrap
+    M, N, K = 50, 24, 40
+    g = torch.Generator().manual_seed(12)
+    a, b = torch.randn(M, K, generator=g), torch.randn(K, N, generator=g)
+    lo, hi = rows_of(rank, world, M)
+    err = 0.0
+    for _ in range(calls):
+        c = torch.full((M, N), float("nan"))
+        kernel[(triton.cdiv(M, 16) * triton.cdiv(N, 16),)](
+            a[lo:hi].contiguous(), b, c, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
+            c.stride(0), c.stride(1), BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, GROUP_M=2)
+        err = worst(err, (c - a @ b).abs().max().item())
+    return err
+
+
+RUNS = {"attention_descriptor_advance": attention_descriptor_advance, "gemm_row_wrap": gemm_row_wrap}
+
+
+def run_forms(names: list[str]) -> dict[str, float | str]:
+    import traceback
+
+    out: dict[str, float | str] = {}
+    for name in names:
+        try:
+            out[name] = RUNS[name]()
+        except Exception:  # noqa: BLE001 - reported by the test
+            out[name] = traceback.format_exc()
+    return out

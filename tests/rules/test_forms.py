@@ -1,0 +1,123 @@
+"""Kernel forms users bring, with only their annotation: the ones TileLink follows build and equal torch on the
+race-exposing schedule at worlds 1-4 (odd sizes, uneven shards); the ones it cannot follow are refused at the
+line that needs changing, saying what to write instead."""
+
+from __future__ import annotations
+
+import textwrap
+
+import libcst as cst
+import pytest
+
+import tilelink
+from tests.rules.forms_cases import FORMS, RUNS, run_forms
+from tilelink.annotations import requests_in
+from tilelink.codegen import generate
+from tilelink.errors import AnnotationError
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_followed_forms_equal_torch_on_the_race_exposing_schedule(world: int, monkeypatch) -> None:
+    monkeypatch.setenv("TILELINK_RACES", "1")
+    names = sorted(RUNS)
+    failures = [f"{name}, rank {rank}: {value}" for rank, results in enumerate(tilelink.spawn(run_forms, world, names))
+                for name, value in results.items() if not (isinstance(value, float) and value < 1e-3)]
+    assert not failures, "\n".join(failures)
+
+
+def _rewritten(name: str, kernel: str) -> cst.FunctionDef:
+    path = FORMS / f"{name}.py"
+    text = path.read_text()
+    generated = generate(text, str(path), requests_in(text, str(path)))
+    module = cst.parse_module(generated.rewritten[kernel])
+    return next(s for s in module.body if isinstance(s, cst.FunctionDef))
+
+
+def test_a_key_offset_advanced_in_the_loop_is_waited_for_on_every_iteration() -> None:
+    fn = _rewritten("attention_descriptor_advance", "attn_fwd")
+    loop = next(s for s in fn.body.body if isinstance(s, cst.For))
+    body = cst.Module(body=[]).code_for_node(loop.body)
+    # one wait per block of keys and one per block of values, on the offsets of that iteration
+    assert body.count("tll.consumer_tile_wait(") == 2, body
+    flat = " ".join(body.split())
+    assert "tlm.tl_channels_of_rows( offsetk_y, " in flat and "offsetk_y = offsetk_y + tlk_token" in flat, body
+    assert "tlm.tl_channels_of_rows( offsetv_y, " in flat and "offsetv_y = offsetv_y + tlk_token" in flat, body
+    before = cst.Module(body=[]).code_for_node(fn).split("for start_n in")[0]
+    assert "consumer_tile_wait" not in before
+
+
+HEAD = "import triton\nimport triton.language as tl\nimport tilelink\n\n"
+
+
+def _error(source: str) -> AnnotationError:
+    text = HEAD + textwrap.dedent(source)
+    with pytest.raises(AnnotationError) as info:
+        generate(text, "user_kernels.py", requests_in(text, "user_kernels.py"))
+    return info.value
+
+
+def test_loads_inside_a_helper_are_refused_naming_the_helper() -> None:
+    err = _error('''
+        @triton.jit
+        def _inner(acc, k_ptrs):
+            return acc + tl.load(k_ptrs)
+
+        @tilelink.overlap(tilelink.all_gather("k_ptr"))
+        @triton.jit
+        def kernel(k_ptr, o_ptr, N, BLOCK: tl.constexpr):
+            offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+            acc = tl.load(k_ptr + offs, mask=offs < N)
+            acc = _inner(acc, k_ptr + offs)
+            tl.store(o_ptr + offs, acc, mask=offs < N)
+        ''')
+    assert err.line == 15 and "is passed to `_inner` at line 15" in str(err), err
+    assert "inline the helper's accesses" in err.hint
+
+
+def test_a_split_k_atomic_write_back_is_refused() -> None:
+    err = _error('''
+        @tilelink.overlap(tilelink.reduce_scatter("c_ptr"))
+        @triton.jit
+        def kernel(a_ptr, c_ptr, M, BLOCK: tl.constexpr):
+            offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+            tl.store(c_ptr + offs, tl.load(a_ptr + offs, mask=offs < M), mask=offs < M)
+            tl.atomic_add(c_ptr + offs, 1.0, mask=offs < M)
+        ''')
+    assert err.line == 11 and "is passed to an atomic at line 11" in str(err), err
+    assert "store the result with `tl.store`" in err.hint
+
+
+def test_a_host_tensor_descriptor_is_refused_saying_what_to_pass() -> None:
+    err = _error('''
+        @tilelink.overlap(tilelink.all_gather("a_desc"))
+        @triton.jit
+        def kernel(a_desc, c_ptr, M, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+            a = a_desc.load([tl.program_id(0) * BLOCK_M, 0])
+            offs = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+            tl.store(c_ptr + offs, tl.sum(a, 1), mask=offs < M)
+        ''')
+    assert err.line == 9 and "made on the host (`TensorDescriptor`)" in str(err), err
+    assert "a_desc = tl.make_tensor_descriptor(a_desc, shape=[M, K]" in err.hint
+
+
+@pytest.mark.parametrize(("advance", "says"), [
+    ("k_ptrs += BLOCK * stride_k", "along the rows of 'k_ptr'"),
+    ("k_ptrs = k_ptrs + BLOCK", "cannot place on a dimension other than the rows"),
+    ("k_ptrs = tl.advance(k_ptrs, (BLOCK, 0))", "is passed to `tl.advance` at line 15"),
+])
+def test_a_pointer_advanced_along_the_rows_is_refused(advance: str, says: str) -> None:
+    err = _error(f'''
+        @tilelink.overlap(tilelink.all_gather("k_ptr"))
+        @triton.jit
+        def kernel(k_ptr, o_ptr, N, D, stride_k, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr):
+            offs = tl.arange(0, BLOCK) + 0
+            cols = tl.arange(0, BLOCK_D)
+            k_ptrs = k_ptr + offs[:, None] * stride_k + cols[None, :]
+            acc = tl.zeros((BLOCK_D,), tl.float32)
+            for start in range(0, N, BLOCK):
+                acc += tl.sum(tl.load(k_ptrs, mask=(start + offs)[:, None] < N, other=0.0), 0)
+                {advance}
+            tl.store(o_ptr + cols, acc)
+        ''')
+    assert err.line in (14, 15) and says in str(err), err
