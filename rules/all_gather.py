@@ -40,6 +40,7 @@ from tilelink.runtime import (
     Channel,
     Diagnostics,
     peer_tensor,
+    races,
     rank_copy_data,
     rank_notify,
     symmetric_empty,
@@ -334,6 +335,31 @@ class AllGatherLauncher(Launcher):
                 rank_copy_data(src_view, dst_view, stream)
             rank_notify(barriers, ch, epoch * k, world.rank, stream)
 
+    def _race(self, ctx: AllGatherContext, world, epoch: int, grid, call: dict, consumer_args: dict) -> None:
+        """Run the consumer on the race-exposing schedule (:mod:`tilelink.runtime.races`): the peers' rows of
+        this call's set are poison until a wait of the consumer asks for their channel, which is delivered then
+        (copied from its rank's set and notified), and not before."""
+        dim, sh, k = self.meta["dim"], ctx.sharding, len(ctx.shapes)
+        lo, hi = sh.rank_range(world.rank)
+        for full in ctx.sets[epoch % 2]:
+            if lo > 0:
+                races.poison_(full.narrow(dim, 0, lo))
+            if hi < sh.size:
+                races.poison_(full.narrow(dim, hi, sh.size - hi))
+        plan = dict(self._copy_plan(ctx, world, epoch % 2))
+        delivered: set[int] = set()
+
+        def deliver(ch: int) -> None:
+            if ch in delivered:
+                return
+            delivered.add(ch)
+            for src_view, dst_view in plan.get(ch, ()):
+                rank_copy_data(src_view, dst_view)
+            rank_notify(ctx.channel.barriers, ch, epoch * k, world.rank)
+
+        with races.watch(ctx.channel.barriers, on_wait=deliver):
+            self.kernel[grid](**call, **consumer_args)
+
     def launch(self, grid, bound: dict) -> None:
         world = self.world()
         ctx = self.context(bound)
@@ -364,6 +390,10 @@ class AllGatherLauncher(Launcher):
         self.handshake(ctx.ready, world, epoch, main, main)
         # a channel is notified once per call per gathered tensor
         consumer_args = self.channel_args(ctx.channel.barriers, epoch * k, world, ctx.sharding, ctx.diag)
+        if side is None and races.enabled():  # emulated, every channel as late as the consumer allows
+            self._race(ctx, world, epoch, grid, call, consumer_args)
+            self.finish(ctx)
+            return
         if side is None:  # emulated: kernels are synchronous, the producer runs first
             self._producer(ctx, world, epoch, ctx.channel.barriers, ctx.channel.peer_table)
             self.kernel[grid](**call, **consumer_args)

@@ -24,6 +24,7 @@ import triton
 import triton.language as tl
 
 import tilelink.mapping as tlm
+from tilelink.runtime import races as _races
 
 __all__ = [
     "INTERPRETED",
@@ -96,6 +97,7 @@ def _token_of_interpreted(seen):
 
 @triton.jit
 def _spin_interpreted(flag_ptr, target, diag_ptr, budget, kind, index):
+    _races.waiting(flag_ptr)  # the race-exposing world delivers this channel only now
     seen = tl.atomic_add(flag_ptr, 0, sem="acquire", scope="sys")
     polls = budget // _NS_PER_POLL + 1
     n = 0
@@ -111,6 +113,7 @@ def _spin_interpreted(flag_ptr, target, diag_ptr, budget, kind, index):
 def _add_release_interpreted(flag_ptr, value, mask=None):
     # one flag, or a vector of flags (the lanes of a 32-channel word)
     tl.atomic_add(flag_ptr, value, mask=mask, sem="release", scope="sys")
+    _races.released(flag_ptr, mask)  # the race-exposing world reads a completed channel at once
 
 
 @triton.jit

@@ -1,0 +1,97 @@
+"""Race exposure for the emulated world: run every call on its most adversarial schedule.
+
+In the plain emulated world a rank runs an operator's producer to completion before its consumer, so a
+consumer read that no wait orders, or a notify that comes before the store it publishes, still sees the
+right data. With ``TILELINK_RACES=1`` (the default in the test suite) the launchers instead:
+
+- all-gather: fill the rows that peers provide with poison (NaN, or the largest integer) before the call,
+  and deliver a channel's rows only at the moment a wait of the consumer asks for that channel. A read that
+  no wait covers finds poison on every run, not on an unlucky one;
+- reduce-scatter: take each channel's rows at the moment the producer's notifies complete it (what a
+  consumer polling that channel would read) and hand those to the consumer. A store after the notify that
+  should publish it, or a notify that counts too much, changes the result.
+
+The hooks are called from the interpreted device primitives (``tilelink.language``), in the rank's own
+thread, with the addresses the kernel polls or releases: the schedule is the same on every run. Compiled
+(GPU) kernels never call them.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+ENV = "TILELINK_RACES"
+
+
+def enabled() -> bool:
+    """Whether launchers in this (emulated) process run calls on the adversarial schedule."""
+    return os.environ.get(ENV, "0") not in ("", "0") and os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def poison_(t: torch.Tensor) -> torch.Tensor:
+    """Fill ``t`` with a value no correct computation reads: NaN, or the dtype's largest integer."""
+    if t.dtype.is_floating_point or t.dtype.is_complex:
+        return t.fill_(float("nan"))
+    if t.dtype == torch.bool:
+        return t.fill_(True)
+    return t.fill_(torch.iinfo(t.dtype).max)
+
+
+@dataclass
+class _Watch:
+    base: int
+    count: int
+    on_wait: Callable[[int], None] | None
+    on_release: Callable[[int], None] | None
+
+
+_WATCHES: list[_Watch] = []
+
+
+@contextmanager
+def watch(barriers: torch.Tensor, on_wait: Callable[[int], None] | None = None,
+          on_release: Callable[[int], None] | None = None) -> Iterator[None]:
+    """While inside, a wait on word ``i`` of the int64 array ``barriers`` calls ``on_wait(i)`` before it
+    polls, and a release that adds to word ``i`` calls ``on_release(i)`` after the add."""
+    w = _Watch(barriers.data_ptr(), barriers.numel(), on_wait, on_release)
+    _WATCHES.append(w)
+    try:
+        yield
+    finally:
+        _WATCHES.remove(w)
+
+
+def _words(ptr, mask=None) -> list[tuple[_Watch, int]]:
+    addresses = np.asarray(ptr.handle.data).reshape(-1)
+    if mask is not None:
+        keep = np.asarray(mask.handle.data if hasattr(mask, "handle") else mask).reshape(-1)
+        addresses = addresses[np.broadcast_to(keep, addresses.shape).astype(bool)]
+    found = []
+    for w in _WATCHES:
+        for a in addresses.tolist():
+            i = (int(a) - w.base) // 8
+            if 0 <= i < w.count:
+                found.append((w, i))
+    return found
+
+
+def waiting(flag_ptr) -> None:
+    """Called by an interpreted wait before it polls ``flag_ptr``."""
+    if _WATCHES:
+        for w, i in _words(flag_ptr):
+            if w.on_wait is not None:
+                w.on_wait(i)
+
+
+def released(flag_ptr, mask=None) -> None:
+    """Called by an interpreted notify after it added to ``flag_ptr`` (the lanes of ``mask``)."""
+    if _WATCHES:
+        for w, i in _words(flag_ptr, mask):
+            if w.on_release is not None:
+                w.on_release(i)

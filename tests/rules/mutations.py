@@ -1,0 +1,116 @@
+"""Mutants of a rewritten kernel: the same generated module with ONE inserted wait or notify taken out.
+
+On the race-exposing schedule (``TILELINK_RACES=1``) every mutant of every golden case must fail: a missing
+wait reads poison, a missing notify leaves a channel short (its consumer's wait times out, or a channel
+completed early hands the consumer rows stored after it). A mutant that still passes is a wait or notify the
+tests cannot see, or one that is not needed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import math
+import traceback
+
+import libcst as cst
+import libcst.matchers as m
+
+from tilelink.codegen import GeneratedModule
+from tilelink.overlapped import OverlappedKernel
+
+#: the primitives the rewrite inserts into a user's kernel; a mutant drops one call of them
+WAITS = ("consumer_tile_wait", "consumer_tile_wait_rows", "consumer_tile_wait_channels")
+NOTIFIES = ("producer_tile_notify", "producer_tile_notify_rows", "producer_tile_notify_rows_grouped",
+            "producer_tile_notify_channels", "producer_tile_notify_flush")
+
+
+def _primitive(node: cst.CSTNode) -> str | None:
+    if m.matches(node, m.Call(func=m.Attribute(value=m.Name("tll")))):
+        name = node.func.attr.value  # type: ignore[attr-defined]
+        if name in WAITS + NOTIFIES:
+            return name
+    return None
+
+
+class _Drop(cst.CSTTransformer):
+    """Replace the ``index``-th inserted primitive call of ``kernel`` by what leaves the kernel as if it had not
+    been made: a wait's token by ``0``, a notify by nothing (a grouped notify returns its held adds as they
+    were)."""
+
+    def __init__(self, kernel: str, index: int | None):
+        self.kernel, self.index, self.seen, self.inside, self.dropped = kernel, index, 0, 0, None
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        if node.name.value == self.kernel:
+            self.inside += 1
+
+    def leave_FunctionDef(self, original, updated):
+        if original.name.value == self.kernel:
+            self.inside -= 1
+        return updated
+
+    def leave_Call(self, original: cst.Call, updated: cst.Call):
+        name = _primitive(original) if self.inside else None
+        if name is None:
+            return updated
+        self.seen += 1
+        if self.seen - 1 != self.index:
+            return updated
+        self.dropped = name
+        if name in WAITS:
+            return cst.Integer("0")
+        if name == "producer_tile_notify_rows_grouped":
+            return original.args[1].value  # the held adds, unchanged
+        return cst.parse_expression("None")
+
+
+def mutation_points(generated: GeneratedModule, kernel: str) -> int:
+    """How many inserted waits and notifies the rewritten ``kernel`` has."""
+    drop = _Drop(kernel, None)
+    cst.parse_module(generated.text).visit(drop)
+    return drop.seen
+
+
+def mutant(generated: GeneratedModule, kernel: str, index: int) -> tuple[GeneratedModule, str]:
+    """``generated`` without the ``index``-th inserted primitive call of ``kernel``, and that call's name."""
+    drop = _Drop(kernel, index)
+    text = cst.parse_module(generated.text).visit(drop).code
+    assert drop.dropped is not None, (kernel, index)
+    digest = hashlib.sha256(text.encode()).hexdigest()
+    return dataclasses.replace(generated, text=text, source_hash=digest), drop.dropped
+
+
+def run_mutants(case: str) -> list[tuple[str, str]]:
+    """Run every mutant of golden ``case`` on this rank (all ranks run them in the same order); for each, the
+    dropped primitive and the outcome: ``"failed: ..."`` when it was caught, ``"passed"`` when not."""
+    import tests.rules.cases as cases
+    import tilelink
+
+    rule = "all_gather" if case.startswith("all_gather_") else "reduce_scatter"
+    module = cases.load_case(rule, case[len(rule) + 1:])
+    overlapped = [v for v in vars(module).values() if isinstance(v, OverlappedKernel)]
+    points = [(k, i) for k in overlapped for i in range(mutation_points(k.generated, k.name))]
+    outcomes = []
+    real_load = cases.load_case
+    try:
+        for target, index in points:
+            fresh = real_load(rule, case[len(rule) + 1:])
+            for k in vars(fresh).values():
+                if isinstance(k, OverlappedKernel) and k.name == target.name:
+                    k.generated, dropped = mutant(k.generated, k.name, index)
+                    k._module = None
+            cases.load_case = lambda *_a, _fresh=fresh: _fresh
+            try:
+                err = cases.CASES[case](tilelink.rank(), tilelink.world_size())
+                outcome = "passed" if err <= 1e-3 else f"failed: max error {err}"
+                if isinstance(err, float) and math.isnan(err):
+                    outcome = "failed: NaN"
+            except Exception as exc:  # noqa: BLE001 - the mutant was caught
+                outcome = f"failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+                if not isinstance(exc, (tilelink.WaitTimeout, tilelink.LaunchError)):
+                    outcome += "\n" + traceback.format_exc(limit=3)
+            outcomes.append((f"{target.name}#{index} ({dropped})", outcome))
+    finally:
+        cases.load_case = real_load
+    return outcomes

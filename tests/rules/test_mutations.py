@@ -1,0 +1,30 @@
+"""Every inserted wait and notify is needed, and the race-exposing schedule sees it go: for each golden case,
+each mutant that drops ONE of them fails (a wrong result, or a wait that times out naming its channel) in an
+emulated world of 2 ranks, where the unmutated rewrite is correct (test_end_to_end.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import tilelink
+from tests.rules.mutations import run_mutants
+
+HERE = Path(__file__).parent
+GOLDEN = sorted(f"{p.parent.name}_{p.name.removesuffix('.before.py')}" for p in HERE.glob("*/*.before.py"))
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.mark.parametrize("case", GOLDEN)
+def test_dropping_any_inserted_wait_or_notify_is_caught(case: str, monkeypatch) -> None:
+    monkeypatch.setenv("TILELINK_RACES", "1")
+    monkeypatch.setenv("TILELINK_WAIT_TIMEOUT", "2")
+    results = tilelink.spawn(run_mutants, 2, case)
+    assert results[0], f"{case}: the rewrite inserted no wait or notify"
+    missed = [f"rank {rank}: {what} -> {outcome}" for rank, outcomes in enumerate(results)
+              for what, outcome in outcomes if not outcome.startswith("failed")]
+    caught = {what for outcomes in results for what, outcome in outcomes if outcome.startswith("failed")}
+    # a mutant is caught when some rank fails with it (the other may only see its peer's channels stay short)
+    assert all(what in caught for what, _ in results[0]), "\n".join(missed)
