@@ -62,6 +62,7 @@ from tilelink.runtime import (
     Channel,
     Diagnostics,
     peer_tensor,
+    races,
     rank_copy_data,
     rank_notify,
     rank_wait,
@@ -338,6 +339,74 @@ def _swept(an: KernelAnalysis, a, t, spec: ReduceScatterSpec, total: str) -> lis
                 *wait, f"tlk_cols = {total}", *_notify_rows(an, t)))]
 
 
+#: functions whose value at a sum is not the sum of their values (an activation, a normalisation)
+_NONLINEAR = {"maximum", "minimum", "exp", "exp2", "log", "log2", "log1p", "sqrt", "sqrt_rn", "rsqrt", "sigmoid",
+              "abs", "erf", "tanh", "sin", "cos", "clamp", "softmax", "pow", "fast_expf", "fast_dividef", "max",
+              "min", "argmax", "argmin", "sort", "floor", "ceil", "round", "div_rn", "umulhi", "cumprod"}
+#: calls whose value is neither data nor a function of it (constructors, index arithmetic)
+_NEUTRAL = {"zeros", "zeros_like", "full", "arange", "program_id", "num_programs", "cdiv", "load", "dot", "sum",
+            "cast", "reshape", "view", "trans", "permute", "broadcast_to", "expand_dims", "multiple_of",
+            "max_contiguous", "join", "split", "interleave", "dot_scaled", "cumsum", "flip", "to", "where",
+            "static_range", "range", "fma"}
+
+
+def _nonlinear_epilogue(an: KernelAnalysis, a) -> tuple[str, str] | None:
+    """A call on the way from the partial sums to the stored value whose result is not linear in them: ``(its
+    source, what it is)``. Follows the stored value back through the names it is computed from (every value
+    assigned to them), into neither loads' addresses nor masks nor ``tl.where`` conditions (index arithmetic).
+    A ``@triton.jit`` helper counts as non-linear: its body is not read."""
+    todo, seen = [a.value], set()
+    while todo:
+        names, calls = _data_of(cst.parse_expression(todo.pop()))
+        for call in calls:
+            func = call.func
+            name = func.attr.value if isinstance(func, cst.Attribute) else func.value if isinstance(
+                func, cst.Name) else None
+            if name in _NONLINEAR:
+                return code(call), f"`{name}`"
+            if name is not None and name not in _NEUTRAL and isinstance(func, cst.Name) and name not in (
+                    "float", "int", "min", "max"):
+                return code(call), f"the helper `{name}`, which TileLink does not read"
+        for name in names:
+            if name not in seen and name in an.values:
+                seen.add(name)
+                todo.extend(an.values[name])
+    return None
+
+
+def _data_of(expr: cst.BaseExpression) -> tuple[set[str], list[cst.Call]]:
+    """The names and the calls ``expr``'s value is computed from, leaving out what only addresses or masks it."""
+    found: set[str] = set()
+    calls: list[cst.Call] = []
+
+    class _V(cst.CSTVisitor):
+        def visit_Call(self, node: cst.Call) -> bool:
+            calls.append(node)
+            func = node.func
+            name = func.attr.value if isinstance(func, cst.Attribute) else None
+            if name == "load" or (isinstance(func, cst.Attribute) and name in ("store",)):
+                return False  # a load's value is data of its own; its address and mask are not followed
+            if name == "where" and len(node.args) == 3:
+                node.args[1].value.visit(self)
+                node.args[2].value.visit(self)
+                return False
+            return True
+
+        def visit_Arg(self, node: cst.Arg) -> bool:
+            return not (node.keyword is not None and node.keyword.value in ("mask", "other", "out_dtype",
+                                                                            "input_precision"))
+
+        def visit_Name(self, node: cst.Name) -> None:
+            found.add(node.value)
+
+        def visit_Attribute(self, node: cst.Attribute) -> bool:
+            node.value.visit(self)
+            return False
+
+    expr.visit(_V())
+    return found, calls
+
+
 def rewrite(an: KernelAnalysis, spec: ReduceScatterSpec, options: Options) -> RewritePlan:
     """Plan the producer-side rewrite of ``an`` for ``spec``."""
     opts = options.resolved(**DEFAULTS)
@@ -375,6 +444,15 @@ def rewrite(an: KernelAnalysis, spec: ReduceScatterSpec, options: Options) -> Re
                      "terms of the address (`offs_n[None, :]`), not a pointer it advances")
         t = a.tile
         assert t is not None and a.anchor is not None and a.value is not None
+        bad = None if spec.linear_epilogue else _nonlinear_epilogue(an, a)
+        if bad is not None:
+            raise AnnotationError(
+                f"the value stored to {a.tensor!r} goes through {bad[1]} (`{bad[0]}`): reduce_scatter sums what every "
+                f"rank stores, and the sum of f(partial sums) is not f of their sum", file=a.where.file,
+                line=a.where.line, column=a.where.column,
+                hint="store the partial sums themselves and apply the function after the reduction (on the "
+                     "reduced rows), or pass reduce_scatter(..., linear_epilogue=True) if what is stored is linear "
+                     "in the partial sums after all")
         if opts.via == "copy_engine" and spec.topk:
             report.append(ReportEntry(an.name, RULE, "note",
                                       f"no notify after the store at line {a.where.line}: with topk= on the copy "
@@ -899,7 +977,7 @@ class ReduceScatterLauncher(Launcher):
             start.record(main)
         if not alone:
             self.handshake(ctx.ready, world, epoch, main, side)
-        self.kernel[grid](**call, **args)  # the GEMM keeps every SM
+        self._produce(grid, call, args, ctx, epoch)  # the GEMM keeps every SM
         if ctx.reduced_channel is not None:  # behind the GEMM on its stream: no channel is complete before its end
             self._topk_reduce(ctx, world, reduced, ctx.reduced_channel.barriers)
         if not alone:
@@ -938,6 +1016,30 @@ class ReduceScatterLauncher(Launcher):
                 self._consumer(ctx, world, out, ctx.channel.barriers, ctx.channel.peer_table, epoch)
             self.kernel[grid](**call, **args)
         else:
-            self.kernel[grid](**call, **args)
+            self._produce(grid, call, args, ctx, epoch)
             self._consumer(ctx, world, out, ctx.channel.barriers, ctx.channel.peer_table, epoch)
         self.finish(ctx)
+
+    def _produce(self, grid, call: dict, args: dict, ctx: ReduceScatterContext, epoch: int) -> None:
+        """Run the rewritten producer. On the race-exposing schedule (emulated, :mod:`tilelink.runtime.races`)
+        the partial sums start as poison and each channel's rows are taken at the moment the producer's notifies
+        complete it, as a consumer polling that channel would read them; the consumer then reads those: a store
+        after the notify that publishes it, or a notify that counts more than was stored, changes the result."""
+        if not races.enabled() or ctx.partial.device.type != "cpu":
+            self.kernel[grid](**call, **args)
+            return
+        sh, topk, row_elems, partial = ctx.sharding, ctx.topk, ctx.row_elems, ctx.partial
+        barriers = args["tlk_barriers"]
+        races.poison_(partial)
+        taken: dict[int, torch.Tensor] = {}
+
+        def take(ch: int) -> None:
+            lo, hi = sh.channel_range(ch)
+            if ch not in taken and int(barriers[ch]) >= epoch * (hi - lo) * row_elems * topk:
+                taken[ch] = partial[lo * topk:hi * topk].clone()
+
+        with races.watch(barriers, on_release=take):
+            self.kernel[grid](**call, **args)
+        for ch, rows in taken.items():
+            lo, hi = sh.channel_range(ch)
+            partial[lo * topk:hi * topk].copy_(rows)

@@ -42,12 +42,14 @@ class ReduceScatterSpec:
     index: str | None = None
     topk: str | None = None
     size: str | None = None
+    linear_epilogue: bool = False  # the user vouches that what is stored is linear in the partial sums
     kind: str = field(default="reduce_scatter", init=False)
 
     def describe(self) -> str:
         names = ", ".join(repr(t) for t in self.tensors)
         extra = "".join(f", {k}={v!r}" for k, v in (("tile", self.tile), ("index", self.index),
-                                                      ("topk", self.topk), ("size", self.size))
+                                                      ("topk", self.topk), ("size", self.size),
+                                                      ("linear_epilogue", self.linear_epilogue or None))
                         if v is not None)
         return f"reduce_scatter({names}, dim={self.dim}{extra})"
 
@@ -112,7 +114,7 @@ def all_gather(tensor: str | tuple[str, ...], dim: int = 0, *, tile: tuple[str, 
 
 def reduce_scatter(tensor: str | tuple[str, ...], dim: int = 0, *, tile: tuple[str, str] | None = None,
                    index: str | None = None, topk: str | None = None,
-                   size: str | None = None) -> ReduceScatterSpec:
+                   size: str | None = None, linear_epilogue: bool = False) -> ReduceScatterSpec:
     """Reduce the partial sums the kernel stores to ``tensor`` and scatter them along ``dim``.
 
     Args:
@@ -121,9 +123,14 @@ def reduce_scatter(tensor: str | tuple[str, ...], dim: int = 0, *, tile: tuple[s
         tile: ``(start, size)`` source expressions of a tile along ``dim``; inferred when omitted.
         index: scatter-index parameter (MoE); topk: top-k parameter for the MoE reduction.
         size: name of the parameter holding the full size along ``dim``; inferred when omitted.
+        linear_epilogue: the sum over ranks of what each rank stores must be what the full problem stores, so a
+            non-linear function of the partial sums before the store (an activation, ``exp``, a ``@triton.jit``
+            helper) is refused; ``True`` says the epilogue is linear all the same (a helper that only scales).
     """
+    if not isinstance(linear_epilogue, bool):
+        raise ValueError(f"reduce_scatter: linear_epilogue= takes True or False, got {linear_epilogue!r}")
     return ReduceScatterSpec(_tensors(tensor, "reduce_scatter"), _dim(dim, "reduce_scatter"),
-                             _tile(tile, "reduce_scatter"), index, topk, size)
+                             _tile(tile, "reduce_scatter"), index, topk, size, linear_epilogue)
 
 
 def make_options(via: str | None = None, mode: str | None = None, order: str | None = None,

@@ -121,3 +121,45 @@ def test_a_pointer_advanced_along_the_rows_is_refused(advance: str, says: str) -
             tl.store(o_ptr + cols, acc)
         ''')
     assert err.line in (14, 15) and says in str(err), err
+
+
+RS_EPILOGUE = '''
+@tilelink.overlap(tilelink.reduce_scatter("c_ptr"{extra}))
+@triton.jit
+def kernel(a_ptr, b_ptr, c_ptr, bias_ptr, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    acc = tl.dot(tl.load(a_ptr + offs_m[:, None] * N + offs_n[None, :]), tl.load(b_ptr + offs_n[:, None] * N
+                 + offs_n[None, :]))
+    {epilogue}
+    tl.store(c_ptr + offs_m[:, None] * N + offs_n[None, :], out.to(tl.float16), mask=offs_m[:, None] < M)
+'''
+
+
+@pytest.mark.parametrize(("epilogue", "says"), [
+    ("out = tl.maximum(acc, 0.0)", "goes through `maximum` (`tl.maximum(acc, 0.0)`)"),
+    ("out = acc * tl.sigmoid(acc)", "goes through `sigmoid`"),
+    ("act = tl.exp(acc)\n    out = act * 2.0", "goes through `exp`"),
+    ("out = gelu(acc)", "goes through the helper `gelu`, which TileLink does not read"),
+])
+def test_a_non_linear_epilogue_before_a_reduce_scatter_store_is_refused(epilogue: str, says: str) -> None:
+    err = _error(RS_EPILOGUE.format(extra="", epilogue=epilogue))
+    assert says in str(err) and "the sum of f(partial sums) is not f of their sum" in str(err), err
+    assert "linear_epilogue=True" in err.hint and "apply the function after the reduction" in err.hint
+
+
+@pytest.mark.parametrize("epilogue", [
+    "out = acc * 0.5",  # scaling is linear
+    "out = tl.where(offs_n[None, :] < tl.minimum(N, 64), acc, 0.0)",  # masking: the condition is index arithmetic
+    "out = acc",
+])
+def test_a_linear_epilogue_is_accepted(epilogue: str) -> None:
+    text = HEAD + RS_EPILOGUE.format(extra="", epilogue=epilogue)
+    generated = generate(text, "user_kernels.py", requests_in(text, "user_kernels.py"))
+    assert "tll.producer_tile_notify" in generated.rewritten["kernel"]
+
+
+def test_the_user_can_vouch_for_a_linear_epilogue() -> None:
+    text = HEAD + RS_EPILOGUE.format(extra=", linear_epilogue=True", epilogue="out = scale_only(acc)")
+    generated = generate(text, "user_kernels.py", requests_in(text, "user_kernels.py"))
+    assert "tll.producer_tile_notify" in generated.rewritten["kernel"]
