@@ -112,7 +112,7 @@ def sp_attention(q_shard: torch.Tensor, k_shard: torch.Tensor, v_shard: torch.Te
     """This rank's rows of attention over the whole sequence, with the K/V all-gather overlapped.
 
     Collective: every rank calls it with its shards (a rank may hold no rows). Returns a tensor shaped
-    like ``q_shard``.
+    like ``q_shard``; an empty sequence (S = 0) returns an empty one at once, as every operator does.
     """
     from tilelink.ops import attention_kernels
     from tilelink.runtime import current_world
@@ -122,11 +122,13 @@ def sp_attention(q_shard: torch.Tensor, k_shard: torch.Tensor, v_shard: torch.Te
     for what, t in (("k_shard", k_shard), ("v_shard", v_shard)):
         if not t.is_contiguous():
             raise LaunchError(f"sp_attention: {what} must be contiguous (call .contiguous())")
-    if ctx is not None and (not isinstance(ctx.S, int) or ctx.S < 1):
-        raise LaunchError(f"sp_attention: SPContext.S={ctx.S!r} must be a positive int")
-    S = full_size(k_shard, 2, ctx.S if ctx is not None else None, world)
+    if ctx is not None and (not isinstance(ctx.S, int) or isinstance(ctx.S, bool) or ctx.S < 0):
+        raise LaunchError(f"sp_attention: SPContext.S={ctx.S!r} must be a non-negative int")
+    S = full_size(k_shard, 2, ctx.S if ctx is not None else None, world, op="sp_attention")
     for what, t in (("q_shard", q_shard), ("k_shard", k_shard)):
         lo, hi = check_rows("sp_attention", f"the sequence in {what}", t.shape[2], S, world)
+    if S == 0:  # an empty sequence on every rank (S is shared): nothing to gather or attend to
+        return torch.empty(q_shard.shape, dtype=q_shard.dtype, device=world.device)
     per = -(-S // world.world_size)
     out_dtype = q_shard.dtype
     q_in, k_in, v_in = _kernel_inputs(q_shard, k_shard, v_shard)

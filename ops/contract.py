@@ -54,18 +54,15 @@ def check_rows(op: str, what: str, got: int, size: int, world) -> tuple[int, int
     return lo, hi
 
 
-def full_size(shard: torch.Tensor, dim: int, known: int | None, world) -> int:
+def full_size(shard: torch.Tensor, dim: int, known: int | None, world, op: str = "an operator") -> int:
     """The full size along ``dim`` of a tensor sharded over the ranks: ``known`` when the caller's
-    context gives it, else the sum of every rank's shard (one host all-gather)."""
+    context gives it, else the sum of every rank's shard (one exchange through the world's store, bounded
+    like a call's handshake, naming a rank that does not come to call ``op``)."""
     if known is not None:
         return known
     if world.world_size == 1:
         return shard.shape[dim]
-    import torch.distributed as dist
-
-    sizes: list = [None] * world.world_size
-    dist.all_gather_object(sizes, int(shard.shape[dim]))
-    return sum(sizes)
+    return sum(world.control.exchange(int(shard.shape[dim]), op))
 
 
 #: the operators' persistent tensor-descriptor kernels: ``None`` = on a GPU; tests of the emulated world

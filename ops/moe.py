@@ -16,7 +16,8 @@ rows and all-gathers the ids and weights). The slot of token ``t``'s ``k``-th ex
   summed over ranks.
 
 Every argument is checked before a kernel runs; the symmetric buffers and channels of a shape are
-created on its first call and reused (the kernels' launchers cache them per shape).
+created on its first call and reused (the kernels' launchers cache them per shape). No token (M = 0,
+``topk_ids`` of shape (0, top_k) on every rank) returns an empty result at once, as every operator does.
 """
 
 from __future__ import annotations
@@ -278,8 +279,8 @@ def _check_routing(op: str, topk_ids, num_experts: int, world) -> Routing:
         routing = as_routing(given, num_experts)
     except LaunchError as exc:
         raise LaunchError(f"{op}: {exc}") from None
-    if topk_ids.shape[0] < 1 or topk_ids.shape[1] < 1:
-        raise LaunchError(f"{op}: topk_ids must route at least one token to at least one expert, got shape "
+    if topk_ids.shape[1] < 1:  # no token (M = 0) is an empty call: the operators return an empty result
+        raise LaunchError(f"{op}: topk_ids must route every token to at least one expert, got shape "
                           f"{tuple(topk_ids.shape)}")
     return routing
 
@@ -311,6 +312,8 @@ def ag_moe(x_shard: torch.Tensor, w: torch.Tensor, topk_ids: torch.Tensor | Rout
     M, top_k = routing.topk_ids.shape
     check_rows("ag_moe", f"the {M} routed tokens", x_shard.shape[0], M, world)
     out_dtype = x_shard.dtype
+    if M == 0:  # no token on any rank (the routing is every rank's): nothing to gather or compute
+        return torch.empty((0, N), dtype=out_dtype, device=world.device)
     x_in, w_in = interpreter_inputs(x_shard, w)
     num_slots = M * top_k
     if N == 0:  # no column here, but the other ranks need this rank's tokens: gather into one dummy column
@@ -358,7 +361,7 @@ def moe_rs(h: torch.Tensor, w: torch.Tensor, topk_ids: torch.Tensor | Routing,
     out_dtype = h.dtype
     h_in, w_in = interpreter_inputs(h, w)
     out = torch.empty((hi - lo, N), dtype=h_in.dtype, device=world.device)
-    if N == 0:
+    if N == 0 or M == 0:  # N and M are every rank's: no rank communicates
         return out.to(out_dtype)
     weights = topk_weights.to(torch.float32).contiguous().view(-1)
     _launch("moe_rs", h_in, w_in, out, weights, routing, world)

@@ -5,6 +5,11 @@
 (M, N) product on every rank. ``gemm_rs(a, b_shard)``: ``a`` is this rank's (M, K_r) activation
 slice, ``b_shard`` its (K_r, N) weight slice; returns this rank's rows of the summed (M, N) product.
 
+M = 0 (no rows anywhere: every rank agrees, it is the shared full size) returns an empty result on every
+rank, (0, N) and this rank's (0, N) rows, without communication; every operator of :mod:`tilelink.ops` does
+the same for an empty communicated dimension (``ag_moe``/``moe_rs`` with no tokens, ``sp_attention`` with
+S = 0).
+
 Both launch the annotated kernels of :mod:`tilelink.ops.tp_kernels`; the symmetric buffers and
 channels of a shape are created on the first call and reused (the kernels' launchers cache them).
 Every argument is checked before anything runs.
@@ -21,7 +26,6 @@ from tilelink.errors import LaunchError
 from tilelink.mapping import shard_range
 from tilelink.ops.contract import (
     aligned,
-    check_rows,
     check_tensor,
     full_size,
     interpreter_inputs,
@@ -94,17 +98,38 @@ def _launch(kernel, persistent: bool, args: tuple, meta: dict, world, M: int, N:
         kernel[(tiles,)](*args, **meta)
 
 
+def _check_shard_rows(got: int, M: int, world, ctx: TPContext | None) -> None:
+    """This rank holds its rows of A, ``[r*ceil(M/R), min(M, (r+1)*ceil(M/R)))``: the ranks' shards then sum to
+    M (with a TPContext, the context's; without, M is their sum and only the split can be wrong)."""
+    lo, hi = shard_range(M, world.rank, world.world_size)
+    if got == hi - lo:
+        return
+    source = f"TPContext.M={M}" if ctx is not None else f"M={M}, the sum of the ranks' shards"
+    hint = (f"; {got} rows is all of A: pass each rank only its own rows, a[{lo}:{hi}] here" if got == M and
+            world.world_size > 1 else "")
+    raise LaunchError(f"ag_gemm: rank {world.rank} got {got} rows of A, but must hold rows [{lo}, {hi}) ({hi - lo} "
+                      f"rows: {source} over {world.world_size} ranks; the ranks' shards must sum to M){hint}")
+
+
 def ag_gemm(a_shard: torch.Tensor, b: torch.Tensor, ctx: TPContext | None = None) -> torch.Tensor:
-    """AllGather(A) @ B with the gather overlapped: returns the full (M, N) product on every rank."""
+    """AllGather(A) @ B with the gather overlapped: returns the full (M, N) product on every rank.
+
+    Raises :class:`tilelink.LaunchError` before anything runs when this rank's shard is not its rows of A
+    (with ``ctx``, of ``ctx.M`` rows; every rank passing the whole A is refused so). Without ``ctx`` the ranks
+    exchange their shard sizes (bounded; a rank that does not come is named)."""
     from tilelink.ops import tp_kernels
     from tilelink.runtime import current_world
 
     world = current_world()
     _check_pair("ag_gemm", a_shard, b, world)
-    M = full_size(a_shard, 0, ctx.M if ctx is not None else None, world)
-    check_rows("ag_gemm", "A", a_shard.shape[0], M, world)
+    if ctx is not None and (not isinstance(ctx.M, int) or isinstance(ctx.M, bool) or ctx.M < 0):
+        raise LaunchError(f"ag_gemm: TPContext.M={ctx.M!r} must be a non-negative int (the rows of the full A)")
+    M = full_size(a_shard, 0, ctx.M if ctx is not None else None, world, op="ag_gemm")
+    _check_shard_rows(a_shard.shape[0], M, world, ctx)
     K, N = b.shape
     out_dtype = a_shard.dtype
+    if M == 0:  # no rows on any rank (M is shared): nothing to gather or compute
+        return torch.empty((0, N), dtype=out_dtype, device=world.device)
     a_in, b_in = interpreter_inputs(a_shard, b)
     if K == 0:  # every rank has K == 0 (the ranks share K): nothing to gather
         return torch.zeros((M, N), dtype=out_dtype, device=world.device)
@@ -124,7 +149,8 @@ def ag_gemm(a_shard: torch.Tensor, b: torch.Tensor, ctx: TPContext | None = None
 
 
 def gemm_rs(a: torch.Tensor, b_shard: torch.Tensor) -> torch.Tensor:
-    """(sum over ranks of A_r @ B_r), reduce-scattered: returns this rank's rows of the (M, N) sum."""
+    """(sum over ranks of A_r @ B_r), reduce-scattered: returns this rank's rows of the (M, N) sum.
+    M = 0 returns this rank's (0, N) rows at once, as every operator does with an empty shared dimension."""
     from tilelink.ops import tp_kernels
     from tilelink.runtime import current_world
 

@@ -267,15 +267,24 @@ class Launcher:
         The wait's budget is :func:`tilelink.runtime.diagnostics.skew_timeout_s`: a peer whose host is behind
         between calls is waited for on a stream, holding no SM, and the kernels launched behind the wait then
         wait on that peer only for its GPU work, with the budget of a wait (without it, ten seconds of host work
-        on one rank between two calls timed out the others' kernels)."""
+        on one rank between two calls timed out the others' kernels). A peer that does not come in time is
+        reported as :class:`~tilelink.runtime.diagnostics.HandshakeTimeout` ("rank 1 has not reached call 3 of
+        ag_gemm_kernel"); in the emulated world the host's wait also stops at once, with
+        :class:`~tilelink.runtime.diagnostics.PeerFailedError`, when the peer failed or finished its work."""
         from tilelink.runtime import rank_notify, rank_wait
-        from tilelink.runtime.diagnostics import skew_timeout_s
+        from tilelink.runtime.diagnostics import label_handshake_word, skew_timeout_s
 
         peers = self.peer_order(world)
         for dst in peers:
             rank_notify(ready, world.rank, epoch, dst, notify_stream)
         budget = skew_timeout_s(world.backend == "emulated")
-        for src in peers:
+        what = self.okernel.name
+        if world.device.type != "cuda":  # the host waits: it watches what becomes of the peer meanwhile
+            for src in peers:
+                world.control.wait_word(ready.word_address(src, world.rank, "handshake"), epoch, src, what, budget)
+            return
+        for src in peers:  # the watcher's timeout of this wait then names the call, not a channel
+            label_handshake_word(ready.word_address(src, world.rank, "handshake"), src, what)
             rank_wait(ready, src, epoch, wait_stream, timeout_s=budget, block=False)
 
     def finish(self, ctx) -> None:

@@ -54,6 +54,91 @@ def skew_timeout_s(emulated: bool | None = None) -> float:
     return SKEW_FACTOR * wait_timeout_s(emulated)
 
 
+def describe_budget(seconds: float, factor: int = 1) -> str:
+    """How long a wait waited and where that came from: ``30 s (30 x TILELINK_WAIT_TIMEOUT=1)``."""
+    value = os.environ.get("TILELINK_WAIT_TIMEOUT")
+    source = f"TILELINK_WAIT_TIMEOUT={value}" if value else f"the default wait budget of {seconds / factor:g} s"
+    return f"{seconds:g} s ({source})" if factor == 1 else f"{seconds:g} s ({factor} x {source})"
+
+
+class PeerFailedError(TileLinkError):
+    """A rank this one was waiting for failed, or finished its work without reaching the same point.
+
+    ``rank`` is this rank, ``peer`` the one it waited for, ``cause`` what the peer reported (its exception,
+    or that it called ``tilelink.finalize``), ``consequence`` whether this error only follows from the peer's
+    failure (the launchers then report the peer's failure, not this one)."""
+
+    def __init__(self, message: str, *, rank: int = -1, peer: int = -1, cause: str = "",
+                 consequence: bool = True) -> None:
+        super().__init__(message)
+        self.rank, self.peer, self.cause, self.consequence = rank, peer, cause, consequence
+
+
+class HandshakeTimeout(WaitTimeout):
+    """A peer did not reach an operator's call (or a collective call of the runtime) within its budget.
+
+    ``rank`` waited; ``peer`` (also ``index``) is the rank it waited for, ``call`` (also ``expected``) the
+    call number, ``seen`` the last call the peer had reached (-1 when unknown), ``what`` the operator or the
+    runtime call, ``others`` further ranks that had not reached it either."""
+
+    def __init__(self, *, rank: int, peer: int, call: int, seen: int, budget_s: float, what: str,
+                 factor: int | None = None, kernel: str | None = None, others=()) -> None:
+        super().__init__(rank=rank, primitive="handshake", index=peer, expected=call, seen=seen,
+                         budget_s=budget_s, kernel=kernel)
+        if factor is None:
+            factor = max(1, round(budget_s / wait_timeout_s()))
+        self.peer, self.call, self.what, self.factor, self.others = peer, call, what, factor, list(others)
+        where = f"; it last reached call {seen}" if seen >= 0 else ""
+        also = f" (nor have ranks {self.others})" if self.others else ""
+        self.args = (
+            f"rank {rank}: rank {peer} has not reached call {call} of {what}{also} after "
+            f"{describe_budget(budget_s, factor)}{where}. Every rank must make the same calls of an operator, "
+            f"in the same order, with the same shapes: check that rank {peer} did not skip this call, take "
+            f"another branch, or stop in work of its own (its output says where it is). If it is only slow "
+            f"(compiling, an evaluation between calls), raise TILELINK_WAIT_TIMEOUT=<seconds>"
+            f"{f'; a call waits {factor} times that for its peers' if factor > 1 else ''}.",)
+
+
+#: words of a handshake's ``ready`` array (their addresses on this rank) -> what the call is, so that a
+#: watched wait on one that times out (the GPU's non-blocking stream wait) says "rank 1 has not reached call 3
+#: of ag_gemm_kernel" rather than "channel/tile 1"
+_HANDSHAKE_WORDS: dict[int, tuple[int, str]] = {}
+
+
+def label_handshake_word(address: int, peer: int, what: str) -> None:
+    """Remember that the int64 at ``address`` is ``peer``'s word of a handshake of ``what``."""
+    _HANDSHAKE_WORDS[address] = (peer, what)
+
+
+def forget_handshake_words() -> None:
+    """The world is gone: its addresses may be reused."""
+    _HANDSHAKE_WORDS.clear()
+
+
+def relabel_timeout(address: int, timeout: WaitTimeout) -> WaitTimeout:
+    """``timeout`` of a wait on the word at ``address``: a :class:`HandshakeTimeout` when it was a handshake's."""
+    label = _HANDSHAKE_WORDS.get(address)
+    if label is None:
+        return timeout
+    peer, what = label
+    return HandshakeTimeout(rank=timeout.rank, peer=peer, call=timeout.expected, seen=timeout.seen,
+                            budget_s=timeout.budget_s, what=what)
+
+
+#: what a rank raises when a peer it needed is gone: the peer's failure is the one to report
+_CONSEQUENCE_TEXT = ("Connection closed by peer", "Connection reset by peer", "Broken pipe",
+                     "Connection refused", "failed to recv", "failed to send")
+
+
+def is_consequence(exc: BaseException) -> bool:
+    """Whether ``exc`` only follows from another rank's failure (a peer's socket closed, a peer reported gone):
+    a launcher names the rank that failed first, and this is not it."""
+    if isinstance(exc, PeerFailedError):
+        return exc.consequence
+    text = str(exc)
+    return isinstance(exc, (RuntimeError, ConnectionError, OSError)) and any(t in text for t in _CONSEQUENCE_TEXT)
+
+
 def check_diagnostics(diag: torch.Tensor, rank: int, kernel: str | None = None,
                       budget_s: float | None = None) -> None:
     """Raise :class:`tilelink.WaitTimeout` if a wait recorded a timeout in ``diag``, and clear it.

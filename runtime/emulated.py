@@ -44,7 +44,7 @@ class EmulatedBackend:
 
     name = "emulated"
 
-    def __init__(self, session: str) -> None:
+    def __init__(self, session: str, control=None) -> None:
         if not dist.is_initialized():
             raise SymmetricHeapError("EmulatedBackend needs torch.distributed: use tilelink.init()")
         self.session = session
@@ -52,8 +52,9 @@ class EmulatedBackend:
         self.world_size = dist.get_world_size()
         self.local_rank = int(os.environ.get("LOCAL_RANK", self.rank))
         self.device = torch.device("cpu")
-        # host control always goes through gloo, whatever group the user brought up
-        self._group = None if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
+        # barriers go through the world's store (tilelink.runtime.control), bounded and watching the peers: a
+        # gloo barrier waited 30 minutes for a peer that had failed or gone elsewhere
+        self._control = control
         self._sequence = 0
         self._live: dict[int, list[torch.Tensor]] = {}  # local data_ptr -> every rank's mapping
 
@@ -72,10 +73,10 @@ class EmulatedBackend:
         finally:
             os.close(fd)
         try:
-            self.barrier()
+            self.barrier("tilelink.runtime.symmetric_empty", count=False)  # every rank's file exists
             peers = [torch.from_file(self._path(sequence, r), shared=True, size=size, dtype=torch.uint8)
                      for r in range(self.world_size)]
-            self.barrier()
+            self.barrier("tilelink.runtime.symmetric_empty", count=False)  # every rank mapped every file
         finally:
             os.unlink(own)
         peers = [p[:nbytes] for p in peers]
@@ -84,14 +85,21 @@ class EmulatedBackend:
 
     def release(self, local: torch.Tensor) -> None:
         """Collective: wait until no rank uses the buffer any more, then drop the mappings."""
-        self.barrier()
+        control = self._control
+        self.barrier("tilelink.finalize" if control is not None and control.finalizing else "tilelink.runtime.free")
         self._live.pop(local.data_ptr(), None)
 
-    def barrier(self) -> None:
-        dist.barrier(group=self._group)
+    def barrier(self, point: str = "World.barrier", count: bool = True) -> None:
+        """Every rank has reached ``point`` (see :meth:`tilelink.runtime.control.Control.exchange`)."""
+        control = self._control
+        if control is None:
+            from tilelink.runtime.world import control as world_control
+
+            control = world_control()
+        control.barrier(point, count=count)
 
     def stream_barrier(self, stream: torch.cuda.Stream | None) -> None:
-        self.barrier()  # kernels are synchronous here: everything issued before is complete
+        self.barrier("World.stream_barrier")  # kernels are synchronous here: everything issued before is complete
 
     def write_value(self, word: torch.Tensor, value: int, stream: torch.cuda.Stream | None) -> None:
         self.write_value_at(word.data_ptr(), value, stream)
@@ -134,6 +142,3 @@ class EmulatedBackend:
     def finalize(self) -> None:
         self._live.clear()
         remove_session_files(self.session, self.rank)
-        if self._group is not None:
-            dist.destroy_process_group(self._group)
-            self._group = None

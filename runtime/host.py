@@ -12,7 +12,7 @@ import torch
 from tilelink.errors import LaunchError, WaitTimeout
 from tilelink.runtime import heap
 from tilelink.runtime.channel import Channel
-from tilelink.runtime.diagnostics import wait_timeout_s
+from tilelink.runtime.diagnostics import HandshakeTimeout, wait_timeout_s
 from tilelink.runtime.world import current_world
 
 
@@ -71,5 +71,7 @@ def rank_wait(barriers: torch.Tensor | Channel, index: int, value: int,
     try:
         world.impl.wait_value_at(address, int(value), stream, budget, block=block, index=index)
     except WaitTimeout as exc:
+        if isinstance(exc, HandshakeTimeout):  # already says which call of which operator
+            raise
         raise WaitTimeout(rank=world.rank, primitive="rank_wait", index=index, expected=int(value),
                           seen=exc.seen, budget_s=budget) from None

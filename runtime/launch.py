@@ -5,6 +5,11 @@ Each rank is a process started with the ``spawn`` method, given the torchrun var
 ``tilelink.init(backend)``; it runs ``fn(*args, **kwargs)`` and sends back the result or its
 exception. No silent hangs: a failing rank fails the whole call (the others are stopped after a
 short grace), and an overall timeout stops every rank and names the ones that had not finished.
+
+The failure reported is the rank that failed FIRST: an exception raised by the rank's own work, by
+the time it was raised, before one that only follows from another rank's failure (a peer's socket
+closed, a wait whose peer announced its failure); a rank killed by a signal, or whose process could not
+start (``fn`` not importable there), is named as such.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import os
 import pickle
 import queue as queue_module
 import random
+import signal
 import socket
 import threading
 import time
@@ -28,7 +34,11 @@ from tilelink.errors import TileLinkError
 
 DEFAULT_SPAWN_TIMEOUT_S = 300.0
 STACK_DUMP_MARGIN_S = 5.0  # a rank prints its stack this long before the parent stops it
+#: after a failure that only follows from another's (a peer's socket closed), how long to wait for the cause
 FAILURE_GRACE_S = 3.0
+#: after a failure of a rank's own, how long to collect the others (one that failed at the same moment may
+#: have failed first)
+SETTLE_S = 0.5
 
 _environ_lock = threading.Lock()
 
@@ -95,10 +105,10 @@ def _describe_exception(exc: BaseException) -> dict[str, Any]:
     return info
 
 
-def _rebuild_exception(rank: int, info: dict[str, Any]) -> BaseException:
+def _rebuild_exception(rank: int, info: dict[str, Any], note: str = "") -> BaseException:
     """The rank's exception, re-created in this process with the rank and its traceback in the
     message; always a :class:`TileLinkError` (non-TileLink types are mixed with RankFailedError)."""
-    header = f"rank {rank} failed with {info['qualname']}: {info['message']}"
+    header = f"rank {rank} failed with {info['qualname']}: {info['message']}{note}"
     message = f"{header}\n\n--- traceback of rank {rank} ---\n{info['traceback'].rstrip()}"
     cls: type | None = None
     with contextlib.suppress(Exception):
@@ -136,6 +146,7 @@ def _rank_main(fn, rank: int, env: dict[str, str], backend: str, args: tuple, kw
     """Body of one rank's process. A rank still running shortly before the parent gives up on it
     (``deadline``, wall-clock seconds) prints every thread's Python stack to stderr, so a hang says
     where it is."""
+    results.put((rank, "started", None, time.time()))  # fn and its arguments were unpickled: importable here
     os.environ.update(env)
     if deadline is not None:
         faulthandler.dump_traceback_later(max(deadline - time.time() - STACK_DUMP_MARGIN_S, 1.0), exit=False)
@@ -143,6 +154,7 @@ def _rank_main(fn, rank: int, env: dict[str, str], backend: str, args: tuple, kw
 
     torch.set_num_threads(1)  # ranks share the host's cores
     from tilelink.runtime import world
+    from tilelink.runtime.diagnostics import is_consequence
 
     try:
         if backend == "nvshmem" and torch.cuda.is_available():
@@ -154,15 +166,57 @@ def _rank_main(fn, rank: int, env: dict[str, str], backend: str, args: tuple, kw
         result = fn(*args, **kwargs)
         payload = pickle.dumps(result)
     except BaseException as exc:  # noqa: BLE001 - every failure goes back to the parent
-        results.put((rank, "error", _describe_exception(exc)))
+        when = time.time()
+        world.report_failure(exc)  # first: a peer waiting for this rank stops now, not after its budget
+        info = _describe_exception(exc)
+        info["consequence"] = is_consequence(exc)
+        results.put((rank, "error", info, when))
         world.abandon()  # no collective teardown: the other ranks may be stuck or gone
         return
-    results.put((rank, "ok", payload))
+    results.put((rank, "ok", payload, time.time()))
     faulthandler.cancel_dump_traceback_later()
     try:
         world.finalize()
     except Exception:  # the result is delivered; a teardown failure is only worth a note
         traceback.print_exc()
+
+
+def _check_target(fn) -> None:
+    """Refuse, before starting anything, a ``fn`` the ranks could not import: they are fresh processes (the
+    spawn start method) that find ``fn`` by its module and name."""
+    import __main__
+
+    name = getattr(fn, "__qualname__", repr(fn))
+    main_file = getattr(__main__, "__file__", None)
+    if getattr(fn, "__module__", None) == "__main__" and (main_file is None or not os.path.isfile(main_file)):
+        source = "a script read from stdin" if main_file == "<stdin>" else "python -c or an interactive session"
+        raise TileLinkError(
+            f"spawn: {name} is defined in {source}, which the ranks cannot import: they are fresh processes that "
+            f"import the function from its file. Put it in an importable .py file (a module, or a script run as "
+            f"`python file.py`) and pass that")
+    try:
+        pickle.dumps(fn)
+    except Exception as exc:  # noqa: BLE001 - reported with what to do
+        raise TileLinkError(
+            f"spawn: {name} cannot be sent to the ranks ({type(exc).__name__}: {exc}): it must be a module-level "
+            f"function of an importable .py file (not a lambda or a nested function)") from None
+
+
+@contextlib.contextmanager
+def _startable_main():
+    """While the ranks start: a ``__main__`` whose ``__file__`` is not a file (a script read from stdin) is
+    not re-run by them (multiprocessing's spawn would, and fail with FileNotFoundError)."""
+    import __main__
+
+    main_file = getattr(__main__, "__file__", None)
+    hide = main_file is not None and getattr(__main__, "__spec__", None) is None and not os.path.isfile(main_file)
+    if hide:
+        del __main__.__file__
+    try:
+        yield
+    finally:
+        if hide:
+            __main__.__file__ = main_file
 
 
 def spawn(fn, world_size: int, *args, backend: str = "emulated", timeout: float | None = None,
@@ -183,6 +237,7 @@ def spawn(fn, world_size: int, *args, backend: str = "emulated", timeout: float 
         raise TileLinkError(f"spawn: unknown backend {backend!r}: use 'emulated' or 'nvshmem'")
     if timeout is None:
         timeout = float(os.environ.get("TILELINK_SPAWN_TIMEOUT", DEFAULT_SPAWN_TIMEOUT_S))
+    _check_target(fn)
     session = f"{uuid.uuid4().hex[:12]}-{os.getpid()}"
     port = free_port()
     ctx = mp.get_context("spawn")
@@ -190,7 +245,7 @@ def spawn(fn, world_size: int, *args, backend: str = "emulated", timeout: float 
     processes = []
     child_environ = {"TRITON_INTERPRET": "1" if backend == "emulated" else None}
     try:
-        with _environ_lock:
+        with _environ_lock, _startable_main():
             saved = {key: os.environ.get(key) for key in child_environ}
             try:
                 for key, value in child_environ.items():
@@ -214,7 +269,7 @@ def spawn(fn, world_size: int, *args, backend: str = "emulated", timeout: float 
                         os.environ.pop(key, None)
                     else:
                         os.environ[key] = value
-        return _collect(processes, results, timeout)
+        return _collect(processes, results, timeout, getattr(fn, '__qualname__', repr(fn)))
     finally:
         for process in processes:
             if process.is_alive():
@@ -227,17 +282,52 @@ def spawn(fn, world_size: int, *args, backend: str = "emulated", timeout: float 
         remove_session_files(session)
 
 
-def _collect(processes: list, results, timeout: float) -> list:
+def _primary(status: str, payload) -> bool:
+    """A failure of the rank's own (not one that only follows from another rank's)."""
+    return status == "died" or not payload.get("consequence", False)
+
+
+def _describe_death(rank: int, exitcode: int | None, started: bool, fn_name: str) -> str:
+    if exitcode is not None and exitcode < 0:
+        with contextlib.suppress(ValueError):
+            return (f"rank {rank} was killed by signal {signal.Signals(-exitcode).name} before reporting a result "
+                    f"(from outside the program, or by the out-of-memory killer)")
+        return f"rank {rank} was killed by signal {-exitcode} before reporting a result"
+    if not started:
+        return (f"rank {rank} could not start: its process exited with code {exitcode} before running {fn_name}, "
+                f"unable to import the function or unpickle its arguments (its traceback is on stderr above). "
+                f"spawn's ranks are fresh processes: the function must live in an importable .py file, and its "
+                f"arguments must be picklable")
+    return (f"rank {rank} died with exit code {exitcode} before reporting a result (os._exit, or a crash of the "
+            f"interpreter)")
+
+
+def _summary(rank: int, status: str, payload, fn_name: str) -> str:
+    if status == "died":
+        return _describe_death(rank, *payload, fn_name)
+    first = payload["message"].strip().splitlines()[0] if payload["message"].strip() else ""
+    return f"rank {rank}: {payload['qualname']}: {first}"[:300]
+
+
+def _collect(processes: list, results, timeout: float, fn_name: str = "fn") -> list:
     world_size = len(processes)
-    outcome: dict[int, tuple[str, Any]] = {}
-    first_failure: int | None = None
+    outcome: dict[int, tuple[str, Any, float]] = {}  # rank -> (status, payload, when)
+    started: set[int] = set()
     deadline = time.monotonic() + timeout
-    grace_deadline: float | None = None
+    settle: float | None = None  # after a failure: stop collecting then
+
+    def take(message) -> None:
+        rank, status, payload, when = message
+        if status == "started":
+            started.add(rank)
+        else:
+            outcome[rank] = (status, payload, when)
+
     while len(outcome) < world_size:
         now = time.monotonic()
-        if grace_deadline is not None and now > grace_deadline:
+        if settle is not None and now > settle:
             break
-        if now > deadline:
+        if settle is None and now > deadline:
             pending = [r for r in range(world_size) if r not in outcome]
             raise SpawnTimeout(
                 f"spawn: ranks {pending} of {world_size} had not finished after {timeout:g} s and "
@@ -245,34 +335,38 @@ def _collect(processes: list, results, timeout: float) -> list:
                 f"just slow; a rank stuck in a collective or a wait means ranks diverged; each stuck rank "
                 f"printed its Python stack to stderr {STACK_DUMP_MARGIN_S:g} s before)", pending)
         try:
-            rank, status, payload = results.get(timeout=0.1)
+            take(results.get(timeout=0.05))
         except queue_module.Empty:
             for rank, process in enumerate(processes):
-                if rank in outcome or process.is_alive():
+                if rank in outcome or process.exitcode is None:
                     continue
-                try:  # a result may still be in flight from a process that just exited
-                    got = results.get(timeout=1.0)
-                    outcome[got[0]] = (got[1], got[2])
-                    if got[1] == "error" and first_failure is None:
-                        first_failure, grace_deadline = got[0], time.monotonic() + FAILURE_GRACE_S
-                    continue
-                except queue_module.Empty:
-                    pass
-                outcome[rank] = ("died", process.exitcode)
-                if first_failure is None:
-                    first_failure, grace_deadline = rank, time.monotonic() + FAILURE_GRACE_S
-            continue
-        outcome[rank] = (status, payload)
-        if status == "error" and first_failure is None:
-            first_failure, grace_deadline = rank, time.monotonic() + FAILURE_GRACE_S
+                with contextlib.suppress(queue_module.Empty):  # what it sent before it exited may be in flight
+                    while rank not in outcome:
+                        take(results.get(timeout=0.5))
+                if rank not in outcome:
+                    outcome[rank] = ("died", (process.exitcode, rank in started), time.time())
+        failures = {r: o for r, o in outcome.items() if o[0] != "ok"}
+        if failures:
+            own = any(_primary(status, payload) for status, payload, _ in failures.values())
+            wait = SETTLE_S if own else FAILURE_GRACE_S
+            settle = min(settle, time.monotonic() + wait) if settle is not None else time.monotonic() + wait
 
-    if first_failure is not None:
-        status, payload = outcome[first_failure]
-        if status == "died":
-            exc = RankFailedError(
-                f"rank {first_failure} died with exit code {payload} before reporting a result "
-                f"(killed by a signal, out of memory, or os._exit)")
-            exc.rank = first_failure
-            raise exc
-        raise _rebuild_exception(first_failure, payload)
-    return [pickle.loads(outcome[r][1]) for r in range(world_size)]
+    failures = {r: o for r, o in outcome.items() if o[0] != "ok"}
+    if not failures:
+        return [pickle.loads(outcome[r][1]) for r in range(world_size)]
+    own = [(when, r) for r, (status, payload, when) in failures.items() if _primary(status, payload)]
+    first = min(own or [(when, r) for r, (_, _, when) in failures.items()])[1]
+    status, payload, _ = failures[first]
+    others = [_summary(r, s, p, fn_name) for r, (s, p, _) in sorted(failures.items(), key=lambda i: i[1][2])
+              if r != first]
+    note = ""
+    if others:
+        more = f"; and {len(others) - 4} more" if len(others) > 4 else ""
+        note = "\nlater failures: " + "; ".join(others[:4]) + more
+    if status == "died":
+        exc = RankFailedError(_describe_death(first, *payload, fn_name) + note)
+        exc.rank = first
+        exc.rank_failed = first
+        exc.exitcode = payload[0]
+        raise exc
+    raise _rebuild_exception(first, payload, note)

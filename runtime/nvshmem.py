@@ -454,8 +454,10 @@ class NvshmemBackend:
         if seen >= value:
             return None
         self._release_wait(address, value)
-        return WaitTimeout(rank=self.rank, primitive="rank_wait", index=index, expected=value, seen=seen,
-                           budget_s=budget_s)
+        from tilelink.runtime.diagnostics import relabel_timeout  # noqa: PLC0415
+
+        return relabel_timeout(address, WaitTimeout(rank=self.rank, primitive="rank_wait", index=index, expected=value,
+                                                    seen=seen, budget_s=budget_s))
 
     def _read_word(self, address: int) -> int:
         """The int64 at ``address``, read on the private stream (never behind a stuck one)."""

@@ -2,12 +2,22 @@
 
 ``init()`` brings up ``torch.distributed`` (gloo, for host control) and one backend; every other
 runtime module reaches the backend through :func:`current_world`.
+
+A rank that fails tells the others at once and leaves without waiting for them: ``init()`` installs an
+exception hook that announces an uncaught exception to the peers (:mod:`tilelink.runtime.control`) and,
+under ``tlxform run``, leaves the launcher a record of it (``TILELINK_FAILURE_DIR``); ``finalize()`` after
+an exception (at exit, or in an ``except``/``finally``) drops the world without a collective.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
+import json
 import os
+import sys
+import time
+import traceback
 import uuid
 from dataclasses import dataclass, field
 
@@ -16,6 +26,8 @@ import torch.distributed as dist
 
 from tilelink.errors import NotInitializedError, TileLinkError, WorldMismatchError
 from tilelink.runtime.backend import Backend
+from tilelink.runtime.control import Control
+from tilelink.runtime.diagnostics import HandshakeTimeout, PeerFailedError, forget_handshake_words, is_consequence
 
 BACKENDS = ("emulated", "nvshmem")
 
@@ -31,6 +43,7 @@ class World:
     device: torch.device
     impl: Backend = field(repr=False)
     session: str = ""
+    control: Control | None = field(default=None, repr=False)  # bounded exchanges, the peers' states
 
     def barrier(self) -> None:
         """Host-synchronous barrier of all ranks."""
@@ -42,8 +55,13 @@ class World:
 
 
 _world: World | None = None
+_control: Control | None = None  # the world's, also while finalize() tears it down
 _owns_process_group = False
 _atexit_registered = False
+_generation = 0  # worlds this process joined: keys of an earlier one in a store that outlived it are not read
+_uncaught: BaseException | None = None  # what ended the program (the exception hook saw it)
+_reported = False
+_previous_excepthook = None
 
 
 def interpreting() -> bool:
@@ -103,21 +121,27 @@ def _bootstrap_process_group() -> None:
     _owns_process_group = True
 
 
-def _session_id() -> str:
+def _default_store():
+    """The key-value store the default process group rendezvoused on (the TCP store of MASTER_ADDR:MASTER_PORT)."""
+    return dist.distributed_c10d._get_default_store()
+
+
+def _session_id(store) -> str:
     """One id for the whole world, agreed through rank 0 (names the emulated shared-memory files)."""
     session = os.environ.get("TILELINK_SESSION")
     if session:
         return session
-    box = [f"{uuid.uuid4().hex[:12]}-{os.getpid()}" if dist.get_rank() == 0 else None]
-    dist.broadcast_object_list(box, src=0)
-    return str(box[0])
+    key = f"tilelink/session/{_generation}"
+    if dist.get_rank() == 0:
+        store.set(key, f"{uuid.uuid4().hex[:12]}-{os.getpid()}")
+    return store.get(key).decode()
 
 
-def _make_backend(name: str, session: str) -> Backend:
+def _make_backend(name: str, session: str, control: Control) -> Backend:
     if name == "emulated":
         from tilelink.runtime.emulated import EmulatedBackend
 
-        return EmulatedBackend(session=session)
+        return EmulatedBackend(session=session, control=control)
     if name == "nvshmem":
         from tilelink.runtime.nvshmem import NvshmemBackend
 
@@ -125,14 +149,22 @@ def _make_backend(name: str, session: str) -> Backend:
     raise TileLinkError(f"unknown TileLink backend {name!r}: use one of {', '.join(BACKENDS)}")
 
 
+def _no_gpu_message() -> str:
+    return ("no GPU here (torch.cuda.is_available() is False) and Triton's interpreter is off (TRITON_INTERPRET is "
+            "not 1), so no Triton kernel can run in this process. On a CPU, run the script as an emulated world of "
+            "CPU processes: `tlxform run -n N --emulate script.py` (or set TRITON_INTERPRET=1 before anything "
+            "imports triton)")
+
+
 def init(backend: str | None = None) -> World:
     """Join the world described by the ``torchrun`` environment (``RANK``, ``WORLD_SIZE``,
     ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``); a world of one without them.
 
     ``backend`` is ``"emulated"`` or ``"nvshmem"``; by default ``TILELINK_BACKEND``, else emulated
-    under ``TRITON_INTERPRET=1`` or without CUDA, else nvshmem. Idempotent.
+    under ``TRITON_INTERPRET=1`` or without CUDA, else nvshmem. Idempotent. Without a GPU and without
+    ``TRITON_INTERPRET=1``, the default backend refuses (no kernel could run) and says how to emulate.
     """
-    global _world, _atexit_registered
+    global _world, _control, _atexit_registered, _generation
     name = backend or default_backend()
     if name not in BACKENDS:
         raise TileLinkError(f"unknown TileLink backend {name!r}: use one of {', '.join(BACKENDS)}")
@@ -143,50 +175,154 @@ def init(backend: str | None = None) -> World:
                 f"tilelink.finalize() before init(backend={name!r})"
             )
         return _world
+    if backend is None and name == "emulated" and not interpreting() and not torch.cuda.is_available():
+        raise TileLinkError(_no_gpu_message())
     _bootstrap_process_group()
-    session = _session_id()
-    impl = _make_backend(name, session)
+    _generation += 1
+    store = _default_store()
+    session = _session_id(store)
+    control = Control(store, dist.get_rank(), dist.get_world_size(), f"tilelink/{session}/{_generation}",
+                      emulated=name == "emulated")
+    _control = control
+    impl = _make_backend(name, session, control)
     _world = World(rank=impl.rank, world_size=impl.world_size, local_rank=impl.local_rank,
-                   backend=impl.name, device=impl.device, impl=impl, session=session)
+                   backend=impl.name, device=impl.device, impl=impl, session=session, control=control)
+    _install_excepthook()
     if not _atexit_registered:
         atexit.register(finalize)
         _atexit_registered = True
     return _world
 
 
+def control() -> Control:
+    """The current world's :class:`~tilelink.runtime.control.Control` (also while ``finalize()`` runs)."""
+    if _control is None:
+        current_world()  # raises NotInitializedError
+    return _control
+
+
+def _install_excepthook() -> None:
+    global _previous_excepthook
+    if _previous_excepthook is not None:
+        return
+    _previous_excepthook = sys.excepthook
+    sys.excepthook = _excepthook
+
+
+def _excepthook(exc_type, exc, tb) -> None:
+    """An exception ended the program: tell the peers first (their waits for this rank stop), then print it;
+    ``finalize()`` at exit then leaves without a collective."""
+    global _uncaught
+    _uncaught = exc
+    with contextlib.suppress(Exception):
+        report_failure(exc)
+    (_previous_excepthook or sys.__excepthook__)(exc_type, exc, tb)
+
+
+def report_failure(exc: BaseException) -> None:
+    """This rank fails with ``exc``: announce it to the peers (a wait of theirs for this rank stops at once with
+    :class:`~tilelink.runtime.diagnostics.PeerFailedError`) and, under ``tlxform run`` (``TILELINK_FAILURE_DIR``),
+    leave a record for the launcher to name the rank that failed first. Once per process; never raises."""
+    global _reported
+    if _reported:
+        return
+    _reported = True
+    first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    if _control is not None:
+        _control.announce("failed", f"{type(exc).__name__}: {first_line}"[:500])
+    folder = os.environ.get("TILELINK_FAILURE_DIR")
+    if not folder:
+        return
+    rank = _world.rank if _world is not None else _env_int("RANK", 0)
+    cls = type(exc)
+    record = {"rank": rank, "time": time.time(), "pid": os.getpid(), "type": f"{cls.__module__}.{cls.__qualname__}",
+              "name": cls.__name__, "message": str(exc)[:4000], "consequence": is_consequence(exc),
+              "traceback": "".join(traceback.format_exception(cls, exc, exc.__traceback__))[-20000:]}
+    with contextlib.suppress(Exception):
+        path = os.path.join(folder, f"rank{rank}.json")
+        with open(path + ".tmp", "w") as out:
+            json.dump(record, out)
+        os.replace(path + ".tmp", path)
+
+
+def _failing() -> bool:
+    """Whether this process is failing: an uncaught exception ended it, or one is being handled (``finalize()``
+    called from an ``except`` or a ``finally`` clause). A ``sys.exit(0)`` is not a failure."""
+    if _uncaught is not None:
+        return True
+    exc = sys.exc_info()[1]
+    if exc is None:
+        return False
+    if isinstance(exc, SystemExit):
+        return exc.code not in (None, 0)
+    return True
+
+
 def finalize() -> None:
     """Free every symmetric buffer, tear the backend down and leave the control group. Idempotent;
-    also runs at exit."""
-    global _world, _owns_process_group
+    also runs at exit.
+
+    After an exception (at exit, or called from an ``except``/``finally`` clause) it only drops the world
+    (:func:`abandon`): the peers may be stuck or gone, and a collective would wait for them. Otherwise it tells
+    the peers this rank finished (one still waiting for it at an operator's call stops with a message naming
+    this rank) and tears down together with them; if a peer failed meanwhile, or does not come within the
+    budget of a call's wait, it leaves without the collective teardown and says so on stderr."""
+    global _world, _control, _owns_process_group
     if _world is None:
         return
+    if _failing():
+        abandon()
+        return
     world, _world = _world, None
+    control = world.control
+    if control is not None:
+        control.finalizing = True
+        control.announce("finished", "called tilelink.finalize")
+    destroy = True
     try:
         from tilelink.runtime import heap
 
         heap.release_all(world)
         world.impl.finalize()
+    except (PeerFailedError, HandshakeTimeout, WorldMismatchError) as exc:
+        # a peer failed or went elsewhere: nothing left to tear down together, and nothing this rank did wrong
+        sys.stderr.write(f"tilelink.finalize: rank {world.rank} left without the collective teardown: {exc}\n")
+        destroy = False
+        _drop(world)
     finally:
-        if _owns_process_group and dist.is_initialized():
+        _control = None
+        forget_handshake_words()
+        if destroy and _owns_process_group and dist.is_initialized():
             dist.destroy_process_group()
         _owns_process_group = False
 
 
-def abandon() -> None:
-    """Forget the world without collective teardown (a rank that failed: its peers may be stuck or
-    gone). Memory goes with the process; the emulated backend removes its leftover files."""
-    global _world, _owns_process_group
-    if _world is None:
-        return
-    world, _world = _world, None
+def _drop(world: World) -> None:
     from tilelink.runtime import heap
 
     heap.forget_all()
+    abandon_backend = getattr(world.impl, "abandon", None)
+    if abandon_backend is not None:
+        abandon_backend()
+
+
+def abandon() -> None:
+    """Forget the world without collective teardown (a rank that failed: its peers may be stuck or
+    gone). Memory goes with the process; the emulated backend removes its leftover files. The peers are
+    told this rank failed."""
+    global _world, _control, _owns_process_group
+    if _world is None:
+        return
+    world, _world = _world, None
+    if world.control is not None:
+        exc = _uncaught or sys.exc_info()[1]
+        world.control.announce("failed", f"{type(exc).__name__}: {str(exc).strip()[:300]}" if exc is not None
+                               else "left the world without tilelink.finalize (tilelink.runtime.world.abandon)")
     try:
-        abandon_backend = getattr(world.impl, "abandon", None)
-        if abandon_backend is not None:
-            abandon_backend()
+        _drop(world)
     finally:
+        _control = None
+        forget_handshake_words()
         _owns_process_group = False  # destroying it would wait for the peers
 
 
