@@ -52,8 +52,27 @@ def bench() -> None:
 def mlp(world: int, shapes: str, out: Path, dtype: str, mode: str, variants: tuple[str, ...], rounds: int,
         scale: int) -> None:
     """Tensor-parallel MLP (paper Table 4, Figure 8): AG+GEMM and GEMM+RS per shape."""
-    _benchmarks_module("mlp").run(world=world, shapes=shapes, out=out, dtype=dtype, mode=mode,
-                                  variants=variants, rounds=rounds, scale=scale)
+    record = _benchmarks_module("mlp").run(world=world, shapes=shapes, out=out, dtype=dtype, mode=mode,
+                                           variants=variants, rounds=rounds, scale=scale)
+    _fail_if_nothing_ran(record)
+
+
+def _fail_if_nothing_ran(record) -> None:
+    """Exit non-zero, saying why, when no TileLink measurement of the benchmark succeeded (every shape's
+    every method failed): a record of errors alone is not a result."""
+    if not isinstance(record, dict) or not record.get("results"):
+        return
+    ours = ("TileLink",) if record.get("mode") == "dist" else tuple(record.get("variants") or ())
+    if any(name in row.get("median_ms", {}) for row in record["results"] for name in ours):
+        return
+    errors = [e for row in record["results"] for e in row.get("errors", {}).values()]
+    why = f"; the first error: {errors[0]}" if errors else ""
+    import torch
+
+    hint = ("; there is no GPU here (torch.cuda.is_available() is False) and the benchmarks measure GPU kernels"
+            if not torch.cuda.is_available() else "")
+    raise click.ClickException(f"nothing ran: every TileLink measurement of {len(record['results'])} shape/part(s) "
+                               f"failed{why}{hint}")
 
 
 # further benchmarks live in their own modules of this package (cli/bench_<name>.py), each defining a
