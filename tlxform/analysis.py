@@ -710,6 +710,59 @@ def _judge_step(an: _Analyzer, acc: Access, tile: Tile, name: str, step: cst.Bas
                            f"by another one)", hint)
 
 
+def _expression(text: str, what: str, an: _Analyzer, at: Where) -> cst.BaseExpression:
+    try:
+        return cst.parse_expression(text)
+    except (cst.ParserSyntaxError, SyntaxError) as exc:
+        message = getattr(exc, "message", str(exc)).splitlines()[0]
+        hint = "write a source expression of the kernel's parameters and variables, e.g. \"pid_m * BLOCK_M\""
+        raise AnnotationError(f"{what} `{text}` is not a Python expression ({message})", file=at.file,
+                              line=at.line, column=at.column, hint=hint) from None
+
+
+def _check_size(an: _Analyzer, tensor: str, size: str | None, at: Where) -> None:
+    """``size=`` is evaluated where the launcher reads the kernel's arguments: only parameters may appear in it."""
+    if size is None:
+        return
+    unknown = sorted(names_in(_expression(size, "size=", an, at)) - set(an.params))
+    if unknown:
+        raise AnnotationError(
+            f"size={size!r} for {tensor!r} names {', '.join(unknown)}, which "
+            f"{'is not a parameter' if len(unknown) == 1 else 'are not parameters'} of {an.fn.name.value!r}: the "
+            f"full size is read from the launch's arguments", file=at.file, line=at.line, column=at.column,
+            hint=f"write the size from parameters ({', '.join(p for p in an.params if p not in an.constexpr)}), "
+                 f"e.g. size=\"M\"")
+
+
+def _check_tile_names(an: _Analyzer, tensor: str, override: tuple[str, str], at: Where) -> None:
+    """``tile=(start, size)`` must be expressions of names the kernel has."""
+    known = set(an.params) | set(an.bindings) | {"tl", "triton"}
+    for text, what in zip(override, ("start", "size"), strict=True):
+        unknown = sorted(names_in(_expression(text, f"tile= {what}", an, at)) - known)
+        if unknown:
+            raise AnnotationError(
+                f"tile= {what} `{text}` for {tensor!r} names {', '.join(unknown)}, which the kernel neither takes "
+                f"nor assigns", file=at.file, line=at.line, column=at.column,
+                hint="name the kernel's own variables, e.g. tile=(\"pid_m * BLOCK_M\", \"BLOCK_M\")")
+
+
+def _check_tile_agrees(an: _Analyzer, acc: Access, dim: int, pointers: set[str], override: tuple[str, str],
+                       size_param: str | None) -> str | None:
+    """Where the rows of the access can be read from its offsets, ``tile=`` must name the same rows: a tile that
+    moves with another dimension (``pid_n * BLOCK_N`` on a row gather) would wait for the wrong channels."""
+    inferred = an.tile(acc, dim, pointers, None, size_param)
+    if inferred is None or inferred.dynamic:
+        return None
+    given = tuple(code(cst.parse_expression(x)) for x in override)
+    found = (code(cst.parse_expression(inferred.start)), code(cst.parse_expression(inferred.size)))
+    if given != found:
+        raise _refuse(acc, f"tile=({given[0]!r}, {given[1]!r}) does not name the rows this {acc.kind} of "
+                           f"{acc.tensor!r} touches along dim {dim}: its offsets give rows [{found[0]}, {found[0]} + "
+                           f"{found[1]})", f"drop tile= (these rows are found without it), or make it "
+                                           f"tile=({found[0]!r}, {found[1]!r})")
+    return inferred.size_param
+
+
 def _check_host_descriptor(an: _Analyzer, tensor: str, descriptors: set[str]) -> None:
     """``a_desc.load(...)`` on a parameter no ``tl.make_tensor_descriptor`` builds: a descriptor made on the host
     (``TensorDescriptor``), whose block shape and base the kernel's source does not show."""
@@ -916,10 +969,17 @@ def analyse(module: cst.Module, file: str, kernel: str,
         pointers, descriptors = an.aliases(tensor)
         _check_host_descriptor(an, tensor, descriptors)
         _check_other_uses(an, tensor, pointers, descriptors)
+        _check_size(an, tensor, size_param, where)
+        if override is not None:
+            _check_tile_names(an, tensor, override, where)
         aliases[tensor] = tuple(sorted(pointers))
         descs[tensor] = tuple(sorted(descriptors))
         for acc in an.accesses(tensor, pointers, descriptors):
             tile = an.tile(acc, dim, pointers, override, size_param, index)
+            if override is not None and index is None and tile is not None:
+                found = _check_tile_agrees(an, acc, dim, pointers, override, size_param)
+                if tile.size_param is None and found is not None:  # the rows' bound, read from their mask
+                    tile = Tile(tile.start, tile.size, tile.offsets, found, tile.pid, tile.defined_at, tile.ndim)
             accesses.append(_anchor(an, acc, tile, pointers))
     analysis = KernelAnalysis(kernel, file, an.params, an.constexpr, aliases, descs,
                               tuple(sorted(accesses, key=lambda a: (a.where.line, a.where.column))),

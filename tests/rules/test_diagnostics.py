@@ -213,3 +213,31 @@ def test_store_in_a_column_loop_with_an_entangled_mask_says_what_to_write() -> N
                                      "mask=(offs_m[:, None] < M) & (offs_n[None, :] < N) & (offs_m[:, None] >= 0))"))
     assert err.line == 12, err
     assert "cannot count the elements the store to 'c_ptr' writes in each iteration of the loop at line 10" in str(err)
+
+
+AG_TILE = """\
+@tilelink.overlap(tilelink.all_gather("a_ptr"{spec}))
+@triton.jit
+""" + GEMM_BODY
+
+
+@pytest.mark.parametrize(("spec", "says", "hint"), [
+    (', tile=("pid_m * BLOCK_N", "BLOCK_N")', "does not name the rows this load of 'a_ptr' touches along dim 0: "
+     "its offsets give rows [pid_m * BLOCK_M, pid_m * BLOCK_M + BLOCK_M)", "drop tile="),
+    (', tile=("row0", "BLOCK_M")', "tile= start `row0` for 'a_ptr' names row0, which the kernel neither takes "
+     "nor assigns", "name the kernel's own variables"),
+    (', tile=("pid_m *", "BLOCK_M")', "tile= start `pid_m *` is not a Python expression", "source expression"),
+    (', size="rows"', "size='rows' for 'a_ptr' names rows, which is not a parameter of 'kernel'",
+     "write the size from parameters (a_ptr, b_ptr, c_ptr, M, N, K)"),
+])
+def test_tile_and_size_are_checked_at_build_time(spec: str, says: str, hint: str) -> None:
+    err = _error(AG_TILE.format(spec=spec))
+    assert says in str(err) and hint in err.hint, err
+    assert err.file == "user_kernels.py" and err.line in (5, 9), err
+
+
+def test_a_correct_tile_needs_no_size() -> None:
+    text = HEAD + AG_TILE.format(spec=', tile=("pid_m * BLOCK_M", "BLOCK_M")')
+    generated = generate(text, "user_kernels.py", requests_in(text, "user_kernels.py"))
+    assert "tll.consumer_tile_wait(" in generated.rewritten["kernel"]
+    assert generated.plans[0].launch["size_param"] == "M"
