@@ -101,6 +101,25 @@ def test_a_rank_raising_ends_the_run_and_is_named_first(tmp_path, budget, ctx):
 
 
 @pytest.mark.slow
+def test_under_torchrun_a_raising_rank_ends_the_world_in_seconds(tmp_path):
+    """torchrun stops the world when a rank exits non-zero: the raising rank exits at once (no collective at exit)
+    and the rank waiting for it inside ag_gemm stops too, saying why."""
+    from tilelink.runtime.launch import free_port
+
+    script = _script(tmp_path, FAILING_RANK)
+    start = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
+                           str(free_port()), script, "raise"], capture_output=True, text=True, cwd=ROOT, timeout=200,
+                          env=_env(TRITON_INTERPRET="1", TILELINK_BACKEND="emulated"))
+    elapsed = time.monotonic() - start
+    text = done.stdout + done.stderr
+    assert done.returncode != 0, text[-3000:]
+    assert "ValueError: boom on rank 1" in text
+    assert "PeerFailedError: rank 0: rank 1 failed (ValueError: boom on rank 1)" in text, text[-3000:]
+    assert elapsed < 90, elapsed
+
+
+@pytest.mark.slow
 def test_a_rank_killed_by_a_signal_is_named_with_it(tmp_path):
     """Rank 1 SIGKILLed during an op without a TPContext: the kill is the failure named, not rank 0's lost peer."""
     script = _script(tmp_path, FAILING_RANK)

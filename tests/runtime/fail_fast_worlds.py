@@ -83,6 +83,19 @@ def late_first_call(delay_s: float, ctx: bool) -> float:
     return elapsed
 
 
+def late_second_call(delay_s: float) -> float:
+    """Rank 1 reaches the second call (with a TPContext: the call's handshake) ``delay_s`` late."""
+    from tilelink.ops import ag_gemm
+
+    _, shard, b = _operands()
+    ag_gemm(shard, b, _context(True))
+    if tilelink.rank() == 1:
+        time.sleep(delay_s)
+    start = time.monotonic()
+    ag_gemm(shard, b, _context(True))
+    return time.monotonic() - start
+
+
 def finalize_in_except(hold_s: float) -> float:
     """Rank 1 calls ``tilelink.finalize()`` while handling an exception, with a symmetric buffer live (its
     release is collective) and rank 0 busy for ``hold_s``: returns how long each rank's finalize took."""

@@ -123,6 +123,19 @@ def test_the_first_call_waits_at_most_30_budgets_for_a_late_peer(monkeypatch, ct
 
 
 @pytest.mark.slow
+def test_a_handshake_timeout_names_the_late_rank_and_its_last_call(monkeypatch):
+    """With a TPContext rank 1 is 60 s late for the second call: rank 0's handshake gives up after 30 budgets,
+    saying rank 1 has not reached call 2 and last reached call 1 (it said "channel/tile 1", "waited 30 s")."""
+    monkeypatch.setenv("TILELINK_WAIT_TIMEOUT", "1")
+    _, exc, elapsed = _spawn(worlds.late_second_call, 60.0)
+    assert isinstance(exc, HandshakeTimeout), exc
+    assert str(exc).startswith("rank 0 failed with HandshakeTimeout: rank 0: rank 1 has not reached call 2 of "
+                               "ag_gemm_kernel after 30 s (30 x TILELINK_WAIT_TIMEOUT=1); it last reached call 1."), exc
+    assert "channel/tile" not in str(exc).split("--- traceback")[0]
+    assert elapsed < 58, elapsed
+
+
+@pytest.mark.slow
 def test_a_peer_late_within_the_bound_is_waited_for(monkeypatch):
     """The exchange of the first call is not bounded by one budget: a peer 3 s late with a 1 s budget is waited
     for, and the product is right."""
