@@ -56,7 +56,14 @@ __all__ = [
 ]
 
 
+#: sub-packages reachable as attributes after a bare ``import tilelink`` (``tilelink.ops.ag_gemm``,
+#: ``tilelink.nn.TPMLP``), imported on first use: ``tilelink.ops`` and ``tilelink.nn`` load torch
+_SUBMODULES = ("ops", "nn", "runtime", "language")
+
+
 def __getattr__(name: str):
+    if name in _SUBMODULES:
+        return importlib.import_module(f"tilelink.{name}")  # the import sets the attribute itself
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'tilelink' has no attribute {name!r}")
