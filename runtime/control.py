@@ -183,7 +183,14 @@ class Control:
             if not pending:
                 return
             if now >= next_watch:
-                self.watch(list(pending), where)
+                try:
+                    self.watch(list(pending), where)
+                except PeerFailedError:
+                    # a peer that posted, then finished or failed, between the check above and this watch
+                    with contextlib.suppress(Exception):
+                        if self.store.check(list(pending.values())):
+                            return
+                    raise
                 next_watch = now + WATCH_EVERY_S
             if now > deadline:
                 peer = min(pending)
@@ -207,7 +214,12 @@ class Control:
                 return
             now = time.monotonic()
             if now >= next_watch:
-                self.watch([peer], f"call {value} of {what}")
+                try:
+                    self.watch([peer], f"call {value} of {what}")
+                except PeerFailedError:
+                    if word.value >= value:  # it reached the call, then finished or failed, since the last look
+                        return
+                    raise
                 next_watch = now + WATCH_EVERY_S
             if now > deadline:
                 raise HandshakeTimeout(rank=self.rank, peer=peer, call=value, seen=seen, budget_s=budget_s, what=what)

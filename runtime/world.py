@@ -131,7 +131,8 @@ def _session_id(store) -> str:
     session = os.environ.get("TILELINK_SESSION")
     if session:
         return session
-    key = f"tilelink/session/{_generation}"
+    # under torchrun the agent's store outlives a restarted worker group: a restart's ranks must not read the last one's
+    key = f"tilelink/session/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/{_generation}"
     if dist.get_rank() == 0:
         store.set(key, f"{uuid.uuid4().hex[:12]}-{os.getpid()}")
     return store.get(key).decode()
