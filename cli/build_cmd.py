@@ -72,8 +72,9 @@ def show(target: str) -> None:
         known = ", ".join(sorted(gen.originals)) or "none"
         click.secho(f"error: {path} has no annotated kernel {kernel!r} (annotated: {known})", fg="red", err=True)
         sys.exit(1)
-    before = gen.originals[kernel].splitlines(keepends=True)
-    after = gen.rewritten[kernel].splitlines(keepends=True)
+    # every line ends with its newline: difflib would join a last line without one to the next line it prints
+    before = [line.rstrip("\n") + "\n" for line in gen.originals[kernel].splitlines()]
+    after = [line.rstrip("\n") + "\n" for line in gen.rewritten[kernel].splitlines()]
     sys.stdout.writelines(difflib.unified_diff(before, after, f"{path}::{kernel}", f"{path}::{kernel} (tilelink)"))
 
 

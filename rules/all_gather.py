@@ -34,7 +34,13 @@ from tilelink.analysis import KernelAnalysis
 from tilelink.errors import AnnotationError, LaunchError
 from tilelink.mapping import RowSharding
 from tilelink.plan import Insertion, ReportEntry, RewritePlan
-from tilelink.rules.emit import CHANNEL_PARAMS, channels_of_row_vector, channels_of_tile, remap_order
+from tilelink.rules.emit import (
+    CHANNEL_PARAMS,
+    channels_of_row_vector,
+    channels_of_tile,
+    describe_rows,
+    remap_order,
+)
 from tilelink.rules.launch import Launcher, Streams, vector_peer_table
 from tilelink.runtime import (
     Channel,
@@ -66,10 +72,13 @@ def rewrite(an: KernelAnalysis, spec: AllGatherSpec, options: Options) -> Rewrit
     untiled = [a for a in loads if a.tile is None]
     if untiled:
         a = untiled[0]
+        indexed = None if spec.index else an.index_behind(a)
         raise AnnotationError(
             f"cannot tell which rows along dim {spec.dim} of {a.tensor!r} this load reads "
             f"(pointer `{a.pointer}`)", file=a.where.file, line=a.where.line, column=a.where.column,
-            hint="compute the offsets as `offs = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)` and index "
+            hint=f"the rows come from `{indexed[0]}`, loaded from {indexed[1]!r}: pass index=\"{indexed[1]}\" and "
+                 f"size=\"<the full row count>\" to all_gather(...)" if indexed else
+                 "compute the offsets as `offs = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)` and index "
                  "with offs[:, None], or pass tile=(\"<start>\", \"<size>\") to all_gather(...)")
     first = loads[0]
     tile = first.tile
@@ -121,7 +130,7 @@ def rewrite(an: KernelAnalysis, spec: AllGatherSpec, options: Options) -> Rewrit
                                       "the tensor-descriptor load's offset is an expression: no token carried; "
                                       "assign the tile start to a variable so that it can carry one", a.where))
         insertions.append(Insertion(a.anchor, "before", tuple(lines)))
-        rows = f"rows {t.start} (dynamic)" if t.dynamic else f"tile rows {t.start} .. +{t.size}"
+        rows = describe_rows(t)
         report.append(ReportEntry(
             an.name, RULE, "applied",
             f"consumer_tile_wait before line {a.anchor.line} (guards the reads of "

@@ -55,6 +55,13 @@ def tile_rows(tile: Tile) -> str:
     return f"{_operand(tile.start, False)} + tl.arange(0, {tile.size})"
 
 
+def describe_rows(tile: Tile) -> str:
+    """The rows a tile touches, as a report says them."""
+    if tile.dynamic:
+        return f"rows {tile.start}, from the index"
+    return f"tile rows {tile.start} .. +{tile.size}"
+
+
 def channels_of_tile(tile: Tile) -> str:
     """``tlk_first, tlk_count = ...`` for the channels holding the tile's rows."""
     return (f"tlk_first, tlk_count = tlm.tl_channels_of_rows(\n"

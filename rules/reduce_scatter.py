@@ -52,6 +52,7 @@ from tilelink.rules.emit import (
     MAPPING_ARGS,
     channels_of_row_vector,
     channels_of_tile,
+    describe_rows,
     plus,
     remap_order,
     tile_end,
@@ -481,8 +482,8 @@ def rewrite(an: KernelAnalysis, spec: ReduceScatterSpec, options: Options) -> Re
             what = ("producer_tile_notify_rows_grouped (it waits for the bulk store)" if grouped
                     else "bulk_store_wait + producer_tile_notify")
             report.append(ReportEntry(an.name, RULE, "applied",
-                                      f"{what} after the descriptor store at line {a.where.line} (tile rows {t.start} "
-                                      f".. +{t.size})", a.where))
+                                      f"{what} after the descriptor store at line {a.where.line} ({describe_rows(t)})",
+                                      a.where))
             continue
         if t.dynamic:
             lines = (_dynamic_comment(spec), _dynamic_count(an, a, "tlk_stored ="),
@@ -514,7 +515,7 @@ def rewrite(an: KernelAnalysis, spec: ReduceScatterSpec, options: Options) -> Re
         what = "producer_tile_notify_rows_grouped" if grouped else "producer_tile_notify"
         report.append(ReportEntry(an.name, RULE, "applied",
                                   f"{what} after the store at line {a.where.line} "
-                                  f"(tile rows {t.start} .. +{t.size})", a.where))
+                                  f"({describe_rows(t)})", a.where))
     first = stores[0]
     tile = first.tile
     assert tile is not None

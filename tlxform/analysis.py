@@ -98,6 +98,27 @@ class KernelAnalysis:
     def accesses_of(self, tensor: str, kind: str) -> list[Access]:
         return [a for a in self.accesses if a.tensor == tensor and a.kind == kind]
 
+    def index_behind(self, access: Access) -> tuple[str, str] | None:
+        """``(name, parameter)`` when the address of ``access`` depends on a name whose value is loaded from a
+        parameter (``offs_token = tl.load(sorted_token_ids_ptr + ...)``): its rows come from a run-time index."""
+        todo, seen = [access.pointer], set()
+        while todo:
+            for name in names_in(cst.parse_expression(todo.pop())):
+                if name in seen:
+                    continue
+                seen.add(name)
+                for value in self.values.get(name, ()):
+                    parsed = cst.parse_expression(value)
+                    if _is_tl_call(parsed, "load"):
+                        pointer = _arg(parsed, 0, "pointer")  # type: ignore[arg-type]
+                        source = sorted(names_in(pointer) & (set(self.params) - set(self.constexpr_params)),
+                                        key=lambda n: (not n.endswith("_ptr"), n)) if pointer is not None else []
+                        if source:
+                            return name, source[0]
+                    else:
+                        todo.append(value)
+        return None
+
     def descriptor_box(self, access: Access) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]] | None:
         """For a descriptor access ``desc.store([o0, o1], v)`` whose descriptor is made once by
         ``tl.make_tensor_descriptor(ptr, shape=[s0, s1], strides=..., block_shape=[b0, b1])``: the sources

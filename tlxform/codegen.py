@@ -126,7 +126,17 @@ class _Rewriter(cst.CSTTransformer):
         for i in range(4, len(new) - 1, 5):  # five channel parameters a line
             new[i] = break_after(new[i])
         if first_default > 0:  # the channel parameters start on a line of their own
-            params[first_default - 1] = break_after(params[first_default - 1], "# added by TileLink:")
+            last = params[first_default - 1]
+            kept = last.comma.whitespace_after if isinstance(last.comma, cst.Comma) else None
+            if isinstance(kept, cst.ParenthesizedWhitespace) and kept.first_line.comment is not None:
+                # the user's comment stays on its line; ours goes on a line of its own under it
+                ours = cst.EmptyLine(indent=False, whitespace=cst.SimpleWhitespace(indent),
+                                     comment=cst.Comment("# added by TileLink:"))
+                params[first_default - 1] = last.with_changes(comma=last.comma.with_changes(
+                    whitespace_after=kept.with_changes(empty_lines=[*kept.empty_lines, ours], indent=False,
+                                                       last_line=cst.SimpleWhitespace(indent))))
+            else:
+                params[first_default - 1] = break_after(last, "# added by TileLink:")
         if first_default < len(params):  # the kernel's own defaulted parameters go on a line of their own
             new[-1] = break_after(new[-1])
         params = params[:first_default] + new + params[first_default:]

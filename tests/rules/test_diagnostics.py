@@ -61,7 +61,8 @@ def test_tile_that_cannot_be_inferred_points_at_the_load() -> None:
             tl.store(c_ptr + tl.arange(0, BLOCK), a)
         ''')
     assert err.line == 10 and err.column == 9
-    assert "tile=(" in err.hint and "cannot tell which rows" in str(err)
+    # the rows are loaded from idx_ptr: the fix is a dynamic mapping, not a tile
+    assert "pass index=\"idx_ptr\"" in err.hint and "cannot tell which rows" in str(err), err
 
 
 def test_missing_size_parameter_asks_for_size() -> None:
@@ -241,3 +242,34 @@ def test_a_correct_tile_needs_no_size() -> None:
     generated = generate(text, "user_kernels.py", requests_in(text, "user_kernels.py"))
     assert "tll.consumer_tile_wait(" in generated.rewritten["kernel"]
     assert generated.plans[0].launch["size_param"] == "M"
+
+
+def test_rows_from_a_loaded_index_suggest_index() -> None:
+    err = _error('''
+        @tilelink.overlap(tilelink.all_gather("a_ptr"))
+        @triton.jit
+        def kernel(a_ptr, ids_ptr, c_ptr, M, N, BLOCK: tl.constexpr):
+            offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+            rows = tl.load(ids_ptr + offs, mask=offs < N, other=0)
+            a = tl.load(a_ptr + rows[:, None] * N + tl.arange(0, BLOCK)[None, :])
+            tl.store(c_ptr + offs[:, None] * N + tl.arange(0, BLOCK)[None, :], a)
+        ''')
+    assert "the rows come from `rows`, loaded from 'ids_ptr': pass index=\"ids_ptr\"" in err.hint, err
+
+
+def test_a_user_comment_after_the_last_parameter_is_kept() -> None:
+    text = HEAD + textwrap.dedent('''
+        @tilelink.overlap(tilelink.all_gather("a_ptr"))
+        @triton.jit
+        def kernel(a_ptr, c_ptr,  # pointers
+                   M, N,  # sizes
+                   BLOCK_M: tl.constexpr = 16):
+            offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+            tl.store(c_ptr + offs_m, tl.load(a_ptr + offs_m, mask=offs_m < M), mask=offs_m < M)
+        ''')
+    rewritten = generate(text, "user_kernels.py", requests_in(text, "user_kernels.py")).rewritten["kernel"]
+    lines = rewritten.splitlines()
+    at = next(i for i, line in enumerate(lines) if "# sizes" in line)
+    assert lines[at].strip() == "M, N,  # sizes", rewritten
+    assert lines[at + 1] == " " * 11 + "# added by TileLink:", rewritten
+    assert lines[at + 2].startswith(" " * 11 + "tlk_barriers, tlk_epoch"), rewritten
