@@ -18,7 +18,7 @@ Modes:
   computation alone (``comp_only``: our flash kernel on the gathered K/V), for the paper's overlap ratio
   ``(comp_only + comm_only - overlapped) / comm_only`` of TileLink; JSON and a PNG chart.
 
-Run: ``python -m benchmarks.attention --mode compute --world 8 --rounds 3 --out results/``.
+Run: ``python -m tilelink.benchmarks.attention --mode compute --world 8 --rounds 3 --out results/``.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.common import environment, select_named, side_by_side, write_json
+from tilelink.benchmarks.common import environment, select_named, side_by_side, write_json
 
 
 @dataclasses.dataclass(frozen=True)
@@ -266,7 +266,7 @@ def _measure_dist(shape: AttnShape, S: int, world, dtype: torch.dtype, rounds: i
 
 def chart(record: dict, path: Path) -> Path | None:
     """Speedup over torch (all-gather + SDPA) per shape, TileLink and RingAttention, like Figure 10."""
-    from benchmarks.common import bar_chart
+    from tilelink.benchmarks.common import bar_chart
 
     rows = record["rows"]
     groups = [f"{r['shape']} {r['S'] // 1024}k" for r in rows]
@@ -299,7 +299,7 @@ def run(world: int, shapes: str, seqs: str, out: Path, dtype: str, mode: str, ro
     if mode == "auto":
         mode = "dist" if torch.cuda.device_count() >= world > 1 else "compute"
     if not torch.cuda.is_available():
-        raise SystemExit("benchmarks.attention needs a CUDA GPU")
+        raise SystemExit("tilelink.benchmarks.attention needs a CUDA GPU")
     path = Path(out) / f"attention_{mode}_w{world}_{dtype}.json"
     if mode == "compute":
         env = {"benchmark": "attention", **environment()}

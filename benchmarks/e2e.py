@@ -16,7 +16,7 @@ against cuBLAS/SDPA; it says what the compute part costs, nothing about overlap 
 per rank. With more ranks than GPUs the baseline falls back to gloo through host memory, so such runs
 are refused for timing.
 
-``python -m benchmarks.e2e --help`` or ``tlxform bench e2e``; writes ``e2e_w<R>_<dtype>.json`` and a
+``python -m tilelink.benchmarks.e2e --help`` or ``tlxform bench e2e``; writes ``e2e_w<R>_<dtype>.json`` and a
 PNG chart into ``--out``, and with ``--record`` appends a markdown table to ``docs/PERFORMANCE.md``.
 """
 
@@ -31,7 +31,7 @@ from pathlib import Path
 
 import click
 
-from benchmarks.common import bar_chart, environment, write_json
+from tilelink.benchmarks.common import bar_chart, environment, write_json
 
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 PERFORMANCE_MD = Path(__file__).resolve().parent.parent / "docs" / "PERFORMANCE.md"
@@ -210,8 +210,8 @@ def run(models: tuple[str, ...], world: int, batch: int, seq: int, layers: int |
                        f" speedup {row['speedup']:.3f}, rel err {row['rel_err']:.2e}", err=True)
         results.append(row)
     rec = {"benchmark": "e2e", "world": world, "batch": batch, "seq": seq, "dtype": dtype, "iters": iters,
-           "rounds": rounds, "warmup": warmup, "command": command or shlex.join(["python", "-m", "benchmarks.e2e",
-                                                                                 *sys.argv[1:]]),
+           "rounds": rounds, "warmup": warmup,
+           "command": command or shlex.join(["python", "-m", "tilelink.benchmarks.e2e", *sys.argv[1:]]),
            **environment(), "results": results}
     stem = f"e2e_w{world}_{dtype}"
     click.echo(f"wrote {write_json(out / f'{stem}.json', rec)}", err=True)

@@ -3,7 +3,7 @@
 Two modes:
 
 - ``compute``: one GPU, one rank. The GEMM each rank computes at world size W (see
-  :mod:`benchmarks.common` for the per-rank shapes), with communication already satisfied: the
+  :mod:`tilelink.benchmarks.common` for the per-rank shapes), with communication already satisfied: the
   TileLink plain GEMM (:func:`tilelink.ops.gemm.matmul`) against ``torch.matmul`` (cuBLAS), side by
   side in one process; ratio = torch time / TileLink time.
 - ``dist``: W processes on W GPUs (spawned here, NCCL). Baselines cuBLAS+NCCL
@@ -12,7 +12,7 @@ Two modes:
   TileLink's ``tilelink.ops.ag_gemm`` / ``gemm_rs``. Speedup over cuBLAS+NCCL and
   overlap ratio ``(comp + comm - overlapped) / comm`` per shape; times are the slowest rank's median.
 
-Run as ``tlxform bench mlp`` or ``python -m benchmarks.mlp``; writes ``mlp_<mode>_w<W>_<dtype>.json``
+Run as ``tlxform bench mlp`` or ``python -m tilelink.benchmarks.mlp``; writes ``mlp_<mode>_w<W>_<dtype>.json``
 and a PNG bar chart next to it.
 """
 
@@ -28,7 +28,7 @@ from pathlib import Path
 
 import click
 
-from benchmarks.common import (
+from tilelink.benchmarks.common import (
     PARTS,
     GemmShape,
     MLPShape,
@@ -355,10 +355,10 @@ def run(world: int, shapes: str, out: Path, dtype: str, mode: str = "auto",
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m benchmarks.mlp``: the same options as ``tlxform bench mlp``."""
+    """``python -m tilelink.benchmarks.mlp``: the same options as ``tlxform bench mlp``."""
     from tilelink.cli.bench_cmd import mlp
 
-    mlp.main(args=argv if argv is not None else sys.argv[1:], prog_name="python -m benchmarks.mlp")
+    mlp.main(args=argv if argv is not None else sys.argv[1:], prog_name="python -m tilelink.benchmarks.mlp")
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ separate what the padding of uneven experts costs from what a random gather cost
 (:func:`tilelink.ops.gemm.matmul`) on the same dense problem as cuBLAS, the rate a Triton kernel reaches
 without a gather, padding or scatter.
 
-Run: ``python -m benchmarks.moe --mode compute --world 8 --shapes 4,5,6 --rounds 2 --out results/``.
+Run: ``python -m tilelink.benchmarks.moe --mode compute --world 8 --shapes 4,5,6 --rounds 2 --out results/``.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.common import environment, select_named, side_by_side, spawn_backend, write_json
+from tilelink.benchmarks.common import environment, select_named, side_by_side, spawn_backend, write_json
 
 
 @dataclasses.dataclass(frozen=True)
@@ -432,7 +432,7 @@ def run(world: int, shapes: str, out: Path, dtype: str, mode: str, rounds: int, 
         mode = "dist" if torch.cuda.device_count() >= world > 1 else "compute"
     if mode == "compute":
         if not torch.cuda.is_available():
-            raise SystemExit("benchmarks.moe --mode compute needs a CUDA GPU")
+            raise SystemExit("tilelink.benchmarks.moe --mode compute needs a CUDA GPU")
         record = run_compute(chosen, world, DTYPES[dtype], rounds, configs, rewritten, expert_routing_kind)
     else:
         if expert_routing_kind != "random":

@@ -16,7 +16,7 @@ descriptor's box, so there is no per-element count to compare with any more.
 
 Run on a GPU::
 
-    python -m benchmarks.overlap_cost --world 8 --rounds 3 --out results/
+    python -m tilelink.benchmarks.overlap_cost --world 8 --rounds 3 --out results/
 
 ``--configs`` also times the rewritten kernel (on the operator's programs) with each candidate of
 ``tilelink.ops.gemm.HOPPER_CONFIGS`` that fits, to choose the operators' per-shape configs.
@@ -34,7 +34,7 @@ import time
 
 import torch
 
-from benchmarks.common import select_shapes
+from tilelink.benchmarks.common import select_shapes
 from tilelink.ops.contract import interpreting
 
 

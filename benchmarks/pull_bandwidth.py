@@ -1,12 +1,12 @@
 """Bandwidth of the SM pull partners across ranks, by launch setting.
 
-    python3 -m benchmarks.pull_bandwidth --world 2 --out DIR          # one rank per GPU (NVSHMEM)
+    python3 -m tilelink.benchmarks.pull_bandwidth --world 2 --out DIR          # one rank per GPU (NVSHMEM)
 
 ``rs_pull_consumer`` (the reduce-scatter's default consumer, top-k 1 and 2) sums every rank's partial rows
 of this rank's channels; ``ag_pull_producer`` (the all-gather's SM producer) copies every peer's rows. Each
 runs on ``--programs`` programs (the rules' ``comm_sms``) against barrier words set far above any target,
 so every wait passes at once and what is timed is the pulling. Bandwidth = bytes read from the peers /
-time (rank 0's ``benchmarks.common.time_ms``, ``triton.testing.do_bench``'s median on a GPU); each result
+time (rank 0's ``tilelink.benchmarks.common.time_ms``, ``triton.testing.do_bench``'s median on a GPU); each result
 is compared with the expected sum (relative error of the bf16 output) or rows first. Without a GPU the
 ranks run emulated (Triton's interpreter): a check of the harness, with meaningless times.
 """
@@ -33,7 +33,7 @@ def _partial_of(rank: int, rows: int, cols: int, device) -> torch.Tensor:
 def measure(rows: int, cols: int, programs: int, consumer_settings, producer_settings) -> list[dict] | None:
     """One rank's part (under ``tilelink.spawn``): every setting of both partners; rank 0 returns the rows."""
     import tilelink
-    from benchmarks.common import time_ms
+    from tilelink.benchmarks.common import time_ms
     from tilelink.mapping import RowSharding
     from tilelink.rules.all_gather import ag_pull_producer
     from tilelink.rules.launch import Launcher
@@ -107,7 +107,7 @@ def run(world: int, rows: int, cols: int, programs: int, out: Path | None,
     """``backend``: by default NVSHMEM with a GPU per rank, else emulated ranks; ``"nvshmem"`` also runs
     ranks that share a GPU (a correctness check; their bandwidth is not the link's)."""
     import tilelink
-    from benchmarks.common import environment, spawn_backend, write_json
+    from tilelink.benchmarks.common import environment, spawn_backend, write_json
 
     if backend is None:
         backend = spawn_backend(world)

@@ -1,9 +1,8 @@
-"""``tlxform bench``: the paper's benchmarks (``benchmarks/`` of a TileLink checkout)."""
+"""``tlxform bench``: the paper's benchmarks (``tilelink.benchmarks``)."""
 
 from __future__ import annotations
 
 import importlib
-import sys
 from pathlib import Path
 
 import click
@@ -12,19 +11,8 @@ _VARIANTS = ("auto", "pointer", "descriptor", "persistent", "persistent_ws")
 
 
 def _benchmarks_module(name: str):
-    """Import ``benchmarks.<name>``; the benchmarks live beside the package in a checkout."""
-    try:
-        return importlib.import_module(f"benchmarks.{name}")
-    except ModuleNotFoundError as exc:
-        if exc.name not in ("benchmarks", f"benchmarks.{name}"):
-            raise
-    root = Path(__file__).resolve().parent.parent
-    if not (root / "benchmarks" / f"{name}.py").is_file():
-        raise click.ClickException(
-            f"benchmarks/{name}.py not found next to {root}; run tlxform bench from a TileLink checkout "
-            f"installed with `pip install -e .`")
-    sys.path.insert(0, str(root))
-    return importlib.import_module(f"benchmarks.{name}")
+    """``tilelink.benchmarks.<name>``, imported when its command runs (the benchmarks load torch)."""
+    return importlib.import_module(f"tilelink.benchmarks.{name}")
 
 
 @click.group()
@@ -76,12 +64,6 @@ def _fail_if_nothing_ran(record) -> None:
 
 
 # further benchmarks live in their own modules of this package (cli/bench_<name>.py), each defining a
-# click command named `command`; a module not written yet is simply not offered
+# click command named `command`
 for _name in ("moe", "attention", "e2e"):
-    try:
-        _module = importlib.import_module(f"tilelink.cli.bench_{_name}")
-    except ModuleNotFoundError as _exc:
-        if _exc.name != f"tilelink.cli.bench_{_name}":
-            raise
-        continue
-    bench.add_command(_module.command, name=_name)
+    bench.add_command(importlib.import_module(f"tilelink.cli.bench_{_name}").command, name=_name)

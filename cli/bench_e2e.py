@@ -1,7 +1,7 @@
 """``tlxform bench e2e``: end-to-end decoder forward, TileLink TP vs PyTorch TP (``benchmarks/e2e.py``).
 
-The options live here (``python -m benchmarks.e2e`` takes the same ones); the benchmark module is
-imported when the command runs, so a missing checkout breaks only this command.
+The options live here (``python -m tilelink.benchmarks.e2e`` takes the same ones); the benchmark module is
+imported when the command runs (it loads torch).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ MODEL_NAMES = ("llama-2-7b", "llama-3.1-8b", "gemma-2-9b", "gemma-2-27b", "llama
 
 
 def options(fn):
-    """The command-line options, shared by ``python -m benchmarks.e2e`` and ``tlxform bench e2e``."""
+    """The command-line options, shared by ``python -m tilelink.benchmarks.e2e`` and ``tlxform bench e2e``."""
     decorators = [
         click.option("--model", "models", multiple=True, default=("llama-2-7b",), show_default=True,
                      type=click.Choice(MODEL_NAMES, case_sensitive=False),

@@ -27,12 +27,7 @@ def main() -> None:
 
 
 for _module, _names in _COMMANDS.items():
-    try:
-        _mod = importlib.import_module(f"tilelink.cli.{_module}")
-    except ModuleNotFoundError as exc:  # a command not built yet must not break the others
-        if exc.name != f"tilelink.cli.{_module}":
-            raise
-        continue
+    _mod = importlib.import_module(f"tilelink.cli.{_module}")
     for _name in _names:
         main.add_command(getattr(_mod, _name))
 

@@ -39,3 +39,10 @@ def test_bare_import_reaches_ops_and_nn_lazily(tmp_path):
     """))
     assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr
 
+
+def test_benchmarks_ship_in_the_package(tmp_path):
+    """``python -m tilelink.benchmarks.mlp`` from any directory: the benchmarks are part of the package, not
+    a folder of the checkout that must be on ``sys.path``."""
+    result = _python(tmp_path, "-m", "tilelink.benchmarks.mlp", "--help")
+    assert result.returncode == 0, result.stderr
+    assert "python -m tilelink.benchmarks.mlp" in result.stdout

@@ -4,21 +4,16 @@ gloo CPU ranks whose calls take different times."""
 
 from __future__ import annotations
 
-import os
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gloo_ranks import ROOT, run_on_gloo_ranks  # noqa: E402
-
-sys.path.insert(0, ROOT)
+from tests.benchmarks.gloo_ranks import run_on_gloo_ranks
 
 
 def _time_both(rank: int, world: int) -> tuple[dict, dict, dict]:
     import torch
     import torch.distributed as dist
 
-    from benchmarks.common import side_by_side
+    from tilelink.benchmarks.common import side_by_side
 
     calls = {"slow_on_one_rank": 0, "collective": 0}
     t = torch.ones(4)

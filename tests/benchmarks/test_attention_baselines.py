@@ -4,22 +4,15 @@ each rank's query rows against the whole sequence, on CPU ranks of a gloo group;
 
 from __future__ import annotations
 
-import os
-import sys
-
 import pytest
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gloo_ranks import ROOT, run_on_gloo_ranks  # noqa: E402
-
-sys.path.insert(0, ROOT)
-
-from benchmarks.attention import overlap_ratio  # noqa: E402
+from tests.benchmarks.gloo_ranks import run_on_gloo_ranks
+from tilelink.benchmarks.attention import overlap_ratio
 
 
 def _compare(rank: int, world: int, shard: int) -> dict:
-    from benchmarks.attention import allgather_sdpa, gather_kv, ring_attention
+    from tilelink.benchmarks.attention import allgather_sdpa, gather_kv, ring_attention
 
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(2, 3, world * shard, 16, generator=g) for _ in range(3))

@@ -3,15 +3,10 @@
 
 from __future__ import annotations
 
-import os
-import sys
-
 import pytest
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-
-from benchmarks.moe import EXPERT_ROUTINGS, MoEShape, expert_routing, main, measure_compute  # noqa: E402
+from tilelink.benchmarks.moe import EXPERT_ROUTINGS, MoEShape, expert_routing, main, measure_compute
 
 
 @pytest.mark.parametrize("kind", EXPERT_ROUTINGS)

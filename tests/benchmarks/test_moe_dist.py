@@ -4,14 +4,9 @@ overlapped operators) computes the same result."""
 
 from __future__ import annotations
 
-import os
-import sys
-
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-
-from benchmarks.moe import MoEShape, run_dist  # noqa: E402
+from tilelink.benchmarks.moe import MoEShape, run_dist
 
 
 def test_every_method_agrees(monkeypatch) -> None:

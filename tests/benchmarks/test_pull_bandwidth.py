@@ -4,12 +4,8 @@ produces the right sums and rows, and the launcher's own setting is marked (time
 from __future__ import annotations
 
 import json
-import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-
-from benchmarks import pull_bandwidth  # noqa: E402
+from tilelink.benchmarks import pull_bandwidth
 
 
 def test_every_setting_runs_and_is_right(tmp_path) -> None:

@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 import os
-import sys
 
 import pytest
 import torch
-
-sys.path.insert(0, os.path.dirname(__file__))  # ranks.py, for the spawned rank processes too
 
 
 def pytest_collection_modifyitems(config, items):

@@ -21,7 +21,7 @@ fi
 SHIM=/tmp/tilelink-shim
 rm -rf "$SHIM" && mkdir -p "$SHIM/tilelink"
 for f in "$REPO"/tlxform/*; do ln -s "$f" "$SHIM/tilelink/"; done
-for sub in rules runtime cli ops; do
+for sub in rules runtime cli ops benchmarks; do
     [ -d "$REPO/$sub" ] && ln -sfn "$REPO/$sub" "$SHIM/tilelink/$sub"
 done
 export PYTHONPATH="$SITE:$SHIM${PYTHONPATH:+:$PYTHONPATH}"

@@ -6,16 +6,11 @@ the compiled kernel; K/V gathered by the copy engine. Plus the plain kernel agai
 
 from __future__ import annotations
 
-import os
-import sys
-
 import pytest
 import torch
 
 import tilelink
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "ops"))
-from attention_worlds import inputs, reference, sp_attention_matches_sdpa  # noqa: E402
+from tests.ops.attention_worlds import inputs, reference, sp_attention_matches_sdpa
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
                                                   reason="needs an NVIDIA GPU (run tests/gpu/run.sh on the device)")]

@@ -12,10 +12,10 @@ import pytest
 import torch
 import triton
 import triton.language as tl
-from ranks import run_world
 
 import tilelink
 import tilelink.language as tll
+from tests.gpu.ranks import run_world
 
 N = 256
 

@@ -7,16 +7,11 @@ memory: NCCL refuses two ranks on one GPU) and the unsharded fp32 model.
 
 from __future__ import annotations
 
-import os
-import sys
-
 import pytest
 import torch
 
 import tilelink
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "ops"))
-from models_worlds import decoder_matches_references  # noqa: E402
+from tests.ops.models_worlds import decoder_matches_references
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
                                                   reason="needs an NVIDIA GPU (run tests/gpu/run.sh on the device)")]

@@ -7,16 +7,11 @@ Same rank functions as the emulated tests (``tests/ops/moe_worlds.py``).
 
 from __future__ import annotations
 
-import os
-import sys
-
 import pytest
 import torch
 
 import tilelink
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "ops"))
-from moe_worlds import (  # noqa: E402
+from tests.ops.moe_worlds import (
     experts_one_after_another,
     host_syncs_per_call,
     hybrid_calls_back_to_back,

@@ -10,9 +10,9 @@ import time
 
 import pytest
 import torch
-from ranks import run_world
 
 import tilelink
+from tests.gpu.ranks import run_world
 from tilelink.errors import SymmetricHeapError
 
 

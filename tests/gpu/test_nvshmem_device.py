@@ -8,8 +8,9 @@ the NVSHMEM bitcode but never got ``module_init``.
 from __future__ import annotations
 
 import pytest
-from putmem_kernels import ring_put_signal
-from ranks import run_world
+
+from tests.gpu.putmem_kernels import ring_put_signal
+from tests.gpu.ranks import run_world
 
 
 @pytest.mark.parametrize("world_size", [2, 4, 8])

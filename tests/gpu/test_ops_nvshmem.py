@@ -6,16 +6,11 @@ compiled kernels: the persistent TMA variants where the shapes allow, the pointe
 
 from __future__ import annotations
 
-import os
-import sys
-
 import pytest
 import torch
 
 import tilelink
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "ops"))
-from tp_worlds import (  # noqa: E402
+from tests.ops.tp_worlds import (
     ag_gemm_back_to_back,
     calls_with_a_late_host,
     mlp_matches_torch,

@@ -5,13 +5,8 @@ end inside a step, and a step spans several channels' worth of a short row."""
 
 from __future__ import annotations
 
-import os
-import sys
-
 import pytest
 import torch
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
                                                   reason="needs an NVIDIA GPU (run tests/gpu/run.sh on the device)")]
@@ -19,7 +14,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 
 @pytest.mark.parametrize("world", [2, 4])
 def test_pull_partners_right_at_gpu_settings(world: int) -> None:
-    from benchmarks import pull_bandwidth
+    from tilelink.benchmarks import pull_bandwidth
 
     rows = pull_bandwidth.run(world, 1000 if world == 2 else 1024, 136, 4, None, backend="nvshmem")
     assert any(r["taken"] for r in rows)

@@ -4,16 +4,11 @@ the world size does not divide (down to a rank holding no rows)."""
 
 from __future__ import annotations
 
-import os
-import sys
-
 import pytest
 import torch
 
 import tilelink
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from attention_worlds import bad_inputs, inputs, reference, sp_attention_matches_sdpa  # noqa: E402
+from tests.ops.attention_worlds import bad_inputs, inputs, reference, sp_attention_matches_sdpa
 
 
 @pytest.mark.parametrize(("world", "B", "H", "Hkv", "S", "causal"), [

@@ -4,13 +4,8 @@ single-process unsharded model; tiny shapes (the interpreter is slow), 3 to 13 t
 
 from __future__ import annotations
 
-import os
-import sys
-
 import tilelink
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from models_worlds import bad_model_inputs, decoder_matches_references, dp_tp_baseline  # noqa: E402
+from tests.ops.models_worlds import bad_model_inputs, decoder_matches_references, dp_tp_baseline
 
 
 def test_two_layer_decoder_matches_torch_tp_and_unsharded() -> None:

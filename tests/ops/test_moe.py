@@ -7,15 +7,10 @@ choice is expert 0).
 
 from __future__ import annotations
 
-import os
-import sys
-
 import pytest
 
 import tilelink
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from moe_worlds import (  # noqa: E402
+from tests.ops.moe_worlds import (
     bad_inputs,
     experts_one_after_another,
     hybrid_calls_back_to_back,

@@ -3,15 +3,11 @@
 from __future__ import annotations
 
 import math
-import os
-import sys
 
 import pytest
 
 import tilelink
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from tp_worlds import (  # noqa: E402
+from tests.ops.tp_worlds import (
     ag_gemm_back_to_back,
     bad_inputs,
     calls_with_a_late_host,

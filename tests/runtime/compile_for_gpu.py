@@ -1,26 +1,22 @@
 """Compile the compiled-path (GPU) primitives for an H100/H200 target, without a GPU.
 
-Run as a script with ``TRITON_INTERPRET`` unset (``tilelink.language`` picks its implementation at
-import): compiles the test kernels of ``runtime_worlds`` and the hand-written AG+GEMM example to
-cubin for ``sm_90`` with Triton's bundled ptxas, and prints one line per kernel with the PTX
-features the primitives must produce.
+Run as ``python -m tests.runtime.compile_for_gpu`` from the checkout with ``TRITON_INTERPRET`` unset
+(``tilelink.language`` picks its implementation at import): compiles the test kernels of ``runtime_worlds``
+and the hand-written AG+GEMM example to cubin for ``sm_90`` with Triton's bundled ptxas, and prints one
+line per kernel with the PTX features the primitives must produce.
 """
 
 from __future__ import annotations
 
-import os
 import sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:0] = [HERE, os.path.join(os.path.dirname(os.path.dirname(HERE)), "examples")]
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
 
-import handwritten_ag_gemm as example  # noqa: E402
-import runtime_worlds as worlds  # noqa: E402
-import triton  # noqa: E402
-from triton.backends.compiler import GPUTarget  # noqa: E402
-from triton.compiler import ASTSource  # noqa: E402
-
-import tilelink.language as tll  # noqa: E402
+import tilelink.language as tll
+from examples import handwritten_ag_gemm as example
+from tests.runtime import runtime_worlds as worlds
 
 P64, I32, I64, F32 = "*i64", "i32", "i64", "*fp32"
 

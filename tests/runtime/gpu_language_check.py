@@ -6,25 +6,21 @@
 3. the hand-written AG+GEMM kernels in a world of one (the peer table holds the local address),
    three calls on one channel (epochs), against torch.
 
-Usage: ``python tests/runtime/gpu_language_check.py`` with TRITON_INTERPRET unset. Exit 0 = pass.
+Usage: ``python -m tests.runtime.gpu_language_check`` from the checkout, with TRITON_INTERPRET unset. Exit 0 = pass.
 """
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:0] = [HERE, os.path.join(os.path.dirname(os.path.dirname(HERE)), "examples")]
+import torch
+import triton
 
-import handwritten_ag_gemm as example  # noqa: E402
-import runtime_worlds as worlds  # noqa: E402
-import torch  # noqa: E402
-import triton  # noqa: E402
-
-import tilelink.language as tll  # noqa: E402
-from tilelink.runtime.preload import preload  # noqa: E402
+import tilelink.language as tll
+from examples import handwritten_ag_gemm as example
+from tests.runtime import runtime_worlds as worlds
+from tilelink.runtime.preload import preload
 
 N = worlds.N
 

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
-import runtime_worlds
 import torch
 
 import tilelink
+from tests.runtime import runtime_worlds
 from tilelink import runtime
 from tilelink.runtime import world as world_module
 

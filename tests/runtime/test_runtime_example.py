@@ -7,10 +7,10 @@ import os
 import subprocess
 import sys
 
-import handwritten_ag_gemm
 import pytest
 
 import tilelink
+from examples import handwritten_ag_gemm
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
-import runtime_worlds
 
 import tilelink
+from tests.runtime import runtime_worlds
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 3, 4])
