@@ -544,6 +544,9 @@ def _anchor(an: _Analyzer, acc: Access, tile: Tile | None, pointers: set[str]) -
                    for r in an.statements):
                 target = b
     stmt = next(r for r in an.statements if r.blocks[-1] is target and _contains(an, r.node, acc.where))
+    if acc.kind == "store" and isinstance(stmt.node, cst.If):
+        # a store in a branch (`if EPILOGUE_SUBTILE:` ... `else:`) is notified in its branch, right after it
+        stmt = _through_branches(an, stmt, acc.where)
     stmt, moved = _settle(an, acc, tile, stmt, pointers)
     target = stmt.blocks[-1]
     where = an.where(stmt.node)
@@ -603,6 +606,24 @@ def _loops_holding(an: _Analyzer, node: cst.CSTNode, where: Where) -> list[cst.C
 
 def _describe(what: list[tuple[str, Where]]) -> str:
     return ", ".join(f"`{n}` at line {at.line}" for n, at in what)
+
+
+def _through_branches(an: _Analyzer, stmt: StmtRef, where: Where) -> StmtRef:
+    """The statement holding ``where`` inside the ``if`` / ``elif`` / ``else`` blocks of ``stmt``, when only
+    branches (no loop) lie between; else ``stmt``."""
+    inner = next((r for r in an.statements if isinstance(r.node, cst.SimpleStatementLine)
+                  and _contains(an, r.node, where)), None)
+    if inner is None or not all(_is_branch_block(an, b) for b in inner.blocks[len(stmt.blocks):]):
+        return stmt
+    return inner
+
+
+def _is_branch_block(an: _Analyzer, block: cst.BaseSuite) -> bool:
+    """Whether ``block`` is the body of an ``if``, ``elif`` or ``else`` (not of a loop or a ``with``)."""
+    for node in m.findall(an.fn.body, m.If() | m.Else()):
+        if node.body is block:
+            return True
+    return False
 
 
 def _settle(an: _Analyzer, acc: Access, tile: Tile, stmt: StmtRef, pointers: set[str]) -> tuple[StmtRef, bool]:

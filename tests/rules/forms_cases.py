@@ -57,7 +57,28 @@ def gemm_row_wrap(calls: int = 2) -> float:
     return err
 
 
-RUNS = {"attention_descriptor_advance": attention_descriptor_advance, "gemm_row_wrap": gemm_row_wrap}
+def gemm_rs_epilogue_branch(calls: int = 2) -> float:
+    rank, world = tilelink.rank(), tilelink.world_size()
+    kernel = load_form("gemm_rs_epilogue_branch").matmul_branch
+    M, N, K = 50, 40, 36
+    g = torch.Generator().manual_seed(13)
+    a, b = torch.randn(M, K, generator=g), torch.randn(K, N, generator=g)
+    klo, khi = rows_of(rank, world, K)  # each rank holds a slice of K: the partial sums add up to a @ b
+    ar, br = a[:, klo:khi].contiguous(), b[klo:khi].contiguous()
+    lo, hi = rows_of(rank, world, M)
+    err = 0.0
+    for split in (True, False):
+        for _ in range(calls):
+            out = torch.full((hi - lo, N), float("nan"))
+            kernel[(triton.cdiv(M, 16) * triton.cdiv(N, 16),)](
+                ar, br, out, M, N, khi - klo, ar.stride(0), ar.stride(1), br.stride(0), br.stride(1), N, 1,
+                BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, SPLIT_EPILOGUE=split)
+            err = worst(err, (out - (a @ b)[lo:hi]).abs().max().item() if hi > lo else 0.0)
+    return err
+
+
+RUNS = {"attention_descriptor_advance": attention_descriptor_advance, "gemm_row_wrap": gemm_row_wrap,
+        "gemm_rs_epilogue_branch": gemm_rs_epilogue_branch}
 
 
 def run_forms(names: list[str]) -> dict[str, float | str]:

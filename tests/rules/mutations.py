@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import math
 import traceback
 
 import libcst as cst
@@ -81,36 +80,59 @@ def mutant(generated: GeneratedModule, kernel: str, index: int) -> tuple[Generat
     return dataclasses.replace(generated, text=text, source_hash=digest), drop.dropped
 
 
-def run_mutants(case: str) -> list[tuple[str, str]]:
-    """Run every mutant of golden ``case`` on this rank (all ranks run them in the same order); for each, the
-    dropped primitive and the outcome: ``"failed: ..."`` when it was caught, ``"passed"`` when not."""
-    import tests.rules.cases as cases
+def _run(load, patch, run) -> list[tuple[str, str]]:
+    """Every mutant of the overlapped kernels of the module ``load()`` returns, each run by ``run()`` while
+    ``patch(loader)`` makes the code under test load the mutated module; the dropped call and the outcome of each:
+    ``"failed: ..."`` when it was caught, ``"passed"`` when not."""
     import tilelink
 
-    rule = "all_gather" if case.startswith("all_gather_") else "reduce_scatter"
-    module = cases.load_case(rule, case[len(rule) + 1:])
+    module = load()
     overlapped = [v for v in vars(module).values() if isinstance(v, OverlappedKernel)]
-    points = [(k, i) for k in overlapped for i in range(mutation_points(k.generated, k.name))]
+    points = [(k.name, i) for k in overlapped for i in range(mutation_points(k.generated, k.name))]
     outcomes = []
-    real_load = cases.load_case
     try:
-        for target, index in points:
-            fresh = real_load(rule, case[len(rule) + 1:])
-            for k in vars(fresh).values():
-                if isinstance(k, OverlappedKernel) and k.name == target.name:
-                    k.generated, dropped = mutant(k.generated, k.name, index)
-                    k._module = None
-            cases.load_case = lambda *_a, _fresh=fresh: _fresh
+        for name, index in points:
+            fresh = load()
+            kernel = next(k for k in vars(fresh).values() if isinstance(k, OverlappedKernel) and k.name == name)
+            kernel.generated, dropped = mutant(kernel.generated, name, index)
+            kernel._module = None
+            patch(lambda *_a, _fresh=fresh: _fresh)
             try:
-                err = cases.CASES[case](tilelink.rank(), tilelink.world_size())
-                outcome = "passed" if err <= 1e-3 else f"failed: max error {err}"
-                if isinstance(err, float) and math.isnan(err):
-                    outcome = "failed: NaN"
+                err = run()
+                outcome = f"failed: max error {err}" if not err <= 1e-3 else "passed"
             except Exception as exc:  # noqa: BLE001 - the mutant was caught
                 outcome = f"failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
                 if not isinstance(exc, (tilelink.WaitTimeout, tilelink.LaunchError)):
                     outcome += "\n" + traceback.format_exc(limit=3)
-            outcomes.append((f"{target.name}#{index} ({dropped})", outcome))
+            outcomes.append((f"{name}#{index} ({dropped})", outcome))
     finally:
-        cases.load_case = real_load
+        patch(None)
     return outcomes
+
+
+def run_mutants(case: str) -> list[tuple[str, str]]:
+    """The mutants of golden ``case`` (``all_gather_pointer_gemm``) on this rank; every rank runs them in the same
+    order."""
+    import tests.rules.cases as cases
+    import tilelink
+
+    rule = "all_gather" if case.startswith("all_gather_") else "reduce_scatter"
+    real = cases.load_case
+
+    def patch(loader) -> None:
+        cases.load_case = loader or real
+
+    return _run(lambda: real(rule, case[len(rule) + 1:]), patch,
+                lambda: cases.CASES[case](tilelink.rank(), tilelink.world_size()))
+
+
+def run_form_mutants(name: str) -> list[tuple[str, str]]:
+    """The mutants of the kernel form ``name`` (tests/rules/forms) on this rank."""
+    import tests.rules.forms_cases as forms
+
+    real = forms.load_form
+
+    def patch(loader) -> None:
+        forms.load_form = loader or real
+
+    return _run(lambda: real(name), patch, lambda: forms.RUNS[name](calls=1))
