@@ -454,6 +454,11 @@ def rewrite(an: KernelAnalysis, spec: ReduceScatterSpec, options: Options) -> Re
                 hint="store the partial sums themselves and apply the function after the reduction (on the "
                      "reduced rows), or pass reduce_scatter(..., linear_epilogue=True) if what is stored is linear "
                      "in the partial sums after all")
+        if a.branch is not None:
+            report.append(ReportEntry(an.name, RULE, "note",
+                                      f"the store at line {a.where.line} is in a branch of the `if` at line "
+                                      f"{a.branch.line}: a tile that takes no storing branch leaves its rows "
+                                      f"unnotified, and the reduction's wait for them times out naming them", a.where))
         if opts.via == "copy_engine" and spec.topk:
             report.append(ReportEntry(an.name, RULE, "note",
                                       f"no notify after the store at line {a.where.line}: with topk= on the copy "

@@ -72,6 +72,7 @@ class Access:
     # neither the tile's offsets nor a name of its start: the loop sweeps other dimensions (columns) of the
     # same rows
     swept: bool = False
+    branch: Where | None = None  # a store anchored inside the branches of this `if` (see _through_branches)
 
 
 @dataclass(frozen=True)
@@ -94,6 +95,8 @@ class KernelAnalysis:
     # variable -> every statement that binds it (``=``, ``+=``, ``:``, ``:=``, a ``for`` target), in order: its
     # start, and for a ``for`` loop the end of the loop too (the target holds an iteration's value inside it)
     bindings: dict[str, tuple[tuple[Where, Where | None], ...]] = field(default_factory=dict)
+    # the `tl.range(..., warp_specialize=...)` loops: the rewrite runs them without warp specialisation
+    warp_specialized: tuple[Where, ...] = ()
 
     def accesses_of(self, tensor: str, kind: str) -> list[Access]:
         return [a for a in self.accesses if a.tensor == tensor and a.kind == kind]
@@ -544,9 +547,12 @@ def _anchor(an: _Analyzer, acc: Access, tile: Tile | None, pointers: set[str]) -
                    for r in an.statements):
                 target = b
     stmt = next(r for r in an.statements if r.blocks[-1] is target and _contains(an, r.node, acc.where))
+    branch = None
     if acc.kind == "store" and isinstance(stmt.node, cst.If):
         # a store in a branch (`if EPILOGUE_SUBTILE:` ... `else:`) is notified in its branch, right after it
-        stmt = _through_branches(an, stmt, acc.where)
+        inner = _through_branches(an, stmt, acc.where)
+        if inner is not stmt:
+            branch, stmt = an.where(stmt.node), inner
     stmt, moved = _settle(an, acc, tile, stmt, pointers)
     target = stmt.blocks[-1]
     where = an.where(stmt.node)
@@ -585,7 +591,8 @@ def _anchor(an: _Analyzer, acc: Access, tile: Tile | None, pointers: set[str]) -
     loop = next((r for r in an.statements if isinstance(r.node, cst.For) and r.node.body is target), None)
     return Access(acc.kind, acc.tensor, acc.pointer, acc.descriptor, acc.where, acc.value, acc.mask, tile,
                   where, isinstance(stmt.node, cst.SimpleStatementLine), tuple(earlier), acc.offsets,
-                  an.where(loop.node) if loop is not None else None, _sweeps(an, stmt.node, chain, acc, tile))
+                  an.where(loop.node) if loop is not None else None, _sweeps(an, stmt.node, chain, acc, tile),
+                  branch)
 
 
 # ----------------------------------------------------------------------------- soundness
@@ -985,16 +992,9 @@ def analyse(module: cst.Module, file: str, kernel: str,
                               line=where.line, column=where.column,
                               hint="put @tilelink.overlap(...) directly above @triton.jit "
                                    "(and any @triton.autotune)")
-    for loop in m.findall(fn.body, m.Call(func=m.Attribute(value=m.Name("tl"), attr=m.Name("range")))):
-        ws = _arg(loop, 99, "warp_specialize")  # type: ignore[arg-type]
-        if ws is not None and not m.matches(ws, m.Name("False")):
-            at = an.where(loop)
-            raise AnnotationError(
-                f"kernel {kernel!r} has a warp-specialised loop (warp_specialize={code(ws)}): its partitions run "
-                f"different code, while TileLink's waits and notifies synchronise every thread of the program",
-                file=file, line=at.line, column=at.column,
-                hint="drop warp_specialize from the loops of an annotated kernel (pipelining and "
-                     "flatten=True are fine)")
+    warp_specialized = tuple(an.where(loop) for loop in m.findall(
+        fn.body, m.Call(func=m.Attribute(value=m.Name("tl"), attr=m.Name("range")))) if (
+        ws := _arg(loop, 99, "warp_specialize")) is not None and not m.matches(ws, m.Name("False")))  # type: ignore
     aliases: dict[str, tuple[str, ...]] = {}
     descs: dict[str, tuple[str, ...]] = {}
     accesses: list[Access] = []
@@ -1028,5 +1028,6 @@ def analyse(module: cst.Module, file: str, kernel: str,
                               fn_where,
                               {n: tuple(an.where(r.node) for r, _ in defs) for n, defs in an.assignments.items()},
                               {n: tuple(code(v) for _, v in defs) for n, defs in an.assignments.items()},
-                              frozenset(an.rebound), {n: tuple(b) for n, b in an.bindings.items()})
+                              frozenset(an.rebound), {n: tuple(b) for n, b in an.bindings.items()},
+                              warp_specialized)
     return analysis

@@ -8,6 +8,7 @@ It is deterministic: the same source and specs give the same text.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import inspect
 import pprint
@@ -20,7 +21,7 @@ from libcst.metadata import MetadataWrapper, PositionProvider
 import tilelink
 from tilelink.analysis import analyse, find_kernel, is_triton_jit, names_in, parse_source
 from tilelink.errors import AnnotationError
-from tilelink.plan import Insertion, Report, RewritePlan
+from tilelink.plan import Insertion, Report, ReportEntry, RewritePlan
 from tilelink.spec import AllGatherSpec, Options, ReduceScatterSpec, Spec
 
 
@@ -69,7 +70,13 @@ def plan_kernel(module: cst.Module, file: str, request: Request) -> RewritePlan:
                  "kernel")
     spec = request.specs[0]
     tensors = {t: (spec.dim, spec.tile, spec.size, spec.index) for t in spec.tensors}
-    return _rule_module(spec).rewrite(analyse(module, file, request.kernel, tensors), spec, request.options)
+    an = analyse(module, file, request.kernel, tensors)
+    plan = _rule_module(spec).rewrite(an, spec, request.options)
+    notes = tuple(ReportEntry(
+        an.name, plan.rule, "note", f"the loop at line {at.line} runs without warp specialisation: its partitions "
+        "would run different code, while TileLink's waits and notifies synchronise every thread of the program "
+        "(software pipelining stays)", at) for at in an.warp_specialized)
+    return dataclasses.replace(plan, report=plan.report + notes) if notes else plan
 
 
 def source_hash(source: str, requests: list[Request]) -> str:
@@ -162,6 +169,14 @@ class _Rewriter(cst.CSTTransformer):
                 out.extend(self.after[key])
                 self.used.add(key)
         return out
+
+    def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.Call:
+        if self.inside and m.matches(original.func, m.Attribute(value=m.Name("tl"), attr=m.Name("range"))):
+            args = [a for a in updated.args if not (a.keyword is not None and a.keyword.value == "warp_specialize")]
+            if len(args) != len(updated.args):  # see plan_kernel: the rewritten loop is not warp-specialised
+                args[-1] = args[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
+                return updated.with_changes(args=args)
+        return updated
 
     def leave_IndentedBlock(self, original: cst.IndentedBlock, updated: cst.IndentedBlock):
         if not self.inside:

@@ -113,8 +113,8 @@ def test_two_specs_on_one_kernel_is_refused_with_a_way_out() -> None:
     assert "2 specs" in str(err) and "split the kernel" in err.hint
 
 
-def test_reduce_scatter_store_in_a_nested_block() -> None:
-    err = _error('''
+def test_reduce_scatter_store_in_a_branch_is_notified_there_with_a_note() -> None:
+    text = HEAD + textwrap.dedent('''
         @tilelink.overlap(tilelink.reduce_scatter("c_ptr"))
         @triton.jit
         def kernel(a_ptr, c_ptr, M, FLAG: tl.constexpr, BLOCK: tl.constexpr):
@@ -123,7 +123,25 @@ def test_reduce_scatter_store_in_a_nested_block() -> None:
             if FLAG:
                 tl.store(c_ptr + offs, x, mask=offs < M)
         ''')
-    assert "must be a statement of its own" in str(err) and err.line == 12 and "nested block" in err.hint
+    generated = generate(text, "user_kernels.py", requests_in(text, "user_kernels.py"))
+    lines = generated.rewritten["kernel"].splitlines()
+    at = next(i for i, line in enumerate(lines) if "tl.store(c_ptr" in line)
+    assert lines[at + 1].startswith(" " * 8 + "# tilelink: notify"), generated.rewritten["kernel"]
+    assert any("in a branch of the `if` at line 11" in e.message for e in generated.report.entries)
+
+
+def test_reduce_scatter_store_in_an_inner_loop_is_refused() -> None:
+    err = _error('''
+        @tilelink.overlap(tilelink.reduce_scatter("c_ptr"))
+        @triton.jit
+        def kernel(a_ptr, c_ptr, M, BLOCK: tl.constexpr):
+            offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+            x = tl.load(a_ptr + offs, mask=offs < M)
+            for i in range(0, 2):
+                if i == 0:
+                    tl.store(c_ptr + offs, x, mask=offs < M)
+        ''')
+    assert "must be a statement of its own" in str(err) and err.line == 13 and "nested block" in err.hint
 
 
 def test_reduce_scatter_descriptor_store_without_a_literal_box() -> None:
@@ -161,17 +179,21 @@ def test_syntax_error_is_reported_with_position() -> None:
     assert err.line is not None and err.line >= 5 and "cannot parse" in str(err)
 
 
-def test_warp_specialised_loop_is_refused() -> None:
-    err = _error('''
+def test_a_warp_specialised_loop_runs_without_warp_specialisation() -> None:
+    text = HEAD + textwrap.dedent('''
         @tilelink.overlap(tilelink.reduce_scatter("c_ptr"))
         @triton.jit
         def kernel(a_ptr, c_ptr, M, WS: tl.constexpr, BLOCK: tl.constexpr):
-            for t in tl.range(tl.program_id(0), tl.cdiv(M, BLOCK), 4, warp_specialize=WS):
+            for t in tl.range(tl.program_id(0), tl.cdiv(M, BLOCK), 4, warp_specialize=WS, num_stages=2):
                 offs = t * BLOCK + tl.arange(0, BLOCK)
                 tl.store(c_ptr + offs, tl.load(a_ptr + offs, mask=offs < M), mask=offs < M)
         ''')
-    assert "warp-specialised loop (warp_specialize=WS)" in str(err) and err.line == 9
-    assert "drop warp_specialize" in err.hint
+    generated = generate(text, "user_kernels.py", requests_in(text, "user_kernels.py"))
+    rewritten = generated.rewritten["kernel"]
+    assert "tl.range(tl.program_id(0), tl.cdiv(M, BLOCK), 4, num_stages=2)" in rewritten, rewritten
+    assert "warp_specialize" not in rewritten and "tll.producer_tile_notify" in rewritten
+    notes = [e for e in generated.report.entries if "runs without warp specialisation" in e.message]
+    assert len(notes) == 1 and notes[0].where.line == 9, generated.report
 
 
 SWEEP = """
