@@ -4,7 +4,12 @@ line that needs changing, saying what to write instead."""
 
 from __future__ import annotations
 
+import ast
+import os
+import subprocess
+import sys
 import textwrap
+from pathlib import Path
 
 import libcst as cst
 import pytest
@@ -15,6 +20,8 @@ from tests.rules.mutations import run_form_mutants
 from tilelink.annotations import requests_in
 from tilelink.codegen import generate
 from tilelink.errors import AnnotationError
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow
@@ -183,3 +190,22 @@ def test_the_user_can_vouch_for_a_linear_epilogue() -> None:
     text = HEAD + RS_EPILOGUE.format(extra=", linear_epilogue=True", epilogue="out = scale_only(acc)")
     generated = generate(text, "user_kernels.py", requests_in(text, "user_kernels.py"))
     assert "tll.producer_tile_notify" in generated.rewritten["kernel"]
+
+
+def test_forms_compile_for_sm90_with_the_plain_kernels_loads() -> None:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_DEFAULT_FP_FUSION"] = "1"
+    result = subprocess.run([sys.executable, "-m", "tests.rules.compile_forms"], env=env, capture_output=True,
+                            text=True, timeout=600, cwd=ROOT)
+    assert result.returncode == 0, result.stdout + result.stderr
+    profiles = {}
+    for line in result.stdout.splitlines():
+        name, variant, rest = line.split(" ", 2)
+        profiles[(name, variant)] = ast.literal_eval(rest)
+    for name in ("gemm_row_wrap", "gemm_rs_epilogue_branch"):
+        plain, rewritten = profiles[(name, "plain")], profiles[(name, "rewritten")]
+        assert plain["cp.async 16B"] > 0 and rewritten == plain, (name, plain, rewritten)
+    # a wait on every iteration of the key loop keeps the bulk tensor copies, but Triton no longer software-
+    # pipelines the loop (the wait is a spin loop): one copy per tensor in the loop, not one per stage
+    plain, rewritten = (profiles[("attention_descriptor_advance", v)] for v in ("plain", "rewritten"))
+    assert plain["tma 2d"] > rewritten["tma 2d"] == 2 and rewritten["ld.global.b16"] == 0, (plain, rewritten)

@@ -34,9 +34,10 @@ def attn_fwd(q_ptr, desc_k, desc_v, o_ptr, SEQ_Q, SEQ_KV, sm_scale, HEAD_DIM: tl
         alpha = tl.exp(m_i - m_ij)
         l_i = l_i * alpha + tl.sum(p, 1)
         v = desc_v.load([offsetv_y, 0])
-        acc = acc * alpha[:, None] + tl.dot(p, v)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m_i = m_ij
         offsetk_y += BLOCK_N
         offsetv_y += BLOCK_N
     acc = acc / l_i[:, None]
-    tl.store(o_ptr + offs_m[:, None] * HEAD_DIM + offs_d[None, :], acc, mask=offs_m[:, None] < SEQ_Q)
+    tl.store(o_ptr + offs_m[:, None] * HEAD_DIM + offs_d[None, :], acc.to(o_ptr.dtype.element_ty),
+             mask=offs_m[:, None] < SEQ_Q)

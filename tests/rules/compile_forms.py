@@ -1,0 +1,42 @@
+"""Compile each kernel form of ``tests/rules/forms/`` for sm_90, plain and rewritten, and print their memory
+instructions (run without ``TRITON_INTERPRET``; ``test_forms.py`` compares them): the rewrite must keep the loads
+the plain kernel compiles to (16-byte asynchronous copies, bulk tensor copies)."""
+
+from __future__ import annotations
+
+import re
+
+from tests.rules.compile_rewritten import compile_ptx
+from tests.rules.forms_cases import load_form
+
+PTR, I64 = "*fp16", "i64"
+CHANNELS = {"tlk_barriers": "*i64", "tlk_diag": "*i64", "tlk_budget": I64}
+FORMS = {
+    "attention_descriptor_advance": ("attn_fwd", {"q_ptr": PTR, "desc_k": PTR, "desc_v": PTR, "o_ptr": PTR,
+                                                  "sm_scale": "fp32"},
+                                     {"HEAD_DIM": 64, "BLOCK_M": 128, "BLOCK_N": 64}),
+    "gemm_row_wrap": ("matmul_wrap", {"a_ptr": PTR, "b_ptr": PTR, "c_ptr": PTR},
+                      {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "stride_ak": 1, "stride_bn": 1,
+                       "stride_cn": 1}),
+    "gemm_rs_epilogue_branch": ("matmul_branch", {"a_ptr": PTR, "b_ptr": PTR, "c_ptr": PTR},
+                                {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "SPLIT_EPILOGUE": True,
+                                 "stride_ak": 1, "stride_bn": 1, "stride_cn": 1}),
+}
+
+
+def profile(ptx: str) -> dict[str, int]:
+    return {"cp.async 16B": len(re.findall(r"cp\.async\.c[ag]\.shared\.global[^\n]*, 0x10", ptx)),
+            "cp.async <16B": len(re.findall(r"cp\.async\.c[ag]\.shared\.global[^\n]*, 0x(?:8|4|2);", ptx)),
+            "tma 2d": len(re.findall(r"cp\.async\.bulk\.tensor\.2d\.shared", ptx)),
+            "ld.global.b16": len(re.findall(r"ld\.global\.b16", ptx))}
+
+
+def main() -> None:
+    for name, (kernel, types, meta) in FORMS.items():
+        overlapped = getattr(load_form(name), kernel)
+        for variant, fn in (("plain", overlapped.kernel), ("rewritten", getattr(overlapped.module, kernel))):
+            print(name, variant, profile(compile_ptx(fn, {**types, **CHANNELS}, meta)))
+
+
+if __name__ == "__main__":
+    main()
