@@ -65,15 +65,12 @@ def full_size(shard: torch.Tensor, dim: int, known: int | None, world, op: str =
     return sum(world.control.exchange(int(shard.shape[dim]), op))
 
 
-#: the operators' persistent tensor-descriptor kernels: ``None`` = on a GPU; tests of the emulated world
-#: set ``True`` to run them in the interpreter
-PERSISTENT: bool | None = None
-
-
-def persistent_wanted(device: torch.device) -> bool:
-    """Whether the operators take their persistent tensor-descriptor kernels on ``device``: decided from
-    the device type, which the ranks share, never from a rank's own slice (see :func:`aligned`)."""
-    return device.type == "cuda" if PERSISTENT is None else PERSISTENT
+def persistent_wanted(device: torch.device, persistent: bool | None = None) -> bool:
+    """Whether the operators take their persistent tensor-descriptor kernels on ``device``: as the caller's
+    ``persistent`` says (``True`` forces them, in the interpreter too; ``False`` forbids them), else on a GPU.
+    Decided from what the ranks share (the device type, the argument every rank passes alike), never from a
+    rank's own slice (see :func:`aligned`)."""
+    return device.type == "cuda" if persistent is None else persistent
 
 
 def aligned(t: torch.Tensor, dim: int = -1, size: int | None = None) -> torch.Tensor:

@@ -179,11 +179,12 @@ def sweep_programs(m_tiles: int, plan: tuple[int, int, int, int]) -> int:
     return body_tiles * body_runs + triton.cdiv((m_tiles - body_tiles) * tail_width, tail_span)
 
 
-def descriptor_kernel_wanted(part: str, device: torch.device, dtype: torch.dtype) -> bool:
+def descriptor_kernel_wanted(part: str, device: torch.device, dtype: torch.dtype,
+                             persistent: bool | None = None) -> bool:
     """Whether ``part`` ("ag_moe" or "moe_rs") runs its tensor-descriptor kernel (the persistent AG kernel,
-    the RS column sweep), decided from what every rank shares (device type, dtype): the RS sweep holds fp32
-    rows too large for shared memory."""
-    return persistent_wanted(device) and (part == "ag_moe" or interpreting() or dtype != torch.float32)
+    the RS column sweep), decided from what every rank shares (the caller's ``persistent``, else the device
+    type; the dtype): the RS sweep holds fp32 rows too large for shared memory."""
+    return persistent_wanted(device, persistent) and (part == "ag_moe" or interpreting() or dtype != torch.float32)
 
 
 def launch_config(part: str, persistent: bool, topk_ids: torch.Tensor | Routing, num_experts: int, N: int,
@@ -242,7 +243,7 @@ def grouped_gemm(part: str, x, w, out, weights, sorted_ids, expert_ids, num_slot
     return kernel, (tiles,), args, meta
 
 
-def _launch(part: str, x, w, out, weights, routing: Routing, world) -> None:
+def _launch(part: str, x, w, out, weights, routing: Routing, world, persistent: bool | None = None) -> None:
     """Align the routing to the tile config and launch ``part``'s grouped GEMM. A rank that holds no
     column of the inner dimension (K == 0) still takes part, with a zero slice."""
     E, K, N = w.shape
@@ -250,7 +251,7 @@ def _launch(part: str, x, w, out, weights, routing: Routing, world) -> None:
     if K == 0:
         x = torch.zeros((x.shape[0], 1), dtype=x.dtype, device=world.device)
         w = torch.zeros((E, 1, N), dtype=x.dtype, device=world.device)
-    persistent = descriptor_kernel_wanted(part, world.device, x.dtype)
+    persistent = descriptor_kernel_wanted(part, world.device, x.dtype, persistent)
     run_out = out
     if persistent:  # the weights' rows as a descriptor needs them: pad the columns if it must
         w = aligned(w, -1)
@@ -285,7 +286,8 @@ def _check_routing(op: str, topk_ids, num_experts: int, world) -> Routing:
     return routing
 
 
-def ag_moe(x_shard: torch.Tensor, w: torch.Tensor, topk_ids: torch.Tensor | Routing) -> torch.Tensor:
+def ag_moe(x_shard: torch.Tensor, w: torch.Tensor, topk_ids: torch.Tensor | Routing, *,
+           persistent: bool | None = None) -> torch.Tensor:
     """AllGather(x) -> gather by routing -> GroupGEMM, overlapped: the (M*top_k, N) per-slot product.
 
     Args:
@@ -293,6 +295,8 @@ def ag_moe(x_shard: torch.Tensor, w: torch.Tensor, topk_ids: torch.Tensor | Rout
         w: (E, H, N) this rank's columns of every expert (e.g. gate | up of its intermediate slice).
         topk_ids: (M, top_k) expert ids of every token, identical on every rank; or its
             :func:`tilelink.ops.moe_routing.route`, made once for both parts of a layer (one copy to the host).
+        persistent: ``True`` forces the persistent tensor-descriptor kernel (also in the interpreter),
+            ``False`` the pointer kernel, ``None`` (default) the persistent one on a GPU; the same on every rank.
 
     Raises:
         tilelink.LaunchError: shapes, dtypes, devices or routing that no kernel could serve.
@@ -317,15 +321,16 @@ def ag_moe(x_shard: torch.Tensor, w: torch.Tensor, topk_ids: torch.Tensor | Rout
     x_in, w_in = interpreter_inputs(x_shard, w)
     num_slots = M * top_k
     if N == 0:  # no column here, but the other ranks need this rank's tokens: gather into one dummy column
-        _launch("ag_moe", x_in, w_in.new_zeros((E, K, 1)), x_in.new_empty((num_slots, 1)), None, routing, world)
+        _launch("ag_moe", x_in, w_in.new_zeros((E, K, 1)), x_in.new_empty((num_slots, 1)), None, routing, world,
+                persistent)
         return torch.empty((num_slots, 0), dtype=out_dtype, device=world.device)
     out = torch.empty((num_slots, N), dtype=x_in.dtype, device=world.device)
-    _launch("ag_moe", x_in, w_in, out, None, routing, world)
+    _launch("ag_moe", x_in, w_in, out, None, routing, world, persistent)
     return out if out.dtype == out_dtype else out.to(out_dtype)
 
 
 def moe_rs(h: torch.Tensor, w: torch.Tensor, topk_ids: torch.Tensor | Routing,
-           topk_weights: torch.Tensor) -> torch.Tensor:
+           topk_weights: torch.Tensor, *, persistent: bool | None = None) -> torch.Tensor:
     """GroupGEMM -> scatter -> top-k reduce -> ReduceScatter, overlapped: this rank's (rows, N) output.
 
     Args:
@@ -333,6 +338,9 @@ def moe_rs(h: torch.Tensor, w: torch.Tensor, topk_ids: torch.Tensor | Routing,
         w: (E, I_r, N) this rank's rows of every expert's down projection.
         topk_ids: (M, top_k) expert ids of every token, identical on every rank (or its ``route``).
         topk_weights: (M, top_k) router weights of every token (applied inside the kernel).
+        persistent: ``True`` forces the tensor-descriptor column sweep (where the dtype allows it, and in the
+            interpreter), ``False`` the pointer kernel, ``None`` (default) the sweep on a GPU; the same on
+            every rank.
 
     Raises:
         tilelink.LaunchError: shapes, dtypes, devices or routing that no kernel could serve.
@@ -364,5 +372,5 @@ def moe_rs(h: torch.Tensor, w: torch.Tensor, topk_ids: torch.Tensor | Routing,
     if N == 0 or M == 0:  # N and M are every rank's: no rank communicates
         return out.to(out_dtype)
     weights = topk_weights.to(torch.float32).contiguous().view(-1)
-    _launch("moe_rs", h_in, w_in, out, weights, routing, world)
+    _launch("moe_rs", h_in, w_in, out, weights, routing, world, persistent)
     return out if out.dtype == out_dtype else out.to(out_dtype)

@@ -77,11 +77,11 @@ def _check_pair(name: str, a: torch.Tensor, b: torch.Tensor, world) -> None:
 INTERPRETED_SMS = 4
 
 
-def _persistent(world, shared_dim: int, dtype: torch.dtype) -> bool:
+def _persistent(world, shared_dim: int, dtype: torch.dtype, persistent: bool | None = None) -> bool:
     """Whether every rank takes the persistent kernels: decided from what the ranks share (the device
-    type, the dtype, and the dimension ``shared_dim`` every rank has the same size of), never from this
-    rank's own shard sizes (see :func:`tilelink.ops.contract.aligned`)."""
-    return persistent_wanted(world.device) and (shared_dim * dtype.itemsize) % 16 == 0
+    type or the caller's ``persistent``, the dtype, and the dimension ``shared_dim`` every rank has the same
+    size of), never from this rank's own shard sizes (see :func:`tilelink.ops.contract.aligned`)."""
+    return persistent_wanted(world.device, persistent) and (shared_dim * dtype.itemsize) % 16 == 0
 
 
 def _launch(kernel, persistent: bool, args: tuple, meta: dict, world, M: int, N: int, tail: bool = False) -> None:
@@ -111,8 +111,13 @@ def _check_shard_rows(got: int, M: int, world, ctx: TPContext | None) -> None:
                       f"rows: {source} over {world.world_size} ranks; the ranks' shards must sum to M){hint}")
 
 
-def ag_gemm(a_shard: torch.Tensor, b: torch.Tensor, ctx: TPContext | None = None) -> torch.Tensor:
+def ag_gemm(a_shard: torch.Tensor, b: torch.Tensor, ctx: TPContext | None = None, *,
+            persistent: bool | None = None) -> torch.Tensor:
     """AllGather(A) @ B with the gather overlapped: returns the full (M, N) product on every rank.
+
+    ``persistent``: ``True`` forces the persistent tensor-descriptor kernel (the copy engine's gather), where
+    K allows it, also in the interpreter; ``False`` the pointer kernel (SM pull); ``None`` (default) the
+    persistent one on a GPU. Every rank must pass the same.
 
     Raises :class:`tilelink.LaunchError` before anything runs when this rank's shard is not its rows of A
     (with ``ctx``, of ``ctx.M`` rows; every rank passing the whole A is refused so). Without ``ctx`` the ranks
@@ -133,7 +138,7 @@ def ag_gemm(a_shard: torch.Tensor, b: torch.Tensor, ctx: TPContext | None = None
     a_in, b_in = interpreter_inputs(a_shard, b)
     if K == 0:  # every rank has K == 0 (the ranks share K): nothing to gather
         return torch.zeros((M, N), dtype=out_dtype, device=world.device)
-    persistent = _persistent(world, K, a_in.dtype)
+    persistent = _persistent(world, K, a_in.dtype, persistent)
     # N is this rank's own: pad it rather than let it choose the kernel; with N == 0 this rank still
     # takes part in the gather the others wait for, on one dummy column
     b_run = aligned(b_in, -1) if persistent else (b_in if N else b_in.new_zeros((K, 1)))
@@ -148,9 +153,11 @@ def ag_gemm(a_shard: torch.Tensor, b: torch.Tensor, ctx: TPContext | None = None
     return c if c.dtype == out_dtype else c.to(out_dtype)
 
 
-def gemm_rs(a: torch.Tensor, b_shard: torch.Tensor) -> torch.Tensor:
+def gemm_rs(a: torch.Tensor, b_shard: torch.Tensor, *, persistent: bool | None = None) -> torch.Tensor:
     """(sum over ranks of A_r @ B_r), reduce-scattered: returns this rank's rows of the (M, N) sum.
-    M = 0 returns this rank's (0, N) rows at once, as every operator does with an empty shared dimension."""
+    M = 0 returns this rank's (0, N) rows at once, as every operator does with an empty shared dimension.
+    ``persistent``: as for :func:`ag_gemm` (``True``: the persistent kernel and the hybrid reduce-scatter,
+    where N allows it; ``False``: the pointer kernel and the SM pull; ``None``: the persistent one on a GPU)."""
     from tilelink.ops import tp_kernels
     from tilelink.runtime import current_world
 
@@ -168,7 +175,7 @@ def gemm_rs(a: torch.Tensor, b_shard: torch.Tensor) -> torch.Tensor:
         a_in = torch.zeros((M, 1), dtype=a_in.dtype, device=world.device)
         b_in = torch.zeros((1, N), dtype=a_in.dtype, device=world.device)
         K = 1
-    persistent = _persistent(world, N, a_in.dtype)
+    persistent = _persistent(world, N, a_in.dtype, persistent)
     if persistent:  # K is this rank's own: pad it with zero columns of A and rows of B (they add nothing)
         a_in, b_in = aligned(a_in, -1), aligned(b_in, 0)  # both round K up to the same 16 bytes
         K = a_in.shape[1]

@@ -55,9 +55,7 @@ def parts_match_torch(M: int, H: int, inter: int, E: int, top_k: int, kinds: lis
     over experts, for each routing kind; every call twice (a context is reused at epoch 2).
     ``persistent``: force (True) or forbid (False) the tensor-descriptor kernels (ag_moe's persistent
     kernel, moe_rs's column sweep)."""
-    from tilelink.ops import ag_moe, contract, moe_rs
-
-    contract.PERSISTENT = persistent
+    from tilelink.ops import ag_moe, moe_rs
 
     dtype = getattr(torch, dtype_name)
     r, R = tilelink.rank(), tilelink.world_size()
@@ -75,7 +73,8 @@ def parts_match_torch(M: int, H: int, inter: int, E: int, top_k: int, kinds: lis
         dev = {n: t.to(dtype).to(device) for n, t in (("x", x), ("w_up", w_up), ("w_down", w_down))}
         ids = topk_ids.to(device)
         for _ in range(calls):
-            up = ag_moe(dev["x"][lo:hi].contiguous(), dev["w_up"][:, :, ilo:ihi].contiguous(), ids)
+            up = ag_moe(dev["x"][lo:hi].contiguous(), dev["w_up"][:, :, ilo:ihi].contiguous(), ids,
+                        persistent=persistent)
         assert up.shape == (M * top_k, ihi - ilo) and up.dtype == dtype
         ref_up = torch.einsum("sh,shi->si", x.double().repeat_interleave(top_k, 0),
                               w_up.double()[topk_ids.flatten()])[:, ilo:ihi]
@@ -83,7 +82,7 @@ def parts_match_torch(M: int, H: int, inter: int, E: int, top_k: int, kinds: lis
         h = torch.randn(M * top_k, inter, generator=g)
         for _ in range(calls):
             y = moe_rs(h[:, ilo:ihi].contiguous().to(dtype).to(device), dev["w_down"][:, ilo:ihi].contiguous(), ids,
-                       weights.to(device))
+                       weights.to(device), persistent=persistent)
         assert y.shape == (hi - lo, H) and y.dtype == dtype
         per_slot = torch.einsum("si,sih->sh", h.double(), w_down.double()[topk_ids.flatten()])
         ref_y = (per_slot * weights.double().flatten()[:, None]).view(M, top_k, H).sum(1)
@@ -256,9 +255,8 @@ def hybrid_calls_back_to_back(M: int, H: int, inter: int, E: int, top_k: int, ca
     call that read a receive slot the next call was already writing, or the slot of the call before, would
     give a wrong sum. The descriptor kernels are forced (the hybrid is theirs). Returns the relative error of
     every call, moe_rs's then gemm_rs's."""
-    from tilelink.ops import contract, gemm_rs, moe_kernels, moe_rs, tp_kernels
+    from tilelink.ops import gemm_rs, moe_kernels, moe_rs, tp_kernels
 
-    contract.PERSISTENT = True
     for okernel in (moe_kernels.group_gemm_rs_sweep_kernel, tp_kernels.gemm_rs_persistent_kernel):
         assert okernel.plan.launch["via"] == "copy_engine", okernel
 
@@ -280,8 +278,9 @@ def hybrid_calls_back_to_back(M: int, H: int, inter: int, E: int, top_k: int, ca
         weights = torch.rand(M, top_k, generator=g)
         a = torch.randn(M, inter, generator=g)
         inputs.append((h, weights, a))
-        outputs.append((moe_rs(h[:, ilo:ihi].contiguous().to(dtype).to(device), w_dev, ids, weights.to(device)),
-                        gemm_rs(a[:, ilo:ihi].contiguous().to(dtype).to(device), b_dev)))
+        outputs.append((moe_rs(h[:, ilo:ihi].contiguous().to(dtype).to(device), w_dev, ids, weights.to(device),
+                               persistent=True),
+                        gemm_rs(a[:, ilo:ihi].contiguous().to(dtype).to(device), b_dev, persistent=True)))
     errors = []
     for (h, weights, a), (y, c) in zip(inputs, outputs, strict=True):
         per_slot = torch.einsum("si,sih->sh", h.double(), w_down.double()[topk_ids.flatten()])

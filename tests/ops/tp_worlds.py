@@ -41,12 +41,11 @@ def ops_match_torch(M: int, N: int, K: int, dtype_name: str) -> dict[str, float]
 
 def uneven_slices_match_torch(M: int, N: int, K: int, persistent: bool | None) -> dict[str, float]:
     """ag_gemm with this rank's own slice of B's columns and gemm_rs with its own slice of K, split
-    unevenly (a rank may hold none), on the kernel chosen by ``tilelink.ops.contract.PERSISTENT``. Every rank
+    unevenly (a rank may hold none), on the kernel asked for by the operators' ``persistent``. Every rank
     must take the same kernel whatever its own slice, or the ranks would wait on different protocols.
     float32 (4-byte elements)."""
-    from tilelink.ops import TPContext, ag_gemm, contract, gemm_rs, tp_kernels
+    from tilelink.ops import TPContext, ag_gemm, gemm_rs, tp_kernels
 
-    contract.PERSISTENT = persistent
     r, R = tilelink.rank(), tilelink.world_size()
     device = tilelink.runtime.current_world().device
     g = torch.Generator().manual_seed(9)
@@ -56,11 +55,12 @@ def uneven_slices_match_torch(M: int, N: int, K: int, persistent: bool | None) -
     nlo, nhi = bounds(N, r, R)
     klo, khi = bounds(K, r, R)
     out: dict[str, float] = {}
-    c = ag_gemm(a[lo:hi].contiguous().to(device), b[:, nlo:nhi].contiguous().to(device), TPContext(M))
+    c = ag_gemm(a[lo:hi].contiguous().to(device), b[:, nlo:nhi].contiguous().to(device), TPContext(M),
+                persistent=persistent)
     assert c.shape == (M, nhi - nlo) and c.is_contiguous()
     ref = a.double() @ b[:, nlo:nhi].double()
     out["ag_gemm"] = ((c.double().cpu() - ref).norm() / max(ref.norm(), 1e-30)).item() if nhi > nlo else 0.0
-    y = gemm_rs(a[:, klo:khi].contiguous().to(device), b[klo:khi].contiguous().to(device))
+    y = gemm_rs(a[:, klo:khi].contiguous().to(device), b[klo:khi].contiguous().to(device), persistent=persistent)
     ref = (a.double() @ b.double())[lo:hi]
     out["gemm_rs"] = ((y.double().cpu() - ref).norm() / max(ref.norm(), 1e-30)).item() if hi > lo else 0.0
     # the kernels that ran are the ones asked for, where the dimension the ranks share allows them (K for
@@ -154,7 +154,7 @@ def ag_gemm_back_to_back(M: int, N: int, K: int, calls: int, dtype_name: str = "
     gathers late (:func:`lagging_gathers`). No barrier separates the calls: a rank that wrote its next shard
     over one a peer was still reading would give that peer a wrong product. Returns each kernel's largest
     relative error on this rank."""
-    from tilelink.ops import TPContext, ag_gemm, contract, tp_kernels
+    from tilelink.ops import TPContext, ag_gemm, tp_kernels
 
     dtype = getattr(torch, dtype_name)
     r, R = tilelink.rank(), tilelink.world_size()
@@ -164,18 +164,17 @@ def ag_gemm_back_to_back(M: int, N: int, K: int, calls: int, dtype_name: str = "
     ctx = TPContext(M)  # M known: no host all-gather of the shard sizes, which would line the ranks up
     out: dict[str, float] = {}
     for label, persistent in (("copy_engine", True), ("sm_pull", False)):
-        contract.PERSISTENT = persistent
         runs = []
         with lagging_gathers(r == 1):
             for _ in range(calls):
                 a = torch.randn(M, K, generator=g).to(dtype)
                 b = torch.randn(K, N, generator=g).to(dtype)
-                runs.append((ag_gemm(a[lo:hi].contiguous().to(device), b.to(device), ctx), a.double() @ b.double()))
+                runs.append((ag_gemm(a[lo:hi].contiguous().to(device), b.to(device), ctx, persistent=persistent),
+                             a.double() @ b.double()))
         errors = [((c.double().cpu() - ref).norm() / ref.norm()).item() for c, ref in runs]
         out[label] = float("nan") if any(e != e for e in errors) else max(errors)  # max() skips a NaN
         kernel = tp_kernels.ag_gemm_persistent_kernel if persistent else tp_kernels.ag_gemm_kernel
         assert kernel.launcher.contexts, f"{label}: {kernel} did not run"
-    contract.PERSISTENT = None
     return out
 
 
@@ -186,7 +185,7 @@ def calls_with_a_late_host(M: int, N: int, K: int, late_s: float, dtype_name: st
     largest relative error on this rank."""
     import time
 
-    from tilelink.ops import TPContext, ag_gemm, contract, gemm_rs
+    from tilelink.ops import TPContext, ag_gemm, gemm_rs
 
     dtype = getattr(torch, dtype_name)
     r, R = tilelink.rank(), tilelink.world_size()
@@ -198,7 +197,6 @@ def calls_with_a_late_host(M: int, N: int, K: int, late_s: float, dtype_name: st
     out: dict[str, float] = {}
     for label, persistent, op in (("ag_gemm copy_engine", True, "ag"), ("ag_gemm sm_pull", False, "ag"),
                                   ("gemm_rs hybrid", True, "rs")):
-        contract.PERSISTENT = persistent
         errors = []
         for call in range(3):
             a = torch.randn(M, K, generator=g).to(dtype)
@@ -207,11 +205,11 @@ def calls_with_a_late_host(M: int, N: int, K: int, late_s: float, dtype_name: st
                 time.sleep(late_s)
             ref = a.double() @ b.double()
             if op == "ag":
-                c = ag_gemm(a[lo:hi].contiguous().to(device), b.to(device), ctx)
+                c = ag_gemm(a[lo:hi].contiguous().to(device), b.to(device), ctx, persistent=persistent)
             else:
-                c = gemm_rs(a[:, klo:khi].contiguous().to(device), b[klo:khi].contiguous().to(device))
+                c = gemm_rs(a[:, klo:khi].contiguous().to(device), b[klo:khi].contiguous().to(device),
+                            persistent=persistent)
                 ref = ref[lo:hi]
             errors.append(((c.double().cpu() - ref).norm() / ref.norm()).item())
         out[label] = float("nan") if any(e != e for e in errors) else max(errors)  # max() skips a NaN
-    contract.PERSISTENT = None
     return out
