@@ -11,8 +11,31 @@ import triton
 
 import tilelink
 from tests.rules.cases import rows_of, worst
+from tilelink.runtime import current_world
 
 FORMS = Path(__file__).parent / "forms"
+
+
+def _placed(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The inputs where this rank computes: float32 on the CPU, float16 on a GPU (made on the CPU, so every rank
+    and the reference see the same values)."""
+    device = current_world().device
+    if device.type != "cuda":
+        return tensors
+    triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device=device))
+    return tuple(t.to(device=device, dtype=torch.float16) for t in tensors)
+
+
+def _error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """Largest error against ``ref`` (float32, CPU), relative to its largest entry on a GPU (float16 inputs)."""
+    err = (out.float().cpu() - ref).abs().max().item()
+    return err / max(1.0, ref.abs().max().item()) if out.is_cuda else err
+
+
+def _exact(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The values a GPU rank computes with (float16), as float32 on the CPU, for the reference."""
+    cuda = current_world().device.type == "cuda"
+    return tuple(t.half().float() if cuda else t for t in tensors)
 
 
 def load_form(name: str):
@@ -27,16 +50,16 @@ def attention_descriptor_advance(calls: int = 2) -> float:
     kernel = load_form("attention_descriptor_advance").attn_fwd
     SQ, SKV, D = 20, 37, 16
     g = torch.Generator().manual_seed(11)
-    q, k, v = (torch.randn(n, D, generator=g) for n in (SQ, SKV, SKV))
+    q, k, v = _exact(*(torch.randn(n, D, generator=g) for n in (SQ, SKV, SKV)))
     lo, hi = rows_of(rank, world, SKV)
     scale = D ** -0.5
     ref = torch.softmax(q @ k.T * scale, dim=-1) @ v
+    qd, kd, vd = _placed(q, k[lo:hi].contiguous(), v[lo:hi].contiguous())
     err = 0.0
     for _ in range(calls):
-        o = torch.full((SQ, D), float("nan"))
-        kernel[(triton.cdiv(SQ, 16),)](q, k[lo:hi].contiguous(), v[lo:hi].contiguous(), o, SQ, SKV, scale,
-                                       HEAD_DIM=D, BLOCK_M=16, BLOCK_N=16)
-        err = worst(err, (o - ref).abs().max().item())
+        o = torch.full((SQ, D), float("nan"), dtype=qd.dtype, device=qd.device)
+        kernel[(triton.cdiv(SQ, 16),)](qd, kd, vd, o, SQ, SKV, scale, HEAD_DIM=D, BLOCK_M=16, BLOCK_N=16)
+        err = worst(err, _error(o, ref))
     return err
 
 
@@ -45,15 +68,16 @@ def gemm_row_wrap(calls: int = 2) -> float:
     kernel = load_form("gemm_row_wrap").matmul_wrap
     M, N, K = 50, 24, 40
     g = torch.Generator().manual_seed(12)
-    a, b = torch.randn(M, K, generator=g), torch.randn(K, N, generator=g)
+    a, b = _exact(torch.randn(M, K, generator=g), torch.randn(K, N, generator=g))
     lo, hi = rows_of(rank, world, M)
+    ad, bd = _placed(a[lo:hi].contiguous(), b)
     err = 0.0
     for _ in range(calls):
-        c = torch.full((M, N), float("nan"))
+        c = torch.full((M, N), float("nan"), dtype=ad.dtype, device=ad.device)
         kernel[(triton.cdiv(M, 16) * triton.cdiv(N, 16),)](
-            a[lo:hi].contiguous(), b, c, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
+            ad, bd, c, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
             c.stride(0), c.stride(1), BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, GROUP_M=2)
-        err = worst(err, (c - a @ b).abs().max().item())
+        err = worst(err, _error(c, a @ b))
     return err
 
 
@@ -62,18 +86,18 @@ def gemm_rs_epilogue_branch(calls: int = 2) -> float:
     kernel = load_form("gemm_rs_epilogue_branch").matmul_branch
     M, N, K = 50, 40, 36
     g = torch.Generator().manual_seed(13)
-    a, b = torch.randn(M, K, generator=g), torch.randn(K, N, generator=g)
+    a, b = _exact(torch.randn(M, K, generator=g), torch.randn(K, N, generator=g))
     klo, khi = rows_of(rank, world, K)  # each rank holds a slice of K: the partial sums add up to a @ b
-    ar, br = a[:, klo:khi].contiguous(), b[klo:khi].contiguous()
+    ar, br = _placed(a[:, klo:khi].contiguous(), b[klo:khi].contiguous())
     lo, hi = rows_of(rank, world, M)
     err = 0.0
     for split in (True, False):
         for _ in range(calls):
-            out = torch.full((hi - lo, N), float("nan"))
+            out = torch.full((hi - lo, N), float("nan"), dtype=ar.dtype, device=ar.device)
             kernel[(triton.cdiv(M, 16) * triton.cdiv(N, 16),)](
                 ar, br, out, M, N, khi - klo, ar.stride(0), ar.stride(1), br.stride(0), br.stride(1), N, 1,
                 BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, SPLIT_EPILOGUE=split)
-            err = worst(err, (out - (a @ b)[lo:hi]).abs().max().item() if hi > lo else 0.0)
+            err = worst(err, _error(out, (a @ b)[lo:hi]) if hi > lo else 0.0)
     return err
 
 
