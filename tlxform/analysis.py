@@ -232,13 +232,24 @@ def _arange_size(node: cst.BaseExpression) -> str | None:
     return None
 
 
-def parse_offsets(value: cst.BaseExpression) -> tuple[str, str] | None:
-    """Recognise ``start + tl.arange(0, size)`` (either order, optionally ``(...) % bound``).
+def parse_offsets(value: cst.BaseExpression, resolve=None) -> tuple[str, str] | None:
+    """Recognise ``start + tl.arange(0, size)`` (either order, optionally ``(...) % bound``, inside
+    ``tl.multiple_of`` / ``tl.max_contiguous``).
 
     Returns ``(start, size)`` source strings or ``None``.
     """
-    while isinstance(value, cst.BinaryOperation) and isinstance(value.operator, cst.Modulo):
-        value = value.left
+    while True:
+        if isinstance(value, cst.BinaryOperation) and isinstance(value.operator, cst.Modulo):
+            value = value.left  # rows that wrap (`% M`) past the end, never stored
+        elif (_is_tl_call(value, "multiple_of") or _is_tl_call(value, "max_contiguous")) and value.args:
+            value = value.args[0].value  # a compiler hint: the same values
+        elif isinstance(value, cst.Name) and resolve is not None and resolve(value.value) is not None:
+            value = resolve(value.value)  # `rm = pid_m * BLOCK_M + tl.arange(...)`, then `tl.multiple_of(rm % M, ..)`
+            resolve = None
+        elif isinstance(value, cst.BinaryOperation) or not value.lpar:
+            break
+        else:
+            value = value.with_changes(lpar=[], rpar=[])
     if isinstance(value, cst.BinaryOperation) and isinstance(value.operator, cst.Add):
         for a, b in ((value.left, value.right), (value.right, value.left)):
             size = _arange_size(b)
@@ -421,9 +432,13 @@ class _Analyzer:
     def _offsets_definition(self, name: str, at: Where | None = None) -> tuple[StmtRef, str, str] | None:
         """``name = start + tl.arange(0, size)``: the assignment that reaches ``at`` (the last one before it in a
         block that holds it), else the first such assignment of the kernel."""
+        def single(n: str) -> cst.BaseExpression | None:
+            defs = self.assignments.get(n, [])
+            return defs[0][1] if len(defs) == 1 and n not in self.rebound else None
+
         found = []
         for ref, value in self.assignments.get(name, []):
-            parsed = parse_offsets(value)
+            parsed = parse_offsets(value, single)
             if parsed is not None:
                 found.append((ref, parsed[0], parsed[1]))
         if at is not None:
@@ -432,6 +447,15 @@ class _Analyzer:
             if reaching:
                 return reaching[-1]
         return found[0] if found else None
+
+    def _wrap_bound(self, offsets: str) -> str | None:
+        """``offs_am = (... + tl.arange(0, B)) % M`` (also inside ``tl.multiple_of``) -> ``"M"``: rows that wrap
+        at M are rows of an M-row tensor."""
+        for _, value in self.assignments.get(offsets, []):
+            for mod in m.findall(value, m.BinaryOperation(operator=m.Modulo(), right=m.Name())):
+                if mod.right.value in self.params:  # type: ignore[union-attr]
+                    return mod.right.value  # type: ignore[union-attr]
+        return None
 
     def _size_param(self, offsets: str) -> str | None:
         """``offs_am[:, None] < M`` or ``offs_am < M`` anywhere in the kernel -> ``"M"``."""
@@ -517,8 +541,8 @@ class _Analyzer:
             definition = self._offsets_definition(name, access.where)
             if definition is not None:
                 ref, start, size = definition
-                return Tile(start, size, name, size_param or self._size_param(name), self._pid_of(start),
-                            self.where(ref.node), ndim)
+                return Tile(start, size, name, size_param or self._size_param(name) or self._wrap_bound(name),
+                            self._pid_of(start), self.where(ref.node), ndim)
         return None
 
 

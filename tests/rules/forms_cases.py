@@ -63,9 +63,9 @@ def attention_descriptor_advance(calls: int = 2) -> float:
     return err
 
 
-def gemm_row_wrap(calls: int = 2) -> float:
+def gemm_row_wrap(calls: int = 2, form: str = "gemm_row_wrap", kernel: str = "matmul_wrap") -> float:
     rank, world = tilelink.rank(), tilelink.world_size()
-    kernel = load_form("gemm_row_wrap").matmul_wrap
+    kernel = getattr(load_form(form), kernel)
     M, N, K = 50, 24, 40
     g = torch.Generator().manual_seed(12)
     a, b = _exact(torch.randn(M, K, generator=g), torch.randn(K, N, generator=g))
@@ -101,7 +101,12 @@ def gemm_rs_epilogue_branch(calls: int = 2) -> float:
     return err
 
 
+def gemm_row_wrap_hints(calls: int = 2) -> float:
+    return gemm_row_wrap(calls, "gemm_row_wrap_hints", "matmul_wrap_hints")
+
+
 RUNS = {"attention_descriptor_advance": attention_descriptor_advance, "gemm_row_wrap": gemm_row_wrap,
+        "gemm_row_wrap_hints": gemm_row_wrap_hints,
         "gemm_rs_epilogue_branch": gemm_rs_epilogue_branch}
 
 

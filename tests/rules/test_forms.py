@@ -202,7 +202,7 @@ def test_forms_compile_for_sm90_with_the_plain_kernels_loads() -> None:
     for line in result.stdout.splitlines():
         name, variant, rest = line.split(" ", 2)
         profiles[(name, variant)] = ast.literal_eval(rest)
-    for name in ("gemm_row_wrap", "gemm_rs_epilogue_branch"):
+    for name in ("gemm_row_wrap", "gemm_row_wrap_hints", "gemm_rs_epilogue_branch"):
         plain, rewritten = profiles[(name, "plain")], profiles[(name, "rewritten")]
         assert plain["cp.async 16B"] > 0 and rewritten == plain, (name, plain, rewritten)
     # a wait on every iteration of the key loop keeps the bulk tensor copies, but Triton no longer software-

@@ -1,6 +1,5 @@
 """A grouped-order GEMM whose row offsets wrap with `% M` (rows past M read rows from the top and are never
-stored), so that its loads need no row mask; A is gathered along M (`size="M"`: nothing compares the rows with
-M), and C's rows are reduced over the ranks' K slices in the reduce-scatter twin."""
+stored), so that its loads need no row mask; A is gathered along M."""
 
 import triton
 import triton.language as tl
