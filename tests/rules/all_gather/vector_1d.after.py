@@ -35,38 +35,7 @@ def scale_kernel(x_ptr, w_ptr, y_ptr, N, BLOCK: tl.constexpr,  # added by TileLi
 
 # ----------------------------------------------------------------------------
 # partner kernels of the rules
-
-
-@triton.jit(do_not_specialize=["tlk_epoch"])  # one variant for every call
-def ag_pull_producer(full_ptr, peer_table, tlk_barriers, tlk_epoch, tlk_rank, tlk_world, tlk_rows,
-                     tlk_rows_per_rank, tlk_rows_per_channel, tlk_channels_per_rank, row_elems, outer,
-                     outer_stride, BLOCK: tl.constexpr):
-    """Pull every peer's channels into this rank's copy of the gathered buffer, ring order.
-
-    ``full_ptr`` is the local (outer, rows, row_elems) contiguous buffer; rank ``r``'s rows are
-    already in place on every rank's copy (the launcher copies the shard before this runs).
-    """
-    pid = tl.program_id(0)
-    nprog = tl.num_programs(0)
-    num_channels = tlk_world * tlk_channels_per_rank
-    for i in range(pid, num_channels, nprog):
-        # this rank's own channels first, then the next rank's: ring order over sources
-        ch = (i + tlk_rank * tlk_channels_per_rank) % num_channels
-        lo, hi = tlm.tl_channel_range(ch, tlk_rows, tlk_rows_per_rank, tlk_rows_per_channel,
-                                      tlk_channels_per_rank)
-        src = ch // tlk_channels_per_rank
-        if src != tlk_rank:
-            n = (hi - lo) * row_elems
-            # whole symmetric buffers (checked at launch): the rows move as vectors
-            peer = tll.peer_ptr_aligned(peer_table, full_ptr, src)
-            for o in range(0, outer):
-                base = o * outer_stride + lo * row_elems
-                for off in range(0, n, BLOCK):
-                    idx = off + tl.arange(0, BLOCK)
-                    mask = idx < n
-                    x = tl.load(peer + base + idx, mask=mask, other=0)
-                    tl.store(full_ptr + base + idx, x, mask=mask)
-        tll.producer_tile_notify(tlk_barriers, ch, 1, tlk_barriers, tlk_rank, tlk_world, 0)
+# (left out of the golden file: ag_pull_producer)
 
 
 TILELINK_PLAN = {'scale_kernel': {'channels_per_rank': None,

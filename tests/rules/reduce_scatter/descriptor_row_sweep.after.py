@@ -51,64 +51,7 @@ def matmul_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk,
 
 # ----------------------------------------------------------------------------
 # partner kernels of the rules
-
-
-@triton.jit(do_not_specialize=["tlk_epoch"])  # one variant for every call
-def rs_pull_consumer(partial_ptr, peer_table, out_ptr, tlk_barriers, barrier_table, tlk_epoch, tlk_rank, tlk_world,
-                     tlk_rows, tlk_rows_per_rank, tlk_rows_per_channel, tlk_channels_per_rank, row_elems, tlk_diag,
-                     tlk_budget, TOPK: tl.constexpr, BLOCK: tl.constexpr):
-    """Sum every rank's partial rows of this rank's channels into ``out_ptr`` (this rank's shard).
-
-    ``partial_ptr`` is the local copy of the symmetric partial buffer: (rows, row_elems), or with
-    ``TOPK > 1`` (MoE: GroupGEMM -> top-k reduce -> reduce-scatter, paper §7.2) (rows * TOPK,
-    row_elems) whose rows ``t * TOPK + k`` are token ``t``'s expert slots, summed too. Channel by
-    channel, the blocks of a channel are dealt round-robin over the programs; a program waits once per
-    channel and rank, before its first block of the channel (a channel of ``n`` output elements is
-    complete on a rank once its barrier word reaches ``epoch * n * TOPK``). Waiting per block instead
-    polled a peer's flag over the link for every 1024 elements.
-    """
-    pid = tl.program_id(0)
-    nprog = tl.num_programs(0)
-    nblocks = tl.cdiv(tlk_rows_per_channel * row_elems, BLOCK)
-    rank_lo = tlk_rank * tlk_rows_per_rank
-    for j in range(0, tlk_channels_per_rank):
-        ch = tlk_rank * tlk_channels_per_rank + j
-        lo, hi = tlm.tl_channel_range(ch, tlk_rows, tlk_rows_per_rank, tlk_rows_per_channel,
-                                      tlk_channels_per_rank)
-        n = (hi - lo) * row_elems
-        # this program's first block of the channel: blocks are dealt round-robin across the channels
-        first = (pid + nprog - (j * nblocks) % nprog) % nprog
-        if first < tl.cdiv(n, BLOCK):
-            # once per channel and source (not per block): each wait polls a peer's flag over the link
-            token = tl.zeros((), dtype=tl.int32)
-            for p in range(0, tlk_world):
-                src = (tlk_rank + 1 + p) % tlk_world
-                src_barriers = tll.peer_ptr(barrier_table, tlk_barriers, src)
-                token += tll.consumer_tile_wait(src_barriers, ch, 1, n.to(tl.int64) * TOPK * tlk_epoch, tlk_diag,
-                                                tlk_budget)
-            for off in range(first * BLOCK, n, nprog * BLOCK):
-                idx = off + tl.arange(0, BLOCK)
-                mask = idx < n
-                acc = tl.zeros([BLOCK], dtype=tl.float32)
-                # four sources (and every top-k slot) at a time, unrolled: their loads are in flight
-                # together; a pull is a round trip over the link, and one load at a time per thread
-                # left the consumer latency-bound
-                for p0 in range(0, tlk_world, 4):
-                    for q in tl.static_range(4):
-                        src = (tlk_rank + 1 + p0 + q) % tlk_world
-                        live = mask & (tl.full([BLOCK], p0 + q, tl.int32) < tlk_world)
-                        # whole symmetric buffers (checked at launch): a peer's rows load as vectors
-                        peer = tll.peer_ptr_aligned(peer_table, partial_ptr, src)
-                        if TOPK == 1:
-                            x = tl.load(peer + lo * row_elems + idx + token, mask=live, other=0)
-                            acc += x.to(tl.float32)
-                        else:
-                            row = lo + idx // row_elems
-                            col = idx % row_elems
-                            for k in tl.static_range(TOPK):
-                                x = tl.load(peer + (row * TOPK + k) * row_elems + col + token, mask=live, other=0)
-                                acc += x.to(tl.float32)
-                tl.store(out_ptr + (lo - rank_lo) * row_elems + idx, acc.to(out_ptr.dtype.element_ty), mask=mask)
+# (left out of the golden file: rs_pull_consumer)
 
 
 TILELINK_PLAN = {'matmul_kernel': {'channels_per_rank': None,

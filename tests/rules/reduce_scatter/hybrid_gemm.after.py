@@ -60,44 +60,7 @@ def matmul_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk,
 
 # ----------------------------------------------------------------------------
 # partner kernels of the rules
-
-
-@triton.jit(do_not_specialize=["tlk_epoch"])  # one variant for every call
-def rs_reduce_received(recv_ptr, partial_ptr, out_ptr, recv_barriers, tlk_barriers, tlk_epoch, tlk_rank, tlk_world,
-                       tlk_rows, tlk_rows_per_rank, tlk_rows_per_channel, tlk_channels_per_rank, row_elems, tlk_diag,
-                       tlk_budget, BLOCK: tl.constexpr):
-    """Hybrid reduce-scatter, SM half: into ``out_ptr``, sum this rank's own partial rows where they were
-    written (``partial_ptr``, (rows, row_elems): complete once ``tlk_barriers[ch]`` reaches ``epoch * n``
-    for a channel of ``n`` elements; no copy) and the partial rows every peer's copy engine delivered into
-    the receive buffer ``recv_ptr`` (world, rows_per_rank, row_elems), slot ``p`` from rank ``p``, announced
-    on ``recv_barriers[p * channels_per_rank + j]``. With ``topk=`` (MoE) these are the rows
-    :func:`rs_topk_reduce` summed over each token's expert slots, and its channels."""
-    pid = tl.program_id(0)
-    nprog = tl.num_programs(0)
-    rank_lo = tlk_rank * tlk_rows_per_rank
-    slot_elems = tlk_rows_per_rank * row_elems
-    nblocks = tl.cdiv(tlk_rows_per_channel * row_elems, BLOCK)  # a channel's rows are one range
-    for j in range(0, tlk_channels_per_rank):
-        ch = tlk_rank * tlk_channels_per_rank + j
-        lo, hi = tlm.tl_channel_range(ch, tlk_rows, tlk_rows_per_rank, tlk_rows_per_channel, tlk_channels_per_rank)
-        n = (hi - lo) * row_elems
-        first = (pid + nprog - (j * nblocks) % nprog) % nprog  # blocks dealt round-robin across the channels
-        if first < tl.cdiv(n, BLOCK):
-            # once per channel and source, not per block (each wait is a poll and a barrier)
-            token = tll.consumer_tile_wait(tlk_barriers, ch, 1, n.to(tl.int64) * tlk_epoch, tlk_diag, tlk_budget)
-            for p in range(0, tlk_world - 1):
-                src = (tlk_rank + 1 + p) % tlk_world
-                token += tll.consumer_tile_wait(recv_barriers, src * tlk_channels_per_rank + j, 1, tlk_epoch,
-                                                tlk_diag, tlk_budget)
-            for off in range(first * BLOCK, n, nprog * BLOCK):
-                idx = off + tl.arange(0, BLOCK)
-                mask = idx < n
-                acc = tl.load(partial_ptr + lo * row_elems + idx + token, mask=mask).to(tl.float32)
-                for p in range(0, tlk_world - 1):
-                    src = (tlk_rank + 1 + p) % tlk_world
-                    x = tl.load(recv_ptr + src * slot_elems + (lo - rank_lo) * row_elems + idx + token, mask=mask)
-                    acc += x.to(tl.float32)
-                tl.store(out_ptr + (lo - rank_lo) * row_elems + idx, acc.to(out_ptr.dtype.element_ty), mask=mask)
+# (left out of the golden file: rs_reduce_received)
 
 
 TILELINK_PLAN = {'matmul_kernel': {'channels_per_rank': 2,
