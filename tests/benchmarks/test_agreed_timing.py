@@ -6,7 +6,11 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from tests.benchmarks.gloo_ranks import run_on_gloo_ranks
+
+pytestmark = pytest.mark.slow  # about 7 s on two cores
 
 
 def _time_both(rank: int, world: int) -> tuple[dict, dict, dict]:

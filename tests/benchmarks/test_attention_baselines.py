@@ -26,6 +26,7 @@ def _compare(rank: int, world: int, shard: int) -> dict:
     return errs
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world", [2, 3])
 def test_ring_attention_and_allgather_sdpa_match_full_attention(world: int) -> None:
     for rank, errs in run_on_gloo_ranks(_compare, world, 5).items():

@@ -51,6 +51,7 @@ def test_the_cli_takes_the_routing_and_refuses_it_where_it_does_not_apply() -> N
     assert result.exit_code == 2 and "'skewed' is not one of 'random', 'balanced', 'equal'" in result.output
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("routing", ["random", "equal"])
 @pytest.mark.parametrize("part", ["ag_moe", "moe_rs"])
 def test_compute_mode_times_kernels_that_agree(part: str, routing: str) -> None:

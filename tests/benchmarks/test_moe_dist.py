@@ -4,9 +4,12 @@ overlapped operators) computes the same result."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from tilelink.benchmarks.moe import MoEShape, run_dist
+
+pytestmark = pytest.mark.slow  # 18-33 s a test on two cores
 
 
 def test_every_method_agrees(monkeypatch) -> None:

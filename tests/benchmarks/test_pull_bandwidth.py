@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from tilelink.benchmarks import pull_bandwidth
+
+pytestmark = pytest.mark.slow  # about 10 s on two cores
 
 
 def test_every_setting_runs_and_is_right(tmp_path) -> None:

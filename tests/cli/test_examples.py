@@ -13,6 +13,7 @@ ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ["ag_gemm", "gemm_rs", "moe", "sp_attention"]
 
 
+@pytest.mark.slow  # 5-11 s each on two cores
 @pytest.mark.parametrize("name", EXAMPLES)
 def test_example_runs_on_an_emulated_world(name: str) -> None:
     cmd = [sys.executable, "-m", "tilelink.cli.main", "run", "-n", "2", "--emulate", f"examples/{name}.py"]

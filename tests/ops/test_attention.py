@@ -12,16 +12,17 @@ from tests.ops.attention_worlds import bad_inputs, inputs, reference, sp_attenti
 
 
 @pytest.mark.parametrize(("world", "B", "H", "Hkv", "S", "causal"), [
-    (1, 1, 2, 2, 37, False),
+    pytest.param(1, 1, 2, 2, 37, False, marks=pytest.mark.slow),
     (2, 1, 4, 2, 45, True),  # GQA 2:1
-    (3, 2, 3, 1, 50, False),  # GQA 3:1 (multi-query), batch 2, ranks of 17, 17, 16 rows
-    (4, 1, 2, 2, 9, True),  # ranks of 3, 3, 3, 0 rows
+    pytest.param(3, 2, 3, 1, 50, False, marks=pytest.mark.slow),  # GQA 3:1 (multi-query), batch 2, ranks of 17, 17, 16
+    pytest.param(4, 1, 2, 2, 9, True, marks=pytest.mark.slow),  # ranks of 3, 3, 3, 0 rows
 ])
 def test_sp_attention_matches_sdpa(world: int, B: int, H: int, Hkv: int, S: int, causal: bool) -> None:
     for err in tilelink.spawn(sp_attention_matches_sdpa, world, B, H, Hkv, S, 16, "float32", causal):
         assert err < 1e-5, err
 
 
+@pytest.mark.slow
 def test_half_precision_and_context_reuse() -> None:
     """fp16 and bf16 (the emulated world computes bf16 in fp32), two calls on one context, SPContext."""
     for dtype in ("float16", "bfloat16"):

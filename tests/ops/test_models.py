@@ -4,10 +4,13 @@ single-process unsharded model; tiny shapes (the interpreter is slow), 3 to 13 t
 
 from __future__ import annotations
 
+import pytest
+
 import tilelink
 from tests.ops.models_worlds import bad_model_inputs, decoder_matches_references, dp_tp_baseline
 
 
+@pytest.mark.slow
 def test_two_layer_decoder_matches_torch_tp_and_unsharded() -> None:
     results = tilelink.spawn(decoder_matches_references, 2, "tiny", 1, 13, "float32")
     assert [r["rows"] for r in results] == [(0, 7), (7, 13)]
@@ -18,6 +21,7 @@ def test_two_layer_decoder_matches_torch_tp_and_unsharded() -> None:
         assert r["tl_vs_unsharded"] < 1e-5 and r["torch_vs_unsharded"] < 1e-5, r
 
 
+@pytest.mark.slow
 def test_multi_query_without_rope_two_sequences() -> None:
     """One KV head replicated on both ranks (R % kv_heads == 0), no RoPE, batch 2 (causal per sequence)."""
     results = tilelink.spawn(decoder_matches_references, 2, "tiny", 2, 5, "float32", 1, kv_heads=1, rope=False)
@@ -26,6 +30,7 @@ def test_multi_query_without_rope_two_sequences() -> None:
         assert r["tl_vs_torch"] < 1e-5 and r["tl_vs_unsharded"] < 1e-5, r
 
 
+@pytest.mark.slow
 def test_bad_inputs_raise_launch_error() -> None:
     for messages in tilelink.spawn(bad_model_inputs, 2):
         assert "NO ERROR" not in messages, messages
@@ -36,6 +41,7 @@ def test_bad_inputs_raise_launch_error() -> None:
         assert "need experts > 0" in messages[8], messages
 
 
+@pytest.mark.slow
 def test_data_parallel_groups_with_tp_inside() -> None:
     """4 ranks = 2 DP replicas x TP 2: the baseline inside each TP group matches the unsharded model."""
     results = tilelink.spawn(dp_tp_baseline, 4, 2)
@@ -44,6 +50,7 @@ def test_data_parallel_groups_with_tp_inside() -> None:
         assert r["tp_size"] == 2 and r["dp_size"] == 2 and r["err"] < 1e-5, r
 
 
+@pytest.mark.slow
 def test_two_layer_moe_decoder_matches_torch_tp_and_unsharded() -> None:
     """Mixtral style (8 experts, top-2, renormalised), 13 tokens."""
     results = tilelink.spawn(decoder_matches_references, 2, "tiny-moe", 1, 13, "float32")
@@ -55,6 +62,7 @@ def test_two_layer_moe_decoder_matches_torch_tp_and_unsharded() -> None:
         assert r["tl_vs_unsharded"] < 1e-5 and r["torch_vs_unsharded"] < 1e-5, r
 
 
+@pytest.mark.slow
 def test_moe_experts_without_tokens() -> None:
     """3 tokens x top-2 = 6 slots for 8 experts: at least two experts receive no token in every layer
     (rank 1 holds a single row)."""
@@ -65,6 +73,7 @@ def test_moe_experts_without_tokens() -> None:
         assert r["tl_vs_torch"] < 1e-5 and r["tl_vs_unsharded"] < 1e-5 and r["torch_vs_unsharded"] < 1e-5, r
 
 
+@pytest.mark.slow
 def test_qwen_style_moe_with_shared_expert() -> None:
     """Qwen1.5-MoE style: 6 experts, top-4 not renormalised, a sigmoid-gated shared expert; batch 2."""
     results = tilelink.spawn(decoder_matches_references, 2, "tiny-qwen-moe", 2, 5, "float32")

@@ -22,9 +22,9 @@ from tests.ops.moe_worlds import (
 
 @pytest.mark.parametrize(("world", "M", "kinds", "calls"), [
     (1, 13, ["random", "skewed", "one"], 2),
-    (2, 11, ["skewed", "one"], 2),
-    (3, 10, ["random"], 1),
-    (4, 9, ["skewed"], 2),
+    pytest.param(2, 11, ["skewed", "one"], 2, marks=pytest.mark.slow),
+    pytest.param(3, 10, ["random"], 1, marks=pytest.mark.slow),
+    pytest.param(4, 9, ["skewed"], 2, marks=pytest.mark.slow),
 ])
 def test_parts_match_torch(world: int, M: int, kinds: list[str], calls: int) -> None:
     # H=16, I=24 split over the ranks (a rank of world 4 holds 6 columns), E=5 experts, top-2
@@ -33,6 +33,7 @@ def test_parts_match_torch(world: int, M: int, kinds: list[str], calls: int) -> 
         assert all(err < 1e-5 for err in per_rank.values()), per_rank
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("world", "M", "H", "inter", "persistent"), [
     (1, 13, 16, 24, True), (2, 11, 16, 24, True), (3, 10, 16, 24, True),
     (3, 10, 16, 10, True),  # columns 4, 4, 2: the last rank's weight rows are not 16 bytes long (padded)
@@ -55,6 +56,7 @@ def test_persistent_kernels_match_torch(world: int, M: int, H: int, inter: int, 
     assert moe_kernels.ag_group_gemm_persistent_kernel.plan.launch["via"] == "copy_engine"
 
 
+@pytest.mark.slow
 def test_moe_rs_sweep_in_spans_across_m_tiles() -> None:
     # the sweep's last wave shared out in spans of column tiles (what a large routing's partial wave takes on a
     # GPU): 40 output columns in 3 column tiles of 16, the M tiles after the first in spans of 2, so spans
@@ -65,6 +67,7 @@ def test_moe_rs_sweep_in_spans_across_m_tiles() -> None:
         assert plans and all(p == (1, 1, 3, 2) for p in plans), plans
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("persistent", [True, False])
 def test_no_hidden_size_and_a_rank_without_columns(persistent: bool) -> None:
     # H = 0 (K == 0 on every rank) with columns 1, 1, 0: every rank still gathers the same shapes
@@ -72,6 +75,7 @@ def test_no_hidden_size_and_a_rank_without_columns(persistent: bool) -> None:
         assert set(per_rank) == {"ag_moe/random", "moe_rs/random"} and all(e == 0.0 for e in per_rank.values())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world", [2, 3])
 def test_hybrid_calls_back_to_back_with_new_data(world: int) -> None:
     # no barrier between calls: each call's receive slots by its parity; every call's own data checked
@@ -79,11 +83,13 @@ def test_hybrid_calls_back_to_back_with_new_data(world: int) -> None:
         assert len(errors) == 8 and max(errors) < 1e-5, errors
 
 
+@pytest.mark.slow
 def test_top1_all_tokens_on_one_expert() -> None:
     for per_rank in tilelink.spawn(parts_match_torch, 2, 7, 16, 16, 3, 1, ["one"], "float32", 1):
         assert all(err < 1e-5 for err in per_rank.values()), per_rank
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("world", "shared"), [(1, False), (2, True), (3, False)])
 def test_tp_moe_matches_torch(world: int, shared: bool) -> None:
     for err in tilelink.spawn(layer_matches_torch, world, 11, 16, 24, 4, 2, shared):
@@ -290,6 +296,7 @@ def sm_pull_sweep(okernel):
     return getattr(tilelink.overlap(spec, channels_per_rank=1)(okernel.kernel).module, okernel.name)
 
 
+@pytest.mark.slow
 def test_layers_with_other_expert_counts_reuse_the_contexts() -> None:
     """Equal shapes, 3 experts then 6: one context per operator serves both (the GPU run loads the second
     kernel variant first, tests/gpu/test_moe_gpu.py; the interpreter has none to load)."""

@@ -17,13 +17,14 @@ from tests.ops.tp_worlds import (
 )
 
 
-@pytest.mark.parametrize("world", [1, 2, 3, 4, 6])
+@pytest.mark.parametrize("world", [1, *(pytest.param(w, marks=pytest.mark.slow) for w in (2, 3, 4, 6))])
 def test_ag_gemm_and_gemm_rs_match_torch(world: int) -> None:
     """World 6: the SM pull consumer's second group of four sources, two of them past the world."""
     for per_rank in tilelink.spawn(ops_match_torch, world, 37, 20, 33, "float32"):
         assert all(err < 1e-5 for err in per_rank.values()), per_rank
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("world", "N", "K", "persistent"), [
     (3, 10, 12, True),  # AG on the persistent kernel, B columns 4, 4, 2: the last rank's rows are padded
     (3, 2, 12, True),  # AG persistent, B columns 1, 1, 0: a rank with none still serves its rows
@@ -38,6 +39,7 @@ def test_uneven_slices_take_one_kernel_on_every_rank(world: int, N: int, K: int,
         assert all(err < 1e-5 for err in per_rank.values()), per_rank
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("world", "M", "N", "K", "split"), [
     (2, 80, 24, 12, 2),  # 5 tiles of 16 rows on 4 programs: one wave, then one tile in two 8-column pieces
     (3, 70, 40, 8, 2),  # per-rank columns 14, 14, 12 (padded to 16 bytes): 4 tiles + the last in two pieces
@@ -65,18 +67,20 @@ def test_tail_split_runs_the_last_wave_at_once() -> None:
     assert tail_split(1856, 132, 128, narrowest=64) == 2  # pieces of at least 64 columns
 
 
+@pytest.mark.slow
 def test_bf16_and_fp16() -> None:
     for dtype in ("bfloat16", "float16"):
         for per_rank in tilelink.spawn(ops_match_torch, 2, 29, 24, 40, dtype):
             assert all(err < 2e-2 for err in per_rank.values()), (dtype, per_rank)
 
 
-@pytest.mark.parametrize("world", [1, 3])
+@pytest.mark.parametrize("world", [1, pytest.param(3, marks=pytest.mark.slow)])
 def test_tp_mlp_matches_torch(world: int) -> None:
     for err in tilelink.spawn(mlp_matches_torch, world, 23, 16, 40):
         assert err < 1e-4
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world", [2, 3])
 def test_ag_gemm_calls_back_to_back_with_a_lagging_rank(world: int) -> None:
     """No barrier between all-gather calls: new data every call, rank 1 behind the others, every product right
@@ -85,6 +89,7 @@ def test_ag_gemm_calls_back_to_back_with_a_lagging_rank(world: int) -> None:
         assert all(err < 1e-5 for err in per_rank.values()), (rank, per_rank)
 
 
+@pytest.mark.slow
 def test_a_rank_late_between_calls_is_waited_for(monkeypatch) -> None:
     """Rank 1's host 2.5 s late between two calls, the wait budget 1 s: the all-gathers and the hybrid
     reduce-scatter wait for it at the call's handshake, longer than a wait's budget, and every result is right."""

@@ -11,6 +11,8 @@ from cases import CASES, run_cases, run_cases_warmed_up
 
 import tilelink
 
+pytestmark = pytest.mark.slow  # 13-43 s a test on two cores
+
 
 @pytest.mark.parametrize(("world", "warm_up", "races"), [
     (1, False, "1"), (2, False, "1"), (3, False, "1"), (4, False, "1"), (2, True, "1"), (3, False, "0")])

@@ -34,6 +34,7 @@ def test_unknown_backend():
         tilelink.init(backend="mpi")
 
 
+@pytest.mark.slow
 def test_wait_timeouts_name_rank_channel_expected_seen(monkeypatch):
     monkeypatch.setenv("TILELINK_WAIT_TIMEOUT", "0.3")
     with pytest.raises(tilelink.WaitTimeout) as info:
@@ -45,6 +46,7 @@ def test_wait_timeouts_name_rank_channel_expected_seen(monkeypatch):
     assert e.rank_failed == 1
 
 
+@pytest.mark.slow
 def test_bad_input():
     messages = tilelink.spawn(runtime_worlds.bad_input, 2)[0]
     assert "symmetric_empty" in messages["foreign"]
@@ -57,6 +59,7 @@ def test_bad_input():
     assert "rank_wait: this Channel was freed" in messages["freed_channel"]
 
 
+@pytest.mark.slow
 def test_failing_rank_raises_in_parent_with_its_traceback():
     with pytest.raises(AssertionError, match="deliberate failure on rank 1") as info:
         tilelink.spawn(runtime_worlds.raise_on, 3, 1, "assert")
@@ -72,6 +75,7 @@ def test_failing_rank_raises_in_parent_with_its_traceback():
     assert "rank 1 failed" in str(info.value) and "in raise_on" in str(info.value), str(info.value)
 
 
+@pytest.mark.slow
 def test_spawn_timeout_names_pending_ranks(capfd):
     with pytest.raises(runtime.SpawnTimeout, match=r"ranks \[0\]") as info:
         tilelink.spawn(runtime_worlds.hang, 1, 60.0, timeout=8)
@@ -108,10 +112,12 @@ def test_a_slow_start_up_says_what_it_waits_for(capfd):
     assert "tilelink: init is slow" in err and "not printed" not in err
 
 
+@pytest.mark.slow
 def test_a_world_started_again_does_not_reuse_freed_buffers():
     assert tilelink.spawn(runtime_worlds.world_again_after_finalize, 2) == [0.0, 0.0]
 
 
+@pytest.mark.slow
 def test_an_operator_whose_wait_timed_out_refuses_the_next_call():
     (out,) = tilelink.spawn(runtime_worlds.timed_out_operator_refuses, 1)
     assert out["first"] == "WaitTimeout"

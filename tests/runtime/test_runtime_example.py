@@ -15,12 +15,13 @@ from examples import handwritten_ag_gemm
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-@pytest.mark.parametrize("world_size", [1, 3, 4])
+@pytest.mark.parametrize("world_size", [1, *(pytest.param(n, marks=pytest.mark.slow) for n in (3, 4))])
 def test_handwritten_ag_gemm_matches_torch(world_size):
     errors = tilelink.spawn(handwritten_ag_gemm.run_check, world_size, 50, 24, 40, 3)
     assert len(errors) == world_size and max(errors) < 1e-3
 
 
+@pytest.mark.slow
 def test_handwritten_ag_gemm_under_tlxform_run():
     result = subprocess.run(
         [sys.executable, "-m", "tilelink.cli.main", "run", "-n", "2", "--emulate", "--timeout", "120",

@@ -8,7 +8,7 @@ import tilelink
 from tests.runtime import runtime_worlds
 
 
-@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
+@pytest.mark.parametrize("world_size", [1, *(pytest.param(n, marks=pytest.mark.slow) for n in (2, 3, 4))])
 def test_heap_and_primitives(world_size):
     calls = 3
     reports = tilelink.spawn(runtime_worlds.heap_and_primitives, world_size, calls)
