@@ -285,6 +285,16 @@ def finalize() -> None:
 
         heap.release_all(world)
         world.impl.finalize()
+        if _owns_process_group and world.world_size > 1 and control is not None:
+            # Leave together: the store's barrier (bounded, watching the peers) says every rank is here, then a
+            # gloo barrier wakes them all at once. A rank leaving on its own poll of the store went on to init()
+            # again while rank 0 still served the old store on the same MASTER_PORT, and met the old world there.
+            control.barrier("tilelink.finalize (leaving)")
+            try:
+                dist.barrier()
+            except RuntimeError as exc:  # a peer died in between
+                raise PeerFailedError(f"rank {world.rank}: a peer was lost in finalize's last barrier ({exc})",
+                                      rank=world.rank) from None
     except (PeerFailedError, HandshakeTimeout, WorldMismatchError) as exc:
         # a peer failed or went elsewhere: nothing left to tear down together, and nothing this rank did wrong
         sys.stderr.write(f"tilelink.finalize: rank {world.rank} left without the collective teardown: {exc}\n")
@@ -292,6 +302,8 @@ def finalize() -> None:
         _drop(world)
     finally:
         _control = None
+        if control is not None:
+            control.store = None  # the old world (a launcher may still hold it) keeps no connection to its store
         forget_handshake_words()
         if destroy and _owns_process_group and dist.is_initialized():
             dist.destroy_process_group()
