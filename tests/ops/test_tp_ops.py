@@ -74,7 +74,8 @@ def test_bf16_and_fp16() -> None:
             assert all(err < 2e-2 for err in per_rank.values()), (dtype, per_rank)
 
 
-@pytest.mark.parametrize("world", [1, pytest.param(3, marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("world", [1, 3])
 def test_tp_mlp_matches_torch(world: int) -> None:
     for err in tilelink.spawn(mlp_matches_torch, world, 23, 16, 40):
         assert err < 1e-4
