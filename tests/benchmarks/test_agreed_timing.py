@@ -1,5 +1,5 @@
 """Timing a function that calls collectives: every rank must call it equally often, or the ranks wait for
-each other forever. ``benchmarks.common.time_ms(fn, device, group)`` agrees on the counts; checked on
+each other forever. ``tilelink.benchmarks.common.time_ms(fn, device, group)`` agrees on the counts; checked on
 gloo CPU ranks whose calls take different times."""
 
 from __future__ import annotations
