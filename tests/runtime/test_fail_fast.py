@@ -187,6 +187,7 @@ def test_a_script_on_stdin_may_spawn_an_importable_function():
     assert "RESULT [" in done.stdout, done.stdout + done.stderr[-3000:]
 
 
+@pytest.mark.slow
 def test_a_rank_that_cannot_import_the_target_is_named(tmp_path, monkeypatch):
     """The function's module imports here but not in the ranks (its file is gone): the rank could not start,
     and the report says the function must live in an importable file."""
