@@ -366,7 +366,13 @@ class AllGatherLauncher(Launcher):
                 rank_copy_data(src_view, dst_view)
             rank_notify(ctx.channel.barriers, ch, epoch * k, world.rank)
 
-        with races.watch(ctx.channel.barriers, on_wait=deliver):
+        def next_program() -> None:  # what another program waited for is not this one's to read
+            for ch in delivered:
+                for _src_view, dst_view in plan.get(ch, ()):
+                    races.poison_(dst_view)
+            delivered.clear()
+
+        with races.watch(ctx.channel.barriers, on_wait=deliver), races.program_starts(next_program):
             self.kernel[grid](**call, **consumer_args)
 
     def launch(self, grid, bound: dict) -> None:

@@ -5,8 +5,10 @@ consumer read that no wait orders, or a notify that comes before the store it pu
 right data. With ``TILELINK_RACES=1`` (the default in the test suite) the launchers instead:
 
 - all-gather: fill the rows that peers provide with poison (NaN, or the largest integer) before the call,
-  and deliver a channel's rows only at the moment a wait of the consumer asks for that channel. A read that
-  no wait covers finds poison on every run, not on an unlucky one;
+  and deliver a channel's rows only at the moment a wait of the consumer asks for that channel; when the
+  interpreter starts the next program, every delivered channel is poison again, so that each program reads only
+  the channels it waited for itself (on a GPU the programs run at once: another program's wait orders nothing).
+  A read that no wait of its program covers finds poison on every run, not on an unlucky one;
 - reduce-scatter: take each channel's rows at the moment the producer's notifies complete it (what a
   consumer polling that channel would read) and hand those to the consumer. A store after the notify that
   should publish it, or a notify that counts too much, changes the result.
@@ -65,6 +67,33 @@ def watch(barriers: torch.Tensor, on_wait: Callable[[int], None] | None = None,
         yield
     finally:
         _WATCHES.remove(w)
+
+
+@contextmanager
+def program_starts(callback: Callable[[], None]) -> Iterator[bool]:
+    """While inside, ``callback()`` runs each time Triton's interpreter starts a program of a grid. Yields
+    whether it could be hooked (an interpreter without ``interpreter_builder.set_grid_idx`` cannot: then
+    programs share what earlier programs' waits delivered, a weaker schedule)."""
+    try:
+        from triton.runtime import interpreter
+    except ImportError:
+        yield False
+        return
+    builder = getattr(interpreter, "interpreter_builder", None)
+    original = getattr(builder, "set_grid_idx", None)
+    if original is None:
+        yield False
+        return
+
+    def set_grid_idx(*args, **kwargs):
+        callback()
+        return original(*args, **kwargs)
+
+    builder.set_grid_idx = set_grid_idx
+    try:
+        yield True
+    finally:
+        del builder.set_grid_idx  # the class's method again
 
 
 def _words(ptr, mask=None) -> list[tuple[_Watch, int]]:
