@@ -1,11 +1,15 @@
 """``tilelink.ops``: ready overlapped operators, written as annotated plain Triton kernels.
 
 ``ag_gemm``, ``gemm_rs`` and ``TPContext`` load the rewriter and the runtime on first use.
+``tilelink.ops.library`` registers the operators as ``torch.library`` custom ops (``torch.ops.tilelink.*``);
+it is imported here, so that a compiled graph holding them runs once ``tilelink.ops`` is imported.
 """
 
 from __future__ import annotations
 
 import importlib
+
+from tilelink.ops import library  # noqa: F401 - registers torch.ops.tilelink.* (torch, no Triton)
 
 _LAZY = {"ag_gemm": "tilelink.ops.tp", "gemm_rs": "tilelink.ops.tp", "TPContext": "tilelink.ops.tp",
          "ag_moe": "tilelink.ops.moe", "moe_rs": "tilelink.ops.moe",

@@ -11,7 +11,8 @@ import torch
 from torch import nn
 
 from tilelink.errors import LaunchError
-from tilelink.ops.attention import SPContext, sp_attention
+from tilelink.ops.attention import SPContext
+from tilelink.ops.library import sp_attention  # a custom op while torch.compile traces
 
 
 class SPAttention(nn.Module):

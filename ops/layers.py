@@ -36,8 +36,7 @@ class TPMLP(nn.Module):
         self.w_down = nn.Parameter(down[:, lo:hi].t().contiguous().to(world.device), requires_grad=False)
 
     def forward(self, x_shard: torch.Tensor, ctx=None) -> torch.Tensor:
-        from tilelink.ops.gemm import silu_mul
-        from tilelink.ops.tp import ag_gemm, gemm_rs
+        from tilelink.ops.library import ag_gemm, gemm_rs, silu_mul  # custom ops while torch.compile traces
 
         if x_shard.dim() != 2 or x_shard.shape[1] != self.hidden:
             raise LaunchError(f"TPMLP: input must be (rows, {self.hidden}), got {tuple(x_shard.shape)}")

@@ -380,7 +380,7 @@ class TPAttention(nn.Module):
         self.w_o = nn.Parameter(shard.w_o, requires_grad=False)
 
     def forward(self, h_shard: torch.Tensor, ctx, batch: int, seq: int, rope) -> torch.Tensor:
-        from tilelink.ops.tp import ag_gemm, gemm_rs
+        from tilelink.ops.library import ag_gemm, gemm_rs  # custom ops while torch.compile traces
 
         qkv = ag_gemm(h_shard, self.w_qkv, ctx)
         o = attention_core(qkv, self.heads, self.kv_heads, self.config.head_dim, batch, seq, rope)

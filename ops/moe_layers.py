@@ -90,19 +90,17 @@ class TPMoE(nn.Module):
 
     def route(self, x_shard: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Top-k expert ids (int64) and fp32 weights of *every* token, from this rank's rows."""
-        from tilelink.runtime import current_world
+        from tilelink.ops.library import all_gather_shards
 
         logits = torch.nn.functional.linear(x_shard.float(), self.router.float())
         weights, ids = torch.topk(torch.softmax(logits, dim=-1), self.top_k, dim=-1)
         if self.normalize:
             weights = weights / weights.sum(dim=-1, keepdim=True)
-        packed = _gather_rows(torch.cat([ids.double(), weights.double()], dim=1), current_world())
+        packed = all_gather_shards(torch.cat([ids.double(), weights.double()], dim=1))
         return packed[:, :self.top_k].long().contiguous(), packed[:, self.top_k:].float().contiguous()
 
     def forward(self, x_shard: torch.Tensor) -> torch.Tensor:
-        from tilelink.ops.gemm import silu_mul
-        from tilelink.ops.moe import ag_moe, moe_rs
-        from tilelink.ops.moe_routing import route
+        from tilelink.ops.library import ag_moe, moe_rs, route, silu_mul  # custom ops while torch.compile traces
 
         if x_shard.dim() != 2 or x_shard.shape[1] != self.hidden:
             raise LaunchError(f"TPMoE: input must be (rows, {self.hidden}), got {tuple(x_shard.shape)}")
