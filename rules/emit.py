@@ -76,6 +76,25 @@ def channels_of_row_vector(rows: str) -> tuple[str, str]:
             "tlk_rows_per_rank, tlk_rows_per_channel, tlk_channels_per_rank), -1)")
 
 
+def _pid_times_size(an, tile) -> bool:
+    """Whether the tile's start is exactly ``pid * SIZE`` (either order) with SIZE its height."""
+    import libcst as cst
+
+    from tilelink.analysis import code
+
+    try:
+        start, size = cst.parse_expression(tile.start), code(cst.parse_expression(tile.size))
+    except cst.ParserSyntaxError:
+        return False
+    if isinstance(start, cst.Name):  # `row = pid * SIZE`, assigned once: the analysis followed it to find the pid
+        values = an.values.get(start.value, ())
+        if len(values) != 1:
+            return False
+        start = cst.parse_expression(values[0])
+    return (isinstance(start, cst.BinaryOperation) and isinstance(start.operator, cst.Multiply)
+            and {code(start.left), code(start.right)} == {tile.pid, size})
+
+
 def remap_order(an: KernelAnalysis, access: Access, rule: str, order: str,
                 shift: str) -> tuple[list[Insertion], ReportEntry]:
     """Rotate the tile index so that tiles are visited in ``order`` (paper §3.1, tile order).
@@ -93,6 +112,12 @@ def remap_order(an: KernelAnalysis, access: Access, rule: str, order: str,
         return [], ReportEntry(an.name, rule, "not applied",
                                f"order={order!r} not applied: {why}; tiles keep the kernel's own order",
                                access.where)
+    if not _pid_times_size(an, tile):
+        # `pid * STEP` with STEP not the tile height: the rotation counts cdiv(size, height) tiles, which would
+        # send pid past the grid (or skip tiles)
+        return [], ReportEntry(an.name, rule, "not applied",
+                               f"order={order!r} not applied: the tile start {tile.start} does not step by the tile "
+                               f"height {tile.size}; tiles keep the kernel's own order", access.where)
     assigned = an.assignments.get(tile.pid, ())
     lines = ", ".join(str(w.line) for w in assigned)
     if tile.pid in an.rebound or tile.pid in _depends_on(an, an.values.get(tile.pid, ())):

@@ -421,6 +421,14 @@ def rewrite(an: KernelAnalysis, spec: ReduceScatterSpec, options: Options) -> Re
         raise AnnotationError(f"kernel {an.name!r} never stores to {names}", file=an.file,
                               line=an.where.line, column=an.where.column,
                               hint="annotate the pointer the kernel writes its partial result to")
+    reads = [a for t in spec.tensors for a in an.accesses_of(t, "load")]
+    if reads:
+        a = reads[0]
+        raise AnnotationError(
+            f"kernel {an.name!r} reads {a.tensor!r}, which reduce_scatter replaces by a buffer of this rank's partial "
+            f"sums: the read would see neither the caller's tensor nor the reduced result",
+            file=a.where.file, line=a.where.line, column=a.where.column,
+            hint=f"pass what the kernel reads as a separate input (`c = a @ b + d`: load d_ptr, store {a.tensor})")
     report: list[ReportEntry] = []
     insertions: list[Insertion] = []
     for a in stores:

@@ -520,6 +520,18 @@ class _Analyzer:
             desc_defs = self.assignments.get(access.pointer, [])
             if isinstance(offsets, (cst.List, cst.Tuple)) and dim < len(offsets.elements) and desc_defs:
                 make = desc_defs[0][1]
+                base = _arg(make, 0, "base") if isinstance(make, cst.Call) else None
+                if len({code(v) for _, v in desc_defs}) > 1 or base is None or not (
+                        isinstance(base, cst.Name) and base.value == access.tensor):
+                    at = self.where(desc_defs[0][0].node)
+                    raise AnnotationError(
+                        f"the descriptor `{access.pointer}` of {access.tensor!r} is made "
+                        + ("in more than one way" if len({code(v) for _, v in desc_defs}) > 1 else
+                           f"from `{code(base) if base is not None else '?'}`, not from {access.tensor!r} itself")
+                        + ": TileLink reads a descriptor's rows from its offsets only", file=at.file, line=at.line,
+                        column=at.column, hint=f"make it once from the tensor, `{access.pointer} = "
+                                               f"tl.make_tensor_descriptor({access.tensor}, shape=..., strides=..., "
+                                               f"block_shape=...)`, and move rows through the load's offsets")
                 shape = _arg(make, 3, "block_shape") if isinstance(make, cst.Call) else None
                 if isinstance(shape, (cst.List, cst.Tuple)) and dim < len(shape.elements):
                     start_node = offsets.elements[dim].value
@@ -591,6 +603,12 @@ def _anchor(an: _Analyzer, acc: Access, tile: Tile | None, pointers: set[str]) -
                 and any(isinstance(sm, cst.Assign) and _targets(sm) & start_names for sm in r.node.body)]
         defined = an.where(defs[-1].node) if defs else an.where(target) if target is not blocks[0] else an.where(
             an.fn)
+        # any later binding of a start name before the access (`row += BLOCK`, one in a branch) starts another
+        # tile: loads on either side of it must not share one wait
+        later = [at for _, at in _bindings_inside(an, target, start_names)
+                 if (defined.line, defined.column) < (at.line, at.column) < (where.line, where.column)]
+        if later:
+            defined = later[-1]
         tile = Tile(tile.start, tile.size, tile.offsets, tile.size_param, tile.pid, defined, tile.ndim,
                     tile.dynamic)
     used_after: set[str] = set()
@@ -665,6 +683,7 @@ def _settle(an: _Analyzer, acc: Access, tile: Tile, stmt: StmtRef, pointers: set
     afresh on every iteration. What cannot be made so is refused with the line that moves the rows."""
     verb = "reads" if acc.kind == "load" else "writes"
     _check_pointer_advances(an, acc, tile, pointers)
+    _check_row_terms(an, acc, tile, pointers)
     moved = False
     if tile.offsets is not None and not tile.dynamic:
         # the rows are the value of the offsets vector; the wait evaluates its definition's start expression
@@ -710,6 +729,72 @@ def _settle(an: _Analyzer, acc: Access, tile: Tile, stmt: StmtRef, pointers: set
                            f"{_describe(early)}, inside the block that holds the {acc.kind}, before it",
                       f"compute the row start in the same block as the {acc.kind} and before it")
     return stmt, moved
+
+
+def _terms(node: cst.BaseExpression, negative: bool = False) -> list[tuple[cst.BaseExpression, bool]]:
+    """The terms of a sum (``a + (b - c)`` -> a, b, -c), each with whether it is subtracted."""
+    if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, (cst.Add, cst.Subtract)):
+        right_negative = negative != isinstance(node.operator, cst.Subtract)
+        return _terms(node.left, negative) + _terms(node.right, right_negative)
+    return [(node, negative)]
+
+
+def _is_rows(node: cst.BaseExpression, offsets: str) -> bool:
+    """``offs``, ``offs[:, None]`` (any expansion), or ``offs[...] * stride`` with no other use of ``offs``."""
+    if m.matches(node, m.Name(offsets)) or (isinstance(node, cst.Subscript) and m.matches(node.value, m.Name(offsets))
+                                            and all(isinstance(e.slice, cst.Slice) or m.matches(
+                                                e.slice, m.Index(value=m.Name("None"))) for e in node.slice)):
+        return True
+    if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Multiply):
+        for a, b in ((node.left, node.right), (node.right, node.left)):
+            if _is_rows(a, offsets) and offsets not in names_in(b):
+                return True
+    return False
+
+
+def _check_row_terms(an: _Analyzer, acc: Access, tile: Tile, pointers: set[str]) -> None:
+    """The rows a pointer access touches are exactly its tile's offsets vector: each term of the address that
+    holds the vector is ``offs[:, None] * stride`` (or ``offs``), no other term moves along that stride, and no
+    alias of the pointer is made from another row vector. ``(offs[:, None] + i * BLOCK) * stride``,
+    ``(M - 1 - offs[:, None]) * stride`` or ``ptrs + start_n * stride_kn`` read other rows than the wait's."""
+    if acc.descriptor or tile.offsets is None or tile.dynamic:
+        return
+    exprs = an._pointer_definitions(acc.pointer, pointers)
+    hint = (f"index the rows with the offsets vector itself, `{tile.offsets}[:, None] * stride`, and compute it for "
+            f"the rows the access touches: `{tile.offsets} = start + tl.arange(0, BLOCK)`")
+    others = set(an._offsets_candidates(exprs, 0, 2)) | set(an._offsets_candidates(exprs, 1, 2))
+    vectors = {n for n in others if an._offsets_definition(n) is not None} - {tile.offsets}
+    strides: set[str] = set()
+    rest: list[cst.BaseExpression] = []
+    for e in exprs:
+        for term, negative in _terms(e):
+            if tile.offsets not in names_in(term):
+                rest.append(term)
+            elif negative or not _is_rows(term, tile.offsets):
+                raise _refuse(acc, f"the {acc.kind} at line {acc.where.line} touches the rows `{code(term)}` of "
+                                   f"{acc.tensor!r}, which are not the tile's rows `{tile.offsets}`", hint)
+            else:
+                strides |= names_in(term) - {tile.offsets, "None", "True", "False"}
+    for term in rest:
+        moved = names_in(term) & strides - pointers
+        if moved and not (isinstance(term, cst.Name) and term.value in pointers):
+            raise _refuse(acc, f"the address of the {acc.kind} at line {acc.where.line} adds `{code(term)}` along the "
+                               f"rows of {acc.tensor!r} (by {', '.join(sorted(moved))}): it touches other rows than "
+                               f"the tile's `{tile.offsets}`", hint)
+    for name in sorted(vectors):
+        if any(name in names_in(e) and tile.offsets not in names_in(e) for e in exprs):
+            raise _refuse(acc, f"a pointer of this {acc.kind} is also made from the rows `{name}`, not only from the "
+                               f"tile's `{tile.offsets}`", hint)
+    definition = an._offsets_definition(tile.offsets, acc.where)
+    if definition is not None:
+        for mod in m.findall(cst.parse_expression(code(definition[0].node.body[0].value))
+                             if isinstance(definition[0].node, cst.SimpleStatementLine) and isinstance(
+                                 definition[0].node.body[0], cst.Assign) else cst.Name("x"),
+                             m.BinaryOperation(operator=m.Modulo())):
+            if tile.size_param is not None and code(mod.right) != tile.size_param:
+                raise _refuse(acc, f"the rows `{tile.offsets}` wrap at `{code(mod.right)}`, not at the size of "
+                                   f"{acc.tensor!r} ({tile.size_param})", f"wrap the rows at {tile.size_param}, or "
+                                                                           "mask them instead")
 
 
 def _row_strides(an: _Analyzer, exprs: list[cst.BaseExpression], tile: Tile) -> set[str] | None:
@@ -912,8 +997,105 @@ def _sweeps(an: _Analyzer, anchor: cst.CSTNode, chain, acc: Access, tile: Tile) 
         offsets = cst.parse_expression(acc.offsets)
         if not isinstance(offsets, (cst.List, cst.Tuple)) or not offsets.elements:
             return False
-        return not (names_in(offsets.elements[0].value) & bound)
-    return not (_row_names(an, cst.parse_expression(acc.pointer), _bounded_columns(an, acc)) & bound)
+        made = an.assignments.get(acc.pointer, [])
+        box = _arg(made[0][1], 3, "block_shape") if len(made) == 1 and isinstance(made[0][1], cst.Call) else None
+        width = code(box.elements[-1].value) if isinstance(box, (cst.List, cst.Tuple)) and box.elements else None
+        return not (names_in(offsets.elements[0].value) & bound) and width is not None and _steps_by(
+            anchor, offsets.elements[-1].value, width)
+    columns = _bounded_columns(an, acc)
+    if not columns or _row_names(an, cst.parse_expression(acc.pointer), columns) & bound:
+        return False
+    return _sweep_steps(an, anchor, acc) is not None
+
+
+def _sweep_steps(an: _Analyzer, loop: cst.For, acc: Access) -> tuple[int, int] | None:
+    """The ``(k, d)`` of a pointer store's column tiles in a column sweep (:func:`_column_steps`): each iteration
+    stores other columns; its column vector starts at ``(k * t + d) * WIDTH`` for the loop's own ``t``."""
+    steps = None
+    for name in _bounded_columns(an, acc):
+        inside = [v for ref, v in an.assignments.get(name, []) if _contains(an, loop, an.where(ref.node))]
+        parsed = parse_offsets(inside[0]) if len(inside) == 1 else None
+        steps = _column_steps(loop, cst.parse_expression(parsed[0]), parsed[1]) if parsed is not None else None
+        if steps is None:
+            return None
+    return steps
+
+
+def _check_sweeps_disjoint(an: _Analyzer, accesses: list[Access]) -> None:
+    """Several swept stores of the same rows in one loop must store other column tiles than each other too
+    (``(2 * j) * W`` and ``(2 * j + 1) * W``): a column stored twice is counted twice, and its channel would
+    complete before the rest of its columns are stored."""
+    groups: dict = {}
+    for acc in accesses:
+        if acc.kind == "store" and acc.swept and not acc.descriptor and acc.tile is not None:
+            groups.setdefault((acc.anchor, acc.tensor, acc.tile.start, acc.tile.offsets), []).append(acc)
+    for (anchor, *_), group in groups.items():
+        if len(group) < 2:
+            continue
+        loop = next(r.node for r in an.statements if isinstance(r.node, cst.For) and an.where(r.node) == anchor)
+        steps = [_sweep_steps(an, loop, acc) for acc in group]
+        ks = {st[0] for st in steps if st is not None}
+        ds = [st[1] % st[0] for st in steps if st is not None]
+        if None in steps or len(ks) != 1 or len(set(ds)) != len(ds):
+            raise _refuse(group[1], f"the stores at lines {', '.join(str(a.where.line) for a in group)} write the "
+                                    f"same rows in the loop at line {anchor.line}, and TileLink cannot tell that they "
+                                    f"write other columns than each other",
+                          "start each store's columns at `(K * t + d) * BLOCK_N` with the same K and another d "
+                          "(`2 * t * BLOCK_N` and `(2 * t + 1) * BLOCK_N`)")
+
+
+def _poly(node: cst.BaseExpression) -> dict[tuple[str, ...], int] | None:
+    """``node`` as a polynomial over names with integer coefficients (``(2 * j + 1) * W`` -> {(j, W): 2, (W,): 1});
+    ``None`` for anything but names, integers, ``+``, ``-`` and ``*``."""
+    if isinstance(node, cst.Name):
+        return {(node.value,): 1}
+    if isinstance(node, cst.Integer):
+        return {(): int(node.value)}
+    if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Minus):
+        inner = _poly(node.expression)
+        return None if inner is None else {k: -v for k, v in inner.items()}
+    if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, (cst.Add, cst.Subtract, cst.Multiply)):
+        left, right = _poly(node.left), _poly(node.right)
+        if left is None or right is None:
+            return None
+        out: dict[tuple[str, ...], int] = {}
+        if isinstance(node.operator, cst.Multiply):
+            for a, x in left.items():
+                for b, y in right.items():
+                    key = tuple(sorted(a + b))
+                    out[key] = out.get(key, 0) + x * y
+        else:
+            sign = -1 if isinstance(node.operator, cst.Subtract) else 1
+            out = dict(left)
+            for b, y in right.items():
+                out[b] = out.get(b, 0) + sign * y
+        return {k: v for k, v in out.items() if v}
+    return None
+
+
+def _column_steps(loop: cst.For, start: cst.BaseExpression, width: str) -> tuple[int, int] | None:
+    """``(k, d)`` when ``start`` is ``(k * t + d) * width`` for the target ``t`` of ``loop`` (a ``range`` of
+    step 1), with ``k >= 1``: iteration ``t`` stores column tile ``k * t + d``."""
+    if not isinstance(loop.target, cst.Name) or not isinstance(loop.iter, cst.Call):
+        return None
+    args = [a for a in loop.iter.args if a.keyword is None]
+    if code(loop.iter.func) not in ("range", "tl.range") or not 1 <= len(args) <= 3 or (
+            len(args) == 3 and code(args[2].value) != "1"):
+        return None
+    t, w = loop.target.value, cst.parse_expression(width)
+    poly = _poly(start)
+    if poly is None or not isinstance(w, cst.Name):
+        return None
+    steps = {tuple(sorted((t, w.value))): 0, (w.value,): 0}
+    if set(poly) - set(steps):
+        return None
+    k, d = poly.get(tuple(sorted((t, w.value))), 0), poly.get((w.value,), 0)
+    return (k, d) if k >= 1 else None
+
+
+def _steps_by(loop: cst.For, start: cst.BaseExpression, width: str) -> bool:
+    """Whether each iteration of ``loop`` stores other columns than the others (see :func:`_column_steps`)."""
+    return _column_steps(loop, start, width) is not None
 
 
 def _bounded_columns(an: _Analyzer, acc: Access) -> set[str]:
@@ -1047,6 +1229,7 @@ def analyse(module: cst.Module, file: str, kernel: str,
                 if tile.size_param is None and found is not None:  # the rows' bound, read from their mask
                     tile = Tile(tile.start, tile.size, tile.offsets, found, tile.pid, tile.defined_at, tile.ndim)
             accesses.append(_anchor(an, acc, tile, pointers))
+    _check_sweeps_disjoint(an, accesses)
     analysis = KernelAnalysis(kernel, file, an.params, an.constexpr, aliases, descs,
                               tuple(sorted(accesses, key=lambda a: (a.where.line, a.where.column))),
                               fn_where,

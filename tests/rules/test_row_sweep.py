@@ -124,6 +124,8 @@ def test_a_loop_that_moves_the_rows_is_not_a_sweep(body: str) -> None:
     text = str(info.value)
     if body is ADVANCED:  # refused before the sweep is considered: the advance moves the rows themselves
         assert "`ptrs` is advanced at line 15 by `BLOCK_M * stride_cm`, along the rows of 'c_ptr'" in text
+    elif body is ROW_TERM:  # refused before too: the address's rows are not the tile's offsets vector
+        assert "touches the rows `(offs_m[:, None] + j * BLOCK_M) * stride_cm` of 'c_ptr'" in text
     else:
         assert "may change only the column terms" in text
 
@@ -142,3 +144,40 @@ def test_column_count_falls_back_when_its_start_changes_later_in_the_loop() -> N
     out = _generated(text)
     assert "tl.sum((offs_n < (N - col)).to(tl.int32))" in out
     assert "tl.maximum((N - col) - (col)" not in out
+
+
+@pytest.mark.parametrize(("second", "says"), [
+    ("j * BLOCK_N", "write the same rows in the loop at line 11"),  # the same columns twice
+    ("(2 * j + 2) * BLOCK_N", "write the same rows in the loop at line 11"),  # overlaps the next iteration's
+])
+def test_stores_of_a_sweep_that_may_write_the_same_columns_are_refused(second: str, says: str) -> None:
+    text = HEAD + DECORATORS + textwrap.dedent(f'''
+        def kernel(c_ptr, M, N, stride_cm, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+            offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+            for j in range(0, tl.cdiv(N, 2 * BLOCK_N)):
+                offs_a = 2 * j * BLOCK_N + tl.arange(0, BLOCK_N)
+                offs_b = {second} + tl.arange(0, BLOCK_N)
+                tl.store(c_ptr + offs_m[:, None] * stride_cm + offs_a[None, :], 1.0,
+                         mask=(offs_m[:, None] < M) & (offs_a[None, :] < N))
+                tl.store(c_ptr + offs_m[:, None] * stride_cm + offs_b[None, :], 1.0,
+                         mask=(offs_m[:, None] < M) & (offs_b[None, :] < N))
+        ''')
+    with pytest.raises(AnnotationError) as info:
+        _generated(text)
+    assert says in str(info.value), info.value
+
+
+def test_a_store_repeated_on_every_step_of_an_inner_loop_is_refused() -> None:
+    text = HEAD + DECORATORS + textwrap.dedent('''
+        def kernel(c_ptr, M, N, stride_cm, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+            offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+            offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+            acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+            for k in range(0, 4):
+                acc += 1.0
+                tl.store(c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :], acc,
+                         mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+        ''')
+    with pytest.raises(AnnotationError) as info:
+        _generated(text)
+    assert "must be a statement of its own" in str(info.value), info.value
