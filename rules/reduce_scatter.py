@@ -343,69 +343,130 @@ def _swept(an: KernelAnalysis, a, t, spec: ReduceScatterSpec, total: str) -> lis
 #: functions whose value at a sum is not the sum of their values (an activation, a normalisation)
 _NONLINEAR = {"maximum", "minimum", "exp", "exp2", "log", "log2", "log1p", "sqrt", "sqrt_rn", "rsqrt", "sigmoid",
               "abs", "erf", "tanh", "sin", "cos", "clamp", "softmax", "pow", "fast_expf", "fast_dividef", "max",
-              "min", "argmax", "argmin", "sort", "floor", "ceil", "round", "div_rn", "umulhi", "cumprod"}
-#: calls whose value is neither data nor a function of it (constructors, index arithmetic)
-_NEUTRAL = {"zeros", "zeros_like", "full", "arange", "program_id", "num_programs", "cdiv", "load", "dot", "sum",
-            "cast", "reshape", "view", "trans", "permute", "broadcast_to", "expand_dims", "multiple_of",
-            "max_contiguous", "join", "split", "interleave", "dot_scaled", "cumsum", "flip", "to", "where",
-            "static_range", "range", "fma"}
+              "min", "argmax", "argmin", "sort", "floor", "ceil", "round", "div_rn", "umulhi", "cumprod", "fma",
+              "where", "gelu", "silu", "relu"}
+#: calls whose value is their first argument's, reshaped or converted (linear)
+_SHAPE = {"to", "cast", "reshape", "view", "trans", "permute", "broadcast_to", "expand_dims", "sum", "cumsum",
+          "flip", "join", "split", "interleave", "T"}
+#: calls whose value does not depend on data (index arithmetic, constructors)
+_INDEX = {"arange", "program_id", "num_programs", "cdiv", "multiple_of", "max_contiguous", "static_range", "range",
+          "full", "zeros", "zeros_like", "full_like"}
+
+# what a value is, as far as the reduction is concerned: the partial sums (a tl.dot, an accumulator of them),
+# data read by this rank (a load), a constant, or zero
+_ZERO, _CONST, _DATA, _SUM = "zero", "constant", "data", "partial sums"
+
+
+class _Epilogue(Exception):
+    def __init__(self, node: cst.CSTNode, why: str):
+        super().__init__(why)
+        self.source, self.why = code(node), why
+
+
+def _join(a: str, b: str, node: cst.CSTNode) -> str:
+    kinds = {a, b} - {_ZERO}
+    if _SUM in kinds and kinds & {_CONST, _DATA}:  # `out = acc` on one path, `out = 1.0` on another
+        raise _Epilogue(node, "a value that is the partial sums on one path and not on another")
+    for kind in (_SUM, _DATA, _CONST):
+        if kind in kinds:
+            return kind
+    return _ZERO
+
+
+def _classify(an: KernelAnalysis, node: cst.BaseExpression, visiting: set[str]) -> str:
+    """What ``node`` is (see above); raises :class:`_Epilogue` where the reduction of the ranks' stored values
+    would not be the value of the full problem."""
+    if isinstance(node, cst.Name):
+        if node.value in visiting:  # an accumulator's own earlier value: neutral for the join
+            return _ZERO
+        sources = an.values.get(node.value, ()) + an.updates.get(node.value, ())
+        if not sources:
+            return _CONST  # a parameter, a constant, `None`
+        kind = _ZERO
+        for src in sources:
+            kind = _join(kind, _classify(an, cst.parse_expression(src), visiting | {node.value}), node)
+        return kind
+    if isinstance(node, (cst.Integer, cst.Float)):
+        return _ZERO if float(node.value.replace("_", "")) == 0 else _CONST
+    if isinstance(node, (cst.SimpleString, cst.Attribute)) and not isinstance(node, cst.Call):
+        return _CONST
+    if isinstance(node, cst.Subscript):
+        return _classify(an, node.value, visiting)
+    if isinstance(node, cst.UnaryOperation):
+        kind = _classify(an, node.expression, visiting)
+        if kind == _SUM and not isinstance(node.operator, (cst.Minus, cst.Plus)):
+            raise _Epilogue(node, f"`{code(node.operator)}` of the partial sums")
+        return kind
+    if isinstance(node, cst.BinaryOperation):
+        left, right = _classify(an, node.left, visiting), _classify(an, node.right, visiting)
+        op = node.operator
+        if _SUM not in (left, right):
+            return _join(left, right, node) if _ZERO not in (left, right) or not isinstance(op, cst.Multiply) \
+                else _ZERO
+        if isinstance(op, (cst.Add, cst.Subtract)):
+            other = right if left == _SUM else left
+            if other in (_SUM, _ZERO):
+                return _SUM
+            raise _Epilogue(node, f"a {other} term added to the partial sums, which every rank would add")
+        if isinstance(op, cst.Multiply):
+            if left == right == _SUM:
+                raise _Epilogue(node, "a product of partial sums")
+            return _ZERO if _ZERO in (left, right) else _SUM
+        if isinstance(op, cst.Divide) and left == _SUM and right != _SUM:
+            return _SUM
+        raise _Epilogue(node, f"`{code(op).strip()}` with the partial sums")
+    if isinstance(node, cst.Call):
+        func = node.func
+        name = func.attr.value if isinstance(func, cst.Attribute) else func.value if isinstance(func, cst.Name) \
+            else ""
+        args = [a.value for a in node.args if a.keyword is None or a.keyword.value in ("acc", "input", "x")]
+        if name == "load" or (isinstance(func, cst.Attribute) and name in ("load", "gather")):
+            return _DATA
+        if name in _INDEX:
+            return _ZERO if name in ("zeros", "zeros_like") or (
+                name == "full" and len(args) > 1 and _classify(an, args[1], visiting) == _ZERO) else _CONST
+        if name == "dot":
+            kinds = [_classify(an, a, visiting) for a in args]
+            if kinds[:2].count(_SUM) == 2:
+                raise _Epilogue(node, "a product of partial sums")
+            return _SUM if len(kinds) < 3 or kinds[2] in (_SUM, _ZERO) else _join(_SUM, kinds[2], node)
+        if name == "where" and len(args) == 3:
+            if _SUM in (_classify(an, args[0], visiting),):
+                raise _Epilogue(node, "a choice by the values of the partial sums")
+            return _join(_classify(an, args[1], visiting), _classify(an, args[2], visiting), node)
+        if name in _SHAPE:
+            first = func.value if isinstance(func, cst.Attribute) and not (
+                isinstance(func.value, cst.Name) and func.value.value == "tl") else (args[0] if args else None)
+            return _classify(an, first, visiting) if first is not None else _CONST
+        kinds = [_classify(an, a, visiting) for a in args]
+        if isinstance(func, cst.Attribute) and not (isinstance(func.value, cst.Name) and func.value.value == "tl"):
+            kinds.append(_classify(an, func.value, visiting))
+        if _SUM in kinds:
+            what = f"`{name}`" if name in _NONLINEAR or code(func).startswith("tl.") else \
+                f"the helper `{name}` (TileLink does not read its body)"
+            raise _Epilogue(node, f"{what} applied to the partial sums")
+    if isinstance(node, cst.Comparison):
+        kinds = [_classify(an, node.left, visiting)] + [_classify(an, c.comparator, visiting)
+                                                        for c in node.comparisons]
+        if _SUM in kinds:
+            raise _Epilogue(node, "a comparison of the partial sums")
+        return _DATA if _DATA in kinds else _CONST
+        return _DATA if _DATA in kinds else _CONST
+    kinds = [_classify(an, child, visiting) for child in node.children if isinstance(child, cst.BaseExpression)]
+    if _SUM in kinds:
+        raise _Epilogue(node, "an expression TileLink cannot follow, on the partial sums")
+    return _DATA if _DATA in kinds else _CONST
 
 
 def _nonlinear_epilogue(an: KernelAnalysis, a) -> tuple[str, str] | None:
-    """A call on the way from the partial sums to the stored value whose result is not linear in them: ``(its
-    source, what it is)``. Follows the stored value back through the names it is computed from (every value
-    assigned to them), into neither loads' addresses nor masks nor ``tl.where`` conditions (index arithmetic).
-    A ``@triton.jit`` helper counts as non-linear: its body is not read."""
-    todo, seen = [a.value], set()
-    while todo:
-        names, calls = _data_of(cst.parse_expression(todo.pop()))
-        for call in calls:
-            func = call.func
-            name = func.attr.value if isinstance(func, cst.Attribute) else func.value if isinstance(
-                func, cst.Name) else None
-            if name in _NONLINEAR:
-                return code(call), f"`{name}`"
-            if name is not None and name not in _NEUTRAL and isinstance(func, cst.Name) and name not in (
-                    "float", "int", "min", "max"):
-                return code(call), f"the helper `{name}`, which TileLink does not read"
-        for name in names:
-            if name not in seen and name in an.values:
-                seen.add(name)
-                todo.extend(an.values[name])
+    """Where the value stored by ``a`` is not linear in the partial sums, as ``(source, what)``: the sum over the
+    ranks of what each stores must be what the full problem stores. Loads are this rank's data (a weight, a
+    routing weight, a partial input); they may scale the partial sums, not be added to them."""
+    try:
+        _classify(an, cst.parse_expression(a.value), set())
+    except _Epilogue as exc:
+        return exc.source, exc.why
     return None
-
-
-def _data_of(expr: cst.BaseExpression) -> tuple[set[str], list[cst.Call]]:
-    """The names and the calls ``expr``'s value is computed from, leaving out what only addresses or masks it."""
-    found: set[str] = set()
-    calls: list[cst.Call] = []
-
-    class _V(cst.CSTVisitor):
-        def visit_Call(self, node: cst.Call) -> bool:
-            calls.append(node)
-            func = node.func
-            name = func.attr.value if isinstance(func, cst.Attribute) else None
-            if name == "load" or (isinstance(func, cst.Attribute) and name in ("store",)):
-                return False  # a load's value is data of its own; its address and mask are not followed
-            if name == "where" and len(node.args) == 3:
-                node.args[1].value.visit(self)
-                node.args[2].value.visit(self)
-                return False
-            return True
-
-        def visit_Arg(self, node: cst.Arg) -> bool:
-            return not (node.keyword is not None and node.keyword.value in ("mask", "other", "out_dtype",
-                                                                            "input_precision"))
-
-        def visit_Name(self, node: cst.Name) -> None:
-            found.add(node.value)
-
-        def visit_Attribute(self, node: cst.Attribute) -> bool:
-            node.value.visit(self)
-            return False
-
-    expr.visit(_V())
-    return found, calls
 
 
 def rewrite(an: KernelAnalysis, spec: ReduceScatterSpec, options: Options) -> RewritePlan:
@@ -457,7 +518,8 @@ def rewrite(an: KernelAnalysis, spec: ReduceScatterSpec, options: Options) -> Re
         if bad is not None:
             raise AnnotationError(
                 f"the value stored to {a.tensor!r} goes through {bad[1]} (`{bad[0]}`): reduce_scatter sums what every "
-                f"rank stores, and the sum of f(partial sums) is not f of their sum", file=a.where.file,
+                f"rank stores, and that sum would not be the full problem's value (the sum of f(partial sums) is not "
+                f"f of their sum)", file=a.where.file,
                 line=a.where.line, column=a.where.column,
                 hint="store the partial sums themselves and apply the function after the reduction (on the "
                      "reduced rows), or pass reduce_scatter(..., linear_epilogue=True) if what is stored is linear "

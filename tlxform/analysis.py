@@ -97,6 +97,8 @@ class KernelAnalysis:
     bindings: dict[str, tuple[tuple[Where, Where | None], ...]] = field(default_factory=dict)
     # the `tl.range(..., warp_specialize=...)` loops: the rewrite runs them without warp specialisation
     warp_specialized: tuple[Where, ...] = ()
+    # variable -> each in-place update `x op= v`, as the source `x op (v)`
+    updates: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
     def accesses_of(self, tensor: str, kind: str) -> list[Access]:
         return [a for a in self.accesses if a.tensor == tensor and a.kind == kind]
@@ -1230,11 +1232,15 @@ def analyse(module: cst.Module, file: str, kernel: str,
                     tile = Tile(tile.start, tile.size, tile.offsets, found, tile.pid, tile.defined_at, tile.ndim)
             accesses.append(_anchor(an, acc, tile, pointers))
     _check_sweeps_disjoint(an, accesses)
+    updates: dict[str, list[str]] = {}
+    for node in m.findall(fn.body, m.AugAssign(target=m.Name())):
+        op = code(node.operator).rstrip("=").strip()
+        updates.setdefault(node.target.value, []).append(f"{node.target.value} {op} ({code(node.value)})")
     analysis = KernelAnalysis(kernel, file, an.params, an.constexpr, aliases, descs,
                               tuple(sorted(accesses, key=lambda a: (a.where.line, a.where.column))),
                               fn_where,
                               {n: tuple(an.where(r.node) for r, _ in defs) for n, defs in an.assignments.items()},
                               {n: tuple(code(v) for _, v in defs) for n, defs in an.assignments.items()},
                               frozenset(an.rebound), {n: tuple(b) for n, b in an.bindings.items()},
-                              warp_specialized)
+                              warp_specialized, {n: tuple(v) for n, v in updates.items()})
     return analysis

@@ -164,19 +164,28 @@ def kernel(a_ptr, b_ptr, c_ptr, bias_ptr, M, N, BLOCK_M: tl.constexpr, BLOCK_N: 
 
 
 @pytest.mark.parametrize(("epilogue", "says"), [
-    ("out = tl.maximum(acc, 0.0)", "goes through `maximum` (`tl.maximum(acc, 0.0)`)"),
-    ("out = acc * tl.sigmoid(acc)", "goes through `sigmoid`"),
-    ("act = tl.exp(acc)\n    out = act * 2.0", "goes through `exp`"),
-    ("out = gelu(acc)", "goes through the helper `gelu`, which TileLink does not read"),
+    ("out = tl.maximum(acc, 0.0)", "goes through `maximum` applied to the partial sums (`tl.maximum(acc, 0.0)`)"),
+    ("out = acc * tl.sigmoid(acc)", "goes through `sigmoid` applied to the partial sums"),
+    ("act = tl.exp(acc)\n    out = act * 2.0", "goes through `exp` applied to the partial sums"),
+    ("out = act(acc)", "goes through the helper `act` (TileLink does not read its body) applied to the partial"),
+    ("out = tl.where(acc > 0, acc, 0.0)", "goes through a comparison of the partial sums"),
+    ("out = acc + tl.load(bias_ptr + offs_n)[None, :]", "goes through a data term added to the partial sums, "
+                                                         "which every rank would add"),
+    ("out = acc + 1.0", "goes through a constant term added to the partial sums"),
+    ("out = acc * acc", "goes through a product of partial sums"),
+    ("out = acc / tl.sum(acc, 1)[:, None]", "goes through `/` with the partial sums"),
+    ("out = (acc > 0).to(tl.float32) * acc", "goes through a comparison of the partial sums"),
 ])
 def test_a_non_linear_epilogue_before_a_reduce_scatter_store_is_refused(epilogue: str, says: str) -> None:
     err = _error(RS_EPILOGUE.format(extra="", epilogue=epilogue))
-    assert says in str(err) and "the sum of f(partial sums) is not f of their sum" in str(err), err
+    assert says in str(err) and "that sum would not be the full problem's value" in str(err), err
     assert "linear_epilogue=True" in err.hint and "apply the function after the reduction" in err.hint
 
 
 @pytest.mark.parametrize("epilogue", [
     "out = acc * 0.5",  # scaling is linear
+    "out = acc * tl.load(bias_ptr + offs_m)[:, None]",  # so is scaling by loaded weights (MoE routing weights)
+    "out = tl.cumsum(acc, 1)",
     "out = tl.where(offs_n[None, :] < tl.minimum(N, 64), acc, 0.0)",  # masking: the condition is index arithmetic
     "out = acc",
 ])
