@@ -36,10 +36,12 @@ from tilelink.mapping import RowSharding
 from tilelink.plan import Insertion, ReportEntry, RewritePlan
 from tilelink.rules.emit import (
     CHANNEL_PARAMS,
+    MAPPING_ARGS,
     channels_of_row_vector,
     channels_of_tile,
     describe_rows,
     remap_order,
+    tile_end,
 )
 from tilelink.rules.launch import Launcher, Streams, vector_peer_table
 from tilelink.runtime import (
@@ -132,6 +134,14 @@ def rewrite(an: KernelAnalysis, spec: AllGatherSpec, options: Options) -> Rewrit
                 "tlk_token = tll.consumer_tile_wait(tlk_barriers, tlk_first, tlk_count, tlk_epoch, tlk_diag, "
                 "tlk_budget)",
             ]
+            if t.wraps:  # the rows past the end read the first rows again: wait for those too
+                lines += [
+                    "# tilelink: and for the rows its offsets wrap to, at the start",
+                    f"tlk_first, tlk_count = tlm.tl_channels_of_rows(\n    0, {tile_end(t)} - tlk_rows,\n"
+                    f"    {MAPPING_ARGS})",
+                    "tlk_token += tll.consumer_tile_wait(tlk_barriers, tlk_first, tlk_count, tlk_epoch, tlk_diag, "
+                    "tlk_budget)",
+                ]
         lines += [f"{n} = {n} + tlk_token" for n in tokens]
         if any(x.descriptor for x in group) and not tokens:
             report.append(ReportEntry(an.name, RULE, "note",

@@ -49,6 +49,7 @@ class Tile:
     defined_at: Where
     ndim: int = 2  # rank of the accessed tile: 1 for `ptr + offs`, 2 for `ptr + offs[:, None] ...`
     dynamic: bool = False  # rows come from a run-time index: ``start`` is the 1-D vector of source rows
+    wraps: bool = False  # rows past the end wrap to the first rows (``(start + tl.arange(0, size)) % M``)
 
 
 @dataclass(frozen=True)
@@ -556,7 +557,9 @@ class _Analyzer:
             if definition is not None:
                 ref, start, size = definition
                 return Tile(start, size, name, size_param or self._size_param(name) or self._wrap_bound(name),
-                            self._pid_of(start), self.where(ref.node), ndim)
+                            self._pid_of(start), self.where(ref.node), ndim,
+                            wraps=any(m.findall(v, m.BinaryOperation(operator=m.Modulo()))
+                                      for _, v in self.assignments.get(name, [])))
         return None
 
 
@@ -595,7 +598,8 @@ def _anchor(an: _Analyzer, acc: Access, tile: Tile | None, pointers: set[str]) -
     target = stmt.blocks[-1]
     where = an.where(stmt.node)
     if moved:
-        tile = Tile(tile.start, tile.size, tile.offsets, tile.size_param, tile.pid, where, tile.ndim, tile.dynamic)
+        tile = Tile(tile.start, tile.size, tile.offsets, tile.size_param, tile.pid, where, tile.ndim, tile.dynamic,
+                    tile.wraps)
     elif tile.offsets is None and not tile.dynamic:
         # a tile given by tile=(...): it is "defined" by the last statement of its block that assigns
         # a name of its start before the access, so that the loads of one tile share one wait
