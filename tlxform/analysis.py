@@ -558,8 +558,8 @@ class _Analyzer:
                 ref, start, size = definition
                 return Tile(start, size, name, size_param or self._size_param(name) or self._wrap_bound(name),
                             self._pid_of(start), self.where(ref.node), ndim,
-                            wraps=any(m.findall(v, m.BinaryOperation(operator=m.Modulo()))
-                                      for _, v in self.assignments.get(name, [])))
+                            wraps=any(m.findall(v, m.BinaryOperation(operator=m.Modulo())) or _is_clamp(
+                                _unhinted(v), name) for _, v in self.assignments.get(name, [])))
         return None
 
 
@@ -648,6 +648,30 @@ def _refuse(acc: Access, message: str, hint: str) -> AnnotationError:
     return AnnotationError(message, file=acc.where.file, line=acc.where.line, column=acc.where.column, hint=hint)
 
 
+def _unhinted(value: cst.BaseExpression) -> cst.BaseExpression:
+    while (_is_tl_call(value, "multiple_of") or _is_tl_call(value, "max_contiguous")) and value.args:
+        value = value.args[0].value  # type: ignore[attr-defined]
+    return value
+
+
+def _same_rows_or_clamped(value: cst.BaseExpression, name: str) -> bool:
+    """``name = tl.max_contiguous(tl.multiple_of(name, B), B)`` (the same rows, hinted) or ``name = tl.where(name <
+    M, name, 0)`` (rows past the end read row 0, like a wrap): a rebinding that keeps the tile's rows."""
+    value = _unhinted(value)
+    if m.matches(value, m.Name(name)):
+        return True
+    return _is_clamp(value, name)
+
+
+def _is_clamp(value: cst.BaseExpression, name: str) -> bool:
+    if not (_is_tl_call(value, "where") and len(value.args) == 3):  # type: ignore[attr-defined]
+        return False
+    cond, keep, other = (a.value for a in value.args)  # type: ignore[attr-defined]
+    return (m.matches(keep, m.Name(name)) and m.matches(other, m.Integer("0"))
+            and m.matches(cond, m.Comparison(left=m.Name(name), comparisons=[m.ComparisonTarget(
+                operator=m.LessThan())])))
+
+
 def _bindings_inside(an: _Analyzer, node: cst.CSTNode, names: set[str]) -> list[tuple[str, Where]]:
     """Every binding (``=``, ``+=``, ``:=``, a ``for`` target) of ``names`` that lies inside ``node``."""
     return sorted(((n, at) for n in names for at, _ in an.bindings.get(n, ()) if _contains(an, node, at)),
@@ -695,7 +719,10 @@ def _settle(an: _Analyzer, acc: Access, tile: Tile, stmt: StmtRef, pointers: set
         # the rows are the value of the offsets vector; the wait evaluates its definition's start expression
         definition = an._offsets_definition(tile.offsets, acc.where)
         d_at = an.where(definition[0].node) if definition is not None else None
-        others = [(tile.offsets, at) for at, _ in an.bindings.get(tile.offsets, ()) if at != d_at and (
+        harmless = {an.where(ref.node) for ref, value in an.assignments.get(tile.offsets, [])
+                    if _same_rows_or_clamped(value, tile.offsets)}
+        others = [(tile.offsets, at) for at, _ in an.bindings.get(tile.offsets, ()) if at != d_at
+                  and at not in harmless and (
             (d_at is not None and (d_at.line, d_at.column) < (at.line, at.column) < (acc.where.line,
                                                                                       acc.where.column))
             or any(_contains(an, lp, at) for lp in _loops_holding(an, stmt.node, acc.where)))]

@@ -101,12 +101,16 @@ def gemm_rs_epilogue_branch(calls: int = 2) -> float:
     return err
 
 
+def gemm_row_clamp(calls: int = 2) -> float:
+    return gemm_row_wrap(calls, "gemm_row_clamp", "matmul_clamp")
+
+
 def gemm_row_wrap_hints(calls: int = 2) -> float:
     return gemm_row_wrap(calls, "gemm_row_wrap_hints", "matmul_wrap_hints")
 
 
 RUNS = {"attention_descriptor_advance": attention_descriptor_advance, "gemm_row_wrap": gemm_row_wrap,
-        "gemm_row_wrap_hints": gemm_row_wrap_hints,
+        "gemm_row_wrap_hints": gemm_row_wrap_hints, "gemm_row_clamp": gemm_row_clamp,
         "gemm_rs_epilogue_branch": gemm_rs_epilogue_branch}
 
 

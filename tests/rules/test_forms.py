@@ -39,7 +39,8 @@ def test_followed_forms_equal_torch_on_the_race_exposing_schedule(world: int, mo
 #: the rows its offsets wrap to (`% M`), so the wait for them guards only values that are dropped
 COVERED = {"attention_descriptor_advance": {"attn_fwd#1 (consumer_tile_wait)"},
            "gemm_row_wrap": {"matmul_wrap#1 (consumer_tile_wait)"},
-           "gemm_row_wrap_hints": {"matmul_wrap_hints#1 (consumer_tile_wait)"}}
+           "gemm_row_wrap_hints": {"matmul_wrap_hints#1 (consumer_tile_wait)"},
+           "gemm_row_clamp": {"matmul_clamp#1 (consumer_tile_wait)"}}
 
 
 @pytest.mark.slow
@@ -214,7 +215,7 @@ def test_forms_compile_for_sm90_with_the_plain_kernels_loads() -> None:
     for line in result.stdout.splitlines():
         name, variant, rest = line.split(" ", 2)
         profiles[(name, variant)] = ast.literal_eval(rest)
-    for name in ("gemm_row_wrap", "gemm_row_wrap_hints", "gemm_rs_epilogue_branch"):
+    for name in ("gemm_row_wrap", "gemm_row_wrap_hints", "gemm_row_clamp", "gemm_rs_epilogue_branch"):
         plain, rewritten = profiles[(name, "plain")], profiles[(name, "rewritten")]
         assert plain["cp.async 16B"] > 0 and rewritten == plain, (name, plain, rewritten)
     # a wait on every iteration of the key loop keeps the bulk tensor copies, but Triton no longer software-
