@@ -8,6 +8,9 @@ The rank functions live here too (spawned ranks import them by name). Shapes are
 
 from __future__ import annotations
 
+import os
+import shutil
+
 import pytest
 import torch
 
@@ -27,38 +30,46 @@ def _randn(*shape: int, seed: int, scale: float = 1.0) -> torch.Tensor:
     return torch.randn(*shape, generator=g) * scale
 
 
-def _layer_and_args(kind: str):
-    """The layer ``kind`` (every rank builds the same one from the same seeds) and its arguments on this rank."""
+def _layer(kind: str) -> torch.nn.Module:
+    """The layer ``kind``: every rank builds the same one from the same seeds."""
     from tilelink.nn import TPMLP, SPAttention, TPMoE
     from tilelink.ops import models
-    from tilelink.ops.tp import TPContext
 
-    H, I, S = 16, 32, 7  # noqa: E741 - the paper's names
-    lo, hi = _rows(S)
-    x = _randn(S, H, seed=1)[lo:hi].contiguous()
+    H, I = 16, 32  # noqa: E741 - the paper's names
     if kind in ("mlp", "mlp_ctx"):
-        mlp = TPMLP(_randn(I, H, seed=2, scale=0.25), _randn(I, H, seed=3, scale=0.25), _randn(H, I, seed=4, scale=0.2))
-        return mlp, ((x, TPContext(M=S)) if kind == "mlp_ctx" else (x,))
+        return TPMLP(_randn(I, H, seed=2, scale=0.25), _randn(I, H, seed=3, scale=0.25),
+                     _randn(H, I, seed=4, scale=0.2))
     if kind == "moe":  # Qwen1.5-MoE style: a gated shared expert beside the routed ones
         E, k = 4, 2
-        moe = TPMoE(_randn(E, H, seed=5), _randn(E, I, H, seed=6, scale=0.25), _randn(E, I, H, seed=7, scale=0.25),
-                    _randn(E, H, I, seed=8, scale=0.2), k, shared_gate=_randn(24, H, seed=9, scale=0.25),
-                    shared_up=_randn(24, H, seed=10, scale=0.25), shared_down=_randn(H, 24, seed=11, scale=0.2),
-                    shared_expert_gate=_randn(1, H, seed=12, scale=0.25))
-        return moe, (x,)
+        return TPMoE(_randn(E, H, seed=5), _randn(E, I, H, seed=6, scale=0.25), _randn(E, I, H, seed=7, scale=0.25),
+                     _randn(E, H, I, seed=8, scale=0.2), k, shared_gate=_randn(24, H, seed=9, scale=0.25),
+                     shared_up=_randn(24, H, seed=10, scale=0.25), shared_down=_randn(H, 24, seed=11, scale=0.2),
+                     shared_expert_gate=_randn(1, H, seed=12, scale=0.25))
     if kind in ("attention", "attention_len"):  # GQA, causal; with seq_len the layer holds an SPContext
-        S, D = 8, 16
-        lo, hi = _rows(S)
-        q, k, v = (_randn(1, heads, S, D, seed=seed)[:, :, lo:hi].contiguous()
-                   for heads, seed in ((2, 13), (1, 14), (1, 15)))
-        return SPAttention(2, 1, causal=True, seq_len=S if kind == "attention_len" else None), (q, k, v)
+        return SPAttention(2, 1, causal=True, seq_len=8 if kind == "attention_len" else None)
     if kind in ("decoder", "moe_decoder"):
         config = models.get_config("tiny" if kind == "decoder" else "tiny-moe").with_layers(1)
-        batch, seq = 1, 5
-        lo, hi = _rows(batch * seq)
-        x = _randn(batch * seq, config.hidden, seed=16)[lo:hi].contiguous()
-        return models.TPDecoder(config, seed=3, dtype=torch.float32), (x, batch, seq)
+        return models.TPDecoder(config, seed=3, dtype=torch.float32)
     raise ValueError(kind)
+
+
+def _args(kind: str, tokens: int = 0) -> tuple:
+    """This rank's arguments of the layer ``kind`` for ``tokens`` tokens (0: 7, 8 for attention, 5 for a decoder)."""
+    from tilelink.ops.tp import TPContext
+
+    if kind in ("attention", "attention_len"):
+        S, D = tokens or 8, 16
+        lo, hi = _rows(S)
+        return tuple(_randn(1, heads, S, D, seed=seed)[:, :, lo:hi].contiguous()
+                     for heads, seed in ((2, 13), (1, 14), (1, 15)))
+    if kind in ("decoder", "moe_decoder"):
+        batch, seq = 1, tokens or 5
+        lo, hi = _rows(batch * seq)
+        return _randn(batch * seq, 32, seed=16)[lo:hi].contiguous(), batch, seq
+    S = tokens or 7
+    lo, hi = _rows(S)
+    x = _randn(S, 16, seed=1)[lo:hi].contiguous()
+    return (x, TPContext(M=S)) if kind == "mlp_ctx" else (x,)
 
 
 def compiled_matches_eager(*kinds: str) -> dict[str, dict]:
@@ -70,7 +81,7 @@ def compiled_matches_eager(*kinds: str) -> dict[str, dict]:
 
 def _compiled_matches_eager(kind: str) -> dict:
     torch._dynamo.reset()
-    layer, args = _layer_and_args(kind)
+    layer, args = _layer(kind), _args(kind)
     eager = layer(*args)
     explained = torch._dynamo.explain(layer)(*args)
     torch._dynamo.reset()
@@ -84,6 +95,24 @@ def _compiled_matches_eager(kind: str) -> dict:
             "shape": tuple(eager.shape), "compiled_shapes": [tuple(o.shape) for o in outs],
             "dtypes": {str(o.dtype) for o in (eager, *outs)},
             "err": max(((o - eager).abs().max().item() / scale if o.numel() else 0.0) for o in outs)}
+
+
+def compiled_follows_new_sizes(kind: str, backend: str, tokens: tuple[int, ...]) -> dict:
+    """One compiled layer (``fullgraph=True``) called with ``tokens`` tokens in turn: the largest difference from
+    eager at each, relative to its largest value, and the graphs Dynamo compiled."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    layer = _layer(kind)
+    compiled = torch.compile(layer, backend=backend, fullgraph=True)
+    errs = []
+    for n in tokens:
+        args = _args(kind, n)
+        eager, out = layer(*args), compiled(*args)
+        assert out.shape == eager.shape, (n, out.shape, eager.shape)
+        errs.append((out - eager).abs().max().item() / max(eager.abs().max().item(), 1e-30))
+    return {"errs": errs, "graphs": counters["stats"]["unique_graphs"]}
 
 
 def _meta(t: torch.Tensor) -> tuple:
@@ -249,3 +278,21 @@ def test_compiled_layer_traces_whole_and_matches_eager(kinds: tuple[str, ...], w
             assert result["ops"] == sorted(_OPS_OF[kind] + gathers), (kind, r, result)
             assert result["compiled_shapes"] == [result["shape"]] * 2, (kind, r, result)
             assert result["dtypes"] == {"torch.float32"} and result["err"] < 1e-5, (kind, r, result)
+
+
+@pytest.mark.slow
+def test_compiled_layers_follow_new_token_counts() -> None:
+    """Serving: the token count changes between calls. Dynamo recompiles once with dynamic sizes (the unbacked M
+    of a call without a context, the routing's gathered rows and the context's M are symbolic then). Odd counts
+    only: the decoder's input check (``shard_range``, Python ``min``) guards on the count's parity at rank 1."""
+    for kind in ("mlp", "moe_decoder"):
+        for r, result in enumerate(tilelink.spawn(compiled_follows_new_sizes, 2, kind, "aot_eager", (7, 9, 13))):
+            assert result["graphs"] == 2 and max(result["errs"]) < 1e-5, (kind, r, result)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which(os.environ.get("CXX", "g++")) is None, reason="Inductor on CPU needs a C++ compiler")
+def test_inductor_compiles_the_moe_decoder_on_cpu() -> None:
+    """The default backend (Inductor, CPU code around the custom ops) over the decoder with every op in it."""
+    for r, result in enumerate(tilelink.spawn(compiled_follows_new_sizes, 2, "moe_decoder", "inductor", (5,))):
+        assert result["graphs"] == 1 and result["errs"][0] < 1e-5, (r, result)
