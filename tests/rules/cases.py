@@ -344,10 +344,8 @@ def back_to_back_all_gathers(calls: int = 4, slow_rank: int = 1) -> dict[str, fl
     calls: a rank that wrote its next shard over the one a slow peer was still reading, or pushed into a copy
     the peer's consumer was still reading, would give a wrong result. Returns each case's largest error on
     this rank."""
-    import sys
 
-    sys.path.insert(0, str(HERE.parent / "ops"))
-    from tp_worlds import lagging_gathers
+    from tests.ops.tp_worlds import lagging_gathers
 
     rank, world = tilelink.rank(), tilelink.world_size()
     errors = {}

@@ -10,9 +10,12 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
+@pytest.mark.slow
 def test_rewritten_kernels_keep_wide_loads() -> None:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_DEFAULT_FP_FUSION"] = "1"

@@ -7,9 +7,9 @@ producers and consumers, which the race-exposing schedule stands in for)."""
 from __future__ import annotations
 
 import pytest
-from cases import CASES, run_cases, run_cases_warmed_up
 
 import tilelink
+from tests.rules.cases import CASES, run_cases, run_cases_warmed_up
 
 pytestmark = pytest.mark.slow  # 13-43 s a test on two cores
 
@@ -35,7 +35,7 @@ def test_every_case_matches_torch(world: int, warm_up: bool, races: str, monkeyp
 def test_all_gather_calls_back_to_back_with_a_slow_rank(world: int, races: str, monkeypatch) -> None:
     """No barrier between all-gather calls: new data every call, one rank a call behind, every result right."""
     monkeypatch.setenv("TILELINK_RACES", races)
-    from cases import back_to_back_all_gathers
+    from tests.rules.cases import back_to_back_all_gathers
 
     wrong = [f"{case}, rank {rank} of {world}: max error {err}"
              for rank, errors in enumerate(tilelink.spawn(back_to_back_all_gathers, world))

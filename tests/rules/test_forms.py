@@ -205,6 +205,7 @@ def test_the_user_can_vouch_for_a_linear_epilogue() -> None:
     assert "tll.producer_tile_notify" in generated.rewritten["kernel"]
 
 
+@pytest.mark.slow
 def test_forms_compile_for_sm90_with_the_plain_kernels_loads() -> None:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_DEFAULT_FP_FUSION"] = "1"

@@ -9,9 +9,9 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from cases import fill_from_file
 
 import tilelink
+from tests.rules.cases import fill_from_file
 from tilelink.annotations import requests_in
 from tilelink.codegen import generate
 from tilelink.errors import AnnotationError
@@ -60,6 +60,7 @@ def _generated(text: str) -> str:
     return generate(text, "sweep_case.py", requests_in(text, "sweep_case.py")).text
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("body", "programs"), [(TWO_STORES, 4), (SWEPT_AND_TILE, 2)], ids=["two", "with_tile"])
 def test_every_store_of_a_sweep_loop_is_counted_once(tmp_path: Path, body: str, programs: int) -> None:
     path = _write(tmp_path, body)

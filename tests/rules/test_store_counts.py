@@ -9,9 +9,9 @@ import importlib.util
 from pathlib import Path
 
 import pytest
-from cases import HERE, moe_down_from_file
 
 import tilelink
+from tests.rules.cases import HERE, moe_down_from_file
 
 SEPARABLE = "mask=token_mask[:, None] & (offs_bn[None, :] < N))"
 # the same elements, in a form the rewriter cannot split into rows x columns (acc == acc holds: no NaN)
@@ -48,6 +48,7 @@ def test_separable_dynamic_mask_counts_rows_times_columns(tmp_path: Path) -> Non
     assert "tlk_stored = tl.sum(" not in text and "tl.sum((offs_bn" not in text
 
 
+@pytest.mark.slow
 def test_separable_mask_with_a_low_precedence_bound_keeps_it_whole(tmp_path: Path) -> None:
     path = _variant(tmp_path, LOW_PRECEDENCE_BOUND)
     assert ("tlk_stored = tl.where(token_mask, tl.minimum(tl.maximum((N & 65535) - (pid_n * BLOCK_N), 0), BLOCK_N), 0)"
@@ -59,6 +60,7 @@ def test_separable_mask_with_a_low_precedence_bound_keeps_it_whole(tmp_path: Pat
 COLUMNS = "    offs_bn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)\n"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("change", "why"), [
     # the column vector wraps: its values are not start + 0..SIZE-1
     ("    offs_bn = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % (N + BLOCK_N)\n", "modulo"),
@@ -79,6 +81,7 @@ def test_column_count_falls_back_to_the_vector_when_its_definition_does_not_hold
             assert err < 1e-3, err
 
 
+@pytest.mark.slow
 def test_entangled_dynamic_mask_falls_back_to_the_generic_count_and_still_matches(tmp_path: Path) -> None:
     path = _variant(tmp_path, ENTANGLED)
     text = _generated(path)
@@ -87,6 +90,7 @@ def test_entangled_dynamic_mask_falls_back_to_the_generic_count_and_still_matche
         assert err < 1e-3, err
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world", [1, 2, 3])
 def test_moe_reduction_on_the_copy_engine(tmp_path: Path, world: int) -> None:
     # the hybrid with top-k: a token's expert slots travel to the rank owning the token as one range of
@@ -107,7 +111,7 @@ def test_moe_reduction_on_the_copy_engine(tmp_path: Path, world: int) -> None:
 
 
 def test_partial_sums_past_32_bit_offsets_are_refused() -> None:
-    from cases import moe_down_too_large
+    from tests.rules.cases import moe_down_too_large
 
     (message,) = tilelink.spawn(moe_down_too_large, 1)
     assert "2147483648 elements (8388608 x 256)" in message and "split the call along" in message, message

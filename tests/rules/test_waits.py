@@ -1,16 +1,17 @@
 """The inserted waits are real: a rewritten consumer whose channel never arrives times out with a
-diagnosis instead of hanging or reading early (the emulated world runs kernels one after the other,
-so this is how a missing or wrong wait shows up on the CPU)."""
+diagnosis instead of hanging or reading early."""
 
 from __future__ import annotations
 
 import os
 
-from cases import unsatisfied_wait
+import pytest
 
 import tilelink
+from tests.rules.cases import unsatisfied_wait
 
 
+@pytest.mark.slow
 def test_unsatisfied_channel_times_out_with_its_name(monkeypatch) -> None:
     monkeypatch.setenv("TILELINK_WAIT_TIMEOUT", "0.3")
     assert os.environ["TILELINK_WAIT_TIMEOUT"] == "0.3"
