@@ -415,8 +415,8 @@ class AllGatherLauncher(Launcher):
         # kernels and copies start once every peer has said the same (Launcher.handshake). A peer reads (or,
         # pushing, writes) this rank's set only after that word, and this rank writes the set again at call
         # epoch + 2, behind its wait for every peer's word of epoch + 1, which each peer sets only once its streams
-        # are past call epoch: the set's readers and writers of call epoch are done (ARCHITECTURE.md). Two stream
-        # barriers here (before the shard copy, and after) made every rank wait for the other ranks' barrier kernels.
+        # are past call epoch: the set's readers and writers of call epoch are done (ARCHITECTURE.md). Stream
+        # barriers here would make every rank wait for the slowest rank's host on every call.
         for name, full in zip(self.meta["tensors"], fulls, strict=True):
             if hi > lo:
                 full.narrow(dim, lo, hi - lo).copy_(bound[name])
@@ -441,8 +441,8 @@ class AllGatherLauncher(Launcher):
                 self._producer(ctx, world, epoch, ctx.channel.barriers, ctx.channel.peer_table)
         else:
             # SM producers, and a gather by index (MoE: a tile's tokens come from every rank, so the consumer's
-            # first tiles wait for the copies anyway; launched second, they started 0.2 ms after the GEMM on
-            # two H200s whenever the host was behind the GPU): the producer goes first
+            # first tiles wait for the copies anyway; launched second, the copies start up to 0.2 ms after the
+            # GEMM on two H200s when the host is behind the GPU): the producer goes first
             with torch.cuda.stream(side):
                 self._producer(ctx, world, epoch, ctx.channel.barriers, ctx.channel.peer_table)
             self.kernel[grid](**call, **consumer_args)

@@ -61,8 +61,7 @@ class SpawnTimeout(TileLinkError):
 
 
 #: ``MASTER_PORT`` candidates: below Linux's ephemeral range (32768-60999), so that no socket's automatic
-#: port takes one between the check here and rank 0's bind, seconds later (that race failed a GPU test with
-#: EADDRINUSE when the port came from the ephemeral range)
+#: port takes one between the check here and rank 0's bind, seconds later (EADDRINUSE)
 PORT_RANGE = (20000, 32000)
 
 
