@@ -206,6 +206,12 @@ def _add_release_compiled(flag_ptr, value):
 
 
 @triton.jit
+def _add_release_lanes_now_compiled(flag_ptrs, values, mask):
+    # as _add_release_lanes_compiled, when the program's barrier has just been taken
+    tl.atomic_add(flag_ptrs, values, mask=mask, sem="release", scope="sys")
+
+
+@triton.jit
 def _add_release_lanes_compiled(flag_ptrs, values, mask):
     # as _add_release_compiled, for a vector of flags: each lane's atomic is issued by its own thread
     _cta_barrier()
@@ -281,6 +287,7 @@ if INTERPRETED:
     _spin = _spin_interpreted
     _add_release = _add_release_interpreted
     _add_release_lanes = _add_release_interpreted
+    _add_release_lanes_now = _add_release_interpreted
     _after_acquire = _after_acquire_interpreted
     _zero_token = _token_of_interpreted
     _bulk_store_wait = _bulk_store_wait_interpreted
@@ -290,6 +297,7 @@ else:
     _spin = _spin_compiled
     _add_release = _add_release_compiled
     _add_release_lanes = _add_release_lanes_compiled
+    _add_release_lanes_now = _add_release_lanes_now_compiled
     _after_acquire = _after_acquire_compiled
     _zero_token = _token_of
     _bulk_store_wait = _bulk_store_wait_compiled
@@ -540,7 +548,7 @@ def producer_tile_notify_rows_grouped(barrier_ptr, pending, row_lo, row_hi, row_
     middle = last > first + 1  # some channel may lie between the first and the last
     _add_release_group(send | middle, send, barrier_ptr, pending, first, at_first, last, at_last)
     # after the barrier above (taken whenever a lane leads a middle channel), each by its lane's thread
-    tl.atomic_add(barrier_ptr + channel, at_middle, mask=leads, sem="release", scope="sys")
+    _add_release_lanes_now(barrier_ptr + channel, at_middle, leads)
     c = first.to(tl.int32)
     d = last.to(tl.int32)
     a = at_first.to(tl.int64)
