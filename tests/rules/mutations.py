@@ -136,3 +136,66 @@ def run_form_mutants(name: str) -> list[tuple[str, str]]:
         forms.load_form = loader or real
 
     return _run(lambda: real(name), patch, lambda: forms.RUNS[name](calls=1))
+
+
+class _StoreLast(cst.CSTTransformer):
+    """Move the kernel's first ``tl.store`` statement to after the first inserted notify that follows it: the
+    notify then publishes rows not yet stored."""
+
+    def __init__(self, kernel: str):
+        self.kernel, self.inside, self.moved = kernel, 0, False
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        self.inside += node.name.value == self.kernel
+
+    def leave_FunctionDef(self, original, updated):
+        self.inside -= original.name.value == self.kernel
+        return updated
+
+    def leave_IndentedBlock(self, original, updated):
+        if not self.inside or self.moved:
+            return updated
+        body = list(updated.body)
+        text = [cst.Module(body=[]).code_for_node(s) for s in body]
+        store = next((i for i, t in enumerate(text) if t.lstrip().startswith("tl.store(")), None)
+        if store is None:
+            return updated
+        notify = next((j for j in range(store + 1, len(body)) if "tll.producer_tile_notify" in text[j]), None)
+        if notify is None:
+            return updated
+        self.moved = True
+        body = body[:store] + body[store + 1:notify + 1] + [body[store]] + body[notify + 1:]
+        return updated.with_changes(body=body)
+
+
+def run_store_after_notify(case: str) -> list[tuple[str, str]]:
+    """Golden ``case`` with its first store moved after the notify that publishes it, on this rank."""
+    import tests.rules.cases as cases
+    import tilelink
+
+    real = cases.load_case
+
+    def patch(loader) -> None:
+        cases.load_case = loader or real
+
+    def load():
+        module = real("reduce_scatter", case[len("reduce_scatter_"):])
+        for k in vars(module).values():
+            if isinstance(k, OverlappedKernel):
+                moved = _StoreLast(k.name)
+                text = cst.parse_module(k.generated.text).visit(moved).code
+                assert moved.moved, k.name
+                k.generated = dataclasses.replace(k.generated, text=text,
+                                                  source_hash=hashlib.sha256(text.encode()).hexdigest())
+                k._module = None
+        return module
+
+    module = load()
+    patch(lambda *_a: module)
+    try:
+        err = cases.CASES[case](tilelink.rank(), tilelink.world_size())
+        return [("store after its notify", "passed" if err <= 1e-3 else f"failed: max error {err}")]
+    except Exception as exc:  # noqa: BLE001 - caught
+        return [("store after its notify", f"failed: {type(exc).__name__}")]
+    finally:
+        patch(None)

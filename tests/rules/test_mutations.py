@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import tilelink
-from tests.rules.mutations import run_mutants
+from tests.rules.mutations import run_mutants, run_store_after_notify
 
 HERE = Path(__file__).parent
 GOLDEN = sorted(f"{p.parent.name}_{p.name.removesuffix('.before.py')}" for p in HERE.glob("*/*.before.py"))
@@ -28,3 +28,13 @@ def test_dropping_any_inserted_wait_or_notify_is_caught(case: str, monkeypatch) 
     caught = {what for outcomes in results for what, outcome in outcomes if outcome.startswith("failed")}
     # a mutant is caught when some rank fails with it (the other may only see its peer's channels stay short)
     assert all(what in caught for what, _ in results[0]), "\n".join(missed)
+
+
+@pytest.mark.parametrize("case", ["reduce_scatter_pointer_gemm", "reduce_scatter_vector_partial_sums"])
+def test_a_store_after_its_notify_is_caught(case: str, monkeypatch) -> None:
+    """The race-exposing schedule takes a channel's rows when its notifies complete it: a store moved after the
+    notify that publishes it leaves poison in what the consumer reads."""
+    monkeypatch.setenv("TILELINK_RACES", "1")
+    monkeypatch.setenv("TILELINK_WAIT_TIMEOUT", "2")
+    results = tilelink.spawn(run_store_after_notify, 2, case)
+    assert any(outcome.startswith("failed") for outcomes in results for _, outcome in outcomes), results
