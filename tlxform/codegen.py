@@ -121,6 +121,11 @@ class _Rewriter(cst.CSTTransformer):
                                   hint="rename them: TileLink reserves the tlk_ prefix")
         first_default = next((i for i, p in enumerate(params) if p.default is not None), len(params))
         indent = " " * (len("def ") + len(self.kernel) + 1)
+        for p in params:  # a signature with a parameter a line: the new ones go under the kernel's own
+            after = p.comma.whitespace_after if isinstance(p.comma, cst.Comma) else None
+            if isinstance(after, cst.ParenthesizedWhitespace):
+                indent = after.last_line.value
+                break
         new = [cst.Param(cst.Name(p)) for p in self.plan.extra_params]
 
         def break_after(param: cst.Param, comment: str | None = None) -> cst.Param:
@@ -134,6 +139,11 @@ class _Rewriter(cst.CSTTransformer):
             new[i] = break_after(new[i])
         if first_default > 0:  # the channel parameters start on a line of their own
             last = params[first_default - 1]
+            if not isinstance(last.comma, cst.Comma) and isinstance(last.whitespace_after_param,
+                                                                     cst.ParenthesizedWhitespace):
+                # the last parameter's own comment (no comma before it): it moves behind the comma we add
+                last = last.with_changes(comma=cst.Comma(whitespace_after=last.whitespace_after_param),
+                                         whitespace_after_param=cst.SimpleWhitespace(""))
             kept = last.comma.whitespace_after if isinstance(last.comma, cst.Comma) else None
             if isinstance(kept, cst.ParenthesizedWhitespace) and kept.first_line.comment is not None:
                 # the user's comment stays on its line; ours goes on a line of its own under it

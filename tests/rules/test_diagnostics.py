@@ -295,3 +295,23 @@ def test_a_user_comment_after_the_last_parameter_is_kept() -> None:
     assert lines[at].strip() == "M, N,  # sizes", rewritten
     assert lines[at + 1] == " " * 11 + "# added by TileLink:", rewritten
     assert lines[at + 2].startswith(" " * 11 + "tlk_barriers, tlk_epoch"), rewritten
+
+
+@pytest.mark.parametrize(("signature", "expected"), [
+    # the last parameter's comment, no comma before it
+    ("def kernel(a_ptr, c_ptr, M,\n           BLOCK: tl.constexpr  # block size\n           ):",
+     ["           BLOCK: tl.constexpr,  # block size", "           # added by TileLink:",
+      "           tlk_barriers, tlk_epoch, tlk_rank, tlk_world, tlk_rows,"]),
+    # one parameter a line: the new ones go under the kernel's own
+    ("def kernel(\n    a_ptr,  # A\n    c_ptr,  # C\n    M,  # rows\n    BLOCK: tl.constexpr,  # tile\n):",
+     ["    BLOCK: tl.constexpr,  # tile", "    # added by TileLink:", "    tlk_barriers, tlk_epoch, tlk_rank, tlk_world, tlk_rows,"]),
+])
+def test_the_added_parameters_follow_the_signature_s_layout(signature: str, expected: list[str]) -> None:
+    text = (HEAD + '@tilelink.overlap(tilelink.all_gather("a_ptr"))\n@triton.jit\n' + signature + '''
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(c_ptr + offs, tl.load(a_ptr + offs, mask=offs < M), mask=offs < M)
+''')
+    rewritten = generate(text, "user_kernels.py", requests_in(text, "user_kernels.py")).rewritten["kernel"]
+    lines = rewritten.splitlines()
+    at = lines.index(expected[0])
+    assert lines[at:at + len(expected)] == expected, rewritten
