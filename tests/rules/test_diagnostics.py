@@ -304,7 +304,8 @@ def test_a_user_comment_after_the_last_parameter_is_kept() -> None:
       "           tlk_barriers, tlk_epoch, tlk_rank, tlk_world, tlk_rows,"]),
     # one parameter a line: the new ones go under the kernel's own
     ("def kernel(\n    a_ptr,  # A\n    c_ptr,  # C\n    M,  # rows\n    BLOCK: tl.constexpr,  # tile\n):",
-     ["    BLOCK: tl.constexpr,  # tile", "    # added by TileLink:", "    tlk_barriers, tlk_epoch, tlk_rank, tlk_world, tlk_rows,"]),
+     ["    BLOCK: tl.constexpr,  # tile", "    # added by TileLink:",
+      "    tlk_barriers, tlk_epoch, tlk_rank, tlk_world, tlk_rows,"]),
 ])
 def test_the_added_parameters_follow_the_signature_s_layout(signature: str, expected: list[str]) -> None:
     text = (HEAD + '@tilelink.overlap(tilelink.all_gather("a_ptr"))\n@triton.jit\n' + signature + '''
