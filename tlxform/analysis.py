@@ -85,7 +85,6 @@ class KernelAnalysis:
     params: tuple[str, ...]
     constexpr_params: tuple[str, ...]
     aliases: dict[str, tuple[str, ...]]  # annotated tensor -> alias variable names (incl. itself)
-    descriptor_aliases: dict[str, tuple[str, ...]]
     accesses: tuple[Access, ...]
     where: Where
     assignments: dict[str, tuple[Where, ...]]  # variable -> statements assigning it, in order
@@ -205,13 +204,6 @@ def is_triton_jit(decorator: cst.Decorator) -> bool:
     if isinstance(d, cst.Call):
         d = d.func
     return m.matches(d, m.Attribute(value=m.Name("triton"), attr=m.Name("jit")) | m.Name("jit"))
-
-
-def is_autotune_or_heuristics(decorator: cst.Decorator) -> bool:
-    d = decorator.decorator
-    if isinstance(d, cst.Call):
-        d = d.func
-    return m.matches(d, m.Attribute(attr=m.Name("autotune") | m.Name("heuristics")))
 
 
 def _is_tl_call(node: cst.CSTNode, name: str) -> bool:
@@ -412,7 +404,7 @@ class _Analyzer:
             i += 1
         return out
 
-    def _offsets_candidates(self, exprs: list[cst.BaseExpression], dim: int, ndim_hint: int) -> list[str]:
+    def _offsets_candidates(self, exprs: list[cst.BaseExpression], dim: int) -> list[str]:
         """Names indexed as the ``dim`` axis (``x[:, None]`` for dim 0 of a 2-D tile)."""
         found: list[str] = []
         for e in exprs:
@@ -549,7 +541,7 @@ class _Analyzer:
                     return Tile(start, size, None, sp, self._pid_of(start), access.where)
             return None
         exprs = self._pointer_definitions(access.pointer, pointers)
-        candidates = self._offsets_candidates(exprs, dim, 2)
+        candidates = self._offsets_candidates(exprs, dim)
         ndim = 2 if any(m.findall(e, m.Subscript(slice=[m.ZeroOrMore(), m.SubscriptElement(m.Slice()),
                                                        m.ZeroOrMore()])) for e in exprs) else 1
         for name in candidates:
@@ -795,7 +787,7 @@ def _check_row_terms(an: _Analyzer, acc: Access, tile: Tile, pointers: set[str])
     exprs = an._pointer_definitions(acc.pointer, pointers)
     hint = (f"index the rows with the offsets vector itself, `{tile.offsets}[:, None] * stride`, and compute it for "
             f"the rows the access touches: `{tile.offsets} = start + tl.arange(0, BLOCK)`")
-    others = set(an._offsets_candidates(exprs, 0, 2)) | set(an._offsets_candidates(exprs, 1, 2))
+    others = set(an._offsets_candidates(exprs, 0)) | set(an._offsets_candidates(exprs, 1))
     vectors = {n for n in others if an._offsets_definition(n) is not None} - {tile.offsets}
     strides: set[str] = set()
     rest: list[cst.BaseExpression] = []
@@ -1235,7 +1227,6 @@ def analyse(module: cst.Module, file: str, kernel: str,
         fn.body, m.Call(func=m.Attribute(value=m.Name("tl"), attr=m.Name("range")))) if (
         ws := _arg(loop, 99, "warp_specialize")) is not None and not m.matches(ws, m.Name("False")))  # type: ignore
     aliases: dict[str, tuple[str, ...]] = {}
-    descs: dict[str, tuple[str, ...]] = {}
     accesses: list[Access] = []
     for tensor, (dim, override, size_param, index) in tensors.items():
         if tensor not in an.params:
@@ -1254,7 +1245,6 @@ def analyse(module: cst.Module, file: str, kernel: str,
         if override is not None:
             _check_tile_names(an, tensor, override, where)
         aliases[tensor] = tuple(sorted(pointers))
-        descs[tensor] = tuple(sorted(descriptors))
         for acc in an.accesses(tensor, pointers, descriptors):
             tile = an.tile(acc, dim, pointers, override, size_param, index)
             if override is not None and index is None and tile is not None:
@@ -1267,7 +1257,7 @@ def analyse(module: cst.Module, file: str, kernel: str,
     for node in m.findall(fn.body, m.AugAssign(target=m.Name())):
         op = code(node.operator).rstrip("=").strip()
         updates.setdefault(node.target.value, []).append(f"{node.target.value} {op} ({code(node.value)})")
-    analysis = KernelAnalysis(kernel, file, an.params, an.constexpr, aliases, descs,
+    analysis = KernelAnalysis(kernel, file, an.params, an.constexpr, aliases,
                               tuple(sorted(accesses, key=lambda a: (a.where.line, a.where.column))),
                               fn_where,
                               {n: tuple(an.where(r.node) for r, _ in defs) for n, defs in an.assignments.items()},
