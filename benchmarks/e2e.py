@@ -17,7 +17,8 @@ per rank. With more ranks than GPUs the baseline falls back to gloo through host
 are refused for timing.
 
 ``python -m tilelink.benchmarks.e2e --help`` or ``tlxform bench e2e``; writes ``e2e_w<R>_<dtype>.json`` and a
-PNG chart into ``--out``, and with ``--record`` appends a markdown table to ``docs/PERFORMANCE.md``.
+PNG chart into ``--out``, and with ``--record`` a markdown table (with its command, date and device) beside them,
+ready to replace the end-to-end table of ``docs/PERFORMANCE.md``.
 """
 
 from __future__ import annotations
@@ -34,7 +35,6 @@ import click
 from tilelink.benchmarks.common import bar_chart, environment, write_json
 
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
-PERFORMANCE_MD = Path(__file__).resolve().parent.parent / "docs" / "PERFORMANCE.md"
 
 
 def forward_flops(config, batch: int, seq: int) -> float:
@@ -168,8 +168,8 @@ def markdown_table(record: dict) -> str:
     return "\n".join(lines)
 
 
-def record_markdown(record: dict, path: Path = PERFORMANCE_MD) -> Path:
-    """Append this run's table, with its command, date and device, to ``docs/PERFORMANCE.md``."""
+def record_markdown(record: dict, path: Path) -> Path:
+    """Write this run's table, with its command, date and device, to ``path`` (markdown)."""
     block = [
         "", f"### End-to-end decoder forward, world {record['world']}, {record['dtype']} — {record['date']}", "",
         f"Device: {record['device']}; torch {record['torch']}, triton {record['triton']}. Command:", "",
@@ -178,8 +178,7 @@ def record_markdown(record: dict, path: Path = PERFORMANCE_MD) -> Path:
         + ("World 1: the single-rank model, no communication — the compute of the TileLink kernels "
            "against cuBLAS/SDPA, not overlap." if record["world"] == 1 else ""), "",
         markdown_table(record), ""]
-    with path.open("a") as f:
-        f.write("\n".join(block))
+    path.write_text("\n".join(block).lstrip("\n"))
     return path
 
 
@@ -220,7 +219,7 @@ def run(models: tuple[str, ...], world: int, batch: int, seq: int, layers: int |
         click.echo(f"wrote {png}", err=True)
     click.echo(markdown_table(rec))
     if record:
-        click.echo(f"appended to {record_markdown(rec)}", err=True)
+        click.echo(f"wrote {record_markdown(rec, out / f'{stem}.md')}", err=True)
     return rec
 
 

@@ -38,7 +38,8 @@ def options(fn):
         click.option("--warmup", type=click.IntRange(min=0), default=2, show_default=True),
         click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("bench-results"),
                      show_default=True, help="Directory for the JSON record and the PNG chart."),
-        click.option("--record", is_flag=True, help="Append the markdown table to docs/PERFORMANCE.md."),
+        click.option("--record", is_flag=True,
+                     help="Also write the markdown table, with its command, date and device, into --out."),
     ]
     for decorator in reversed(decorators):
         fn = decorator(fn)
