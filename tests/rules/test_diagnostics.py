@@ -316,3 +316,74 @@ def test_the_added_parameters_follow_the_signature_s_layout(signature: str, expe
     lines = rewritten.splitlines()
     at = lines.index(expected[0])
     assert lines[at:at + len(expected)] == expected, rewritten
+
+
+ROWS = """\
+@tilelink.overlap(tilelink.all_gather("a_ptr"))
+@triton.jit
+def kernel(a_ptr, o_ptr, M, stride_am, D: tl.constexpr, BLOCK_M: tl.constexpr):
+    pid = tl.program_id(0)
+    offs = pid * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.arange(0, D)
+{body}
+    tl.store(o_ptr + offs[:, None] * D + cols[None, :], x, mask=offs[:, None] < M)
+"""
+
+
+@pytest.mark.parametrize(("body", "says"), [
+    ("    x = tl.load(a_ptr + (M - 1 - offs[:, None]) * stride_am + cols[None, :])",
+     "touches the rows `(M - 1 - offs[:, None]) * stride_am` of 'a_ptr', which are not the tile's rows `offs`"),
+    ("    x = tl.load(a_ptr + (offs[:, None] // 2) * stride_am + cols[None, :])", "which are not the tile's rows"),
+    ("    nxt = offs + BLOCK_M\n    p = a_ptr + offs[:, None] * stride_am + cols[None, :]\n"
+     "    x = tl.load(p + nxt[:, None] * stride_am)", "adds `nxt[:, None] * stride_am` along the rows of 'a_ptr'"),
+    ("    x = tl.load(a_ptr + (offs % 4)[:, None] * stride_am + cols[None, :])", "which are not the tile's rows"),
+    ("    desc = tl.make_tensor_descriptor(a_ptr + D, shape=[M, D], strides=[D, 1], block_shape=[BLOCK_M, D])\n"
+     "    x = desc.load([pid * BLOCK_M, 0])", "is made from `a_ptr + D`, not from 'a_ptr' itself"),
+    ("    x = tl.load(a_ptr + offs[:, None] * stride_am + cols[None, :])\n"
+     "    tl.store(a_ptr + offs[:, None] * stride_am + cols[None, :], x)", "stores to 'a_ptr', which all_gather"),
+])
+def test_rows_other_than_the_tile_s_are_refused(body: str, says: str) -> None:
+    err = _error(ROWS.format(body=body))
+    assert says in str(err), err
+
+
+def test_two_loads_around_a_change_of_their_start_wait_each() -> None:
+    text = HEAD + textwrap.dedent('''
+        @tilelink.overlap(tilelink.all_gather("a_ptr"))
+        @triton.jit
+        def kernel(a_ptr, o_ptr, M, D: tl.constexpr, BLOCK_M: tl.constexpr):
+            desc = tl.make_tensor_descriptor(a_ptr, shape=[M, D], strides=[D, 1], block_shape=[BLOCK_M, D])
+            row = tl.program_id(0) * BLOCK_M
+            x = desc.load([row, 0])
+            row += BLOCK_M
+            y = desc.load([row, 0])
+            tl.store(o_ptr + tl.arange(0, D), tl.sum(x + y, 0))
+        ''')
+    rewritten = generate(text, "user_kernels.py", requests_in(text, "user_kernels.py")).rewritten["kernel"]
+    assert rewritten.count("tll.consumer_tile_wait(") == 2, rewritten
+
+
+def test_a_reduce_scatter_kernel_that_reads_its_output_is_refused() -> None:
+    err = _error('''
+        @tilelink.overlap(tilelink.reduce_scatter("c_ptr"))
+        @triton.jit
+        def kernel(a_ptr, c_ptr, M, BLOCK: tl.constexpr):
+            offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+            c = tl.load(c_ptr + offs, mask=offs < M)
+            tl.store(c_ptr + offs, c + tl.load(a_ptr + offs, mask=offs < M), mask=offs < M)
+        ''')
+    assert "reads 'c_ptr', which reduce_scatter replaces by a buffer of this rank's partial sums" in str(err), err
+
+
+def test_the_tile_order_is_kept_when_the_start_does_not_step_by_the_height() -> None:
+    text = HEAD + textwrap.dedent('''
+        @tilelink.overlap(tilelink.all_gather("a_ptr"))
+        @triton.jit
+        def kernel(a_ptr, o_ptr, M, STEP: tl.constexpr, BLOCK: tl.constexpr):
+            pid = tl.program_id(0)
+            offs = pid * STEP + tl.arange(0, BLOCK)
+            tl.store(o_ptr + offs, tl.load(a_ptr + offs, mask=offs < M), mask=offs < M)
+        ''')
+    generated = generate(text, "user_kernels.py", requests_in(text, "user_kernels.py"))
+    assert "tl_remap_tile" not in generated.rewritten["kernel"]
+    assert any("does not step by the tile height BLOCK" in e.message for e in generated.report.entries)
