@@ -704,8 +704,10 @@ def _settle(an: _Analyzer, acc: Access, tile: Tile, stmt: StmtRef, pointers: set
     loop) moves the rows on each iteration, so the anchor goes into that loop, where the start is evaluated
     afresh on every iteration. What cannot be made so is refused with the line that moves the rows."""
     verb = "reads" if acc.kind == "load" else "writes"
-    _check_pointer_advances(an, acc, tile, pointers)
-    _check_row_terms(an, acc, tile, pointers)
+    # the pointer expression and every alias definition it rests on, read by both checks
+    exprs = [] if acc.descriptor else an._pointer_definitions(acc.pointer, pointers)
+    _check_pointer_advances(an, acc, tile, pointers, exprs)
+    _check_row_terms(an, acc, tile, pointers, exprs)
     moved = False
     if tile.offsets is not None and not tile.dynamic:
         # the rows are the value of the offsets vector; the wait evaluates its definition's start expression
@@ -777,14 +779,14 @@ def _is_rows(node: cst.BaseExpression, offsets: str) -> bool:
     return False
 
 
-def _check_row_terms(an: _Analyzer, acc: Access, tile: Tile, pointers: set[str]) -> None:
+def _check_row_terms(an: _Analyzer, acc: Access, tile: Tile, pointers: set[str],
+                     exprs: list[cst.BaseExpression]) -> None:
     """The rows a pointer access touches are exactly its tile's offsets vector: each term of the address that
     holds the vector is ``offs[:, None] * stride`` (or ``offs``), no other term moves along that stride, and no
     alias of the pointer is made from another row vector. ``(offs[:, None] + i * BLOCK) * stride``,
     ``(M - 1 - offs[:, None]) * stride`` or ``ptrs + start_n * stride_kn`` read other rows than the wait's."""
     if acc.descriptor or tile.offsets is None or tile.dynamic:
         return
-    exprs = an._pointer_definitions(acc.pointer, pointers)
     hint = (f"index the rows with the offsets vector itself, `{tile.offsets}[:, None] * stride`, and compute it for "
             f"the rows the access touches: `{tile.offsets} = start + tl.arange(0, BLOCK)`")
     others = set(an._offsets_candidates(exprs, 0)) | set(an._offsets_candidates(exprs, 1))
@@ -811,11 +813,9 @@ def _check_row_terms(an: _Analyzer, acc: Access, tile: Tile, pointers: set[str])
             raise _refuse(acc, f"a pointer of this {acc.kind} is also made from the rows `{name}`, not only from the "
                                f"tile's `{tile.offsets}`", hint)
     definition = an._offsets_definition(tile.offsets, acc.where)
-    if definition is not None:
-        for mod in m.findall(cst.parse_expression(code(definition[0].node.body[0].value))
-                             if isinstance(definition[0].node, cst.SimpleStatementLine) and isinstance(
-                                 definition[0].node.body[0], cst.Assign) else cst.Name("x"),
-                             m.BinaryOperation(operator=m.Modulo())):
+    values = [v for ref, v in an.assignments.get(tile.offsets, []) if definition is not None and ref is definition[0]]
+    for value in values:
+        for mod in m.findall(value, m.BinaryOperation(operator=m.Modulo())):
             if tile.size_param is not None and code(mod.right) != tile.size_param:
                 raise _refuse(acc, f"the rows `{tile.offsets}` wrap at `{code(mod.right)}`, not at the size of "
                                    f"{acc.tensor!r} ({tile.size_param})", f"wrap the rows at {tile.size_param}, or "
@@ -839,13 +839,13 @@ def _row_strides(an: _Analyzer, exprs: list[cst.BaseExpression], tile: Tile) -> 
     return None if plain or not found else found
 
 
-def _check_pointer_advances(an: _Analyzer, acc: Access, tile: Tile, pointers: set[str]) -> None:
+def _check_pointer_advances(an: _Analyzer, acc: Access, tile: Tile, pointers: set[str],
+                            exprs: list[cst.BaseExpression]) -> None:
     """A pointer the access goes through that is advanced (``a_ptrs += BLOCK_K * stride_ak``, ``p = p + d``)
     must move along other dimensions than the rows: an advance by the row stride, or by a step TileLink cannot
     place (no stride parameter in it), moves the rows the tile inference saw, and is refused."""
     if acc.descriptor:
         return
-    exprs = _pointer_definitions_of(an, acc.pointer, pointers)
     involved = set().union(*(names_in(e) for e in exprs)) & pointers
     rows = _row_strides(an, exprs, tile)
     for name in sorted(involved):
@@ -857,10 +857,6 @@ def _check_pointer_advances(an: _Analyzer, acc: Access, tile: Tile, pointers: se
         for node in m.findall(an.fn.body, m.AugAssign(target=m.Name(name))):
             step = node.value if isinstance(node.operator, (cst.AddAssign, cst.SubtractAssign)) else None
             _judge_step(an, acc, tile, name, step, rows, an.where(node))
-
-
-def _pointer_definitions_of(an: _Analyzer, expr: str, pointers: set[str]) -> list[cst.BaseExpression]:
-    return an._pointer_definitions(expr, pointers)
 
 
 def _step_of(value: cst.BaseExpression, name: str) -> cst.BaseExpression | None:
@@ -1025,8 +1021,8 @@ def _sweeps(an: _Analyzer, anchor: cst.CSTNode, chain, acc: Access, tile: Tile) 
         made = an.assignments.get(acc.pointer, [])
         box = _arg(made[0][1], 3, "block_shape") if len(made) == 1 and isinstance(made[0][1], cst.Call) else None
         width = code(box.elements[-1].value) if isinstance(box, (cst.List, cst.Tuple)) and box.elements else None
-        return not (names_in(offsets.elements[0].value) & bound) and width is not None and _steps_by(
-            anchor, offsets.elements[-1].value, width)
+        return not (names_in(offsets.elements[0].value) & bound) and width is not None and _column_steps(
+            anchor, offsets.elements[-1].value, width) is not None
     columns = _bounded_columns(an, acc)
     if not columns or _row_names(an, cst.parse_expression(acc.pointer), columns) & bound:
         return False
@@ -1116,11 +1112,6 @@ def _column_steps(loop: cst.For, start: cst.BaseExpression, width: str) -> tuple
         return None
     k, d = poly.get(tuple(sorted((t, w.value))), 0), poly.get((w.value,), 0)
     return (k, d) if k >= 1 else None
-
-
-def _steps_by(loop: cst.For, start: cst.BaseExpression, width: str) -> bool:
-    """Whether each iteration of ``loop`` stores other columns than the others (see :func:`_column_steps`)."""
-    return _column_steps(loop, start, width) is not None
 
 
 def _bounded_columns(an: _Analyzer, acc: Access) -> set[str]:

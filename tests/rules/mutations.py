@@ -76,16 +76,39 @@ def mutant(generated: GeneratedModule, kernel: str, index: int) -> tuple[Generat
     drop = _Drop(kernel, index)
     text = cst.parse_module(generated.text).visit(drop).code
     assert drop.dropped is not None, (kernel, index)
-    digest = hashlib.sha256(text.encode()).hexdigest()
-    return dataclasses.replace(generated, text=text, source_hash=digest), drop.dropped
+    return _with_text(generated, text), drop.dropped
+
+
+def _with_text(generated: GeneratedModule, text: str) -> GeneratedModule:
+    """``generated`` with another module text (and the hash it is cached under)."""
+    return dataclasses.replace(generated, text=text, source_hash=hashlib.sha256(text.encode()).hexdigest())
+
+
+def _outcome(run) -> str:
+    """``"failed: ..."`` when ``run()`` raises or returns an error above 1e-3 (NaN included), else ``"passed"``."""
+    import tilelink
+
+    try:
+        err = run()
+        return f"failed: max error {err}" if not err <= 1e-3 else "passed"
+    except Exception as exc:  # noqa: BLE001 - the mutant was caught
+        outcome = f"failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+        if not isinstance(exc, (tilelink.WaitTimeout, tilelink.LaunchError)):
+            outcome += "\n" + traceback.format_exc(limit=3)
+        return outcome
+
+
+def _patcher(module, attr: str):
+    """``(the original loader, patch)``: ``patch(loader)`` makes ``module.attr`` that loader, ``patch(None)`` the
+    original again."""
+    real = getattr(module, attr)
+    return real, lambda loader: setattr(module, attr, loader or real)
 
 
 def _run(load, patch, run) -> list[tuple[str, str]]:
     """Every mutant of the overlapped kernels of the module ``load()`` returns, each run by ``run()`` while
     ``patch(loader)`` makes the code under test load the mutated module; the dropped call and the outcome of each:
     ``"failed: ..."`` when it was caught, ``"passed"`` when not."""
-    import tilelink
-
     module = load()
     overlapped = [v for v in vars(module).values() if isinstance(v, OverlappedKernel)]
     points = [(k.name, i) for k in overlapped for i in range(mutation_points(k.generated, k.name))]
@@ -97,14 +120,7 @@ def _run(load, patch, run) -> list[tuple[str, str]]:
             kernel.generated, dropped = mutant(kernel.generated, name, index)
             kernel._module = None
             patch(lambda *_a, _fresh=fresh: _fresh)
-            try:
-                err = run()
-                outcome = f"failed: max error {err}" if not err <= 1e-3 else "passed"
-            except Exception as exc:  # noqa: BLE001 - the mutant was caught
-                outcome = f"failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
-                if not isinstance(exc, (tilelink.WaitTimeout, tilelink.LaunchError)):
-                    outcome += "\n" + traceback.format_exc(limit=3)
-            outcomes.append((f"{name}#{index} ({dropped})", outcome))
+            outcomes.append((f"{name}#{index} ({dropped})", _outcome(run)))
     finally:
         patch(None)
     return outcomes
@@ -117,11 +133,7 @@ def run_mutants(case: str) -> list[tuple[str, str]]:
     import tilelink
 
     rule = "all_gather" if case.startswith("all_gather_") else "reduce_scatter"
-    real = cases.load_case
-
-    def patch(loader) -> None:
-        cases.load_case = loader or real
-
+    real, patch = _patcher(cases, "load_case")
     return _run(lambda: real(rule, case[len(rule) + 1:]), patch,
                 lambda: cases.CASES[case](tilelink.rank(), tilelink.world_size()))
 
@@ -130,11 +142,7 @@ def run_form_mutants(name: str) -> list[tuple[str, str]]:
     """The mutants of the kernel form ``name`` (tests/rules/forms) on this rank."""
     import tests.rules.forms_cases as forms
 
-    real = forms.load_form
-
-    def patch(loader) -> None:
-        forms.load_form = loader or real
-
+    real, patch = _patcher(forms, "load_form")
     return _run(lambda: real(name), patch, lambda: forms.RUNS[name](calls=1))
 
 
@@ -173,10 +181,7 @@ def run_store_after_notify(case: str) -> list[tuple[str, str]]:
     import tests.rules.cases as cases
     import tilelink
 
-    real = cases.load_case
-
-    def patch(loader) -> None:
-        cases.load_case = loader or real
+    real, patch = _patcher(cases, "load_case")
 
     def load():
         module = real("reduce_scatter", case[len("reduce_scatter_"):])
@@ -185,17 +190,13 @@ def run_store_after_notify(case: str) -> list[tuple[str, str]]:
                 moved = _StoreLast(k.name)
                 text = cst.parse_module(k.generated.text).visit(moved).code
                 assert moved.moved, k.name
-                k.generated = dataclasses.replace(k.generated, text=text,
-                                                  source_hash=hashlib.sha256(text.encode()).hexdigest())
+                k.generated = _with_text(k.generated, text)
                 k._module = None
         return module
 
     module = load()
     patch(lambda *_a: module)
     try:
-        err = cases.CASES[case](tilelink.rank(), tilelink.world_size())
-        return [("store after its notify", "passed" if err <= 1e-3 else f"failed: max error {err}")]
-    except Exception as exc:  # noqa: BLE001 - caught
-        return [("store after its notify", f"failed: {type(exc).__name__}")]
+        return [("store after its notify", _outcome(lambda: cases.CASES[case](tilelink.rank(), tilelink.world_size())))]
     finally:
         patch(None)
