@@ -35,9 +35,9 @@ def measure(rows: int, cols: int, programs: int, consumer_settings, producer_set
     import tilelink
     from tilelink.benchmarks.common import time_ms
     from tilelink.mapping import RowSharding
-    from tilelink.rules.all_gather import ag_pull_producer
+    from tilelink.rules.all_gather.kernels import ag_pull_producer
     from tilelink.rules.launch import Launcher
-    from tilelink.rules.reduce_scatter import rs_pull_consumer
+    from tilelink.rules.reduce_scatter.kernels import rs_pull_consumer
     from tilelink.runtime import current_world, peer_table, symmetric_empty, symmetric_zeros
 
     world = current_world()

@@ -22,16 +22,11 @@ from tilelink.mapping import RowSharding
 
 def launcher_for(okernel):
     """The launcher of the rule that rewrote ``okernel``."""
-    rule = okernel.plan.rule
-    if rule == "all_gather":
-        from tilelink.rules.all_gather import AllGatherLauncher
+    from tilelink.rules import RULES
 
-        return AllGatherLauncher(okernel)
-    if rule == "reduce_scatter":
-        from tilelink.rules.reduce_scatter import ReduceScatterLauncher
-
-        return ReduceScatterLauncher(okernel)
-    raise LaunchError(f"no launcher for rule {rule!r}")
+    if okernel.plan.rule not in RULES:
+        raise LaunchError(f"no launcher for rule {okernel.plan.rule!r}")
+    return RULES[okernel.plan.rule].launcher(okernel)
 
 
 def cdiv(a: int, b: int) -> int:

@@ -22,7 +22,8 @@ import tilelink
 from tilelink.analysis import analyse, find_kernel, is_triton_jit, names_in, parse_source
 from tilelink.errors import AnnotationError
 from tilelink.plan import Insertion, Report, ReportEntry, RewritePlan
-from tilelink.spec import AllGatherSpec, Options, ReduceScatterSpec, Spec
+from tilelink.rules import rule_of
+from tilelink.spec import Options, Spec
 
 
 @dataclass(frozen=True)
@@ -48,18 +49,6 @@ class GeneratedModule:
     rewritten: dict[str, str]  # kernel -> generated source of the function
 
 
-def _rule_module(spec: Spec):
-    if isinstance(spec, AllGatherSpec):
-        from tilelink.rules import all_gather
-
-        return all_gather
-    if isinstance(spec, ReduceScatterSpec):
-        from tilelink.rules import reduce_scatter
-
-        return reduce_scatter
-    raise TypeError(f"unknown spec {spec!r}")
-
-
 def plan_kernel(module: cst.Module, file: str, request: Request) -> RewritePlan:
     """Analyse one kernel of the parsed ``module`` and ask its rule for a plan."""
     if len(request.specs) != 1:
@@ -71,7 +60,7 @@ def plan_kernel(module: cst.Module, file: str, request: Request) -> RewritePlan:
     spec = request.specs[0]
     tensors = {t: (spec.dim, spec.tile, spec.size, spec.index) for t in spec.tensors}
     an = analyse(module, file, request.kernel, tensors)
-    plan = _rule_module(spec).rewrite(an, spec, request.options)
+    plan = rule_of(spec.kind).rewrite_module().rewrite(an, spec, request.options)
     notes = tuple(ReportEntry(
         an.name, plan.rule, "note", f"the loop at line {at.line} runs without warp specialisation: its partitions "
         "would run different code, while TileLink's waits and notifies synchronise every thread of the program "
@@ -283,9 +272,9 @@ def generate(source: str, file: str, requests: list[Request]) -> GeneratedModule
         originals[req.kernel] = _code(module, find_kernel(module, req.kernel))
         rewritten[req.kernel] = _code(new_module, new_fn)
         used_names |= names_in(new_fn)
-        rule = _rule_module(plan.spec)
+        kernels = rule_of(plan.rule).kernels_module()
         for name in plan.partner_kernels:
-            partners.setdefault((rule.__name__, name), getattr(rule, name))
+            partners.setdefault((kernels.__name__, name), getattr(kernels, name))
     # definitions the kernels rely on, transitively, in source order
     defs = _top_level_definitions(module)
     annotated = {r.kernel for r in requests}

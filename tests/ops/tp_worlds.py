@@ -123,7 +123,7 @@ def lagging_gathers(lag: bool):
     warm-up's dry run is not delayed)."""
     import time
 
-    from tilelink.rules.all_gather import AllGatherLauncher
+    from tilelink.rules.all_gather.launcher import AllGatherLauncher
 
     produce = AllGatherLauncher._producer
 

@@ -98,7 +98,7 @@ def main() -> int:
         compile_ptx(module.rs_pull_consumer, partner_types, {"TOPK": topk, "BLOCK": gpu.pop("BLOCK")},
                     PARTNER_DIVISIBLE, **gpu)
         print(f"rs_pull_consumer TOPK={topk} {widths}")
-    from tilelink.rules import all_gather
+    from tilelink.rules.all_gather import kernels as all_gather
 
     ag_types = {"full_ptr": ptr, "peer_table": "*i64", "tlk_barriers": "*i64"}
     widths = load_widths(all_gather.ag_pull_producer, ag_types, {"BLOCK": 1024}, PARTNER_DIVISIBLE)
@@ -108,7 +108,7 @@ def main() -> int:
     print(f"ag_pull_producer compiled {widths}")
     ring_types = {"partial_ptr": ptr, "out_ptr": ptr, "recv_ptr": ptr, "recv_table": "*i64", "tlk_barriers": "*i64",
                   "recv_flags": "*i64", "flag_table": "*i64", "tlk_diag": "*i64", "tlk_budget": i64}
-    from tilelink.rules import reduce_scatter
+    from tilelink.rules.reduce_scatter import kernels as reduce_scatter
 
     widths = load_widths(reduce_scatter.rs_ring_consumer, ring_types, {"BLOCK": 1024}, PARTNER_DIVISIBLE)
     load_widths(reduce_scatter.rs_ring_consumer, ring_types, {"BLOCK": 1024, **epoch_one})

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from tilelink.mapping import RowSharding
-from tilelink.rules.reduce_scatter import rs_reduce_received, rs_topk_reduce
+from tilelink.rules.reduce_scatter.kernels import rs_reduce_received, rs_topk_reduce
 
 
 @pytest.mark.parametrize(("size", "world", "rank", "channels", "row_elems", "block", "programs"), [

@@ -1,0 +1,141 @@
+"""The rewrite of the all_gather rule: where its waits or notifies go in the user's kernel."""
+
+from __future__ import annotations
+
+from tilelink.analysis import KernelAnalysis
+from tilelink.errors import AnnotationError
+from tilelink.plan import Insertion, ReportEntry, RewritePlan
+from tilelink.rules.emit import (
+    CHANNEL_PARAMS,
+    MAPPING_ARGS,
+    channels_of_row_vector,
+    channels_of_tile,
+    describe_rows,
+    remap_order,
+    tile_end,
+)
+from tilelink.spec import AllGatherSpec, Options
+
+RULE = "all_gather"
+DEFAULTS = dict(via="sm", mode="pull", order="local_first", comm_sms=16)
+
+
+def rewrite(an: KernelAnalysis, spec: AllGatherSpec, options: Options) -> RewritePlan:
+    """Plan the consumer-side rewrite of ``an`` for ``spec``."""
+    opts = options.resolved(**DEFAULTS)
+    report: list[ReportEntry] = []
+    insertions: list[Insertion] = []
+    loads = [a for t in spec.tensors for a in an.accesses_of(t, "load")]
+    if not loads:
+        names = " or ".join(repr(t) for t in spec.tensors)
+        raise AnnotationError(
+            f"kernel {an.name!r} never loads from {names} (through tl.load or a tensor descriptor)",
+            file=an.file, line=an.where.line, column=an.where.column,
+            hint="annotate the pointer the kernel reads, or remove the all_gather spec")
+    writes = [a for t in spec.tensors for a in an.accesses_of(t, "store")]
+    if writes:
+        a = writes[0]
+        raise AnnotationError(
+            f"kernel {an.name!r} stores to {a.tensor!r}, which all_gather replaces by the gathered buffer that the "
+            f"peers read this rank's rows from: the caller's tensor would not be written",
+            file=a.where.file, line=a.where.line, column=a.where.column,
+            hint="write the kernel's output to another parameter; the gathered tensor is read-only in the kernel")
+    untiled = [a for a in loads if a.tile is None]
+    if untiled:
+        a = untiled[0]
+        indexed = None if spec.index else an.index_behind(a)
+        raise AnnotationError(
+            f"cannot tell which rows along dim {spec.dim} of {a.tensor!r} this load reads "
+            f"(pointer `{a.pointer}`)", file=a.where.file, line=a.where.line, column=a.where.column,
+            hint=f"the rows come from `{indexed[0]}`, loaded from {indexed[1]!r}: pass index=\"{indexed[1]}\" and "
+                 f"size=\"<the full row count>\" to all_gather(...)" if indexed else
+                 "compute the offsets as `offs = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)` and index "
+                 "with offs[:, None], or pass tile=(\"<start>\", \"<size>\") to all_gather(...)")
+    first = loads[0]
+    tile = first.tile
+    assert tile is not None and first.anchor is not None
+    if tile.dynamic and spec.size is None:
+        raise AnnotationError(
+            f"all_gather with index={spec.index!r} needs the full row count of {first.tensor!r}",
+            file=first.where.file, line=first.where.line, column=first.where.column,
+            hint="pass size=\"<parameter or expression of parameters>\", e.g. size=\"num_valid_tokens // top_k\"")
+    if tile.size_param is None and spec.size is None:
+        raise AnnotationError(
+            f"cannot find the parameter holding the full size of dim {spec.dim} of {first.tensor!r}",
+            file=first.where.file, line=first.where.line, column=first.where.column,
+            hint=f"mask the load with `{tile.offsets or 'offs'}[:, None] < M`, or pass size=\"M\" to "
+                 f"all_gather(...)")
+    size_param = spec.size or tile.size_param
+    # one wait per tile: loads of the same tile (the same start defined by the same statement, so in the
+    # same block) share the wait placed before the first of them
+    groups: dict = {}
+    for a in loads:
+        t = a.tile
+        key = (t.start, t.size, t.defined_at)
+        if t.dynamic:
+            key = ("dynamic", t.start, t.defined_at)
+        groups.setdefault(key, []).append(a)
+    for group in groups.values():
+        a = group[0]
+        t = a.tile
+        tokens = sorted({n for x in group for n in x.earlier_aliases})
+        if t.dynamic:
+            lines = [
+                f"# tilelink: wait for the channels holding the rows {t.start} this tile gathers from "
+                f"{', '.join(spec.tensors)} (all_gather, dynamic mapping through {spec.index})",
+                *channels_of_row_vector(t.start),
+                "tlk_token = tll.consumer_tile_wait_channels(tlk_barriers, tlk_channel, tlk_epoch, tlk_diag, "
+                "tlk_budget)",
+            ]
+        else:
+            lines = [
+                f"# tilelink: wait until rows [{t.start}, {t.start} + {t.size}) of "
+                f"{', '.join(spec.tensors)} have arrived (all_gather, dim {spec.dim})",
+                channels_of_tile(t),
+                "tlk_token = tll.consumer_tile_wait(tlk_barriers, tlk_first, tlk_count, tlk_epoch, tlk_diag, "
+                "tlk_budget)",
+            ]
+            if t.wraps:  # the rows past the end read the first rows again: wait for those too
+                lines += [
+                    "# tilelink: and for the rows its offsets wrap to, at the start",
+                    f"tlk_first, tlk_count = tlm.tl_channels_of_rows(\n    0, {tile_end(t)} - tlk_rows,\n"
+                    f"    {MAPPING_ARGS})",
+                    "tlk_token += tll.consumer_tile_wait(tlk_barriers, tlk_first, tlk_count, tlk_epoch, tlk_diag, "
+                    "tlk_budget)",
+                ]
+        lines += [f"{n} = {n} + tlk_token" for n in tokens]
+        if any(x.descriptor for x in group) and not tokens:
+            report.append(ReportEntry(an.name, RULE, "note",
+                                      "the tensor-descriptor load's offset is an expression: no token carried; "
+                                      "assign the tile start to a variable so that it can carry one", a.where))
+        insertions.append(Insertion(a.anchor, "before", tuple(lines)))
+        rows = describe_rows(t)
+        report.append(ReportEntry(
+            an.name, RULE, "applied",
+            f"consumer_tile_wait before line {a.anchor.line} (guards the reads of "
+            f"{', '.join(sorted({x.tensor for x in group}))} at line(s) "
+            f"{', '.join(str(x.where.line) for x in group)}; {rows})", a.anchor))
+    shift = f"(tlk_rank * tlk_rows_per_rank) // ({tile.size})"
+    if tile.dynamic:
+        report.append(ReportEntry(an.name, RULE, "note", f"dynamic mapping through {spec.index}: each tile "
+                                  "waits for the channels of the rows it gathers; tiles keep the kernel's order"))
+    elif opts.order in ("local_first", "ring"):
+        more, entry = remap_order(an, first, RULE, opts.order, shift)
+        insertions += more
+        report.append(entry)
+    else:
+        report.append(remap_order(an, first, RULE, opts.order, shift)[1])
+    partners = {"copy_engine": (), "sm": ("ag_pull_producer",) if opts.mode == "pull" else ("ag_push_producer",)}
+    launch = {
+        "rule": RULE, "tensors": list(spec.tensors), "dim": spec.dim, "size_param": size_param,
+        "index": spec.index,
+        "via": opts.via, "mode": opts.mode, "order": opts.order, "comm_block": opts.comm_block,
+        "comm_sms": opts.comm_sms, "channels_per_rank": opts.channels_per_rank,
+    }
+    report.append(ReportEntry(an.name, RULE, "note",
+                              f"producer: {opts.via}" + (f" {opts.mode}" if opts.via == "sm" else "")
+                              + f", {opts.comm_sms if opts.via == 'sm' else 'no'} SMs, comm tile "
+                              + (f"{opts.comm_block} rows" if opts.comm_block
+                                 else "a rank's rows" if opts.via == "copy_engine" else "128 rows")))
+    return RewritePlan(an.name, RULE, spec, opts, CHANNEL_PARAMS, tuple(insertions), partners[opts.via],
+                       launch, tuple(report))

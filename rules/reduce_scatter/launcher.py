@@ -1,0 +1,323 @@
+"""The launch side of the reduce_scatter rule: buffers, channels and streams per shape."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from tilelink.errors import LaunchError
+from tilelink.mapping import RowSharding
+from tilelink.rules.launch import Launcher, Streams, cdiv, vector_peer_table
+from tilelink.runtime import (
+    Channel,
+    Diagnostics,
+    peer_tensor,
+    races,
+    rank_copy_data,
+    rank_notify,
+    rank_wait,
+    symmetric_empty,
+)
+
+#: programs per SM of the hybrid's reduction (it runs after the GEMM, on every SM): enough resident
+#: programs that each SM keeps several blocks' loads in flight
+REDUCE_PROGRAMS_PER_SM = 8
+
+
+@dataclass
+class ReduceScatterContext:
+    """The symmetric partial-result buffer of one shape and its channels."""
+
+    sharding: RowSharding
+    partial: torch.Tensor  # symmetric (M, row_elems) partial sums of this rank
+    table: torch.Tensor
+    channel: Channel
+    diag: Diagnostics
+    streams: Streams
+    scratch: torch.Tensor
+    recv: torch.Tensor | None = None  # what peers deliver: ring (world, rows_per_rank, ...); hybrid (2, ...) by call
+    recv_channel: Channel | None = None
+    reduced: torch.Tensor | None = None  # hybrid with top-k: (rows, ...) each token's slots summed (rs_topk_reduce)
+    reduced_channel: Channel | None = None  # ... its channels, complete at epoch * rows(channel) * row_elems
+    recv_table: torch.Tensor | None = None  # the ring's: every rank's copy of recv (vector stores)
+    variants: set = field(default_factory=set)  # the rewritten kernel's variants loaded (warm_up)
+    satisfied: torch.Tensor | None = None  # a world of one: every wait passes
+    scatter_plans: dict = field(default_factory=dict)  # parity -> the hybrid copy engine's views (_scatter_plan)
+    ready: Channel | None = None  # the hybrid's: word r is the last call rank r has reached (Launcher.handshake)
+
+    @property
+    def row_elems(self) -> int:
+        """Elements of one row of the partial sums."""
+        return math.prod(self.partial.shape[1:])
+
+    @property
+    def topk(self) -> int:
+        """Partial rows per output row: a token's top-k expert slots (MoE, one contiguous range), else 1."""
+        return self.partial.shape[0] // self.sharding.size
+
+    @property
+    def sent(self) -> torch.Tensor:
+        """The rows the hybrid's copy engine sends and its reduction reads for this rank: each token's
+        slots summed with top-k, else the partial sums."""
+        return self.partial if self.reduced_channel is None else self.reduced
+
+    @property
+    def sent_channel(self) -> Channel:
+        """The channels that say when rows of :attr:`sent` are complete."""
+        return self.channel if self.reduced_channel is None else self.reduced_channel
+
+
+class ReduceScatterLauncher(Launcher):
+    """``kernel[grid](..., c_shard, ...)``: run the rewritten producer into a symmetric buffer and
+    reduce this rank's rows from every rank into ``c_shard``."""
+
+    #: :func:`rs_topk_reduce` on a GPU: 4096-element blocks, 8 warps, 4 programs per SM. On an H200 (MoE-4 and
+    #: MoE-6 slot rows, 8192 tokens of 4096) 3.1-3.7 TB/s, against 2.1-2.5 TB/s for 1024-element blocks of 4
+    #: warps, 8 per SM
+    TOPK_REDUCE_GPU = {"BLOCK": 4096, "num_warps": 8, "per_sm": 4}
+
+    def context(self, bound: dict) -> ReduceScatterContext:
+        world = self.world()
+        size = self.size_of(bound)
+        sharding = self.sharding(world, size)
+        (name,) = self.meta["tensors"]
+        out = self.tensor_arg(bound, name, world)
+        lo, hi = sharding.rank_range(world.rank)
+        if out.dim() < 1 or out.shape[0] != hi - lo:
+            raise LaunchError(
+                f"{self.okernel.name}: rank {world.rank} must pass its output rows [{lo}, {hi}) as {name} "
+                f"({hi - lo} rows, for {self.meta['size_param']}={size} over {world.world_size} ranks), "
+                f"got shape {list(out.shape)}")
+        topk = self.topk(bound)
+        shape = (size * topk, *out.shape[1:])
+        if math.prod(shape) >= 2**31:  # the partner kernels index the partial sums with 32-bit offsets
+            raise LaunchError(f"{self.okernel.name}: the partial sums of one call would hold {math.prod(shape)} "
+                              f"elements ({' x '.join(map(str, shape))}), past the 2**31 the reduce-scatter "
+                              f"kernels address; split the call along {self.meta['size_param']}")
+        key = (size, shape, str(out.dtype))
+        ctx = self.contexts.get(key)
+        if ctx is None:
+            partial = symmetric_empty(shape, out.dtype)
+            ctx = ReduceScatterContext(sharding, partial, vector_peer_table(partial), Channel(sharding.num_channels),
+                                       Diagnostics(), Streams.for_world(world),
+                                       torch.zeros(sharding.num_channels, dtype=torch.int64, device=world.device))
+            if self.meta["via"] == "copy_engine" or self.meta["mode"] == "push":
+                # the receive slots hold a peer's partial rows of this rank's tokens (top-k slots summed);
+                # the hybrid's in two sets, odd and even calls (_launch_hybrid: no barrier between calls)
+                sets = (2,) if self.meta["via"] == "copy_engine" else ()
+                if world.world_size > 1:  # alone, nothing is received
+                    ctx.recv = symmetric_empty((*sets, world.world_size, sharding.rows_per_rank, *out.shape[1:]),
+                                               out.dtype)
+                    ctx.recv_table = vector_peer_table(ctx.recv)
+                ctx.recv_channel = Channel(sharding.num_channels)
+            if self.meta["via"] == "copy_engine" and world.world_size > 1:
+                ctx.ready = Channel(world.world_size)  # word r: the last call rank r has reached (handshake)
+            if self.meta["via"] == "copy_engine" and topk > 1:
+                ctx.reduced_channel = Channel(sharding.num_channels)
+                if world.world_size > 1:  # alone, the summed slots go straight into the output
+                    ctx.reduced = torch.empty((size, *out.shape[1:]), dtype=out.dtype, device=world.device)
+            self.contexts[key] = ctx
+        return ctx
+
+    def topk(self, bound: dict) -> int:
+        """Expert slots per output row (MoE top-k reduction), 1 without."""
+        name = self.meta.get("topk")
+        if not name:
+            return 1
+        value = bound.get(name)
+        if not isinstance(value, int) or value < 1:
+            raise LaunchError(f"{self.okernel.name}: {name}={value!r} must be a positive int (the top-k)")
+        return value
+
+    def _consumer(self, ctx: ReduceScatterContext, world, out, barriers, table, epoch: int, dry: bool = False) -> None:
+        sh = ctx.sharding
+        row_elems = ctx.row_elems
+        if self.meta["mode"] == "push":  # the SM ring
+            recv, flags = ctx.recv, ctx.recv_channel.barriers
+            recv_table, flag_table = ctx.recv_table, ctx.recv_channel.peer_table
+            if dry:  # a private landing buffer and flags: the dry run must not write into a peer
+                recv, flags = torch.empty_like(recv), ctx.scratch
+                recv_table = torch.full((world.world_size,), recv.data_ptr(), dtype=torch.int64, device=world.device)
+                flag_table = table
+            self.partner("rs_ring_consumer")[(max(1, min(self.meta["comm_sms"], sh.channels_per_rank)),)](
+                ctx.partial, out, recv, recv_table, barriers, flags, flag_table, epoch, world.rank,
+                world.world_size, sh.size, sh.rows_per_rank, sh.rows_per_channel, sh.channels_per_rank, row_elems,
+                ctx.diag.buffer, ctx.diag.budget_ns, BLOCK=self.BLOCK)
+            return
+        meta = self.pull_meta(world, self.PULL_CONSUMER_GPU)
+        grid = (max(1, min(self.meta["comm_sms"], sh.channels_per_rank * cdiv(sh.rows_per_channel * row_elems,
+                                                                             meta["BLOCK"]))),)
+        common = (ctx.partial, ctx.table, out, barriers, table, epoch, world.rank, world.world_size, sh.size,
+                  sh.rows_per_rank, sh.rows_per_channel, sh.channels_per_rank, row_elems)
+        self.partner("rs_pull_consumer")[grid](*common, ctx.diag.buffer, ctx.diag.budget_ns,
+                                               TOPK=ctx.topk, **meta)
+
+    def _programs(self, world, per_sm: int = REDUCE_PROGRAMS_PER_SM) -> int:
+        """Programs of the hybrid's SM kernels on a GPU (``per_sm`` per SM: they run when the GEMM is done,
+        and on ``comm_sms`` programs they would be latency-bound, one block's loads in flight per SM: 1.05 ms
+        for 96 MB on 2 H200s, against the GEMM's 0.48 ms); ``comm_sms`` in the emulated world."""
+        if world.device.type == "cuda":
+            return per_sm * torch.cuda.get_device_properties(world.device).multi_processor_count
+        return self.meta["comm_sms"]
+
+    def _topk_reduce(self, ctx: ReduceScatterContext, world, reduced, barriers) -> None:
+        """Sum each token's top-k slots into ``reduced`` (:func:`rs_topk_reduce`), flagging ``barriers``."""
+        sh = ctx.sharding
+        meta = self.pull_meta(world, self.TOPK_REDUCE_GPU)
+        per_sm = meta.pop("per_sm", REDUCE_PROGRAMS_PER_SM)
+        blocks = sh.size * cdiv(ctx.row_elems, meta["BLOCK"])
+        self.partner("rs_topk_reduce")[(max(1, min(self._programs(world, per_sm), blocks)),)](
+            ctx.partial, reduced, barriers, world.rank, world.world_size, sh.size, sh.rows_per_rank,
+            sh.rows_per_channel, sh.channels_per_rank, ctx.row_elems, TOPK=ctx.topk, **meta)
+
+    def _reduce(self, ctx: ReduceScatterContext, world, out, recv_barriers, barriers, epoch: int) -> None:
+        # launched behind the side stream's wait for this rank's own rows: every SM is free by then
+        sh = ctx.sharding
+        blocks = sh.channels_per_rank * cdiv(sh.rows_per_channel * ctx.row_elems, self.BLOCK)
+        self.partner("rs_reduce_received")[(max(1, min(self._programs(world), blocks)),)](
+            ctx.recv[epoch % 2], ctx.sent, out, recv_barriers, barriers, epoch, world.rank, world.world_size, sh.size,
+            sh.rows_per_rank, sh.rows_per_channel, sh.channels_per_rank, ctx.row_elems, ctx.diag.buffer,
+            ctx.diag.budget_ns, BLOCK=self.BLOCK)
+
+    def _scatter_plan(self, ctx: ReduceScatterContext, world, parity: int) -> list:
+        """The hybrid copy engine's work for the receive slots of ``parity``, made once per context: for each
+        destination rank (ring order: the next rank first, this rank last), for each of its channels, the
+        channel, its rows and the (own rows, peer's receive slot) views to copy (``None`` for this rank's
+        own rows, which stay where they are). Views made per call cost the host microseconds each."""
+        plan = ctx.scatter_plans.get(parity)
+        if plan is not None:
+            return plan
+        sh, sent = ctx.sharding, ctx.sent
+        plan = []
+        for step in range(1, world.world_size + 1):
+            dst = (world.rank + step) % world.world_size
+            dst_lo = sh.rank_range(dst)[0]
+            peer_recv = peer_tensor(ctx.recv, dst) if dst != world.rank else None
+            channels = []
+            for j in range(sh.channels_per_rank):
+                ch = dst * sh.channels_per_rank + j
+                lo, hi = sh.channel_range(ch)
+                views = None
+                if peer_recv is not None and hi > lo:
+                    views = (sent[lo:hi], peer_recv[parity, world.rank, lo - dst_lo:hi - dst_lo])
+                channels.append((j, ch, hi - lo, views))
+            plan.append((dst, peer_recv is not None, channels))
+        ctx.scatter_plans[parity] = plan
+        return plan
+
+    def _scatter(self, ctx: ReduceScatterContext, world, epoch: int) -> None:
+        """Hybrid, copy-engine half: as each channel's rows are complete here, copy them into the
+        receive slot of the rank that owns them and tell it (ring order: the next rank first). This
+        rank's own rows stay where they were written (the reduction reads them there); the stream only
+        waits for them, so that the reduction, launched next, starts after the GEMM's last tile."""
+        sh, row_elems = ctx.sharding, ctx.row_elems
+        stream = ctx.streams.side
+        for dst, remote, channels in self._scatter_plan(ctx, world, epoch % 2):
+            for j, ch, rows, views in channels:
+                if rows > 0:
+                    # the host goes on enqueueing; a stuck wait is released and raised by finish()
+                    rank_wait(ctx.sent_channel, ch, epoch * rows * row_elems, stream, block=False)
+                    if views is not None:
+                        rank_copy_data(*views, stream)
+                if remote:
+                    rank_notify(ctx.recv_channel, world.rank * sh.channels_per_rank + j, epoch, dst, stream)
+
+    def _launch_hybrid(self, grid, call: dict, ctx: ReduceScatterContext, world, out) -> None:
+        alone = world.world_size == 1
+        reduced = out if alone else ctx.reduced  # with top-k, where the summed slots go: alone, the result
+
+        def partners() -> None:
+            if ctx.reduced_channel is not None:
+                self._topk_reduce(ctx, world, reduced, ctx.scratch)
+            if not alone:
+                self._reduce(ctx, world, out, ctx.scratch, ctx.scratch, 0)
+
+        self.warm_up(ctx, world, grid, call, partners=partners)
+        epoch = ctx.channel.advance()
+        ctx.recv_channel.advance()
+        if ctx.reduced_channel is not None:
+            ctx.reduced_channel.advance()
+        main, side = ctx.streams.main, ctx.streams.side
+        # No barrier between calls: a peer writes this rank's receive slots only, in the set of its call's
+        # parity. Its copy for call n + 2 comes after its reduction of call n + 1, which waited for this rank's
+        # copy of n + 1, which this rank's stream runs after its own reduction of call n: the set a peer
+        # overwrites has been read. (A barrier here would cost the ranks' skew on every call: 0.1-0.5 ms on 2 H200s.)
+        # The copies and the reduction start once every peer has reached this call (Launcher.handshake): the
+        # reduction's waits then cover the peers' GPU work, not their hosts' time between calls. The GEMM waits
+        # for nobody.
+        args = self.channel_args(ctx.channel.barriers, epoch, world, ctx.sharding, ctx.diag)
+        start = None
+        if side is not None:
+            start = torch.cuda.Event()
+            start.record(main)
+        if not alone:
+            self.handshake(ctx.ready, world, epoch, main, side)
+        self._produce(grid, call, args, ctx, epoch)  # the GEMM keeps every SM
+        if ctx.reduced_channel is not None:  # behind the GEMM on its stream: no channel is complete before its end
+            self._topk_reduce(ctx, world, reduced, ctx.reduced_channel.barriers)
+        if not alone:
+            if side is not None:
+                side.wait_event(start)
+            with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
+                self._scatter(ctx, world, epoch)
+                self._reduce(ctx, world, out, ctx.recv_channel.barriers, ctx.sent_channel.barriers, epoch)
+        self.finish(ctx)
+
+    def launch(self, grid, bound: dict) -> None:
+        world = self.world()
+        ctx = self.context(bound)
+        ctx.streams.follow_caller(world.device)
+        if world.world_size == 1 and not self.meta.get("topk"):  # the output shard is the whole result
+            self.alone(grid, dict(bound), ctx, world)
+            return
+        (name,) = self.meta["tensors"]
+        out = bound[name]
+        call = {**bound, name: ctx.partial}  # the kernel writes its partial sums to the symmetric buffer
+        if self.meta["via"] == "copy_engine":
+            self._launch_hybrid(grid, call, ctx, world, out)
+            return
+        self.warm_up(ctx, world, grid, call, partners=lambda: self._consumer(
+            ctx, world, out, ctx.scratch, self.scratch_table(ctx, world), 0, dry=True))
+        epoch = ctx.channel.advance()
+        if ctx.recv_channel is not None:
+            ctx.recv_channel.advance()
+        main, side = ctx.streams.main, ctx.streams.side
+        world.stream_barrier(main)  # every rank is done reading the previous call's partial sums
+        args = self.channel_args(ctx.channel.barriers, epoch, world, ctx.sharding, ctx.diag)
+        if side is not None:
+            # the consumer takes its few SMs first; the producer never waits for it
+            side.wait_stream(main)
+            with torch.cuda.stream(side):
+                self._consumer(ctx, world, out, ctx.channel.barriers, ctx.channel.peer_table, epoch)
+            self.kernel[grid](**call, **args)
+        else:
+            self._produce(grid, call, args, ctx, epoch)
+            self._consumer(ctx, world, out, ctx.channel.barriers, ctx.channel.peer_table, epoch)
+        self.finish(ctx)
+
+    def _produce(self, grid, call: dict, args: dict, ctx: ReduceScatterContext, epoch: int) -> None:
+        """Run the rewritten producer. On the race-exposing schedule (emulated, :mod:`tilelink.runtime.races`)
+        the partial sums start as poison and each channel's rows are taken at the moment the producer's notifies
+        complete it, as a consumer polling that channel would read them; the consumer then reads those: a store
+        after the notify that publishes it, or a notify that counts more than was stored, changes the result."""
+        if not races.enabled() or ctx.partial.device.type != "cpu":
+            self.kernel[grid](**call, **args)
+            return
+        sh, topk, row_elems, partial = ctx.sharding, ctx.topk, ctx.row_elems, ctx.partial
+        barriers = args["tlk_barriers"]
+        races.poison_(partial)
+        taken: dict[int, torch.Tensor] = {}
+
+        def take(ch: int) -> None:
+            lo, hi = sh.channel_range(ch)
+            if ch not in taken and int(barriers[ch]) >= epoch * (hi - lo) * row_elems * topk:
+                taken[ch] = partial[lo * topk:hi * topk].clone()
+
+        with races.watch(barriers, on_release=take):
+            self.kernel[grid](**call, **args)
+        for ch, rows in taken.items():
+            lo, hi = sh.channel_range(ch)
+            partial[lo * topk:hi * topk].copy_(rows)
