@@ -149,8 +149,31 @@ def _grouped(part: str, x, w, out, weights, topk_ids, meta: dict, *, persistent:
     return run
 
 
-#: what compute mode times besides our grouped GEMMs: the dense GEMMs at equal FLOPs and the torch loop
-REFERENCES = ("cublas_dense", "triton_dense", "torch_loop")
+#: the weight layouts ``torch._grouped_mm`` is timed with: (E, K, N) row-major, and each expert's (N, K) transposed
+GROUPED_MM_LAYOUTS = ("kn", "nk")
+
+
+def grouped_mm_inputs(x: torch.Tensor, w: torch.Tensor, topk_ids: torch.Tensor, gather_rows: bool):
+    """What a user of ``torch._grouped_mm`` passes: the slots' rows sorted by expert (gathered from the tokens
+    when ``gather_rows``), each layout of ``GROUPED_MM_LAYOUTS`` of the weights, and the groups' end offsets;
+    also the slot order, to compare with a per-slot reference."""
+    flat = topk_ids.flatten()
+    order = torch.argsort(flat, stable=True)
+    rows = x[order // topk_ids.shape[1]] if gather_rows else x[order]
+    offs = torch.cumsum(torch.bincount(flat, minlength=w.shape[0]), 0).to(torch.int32)
+    layouts = {"kn": w.contiguous(), "nk": w.transpose(1, 2).contiguous().transpose(1, 2)}
+    return rows.contiguous(), layouts, offs, order
+
+
+def grouped_mm(rows: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    """torch's grouped GEMM: each expert's run of ``rows`` (ending at ``offs``) times its weights."""
+    return torch._grouped_mm(rows, w, offs=offs)
+
+
+#: what compute mode times besides our grouped GEMMs: torch's grouped GEMM per weight layout (the rows already
+#: sorted by expert: the GEMM alone), the dense GEMMs at equal FLOPs and the torch loop
+REFERENCES = (*(f"grouped_mm_{layout}" for layout in GROUPED_MM_LAYOUTS), "cublas_dense", "triton_dense",
+              "torch_loop")
 
 
 def _rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
@@ -186,6 +209,9 @@ def measure_compute(shape: MoEShape, part: str, world: int, dtype: torch.dtype, 
            "torch_loop": functools.partial(torch_loop, x, w, topk_ids, weights if part == "moe_rs" else None,
                                            part == "ag_moe"),
            "plain": grouped(meta, False)}
+    mm_rows, mm_weights, mm_offs, mm_order = grouped_mm_inputs(x, w, topk_ids, part == "ag_moe")
+    for layout, wl in mm_weights.items():
+        fns[f"grouped_mm_{layout}"] = functools.partial(grouped_mm, mm_rows, wl, mm_offs)
     forms = (False, True) if part == "ag_moe" else (False,)  # the candidates are the AG kernels' tiles
     # the descriptor kernel the operator takes on a GPU: the persistent AG kernel with its tile for this routing
     # (its last wave split in pieces), the RS part's column sweep
@@ -205,10 +231,16 @@ def measure_compute(shape: MoEShape, part: str, world: int, dtype: torch.dtype, 
                 names[name] = cfg
                 fns[name] = grouped(cfg, persistent)
     ref = torch_loop(x.float(), w.float(), topk_ids, None, part == "ag_moe")
+    errors, failed = {}, []
+    for name in [n for n in fns if n.startswith("grouped_mm_")]:
+        try:
+            errors[name] = _rel_err(fns[name](), ref[mm_order])  # its rows in expert order, unweighted
+        except RuntimeError as exc:  # a layout, dtype or GPU torch's grouped GEMM does not take: reported
+            failed.append({"config": name, "error": f"{type(exc).__name__}: {exc}"[:300]})
+            del fns[name]
     if part == "moe_rs":
         ref = ref * wflat[:, None]
-    errors, failed = {}, []
-    for name in [n for n in fns if n not in REFERENCES]:
+    for name in [n for n in fns if n not in REFERENCES]:  # ours
         try:
             errors[name] = _rel_err(fns[name](), ref)
         except Exception as exc:  # noqa: BLE001 - a config that cannot compile is reported, not fatal
@@ -228,6 +260,18 @@ def measure_compute(shape: MoEShape, part: str, world: int, dtype: torch.dtype, 
            "rel_err_vs_fp32_loop": errors, "failed_configs": failed, "sweep_configs": names}
     best = min((n for n in med if n not in REFERENCES and "rewritten" not in n), key=med.get)
     row["best_plain"] = best
+    mm = [n for n in med if n.startswith("grouped_mm_")]
+    if mm:  # the baseline a user can call: torch's grouped GEMM on its fastest weight layout
+        fastest = min(mm, key=med.get)
+        row["grouped_mm_baseline"] = fastest
+        row["speedup_vs_grouped_mm"] = {n: med[fastest] / t for n, t in med.items() if n not in REFERENCES}
+    # the gap to dense cuBLAS, split: the padded rows' share of the work, and the rate per computed row
+    for name in ("persistent", "plain"):
+        if name in med:
+            computed = slots + row["padded_rows"][name]
+            row.setdefault("gap_to_cublas", {})[name] = {
+                "padding_share": row["padded_rows"][name] / computed,
+                "rate_per_computed_row": row["rate_vs_cublas_dense"][name] * computed / slots}
     rates = row["rate_vs_cublas_dense"]
     print(f"{shape.name} {part} ({routing} routing) slots={slots} N={N} K={K}: cublas {med['cublas_dense']:.3f} ms; "
           "rate vs cuBLAS: "
@@ -235,6 +279,10 @@ def measure_compute(shape: MoEShape, part: str, world: int, dtype: torch.dtype, 
                                                       "persistent_rewritten")
                       if n in rates) + f"; best {best} "
           f"{med[best]:.3f} ms (rate {row['rate_vs_cublas_dense'][best]:.3f}), torch loop {med['torch_loop']:.3f} ms; "
+          + (f"vs {row['grouped_mm_baseline']} " + ", ".join(f"{n} {r:.3f}" for n, r in
+                                                             row["speedup_vs_grouped_mm"].items()) + "; "
+             if mm else "")
+          +
           f"err {errors}; failed {failed}", flush=True)
     return row
 

@@ -37,3 +37,15 @@ def test_overlap_ratio_is_the_share_of_communication_hidden() -> None:
     assert overlap_ratio(comp_ms=10.0, comm_ms=4.0, overlapped_ms=14.0) == 0.0  # nothing hidden
     assert overlap_ratio(comp_ms=10.0, comm_ms=4.0, overlapped_ms=10.0) == 1.0  # all hidden
     assert overlap_ratio(comp_ms=10.0, comm_ms=4.0, overlapped_ms=11.0) == 0.75
+
+
+def test_the_baseline_is_the_fastest_sdpa_backend_that_runs() -> None:
+    from tilelink.benchmarks.attention import SDPA_BACKENDS, best_sdpa, sdpa_candidates
+
+    assert best_sdpa({"sdpa_cudnn": 2.0, "sdpa_flash": 1.5, "sdpa_efficient": 3.0, "tilelink": 1.0}) == "sdpa_flash"
+    q = k = v = torch.randn(1, 2, 8, 16)
+    fns, refused = sdpa_candidates(q, k, v)  # a backend that cannot run the shape is reported, not fatal
+    assert set(fns) | set(refused) == {"sdpa_" + b.split("_")[0].lower() for b in SDPA_BACKENDS}
+    assert all(reason for reason in refused.values())
+    for fn in fns.values():
+        assert torch.allclose(fn(), torch.nn.functional.scaled_dot_product_attention(q, k, v), atol=1e-5)
