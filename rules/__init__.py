@@ -10,8 +10,12 @@
 
 from __future__ import annotations
 
+import ast
+import functools
 import importlib
+import importlib.util
 from dataclasses import dataclass
+from pathlib import Path
 from types import ModuleType
 
 
@@ -32,9 +36,36 @@ class Rule:
     def kernels_module(self) -> ModuleType:
         return importlib.import_module(f"{self.package}.kernels")
 
+    def kernel_source(self, name: str) -> str:
+        """The source of the partner kernel ``name``, decorators included, as ``inspect.getsource`` gives it,
+        read from the ``kernels`` module's file without importing it: the module imports Triton and the
+        device primitives (torch), which a static rewrite (``tlxform build``, ``check``, ``show``) never runs."""
+        spec = importlib.util.find_spec(f"{self.package}.kernels")
+        if spec is None or spec.origin is None:
+            raise LookupError(f"rule {self.kind!r} has no kernels module")
+        sources = _top_level_functions(spec.origin)
+        if name not in sources:
+            raise LookupError(f"rule {self.kind!r} has no partner kernel {name!r} in {spec.origin}; it defines "
+                              f"{', '.join(sorted(sources)) or 'none'}")
+        return sources[name]
+
     def launcher(self, okernel):
         """A launcher for ``okernel``, an overlapped kernel this rule rewrote."""
         return getattr(importlib.import_module(f"{self.package}.launcher"), self.launcher_class)(okernel)
+
+
+@functools.cache
+def _top_level_functions(path: str) -> dict[str, str]:
+    """Each top-level function of the file at ``path``: name -> its lines from the first decorator to the end
+    of its body, without the surrounding newlines."""
+    text = Path(path).read_text(encoding="utf-8")
+    lines = text.split("\n")
+    out: dict[str, str] = {}
+    for node in ast.parse(text, filename=path).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            first = min([node.lineno] + [d.lineno for d in node.decorator_list])
+            out[node.name] = "\n".join(lines[first - 1:node.end_lineno]).strip("\n")
+    return out
 
 
 RULES: dict[str, Rule] = {rule.kind: rule for rule in (

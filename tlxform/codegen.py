@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import inspect
 import pprint
 from dataclasses import dataclass
 
@@ -258,7 +257,7 @@ def generate(source: str, file: str, requests: list[Request]) -> GeneratedModule
     plans: list[RewritePlan] = []
     originals: dict[str, str] = {}
     rewritten: dict[str, str] = {}
-    partners: dict[tuple[str, str], object] = {}  # (rule module, name) -> partner kernel, in first-use order
+    partners: dict[tuple[str, str], str] = {}  # (rule, name) -> partner kernel's source, in first-use order
     used_names: set[str] = set()
     for req in requests:
         plan = plan_kernel(module, file, req)
@@ -272,9 +271,9 @@ def generate(source: str, file: str, requests: list[Request]) -> GeneratedModule
         originals[req.kernel] = _code(module, find_kernel(module, req.kernel))
         rewritten[req.kernel] = _code(new_module, new_fn)
         used_names |= names_in(new_fn)
-        kernels = rule_of(plan.rule).kernels_module()
         for name in plan.partner_kernels:
-            partners.setdefault((kernels.__name__, name), getattr(kernels, name))
+            if (plan.rule, name) not in partners:  # read from the rule's file: importing it would load torch
+                partners[(plan.rule, name)] = rule_of(plan.rule).kernel_source(name)
     # definitions the kernels rely on, transitively, in source order
     defs = _top_level_definitions(module)
     annotated = {r.kernel for r in requests}
@@ -293,7 +292,7 @@ def generate(source: str, file: str, requests: list[Request]) -> GeneratedModule
                  "import tilelink.mapping as tlm"):
         if line not in imports:
             imports.append(line)
-    partner_sources = [inspect.getsource(fn.fn if hasattr(fn, "fn") else fn).strip("\n") for fn in partners.values()]
+    partner_sources = list(partners.values())
     digest = source_hash(source, requests)
     plan_meta = {p.kernel: {**p.launch, "extra_params": list(p.extra_params),
                             "partner_kernels": list(p.partner_kernels)} for p in plans}
