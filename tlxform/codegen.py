@@ -20,6 +20,7 @@ from libcst.metadata import MetadataWrapper, PositionProvider
 import tilelink
 from tilelink.analysis import analyse, find_kernel, is_triton_jit, names_in, parse_source
 from tilelink.errors import AnnotationError
+from tilelink.inline import inline_helpers
 from tilelink.plan import Insertion, Report, ReportEntry, RewritePlan
 from tilelink.rules import rule_of
 from tilelink.spec import Options, Spec
@@ -260,10 +261,12 @@ def generate(source: str, file: str, requests: list[Request]) -> GeneratedModule
     partners: dict[tuple[str, str], str] = {}  # (rule, name) -> partner kernel's source, in first-use order
     used_names: set[str] = set()
     for req in requests:
-        plan = plan_kernel(module, file, req)
+        # helpers that receive an annotated tensor are inlined: the analysis and the rewrite see their accesses
+        inlined = inline_helpers(module, file, req.kernel, [t for s in req.specs for t in s.tensors])
+        plan = inlined.planned(plan_kernel, file, req)
         plans.append(plan)
         rewriter = _Rewriter(req.kernel, plan)
-        new_module = MetadataWrapper(module, unsafe_skip_copy=True).visit(rewriter)
+        new_module = MetadataWrapper(inlined.module, unsafe_skip_copy=True).visit(rewriter)
         missing = {(i.anchor.line, i.anchor.column) for i in plan.insertions} - rewriter.used
         if missing:  # a rule asked for an anchor that is not a statement: a bug, not a user error
             raise AssertionError(f"internal: insertion anchors not found in {req.kernel}: {sorted(missing)}")

@@ -78,7 +78,10 @@ def rewrite(an: KernelAnalysis, spec: AllGatherSpec, options: Options) -> Rewrit
     for group in groups.values():
         a = group[0]
         t = a.tile
-        tokens = sorted({n for x in group for n in x.earlier_aliases})
+        # the names that exist at the wait: an alias assigned after it, before a later load of the group, is made
+        # from names that already carry the token
+        tokens = sorted({n for x in group for n in x.earlier_aliases if n in an.params or any(
+            (w.line, w.column) < (a.anchor.line, a.anchor.column) for w in an.assignments.get(n, ()))})
         if t.dynamic:
             lines = [
                 f"# tilelink: wait for the channels holding the rows {t.start} this tile gathers from "

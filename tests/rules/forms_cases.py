@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch
 import triton
+import triton.language as tl
 
 import tilelink
 from tests.rules.cases import rows_of, worst
@@ -63,6 +64,85 @@ def attention_descriptor_advance(calls: int = 2) -> float:
     return err
 
 
+def attention_helper_inner(calls: int = 2) -> float:
+    rank, world = tilelink.rank(), tilelink.world_size()
+    kernel = load_form("attention_helper_inner").attn_fwd
+    SKV, D = 37, 16
+    g = torch.Generator().manual_seed(14)
+    q, k, v = _exact(*(torch.randn(n, D, generator=g) for n in (SKV, SKV, SKV)))
+    lo, hi = rows_of(rank, world, SKV)
+    scale = D ** -0.5
+    causal = torch.ones(SKV, SKV).tril().bool()
+    refs = {1: torch.softmax(q @ k.T * scale, dim=-1) @ v,
+            3: torch.softmax((q @ k.T * scale).masked_fill(~causal, float("-inf")), dim=-1) @ v}
+    qd, kd, vd = _placed(q, k[lo:hi].contiguous(), v[lo:hi].contiguous())
+    err = 0.0
+    for stage, ref in refs.items():  # 1: every key; 3: causal, the blocks left of the diagonal then the diagonal
+        for _ in range(calls):
+            o = torch.full((SKV, D), float("nan"), dtype=qd.dtype, device=qd.device)
+            kernel[(triton.cdiv(SKV, 16),)](scale, qd, kd, vd, o, SKV, SKV, HEAD_DIM=D, BLOCK_M=16, BLOCK_N=16,
+                                            STAGE=stage)
+            err = worst(err, _error(o, ref))
+    return err
+
+
+def moe_rs_expert_zeros(calls: int = 2) -> float:
+    """Expert parallel: each rank holds a run of the experts (the ids of the others map to -1) and the full
+    intermediate activations; the blocks of another rank's expert store zeros."""
+    from tilelink.ops.moe_routing import align_tokens
+
+    rank, world = tilelink.rank(), tilelink.world_size()
+    kernel = load_form("moe_rs_expert_zeros").fused_moe_kernel
+    M, I, H, E, topk, BM = 27, 40, 24, 5, 2, 16
+    g = torch.Generator().manual_seed(15)
+    h, w = _exact(torch.randn(M * topk, I, generator=g), torch.randn(E, I, H, generator=g))
+    topk_ids = torch.stack([torch.randperm(E, generator=g)[:topk] for _ in range(M)])
+    topk_ids[:5] = torch.tensor([0, 1])  # experts 0 and 1 busier
+    weights = torch.rand(M, topk, generator=g)
+    sorted_ids, expert_ids = align_tokens(topk_ids, E, BM)
+    elo, ehi = rows_of(rank, world, E)
+    local = torch.where((expert_ids >= elo) & (expert_ids < ehi), expert_ids - elo, -1).to(expert_ids.dtype)
+    lo, hi = rows_of(rank, world, M)
+    per_slot = torch.einsum("si,sih->sh", h, w[topk_ids.flatten()]) * weights.flatten()[:, None]
+    ref = per_slot.view(M, topk, H).sum(1)[lo:hi]
+    hd, wd, wts = _placed(h, w[elo:ehi].contiguous(), weights.flatten().contiguous())
+    device = hd.device
+    sorted_d, local_d = sorted_ids.to(device), local.to(device)
+    compute_type = tl.float16 if hd.dtype == torch.float16 else tl.float32
+    EM = sorted_ids.numel()
+    err = 0.0
+    for _ in range(calls):
+        y = torch.full((hi - lo, H), float("nan"), dtype=hd.dtype, device=device)
+        kernel[(triton.cdiv(EM, BM) * triton.cdiv(H, 16),)](
+            hd, wd, y, wts, sorted_d, local_d, H, I, EM, M * topk, topk, I, 1, I * H, H, 1, H, 1,
+            BLOCK_SIZE_M=BM, BLOCK_SIZE_N=16, BLOCK_SIZE_K=16, compute_type=compute_type)
+        err = worst(err, _error(y, ref) if hi > lo else 0.0)
+    return err
+
+
+def attention_flat_heads(calls: int = 2) -> float:
+    """Flat (Z * H * S, D) matrices; each rank passes its rows [lo, hi) of S of every head as the (Z * H, hi - lo,
+    D) view of its flat shard."""
+    rank, world = tilelink.rank(), tilelink.world_size()
+    kernel = load_form("attention_flat_heads").attn_fwd_flat
+    Z, H, SQ, S, D = 2, 3, 11, 37, 16
+    g = torch.Generator().manual_seed(16)
+    q, k, v = _exact(torch.randn(Z * H, SQ, D, generator=g), torch.randn(Z * H, S, D, generator=g),
+                     torch.randn(Z * H, S, D, generator=g))
+    lo, hi = rows_of(rank, world, S)
+    scale = D ** -0.5
+    ref = (torch.softmax(q @ k.transpose(1, 2) * scale, dim=-1) @ v).reshape(Z * H * SQ, D)
+    # each rank's shard is flat, (Z * H * (hi - lo), D), as the rank's part of a flat K would be
+    qd, kd, vd = _placed(q.reshape(Z * H * SQ, D), k[:, lo:hi].reshape(-1, D), v[:, lo:hi].reshape(-1, D))
+    err = 0.0
+    for _ in range(calls):
+        o = torch.full((Z * H * SQ, D), float("nan"), dtype=qd.dtype, device=qd.device)
+        kernel[(triton.cdiv(SQ, 16), Z * H)](qd, kd.view(Z * H, hi - lo, D), vd.view(Z * H, hi - lo, D), o, scale,
+                                             SQ, S, D, D, D, D, HEAD_DIM=D, BLOCK_M=16, BLOCK_N=16)
+        err = worst(err, _error(o, ref))
+    return err
+
+
 def gemm_row_wrap(calls: int = 2, form: str = "gemm_row_wrap", kernel: str = "matmul_wrap") -> float:
     rank, world = tilelink.rank(), tilelink.world_size()
     kernel = getattr(load_form(form), kernel)
@@ -109,9 +189,10 @@ def gemm_row_wrap_hints(calls: int = 2) -> float:
     return gemm_row_wrap(calls, "gemm_row_wrap_hints", "matmul_wrap_hints")
 
 
-RUNS = {"attention_descriptor_advance": attention_descriptor_advance, "gemm_row_wrap": gemm_row_wrap,
+RUNS = {"attention_descriptor_advance": attention_descriptor_advance, "attention_helper_inner": attention_helper_inner,
+        "attention_flat_heads": attention_flat_heads, "gemm_row_wrap": gemm_row_wrap,
         "gemm_row_wrap_hints": gemm_row_wrap_hints, "gemm_row_clamp": gemm_row_clamp,
-        "gemm_rs_epilogue_branch": gemm_rs_epilogue_branch}
+        "gemm_rs_epilogue_branch": gemm_rs_epilogue_branch, "moe_rs_expert_zeros": moe_rs_expert_zeros}
 
 
 def run_forms(names: list[str]) -> dict[str, float | str]:

@@ -38,6 +38,8 @@ def test_followed_forms_equal_torch_on_the_race_exposing_schedule(world: int, mo
 #: tensors' rows of it are in, so the wait before the keys of a block also covers its values; a GEMM never stores
 #: the rows its offsets wrap to (`% M`), so the wait for them guards only values that are dropped
 COVERED = {"attention_descriptor_advance": {"attn_fwd#1 (consumer_tile_wait)"},
+           "attention_helper_inner": {"attn_fwd#1 (consumer_tile_wait)", "attn_fwd#3 (consumer_tile_wait)"},
+           "attention_flat_heads": {"attn_fwd_flat#1 (consumer_tile_wait)"},
            "gemm_row_wrap": {"matmul_wrap#1 (consumer_tile_wait)"},
            "gemm_row_wrap_hints": {"matmul_wrap_hints#1 (consumer_tile_wait)"},
            "gemm_row_clamp": {"matmul_clamp#1 (consumer_tile_wait)"}}
@@ -88,22 +90,86 @@ def _error(source: str) -> AnnotationError:
     return info.value
 
 
-def test_loads_inside_a_helper_are_refused_naming_the_helper() -> None:
+def _generated(source: str):
+    text = HEAD + textwrap.dedent(source)
+    return generate(text, "user_kernels.py", requests_in(text, "user_kernels.py"))
+
+
+HELPER_KERNEL = '''
+    @triton.jit
+    def _inner(acc, k_ptrs{params}):
+        {body}
+
+    @tilelink.overlap(tilelink.all_gather("k_ptr"))
+    @triton.jit
+    def kernel(k_ptr, o_ptr, N, stride, BLOCK: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        x = tl.load(k_ptr + offs, mask=offs < N)
+        {call}
+        tl.store(o_ptr + offs, acc, mask=offs < N)
+    '''
+
+
+def test_loads_inside_a_helper_are_inlined_and_waited_for() -> None:
+    generated = _generated(HELPER_KERNEL.format(params="", body="x = tl.load(k_ptrs)\n        return acc + x",
+                                                call="acc = _inner(x, k_ptr + offs)"))
+    body = generated.rewritten["kernel"]
+    # the helper's body stands in for the call, its `x` renamed away from the kernel's, and the pointer made after
+    # the wait from the pointer that carries its token
+    assert "# _inner(...), inlined" in body and "x_2 = tl.load(k_ptrs)" in body and "acc = x + x_2" in body, body
+    assert body.index("k_ptr = k_ptr + tlk_token") < body.index("k_ptrs = k_ptr + offs"), body
+    assert "k_ptrs = k_ptrs + tlk_token" not in body and "_inner(" not in body.replace("# _inner(", ""), body
+
+
+def test_an_access_a_helper_makes_wrongly_is_refused_at_the_helpers_line() -> None:
     err = _error('''
         @triton.jit
-        def _inner(acc, k_ptrs):
-            return acc + tl.load(k_ptrs)
+        def _reversed(k_ptr, offs, N):
+            return tl.load(k_ptr + (N - 1 - offs), mask=offs < N)
 
         @tilelink.overlap(tilelink.all_gather("k_ptr"))
         @triton.jit
         def kernel(k_ptr, o_ptr, N, BLOCK: tl.constexpr):
             offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-            acc = tl.load(k_ptr + offs, mask=offs < N)
-            acc = _inner(acc, k_ptr + offs)
-            tl.store(o_ptr + offs, acc, mask=offs < N)
+            x = tl.load(k_ptr + offs, mask=offs < N)
+            y = _reversed(k_ptr, offs, N)
+            tl.store(o_ptr + offs, x + y, mask=offs < N)
         ''')
-    assert err.line == 15 and "is passed to `_inner` at line 15" in str(err), err
-    assert "inline the helper's accesses" in err.hint
+    # the line and column of the load in the helper, not of its inlined copy, and the call it was inlined at
+    assert (err.line, err.column) == (8, 12) and "which are not the tile's rows `offs`" in str(err), err
+    assert "the load at line 8 " in str(err) and "in the @triton.jit helper `_reversed`, called at line 15" in str(
+        err), err
+
+
+@pytest.mark.parametrize(("helper", "call", "line", "says"), [
+    ("def _inner(acc, k_ptrs):\n    return _inner(acc, k_ptrs) + tl.load(k_ptrs)", "acc = _inner(x, k_ptr + offs)",
+     17, "calls itself"),
+    ("def _inner(acc, ptrs):\n    return acc + tl.load(ptrs[0])", "acc = _inner(x, (k_ptr + offs, o_ptr))", 17,
+     "inside a tuple"),
+    ("def _inner(acc, k_ptrs):\n    return acc + tl.load(k_ptrs)", "acc = 2.0 * _inner(x, k_ptr + offs)", 17,
+     "inside a larger statement"),
+    ("def _inner(acc, k_ptrs):\n    if acc is None:\n        return acc\n    return acc + tl.load(k_ptrs)",
+     "acc = _inner(x, k_ptr + offs)", 11, "returns before its end"),
+    (None, "acc = load_rows(x, k_ptr + offs)", 17, "imported from another module"),
+])
+def test_a_helper_that_cannot_be_inlined_is_refused(helper: str | None, call: str, line: int, says: str) -> None:
+    source = textwrap.dedent('''
+        from kernels_lib import load_rows
+
+        @triton.jit
+        {helper}
+
+        @tilelink.overlap(tilelink.all_gather("k_ptr"))
+        @triton.jit
+        def kernel(k_ptr, o_ptr, N, BLOCK: tl.constexpr):
+            offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+            x = tl.load(k_ptr + offs, mask=offs < N)
+            {call}
+            tl.store(o_ptr + offs, acc, mask=offs < N)
+        ''').format(helper=textwrap.indent(helper or "def unused(x):\n    return x", " " * 8).lstrip(),
+                     call=call)
+    err = _error(source)
+    assert err.line == line and says in str(err), err
 
 
 def test_a_split_k_atomic_write_back_is_refused() -> None:
