@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import re
 
+import triton.language as tl
+
 from tests.rules.compile_rewritten import compile_ptx
 from tests.rules.forms_cases import load_form
 
@@ -27,6 +29,18 @@ FORMS = {
     "gemm_rs_epilogue_branch": ("matmul_branch", {"a_ptr": PTR, "b_ptr": PTR, "c_ptr": PTR},
                                 {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "SPLIT_EPILOGUE": True,
                                  "stride_ak": 1, "stride_bn": 1, "stride_cn": 1}),
+    # STAGE=3: both inlined copies of the key loop (left of the diagonal, then the diagonal block)
+    "attention_helper_inner": ("attn_fwd", {"sm_scale": "fp32", "desc_q": PTR, "desc_k": PTR, "desc_v": PTR,
+                                            "desc_o": PTR},
+                               {"HEAD_DIM": 64, "BLOCK_M": 128, "BLOCK_N": 64, "STAGE": 3}),
+    "attention_flat_heads": ("attn_fwd_flat", {"q_ptr": PTR, "k_ptr": PTR, "v_ptr": PTR, "o_ptr": PTR,
+                                               "sm_scale": "fp32"},
+                             {"HEAD_DIM": 64, "BLOCK_M": 128, "BLOCK_N": 64, "stride_qm": 64, "stride_kn": 64,
+                              "stride_vn": 64, "stride_om": 64}),
+    "moe_rs_expert_zeros": ("fused_moe_kernel", {"a_ptr": PTR, "b_ptr": PTR, "c_ptr": PTR, "topk_weights_ptr": PTR,
+                                                 "sorted_token_ids_ptr": "*i32", "expert_ids_ptr": "*i32"},
+                            {"BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 64, "stride_ak": 1,
+                             "stride_bn": 1, "stride_cn": 1, "compute_type": tl.float16}),
 }
 
 

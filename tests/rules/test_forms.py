@@ -282,10 +282,18 @@ def test_forms_compile_for_sm90_with_the_plain_kernels_loads() -> None:
     for line in result.stdout.splitlines():
         name, variant, rest = line.split(" ", 2)
         profiles[(name, variant)] = ast.literal_eval(rest)
-    for name in ("gemm_row_wrap", "gemm_row_wrap_hints", "gemm_row_clamp", "gemm_rs_epilogue_branch"):
+    for name in ("gemm_row_wrap", "gemm_row_wrap_hints", "gemm_row_clamp", "gemm_rs_epilogue_branch",
+                 "moe_rs_expert_zeros"):
         plain, rewritten = profiles[(name, "plain")], profiles[(name, "rewritten")]
         assert plain["cp.async 16B"] > 0 and rewritten == plain, (name, plain, rewritten)
     # a wait on every iteration of the key loop keeps the bulk tensor copies, but Triton no longer software-
     # pipelines the loop (the wait is a spin loop): one copy per tensor in the loop, not one per stage
     plain, rewritten = (profiles[("attention_descriptor_advance", v)] for v in ("plain", "rewritten"))
     assert plain["tma 2d"] > rewritten["tma 2d"] == 2 and rewritten["ld.global.b16"] == 0, (plain, rewritten)
+    # the same for the key loops inlined from a helper: the query's copy and one per tensor in each of the two loops
+    plain, rewritten = (profiles[("attention_helper_inner", v)] for v in ("plain", "rewritten"))
+    assert plain["tma 2d"] > rewritten["tma 2d"] == 5 and rewritten["ld.global.b16"] == 0, (plain, rewritten)
+    # pointer loads waited for on every key block are not pipelined either, but stay 16-byte vector loads
+    plain, rewritten = (profiles[("attention_flat_heads", v)] for v in ("plain", "rewritten"))
+    assert plain["cp.async 16B"] > 0 and rewritten["cp.async <16B"] == rewritten["ld.global.b16"] == 0, (plain,
+                                                                                                       rewritten)

@@ -48,7 +48,7 @@ def _attn_fwd_inner(acc, l_i, m_i, q, desc_k, desc_v, offset_y, dtype: tl.conste
 @triton.jit
 def attn_fwd(sm_scale, desc_q, desc_k, desc_v, desc_o, N_CTX_Q, N_CTX, HEAD_DIM: tl.constexpr,
              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STAGE: tl.constexpr):
-    dtype = tl.float16 if desc_q.dtype.element_ty == tl.float16 else tl.float32
+    dtype = desc_o.dtype.element_ty
     desc_q = tl.make_tensor_descriptor(desc_q, shape=[N_CTX_Q, HEAD_DIM], strides=[HEAD_DIM, 1],
                                        block_shape=[BLOCK_M, HEAD_DIM])
     desc_k = tl.make_tensor_descriptor(desc_k, shape=[N_CTX, HEAD_DIM], strides=[HEAD_DIM, 1],
