@@ -71,6 +71,7 @@ def _top_level_functions(path: str) -> dict[str, str]:
 RULES: dict[str, Rule] = {rule.kind: rule for rule in (
     Rule("all_gather", "AllGatherLauncher"),
     Rule("reduce_scatter", "ReduceScatterLauncher"),
+    Rule("all_reduce", "AllReduceLauncher"),
 )}
 
 

@@ -34,6 +34,7 @@ _LAZY = {
     "overlap": "tilelink.overlapped",
     "all_gather": "tilelink.spec",
     "reduce_scatter": "tilelink.spec",
+    "all_reduce": "tilelink.spec",
     "init": "tilelink.runtime.world",
     "finalize": "tilelink.runtime.world",
     "rank": "tilelink.runtime.world",

@@ -14,9 +14,9 @@ from libcst.metadata import MetadataWrapper, PositionProvider
 from tilelink.analysis import parse_source
 from tilelink.codegen import Request
 from tilelink.errors import AnnotationError
-from tilelink.spec import all_gather, make_options, reduce_scatter
+from tilelink.spec import all_gather, all_reduce, make_options, reduce_scatter
 
-_CONSTRUCTORS = {"all_gather": all_gather, "reduce_scatter": reduce_scatter}
+_CONSTRUCTORS = {"all_gather": all_gather, "reduce_scatter": reduce_scatter, "all_reduce": all_reduce}
 
 
 def _callee(node: cst.BaseExpression) -> str | None:
@@ -62,9 +62,10 @@ def requests_in(source: str, file: str) -> list[Request]:
                 name = _callee(value.func) if isinstance(value, cst.Call) else None
                 if name not in _CONSTRUCTORS:
                     raise AnnotationError(
-                        "@tilelink.overlap takes tilelink.all_gather(...) or tilelink.reduce_scatter(...) "
-                        f"specs, got `{cst.Module(body=[]).code_for_node(value)}`", file=file, line=line,
-                        column=pos.column + 1, hint="write e.g. @tilelink.overlap(tilelink.all_gather(\"a_ptr\"))")
+                        "@tilelink.overlap takes tilelink.all_gather(...), tilelink.reduce_scatter(...) or "
+                        f"tilelink.all_reduce(...) specs, got `{cst.Module(body=[]).code_for_node(value)}`",
+                        file=file, line=line, column=pos.column + 1,
+                        hint="write e.g. @tilelink.overlap(tilelink.all_gather(\"a_ptr\"))")
                 args = [literal(a.value, f"{name} argument") for a in value.args if a.keyword is None]
                 kwargs = {a.keyword.value: literal(a.value, f"{name} {a.keyword.value}=")
                           for a in value.args if a.keyword is not None}

@@ -22,7 +22,7 @@ from typing import Any
 from tilelink.codegen import GeneratedModule, Request, generate
 from tilelink.errors import AnnotationError, LaunchError, WaitTimeout
 from tilelink.plan import Report
-from tilelink.spec import AllGatherSpec, ReduceScatterSpec, make_options
+from tilelink.spec import AllGatherSpec, AllReduceSpec, ReduceScatterSpec, make_options
 
 
 def cache_dir() -> Path:
@@ -180,13 +180,13 @@ def _display_path(file: str) -> str:
         return file
 
 
-def overlap(*specs: AllGatherSpec | ReduceScatterSpec, via: str | None = None, mode: str | None = None,
-            order: str | None = None, comm_block: int | None = None, comm_sms: int | None = None,
-            channels_per_rank: int | None = None):
+def overlap(*specs: AllGatherSpec | ReduceScatterSpec | AllReduceSpec, via: str | None = None,
+            mode: str | None = None, order: str | None = None, comm_block: int | None = None,
+            comm_sms: int | None = None, channels_per_rank: int | None = None):
     """Annotate a ``@triton.jit`` kernel for compute-communication overlap.
 
     Args:
-        specs: ``tilelink.all_gather(...)`` or ``tilelink.reduce_scatter(...)``.
+        specs: ``tilelink.all_gather(...)``, ``tilelink.reduce_scatter(...)`` or ``tilelink.all_reduce(...)``.
         via: ``"sm"`` or ``"copy_engine"``: what moves the data (paper §3.1, resource binding).
         mode: ``"pull"`` or ``"push"``.
         order: ``"local_first"``, ``"ring"`` or ``"mesh"``: the compute tile order.
@@ -195,9 +195,9 @@ def overlap(*specs: AllGatherSpec | ReduceScatterSpec, via: str | None = None, m
         channels_per_rank: channels per rank (overrides ``comm_block``).
     """
     for s in specs:
-        if not isinstance(s, (AllGatherSpec, ReduceScatterSpec)):
-            raise TypeError(f"overlap: expected tilelink.all_gather(...) or tilelink.reduce_scatter(...), "
-                            f"got {s!r}")
+        if not isinstance(s, (AllGatherSpec, ReduceScatterSpec, AllReduceSpec)):
+            raise TypeError(f"overlap: expected tilelink.all_gather(...), tilelink.reduce_scatter(...) or "
+                            f"tilelink.all_reduce(...), got {s!r}")
     if not specs:
         raise TypeError("overlap: give at least one spec, e.g. overlap(tilelink.all_gather(\"a_ptr\"))")
     options = make_options(via, mode, order, comm_block, comm_sms, channels_per_rank)

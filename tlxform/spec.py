@@ -54,7 +54,37 @@ class ReduceScatterSpec:
         return f"reduce_scatter({names}, dim={self.dim}{extra})"
 
 
-Spec = AllGatherSpec | ReduceScatterSpec
+@dataclass(frozen=True)
+class AllReduceSpec:
+    """The kernel's stores to ``tensor`` are partial sums, reduced across ranks onto every rank.
+
+    Like :class:`ReduceScatterSpec`, but every rank gets the whole reduced tensor. ``mode`` picks the algorithm:
+    ``"one_shot"`` (each rank pulls every peer's partial rows and sums them: the fewest steps, for small
+    messages), ``"two_shot"`` (a reduce-scatter, then an all-gather of the reduced rows: each rank reads a
+    fraction of the bytes, for large ones) or ``None``, chosen from the message's size."""
+
+    tensors: tuple[str, ...]
+    dim: int = 0
+    tile: tuple[str, str] | None = None
+    size: str | None = None
+    linear_epilogue: bool = False
+    mode: str | None = None
+    index: None = field(default=None, init=False)  # no dynamic (MoE) mapping
+    topk: None = field(default=None, init=False)
+    kind: str = field(default="all_reduce", init=False)
+
+    def describe(self) -> str:
+        names = ", ".join(repr(t) for t in self.tensors)
+        extra = "".join(f", {k}={v!r}" for k, v in (("tile", self.tile), ("size", self.size),
+                                                      ("linear_epilogue", self.linear_epilogue or None),
+                                                      ("mode", self.mode)) if v is not None)
+        return f"all_reduce({names}, dim={self.dim}{extra})"
+
+
+Spec = AllGatherSpec | ReduceScatterSpec | AllReduceSpec
+
+#: the all-reduce algorithms (``all_reduce(..., mode=...)``)
+ALL_REDUCE_MODES = ("one_shot", "two_shot")
 
 
 @dataclass(frozen=True)
@@ -131,6 +161,27 @@ def reduce_scatter(tensor: str | tuple[str, ...], dim: int = 0, *, tile: tuple[s
         raise ValueError(f"reduce_scatter: linear_epilogue= takes True or False, got {linear_epilogue!r}")
     return ReduceScatterSpec(_tensors(tensor, "reduce_scatter"), _dim(dim, "reduce_scatter"),
                              _tile(tile, "reduce_scatter"), index, topk, size, linear_epilogue)
+
+
+def all_reduce(tensor: str | tuple[str, ...], dim: int = 0, *, tile: tuple[str, str] | None = None,
+               size: str | None = None, linear_epilogue: bool = False, mode: str | None = None) -> AllReduceSpec:
+    """Sum the partial sums the kernel stores to ``tensor`` over the ranks, onto every rank.
+
+    Args:
+        tensor: name of the pointer parameter the kernel stores to; each rank passes the whole output.
+        dim: the dimension the channels cut (rows); only 0.
+        tile: ``(start, size)`` source expressions of a tile along ``dim``; inferred when omitted.
+        size: name of the parameter holding the full size along ``dim``; inferred when omitted.
+        linear_epilogue: as for :func:`reduce_scatter`: what is stored must be linear in the partial sums.
+        mode: ``"one_shot"``, ``"two_shot"``, or ``None`` to choose by the message's size (per shape).
+    """
+    if not isinstance(linear_epilogue, bool):
+        raise ValueError(f"all_reduce: linear_epilogue= takes True or False, got {linear_epilogue!r}")
+    if mode is not None and mode not in ALL_REDUCE_MODES:
+        raise ValueError(f"all_reduce: mode={mode!r} is not one of {', '.join(map(repr, ALL_REDUCE_MODES))} "
+                         f"(or None: chosen by size)")
+    return AllReduceSpec(_tensors(tensor, "all_reduce"), _dim(dim, "all_reduce"), _tile(tile, "all_reduce"), size,
+                         linear_epilogue, mode)
 
 
 def make_options(via: str | None = None, mode: str | None = None, order: str | None = None,

@@ -416,11 +416,14 @@ def _nonlinear_epilogue(an: KernelAnalysis, a) -> tuple[str, str] | None:
     return None
 
 
-def rewrite(an: KernelAnalysis, spec: ReduceScatterSpec, options: Options) -> RewritePlan:
-    """Plan the producer-side rewrite of ``an`` for ``spec``."""
-    opts = options.resolved(**DEFAULTS)
+def notify_stores(an: KernelAnalysis, spec, opts: Options,
+                  rule: str = RULE) -> tuple[list[Insertion], list[ReportEntry], str]:
+    """The producer side of a reduction over ranks, shared by the rules whose kernel stores partial sums
+    (``reduce_scatter``, ``all_reduce``): the soundness checks of the stores, a notify after each (the count of
+    what it stored in each channel it overlaps) and the tile order. Returns the insertions, the report (its
+    entries under ``rule``) and the full size of the reduced dimension, in source. ``opts``: resolved."""
     if spec.dim != 0:
-        raise AnnotationError(f"reduce_scatter over dim {spec.dim} is not supported yet", file=an.file,
+        raise AnnotationError(f"{rule} over dim {spec.dim} is not supported yet", file=an.file,
                               line=an.where.line, column=an.where.column,
                               hint="scatter along dim 0 (rows); transpose the output if needed")
     stores = [a for t in spec.tensors for a in an.accesses_of(t, "store")]
@@ -433,7 +436,7 @@ def rewrite(an: KernelAnalysis, spec: ReduceScatterSpec, options: Options) -> Re
     if reads:
         a = reads[0]
         raise AnnotationError(
-            f"kernel {an.name!r} reads {a.tensor!r}, which reduce_scatter replaces by a buffer of this rank's partial "
+            f"kernel {an.name!r} reads {a.tensor!r}, which {rule} replaces by a buffer of this rank's partial "
             f"sums: the read would see neither the caller's tensor nor the reduced result",
             file=a.where.file, line=a.where.line, column=a.where.column,
             hint=f"pass what the kernel reads as a separate input (`c = a @ b + d`: load d_ptr, store {a.tensor})")
@@ -464,20 +467,20 @@ def rewrite(an: KernelAnalysis, spec: ReduceScatterSpec, options: Options) -> Re
         bad = None if spec.linear_epilogue else _nonlinear_epilogue(an, a)
         if bad is not None:
             raise AnnotationError(
-                f"the value stored to {a.tensor!r} goes through {bad[1]} (`{bad[0]}`): reduce_scatter sums what every "
+                f"the value stored to {a.tensor!r} goes through {bad[1]} (`{bad[0]}`): {rule} sums what every "
                 f"rank stores, and that sum would not be the full problem's value (the sum of f(partial sums) is not "
                 f"f of their sum)", file=a.where.file,
                 line=a.where.line, column=a.where.column,
                 hint="store the partial sums themselves and apply the function after the reduction (on the "
-                     "reduced rows), or pass reduce_scatter(..., linear_epilogue=True) if what is stored is linear "
+                     f"reduced rows), or pass {rule}(..., linear_epilogue=True) if what is stored is linear "
                      "in the partial sums after all")
         if a.branch is not None:
-            report.append(ReportEntry(an.name, RULE, "note",
+            report.append(ReportEntry(an.name, rule, "note",
                                       f"the store at line {a.where.line} is in a branch of the `if` at line "
                                       f"{a.branch.line}: a tile that takes no storing branch leaves its rows "
                                       f"unnotified, and the reduction's wait for them times out naming them", a.where))
         if opts.via == "copy_engine" and spec.topk:
-            report.append(ReportEntry(an.name, RULE, "note",
+            report.append(ReportEntry(an.name, rule, "note",
                                       f"no notify after the store at line {a.where.line}: with topk= on the copy "
                                       "engine the top-k reduce runs behind this kernel on its stream (a rank's "
                                       "tokens are spread over every expert, so no channel is complete before the "
@@ -485,7 +488,7 @@ def rewrite(an: KernelAnalysis, spec: ReduceScatterSpec, options: Options) -> Re
             continue
         if a.swept:
             insertions += _swept(an, a, t, spec, _store_variable("tlk_swept", a, stores))
-            report.append(ReportEntry(an.name, RULE, "applied",
+            report.append(ReportEntry(an.name, rule, "applied",
                                       f"the loop at line {a.anchor.line} stores the same rows on every iteration "
                                       f"(line {a.where.line}): it counts what they stored and notifies once, "
                                       "after the loop", a.anchor))
@@ -496,14 +499,14 @@ def rewrite(an: KernelAnalysis, spec: ReduceScatterSpec, options: Options) -> Re
         pending = _store_variable("tlk_pending", a, stores) if grouped else None
         if grouped:
             insertions += _grouped_loop(a, pending)
-            report.append(ReportEntry(an.name, RULE, "applied",
+            report.append(ReportEntry(an.name, rule, "applied",
                                       f"the tile loop at line {a.loop.line} notifies four tiles at a time (one barrier "
                                       "and fence per four tiles; a tile's adds at most three tiles late)", a.loop))
         if a.descriptor:
             insertions.append(Insertion(a.anchor, "after", _descriptor_notify(an, a, t, spec, pending)))
             what = ("producer_tile_notify_rows_grouped (it waits for the bulk store)" if grouped
                     else "bulk_store_wait + producer_tile_notify")
-            report.append(ReportEntry(an.name, RULE, "applied",
+            report.append(ReportEntry(an.name, rule, "applied",
                                       f"{what} after the descriptor store at line {a.where.line} ({describe_rows(t)})",
                                       a.where))
             continue
@@ -535,7 +538,7 @@ def rewrite(an: KernelAnalysis, spec: ReduceScatterSpec, options: Options) -> Re
             )
         insertions.append(Insertion(a.anchor, "after", lines))
         what = "producer_tile_notify_rows_grouped" if grouped else "producer_tile_notify"
-        report.append(ReportEntry(an.name, RULE, "applied",
+        report.append(ReportEntry(an.name, rule, "applied",
                                   f"{what} after the store at line {a.where.line} "
                                   f"({describe_rows(t)})", a.where))
     first = stores[0]
@@ -544,7 +547,7 @@ def rewrite(an: KernelAnalysis, spec: ReduceScatterSpec, options: Options) -> Re
     size_param = spec.size or tile.size_param
     if tile.dynamic and spec.size is None:
         raise AnnotationError(
-            f"reduce_scatter with index={spec.index!r} needs the full row count of the reduced result",
+            f"{rule} with index={spec.index!r} needs the full row count of the reduced result",
             file=first.where.file, line=first.where.line, column=first.where.column,
             hint="pass size=\"<parameter or expression>\", e.g. size=\"num_valid_tokens // top_k\"")
     if size_param is None:
@@ -554,14 +557,21 @@ def rewrite(an: KernelAnalysis, spec: ReduceScatterSpec, options: Options) -> Re
             hint=f"mask the store with `{tile.offsets or 'offs'}[:, None] < M`, or pass size=\"M\"")
     shift = f"(((tlk_rank + 1) % tlk_world) * tlk_rows_per_rank) // ({tile.size})"
     if tile.dynamic:
-        report.append(ReportEntry(an.name, RULE, "note", f"dynamic mapping through {spec.index}"
+        report.append(ReportEntry(an.name, rule, "note", f"dynamic mapping through {spec.index}"
                                   + (f", top-k reduction (topk={spec.topk})" if spec.topk else "")
                                   + ("" if opts.via == "copy_engine" and spec.topk
                                      else ": each tile notifies the channels of the rows it stored")))
     else:
-        more, entry = remap_order(an, first, RULE, opts.order, shift)
+        more, entry = remap_order(an, first, rule, opts.order, shift)
         insertions += more
         report.append(entry)
+    return insertions, report, size_param
+
+
+def rewrite(an: KernelAnalysis, spec: ReduceScatterSpec, options: Options) -> RewritePlan:
+    """Plan the producer-side rewrite of ``an`` for ``spec``."""
+    opts = options.resolved(**DEFAULTS)
+    insertions, report, size_param = notify_stores(an, spec, opts)
     if opts.via == "copy_engine":
         report.append(ReportEntry(an.name, RULE, "note",
                                   ("consumer: hybrid - after the GEMM an SM kernel sums each token's top-k slots, "

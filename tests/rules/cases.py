@@ -378,9 +378,54 @@ def back_to_back_all_gathers(calls: int = 4, slow_rank: int = 1) -> dict[str, fl
     return errors
 
 
+def _ar_gemm(kernel, rank, world, M, N, K, grid, calls=2, **meta):
+    """``kernel`` computes this rank's partial product x[:, K slice] @ w[K slice] into the whole (M, N) output,
+    all-reduced; new inputs on each call (the context's second call runs at epoch 2)."""
+    g = torch.Generator().manual_seed(31)
+    klo, khi = rows_of(rank, world, K)
+    err = 0.0
+    for _ in range(calls):
+        x, w = torch.randn(M, K, generator=g), torch.randn(K, N, generator=g)
+        xr, wr = x[:, klo:khi].contiguous(), w[klo:khi].contiguous()
+        y = torch.full((M, N), float("nan"))
+        kernel[grid](xr, wr, y, M, N, khi - klo, **meta)
+        err = worst(err, (y - x @ w).abs().max().item())
+    return err
+
+
+def all_reduce_pointer_gemm(rank, world):
+    kernel = load_case("all_reduce", "pointer_gemm").row_parallel_kernel
+    M, N, K = 5, 40, 70  # a few decode rows
+    klo, khi = rows_of(rank, world, K)
+    return _ar_gemm(kernel, rank, world, M, N, K, (triton.cdiv(M, 16), triton.cdiv(N, 16)),
+                    stride_xm=khi - klo, stride_xk=1, stride_wk=N, stride_wn=1, stride_ym=N, stride_yn=1,
+                    BLOCK_M=16, BLOCK_N=16, BLOCK_K=16)
+
+
+def all_reduce_persistent_gemm(rank, world):
+    kernel = load_case("all_reduce", "persistent_gemm").persistent_matmul_kernel
+    M, N = 20, 32  # descriptors need 16-byte aligned strides: every rank's K slice is 16 columns
+    return _ar_gemm(kernel, rank, world, M, N, 16 * world, (3,), NUM_PROGRAMS=3, BLOCK_M=16, BLOCK_N=16,
+                    BLOCK_K=16)
+
+
+def all_reduce_vector_partial_sums(rank, world):
+    kernel = load_case("all_reduce", "vector_partial_sums").partial_product_kernel
+    N = 77
+    g = torch.Generator().manual_seed(32)
+    err = 0.0
+    for _ in range(2):
+        xs = [torch.randn(N, generator=g) for _ in range(world)]  # rank r's partial input
+        w = torch.randn(N, generator=g)
+        y = torch.full((N,), float("nan"))
+        kernel[(triton.cdiv(N, 32),)](xs[rank], w, y, N, BLOCK=32)
+        err = worst(err, (y - sum(x * w for x in xs)).abs().max().item())
+    return err
+
+
 #: every launch harness of this module, by name (case functions are named <rule>_<case>)
 CASES = {name: fn for name, fn in globals().items()
-         if name.startswith(("all_gather_", "reduce_scatter_")) and callable(fn)}
+         if name.startswith(("all_gather_", "reduce_scatter_", "all_reduce_")) and callable(fn)}
 
 
 def moe_down_too_large():

@@ -131,8 +131,9 @@ def run_mutants(case: str) -> list[tuple[str, str]]:
     order."""
     import tests.rules.cases as cases
     import tilelink
+    from tilelink.rules import RULES
 
-    rule = "all_gather" if case.startswith("all_gather_") else "reduce_scatter"
+    rule = next(kind for kind in RULES if case.startswith(f"{kind}_"))
     real, patch = _patcher(cases, "load_case")
     return _run(lambda: real(rule, case[len(rule) + 1:]), patch,
                 lambda: cases.CASES[case](tilelink.rank(), tilelink.world_size()))

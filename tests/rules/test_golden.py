@@ -53,7 +53,8 @@ def test_golden(before: Path) -> None:
 
 #: what the rewritten body calls for each rule's insertion, and how its report entry names it
 _INSERTED = {"all_gather": (r"tll\.consumer_tile_wait\w*\(", "consumer_tile_wait before line"),
-             "reduce_scatter": (r"tll\.producer_tile_notify\w*\(", "notif")}
+             "reduce_scatter": (r"tll\.producer_tile_notify\w*\(", "notif"),
+             "all_reduce": (r"tll\.producer_tile_notify\w*\(", "notif")}
 
 
 def _check_report(before: Path, gen) -> None:

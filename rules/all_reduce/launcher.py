@@ -1,0 +1,132 @@
+"""The launch side of the all_reduce rule: buffers, channels and streams per shape."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from tilelink.errors import LaunchError
+from tilelink.rules.launch import Streams, cdiv, vector_peer_table
+from tilelink.rules.reduce_scatter.launcher import ReduceScatterContext, ReduceScatterLauncher
+from tilelink.runtime import Channel, Diagnostics, symmetric_empty
+
+#: bytes a rank may pull from its peers for the one-shot all-reduce, ``(world - 1)`` times the message: larger
+#: messages go two-shot, whose ranks each pull ``2 (world - 1) / world`` of it in two steps with a flag between.
+#: 1.5 MiB: the one-shot takes messages up to 1.5 MiB on 2 ranks, 512 KiB on 4, 219 KiB on 8
+#: (``tlxform bench decode`` times both on the decode shapes)
+ONE_SHOT_PULL_BYTES = 3 << 19
+
+
+def choose_mode(nbytes: int, world_size: int) -> str:
+    """The all-reduce algorithm for a message of ``nbytes`` over ``world_size`` ranks, when the annotation leaves
+    it open: ``"one_shot"`` while a rank pulls at most :data:`ONE_SHOT_PULL_BYTES`, else ``"two_shot"``."""
+    return "one_shot" if nbytes * max(world_size - 1, 1) <= ONE_SHOT_PULL_BYTES else "two_shot"
+
+
+@dataclass
+class AllReduceContext(ReduceScatterContext):
+    """The symmetric partial sums of one shape, their channels, and the two-shot's shared rows."""
+
+    mode: str = "one_shot"
+    share: torch.Tensor | None = None  # two-shot: symmetric (rows, ...), this rank's reduced rows for its peers
+    share_table: torch.Tensor | None = None
+    share_channel: Channel | None = None  # ... word ch reaches epoch * elements(ch) when they are all written
+
+
+class AllReduceLauncher(ReduceScatterLauncher):
+    """``kernel[grid](..., c, ...)``: run the rewritten producer into a symmetric buffer of partial sums and sum
+    every rank's into ``c``, the whole output, on every rank."""
+
+    def context(self, bound: dict) -> AllReduceContext:
+        world = self.world()
+        size = self.size_of(bound)
+        sharding = self.sharding(world, size)
+        (name,) = self.meta["tensors"]
+        out = self.tensor_arg(bound, name, world)
+        if out.dim() < 1 or out.shape[0] != size:
+            raise LaunchError(
+                f"{self.okernel.name}: every rank passes the whole output as {name} ({size} rows, for "
+                f"{self.meta['size_param']}={size}): all_reduce writes the sum over the ranks on every rank; got shape "
+                f"{list(out.shape)}")
+        shape = tuple(out.shape)
+        if math.prod(shape) >= 2**31:  # the partner kernels index the partial sums with 32-bit offsets
+            raise LaunchError(f"{self.okernel.name}: the partial sums of one call would hold {math.prod(shape)} "
+                              f"elements ({' x '.join(map(str, shape))}), past the 2**31 the all-reduce kernels "
+                              f"address; split the call along {self.meta['size_param']}")
+        key = (size, shape, str(out.dtype))
+        ctx = self.contexts.get(key)
+        if ctx is None:
+            partial = symmetric_empty(shape, out.dtype)
+            mode = self.meta.get("algorithm") or choose_mode(partial.numel() * partial.element_size(),
+                                                             world.world_size)
+            ctx = AllReduceContext(sharding, partial, vector_peer_table(partial), Channel(sharding.num_channels),
+                                   Diagnostics(), Streams.for_world(world),
+                                   torch.zeros(sharding.num_channels, dtype=torch.int64, device=world.device),
+                                   mode=mode)
+            if mode == "two_shot" and world.world_size > 1:  # every rank decides the same: from the shape alone
+                ctx.share = symmetric_empty(shape, out.dtype)
+                ctx.share_table = vector_peer_table(ctx.share)
+                ctx.share_channel = Channel(sharding.num_channels)
+            self.contexts[key] = ctx
+        return ctx
+
+    def _consumer(self, ctx: AllReduceContext, world, out, barriers, table, epoch: int, dry: bool = False) -> None:
+        """The reduction: one-shot, every channel pulled from every rank; two-shot, this rank's channels, then the
+        other ranks' reduced channels. ``dry`` (the warm-up): no write into a buffer a peer reads, no flag a
+        peer waits for."""
+        sh = ctx.sharding
+        row_elems = ctx.row_elems
+        meta = self.pull_meta(world, self.PULL_CONSUMER_GPU)
+        blocks = cdiv(sh.rows_per_channel * row_elems, meta["BLOCK"])  # of a channel
+        common = (world.rank, world.world_size, sh.size, sh.rows_per_rank, sh.rows_per_channel, sh.channels_per_rank,
+                  row_elems)
+        own = world.rank * sh.channels_per_rank
+        if ctx.mode == "one_shot":
+            channels = sh.num_channels
+            grid = (max(1, min(self.meta["comm_sms"], channels * blocks)),)
+            self.partner("ar_pull_reduce")[grid](
+                ctx.partial, ctx.table, out, out, ctx.scratch, barriers, table, epoch, *common, own, channels,
+                ctx.diag.buffer, ctx.diag.budget_ns, SHARE=False, **meta)
+            return
+        share, flags, share_table, flag_table = ctx.share, ctx.share_channel.barriers, ctx.share_table, \
+            ctx.share_channel.peer_table
+        if dry:  # a private copy of the shared rows and the scratch flags
+            share, flags = torch.empty_like(share), ctx.scratch
+            flag_table = self.scratch_table(ctx, world)
+        grid = (max(1, min(self.meta["comm_sms"], sh.channels_per_rank * blocks)),)
+        self.partner("ar_pull_reduce")[grid](
+            ctx.partial, ctx.table, out, share, flags, barriers, table, epoch, *common, own, sh.channels_per_rank,
+            ctx.diag.buffer, ctx.diag.budget_ns, SHARE=True, **meta)
+        grid = (max(1, min(self.meta["comm_sms"], (sh.num_channels - sh.channels_per_rank) * blocks)),)
+        self.partner("ar_gather_rows")[grid](
+            share, share_table, out, flags, flag_table, epoch, *common, ctx.diag.buffer, ctx.diag.budget_ns, **meta)
+
+    def launch(self, grid, bound: dict) -> None:
+        world = self.world()
+        ctx = self.context(bound)
+        ctx.streams.follow_caller(world.device)
+        if world.world_size == 1:  # the output is the whole result
+            self.alone(grid, dict(bound), ctx, world)
+            return
+        (name,) = self.meta["tensors"]
+        out = bound[name]
+        call = {**bound, name: ctx.partial}  # the kernel writes its partial sums to the symmetric buffer
+        self.warm_up(ctx, world, grid, call, partners=lambda: self._consumer(
+            ctx, world, out, ctx.scratch, self.scratch_table(ctx, world), 0, dry=True))
+        epoch = ctx.channel.advance()
+        main, side = ctx.streams.main, ctx.streams.side
+        # every rank is done reading the previous call's partial sums and shared rows
+        world.stream_barrier(main)
+        args = self.channel_args(ctx.channel.barriers, epoch, world, ctx.sharding, ctx.diag)
+        if side is not None:
+            # the reduction takes its few SMs first; the producer never waits for it
+            side.wait_stream(main)
+            with torch.cuda.stream(side):
+                self._consumer(ctx, world, out, ctx.channel.barriers, ctx.channel.peer_table, epoch)
+            self.kernel[grid](**call, **args)
+        else:
+            self._produce(grid, call, args, ctx, epoch)
+            self._consumer(ctx, world, out, ctx.channel.barriers, ctx.channel.peer_table, epoch)
+        self.finish(ctx)
