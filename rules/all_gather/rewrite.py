@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from tilelink.analysis import KernelAnalysis
+import libcst as cst
+import libcst.matchers as m
+
+from tilelink.analysis import Access, KernelAnalysis, code
 from tilelink.errors import AnnotationError
 from tilelink.plan import Insertion, ReportEntry, RewritePlan
 from tilelink.rules.emit import (
@@ -18,6 +21,21 @@ from tilelink.spec import AllGatherSpec, Options
 
 RULE = "all_gather"
 DEFAULTS = dict(via="sm", mode="pull", order="local_first", comm_sms=16)
+
+
+def _flat_hint(access: Access) -> str | None:
+    """For rows ``(base + offs)[:, None]`` (a block's rows of a flat layout, ``off_hz * N_CTX + offs``): the view
+    and annotation that gather them along the blocks' inner dimension."""
+    rows = next((code(sub.value) for sub in m.findall(cst.parse_expression(access.pointer), m.Subscript(
+        value=m.BinaryOperation(operator=m.Add()), slice=[m.SubscriptElement(slice=m.Slice()), m.SubscriptElement(
+            slice=m.Index(value=m.Name("None")))]))), None)
+    if rows is None:
+        return None
+    return (f"the rows `{rows}` are a block's rows of a flat layout (row z * H * S + h * S + s of a (Z * H * S, D) "
+            f"matrix) when the first term starts a block: to gather S inside each block, pass each rank's shard as "
+            f"its (Z * H, S_r, D) view and annotate dim=1 with the key block's start along S, e.g. all_gather("
+            f"{access.tensor!r}, dim=1, tile=(\"start_n\", \"BLOCK_N\"), size=\"S\"); else index the rows with "
+            f"`offs[:, None]` for `offs = start + tl.arange(0, BLOCK)`")
 
 
 def rewrite(an: KernelAnalysis, spec: AllGatherSpec, options: Options) -> RewritePlan:
@@ -48,7 +66,7 @@ def rewrite(an: KernelAnalysis, spec: AllGatherSpec, options: Options) -> Rewrit
             f"cannot tell which rows along dim {spec.dim} of {a.tensor!r} this load reads "
             f"(pointer `{a.pointer}`)", file=a.where.file, line=a.where.line, column=a.where.column,
             hint=f"the rows come from `{indexed[0]}`, loaded from {indexed[1]!r}: pass index=\"{indexed[1]}\" and "
-                 f"size=\"<the full row count>\" to all_gather(...)" if indexed else
+                 f"size=\"<the full row count>\" to all_gather(...)" if indexed else _flat_hint(a) or
                  "compute the offsets as `offs = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)` and index "
                  "with offs[:, None], or pass tile=(\"<start>\", \"<size>\") to all_gather(...)")
     first = loads[0]

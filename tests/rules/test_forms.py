@@ -172,6 +172,35 @@ def test_a_helper_that_cannot_be_inlined_is_refused(helper: str | None, call: st
     assert err.line == line and says in str(err), err
 
 
+def test_the_key_loops_inlined_from_a_helper_wait_on_every_iteration() -> None:
+    fn = _rewritten("attention_helper_inner", "attn_fwd")
+    text = cst.Module(body=[]).code_for_node(fn)
+    assert "_attn_fwd_inner(" not in text.replace("# _attn_fwd_inner(", "")
+    # both copies of the helper's key loop (stage 1, then the diagonal's stage 2) wait for the block of keys and the
+    # block of values of each iteration, on the offsets of that copy
+    loops = [node for node in fn.body.body if isinstance(node, cst.If)]
+    assert len(loops) == 2, text
+    for branch, suffix in zip(loops, ("", "_2"), strict=True):
+        loop = next(s for s in branch.body.body if isinstance(s, cst.For))
+        body = " ".join(cst.Module(body=[]).code_for_node(loop.body).split())
+        assert body.count("tll.consumer_tile_wait(") == 2, body
+        assert f"offsetk_y{suffix} = offsetk_y{suffix} + tlk_token" in body, body
+        assert f"offsetv_y{suffix} = offsetv_y{suffix} + tlk_token" in body, body
+        before = " ".join(cst.Module(body=[]).code_for_node(branch).split()).split("for start_n")[0]
+        assert "consumer_tile_wait" not in before
+
+
+def test_a_flat_layout_gathered_along_its_rows_says_which_view_and_annotation_to_use() -> None:
+    path = FORMS / "attention_flat_heads.py"
+    text = path.read_text().replace('dim=1, tile=("start_n", "BLOCK_N"), size="N_CTX"', "dim=0")
+    with pytest.raises(AnnotationError) as info:
+        generate(text, str(path), requests_in(text, str(path)))
+    err = info.value
+    assert err.line == 32 and "cannot tell which rows along dim 0 of 'k_ptr'" in str(err), err
+    assert "the rows `(kv_offset + cols)` are a block's rows of a flat layout" in err.hint, err.hint
+    assert "its (Z * H, S_r, D) view and annotate dim=1" in err.hint, err.hint
+
+
 def test_a_split_k_atomic_write_back_is_refused() -> None:
     err = _error('''
         @tilelink.overlap(tilelink.reduce_scatter("c_ptr"))
