@@ -27,6 +27,14 @@ CHANNEL_PARAMS = (
 MAPPING_ARGS = "tlk_rows, tlk_rows_per_rank, tlk_rows_per_channel, tlk_channels_per_rank"
 
 
+def constant_height(an: KernelAnalysis, tile: Tile) -> bool:
+    """Whether the tile's height is a compile-time constant: a literal, a ``tl.constexpr`` parameter, or the
+    block height of a descriptor made on the host (``a_desc.block_shape[0]``, part of the kernel's type)."""
+    size = tile.size
+    return size in an.constexpr_params or size.isdigit() or (
+        size.endswith("]") and size.split(".block_shape[")[0] in an.params)
+
+
 def _operand(expr: str, right: bool) -> str:
     """``expr`` as an operand of ``+``: as it is when it binds at least as tightly (a name, a call, a
     product; a sum on the left), else in parentheses (``BM // 2 if HALF else BM`` must not swallow the

@@ -9,6 +9,7 @@ an order where nothing waits for a kernel that has not run.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Hashable
 from dataclasses import dataclass
@@ -73,6 +74,29 @@ def check_vector_aligned(addresses: list[int]) -> None:
         raise LaunchError(f"a symmetric buffer's copies must start 16-byte aligned for the partner kernels' "
                           f"vector loads; these do not: {', '.join(odd)} (allocate it with "
                           f"tilelink.runtime.symmetric_empty, not as a view at an odd offset)")
+
+
+def is_host_descriptor(value) -> bool:
+    """Whether ``value`` is a tensor descriptor made on the host (``triton.tools.tensor_descriptor.
+    TensorDescriptor``: a base tensor, its shape, strides and block shape)."""
+    return isinstance(getattr(value, "base", None), torch.Tensor) and hasattr(value, "block_shape")
+
+
+def described(value):
+    """The tensor an argument stands for: a host descriptor's base seen with the descriptor's shape and strides,
+    anything else as it is."""
+    if not is_host_descriptor(value):
+        return value
+    base = value.base
+    return base.as_strided([int(n) for n in value.shape], [int(n) for n in value.strides], base.storage_offset())
+
+
+def rebuilt(value, buffer: torch.Tensor):
+    """The argument to pass in place of ``value`` so that the kernel reads or writes ``buffer`` instead: ``buffer``
+    itself, or, for a host descriptor, the same descriptor (block shape, padding) over the whole of ``buffer``."""
+    if not is_host_descriptor(value):
+        return buffer
+    return dataclasses.replace(value, base=buffer, shape=list(buffer.shape), strides=list(buffer.stride()))
 
 
 @functools.lru_cache(maxsize=64)
@@ -189,10 +213,12 @@ class Launcher:
         return RowSharding(size, world.world_size, max(1, min(wanted, rpr)))
 
     def tensor_arg(self, bound: dict, name: str, world) -> torch.Tensor:
-        t = bound.get(name)
+        """This rank's shard passed as ``name``: a tensor, or the tensor a host ``TensorDescriptor`` describes."""
+        t = described(bound.get(name))
         if not isinstance(t, torch.Tensor):
             raise LaunchError(f"{self.okernel.name}: argument {name!r} must be a torch.Tensor (this rank's "
-                              f"shard), got {type(t).__name__}")
+                              f"shard) or a triton.tools.tensor_descriptor.TensorDescriptor over it, got "
+                              f"{type(t).__name__}")
         if t.device != world.device and not (t.device.type == world.device.type == "cuda"
                                              and t.device.index == world.device.index):
             raise LaunchError(f"{self.okernel.name}: {name} is on {t.device}, but this rank computes on "
@@ -243,7 +269,8 @@ class Launcher:
         ctx.scratch.zero_()
         first = not ctx.variants
         if not first:
-            call = {**call, **{name: torch.zeros_like(call[name]) for name in self.meta["tensors"]}}
+            call = {**call, **{name: rebuilt(call[name], torch.zeros_like(described(call[name])))
+                               for name in self.meta["tensors"]}}
         self.kernel[grid](**call, **self.channel_args(ctx.scratch, 0, world, ctx.sharding, ctx.diag))
         if first:
             partners()

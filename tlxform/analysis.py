@@ -74,6 +74,7 @@ class Access:
     # same rows
     swept: bool = False
     branch: Where | None = None  # a store anchored inside the branches of this `if` (see _through_branches)
+    atomic: bool = False  # a store that adds: ``tl.atomic_add(ptrs, value, mask=...)`` (a split-K write-back)
 
 
 @dataclass(frozen=True)
@@ -129,7 +130,17 @@ class KernelAnalysis:
         ``tl.make_tensor_descriptor(ptr, shape=[s0, s1], strides=..., block_shape=[b0, b1])``: the sources
         ``((o0, o1), (b0, b1), (s0, s1))``; ``None`` when any of them is not a literal list."""
         made = self.values.get(access.pointer, ())
-        if not access.descriptor or access.offsets is None or len(made) != 1:
+        if not access.descriptor or access.offsets is None:
+            return None
+        if not made and access.pointer == access.tensor:  # a descriptor made on the host: its box is read from it
+            offsets = cst.parse_expression(access.offsets)
+            if not isinstance(offsets, (cst.List, cst.Tuple)):
+                return None
+            dims = range(len(offsets.elements))
+            return (tuple(code(el.value) for el in offsets.elements),
+                    tuple(f"{access.pointer}.block_shape[{i}]" for i in dims),
+                    tuple(f"{access.pointer}.shape[{i}]" for i in dims))
+        if len(made) != 1:
             return None
         call, offsets = cst.parse_expression(made[0]), cst.parse_expression(access.offsets)
         if not _is_tl_call(call, "make_tensor_descriptor"):
@@ -370,15 +381,16 @@ class _Analyzer:
         class _V(cst.CSTVisitor):
             def visit_Call(self, call: cst.Call) -> None:
                 f = call.func
-                if _is_tl_call(call, "load") or _is_tl_call(call, "store"):
+                if _is_tl_call(call, "load") or _is_tl_call(call, "store") or _is_tl_call(call, "atomic_add"):
                     ptr = _arg(call, 0, "pointer")
                     if ptr is not None and names_in(ptr) & pointers:
                         kind = "load" if f.attr.value == "load" else "store"  # type: ignore[attr-defined]
-                        value = _arg(call, 1, "value") if kind == "store" else None
+                        atomic = f.attr.value == "atomic_add"  # type: ignore[attr-defined]
+                        value = _arg(call, 1, "val" if atomic else "value") if kind == "store" else None
                         mask = _arg(call, 2 if kind == "store" else 1, "mask")
                         found.append(Access(kind, tensor, code(ptr), False, analyzer.where(call),
                                             code(value) if value is not None else None,
-                                            code(mask) if mask is not None else None))
+                                            code(mask) if mask is not None else None, atomic=atomic))
                 elif (isinstance(f, cst.Attribute) and isinstance(f.value, cst.Name)
                       and f.value.value in descriptors and f.attr.value in ("load", "store")):
                     offsets = _arg(call, 0, "offsets")
@@ -481,6 +493,23 @@ class _Analyzer:
                     return side.value
         return None
 
+    def _cdiv_bound(self, start: str) -> str | None:
+        """``offs_am = pid_m * BLOCK_M`` with ``num_pid_m = tl.cdiv(M, BLOCK_M)`` in the kernel -> ``"M"``: the tiles
+        of height ``BLOCK_M`` are counted over ``M`` rows (a kernel whose rows are never compared with a bound, such
+        as a persistent GEMM on host descriptors)."""
+        expr = cst.parse_expression(start)
+        if isinstance(expr, cst.Name) and len(self.assignments.get(expr.value, [])) == 1:
+            expr = self.assignments[expr.value][0][1]
+        if not (isinstance(expr, cst.BinaryOperation) and isinstance(expr.operator, cst.Multiply)):
+            return None
+        heights = {code(side) for side in (expr.left, expr.right)}
+        found = {code(a) for call in m.findall(self.fn.body, m.Call(func=m.Attribute(value=m.Name("tl"),
+                                                                                 attr=m.Name("cdiv"))))
+                 if len(call.args) == 2 and code(call.args[1].value) in heights
+                 and isinstance(a := call.args[0].value, cst.Name) and a.value in self.params
+                 and a.value not in self.constexpr}
+        return found.pop() if len(found) == 1 else None
+
     def _indexed_rows(self, access: Access, dim: int, pointers: set[str], index: str) -> Tile | None:
         """Dynamic mapping: the rows come from values loaded through the ``index`` parameter, e.g.
         ``offs_token = tl.load(sorted_token_ids_ptr + ...)`` then ``a_ptr + offs_token[:, None] // top_k
@@ -513,6 +542,15 @@ class _Analyzer:
         if access.descriptor:
             offsets = cst.parse_expression(access.offsets) if access.offsets is not None else None
             desc_defs = self.assignments.get(access.pointer, [])
+            if not desc_defs and access.pointer == access.tensor:
+                # a descriptor made on the host (`TensorDescriptor`): its rows are its first offset, its block
+                # height is the descriptor's own (a compile-time constant of the kernel), and the launcher
+                # rebuilds it over the buffer the rewritten kernel reads or writes
+                if not isinstance(offsets, (cst.List, cst.Tuple)) or dim >= len(offsets.elements):
+                    return None
+                start = code(offsets.elements[dim].value)
+                return Tile(start, f"{access.tensor}.block_shape[{dim}]", None, size_param or self._cdiv_bound(start),
+                            self._pid_of(start), access.where)
             if isinstance(offsets, (cst.List, cst.Tuple)) and dim < len(offsets.elements) and desc_defs:
                 make = desc_defs[0][1]
                 base = _arg(make, 0, "base") if isinstance(make, cst.Call) else None
@@ -632,7 +670,7 @@ def _anchor(an: _Analyzer, acc: Access, tile: Tile | None, pointers: set[str]) -
     return Access(acc.kind, acc.tensor, acc.pointer, acc.descriptor, acc.where, acc.value, acc.mask, tile,
                   where, isinstance(stmt.node, cst.SimpleStatementLine), tuple(earlier), acc.offsets,
                   an.where(loop.node) if loop is not None else None, _sweeps(an, stmt.node, chain, acc, tile),
-                  branch)
+                  branch, acc.atomic)
 
 
 # ----------------------------------------------------------------------------- soundness
@@ -942,21 +980,34 @@ def _check_tile_agrees(an: _Analyzer, acc: Access, dim: int, pointers: set[str],
     return inferred.size_param
 
 
-def _check_host_descriptor(an: _Analyzer, tensor: str, descriptors: set[str]) -> None:
-    """``a_desc.load(...)`` on a parameter no ``tl.make_tensor_descriptor`` builds: a descriptor made on the host
-    (``TensorDescriptor``), whose block shape and base the kernel's source does not show."""
+def _host_descriptor(an: _Analyzer, tensor: str, descriptors: set[str]) -> bool:
+    """Whether the annotated parameter is a tensor descriptor made on the host (``TensorDescriptor``): the
+    kernel calls its ``load`` / ``store`` and never binds it. One bound to something other than its own
+    ``tl.make_tensor_descriptor`` is refused (TileLink could not tell what it describes)."""
     if tensor in descriptors:
-        return
-    for call in m.findall(an.fn.body, m.Call(func=m.Attribute(value=m.Name(tensor),
-                                                              attr=m.Name("load") | m.Name("store")))):
-        at = an.where(call)
+        return False
+    calls = m.findall(an.fn.body, m.Call(func=m.Attribute(value=m.Name(tensor))))
+    if not calls:
+        return False
+    if tensor in an.assignments or tensor in an.rebound:
+        at = an.where(calls[0])
         raise AnnotationError(
-            f"{tensor!r} is a tensor descriptor made on the host (`TensorDescriptor`): TileLink replaces the tensor "
-            f"behind an annotated parameter by its gathered or reduced buffer, which needs the kernel to build the "
-            f"descriptor itself", file=at.file, line=at.line, column=at.column,
-            hint=f"pass the tensor's pointer and its sizes, and make the descriptor in the kernel: `{tensor} = "
-                 f"tl.make_tensor_descriptor({tensor}, shape=[M, K], strides=[stride_m, 1], "
-                 f"block_shape=[BLOCK_M, BLOCK_K])`")
+            f"{tensor!r} is used as a tensor descriptor and bound again in the kernel: TileLink replaces the tensor "
+            f"behind an annotated descriptor by its gathered or reduced buffer, and cannot tell what this one "
+            f"describes", file=at.file, line=at.line, column=at.column,
+            hint=f"pass the host `TensorDescriptor` and use it as it is, or make the descriptor in the kernel from "
+                 f"the pointer, once: `{tensor} = tl.make_tensor_descriptor({tensor}, shape=[M, K], "
+                 f"strides=[stride_m, 1], block_shape=[BLOCK_M, BLOCK_K])`")
+    return True
+
+
+def _without_dtypes(node: cst.BaseExpression) -> cst.BaseExpression:
+    """``node`` with each ``x.dtype`` read (``acc.to(c_ptr.dtype.element_ty)``: a type, not memory) made ``0``."""
+    class _T(cst.CSTTransformer):
+        def leave_Attribute(self, original: cst.Attribute, updated: cst.Attribute) -> cst.BaseExpression:
+            return cst.Integer("0") if original.attr.value == "dtype" else updated
+
+    return node.visit(_T())  # type: ignore[return-value]
 
 
 def _check_other_uses(an: _Analyzer, tensor: str, pointers: set[str], descriptors: set[str]) -> None:
@@ -967,6 +1018,8 @@ def _check_other_uses(an: _Analyzer, tensor: str, pointers: set[str], descriptor
     seen_ok = {"load", "store", "make_tensor_descriptor", "multiple_of", "max_contiguous", "cast", "where",
                "broadcast_to", "expand_dims", "reshape", "view"}
     aliases = pointers | descriptors
+    # an atomic_add whose old values the kernel does not use (a statement of its own) only writes
+    atomic_statements = {e.value for e in m.findall(an.fn.body, m.Expr(value=m.Call()))}
     for call in m.findall(an.fn.body, m.Call()):
         func = call.func
         name = code(func)
@@ -976,22 +1029,33 @@ def _check_other_uses(an: _Analyzer, tensor: str, pointers: set[str], descriptor
         if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value in aliases \
                 and func.attr.value in ("load", "store"):
             continue
+        if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value in descriptors \
+                and func.attr.value != "to":  # `desc.atomic_add(...)`, `desc.gather(...)`: an access not followed
+            at = an.where(call)
+            raise AnnotationError(
+                f"the descriptor `{func.value.value}` (from the annotated {tensor!r}) is used by `{name}` at line "
+                f"{at.line}: TileLink follows a descriptor's `.load` and `.store` only", file=at.file, line=at.line,
+                column=at.column, hint="read with `.load([offsets])` and write with `.store([offsets], value)`")
         if isinstance(func, cst.Attribute) and func.attr.value == "to":
             continue
+        if is_tl and func.attr.value == "atomic_add" and call in atomic_statements and not any(
+                names_outside_loads(_without_dtypes(arg.value)) & aliases for arg in call.args[1:]):
+            continue  # an access (a store that adds: a split-K write-back), which the rule judges
         used = set()
         for arg in call.args:
             used |= names_outside_loads(arg.value) & aliases
         if not used:
             continue
         at = an.where(call)
-        what = "an atomic" if name.startswith("tl.atomic") else f"`{name}`"
+        what = f"the atomic `{name}`" if name.startswith("tl.atomic") else f"`{name}`"
         raise AnnotationError(
             f"{', '.join(sorted(used))} (from the annotated {tensor!r}) is passed to {what} at line {at.line}: "
             f"TileLink does not see the reads or writes made there, so it could neither wait before a read nor "
             f"notify after a write",
             file=at.file, line=at.line, column=at.column,
-            hint="store the result with `tl.store` instead of an atomic (a reduce-scatter already sums the ranks' "
-                 "partial results)" if name.startswith("tl.atomic") else
+            hint="store the result with `tl.store`; a split-K write-back into a reduce_scatter tensor may add with "
+                 "`tl.atomic_add(ptrs, value, mask=...)` as a statement of its own (its old values unused)"
+            if name.startswith("tl.atomic") else
             f"make pointers by arithmetic (`ptrs = base + offs[:, None] * stride + ...`), not with `{name}`"
             if is_tl else
             "make that access a `tl.load` / `tl.store` (or a descriptor's `.load` / `.store`) in the annotated "
@@ -1230,7 +1294,9 @@ def analyse(module: cst.Module, file: str, kernel: str,
                                   line=where.line, column=where.column,
                                   hint="annotate the pointer parameter of the tensor")
         pointers, descriptors = an.aliases(tensor)
-        _check_host_descriptor(an, tensor, descriptors)
+        if _host_descriptor(an, tensor, descriptors):
+            pointers.discard(tensor)
+            descriptors.add(tensor)
         _check_other_uses(an, tensor, pointers, descriptors)
         _check_size(an, tensor, size_param, where)
         if override is not None:

@@ -9,7 +9,7 @@ import torch
 
 from tilelink.errors import LaunchError
 from tilelink.mapping import RowSharding
-from tilelink.rules.launch import Launcher, Streams, vector_peer_table
+from tilelink.rules.launch import Launcher, Streams, described, rebuilt, vector_peer_table
 from tilelink.runtime import (
     Channel,
     Diagnostics,
@@ -62,12 +62,13 @@ class AllGatherLauncher(Launcher):
                     f"{dim} ({hi - lo} rows, for {self.meta['size_param']}={size} over {world.world_size} "
                     f"ranks), got {t.shape[dim]}")
             shapes.append((*t.shape[:dim], size, *t.shape[dim + 1:]))
-        key = (size, tuple(shapes), tuple(str(bound[n].dtype) for n in self.meta["tensors"]))
+        key = (size, tuple(shapes), tuple(str(described(bound[n]).dtype) for n in self.meta["tensors"]))
         ctx = self.contexts.get(key)
         if ctx is None:
             alone = world.world_size == 1
             sets = () if alone else tuple(
-                tuple(symmetric_empty(s, bound[n].dtype) for s, n in zip(shapes, self.meta["tensors"], strict=True))
+                tuple(symmetric_empty(s, described(bound[n]).dtype)
+                      for s, n in zip(shapes, self.meta["tensors"], strict=True))
                 for _parity in range(2))
             ctx = AllGatherContext(sharding, tuple(shapes), sets,
                                    tuple(tuple(vector_peer_table(f) for f in fulls) for fulls in sets),
@@ -186,7 +187,7 @@ class AllGatherLauncher(Launcher):
         fulls = ctx.sets[epoch % 2]
         call = dict(bound)
         for name, full in zip(self.meta["tensors"], fulls, strict=True):
-            call[name] = full
+            call[name] = rebuilt(bound[name], full)  # a host descriptor: the same one over the gathered rows
         self.warm_up(ctx, world, grid, call, partners=lambda: None if copy_engine else self._producer(
             ctx, world, 0, ctx.scratch, self.scratch_table(ctx, world)))  # the copy engine has no kernel
         main, side = ctx.streams.main, ctx.streams.side
@@ -198,7 +199,7 @@ class AllGatherLauncher(Launcher):
         # barriers here would make every rank wait for the slowest rank's host on every call.
         for name, full in zip(self.meta["tensors"], fulls, strict=True):
             if hi > lo:
-                full.narrow(dim, lo, hi - lo).copy_(bound[name])
+                full.narrow(dim, lo, hi - lo).copy_(described(bound[name]))
         self.handshake(ctx.ready, world, epoch, main, main)
         # a channel is notified once per call per gathered tensor
         consumer_args = self.channel_args(ctx.channel.barriers, epoch * k, world, ctx.sharding, ctx.diag)

@@ -54,7 +54,8 @@ def rewrite(an: KernelAnalysis, spec: AllGatherSpec, options: Options) -> Rewrit
     if writes:
         a = writes[0]
         raise AnnotationError(
-            f"kernel {an.name!r} stores to {a.tensor!r}, which all_gather replaces by the gathered buffer that the "
+            f"kernel {an.name!r} {'adds to' if a.atomic else 'stores to'} {a.tensor!r}"
+            f"{' with tl.atomic_add' if a.atomic else ''}, which all_gather replaces by the gathered buffer that the "
             f"peers read this rank's rows from: the caller's tensor would not be written",
             file=a.where.file, line=a.where.line, column=a.where.column,
             hint="write the kernel's output to another parameter; the gathered tensor is read-only in the kernel")

@@ -10,7 +10,7 @@ import torch
 
 from tilelink.errors import LaunchError
 from tilelink.mapping import RowSharding
-from tilelink.rules.launch import Launcher, Streams, cdiv, vector_peer_table
+from tilelink.rules.launch import Launcher, Streams, cdiv, described, rebuilt, vector_peer_table
 from tilelink.runtime import (
     Channel,
     Diagnostics,
@@ -47,6 +47,7 @@ class ReduceScatterContext:
     satisfied: torch.Tensor | None = None  # a world of one: every wait passes
     scatter_plans: dict = field(default_factory=dict)  # parity -> the hybrid copy engine's views (_scatter_plan)
     ready: Channel | None = None  # the hybrid's: word r is the last call rank r has reached (Launcher.handshake)
+    channel_elems: torch.Tensor | None = None  # a split-K write-back's: each channel's elements (start_sums)
 
     @property
     def row_elems(self) -> int:
@@ -255,6 +256,7 @@ class ReduceScatterLauncher(Launcher):
             start.record(main)
         if not alone:
             self.handshake(ctx.ready, world, epoch, main, side)
+        self.start_sums(ctx, grid, call)
         self._produce(grid, call, args, ctx, epoch)  # the GEMM keeps every SM
         if ctx.reduced_channel is not None:  # behind the GEMM on its stream: no channel is complete before its end
             self._topk_reduce(ctx, world, reduced, ctx.reduced_channel.barriers)
@@ -271,11 +273,14 @@ class ReduceScatterLauncher(Launcher):
         ctx = self.context(bound)
         ctx.streams.follow_caller(world.device)
         if world.world_size == 1 and not self.meta.get("topk"):  # the output shard is the whole result
+            if self.meta.get("atomic_axes") is not None:  # a split-K write-back adds into it: from zero
+                described(bound[self.meta["tensors"][0]]).zero_()
             self.alone(grid, dict(bound), ctx, world)
             return
         (name,) = self.meta["tensors"]
-        out = bound[name]
-        call = {**bound, name: ctx.partial}  # the kernel writes its partial sums to the symmetric buffer
+        out = described(bound[name])
+        # the kernel writes its partial sums to the symmetric buffer (a host descriptor: the same one over it)
+        call = {**bound, name: rebuilt(bound[name], ctx.partial)}
         if self.meta["via"] == "copy_engine":
             self._launch_hybrid(grid, call, ctx, world, out)
             return
@@ -286,6 +291,7 @@ class ReduceScatterLauncher(Launcher):
             ctx.recv_channel.advance()
         main, side = ctx.streams.main, ctx.streams.side
         world.stream_barrier(main)  # every rank is done reading the previous call's partial sums
+        self.start_sums(ctx, grid, bound)
         args = self.channel_args(ctx.channel.barriers, epoch, world, ctx.sharding, ctx.diag)
         if side is not None:
             # the consumer takes its few SMs first; the producer never waits for it
@@ -298,6 +304,41 @@ class ReduceScatterLauncher(Launcher):
             self._consumer(ctx, world, out, ctx.channel.barriers, ctx.channel.peer_table, epoch)
         self.finish(ctx)
 
+    def splits(self, grid, bound: dict) -> int:
+        """The adds each element of a split-K write-back gets per call: the programs along the grid axes its
+        address does not tell apart (the K splits), counted from the launch's grid."""
+        if callable(grid):
+            try:
+                grid = grid(bound)
+            except Exception as exc:  # noqa: BLE001 - reported with the grid
+                raise LaunchError(f"{self.okernel.name}: cannot evaluate the grid from the arguments to count the "
+                                  f"K splits of the tl.atomic_add write-back ({exc}); pass the grid as a tuple") from None
+        sizes = (tuple(grid) + (1, 1, 1))[:3]
+        count = 1
+        for axis, n in enumerate(sizes):
+            if axis not in self.meta["atomic_axes"]:
+                count *= int(n)
+        return count
+
+    def start_sums(self, ctx: ReduceScatterContext, grid, bound: dict) -> None:
+        """Before the producer of a split-K write-back (``tl.atomic_add``), on its stream: the partial sums start at
+        zero (a memset, a fraction of the GEMM's time), and each channel's word is lowered by ``splits - 1`` times its
+        elements, so that the call's adds (each element once per split) raise it by its elements once, as a store's
+        would: the consumers' targets (``epoch * rows * row_elems``) stay as they are, for any split count. Nothing
+        else writes these words meanwhile: the previous call's adds are behind on the same stream, and its consumers
+        are done (the barrier before the pull's producer; the hybrid reads its own channels on a stream joined into
+        this one)."""
+        if self.meta.get("atomic_axes") is None:
+            return
+        splits = self.splits(grid, bound)
+        ctx.partial.zero_()
+        if ctx.channel_elems is None:
+            sh = ctx.sharding
+            rows = [hi - lo for lo, hi in map(sh.channel_range, range(sh.num_channels))]
+            ctx.channel_elems = torch.tensor(rows, dtype=torch.int64, device=ctx.partial.device) * ctx.row_elems
+        if splits > 1:
+            ctx.channel.barriers.sub_(ctx.channel_elems * (splits - 1))
+
     def _produce(self, grid, call: dict, args: dict, ctx: ReduceScatterContext, epoch: int) -> None:
         """Run the rewritten producer. On the race-exposing schedule (emulated, :mod:`tilelink.runtime.races`)
         the partial sums start as poison and each channel's rows are taken at the moment the producer's notifies
@@ -308,7 +349,8 @@ class ReduceScatterLauncher(Launcher):
             return
         sh, topk, row_elems, partial = ctx.sharding, ctx.topk, ctx.row_elems, ctx.partial
         barriers = args["tlk_barriers"]
-        races.poison_(partial)
+        if self.meta.get("atomic_axes") is None:  # a split-K write-back adds into zeroed sums (start_sums)
+            races.poison_(partial)
         taken: dict[int, torch.Tensor] = {}
 
         def take(ch: int) -> None:

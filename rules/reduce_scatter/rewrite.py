@@ -13,6 +13,7 @@ from tilelink.rules.emit import (
     MAPPING_ARGS,
     channels_of_row_vector,
     channels_of_tile,
+    constant_height,
     describe_rows,
     plus,
     remap_order,
@@ -202,7 +203,7 @@ def _store_variable(base: str, a, stores) -> str:
 def _groups(an: KernelAnalysis, a, t) -> bool:
     """Whether the store's notify takes the grouped form: it is a statement of a tile loop's body, and its
     tile height is a compile-time constant."""
-    return a.loop is not None and (t.size in an.constexpr_params or t.size.isdigit()) and not t.dynamic
+    return a.loop is not None and constant_height(an, t) and not t.dynamic
 
 
 #: the loop body that adds ``tlk_done`` to channel ``tlk_first + tlk_i`` (a notify loop over the channels)
@@ -214,7 +215,7 @@ def _notify_rows(an: KernelAnalysis, t) -> tuple[str, ...]:
     """Add ``tlk_cols`` times its rows of the tile to each channel the tile's rows span. With a
     compile-time tile height (a power of two, as tile sizes are), one loop-free primitive (a flattened
     tile loop stays flattened); otherwise a loop over the channels."""
-    if t.size in an.constexpr_params or t.size.isdigit():
+    if constant_height(an, t):
         return (f"tll.producer_tile_notify_rows(tlk_barriers, {t.start}, {tile_end(t)}, tlk_cols,\n"
                 f"    {MAPPING_ARGS}, {t.size})",)
     return (
@@ -568,6 +569,69 @@ def notify_stores(an: KernelAnalysis, spec, opts: Options,
     return insertions, report, size_param
 
 
+def _program_axes(an: KernelAnalysis, sources: list[str]) -> set[int]:
+    """The grid axes whose ``tl.program_id`` the source expressions read, directly or through the values assigned
+    to the names they read."""
+    axes: set[int] = set()
+    seen: set[str] = set()
+    todo = list(sources)
+    while todo:
+        node = cst.parse_expression(todo.pop())
+        for call in m.findall(node, m.Call(func=m.Attribute(value=m.Name("tl"), attr=m.Name("program_id")))):
+            axis = next((a.value for a in call.args if a.keyword is None or a.keyword.value == "axis"), None)
+            axes.add(int(code(axis)) if isinstance(axis, cst.Integer) else -1)
+        for name in names_in(node) - seen:
+            seen.add(name)
+            todo += an.values.get(name, ()) + an.updates.get(name, ())
+    return axes
+
+
+def _split_k(an: KernelAnalysis, spec: ReduceScatterSpec) -> list[int] | None:
+    """For a split-K write-back (``tl.atomic_add(c_ptrs, acc, mask=...)``: the programs along the split axis add
+    into the same tile): the grid axes its address tells programs apart by. Every other axis of the grid holds the
+    K splits: each element is added once per program along them, which the launcher counts from the grid (the
+    product of the grid's other axes) for the channels' targets. ``None`` without an atomic_add."""
+    stores = [a for t in spec.tensors for a in an.accesses_of(t, "store")]
+    atomics = [a for a in stores if a.atomic]
+    if not atomics:
+        return None
+    a = atomics[0]
+
+    def refuse(acc, message: str, hint: str) -> AnnotationError:
+        return AnnotationError(message, file=acc.where.file, line=acc.where.line, column=acc.where.column, hint=hint)
+
+    plain = [s for s in stores if not s.atomic]
+    if plain:
+        raise refuse(plain[0], f"the kernel stores to {a.tensor!r} here and adds to it with tl.atomic_add at line "
+                               f"{a.where.line}: the channels count the adds of a split-K write-back, which a plain "
+                               f"store would not match", "write every tile of the tensor one way: all with "
+                                                          "tl.atomic_add (split-K) or all with tl.store")
+    if spec.index or spec.topk or a.tile is None or a.tile.dynamic:
+        raise refuse(a, f"the tl.atomic_add into {a.tensor!r} writes rows from an index: TileLink follows an "
+                        f"atomic_add only as a split-K GEMM's write-back of whole tiles",
+                     "store with tl.store (the reduce-scatter sums the ranks' partial results)")
+    for acc in atomics:
+        if acc.loop is not None or acc.swept or acc.branch is not None:
+            raise refuse(acc, f"the tl.atomic_add into {acc.tensor!r} is in a loop or a branch: the reduction counts "
+                              f"one add per element from each program along the split axis, which it cannot tell "
+                              f"here", "add each program's tile once, as a statement of the kernel's body after its "
+                                      "K loop")
+    addressed = [_program_axes(an, [acc.pointer]) for acc in atomics]
+    if len({frozenset(x) for x in addressed}) > 1 or -1 in addressed[0]:
+        raise refuse(a, f"the tl.atomic_add stores into {a.tensor!r} take their rows and columns from different "
+                        f"grid axes (or an axis TileLink cannot read)", "take every tile's address from the same "
+                                                                        "tl.program_id axes, with literal axes")
+    read = _program_axes(an, [v for values in an.values.values() for v in values])
+    if not read - addressed[0]:
+        axes = ", ".join(str(x) for x in sorted(addressed[0])) or "none"
+        raise refuse(a, f"the tl.atomic_add into {a.tensor!r} has no K split that TileLink can count: its address "
+                        f"depends on every grid axis the kernel reads (axes {axes}), and the adds to an element are "
+                        f"counted as the programs along the grid's other axes",
+                     "take the split index from a grid axis of its own that the address does not use (`pid_k = "
+                     "tl.program_id(1)`, grid (tiles, SPLIT_K)), or store with tl.store")
+    return sorted(addressed[0])
+
+
 def rewrite(an: KernelAnalysis, spec: ReduceScatterSpec, options: Options) -> RewritePlan:
     """Plan the producer-side rewrite of ``an`` for ``spec``."""
     opts = options.resolved(**DEFAULTS)
@@ -586,10 +650,16 @@ def rewrite(an: KernelAnalysis, spec: ReduceScatterSpec, options: Options) -> Re
         report.append(ReportEntry(an.name, RULE, "note",
                                   f"consumer: SM mesh pull on {opts.comm_sms} programs, comm tile "
                                   + (f"{opts.comm_block} rows" if opts.comm_block else "128 rows")))
+    addressed = _split_k(an, spec)
+    if addressed is not None:
+        report.append(ReportEntry(an.name, RULE, "note",
+                                  f"split-K write-back (tl.atomic_add): the partial sums start at zero each call and "
+                                  f"each element is added once per program along the grid axes other than "
+                                  f"{', '.join(map(str, addressed))}"))
     launch = {"rule": RULE, "tensors": list(spec.tensors), "dim": spec.dim, "size_param": size_param,
               "index": spec.index, "topk": spec.topk,
               "via": opts.via, "mode": opts.mode, "order": opts.order, "comm_block": opts.comm_block,
-              "comm_sms": opts.comm_sms, "channels_per_rank": opts.channels_per_rank}
+              "comm_sms": opts.comm_sms, "channels_per_rank": opts.channels_per_rank, "atomic_axes": addressed}
     if opts.via == "sm" and opts.mode == "push" and spec.topk:
         raise AnnotationError("reduce_scatter with topk= reduces by pulling", file=an.file, line=an.where.line,
                               column=an.where.column, hint="drop mode='push' for the MoE reduction")

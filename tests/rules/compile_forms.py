@@ -41,6 +41,19 @@ FORMS = {
                                                  "sorted_token_ids_ptr": "*i32", "expert_ids_ptr": "*i32"},
                             {"BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 64, "stride_ak": 1,
                              "stride_bn": 1, "stride_cn": 1, "compute_type": tl.float16}),
+    "gemm_rs_split_k": ("matmul_split_k", {"a_ptr": PTR, "b_ptr": PTR, "c_ptr": "*fp32"},
+                        {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "SPLIT_K": 4, "GROUP_M": 8, "stride_ak": 1,
+                         "stride_bn": 1, "stride_cn": 1}),
+    # descriptors made on the host: their type carries the block shape
+    "gemm_host_descriptor_ag": ("matmul_descriptor_persistent",
+                                {"a_desc": "tensordesc<fp16[128, 64]>", "b_desc": "tensordesc<fp16[128, 64]>",
+                                 "c_desc": "tensordesc<fp16[128, 128]>"},
+                                {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "NUM_SMS": 132}),
+    "gemm_host_descriptor_rs": ("matmul_descriptor_persistent_rs",
+                                {"a_desc": "tensordesc<fp16[128, 64]>", "b_desc": "tensordesc<fp16[128, 64]>",
+                                 "c_desc": "tensordesc<fp16[128, 64]>"},
+                                {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "EPILOGUE_SUBTILE": True,
+                                 "NUM_SMS": 132}),
 }
 
 

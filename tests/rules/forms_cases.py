@@ -189,10 +189,80 @@ def gemm_row_wrap_hints(calls: int = 2) -> float:
     return gemm_row_wrap(calls, "gemm_row_wrap_hints", "matmul_wrap_hints")
 
 
+def gemm_rs_split_k(calls: int = 2) -> float:
+    rank, world = tilelink.rank(), tilelink.world_size()
+    kernel = load_form("gemm_rs_split_k").matmul_split_k
+    M, N, K, split = 50, 40, 90, 3
+    g = torch.Generator().manual_seed(14)
+    a, b = _exact(torch.randn(M, K, generator=g), torch.randn(K, N, generator=g))
+    klo, khi = rows_of(rank, world, K)  # each rank holds a slice of K, which its programs split again
+    ar, br = _placed(a[:, klo:khi].contiguous(), b[klo:khi].contiguous())
+    lo, hi = rows_of(rank, world, M)
+    err = 0.0
+    for _ in range(calls):
+        # float32 sums, as split-K kernels keep them; NaN to start: the rule zeroes its partial sums itself
+        out = torch.full((hi - lo, N), float("nan"), dtype=torch.float32, device=ar.device)
+        kernel[(triton.cdiv(M, 16) * triton.cdiv(N, 16), split)](
+            ar, br, out, M, N, khi - klo, ar.stride(0), ar.stride(1), br.stride(0), br.stride(1), N, 1,
+            BLOCK_M=16, BLOCK_N=16, BLOCK_K=8, SPLIT_K=split, GROUP_M=2)
+        err = worst(err, _error(out, (a @ b)[lo:hi]) if hi > lo else 0.0)
+    return err
+
+
+def _descriptor(t: torch.Tensor, block: list[int]):
+    """A tensor descriptor made on the host over all of ``t``, as the persistent-matmul tutorial passes them."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    return TensorDescriptor(t, list(t.shape), list(t.stride()), block)
+
+
+def gemm_host_descriptor_ag(calls: int = 2) -> float:
+    rank, world = tilelink.rank(), tilelink.world_size()
+    kernel = load_form("gemm_host_descriptor_ag").matmul_descriptor_persistent
+    M, N, K, programs = 50, 40, 40, 3
+    g = torch.Generator().manual_seed(15)
+    a, b = _exact(torch.randn(M, K, generator=g), torch.randn(K, N, generator=g))
+    lo, hi = rows_of(rank, world, M)
+    ad, bt = _placed(a[lo:hi].contiguous(), b.T.contiguous())
+    err = 0.0
+    for _ in range(calls):
+        c = torch.full((M, N), float("nan"), dtype=ad.dtype, device=ad.device)
+        tiles = triton.cdiv(M, 16) * triton.cdiv(N, 16)
+        kernel[(min(programs, tiles),)](
+            _descriptor(ad, [16, 16]), _descriptor(bt, [16, 16]), _descriptor(c, [16, 16]), M, N, K,
+            BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, GROUP_M=2, NUM_SMS=min(programs, tiles))
+        err = worst(err, _error(c, a @ b))
+    return err
+
+
+def gemm_host_descriptor_rs(calls: int = 2) -> float:
+    rank, world = tilelink.rank(), tilelink.world_size()
+    kernel = load_form("gemm_host_descriptor_rs").matmul_descriptor_persistent_rs
+    M, N, K, programs = 50, 40, 96, 3
+    g = torch.Generator().manual_seed(16)
+    a, b = _exact(torch.randn(M, K, generator=g), torch.randn(K, N, generator=g))
+    klo, khi = rows_of(rank, world, K)  # each rank holds a slice of K (a multiple of 8: 16-byte descriptor rows)
+    ar, bt = _placed(a[:, klo:khi].contiguous(), b[klo:khi].T.contiguous())
+    lo, hi = rows_of(rank, world, M)
+    tiles = triton.cdiv(M, 16) * triton.cdiv(N, 16)
+    err = 0.0
+    for subtile in (True, False):
+        for _ in range(calls):
+            out = torch.full((hi - lo, N), float("nan"), dtype=ar.dtype, device=ar.device)
+            kernel[(min(programs, tiles),)](
+                _descriptor(ar, [16, 16]), _descriptor(bt, [16, 16]), _descriptor(out, [16, 8 if subtile else 16]),
+                M, N, khi - klo, BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, GROUP_M=2, EPILOGUE_SUBTILE=subtile,
+                NUM_SMS=min(programs, tiles))
+            err = worst(err, _error(out, (a @ b)[lo:hi]))
+    return err
+
+
 RUNS = {"attention_descriptor_advance": attention_descriptor_advance, "attention_helper_inner": attention_helper_inner,
         "attention_flat_heads": attention_flat_heads, "gemm_row_wrap": gemm_row_wrap,
         "gemm_row_wrap_hints": gemm_row_wrap_hints, "gemm_row_clamp": gemm_row_clamp,
-        "gemm_rs_epilogue_branch": gemm_rs_epilogue_branch, "moe_rs_expert_zeros": moe_rs_expert_zeros}
+        "gemm_rs_epilogue_branch": gemm_rs_epilogue_branch, "gemm_rs_split_k": gemm_rs_split_k,
+        "gemm_host_descriptor_ag": gemm_host_descriptor_ag, "gemm_host_descriptor_rs": gemm_host_descriptor_rs,
+        "moe_rs_expert_zeros": moe_rs_expert_zeros}
 
 
 def run_forms(names: list[str]) -> dict[str, float | str]:
