@@ -444,6 +444,10 @@ def notify_stores(an: KernelAnalysis, spec, opts: Options,
     report: list[ReportEntry] = []
     insertions: list[Insertion] = []
     for a in stores:
+        if a.atomic and rule != RULE:  # the rule's launcher zeroes the partial sums and counts the K splits
+            raise AnnotationError(f"{rule} does not follow a tl.atomic_add write-back into {a.tensor!r}",
+                                  file=a.where.file, line=a.where.line, column=a.where.column,
+                                  hint="store with tl.store, or use reduce_scatter for a split-K write-back")
         if a.tile is None:
             raise AnnotationError(
                 f"cannot tell which rows of {a.tensor!r} this store writes "
@@ -650,12 +654,6 @@ def rewrite(an: KernelAnalysis, spec: ReduceScatterSpec, options: Options) -> Re
         report.append(ReportEntry(an.name, RULE, "note",
                                   f"consumer: SM mesh pull on {opts.comm_sms} programs, comm tile "
                                   + (f"{opts.comm_block} rows" if opts.comm_block else "128 rows")))
-    addressed = _split_k(an, spec)
-    if addressed is not None:
-        report.append(ReportEntry(an.name, RULE, "note",
-                                  f"split-K write-back (tl.atomic_add): the partial sums start at zero each call and "
-                                  f"each element is added once per program along the grid axes other than "
-                                  f"{', '.join(map(str, addressed))}"))
     launch = {"rule": RULE, "tensors": list(spec.tensors), "dim": spec.dim, "size_param": size_param,
               "index": spec.index, "topk": spec.topk,
               "via": opts.via, "mode": opts.mode, "order": opts.order, "comm_block": opts.comm_block,
