@@ -654,6 +654,12 @@ def rewrite(an: KernelAnalysis, spec: ReduceScatterSpec, options: Options) -> Re
         report.append(ReportEntry(an.name, RULE, "note",
                                   f"consumer: SM mesh pull on {opts.comm_sms} programs, comm tile "
                                   + (f"{opts.comm_block} rows" if opts.comm_block else "128 rows")))
+    addressed = _split_k(an, spec)
+    if addressed is not None:
+        report.append(ReportEntry(an.name, RULE, "note",
+                                  f"split-K write-back (tl.atomic_add): the partial sums start at zero each call and "
+                                  f"each element is added once per program along the grid axes other than "
+                                  f"{', '.join(map(str, addressed))}"))
     launch = {"rule": RULE, "tensors": list(spec.tensors), "dim": spec.dim, "size_param": size_param,
               "index": spec.index, "topk": spec.topk,
               "via": opts.via, "mode": opts.mode, "order": opts.order, "comm_block": opts.comm_block,
