@@ -24,6 +24,7 @@ import triton
 
 from tilelink.errors import LaunchError
 from tilelink.mapping import shard_range
+from tilelink.ops import plain
 from tilelink.ops.contract import (
     aligned,
     check_tensor,
@@ -34,6 +35,8 @@ from tilelink.ops.contract import (
     persistent_wanted,
 )
 from tilelink.ops.gemm import _install_allocator, _num_sms
+from tilelink.ops.path import check as check_path
+from tilelink.ops.path import select as select_path
 
 
 @dataclass(frozen=True)
@@ -113,7 +116,7 @@ def _check_shard_rows(got: int, M: int, world, ctx: TPContext | None) -> None:
 
 def ag_gemm(a_shard: torch.Tensor, b: torch.Tensor, ctx: TPContext | None = None, *,
             persistent: bool | None = None, a_scale: torch.Tensor | None = None, b_scale: torch.Tensor | None = None,
-            out_dtype: torch.dtype | None = None) -> torch.Tensor:
+            out_dtype: torch.dtype | None = None, path: str = "auto") -> torch.Tensor:
     """AllGather(A) @ B with the gather overlapped: returns the full (M, N) product on every rank.
 
     FP8: ``float8_e4m3fn`` operands with fp32 ``a_scale`` (per tensor, or per row of ``a_shard``, gathered with
@@ -123,6 +126,9 @@ def ag_gemm(a_shard: torch.Tensor, b: torch.Tensor, ctx: TPContext | None = None
     ``persistent``: ``True`` forces the persistent tensor-descriptor kernel (the copy engine's gather), where
     K allows it, also in the interpreter; ``False`` the pointer kernel (SM pull); ``None`` (default) the
     persistent one on a GPU. Every rank must pass the same.
+
+    ``path``: ``"overlap"`` the overlapped kernels, ``"plain"`` cuBLAS after a ``torch.distributed`` all-gather,
+    ``"auto"`` (default) the one the cost model predicts faster, alike on every rank (:mod:`tilelink.ops.path`).
 
     Raises :class:`tilelink.LaunchError` before anything runs when this rank's shard is not its rows of A
     (with ``ctx``, of ``ctx.M`` rows; every rank passing the whole A is refused so). Without ``ctx`` the ranks
@@ -137,6 +143,7 @@ def ag_gemm(a_shard: torch.Tensor, b: torch.Tensor, ctx: TPContext | None = None
     tp_fp8.refuse_out_dtype("ag_gemm", a_shard, out_dtype)
     world = current_world()
     _check_pair("ag_gemm", a_shard, b, world)
+    check_path("ag_gemm", path)
     if ctx is not None and (not isinstance(ctx.M, int) or isinstance(ctx.M, bool) or ctx.M < 0):
         raise LaunchError(f"ag_gemm: TPContext.M={ctx.M!r} must be a non-negative int (the rows of the full A)")
     M = full_size(a_shard, 0, ctx.M if ctx is not None else None, world, op="ag_gemm")
@@ -145,6 +152,8 @@ def ag_gemm(a_shard: torch.Tensor, b: torch.Tensor, ctx: TPContext | None = None
     out_dtype = a_shard.dtype
     if M == 0:  # no rows on any rank (M is shared): nothing to gather or compute
         return torch.empty((0, N), dtype=out_dtype, device=world.device)
+    if select_path("ag_gemm", path, world, dict(M=M, K=K), dict(N=N), a_shard.dtype) == "plain":
+        return plain.ag_gemm(a_shard, b, M, world)
     a_in, b_in = interpreter_inputs(a_shard, b)
     if K == 0:  # every rank has K == 0 (the ranks share K): nothing to gather
         return torch.zeros((M, N), dtype=out_dtype, device=world.device)
@@ -165,13 +174,14 @@ def ag_gemm(a_shard: torch.Tensor, b: torch.Tensor, ctx: TPContext | None = None
 
 def gemm_rs(a: torch.Tensor, b_shard: torch.Tensor, *, persistent: bool | None = None,
             a_scale: torch.Tensor | None = None, b_scale: torch.Tensor | None = None,
-            out_dtype: torch.dtype | None = None) -> torch.Tensor:
+            out_dtype: torch.dtype | None = None, path: str = "auto") -> torch.Tensor:
     """(sum over ranks of A_r @ B_r), reduce-scattered: returns this rank's rows of the (M, N) sum.
     FP8: ``float8_e4m3fn`` operands with this rank's fp32 ``a_scale`` and ``b_scale`` (per tensor, per row of
     ``a``, per column), as for :func:`ag_gemm`: each rank scales its partial product before the reduction.
     M = 0 returns this rank's (0, N) rows at once, as every operator does with an empty shared dimension.
     ``persistent``: as for :func:`ag_gemm` (``True``: the persistent kernel and the hybrid reduce-scatter,
-    where N allows it; ``False``: the pointer kernel and the SM pull; ``None``: the persistent one on a GPU)."""
+    where N allows it; ``False``: the pointer kernel and the SM pull; ``None``: the persistent one on a GPU).
+    ``path``: as for :func:`ag_gemm` (``"plain"``: cuBLAS, then a ``torch.distributed`` reduce-scatter)."""
     from tilelink.ops import tp_kernels
     from tilelink.runtime import current_world
 
@@ -182,6 +192,7 @@ def gemm_rs(a: torch.Tensor, b_shard: torch.Tensor, *, persistent: bool | None =
     tp_fp8.refuse_out_dtype("gemm_rs", a, out_dtype)
     world = current_world()
     _check_pair("gemm_rs", a, b_shard, world)
+    check_path("gemm_rs", path)
     M, K = a.shape
     N = b_shard.shape[1]
     lo, hi = shard_range(M, world.rank, world.world_size)
@@ -190,6 +201,8 @@ def gemm_rs(a: torch.Tensor, b_shard: torch.Tensor, *, persistent: bool | None =
     out = torch.empty((hi - lo, N), dtype=a_in.dtype, device=world.device)
     if M == 0 or N == 0:
         return out.to(out_dtype)
+    if select_path("gemm_rs", path, world, dict(M=M, N=N), dict(K=K), a.dtype) == "plain":
+        return plain.gemm_rs(a, b_shard, world)
     if K == 0:  # this rank contributes nothing: a zero slice still takes part in the reduction
         a_in = torch.zeros((M, 1), dtype=a_in.dtype, device=world.device)
         b_in = torch.zeros((1, N), dtype=a_in.dtype, device=world.device)

@@ -1,0 +1,90 @@
+"""Rank functions of the ``path=`` tests (run in spawned emulated worlds; imported by name)."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+import tilelink
+import tilelink.runtime
+
+
+def _bounds(size: int, rank: int, world: int) -> tuple[int, int]:
+    per = -(-size // world)
+    return min(size, rank * per), min(size, (rank + 1) * per)
+
+
+def plain_matches_torch(M: int, N: int, K: int, dtype_name: str) -> dict[str, float]:
+    """ag_gemm and gemm_rs on the plain path (uneven row shards; gemm_rs with this rank's own slice of K)
+    against a float64 reference; the overlapped kernels must not run."""
+    from tilelink.ops import TPContext, ag_gemm, gemm_rs, tp
+
+    dtype = getattr(torch, dtype_name)
+    r, R = tilelink.rank(), tilelink.world_size()
+    g = torch.Generator().manual_seed(11)
+    a = torch.randn(M, K, generator=g).to(dtype)
+    b = torch.randn(K, N, generator=g).to(dtype)
+    ref = a.double() @ b.double()
+    lo, hi = _bounds(M, r, R)
+    klo, khi = _bounds(K, r, R)
+    out = {}
+    launched = []
+    real_launch = tp._launch
+    tp._launch = lambda kernel, *args, **kwargs: launched.append(kernel) or real_launch(kernel, *args, **kwargs)
+    try:
+        for label, ctx in (("ag_gemm", None), ("ag_gemm_ctx", TPContext(M))):
+            c = ag_gemm(a[lo:hi].contiguous(), b, ctx, path="plain")
+            assert c.dtype == dtype and c.shape == (M, N), (c.dtype, c.shape)
+            out[label] = ((c.double() - ref).norm() / ref.norm()).item()
+        y = gemm_rs(a[:, klo:khi].contiguous(), b[klo:khi].contiguous(), path="plain")
+        assert y.dtype == dtype and y.shape == (hi - lo, N), (y.dtype, y.shape)
+        out["gemm_rs"] = ((y.double() - ref[lo:hi]).norm() / ref[lo:hi].norm()).item() if hi > lo else 0.0
+    finally:
+        tp._launch = real_launch
+    assert not launched, f"the plain path launched an overlapped kernel: {launched}"
+    return out
+
+
+class _Paths(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+def chosen_paths(M: int, N: int, K: int, path: str = "auto") -> dict:
+    """The paths ag_gemm and gemm_rs took for an fp32 (M, N, K) product (from the ``tilelink`` debug log),
+    their results' errors against torch, and whether the plain path ran (it is replaced here by one that
+    counts its calls)."""
+    from tilelink.ops import TPContext, ag_gemm, gemm_rs, plain
+
+    r, R = tilelink.rank(), tilelink.world_size()
+    g = torch.Generator().manual_seed(5)
+    a = torch.randn(M, K, generator=g)
+    b = torch.randn(K, N, generator=g)
+    ref = a.double() @ b.double()
+    lo, hi = _bounds(M, r, R)
+    klo, khi = _bounds(K, r, R)
+    nlo, nhi = _bounds(N, r, R)  # ag_gemm: each rank its own columns of B (uneven N)
+    handler = _Paths()
+    logger = logging.getLogger("tilelink")
+    logger.addHandler(handler)
+    old_level = logger.level
+    logger.setLevel(logging.DEBUG)
+    plain_calls = []
+    real = plain.ag_gemm, plain.gemm_rs
+    plain.ag_gemm = lambda *args: plain_calls.append("ag_gemm") or real[0](*args)
+    plain.gemm_rs = lambda *args: plain_calls.append("gemm_rs") or real[1](*args)
+    try:
+        c = ag_gemm(a[lo:hi].contiguous(), b[:, nlo:nhi].contiguous(), TPContext(M), path=path)
+        y = gemm_rs(a[:, klo:khi].contiguous(), b[klo:khi].contiguous(), path=path)
+    finally:
+        plain.ag_gemm, plain.gemm_rs = real
+        logger.removeHandler(handler)
+        logger.setLevel(old_level)
+    err_ag = ((c.double() - ref[:, nlo:nhi]).norm() / max(ref[:, nlo:nhi].norm(), 1e-30)).item() if nhi > nlo else 0.0
+    err_rs = ((y.double() - ref[lo:hi]).norm() / ref[lo:hi].norm()).item() if hi > lo else 0.0
+    return {"log": handler.lines, "plain_calls": plain_calls, "errors": (err_ag, err_rs)}

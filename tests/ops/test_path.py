@@ -1,0 +1,117 @@
+"""``path=`` of ag_gemm and gemm_rs: the plain path (cuBLAS + a torch.distributed collective) against torch in the
+emulated world, the cost model's automatic choice, forcing, and the same choice on every rank."""
+
+from __future__ import annotations
+
+import json
+import types
+
+import pytest
+
+import tilelink
+from tests.ops.path_worlds import chosen_paths, plain_matches_torch
+from tilelink import cost
+from tilelink.errors import LaunchError
+
+MLP = {"MLP-1": (4096, 11008), "MLP-4": (4608, 36864), "MLP-5": (8192, 28672), "MLP-6": (8192, 29568)}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_plain_path_matches_torch(world: int) -> None:
+    """37 rows over 2 or 3 ranks: the last rank's shorter shard is padded to the collective's equal blocks."""
+    for dtype, bound in (("float32", 1e-6), ("bfloat16", 2e-2)):
+        for per_rank in tilelink.spawn(plain_matches_torch, world, 37, 20, 33, dtype):
+            assert all(err < bound for err in per_rank.values()), (dtype, per_rank)
+
+
+@pytest.mark.parametrize("world", [2, 8])
+@pytest.mark.parametrize("M", [1, 2, 4, 8, 16])
+def test_auto_picks_plain_for_decode(world: int, M: int) -> None:
+    cal = cost.load(cost.SHIPPED)
+    for name, (H, inter) in MLP.items():
+        ag = cost.decide("ag_gemm", dict(M=M, N=2 * inter // world, K=H), world, calibration=cal)
+        rs = cost.decide("gemm_rs", dict(M=M, N=H, K=inter // world), world, calibration=cal)
+        assert (ag.path, rs.path) == ("plain", "plain"), (name, ag.why, rs.why)
+        assert ag.prediction.plain < ag.prediction.overlap
+
+
+@pytest.mark.parametrize(("world", "names"), [(8, ("MLP-4", "MLP-5", "MLP-6")), (2, ("MLP-1", "MLP-5"))])
+def test_auto_picks_overlap_for_large_shapes(world: int, names: tuple[str, ...]) -> None:
+    cal = cost.load(cost.SHIPPED)
+    for name in names:
+        H, inter = MLP[name]
+        for op, shape in (("ag_gemm", dict(M=8192, N=2 * inter // world, K=H)),
+                          ("gemm_rs", dict(M=8192, N=H, K=inter // world))):
+            choice = cost.decide(op, shape, world, calibration=cal)
+            assert choice.path == "overlap", (name, op, choice.why)
+            assert "predicted overlap" in choice.why and "vs plain" in choice.why
+
+
+class _World:
+    """A rank of a world of two as ``select`` sees it: its exchange returns every rank's value."""
+
+    def __init__(self, rank: int, values: list):
+        self.rank, self.world_size, self.session = rank, len(values), f"s{rank}"
+        self.device = types.SimpleNamespace(type="cuda")
+        self.control = types.SimpleNamespace(exchange=lambda value, point: [v if i != rank else value
+                                                                              for i, v in enumerate(values)])
+
+
+def test_the_choice_is_the_same_on_every_rank_whatever_its_own_size() -> None:
+    """ag_gemm's N is each rank's own: one rank with 16 columns would pick plain alone, one with 16384 overlap;
+    both decide from the widest."""
+    from tilelink.ops import path
+
+    path.forget()
+    shared = dict(M=8192, K=4096)
+    alone = {n: cost.decide("ag_gemm", dict(shared, N=n), 2).path for n in (16, 16384)}
+    assert alone == {16: "plain", 16384: "overlap"}
+    picks = [path.select("ag_gemm", "auto", _World(r, [(16,), (16384,)]), shared, {"N": n}, "bf16")
+             for r, n in ((0, 16), (1, 16384))]
+    assert picks == ["overlap", "overlap"]
+    path.forget()
+
+
+def test_forced_paths_and_a_bad_path() -> None:
+    from tilelink.ops import path
+
+    w = _World(0, [(1,), (1,)])
+    assert path.select("gemm_rs", "overlap", w, dict(M=1, N=4096), {"K": 4096}, "bf16") == "overlap"
+    assert path.select("gemm_rs", "plain", w, dict(M=8192, N=8192), {"K": 14336}, "bf16") == "plain"
+    with pytest.raises(LaunchError, match=r"gemm_rs: path='fast' is not one of 'auto', 'overlap', 'plain'"):
+        path.select("gemm_rs", "fast", w, dict(M=1, N=1), {"K": 1}, "bf16")
+
+
+def _tiny_overlap_calibration(tmp_path) -> str:
+    """The shipped calibration with no host cost and a slow NCCL: the overlapped kernels win even at the
+    emulated world's tiny shapes."""
+    data = json.loads(cost.SHIPPED.read_text())
+    data["parts"].update({k: 0.0 for k in data["parts"] if k.startswith("host_ms.")})
+    data["parts"]["nccl_all_gather_step_us"] = data["parts"]["nccl_reduce_scatter_step_us"] = 1e4
+    path = tmp_path / "calibration.json"
+    path.write_text(json.dumps(data))
+    return str(path)
+
+
+@pytest.mark.slow
+def test_auto_in_the_emulated_world_follows_the_calibration(tmp_path, monkeypatch) -> None:
+    """With TILELINK_CALIBRATION the emulated world models the calibration's machine: the shipped H200 one sends
+    a decode-sized call to the plain path on every rank, one where the overlap wins sends it to the kernels;
+    forcing overrides both. Every result matches torch."""
+    monkeypatch.setenv("TILELINK_CALIBRATION", str(cost.SHIPPED))
+    runs = {"shipped auto": tilelink.spawn(chosen_paths, 3, 8, 12, 10)}
+    runs["shipped overlap"] = tilelink.spawn(chosen_paths, 3, 8, 12, 10, "overlap")
+    monkeypatch.setenv("TILELINK_CALIBRATION", _tiny_overlap_calibration(tmp_path))
+    runs["overlap wins auto"] = tilelink.spawn(chosen_paths, 3, 8, 12, 10)
+    for label, per_rank in runs.items():
+        for got in per_rank:
+            assert all(e < 1e-5 for e in got["errors"]), (label, got)
+        logs = [tuple(line.split(":")[0] for line in got["log"]) for got in per_rank]
+        assert len(set(logs)) == 1, (label, logs)  # the same choices on every rank
+    expect = {"shipped auto": ["ag_gemm", "gemm_rs"], "shipped overlap": [], "overlap wins auto": []}
+    for label, calls in expect.items():
+        assert all(got["plain_calls"] == calls for got in runs[label]), (label, runs[label])
+    assert all(" plain; predicted overlap" in line for line in runs["shipped auto"][0]["log"])
+    assert all("(forced)" in line for line in runs["shipped overlap"][0]["log"])
+    assert all(" overlap; predicted overlap" in line for line in runs["overlap wins auto"][0]["log"])
