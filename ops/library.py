@@ -146,6 +146,48 @@ def _(a, b_shard, rank, world, persistent):
     return a.new_empty((_shard_rows(a.shape[0], rank, world), b_shard.shape[1]))
 
 
+@torch.library.custom_op("tilelink::ag_gemm_fp8", mutates_args=())
+def _ag_gemm_fp8(a_shard: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor | None, b_scale: torch.Tensor | None,
+                 out_dtype: torch.dtype, M: int | None, rank: int, world: int, persistent: bool | None) -> torch.Tensor:
+    from tilelink.ops.tp import TPContext
+    from tilelink.ops.tp import ag_gemm as impl
+
+    _check_world("ag_gemm_fp8", rank, world)
+    return impl(a_shard, b, None if M is None else TPContext(M), persistent=persistent, a_scale=a_scale,
+                b_scale=b_scale, out_dtype=out_dtype)
+
+
+@_ag_gemm_fp8.register_fake
+def _(a_shard, b, a_scale, b_scale, out_dtype, M, rank, world, persistent):
+    if M is None:
+        M = a_shard.shape[0] if world == 1 else _unknown_rows(a_shard.shape[0], rank, world)
+    return a_shard.new_empty((M, b.shape[1]), dtype=out_dtype)
+
+
+@torch.library.custom_op("tilelink::gemm_rs_fp8", mutates_args=())
+def _gemm_rs_fp8(a: torch.Tensor, b_shard: torch.Tensor, a_scale: torch.Tensor | None, b_scale: torch.Tensor | None,
+                 out_dtype: torch.dtype, rank: int, world: int, persistent: bool | None) -> torch.Tensor:
+    from tilelink.ops.tp import gemm_rs as impl
+
+    _check_world("gemm_rs_fp8", rank, world)
+    return impl(a, b_shard, persistent=persistent, a_scale=a_scale, b_scale=b_scale, out_dtype=out_dtype)
+
+
+@_gemm_rs_fp8.register_fake
+def _(a, b_shard, a_scale, b_scale, out_dtype, rank, world, persistent):
+    return a.new_empty((_shard_rows(a.shape[0], rank, world), b_shard.shape[1]), dtype=out_dtype)
+
+
+for _name in ("ag_gemm_fp8", "gemm_rs_fp8"):  # FP8 operands with scales (tilelink.ops.tp_fp8)
+    _ordered(_name)
+
+
+def _fp8_call(a: torch.Tensor, b: torch.Tensor, a_scale, b_scale) -> bool:
+    """Whether a call goes to the FP8 op: an 8-bit float operand or a scale (as :func:`tilelink.ops.tp.ag_gemm`
+    decides)."""
+    return a_scale is not None or b_scale is not None or a.element_size() == 1 or b.element_size() == 1
+
+
 def _routing(topk_ids: torch.Tensor, num_experts: int, counts: torch.Tensor | None,
              host_counts: torch.Tensor | None):
     """The :class:`tilelink.ops.moe_routing.Routing` that ``moe_route`` made (no second copy to the host),
@@ -280,23 +322,35 @@ def _eager_routing(topk_ids, num_experts: int):
     return topk_ids
 
 
-def ag_gemm(a_shard: torch.Tensor, b: torch.Tensor, ctx=None, *, persistent: bool | None = None) -> torch.Tensor:
-    """:func:`tilelink.ops.tp.ag_gemm`, traceable (``torch.ops.tilelink.ag_gemm``)."""
-    if not _traced(a_shard, b):
+def ag_gemm(a_shard: torch.Tensor, b: torch.Tensor, ctx=None, *, persistent: bool | None = None,
+            a_scale: torch.Tensor | None = None, b_scale: torch.Tensor | None = None,
+            out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """:func:`tilelink.ops.tp.ag_gemm`, traceable (``torch.ops.tilelink.ag_gemm``, or ``ag_gemm_fp8`` for FP8
+    operands with scales)."""
+    if not _traced(a_shard, b, a_scale, b_scale):
         from tilelink.ops.tp import ag_gemm as impl
 
-        return impl(a_shard, b, ctx, persistent=persistent)
+        return impl(a_shard, b, ctx, persistent=persistent, a_scale=a_scale, b_scale=b_scale, out_dtype=out_dtype)
     rank, world = _rank_world()
+    if _fp8_call(a_shard, b, a_scale, b_scale):
+        return torch.ops.tilelink.ag_gemm_fp8(a_shard, b, a_scale, b_scale, out_dtype or torch.bfloat16,
+                                              None if ctx is None else ctx.M, rank, world, persistent)
     return torch.ops.tilelink.ag_gemm(a_shard, b, None if ctx is None else ctx.M, rank, world, persistent)
 
 
-def gemm_rs(a: torch.Tensor, b_shard: torch.Tensor, *, persistent: bool | None = None) -> torch.Tensor:
-    """:func:`tilelink.ops.tp.gemm_rs`, traceable (``torch.ops.tilelink.gemm_rs``)."""
-    if not _traced(a, b_shard):
+def gemm_rs(a: torch.Tensor, b_shard: torch.Tensor, *, persistent: bool | None = None,
+            a_scale: torch.Tensor | None = None, b_scale: torch.Tensor | None = None,
+            out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """:func:`tilelink.ops.tp.gemm_rs`, traceable (``torch.ops.tilelink.gemm_rs``, or ``gemm_rs_fp8`` for FP8
+    operands with scales)."""
+    if not _traced(a, b_shard, a_scale, b_scale):
         from tilelink.ops.tp import gemm_rs as impl
 
-        return impl(a, b_shard, persistent=persistent)
+        return impl(a, b_shard, persistent=persistent, a_scale=a_scale, b_scale=b_scale, out_dtype=out_dtype)
     rank, world = _rank_world()
+    if _fp8_call(a, b_shard, a_scale, b_scale):
+        return torch.ops.tilelink.gemm_rs_fp8(a, b_shard, a_scale, b_scale, out_dtype or torch.bfloat16, rank, world,
+                                              persistent)
     return torch.ops.tilelink.gemm_rs(a, b_shard, rank, world, persistent)
 
 

@@ -64,7 +64,10 @@ def quantize_fp8(x: torch.Tensor, rowwise: bool = True) -> tuple[torch.Tensor, t
         got = f"{x.dtype} {tuple(x.shape)}" if isinstance(x, torch.Tensor) else type(x).__name__
         raise LaunchError(f"quantize_fp8: x must be a 2-D floating-point tensor (not fp8 already), got {got}")
     x32 = x.float()
-    amax = x32.abs().amax(dim=1) if rowwise else x32.abs().amax()
+    if x.numel() == 0:  # no element (a rank without rows, or without columns of an uneven split): scales of 1
+        amax = x32.new_full((x.shape[0],) if rowwise else (), FP8_MAX)
+    else:
+        amax = x32.abs().amax(dim=1) if rowwise else x32.abs().amax()
     scale = (amax / FP8_MAX).clamp(min=1e-12)
     q = (x32 / (scale[:, None] if rowwise else scale)).clamp(-FP8_MAX, FP8_MAX).to(FP8)
     return q, scale
@@ -94,9 +97,9 @@ def _scale(op: str, name: str, s: object, length: int, along: str, device: torch
     shapes = f"a scalar tensor (shape () or (1,)), or one per {along}: shape ({length},) or " + (
         f"({length}, 1)" if name == "a_scale" else f"(1, {length})")
     if s is None:
-        raise LaunchError(f"{op}: float8_e4m3fn operands need {name}=: a float32 {shapes}")
+        raise LaunchError(f"{op}: float8_e4m3fn operands need {name}=, a float32 tensor: {shapes}")
     if not isinstance(s, torch.Tensor):
-        raise LaunchError(f"{op}: {name} must be a float32 torch.Tensor ({shapes}), got {type(s).__name__}")
+        raise LaunchError(f"{op}: {name} must be a float32 torch.Tensor: {shapes}; got {type(s).__name__}")
     if s.dtype != torch.float32:
         raise LaunchError(f"{op}: {name} is {s.dtype}; pass float32 scales (.float())")
     if s.device.type != device.type or (s.device.index or 0) != (device.index or 0):
