@@ -3,8 +3,9 @@ collective of the same bytes, nothing overlapped.
 
 The collectives run on the world's process group: on a GPU an NCCL group of the world's ranks, created once per
 world on the first plain call (every rank makes that call, in the same order, since the path is chosen alike on
-every rank); in the emulated world the world's gloo group. Rows are split as the overlapped operators split them
-(:func:`tilelink.mapping.shard_range`): the last rank's shorter shard is padded to the ranks' equal blocks.
+every rank); in the emulated world, and for ranks sharing one GPU (which NCCL refuses), the world's gloo group.
+Rows are split as the overlapped operators split them (:func:`tilelink.mapping.shard_range`): the last rank's
+shorter shard is padded to the ranks' equal blocks.
 """
 
 from __future__ import annotations
@@ -17,17 +18,28 @@ from tilelink.mapping import shard_range
 _nccl_groups: dict[tuple, object] = {}
 
 
-def group(world):
-    """The process group of the plain path's collectives (see the module docstring)."""
+def group(world) -> tuple[object, bool]:
+    """The process group of the plain path's collectives (see the module docstring), and whether tensors go
+    through host memory for it: ranks sharing a GPU (more ranks than GPUs on a host) cannot form an NCCL group,
+    so they run the world's gloo group on host copies."""
     base = world.group if world.group is not None else dist.group.WORLD
     if world.device.type != "cuda" or dist.get_backend(base) == "nccl":
-        return base
+        return base, False
     key = (world.session, id(world.control))
     if key not in _nccl_groups:
-        ranks = list(world.ranks) if world.ranks else list(range(world.world_size))
-        # only this world's ranks call it (a data x tensor parallel job's other groups do not)
-        _nccl_groups[key] = dist.new_group(ranks=ranks, backend="nccl", use_local_synchronization=True)
-    return _nccl_groups[key]
+        import socket
+
+        # every rank makes this call (the path is chosen alike on every rank): one exchange, the same answer
+        device = str(getattr(torch.cuda.get_device_properties(world.device), "uuid", world.device.index))
+        places = world.control.exchange((socket.gethostname(), device), "plain path group")
+        if len(set(places)) < len(places):
+            _nccl_groups[key] = None
+        else:
+            ranks = list(world.ranks) if world.ranks else list(range(world.world_size))
+            # only this world's ranks call it (a data x tensor parallel job's other groups do not)
+            _nccl_groups[key] = dist.new_group(ranks=ranks, backend="nccl", use_local_synchronization=True)
+    nccl = _nccl_groups[key]
+    return (base, True) if nccl is None else (nccl, False)
 
 
 def all_gather_rows(shard: torch.Tensor, M: int, world) -> torch.Tensor:
@@ -36,13 +48,14 @@ def all_gather_rows(shard: torch.Tensor, M: int, world) -> torch.Tensor:
     if R == 1:
         return shard
     per = -(-M // R)
+    pg, staged = group(world)
     padded = shard
-    if shard.shape[0] != per or not shard.is_contiguous():
-        padded = shard.new_zeros((per, *shard.shape[1:]))
+    if staged or shard.shape[0] != per or not shard.is_contiguous():
+        padded = shard.new_zeros((per, *shard.shape[1:]), device="cpu" if staged else shard.device)
         padded[:shard.shape[0]] = shard
-    full = shard.new_empty((R * per, *shard.shape[1:]))
-    dist.all_gather_into_tensor(full, padded, group=group(world))
-    return full[:M]
+    full = padded.new_empty((R * per, *shard.shape[1:]))
+    dist.all_gather_into_tensor(full, padded, group=pg)
+    return full[:M].to(shard.device)
 
 
 def reduce_scatter_rows(partial: torch.Tensor, world) -> torch.Tensor:
@@ -51,14 +64,15 @@ def reduce_scatter_rows(partial: torch.Tensor, world) -> torch.Tensor:
     if R == 1:
         return partial
     per = -(-M // R)
-    padded = partial.contiguous()
-    if M != R * per:
-        padded = partial.new_zeros((R * per, *partial.shape[1:]))
+    pg, staged = group(world)
+    padded = partial
+    if staged or M != R * per or not partial.is_contiguous():
+        padded = partial.new_zeros((R * per, *partial.shape[1:]), device="cpu" if staged else partial.device)
         padded[:M] = partial
-    out = partial.new_empty((per, *partial.shape[1:]))
-    dist.reduce_scatter_tensor(out, padded, group=group(world))
+    out = padded.new_empty((per, *partial.shape[1:]))
+    dist.reduce_scatter_tensor(out, padded, group=pg)
     lo, hi = shard_range(M, world.rank, R)
-    return out[:hi - lo]
+    return out[:hi - lo].to(partial.device)
 
 
 def ag_gemm(a_shard: torch.Tensor, b: torch.Tensor, M: int, world) -> torch.Tensor:

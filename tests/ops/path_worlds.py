@@ -26,6 +26,8 @@ def plain_matches_torch(M: int, N: int, K: int, dtype_name: str) -> dict[str, fl
     a = torch.randn(M, K, generator=g).to(dtype)
     b = torch.randn(K, N, generator=g).to(dtype)
     ref = a.double() @ b.double()
+    device = tilelink.runtime.current_world().device
+    a, b, ref = a.to(device), b.to(device), ref.to(device)
     lo, hi = _bounds(M, r, R)
     klo, khi = _bounds(K, r, R)
     out = {}
@@ -63,8 +65,9 @@ def chosen_paths(M: int, N: int, K: int, path: str = "auto") -> dict:
 
     r, R = tilelink.rank(), tilelink.world_size()
     g = torch.Generator().manual_seed(5)
-    a = torch.randn(M, K, generator=g)
-    b = torch.randn(K, N, generator=g)
+    device = tilelink.runtime.current_world().device
+    a = torch.randn(M, K, generator=g).to(device)
+    b = torch.randn(K, N, generator=g).to(device)
     ref = a.double() @ b.double()
     lo, hi = _bounds(M, r, R)
     klo, khi = _bounds(K, r, R)
