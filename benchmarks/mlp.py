@@ -5,7 +5,9 @@ Two modes:
 - ``compute``: one GPU, one rank. The GEMM each rank computes at world size W (see
   :mod:`tilelink.benchmarks.common` for the per-rank shapes), with communication already satisfied: the
   TileLink plain GEMM (:func:`tilelink.ops.gemm.matmul`) against ``torch.matmul`` (cuBLAS), side by
-  side in one process; ratio = torch time / TileLink time.
+  side in one process; ratio = torch time / TileLink time. With ``--dtype fp8``: the FP8 kernels that
+  ``ag_gemm``/``gemm_rs`` launch (:mod:`tilelink.ops.tp_fp8`; as written, and rewritten with every channel
+  satisfied) against ``torch._scaled_mm``, e4m3 operands scaled row-wise and per tensor, bf16 out.
 - ``dist``: W processes on W GPUs (spawned here, NCCL). Baselines cuBLAS+NCCL
   (``all_gather_into_tensor`` + ``matmul``; ``matmul`` + ``reduce_scatter_tensor``) and PyTorch
   async-TP (``torch.ops.symm_mem.fused_all_gather_matmul`` / ``fused_matmul_reduce_scatter``), and
@@ -43,7 +45,7 @@ from tilelink.benchmarks.common import (
     write_json,
 )
 
-DTYPES = ("bf16", "fp16", "fp32")
+DTYPES = ("bf16", "fp16", "fp32", "fp8")
 PART_TITLES = {"ag_gemm": "AG+GEMM", "gemm_rs": "GEMM+RS"}
 #: seconds one method of the dist mode may take (warm-up and rounds) before every thread's stack is dumped
 METHOD_BUDGET_S = 120
@@ -152,6 +154,145 @@ def chart_compute(record: dict, path: Path) -> Path | None:
         series[f"TileLink GEMM ({v})"] = [r["ratio"].get(v, math.nan) for r in record["results"]]
     return bar_chart(path, f"Per-rank GEMM at W={record['world']}, {record['dtype']}, {record['device']}",
                      groups, series, "speed relative to torch.matmul")
+
+
+# ----------------------------------------------------------------------------------------------
+# compute mode on FP8 operands: the operators' FP8 kernels against torch._scaled_mm
+
+#: the scalings measured: A per row and B per column, or one scale per operand
+FP8_SCALINGS = ("rowwise", "tensor")
+
+
+def fp8_inputs(g: GemmShape, scaling: str, device, gen) -> dict:
+    """e4m3 operands of one per-rank GEMM and their scales: A (M, K) and the (N, K) weight, each quantised per row
+    (``rowwise``: one scale per row of A, one per column of C) or per tensor."""
+    import torch
+
+    from tilelink.ops.tp_fp8 import quantize_fp8
+
+    a, a_scale = quantize_fp8(torch.randn(g.M, g.K, device=device, generator=gen), rowwise=scaling == "rowwise")
+    w, w_scale = quantize_fp8(torch.randn(g.N, g.K, device=device, generator=gen) / g.K**0.5,
+                              rowwise=scaling == "rowwise")
+    return {"a": a, "a_scale": a_scale, "w": w, "w_scale": w_scale}
+
+
+def _scaled_mm(x: dict, out):
+    """``torch._scaled_mm`` with bf16 out: row-wise scales as (M, 1) and (1, N), per-tensor ones as they are."""
+    import torch
+
+    row = x["a_scale"].dim() == 1
+    sa = x["a_scale"][:, None] if row else x["a_scale"]
+    sb = x["w_scale"][None, :] if row else x["w_scale"]
+    return lambda: torch._scaled_mm(x["a"], x["w"].t(), scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16, out=out)
+
+
+def _fp8_kernels(part: str, g: GemmShape, x: dict, c, world: int, device) -> dict:
+    """The FP8 kernel the operator launches for ``part`` on these operands, as written (``plain``) and rewritten
+    with every channel of a world of ``world`` ranks already satisfied (``rewritten``: what a rank runs)."""
+    import torch
+
+    from tilelink.ops.tp_fp8 import scaled_gemm
+
+    a_scale = x["a_scale"]
+    if part == "ag_gemm" and a_scale.numel() == 1:  # the AG kernel takes (gathers) one scale per row
+        a_scale = a_scale.reshape(1).expand(g.M).contiguous()
+    persistent = g.K % 16 == 0 and (g.N * 2) % 16 == 0  # what the operators take: 16-byte rows of A and C
+    okernel, grid, args, meta = scaled_gemm(part, x["a"], a_scale.reshape(-1), x["w"].t(), x["w_scale"].reshape(-1),
+                                            c, persistent, torch.device(device))
+    rewritten = getattr(okernel.module, okernel.name)
+    extra = okernel.launcher.satisfied_args(g.M, world, c.device)
+    return {"plain": lambda: okernel.kernel[grid](*args, **meta),
+            "rewritten": lambda: rewritten[grid](*args, **meta, **extra),
+            "kernel": okernel.name, "meta": {k: v for k, v in meta.items() if isinstance(v, (int, bool))}}
+
+
+def run_compute_fp8(shapes: list[MLPShape], world: int, rounds: int, scale: int = 1, device: str | None = None) -> dict:
+    """Time the FP8 kernels of ``ag_gemm``/``gemm_rs`` (bf16 out) against ``torch._scaled_mm`` (bf16 out) at the
+    per-rank shapes of ``world`` ranks, row-wise and per-tensor scaled; ratio = torch time / TileLink time (the
+    rewritten kernel, channels satisfied). Returns the record."""
+    import torch
+
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    items = [(s, p) for s in shapes for p in PARTS]
+    rows = []
+    with progress(items, f"FP8 GEMM vs torch._scaled_mm (per-rank shapes at W={world})") as bar:
+        for shape, part in bar:
+            g = per_rank_gemm(scaled(shape, scale, world), part, world)
+            gen = torch.Generator(device=device).manual_seed(zlib.crc32(f"{shape.name}/{part}/fp8".encode()))
+            row = {"shape": shape.name, "part": part, "M": g.M, "N": g.N, "K": g.K, "errors": {}, "rel_err": {},
+                   "config": {}}
+            fns = {}
+            for scaling in FP8_SCALINGS:
+                x = fp8_inputs(g, scaling, device, gen)
+                sa = x["a_scale"][:, None] if x["a_scale"].dim() else x["a_scale"]
+                sw = x["w_scale"][:, None] if x["w_scale"].dim() else x["w_scale"]
+                ref = (x["a"].float() * sa) @ (x["w"].float() * sw).t()
+                outs = {}
+                try:
+                    c = torch.empty(g.M, g.N, device=device, dtype=torch.bfloat16)
+                    fns[f"torch._scaled_mm {scaling}"] = _scaled_mm(x, c)
+                    outs[f"torch._scaled_mm {scaling}"] = c
+                except Exception as exc:  # a build or device without it: recorded, TileLink still measured
+                    row["errors"][f"torch._scaled_mm {scaling}"] = f"{type(exc).__name__}: {exc}"[:500]
+                for form in ("rewritten", "plain"):
+                    name = f"TileLink {scaling}" + ("" if form == "rewritten" else " (as written)")
+                    try:
+                        c = torch.full((g.M, g.N), float("nan"), device=device, dtype=torch.bfloat16)
+                        launch = _fp8_kernels(part, g, x, c, world, device)
+                        fns[name], outs[name] = launch[form], c
+                        row["config"][name] = {"kernel": launch["kernel"], **launch["meta"]}
+                    except Exception as exc:
+                        row["errors"][name] = f"{type(exc).__name__}: {exc}"[:500]
+                for name, c in outs.items():
+                    try:
+                        fns[name]()
+                        err = _rel_err(c, ref)
+                        row["rel_err"][name] = err
+                        if not err < 2e-2:  # bf16 out; NaN (unwritten) fails too
+                            raise AssertionError(f"relative error {err:.3g} against the dequantised fp32 reference")
+                    except Exception as exc:  # one broken method must not lose the others' numbers
+                        row["errors"][name] = f"{type(exc).__name__}: {exc}"[:500]
+                        fns.pop(name, None)
+            times = side_by_side(fns, rounds, device)
+            row["ms"] = times
+            row["median_ms"] = {k: statistics.median(v) for k, v in times.items()}
+            row["tflops"] = {k: g.flops / (m * 1e-3) / 1e12 for k, m in row["median_ms"].items()}
+            row["ratio"] = {}
+            for name, ms in row["median_ms"].items():
+                base = row["median_ms"].get(f"torch._scaled_mm {name.split()[1]}")
+                if name.startswith("TileLink") and base:
+                    row["ratio"][name] = base / ms
+            rows.append(row)
+            cells = [f"{n} {row['median_ms'][n]:.4f} ms ({r:.3f})" for n, r in row["ratio"].items()]
+            click.echo(f"  {shape.name} {part} {g.M}x{g.N}x{g.K}: " + ", ".join(cells), err=True)
+    return {"benchmark": "mlp", "mode": "compute", "world": world, "dtype": "fp8", "rounds": rounds, "scale": scale,
+            "variants": [f"TileLink {s}" for s in FP8_SCALINGS], **environment(), "results": rows}
+
+
+def summarize_compute_fp8(record: dict) -> str:
+    names = [n for s in FP8_SCALINGS for n in (f"torch._scaled_mm {s}", f"TileLink {s}", f"TileLink {s} (as written)")]
+    lines = [f"{'shape':8} {'part':8} {'M':>6} {'N':>6} {'K':>6} " + " ".join(f"{n + ' ms':>30}" for n in names)]
+    for r in record["results"]:
+        cells = [f"{r['median_ms'][n]:30.4f}" if n in r["median_ms"] else f"{'error':>30}" for n in names]
+        lines.append(f"{r['shape']:8} {r['part']:8} {r['M']:6d} {r['N']:6d} {r['K']:6d} " + " ".join(cells))
+    for name in [n for n in names if n.startswith("TileLink")]:
+        ratios = [r["ratio"][name] for r in record["results"] if name in r["ratio"]]
+        if ratios:
+            lines.append(f"{name} / torch._scaled_mm: min {min(ratios):.3f}, geomean "
+                         f"{math.exp(sum(map(math.log, ratios)) / len(ratios)):.3f} over {len(ratios)} GEMMs")
+    for r in record["results"]:
+        for n, e in r["errors"].items():
+            lines.append(f"error {r['shape']} {r['part']} {n}: {e}")
+    return "\n".join(lines)
+
+
+def chart_compute_fp8(record: dict, path: Path) -> Path | None:
+    groups = [f"{r['shape']}\n{PART_TITLES[r['part']]}" for r in record["results"]]
+    series = {"torch._scaled_mm": [1.0] * len(groups)}
+    for s in FP8_SCALINGS:
+        series[f"TileLink FP8 ({s})"] = [r["ratio"].get(f"TileLink {s}", math.nan) for r in record["results"]]
+    return bar_chart(path, f"Per-rank FP8 GEMM at W={record['world']}, bf16 out, {record['device']}", groups,
+                     series, "speed relative to torch._scaled_mm (same scaling)")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -335,12 +476,20 @@ def run(world: int, shapes: str, out: Path, dtype: str, mode: str = "auto",
     import torch
 
     chosen = select_shapes(shapes)
+    if dtype == "fp8" and mode == "auto":  # FP8 is measured per rank (see below)
+        mode = "compute"
     if mode == "auto":
         mode = "dist" if world > 1 and torch.cuda.device_count() >= world else "compute"
         if mode == "compute" and world > 1:
             click.echo(f"{torch.cuda.device_count()} GPU(s) here, fewer than --world {world}: measuring the "
                        f"per-rank compute part only (communication already satisfied)", err=True)
-    if mode == "dist":
+    if dtype == "fp8" and mode == "dist":
+        raise click.UsageError("--dtype fp8 is measured in --mode compute (the per-rank FP8 GEMMs against "
+                               "torch._scaled_mm); the dist mode runs bf16, fp16 and fp32")
+    if dtype == "fp8":
+        record = run_compute_fp8(chosen, world, rounds, scale)
+        text, chart = summarize_compute_fp8(record), chart_compute_fp8
+    elif mode == "dist":
         record = run_dist(chosen, world, dtype, rounds, scale)
         text, chart = summarize_dist(record), chart_dist
     else:

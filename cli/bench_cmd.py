@@ -27,7 +27,9 @@ def bench() -> None:
               help="Table 4 MLP shapes: 'all' or a comma list such as 'MLP-1,MLP-3' or '1,3'.")
 @click.option("--out", "out", type=click.Path(file_okay=False, path_type=Path), default=Path("bench-results"),
               show_default=True, help="Directory for the JSON record and the PNG chart.")
-@click.option("--dtype", type=click.Choice(["bf16", "fp16", "fp32"]), default="bf16", show_default=True)
+@click.option("--dtype", type=click.Choice(["bf16", "fp16", "fp32", "fp8"]), default="bf16", show_default=True,
+              help="Operand dtype. fp8: e4m3 operands with row-wise and per-tensor scales and bf16 out, the operators' "
+                   "FP8 kernels against torch._scaled_mm (compute mode only).")
 @click.option("--mode", type=click.Choice(["auto", "compute", "dist"]), default="auto", show_default=True,
               help="compute: one GPU, per-rank GEMM vs torch.matmul; dist: --world GPUs, vs cuBLAS+NCCL and "
                    "async-TP; auto: dist when there are --world GPUs, else compute.")
