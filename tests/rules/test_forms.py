@@ -121,6 +121,34 @@ def test_loads_inside_a_helper_are_inlined_and_waited_for() -> None:
     assert "k_ptrs = k_ptrs + tlk_token" not in body and "_inner(" not in body.replace("# _inner(", ""), body
 
 
+def test_helpers_calling_helpers_are_inlined_and_a_helper_without_the_tensor_stays_a_call() -> None:
+    generated = _generated('''
+        @triton.jit
+        def _row_ptrs(base, offs):
+            return base + offs
+
+        @triton.jit
+        def _scaled(ptr_like, offs, N, scale):
+            ptrs = _row_ptrs(ptr_like, offs)
+            return tl.load(ptrs, mask=offs < N) * scale
+
+        @tilelink.overlap(tilelink.all_gather("k_ptr"))
+        @triton.jit
+        def kernel(k_ptr, w_ptr, o_ptr, N, BLOCK: tl.constexpr):
+            offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+            k = _scaled(k_ptr, offs, N, 2.0)
+            w = _scaled(w_ptr, offs, N, 0.5)
+            tl.store(o_ptr + offs, k + w, mask=offs < N)
+        ''')
+    body = generated.rewritten["kernel"]
+    # the tensor's call is inlined twice over (the inner helper too), each pointer made from the waited-for one;
+    # the call on another tensor stays a call, and the helpers it needs stay in the module
+    assert "# _scaled(...), inlined" in body and "# _row_ptrs(...), inlined" in body, body
+    assert "ptrs = k_ptr + offs" in body and "w = _scaled(w_ptr, offs, N, 0.5)" in body, body
+    assert body.index("ptrs = k_ptr + offs") < body.index("ptrs = ptrs + tlk_token") < body.index("k = tl.load"), body
+    assert "def _scaled(" in generated.text and "def _row_ptrs(" in generated.text
+
+
 def test_an_access_a_helper_makes_wrongly_is_refused_at_the_helpers_line() -> None:
     err = _error('''
         @triton.jit
