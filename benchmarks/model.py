@@ -69,9 +69,9 @@ def fit_gemm(samples: list[tuple[int, int, int, float]], e: int = 2) -> tuple[fl
     return 1.0 / a, 1.0 / b  # ms per GFLOP -> TFLOP/s, ms per MB -> GB/s
 
 
-def fit_ring(samples: list[tuple[int, float, float]]) -> tuple[float, float]:
-    """(GB/s, step us) of ``t = (R - 1) * (step + bytes / bw)`` over (R, per-peer bytes, ms) samples."""
-    a, b = _fit2([(R - 1, (R - 1) * nbytes * 1e-6, t) for R, nbytes, t in samples])
+def fit_collective(samples: list[tuple[int, float, float]]) -> tuple[float, float]:
+    """(GB/s, latency us) of ``t = latency + (R - 1) * bytes / bw`` over (R, per-peer bytes, ms) samples."""
+    a, b = _fit2([(1.0, (R - 1) * nbytes * 1e-6, t) for R, nbytes, t in samples])
     return 1.0 / b, a * 1e3
 
 
@@ -146,10 +146,10 @@ def calibration_from_records(folder: Path = RECORDS) -> cost.Calibration:
         src[f"tile_ratio.{op}"] = f"median of {len(values)} rows' rewritten / vendor ratio (compute-mode records)"
     parts["tile_ratio.gemm_ar"] = parts["tile_ratio.gemm_rs"]
     src["tile_ratio.gemm_ar"] = "GEMM+RS's (no record of gemm_ar yet)"
-    parts["nccl_all_gather_gb_s"], parts["nccl_all_gather_step_us"] = fit_ring(ag)
-    parts["nccl_reduce_scatter_gb_s"], parts["nccl_reduce_scatter_step_us"] = fit_ring(rs)
+    parts["nccl_all_gather_gb_s"], parts["nccl_all_gather_latency_us"] = fit_collective(ag)
+    parts["nccl_reduce_scatter_gb_s"], parts["nccl_reduce_scatter_latency_us"] = fit_collective(rs)
     for k in ("all_gather", "reduce_scatter"):
-        src[f"nccl_{k}_gb_s"] = src[f"nccl_{k}_step_us"] = f"least squares over the mlp dist records' 'comm' ({k})"
+        src[f"nccl_{k}_gb_s"] = src[f"nccl_{k}_latency_us"] = f"least squares over the mlp dist records' 'comm' ({k})"
     parts["copy_engine_gb_s"] = parts["nccl_all_gather_gb_s"]
     src["copy_engine_gb_s"] = ("NCCL all-gather's (no record times the copy engine alone; --calibrate on two GPUs "
                                "measures it)")
@@ -241,6 +241,7 @@ def prediction_rows(cal: cost.Calibration, world: int, link: cost.Link | None = 
         p = cost.predict(op, shape, world, calibration=cal, link=link)
         rows.append({"shape": name, "op": op, "world": world, "plain": p.plain, "overlap": p.overlap,
                      "ideal": p.ideal, "compute": p.compute, "comm": p.comm, "speedup": p.speedup,
+                     "speedup_device": p.plain_gpu / p.overlap_gpu,
                      "bound": p.plain / p.ideal, "choice": cost.decide(op, shape, world, calibration=cal).path})
     return rows
 
@@ -256,11 +257,11 @@ def validation_table(rows: list[dict]) -> str:
 
 
 def prediction_table(rows: list[dict]) -> str:
-    lines = ["| shape | part | plain ms | overlapped ms | ideal ms | predicted speedup | bound (plain / ideal) "
-             "| auto picks |", "|---|---|---|---|---|---|---|---|"]
+    lines = ["| shape | part | plain ms | overlapped ms | ideal ms | predicted speedup | device only "
+             "| bound (plain / ideal) | auto picks |", "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['shape']} | {r['op']} | {r['plain']:.3f} | {r['overlap']:.3f} | {r['ideal']:.3f} | "
-                     f"{r['speedup']:.2f} | {r['bound']:.2f} | {r['choice']} |")
+                     f"{r['speedup']:.2f} | {r['speedup_device']:.2f} | {r['bound']:.2f} | {r['choice']} |")
     return "\n".join(lines)
 
 
@@ -420,7 +421,7 @@ def _nccl_worker(rank: int, world: int, port: int, sizes, queue) -> None:
 
 
 def measure_nccl(env: dict) -> dict:
-    """NCCL's all-gather and reduce-scatter over every GPU here (two at least), fitted as ring steps."""
+    """NCCL's all-gather and reduce-scatter over every GPU here (two at least): latency + bytes / bandwidth."""
     import torch
     import torch.multiprocessing as mp
 
@@ -436,7 +437,7 @@ def measure_nccl(env: dict) -> dict:
     got = queue.get()
     out = {}
     for kind, samples in got.items():
-        out[f"nccl_{kind}_gb_s"], out[f"nccl_{kind}_step_us"] = fit_ring(samples)
+        out[f"nccl_{kind}_gb_s"], out[f"nccl_{kind}_latency_us"] = fit_collective(samples)
     return out
 
 

@@ -48,14 +48,13 @@ def command(op, shape_text, world, dtype, link_gb_s, link_latency_us, calibratio
     from tilelink.benchmarks import model
 
     folder = records or model.RECORDS
+    if from_records:  # needs no calibration to start from
+        click.echo(f"wrote {cost.save(model.calibration_from_records(folder), out)} (from {folder})")
+        return
     try:
         cal = cost.load(calibration)
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
-    if from_records:
-        cal = model.calibration_from_records(folder)
-        click.echo(f"wrote {cost.save(cal, out)} (from {folder})")
-        return
     if calibrate:
         cal = model.calibrate(cal, echo=lambda line: click.echo(line, err=True))
         click.echo(f"wrote {cost.save(cal, out)}; use it with TILELINK_CALIBRATION={out}")

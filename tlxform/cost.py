@@ -53,10 +53,10 @@ PARTS = {
     "copy_engine_gb_s": "copy-engine bandwidth to one peer, GB/s",
     "sm_pull_ag_gb_s": "SM pull (ag_pull_producer, 16 programs) from one peer, GB/s",
     "sm_pull_rs_gb_s": "SM pull (rs_pull_consumer, 16 programs) from one peer, GB/s",
-    "nccl_all_gather_gb_s": "NCCL all-gather, bytes a rank receives per second per ring step, GB/s",
-    "nccl_all_gather_step_us": "NCCL all-gather, latency per ring step, us",
-    "nccl_reduce_scatter_gb_s": "NCCL reduce-scatter, bytes a rank sends per second per ring step, GB/s",
-    "nccl_reduce_scatter_step_us": "NCCL reduce-scatter, latency per ring step, us",
+    "nccl_all_gather_gb_s": "NCCL all-gather, the bytes of one peer's shard per second, GB/s",
+    "nccl_all_gather_latency_us": "NCCL all-gather, a call's fixed time, us",
+    "nccl_reduce_scatter_gb_s": "NCCL reduce-scatter, the bytes of one peer's block per second, GB/s",
+    "nccl_reduce_scatter_latency_us": "NCCL reduce-scatter, a call's fixed time, us",
     "link_latency_us": "one flag over the link, us (the link the NCCL and copy numbers were measured on)",
     "handshake_us": "an operator's per-call handshake (a word to every peer, a stream wait), us",
     "kernel_launch_us": "one kernel launch on the device, us",
@@ -179,12 +179,14 @@ class _Parts:
         return nbytes / (self.cal["hbm_gb_s"] * 1e6)
 
     def nccl(self, kind: str, per_peer_bytes: float, R: int) -> float:
-        """A ring collective of ``R`` ranks: ``(R - 1) * (step latency + per-peer bytes / bandwidth)``."""
+        """A collective of ``R`` ranks: ``latency + (R - 1) * per-peer bytes / bandwidth`` (a ring moves every
+        peer's shard through each rank's link; the latency, a call's launch and synchronisation, is measured at
+        two ranks only, so it is kept fixed)."""
         if R == 1:
             return 0.0
         bw = self.cal[f"nccl_{kind}_gb_s"] * self.scale
-        step = (self.cal[f"nccl_{kind}_step_us"] + self.extra_latency_us) * 1e-3
-        return (R - 1) * (step + per_peer_bytes / (bw * 1e6))
+        latency = (self.cal[f"nccl_{kind}_latency_us"] + self.extra_latency_us) * 1e-3
+        return latency + (R - 1) * per_peer_bytes / (bw * 1e6)
 
     def copy(self, nbytes: float, via: str = "copy_engine", kind: str = "ag") -> float:
         bw = self.cal["copy_engine_gb_s"] if via == "copy_engine" else self.cal[f"sm_pull_{kind}_gb_s"]

@@ -89,7 +89,7 @@ def _tiny_overlap_calibration(tmp_path) -> str:
     emulated world's tiny shapes."""
     data = json.loads(cost.SHIPPED.read_text())
     data["parts"].update({k: 0.0 for k in data["parts"] if k.startswith("host_ms.")})
-    data["parts"]["nccl_all_gather_step_us"] = data["parts"]["nccl_reduce_scatter_step_us"] = 1e4
+    data["parts"]["nccl_all_gather_latency_us"] = data["parts"]["nccl_reduce_scatter_latency_us"] = 1e4
     path = tmp_path / "calibration.json"
     path.write_text(json.dumps(data))
     return str(path)
