@@ -144,8 +144,8 @@ def _check(op: str, a, b, a_scale, b_scale, out_dtype, world, a_name: str, b_nam
 def fp8_config(persistent: bool, part: str) -> dict:
     """Tiles and pipeline of the FP8 kernels. On a GPU 128 x 256 x 128 tiles, 8 warps (BLOCK_K 128: a 128-byte K
     row of e4m3, the widest TMA swizzle), as Triton's own FP8 matmul examples take them, with as many stages as
-    shared memory holds next to the staged C tile: four for the AG kernel, which stages C in 128-column halves,
-    three for the GEMM+RS one (a whole 128 x 256 C tile) and for the pointer kernels."""
+    shared memory holds next to the staged C tile: four for the AG kernel, which stages C in 128-column halves, and
+    for the pointer kernels (no staged C), three for the GEMM+RS one (a whole 128 x 256 C tile)."""
     if interpreting():
         return dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=16, GROUP_M=2)  # a tail piece of 8 bf16 columns: 16 bytes
     bm, bn, bk = 128, 256, 128
