@@ -7,8 +7,11 @@ mean host time of ``--calls`` back-to-back calls enqueued without a synchronisat
 after the clock stops), for ``tilelink.ops.ag_gemm`` and ``gemm_rs`` on the per-rank shape of an MLP of the
 paper's Table 4 (:mod:`tilelink.benchmarks.common`), side by side with a warm ``torch.matmul`` alone and with a
 ``torch.distributed`` collective of the same bytes (``all_gather_into_tensor`` before it,
-``reduce_scatter_tensor`` after it, on an NCCL group). ``wall_us`` is the time per call including the GPU's
-(the clock stops after a synchronisation): when ``host_us`` is as long, the host sets the pace.
+``reduce_scatter_tensor`` after it, on an NCCL group). ``cpu_us`` is the launching thread's CPU time per call (on a
+shared machine ``host_us`` also counts the time other work took the core); ``wall_us`` the time per call including
+the GPU's (the clock stops after a synchronisation): when ``host_us`` is as long, the host sets the pace. A round
+runs every method once, the first rotating, so that a drift of the host's speed falls on all of them alike; each
+operator's result is checked against an fp32 reference after its first call and after the timed ones.
 
 Then each operator runs ``--calls`` more calls under ``cProfile`` on every rank; the record keeps rank 0's
 top 20 functions by their own time and by their cumulative time, per call.
@@ -76,7 +79,8 @@ def _tensors(part: str, g, world, dtype, device) -> dict:
 
 
 def _methods(part: str, t: dict, g, world, persistent: bool | None, group) -> dict:
-    """name -> a call: the operator and its baselines (the collective one only with ``group``)."""
+    """name -> a call: the overlapped operator (``path="overlap"``, whatever the cost model would pick) and its
+    baselines (the collective one only with ``group``)."""
     import torch
     import torch.distributed as dist
 
@@ -87,7 +91,7 @@ def _methods(part: str, t: dict, g, world, persistent: bool | None, group) -> di
     if part == "ag_gemm":
         ctx = TPContext(M=g.M)  # made once: no exchange of the shard sizes per call
         a_full, a_shard, b = t["a_full"], t["a_shard"], t["b"]
-        fns["tilelink"] = lambda: ag_gemm(a_shard, b, ctx, persistent=persistent)
+        fns["tilelink"] = lambda: ag_gemm(a_shard, b, ctx, persistent=persistent, path="overlap")
         fns["torch.matmul"] = lambda: torch.matmul(a_full, b, out=c)
         if group is not None:
             fns["torch.matmul+all_gather"] = lambda: (dist.all_gather_into_tensor(a_full, a_shard, group=group),
@@ -95,12 +99,21 @@ def _methods(part: str, t: dict, g, world, persistent: bool | None, group) -> di
     else:
         a, b_shard = t["a"], t["b_shard"]
         c_shard = torch.empty(t["ref"].shape, device=c.device, dtype=c.dtype)
-        fns["tilelink"] = lambda: gemm_rs(a, b_shard, persistent=persistent)
+        fns["tilelink"] = lambda: gemm_rs(a, b_shard, persistent=persistent, path="overlap")
         fns["torch.matmul"] = lambda: torch.matmul(a, b_shard, out=c)
         if group is not None:
             fns["torch.matmul+reduce_scatter"] = lambda: (torch.matmul(a, b_shard, out=c),
                                                           dist.reduce_scatter_tensor(c_shard, c, group=group))
     return fns
+
+
+def _check(fn, ref, out: dict) -> None:
+    """Call the operator and compare with the reference: ``out["rel_err"]`` is the largest relative error of the
+    calls checked, and one past 2e-2 (or NaN: rows never written) is recorded as an error."""
+    err = float((fn().float() - ref).norm() / ref.norm().clamp_min(1e-30))
+    out["rel_err"] = max(out.get("rel_err", 0.0), err) if err == err else err
+    if not err < 2e-2:
+        out["errors"]["tilelink"] = f"relative error {err:.3g} against the fp32 reference"
 
 
 def _sync(device) -> None:
@@ -110,22 +123,39 @@ def _sync(device) -> None:
         torch.cuda.synchronize(device)
 
 
-def host_times(fn, calls: int, rounds: int, device, barrier) -> tuple[list[float], list[float]]:
-    """Per round, the mean host time of ``calls`` back-to-back calls of ``fn`` (µs; no synchronisation between
-    them) and the mean time per call once the device has finished them too. Every rank makes the same calls."""
-    host, wall = [], []
-    for _ in range(rounds):
-        _sync(device)
-        barrier()
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        enqueued = time.perf_counter()
-        _sync(device)
-        done = time.perf_counter()
-        host.append((enqueued - start) * 1e6 / calls)
-        wall.append((done - start) * 1e6 / calls)
-    return host, wall
+def host_times(fns: dict, calls: int, rounds: int, device, barrier) -> tuple[dict, dict, dict, dict]:
+    """For each method of ``fns`` and each round, the mean host time of ``calls`` back-to-back calls (µs; no
+    synchronisation between them), the launching thread's CPU time of them (µs a call: on a shared machine the
+    host time also counts what other work took from this thread), and the mean time per call once the device has
+    finished them too; and the methods that failed (name -> error). A round runs every method, the first one
+    rotating from round to round, so that a drift of the host's speed (a shared machine's) falls on every method
+    alike. Every rank makes the same calls."""
+    host: dict[str, list[float]] = {name: [] for name in fns}
+    cpu: dict[str, list[float]] = {name: [] for name in fns}
+    wall: dict[str, list[float]] = {name: [] for name in fns}
+    errors: dict[str, str] = {}
+    names = list(fns)
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            if name in errors:
+                continue
+            try:
+                _sync(device)
+                barrier()
+                start, thread = time.perf_counter(), time.thread_time()
+                for _ in range(calls):
+                    fns[name]()
+                enqueued, used = time.perf_counter(), time.thread_time() - thread
+                _sync(device)
+                done = time.perf_counter()
+            except Exception as exc:  # one failing baseline must not lose the others' numbers
+                errors[name] = f"{type(exc).__name__}: {exc}"[:500]
+                continue
+            host[name].append((enqueued - start) * 1e6 / calls)
+            cpu[name].append(used * 1e6 / calls)
+            wall[name].append((done - start) * 1e6 / calls)
+    ok = [n for n in fns if n not in errors]
+    return {n: host[n] for n in ok}, {n: cpu[n] for n in ok}, {n: wall[n] for n in ok}, errors
 
 
 def _where(key: tuple) -> str:
@@ -186,21 +216,18 @@ def measure_rank(shape: MLPShape, dtype: str, calls: int, rounds: int, kernel: s
         g = per_rank_gemm(shape, part, R)
         t = _tensors(part, g, world, tdtype, device)
         fns = _methods(part, t, g, world, persistent, group)
-        out = {"M": g.M, "N": g.N, "K": g.K, "host_us": {}, "wall_us": {}, "errors": {}}
-        result = fns["tilelink"]()  # the first call: contexts, compilation; then checked
-        err = float((result.float() - t["ref"]).norm() / t["ref"].norm().clamp_min(1e-30))
-        out["rel_err"] = err
-        if not err < 2e-2:  # NaN (unwritten rows) fails too
-            out["errors"]["tilelink"] = f"relative error {err:.3g} against the fp32 reference"
-        del result
-        for name, fn in fns.items():
+        out = {"M": g.M, "N": g.N, "K": g.K, "host_us": {}, "cpu_us": {}, "wall_us": {}, "errors": {}}
+        _check(fns["tilelink"], t["ref"], out)  # the first call: contexts, compilation
+        for name, fn in list(fns.items()):
             try:
                 for _ in range(warm):  # the first calls of a method load and tune
                     fn()
-                host, wall = host_times(fn, calls, rounds, device, world.barrier)
-                out["host_us"][name], out["wall_us"][name] = host, wall
             except Exception as exc:  # one failing baseline must not lose the others' numbers
                 out["errors"][name] = f"{type(exc).__name__}: {exc}"[:500]
+                del fns[name]
+        out["host_us"], out["cpu_us"], out["wall_us"], failed = host_times(fns, calls, rounds, device, world.barrier)
+        out["errors"].update(failed)
+        _check(fns["tilelink"], t["ref"], out)  # a call like the timed ones, on what the first one set up
         if profile:
             out["profile"] = profile_calls(fns["tilelink"], calls, device)
         row["parts"][part] = out
@@ -254,18 +281,18 @@ def run(worlds: tuple[int, ...] = (1, 2), shape: str = "MLP-1", out: Path = Path
 
 
 def summarize(record: dict) -> str:
-    """The table: per world and part, each method's host and wall µs per call (the slowest rank's median
+    """The table: per world and part, each method's host, CPU and wall µs per call (the slowest rank's median
     round), then rank 0's profile of the operator by own time."""
-    lines = [f"{'world':>5} {'part':8} {'method':28} {'host us':>9} {'wall us':>9}"]
+    lines = [f"{'world':>5} {'part':8} {'method':28} {'host us':>9} {'cpu us':>9} {'wall us':>9}"]
     profiles = []
     for w in record["worlds"]:
         ranks = w["ranks"]
         for part in ranks[0]["parts"]:
             per = [r["parts"][part] for r in ranks]
             for name in per[0]["host_us"]:
-                host = max(statistics.median(p["host_us"][name]) for p in per if name in p["host_us"])
-                wall = max(statistics.median(p["wall_us"][name]) for p in per if name in p["wall_us"])
-                lines.append(f"{w['world']:5d} {part:8} {name:28} {host:9.1f} {wall:9.1f}")
+                host, cpu, wall = (max(statistics.median(p[k][name]) for p in per if name in p[k])
+                                   for k in ("host_us", "cpu_us", "wall_us"))
+                lines.append(f"{w['world']:5d} {part:8} {name:28} {host:9.1f} {cpu:9.1f} {wall:9.1f}")
             for p in per:
                 for name, e in p["errors"].items():
                     lines.append(f"      error rank {ranks[per.index(p)]['rank']} {name}: {e}")

@@ -20,14 +20,22 @@ from tilelink.cli.main import main
 def test_host_times_are_per_call_and_the_wall_includes_them() -> None:
     calls = []
 
-    def fn():
-        calls.append(1)
+    def slow():
+        calls.append("slow")
         time.sleep(0.002)
 
+    def broken():
+        raise RuntimeError("no collective here")
+
     barriers = []
-    host, wall = host_times(fn, 3, 2, torch.device("cpu"), lambda: barriers.append(1))
-    assert len(calls) == 6 and len(barriers) == 2  # every rank meets before each round
-    assert len(host) == len(wall) == 2 and all(2000 <= h <= w for h, w in zip(host, wall, strict=True))
+    host, cpu, wall, errors = host_times({"slow": slow, "broken": broken, "fast": lambda: calls.append("fast")}, 3, 2,
+                                    torch.device("cpu"), lambda: barriers.append(1))
+    assert calls == ["slow"] * 3 + ["fast"] * 3 + ["fast"] * 3 + ["slow"] * 3  # the first of a round rotates
+    assert len(barriers) == 5  # every rank meets before each method's round (the broken one's first only)
+    assert set(host) == set(cpu) == set(wall) == {"slow", "fast"}
+    assert errors == {"broken": "RuntimeError: no collective here"}
+    assert len(host["slow"]) == 2 and all(2000 <= h <= w for h, w in zip(host["slow"], wall["slow"], strict=True))
+    assert max(host["fast"]) < 2000 and max(cpu["slow"]) < 1000  # asleep: no CPU time
 
 
 def test_the_profile_names_the_call_path_per_call() -> None:
@@ -59,7 +67,7 @@ def test_the_record_holds_every_method_round_and_profile(tmp_path, monkeypatch) 
     for part, baselines in (("ag_gemm", "torch.matmul+all_gather"), ("gemm_rs", "torch.matmul+reduce_scatter")):
         p = parts[part]
         assert p["errors"] == {} and p["rel_err"] < 1e-5, p
-        assert set(p["host_us"]) == set(p["wall_us"]) == {"tilelink", "torch.matmul", baselines}
+        assert set(p["host_us"]) == set(p["cpu_us"]) == set(p["wall_us"]) == {"tilelink", "torch.matmul", baselines}
         for name, host in p["host_us"].items():
             assert len(host) == 2 and all(0 < h <= w for h, w in zip(host, p["wall_us"][name], strict=True))
         prof = p["profile"]
