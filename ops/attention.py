@@ -21,7 +21,10 @@ import torch
 import triton
 
 from tilelink.errors import LaunchError
+from tilelink.ops import plain
 from tilelink.ops.contract import check_rows, check_tensor, full_size, interpreter_inputs, interpreting
+from tilelink.ops.path import check as check_path
+from tilelink.ops.path import select as select_path
 
 _HEAD_DIMS = (16, 32, 64, 128)
 
@@ -108,17 +111,21 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
 
 
 def sp_attention(q_shard: torch.Tensor, k_shard: torch.Tensor, v_shard: torch.Tensor, causal: bool = False,
-                 ctx: SPContext | None = None) -> torch.Tensor:
+                 ctx: SPContext | None = None, *, path: str = "auto") -> torch.Tensor:
     """This rank's rows of attention over the whole sequence, with the K/V all-gather overlapped.
 
     Collective: every rank calls it with its shards (a rank may hold no rows). Returns a tensor shaped
     like ``q_shard``; an empty sequence (S = 0) returns an empty one at once, as every operator does.
+    ``path``: ``"overlap"`` the overlapped kernel, ``"plain"`` a ``torch.distributed`` all-gather of K and V, then
+    SDPA; ``"auto"`` (default) the one the cost model predicts faster, alike on every rank
+    (:mod:`tilelink.ops.path`).
     """
     from tilelink.ops import attention_kernels
     from tilelink.runtime import current_world
 
     world = current_world()
     _check("sp_attention", q_shard, k_shard, v_shard, world.device)
+    check_path("sp_attention", path)
     for what, t in (("k_shard", k_shard), ("v_shard", v_shard)):
         if not t.is_contiguous():
             raise LaunchError(f"sp_attention: {what} must be contiguous (call .contiguous())")
@@ -129,6 +136,10 @@ def sp_attention(q_shard: torch.Tensor, k_shard: torch.Tensor, v_shard: torch.Te
         lo, hi = check_rows("sp_attention", f"the sequence in {what}", t.shape[2], S, world)
     if S == 0:  # an empty sequence on every rank (S is shared): nothing to gather or attend to
         return torch.empty(q_shard.shape, dtype=q_shard.dtype, device=world.device)
+    B, H, _, D = q_shard.shape
+    shared = dict(S=S, heads=H, kv_heads=k_shard.shape[1], head_dim=D, causal=causal, batch=B)
+    if select_path("sp_attention", path, world, shared, {}, q_shard.dtype) == "plain":
+        return plain.sp_attention(q_shard, k_shard, v_shard, S, causal, world)
     per = -(-S // world.world_size)
     out_dtype = q_shard.dtype
     q_in, k_in, v_in = _kernel_inputs(q_shard, k_shard, v_shard)

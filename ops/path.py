@@ -71,9 +71,10 @@ def select(op: str, path: str, world, shared: dict, own: dict, dtype) -> str:
     chosen = _choices.get(key)
     if chosen is not None:
         return chosen
-    sizes = [tuple(own.values())] if world.world_size == 1 else world.control.exchange(tuple(own.values()),
-                                                                                       f"{op} path")
-    widest = dict(zip(own, (max(s[i] for s in sizes) for i in range(len(own))), strict=True))
+    widest = {}
+    if own:  # a rank's own sizes: every rank decides from the widest
+        sizes = world.control.exchange(tuple(own.values()), f"{op} path")
+        widest = dict(zip(own, (max(s[i] for s in sizes) for i in range(len(own))), strict=True))
     choice = cost.decide(op, {**shared, **widest}, world.world_size, dtype=dtype)
     _choices[key] = choice.path
     log.debug("%s %s over %d ranks: %s; %s", op, shared | widest, world.world_size, choice.path, choice.why)

@@ -83,3 +83,23 @@ def ag_gemm(a_shard: torch.Tensor, b: torch.Tensor, M: int, world) -> torch.Tens
 def gemm_rs(a: torch.Tensor, b_shard: torch.Tensor, world) -> torch.Tensor:
     """This rank's rows of the sum over ranks of A_r @ B_r."""
     return reduce_scatter_rows(torch.matmul(a, b_shard), world).contiguous()
+
+
+def sp_attention(q_shard: torch.Tensor, k_shard: torch.Tensor, v_shard: torch.Tensor, S: int, causal: bool,
+                 world) -> torch.Tensor:
+    """This rank's rows of attention over the whole sequence: K and V gathered (sequence-major, one block of rows
+    a rank), then SDPA; causal by global position."""
+    B, H, rows, D = q_shard.shape
+    lo, _ = shard_range(S, world.rank, world.world_size)
+    k, v = (all_gather_rows(t.permute(2, 0, 1, 3).contiguous(), S, world).permute(1, 2, 0, 3)
+            for t in (k_shard, v_shard))
+    if rows == 0:
+        return torch.empty(q_shard.shape, dtype=q_shard.dtype, device=q_shard.device)
+    group = H // k.shape[1]
+    if group > 1:
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    mask = None
+    if causal:  # this rank's query at global position lo + i sees the keys up to it
+        pos = torch.arange(lo, lo + rows, device=q_shard.device)
+        mask = torch.arange(S, device=q_shard.device)[None, :] <= pos[:, None]
+    return torch.nn.functional.scaled_dot_product_attention(q_shard, k, v, attn_mask=mask)

@@ -365,6 +365,8 @@ def predict(op: str, shape: dict, world: int, *, dtype="bf16", link: Link | None
     if not isinstance(world, int) or world < 1:
         raise ValueError(f"world must be a positive int, got {world!r}")
     parts = _Parts(calibration or shipped(), link)
+    if op == "sp_attention":  # its options may come with the shape (the operator's shared arguments)
+        options = {k: shape[k] for k in ("causal", "batch") if k in shape} | options
     return fn(parts, world, *(int(shape[n]) for n in names), _bytes(dtype), **options)
 
 

@@ -91,3 +91,28 @@ def chosen_paths(M: int, N: int, K: int, path: str = "auto") -> dict:
     err_ag = ((c.double() - ref[:, nlo:nhi]).norm() / max(ref[:, nlo:nhi].norm(), 1e-30)).item() if nhi > nlo else 0.0
     err_rs = ((y.double() - ref[lo:hi]).norm() / ref[lo:hi].norm()).item() if hi > lo else 0.0
     return {"log": handler.lines, "plain_calls": plain_calls, "errors": (err_ag, err_rs)}
+
+
+def attention_plain_matches_sdpa(B: int, H: int, Hkv: int, S: int, D: int, dtype_name: str) -> dict[str, float]:
+    """sp_attention on the plain path (K and V gathered, then SDPA), causal and not, against SDPA on the full
+    sequence; the overlapped kernel must not run."""
+    from tests.ops.attention_worlds import bounds, inputs, reference
+    from tilelink.ops import attention, sp_attention
+
+    dtype = getattr(torch, dtype_name)
+    r, R = tilelink.rank(), tilelink.world_size()
+    q, k, v = inputs(B, H, Hkv, S, D, dtype, tilelink.runtime.current_world().device)
+    lo, hi = bounds(S, r, R)
+    real_launch = attention._launch
+    attention._launch = lambda *args, **kwargs: (_ for _ in ()).throw(AssertionError("the kernel ran"))
+    out = {}
+    try:
+        for causal in (False, True):
+            o = sp_attention(q[:, :, lo:hi].contiguous(), k[:, :, lo:hi].contiguous(), v[:, :, lo:hi].contiguous(),
+                             causal=causal, path="plain")
+            assert o.dtype == dtype and o.shape == (B, H, hi - lo, D), (o.dtype, o.shape)
+            ref = reference(q, k, v, causal)[:, :, lo:hi]
+            out[f"causal={causal}"] = ((o.double().cpu() - ref).norm() / ref.norm()).item() if hi > lo else 0.0
+    finally:
+        attention._launch = real_launch
+    return out

@@ -10,7 +10,7 @@ import types
 import pytest
 
 import tilelink
-from tests.ops.path_worlds import chosen_paths, plain_matches_torch
+from tests.ops.path_worlds import attention_plain_matches_sdpa, chosen_paths, plain_matches_torch
 from tilelink import cost
 from tilelink.errors import LaunchError
 
@@ -24,6 +24,27 @@ def test_plain_path_matches_torch(world: int) -> None:
     for dtype, bound in (("float32", 1e-6), ("bfloat16", 2e-2)):
         for per_rank in tilelink.spawn(plain_matches_torch, world, 37, 20, 33, dtype):
             assert all(err < bound for err in per_rank.values()), (dtype, per_rank)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_plain_sp_attention_matches_sdpa(world: int) -> None:
+    """37 rows of sequence (uneven shards), grouped-query heads, causal by global position and not."""
+    for dtype, bound in (("float32", 1e-5), ("bfloat16", 2e-2)):
+        for per_rank in tilelink.spawn(attention_plain_matches_sdpa, world, 2, 4, 2, 37, 16, dtype):
+            assert all(err < bound for err in per_rank.values()), (dtype, per_rank)
+
+
+def test_auto_for_attention() -> None:
+    """A short sequence goes to SDPA + NCCL; Attn-1 at 16k over 8 ranks to the overlapped kernel; at 128k, where
+    the kernel's rate against cuDNN costs more than the overlap hides, back to SDPA."""
+    cal = cost.load(cost.SHIPPED)
+    pick = lambda S, world=8: cost.decide("sp_attention", dict(S=S, heads=32, kv_heads=32, head_dim=128), world,
+                                          calibration=cal).path
+    assert (pick(64), pick(16384), pick(131072)) == ("plain", "overlap", "plain")
+    causal = cost.predict("sp_attention", dict(S=16384, heads=32, kv_heads=32, head_dim=128, causal=True), 8)
+    assert causal.compute < 0.6 * cost.predict("sp_attention", dict(S=16384, heads=32, kv_heads=32, head_dim=128),
+                                               8).compute
 
 
 @pytest.mark.parametrize("world", [2, 8])
