@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import tilelink
-from tests.ops.path_worlds import chosen_paths, plain_matches_torch
+from tests.ops.path_worlds import attention_plain_matches_sdpa, chosen_paths, plain_matches_torch
 from tilelink import cost
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
@@ -44,3 +44,10 @@ def test_auto_follows_the_calibration_on_every_rank(tmp_path, monkeypatch) -> No
         assert len(picks[0]) == 2 and all(p == picks[0] for p in picks), (label, picks)  # alike on every rank
     assert all(got["plain_calls"] == ["ag_gemm", "gemm_rs"] for got in runs["auto"])
     assert all(got["plain_calls"] == [] for got in runs["overlap"] + runs["overlap wins"])
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_plain_sp_attention_matches_sdpa(world: int) -> None:
+    for per_rank in tilelink.spawn(attention_plain_matches_sdpa, world, 2, 8, 2, 1000, 128, "bfloat16",
+                                   backend="nvshmem"):
+        assert all(err < 2e-2 for err in per_rank.values()), per_rank
