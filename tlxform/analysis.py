@@ -1038,6 +1038,8 @@ def _check_other_uses(an: _Analyzer, tensor: str, pointers: set[str], descriptor
                 column=at.column, hint="read with `.load([offsets])` and write with `.store([offsets], value)`")
         if isinstance(func, cst.Attribute) and func.attr.value == "to":
             continue
+        if m.matches(func, m.Name("isinstance")):
+            continue  # a type test (`isinstance(desc, tl.tensor_descriptor)`, Triton's own helpers) reads nothing
         if is_tl and func.attr.value == "atomic_add" and call in atomic_statements and not any(
                 names_outside_loads(_without_dtypes(arg.value)) & aliases for arg in call.args[1:]):
             continue  # an access (a store that adds: a split-K write-back), which the rule judges

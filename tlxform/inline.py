@@ -236,14 +236,12 @@ def _next_site(module: cst.Module, file: str, fn: cst.FunctionDef, tensors: tupl
             raise refuse(f"the helper `{name}`, which receives {what}, takes `*` or keyword-only parameters: "
                          f"TileLink binds a helper's plain parameters only", f"give `{name}` plain parameters")
         returns = m.findall(helper.body, m.Return())
-        last = helper.body.body[-1] if helper.body.body else None
-        final = (isinstance(last, cst.SimpleStatementLine) and len(last.body) == 1 and isinstance(
-            last.body[0], cst.Return))
-        if len(returns) > 1 or (returns and not (final and last.body[0] is returns[0])):  # type: ignore[union-attr]
-            at = returns[0] if returns else call
+        tails = _tail_returns(helper.body.body)
+        early = [r for r in returns if not any(r is t for t in tails)]
+        if early:
             raise refuse(f"the helper `{name}`, which receives {what}, returns before its end: TileLink inlines a "
-                         f"helper whose only `return` is its last statement",
-                         f"compute the result in a variable and return it once, at the end of `{name}`", at)
+                         f"helper whose `return`s end it (its last statement, or the last of each branch of its last "
+                         f"`if`)", f"compute the result in a variable and return it at the end of `{name}`", early[0])
         stmt = statements.get(id(call))
         small = stmt.body[0] if stmt is not None and len(stmt.body) == 1 else None
         targets = None
@@ -253,9 +251,10 @@ def _next_site(module: cst.Module, file: str, fn: cst.FunctionDef, tensors: tupl
             raise refuse(f"the helper `{name}` receives {what} inside a larger statement: TileLink follows a helper's "
                          f"loads and stores when the call is a statement of its own",
                          f"call it on a line of its own, `result = {name}(...)`, and use `result` after it")
-        if targets is not None and not returns:
-            raise refuse(f"the helper `{name}` returns nothing, but its result is assigned",
-                         f"call `{name}(...)` as a statement of its own")
+        if targets is not None and not _always_returns(helper.body.body):
+            raise refuse(f"the helper `{name}` does not return a value on every path, but its result is assigned",
+                         f"return a value at the end of `{name}` (and of each branch of its last `if`), or call it "
+                         f"as a statement of its own")
         return _Site(call, stmt, helper, targets)  # type: ignore[arg-type]
     return None
 
@@ -327,6 +326,10 @@ def _inline(module: cst.Module, file: str, fn: cst.FunctionDef, site: _Site,
         # call's result replaces anyway (`acc, l_i = inner(acc, l_i, ...)`)
         if plain and (pname not in rebound or value.value in targets):  # type: ignore[union-attr]
             renames[pname] = cst.Name(value.value)  # type: ignore[union-attr]
+        elif isinstance(value, (cst.List, cst.Tuple)) and pname not in rebound and not m.findall(value, m.Call()):
+            # a literal list (`shape=[M, K]`, `block_shape=[BLOCK_M, BLOCK_K]`) is written where it is used: the
+            # analysis reads a descriptor's shape from the list itself
+            renames[pname] = value.with_changes(lpar=[], rpar=[]) if isinstance(value, cst.List) else value
     for p in params:
         pname = p.name.value
         if pname in renames:
@@ -359,25 +362,80 @@ def _inline(module: cst.Module, file: str, fn: cst.FunctionDef, site: _Site,
         source = "".join(_dedent(line, column) for line in lines[first - 1:spos.end.line])
         parsed = cst.parse_module(source)  # the comment lines above the statement are its header
         node = parsed.body[0].visit(_Rename(renames))
-        extra = 0  # on the statement's first line: `return x` became `target = x`
+        extra: dict[int, int] = {}  # line in `source` -> column change: `return x` became `target = x`
         if isinstance(stmt, cst.SimpleStatementLine) and isinstance(stmt.body[0], cst.Return):
             value = node.body[0].value  # type: ignore[union-attr]
-            if site.targets is None or value is None:
-                continue
-            target = code_of(site.targets)
-            if code_of(value).replace(" ", "").strip("()") == target.replace(" ", "").strip("()"):
-                continue  # `acc, l_i = acc, l_i`: the names already hold the result
-            node = node.with_changes(body=[cst.Assign(targets=[cst.AssignTarget(site.targets)], value=value)])
-            extra = len("return ") - len(f"{target} = ")
+            if site.targets is None or value is None or _same(value, site.targets):
+                continue  # a bare call, or `acc, l_i = acc, l_i`: the names already hold the result
+        if m.findall(node, m.Return()):
+            located = MetadataWrapper(parsed.with_changes(body=[node]), unsafe_skip_copy=True)
+            returns = _Returns(site.targets, located.resolve(PositionProvider))
+            node = located.module.body[0].visit(returns)
+            extra = returns.moved
         rendered = parsed.with_changes(body=[node]).code.splitlines(keepends=True)
         for i, text in enumerate(rendered):
             src_origin = origins[min(first + i, len(origins)) - 1]
             out_lines.append(indent + text if text.strip() else text)
-            shift = src_origin.shift + column - len(indent) + (extra if first + i == spos.start.line else 0)
+            shift = src_origin.shift + column - len(indent) + extra.get(i + 1, 0)
             out_origins.append(Origin(src_origin.line, shift, name, call_line))
     new_lines = lines[:start.line - 1] + out_lines + lines[end.line:]
     new_origins = origins[:start.line - 1] + out_origins + origins[end.line:]
     return "".join(new_lines), new_origins
+
+
+def _tail_returns(body) -> list[cst.Return]:
+    """The ``return``s that end a block: its last statement, or the last of each branch of its last ``if``."""
+    last = body[-1] if body else None
+    if isinstance(last, cst.SimpleStatementLine) and isinstance(last.body[-1], cst.Return):
+        return [last.body[-1]]
+    out: list[cst.Return] = []
+    while isinstance(last, cst.If):
+        out += _tail_returns(last.body.body)
+        orelse = last.orelse
+        if isinstance(orelse, cst.Else):
+            out += _tail_returns(orelse.body.body)
+        last = orelse if isinstance(orelse, cst.If) else None
+    return out
+
+
+def _always_returns(body) -> bool:
+    """Whether every path through the block ends in a ``return``."""
+    last = body[-1] if body else None
+    if isinstance(last, cst.SimpleStatementLine):
+        return isinstance(last.body[-1], cst.Return)
+    if not isinstance(last, cst.If):
+        return False
+    if not _always_returns(last.body.body):
+        return False
+    orelse = last.orelse
+    if isinstance(orelse, cst.Else):
+        return _always_returns(orelse.body.body)
+    return isinstance(orelse, cst.If) and _always_returns([orelse])
+
+
+def _same(value: cst.BaseExpression, targets: cst.BaseExpression) -> bool:
+    return code_of(value).replace(" ", "").strip("()") == code_of(targets).replace(" ", "").strip("()")
+
+
+class _Returns(cst.CSTTransformer):
+    """Each ``return x`` of an inlined body becomes the call's ``target = x`` (``pass`` for a bare call, or when
+    ``x`` is the targets themselves); ``moved`` maps its line to the column change."""
+
+    def __init__(self, targets: cst.BaseExpression | None, positions):
+        super().__init__()
+        self.targets, self.positions, self.moved = targets, positions, {}
+
+    def leave_SimpleStatementLine(self, original: cst.SimpleStatementLine, updated: cst.SimpleStatementLine):
+        if not isinstance(original.body[-1], cst.Return):
+            return updated
+        value = updated.body[-1].value  # type: ignore[union-attr]
+        if self.targets is None or value is None or _same(value, self.targets):
+            last: cst.BaseSmallStatement = cst.Pass()
+        else:
+            last = cst.Assign(targets=[cst.AssignTarget(self.targets)], value=value)
+            line = self.positions[original.body[-1]].start.line
+            self.moved[line] = len("return ") - len(f"{code_of(self.targets)} = ")
+        return updated.with_changes(body=[*updated.body[:-1], last])
 
 
 def _dedent(line: str, column: int) -> str:

@@ -178,6 +178,8 @@ def test_an_access_a_helper_makes_wrongly_is_refused_at_the_helpers_line() -> No
      "inside a larger statement"),
     ("def _inner(acc, k_ptrs):\n    if acc is None:\n        return acc\n    return acc + tl.load(k_ptrs)",
      "acc = _inner(x, k_ptr + offs)", 11, "returns before its end"),
+    ("def _inner(acc, k_ptrs):\n    if acc is None:\n        acc = acc + tl.load(k_ptrs)\n    else:\n"
+     "        return acc", "acc = _inner(x, k_ptr + offs)", 20, "does not return a value on every path"),
     (None, "acc = load_rows(x, k_ptr + offs)", 17, "imported from another module"),
 ])
 def test_a_helper_that_cannot_be_inlined_is_refused(helper: str | None, call: str, line: int, says: str) -> None:
@@ -206,8 +208,13 @@ def test_the_key_loops_inlined_from_a_helper_wait_on_every_iteration() -> None:
     assert "_attn_fwd_inner(" not in text.replace("# _attn_fwd_inner(", "")
     # both copies of the helper's key loop (stage 1, then the diagonal's stage 2) wait for the block of keys and the
     # block of values of each iteration, on the offsets of that copy
-    loops = [node for node in fn.body.body if isinstance(node, cst.If)]
+    loops = [node for node in fn.body.body if isinstance(node, cst.If) and "STAGE" in cst.Module(
+        body=[]).code_for_node(node.test)]
     assert len(loops) == 2, text
+    # the descriptor helper is inlined for K and V (a `return` in each branch of its `if`), with its literal
+    # shapes, and stays a call for Q and O
+    assert "desc_k = tl.make_tensor_descriptor(desc_k, [N_CTX, HEAD_DIM], [HEAD_DIM, 1], [BLOCK_N, HEAD_DIM])" in text
+    assert "desc_q = _maybe_make_tensor_desc(desc_q, " in text and "desc_v = _maybe" not in text, text
     for branch, suffix in zip(loops, ("", "_2"), strict=True):
         loop = next(s for s in branch.body.body if isinstance(s, cst.For))
         body = " ".join(cst.Module(body=[]).code_for_node(loop.body).split())

@@ -1,12 +1,21 @@
-"""Flash attention in the layout of Triton's fused-attention tutorial: the key loop is a @triton.jit helper that
-reads K and V through descriptors made in the kernel, starting at `offsetk_y = offset_y + lo` and advancing it by
-`+=` on every block; the kernel calls it once for the blocks left of the diagonal and once for the diagonal block
-(causal) or once for every block. K and V are gathered along the sequence."""
+"""Flash attention in the layout of Triton's fused-attention tutorial: the descriptors come from a @triton.jit
+helper that takes a pointer or a descriptor, and the key loop is a @triton.jit helper that reads K and V through
+them, starting at `offsetk_y = offset_y + lo` and advancing it by `+=` on every block; the kernel calls it once for
+the blocks left of the diagonal and once for the diagonal block (causal) or once for every block. K and V are
+gathered along the sequence."""
 
 import triton
 import triton.language as tl
 
 import tilelink
+
+
+@triton.jit
+def _maybe_make_tensor_desc(desc_or_ptr, shape, strides, block_shape):
+    if isinstance(desc_or_ptr, tl.tensor_descriptor):
+        return desc_or_ptr
+    else:
+        return tl.make_tensor_descriptor(desc_or_ptr, shape, strides, block_shape)
 
 
 @triton.jit
@@ -49,14 +58,14 @@ def _attn_fwd_inner(acc, l_i, m_i, q, desc_k, desc_v, offset_y, dtype: tl.conste
 def attn_fwd(sm_scale, desc_q, desc_k, desc_v, desc_o, N_CTX_Q, N_CTX, HEAD_DIM: tl.constexpr,
              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STAGE: tl.constexpr):
     dtype = desc_o.dtype.element_ty
-    desc_q = tl.make_tensor_descriptor(desc_q, shape=[N_CTX_Q, HEAD_DIM], strides=[HEAD_DIM, 1],
-                                       block_shape=[BLOCK_M, HEAD_DIM])
-    desc_k = tl.make_tensor_descriptor(desc_k, shape=[N_CTX, HEAD_DIM], strides=[HEAD_DIM, 1],
-                                       block_shape=[BLOCK_N, HEAD_DIM])
-    desc_v = tl.make_tensor_descriptor(desc_v, shape=[N_CTX, HEAD_DIM], strides=[HEAD_DIM, 1],
-                                       block_shape=[BLOCK_N, HEAD_DIM])
-    desc_o = tl.make_tensor_descriptor(desc_o, shape=[N_CTX_Q, HEAD_DIM], strides=[HEAD_DIM, 1],
-                                       block_shape=[BLOCK_M, HEAD_DIM])
+    desc_q = _maybe_make_tensor_desc(desc_q, shape=[N_CTX_Q, HEAD_DIM], strides=[HEAD_DIM, 1],
+                                     block_shape=[BLOCK_M, HEAD_DIM])
+    desc_k = _maybe_make_tensor_desc(desc_k, shape=[N_CTX, HEAD_DIM], strides=[HEAD_DIM, 1],
+                                     block_shape=[BLOCK_N, HEAD_DIM])
+    desc_v = _maybe_make_tensor_desc(desc_v, shape=[N_CTX, HEAD_DIM], strides=[HEAD_DIM, 1],
+                                     block_shape=[BLOCK_N, HEAD_DIM])
+    desc_o = _maybe_make_tensor_desc(desc_o, shape=[N_CTX_Q, HEAD_DIM], strides=[HEAD_DIM, 1],
+                                     block_shape=[BLOCK_M, HEAD_DIM])
     start_m = tl.program_id(0)
     offset_y = 0  # one sequence: its keys start at row 0
     qo_offset_y = start_m * BLOCK_M
