@@ -50,7 +50,9 @@ COVERED = {"attention_descriptor_advance": {"attn_fwd#1 (consumer_tile_wait)"},
 def test_dropping_any_inserted_wait_or_notify_of_a_form_is_caught(name: str, monkeypatch) -> None:
     monkeypatch.setenv("TILELINK_RACES", "1")
     monkeypatch.setenv("TILELINK_WAIT_TIMEOUT", "2")
-    results = tilelink.spawn(run_form_mutants, 2, name)
+    # a reduce-scatter form run in two epilogue variants spends most of each mutant in timed-out waits: about 90 s a
+    # mutant on two CPU cores, 270-290 s for three
+    results = tilelink.spawn(run_form_mutants, 2, name, timeout=600)
     assert results[0], f"{name}: the rewrite inserted no wait or notify"
     caught = {what for outcomes in results for what, outcome in outcomes if outcome.startswith("failed")}
     missed = [f"{what} -> {outcome}" for what, outcome in results[0]
