@@ -67,5 +67,5 @@ def _fail_if_nothing_ran(record) -> None:
 
 # further benchmarks live in their own modules of this package (cli/bench_<name>.py), each defining a
 # click command named `command`
-for _name in ("moe", "attention", "e2e", "host", "model"):
+for _name in ("moe", "attention", "e2e", "host", "model", "decode"):
     bench.add_command(importlib.import_module(f"tilelink.cli.bench_{_name}").command, name=_name)

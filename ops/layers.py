@@ -22,9 +22,16 @@ class TPMLP(nn.Module):
     ``fp8=True``: the weights are kept as ``float8_e4m3fn`` with one fp32 scale per output column (quantised once,
     here), and ``forward`` quantises its input and the activation per row (one scale per token) before each GEMM;
     both GEMMs accumulate in fp32 and return the input's dtype (:mod:`tilelink.ops.tp_fp8`).
+
+    ``output="all_reduce"`` is the decode form: every rank passes all S rows of the input (a few tokens), gate
+    and up are a local GEMM, and down is the GEMM + AllReduce (:func:`tilelink.ops.gemm_ar`); ``forward``
+    returns the whole (S, H) output on every rank.
     """
 
-    def __init__(self, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor, *, fp8: bool = False) -> None:
+    OUTPUTS = ("reduce_scatter", "all_reduce")
+
+    def __init__(self, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor,
+                 output: str = "reduce_scatter", *, fp8: bool = False) -> None:
         super().__init__()
         from tilelink.runtime import current_world
 
@@ -32,6 +39,9 @@ class TPMLP(nn.Module):
         if gate.shape != up.shape or gate.dim() != 2 or down.shape != (gate.shape[1], gate.shape[0]):
             raise LaunchError(f"TPMLP: expected gate and up (I, H) and down (H, I), got {tuple(gate.shape)}, "
                               f"{tuple(up.shape)}, {tuple(down.shape)}")
+        if output not in self.OUTPUTS:
+            raise LaunchError(f"TPMLP: output={output!r} is not one of {', '.join(map(repr, self.OUTPUTS))}")
+        self.output = output
         intermediate, hidden = gate.shape
         lo, hi = shard_range(intermediate, world.rank, world.world_size)
         self.hidden, self.intermediate = hidden, intermediate
@@ -43,12 +53,15 @@ class TPMLP(nn.Module):
             self._quantize_weights()
 
     def forward(self, x_shard: torch.Tensor, ctx=None) -> torch.Tensor:
-        from tilelink.ops.library import ag_gemm, gemm_rs, silu_mul  # custom ops while torch.compile traces
+        from tilelink.ops.library import ag_gemm, gemm_ar, gemm_rs, silu_mul  # custom ops while torch.compile traces
 
         if x_shard.dim() != 2 or x_shard.shape[1] != self.hidden:
             raise LaunchError(f"TPMLP: input must be (rows, {self.hidden}), got {tuple(x_shard.shape)}")
         if self.fp8:
             return self._forward_fp8(x_shard, ctx)
+        if self.output == "all_reduce":  # every rank holds every row: nothing to gather
+            act = silu_mul(x_shard @ self.w_gate_up.to(x_shard.dtype))
+            return gemm_ar(act, self.w_down.to(x_shard.dtype), ctx)
         h = ag_gemm(x_shard, self.w_gate_up.to(x_shard.dtype), ctx)
         act = silu_mul(h)
         return gemm_rs(act, self.w_down.to(x_shard.dtype))

@@ -3,9 +3,9 @@ traces the layers whole.
 
 Dynamo cannot trace into an overlapped launch (its Triton launchers, streams and events, the symmetric heap),
 and Inductor cannot analyse the primitives' inline assembly. Each operator is therefore one opaque node of
-the graph: ``torch.ops.tilelink.ag_gemm``, ``gemm_rs``, ``ag_moe``, ``moe_rs``, ``sp_attention``, and the
-pieces the layers need around them (``silu_mul``, ``moe_route``, ``all_gather_shards``). Its real
-implementation is the operator of :mod:`tilelink.ops.tp`, :mod:`~tilelink.ops.moe` or
+the graph: ``torch.ops.tilelink.ag_gemm``, ``gemm_rs``, ``gemm_ar``, ``ag_moe``, ``moe_rs``, ``sp_attention``,
+and the pieces the layers need around them (``silu_mul``, ``moe_route``, ``all_gather_shards``). Its real
+implementation is the operator of :mod:`tilelink.ops.tp`, :mod:`~tilelink.ops.tp_ar`, :mod:`~tilelink.ops.moe` or
 :mod:`~tilelink.ops.attention`, unchanged; its fake implementation gives the output's shape, dtype and device
 from the inputs, the rank and the world size.
 
@@ -40,8 +40,8 @@ from torch._library.effects import EffectType
 
 from tilelink.errors import LaunchError
 
-__all__ = ["TracedRouting", "ag_gemm", "ag_moe", "all_gather_shards", "gemm_rs", "moe_rs", "route", "silu_mul",
-           "sp_attention"]
+__all__ = ["TracedRouting", "ag_gemm", "ag_moe", "all_gather_shards", "gemm_ar", "gemm_rs", "moe_rs", "route",
+           "silu_mul", "sp_attention"]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -144,6 +144,21 @@ def _gemm_rs(a: torch.Tensor, b_shard: torch.Tensor, rank: int, world: int, pers
 @_gemm_rs.register_fake
 def _(a, b_shard, rank, world, persistent):
     return a.new_empty((_shard_rows(a.shape[0], rank, world), b_shard.shape[1]))
+
+
+@torch.library.custom_op("tilelink::gemm_ar", mutates_args=())
+def _gemm_ar(a: torch.Tensor, b_shard_rows: torch.Tensor, M: int | None, rank: int, world: int,
+             mode: str | None) -> torch.Tensor:
+    from tilelink.ops.tp import TPContext
+    from tilelink.ops.tp_ar import gemm_ar as impl
+
+    _check_world("gemm_ar", rank, world)
+    return impl(a, b_shard_rows, None if M is None else TPContext(M), mode=mode)
+
+
+@_gemm_ar.register_fake
+def _(a, b_shard_rows, M, rank, world, mode):
+    return a.new_empty((a.shape[0], b_shard_rows.shape[1]))
 
 
 @torch.library.custom_op("tilelink::ag_gemm_fp8", mutates_args=())
@@ -288,7 +303,7 @@ def _(local, rank, world):
     return local.new_empty((rows, *local.shape[1:]))
 
 
-for _name in ("ag_gemm", "gemm_rs", "ag_moe", "moe_rs", "sp_attention", "all_gather_shards"):
+for _name in ("ag_gemm", "gemm_rs", "gemm_ar", "ag_moe", "moe_rs", "sp_attention", "all_gather_shards"):
     _ordered(_name)
 
 
@@ -354,6 +369,16 @@ def gemm_rs(a: torch.Tensor, b_shard: torch.Tensor, *, persistent: bool | None =
     return torch.ops.tilelink.gemm_rs(a, b_shard, rank, world, persistent)
 
 
+def gemm_ar(a: torch.Tensor, b_shard_rows: torch.Tensor, ctx=None, *, mode: str | None = None) -> torch.Tensor:
+    """:func:`tilelink.ops.tp_ar.gemm_ar`, traceable (``torch.ops.tilelink.gemm_ar``)."""
+    if not _traced(a, b_shard_rows):
+        from tilelink.ops.tp_ar import gemm_ar as impl
+
+        return impl(a, b_shard_rows, ctx, mode=mode)
+    rank, world = _rank_world()
+    return torch.ops.tilelink.gemm_ar(a, b_shard_rows, None if ctx is None else ctx.M, rank, world, mode)
+
+
 def route(topk_ids: torch.Tensor, num_experts: int):
     """:func:`tilelink.ops.moe_routing.route` (one copy to the host for both parts of an MoE layer);
     while tracing, a :class:`TracedRouting` (``torch.ops.tilelink.moe_route``)."""
@@ -412,7 +437,7 @@ def silu_mul(x: torch.Tensor) -> torch.Tensor:
 
 
 def all_gather_shards(local: torch.Tensor) -> torch.Tensor:
-    """Every rank's rows of a row-sharded tensor, in rank order (``torch.distributed`` on the default group),
+    """Every rank's rows of a row-sharded tensor, in rank order (``torch.distributed`` on the world's group),
     where this rank holds its share (``[r*ceil(M/R), min(M, (r+1)*ceil(M/R)))``) of the M rows; ``local``
     itself in a world of one. Traceable (``torch.ops.tilelink.all_gather_shards``; M is then an unbacked
     size)."""

@@ -145,6 +145,7 @@ def fake_shapes_match_real(opcheck: bool = False) -> dict:
         "ag_gemm": (ops.ag_gemm, (a[lo:hi].contiguous(), b, None, r, R, None)),
         "ag_gemm_ctx": (ops.ag_gemm, (a[lo:hi].contiguous(), b, M, r, R, None)),
         "gemm_rs": (ops.gemm_rs, (a, b, r, R, None)),
+        "gemm_ar": (ops.gemm_ar, (a[:, lo:hi].contiguous(), b[lo:hi].contiguous(), None, r, R, None)),
         "moe_route": (ops.moe_route, (ids, E)),
         "ag_moe": (ops.ag_moe, (a[lo:hi].contiguous(), w_up, ids, None, None, r, R, None)),
         "moe_rs": (ops.moe_rs, (_randn(M * k, N, seed=7), w_down, ids, weights, None, None, r, R, None)),
@@ -180,8 +181,9 @@ def fake_shapes_match_real(opcheck: bool = False) -> dict:
 # in this process: the registrations and the fake implementations (no world needed)
 
 
-_OPS = ("ag_gemm", "gemm_rs", "ag_moe", "moe_rs", "moe_route", "sp_attention", "silu_mul", "all_gather_shards")
-_COLLECTIVES = ("ag_gemm", "gemm_rs", "ag_moe", "moe_rs", "sp_attention", "all_gather_shards")
+_OPS = ("ag_gemm", "gemm_rs", "gemm_ar", "ag_moe", "moe_rs", "moe_route", "sp_attention", "silu_mul",
+        "all_gather_shards")
+_COLLECTIVES = ("ag_gemm", "gemm_rs", "gemm_ar", "ag_moe", "moe_rs", "sp_attention", "all_gather_shards")
 
 
 def test_ops_mutate_nothing_and_collectives_keep_their_order() -> None:
