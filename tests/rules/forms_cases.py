@@ -4,6 +4,7 @@ written in, with only its annotation added): every one returns this rank's large
 from __future__ import annotations
 
 import importlib.util
+import inspect
 from pathlib import Path
 
 import torch
@@ -189,10 +190,11 @@ def gemm_row_wrap_hints(calls: int = 2) -> float:
     return gemm_row_wrap(calls, "gemm_row_wrap_hints", "matmul_wrap_hints")
 
 
-def gemm_rs_split_k(calls: int = 2) -> float:
+def gemm_rs_split_k(calls: int = 2, M: int = 50, N: int = 40, K: int = 90, blocks: tuple[int, int, int] = (16, 16, 8),
+                    split: int = 3) -> float:
     rank, world = tilelink.rank(), tilelink.world_size()
     kernel = load_form("gemm_rs_split_k").matmul_split_k
-    M, N, K, split = 50, 40, 90, 3
+    bm, bn, bk = blocks
     g = torch.Generator().manual_seed(14)
     a, b = _exact(torch.randn(M, K, generator=g), torch.randn(K, N, generator=g))
     klo, khi = rows_of(rank, world, K)  # each rank holds a slice of K, which its programs split again
@@ -202,9 +204,10 @@ def gemm_rs_split_k(calls: int = 2) -> float:
     for _ in range(calls):
         # float32 sums, as split-K kernels keep them; NaN to start: the rule zeroes its partial sums itself
         out = torch.full((hi - lo, N), float("nan"), dtype=torch.float32, device=ar.device)
-        kernel[(triton.cdiv(M, 16) * triton.cdiv(N, 16), split)](
+        # the grid as upstream kernels give it, from the launch's meta-parameters
+        kernel[lambda meta: (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]), meta["SPLIT_K"])](
             ar, br, out, M, N, khi - klo, ar.stride(0), ar.stride(1), br.stride(0), br.stride(1), N, 1,
-            BLOCK_M=16, BLOCK_N=16, BLOCK_K=8, SPLIT_K=split, GROUP_M=2)
+            BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split, GROUP_M=2)
         err = worst(err, _error(out, (a @ b)[lo:hi]) if hi > lo else 0.0)
     return err
 
@@ -216,10 +219,11 @@ def _descriptor(t: torch.Tensor, block: list[int]):
     return TensorDescriptor(t, list(t.shape), list(t.stride()), block)
 
 
-def gemm_host_descriptor_ag(calls: int = 2) -> float:
+def gemm_host_descriptor_ag(calls: int = 2, M: int = 50, N: int = 40, K: int = 40,
+                            blocks: tuple[int, int, int] = (16, 16, 16), programs: int = 3) -> float:
     rank, world = tilelink.rank(), tilelink.world_size()
     kernel = load_form("gemm_host_descriptor_ag").matmul_descriptor_persistent
-    M, N, K, programs = 50, 40, 40, 3
+    bm, bn, bk = blocks
     g = torch.Generator().manual_seed(15)
     a, b = _exact(torch.randn(M, K, generator=g), torch.randn(K, N, generator=g))
     lo, hi = rows_of(rank, world, M)
@@ -227,32 +231,33 @@ def gemm_host_descriptor_ag(calls: int = 2) -> float:
     err = 0.0
     for _ in range(calls):
         c = torch.full((M, N), float("nan"), dtype=ad.dtype, device=ad.device)
-        tiles = triton.cdiv(M, 16) * triton.cdiv(N, 16)
+        tiles = triton.cdiv(M, bm) * triton.cdiv(N, bn)
         kernel[(min(programs, tiles),)](
-            _descriptor(ad, [16, 16]), _descriptor(bt, [16, 16]), _descriptor(c, [16, 16]), M, N, K,
-            BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, GROUP_M=2, NUM_SMS=min(programs, tiles))
+            _descriptor(ad, [bm, bk]), _descriptor(bt, [bn, bk]), _descriptor(c, [bm, bn]), M, N, K,
+            BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=2, NUM_SMS=min(programs, tiles))
         err = worst(err, _error(c, a @ b))
     return err
 
 
-def gemm_host_descriptor_rs(calls: int = 2) -> float:
+def gemm_host_descriptor_rs(calls: int = 2, M: int = 50, N: int = 40, K: int = 96,
+                            blocks: tuple[int, int, int] = (16, 16, 16), programs: int = 3) -> float:
     rank, world = tilelink.rank(), tilelink.world_size()
     kernel = load_form("gemm_host_descriptor_rs").matmul_descriptor_persistent_rs
-    M, N, K, programs = 50, 40, 96, 3
+    bm, bn, bk = blocks
     g = torch.Generator().manual_seed(16)
     a, b = _exact(torch.randn(M, K, generator=g), torch.randn(K, N, generator=g))
     klo, khi = rows_of(rank, world, K)  # each rank holds a slice of K (a multiple of 8: 16-byte descriptor rows)
     ar, bt = _placed(a[:, klo:khi].contiguous(), b[klo:khi].T.contiguous())
     lo, hi = rows_of(rank, world, M)
-    tiles = triton.cdiv(M, 16) * triton.cdiv(N, 16)
+    tiles = triton.cdiv(M, bm) * triton.cdiv(N, bn)
     err = 0.0
     for subtile in (True, False):
         for _ in range(calls):
             out = torch.full((hi - lo, N), float("nan"), dtype=ar.dtype, device=ar.device)
+            c_block = [bm, bn // 2 if subtile else bn]  # a subtiled epilogue stores half-width boxes
             kernel[(min(programs, tiles),)](
-                _descriptor(ar, [16, 16]), _descriptor(bt, [16, 16]), _descriptor(out, [16, 8 if subtile else 16]),
-                M, N, khi - klo, BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, GROUP_M=2, EPILOGUE_SUBTILE=subtile,
-                NUM_SMS=min(programs, tiles))
+                _descriptor(ar, [bm, bk]), _descriptor(bt, [bn, bk]), _descriptor(out, c_block), M, N, khi - klo,
+                BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=2, EPILOGUE_SUBTILE=subtile, NUM_SMS=min(programs, tiles))
             err = worst(err, _error(out, (a @ b)[lo:hi]))
     return err
 
@@ -265,13 +270,17 @@ RUNS = {"attention_descriptor_advance": attention_descriptor_advance, "attention
         "moe_rs_expert_zeros": moe_rs_expert_zeros}
 
 
-def run_forms(names: list[str]) -> dict[str, float | str]:
+def run_forms(names: list[str], sizes: dict | None = None) -> dict[str, float | str]:
+    """Each form's largest error on this rank (or its traceback); ``sizes``: keyword arguments of the forms' runs
+    (``M``, ``N``, ``K``, ``blocks``) in place of their small defaults."""
     import traceback
 
     out: dict[str, float | str] = {}
     for name in names:
         try:
-            out[name] = RUNS[name]()
+            run = RUNS[name]
+            accepted = inspect.signature(run).parameters
+            out[name] = run(**{k: v for k, v in (sizes or {}).items() if k in accepted})
         except Exception:  # noqa: BLE001 - reported by the test
             out[name] = traceback.format_exc()
     return out
