@@ -311,8 +311,8 @@ class ReduceScatterLauncher(Launcher):
             try:
                 grid = grid(bound)
             except Exception as exc:  # noqa: BLE001 - reported with the grid
-                raise LaunchError(f"{self.okernel.name}: cannot evaluate the grid from the arguments to count the "
-                                  f"K splits of the tl.atomic_add write-back ({exc}); pass the grid as a tuple") from None
+                raise LaunchError(f"{self.okernel.name}: cannot evaluate the grid from the arguments to count the K "
+                                  f"splits of the tl.atomic_add write-back ({exc}); pass the grid as a tuple") from None
         sizes = (tuple(grid) + (1, 1, 1))[:3]
         count = 1
         for axis, n in enumerate(sizes):
