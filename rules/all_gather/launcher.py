@@ -54,13 +54,17 @@ class AllGatherLauncher(Launcher):
         shapes = []
         for name in self.meta["tensors"]:
             t = self.tensor_arg(bound, name, world)
+            # a flat shard of blocks (rows z * H * S_r + h * S_r + s) passed for a gather of the blocks' inner dim
+            flat = (f": pass its view with the sharded dim as dim {dim}, e.g. `{name}.view(Z * H, S_r, D)` for a "
+                    f"flat (Z * H * S_r, D) shard of heads gathered along S (the same memory)"
+                    if dim >= 1 and t.dim() <= dim + 1 else "")
             if t.dim() <= dim:
-                raise LaunchError(f"{self.okernel.name}: {name} has {t.dim()} dims; all_gather is over dim {dim}")
+                raise LaunchError(f"{self.okernel.name}: {name} has {t.dim()} dims; all_gather is over dim {dim}{flat}")
             if t.shape[dim] != hi - lo:
                 raise LaunchError(
                     f"{self.okernel.name}: rank {world.rank} must pass rows [{lo}, {hi}) of {name} along dim "
                     f"{dim} ({hi - lo} rows, for {self.meta['size_param']}={size} over {world.world_size} "
-                    f"ranks), got {t.shape[dim]}")
+                    f"ranks), got {t.shape[dim]}{flat}")
             shapes.append((*t.shape[:dim], size, *t.shape[dim + 1:]))
         key = (size, tuple(shapes), tuple(str(described(bound[n]).dtype) for n in self.meta["tensors"]))
         ctx = self.contexts.get(key)

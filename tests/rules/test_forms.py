@@ -227,6 +227,30 @@ def test_the_key_loops_inlined_from_a_helper_wait_on_every_iteration() -> None:
         assert "consumer_tile_wait" not in before
 
 
+def _flat_shard_launched_flat() -> str:
+    """The flat-heads form launched with each rank's flat (Z * H * S_r, D) shard instead of its 3-D view."""
+    import torch
+    import triton
+
+    from tests.rules.forms_cases import load_form
+
+    kernel = load_form("attention_flat_heads").attn_fwd_flat
+    q, k = torch.randn(2 * 3 * 8, 16), torch.randn(2 * 3 * 5, 16)
+    try:
+        kernel[(1, 6)](q, k, k, torch.empty_like(q), 0.25, 8, 10, 16, 16, 16, 16, HEAD_DIM=16, BLOCK_M=16,
+                       BLOCK_N=16)
+    except tilelink.LaunchError as exc:
+        return str(exc)
+    return "launched"
+
+
+@pytest.mark.slow
+def test_a_flat_shard_passed_for_a_gather_of_its_inner_dim_is_refused_saying_which_view_to_pass() -> None:
+    for message in tilelink.spawn(_flat_shard_launched_flat, 2):
+        assert "must pass rows [" in message and "of k_ptr along dim 1" in message, message
+        assert "pass its view with the sharded dim as dim 1, e.g. `k_ptr.view(Z * H, S_r, D)`" in message, message
+
+
 def test_a_flat_layout_gathered_along_its_rows_says_which_view_and_annotation_to_use() -> None:
     path = FORMS / "attention_flat_heads.py"
     text = path.read_text().replace('dim=1, tile=("start_n", "BLOCK_N"), size="N_CTX"', "dim=0")
