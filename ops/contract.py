@@ -39,8 +39,9 @@ def check_tensor(op: str, what: str, t: object, dims: int, device: torch.device,
     if t.dtype not in dtypes:
         names = ", ".join(str(d).removeprefix("torch.") for d in dtypes)
         raise LaunchError(f"{op}: dtype {t.dtype} of {what} is not supported ({names})")
-    if t.device.type != device.type or (t.device.index or 0) != (device.index or 0):
-        raise LaunchError(f"{op}: {what} is on {t.device}, this rank computes on {device}")
+    on = t.device
+    if on != device and (on.type != device.type or (on.index or 0) != (device.index or 0)):
+        raise LaunchError(f"{op}: {what} is on {on}, this rank computes on {device}")
     if contiguous and not t.is_contiguous():
         raise LaunchError(f"{op}: {what} must be contiguous (call .contiguous())")
 

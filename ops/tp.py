@@ -17,6 +17,7 @@ Every argument is checked before anything runs.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -95,10 +96,17 @@ def _launch(kernel, persistent: bool, args: tuple, meta: dict, world, M: int, N:
     if persistent:
         if world.device.type == "cuda":
             _install_allocator()
-        grid, launch_meta = persistent_grid(tiles, _compute_sms(world.device, kernel), meta, tail)
+        grid, launch_meta = _persistent_launch(kernel, world.device, tiles, tail, tuple(meta.items()))
         kernel[grid](*args, **launch_meta)
     else:
         kernel[(tiles,)](*args, **meta)
+
+
+@functools.lru_cache(maxsize=256)
+def _persistent_launch(kernel, device: torch.device, tiles: int, tail: bool, meta: tuple) -> tuple[tuple[int], dict]:
+    """The grid and launch meta of a persistent GEMM of ``tiles`` tiles (``meta``: its items): the same every call
+    of these sizes, read once (the SM count and the tail split were host work of every call)."""
+    return persistent_grid(tiles, _compute_sms(device, kernel), dict(meta), tail)
 
 
 def _check_shard_rows(got: int, M: int, world, ctx: TPContext | None) -> None:

@@ -51,8 +51,19 @@ class Streams:
         """Take the caller's current stream as the main one, at each call: the kernels, the shard's copy and
         the caller's later work run on it, so the flags, waits and joins of the call must too (a context made
         under one stream and called under another ordered them on the old one)."""
-        if self.main is not None:
-            self.main = torch.cuda.current_stream(device)
+        if self.main is not None and _current_stream_id(device.index) != self.main.stream_id:
+            self.main = torch.cuda.current_stream(device.index)
+
+
+def _current_stream_id(index: int | None) -> int | None:
+    """The id of the current stream of GPU ``index`` (None: the current GPU's), read without making a Stream:
+    ``torch.cuda.current_stream`` cost every call microseconds, and the caller's stream rarely changes."""
+    if index is None or _cuda_current_stream is None:
+        return None
+    return _cuda_current_stream(index)[0]
+
+
+_cuda_current_stream = getattr(torch._C, "_cuda_getCurrentStream", None)
 
 
 def vector_peer_table(buffer: torch.Tensor) -> torch.Tensor:
@@ -112,11 +123,39 @@ def variant_key(kernel, call: dict) -> tuple:
     Triton's own key, never coarser: two calls with one key run one compiled kernel. An autotuned (or
     heuristics) kernel is keyed on every int's value and every tensor's shape and strides too, since
     its configuration may depend on any of them."""
-    fn, wrapped = kernel, False
-    while not hasattr(fn, "params") and hasattr(fn, "fn"):
-        fn, wrapped = fn.fn, True
-    params = {p.name: p for p in getattr(fn, "params", ())}
-    return tuple((name, _value_key(value, params.get(name), wrapped)) for name, value in call.items())
+    params, ints, wrapped = _kernel_params(kernel)
+    if wrapped:
+        return tuple((name, _value_key(value, params.get(name), True)) for name, value in call.items())
+    tensor = torch.Tensor
+    key = []
+    for name, value in call.items():  # plain tensors and ints inline (most arguments are): this runs every call
+        kind = type(value)
+        if kind is tensor:
+            key.append((name, (value.dtype, value.data_ptr() % 16 == 0)))
+        elif kind is int:
+            spec = ints.get(name)  # None: by value; else whether Triton specializes it (as _value_key)
+            key.append((name, value if spec is None else (
+                spec and value == 1, spec and value % 16 == 0, -2**31 <= value < 2**31, value < 2**63)))
+        else:
+            key.append((name, _value_key(value, params.get(name), False)))
+    return tuple(key)
+
+
+_KERNEL_PARAMS: dict[int, tuple] = {}
+
+
+def _kernel_params(kernel) -> tuple[dict, dict, bool]:
+    """``kernel``'s parameters by name; for each that is not a constexpr, whether Triton specializes an int passed
+    to it (not ``do_not_specialize``); and whether the kernel is wrapped (autotuned, heuristics): read once."""
+    entry = _KERNEL_PARAMS.get(id(kernel))
+    if entry is None or entry[0] is not kernel:
+        fn, wrapped = kernel, False
+        while not hasattr(fn, "params") and hasattr(fn, "fn"):
+            fn, wrapped = fn.fn, True
+        params = {p.name: p for p in getattr(fn, "params", ())}
+        ints = {name: not getattr(p, "do_not_specialize", False) for name, p in params.items() if not p.is_constexpr}
+        entry = _KERNEL_PARAMS[id(kernel)] = (kernel, params, ints, wrapped)
+    return entry[1], entry[2], entry[3]
 
 
 def _value_key(value, param, wrapped: bool):
@@ -159,6 +198,8 @@ class Launcher:
         self.okernel = okernel
         self.meta = okernel.plan.launch
         self.contexts: dict[tuple, Any] = {}
+        #: fast_key(call) -> its context: a call like one seen before skips the checks and sizes of context()
+        self.fast_contexts: dict[tuple, Any] = {}
         self._world = None  # the world the contexts belong to
         #: a wait of a call in this world timed out (kept by OverlappedKernel): later calls refuse to run
         self.timed_out: Exception | None = None
@@ -180,6 +221,7 @@ class Launcher:
         world = current_world()
         if world is not self._world:
             self.contexts.clear()
+            self.fast_contexts.clear()
             self.timed_out = None
             self._world = world  # held: a new world cannot reuse the identity of this one
         return world
@@ -203,6 +245,28 @@ class Launcher:
         if not isinstance(value, int) or value < 1:
             raise LaunchError(f"{self.okernel.name}: {name}={value!r} must be a positive int")
         return value
+
+    def fast_key(self, bound: dict) -> tuple | None:
+        """What :meth:`context` decides a call's context from, read without a check: the size argument (every int
+        argument for a size expression), the top-k, and each annotated tensor's shape, dtype and device. A call
+        whose key was seen before gets that call's context: its checks passed for the same values. ``None`` (the
+        checked way every time) when an annotated argument is not a contiguous plain tensor, or the size not an
+        int. The checks and the sharding cost the host more than the kernels' launch, every call."""
+        name = self.meta["size_param"]
+        if name.isidentifier():
+            size = bound.get(name)
+            if type(size) is not int:
+                return None
+        else:
+            size = tuple((k, v) for k, v in bound.items() if type(v) is int)
+        topk = self.meta.get("topk")
+        key = [size, bound.get(topk) if topk else None]
+        for tensor in self.meta["tensors"]:
+            t = bound.get(tensor)
+            if type(t) is not torch.Tensor or not t.is_contiguous():
+                return None
+            key.append((t.shape, t.dtype, t.device))
+        return tuple(key)
 
     def sharding(self, world, size: int) -> RowSharding:
         rpr = cdiv(size, world.world_size)

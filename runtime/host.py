@@ -41,12 +41,13 @@ def _word_address(barriers: torch.Tensor | Channel, index: int, rank: int, what:
         return barriers.word_address(index, rank, what)
     tensor = _barrier_array(barriers, index, what)
     world = current_world()
+    offset = 8 * index * tensor.stride(0)  # the word's, in bytes: no view of it made (each cost microseconds)
     if rank == world.rank:  # this rank's own word: any int64 array on its device will do
         if tensor.device.type != world.device.type:
             raise LaunchError(f"{what}: the barrier array is on {tensor.device}, but this rank's words are on "
                               f"{world.device}; move it there (or allocate it with tilelink.runtime.symmetric_zeros)")
-        return tensor[index:index + 1].data_ptr()
-    return heap.peer_tensor(tensor, rank)[index:index + 1].data_ptr()
+        return tensor.data_ptr() + offset
+    return heap.peer_tensor(tensor, rank).data_ptr() + offset
 
 
 def rank_notify(barriers: torch.Tensor | Channel, index: int, value: int, rank: int,

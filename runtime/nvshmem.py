@@ -292,6 +292,7 @@ class NvshmemBackend:
                                        _WRITE_DEFAULT_FALLBACK)
         self._wait_flags = self._flag("CUstreamWaitValue_flags", "CU_STREAM_WAIT_VALUE_GEQ", _WAIT_GEQ_FALLBACK)
         self._handles: dict[int, object] = {}  # torch stream's cuda_stream -> its CUstream
+        self._pointers: dict[int, object] = {}  # address -> its CUdeviceptr (_pointer)
         self._spare_events: list[torch.cuda.Event] = []  # see _event (appended to by the watcher thread too)
         self._write64 = getattr(self._driver, "cuStreamWriteValue64", None)
         self._wait64 = getattr(self._driver, "cuStreamWaitValue64", None)
@@ -394,8 +395,18 @@ class NvshmemBackend:
         """:meth:`write_value` on the word at ``address`` (checked by the caller: a barrier word's, of this
         rank's or a peer's copy)."""
         stream = self._stream(stream)
-        _check(self._write64(self._stream_handle(stream), self._driver.CUdeviceptr(address), int(value),
-                             self._write_flags), "cuStreamWriteValue64")
+        _check(self._write64(self._stream_handle(stream), self._pointer(address), int(value), self._write_flags),
+               "cuStreamWriteValue64")
+
+    def _pointer(self, address: int):
+        """The driver's ``CUdeviceptr`` of ``address``, made once: the operators notify, wait on and copy between
+        the same few words and buffers every call."""
+        pointer = self._pointers.get(address)
+        if pointer is None:
+            if len(self._pointers) > 4096:  # addresses of buffers long freed
+                self._pointers.clear()
+            pointer = self._pointers[address] = self._driver.CUdeviceptr(address)
+        return pointer
 
     def wait_value(self, word: torch.Tensor, value: int, stream: torch.cuda.Stream | None,
                    timeout_s: float, block: bool = True, index: int = -1) -> None:
@@ -412,7 +423,7 @@ class NvshmemBackend:
         if not block:  # the watcher's budget starts when the stream gets here
             reached = self._event()
             reached.record(stream)
-        _check(self._wait64(self._stream_handle(stream), self._driver.CUdeviceptr(address), int(value),
+        _check(self._wait64(self._stream_handle(stream), self._pointer(address), int(value),
                             self._wait_flags), "cuStreamWaitValue64")
         passed = self._event()
         passed.record(stream)
@@ -484,8 +495,7 @@ class NvshmemBackend:
         if not (src.is_contiguous() and dst.is_contiguous()):
             raise TileLinkError("copy: the copy engine moves contiguous bytes; pass contiguous views")
         if nbytes:
-            ptr = self._driver.CUdeviceptr
-            _check(self._driver.cuMemcpyAsync(ptr(dst.data_ptr()), ptr(src.data_ptr()), nbytes,
+            _check(self._driver.cuMemcpyAsync(self._pointer(dst.data_ptr()), self._pointer(src.data_ptr()), nbytes,
                                               self._stream_handle(stream)), "cuMemcpyAsync")
 
     def finalize(self) -> None:

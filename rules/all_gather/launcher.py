@@ -47,6 +47,10 @@ class AllGatherLauncher(Launcher):
 
     def context(self, bound: dict) -> AllGatherContext:
         world = self.world()
+        fast = self.fast_key(bound)
+        ctx = self.fast_contexts.get(fast) if fast is not None else None
+        if ctx is not None:
+            return ctx
         size = self.size_of(bound)
         sharding = self.sharding(world, size)
         dim = self.meta["dim"]
@@ -80,6 +84,8 @@ class AllGatherLauncher(Launcher):
                                    Diagnostics(), Streams.for_world(world),
                                    torch.zeros(sharding.num_channels, dtype=torch.int64, device=world.device))
             self.contexts[key] = ctx
+        if fast is not None:
+            self.fast_contexts[fast] = ctx
         return ctx
 
     def _producer(self, ctx: AllGatherContext, world, epoch: int, barriers, barrier_table) -> None:
