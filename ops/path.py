@@ -10,7 +10,9 @@ collective of the same bytes (:mod:`tilelink.ops.plain`). ``"auto"`` (the defaul
 - the world size and the calibration (``$TILELINK_CALIBRATION`` or the shipped one).
 
 In the emulated world (Triton's interpreter, no GPU to model) ``auto`` runs the overlapped kernels, unless
-``$TILELINK_CALIBRATION`` names a calibration: the emulated world exists to run the kernels. Each decision is
+``$TILELINK_CALIBRATION`` names a calibration: the emulated world exists to run the kernels.
+``$TILELINK_PATH`` (``overlap`` or ``plain``) replaces ``auto`` for every call that does not name a path (the
+kernels' own tests and benchmarks take the overlapped kernels whatever the model says). Each decision is
 logged under the ``tilelink`` logger at debug level (``TILELINK_LOG=debug`` turns it on), with its
 predicted times.
 """
@@ -59,6 +61,11 @@ def select(op: str, path: str, world, shared: dict, own: dict, dtype) -> str:
     """The path this call takes: ``"overlap"`` or ``"plain"``. Collective when ``path="auto"`` meets a shared
     shape for the first time in a world of several ranks (one exchange of ``own``)."""
     check(op, path)
+    if path == "auto" and os.environ.get("TILELINK_PATH"):
+        path = os.environ["TILELINK_PATH"].strip().lower()
+        if path not in ("auto", "overlap", "plain"):
+            raise LaunchError(f"{op}: TILELINK_PATH={os.environ['TILELINK_PATH']!r} is not one of auto, overlap, plain "
+                              f"(the path of every call that does not pass path=); unset it for auto")
     if path != "auto":
         log.debug("%s %s over %d ranks: %s (forced)", op, shared | own, world.world_size, path)
         return path

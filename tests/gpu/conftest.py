@@ -7,6 +7,10 @@ import os
 import pytest
 import torch
 
+# the GPU tests check the overlapped kernels: the cost model would send their small shapes to the plain path
+# (tests/gpu/test_path_gpu.py unsets it to test the choice); set here, every spawned rank inherits it
+os.environ.setdefault("TILELINK_PATH", "overlap")
+
 
 def pytest_collection_modifyitems(config, items):
     here = os.path.dirname(__file__)

@@ -28,6 +28,7 @@ def test_plain_path_matches_torch(world: int, dtype: str) -> None:
 
 
 def test_auto_follows_the_calibration_on_every_rank(tmp_path, monkeypatch) -> None:
+    monkeypatch.delenv("TILELINK_PATH", raising=False)
     runs = {"auto": tilelink.spawn(chosen_paths, 2, 16, 256, 512, backend="nvshmem"),
             "overlap": tilelink.spawn(chosen_paths, 2, 16, 256, 512, "overlap", backend="nvshmem")}
     data = json.loads(cost.SHIPPED.read_text())

@@ -105,6 +105,21 @@ def test_forced_paths_and_a_bad_path() -> None:
         path.select("gemm_rs", "fast", w, dict(M=1, N=1), {"K": 1}, "bf16")
 
 
+def test_tilelink_path_replaces_auto_only(monkeypatch) -> None:
+    from tilelink.ops import path
+
+    w = _World(0, [(4096,), (4096,)])
+    decode = (dict(M=1, N=4096), {"K": 4096}, "bf16")
+    monkeypatch.setenv("TILELINK_PATH", "overlap")
+    assert path.select("gemm_rs", "auto", w, *decode) == "overlap"
+    assert path.select("gemm_rs", "plain", w, *decode) == "plain"
+    monkeypatch.setenv("TILELINK_PATH", "Plain")
+    assert path.select("gemm_rs", "auto", w, dict(M=8192, N=8192), {"K": 14336}, "bf16") == "plain"
+    monkeypatch.setenv("TILELINK_PATH", "fastest")
+    with pytest.raises(LaunchError, match="gemm_rs: TILELINK_PATH='fastest' is not one of auto, overlap, plain"):
+        path.select("gemm_rs", "auto", w, *decode)
+
+
 def _tiny_overlap_calibration(tmp_path) -> str:
     """The shipped calibration with no host cost and a slow NCCL: the overlapped kernels win even at the
     emulated world's tiny shapes."""
