@@ -986,7 +986,7 @@ def _host_descriptor(an: _Analyzer, tensor: str, descriptors: set[str]) -> bool:
     ``tl.make_tensor_descriptor`` is refused (TileLink could not tell what it describes)."""
     if tensor in descriptors:
         return False
-    calls = m.findall(an.fn.body, m.Call(func=m.Attribute(value=m.Name(tensor))))
+    calls = m.findall(an.fn.body, m.Call(func=m.Attribute(value=m.Name(tensor), attr=m.Name("load") | m.Name("store"))))
     if not calls:
         return False
     if tensor in an.assignments or tensor in an.rebound:
@@ -1029,7 +1029,7 @@ def _check_other_uses(an: _Analyzer, tensor: str, pointers: set[str], descriptor
         if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value in aliases \
                 and func.attr.value in ("load", "store"):
             continue
-        if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value in descriptors \
+        if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value in aliases \
                 and func.attr.value != "to":  # `desc.atomic_add(...)`, `desc.gather(...)`: an access not followed
             at = an.where(call)
             raise AnnotationError(
