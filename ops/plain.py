@@ -75,6 +75,21 @@ def reduce_scatter_rows(partial: torch.Tensor, world) -> torch.Tensor:
     return out[:hi - lo].to(partial.device)
 
 
+def all_reduce(partial: torch.Tensor, world) -> torch.Tensor:
+    """The sum over ranks of ``partial``, on every rank."""
+    if world.world_size == 1:
+        return partial
+    pg, staged = group(world)
+    buf = partial.to("cpu", copy=True) if staged else partial.contiguous()
+    dist.all_reduce(buf, group=pg)
+    return buf.to(partial.device)
+
+
+def gemm_ar(a: torch.Tensor, b_shard_rows: torch.Tensor, world) -> torch.Tensor:
+    """The sum over ranks of A_r @ B_r, on every rank (GEMM + all-reduce's plain path)."""
+    return all_reduce(torch.matmul(a, b_shard_rows), world)
+
+
 def ag_gemm(a_shard: torch.Tensor, b: torch.Tensor, M: int, world) -> torch.Tensor:
     """AllGather(A) @ B: the gathered (M, K) A times this rank's (K, N) B."""
     return torch.matmul(all_gather_rows(a_shard, M, world), b)

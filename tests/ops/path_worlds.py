@@ -116,3 +116,20 @@ def attention_plain_matches_sdpa(B: int, H: int, Hkv: int, S: int, D: int, dtype
     finally:
         attention._launch = real_launch
     return out
+
+
+def plain_gemm_ar_matches_torch(M: int, N: int, K: int, dtype_name: str) -> float:
+    """The plain GEMM + all-reduce (``tilelink.ops.plain.gemm_ar``, for gemm_ar's path=) on this rank's slice of K."""
+    from tilelink.ops import plain
+
+    dtype = getattr(torch, dtype_name)
+    r, R = tilelink.rank(), tilelink.world_size()
+    world = tilelink.runtime.current_world()
+    g = torch.Generator().manual_seed(3)
+    a = torch.randn(M, K, generator=g).to(dtype).to(world.device)
+    b = torch.randn(K, N, generator=g).to(dtype).to(world.device)
+    ref = a.double() @ b.double()
+    klo, khi = _bounds(K, r, R)
+    c = plain.gemm_ar(a[:, klo:khi].contiguous(), b[klo:khi].contiguous(), world)
+    assert c.dtype == dtype and c.shape == (M, N), (c.dtype, c.shape)
+    return ((c.double() - ref).norm() / ref.norm()).item()

@@ -10,7 +10,12 @@ import types
 import pytest
 
 import tilelink
-from tests.ops.path_worlds import attention_plain_matches_sdpa, chosen_paths, plain_matches_torch
+from tests.ops.path_worlds import (
+    attention_plain_matches_sdpa,
+    chosen_paths,
+    plain_gemm_ar_matches_torch,
+    plain_matches_torch,
+)
 from tilelink import cost
 from tilelink.errors import LaunchError
 
@@ -24,6 +29,14 @@ def test_plain_path_matches_torch(world: int) -> None:
     for dtype, bound in (("float32", 1e-6), ("bfloat16", 2e-2)):
         for per_rank in tilelink.spawn(plain_matches_torch, world, 37, 20, 33, dtype):
             assert all(err < bound for err in per_rank.values()), (dtype, per_rank)
+
+
+@pytest.mark.slow
+def test_plain_gemm_ar_matches_torch() -> None:
+    """GEMM + all-reduce's plain path, three ranks with uneven slices of K (4, 4, 2)."""
+    for dtype, bound in (("float32", 1e-6), ("bfloat16", 2e-2)):
+        errors = tilelink.spawn(plain_gemm_ar_matches_torch, 3, 21, 12, 10, dtype)
+        assert all(err < bound for err in errors), (dtype, errors)
 
 
 @pytest.mark.slow
