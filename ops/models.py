@@ -485,8 +485,9 @@ def data_parallel_groups(tp_size: int):
     index; returns ``(tp_group, dp_group, tp_rank, dp_rank)`` for this rank.
 
     Every rank must call it (``new_group`` is collective). The PyTorch baseline runs TP inside
-    ``tp_group`` directly; a forward pass needs no DP communication at all (each group takes its own
-    batch), so the DP group only matters for gradients or for gathering results. See docs/E2E.md.
+    ``tp_group`` directly, and ``tilelink.init(group=tp_group)`` makes TileLink's world the TP group; a
+    forward pass needs no DP communication at all (each group takes its own batch), so the DP group only
+    matters for gradients or for gathering results. See docs/E2E.md.
     """
     import torch.distributed as dist
 

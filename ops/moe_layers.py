@@ -10,20 +10,23 @@ from tilelink.mapping import shard_range
 
 
 def _gather_rows(local: torch.Tensor, world) -> torch.Tensor:
-    """Concatenate every rank's rows of ``local`` in rank order (torch.distributed on the default
-    group, gloo: CPU tensors), on ``local``'s device. The shards may differ in length."""
+    """Concatenate every rank's rows of ``local`` in rank order (torch.distributed on the world's group:
+    the job's default group, or the group given to ``tilelink.init``; through host memory when the group
+    has gloo, else on the device), on ``local``'s device. The shards may differ in length."""
     if world.world_size == 1:
         return local
     import torch.distributed as dist
 
-    count = torch.tensor([local.shape[0]], dtype=torch.int64)
+    group = world.group
+    on = local.device if local.device.type != "cpu" and "gloo" not in str(dist.get_backend(group)) else "cpu"
+    count = torch.tensor([local.shape[0]], dtype=torch.int64, device=on)
     counts = [torch.zeros_like(count) for _ in range(world.world_size)]
-    dist.all_gather(counts, count)
+    dist.all_gather(counts, count, group=group)
     longest = int(max(c.item() for c in counts))
-    padded = torch.zeros((longest, *local.shape[1:]), dtype=local.dtype)
-    padded[:local.shape[0]] = local.cpu()
+    padded = torch.zeros((longest, *local.shape[1:]), dtype=local.dtype, device=on)
+    padded[:local.shape[0]] = local
     parts = [torch.empty_like(padded) for _ in range(world.world_size)]
-    dist.all_gather(parts, padded)
+    dist.all_gather(parts, padded, group=group)
     return torch.cat([p[:int(c.item())] for p, c in zip(parts, counts, strict=True)]).to(local.device)
 
 
@@ -42,7 +45,8 @@ class TPMoE(nn.Module):
     ``[r*ceil(S/R), min(S, (r+1)*ceil(S/R)))``); returns this rank's rows of the (S, H) output.
     Routing: each rank applies the router (softmax in fp32, top-k, weights renormalised to sum to 1
     when ``normalize``) to its own rows, then the top-k ids and weights of all S tokens are
-    all-gathered with ``torch.distributed`` on the default (gloo) group — a few bytes per token —
+    all-gathered with ``torch.distributed`` on the world's group (the default one unless ``tilelink.init`` was
+    given a group) — a few bytes per token —
     so that every rank holds the replicated routing that ``ag_moe`` and ``moe_rs`` take.
     """
 

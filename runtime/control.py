@@ -47,12 +47,16 @@ def _in_operator(point: str) -> str:
 
 
 class Control:
-    """One rank's view of the world's store, under a prefix of its own world (``tilelink/<session>/<n>``)."""
+    """One rank's view of the world's store, under a prefix of its own world (``tilelink/<session>/<n>``; a
+    world of a group has a session of its own, so two groups never read each other's keys). ``ranks``: the job's
+    rank of each rank of a group's world (they are named too), None for the whole job."""
 
-    def __init__(self, store, rank: int, world_size: int, prefix: str, emulated: bool) -> None:
+    def __init__(self, store, rank: int, world_size: int, prefix: str, emulated: bool,
+                 ranks: tuple[int, ...] | None = None) -> None:
         self.store = store
         self.rank = rank
         self.world_size = world_size
+        self.ranks = ranks
         self.prefix = prefix
         self.emulated = emulated
         #: set by ``tilelink.finalize``: the peers that finished are then where this rank is going too
@@ -65,6 +69,12 @@ class Control:
 
     def _key(self, *parts) -> str:
         return "/".join((self.prefix, *map(str, parts)))
+
+    def who(self, rank: int) -> str:
+        """``rank N``, and in a group's world the job's rank of it: ``rank 1 (rank 3 of the job)``."""
+        if self.ranks is None or not 0 <= rank < len(self.ranks):
+            return f"rank {rank}"
+        return f"rank {rank} (rank {self.ranks[rank]} of the job)"
 
     # -- what became of the ranks ------------------------------------------------------------------
     def announce(self, state: str, detail: str) -> None:
@@ -103,22 +113,22 @@ class Control:
         for peer, (state, detail) in sorted(gone.items(), key=lambda item: item[1][0] != "failed"):
             if state == "failed":
                 raise PeerFailedError(
-                    f"rank {self.rank}: rank {peer} failed ({detail}) while this rank waited for it at {point}; "
-                    f"rank {peer}'s own report says why", rank=self.rank, peer=peer, cause=detail)
+                    f"{self.who(self.rank)}: {self.who(peer)} failed ({detail}) while this rank waited for it at "
+                    f"{point}; rank {peer}'s own report says why", rank=self.rank, peer=peer, cause=detail)
             if not self.finalizing:
                 raise PeerFailedError(
-                    f"rank {self.rank}: rank {peer} finished its work (called tilelink.finalize) without reaching "
-                    f"{point}, where this rank waits for it. Every rank must make the same calls of an operator "
-                    f"(and the same symmetric allocations), in the same order: rank {peer} skipped one or took "
-                    f"another branch", rank=self.rank, peer=peer, cause=detail, consequence=False)
+                    f"{self.who(self.rank)}: {self.who(peer)} finished its work (called tilelink.finalize) without "
+                    f"reaching {point}, where this rank waits for it. Every rank must make the same calls of an "
+                    f"operator (and the same symmetric allocations), in the same order: rank {peer} skipped one or "
+                    f"took another branch", rank=self.rank, peer=peer, cause=detail, consequence=False)
 
     def lost(self, exc: BaseException, point: str) -> PeerFailedError:
         """The error of a rank that lost the store (its host, rank 0 under ``tlxform run`` and ``spawn``,
         exited) while waiting at ``point``."""
         return PeerFailedError(
             f"rank {self.rank}: lost the world's store while waiting at {point} ({type(exc).__name__}: "
-            f"{str(exc).splitlines()[0] if str(exc) else ''}): the process hosting it (rank 0 under tlxform run "
-            f"and tilelink.spawn, the agent under torchrun) has exited", rank=self.rank, peer=0,
+            f"{str(exc).splitlines()[0] if str(exc) else ''}): the process hosting it (the job's rank 0 under tlxform "
+            f"run and tilelink.spawn, the agent under torchrun) has exited", rank=self.rank, peer=0,
             cause=f"{type(exc).__name__}: {exc}")
 
     # -- bounded exchanges ------------------------------------------------------------------------------

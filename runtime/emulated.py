@@ -48,9 +48,10 @@ class EmulatedBackend:
         if not dist.is_initialized():
             raise SymmetricHeapError("EmulatedBackend needs torch.distributed: use tilelink.init()")
         self.session = session
-        self.rank = dist.get_rank()
-        self.world_size = dist.get_world_size()
-        self.local_rank = int(os.environ.get("LOCAL_RANK", self.rank))
+        # the world's ranks: a group's when tilelink.init was given one (its control knows them), else the job's
+        self.rank = control.rank if control is not None else dist.get_rank()
+        self.world_size = control.world_size if control is not None else dist.get_world_size()
+        self.local_rank = int(os.environ.get("LOCAL_RANK", dist.get_rank()))
         self.device = torch.device("cpu")
         # barriers go through the world's store (tilelink.runtime.control), bounded and watching the peers: a
         # gloo barrier waited 30 minutes for a peer that had failed or gone elsewhere

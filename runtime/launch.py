@@ -140,11 +140,37 @@ def _rebuild_exception(rank: int, info: dict[str, Any], note: str = "") -> BaseE
     return exc
 
 
+def _join_groups(backend: str, rank: int, world_size: int, groups: tuple[tuple[int, ...], ...]) -> None:
+    """Bring up ``torch.distributed`` over every rank, make every group (collective: each rank makes each, in
+    one order) and join TileLink with the one holding ``rank``."""
+    import torch.distributed as dist
+
+    from tilelink.runtime import world
+
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    mine = None
+    for ranks in groups:
+        group = dist.new_group(list(ranks))
+        if rank in ranks:
+            mine = group
+    world.init(backend, group=mine)
+
+
+def _leave_groups() -> None:
+    """After a world of groups: wait for every rank of the job before leaving, since rank 0's process hosts the
+    store another group may still be using, then take ``torch.distributed`` down."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
 def _rank_main(fn, rank: int, env: dict[str, str], backend: str, args: tuple, kwargs: dict,
-               results, deadline: float | None = None) -> None:
+               results, deadline: float | None = None, groups: tuple[tuple[int, ...], ...] | None = None) -> None:
     """Body of one rank's process. A rank still running shortly before the parent gives up on it
     (``deadline``, wall-clock seconds) prints every thread's Python stack to stderr, so a hang says
-    where it is."""
+    where it is. ``groups``: TileLink's worlds are these groups of the job's ranks (see :func:`spawn`)."""
     results.put((rank, "started", None, time.time()))  # fn and its arguments were unpickled: importable here
     os.environ.update(env)
     if deadline is not None:
@@ -161,7 +187,10 @@ def _rank_main(fn, rank: int, env: dict[str, str], backend: str, args: tuple, kw
 
             torch.cuda.set_device(rank_device_index(int(env["LOCAL_RANK"]), int(env["LOCAL_WORLD_SIZE"]),
                                                     torch.cuda.device_count()))
-        world.init(backend)
+        if groups is None:
+            world.init(backend)
+        else:
+            _join_groups(backend, rank, int(env["WORLD_SIZE"]), groups)
         result = fn(*args, **kwargs)
         payload = pickle.dumps(result)
     except BaseException as exc:  # noqa: BLE001 - every failure goes back to the parent
@@ -176,6 +205,8 @@ def _rank_main(fn, rank: int, env: dict[str, str], backend: str, args: tuple, kw
     faulthandler.cancel_dump_traceback_later()
     try:
         world.finalize()
+        if groups is not None:
+            _leave_groups()
     except Exception:  # the result is delivered; a teardown failure is only worth a note
         traceback.print_exc()
 
@@ -218,7 +249,21 @@ def _startable_main():
             __main__.__file__ = main_file
 
 
-def spawn(fn, world_size: int, *args, backend: str = "emulated", timeout: float | None = None,
+def _check_groups(groups, world_size: int) -> tuple[tuple[int, ...], ...]:
+    """``groups`` as tuples of ranks, if they split ``range(world_size)`` into disjoint groups; raises otherwise."""
+    try:
+        split = tuple(tuple(int(r) for r in ranks) for ranks in groups)
+    except TypeError:
+        raise TileLinkError(f"spawn: groups must be a list of lists of ranks, such as [[0, 1], [2, 3]], got "
+                            f"{groups!r}") from None
+    seen = sorted(r for ranks in split for r in ranks)
+    if seen != list(range(world_size)) or any(not ranks for ranks in split):
+        raise TileLinkError(f"spawn: groups {[list(g) for g in split]} must hold each rank of the {world_size} "
+                            f"once (a partition of 0..{world_size - 1}): every process belongs to one TileLink world")
+    return split
+
+
+def spawn(fn, world_size: int, *args, backend: str = "emulated", groups=None, timeout: float | None = None,
           **kwargs) -> list:
     """Run ``fn(*args, **kwargs)`` on ``world_size`` fresh local ranks; returns the results by rank.
 
@@ -226,6 +271,10 @@ def spawn(fn, world_size: int, *args, backend: str = "emulated", timeout: float 
     ``backend="emulated"`` runs the kernels under ``TRITON_INTERPRET=1`` on CPU processes;
     ``"nvshmem"`` puts rank ``r`` on GPU ``r`` when there are GPUs enough, else every rank on GPU 0
     (ranks spread unevenly over several GPUs hung NVSHMEM's init).
+    ``groups`` (a list of lists of ranks splitting ``range(world_size)``, e.g. ``[[0, 1], [2, 3]]``): the job
+    is ``world_size`` ranks of ``torch.distributed`` and each group is a TileLink world of its own, as with
+    ``tilelink.init(group=...)`` (data parallel over tensor-parallel groups); ``fn`` sees its group's
+    ``tilelink.rank()`` and ``world_size()``, and the results still come back by the job's rank.
     If a rank raises, the same exception type is raised here (always a ``TileLinkError``; other
     types are mixed with :class:`RankFailedError`) naming the rank and carrying its traceback.
     ``timeout`` (default ``TILELINK_SPAWN_TIMEOUT`` or 300 s) bounds the whole run.
@@ -237,6 +286,8 @@ def spawn(fn, world_size: int, *args, backend: str = "emulated", timeout: float 
     if timeout is None:
         timeout = float(os.environ.get("TILELINK_SPAWN_TIMEOUT", DEFAULT_SPAWN_TIMEOUT_S))
     _check_target(fn)
+    if groups is not None:
+        groups = _check_groups(groups, world_size)
     session = f"{uuid.uuid4().hex[:12]}-{os.getpid()}"
     port = free_port()
     ctx = mp.get_context("spawn")
@@ -258,7 +309,8 @@ def spawn(fn, world_size: int, *args, backend: str = "emulated", timeout: float 
                            "MASTER_PORT": str(port), "TILELINK_SESSION": session,
                            "TILELINK_BACKEND": backend}
                     process = ctx.Process(target=_rank_main, name=f"tilelink-rank-{rank}",
-                                          args=(fn, rank, env, backend, args, kwargs, results, time.time() + timeout),
+                                          args=(fn, rank, env, backend, args, kwargs, results, time.time() + timeout,
+                                                groups),
                                           daemon=True)
                     process.start()
                     processes.append(process)

@@ -1,7 +1,9 @@
 """The NVSHMEM backend: one rank per process, symmetric heap and flags through ``nvshmem4py``.
 
-Bootstrap: ``torch.distributed`` (gloo) is already up; rank 0 takes an NVSHMEM unique
-id, gloo broadcasts it, and every rank calls ``nvshmem.core.init(..., initializer_method="uid")`` on
+Bootstrap: ``torch.distributed`` (gloo) is already up; rank 0 takes an NVSHMEM unique id, the
+world's store (:class:`~tilelink.runtime.control.Control`) hands it to the world's other ranks (only a
+group's, for ``tilelink.init(group=...)``: each group is an NVSHMEM world of its own), and every rank
+calls ``nvshmem.core.init(..., initializer_method="uid")`` on
 ``cuda:local_rank``, or ``cuda:0`` for every rank when a host has more ranks than GPUs
 (``rank_device_index``). Several ranks may share one GPU (one process each): that is how multi-rank
 correctness runs on a single GPU.
@@ -232,7 +234,10 @@ class NvshmemBackend:
 
     name = "nvshmem"
 
-    def __init__(self) -> None:
+    def __init__(self, control=None) -> None:
+        """``control``: the world's :class:`~tilelink.runtime.control.Control` (``tilelink.init`` passes it): its
+        ranks are the PEs (a group's, for ``init(group=...)``) and the unique id goes through its store; without
+        it, the job's ranks and a gloo broadcast."""
         if not dist.is_initialized():
             raise NotInitializedError(
                 "NvshmemBackend needs torch.distributed (gloo) to broadcast the NVSHMEM unique id: "
@@ -243,11 +248,13 @@ class NvshmemBackend:
         # never NVLink multicast: it can take a shared host's GPUs out of service
         os.environ["NVSHMEM_DISABLE_NVLS"] = "1"
 
-        self.rank = dist.get_rank()
-        self.world_size = dist.get_world_size()
-        self.local_rank = int(os.environ.get("LOCAL_RANK", self.rank))
+        self.rank = control.rank if control is not None else dist.get_rank()
+        self.world_size = control.world_size if control is not None else dist.get_world_size()
+        # the GPU follows the process's place on its host, whatever group it is in
+        self.local_rank = int(os.environ.get("LOCAL_RANK", dist.get_rank()))
         gpus = torch.cuda.device_count()
-        index = rank_device_index(self.local_rank, int(os.environ.get("LOCAL_WORLD_SIZE", self.world_size)), gpus)
+        index = rank_device_index(self.local_rank, int(os.environ.get("LOCAL_WORLD_SIZE", dist.get_world_size())),
+                                  gpus)
         self.device = torch.device("cuda", index)
         torch.cuda.set_device(self.device)
 
@@ -262,7 +269,10 @@ class NvshmemBackend:
         uid = core.get_unique_id(empty=self.rank != 0)
         raw = uid._data.view("uint8")  # the nvshmemx_uniqueid_v1 struct, as bytes
         box = [raw.tobytes() if self.rank == 0 else None]
-        dist.broadcast_object_list(box, src=0)
+        if control is not None:  # through the store: bounded, and only this world's ranks take part
+            box = control.exchange(box[0], "tilelink.init (NVSHMEM unique id)")[:1]
+        else:
+            dist.broadcast_object_list(box, src=0)
         if self.rank != 0:
             import numpy as np  # noqa: PLC0415
 

@@ -1,7 +1,9 @@
 """The world of ranks: bootstrap from the ``torchrun`` environment, backend selection, teardown.
 
 ``init()`` brings up ``torch.distributed`` (gloo, for host control) and one backend; every other
-runtime module reaches the backend through :func:`current_world`.
+runtime module reaches the backend through :func:`current_world`. ``init(group=...)`` (or ``mesh=``,
+``mesh_dim=``) makes the world one ``torch.distributed`` group of an existing job (the tensor-parallel
+group of a data x tensor parallel job): its ranks, its symmetric heap, its own namespace in the store.
 
 A rank that fails tells the others at once and leaves without waiting for them: ``init()`` installs an
 exception hook that announces an uncaught exception to the peers (:mod:`tilelink.runtime.control`) and,
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import hashlib
 import json
 import os
 import sys
@@ -27,7 +30,13 @@ import torch.distributed as dist
 from tilelink.errors import NotInitializedError, TileLinkError, WorldMismatchError
 from tilelink.runtime.backend import Backend
 from tilelink.runtime.control import Control
-from tilelink.runtime.diagnostics import HandshakeTimeout, PeerFailedError, forget_handshake_words, is_consequence
+from tilelink.runtime.diagnostics import (
+    HandshakeTimeout,
+    PeerFailedError,
+    forget_handshake_words,
+    is_consequence,
+    skew_timeout_s,
+)
 
 BACKENDS = ("emulated", "nvshmem")
 
@@ -44,6 +53,15 @@ class World:
     impl: Backend = field(repr=False)
     session: str = ""
     control: Control | None = field(default=None, repr=False)  # bounded exchanges, the peers' states
+    #: the ``torch.distributed`` process group given to :func:`init` (its ranks are this world's), or None: the job
+    group: object | None = field(default=None, repr=False)
+    #: the job's (``torch.distributed``) rank of each rank of this world, by rank
+    ranks: tuple[int, ...] = ()
+
+    @property
+    def global_rank(self) -> int:
+        """This process's rank in the whole job (``torch.distributed``'s); :attr:`rank` is its rank in this world."""
+        return self.ranks[self.rank] if self.ranks else self.rank
 
     def barrier(self) -> None:
         """Host-synchronous barrier of all ranks."""
@@ -146,7 +164,7 @@ def _make_backend(name: str, session: str, control: Control) -> Backend:
     if name == "nvshmem":
         from tilelink.runtime.nvshmem import NvshmemBackend
 
-        return NvshmemBackend()
+        return NvshmemBackend(control=control)
     raise TileLinkError(f"unknown TileLink backend {name!r}: use one of {', '.join(BACKENDS)}")
 
 
@@ -157,37 +175,194 @@ def _no_gpu_message() -> str:
             "imports triton)")
 
 
-def init(backend: str | None = None) -> World:
+def _is_device_mesh(obj) -> bool:
+    try:
+        from torch.distributed.device_mesh import DeviceMesh
+    except ImportError:  # pragma: no cover - a torch without DeviceMesh
+        return False
+    return isinstance(obj, DeviceMesh)
+
+
+def _mesh_group(mesh, mesh_dim):
+    """The process group of this rank along ``mesh_dim`` (a name or an index) of a DeviceMesh."""
+    names = tuple(mesh.mesh_dim_names or ())
+    if mesh_dim is None:
+        if mesh.ndim != 1:
+            described = f"dimensions {list(names)}" if names else f"shape {list(mesh.mesh.shape)}"
+            raise TileLinkError(
+                f"tilelink.init: the DeviceMesh has {mesh.ndim} dimensions ({described}): pass the one whose groups "
+                f"are TileLink's worlds, tilelink.init(mesh=mesh, mesh_dim={names[-1] if names else mesh.ndim - 1!r}) "
+                f"(the tensor-parallel one), or a 1-D mesh such as group=mesh['tp']")
+        mesh_dim = 0
+    if isinstance(mesh_dim, str):
+        if mesh_dim not in names:
+            raise TileLinkError(f"tilelink.init: mesh_dim={mesh_dim!r} is not a dimension of the DeviceMesh; its "
+                                f"dimensions are {list(names) if names else 'unnamed (pass an index)'}")
+    elif not isinstance(mesh_dim, int) or isinstance(mesh_dim, bool) or not 0 <= mesh_dim < mesh.ndim:
+        raise TileLinkError(f"tilelink.init: mesh_dim={mesh_dim!r} is neither a dimension name of the DeviceMesh "
+                            f"({list(names)}) nor an index below its {mesh.ndim} dimensions")
+    return mesh.get_group(mesh_dim)
+
+
+def _resolve_group(group, mesh, mesh_dim):
+    """What :func:`init` was asked to join: ``(process group, the job's rank of each of its ranks)``, or
+    ``(None, None)`` for the whole job. Raises, saying what to pass, on anything else."""
+    if mesh is not None:
+        if group is not None:
+            raise TileLinkError("tilelink.init: pass either group= or mesh= (with mesh_dim=), not both")
+        if not _is_device_mesh(mesh):
+            raise TileLinkError(f"tilelink.init(mesh=...): expected a torch.distributed DeviceMesh, got "
+                                f"{type(mesh).__name__}")
+        group = _mesh_group(mesh, mesh_dim)
+    elif mesh_dim is not None:
+        raise TileLinkError(f"tilelink.init(mesh_dim={mesh_dim!r}) needs the DeviceMesh too: "
+                            f"tilelink.init(mesh=mesh, mesh_dim={mesh_dim!r})")
+    elif _is_device_mesh(group):
+        group = _mesh_group(group, None)
+    if group is None:
+        return None, None
+    outside = isinstance(group, int) and not isinstance(group, bool) and group == dist.GroupMember.NON_GROUP_MEMBER
+    if not outside and not isinstance(group, dist.ProcessGroup):
+        raise TileLinkError(f"tilelink.init(group=...): expected a torch.distributed ProcessGroup or a 1-D "
+                            f"DeviceMesh, got {type(group).__name__}")
+    if not dist.is_initialized():
+        raise NotInitializedError(
+            "tilelink.init(group=...): torch.distributed is not initialised in this process, so the group cannot "
+            "be one of its groups: call torch.distributed.init_process_group() (or init_device_mesh) first, make "
+            "the group, then pass it")
+    if outside:
+        raise TileLinkError(
+            f"tilelink.init(group=...): this process (rank {dist.get_rank()} of the job) is not a member of the "
+            f"group: torch.distributed.new_group returns a placeholder on the ranks outside it. Pass each process "
+            f"the group it belongs to (every process makes every group, and keeps the one holding its rank)")
+    if group is dist.group.WORLD:
+        return None, None
+    ranks = tuple(dist.get_process_group_ranks(group))
+    if dist.get_rank() not in ranks:
+        raise TileLinkError(
+            f"tilelink.init(group=...): this process (rank {dist.get_rank()} of the job) is not a member of the "
+            f"group (ranks {list(ranks)}): pass each process the group it belongs to")
+    return group, ranks
+
+
+def _namespace(ranks: tuple[int, ...]) -> str:
+    """The name of a group in the store and in file names: its ranks, or a digest of them for a large group."""
+    if len(ranks) <= 16:
+        return "g" + ".".join(map(str, ranks))
+    digest = hashlib.sha1(",".join(map(str, ranks)).encode()).hexdigest()[:12]
+    return f"g{len(ranks)}x{digest}"
+
+
+def _describe_namespace(namespace: str) -> str:
+    if "x" in namespace:
+        return f"a group of {namespace[1:].split('x')[0]} ranks"
+    return f"ranks {[int(r) for r in namespace[1:].split('.')]}"
+
+
+def _join_group(store, ranks: tuple[int, ...], rank: int, emulated: bool) -> str:
+    """Meet the other ranks of the group in the store; returns the group's session id (its store prefix and
+    file names).
+
+    Each process says which group it joins at this point (its ``init`` count) and waits, bounded, until every
+    rank of its group has said so: a member that joined another group (passed another mesh dimension, or another
+    rank's group) is named at once instead of leaving this one to wait out its budget."""
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    namespace = _namespace(ranks)
+    me = ranks[rank]
+
+    def declared(job_rank: int) -> str:
+        return f"tilelink/join/{restart}/{_generation}/{job_rank}"
+
+    key = f"tilelink/session/{restart}/{namespace}/{_generation}"
+    if rank == 0:  # before its declaration: a peer that has seen the declaration finds the session
+        base = os.environ.get("TILELINK_SESSION") or f"{uuid.uuid4().hex[:12]}-{os.getpid()}"
+        store.set(key, f"{base}-{namespace}")
+    store.set(declared(me), namespace)
+    budget = skew_timeout_s(emulated)
+    deadline = time.monotonic() + budget
+    pending = [r for r in ranks if r != me]
+    pause = 1e-4
+    while pending:
+        arrived = [r for r in pending if store.check([declared(r)])]
+        for job_rank in arrived:
+            other = store.get(declared(job_rank)).decode()
+            if other != namespace:
+                raise WorldMismatchError(
+                    f"rank {me} of the job joins TileLink with the group of ranks {list(ranks)}, but rank {job_rank}, "
+                    f"a member of it, joined another group ({_describe_namespace(other)}): every rank of a group must "
+                    f"pass that same group (the same mesh dimension) to tilelink.init")
+        pending = [r for r in pending if r not in arrived]
+        if not pending:
+            break
+        if time.monotonic() > deadline:
+            raise HandshakeTimeout(rank=rank, peer=ranks.index(pending[0]), call=_generation, seen=-1,
+                                   budget_s=budget, what=f"tilelink.init(group=ranks {list(ranks)})",
+                                   others=[ranks.index(r) for r in pending[1:]])
+        time.sleep(pause)
+        pause = min(pause * 2, 5e-3)
+    return store.get(key).decode()
+
+
+def init(backend: str | None = None, *, group=None, mesh=None, mesh_dim=None) -> World:
     """Join the world described by the ``torchrun`` environment (``RANK``, ``WORLD_SIZE``,
     ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``); a world of one without them.
 
     ``backend`` is ``"emulated"`` or ``"nvshmem"``; by default ``TILELINK_BACKEND``, else emulated
     under ``TRITON_INTERPRET=1`` or without CUDA, else nvshmem. Idempotent. Without a GPU and without
     ``TRITON_INTERPRET=1``, the default backend refuses (no kernel could run) and says how to emulate.
+
+    ``group``: the ``torch.distributed`` ProcessGroup this process belongs to, or a 1-D DeviceMesh
+    (``mesh["tp"]``); ``mesh`` and ``mesh_dim``: a DeviceMesh and the name (or index) of the dimension whose
+    groups are TileLink's worlds (``mesh_dim="tp"``). The world is then this process's group: :func:`rank` and
+    :func:`world_size` are the group's, symmetric buffers and operators belong to it, and its host coordination
+    never meets another group's. ``torch.distributed`` must be up already (it made the group). A process
+    belongs to one world at a time: ``finalize()`` before joining another; ``init()`` without a group returns
+    the world already joined.
     """
     global _world, _control, _atexit_registered, _generation
     name = backend or default_backend()
     if name not in BACKENDS:
         raise TileLinkError(f"unknown TileLink backend {name!r}: use one of {', '.join(BACKENDS)}")
+    asked = group is not None or mesh is not None or mesh_dim is not None
     if _world is not None:
         if _world.backend != name:
             raise TileLinkError(
                 f"tilelink is already initialised with backend {_world.backend!r}; call "
                 f"tilelink.finalize() before init(backend={name!r})"
             )
-        return _world
+        if not asked:
+            return _world
+        group, ranks = _resolve_group(group, mesh, mesh_dim)
+        if group is _world.group or (group is not None and _world.group is not None and ranks == _world.ranks):
+            return _world
+        joined = (f"the group of ranks {list(_world.ranks)}" if _world.group is not None
+                  else f"the whole job ({_world.world_size} ranks)")
+        asked_for = f"the group of ranks {list(ranks)}" if group is not None else "the whole job"
+        raise TileLinkError(
+            f"tilelink is already initialised on {joined}, and init was called again for {asked_for}: a process "
+            f"belongs to one TileLink world at a time. Pass the group to the first tilelink.init, or call "
+            f"tilelink.finalize() before joining another")
     if backend is None and name == "emulated" and not interpreting() and not torch.cuda.is_available():
         raise TileLinkError(_no_gpu_message())
+    group, ranks = _resolve_group(group, mesh, mesh_dim) if asked else (None, None)
     _bootstrap_process_group()
     _generation += 1
     store = _default_store()
-    session = _session_id(store)
-    control = Control(store, dist.get_rank(), dist.get_world_size(), f"tilelink/{session}/{_generation}",
-                      emulated=name == "emulated")
+    emulated = name == "emulated"
+    if group is None:
+        session = _session_id(store)
+        rank, size = dist.get_rank(), dist.get_world_size()
+        ranks = tuple(range(size))
+    else:
+        rank, size = ranks.index(dist.get_rank()), len(ranks)
+        session = _join_group(store, ranks, rank, emulated)
+    control = Control(store, rank, size, f"tilelink/{session}/{_generation}", emulated=emulated,
+                      ranks=ranks if group is not None else None)
     _control = control
     impl = _make_backend(name, session, control)
     _world = World(rank=impl.rank, world_size=impl.world_size, local_rank=impl.local_rank,
-                   backend=impl.name, device=impl.device, impl=impl, session=session, control=control)
+                   backend=impl.name, device=impl.device, impl=impl, session=session, control=control,
+                   group=group, ranks=ranks)
     _install_excepthook()
     if not _atexit_registered:
         atexit.register(finalize)
@@ -234,7 +409,8 @@ def report_failure(exc: BaseException) -> None:
     folder = os.environ.get("TILELINK_FAILURE_DIR")
     if not folder:
         return
-    rank = _world.rank if _world is not None else _env_int("RANK", 0)
+    # the launcher's rank (the job's): in a world of a group, two groups have a rank 0 each
+    rank = _world.global_rank if _world is not None else _env_int("RANK", 0)
     cls = type(exc)
     record = {"rank": rank, "time": time.time(), "pid": os.getpid(), "type": f"{cls.__module__}.{cls.__qualname__}",
               "name": cls.__name__, "message": str(exc)[:4000], "consequence": is_consequence(exc),

@@ -49,9 +49,9 @@ PY
 
 # most important first: the backend, NVSHMEM from Triton (with the putmem_signal regression test),
 # the putmem_signal probe, then tilelink.language across ranks and the operators (AG+GEMM, GEMM+RS,
-# MoE, SP attention, the decoder models) on several ranks sharing the GPU
+# MoE, SP attention, the decoder models, two process groups of a job) on several ranks sharing the GPU
 FIRST=${GPU_TESTS_FIRST-tests/gpu/test_nvshmem_backend.py tests/gpu/test_nvshmem_device.py}
-THEN=${GPU_TESTS_THEN-tests/gpu/test_language_nvshmem.py tests/gpu/test_partners_gpu.py tests/gpu/test_ops_nvshmem.py tests/gpu/test_moe_gpu.py tests/gpu/test_attention_gpu.py tests/gpu/test_models_gpu.py}
+THEN=${GPU_TESTS_THEN-tests/gpu/test_language_nvshmem.py tests/gpu/test_partners_gpu.py tests/gpu/test_ops_nvshmem.py tests/gpu/test_moe_gpu.py tests/gpu/test_attention_gpu.py tests/gpu/test_models_gpu.py tests/gpu/test_groups_gpu.py}
 status=0
 : > "$OUT/gpu.log"
 if [ -n "$FIRST" ]; then
