@@ -251,6 +251,36 @@ def test_a_flat_shard_passed_for_a_gather_of_its_inner_dim_is_refused_saying_whi
         assert "pass its view with the sharded dim as dim 1, e.g. `k_ptr.view(Z * H, S_r, D)`" in message, message
 
 
+def test_the_zeros_a_helper_stores_for_another_ranks_expert_are_notified_before_the_blocks_return() -> None:
+    fn = _rewritten("moe_rs_expert_zeros", "fused_moe_kernel")
+    branch = next(s for s in fn.body.body if isinstance(s, cst.If))
+    body = [" ".join(cst.Module(body=[]).code_for_node(s).split()) for s in branch.body.body]
+    store = next(i for i, s in enumerate(body) if s.startswith("tl.store(c_ptrs_2, accumulator_2"))
+    notify = next(i for i, s in enumerate(body) if s.startswith("tll.producer_tile_notify_channels("))
+    assert store < notify < len(body) - 1 and body[-1] == "return", body
+    # and the kernel's own store after the branch has its own notify
+    rest = " ".join(cst.Module(body=[]).code_for_node(fn).split()).split("return", 1)[1]
+    assert rest.count("tll.producer_tile_notify_channels(") == 1, rest
+
+
+def test_a_helpers_keyword_and_default_parameters_are_bound_as_a_call_binds_them() -> None:
+    body = _generated('''
+        @triton.jit
+        def _load_scaled(ptrs, mask, scale=2.0, other=0.0):
+            return tl.load(ptrs, mask=mask, other=other) * scale
+
+        @tilelink.overlap(tilelink.all_gather("k_ptr"))
+        @triton.jit
+        def kernel(k_ptr, o_ptr, N, BLOCK: tl.constexpr):
+            offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+            x = _load_scaled(mask=offs < N, ptrs=k_ptr + offs, other=1.0)
+            tl.store(o_ptr + offs, x, mask=offs < N)
+        ''').rewritten["kernel"]
+    flat = " ".join(body.split())
+    assert "ptrs = k_ptr + offs mask = offs < N scale = 2.0 other = 1.0" in flat, body
+    assert "x = tl.load(ptrs, mask=mask, other=other) * scale" in flat, body
+
+
 def test_a_flat_layout_gathered_along_its_rows_says_which_view_and_annotation_to_use() -> None:
     path = FORMS / "attention_flat_heads.py"
     text = path.read_text().replace('dim=1, tile=("start_n", "BLOCK_N"), size="N_CTX"', "dim=0")
