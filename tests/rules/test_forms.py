@@ -230,7 +230,6 @@ def test_the_key_loops_inlined_from_a_helper_wait_on_every_iteration() -> None:
 def _flat_shard_launched_flat() -> str:
     """The flat-heads form launched with each rank's flat (Z * H * S_r, D) shard instead of its 3-D view."""
     import torch
-    import triton
 
     from tests.rules.forms_cases import load_form
 
