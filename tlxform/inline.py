@@ -6,12 +6,13 @@ reads or writes it there. The call statement is replaced by the helper's body (t
 an inlined body is inlined in turn), so the analysis sees every access with its tile, its loops and its branches
 exactly as if the kernel had been written out, and the waits and notifies land in the kernel's own code. Each
 inlined copy binds the helper's parameters as a call does: a parameter that gets a plain name and is not bound
-again reads that name; any other gets a local of its own, set from the argument before the body; the helper's own
-names that the kernel also uses are renamed (``m_ij`` -> ``m_ij_2``). Helpers that receive no annotated tensor stay
-calls.
+again reads that name, a literal list (``shape=[M, K]``) is written where it is used, any other gets a local of its
+own, set from the argument before the body; the helper's own names that the kernel also uses are renamed (``m_ij``
+-> ``m_ij_2``); each ``return`` that ends the helper (its last statement, or the last of each branch of its last
+``if``) becomes the call's assignment. Helpers that receive no annotated tensor stay calls.
 
 What cannot be inlined as a call would run is refused: a helper that calls itself, one defined in another module, a
-tensor passed inside a tuple, a call that is not a statement of its own, a ``return`` before the helper's end.
+tensor passed inside a tuple, a call that is not a statement of its own, a ``return`` that does not end the helper.
 
 Errors and report lines keep the user's file positions: :class:`Inlined` maps each line of the inlined module back
 to the line of the user's file it came from, and names the helper and the call it was inlined at.
