@@ -663,7 +663,9 @@ def rewrite(an: KernelAnalysis, spec: ReduceScatterSpec, options: Options) -> Re
     launch = {"rule": RULE, "tensors": list(spec.tensors), "dim": spec.dim, "size_param": size_param,
               "index": spec.index, "topk": spec.topk,
               "via": opts.via, "mode": opts.mode, "order": opts.order, "comm_block": opts.comm_block,
-              "comm_sms": opts.comm_sms, "channels_per_rank": opts.channels_per_rank, "atomic_axes": addressed}
+              "comm_sms": opts.comm_sms, "channels_per_rank": opts.channels_per_rank}
+    if addressed is not None:  # a split-K write-back: the grid axes its address reads (the others are the splits)
+        launch["atomic_axes"] = addressed
     if opts.via == "sm" and opts.mode == "push" and spec.topk:
         raise AnnotationError("reduce_scatter with topk= reduces by pulling", file=an.file, line=an.where.line,
                               column=an.where.column, hint="drop mode='push' for the MoE reduction")
