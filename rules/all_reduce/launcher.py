@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass
 
 import torch
+import triton
 
 from tilelink.errors import LaunchError
 from tilelink.rules.launch import Streams, cdiv, vector_peer_table
@@ -38,6 +39,19 @@ class AllReduceContext(ReduceScatterContext):
 class AllReduceLauncher(ReduceScatterLauncher):
     """``kernel[grid](..., c, ...)``: run the rewritten producer into a symmetric buffer of partial sums and sum
     every rank's into ``c``, the whole output, on every rank."""
+
+    def _steps(self, world, elements: int) -> dict:
+        """The partners' launch options for ``elements`` to move on this rank. On a GPU the pull's large steps
+        (``PULL_CONSUMER_GPU``) while there are enough to give each of the ``comm_sms`` programs one, else
+        smaller ones (down to 1024 elements, fewer warps) so that a decode message (one token: 8192 elements) is
+        pulled by several SMs at once, not one."""
+        meta = self.pull_meta(world, self.PULL_CONSUMER_GPU)
+        if world.device.type != "cuda":
+            return meta
+        block = max(1024, min(meta["BLOCK"], triton.next_power_of_2(cdiv(elements, self.meta["comm_sms"]))))
+        if block < meta["BLOCK"]:
+            meta = {"BLOCK": block, "num_warps": 4 if block <= 2048 else 8}
+        return meta
 
     def context(self, bound: dict) -> AllReduceContext:
         world = self.world()
@@ -78,7 +92,8 @@ class AllReduceLauncher(ReduceScatterLauncher):
         peer waits for."""
         sh = ctx.sharding
         row_elems = ctx.row_elems
-        meta = self.pull_meta(world, self.PULL_CONSUMER_GPU)
+        rows = sh.size if ctx.mode == "one_shot" else sh.rows_per_rank  # this rank's rows to sum
+        meta = self._steps(world, rows * row_elems)
         blocks = cdiv(sh.rows_per_channel * row_elems, meta["BLOCK"])  # of a channel
         common = (world.rank, world.world_size, sh.size, sh.rows_per_rank, sh.rows_per_channel, sh.channels_per_rank,
                   row_elems)
