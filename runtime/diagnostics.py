@@ -1,7 +1,10 @@
 """Wait diagnostics: the int64[8] record a timed-out device wait leaves, and its host-side check.
 
-Layout: ``[timed_out, kind, index, target, seen, 0, 0, 0]``; the first timeout wins (compare-and-swap
-on word 0). Device waits never hang: they record and return, and the host raises here.
+Layout: ``[timed_out, kind, index, target, seen, epoch, count, 0]``; the first timeout wins (compare-and-swap
+on word 0). Device waits never hang: they record and return, and the host raises here. Words ``EPOCH_WORD``
+and ``COUNT_WORD`` belong to a context's twin for captured calls (:mod:`tilelink.runtime.graphs`): its call
+count, advanced on the device, as the factor of the kernels' wait targets (0 where the host passes the count
+itself) and as the value of its handshakes; clearing a record leaves them.
 """
 
 from __future__ import annotations
@@ -13,7 +16,12 @@ import torch
 from tilelink.errors import TileLinkError, WaitTimeout
 
 DIAG_WORDS = 8
-KIND_NAMES = {1: "consumer_tile_wait", 2: "peer_tile_wait", 3: "wait_value", 4: "rank_wait"}
+#: the words of a timeout's record (cleared once it is raised), then the two of a context's twin (runtime/graphs.py)
+RECORD_WORDS = 5
+EPOCH_WORD = 5
+COUNT_WORD = 6
+KIND_NAMES = {1: "consumer_tile_wait", 2: "peer_tile_wait", 3: "wait_value", 4: "rank_wait",
+              5: "handshake (a captured call's wait for a peer's word)"}
 
 DEFAULT_TIMEOUT_S = 10.0
 DEFAULT_EMULATED_TIMEOUT_S = 60.0
@@ -148,7 +156,7 @@ def check_diagnostics(diag: torch.Tensor, rank: int, kernel: str | None = None,
     record = [int(v) for v in diag.detach().to("cpu", non_blocking=False).tolist()]
     if record[0] == 0:
         return
-    diag.zero_()
+    diag[:RECORD_WORDS].zero_()
     kind, index, target, seen = record[1:5]
     raise WaitTimeout(rank=rank, primitive=KIND_NAMES.get(kind, f"wait kind {kind}"), index=index,
                       expected=target, seen=seen,
@@ -207,7 +215,7 @@ class Diagnostics:
         self._copied = None
         record = [int(v) for v in self._host.tolist()]
         if record[0]:
-            self.buffer.zero_()
+            self.buffer[:RECORD_WORDS].zero_()
             self._host.zero_()
             kind, index, target, seen = record[1:5]
             raise WaitTimeout(rank=self.rank, primitive=KIND_NAMES.get(kind, f"wait kind {kind}"), index=index,

@@ -28,6 +28,8 @@ from tilelink.runtime import races as _races
 
 __all__ = [
     "INTERPRETED",
+    "EPOCH_WORD",
+    "call_target",
     "KIND_CONSUMER_TILE_WAIT",
     "KIND_PEER_TILE_WAIT",
     "KIND_WAIT_VALUE",
@@ -308,6 +310,18 @@ else:
 # ----------------------------------------------------------------------------------------------
 # primitives
 
+#: word of the diagnostics array that holds a captured context's call count (``tilelink.runtime.graphs``); 0 on
+#: every other diagnostics array
+EPOCH_WORD: tl.constexpr = tl.constexpr(5)
+
+
+@triton.jit
+def call_target(target, diag_ptr):
+    """``target`` for this call: times the call count in word ``EPOCH_WORD`` of the diagnostics array when a
+    captured call (a CUDA graph's replay) advanced it on the device, else ``target`` itself (the word is 0 and
+    the host passed the count in ``target``). One scalar load per wait."""
+    return target * tl.maximum(tl.load(diag_ptr + EPOCH_WORD), 1)
+
 
 @triton.jit
 def wait_value(flag_ptr, target, diag_ptr, budget, kind, index):
@@ -316,7 +330,7 @@ def wait_value(flag_ptr, target, diag_ptr, budget, kind, index):
     On timeout records ``(kind, index, target, seen)`` in ``diag_ptr`` and returns anyway.
     Returns an int32 zero token; offset the pointers the wait guards by it.
     """
-    return _spin(flag_ptr, target, diag_ptr, budget, kind, index)
+    return _spin(flag_ptr, call_target(target, diag_ptr), diag_ptr, budget, kind, index)
 
 
 @triton.jit
@@ -357,6 +371,7 @@ def consumer_tile_wait(barrier_ptr, first, count, target, diag_ptr, budget):
     """A consumer tile waits until channels ``first .. first+count-1`` of the local barrier array
     are each ``>= target`` (acquire). Returns the token."""
     token = tl.full((), 0, tl.int32)
+    target = call_target(target, diag_ptr)
     for channel in range(first, first + count):
         token += _spin(barrier_ptr + channel, target, diag_ptr, budget, KIND_CONSUMER_TILE_WAIT,
                        channel)
@@ -415,6 +430,7 @@ def consumer_tile_wait_channels(barrier_ptr, channels, target, diag_ptr, budget)
     once with one vector of acquire reads (the lanes a program's threads hold run in parallel) and only
     the channels not there yet are spun on one by one."""
     token = tl.full((), 0, tl.int32)
+    target = call_target(target, diag_ptr)
     valid, first, last = _channel_span(channels)
     if last - first < SCALAR_SPAN:
         for c in range(first, last + 1):
@@ -597,7 +613,7 @@ def peer_tile_notify(peer_table, like_ptr, index, rank, value):
 def peer_tile_wait(barrier_ptr, index, target, diag_ptr, budget):
     """Acquire-spin until the local barrier ``index`` is ``>= target`` (a peer's tile is done).
     Returns the token."""
-    return _spin(barrier_ptr + index, target, diag_ptr, budget, KIND_PEER_TILE_WAIT, index)
+    return _spin(barrier_ptr + index, call_target(target, diag_ptr), diag_ptr, budget, KIND_PEER_TILE_WAIT, index)
 
 
 @triton.jit
