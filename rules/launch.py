@@ -9,6 +9,7 @@ an order where nothing waits for a kernel that has not run.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 from collections.abc import Hashable
@@ -379,18 +380,153 @@ class Launcher:
             ctx.streams.main.wait_stream(ctx.streams.side)
         if self.okernel.check_waits:
             ctx.diag.check_later(kernel=self.okernel.name)
+            twin = getattr(ctx, "twin", None)  # a rule without captured calls has none
+            if twin is not None and twin.captured:  # a replay's timed-out wait
+                twin.diag.check_later(kernel=self.okernel.name)
             self.world().impl.check_waits()  # a copy-engine wait released by the watcher (non-blocking)
 
     def check(self) -> None:
-        """Wait for every context's kernels and raise :class:`tilelink.WaitTimeout` for a timed-out wait."""
+        """Wait for every context's kernels and raise :class:`tilelink.WaitTimeout` for a timed-out wait (a
+        captured call's too, from its replays)."""
         for ctx in self.contexts.values():
-            ctx.diag.check_pending(block=True)
-            ctx.diag.check(kernel=self.okernel.name)
+            twin = getattr(ctx, "twin", None)  # a rule without captured calls has none
+            for diag in (ctx.diag, twin.diag if twin is not None and twin.captured else None):
+                if diag is not None:
+                    diag.check_pending(block=True)
+                    diag.check(kernel=self.okernel.name)
+
+    # -- captured calls (CUDA graphs; tilelink.runtime.graphs) ------------------------------------------
+    def refuse_capture(self, world, why: str) -> None:
+        """Raise :class:`LaunchError` when the caller's call is being captured and cannot be."""
+        from tilelink.runtime import graphs
+
+        if graphs.capturing(world.device):
+            raise LaunchError(f"{self.okernel.name}: cannot be captured in a CUDA graph here: {why}")
+
+    def make_twin(self, ctx, world, **channels):
+        """Give a new context its twin for captured calls (:mod:`tilelink.runtime.graphs`): the same buffers,
+        streams and loaded variants, its own ``channels`` (``Channel``s replacing the context's, zeroed: their
+        counts are the twin's calls'), diagnostics array (whose words ``EPOCH_WORD`` and ``COUNT_WORD`` count
+        the twin's calls on the device) and barrier words. Made with the context, on every rank in the same order:
+        symmetric memory cannot be allocated while a stream captures."""
+        from dataclasses import replace
+
+        from tilelink.runtime import Channel, Diagnostics, graphs
+
+        ctx.twin = replace(ctx, diag=Diagnostics(), twin=None,
+                           fence=Channel(world.world_size) if world.world_size > 1 else None, **channels)
+        graphs.warm_up(world.device)
+
+    def begin_captured(self, ctx, world, grid, call: dict):
+        """Start a captured call on ``ctx``: its twin, after checking that nothing of the call would compile or
+        load a kernel, and the twin's call count advanced on the device (a node of the graph: every replay
+        advances it)."""
+        from tilelink.runtime import graphs
+
+        twin = ctx.twin
+        if world.backend != "emulated" and variant_key(self.kernel, call) not in ctx.variants:
+            raise LaunchError(f"{self.okernel.name}: this variant of the kernel (these shapes, dtypes, alignments "
+                              f"and constexprs) has not run on this rank yet, and it cannot be compiled and loaded "
+                              f"while a stream captures: call the operator once outside the capture with the "
+                              f"same arguments first (the warm-up that torch.cuda.graph asks for)")
+        twin.captured = True
+        graphs.note_captured(twin.diag, self.okernel.name, world)
+        # the count, and the kernels' target factor with it (a launcher that resets its channels per call keeps
+        # the factor at 0: its targets are the call's own)
+        first = graphs.COUNT_WORD if self.resets_channels else graphs.EPOCH_WORD
+        words = twin.diag.buffer[first:graphs.COUNT_WORD + 1]
+        graphs.enqueue(lambda: words.add_(1))
+        return twin
+
+    #: whether a captured call of this launcher starts its data channels from zero (and its notifies store the
+    #: call's own counts with the stream's memory operations) instead of scaling them by the call count
+    resets_channels = False
+
+    @staticmethod
+    def on(stream):
+        """Work issued in this block goes to ``stream`` (GPU) or runs in order (emulated, ``None``)."""
+        return torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
+
+    def device_handshake(self, twin, ready, world, notify_stream, wait_stream, mul: int = 1, sub: int = 0) -> None:
+        """:meth:`handshake` of a captured call: tell every peer that this rank reached it (word ``rank`` of
+        their ``ready``: the twin's call count times ``mul``, less ``sub``), then make ``wait_stream`` wait for
+        every peer's word, both by small kernels that read the count on the device. Bounded by the handshake's
+        budget; a peer that does not come is recorded in the twin's diagnostics array."""
+        from tilelink.runtime import graphs
+        from tilelink.runtime.diagnostics import skew_timeout_s
+
+        budget = int(skew_timeout_s(world.backend == "emulated") * 1e9)
+        diag = twin.diag.buffer
+
+        def step() -> None:
+            with self.on(notify_stream):
+                graphs.signal(ready, world.rank, world, diag, mul=mul, sub=sub)
+            with self.on(wait_stream):
+                graphs.wait(ready.barriers, 0, world.world_size, diag, budget, skip=world.rank, mul=mul, sub=sub,
+                            kind=graphs.KIND_HANDSHAKE)
+
+        graphs.enqueue(step)
+
+    def device_barrier(self, twin, world, stream, last: bool = False) -> None:
+        """A barrier of every rank's ``stream`` in a captured call (the twin's ``fence`` words): at its start
+        (every peer is past its previous call) or, with ``last``, at its end (every peer is done with this one)."""
+        self.device_handshake(twin, twin.fence, world, stream, stream, mul=2, sub=0 if last else 1)
+
+    @staticmethod
+    def _channel_of(ctx, barriers):
+        from tilelink.runtime import Channel
+
+        if isinstance(barriers, Channel):
+            return barriers
+        for channel in (ctx.channel, getattr(ctx, "recv_channel", None), getattr(ctx, "reduced_channel", None)):
+            if channel is not None and channel.barriers is barriers:
+                return channel
+        raise LaunchError("a captured call's notify or wait on a barrier array that is not one of its channels")
+
+    def notify(self, ctx, barriers, index: int, value: int, rank: int, stream) -> None:
+        """:func:`tilelink.runtime.rank_notify` (word ``index`` of ``rank``'s ``barriers`` set to ``value``
+        behind ``stream``'s work); in a captured call a kernel that sets it to ``value`` times the call count."""
+        if not ctx.captured or self.resets_channels:  # the latter: a call's own count, frozen like its kernels
+            from tilelink.runtime import rank_notify
+
+            rank_notify(barriers, index, value, rank, stream)
+            return
+        from tilelink.runtime import graphs
+
+        with self.on(stream):
+            graphs.signal(self._channel_of(ctx, barriers), index, self.world(), ctx.diag.buffer, dst=rank, mul=value)
+
+    def wait(self, ctx, barriers, index: int, value: int, stream) -> None:
+        """:func:`tilelink.runtime.rank_wait` (``stream`` waits until local word ``index`` reaches ``value``;
+        the host goes on, a watcher checks the wait); in a captured call a one-program kernel that spins until
+        the word reaches ``value`` times the call count, bounded by the wait's budget."""
+        if not ctx.captured:
+            from tilelink.runtime import rank_wait
+
+            rank_wait(barriers, index, value, stream, block=False)
+            return
+        from tilelink.runtime import graphs
+
+        with self.on(stream):
+            graphs.wait(self._channel_of(ctx, barriers).barriers, index, 1, ctx.diag.buffer, ctx.diag.budget_ns,
+                        mul=value)
+
+    def finish_captured(self, twin) -> None:
+        """Join the side stream into the main one (the capture's fork and join); nothing is checked on the
+        host: a timed-out wait stays in the twin's record for the next uncaptured check."""
+        if twin.streams.main is not None:
+            twin.streams.main.wait_stream(twin.streams.side)
 
     def alone(self, grid, call: dict, ctx, world) -> None:
         """A world of one rank: nothing to communicate. The rewritten kernel runs on the caller's own
         tensors against a barrier array far above any target (every wait passes; notifies only add to
         it): no copy, no barrier, no partner kernel."""
+        from tilelink.runtime import graphs
+
+        if graphs.capturing(world.device):  # every wait passes: nothing depends on the call count
+            args = self.channel_args(ctx.satisfied, 1, world, ctx.sharding, ctx.diag)
+            graphs.enqueue(lambda: self.kernel[grid](**call, **args))
+            return
         if ctx.satisfied is None:
             ctx.satisfied = torch.full_like(ctx.scratch, 1 << 60)
         self.kernel[grid](**call, **self.channel_args(ctx.satisfied, 1, world, ctx.sharding, ctx.diag))

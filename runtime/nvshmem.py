@@ -27,7 +27,9 @@ How a host wait that never completes is diagnosed (``wait_value``):
 enqueueing while the GPU works) returns after step 1 and leaves steps 2-3 to a watcher thread; the
 WaitTimeout of a wait it released is printed at once and raised by the next ``check_waits()`` (every
 launch's finish) or by ``finalize()``; its budget starts when the stream reaches the wait. Not for CUDA graph
-capture (the watcher queries events while the host runs on).
+capture (the watcher queries events while the host runs on): a captured call's waits are kernels
+(:mod:`tilelink.runtime.graphs`); the watcher's thread runs in the relaxed capture mode, so that its queries of
+earlier, uncaptured waits do not break a capture on another thread.
 A blocking host poll would make each hybrid reduce-scatter call wait on the host for its channels (on two
 H200s gemm_rs took 3.0 ms that way, against 0.74 ms for cuBLAS + NCCL).
 
@@ -156,6 +158,12 @@ class _WaitWatcher:
     def _run(self) -> None:
         try:
             torch.cuda.set_device(self._backend.device)  # the driver calls of a release need the context here
+            # this thread's event queries are allowed while another thread captures a CUDA graph (the default,
+            # global mode, would refuse them and invalidate that capture): they concern uncaptured streams only
+            driver = self._backend._driver
+            mode = getattr(getattr(driver, "CUstreamCaptureMode", None), "CU_STREAM_CAPTURE_MODE_RELAXED", None)
+            if mode is not None:
+                _check(driver.cuThreadExchangeStreamCaptureMode(mode), "cuThreadExchangeStreamCaptureMode")
         except Exception as exc:  # noqa: BLE001 - kept and raised by the next check
             self._keep(TileLinkError(f"the host-wait watcher could not start on {self._backend.device}: {exc}"))
         while not self._stopping.is_set():

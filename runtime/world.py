@@ -457,8 +457,9 @@ def finalize() -> None:
         control.announce("finished", "called tilelink.finalize")
     destroy = True
     try:
-        from tilelink.runtime import heap
+        from tilelink.runtime import graphs, heap
 
+        replayed = graphs.replay_timeout(world)  # read while the captured calls' records exist; raised once torn down
         heap.release_all(world)
         world.impl.finalize()
         if _owns_process_group and world.world_size > 1 and control is not None:
@@ -471,6 +472,8 @@ def finalize() -> None:
             except RuntimeError as exc:  # a peer died in between
                 raise PeerFailedError(f"rank {world.rank}: a peer was lost in finalize's last barrier ({exc})",
                                       rank=world.rank) from None
+        if replayed is not None:
+            raise replayed
     except (PeerFailedError, HandshakeTimeout, WorldMismatchError) as exc:
         # a peer failed or went elsewhere: nothing left to tear down together, and nothing this rank did wrong
         sys.stderr.write(f"tilelink.finalize: rank {world.rank} left without the collective teardown: {exc}\n")

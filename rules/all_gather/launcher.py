@@ -40,10 +40,20 @@ class AllGatherContext:
     variants: set = field(default_factory=set)  # the rewritten kernel's variants loaded (warm_up)
     satisfied: torch.Tensor | None = None  # a world of one: every wait passes
     copy_plans: dict = field(default_factory=dict)  # parity -> the copy engine's views (AllGatherLauncher._copy_plan)
+    twin: AllGatherContext | None = None  # the context of captured calls (Launcher.make_twin)
+    captured: bool = False  # a twin on which a call was captured
+    fence: Channel | None = None  # a twin's barrier words (Launcher.device_barrier)
 
 
 class AllGatherLauncher(Launcher):
     """``kernel[grid](a_shard, ...)``: gather the shards, then run the rewritten consumer."""
+
+    @property
+    def resets_channels(self) -> bool:
+        """A captured copy-engine gather starts its channels from zero and its flags store the call's own count
+        with the stream's memory operations, as uncaptured: a flag set by a kernel would need an SM, and the
+        consumer, launched first, keeps every SM while it waits for the flags (Launcher.begin_captured)."""
+        return self.meta["via"] == "copy_engine"
 
     def context(self, bound: dict) -> AllGatherContext:
         world = self.world()
@@ -73,6 +83,9 @@ class AllGatherLauncher(Launcher):
         key = (size, tuple(shapes), tuple(str(described(bound[n]).dtype) for n in self.meta["tensors"]))
         ctx = self.contexts.get(key)
         if ctx is None:
+            self.refuse_capture(world, "its first call with these shapes allocates symmetric buffers and loads "
+                                       "kernels, which cannot happen while a stream captures; call it once outside "
+                                       "the capture with the same shapes first")
             alone = world.world_size == 1
             sets = () if alone else tuple(
                 tuple(symmetric_empty(s, described(bound[n]).dtype)
@@ -84,6 +97,8 @@ class AllGatherLauncher(Launcher):
                                    Diagnostics(), Streams.for_world(world),
                                    torch.zeros(sharding.num_channels, dtype=torch.int64, device=world.device))
             self.contexts[key] = ctx
+            if not alone:
+                self.make_twin(ctx, world, channel=Channel(sharding.num_channels), ready=Channel(world.world_size))
         if fast is not None:
             self.fast_contexts[fast] = ctx
         return ctx
@@ -146,11 +161,11 @@ class AllGatherLauncher(Launcher):
         sh, k = ctx.sharding, len(ctx.shapes)
         stream = ctx.streams.side
         for j in range(sh.channels_per_rank):  # this rank's own channels first: its shard is in place
-            rank_notify(barriers, world.rank * sh.channels_per_rank + j, epoch * k, world.rank, stream)
+            self.notify(ctx, barriers, world.rank * sh.channels_per_rank + j, epoch * k, world.rank, stream)
         for ch, pairs in self._copy_plan(ctx, world, epoch % 2):
             for src_view, dst_view in pairs:
                 rank_copy_data(src_view, dst_view, stream)
-            rank_notify(barriers, ch, epoch * k, world.rank, stream)
+            self.notify(ctx, barriers, ch, epoch * k, world.rank, stream)
 
     def _race(self, ctx: AllGatherContext, world, epoch: int, grid, call: dict, consumer_args: dict) -> None:
         """Run the consumer on the race-exposing schedule (:mod:`tilelink.runtime.races`): the peers' rows of
@@ -183,12 +198,69 @@ class AllGatherLauncher(Launcher):
         with races.watch(ctx.channel.barriers, on_wait=deliver), races.program_starts(next_program):
             self.kernel[grid](**call, **consumer_args)
 
+    def _launch_captured(self, grid, bound: dict, ctx: AllGatherContext, world) -> None:
+        """A captured call (:mod:`tilelink.runtime.graphs`): the twin's channels and one set of gathered copies (a
+        replay cannot alternate them), so two barriers of the ranks' main streams, on the device, take the place
+        of the alternation: at the start every peer is past its previous call (none still reads this rank's set
+        when its shard is copied in), at the end every peer is done with this one (an uncaptured call next may
+        write either set before its handshake)."""
+        from tilelink.runtime import graphs
+
+        dim, k = self.meta["dim"], len(ctx.shapes)
+        lo, hi = ctx.sharding.rank_range(world.rank)
+        fulls = ctx.sets[1]  # the set of an odd call: with epoch 1, every helper below picks it
+        call = dict(bound)
+        for name, full in zip(self.meta["tensors"], fulls, strict=True):
+            call[name] = full
+        twin = self.begin_captured(ctx, world, grid, call)
+        main, side = twin.streams.main, twin.streams.side
+        self.device_barrier(twin, world, main)
+        if self.resets_channels:  # nothing reads them now: the last call's consumer is behind on this stream
+            graphs.enqueue(twin.channel.barriers.zero_)
+
+        def shards() -> None:
+            for name, full in zip(self.meta["tensors"], fulls, strict=True):
+                if hi > lo:
+                    full.narrow(dim, lo, hi - lo).copy_(bound[name])
+
+        graphs.enqueue(shards)
+        self.device_handshake(twin, twin.ready, world, main, main)
+        # the kernels get the per-call multiple (k notifies a channel per call); the count is on the device
+        consumer_args = self.channel_args(twin.channel.barriers, k, world, twin.sharding, twin.diag)
+
+        def producer() -> None:
+            self._producer(twin, world, 1, twin.channel.barriers, twin.channel.peer_table)
+
+        def consumer() -> None:
+            self.kernel[grid](**call, **consumer_args)
+
+        if side is None:  # emulated: the producer first, as in an uncaptured call
+            graphs.enqueue(producer)
+            graphs.enqueue(consumer)
+        else:  # the same order as an uncaptured call's
+            side.wait_stream(main)
+            if self.meta["via"] == "copy_engine" and not self.meta["index"]:
+                consumer()
+                with torch.cuda.stream(side):
+                    producer()
+            else:
+                with torch.cuda.stream(side):
+                    producer()
+                consumer()
+            self.finish_captured(twin)
+        self.device_barrier(twin, world, main, last=True)
+
     def launch(self, grid, bound: dict) -> None:
         world = self.world()
         ctx = self.context(bound)
         ctx.streams.follow_caller(world.device)
         if world.world_size == 1:  # the shard is the whole tensor
             self.alone(grid, dict(bound), ctx, world)
+            return
+        from tilelink.runtime import graphs
+
+        if graphs.capturing(world.device):
+            self._launch_captured(grid, bound, ctx, world)
             return
         dim, k = self.meta["dim"], len(ctx.shapes)
         lo, hi = ctx.sharding.rank_range(world.rank)

@@ -18,8 +18,6 @@ from tilelink.runtime import (
     peer_tensor,
     races,
     rank_copy_data,
-    rank_notify,
-    rank_wait,
     symmetric_empty,
 )
 
@@ -53,6 +51,9 @@ class ReduceScatterContext:
     variants: set = field(default_factory=set)  # the rewritten kernel's variants loaded (warm_up)
     satisfied: torch.Tensor | None = None  # a world of one: every wait passes
     scatter_plans: dict = field(default_factory=dict)  # parity -> the hybrid copy engine's views (_scatter_plan)
+    twin: ReduceScatterContext | None = None  # the context of captured calls (Launcher.make_twin)
+    captured: bool = False  # a twin on which a call was captured
+    fence: Channel | None = None  # a twin's barrier words (Launcher.device_barrier)
     ready: Channel | None = None  # the hybrid's: word r is the last call rank r has reached (Launcher.handshake)
     channel_elems: torch.Tensor | None = None  # a split-K write-back's: each channel's elements (start_sums)
 
@@ -112,6 +113,9 @@ class ReduceScatterLauncher(Launcher):
         key = (size, shape, str(out.dtype))
         ctx = self.contexts.get(key)
         if ctx is None:
+            self.refuse_capture(world, "its first call with these shapes allocates symmetric buffers and loads "
+                                       "kernels, which cannot happen while a stream captures; call it once outside "
+                                       "the capture with the same shapes first")
             partial = symmetric_empty(shape, out.dtype)
             ctx = ReduceScatterContext(sharding, partial, vector_peer_table(partial), Channel(sharding.num_channels),
                                        Diagnostics(), Streams.for_world(world),
@@ -132,6 +136,13 @@ class ReduceScatterLauncher(Launcher):
                 if world.world_size > 1:  # alone, the summed slots go straight into the output
                     ctx.reduced = torch.empty((size, *out.shape[1:]), dtype=out.dtype, device=world.device)
             self.contexts[key] = ctx
+            if world.world_size > 1 or topk > 1:  # alone without top-k, a call has nothing to count
+
+                def fresh(channel: Channel | None) -> Channel | None:
+                    return None if channel is None else Channel(channel.num_channels)
+
+                self.make_twin(ctx, world, channel=fresh(ctx.channel), recv_channel=fresh(ctx.recv_channel),
+                               reduced_channel=fresh(ctx.reduced_channel), ready=fresh(ctx.ready))
         if fast is not None:
             self.fast_contexts[fast] = ctx
         return ctx
@@ -233,11 +244,11 @@ class ReduceScatterLauncher(Launcher):
             for j, ch, rows, views in channels:
                 if rows > 0:
                     # the host goes on enqueueing; a stuck wait is released and raised by finish()
-                    rank_wait(ctx.sent_channel, ch, epoch * rows * row_elems, stream, block=False)
+                    self.wait(ctx, ctx.sent_channel, ch, epoch * rows * row_elems, stream)
                     if views is not None:
                         rank_copy_data(*views, stream)
                 if remote:
-                    rank_notify(ctx.recv_channel, world.rank * sh.channels_per_rank + j, epoch, dst, stream)
+                    self.notify(ctx, ctx.recv_channel, world.rank * sh.channels_per_rank + j, epoch, dst, stream)
 
     def _launch_hybrid(self, grid, call: dict, ctx: ReduceScatterContext, world, out) -> None:
         alone = world.world_size == 1
@@ -281,6 +292,58 @@ class ReduceScatterLauncher(Launcher):
                 self._reduce(ctx, world, out, ctx.recv_channel.barriers, ctx.sent_channel.barriers, epoch)
         self.finish(ctx)
 
+    def _launch_captured(self, grid, call: dict, ctx: ReduceScatterContext, world, out) -> None:
+        """A captured call (:mod:`tilelink.runtime.graphs`) on the twin's channels. The hybrid uses the receive
+        slots of one parity: its handshake already orders a peer's copies into them after this rank's reduction of
+        the call before (the handshake's word is set on the main stream, which joined that reduction); its copies
+        start when the GEMM is done. The SM reduce-scatters meet at a device-side barrier in place of the stream
+        barrier."""
+        from tilelink.runtime import graphs
+
+        twin = self.begin_captured(ctx, world, grid, call)
+        main, side = twin.streams.main, twin.streams.side
+        # the per-call multiple only: the count is on the device (tilelink.language.call_target)
+        args = self.channel_args(twin.channel.barriers, 1, world, twin.sharding, twin.diag)
+
+        def produce() -> None:
+            self.kernel[grid](**call, **args)
+
+        if self.meta["via"] == "copy_engine":
+            alone = world.world_size == 1
+            reduced = out if alone else twin.reduced
+            graphs.enqueue(produce)
+            if twin.reduced_channel is not None:
+                graphs.enqueue(lambda: self._topk_reduce(twin, world, reduced, twin.reduced_channel.barriers))
+            if not alone:
+                # the copies start once the GEMM is done: a captured flag wait is a kernel, and one spinning on a
+                # channel beside a GEMM that keeps every SM could take the SM a GEMM program needs
+                if side is not None:
+                    side.wait_stream(main)
+                self.device_handshake(twin, twin.ready, world, main, side)
+
+                def send_and_reduce() -> None:
+                    with self.on(side):
+                        self._scatter(twin, world, 1)
+                        self._reduce(twin, world, out, twin.recv_channel.barriers, twin.sent_channel.barriers, 1)
+
+                graphs.enqueue(send_and_reduce)
+                self.finish_captured(twin)
+            return
+        self.device_barrier(twin, world, main)  # every rank is done reading the previous call's partial sums
+
+        def consume() -> None:
+            self._consumer(twin, world, out, twin.channel.barriers, twin.channel.peer_table, 1)
+
+        if side is not None:
+            side.wait_stream(main)
+            with torch.cuda.stream(side):
+                consume()
+            produce()
+        else:
+            graphs.enqueue(produce)
+            graphs.enqueue(consume)
+        self.finish_captured(twin)
+
     def launch(self, grid, bound: dict) -> None:
         world = self.world()
         ctx = self.context(bound)
@@ -294,6 +357,11 @@ class ReduceScatterLauncher(Launcher):
         out = described(bound[name])
         # the kernel writes its partial sums to the symmetric buffer (a host descriptor: the same one over it)
         call = {**bound, name: rebuilt(bound[name], ctx.partial)}
+        from tilelink.runtime import graphs
+
+        if graphs.capturing(world.device):
+            self._launch_captured(grid, call, ctx, world, out)
+            return
         if self.meta["via"] == "copy_engine":
             self._launch_hybrid(grid, call, ctx, world, out)
             return
