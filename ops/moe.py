@@ -37,7 +37,7 @@ from tilelink.ops.contract import (
     persistent_wanted,
     tail_split,
 )
-from tilelink.ops.moe_routing import Routing, align_tokens, as_routing
+from tilelink.ops.moe_routing import Routing, align_tokens, as_routing, refuse_capture
 
 
 def moe_config(num_slots: int, num_experts: int, N: int, dtype: torch.dtype, K: int = 4096) -> dict:
@@ -269,6 +269,7 @@ def _launch(part: str, x, w, out, weights, routing: Routing, world, persistent: 
 def _check_routing(op: str, topk_ids, num_experts: int, world) -> Routing:
     """The checked routing of a call (its one copy to the host: :func:`tilelink.ops.moe_routing.route`), or
     the :class:`Routing` the caller made once for both parts of a layer."""
+    refuse_capture(op, world.device)
     given = topk_ids
     if isinstance(topk_ids, Routing):
         topk_ids = topk_ids.topk_ids

@@ -116,10 +116,27 @@ def align_kernel(ids_ptr, n, counts_ptr, num_experts, block, sorted_ptr, expert_
                  mask=b < mine_padded // block)
 
 
+#: why the MoE operators refuse to be captured in a CUDA graph, and what to do instead
+CAPTURE_REFUSED = ("its routing crosses to the host once per call (the per-expert counts decide the padded slot "
+                   "count, the blocks' experts and the tile shape, and a graph would replay the captured routing's "
+                   "on every new one); capture the layers before and after the MoE layer in graphs of their own and "
+                   "call the MoE layer between their replays, outside any capture")
+
+
+def refuse_capture(op: str, device: torch.device) -> None:
+    """Raise :class:`LaunchError` when ``op`` is called while ``device``'s current stream captures."""
+    from tilelink.runtime import graphs
+
+    if graphs.capturing(device):
+        raise LaunchError(f"{op} cannot be captured in a CUDA graph: {CAPTURE_REFUSED}")
+
+
 def route(topk_ids: torch.Tensor, num_experts: int) -> Routing:
     """Check ``topk_ids`` and count the slots of each expert, with one copy to the host (the ids' range
-    and the counts together). Raises :class:`LaunchError` for ids outside ``[0, num_experts)``."""
+    and the counts together). Raises :class:`LaunchError` for ids outside ``[0, num_experts)``, and while a
+    CUDA graph captures (a graph cannot cross to the host)."""
     check_shape(topk_ids, num_experts)
+    refuse_capture("MoE routing", topk_ids.device)
     flat = topk_ids.contiguous().view(-1)
     stats = torch.zeros(2 + num_experts, dtype=torch.int64, device=flat.device)
     if flat.numel():
