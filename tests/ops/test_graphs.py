@@ -1,0 +1,72 @@
+"""Captured calls in emulated worlds: a call recorded once (:class:`tilelink.runtime.graphs.EmulatedGraph`) and
+replayed with its recorded arguments, new data written into the captured tensors before each replay, as a CUDA
+graph replays its nodes."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+import tilelink
+from tests.ops.graph_worlds import (
+    FORMS,
+    a_replay_a_peer_skips_times_out,
+    refusals,
+    replays_match_torch,
+)
+
+
+def _worst(per_rank: list[dict[str, list[float]]], label: str) -> float:
+    return max(max(errors) for errors in (r[label] for r in per_rank))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world", [2, 3])
+def test_replays_with_new_data_match_torch(world: int) -> None:
+    """Every form of ag_gemm and gemm_rs, three replays with new data, rank 1 late on the second: each replay waits
+    for the peers' data of that replay, not the last one's; then uncaptured calls and a replay again. K = 48: every
+    rank's slice of K suits the persistent kernels' descriptors."""
+    per_rank = tilelink.spawn(replays_match_torch, world, 37, 20, 48, 3, 0.5)
+    for label in FORMS:
+        assert _worst(per_rank, label) < 1e-5, (label, per_rank)
+
+
+@pytest.mark.slow
+def test_one_rank_replays_match_torch() -> None:
+    """A world of one: the captured call runs the kernel against satisfied channels, nothing counted."""
+    per_rank = tilelink.spawn(replays_match_torch, 1, 19, 12, 16, 2, 0.0, ("ag_gemm sm_pull", "gemm_rs sm_pull"))
+    assert _worst(per_rank, "ag_gemm sm_pull") < 1e-5 and _worst(per_rank, "gemm_rs sm_pull") < 1e-5, per_rank
+
+
+@pytest.mark.slow
+def test_a_count_frozen_at_capture_is_seen(monkeypatch) -> None:
+    """The same replays with the call count left as it was at capture (what a count kept on the host would give a
+    graph): every form gives a wrong result or a timed-out wait, so the replays above prove the count advances."""
+    monkeypatch.setenv("TILELINK_WAIT_TIMEOUT", "1")
+    per_rank = tilelink.spawn(replays_match_torch, 2, 37, 20, 48, 3, 0.5, tuple(FORMS), False)
+    for label in FORMS:
+        assert _worst(per_rank, label) > 1e-3 or math.isinf(_worst(per_rank, label)), (label, per_rank)
+
+
+@pytest.mark.slow
+def test_a_wait_inside_a_replay_is_bounded_and_raised_at_the_next_check() -> None:
+    """Rank 1 never replays: rank 0's replay ends anyway (its waits are bounded on the device), and the record
+    is raised as WaitTimeout by the next uncaptured check, naming the handshake with rank 1."""
+    message, skipped = tilelink.spawn(a_replay_a_peer_skips_times_out, 2, 16, 8, 16)
+    assert skipped == "skipped"
+    assert "handshake" in message and "NO TIMEOUT" not in message, message
+
+
+@pytest.mark.slow
+def test_a_replay_timeout_left_unchecked_is_raised_by_finalize() -> None:
+    message, skipped = tilelink.spawn(a_replay_a_peer_skips_times_out, 2, 16, 8, 16, False)
+    assert skipped == "skipped"
+    assert "handshake" in message and "NO TIMEOUT" not in message, message
+
+
+def test_what_cannot_be_captured_is_refused_and_says_why() -> None:
+    """A first call with new shapes (it would allocate and load kernels), and MoE (its routing crosses to the host)."""
+    (messages,) = tilelink.spawn(refusals, 1)
+    assert "call it once outside the capture" in messages[0], messages
+    assert "cannot be captured" in messages[1] and "crosses to the host" in messages[1], messages
