@@ -214,6 +214,8 @@ def ag_gemm_fp8(a_shard, b, ctx, a_scale, b_scale, out_dtype, persistent: bool |
     rows = a_shard.shape[0]
     if a_scale.numel() != rows:  # per-tensor: the value for each row, gathered with the rows
         a_scale = a_scale.expand(rows).contiguous()
+    elif a_scale.data_ptr() % 16:  # the persistent kernel reads it by descriptor (a world of one: the tensor itself)
+        a_scale = a_scale.clone()
     # decided from K, which every rank shares (e4m3 rows of 16-byte multiples), never from this rank's N
     persistent = persistent_wanted(world.device, persistent) and K % 16 == 0
     if persistent:  # N is this rank's own: pad B's columns (zero columns, scale zero) rather than choose by it

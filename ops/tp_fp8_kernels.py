@@ -81,18 +81,19 @@ def ag_gemm_fp8_persistent_kernel(a_ptr, a_scale_ptr, b_ptr, b_scale_ptr, c_ptr,
                                        block_shape=[BLOCK_N, BLOCK_K])
     c_desc = tl.make_tensor_descriptor(c_ptr, shape=[M, N], strides=[stride_cm, stride_cn],
                                        block_shape=[BLOCK_M, HALF])
+    # the row scales by descriptor too, read after the K loop: the one wait before the loop, for the tile's
+    # channels, then guards the rows and their scales
+    s_desc = tl.make_tensor_descriptor(a_scale_ptr, shape=[M], strides=[1], block_shape=[BLOCK_M])
     for tile_id in tl.range(start_pid, num_tiles - tail, NUM_SMS):
         pid_m, pid_n = tile_coordinates(tile_id, GROUP_M * num_pid_n, num_pid_m, GROUP_M)
         offs_am = pid_m * BLOCK_M
         offs_bn = pid_n * BLOCK_N
-        # the rows' scales first: one wait for the tile's channels guards them and the K loop's loads of A
-        rows = offs_am + tl.arange(0, BLOCK_M)
-        a_scale = tl.load(a_scale_ptr + rows, mask=rows < M, other=0.0)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for ki in range(0, tl.cdiv(K, BLOCK_K)):
             a = a_desc.load([offs_am, ki * BLOCK_K])
             b = b_desc.load([offs_bn, ki * BLOCK_K])
             acc = tl.dot(a, b.T, acc)
+        a_scale = s_desc.load([offs_am])
         if B_SCALE_COLS:
             cols = offs_bn + tl.arange(0, BLOCK_N)
             b_scale = tl.load(b_scale_ptr + cols, mask=cols < N, other=0.0)[None, :]
@@ -115,13 +116,12 @@ def ag_gemm_fp8_persistent_kernel(a_ptr, a_scale_ptr, b_ptr, b_scale_ptr, c_ptr,
                                             GROUP_M)
             tail_am = pid_m * BLOCK_M
             tail_bn = pid_n * BLOCK_N + (piece % TAIL_SPLIT) * PIECE
-            tail_rows = tail_am + tl.arange(0, BLOCK_M)
-            a_scale = tl.load(a_scale_ptr + tail_rows, mask=tail_rows < M, other=0.0)
             acc = tl.zeros((BLOCK_M, PIECE), dtype=tl.float32)
             for ki in range(0, tl.cdiv(K, BLOCK_K)):
                 a = a_desc.load([tail_am, ki * BLOCK_K])
                 b = b_piece.load([tail_bn, ki * BLOCK_K])
                 acc = tl.dot(a, b.T, acc)
+            a_scale = s_desc.load([tail_am])
             if B_SCALE_COLS:
                 cols = tail_bn + tl.arange(0, PIECE)
                 b_scale = tl.load(b_scale_ptr + cols, mask=cols < N, other=0.0)[None, :]

@@ -38,6 +38,10 @@ VARIANTS: dict[str, list[tuple[str, str, bool | None]]] = {
                ("moe_kernels", "ag_group_gemm_persistent_kernel", True)],
     "moe_rs": [("moe_kernels", "group_gemm_rs_kernel", False), ("moe_kernels", "group_gemm_rs_sweep_kernel", True)],
     "sp_attention": [("attention_kernels", "sp_attention_fwd_kernel", None)],
+    "ag_gemm_fp8": [("tp_fp8_kernels", "ag_gemm_fp8_kernel", False),
+                    ("tp_fp8_kernels", "ag_gemm_fp8_persistent_kernel", True)],
+    "gemm_rs_fp8": [("tp_fp8_kernels", "gemm_rs_fp8_kernel", False),
+                    ("tp_fp8_kernels", "gemm_rs_fp8_persistent_kernel", True)],
 }
 
 #: a result at least this far from torch (relative, float32 inputs) is wrong
@@ -164,8 +168,59 @@ def _sp_attention() -> Callable[[bool | None], float]:
     return lambda persistent: _rel(sp_attention(*shards, causal=False, ctx=SPContext(S)), ref)
 
 
+def _fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``x`` quantised to e4m3 per row: ``(q, scales, dequantised float64)``."""
+    from tilelink.ops.tp_fp8 import quantize_fp8
+
+    q, s = quantize_fp8(x)
+    return q, s, q.double() * s.double()[:, None]
+
+
+def _ag_gemm_fp8() -> Callable[[bool | None], float]:
+    """As :func:`_ag_gemm` on e4m3 operands with row scales (gathered with A's rows), fp32 out. The FP8 kernels'
+    interpreter tiles are 16 x 32: N = 40 (padded to 48) makes the same six tiles, the last two in pieces."""
+    from tilelink.ops import TPContext, ag_gemm
+    from tilelink.ops.contract import tail_split
+    from tilelink.ops.tp import INTERPRETED_SMS
+
+    r, R, device = _setup()
+    M, N, K = 37, 40, 16
+    assert tail_split(3 * 2, INTERPRETED_SMS, 32) == 2
+    g = torch.Generator().manual_seed(36)
+    lo, hi = shard_range(M, r, R)
+    a, a_s, a_deq = _fp8(torch.randn(M, K, generator=g))
+    w, w_s, w_deq = _fp8(torch.randn(N, K, generator=g))
+    ref = a_deq @ w_deq.t()
+    args = (a[lo:hi].contiguous().to(device), w.t().to(device))
+    scales = dict(a_scale=a_s[lo:hi].contiguous().to(device), b_scale=w_s.to(device), out_dtype=torch.float32)
+    return lambda persistent: _rel(ag_gemm(*args, TPContext(M), persistent=persistent, **scales), ref)
+
+
+def _gemm_rs_fp8() -> Callable[[bool | None], float]:
+    """As :func:`_gemm_rs` on e4m3 operands, each rank's slice of K quantised with its own row scales, fp32 out."""
+    from tilelink.ops import gemm_rs
+
+    r, R, device = _setup()
+    M, N, K = 37, 20, 11
+    g = torch.Generator().manual_seed(37)
+    a, w = torch.randn(M, K, generator=g), torch.randn(N, K, generator=g)
+    lo, hi = shard_range(M, r, R)
+    ref, mine = torch.zeros(M, N, dtype=torch.float64), None
+    for s in range(R):
+        klo, khi = shard_range(K, s, R)
+        (qa, sa, da), (qw, sw, dw) = _fp8(a[:, klo:khi].contiguous()), _fp8(w[:, klo:khi].contiguous())
+        ref += da @ dw.t()
+        if s == r:
+            mine = (qa.to(device), qw.t().to(device), sa.to(device), sw.to(device))
+    qa, qw, sa, sw = mine
+    ref = ref[lo:hi]
+    return lambda persistent: _rel(gemm_rs(qa, qw, persistent=persistent, a_scale=sa, b_scale=sw,
+                                           out_dtype=torch.float32), ref)
+
+
 RUNNERS: dict[str, Callable[[], Callable[[bool | None], float]]] = {
-    "ag_gemm": _ag_gemm, "gemm_rs": _gemm_rs, "ag_moe": _ag_moe, "moe_rs": _moe_rs, "sp_attention": _sp_attention}
+    "ag_gemm": _ag_gemm, "gemm_rs": _gemm_rs, "ag_moe": _ag_moe, "moe_rs": _moe_rs, "sp_attention": _sp_attention,
+    "ag_gemm_fp8": _ag_gemm_fp8, "gemm_rs_fp8": _gemm_rs_fp8}
 
 
 def _launched(okernel) -> bool:
