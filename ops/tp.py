@@ -141,10 +141,8 @@ def ag_gemm(a_shard: torch.Tensor, b: torch.Tensor, ctx: TPContext | None = None
     Raises :class:`tilelink.LaunchError` before anything runs when this rank's shard is not its rows of A
     (with ``ctx``, of ``ctx.M`` rows; every rank passing the whole A is refused so). Without ``ctx`` the ranks
     exchange their shard sizes (bounded; a rank that does not come is named)."""
-    from tilelink.ops import tp_kernels
+    from tilelink.ops import tp_fp8, tp_kernels
     from tilelink.runtime import current_world
-
-    from tilelink.ops import tp_fp8
 
     if tp_fp8.wants_fp8(a_shard, b, a_scale, b_scale):
         return tp_fp8.ag_gemm_fp8(a_shard, b, ctx, a_scale, b_scale, out_dtype, persistent)
@@ -190,10 +188,8 @@ def gemm_rs(a: torch.Tensor, b_shard: torch.Tensor, *, persistent: bool | None =
     ``persistent``: as for :func:`ag_gemm` (``True``: the persistent kernel and the hybrid reduce-scatter,
     where N allows it; ``False``: the pointer kernel and the SM pull; ``None``: the persistent one on a GPU).
     ``path``: as for :func:`ag_gemm` (``"plain"``: cuBLAS, then a ``torch.distributed`` reduce-scatter)."""
-    from tilelink.ops import tp_kernels
+    from tilelink.ops import tp_fp8, tp_kernels
     from tilelink.runtime import current_world
-
-    from tilelink.ops import tp_fp8
 
     if tp_fp8.wants_fp8(a, b_shard, a_scale, b_scale):
         return tp_fp8.gemm_rs_fp8(a, b_shard, a_scale, b_scale, out_dtype, persistent)

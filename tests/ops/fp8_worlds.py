@@ -173,8 +173,9 @@ def fp8_compiled_mlp_matches_eager() -> dict:
         with FakeTensorMode(shape_env=ShapeEnv()) as mode:
             f = op(*(mode.from_tensor(t, static_shapes=True) if isinstance(t, torch.Tensor) else t for t in op_args))
         fake[name] = (tuple(int(s) for s in f.shape), f.dtype)
+    nodes = [n for graph in explained.graphs for n in graph.graph.nodes if n.op == "call_function"]
     return {"breaks": explained.graph_break_count, "graphs": explained.graph_count,
-            "ops": sorted({str(n.target).removeprefix("tilelink.").split(".")[0] for g_ in explained.graphs
-                           for n in g_.graph.nodes if n.op == "call_function" and str(n.target).startswith("tilelink.")}),
+            "ops": sorted({str(n.target).removeprefix("tilelink.").split(".")[0] for n in nodes
+                           if str(n.target).startswith("tilelink.")}),
             "err": (out - eager).abs().max().item() / max(eager.abs().max().item(), 1e-30) if eager.numel() else 0.0,
             "real": real, "fake": fake}

@@ -12,8 +12,12 @@ import pytest
 import torch
 
 import tilelink
-from tests.ops.fp8_worlds import fp8_bad_inputs, fp8_compiled_mlp_matches_eager, fp8_mlp_matches_reference, \
-    fp8_ops_match_reference
+from tests.ops.fp8_worlds import (
+    fp8_bad_inputs,
+    fp8_compiled_mlp_matches_eager,
+    fp8_mlp_matches_reference,
+    fp8_ops_match_reference,
+)
 
 
 def test_the_interpreter_loads_and_multiplies_e4m3() -> None:
@@ -72,6 +76,31 @@ def test_the_reduce_scatter_rule_takes_the_scaled_epilogue_as_written() -> None:
     # one wait guards a tile's rows and their scales: the pointer kernel's, and each loop's of the persistent one
     assert result.output.count("guards the reads of a_ptr, a_scale_ptr at") == 3, result.output
     assert result.output.count("consumer_tile_wait") == 3, result.output
+
+
+def test_fp8_ops_are_ordered_and_their_fakes_follow_rank_world_and_out_dtype() -> None:
+    from torch._higher_order_ops.effects import _get_effect
+    from torch._library.effects import EffectType
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv, free_unbacked_symbols
+
+    import tilelink.ops  # noqa: F401 - registers torch.ops.tilelink.*
+
+    ops = torch.ops.tilelink
+    for name in ("ag_gemm_fp8", "gemm_rs_fp8"):
+        op = getattr(ops, name).default
+        assert not any(arg.alias_info is not None for arg in op._schema.arguments), op._schema
+        assert _get_effect(op) is EffectType.ORDERED, name
+    f8 = torch.float8_e4m3fn
+    with FakeTensorMode(shape_env=ShapeEnv()):
+        one = torch.ones(())
+        a, b, b_down = torch.empty(3, 16, dtype=f8), torch.empty(16, 24, dtype=f8), torch.empty(24, 16, dtype=f8)
+        h = ops.ag_gemm_fp8(a, b, one, one, torch.bfloat16, 7, 1, 2, None)
+        assert h.shape == (7, 24) and h.dtype == torch.bfloat16
+        h = ops.ag_gemm_fp8(a, b, torch.ones(3), torch.ones(24), torch.float16, None, 1, 2, None)
+        assert free_unbacked_symbols(h.shape[0]) and h.dtype == torch.float16
+        y = ops.gemm_rs_fp8(torch.empty(7, 24, dtype=f8), b_down, one, one, torch.float32, 1, 2, None)
+        assert y.shape == (3, 16) and y.dtype == torch.float32
 
 
 def test_bad_fp8_inputs_raise_before_running() -> None:
