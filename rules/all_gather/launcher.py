@@ -211,7 +211,7 @@ class AllGatherLauncher(Launcher):
         fulls = ctx.sets[1]  # the set of an odd call: with epoch 1, every helper below picks it
         call = dict(bound)
         for name, full in zip(self.meta["tensors"], fulls, strict=True):
-            call[name] = full
+            call[name] = rebuilt(bound[name], full)  # a host descriptor: the same one over the gathered rows
         twin = self.begin_captured(ctx, world, grid, call)
         main, side = twin.streams.main, twin.streams.side
         self.device_barrier(twin, world, main)
@@ -221,7 +221,7 @@ class AllGatherLauncher(Launcher):
         def shards() -> None:
             for name, full in zip(self.meta["tensors"], fulls, strict=True):
                 if hi > lo:
-                    full.narrow(dim, lo, hi - lo).copy_(bound[name])
+                    full.narrow(dim, lo, hi - lo).copy_(described(bound[name]))
 
         graphs.enqueue(shards)
         self.device_handshake(twin, twin.ready, world, main, main)

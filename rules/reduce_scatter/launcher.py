@@ -300,6 +300,11 @@ class ReduceScatterLauncher(Launcher):
         barrier."""
         from tilelink.runtime import graphs
 
+        if self.meta.get("atomic_axes") is not None:
+            raise LaunchError(f"{self.okernel.name}: a split-K write-back (tl.atomic_add into the reduced tensor) "
+                              f"cannot be captured in a CUDA graph: its per-call start (start_sums: the zeroed sums "
+                              f"and the channels lowered by the split count) is host work of each call; call it "
+                              f"outside the capture, or store each tile once")
         twin = self.begin_captured(ctx, world, grid, call)
         main, side = twin.streams.main, twin.streams.side
         # the per-call multiple only: the count is on the device (tilelink.language.call_target)
