@@ -120,6 +120,10 @@ class AllReduceLauncher(ReduceScatterLauncher):
 
     def launch(self, grid, bound: dict) -> None:
         world = self.world()
+        # its channels count calls on the host (the epoch a replay would freeze) and its barrier waits on the host
+        self.refuse_capture(world, "GEMM + all-reduce counts its calls on the host, which a replay cannot advance; "
+                                   "call it outside the captured region (capture the layers around it in graphs "
+                                   "of their own), or use ag_gemm / gemm_rs, which can be captured")
         ctx = self.context(bound)
         ctx.streams.follow_caller(world.device)
         if world.world_size == 1:  # the output is the whole result

@@ -230,8 +230,24 @@ def moe_under_capture() -> str:
     return "NO ERROR"
 
 
+def gemm_ar_under_capture() -> str:
+    """gemm_ar captured after an uncaptured call with the same shapes: refused, saying why."""
+    from tilelink.ops import gemm_ar
+    from tilelink.runtime.graphs import EmulatedGraph
+
+    a, b = torch.randn(4, 16), torch.randn(16, 8)
+    gemm_ar(a, b)
+    graph = EmulatedGraph()
+    try:
+        with graph.capture():
+            gemm_ar(a, b)
+    except tilelink.LaunchError as exc:
+        return str(exc)
+    return "NO ERROR"
+
+
 def refusals() -> list[str]:
-    return [capture_without_warm_up(), moe_under_capture()]
+    return [capture_without_warm_up(), moe_under_capture(), gemm_ar_under_capture()]
 
 
 #: the captured operators of the GPU tests: ag_gemm and gemm_rs in their GPU modes (the default persistent kernels,
