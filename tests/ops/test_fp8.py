@@ -147,3 +147,34 @@ def test_fp8_tp_mlp_compiles_whole_through_the_fp8_ops() -> None:
         assert {"ag_gemm_fp8", "gemm_rs_fp8"} <= set(result["ops"]), (r, result)
         assert result["fake"] == result["real"], (r, result)
         assert result["err"] < 1e-5, (r, result)
+
+
+#: the shared memory a Hopper block may allocate (bytes): a kernel asking more is refused at launch
+HOPPER_SHARED = 227 * 1024
+
+
+@pytest.mark.slow
+def test_fp8_kernels_compile_for_hopper_with_e4m3_mma_and_fit_shared_memory() -> None:
+    """Compiled for sm_90 here (no GPU), with the configurations the operators launch on one: every FP8 kernel,
+    as written and rewritten, multiplies on e4m3 warpgroup MMAs and fits in shared memory (the AG kernel's four
+    stages beside its half C tile); the persistent ones move A, B and C by TMA."""
+    import ast
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_DEFAULT_FP_FUSION"] = "1"
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "compile_fp8.py")
+    result = subprocess.run([sys.executable, script], env=env, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stdout + result.stderr
+    profiles = {}
+    for line in result.stdout.splitlines():
+        kernel, variant, rest = line.split(" ", 2)
+        profiles[(kernel, variant)] = ast.literal_eval(rest)
+    assert len(profiles) == 8, result.stdout
+    for (kernel, variant), profile in profiles.items():
+        assert profile["wgmma e4m3"] > 0 and profile["shared"] <= HOPPER_SHARED, (kernel, variant, profile)
+        assert profile["wgmma e4m3"] == profiles[(kernel, "plain")]["wgmma e4m3"], (kernel, variant, profile)
+        if kernel.endswith("persistent"):
+            assert profile["tma load"] > 0 and profile["tma store"] > 0, (kernel, variant, profile)
