@@ -409,9 +409,9 @@ def measure_dist(shape: MoEShape, world, dtype: torch.dtype, rounds: int, group,
         return _rs_rows(y.view(M, shape.topk, shape.H).sum(1), group)
 
     fns = {"torch_ag": lambda: torch_loop(_ag_rows(x_shard, M, group), w_up, topk_ids, None, True),
-           "fused_ag": fused_ag, "tilelink_ag": lambda: ag_moe(x_shard, w_up, ids),
+           "fused_ag": fused_ag, "tilelink_ag": lambda: ag_moe(x_shard, w_up, ids, path="overlap"),
            "torch_rs": lambda: _rs_rows(torch_loop(h, w_down, topk_ids, weights, False), group),
-           "fused_rs": fused_rs, "tilelink_rs": lambda: moe_rs(h, w_down, ids, weights)}
+           "fused_rs": fused_rs, "tilelink_rs": lambda: moe_rs(h, w_down, ids, weights, path="overlap")}
     errors = {"tilelink_ag": _rel_err(fns["tilelink_ag"](), fns["torch_ag"]()),
               "fused_ag": _rel_err(fns["fused_ag"](), fns["torch_ag"]())}
     ref_rs = fns["torch_rs"]()

@@ -27,6 +27,7 @@ import triton
 
 from tilelink.errors import LaunchError
 from tilelink.mapping import shard_range
+from tilelink.ops import plain
 from tilelink.ops.contract import (
     aligned,
     check_rows,
@@ -38,6 +39,8 @@ from tilelink.ops.contract import (
     tail_split,
 )
 from tilelink.ops.moe_routing import Routing, align_tokens, as_routing, refuse_capture
+from tilelink.ops.path import check as check_path
+from tilelink.ops.path import select as select_path
 
 
 def moe_config(num_slots: int, num_experts: int, N: int, dtype: torch.dtype, K: int = 4096) -> dict:
@@ -243,9 +246,11 @@ def grouped_gemm(part: str, x, w, out, weights, sorted_ids, expert_ids, num_slot
     return kernel, (tiles,), args, meta
 
 
-def _launch(part: str, x, w, out, weights, routing: Routing, world, persistent: bool | None = None) -> None:
+def _launch(part: str, x, w, out, weights, routing: Routing, world, persistent: bool | None = None,
+            written: bool = False) -> None:
     """Align the routing to the tile config and launch ``part``'s grouped GEMM. A rank that holds no
-    column of the inner dimension (K == 0) still takes part, with a zero slice."""
+    column of the inner dimension (K == 0) still takes part, with a zero slice. ``written``: the kernel as
+    written, no communication (the plain path: ``x`` all the tokens, ``out`` one row per slot)."""
     E, K, N = w.shape
     num_slots, top_k = routing.topk_ids.numel(), routing.topk_ids.shape[1]
     if K == 0:
@@ -261,7 +266,7 @@ def _launch(part: str, x, w, out, weights, routing: Routing, world, persistent: 
     sorted_ids, expert_ids = align_tokens(routing, E, meta["BLOCK_M"])
     kernel, grid, args, meta = grouped_gemm(part, x, w, run_out, weights, sorted_ids, expert_ids, num_slots, top_k,
                                             meta, persistent)
-    kernel[grid](*args, **meta)
+    (kernel.kernel if written else kernel)[grid](*args, **meta)
     if run_out is not out:
         out.copy_(run_out[:, :N])
 
@@ -288,7 +293,7 @@ def _check_routing(op: str, topk_ids, num_experts: int, world) -> Routing:
 
 
 def ag_moe(x_shard: torch.Tensor, w: torch.Tensor, topk_ids: torch.Tensor | Routing, *,
-           persistent: bool | None = None) -> torch.Tensor:
+           persistent: bool | None = None, path: str = "auto") -> torch.Tensor:
     """AllGather(x) -> gather by routing -> GroupGEMM, overlapped: the (M*top_k, N) per-slot product.
 
     Args:
@@ -298,6 +303,9 @@ def ag_moe(x_shard: torch.Tensor, w: torch.Tensor, topk_ids: torch.Tensor | Rout
             :func:`tilelink.ops.moe_routing.route`, made once for both parts of a layer (one copy to the host).
         persistent: ``True`` forces the persistent tensor-descriptor kernel (also in the interpreter),
             ``False`` the pointer kernel, ``None`` (default) the persistent one on a GPU; the same on every rank.
+        path: ``"overlap"`` the overlapped kernel, ``"plain"`` a ``torch.distributed`` all-gather of the tokens,
+            then the grouped GEMM as written; ``"auto"`` (default) the one the cost model predicts faster, alike
+            on every rank (:mod:`tilelink.ops.path`).
 
     Raises:
         tilelink.LaunchError: shapes, dtypes, devices or routing that no kernel could serve.
@@ -316,11 +324,18 @@ def ag_moe(x_shard: torch.Tensor, w: torch.Tensor, topk_ids: torch.Tensor | Rout
     routing = _check_routing("ag_moe", topk_ids, E, world)
     M, top_k = routing.topk_ids.shape
     check_rows("ag_moe", f"the {M} routed tokens", x_shard.shape[0], M, world)
+    check_path("ag_moe", path)
     out_dtype = x_shard.dtype
     if M == 0:  # no token on any rank (the routing is every rank's): nothing to gather or compute
         return torch.empty((0, N), dtype=out_dtype, device=world.device)
     x_in, w_in = interpreter_inputs(x_shard, w)
     num_slots = M * top_k
+    if select_path("ag_moe", path, world, dict(S=M, H=K, E=E, topk=top_k), dict(N=N), x_shard.dtype) == "plain":
+        x_full = plain.all_gather_rows(x_in, M, world)  # every rank gathers, also one without columns
+        out = torch.empty((num_slots, N), dtype=x_in.dtype, device=world.device)
+        if N:
+            _launch("ag_moe", x_full, w_in, out, None, routing, world, persistent, written=True)
+        return out if out.dtype == out_dtype else out.to(out_dtype)
     if N == 0:  # no column here, but the other ranks need this rank's tokens: gather into one dummy column
         _launch("ag_moe", x_in, w_in.new_zeros((E, K, 1)), x_in.new_empty((num_slots, 1)), None, routing, world,
                 persistent)
@@ -331,7 +346,7 @@ def ag_moe(x_shard: torch.Tensor, w: torch.Tensor, topk_ids: torch.Tensor | Rout
 
 
 def moe_rs(h: torch.Tensor, w: torch.Tensor, topk_ids: torch.Tensor | Routing,
-           topk_weights: torch.Tensor, *, persistent: bool | None = None) -> torch.Tensor:
+           topk_weights: torch.Tensor, *, persistent: bool | None = None, path: str = "auto") -> torch.Tensor:
     """GroupGEMM -> scatter -> top-k reduce -> ReduceScatter, overlapped: this rank's (rows, N) output.
 
     Args:
@@ -342,6 +357,8 @@ def moe_rs(h: torch.Tensor, w: torch.Tensor, topk_ids: torch.Tensor | Routing,
         persistent: ``True`` forces the tensor-descriptor column sweep (where the dtype allows it, and in the
             interpreter), ``False`` the pointer kernel, ``None`` (default) the sweep on a GPU; the same on
             every rank.
+        path: as for :func:`ag_moe` (``"plain"``: the grouped GEMM as written, the top-k sum, then a
+            ``torch.distributed`` reduce-scatter).
 
     Raises:
         tilelink.LaunchError: shapes, dtypes, devices or routing that no kernel could serve.
@@ -366,6 +383,7 @@ def moe_rs(h: torch.Tensor, w: torch.Tensor, topk_ids: torch.Tensor | Routing,
     if tuple(topk_weights.shape) != (M, top_k):
         raise LaunchError(f"moe_rs: topk_weights must have the shape of topk_ids {(M, top_k)}, got "
                           f"{tuple(topk_weights.shape)}")
+    check_path("moe_rs", path)
     lo, hi = shard_range(M, world.rank, world.world_size)
     out_dtype = h.dtype
     h_in, w_in = interpreter_inputs(h, w)
@@ -373,5 +391,9 @@ def moe_rs(h: torch.Tensor, w: torch.Tensor, topk_ids: torch.Tensor | Routing,
     if N == 0 or M == 0:  # N and M are every rank's: no rank communicates
         return out.to(out_dtype)
     weights = topk_weights.to(torch.float32).contiguous().view(-1)
+    if select_path("moe_rs", path, world, dict(S=M, H=N, E=E, topk=top_k), dict(K=K), h.dtype) == "plain":
+        slots = torch.empty((M * top_k, N), dtype=h_in.dtype, device=world.device)
+        _launch("moe_rs", h_in, w_in, slots, weights, routing, world, persistent, written=True)
+        return plain.reduce_scatter_rows(slots.view(M, top_k, N).sum(1), world).to(out_dtype)
     _launch("moe_rs", h_in, w_in, out, weights, routing, world, persistent)
     return out if out.dtype == out_dtype else out.to(out_dtype)

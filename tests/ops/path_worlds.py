@@ -133,3 +133,37 @@ def plain_gemm_ar_matches_torch(M: int, N: int, K: int, dtype_name: str) -> floa
     c = plain.gemm_ar(a[:, klo:khi].contiguous(), b[klo:khi].contiguous(), world)
     assert c.dtype == dtype and c.shape == (M, N), (c.dtype, c.shape)
     return ((c.double() - ref).norm() / ref.norm()).item()
+
+
+def moe_plain_matches_torch(M: int, H: int, inter: int, E: int, top_k: int, dtype_name: str) -> dict[str, float]:
+    """ag_moe and moe_rs on the plain path, each rank its slice of every expert's intermediate dim, against torch;
+    no overlapped kernel runs (none of their contexts is made)."""
+    from tests.ops.moe_worlds import routing
+    from tilelink.ops import ag_moe, moe_kernels, moe_rs
+
+    dtype = getattr(torch, dtype_name)
+    r, R = tilelink.rank(), tilelink.world_size()
+    device = tilelink.runtime.current_world().device
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(M, H, generator=g)
+    w_up = torch.randn(E, H, inter, generator=g) / H**0.5
+    w_down = torch.randn(E, inter, H, generator=g) / inter**0.5
+    ilo, ihi = _bounds(inter, r, R)
+    lo, hi = _bounds(M, r, R)
+    topk_ids = routing(M, E, top_k, "skewed", g)
+    weights = torch.rand(M, top_k, generator=g)
+    h = torch.randn(M * top_k, inter, generator=g)
+    up = ag_moe(x[lo:hi].contiguous().to(dtype).to(device), w_up[:, :, ilo:ihi].contiguous().to(dtype).to(device),
+                topk_ids.to(device), path="plain")
+    y = moe_rs(h[:, ilo:ihi].contiguous().to(dtype).to(device), w_down[:, ilo:ihi].contiguous().to(dtype).to(device),
+               topk_ids.to(device), weights.to(device), path="plain")
+    assert up.shape == (M * top_k, ihi - ilo) and up.dtype == dtype and y.shape == (hi - lo, H) and y.dtype == dtype
+    ref_up = torch.einsum("sh,shi->si", x.double().repeat_interleave(top_k, 0),
+                          w_up.double()[topk_ids.flatten()])[:, ilo:ihi]
+    per_slot = torch.einsum("si,sih->sh", h.double(), w_down.double()[topk_ids.flatten()])
+    ref_y = (per_slot * weights.double().flatten()[:, None]).view(M, top_k, H).sum(1)[lo:hi]
+    kernels = (moe_kernels.ag_group_gemm_kernel, moe_kernels.ag_group_gemm_persistent_kernel,
+               moe_kernels.group_gemm_rs_kernel, moe_kernels.group_gemm_rs_sweep_kernel)
+    assert not any(k.launcher.contexts for k in kernels), "an overlapped MoE kernel ran on the plain path"
+    rel = lambda a, b: ((a.double().cpu() - b).norm() / max(b.norm().item(), 1e-30)).item()  # noqa: E731
+    return {"ag_moe": rel(up, ref_up), "moe_rs": rel(y, ref_y) if hi > lo else 0.0}

@@ -13,6 +13,7 @@ import tilelink
 from tests.ops.path_worlds import (
     attention_plain_matches_sdpa,
     chosen_paths,
+    moe_plain_matches_torch,
     plain_gemm_ar_matches_torch,
     plain_matches_torch,
 )
@@ -29,6 +30,28 @@ def test_plain_path_matches_torch(world: int) -> None:
     for dtype, bound in (("float32", 1e-6), ("bfloat16", 2e-2)):
         for per_rank in tilelink.spawn(plain_matches_torch, world, 37, 20, 33, dtype):
             assert all(err < bound for err in per_rank.values()), (dtype, per_rank)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_plain_moe_matches_torch(world: int) -> None:
+    """ag_moe and moe_rs on the plain path: 37 tokens (uneven shards), 4 experts of which one gets none, top-2,
+    each rank its slice of the intermediate dim (uneven at world 3)."""
+    for dtype, bound in (("float32", 1e-5), ("bfloat16", 2e-2)):
+        for per_rank in tilelink.spawn(moe_plain_matches_torch, world, 37, 16, 20, 4, 2, dtype):
+            assert all(err < bound for err in per_rank.values()), (dtype, per_rank)
+
+
+def test_auto_for_moe() -> None:
+    """Decode-sized MoE calls go to the plain path; MoE-6's moe_rs over 8 ranks to the overlapped kernels, its
+    ag_moe (whose GEMM waits for the whole gather) stays plain: predicted within the margin."""
+    cal = cost.load(cost.SHIPPED)
+    for S in (1, 16):
+        assert cost.decide("ag_moe", dict(S=S, H=4096, N=512, E=32, topk=5), 8, calibration=cal).path == "plain"
+        assert cost.decide("moe_rs", dict(S=S, H=4096, K=256, E=32, topk=5), 8, calibration=cal).path == "plain"
+    assert cost.decide("moe_rs", dict(S=8192, H=4096, K=256, E=32, topk=5), 8, calibration=cal).path == "overlap"
+    ag = cost.decide("ag_moe", dict(S=8192, H=4096, N=512, E=32, topk=5), 8, calibration=cal)
+    assert ag.path == "plain" and ag.prediction.plain * (1 - cal["choice_margin"]) <= ag.prediction.overlap
 
 
 @pytest.mark.slow
