@@ -12,7 +12,12 @@ import pytest
 import torch
 
 import tilelink
-from tests.ops.path_worlds import attention_plain_matches_sdpa, chosen_paths, plain_matches_torch
+from tests.ops.path_worlds import (
+    attention_plain_matches_sdpa,
+    chosen_paths,
+    moe_plain_matches_torch,
+    plain_matches_torch,
+)
 from tilelink import cost
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
@@ -50,5 +55,12 @@ def test_auto_follows_the_calibration_on_every_rank(tmp_path, monkeypatch) -> No
 @pytest.mark.parametrize("world", [2, 3])
 def test_plain_sp_attention_matches_sdpa(world: int) -> None:
     for per_rank in tilelink.spawn(attention_plain_matches_sdpa, world, 2, 8, 2, 1000, 128, "bfloat16",
+                                   backend="nvshmem"):
+        assert all(err < 2e-2 for err in per_rank.values()), per_rank
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_plain_moe_matches_torch(world: int) -> None:
+    for per_rank in tilelink.spawn(moe_plain_matches_torch, world, 300, 256, 512, 8, 2, "bfloat16",
                                    backend="nvshmem"):
         assert all(err < 2e-2 for err in per_rank.values()), per_rank
