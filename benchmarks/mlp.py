@@ -176,14 +176,17 @@ def fp8_inputs(g: GemmShape, scaling: str, device, gen) -> dict:
     return {"a": a, "a_scale": a_scale, "w": w, "w_scale": w_scale}
 
 
-def _scaled_mm(x: dict, out):
-    """``torch._scaled_mm`` with bf16 out: row-wise scales as (M, 1) and (1, N), per-tensor ones as they are."""
+def _scaled_mm(x: dict, out, fast_accum: bool = False):
+    """``torch._scaled_mm`` with bf16 out: row-wise scales as (M, 1) and (1, N), per-tensor ones as they are.
+    ``fast_accum``: its ``use_fast_accum`` (the MMA's own accumulation throughout, as Triton's FP8 dots on
+    Hopper: promoting every 128 K into fp32 registers beside a 128 x 256 accumulator spills them)."""
     import torch
 
     row = x["a_scale"].dim() == 1
     sa = x["a_scale"][:, None] if row else x["a_scale"]
     sb = x["w_scale"][None, :] if row else x["w_scale"]
-    return lambda: torch._scaled_mm(x["a"], x["w"].t(), scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16, out=out)
+    return lambda: torch._scaled_mm(x["a"], x["w"].t(), scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16, out=out,
+                                    use_fast_accum=fast_accum)
 
 
 def _fp8_kernels(part: str, g: GemmShape, x: dict, c, world: int, device) -> dict:
@@ -228,12 +231,13 @@ def run_compute_fp8(shapes: list[MLPShape], world: int, rounds: int, scale: int 
                 sw = x["w_scale"][:, None] if x["w_scale"].dim() else x["w_scale"]
                 ref = (x["a"].float() * sa) @ (x["w"].float() * sw).t()
                 outs = {}
-                try:
-                    c = torch.empty(g.M, g.N, device=device, dtype=torch.bfloat16)
-                    fns[f"torch._scaled_mm {scaling}"] = _scaled_mm(x, c)
-                    outs[f"torch._scaled_mm {scaling}"] = c
-                except Exception as exc:  # a build or device without it: recorded, TileLink still measured
-                    row["errors"][f"torch._scaled_mm {scaling}"] = f"{type(exc).__name__}: {exc}"[:500]
+                for fast in (False, True):
+                    name = f"torch._scaled_mm {scaling}" + (" fast_accum" if fast else "")
+                    try:
+                        c = torch.empty(g.M, g.N, device=device, dtype=torch.bfloat16)
+                        fns[name], outs[name] = _scaled_mm(x, c, fast), c
+                    except Exception as exc:  # a build or device without it: recorded, TileLink still measured
+                        row["errors"][name] = f"{type(exc).__name__}: {exc}"[:500]
                 for form in ("rewritten", "plain"):
                     name = f"TileLink {scaling}" + ("" if form == "rewritten" else " (as written)")
                     try:
@@ -257,11 +261,14 @@ def run_compute_fp8(shapes: list[MLPShape], world: int, rounds: int, scale: int 
             row["ms"] = times
             row["median_ms"] = {k: statistics.median(v) for k, v in times.items()}
             row["tflops"] = {k: g.flops / (m * 1e-3) / 1e12 for k, m in row["median_ms"].items()}
-            row["ratio"] = {}
+            row["ratio"], row["ratio_vs_fast_accum"] = {}, {}
             for name, ms in row["median_ms"].items():
                 base = row["median_ms"].get(f"torch._scaled_mm {name.split()[1]}")
+                fast = row["median_ms"].get(f"torch._scaled_mm {name.split()[1]} fast_accum")
                 if name.startswith("TileLink") and base:
                     row["ratio"][name] = base / ms
+                if name.startswith("TileLink") and fast:
+                    row["ratio_vs_fast_accum"][name] = fast / ms
             rows.append(row)
             cells = [f"{n} {row['median_ms'][n]:.4f} ms ({r:.3f})" for n, r in row["ratio"].items()]
             click.echo(f"  {shape.name} {part} {g.M}x{g.N}x{g.K}: " + ", ".join(cells), err=True)
@@ -276,10 +283,11 @@ def summarize_compute_fp8(record: dict) -> str:
         cells = [f"{r['median_ms'][n]:30.4f}" if n in r["median_ms"] else f"{'error':>30}" for n in names]
         lines.append(f"{r['shape']:8} {r['part']:8} {r['M']:6d} {r['N']:6d} {r['K']:6d} " + " ".join(cells))
     for name in [n for n in names if n.startswith("TileLink")]:
-        ratios = [r["ratio"][name] for r in record["results"] if name in r["ratio"]]
-        if ratios:
-            lines.append(f"{name} / torch._scaled_mm: min {min(ratios):.3f}, geomean "
-                         f"{math.exp(sum(map(math.log, ratios)) / len(ratios)):.3f} over {len(ratios)} GEMMs")
+        for key, base in (("ratio", "torch._scaled_mm"), ("ratio_vs_fast_accum", "torch._scaled_mm fast_accum")):
+            ratios = [r[key][name] for r in record["results"] if name in r.get(key, {})]
+            if ratios:
+                lines.append(f"{name} / {base}: min {min(ratios):.3f}, geomean "
+                             f"{math.exp(sum(map(math.log, ratios)) / len(ratios)):.3f} over {len(ratios)} GEMMs")
     for r in record["results"]:
         for n, e in r["errors"].items():
             lines.append(f"error {r['shape']} {r['part']} {n}: {e}")

@@ -16,14 +16,15 @@ def test_fp8_compute_mode_times_kernels_that_agree_with_scaled_mm() -> None:
     record = run_compute_fp8([MLPShape("tiny", 32, 32, 64, "test")], 2, 1, device="cpu")
     assert record["dtype"] == "fp8" and record["variants"] == ["TileLink rowwise", "TileLink tensor"]
     methods = {f"{who} {s}{form}" for s in ("rowwise", "tensor")
-               for who, form in (("torch._scaled_mm", ""), ("TileLink", ""), ("TileLink", " (as written)"))}
+               for who, form in (("torch._scaled_mm", ""), ("torch._scaled_mm", " fast_accum"), ("TileLink", ""),
+                                 ("TileLink", " (as written)"))}
     parts = {}
     for row in record["results"]:
         parts[row["part"]] = (row["M"], row["N"], row["K"])
         assert row["errors"] == {}, row["errors"]
         assert set(row["median_ms"]) == methods == set(row["rel_err"])
         assert all(err < 2e-2 for err in row["rel_err"].values()), row["rel_err"]
-        assert set(row["ratio"]) == {m for m in methods if m.startswith("TileLink")}
+        assert set(row["ratio"]) == set(row["ratio_vs_fast_accum"]) == {m for m in methods if m.startswith("TileLink")}
         # the persistent kernels, as the operators take them for 16-byte rows
         assert {c["kernel"] for c in row["config"].values()} == {f"{row['part']}_fp8_persistent_kernel"}
         assert row["config"]["TileLink tensor"]["B_SCALE_COLS"] is False
@@ -31,6 +32,7 @@ def test_fp8_compute_mode_times_kernels_that_agree_with_scaled_mm() -> None:
     assert parts == {"ag_gemm": (32, 64, 32), "gemm_rs": (32, 32, 32)}  # the per-rank shapes of 2 ranks
     text = summarize_compute_fp8(record)
     assert "TileLink rowwise / torch._scaled_mm: min" in text and "TileLink tensor / torch._scaled_mm" in text
+    assert "TileLink rowwise / torch._scaled_mm fast_accum: min" in text
 
 
 def test_fp8_is_refused_in_the_dist_mode() -> None:
