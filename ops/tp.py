@@ -145,7 +145,7 @@ def ag_gemm(a_shard: torch.Tensor, b: torch.Tensor, ctx: TPContext | None = None
     from tilelink.runtime import current_world
 
     if tp_fp8.wants_fp8(a_shard, b, a_scale, b_scale):
-        return tp_fp8.ag_gemm_fp8(a_shard, b, ctx, a_scale, b_scale, out_dtype, persistent)
+        return tp_fp8.ag_gemm_fp8(a_shard, b, ctx, a_scale, b_scale, out_dtype, persistent, path)
     tp_fp8.refuse_out_dtype("ag_gemm", a_shard, out_dtype)
     world = current_world()
     _check_pair("ag_gemm", a_shard, b, world)
@@ -192,7 +192,7 @@ def gemm_rs(a: torch.Tensor, b_shard: torch.Tensor, *, persistent: bool | None =
     from tilelink.runtime import current_world
 
     if tp_fp8.wants_fp8(a, b_shard, a_scale, b_scale):
-        return tp_fp8.gemm_rs_fp8(a, b_shard, a_scale, b_scale, out_dtype, persistent)
+        return tp_fp8.gemm_rs_fp8(a, b_shard, a_scale, b_scale, out_dtype, persistent, path)
     tp_fp8.refuse_out_dtype("gemm_rs", a, out_dtype)
     world = current_world()
     _check_pair("gemm_rs", a, b_shard, world)

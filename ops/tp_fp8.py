@@ -194,11 +194,20 @@ def scaled_gemm(part: str, a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tens
     return kernel, grid, args, launch_meta
 
 
-def ag_gemm_fp8(a_shard, b, ctx, a_scale, b_scale, out_dtype, persistent: bool | None) -> torch.Tensor:
+def _check_path(op: str, path: str) -> None:
+    """FP8 calls run the overlapped kernels: ``path="auto"`` takes them, ``"plain"`` has no FP8 form."""
+    if path not in ("auto", "overlap"):
+        raise LaunchError(f"{op}: path={path!r} has no FP8 form (the plain path is cuBLAS on 16- and 32-bit "
+                          f"operands): pass path='overlap' or 'auto', which run the FP8 kernels")
+
+
+def ag_gemm_fp8(a_shard, b, ctx, a_scale, b_scale, out_dtype, persistent: bool | None,
+                path: str = "auto") -> torch.Tensor:
     """:func:`tilelink.ops.tp.ag_gemm` on FP8 operands (see the module's docstring)."""
     from tilelink.ops.tp import _check_shard_rows
     from tilelink.runtime import current_world
 
+    _check_path("ag_gemm", path)
     world = current_world()
     a_scale, b_scale, out_dtype = _check(
         "ag_gemm", a_shard, b, a_scale, b_scale, out_dtype, world, "a_shard", "b")
@@ -231,10 +240,11 @@ def ag_gemm_fp8(a_shard, b, ctx, a_scale, b_scale, out_dtype, persistent: bool |
     return c if n_run == N else c[:, :N].contiguous()
 
 
-def gemm_rs_fp8(a, b_shard, a_scale, b_scale, out_dtype, persistent: bool | None) -> torch.Tensor:
+def gemm_rs_fp8(a, b_shard, a_scale, b_scale, out_dtype, persistent: bool | None, path: str = "auto") -> torch.Tensor:
     """:func:`tilelink.ops.tp.gemm_rs` on FP8 operands (see the module's docstring)."""
     from tilelink.runtime import current_world
 
+    _check_path("gemm_rs", path)
     world = current_world()
     a_scale, b_scale, out_dtype = _check("gemm_rs", a, b_shard, a_scale, b_scale, out_dtype, world, "a", "b_shard")
     M, K = a.shape

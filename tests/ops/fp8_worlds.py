@@ -123,6 +123,7 @@ def fp8_bad_inputs() -> list[str]:
         lambda: gemm_rs(a, b, a_scale=one, b_scale=one, out_dtype=torch.int32),  # an out dtype that is no float
         lambda: ag_gemm(a.float(), b.float(), out_dtype=torch.bfloat16),  # out_dtype without fp8
         lambda: gemm_rs(a, b),  # no scale at all
+        lambda: ag_gemm(a, b, a_scale=one, b_scale=one, path="plain"),  # the plain path has no FP8 form
     ]
     messages = []
     for call in calls:
