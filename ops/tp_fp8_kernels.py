@@ -1,10 +1,12 @@
 """The tensor-parallel GEMMs of :mod:`tilelink.ops.tp` on FP8 (e4m3) operands with scales, annotated like
 :mod:`tilelink.ops.tp_kernels`.
 
-``C = (A @ B) * a_scale[row] * b_scale[col]``: A and B are ``float8_e4m3fn``, the dot accumulates in fp32, and
-the scales are applied to the accumulator in the epilogue, before C is stored in its own dtype (bf16 by
-default). A's scales are one per row of A (a per-tensor scale is handed in as that value for each of the
-rank's rows), B's one per column of C or one for the whole of B (``B_SCALE_COLS`` False).
+``C = (A @ B) * a_scale[row] * b_scale[col]``: A and B are ``float8_e4m3fn``, the dot accumulates into fp32
+registers (on Hopper the FP8 MMAs add in their own precision within them, Triton's default there, as
+``torch._scaled_mm(..., use_fast_accum=True)``), and the scales are applied to the accumulator in the epilogue,
+before C is stored in its own dtype (bf16 by default). A's scales are one per row of A (a per-tensor scale is
+handed in as that value for each of the rank's rows), B's one per column of C or one for the whole of B
+(``B_SCALE_COLS`` False).
 
 - AG+GEMM: A's row scales travel with A's rows, gathered by the same spec
   (``all_gather(("a_ptr", "a_scale_ptr"))``): a row's scale is read after the wait for that row's channel.
