@@ -328,6 +328,14 @@ class _Analyzer:
                             for el in t.target.elements:
                                 if isinstance(el.value, cst.Name):
                                     self.assignments.setdefault(el.value.value, []).append((ref, small.value))
+                elif isinstance(small, cst.AnnAssign) and small.value is not None and isinstance(small.target,
+                                                                                                 cst.Name):
+                    # Triton runs `p: tl.tensor = x_ptr + offs` as an assignment: an alias like any other
+                    self.assignments.setdefault(small.target.value, []).append((ref, small.value))
+            # so does a named expression (`(p := x_ptr + offs)`), in a statement or a loop's or branch's header
+            for node in [*small_statements(ref), *header_expressions(ref)]:
+                for named in m.findall(node, m.NamedExpr(target=m.Name())):
+                    self.assignments.setdefault(named.target.value, []).append((ref, named.value))
         self.rebound = {node.target.value for node in m.findall(
             fn.body, m.AugAssign(target=m.Name()) | m.AnnAssign(target=m.Name()) | m.NamedExpr(target=m.Name()))}
         for loop in m.findall(fn.body, m.For()):

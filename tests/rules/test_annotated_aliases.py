@@ -1,0 +1,93 @@
+"""Aliases Triton binds without a plain `=`: an annotated assignment (`xp: tl.tensor = x_ptr + offs`) and a named
+expression (`(xq := x_ptr + offs)`) make a pointer like any assignment, so an access through them is waited for,
+notified or refused like one through `xp = x_ptr + offs`, never left unseen."""
+
+from __future__ import annotations
+
+import importlib.util
+import textwrap
+
+import pytest
+import torch
+import triton
+
+import tilelink
+from tests.rules.cases import rows_of
+from tilelink.annotations import requests_in
+from tilelink.codegen import generate
+from tilelink.errors import AnnotationError
+
+HEAD = "import triton\nimport triton.language as tl\nimport tilelink\n\n"
+
+#: a 1-D kernel that also reads the next block's elements through an alias
+NEXT_BLOCK = '''
+@tilelink.overlap(tilelink.all_gather("x_ptr", dim=0))
+@triton.jit
+def shift_kernel(x_ptr, y_ptr, N, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offs, mask=offs < N, other=0.0)
+    nxt = (offs + BLOCK) % N
+    {load_next}
+    tl.store(y_ptr + offs, x + x2, mask=offs < N)
+'''
+
+#: a 1-D kernel whose only load goes through an annotated alias
+ANNOTATED_ONLY = '''
+@tilelink.overlap(tilelink.all_gather("x_ptr", dim=0))
+@triton.jit
+def double_kernel(x_ptr, y_ptr, N, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    xp: tl.tensor = x_ptr + offs
+    x = tl.load(xp, mask=offs < N, other=0.0)
+    tl.store(y_ptr + offs, x + x, mask=offs < N)
+'''
+
+
+def _generated(source: str):
+    text = HEAD + textwrap.dedent(source)
+    return generate(text, "user_kernels.py", requests_in(text, "user_kernels.py"))
+
+
+@pytest.mark.parametrize("load_next", [
+    "xp: tl.tensor = x_ptr + nxt\n    x2 = tl.load(xp, mask=offs < N, other=0.0)",
+    "x2 = 0.0\n    if (xq := x_ptr + nxt) is not None:\n        x2 = tl.load(xq, mask=offs < N, other=0.0)",
+], ids=["annotated", "named-expression"])
+def test_a_load_of_other_rows_through_an_alias_bound_without_equals_is_refused_at_its_line(load_next: str) -> None:
+    # as the same load through `xp = x_ptr + nxt` is: the rows are not the tile the kernel waits for
+    with pytest.raises(AnnotationError) as info:
+        _generated(NEXT_BLOCK.format(load_next=load_next))
+    err = info.value
+    assert "cannot tell which rows along dim 0 of 'x_ptr'" in str(err), err
+    source = (HEAD + textwrap.dedent(NEXT_BLOCK.format(load_next=load_next))).splitlines()
+    assert "tl.load(x" in source[err.line - 1] and "x_ptr + offs" not in source[err.line - 1], err
+
+
+def test_a_load_through_an_annotated_alias_is_waited_for() -> None:
+    body = _generated(ANNOTATED_ONLY).rewritten["double_kernel"]
+    assert body.index("tll.consumer_tile_wait(") < body.index("x = tl.load(xp"), body
+
+
+def _double(path: str) -> float:
+    spec = importlib.util.spec_from_file_location("annotated_alias_kernel", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    rank, world = tilelink.rank(), tilelink.world_size()
+    N, block = 61, 16
+    x = torch.randn(N, generator=torch.Generator().manual_seed(21))
+    lo, hi = rows_of(rank, world, N)
+    err = 0.0
+    for _ in range(2):
+        y = torch.full((N,), float("nan"))
+        module.double_kernel[(triton.cdiv(N, block),)](x[lo:hi].contiguous(), y, N, BLOCK=block)
+        err = max(err, (y - 2 * x).abs().max().item()) if err == err else err
+        err = float("nan") if y.isnan().any() else err
+    return err
+
+
+@pytest.mark.slow
+def test_a_load_through_an_annotated_alias_equals_torch_on_the_race_exposing_schedule(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("TILELINK_RACES", "1")
+    path = tmp_path / "annotated_alias_kernel.py"
+    path.write_text(HEAD + textwrap.dedent(ANNOTATED_ONLY))
+    errors = tilelink.spawn(_double, 3, str(path))
+    assert all(e == 0.0 for e in errors), errors
