@@ -100,6 +100,8 @@ class KernelAnalysis:
     warp_specialized: tuple[Where, ...] = ()
     # variable -> each in-place update `x op= v`, as the source `x op (v)`
     updates: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    # each `return` of the kernel, with the tests of the `if` / `while` statements around it (what decides it)
+    returns: tuple[tuple[Where, tuple[str, ...]], ...] = ()
 
     def accesses_of(self, tensor: str, kind: str) -> list[Access]:
         return [a for a in self.accesses if a.tensor == tensor and a.kind == kind]
@@ -1256,6 +1258,31 @@ def _contains(an: _Analyzer, node: cst.CSTNode, where: Where) -> bool:
     return (r.start.line, r.start.column + 1) <= (where.line, where.column) <= (r.end.line, r.end.column + 1)
 
 
+def _returns(an: _Analyzer) -> tuple[tuple[Where, tuple[str, ...]], ...]:
+    """Each ``return`` of the kernel and the tests of the branches and loops that hold it."""
+    found: list[tuple[Where, tuple[str, ...]]] = []
+    tests: list[str] = []
+
+    class _V(cst.CSTVisitor):
+        def visit_If(self, node: cst.If) -> None:
+            tests.append(code(node.test))
+
+        def leave_If(self, node: cst.If) -> None:
+            tests.pop()
+
+        def visit_While(self, node: cst.While) -> None:
+            tests.append(code(node.test))
+
+        def leave_While(self, node: cst.While) -> None:
+            tests.pop()
+
+        def visit_Return(self, node: cst.Return) -> None:
+            found.append((an.where(node), tuple(tests)))
+
+    an.fn.body.visit(_V())
+    return tuple(found)
+
+
 def find_kernel(module: cst.Module, name: str) -> cst.FunctionDef | None:
     for stmt in module.body:
         if isinstance(stmt, cst.FunctionDef) and stmt.name.value == name:
@@ -1330,5 +1357,5 @@ def analyse(module: cst.Module, file: str, kernel: str,
                               {n: tuple(an.where(r.node) for r, _ in defs) for n, defs in an.assignments.items()},
                               {n: tuple(code(v) for _, v in defs) for n, defs in an.assignments.items()},
                               frozenset(an.rebound), {n: tuple(b) for n, b in an.bindings.items()},
-                              warp_specialized, {n: tuple(v) for n, v in updates.items()})
+                              warp_specialized, {n: tuple(v) for n, v in updates.items()}, _returns(an))
     return analysis

@@ -633,6 +633,25 @@ def _split_k(an: KernelAnalysis, spec: ReduceScatterSpec) -> list[int] | None:
                         f"counted as the programs along the grid's other axes",
                      "take the split index from a grid axis of its own that the address does not use (`pid_k = "
                      "tl.program_id(1)`, grid (tiles, SPLIT_K)), or store with tl.store")
+    # every program along the split axes must add its tile: one that skips it (a split with no K left) leaves its
+    # channels short of the adds they count, and the consumers wait for them. The sums start at zero, so a split
+    # with nothing to multiply adds its zero tile and the result is the same.
+    every = ("let every program along the split axes reach the tl.atomic_add and add its tile (a split with no K "
+             "left adds its zeros); skip only whole tiles, by the axes of their address")
+    first = min(atomics, key=lambda acc: (acc.where.line, acc.where.column))
+    for where, tests in an.returns:
+        if (where.line, where.column) < (first.where.line, first.where.column) and (
+                _program_axes(an, list(tests)) - set(addressed[0])):
+            raise AnnotationError(
+                f"the kernel returns here on a condition that reads its split index, before its tl.atomic_add into "
+                f"{a.tensor!r} at line {first.where.line}: the channels count one add per element from every "
+                f"program along the split axes, and would wait for the adds this one skips",
+                file=where.file, line=where.line, column=where.column, hint=every)
+    for acc in atomics:
+        if acc.mask is not None and _program_axes(an, [acc.mask]) - set(addressed[0]):
+            raise refuse(acc, f"the mask of the tl.atomic_add into {acc.tensor!r} reads the split index: the "
+                              f"channels count one add per element from every program along the split axes, and "
+                              f"would wait for the adds it skips", every)
     return sorted(addressed[0])
 
 
