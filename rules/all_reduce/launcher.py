@@ -9,7 +9,7 @@ import torch
 import triton
 
 from tilelink.errors import LaunchError
-from tilelink.rules.launch import Streams, cdiv, vector_peer_table
+from tilelink.rules.launch import Streams, cdiv, described, rebuilt, vector_peer_table
 from tilelink.rules.reduce_scatter.launcher import ReduceScatterContext, ReduceScatterLauncher
 from tilelink.runtime import Channel, Diagnostics, symmetric_empty
 
@@ -130,8 +130,9 @@ class AllReduceLauncher(ReduceScatterLauncher):
             self.alone(grid, dict(bound), ctx, world)
             return
         (name,) = self.meta["tensors"]
-        out = bound[name]
-        call = {**bound, name: ctx.partial}  # the kernel writes its partial sums to the symmetric buffer
+        out = described(bound[name])
+        # the kernel writes its partial sums to the symmetric buffer (a host descriptor: the same one over it)
+        call = {**bound, name: rebuilt(bound[name], ctx.partial)}
         self.warm_up(ctx, world, grid, call, partners=lambda: self._consumer(
             ctx, world, out, ctx.scratch, self.scratch_table(ctx, world), 0, dry=True))
         epoch = ctx.channel.advance()
