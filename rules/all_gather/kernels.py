@@ -36,7 +36,8 @@ def ag_pull_producer(full_ptr, peer_table, tlk_barriers, tlk_epoch, tlk_rank, tl
                 for off in range(0, n, BLOCK):
                     idx = off + tl.arange(0, BLOCK)
                     mask = idx < n
-                    x = tl.load(peer + base + idx, mask=mask, other=0)
+                    # no other=: what the mask leaves out is never stored (and an int 0 cannot be cast to fp8)
+                    x = tl.load(peer + base + idx, mask=mask)
                     tl.store(full_ptr + base + idx, x, mask=mask)
         tll.producer_tile_notify(tlk_barriers, ch, 1, tlk_barriers, tlk_rank, tlk_world, 0)
 

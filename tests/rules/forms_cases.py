@@ -190,7 +190,7 @@ def gemm_row_wrap_hints(calls: int = 2) -> float:
     return gemm_row_wrap(calls, "gemm_row_wrap_hints", "matmul_wrap_hints")
 
 
-def gemm_rs_split_k(calls: int = 2, M: int = 50, N: int = 40, K: int = 90, blocks: tuple[int, int, int] = (16, 16, 8),
+def gemm_rs_split_k(calls: int = 2, M: int = 50, N: int = 40, K: int = 90, blocks: tuple[int, int, int] = (16, 16, 16),
                     split: int = 3) -> float:
     rank, world = tilelink.rank(), tilelink.world_size()
     kernel = load_form("gemm_rs_split_k").matmul_split_k
