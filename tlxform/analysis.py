@@ -381,6 +381,13 @@ class _Analyzer:
                         (descriptors if refs & descriptors and not refs & pointers else pointers).add(name)
                         changed = True
                         break
+            for node in m.findall(self.fn.body, m.AugAssign(target=m.Name())):
+                # offsets the tensor is added to in place (`ptrs = offs * stride; ptrs += x_ptr`) become a pointer
+                name = node.target.value
+                if name not in pointers and name not in descriptors and names_outside_loads(node.value) & (
+                        pointers | descriptors):
+                    pointers.add(name)
+                    changed = True
         return pointers, descriptors
 
     # -- accesses ------------------------------------------------------------------------------

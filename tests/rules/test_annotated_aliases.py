@@ -1,6 +1,7 @@
-"""Aliases Triton binds without a plain `=`: an annotated assignment (`xp: tl.tensor = x_ptr + offs`) and a named
-expression (`(xq := x_ptr + offs)`) make a pointer like any assignment, so an access through them is waited for,
-notified or refused like one through `xp = x_ptr + offs`, never left unseen."""
+"""Aliases Triton binds without a plain `=`: an annotated assignment (`xp: tl.tensor = x_ptr + offs`), a named
+expression (`(xq := x_ptr + offs)`) and an offsets vector the tensor is added to in place (`xp += x_ptr`) make a
+pointer like any assignment, so an access through them is waited for, notified or refused like one through
+`xp = x_ptr + offs`, never left unseen."""
 
 from __future__ import annotations
 
@@ -51,7 +52,8 @@ def _generated(source: str):
 @pytest.mark.parametrize("load_next", [
     "xp: tl.tensor = x_ptr + nxt\n    x2 = tl.load(xp, mask=offs < N, other=0.0)",
     "x2 = 0.0\n    if (xq := x_ptr + nxt) is not None:\n        x2 = tl.load(xq, mask=offs < N, other=0.0)",
-], ids=["annotated", "named-expression"])
+    "xp = nxt\n    xp += x_ptr\n    x2 = tl.load(xp, mask=offs < N, other=0.0)",
+], ids=["annotated", "named-expression", "augmented"])
 def test_a_load_of_other_rows_through_an_alias_bound_without_equals_is_refused_at_its_line(load_next: str) -> None:
     # as the same load through `xp = x_ptr + nxt` is: the rows are not the tile the kernel waits for
     with pytest.raises(AnnotationError) as info:
