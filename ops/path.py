@@ -7,7 +7,9 @@ collective of the same bytes (:mod:`tilelink.ops.plain`). ``"auto"`` (the defaul
 - the shared sizes and the dtype (the same on every rank by the operators' contract);
 - a rank's own sizes (``ag_gemm``'s N, ``gemm_rs``'s K) are exchanged once per new shared shape and the
   largest taken; the decision is then kept for that shared shape, on every rank alike;
-- the world size and the calibration (``$TILELINK_CALIBRATION`` or the shipped one).
+- the world size and the calibration (``$TILELINK_CALIBRATION`` or the shipped one);
+- ``$TILELINK_PATH`` and ``$TILELINK_CALIBRATION`` are read on each rank: the same exchange carries them (also
+  when ``$TILELINK_PATH`` forces a path), and ranks whose settings differ raise instead of parting ways.
 
 In the emulated world (Triton's interpreter, no GPU to model) ``auto`` runs the overlapped kernels, unless
 ``$TILELINK_CALIBRATION`` names a calibration: the emulated world exists to run the kernels.
@@ -57,31 +59,50 @@ def _modelled(world) -> bool:
     return world.device.type == "cuda" or bool(os.environ.get("TILELINK_CALIBRATION"))
 
 
+def _settings() -> tuple[str, str]:
+    """What of this rank's environment feeds an automatic choice: ``$TILELINK_PATH`` and ``$TILELINK_CALIBRATION``."""
+    return os.environ.get("TILELINK_PATH", "").strip().lower(), os.environ.get("TILELINK_CALIBRATION", "")
+
+
 def select(op: str, path: str, world, shared: dict, own: dict, dtype) -> str:
     """The path this call takes: ``"overlap"`` or ``"plain"``. Collective when ``path="auto"`` meets a shared
-    shape for the first time in a world of several ranks (one exchange of ``own``)."""
+    shape for the first time in a world of several ranks: one exchange of ``own`` and of the settings read from
+    the environment, which must be alike on every rank (a rank taking the plain path's collective while its peers
+    wait in the overlapped kernels would hang them)."""
     check(op, path)
-    if path == "auto" and os.environ.get("TILELINK_PATH"):
-        path = os.environ["TILELINK_PATH"].strip().lower()
-        if path not in ("auto", "overlap", "plain"):
-            raise LaunchError(f"{op}: TILELINK_PATH={os.environ['TILELINK_PATH']!r} is not one of auto, overlap, plain "
-                              f"(the path of every call that does not pass path=); unset it for auto")
+    forced, calibration = _settings()
+    if path == "auto" and forced not in ("", "auto", "overlap", "plain"):
+        raise LaunchError(f"{op}: TILELINK_PATH={os.environ['TILELINK_PATH']!r} is not one of auto, overlap, plain "
+                          f"(the path of every call that does not pass path=); unset it for auto")
     if path != "auto":
         log.debug("%s %s over %d ranks: %s (forced)", op, shared | own, world.world_size, path)
         return path
-    if world.world_size == 1 or not _modelled(world):
-        return "overlap"
-    from tilelink import cost
-
+    if world.world_size == 1:
+        return forced if forced in ("overlap", "plain") else "overlap"
     key = (world.session, id(world.control), world.world_size, op, tuple(sorted(shared.items())), str(dtype),
-           os.environ.get("TILELINK_CALIBRATION", ""))
+           forced, calibration)
     chosen = _choices.get(key)
     if chosen is not None:
         return chosen
-    widest = {}
-    if own:  # a rank's own sizes: every rank decides from the widest
-        sizes = world.control.exchange(tuple(own.values()), f"{op} path")
-        widest = dict(zip(own, (max(s[i] for s in sizes) for i in range(len(own))), strict=True))
+    # every rank exchanges, forced or not: a setting of one rank alone must not send it down another path
+    values = world.control.exchange((*own.values(), forced, calibration), f"{op} path")
+    settings = [tuple(v[len(own):]) for v in values]
+    if any(s != settings[0] for s in settings):
+        listing = "; ".join(f"rank {r}: TILELINK_PATH={s[0]!r}, TILELINK_CALIBRATION={s[1]!r}"
+                            for r, s in enumerate(settings))
+        raise LaunchError(f"{op}: the ranks would choose the path from different settings ({listing}): set "
+                          f"TILELINK_PATH and TILELINK_CALIBRATION alike on every rank, or pass path= to the call")
+    if forced in ("overlap", "plain"):
+        log.debug("%s %s over %d ranks: %s (forced)", op, shared | own, world.world_size, forced)
+        _choices[key] = forced
+        return forced
+    if not _modelled(world):
+        _choices[key] = "overlap"
+        return "overlap"
+    from tilelink import cost
+
+    # a rank's own sizes: every rank decides from the widest
+    widest = {name: max(v[i] for v in values) for i, name in enumerate(own)}
     choice = cost.decide(op, {**shared, **widest}, world.world_size, dtype=dtype)
     _choices[key] = choice.path
     log.debug("%s %s over %d ranks: %s; %s", op, shared | widest, world.world_size, choice.path, choice.why)

@@ -167,3 +167,25 @@ def moe_plain_matches_torch(M: int, H: int, inter: int, E: int, top_k: int, dtyp
     assert not any(k.launcher.contexts for k in kernels), "an overlapped MoE kernel ran on the plain path"
     rel = lambda a, b: ((a.double().cpu() - b).norm() / max(b.norm().item(), 1e-30)).item()  # noqa: E731
     return {"ag_moe": rel(up, ref_up), "moe_rs": rel(y, ref_y) if hi > lo else 0.0}
+
+
+def setting_on_one_rank() -> str:
+    """gemm_rs with path="auto" where rank 0 alone has TILELINK_PATH=plain: the error each rank raises."""
+    import os
+
+    from tilelink.ops import gemm_rs
+
+    r, R = tilelink.rank(), tilelink.world_size()
+    if r == 0:
+        os.environ["TILELINK_PATH"] = "plain"
+    device = tilelink.runtime.current_world().device
+    g = torch.Generator().manual_seed(3)
+    a, b = torch.randn(7, 12, generator=g).to(device), torch.randn(12, 8, generator=g).to(device)
+    klo, khi = _bounds(12, r, R)
+    try:
+        gemm_rs(a[:, klo:khi].contiguous(), b[klo:khi].contiguous())
+    except Exception as exc:  # noqa: BLE001 - the test reads it
+        return f"{type(exc).__name__}: {exc}"
+    finally:
+        os.environ.pop("TILELINK_PATH", None)
+    return "no error"

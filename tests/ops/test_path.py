@@ -16,6 +16,7 @@ from tests.ops.path_worlds import (
     moe_plain_matches_torch,
     plain_gemm_ar_matches_torch,
     plain_matches_torch,
+    setting_on_one_rank,
 )
 from tilelink import cost
 from tilelink.errors import LaunchError
@@ -107,13 +108,20 @@ def test_auto_picks_overlap_for_large_shapes(world: int, names: tuple[str, ...])
 
 
 class _World:
-    """A rank of a world of two as ``select`` sees it: its exchange returns every rank's value."""
+    """A rank of a world of two as ``select`` sees it: its exchange returns every rank's value, the peers' own sizes
+    from ``values`` and their settings from ``settings`` (this rank's, unless given)."""
 
-    def __init__(self, rank: int, values: list):
+    def __init__(self, rank: int, values: list, settings: list | None = None):
         self.rank, self.world_size, self.session = rank, len(values), f"s{rank}"
         self.device = types.SimpleNamespace(type="cuda")
-        self.control = types.SimpleNamespace(exchange=lambda value, point: [v if i != rank else value
-                                                                              for i, v in enumerate(values)])
+        self.exchanges = 0
+
+        def exchange(value, point):
+            self.exchanges += 1
+            mine = value[len(values[rank]):]
+            return [value if i == rank else (*v, *(settings[i] if settings else mine)) for i, v in enumerate(values)]
+
+        self.control = types.SimpleNamespace(exchange=exchange)
 
 
 def test_the_choice_is_the_same_on_every_rank_whatever_its_own_size() -> None:
@@ -154,6 +162,40 @@ def test_tilelink_path_replaces_auto_only(monkeypatch) -> None:
     monkeypatch.setenv("TILELINK_PATH", "fastest")
     with pytest.raises(LaunchError, match="gemm_rs: TILELINK_PATH='fastest' is not one of auto, overlap, plain"):
         path.select("gemm_rs", "auto", w, *decode)
+
+
+def test_a_setting_of_one_rank_alone_is_refused_on_every_rank(monkeypatch) -> None:
+    """TILELINK_PATH or TILELINK_CALIBRATION set on some ranks only would send them down another path than their
+    peers (the plain path's collective against the overlapped kernels: both wait forever): every rank exchanges its
+    settings with its sizes, once per shared shape, and refuses a difference, naming each rank's."""
+    from tilelink.ops import path
+
+    path.forget()
+    decode = (dict(M=1, N=4096), {"K": 4096}, "bf16")
+    monkeypatch.setenv("TILELINK_PATH", "plain")
+    w = _World(0, [(4096,), (4096,)], settings=[("plain", ""), ("", "")])
+    with pytest.raises(LaunchError, match=r"gemm_rs: the ranks would choose the path from different settings "
+                                          r"\(rank 0: TILELINK_PATH='plain', TILELINK_CALIBRATION=''; rank 1: "
+                                          r"TILELINK_PATH='', TILELINK_CALIBRATION=''\)"):
+        path.select("gemm_rs", "auto", w, *decode)
+    monkeypatch.delenv("TILELINK_PATH")
+    w = _World(1, [(4096,), (4096,)], settings=[("", "/a.json"), ("", "")])
+    with pytest.raises(LaunchError, match="rank 0: TILELINK_PATH='', TILELINK_CALIBRATION='/a.json'"):
+        path.select("gemm_rs", "auto", w, *decode)
+    # alike: decided once per shared shape, forced or modelled
+    monkeypatch.setenv("TILELINK_PATH", "overlap")
+    w = _World(0, [(4096,), (4096,)])
+    assert [path.select("gemm_rs", "auto", w, *decode) for _ in range(3)] == ["overlap"] * 3
+    assert w.exchanges == 1
+    path.forget()
+
+
+@pytest.mark.slow
+def test_a_setting_of_one_rank_alone_does_not_hang_the_world() -> None:
+    """Rank 0 alone with TILELINK_PATH=plain: both ranks raise at their first call, none waits in a collective."""
+    for message in tilelink.spawn(setting_on_one_rank, 2):
+        assert message.startswith("LaunchError: gemm_rs: the ranks would choose the path from different settings "
+                                  "(rank 0: TILELINK_PATH='plain'"), message
 
 
 def _tiny_overlap_calibration(tmp_path) -> str:
