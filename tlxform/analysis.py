@@ -1055,6 +1055,17 @@ def _check_other_uses(an: _Analyzer, tensor: str, pointers: set[str], descriptor
                 column=at.column, hint="read with `.load([offsets])` and write with `.store([offsets], value)`")
         if isinstance(func, cst.Attribute) and func.attr.value == "to":
             continue
+        if isinstance(func, cst.Attribute) and (
+                through := names_outside_loads(_without_dtypes(func.value)) & aliases):
+            # a method of something holding an alias (`descs[1].load(...)`, `(d if c else e).store(...)`): an access
+            # on no name the analysis follows
+            at = an.where(call)
+            raise AnnotationError(
+                f"{', '.join(sorted(through))} (from the annotated {tensor!r}) is used by `{code(call)}` at line "
+                f"{at.line}: TileLink follows the `.load` / `.store` of a descriptor called by its own name only, and "
+                f"could neither wait before this read nor notify after this write", file=at.file, line=at.line,
+                column=at.column, hint="call the method on the descriptor by its own name (`desc.load([offsets])`), "
+                                       "not through a tuple or an expression")
         if m.matches(func, m.Name("isinstance")):
             continue  # a type test (`isinstance(desc, tl.tensor_descriptor)`, Triton's own helpers) reads nothing
         if is_tl and func.attr.value == "atomic_add" and call in atomic_statements and not any(

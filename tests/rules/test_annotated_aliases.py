@@ -93,3 +93,30 @@ def test_a_load_through_an_annotated_alias_equals_torch_on_the_race_exposing_sch
     path.write_text(HEAD + textwrap.dedent(ANNOTATED_ONLY))
     errors = tilelink.spawn(_double, 3, str(path))
     assert all(e == 0.0 for e in errors), errors
+
+
+#: a descriptor of the gathered tensor read through a tuple holding it (Triton indexes tuples by constants)
+DESCRIPTOR_IN_A_TUPLE = '''
+@tilelink.overlap(tilelink.all_gather("x_ptr", dim=0))
+@triton.jit
+def pair_kernel(x_ptr, y_ptr, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    pid = tl.program_id(0)
+    desc = tl.make_tensor_descriptor(x_ptr, shape=[M, N], strides=[N, 1], block_shape=[BLOCK_M, BLOCK_N])
+    x = desc.load([pid * BLOCK_M, 0])
+    descs = (desc, desc)
+    nxt = ((pid + 1) % tl.num_programs(0)) * BLOCK_M
+    x2 = {read}
+    offs = pid * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.arange(0, BLOCK_N)
+    tl.store(y_ptr + offs[:, None] * N + cols[None, :], x + x2, mask=(offs[:, None] < M) & (cols[None, :] < N))
+'''
+
+
+@pytest.mark.parametrize("read", ["descs[1].load([nxt, 0])", "(desc if pid >= 0 else desc).load([nxt, 0])"])
+def test_a_descriptor_method_called_through_an_expression_is_refused(read: str) -> None:
+    # the access is there, but not on a name TileLink follows: the rows it reads would not be waited for
+    with pytest.raises(AnnotationError) as info:
+        _generated(DESCRIPTOR_IN_A_TUPLE.format(read=read))
+    err = info.value
+    assert "from the annotated 'x_ptr'" in str(err) and ".load([nxt, 0])" in str(err), err
+    assert err.line == 14 and "by its own name" in err.hint, err
