@@ -25,7 +25,9 @@ def group(world) -> tuple[object, bool]:
     base = world.group if world.group is not None else dist.group.WORLD
     if world.device.type != "cuda" or dist.get_backend(base) == "nccl":
         return base, False
-    key = (world.session, id(world.control))
+    # the control's prefix names this world alone (its init): an id could be a finalized world's, whose group
+    # went with its process group
+    key = (world.session, world.control.prefix)
     if key not in _nccl_groups:
         import socket
 

@@ -198,6 +198,28 @@ def test_a_setting_of_one_rank_alone_does_not_hang_the_world() -> None:
                                   "(rank 0: TILELINK_PATH='plain'"), message
 
 
+def test_a_new_world_gets_its_own_nccl_group(monkeypatch) -> None:
+    """The plain path's NCCL group is made once per world: a world after finalize() and init() (whose process
+    group, and every group made from it, was destroyed) makes its own, also when its control object takes the
+    memory, and so the id, of the last one, as a freed object's successor often does."""
+    import torch
+
+    from tilelink.ops import plain
+
+    made = []
+    monkeypatch.setattr(plain.dist, "get_backend", lambda group: "gloo")
+    monkeypatch.setattr(plain.dist, "new_group", lambda **kwargs: made.append(kwargs) or object())
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: types.SimpleNamespace(uuid="GPU-0"))
+    control = types.SimpleNamespace(prefix="tilelink/s/1", exchange=lambda value, point: [("a", "0"), ("b", "0")])
+    world = types.SimpleNamespace(session="s", control=control, group=None, ranks=(0, 1), world_size=2,
+                                  device=torch.device("cuda", 0))
+    first, staged = plain.group(world)
+    assert not staged and len(made) == 1 and plain.group(world)[0] is first  # made once per world
+    control.prefix = "tilelink/s/2"  # the next world's control, where the last one was
+    again, _ = plain.group(world)
+    assert len(made) == 2 and again is not first
+
+
 def _tiny_overlap_calibration(tmp_path) -> str:
     """The shipped calibration with no host cost and a slow NCCL: the overlapped kernels win even at the
     emulated world's tiny shapes."""
