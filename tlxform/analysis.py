@@ -326,10 +326,9 @@ class _Analyzer:
                     for t in small.targets:
                         if isinstance(t.target, cst.Name):
                             self.assignments.setdefault(t.target.value, []).append((ref, small.value))
-                        elif isinstance(t.target, cst.Tuple):
-                            for el in t.target.elements:
-                                if isinstance(el.value, cst.Name):
-                                    self.assignments.setdefault(el.value.value, []).append((ref, small.value))
+                        elif isinstance(t.target, (cst.Tuple, cst.List)):  # nested ones too: `a, (p, q) = ...`
+                            for name in names_in(t.target):
+                                self.assignments.setdefault(name, []).append((ref, small.value))
                 elif isinstance(small, cst.AnnAssign) and small.value is not None and isinstance(small.target,
                                                                                                  cst.Name):
                     # Triton runs `p: tl.tensor = x_ptr + offs` as an assignment: an alias like any other

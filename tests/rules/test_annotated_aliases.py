@@ -53,7 +53,8 @@ def _generated(source: str):
     "xp: tl.tensor = x_ptr + nxt\n    x2 = tl.load(xp, mask=offs < N, other=0.0)",
     "x2 = 0.0\n    if (xq := x_ptr + nxt) is not None:\n        x2 = tl.load(xq, mask=offs < N, other=0.0)",
     "xp = nxt\n    xp += x_ptr\n    x2 = tl.load(xp, mask=offs < N, other=0.0)",
-], ids=["annotated", "named-expression", "augmented"])
+    "n, (xp, w) = 0, (x_ptr + nxt, 1.0)\n    x2 = tl.load(xp, mask=offs < N, other=0.0)",
+], ids=["annotated", "named-expression", "augmented", "nested-tuple"])
 def test_a_load_of_other_rows_through_an_alias_bound_without_equals_is_refused_at_its_line(load_next: str) -> None:
     # as the same load through `xp = x_ptr + nxt` is: the rows are not the tile the kernel waits for
     with pytest.raises(AnnotationError) as info:
