@@ -118,7 +118,9 @@ def test_the_first_call_waits_at_most_30_budgets_for_a_late_peer(monkeypatch, ct
     text = str(exc)
     assert exc.rank_failed == 0 and exc.peer == 1 and exc.call == 1
     assert "rank 0: rank 1 has not reached call 1 of " in text and "after 30 s (30 x TILELINK_WAIT_TIMEOUT=1)" in text
-    assert ("of ag_gemm after" in text) if not ctx else ("creating the buffers of ag_gemm_kernel" in text), text
+    # without a context the exchange of the shard sizes comes first, with one the path's (TILELINK_PATH and the
+    # calibration are checked alike on every rank)
+    assert ("of ag_gemm after" in text) if not ctx else ("of ag_gemm path after" in text), text
     assert elapsed < 58, elapsed
 
 
