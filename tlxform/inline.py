@@ -9,7 +9,8 @@ inlined copy binds the helper's parameters as a call does: a parameter that gets
 again reads that name, a literal list (``shape=[M, K]``) is written where it is used, any other gets a local of its
 own, set from the argument before the body; the helper's own names that the kernel also uses are renamed (``m_ij``
 -> ``m_ij_2``); each ``return`` that ends the helper (its last statement, or the last of each branch of its last
-``if``) becomes the call's assignment. Helpers that receive no annotated tensor stay calls.
+``if``) becomes the call's assignment (a call whose result is unused still evaluates a returned call, ``return
+tl.store(...)``). Helpers that receive no annotated tensor stay calls.
 
 What cannot be inlined as a call would run is refused: a helper that calls itself, one defined in another module, a
 tensor passed inside a tuple, a call that is not a statement of its own, a ``return`` that does not end the helper.
@@ -366,8 +367,9 @@ def _inline(module: cst.Module, file: str, fn: cst.FunctionDef, site: _Site,
         extra: dict[int, int] = {}  # line in `source` -> column change: `return x` became `target = x`
         if isinstance(stmt, cst.SimpleStatementLine) and isinstance(stmt.body[0], cst.Return):
             value = node.body[0].value  # type: ignore[union-attr]
-            if site.targets is None or value is None or _same(value, site.targets):
-                continue  # a bare call, or `acc, l_i = acc, l_i`: the names already hold the result
+            if value is None or _unused(value, site.targets) or (
+                    site.targets is not None and _same(value, site.targets)):
+                continue  # a bare call's names, or `acc, l_i = acc, l_i`: nothing to evaluate or assign
         if m.findall(node, m.Return()):
             located = MetadataWrapper(parsed.with_changes(body=[node]), unsafe_skip_copy=True)
             returns = _Returns(site.targets, located.resolve(PositionProvider))
@@ -414,13 +416,19 @@ def _always_returns(body) -> bool:
     return isinstance(orelse, cst.If) and _always_returns([orelse])
 
 
+def _unused(value: cst.BaseExpression, targets: cst.BaseExpression | None) -> bool:
+    """Whether a bare call's ``return value`` can be dropped: it calls nothing (a call may store or add)."""
+    return targets is None and not m.findall(value, m.Call())
+
+
 def _same(value: cst.BaseExpression, targets: cst.BaseExpression) -> bool:
     return code_of(value).replace(" ", "").strip("()") == code_of(targets).replace(" ", "").strip("()")
 
 
 class _Returns(cst.CSTTransformer):
-    """Each ``return x`` of an inlined body becomes the call's ``target = x`` (``pass`` for a bare call, or when
-    ``x`` is the targets themselves); ``moved`` maps its line to the column change."""
+    """Each ``return x`` of an inlined body becomes the call's ``target = x`` (for a bare call ``x`` itself when it
+    calls something, else ``pass``; ``pass`` when ``x`` is the targets themselves); ``moved`` maps its line to the
+    column change."""
 
     def __init__(self, targets: cst.BaseExpression | None, positions):
         super().__init__()
@@ -430,8 +438,12 @@ class _Returns(cst.CSTTransformer):
         if not isinstance(original.body[-1], cst.Return):
             return updated
         value = updated.body[-1].value  # type: ignore[union-attr]
-        if self.targets is None or value is None or _same(value, self.targets):
+        if value is None or _unused(value, self.targets) or (self.targets is not None and _same(value, self.targets)):
             last: cst.BaseSmallStatement = cst.Pass()
+        elif self.targets is None:  # a bare call still evaluates what it returns (`return tl.store(...)`)
+            last = cst.Expr(value=value)
+            line = self.positions[original.body[-1]].start.line
+            self.moved[line] = len("return ")
         else:
             last = cst.Assign(targets=[cst.AssignTarget(self.targets)], value=value)
             line = self.positions[original.body[-1]].start.line

@@ -1,0 +1,44 @@
+"""An inlined `@triton.jit` helper does what the call did: what its `return` evaluates runs even when the call's
+result is not used, and each argument is evaluated once, where the call evaluated it."""
+
+from __future__ import annotations
+
+import textwrap
+
+from tilelink.annotations import requests_in
+from tilelink.codegen import generate
+
+HEAD = "import triton\nimport triton.language as tl\nimport tilelink\n\n"
+
+
+def _rewritten(source: str, kernel: str = "kernel") -> str:
+    text = HEAD + textwrap.dedent(source)
+    return generate(text, "user_kernels.py", requests_in(text, "user_kernels.py")).rewritten[kernel]
+
+
+def test_a_return_with_a_call_runs_when_the_result_is_not_used() -> None:
+    # `return tl.store(...)` in a helper called as a statement: the store is the helper's effect
+    body = _rewritten('''
+        @triton.jit
+        def _double(x_ptrs, y_ptrs, mask, flip):
+            x = tl.load(x_ptrs, mask=mask)
+            if flip:
+                return tl.store(y_ptrs, -2 * x, mask=mask)
+            else:
+                return tl.store(y_ptrs, 2 * x, mask=mask)
+
+        @triton.jit
+        def _copy(x_ptrs, y_ptrs, mask):
+            return tl.store(y_ptrs, tl.load(x_ptrs, mask=mask), mask=mask)
+
+        @tilelink.overlap(tilelink.all_gather("x_ptr"))
+        @triton.jit
+        def kernel(x_ptr, y_ptr, z_ptr, N, FLIP: tl.constexpr, BLOCK: tl.constexpr):
+            offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+            _double(x_ptr + offs, y_ptr + offs, offs < N, FLIP)
+            _copy(x_ptr + offs, z_ptr + offs, offs < N)
+        ''')
+    flat = " ".join(body.split())
+    assert "tl.store(y_ptrs, -2 * x, mask=mask)" in flat and "tl.store(y_ptrs, 2 * x, mask=mask)" in flat, body
+    assert "tl.store(y_ptrs_2, tl.load(x_ptrs_2, mask=mask_2), mask=mask_2)" in flat, body
+    assert "return" not in body, body
