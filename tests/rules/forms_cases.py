@@ -100,7 +100,8 @@ def moe_rs_expert_zeros(calls: int = 2) -> float:
     topk_ids = torch.stack([torch.randperm(E, generator=g)[:topk] for _ in range(M)])
     topk_ids[:5] = torch.tensor([0, 1])  # experts 0 and 1 busier
     weights = torch.rand(M, topk, generator=g)
-    sorted_ids, expert_ids = align_tokens(topk_ids, E, BM)
+    # the routing kernels run where the world's tensors live (the GPU under NVSHMEM)
+    sorted_ids, expert_ids = (t.cpu() for t in align_tokens(topk_ids.to(current_world().device), E, BM))
     elo, ehi = rows_of(rank, world, E)
     local = torch.where((expert_ids >= elo) & (expert_ids < ehi), expert_ids - elo, -1).to(expert_ids.dtype)
     lo, hi = rows_of(rank, world, M)
