@@ -79,7 +79,9 @@ def select(op: str, path: str, world, shared: dict, own: dict, dtype) -> str:
         return path
     if world.world_size == 1:
         return forced if forced in ("overlap", "plain") else "overlap"
-    key = (world.session, id(world.control), world.world_size, op, tuple(sorted(shared.items())), str(dtype),
+    # the control's prefix names this world alone (its init); an id could be a finalized world's, and a rank whose
+    # new control took it would skip the exchange its peers make
+    key = (world.session, world.control.prefix, world.world_size, op, tuple(sorted(shared.items())), str(dtype),
            forced, calibration)
     chosen = _choices.get(key)
     if chosen is not None:

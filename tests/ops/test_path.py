@@ -121,7 +121,7 @@ class _World:
             mine = value[len(values[rank]):]
             return [value if i == rank else (*v, *(settings[i] if settings else mine)) for i, v in enumerate(values)]
 
-        self.control = types.SimpleNamespace(exchange=exchange)
+        self.control = types.SimpleNamespace(exchange=exchange, prefix=f"tilelink/s{rank}/1")
 
 
 def test_the_choice_is_the_same_on_every_rank_whatever_its_own_size() -> None:
@@ -187,6 +187,22 @@ def test_a_setting_of_one_rank_alone_is_refused_on_every_rank(monkeypatch) -> No
     w = _World(0, [(4096,), (4096,)])
     assert [path.select("gemm_rs", "auto", w, *decode) for _ in range(3)] == ["overlap"] * 3
     assert w.exchanges == 1
+    path.forget()
+
+
+def test_a_new_world_decides_again() -> None:
+    """A choice is kept per world: after finalize() and init() the first call of a shape exchanges again on every
+    rank, also on one whose new control took the memory, and so the id, of the last one (that rank alone would skip
+    the exchange its peers wait in)."""
+    from tilelink.ops import path
+
+    path.forget()
+    w = _World(0, [(16,), (16,)])
+    decode = (dict(M=8192, K=4096), {"N": 16}, "bf16")
+    assert path.select("ag_gemm", "auto", w, *decode) == "plain"
+    w.control.prefix = "tilelink/s0/2"  # the next world's control, where the last one was
+    assert path.select("ag_gemm", "auto", w, *decode) == "plain"
+    assert w.exchanges == 2
     path.forget()
 
 
