@@ -6,8 +6,8 @@ reads or writes it there. The call statement is replaced by the helper's body (t
 an inlined body is inlined in turn), so the analysis sees every access with its tile, its loops and its branches
 exactly as if the kernel had been written out, and the waits and notifies land in the kernel's own code. Each
 inlined copy binds the helper's parameters as a call does: a parameter that gets a plain name and is not bound
-again reads that name, a literal list (``shape=[M, K]``) is written where it is used, any other gets a local of its
-own, set from the argument before the body; the helper's own names that the kernel also uses are renamed (``m_ij``
+again reads that name, a literal list (``shape=[M, K]``) and a ``tl.constexpr`` parameter's value (``(4 - STAGE)``)
+are written where they are used, any other gets a local of its own, set from the argument before the body; the helper's own names that the kernel also uses are renamed (``m_ij``
 -> ``m_ij_2``); each ``return`` that ends the helper (its last statement, or the last of each branch of its last
 ``if``) becomes the call's assignment (a call whose result is unused still evaluates a returned call, ``return
 tl.store(...)``). Helpers that receive no annotated tensor stay calls.
@@ -332,14 +332,18 @@ def _inline(module: cst.Module, file: str, fn: cst.FunctionDef, site: _Site,
             # a literal list (`shape=[M, K]`, `block_shape=[BLOCK_M, BLOCK_K]`) is written where it is used: the
             # analysis reads a descriptor's shape from the list itself
             renames[pname] = value.with_changes(lpar=[], rpar=[]) if isinstance(value, cst.List) else value
+        elif _constexpr(p) and pname not in rebound and not m.findall(value, m.Call()):
+            # a compile-time value (`4 - STAGE`, `i + 1`) is written where it is used, in parentheses: a constexpr
+            # local set before the body would be defined again on each unrolled step of a tl.static_range loop,
+            # which Triton refuses
+            renames[pname] = value.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
     for p in params:
         pname = p.name.value
         if pname in renames:
             continue
         local = _fresh(pname, taken, local_names)
         renames[pname] = cst.Name(local)
-        constexpr = p.annotation is not None and "constexpr" in code_of(p.annotation.annotation)
-        prelude.append(f"{local}{': tl.constexpr' if constexpr else ''} = {code_of(bound[pname])}")
+        prelude.append(f"{local}{': tl.constexpr' if _constexpr(p) else ''} = {code_of(bound[pname])}")
     for n in sorted(rebound - set(renames)):
         local = _fresh(n, taken, local_names)
         if local != n:
@@ -384,6 +388,10 @@ def _inline(module: cst.Module, file: str, fn: cst.FunctionDef, site: _Site,
     new_lines = lines[:start.line - 1] + out_lines + lines[end.line:]
     new_origins = origins[:start.line - 1] + out_origins + origins[end.line:]
     return "".join(new_lines), new_origins
+
+
+def _constexpr(param: cst.Param) -> bool:
+    return param.annotation is not None and "constexpr" in code_of(param.annotation.annotation)
 
 
 def _tail_returns(body) -> list[cst.Return]:

@@ -42,3 +42,25 @@ def test_a_return_with_a_call_runs_when_the_result_is_not_used() -> None:
     assert "tl.store(y_ptrs, -2 * x, mask=mask)" in flat and "tl.store(y_ptrs, 2 * x, mask=mask)" in flat, body
     assert "tl.store(y_ptrs_2, tl.load(x_ptrs_2, mask=mask_2), mask=mask_2)" in flat, body
     assert "return" not in body, body
+
+
+def test_a_compile_time_argument_is_written_where_it_is_used_so_an_unrolled_loop_can_repeat_the_call() -> None:
+    # a `SHIFT: tl.constexpr = i + 1` local before the body would be defined again on the second unrolled step of
+    # tl.static_range, which Triton's compiler refuses ("constexpr cannot be reassigned")
+    body = _rewritten('''
+        @triton.jit
+        def _add_rows(acc, x_ptrs, SHIFT: tl.constexpr):
+            return acc + tl.load(x_ptrs) * SHIFT
+
+        @tilelink.overlap(tilelink.all_gather("x_ptr", size="N"))
+        @triton.jit
+        def kernel(x_ptr, y_ptr, N, BLOCK: tl.constexpr):
+            offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+            acc = tl.zeros((BLOCK,), tl.float32)
+            for i in tl.static_range(2):
+                acc = _add_rows(acc, x_ptr + offs, i + 1)
+            tl.store(y_ptr + offs, acc)
+        ''')
+    assert "tl.constexpr =" not in body, body
+    # in parentheses: `* i + 1` would be another value
+    assert "acc = acc + tl.load(x_ptrs) * (i + 1)" in body, body
