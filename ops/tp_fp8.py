@@ -141,15 +141,16 @@ def _check(op: str, a, b, a_scale, b_scale, out_dtype, world, a_name: str, b_nam
 # configuration and launch
 
 
-def fp8_config(persistent: bool, part: str) -> dict:
+def fp8_config(persistent: bool, part: str, out_bytes: int = 2) -> dict:
     """Tiles and pipeline of the FP8 kernels. On a GPU 128 x 256 x 128 tiles, 8 warps (BLOCK_K 128: a 128-byte K
     row of e4m3, the widest TMA swizzle), as Triton's own FP8 matmul examples take them, with as many stages as
-    shared memory holds next to the staged C tile: four for the AG kernel, which stages C in 128-column halves, and
-    for the pointer kernels (no staged C), three for the GEMM+RS one (a whole 128 x 256 C tile)."""
+    shared memory holds next to the staged C tile of ``out_bytes`` elements: for a 16-bit C four for the AG
+    kernel, which stages C in 128-column halves, and for the pointer kernels (no staged C), three for the GEMM+RS
+    one (a whole 128 x 256 C tile); an fp32 C takes a stage more of room."""
     if interpreting():
         return dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=16, GROUP_M=2)  # a tail piece of 8 bf16 columns: 16 bytes
     bm, bn, bk = 128, 256, 128
-    staged = bm * (bn // 2 if part == "ag_gemm" else bn) * 2 if persistent else 0  # bf16 C staging
+    staged = bm * (bn // 2 if part == "ag_gemm" else bn) * out_bytes if persistent else 0  # C staging
     stages = min(4, (_SMEM_BYTES - staged) // ((bm + bn) * bk))
     return dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, num_warps=8, num_stages=stages)
 
@@ -180,7 +181,7 @@ def scaled_gemm(part: str, a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tens
     flags = {"B_SCALE_COLS": b_scale.numel() != 1 or N == 1}
     if part == "gemm_rs":
         flags["A_SCALE_ROWS"] = a_scale.numel() != 1 or M == 1
-    meta = {**fp8_config(persistent, part), **flags}
+    meta = {**fp8_config(persistent, part, c.element_size()), **flags}
     args = (a, a_scale, b, b_scale, c, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0),
             c.stride(1))
     name = f"{part}_fp8_persistent_kernel" if persistent else f"{part}_fp8_kernel"

@@ -40,17 +40,24 @@ def main() -> None:
             ("gemm_rs", k.gemm_rs_fp8_kernel, "gemm_rs", False, {"A_SCALE_ROWS": True}),
             ("gemm_rs_persistent", k.gemm_rs_fp8_persistent_kernel, "gemm_rs", True,
              {"NUM_SMS": 132, "A_SCALE_ROWS": True, "stride_bk": 1})):
-        config = fp8_config(persistent, part)
-        meta = {key: v for key, v in config.items() if key not in ("num_warps", "num_stages")}
-        meta.update(units, B_SCALE_COLS=True, **extra)
-        for variant, fn in (("plain", okernel.kernel), ("rewritten", getattr(okernel.module, okernel.name))):
-            compiled = compile_kernel(fn, types, meta, num_warps=config["num_warps"], num_stages=config["num_stages"])
-            ptx = compiled.asm["ptx"]
-            print(name, variant, {"shared": compiled.metadata.shared,
-                                  "wgmma e4m3": len(re.findall(r"wgmma\.mma_async[^\n]*e4m3\.e4m3", ptx)),
-                                  "tma load": len(re.findall(r"cp\.async\.bulk\.tensor\.\dd\.shared", ptx)),
-                                  "tma store": len(re.findall(r"cp\.async\.bulk\.tensor\.\dd\.global\.shared", ptx))},
-                  flush=True)
+        # the persistent kernels stage C in shared memory: an fp32 C too must fit
+        for out, out_bytes in (("", 2), ("_fp32", 4)) if persistent else (("", 2),):
+            config = fp8_config(persistent, part, out_bytes)
+            meta = {key: v for key, v in config.items() if key not in ("num_warps", "num_stages")}
+            meta.update(units, B_SCALE_COLS=True, **extra)
+            for variant, fn in (("plain", okernel.kernel), ("rewritten", getattr(okernel.module, okernel.name))):
+                compiled = compile_kernel(fn, {**types, "c_ptr": "*fp32" if out else "*bf16"}, meta,
+                                          num_warps=config["num_warps"], num_stages=config["num_stages"])
+                _report(name, variant + out, compiled)
+
+
+def _report(name: str, variant: str, compiled) -> None:
+    ptx = compiled.asm["ptx"]
+    print(name, variant, {"shared": compiled.metadata.shared,
+                          "wgmma e4m3": len(re.findall(r"wgmma\.mma_async[^\n]*e4m3\.e4m3", ptx)),
+                          "tma load": len(re.findall(r"cp\.async\.bulk\.tensor\.\dd\.shared", ptx)),
+                          "tma store": len(re.findall(r"cp\.async\.bulk\.tensor\.\dd\.global\.shared", ptx))},
+          flush=True)
 
 
 if __name__ == "__main__":
