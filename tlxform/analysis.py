@@ -1042,9 +1042,19 @@ def _check_other_uses(an: _Analyzer, tensor: str, pointers: set[str], descriptor
         is_tl = isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value == "tl"
         if is_tl and func.attr.value in seen_ok:  # type: ignore[union-attr]
             continue
-        if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value in aliases \
+        if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value in descriptors \
                 and func.attr.value in ("load", "store"):
             continue
+        if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value in pointers \
+                and func.attr.value in ("load", "store"):
+            # a descriptor under a name of its own (`d = a_desc`): its accesses would not be followed
+            at = an.where(call)
+            raise AnnotationError(
+                f"`{name}` at line {at.line} reads or writes through `{func.value.value}` (from the annotated "
+                f"{tensor!r}), which TileLink does not follow as a descriptor: it could neither wait before this "
+                f"read nor notify after this write", file=at.file, line=at.line, column=at.column,
+                hint=f"call the method on the descriptor by its own name (`{tensor}.{func.attr.value}(...)`), or "
+                     f"make the descriptor with tl.make_tensor_descriptor")
         if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value in aliases \
                 and func.attr.value != "to":  # `desc.atomic_add(...)`, `desc.gather(...)`: an access not followed
             at = an.where(call)

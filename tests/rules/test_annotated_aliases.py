@@ -121,3 +121,25 @@ def test_a_descriptor_method_called_through_an_expression_is_refused(read: str) 
     err = info.value
     assert "from the annotated 'x_ptr'" in str(err) and ".load([nxt, 0])" in str(err), err
     assert err.line == 14 and "by its own name" in err.hint, err
+
+
+def test_a_host_descriptor_read_under_another_name_is_refused() -> None:
+    # `d = a_desc` then `d.load(...)`: the rows of the next tile, read through a name that is not the annotated one
+    with pytest.raises(AnnotationError) as info:
+        _generated('''
+            @tilelink.overlap(tilelink.all_gather("a_desc"))
+            @triton.jit
+            def kernel(a_desc, c_ptr, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                pid_m = tl.program_id(0)
+                num_pid_m = tl.cdiv(M, BLOCK_M)
+                offs_am = pid_m * BLOCK_M
+                a = a_desc.load([offs_am, 0])
+                d = a_desc
+                nxt = ((pid_m + 1) % num_pid_m) * BLOCK_M
+                a2 = d.load([nxt, 0])
+                offs = offs_am + tl.arange(0, BLOCK_M)
+                tl.store(c_ptr + offs, tl.sum(a + a2, 1))
+            ''')
+    err = info.value
+    assert err.line == 15 and "`d.load`" in str(err) and "from the annotated 'a_desc'" in str(err), err
+    assert "by its own name" in err.hint, err
