@@ -70,6 +70,9 @@ def rewrite(an: KernelAnalysis, spec: AllGatherSpec, options: Options) -> Rewrit
                  f"size=\"<the full row count>\" to all_gather(...)" if indexed else _flat_hint(a) or
                  "compute the offsets as `offs = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)` and index "
                  "with offs[:, None], or pass tile=(\"<start>\", \"<size>\") to all_gather(...)")
+    # in the order they run: a group's wait goes before its first load, whichever tensor that load reads (a row
+    # scale loaded before the K loop that loads the rows)
+    loads.sort(key=lambda a: (a.anchor.line, a.anchor.column, a.where.line, a.where.column))
     first = loads[0]
     tile = first.tile
     assert tile is not None and first.anchor is not None

@@ -163,6 +163,25 @@ def gemm_row_wrap(calls: int = 2, form: str = "gemm_row_wrap", kernel: str = "ma
     return err
 
 
+def gemm_row_scales(calls: int = 2) -> float:
+    rank, world = tilelink.rank(), tilelink.world_size()
+    kernel = load_form("gemm_row_scales").matmul_row_scales
+    M, N, K = 45, 24, 40
+    g = torch.Generator().manual_seed(17)
+    a, b = _exact(torch.randn(M, K, generator=g), torch.randn(K, N, generator=g))
+    scale = torch.rand(M, generator=g) + 0.5
+    lo, hi = rows_of(rank, world, M)
+    ad, sd, bd = _placed(a[lo:hi].contiguous(), scale[lo:hi].contiguous(), b)
+    err = 0.0
+    for _ in range(calls):
+        c = torch.full((M, N), float("nan"), dtype=ad.dtype, device=ad.device)
+        kernel[(triton.cdiv(M, 16), triton.cdiv(N, 16))](
+            ad, sd, bd, c, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
+            BLOCK_M=16, BLOCK_N=16, BLOCK_K=16)
+        err = worst(err, _error(c, (a @ b) * scale[:, None]))
+    return err
+
+
 def gemm_rs_epilogue_branch(calls: int = 2) -> float:
     rank, world = tilelink.rank(), tilelink.world_size()
     kernel = load_form("gemm_rs_epilogue_branch").matmul_branch
@@ -266,6 +285,7 @@ def gemm_host_descriptor_rs(calls: int = 2, M: int = 50, N: int = 40, K: int = 9
 RUNS = {"attention_descriptor_advance": attention_descriptor_advance, "attention_helper_inner": attention_helper_inner,
         "attention_flat_heads": attention_flat_heads, "gemm_row_wrap": gemm_row_wrap,
         "gemm_row_wrap_hints": gemm_row_wrap_hints, "gemm_row_clamp": gemm_row_clamp,
+        "gemm_row_scales": gemm_row_scales,
         "gemm_rs_epilogue_branch": gemm_rs_epilogue_branch, "gemm_rs_split_k": gemm_rs_split_k,
         "gemm_host_descriptor_ag": gemm_host_descriptor_ag, "gemm_host_descriptor_rs": gemm_host_descriptor_rs,
         "moe_rs_expert_zeros": moe_rs_expert_zeros}

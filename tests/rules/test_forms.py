@@ -394,3 +394,15 @@ def test_forms_compile_for_sm90_with_the_plain_kernels_loads() -> None:
     plain, rewritten = (profiles[("attention_flat_heads", v)] for v in ("plain", "rewritten"))
     assert plain["cp.async 16B"] > 0 and rewritten["cp.async <16B"] == rewritten["ld.global.b16"] == 0, (plain,
                                                                                                        rewritten)
+
+
+def test_a_tensor_gathered_with_another_is_waited_for_before_its_first_load() -> None:
+    """Row scales gathered with A and loaded before the K loop that loads A: the tile's one wait goes before the
+    scales' load, whichever tensor the spec names first."""
+    text = generate((FORMS / "gemm_row_scales.py").read_text(), "gemm_row_scales.py",
+                    requests_in((FORMS / "gemm_row_scales.py").read_text(), "gemm_row_scales.py")).rewritten[
+        "matmul_row_scales"]
+    lines = text.splitlines()
+    wait = next(i for i, line in enumerate(lines) if "consumer_tile_wait(" in line)
+    scale_load = next(i for i, line in enumerate(lines) if "a_scale = tl.load(" in line)
+    assert wait < scale_load and sum("consumer_tile_wait(" in line for line in lines) == 1, text
