@@ -301,6 +301,9 @@ def _inline(module: cst.Module, file: str, fn: cst.FunctionDef, site: _Site,
         bound[p.name.value] = a.value
     for a in call.args:
         if a.keyword is not None:
+            if a.keyword.value not in {p.name.value for p in params}:
+                raise _refuse(file, positions, origins, call, f"the call of `{name}` passes `{a.keyword.value}`, "
+                              f"which is not a parameter of `{name}`", f"pass the parameters of `{name}`")
             bound[a.keyword.value] = a.value
     for p in params:
         if p.name.value not in bound:
@@ -337,8 +340,12 @@ def _inline(module: cst.Module, file: str, fn: cst.FunctionDef, site: _Site,
             # local set before the body would be defined again on each unrolled step of a tl.static_range loop,
             # which Triton refuses
             renames[pname] = value.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
-    for p in params:
-        pname = p.name.value
+    # the locals in the parameters' order, or in the call's (positional, then keywords as written, then defaults)
+    # when two arguments call something: their calls (an atomic, a load after it) run in the order the call ran them
+    by_name = {p.name.value: p for p in params}
+    calling = [n for n in bound if n not in renames and m.findall(bound[n], m.Call())]
+    for pname in list(bound) if len(calling) > 1 else list(by_name):
+        p = by_name[pname]
         if pname in renames:
             continue
         local = _fresh(pname, taken, local_names)

@@ -64,3 +64,22 @@ def test_a_compile_time_argument_is_written_where_it_is_used_so_an_unrolled_loop
     assert "tl.constexpr =" not in body, body
     # in parentheses: `* i + 1` would be another value
     assert "acc = acc + tl.load(x_ptrs) * (i + 1)" in body, body
+
+
+def test_arguments_are_evaluated_in_the_calls_order() -> None:
+    # keyword arguments in another order than the parameters: each takes a ticket from the same counter, so the
+    # order of the two adds decides which parameter gets which
+    body = _rewritten('''
+        @triton.jit
+        def _load_rows(x_ptrs, first, second):
+            return tl.load(x_ptrs) + first * 10 + second
+
+        @tilelink.overlap(tilelink.all_gather("x_ptr", size="N"))
+        @triton.jit
+        def kernel(x_ptr, y_ptr, count_ptr, N, BLOCK: tl.constexpr):
+            offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+            y = _load_rows(second=tl.atomic_add(count_ptr, 1), first=tl.atomic_add(count_ptr, 1), x_ptrs=x_ptr + offs)
+            tl.store(y_ptr + offs, y)
+        ''')
+    second, first, rows = (body.index(f"{name} = ") for name in ("second", "first", "x_ptrs"))
+    assert second < first < rows, body
