@@ -7,8 +7,9 @@ an inlined body is inlined in turn), so the analysis sees every access with its 
 exactly as if the kernel had been written out, and the waits and notifies land in the kernel's own code. Each
 inlined copy binds the helper's parameters as a call does: a parameter that gets a plain name and is not bound
 again reads that name, a literal list (``shape=[M, K]``) and a ``tl.constexpr`` parameter's value (``(4 - STAGE)``)
-are written where they are used, any other gets a local of its own, set from the argument before the body; the helper's own names that the kernel also uses are renamed (``m_ij``
--> ``m_ij_2``); each ``return`` that ends the helper (its last statement, or the last of each branch of its last
+are written where they are used, any other gets a local of its own, set from the argument before the body (in
+the call's order when two arguments call something); the helper's own names that the kernel also uses are renamed
+(``m_ij`` -> ``m_ij_2``); each ``return`` that ends the helper (its last statement, or the last of each branch of its last
 ``if``) becomes the call's assignment (a call whose result is unused still evaluates a returned call, ``return
 tl.store(...)``). Helpers that receive no annotated tensor stay calls.
 
