@@ -9,9 +9,9 @@ inlined copy binds the helper's parameters as a call does: a parameter that gets
 again reads that name, a literal list (``shape=[M, K]``) and a ``tl.constexpr`` parameter's value (``(4 - STAGE)``)
 are written where they are used, any other gets a local of its own, set from the argument before the body (in
 the call's order when two arguments call something); the helper's own names that the kernel also uses are renamed
-(``m_ij`` -> ``m_ij_2``); each ``return`` that ends the helper (its last statement, or the last of each branch of its last
-``if``) becomes the call's assignment (a call whose result is unused still evaluates a returned call, ``return
-tl.store(...)``). Helpers that receive no annotated tensor stay calls.
+(``m_ij`` -> ``m_ij_2``); each ``return`` that ends the helper (its last statement, or the last of each branch of
+its last ``if``) becomes the call's assignment (a call whose result is unused still evaluates a returned call,
+``return tl.store(...)``). Helpers that receive no annotated tensor stay calls.
 
 What cannot be inlined as a call would run is refused: a helper that calls itself, one defined in another module, a
 tensor passed inside a tuple, a call that is not a statement of its own, a ``return`` that does not end the helper.
