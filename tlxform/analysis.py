@@ -856,7 +856,13 @@ def _check_row_terms(an: _Analyzer, acc: Access, tile: Tile, pointers: set[str],
                                    f"{acc.tensor!r}, which are not the tile's rows `{tile.offsets}`", hint)
             else:
                 strides |= names_in(term) - {tile.offsets, "None", "True", "False"}
+    unit = not strides and an.tensors[acc.tensor][0] == 0  # `x_ptr + offs`: dim 0's stride is 1, rows are elements
     for term in rest:
+        if unit and not (isinstance(term, cst.Name) and term.value in pointers):
+            # a contiguous tensor whose dim 0 has stride 1 has no other dim: every other term moves along the rows
+            raise _refuse(acc, f"the address of the {acc.kind} at line {acc.where.line} adds `{code(term)}` along the "
+                               f"rows of {acc.tensor!r} (indexed by `{tile.offsets}` itself, stride 1): it touches "
+                               f"other rows than the tile's `{tile.offsets}`", hint)
         moved = names_in(term) & strides - pointers
         if moved and not (isinstance(term, cst.Name) and term.value in pointers):
             raise _refuse(acc, f"the address of the {acc.kind} at line {acc.where.line} adds `{code(term)}` along the "
