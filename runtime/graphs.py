@@ -31,11 +31,14 @@ read a value the host computes per call would replay it frozen there too.
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable
 
 import torch
+import torch.utils._pytree as pytree
 import triton
 import triton.language as tl
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from tilelink.errors import LaunchError
 from tilelink.runtime.diagnostics import COUNT_WORD, EPOCH_WORD
@@ -54,7 +57,10 @@ _recording: list | None = None  # the emulated graph being captured: its steps
 class EmulatedGraph:
     """The emulated world's stand-in for ``torch.cuda.CUDAGraph``: ``with graph.capture(): ...`` records the
     steps of the captured calls (kernel launches, copies, the call count's advance) without running them;
-    :meth:`replay` runs them all again, with the arguments they were recorded with."""
+    :meth:`replay` runs them all again, with the arguments they were recorded with. The tensor work around them
+    (an operator's casts, pads, a per-tensor scale's expansion, the caller's own ops) runs at capture and is
+    recorded in between (:class:`_TensorWork`), to run again on each replay into the same tensors, as a CUDA
+    graph replays those kernels too."""
 
     def __init__(self) -> None:
         self.steps: list[Callable[[], None]] = []
@@ -66,7 +72,8 @@ class EmulatedGraph:
             raise LaunchError("an emulated graph is already being captured; captures do not nest")
         _recording = self.steps
         try:
-            yield self
+            with _TensorWork(self.steps):
+                yield self
         finally:
             _recording = None
 
@@ -76,6 +83,36 @@ class EmulatedGraph:
                               "`with graph.capture():`)")
         for step in self.steps:
             step()
+
+
+#: allocations without values: a replay has nothing to redo for them (their tensors are the recorded ones)
+_ALLOCATIONS = ("aten::empty", "aten::empty_strided", "aten::empty_like", "aten::new_empty",
+                "aten::new_empty_strided")
+
+
+class _TensorWork(TorchDispatchMode):
+    """While an emulated graph captures: each tensor operation runs and is recorded as a step, which a replay runs
+    again on the same arguments, its results copied into the tensors the capture returned (later steps read those).
+    A view needs nothing (it shares its base's memory), nor does an allocation without values; an in-place
+    operation writes its recorded argument again."""
+
+    def __init__(self, steps: list) -> None:
+        super().__init__()
+        self.steps = steps
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if not func.is_view and func._schema.name not in _ALLOCATIONS:
+            self.steps.append(functools.partial(_redo, func, args, kwargs, out))
+        return out
+
+
+def _redo(func, args, kwargs, recorded) -> None:
+    result = func(*args, **kwargs)
+    for old, new in zip(pytree.tree_leaves(recorded), pytree.tree_leaves(result), strict=True):
+        if isinstance(old, torch.Tensor) and new is not old:
+            old.copy_(new)
 
 
 def capturing(device: torch.device) -> bool:

@@ -356,3 +356,50 @@ def cuda_replays_match_torch(M: int, N: int, K: int, replays: int, forms: tuple[
         out[label] = worst
         del graph
     return out
+
+
+def operators_replay_their_own_tensor_work(M: int, N: int, K: int) -> dict[str, float]:
+    """The operators themselves captured (not only their kernels' launches): what they do to tensors around the
+    launches runs again on each replay, as a CUDA graph replays those copies too. bf16 ``ag_gemm`` and ``gemm_rs``
+    (cast to fp32 for the interpreter and back) and FP8 ``ag_gemm`` with a per-tensor scale (sent as one value per
+    row, expanded per call), each replayed with new inputs and a new scale. Returns each one's relative error."""
+    from tilelink.ops import TPContext, ag_gemm, gemm_rs
+    from tilelink.ops.tp_fp8 import quantize_fp8
+    from tilelink.runtime.graphs import EmulatedGraph
+
+    r, R = tilelink.rank(), tilelink.world_size()
+    lo, hi = bounds(M, r, R)
+    klo, khi = bounds(K, r, R)
+    g = torch.Generator().manual_seed(9)
+    x, w = torch.empty(hi - lo, K, dtype=torch.bfloat16), torch.empty(K, N, dtype=torch.bfloat16)
+    h, v = torch.empty(M, khi - klo, dtype=torch.bfloat16), torch.empty(khi - klo, N, dtype=torch.bfloat16)
+    wq, ws = quantize_fp8(torch.randn(N, K, generator=g))
+    own = torch.Generator().manual_seed(r)  # this rank's FP8 rows (g stays alike on every rank)
+    xq = quantize_fp8(torch.randn(hi - lo, K, generator=own), rowwise=False)[0]
+    xs = torch.ones(())
+    ctx = TPContext(M)
+
+    def calls():
+        return (ag_gemm(x, w, ctx), gemm_rs(h, v),
+                ag_gemm(xq, wq.t(), ctx, a_scale=xs, b_scale=ws, out_dtype=torch.float32))
+
+    calls()  # the warm-up
+    graph = EmulatedGraph()
+    with graph.capture():
+        outs = calls()
+    errors = {"ag_gemm": 0.0, "gemm_rs": 0.0, "ag_gemm fp8": 0.0}
+    for scale in (2.0, 0.5):
+        a, b = torch.randn(M, K, generator=g).bfloat16(), torch.randn(K, N, generator=g).bfloat16()
+        x.copy_(a[lo:hi]), w.copy_(b), h.copy_(a[:, klo:khi]), v.copy_(b[klo:khi])
+        xs.fill_(scale)
+        graph.replay()
+        ref = a.double() @ b.double()
+        scales = torch.tensor(tilelink.runtime.current_world().control.exchange(scale, "scales")).double()
+        shards = torch.cat([torch.full((bounds(M, p, R)[1] - bounds(M, p, R)[0],), scales[p]) for p in range(R)])
+        mine = xq.double() @ (wq.double() * ws.double()[:, None]).t()
+        fp8_ref = torch.cat(tilelink.runtime.current_world().control.exchange(mine, "rows")) * shards[:, None]
+        for (label, reference), out in zip((("ag_gemm", ref), ("gemm_rs", ref[lo:hi]), ("ag_gemm fp8", fp8_ref)),
+                                           outs, strict=True):
+            err = ((out.double() - reference).norm() / reference.norm()).item() if reference.numel() else 0.0
+            errors[label] = max(errors[label], err if err == err else float("inf"))  # NaN: rows never written
+    return errors

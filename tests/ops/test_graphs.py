@@ -12,6 +12,7 @@ import tilelink
 from tests.ops.graph_worlds import (
     FORMS,
     a_replay_a_peer_skips_times_out,
+    operators_replay_their_own_tensor_work,
     refusals,
     replays_match_torch,
 )
@@ -30,6 +31,14 @@ def test_replays_with_new_data_match_torch(world: int) -> None:
     per_rank = tilelink.spawn(replays_match_torch, world, 37, 20, 48, 3, 0.5)
     for label in FORMS:
         assert _worst(per_rank, label) < 1e-5, (label, per_rank)
+
+
+@pytest.mark.slow
+def test_operators_replay_their_own_tensor_work() -> None:
+    """The operators captured whole: the work they do to tensors around their launches (casts, a per-tensor FP8
+    scale expanded per row) runs again on each replay, with the new inputs and scale, as on a GPU."""
+    for per_rank in tilelink.spawn(operators_replay_their_own_tensor_work, 2, 13, 16, 32):
+        assert all(err < 1e-2 for err in per_rank.values()), per_rank
 
 
 @pytest.mark.slow
