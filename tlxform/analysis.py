@@ -846,6 +846,7 @@ def _check_row_terms(an: _Analyzer, acc: Access, tile: Tile, pointers: set[str],
     others = set(an._offsets_candidates(exprs, 0)) | set(an._offsets_candidates(exprs, 1))
     vectors = {n for n in others if an._offsets_definition(n) is not None} - {tile.offsets}
     strides: set[str] = set()
+    scaled = False  # a rows term is multiplied (`offs[:, None] * stride_m`, `offs * 64`)
     rest: list[cst.BaseExpression] = []
     for e in exprs:
         for term, negative in _terms(e):
@@ -856,7 +857,8 @@ def _check_row_terms(an: _Analyzer, acc: Access, tile: Tile, pointers: set[str],
                                    f"{acc.tensor!r}, which are not the tile's rows `{tile.offsets}`", hint)
             else:
                 strides |= names_in(term) - {tile.offsets, "None", "True", "False"}
-    unit = not strides and an.tensors[acc.tensor][0] == 0  # `x_ptr + offs`: dim 0's stride is 1, rows are elements
+                scaled = scaled or isinstance(term, cst.BinaryOperation)
+    unit = not scaled and an.tensors[acc.tensor][0] == 0  # `x_ptr + offs`: dim 0's stride is 1, rows are elements
     for term in rest:
         if unit and not (isinstance(term, cst.Name) and term.value in pointers):
             # a contiguous tensor whose dim 0 has stride 1 has no other dim: every other term moves along the rows

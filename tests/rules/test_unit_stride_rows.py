@@ -77,3 +77,16 @@ def test_the_next_tile_read_with_offsets_of_its_own_equals_torch_on_the_race_exp
         load="nxt = (pid + 1) * BLOCK + tl.arange(0, BLOCK)\n    x2 = tl.load(x_ptr + nxt, mask=nxt < N, other=0.0)")))
     errors = tilelink.spawn(_shifted, 2, str(path))
     assert all(e == 0.0 for e in errors), errors
+
+
+def test_rows_scaled_by_a_literal_stride_keep_their_other_dims() -> None:
+    body = _generated('''
+        @tilelink.overlap(tilelink.all_gather("x_ptr", dim=0))
+        @triton.jit
+        def rows_kernel(x_ptr, y_ptr, N, BLOCK: tl.constexpr):
+            offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+            cols = tl.arange(0, 64)
+            x = tl.load(x_ptr + offs[:, None] * 64 + cols[None, :], mask=offs[:, None] < N, other=0.0)
+            tl.store(y_ptr + offs, tl.sum(x, 1), mask=offs < N)
+        ''').rewritten["rows_kernel"]
+    assert body.count("tll.consumer_tile_wait(") == 1, body
