@@ -136,17 +136,6 @@ class AllReduceLauncher(ReduceScatterLauncher):
         self.warm_up(ctx, world, grid, call, partners=lambda: self._consumer(
             ctx, world, out, ctx.scratch, self.scratch_table(ctx, world), 0, dry=True))
         epoch = ctx.channel.advance()
-        main, side = ctx.streams.main, ctx.streams.side
         # every rank is done reading the previous call's partial sums and shared rows
-        world.stream_barrier(main)
-        args = self.channel_args(ctx.channel.barriers, epoch, world, ctx.sharding, ctx.diag)
-        if side is not None:
-            # the reduction takes its few SMs first; the producer never waits for it
-            side.wait_stream(main)
-            with torch.cuda.stream(side):
-                self._consumer(ctx, world, out, ctx.channel.barriers, ctx.channel.peer_table, epoch)
-            self.kernel[grid](**call, **args)
-        else:
-            self._produce(grid, call, args, ctx, epoch)
-            self._consumer(ctx, world, out, ctx.channel.barriers, ctx.channel.peer_table, epoch)
-        self.finish(ctx)
+        world.stream_barrier(ctx.streams.main)
+        self.produce_and_pull(grid, call, ctx, world, out, epoch)

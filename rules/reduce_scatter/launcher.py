@@ -375,12 +375,17 @@ class ReduceScatterLauncher(Launcher):
         epoch = ctx.channel.advance()
         if ctx.recv_channel is not None:
             ctx.recv_channel.advance()
-        main, side = ctx.streams.main, ctx.streams.side
-        world.stream_barrier(main)  # every rank is done reading the previous call's partial sums
+        world.stream_barrier(ctx.streams.main)  # every rank is done reading the previous call's partial sums
         self.start_sums(ctx, grid, bound)
+        self.produce_and_pull(grid, call, ctx, world, out, epoch)
+
+    def produce_and_pull(self, grid, call: dict, ctx: ReduceScatterContext, world, out, epoch: int) -> None:
+        """The rewritten producer and the SM consumer that pulls its partial sums (``_consumer``), then the end of
+        the call: on a GPU the consumer takes its few SMs first, on the side stream, and the producer never waits
+        for it; in the emulated world the producer runs first."""
         args = self.channel_args(ctx.channel.barriers, epoch, world, ctx.sharding, ctx.diag)
+        main, side = ctx.streams.main, ctx.streams.side
         if side is not None:
-            # the consumer takes its few SMs first; the producer never waits for it
             side.wait_stream(main)
             with torch.cuda.stream(side):
                 self._consumer(ctx, world, out, ctx.channel.barriers, ctx.channel.peer_table, epoch)
