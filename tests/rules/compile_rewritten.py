@@ -109,6 +109,7 @@ def main() -> int:
     ring_types = {"partial_ptr": ptr, "out_ptr": ptr, "recv_ptr": ptr, "recv_table": "*i64", "tlk_barriers": "*i64",
                   "recv_flags": "*i64", "flag_table": "*i64", "tlk_diag": "*i64", "tlk_budget": i64}
     from tilelink.rules.reduce_scatter import kernels as reduce_scatter
+    from tilelink.rules.reduce_scatter.launcher import ReduceScatterLauncher
 
     widths = load_widths(reduce_scatter.rs_ring_consumer, ring_types, {"BLOCK": 1024}, PARTNER_DIVISIBLE)
     load_widths(reduce_scatter.rs_ring_consumer, ring_types, {"BLOCK": 1024, **epoch_one})
@@ -126,7 +127,7 @@ def main() -> int:
     for topk in (2, 5):  # the MoE hybrid sums each token's top-k slots before the copy engine
         widths = load_widths(reduce_scatter.rs_topk_reduce, topk_types, {"TOPK": topk, "BLOCK": 1024},
                              PARTNER_DIVISIBLE)
-        gpu = {k: v for k, v in reduce_scatter.ReduceScatterLauncher.TOPK_REDUCE_GPU.items() if k != "per_sm"}
+        gpu = {k: v for k, v in ReduceScatterLauncher.TOPK_REDUCE_GPU.items() if k != "per_sm"}
         compile_ptx(reduce_scatter.rs_topk_reduce, topk_types, {"TOPK": topk, "BLOCK": gpu.pop("BLOCK")},
                     PARTNER_DIVISIBLE, **gpu)  # the GPU's launch compiles too
         print(f"rs_topk_reduce TOPK={topk} {widths}")
