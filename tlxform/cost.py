@@ -370,19 +370,21 @@ def predict(op: str, shape: dict, world: int, *, dtype="bf16", link: Link | None
     return fn(parts, world, *(int(shape[n]) for n in names), _bytes(dtype), **options)
 
 
-_shipped: Calibration | None = None
+_shipped: tuple[str, Calibration] | None = None  # ($TILELINK_CALIBRATION when read, what it gave)
 
 
 def shipped() -> Calibration:
-    """The calibration the operators use: ``$TILELINK_CALIBRATION`` or the shipped one, read once."""
+    """The calibration the operators use: ``$TILELINK_CALIBRATION`` or the shipped one, read again only when the
+    variable changes."""
     global _shipped
-    if _shipped is None:
-        _shipped = load()
-    return _shipped
+    chosen = os.environ.get(CALIBRATION_ENV, "")
+    if _shipped is None or _shipped[0] != chosen:
+        _shipped = (chosen, load())
+    return _shipped[1]
 
 
 def reset() -> None:
-    """Forget the calibration read (after ``$TILELINK_CALIBRATION`` changes)."""
+    """Forget the calibration read (after the file at ``$TILELINK_CALIBRATION`` changes)."""
     global _shipped
     _shipped = None
 

@@ -268,3 +268,14 @@ def test_auto_in_the_emulated_world_follows_the_calibration(tmp_path, monkeypatc
     assert all(" plain; predicted overlap" in line for line in runs["shipped auto"][0]["log"])
     assert all("(forced)" in line for line in runs["shipped overlap"][0]["log"])
     assert all(" overlap; predicted overlap" in line for line in runs["overlap wins auto"][0]["log"])
+
+
+def test_the_calibration_read_follows_the_variable(tmp_path, monkeypatch) -> None:
+    """A calibration read while $TILELINK_CALIBRATION named another file is not kept once the variable changes
+    (a process that set it for a while, as a test or a notebook does, would decide from it afterwards)."""
+    decode = dict(M=8, K=4096, N=4096)
+    monkeypatch.setenv("TILELINK_CALIBRATION", _tiny_overlap_calibration(tmp_path))
+    assert cost.decide("ag_gemm", decode, 8).path == "overlap"
+    monkeypatch.delenv("TILELINK_CALIBRATION")
+    assert cost.decide("ag_gemm", decode, 8).path == "plain"
+    assert cost.shipped().parts == cost.load(cost.SHIPPED).parts
