@@ -7,10 +7,6 @@ import os
 import pytest
 import torch
 
-# the GPU tests check the overlapped kernels: the cost model would send their small shapes to the plain path
-# (tests/gpu/test_path_gpu.py unsets it to test the choice); set here, every spawned rank inherits it
-os.environ.setdefault("TILELINK_PATH", "overlap")
-
 
 def pytest_collection_modifyitems(config, items):
     here = os.path.dirname(__file__)
@@ -20,6 +16,15 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.gpu)
             if not torch.cuda.is_available():
                 item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def overlapped_kernels(monkeypatch):
+    """The GPU tests check the overlapped kernels: the cost model would send their small shapes to the plain path
+    (tests/gpu/test_path_gpu.py unsets it to test the choice). Set for each of them only, not at collection: the
+    whole session's other tests would inherit it; every rank a test spawns does."""
+    if "TILELINK_PATH" not in os.environ:
+        monkeypatch.setenv("TILELINK_PATH", "overlap")
 
 
 #: the symmetric heap of each rank when many ranks share one GPU (NVSHMEM's default is 1 GiB; a larger
