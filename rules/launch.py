@@ -247,6 +247,23 @@ class Launcher:
             raise LaunchError(f"{self.okernel.name}: {name}={value!r} must be a positive int")
         return value
 
+    def context(self, bound: dict):
+        """The context of a call's shapes (:meth:`checked_context`), found from :meth:`fast_key` when a call like
+        this one was seen before in this world."""
+        self.world()  # a new world drops the old one's contexts first
+        fast = self.fast_key(bound)
+        ctx = self.fast_contexts.get(fast) if fast is not None else None
+        if ctx is None:
+            ctx = self.checked_context(bound)
+            if fast is not None:
+                self.fast_contexts[fast] = ctx
+        return ctx
+
+    def checked_context(self, bound: dict):
+        """Check a call's arguments against the rule's contract and find (or collectively create) the context of
+        their shapes."""
+        raise NotImplementedError
+
     def fast_key(self, bound: dict) -> tuple | None:
         """What :meth:`context` decides a call's context from, read without a check: the size argument (every int
         argument for a size expression), the top-k, and each annotated tensor's shape, dtype and device. A call

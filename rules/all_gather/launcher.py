@@ -55,12 +55,8 @@ class AllGatherLauncher(Launcher):
         consumer, launched first, keeps every SM while it waits for the flags (Launcher.begin_captured)."""
         return self.meta["via"] == "copy_engine"
 
-    def context(self, bound: dict) -> AllGatherContext:
+    def checked_context(self, bound: dict) -> AllGatherContext:
         world = self.world()
-        fast = self.fast_key(bound)
-        ctx = self.fast_contexts.get(fast) if fast is not None else None
-        if ctx is not None:
-            return ctx
         size = self.size_of(bound)
         sharding = self.sharding(world, size)
         dim = self.meta["dim"]
@@ -99,8 +95,6 @@ class AllGatherLauncher(Launcher):
             self.contexts[key] = ctx
             if not alone:
                 self.make_twin(ctx, world, channel=Channel(sharding.num_channels), ready=Channel(world.world_size))
-        if fast is not None:
-            self.fast_contexts[fast] = ctx
         return ctx
 
     def _producer(self, ctx: AllGatherContext, world, epoch: int, barriers, barrier_table) -> None:

@@ -53,7 +53,7 @@ class AllReduceLauncher(ReduceScatterLauncher):
             meta = {"BLOCK": block, "num_warps": 4 if block <= 2048 else 8}
         return meta
 
-    def context(self, bound: dict) -> AllReduceContext:
+    def checked_context(self, bound: dict) -> AllReduceContext:
         world = self.world()
         size = self.size_of(bound)
         sharding = self.sharding(world, size)

@@ -88,12 +88,8 @@ class ReduceScatterLauncher(Launcher):
     #: warps, 8 per SM
     TOPK_REDUCE_GPU = {"BLOCK": 4096, "num_warps": 8, "per_sm": 4}
 
-    def context(self, bound: dict) -> ReduceScatterContext:
+    def checked_context(self, bound: dict) -> ReduceScatterContext:
         world = self.world()
-        fast = self.fast_key(bound)
-        ctx = self.fast_contexts.get(fast) if fast is not None else None
-        if ctx is not None:
-            return ctx
         size = self.size_of(bound)
         sharding = self.sharding(world, size)
         (name,) = self.meta["tensors"]
@@ -143,8 +139,6 @@ class ReduceScatterLauncher(Launcher):
 
                 self.make_twin(ctx, world, channel=fresh(ctx.channel), recv_channel=fresh(ctx.recv_channel),
                                reduced_channel=fresh(ctx.reduced_channel), ready=fresh(ctx.ready))
-        if fast is not None:
-            self.fast_contexts[fast] = ctx
         return ctx
 
     def topk(self, bound: dict) -> int:
