@@ -177,7 +177,8 @@ def fp8_inputs(g: GemmShape, scaling: str, device, gen) -> dict:
 
 
 def _scaled_mm(x: dict, out, fast_accum: bool = False):
-    """``torch._scaled_mm`` with bf16 out: row-wise scales as (M, 1) and (1, N), per-tensor ones as they are.
+    """``torch._scaled_mm`` with bf16 out: row-wise scales as (M, 1) and (1, N), per-tensor ones as they are; a K
+    that is not a multiple of 16 padded with zeros, which it requires (the sum is the same).
     ``fast_accum``: its ``use_fast_accum`` (the MMA's own accumulation throughout, as Triton's FP8 dots on
     Hopper: promoting every 128 K into fp32 registers beside a 128 x 256 accumulator spills them)."""
     import torch
@@ -185,7 +186,10 @@ def _scaled_mm(x: dict, out, fast_accum: bool = False):
     row = x["a_scale"].dim() == 1
     sa = x["a_scale"][:, None] if row else x["a_scale"]
     sb = x["w_scale"][None, :] if row else x["w_scale"]
-    return lambda: torch._scaled_mm(x["a"], x["w"].t(), scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16, out=out,
+    a, w = x["a"], x["w"]
+    if a.shape[1] % 16:  # it takes K in multiples of 16 only: zeros appended, as a user of it would (not timed)
+        a, w = (torch.nn.functional.pad(t.view(torch.uint8), (0, -a.shape[1] % 16)).view(t.dtype) for t in (a, w))
+    return lambda: torch._scaled_mm(a, w.t(), scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16, out=out,
                                     use_fast_accum=fast_accum)
 
 
