@@ -30,7 +30,14 @@ def _randn(*shape: int, seed: int, scale: float = 1.0) -> torch.Tensor:
     return torch.randn(*shape, generator=g) * scale
 
 
-def _layer(kind: str) -> torch.nn.Module:
+def _on_world(*tensors: torch.Tensor, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, ...]:
+    """The tensors on this rank's device (a GPU under NVSHMEM, the CPU when emulated), as ``dtype``."""
+    from tilelink.runtime import current_world
+
+    return tuple(t.to(current_world().device, dtype) for t in tensors)
+
+
+def _layer(kind: str, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
     """The layer ``kind``: every rank builds the same one from the same seeds."""
     from tilelink.nn import TPMLP, SPAttention, TPMoE
     from tilelink.ops import models
@@ -49,26 +56,27 @@ def _layer(kind: str) -> torch.nn.Module:
         return SPAttention(2, 1, causal=True, seq_len=8 if kind == "attention_len" else None)
     if kind in ("decoder", "moe_decoder"):
         config = models.get_config("tiny" if kind == "decoder" else "tiny-moe").with_layers(1)
-        return models.TPDecoder(config, seed=3, dtype=torch.float32)
+        return models.TPDecoder(config, seed=3, dtype=dtype)
     raise ValueError(kind)
 
 
-def _args(kind: str, tokens: int = 0) -> tuple:
-    """This rank's arguments of the layer ``kind`` for ``tokens`` tokens (0: 7, 8 for attention, 5 for a decoder)."""
+def _args(kind: str, tokens: int = 0, dtype: torch.dtype = torch.float32) -> tuple:
+    """This rank's arguments of the layer ``kind`` for ``tokens`` tokens (0: 7, 8 for attention, 5 for a decoder),
+    on the rank's device as ``dtype``."""
     from tilelink.ops.tp import TPContext
 
     if kind in ("attention", "attention_len"):
         S, D = tokens or 8, 16
         lo, hi = _rows(S)
-        return tuple(_randn(1, heads, S, D, seed=seed)[:, :, lo:hi].contiguous()
-                     for heads, seed in ((2, 13), (1, 14), (1, 15)))
+        return _on_world(*(_randn(1, heads, S, D, seed=seed)[:, :, lo:hi].contiguous()
+                           for heads, seed in ((2, 13), (1, 14), (1, 15))), dtype=dtype)
     if kind in ("decoder", "moe_decoder"):
         batch, seq = 1, tokens or 5
         lo, hi = _rows(batch * seq)
-        return _randn(batch * seq, 32, seed=16)[lo:hi].contiguous(), batch, seq
+        return *_on_world(_randn(batch * seq, 32, seed=16)[lo:hi].contiguous(), dtype=dtype), batch, seq
     S = tokens or 7
     lo, hi = _rows(S)
-    x = _randn(S, 16, seed=1)[lo:hi].contiguous()
+    (x,) = _on_world(_randn(S, 16, seed=1)[lo:hi].contiguous(), dtype=dtype)
     return (x, TPContext(M=S)) if kind == "mlp_ctx" else (x,)
 
 
@@ -97,18 +105,18 @@ def _compiled_matches_eager(kind: str) -> dict:
             "err": max(((o - eager).abs().max().item() / scale if o.numel() else 0.0) for o in outs)}
 
 
-def compiled_follows_new_sizes(kind: str, backend: str, tokens: tuple[int, ...]) -> dict:
-    """One compiled layer (``fullgraph=True``) called with ``tokens`` tokens in turn: the largest difference from
-    eager at each, relative to its largest value, and the graphs Dynamo compiled."""
+def compiled_follows_new_sizes(kind: str, backend: str, tokens: tuple[int, ...], dtype: str = "float32") -> dict:
+    """One compiled layer (``fullgraph=True``) called with ``tokens`` tokens in turn, on ``dtype`` inputs: the
+    largest difference from eager at each, relative to its largest value, and the graphs Dynamo compiled."""
     from torch._dynamo.utils import counters
 
     torch._dynamo.reset()
     counters.clear()
-    layer = _layer(kind)
+    layer = _layer(kind, getattr(torch, dtype))
     compiled = torch.compile(layer, backend=backend, fullgraph=True)
     errs = []
     for n in tokens:
-        args = _args(kind, n)
+        args = _args(kind, n, getattr(torch, dtype))
         eager, out = layer(*args), compiled(*args)
         assert out.shape == eager.shape, (n, out.shape, eager.shape)
         errs.append((out - eager).abs().max().item() / max(eager.abs().max().item(), 1e-30))
