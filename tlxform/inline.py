@@ -14,7 +14,8 @@ its last ``if``) becomes the call's assignment (a call whose result is unused st
 ``return tl.store(...)``). Helpers that receive no annotated tensor stay calls.
 
 What cannot be inlined as a call would run is refused: a helper that calls itself, one defined in another module, a
-tensor passed inside a tuple, a call that is not a statement of its own, a ``return`` that does not end the helper.
+tensor passed inside a tuple, a call that is not a statement of its own, a ``return`` that does not end the helper,
+a helper that reads a module-level name the kernel binds too (inlined, it would read the kernel's).
 
 Errors and report lines keep the user's file positions: :class:`Inlined` maps each line of the inlined module back
 to the line of the user's file it came from, and names the helper and the call it was inlined at.
@@ -122,6 +123,13 @@ def _bound(node: cst.CSTNode) -> set[str]:
         for t in targets:
             out |= names_in(t)
     return out
+
+
+def _free(helper: cst.FunctionDef) -> set[str]:
+    """The names ``helper`` reads from its module: neither its parameters nor its locals."""
+    params = helper.params
+    own = {p.name.value for p in (*params.posonly_params, *params.params, *params.kwonly_params)}
+    return names_in(helper.body) - _bound(helper.body) - own
 
 
 def _aliases(fn: cst.FunctionDef, tensors: Iterable[str]) -> set[str]:
@@ -258,6 +266,15 @@ def _next_site(module: cst.Module, file: str, fn: cst.FunctionDef, tensors: tupl
             raise refuse(f"the helper `{name}` does not return a value on every path, but its result is assigned",
                          f"return a value at the end of `{name}` (and of each branch of its last `if`), or call it "
                          f"as a statement of its own")
+        # a name the helper reads from its module (a global constant) that the kernel binds too would read the
+        # kernel's value once the body is inlined into the kernel's scope
+        captured = sorted(_free(helper) & (_bound(fn.body) | {p.name.value for p in fn.params.params}))
+        if captured:
+            read = next(n for n in m.findall(helper.body, m.Name(captured[0])))
+            raise refuse(f"the helper `{name}`, which receives {what}, reads the module-level `{captured[0]}`, which "
+                         f"kernel {fn.name.value!r} also binds: inlined into the kernel, it would read the kernel's "
+                         f"`{captured[0]}`", f"rename the kernel's `{captured[0]}`, or pass the value to `{name}` as "
+                         f"a parameter", read)
         return _Site(call, stmt, helper, targets)  # type: ignore[arg-type]
     return None
 
@@ -319,8 +336,9 @@ def _inline(module: cst.Module, file: str, fn: cst.FunctionDef, site: _Site,
         body = body[1:]  # the docstring
     rebound = _bound(cst.IndentedBlock(body=body)) if body else set()
     local_names = rebound | {p.name.value for p in params}
+    # the module-level names any helper reads stay free too: a local named so would be read by a helper inlined later
     taken = names_in(fn) | {p.name.value for p in fn.params.params} | set(_helpers(module)) | (
-        names_in(helper) - local_names)
+        names_in(helper) - local_names) | set().union(*map(_free, _helpers(module).values()))
     targets = names_in(site.targets) if site.targets is not None else set()
     renames: dict[str, cst.BaseExpression] = {}
     prelude: list[str] = []
@@ -336,10 +354,10 @@ def _inline(module: cst.Module, file: str, fn: cst.FunctionDef, site: _Site,
             # a literal list (`shape=[M, K]`, `block_shape=[BLOCK_M, BLOCK_K]`) is written where it is used: the
             # analysis reads a descriptor's shape from the list itself
             renames[pname] = value.with_changes(lpar=[], rpar=[]) if isinstance(value, cst.List) else value
-        elif _constexpr(p) and pname not in rebound and not m.findall(value, m.Call()):
-            # a compile-time value (`4 - STAGE`, `i + 1`) is written where it is used, in parentheses: a constexpr
-            # local set before the body would be defined again on each unrolled step of a tl.static_range loop,
-            # which Triton refuses
+        elif _constexpr(p) and pname not in rebound:
+            # a compile-time value (`4 - STAGE`, `i + 1`, `tl.cdiv(D, 2)`: a call of constexprs has no effect to run
+            # once) is written where it is used, in parentheses: a constexpr local set before the body would be
+            # defined again on each unrolled step of a tl.static_range loop, which Triton refuses
             renames[pname] = value.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
     # the locals in the parameters' order, or in the call's (positional, then keywords as written, then defaults)
     # when two arguments call something: their calls (an atomic, a load after it) run in the order the call ran them
@@ -352,6 +370,17 @@ def _inline(module: cst.Module, file: str, fn: cst.FunctionDef, site: _Site,
         local = _fresh(pname, taken, local_names)
         renames[pname] = cst.Name(local)
         prelude.append(f"{local}{': tl.constexpr' if _constexpr(p) else ''} = {code_of(bound[pname])}")
+    # the helper's own constexpr locals (`HALF: tl.constexpr = W // 2`), set once at its top level, are written where
+    # they are used too, for the same reason: in an unrolled loop the inlined definition would run on every step
+    folded: set[int] = set()
+    for stmt in body:
+        small = stmt.body[0] if isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 else None
+        if (isinstance(small, cst.AnnAssign) and isinstance(small.target, cst.Name) and small.value is not None
+                and "constexpr" in code_of(small.annotation.annotation) and small.target.value not in renames
+                and _bindings(body, small.target.value) == 1):
+            value = small.value.visit(_Rename(renames))
+            renames[small.target.value] = value.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+            folded.add(id(stmt))
     for n in sorted(rebound - set(renames)):
         local = _fresh(n, taken, local_names)
         if local != n:
@@ -368,6 +397,8 @@ def _inline(module: cst.Module, file: str, fn: cst.FunctionDef, site: _Site,
         out_lines.append(f"{indent}{text}\n")
         out_origins.append(dataclasses.replace(call_origin, **context))
     for stmt in body:
+        if id(stmt) in folded:
+            continue
         # the statement's own lines (and the comment lines above it), moved to column 0 as a whole so that its
         # continuation lines keep their alignment, renamed, then placed at the call's indentation
         spos = positions[stmt]
@@ -396,6 +427,12 @@ def _inline(module: cst.Module, file: str, fn: cst.FunctionDef, site: _Site,
     new_lines = lines[:start.line - 1] + out_lines + lines[end.line:]
     new_origins = origins[:start.line - 1] + out_origins + origins[end.line:]
     return "".join(new_lines), new_origins
+
+
+def _bindings(body, name: str) -> int:
+    """How many statements of ``body`` bind ``name``."""
+    return sum(name in _bound(n) for n in m.findall(cst.IndentedBlock(body=body), m.Assign() | m.AugAssign()
+                                                      | m.AnnAssign() | m.NamedExpr() | m.For()))
 
 
 def _constexpr(param: cst.Param) -> bool:
