@@ -31,6 +31,25 @@ def _sm_count(index: int | None) -> int:
     """The GPU's SMs, read once: the properties' query cost every call microseconds."""
     return torch.cuda.get_device_properties(index).multi_processor_count
 
+def _metas(kernel, bound: dict) -> list[tuple[dict, str]]:
+    """The meta-parameters Triton may evaluate a grid function on for ``kernel`` launched with ``bound``: the
+    arguments, with each configuration's of an autotuner and the values of a heuristics wrapper (outermost first,
+    as they run), each with a description of the configuration."""
+    metas = [(dict(bound), "the call's arguments")]
+    for _ in range(8):  # the wrappers down to the JIT function
+        if isinstance(getattr(kernel, "configs", None), list):  # triton.autotune
+            metas = [({**meta, **config.kwargs}, ", ".join(f"{k}={v!r}" for k, v in config.kwargs.items()) or what)
+                     for meta, what in metas for config in kernel.configs]
+        elif isinstance(getattr(kernel, "values", None), dict):  # triton.heuristics
+            for meta, _ in metas:
+                for name, heuristic in kernel.values.items():
+                    meta[name] = heuristic(meta)
+        kernel = getattr(kernel, "fn", None)
+        if kernel is None:
+            break
+    return metas
+
+
 
 @dataclass
 class ReduceScatterContext:
@@ -391,13 +410,31 @@ class ReduceScatterLauncher(Launcher):
 
     def splits(self, grid, bound: dict) -> int:
         """The adds each element of a split-K write-back gets per call: the programs along the grid axes its
-        address does not tell apart (the K splits), counted from the launch's grid."""
-        if callable(grid):
+        address does not tell apart (the K splits), counted from the launch's grid. A grid function is evaluated as
+        Triton evaluates it: on the arguments with each autotuning configuration's meta-parameters and the heuristics'
+        values (``META.get("SPLIT_K", 1)`` on the arguments alone would count one split where a configuration runs
+        four). The configuration is chosen at the launch, after the channels are set for a count: configurations
+        that split differently are refused."""
+        if not callable(grid):
+            return self._split_count(grid)
+        counts: dict[int, list[str]] = {}
+        for meta, config in _metas(self.kernel, bound):
             try:
-                grid = grid(bound)
+                count = self._split_count(grid(meta))
             except Exception as exc:  # noqa: BLE001 - reported with the grid
                 raise LaunchError(f"{self.okernel.name}: cannot evaluate the grid from the arguments to count the K "
                                   f"splits of the tl.atomic_add write-back ({exc}); pass the grid as a tuple") from None
+            counts.setdefault(count, []).append(config)
+        if len(counts) > 1:
+            found = ", ".join(f"{n} ({'; '.join(configs)})" for n, configs in sorted(counts.items()))
+            raise LaunchError(f"{self.okernel.name}: K splits {found} of the tl.atomic_add write-back by autotuning "
+                              f"configuration: TileLink counts the adds of each element before the launch, and the "
+                              f"autotuner chooses a configuration at the launch; give every configuration the same "
+                              f"split count, or pass it as an argument of the call (SPLIT_K=...) rather than a "
+                              f"configuration's")
+        return next(iter(counts))
+
+    def _split_count(self, grid) -> int:
         sizes = (tuple(grid) + (1, 1, 1))[:3]
         count = 1
         for axis, n in enumerate(sizes):

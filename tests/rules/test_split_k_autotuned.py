@@ -1,0 +1,99 @@
+"""An autotuned split-K write-back: the split count is a configuration's meta-parameter, which the grid reads
+(`META.get("SPLIT_K", 1)`, as a kernel that also runs untuned writes it). The K splits are counted from the grid as
+Triton evaluates it for the configuration it runs, never from the call's arguments alone (which would count one
+split: the channels then complete after the first split's adds and are read before the others'); configurations
+that split differently are refused before anything runs, since the choice is made at the launch."""
+
+from __future__ import annotations
+
+import importlib.util
+import textwrap
+
+import pytest
+import torch
+import triton
+
+import tilelink
+from tests.rules.cases import rows_of
+from tilelink.errors import LaunchError
+
+KERNEL = '''
+import triton
+import triton.language as tl
+
+import tilelink
+
+
+@tilelink.overlap(tilelink.reduce_scatter("c_ptr"))
+@triton.autotune(configs=[{configs}], key=["K"])
+@triton.jit
+def matmul_tuned_split_k(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm,
+                         stride_cn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                         SPLIT_K: tl.constexpr):
+    pid_m = tl.program_id(axis=0)
+    pid_n = tl.program_id(axis=1)
+    pid_k = tl.program_id(axis=2)
+    offs_am = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_bn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(pid_k * BLOCK_K, K, BLOCK_K * SPLIT_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        a = tl.load(a_ptr + offs_am[:, None] * stride_am + offs_k[None, :] * stride_ak,
+                    mask=(offs_am[:, None] < M) & (offs_k[None, :] < K), other=0.0)
+        b = tl.load(b_ptr + offs_k[:, None] * stride_bk + offs_bn[None, :] * stride_bn,
+                    mask=(offs_k[:, None] < K) & (offs_bn[None, :] < N), other=0.0)
+        acc = tl.dot(a, b, acc)
+    offs_cm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_cn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    c_mask = (offs_cm[:, None] < M) & (offs_cn[None, :] < N)
+    tl.atomic_add(c_ptr + offs_cm[:, None] * stride_cm + offs_cn[None, :] * stride_cn, acc, mask=c_mask)
+'''
+
+
+def _multiply(path: str) -> float:
+    spec = importlib.util.spec_from_file_location("tuned_split_k", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    rank, world = tilelink.rank(), tilelink.world_size()
+    M, N, K = 40, 24, 64
+    g = torch.Generator().manual_seed(31)
+    # integers: every order of the adds gives the same sums
+    a, b = torch.randint(-3, 4, (M, K), generator=g).float(), torch.randint(-3, 4, (K, N), generator=g).float()
+    klo, khi = rows_of(rank, world, K)
+    ar, br = a[:, klo:khi].contiguous(), b[klo:khi].contiguous()
+    lo, hi = rows_of(rank, world, M)
+    err = 0.0
+    for _ in range(2):
+        out = torch.full((hi - lo, N), float("nan"))
+        grid = lambda META: (triton.cdiv(M, META["BLOCK_M"]), triton.cdiv(N, META["BLOCK_N"]),  # noqa: E731
+                             META.get("SPLIT_K", 1))
+        module.matmul_tuned_split_k[grid](ar, br, out, M, N, khi - klo, ar.stride(0), ar.stride(1), br.stride(0),
+                                          br.stride(1), N, 1, BLOCK_M=16, BLOCK_N=16, BLOCK_K=8)
+        got = out - (a @ b)[lo:hi]
+        err = max(err, float("inf") if got.isnan().any() else got.abs().max().item())
+    return err
+
+
+def _written(tmp_path, configs: str) -> str:
+    path = tmp_path / "tuned_split_k.py"
+    path.write_text(textwrap.dedent(KERNEL.format(configs=configs)))
+    return str(path)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world", [2, 3])
+def test_the_splits_of_an_autotuned_configuration_are_counted_on_the_race_exposing_schedule(world: int, tmp_path,
+                                                                                           monkeypatch) -> None:
+    monkeypatch.setenv("TILELINK_RACES", "1")
+    errors = tilelink.spawn(_multiply, world, _written(tmp_path, 'triton.Config({"SPLIT_K": 2})'))
+    assert all(e == 0.0 for e in errors), errors
+
+
+@pytest.mark.slow
+def test_configurations_that_split_differently_are_refused_before_the_launch(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("TILELINK_RACES", "1")
+    path = _written(tmp_path, 'triton.Config({"SPLIT_K": 2}), triton.Config({"SPLIT_K": 4})')
+    with pytest.raises(LaunchError) as info:
+        tilelink.spawn(_multiply, 2, path)
+    assert "K splits 2 (SPLIT_K=2), 4 (SPLIT_K=4)" in str(info.value), info.value
+    assert "give every configuration the same split count" in str(info.value), info.value
