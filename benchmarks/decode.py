@@ -299,9 +299,9 @@ def run(models: tuple[str, ...] = MODELS, tokens: tuple[int, ...] = TOKENS, worl
 
 def main(argv: list[str] | None = None) -> None:
     """``python -m tilelink.benchmarks.decode``: the same options as ``tlxform bench decode``."""
-    from tilelink.cli.bench_decode import command
+    from tilelink.cli.bench_cmd import bench  # first: it registers the command of cli/bench_decode.py
 
-    command.main(args=argv if argv is not None else sys.argv[1:], prog_name="python -m tilelink.benchmarks.decode")
+    bench.commands["decode"].main(args=argv if argv is not None else sys.argv[1:], prog_name="python -m tilelink.benchmarks.decode")
 
 
 if __name__ == "__main__":
