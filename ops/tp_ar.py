@@ -32,13 +32,20 @@ def _config(M: int, dtype: torch.dtype) -> dict:
                 num_stages=4)
 
 
-def gemm_ar(a: torch.Tensor, b_shard_rows: torch.Tensor, ctx=None, *, mode: str | None = None) -> torch.Tensor:
+def gemm_ar(a: torch.Tensor, b_shard_rows: torch.Tensor, ctx=None, *, mode: str | None = None,
+            path: str = "auto") -> torch.Tensor:
     """(sum over ranks of A_r @ B_r), all-reduced: the whole (M, N) sum on every rank.
 
     ``ctx``: a :class:`tilelink.ops.TPContext` whose ``M`` is the rows of ``a`` (checked), or None (every rank
     holds all M rows: nothing to learn). ``mode``: ``"one_shot"``, ``"two_shot"`` or None (by the message's
-    size); every rank must pass the same."""
-    from tilelink.ops import tp_ar_kernels
+    size); every rank must pass the same.
+
+    ``path``: ``"overlap"`` the fused kernel, ``"plain"`` cuBLAS then a ``torch.distributed`` all-reduce,
+    ``"auto"`` (default) the one the cost model predicts faster, alike on every rank (:mod:`tilelink.ops.path`):
+    at a few decode tokens the host time of a call decides, and cuBLAS + NCCL is usually the faster."""
+    from tilelink.ops import plain, tp_ar_kernels
+    from tilelink.ops.path import check as check_path
+    from tilelink.ops.path import select as select_path
     from tilelink.runtime import current_world
 
     world = current_world()
@@ -49,6 +56,7 @@ def gemm_ar(a: torch.Tensor, b_shard_rows: torch.Tensor, ctx=None, *, mode: str 
     if a.shape[1] != b_shard_rows.shape[0]:
         raise LaunchError(f"gemm_ar: the K slices differ: {tuple(a.shape)} @ {tuple(b_shard_rows.shape)} (a is "
                           f"(M, K_r), b_shard_rows (K_r, N), the same K_r rows of the inner dimension)")
+    check_path("gemm_ar", path)
     if mode is not None and mode not in MODES:
         raise LaunchError(f"gemm_ar: mode={mode!r} is not one of {', '.join(map(repr, MODES))} (or None: chosen by "
                           f"the message's size)")
@@ -58,9 +66,11 @@ def gemm_ar(a: torch.Tensor, b_shard_rows: torch.Tensor, ctx=None, *, mode: str 
         raise LaunchError(f"gemm_ar: TPContext.M={ctx.M} but a has {M} rows; every rank passes all M rows of its K "
                           f"slice")
     out_dtype = a.dtype
-    a_in, b_in = interpreter_inputs(a, b_shard_rows)
     if M == 0 or N == 0:  # M and N are every rank's: nothing to sum
         return torch.zeros((M, N), dtype=out_dtype, device=world.device)
+    if select_path("gemm_ar", path, world, dict(M=M, N=N), dict(K=K), a.dtype) == "plain":
+        return plain.gemm_ar(a, b_shard_rows, world)
+    a_in, b_in = interpreter_inputs(a, b_shard_rows)
     if K == 0:  # this rank contributes nothing: a zero slice still takes part in the reduction
         a_in = torch.zeros((M, 1), dtype=a_in.dtype, device=world.device)
         b_in = torch.zeros((1, N), dtype=a_in.dtype, device=world.device)

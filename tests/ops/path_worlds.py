@@ -119,8 +119,9 @@ def attention_plain_matches_sdpa(B: int, H: int, Hkv: int, S: int, D: int, dtype
 
 
 def plain_gemm_ar_matches_torch(M: int, N: int, K: int, dtype_name: str) -> float:
-    """The plain GEMM + all-reduce (``tilelink.ops.plain.gemm_ar``, for gemm_ar's path=) on this rank's slice of K."""
-    from tilelink.ops import plain
+    """``gemm_ar(..., path="plain")`` on this rank's slice of K: it runs the plain GEMM + all-reduce
+    (``tilelink.ops.plain.gemm_ar``, counted here) and matches torch."""
+    from tilelink.ops import gemm_ar, plain
 
     dtype = getattr(torch, dtype_name)
     r, R = tilelink.rank(), tilelink.world_size()
@@ -130,7 +131,13 @@ def plain_gemm_ar_matches_torch(M: int, N: int, K: int, dtype_name: str) -> floa
     b = torch.randn(K, N, generator=g).to(dtype).to(world.device)
     ref = a.double() @ b.double()
     klo, khi = _bounds(K, r, R)
-    c = plain.gemm_ar(a[:, klo:khi].contiguous(), b[klo:khi].contiguous(), world)
+    calls, real = [], plain.gemm_ar
+    plain.gemm_ar = lambda *args: calls.append(1) or real(*args)
+    try:
+        c = gemm_ar(a[:, klo:khi].contiguous(), b[klo:khi].contiguous(), path="plain")
+    finally:
+        plain.gemm_ar = real
+    assert calls == [1], calls
     assert c.dtype == dtype and c.shape == (M, N), (c.dtype, c.shape)
     return ((c.double() - ref).norm() / ref.norm()).item()
 
