@@ -99,8 +99,22 @@ def _tuning_bench(fn, quantiles):
 
 
 def _alloc_scratch(size: int, alignment: int, stream):
-    # Tensor descriptors made on the device need global scratch memory for the TMA descriptor.
-    return torch.empty(size, dtype=torch.int8, device="cuda")
+    """Global scratch memory of a launch (tensor descriptors made on the device keep their TMA descriptors there):
+    one buffer per device and stream, grown when a launch asks more, in place of an allocation per launch (host
+    time of every call). The kernels of one stream run one after the other, so a launch reuses the memory of the
+    one before it as torch's allocator would reuse a buffer freed on that stream. While a stream captures a CUDA
+    graph each launch gets its own, from the graph's pool."""
+    if torch.cuda.is_current_stream_capturing():
+        return torch.empty(size, dtype=torch.int8, device="cuda")
+    key = (torch.cuda.current_device(), stream)
+    buffer = _SCRATCH.get(key)
+    if buffer is None or buffer.numel() < size:
+        buffer = _SCRATCH[key] = torch.empty(size, dtype=torch.int8, device="cuda")
+    return buffer
+
+
+#: (device, stream) -> the scratch buffer of its launches (_alloc_scratch)
+_SCRATCH: dict[tuple, torch.Tensor] = {}
 
 
 @functools.cache

@@ -24,7 +24,9 @@ from __future__ import annotations
 import logging
 import os
 
+from tilelink.cost import PATHS
 from tilelink.errors import LaunchError
+from tilelink.runtime.settings import setting
 
 log = logging.getLogger("tilelink.path")
 
@@ -48,20 +50,19 @@ _configure_logging()
 
 def check(op: str, path: object) -> None:
     """Raise :class:`tilelink.LaunchError` unless ``path`` is one of ``auto``, ``overlap``, ``plain``."""
-    from tilelink.cost import PATHS
-
     if path not in PATHS:
         raise LaunchError(f"{op}: path={path!r} is not one of {', '.join(map(repr, PATHS))} (auto: the cost model "
                           f"picks the overlapped kernels or cuBLAS + a torch.distributed collective)")
 
 
 def _modelled(world) -> bool:
-    return world.device.type == "cuda" or bool(os.environ.get("TILELINK_CALIBRATION"))
+    return world.device.type == "cuda" or bool(setting("TILELINK_CALIBRATION"))
 
 
 def _settings() -> tuple[str, str]:
-    """What of this rank's environment feeds an automatic choice: ``$TILELINK_PATH`` and ``$TILELINK_CALIBRATION``."""
-    return os.environ.get("TILELINK_PATH", "").strip().lower(), os.environ.get("TILELINK_CALIBRATION", "")
+    """What of this rank's environment feeds an automatic choice: ``$TILELINK_PATH`` and ``$TILELINK_CALIBRATION``,
+    read at each call (a change takes effect at the next)."""
+    return setting("TILELINK_PATH").strip().lower(), setting("TILELINK_CALIBRATION")
 
 
 def select(op: str, path: str, world, shared: dict, own: dict, dtype) -> str:
@@ -75,7 +76,8 @@ def select(op: str, path: str, world, shared: dict, own: dict, dtype) -> str:
         raise LaunchError(f"{op}: TILELINK_PATH={os.environ['TILELINK_PATH']!r} is not one of auto, overlap, plain "
                           f"(the path of every call that does not pass path=); unset it for auto")
     if path != "auto":
-        log.debug("%s %s over %d ranks: %s (forced)", op, shared | own, world.world_size, path)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("%s %s over %d ranks: %s (forced)", op, shared | own, world.world_size, path)
         return path
     if world.world_size == 1:
         return forced if forced in ("overlap", "plain") else "overlap"

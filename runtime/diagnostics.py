@@ -9,11 +9,12 @@ itself) and as the value of its handshakes; clearing a record leaves them.
 
 from __future__ import annotations
 
-import os
+import time
 
 import torch
 
 from tilelink.errors import TileLinkError, WaitTimeout
+from tilelink.runtime.settings import setting
 
 DIAG_WORDS = 8
 #: the words of a timeout's record (cleared once it is raised), then the two of a context's twin (runtime/graphs.py)
@@ -37,7 +38,7 @@ def _emulated() -> bool:
 
 def wait_timeout_s(emulated: bool | None = None) -> float:
     """The wait budget in seconds: ``TILELINK_WAIT_TIMEOUT``, else 10 s (60 s emulated)."""
-    value = os.environ.get("TILELINK_WAIT_TIMEOUT")
+    value = setting("TILELINK_WAIT_TIMEOUT")
     if value:
         try:
             seconds = float(value)
@@ -64,7 +65,7 @@ def skew_timeout_s(emulated: bool | None = None) -> float:
 
 def describe_budget(seconds: float, factor: int = 1) -> str:
     """How long a wait waited and where that came from: ``30 s (30 x TILELINK_WAIT_TIMEOUT=1)``."""
-    value = os.environ.get("TILELINK_WAIT_TIMEOUT")
+    value = setting("TILELINK_WAIT_TIMEOUT")
     source = f"TILELINK_WAIT_TIMEOUT={value}" if value else f"the default wait budget of {seconds / factor:g} s"
     return f"{seconds:g} s ({source})" if factor == 1 else f"{seconds:g} s ({factor} x {source})"
 
@@ -163,6 +164,14 @@ def check_diagnostics(diag: torch.Tensor, rank: int, kernel: str | None = None,
                       budget_s=wait_timeout_s() if budget_s is None else budget_s, kernel=kernel)
 
 
+#: a call's :meth:`Diagnostics.check_later` copies the record for the host at most every this many calls of a context
+#: (the copy and its event cost a call some microseconds of host time) ...
+CHECK_EVERY = 8
+#: ... unless this long has passed since the last copy: calls spaced out in time each copy it, so a timed-out wait
+#: is raised by the next call or the one after
+CHECK_INTERVAL_S = 1e-3
+
+
 class Diagnostics:
     """A diagnostics record on this rank's device, and the budget kernels are given."""
 
@@ -175,9 +184,12 @@ class Diagnostics:
         self.budget_ns = int(self.budget_s * 1e9)
         self.buffer = torch.zeros(DIAG_WORDS, dtype=torch.int64, device=world.device)
         self._host: torch.Tensor | None = None  # pinned copy of the record, read without a device sync
+        self._record = None  # a numpy view of it: reading its words costs no torch call
         self._copied: torch.cuda.Event | None = None
         self._event: torch.cuda.Event | None = None  # one event, recorded again by each check_later
         self._kernel: str | None = None
+        self._calls = 0  # calls of check_later since the last copy
+        self._copy_time = 0.0  # time.perf_counter() of the last copy
 
     def check(self, kernel: str | None = None) -> None:
         """Raise :class:`tilelink.WaitTimeout` if a kernel's wait timed out since the last check.
@@ -185,36 +197,47 @@ class Diagnostics:
         self._copied = None
         check_diagnostics(self.buffer, self.rank, kernel=kernel, budget_s=self.budget_s)
 
-    def check_later(self, kernel: str | None = None) -> None:
+    def check_later(self, kernel: str | None = None, stream=None) -> None:
         """Like :meth:`check` without stalling the launching thread: on a GPU the record is copied to
-        pinned host memory behind the kernels and read by the next call (or :meth:`check_pending`),
-        so a timed-out wait is reported one call late but launches stay asynchronous."""
+        pinned host memory behind the kernels on ``stream`` (default: the current stream) and read by a
+        later call once the copy has landed (or by :meth:`check_pending`), so launches stay asynchronous.
+        A copy is made every :data:`CHECK_EVERY` calls, or at a call :data:`CHECK_INTERVAL_S` after the
+        last copy: a timed-out wait is raised at most that many calls late (by the next call or the one
+        after when calls are spaced out); :meth:`check` and ``OverlappedKernel.check()`` read it at once.
+        A record stays in the buffer until it is read."""
         if self.buffer.device.type != "cuda":
             self.check(kernel)
             return
-        self.check_pending(block=False)
+        self._kernel = kernel
         if self._copied is not None:
-            # the last copy is still behind the kernels: it will be read, and a record stays in the buffer
-            # until read, so this call adds nothing (one copy and one event record less on the launch path)
-            self._kernel = kernel
+            self.check_pending(block=False)
+            if self._copied is not None:
+                # the last copy is still behind the kernels: it will be read, so this call adds nothing
+                return
+        self._calls += 1
+        now = time.perf_counter()
+        if self._calls < CHECK_EVERY and now - self._copy_time < CHECK_INTERVAL_S:
             return
+        self._calls, self._copy_time = 0, now
         if self._host is None:
             self._host = torch.zeros(DIAG_WORDS, dtype=torch.int64).pin_memory()
+            self._record = self._host.numpy()
         self._host.copy_(self.buffer, non_blocking=True)
         if self._event is None:  # made once: creating an event per call cost the launching thread
             self._event = torch.cuda.Event()
-        self._event.record()
+        # on the stream given: torch.cuda.current_stream() behind a plain record() cost the call microseconds
+        self._event.record(stream)
         self._copied = self._event
-        self._kernel = kernel
 
     def check_pending(self, block: bool = True) -> None:
         """Read the record :meth:`check_later` copied, waiting for the copy when ``block``."""
         if self._copied is None or self._host is None or (not block and not self._copied.query()):
             return
-        self._copied.synchronize()
+        if block:
+            self._copied.synchronize()
         self._copied = None
-        record = [int(v) for v in self._host.tolist()]
-        if record[0]:
+        if self._record[0]:
+            record = [int(v) for v in self._host.tolist()]
             self.buffer[:RECORD_WORDS].zero_()
             self._host.zero_()
             kind, index, target, seen = record[1:5]

@@ -37,6 +37,7 @@ from tilelink.runtime.diagnostics import (
     is_consequence,
     skew_timeout_s,
 )
+from tilelink.runtime.settings import setting
 
 BACKENDS = ("emulated", "nvshmem")
 
@@ -85,7 +86,7 @@ _previous_excepthook = None
 def interpreting() -> bool:
     """Kernels of this process run in Triton's interpreter (``TRITON_INTERPRET=1``: the emulated
     world, CPU tests)."""
-    return os.environ.get("TRITON_INTERPRET") == "1"
+    return setting("TRITON_INTERPRET") == "1"
 
 
 def default_backend() -> str:
