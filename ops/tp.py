@@ -21,7 +21,6 @@ import functools
 from dataclasses import dataclass
 
 import torch
-import triton
 
 from tilelink.errors import LaunchError
 from tilelink.mapping import shard_range
@@ -92,7 +91,7 @@ def _launch(kernel, persistent: bool, args: tuple, meta: dict, world, M: int, N:
     """Launch one of the annotated GEMMs: the persistent TMA one on every SM its partner leaves free, or
     the pointer one on a grid of C tiles. ``tail``: the persistent kernel cuts its last wave's tiles in
     ``TAIL_SPLIT`` pieces (:func:`tilelink.ops.contract.tail_split`)."""
-    tiles = triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"])
+    tiles = -(-M // meta["BLOCK_M"]) * -(-N // meta["BLOCK_N"])  # triton.cdiv is a jit function: slower to call
     if persistent:
         if world.device.type == "cuda":
             _install_allocator()

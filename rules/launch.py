@@ -20,6 +20,8 @@ import torch
 
 from tilelink.errors import LaunchError
 from tilelink.mapping import RowSharding
+from tilelink.rules.direct import DirectKernel, direct
+from tilelink.runtime.world import current_world
 
 
 def launcher_for(okernel):
@@ -41,6 +43,15 @@ class Streams:
 
     main: Any
     side: Any
+    joined: Any = None  # the event the main stream waits on for the side stream's work (join), made once
+
+    def join(self) -> None:
+        """Make the main stream wait for the work issued to the side stream so far: ``main.wait_stream(side)``
+        with one event of the context recorded again each call (a new event per call cost the host)."""
+        if self.joined is None:
+            self.joined = torch.cuda.Event()
+        self.joined.record(self.side)
+        self.main.wait_event(self.joined)
 
     @classmethod
     def for_world(cls, world) -> Streams:
@@ -123,7 +134,10 @@ def variant_key(kernel, call: dict) -> tuple:
     multiple of 16; neither for ``do_not_specialize`` ones) and their width, floats by type. Finer than
     Triton's own key, never coarser: two calls with one key run one compiled kernel. An autotuned (or
     heuristics) kernel is keyed on every int's value and every tensor's shape and strides too, since
-    its configuration may depend on any of them."""
+    its configuration may depend on any of them. A kernel launched directly (:class:`tilelink.rules.direct.
+    DirectKernel`) reads the same terms with the code it generated for the call's form."""
+    if type(kernel) is DirectKernel:
+        return kernel.variant(call)
     params, ints, wrapped = _kernel_params(kernel)
     if wrapped:
         return tuple((name, _value_key(value, params.get(name), True)) for name, value in call.items())
@@ -208,17 +222,17 @@ class Launcher:
     # -- helpers -------------------------------------------------------------------------------
     @property
     def kernel(self):
-        return getattr(self.okernel.module, self.okernel.name)
+        """The rewritten kernel, launched directly once a variant has run (:func:`tilelink.rules.direct.direct`)."""
+        return direct(getattr(self.okernel.module, self.okernel.name))
 
     def partner(self, name: str):
-        return getattr(self.okernel.module, name)
+        """A partner kernel of the generated module, launched as :attr:`kernel` is."""
+        return direct(getattr(self.okernel.module, name))
 
     def world(self):
         """The current world. A new one (``finalize()``, then ``init()``) drops what belonged to the old:
         the contexts, whose symmetric buffers and channels were freed with it (reusing them crashed the
         rank), and a timed-out wait."""
-        from tilelink.runtime import current_world
-
         world = current_world()
         if world is not self._world:
             self.contexts.clear()
@@ -394,9 +408,9 @@ class Launcher:
     def finish(self, ctx) -> None:
         """Join the side stream and turn a timed-out wait into :class:`tilelink.WaitTimeout`."""
         if ctx.streams.main is not None:
-            ctx.streams.main.wait_stream(ctx.streams.side)
+            ctx.streams.join()
         if self.okernel.check_waits:
-            ctx.diag.check_later(kernel=self.okernel.name)
+            ctx.diag.check_later(kernel=self.okernel.name, stream=ctx.streams.main)
             twin = getattr(ctx, "twin", None)  # a rule without captured calls has none
             if twin is not None and twin.captured:  # a replay's timed-out wait
                 twin.diag.check_later(kernel=self.okernel.name)
@@ -548,7 +562,7 @@ class Launcher:
             ctx.satisfied = torch.full_like(ctx.scratch, 1 << 60)
         self.kernel[grid](**call, **self.channel_args(ctx.satisfied, 1, world, ctx.sharding, ctx.diag))
         if self.okernel.check_waits:
-            ctx.diag.check_later(kernel=self.okernel.name)
+            ctx.diag.check_later(kernel=self.okernel.name, stream=ctx.streams.main)
 
 
 def channel_args(barriers: torch.Tensor, epoch: int, rank: int, world_size: int, sharding: RowSharding,

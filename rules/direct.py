@@ -1,0 +1,228 @@
+"""Launching a compiled variant of a kernel again without Triton's launch path.
+
+``kernel[grid](...)`` binds every argument, specialises each (``native_specialize_impl``: its type, a pointer's
+16-byte alignment, an int equal to 1 or a multiple of 16), builds Triton's cache key from them and only then calls
+the compiled kernel's launcher. For an operator's rewritten kernel of some twenty arguments that is most of a
+call's host time once the rest of the call is cached (world 1 on an H200: about 60 µs of a 120 µs call). The
+launchers call their kernels through :func:`direct`: the first call of a variant goes through Triton, which
+compiles, loads and returns the compiled kernel; a later call of the same variant (the terms of
+:func:`tilelink.rules.launch.variant_key`, finer than Triton's own key and never coarser, with the argument names
+and types, the device and Triton's debug and instrumentation settings) launches that compiled kernel as Triton's
+launch would, with the same arguments in the kernel's parameter order, the grid, the caller's current stream and
+Triton's launch hooks.
+
+Triton's own path is taken, every time, for a kernel the fast path does not know how to launch: under Triton's
+interpreter (no compiled kernel), on a Triton release other than the ones whose launch step this repeats
+(:data:`RELEASES`), for an autotuned or heuristics kernel (its configuration depends on more than the variant),
+and for one with pre-run hooks. It is taken for one call when a stream is capturing a CUDA graph, when a global the
+kernel read has changed since it compiled (Triton then raises), and for the first call of each variant.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+#: Triton releases whose launch step (the end of ``JITFunction.run``: ``CompiledKernel.run(grid_0, grid_1, grid_2,
+#: stream, function, packed_metadata, launch_metadata, enter_hook, exit_hook, *arguments)``) :class:`DirectKernel`
+#: repeats; another release may launch differently and takes Triton's own path
+RELEASES = ("3.6.",)
+
+_get_device = getattr(torch._C, "_cuda_getDevice", None)
+_get_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+_is_capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None)
+
+
+def _current_device() -> int:
+    return _get_device()
+
+
+def _current_stream(device: int) -> int:
+    """The raw handle of ``device``'s current stream, which Triton's launch takes too."""
+    return _get_stream(device)
+
+
+def _capturing() -> bool:
+    return _is_capturing is not None and _is_capturing()
+
+
+_KNOBS = []  # triton.knobs, imported at the first launch
+
+
+def _knobs():
+    if not _KNOBS:
+        from triton import knobs
+
+        _KNOBS.append(knobs)
+    return _KNOBS[0]
+
+
+def supported(kernel) -> bool:
+    """Whether :class:`DirectKernel` can launch ``kernel``: a plain ``@triton.jit`` function, compiled (not under
+    the interpreter) by a Triton release of :data:`RELEASES`, on a GPU."""
+    import triton
+    from triton.runtime.jit import JITFunction
+
+    return (type(kernel) is JITFunction and triton.__version__.startswith(RELEASES) and _get_device is not None
+            and _get_stream is not None and torch.cuda.is_available())
+
+
+#: id(kernel) -> (kernel, what :func:`direct` gives for it): the kernel is held, so its id is not reused
+_DIRECT: dict[int, tuple] = {}
+
+
+def direct(kernel):
+    """``kernel``, or a :class:`DirectKernel` over it where :func:`supported`: launched the same way
+    (``direct(kernel)[grid](*args, **kwargs)``)."""
+    entry = _DIRECT.get(id(kernel))
+    if entry is None or entry[0] is not kernel:
+        entry = _DIRECT[id(kernel)] = (kernel, DirectKernel(kernel) if supported(kernel) else kernel)
+    return entry[1]
+
+
+class DirectKernel:
+    """A ``@triton.jit`` kernel whose compiled variants are launched directly after their first call (see the
+    module's description). Every other attribute is the kernel's."""
+
+    def __init__(self, kernel) -> None:
+        self.kernel = kernel
+        self.params = kernel.params  # what variant_key reads of a kernel
+        self.names = tuple(p.name for p in kernel.params)
+        #: (device, debug, instrumentation, the call's form, its variant) -> the compiled kernel Triton launched
+        self.compiled: dict[tuple, object] = {}
+        #: a call's form (its argument names and their types) -> its variant and launch arguments (:func:`_reader`)
+        self.readers: dict[tuple, object] = {}
+
+    def __getattr__(self, name: str):
+        return getattr(self.kernel, name)
+
+    def __getitem__(self, grid):
+        return functools.partial(self.run, grid)
+
+    def variant(self, call: dict) -> tuple:
+        """The variant of a call: its form (argument names and types) and the terms of ``variant_key``."""
+        values = tuple(call.values())
+        form = (tuple(call), tuple(map(type, values)))
+        reader = self.readers.get(form)
+        if reader is None:
+            reader = self.readers[form] = _reader(self.kernel, *form)
+        return form, reader(values)[0]
+
+    def read(self, call: dict):
+        """``(key, arguments)`` of a call: what decides its compiled kernel (the device, Triton's ``debug`` and
+        instrumentation settings, the call's form and its variant) and its arguments in the kernel's parameter
+        order, defaults included (``None`` when one is missing: Triton's launch then says so)."""
+        values = tuple(call.values())
+        form = (tuple(call), tuple(map(type, values)))
+        reader = self.readers.get(form)
+        if reader is None:
+            reader = self.readers[form] = _reader(self.kernel, *form)
+        variant, arguments = reader(values)
+        knobs = _knobs()
+        settings = (knobs.runtime.debug, knobs.compilation.instrumentation_mode)
+        return (_current_device(), settings, form, variant), arguments
+
+    def run(self, grid, *args, **kwargs):
+        """``kernel[grid](*args, **kwargs)``."""
+        kernel = self.kernel
+        if _capturing() or kernel.pre_run_hooks:
+            return kernel[grid](*args, **kwargs)
+        if args:
+            call = dict(zip(self.names, args, strict=False))
+            call.update(kwargs)
+        else:
+            call = kwargs
+        key, arguments = self.read(call)
+        compiled = self.compiled.get(key)
+        if compiled is None or arguments is None or _globals_changed(kernel):
+            result = kernel[grid](*args, **kwargs)
+            if compiled is None and arguments is not None and launchable(result):
+                self.compiled[key] = result
+            return result
+        launch(compiled, grid, arguments, self.names)
+        return compiled
+
+
+def _reader(kernel, names: tuple, types: tuple):
+    """A function of a call's values (of these ``names`` and ``types``, in this order) that returns its variant and
+    its arguments in ``kernel``'s parameter order. Generated per form, as Triton's own binder is: a loop over the
+    arguments cost the call more than the launch. The variant is ``tilelink.rules.launch.variant_key``'s, term for
+    term: a tensor's dtype and 16-byte alignment; an int Triton specialises by whether it is 1 and a multiple of
+    16, a ``do_not_specialize`` one by neither, both by their width; a constexpr or a launch option (``num_warps``)
+    by its value; anything else as ``variant_key`` keys it."""
+    from tilelink.rules.launch import _value_key
+
+    params = {p.name: p for p in kernel.params}
+    scope = {"_value_key": _value_key, "params": params}
+    terms, slots = [], {}
+    for i, (name, kind) in enumerate(zip(names, types, strict=True)):
+        v, param = f"v{i}", params.get(name)
+        slots[name] = v
+        plain = param is not None and not param.is_constexpr
+        if kind is torch.Tensor:
+            terms.append(f"{v}.dtype, {v}.data_ptr() % 16 == 0")
+        elif kind is int and plain and not param.do_not_specialize:
+            terms.append(f"{v} == 1, {v} % 16 == 0, -2147483648 <= {v} < 2147483648, {v} < 9223372036854775808")
+        elif kind is int and plain:
+            terms.append(f"-2147483648 <= {v} < 2147483648, {v} < 9223372036854775808")
+        elif kind in (int, bool, str, type(None)):
+            terms.append(v)
+        else:
+            terms.append(f"_value_key({v}, params.get({name!r}), False)")
+    arguments = []
+    for p in kernel.params:
+        if p.name in slots:
+            arguments.append(slots[p.name])
+        elif p.has_default:
+            scope[f"default_{p.name}"] = p.default
+            arguments.append(f"default_{p.name}")
+        else:  # a missing argument: Triton's launch raises
+            arguments = None
+            break
+    unpack = "".join(f"v{i}, " for i in range(len(names)))
+    source = (f"def read(values):\n"
+              f"    {unpack or '_'} = values\n" if names else "def read(values):\n") + (
+              f"    return ({''.join(t + ', ' for t in terms)}), "
+              f"{'None' if arguments is None else '(' + ''.join(a + ', ' for a in arguments) + ')'}\n")
+    exec(compile(source, f"<launch of {kernel.__name__}>", "exec"), scope)  # noqa: S102 - generated above
+    return scope["read"]
+
+
+def launchable(result) -> bool:
+    """Whether what ``kernel[grid](...)`` returned is a compiled, loaded kernel that :func:`launch` can launch."""
+    return (type(result).__name__ == "CompiledKernel" and getattr(result, "packed_metadata", None) is not None
+            and getattr(result, "function", None) is not None and callable(getattr(result, "run", None)))
+
+
+def _globals_changed(kernel) -> bool:
+    """Whether a global the kernel read when it compiled has another value now (Triton refuses the launch)."""
+    for (name, _), (value, where) in kernel.used_global_vals.items():
+        if where.get(name, _MISSING) != value:
+            return True
+    return False
+
+
+_MISSING = object()
+
+
+def _quiet(hook) -> bool:
+    """Whether a launch hook of Triton's would do nothing: none, or a chain of no hooks."""
+    return hook is None or getattr(hook, "calls", True) == []
+
+
+def launch(compiled, grid, values: list, names: tuple) -> None:
+    """Launch ``compiled`` on ``grid`` (a tuple, or a function of the arguments by name) with ``values``, the
+    arguments in the kernel's parameter order, on the current stream: Triton's launch step, with its hooks."""
+    if callable(grid):
+        grid = grid(dict(zip(names, values, strict=True)))
+    size = len(grid)
+    stream = _current_stream(_current_device())
+    knobs = _knobs()
+    enter, leave = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
+    if _quiet(enter) and _quiet(leave):
+        metadata = enter = leave = None
+    else:
+        metadata = compiled.launch_metadata(grid, stream, *values)
+    compiled.run(grid[0], grid[1] if size > 1 else 1, grid[2] if size > 2 else 1, stream, compiled.function,
+                 compiled.packed_metadata, metadata, enter, leave, *values)
