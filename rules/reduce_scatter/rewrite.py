@@ -321,19 +321,36 @@ def _join(a: str, b: str, node: cst.CSTNode) -> str:
     return _ZERO
 
 
-def _classify(an: KernelAnalysis, node: cst.BaseExpression, visiting: set[str]) -> str:
+def _classify(an: KernelAnalysis, node: cst.BaseExpression, visiting: dict[str, str]) -> str:
     """What ``node`` is (see above); raises :class:`_Epilogue` where the reduction of the ranks' stored values
-    would not be the value of the full problem."""
+    would not be the value of the full problem. ``visiting``: the names being classified, each with the kind its
+    own earlier value is taken to have in its updates (``acc = acc * tl.sigmoid(acc)``)."""
     if isinstance(node, cst.Name):
-        if node.value in visiting:  # an accumulator's own earlier value: neutral for the join
-            return _ZERO
+        if node.value in visiting:
+            return visiting[node.value]
         sources = an.values.get(node.value, ()) + an.updates.get(node.value, ())
         if not sources:
             return _CONST  # a parameter, a constant, `None`
-        kind = _ZERO
-        for src in sources:
-            kind = _join(kind, _classify(an, cst.parse_expression(src), visiting | {node.value}), node)
-        return kind
+
+        def joined(own: str) -> str:
+            kind = _ZERO
+            for src in sources:
+                kind = _join(kind, _classify(an, cst.parse_expression(src), {**visiting, node.value: own}), node)
+            return kind
+
+        # first with the name's own earlier value neutral: whether any of its values brings the partial sums in;
+        # if one does, its updates are read again with that value as the partial sums, so that an update which
+        # applies a function to the accumulator in place is judged like any other use of the partial sums
+        try:
+            kind = joined(_ZERO)
+        except _Epilogue as neutral:
+            # `acc = f(acc)` on one path, `acc = tl.dot(...)` on another: `f` of the partial sums says more
+            try:
+                joined(_SUM)
+            except _Epilogue:
+                raise
+            raise neutral from None
+        return joined(_SUM) if kind == _SUM else kind
     if isinstance(node, (cst.Integer, cst.Float)):
         return _ZERO if float(node.value.replace("_", "")) == 0 else _CONST
     if isinstance(node, (cst.SimpleString, cst.Attribute)) and not isinstance(node, cst.Call):
@@ -411,7 +428,7 @@ def _nonlinear_epilogue(an: KernelAnalysis, a) -> tuple[str, str] | None:
     ranks of what each stores must be what the full problem stores. Loads are this rank's data (a weight, a
     routing weight, a partial input); they may scale the partial sums, not be added to them."""
     try:
-        _classify(an, cst.parse_expression(a.value), set())
+        _classify(an, cst.parse_expression(a.value), {})
     except _Epilogue as exc:
         return exc.source, exc.why
     return None

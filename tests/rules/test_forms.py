@@ -338,6 +338,12 @@ def kernel(a_ptr, b_ptr, c_ptr, bias_ptr, M, N, BLOCK_M: tl.constexpr, BLOCK_N: 
     ("out = acc * acc", "goes through a product of partial sums"),
     ("out = acc / tl.sum(acc, 1)[:, None]", "goes through `/` with the partial sums"),
     ("out = (acc > 0).to(tl.float32) * acc", "goes through a comparison of the partial sums"),
+    # the same applied to the accumulator in place, as the tutorials' "fuse an activation here" comment invites
+    ("acc = acc * tl.sigmoid(acc)\n    out = acc", "goes through `sigmoid` applied to the partial sums"),
+    ("acc = acc * acc\n    out = acc", "goes through a product of partial sums"),
+    ("acc = acc.to(tl.float16)\n    acc = tl.exp(acc)\n    out = acc", "goes through `exp` applied to the partial"),
+    ("if ACTIVATION == 'leaky_relu':\n        acc = leaky_relu(acc)\n    out = acc",
+     "goes through the helper `leaky_relu` (TileLink does not read its body) applied to the partial sums"),
 ])
 def test_a_non_linear_epilogue_before_a_reduce_scatter_store_is_refused(epilogue: str, says: str) -> None:
     err = _error(RS_EPILOGUE.format(extra="", epilogue=epilogue))
@@ -351,6 +357,7 @@ def test_a_non_linear_epilogue_before_a_reduce_scatter_store_is_refused(epilogue
     "out = tl.cumsum(acc, 1)",
     "out = tl.where(offs_n[None, :] < tl.minimum(N, 64), acc, 0.0)",  # masking: the condition is index arithmetic
     "out = acc",
+    "acc = acc * tl.load(bias_ptr + offs_m)[:, None]\n    out = acc.to(tl.float16)",  # in place, as vLLM's MoE
 ])
 def test_a_linear_epilogue_is_accepted(epilogue: str) -> None:
     text = HEAD + RS_EPILOGUE.format(extra="", epilogue=epilogue)
