@@ -54,7 +54,7 @@ def _compute_sms(device: torch.device, kernel) -> int:
     """Programs of a persistent compute kernel: every SM but the communication kernel's. A persistent
     kernel holding all SMs would keep the partner's spinning programs (or its own) from ever running."""
     launch = kernel.plan.launch
-    comm = launch["comm_sms"] if launch["via"] == "sm" else 0
+    comm = launch.comm_sms if launch.via == "sm" else 0
     sms = _num_sms(device.index or 0) if device.type == "cuda" else INTERPRETED_SMS
     return max(1, sms - comm)
 

@@ -20,6 +20,7 @@ import torch
 
 from tilelink.errors import LaunchError
 from tilelink.mapping import RowSharding
+from tilelink.plan import LaunchPlan
 from tilelink.rules.direct import DirectKernel, direct
 from tilelink.runtime.world import current_world
 
@@ -211,7 +212,7 @@ class Launcher:
 
     def __init__(self, okernel) -> None:
         self.okernel = okernel
-        self.meta = okernel.plan.launch
+        self.plan: LaunchPlan = okernel.plan.launch  # the rule's LaunchPlan subclass
         self.contexts: dict[tuple, Any] = {}
         #: fast_key(call) -> its context: a call like one seen before skips the checks and sizes of context()
         self.fast_contexts: dict[tuple, Any] = {}
@@ -242,7 +243,7 @@ class Launcher:
         return world
 
     def size_of(self, bound: dict) -> int:
-        name = self.meta["size_param"]
+        name = self.plan.size_param
         if name.isidentifier():
             if name not in bound:
                 raise LaunchError(f"{self.okernel.name}: missing argument {name!r} (the full size of the "
@@ -284,28 +285,33 @@ class Launcher:
         whose key was seen before gets that call's context: its checks passed for the same values. ``None`` (the
         checked way every time) when an annotated argument is not a contiguous plain tensor, or the size not an
         int. The checks and the sharding cost the host more than the kernels' launch, every call."""
-        name = self.meta["size_param"]
+        name = self.plan.size_param
         if name.isidentifier():
             size = bound.get(name)
             if type(size) is not int:
                 return None
         else:
             size = tuple((k, v) for k, v in bound.items() if type(v) is int)
-        topk = self.meta.get("topk")
+        topk = self.topk_param()
         key = [size, bound.get(topk) if topk else None]
-        for tensor in self.meta["tensors"]:
+        for tensor in self.plan.tensors:
             t = bound.get(tensor)
             if type(t) is not torch.Tensor or not t.is_contiguous():
                 return None
             key.append((t.shape, t.dtype, t.device))
         return tuple(key)
 
+    def topk_param(self) -> str | None:
+        """The argument that counts a token's expert slots (a reduce-scatter's ``topk=``), on which a call's
+        context depends; none for a rule without one."""
+        return None
+
     def sharding(self, world, size: int) -> RowSharding:
         rpr = cdiv(size, world.world_size)
         # default channel size: 128 rows for SM communication; a whole rank's rows for the copy engine,
         # whose every copy and flag costs the host an enqueue
-        block = self.meta.get("comm_block") or (rpr if self.meta["via"] == "copy_engine" else 128)
-        wanted = self.meta.get("channels_per_rank") or cdiv(rpr, block)
+        block = self.plan.comm_block or (rpr if self.plan.via == "copy_engine" else 128)
+        wanted = self.plan.channels_per_rank or cdiv(rpr, block)
         return RowSharding(size, world.world_size, max(1, min(wanted, rpr)))
 
     def tensor_arg(self, bound: dict, name: str, world) -> torch.Tensor:
@@ -366,7 +372,7 @@ class Launcher:
         first = not ctx.variants
         if not first:
             call = {**call, **{name: rebuilt(call[name], torch.zeros_like(described(call[name])))
-                               for name in self.meta["tensors"]}}
+                               for name in self.plan.tensors}}
         self.kernel[grid](**call, **self.channel_args(ctx.scratch, 0, world, ctx.sharding, ctx.diag))
         if first:
             partners()

@@ -23,6 +23,10 @@ class LaunchError(TileLinkError):
     """Arguments of an overlapped launch are invalid (shape, dtype, device, layout)."""
 
 
+class PlanError(TileLinkError):
+    """A rewrite's launch plan is incomplete or inconsistent: a field missing, unknown, or of the wrong kind."""
+
+
 class AnnotationError(TileLinkError):
     """The ``@tilelink.overlap`` annotation cannot be applied to a kernel.
 

@@ -1,17 +1,20 @@
 """The plain data passed from a rule to the code generator and the launcher, and the report.
 
 A rule reads a :class:`~tilelink.analysis.KernelAnalysis` and returns a :class:`RewritePlan`: which
-lines to insert where, which parameters to add, which partner kernels to emit, and the launch
-metadata the runtime needs. Every decision is also a :class:`ReportEntry`, so nothing is silently
-left un-overlapped.
+lines to insert where, which parameters to add, which partner kernels to emit, and the
+:class:`LaunchPlan` the rule's launcher runs from. Every decision is also a :class:`ReportEntry`, so
+nothing is silently left un-overlapped.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any, ClassVar
 
 from tilelink.analysis import Where
-from tilelink.spec import Options, Spec
+from tilelink.errors import PlanError
+from tilelink.spec import ALL_REDUCE_MODES, MODES, ORDERS, VIA, Options, Spec
 
 
 @dataclass(frozen=True)
@@ -38,6 +41,148 @@ class ReportEntry:
         return f"[{self.status}] {self.kernel} / {self.rule}{at}: {self.message}"
 
 
+def _positive(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def _name(value: object) -> bool:
+    return isinstance(value, str) and value.isidentifier()
+
+
+@dataclass(frozen=True, kw_only=True)
+class LaunchPlan:
+    """What a rule's launcher needs of a rewrite: the fields every rule has, set by keyword.
+
+    Each rule's plan is a subclass that adds its own (:class:`AllGatherLaunch`, :class:`ReduceScatterLaunch`,
+    :class:`AllReduceLaunch`); the rule's ``rewrite`` makes it and its launcher reads it (``Launcher.plan``). It is
+    checked when it is made, while the kernel is rewritten: a missing or unknown field (a ``TypeError`` naming it)
+    or a value of the wrong kind (:class:`PlanError`) fails ``tlxform build`` and the decoration, not the first
+    launch on a GPU. The generated module carries it, readable, as ``TILELINK_PLAN`` (:meth:`as_dict`), which
+    :meth:`from_dict` reads back.
+    """
+
+    #: the rule (a spec's ``kind``) whose launcher runs this plan
+    rule: ClassVar[str] = ""
+
+    tensors: tuple[str, ...]  # the annotated parameters, in the spec's order
+    dim: int  # the communicated dimension
+    size_param: str  # the full size along ``dim``: a parameter, or an expression of the int arguments
+    via: str  # the producer or consumer partner's resource: "sm" | "copy_engine"
+    mode: str  # "pull" | "push"
+    order: str  # the rewritten kernel's tile order: "local_first" | "ring" | "mesh"
+    comm_sms: int  # programs of the SM partner kernels
+    comm_block: int | None  # rows per channel; None: 128 rows on SMs, a rank's rows on the copy engine
+    channels_per_rank: int | None  # None: from comm_block
+
+    def __post_init__(self) -> None:
+        if not self.rule or type(self) is LaunchPlan:
+            raise PlanError("LaunchPlan holds the fields every rule has; make the rule's own plan "
+                            f"({', '.join(c.__name__ for c in LAUNCH_PLANS.values())})")
+        self._check("tensors", isinstance(self.tensors, tuple) and bool(self.tensors)
+                    and all(map(_name, self.tensors)), "a non-empty tuple of parameter names")
+        self._check("dim", isinstance(self.dim, int) and not isinstance(self.dim, bool) and self.dim >= 0,
+                    "a non-negative int")
+        self._check("size_param", isinstance(self.size_param, str) and bool(self.size_param.strip()),
+                    "a parameter name or an expression of the int arguments")
+        for name, allowed in (("via", VIA), ("mode", MODES), ("order", ORDERS)):
+            self._check(name, getattr(self, name) in allowed, f"one of {', '.join(map(repr, allowed))}")
+        self._check("comm_sms", _positive(self.comm_sms), "a positive int")
+        for name in ("comm_block", "channels_per_rank"):
+            self._check(name, getattr(self, name) is None or _positive(getattr(self, name)), "None or a positive int")
+
+    def _check(self, name: str, ok: bool, wanted: str) -> None:
+        if not ok:
+            raise PlanError(f"{type(self).__name__}.{name}={getattr(self, name)!r}: expected {wanted}")
+
+    def as_dict(self) -> dict[str, Any]:
+        """The plan as plain data (``rule`` and every field set when it is made; tuples as lists), as the generated
+        module's ``TILELINK_PLAN`` writes it."""
+        out: dict[str, Any] = {"rule": self.rule}
+        for f in fields(self):
+            if f.init:
+                value = getattr(self, f.name)
+                out[f.name] = list(value) if isinstance(value, tuple) else value
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> LaunchPlan:
+        """The plan :meth:`as_dict` wrote: the class of its ``rule`` (a subclass of ``cls``), with every field
+        present and none unknown, else :class:`PlanError` naming them."""
+        rule = data.get("rule")
+        plan_cls = LAUNCH_PLANS.get(rule) if isinstance(rule, str) else None
+        if plan_cls is None or not issubclass(plan_cls, cls):
+            known = ", ".join(repr(k) for k, c in LAUNCH_PLANS.items() if issubclass(c, cls))
+            raise PlanError(f"launch plan: rule={rule!r} is not one of {known}; rebuild the module with tlxform build")
+        names = [f.name for f in fields(plan_cls) if f.init]
+        missing = [n for n in names if n not in data]
+        unknown = sorted(k for k in data if k not in names and k != "rule")
+        if missing or unknown:
+            said = [f"missing field(s) {', '.join(map(repr, missing))}"] if missing else []
+            said += [f"unknown field(s) {', '.join(map(repr, unknown))}"] if unknown else []
+            raise PlanError(f"launch plan of rule {rule!r}: {'; '.join(said)} ({plan_cls.__name__} has "
+                            f"{', '.join(names)}); rebuild the module with tlxform build")
+        return plan_cls(**{n: tuple(data[n]) if isinstance(data[n], list) else data[n] for n in names})
+
+
+@dataclass(frozen=True, kw_only=True)
+class AllGatherLaunch(LaunchPlan):
+    """The all-gather's plan (``rules/all_gather``)."""
+
+    rule: ClassVar[str] = "all_gather"
+
+    index: str | None  # the gather-index parameter of a dynamic (MoE) mapping, or None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._check("index", self.index is None or _name(self.index), "None or a parameter name")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReduceScatterLaunch(LaunchPlan):
+    """The reduce-scatter's plan (``rules/reduce_scatter``)."""
+
+    rule: ClassVar[str] = "reduce_scatter"
+
+    index: str | None  # the scatter-index parameter of a dynamic (MoE) mapping, or None
+    topk: str | None  # the parameter counting a token's expert slots (the MoE top-k reduction), or None
+    #: a split-K write-back (``tl.atomic_add``): the grid axes its address reads (the others are the K splits,
+    #: counted from the grid at launch); None for stores
+    atomic_axes: tuple[int, ...] | None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        for name in ("index", "topk"):
+            self._check(name, getattr(self, name) is None or _name(getattr(self, name)), "None or a parameter name")
+        axes = self.atomic_axes
+        self._check("atomic_axes", axes is None or (isinstance(axes, tuple) and bool(axes) and all(
+            type(a) is int and 0 <= a <= 2 for a in axes) and list(axes) == sorted(set(axes))),
+                    "None or a sorted tuple of grid axes (0, 1, 2)")
+
+
+@dataclass(frozen=True, kw_only=True)
+class AllReduceLaunch(ReduceScatterLaunch):
+    """The all-reduce's plan (``rules/all_reduce``): its launcher is the reduce-scatter's, on the SM pull, with no
+    dynamic mapping and no split-K write-back."""
+
+    rule: ClassVar[str] = "all_reduce"
+
+    index: None = field(default=None, init=False)
+    topk: None = field(default=None, init=False)
+    atomic_axes: None = field(default=None, init=False)
+    algorithm: str | None  # "one_shot" | "two_shot", or None: chosen by the message's size per shape
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._check("via", self.via == "sm", "'sm' (the all-reduce's partners pull on SMs)")
+        self._check("mode", self.mode == "pull", "'pull' (the all-reduce's partners pull on SMs)")
+        self._check("algorithm", self.algorithm is None or self.algorithm in ALL_REDUCE_MODES,
+                    f"None or one of {', '.join(map(repr, ALL_REDUCE_MODES))}")
+
+
+#: a rule's kind -> the class of its launch plan
+LAUNCH_PLANS: dict[str, type[LaunchPlan]] = {c.rule: c for c in (AllGatherLaunch, ReduceScatterLaunch, AllReduceLaunch)}
+
+
 @dataclass(frozen=True)
 class RewritePlan:
     """What one rule does to one kernel."""
@@ -49,8 +194,15 @@ class RewritePlan:
     extra_params: tuple[str, ...]
     insertions: tuple[Insertion, ...]
     partner_kernels: tuple[str, ...]  # names of @triton.jit functions in the rule module
-    launch: dict = field(default_factory=dict)  # JSON-able metadata for the launcher
+    launch: LaunchPlan  # what the rule's launcher runs from
     report: tuple[ReportEntry, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.launch, LaunchPlan) or self.launch.rule != self.rule:
+            wanted = LAUNCH_PLANS[self.rule].__name__ if self.rule in LAUNCH_PLANS else "LaunchPlan subclass"
+            raise PlanError(f"{self.kernel} / {self.rule}: the rewrite's launch plan is a "
+                            f"{type(self.launch).__name__}, not the rule's {wanted}: make one (tilelink.plan) "
+                            f"with every field by keyword, which its launcher reads")
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ import torch
 
 from tilelink.errors import LaunchError
 from tilelink.mapping import RowSharding
+from tilelink.plan import AllGatherLaunch
 from tilelink.rules.launch import Launcher, Streams, described, rebuilt, vector_peer_table
 from tilelink.runtime import (
     Channel,
@@ -48,21 +49,23 @@ class AllGatherContext:
 class AllGatherLauncher(Launcher):
     """``kernel[grid](a_shard, ...)``: gather the shards, then run the rewritten consumer."""
 
+    plan: AllGatherLaunch
+
     @property
     def resets_channels(self) -> bool:
         """A captured copy-engine gather starts its channels from zero and its flags store the call's own count
         with the stream's memory operations, as uncaptured: a flag set by a kernel would need an SM, and the
         consumer, launched first, keeps every SM while it waits for the flags (Launcher.begin_captured)."""
-        return self.meta["via"] == "copy_engine"
+        return self.plan.via == "copy_engine"
 
     def checked_context(self, bound: dict) -> AllGatherContext:
         world = self.world()
         size = self.size_of(bound)
         sharding = self.sharding(world, size)
-        dim = self.meta["dim"]
+        dim = self.plan.dim
         lo, hi = sharding.rank_range(world.rank)
         shapes = []
-        for name in self.meta["tensors"]:
+        for name in self.plan.tensors:
             t = self.tensor_arg(bound, name, world)
             # a flat shard of blocks (rows z * H * S_r + h * S_r + s) passed for a gather of the blocks' inner dim
             flat = (f": pass its view with the sharded dim as dim {dim}, e.g. `{name}.view(Z * H, S_r, D)` for a "
@@ -73,10 +76,10 @@ class AllGatherLauncher(Launcher):
             if t.shape[dim] != hi - lo:
                 raise LaunchError(
                     f"{self.okernel.name}: rank {world.rank} must pass rows [{lo}, {hi}) of {name} along dim "
-                    f"{dim} ({hi - lo} rows, for {self.meta['size_param']}={size} over {world.world_size} "
+                    f"{dim} ({hi - lo} rows, for {self.plan.size_param}={size} over {world.world_size} "
                     f"ranks), got {t.shape[dim]}{flat}")
             shapes.append((*t.shape[:dim], size, *t.shape[dim + 1:]))
-        key = (size, tuple(shapes), tuple(str(described(bound[n]).dtype) for n in self.meta["tensors"]))
+        key = (size, tuple(shapes), tuple(str(described(bound[n]).dtype) for n in self.plan.tensors))
         ctx = self.contexts.get(key)
         if ctx is None:
             self.refuse_capture(world, "its first call with these shapes allocates symmetric buffers and loads "
@@ -85,7 +88,7 @@ class AllGatherLauncher(Launcher):
             alone = world.world_size == 1
             sets = () if alone else tuple(
                 tuple(symmetric_empty(s, described(bound[n]).dtype)
-                      for s, n in zip(shapes, self.meta["tensors"], strict=True))
+                      for s, n in zip(shapes, self.plan.tensors, strict=True))
                 for _parity in range(2))
             ctx = AllGatherContext(sharding, tuple(shapes), sets,
                                    tuple(tuple(vector_peer_table(f) for f in fulls) for fulls in sets),
@@ -101,10 +104,10 @@ class AllGatherLauncher(Launcher):
         """Issue the communication of every gathered tensor of call ``epoch`` (SM kernel or copy engine) into
         the set of its parity; ``barrier_table`` is the peer table of ``barriers`` (push mode notifies the
         peers' copies). Epoch 0 is the dry run of ``warm_up``."""
-        if self.meta["via"] == "copy_engine":
+        if self.plan.via == "copy_engine":
             self._copy_engine(ctx, world, epoch, barriers)
             return
-        dim = self.meta["dim"]
+        dim = self.plan.dim
         sh = ctx.sharding
         fulls, tables = ctx.sets[epoch % 2], ctx.tables[epoch % 2]
         for full, table, shape in zip(fulls, tables, ctx.shapes, strict=True):
@@ -113,8 +116,8 @@ class AllGatherLauncher(Launcher):
                         tlk_rows_per_rank=sh.rows_per_rank, tlk_rows_per_channel=sh.rows_per_channel,
                         tlk_channels_per_rank=sh.channels_per_rank, row_elems=row_elems,
                         outer=math.prod(shape[:dim]), outer_stride=sh.size * row_elems)
-            grid = (min(self.meta["comm_sms"], sh.num_channels),)
-            if self.meta["mode"] == "pull":
+            grid = (min(self.plan.comm_sms, sh.num_channels),)
+            if self.plan.mode == "pull":
                 self.partner("ag_pull_producer")[grid](full, table, barriers, epoch, **args,
                                                        **self.pull_meta(world, self.PULL_PRODUCER_GPU))
             else:
@@ -128,7 +131,7 @@ class AllGatherLauncher(Launcher):
         plan = ctx.copy_plans.get(parity)
         if plan is not None:
             return plan
-        dim, sh, fulls = self.meta["dim"], ctx.sharding, ctx.sets[parity]
+        dim, sh, fulls = self.plan.dim, ctx.sharding, ctx.sets[parity]
         plan = []
         for src in self.peer_order(world):
             peers = [peer_tensor(full, src) for full in fulls]
@@ -165,7 +168,7 @@ class AllGatherLauncher(Launcher):
         """Run the consumer on the race-exposing schedule (:mod:`tilelink.runtime.races`): the peers' rows of
         this call's set are poison until a wait of the consumer asks for their channel, which is delivered then
         (copied from its rank's set and notified), and not before."""
-        dim, sh, k = self.meta["dim"], ctx.sharding, len(ctx.shapes)
+        dim, sh, k = self.plan.dim, ctx.sharding, len(ctx.shapes)
         lo, hi = sh.rank_range(world.rank)
         for full in ctx.sets[epoch % 2]:
             if lo > 0:
@@ -200,11 +203,11 @@ class AllGatherLauncher(Launcher):
         write either set before its handshake)."""
         from tilelink.runtime import graphs
 
-        dim, k = self.meta["dim"], len(ctx.shapes)
+        dim, k = self.plan.dim, len(ctx.shapes)
         lo, hi = ctx.sharding.rank_range(world.rank)
         fulls = ctx.sets[1]  # the set of an odd call: with epoch 1, every helper below picks it
         call = dict(bound)
-        for name, full in zip(self.meta["tensors"], fulls, strict=True):
+        for name, full in zip(self.plan.tensors, fulls, strict=True):
             call[name] = rebuilt(bound[name], full)  # a host descriptor: the same one over the gathered rows
         twin = self.begin_captured(ctx, world, grid, call)
         main, side = twin.streams.main, twin.streams.side
@@ -213,7 +216,7 @@ class AllGatherLauncher(Launcher):
             graphs.enqueue(twin.channel.barriers.zero_)
 
         def shards() -> None:
-            for name, full in zip(self.meta["tensors"], fulls, strict=True):
+            for name, full in zip(self.plan.tensors, fulls, strict=True):
                 if hi > lo:
                     full.narrow(dim, lo, hi - lo).copy_(described(bound[name]))
 
@@ -233,7 +236,7 @@ class AllGatherLauncher(Launcher):
             graphs.enqueue(consumer)
         else:  # the same order as an uncaptured call's
             side.wait_stream(main)
-            if self.meta["via"] == "copy_engine" and not self.meta["index"]:
+            if self.plan.via == "copy_engine" and not self.plan.index:
                 consumer()
                 with torch.cuda.stream(side):
                     producer()
@@ -256,13 +259,13 @@ class AllGatherLauncher(Launcher):
         if graphs.capturing(world.device):
             self._launch_captured(grid, bound, ctx, world)
             return
-        dim, k = self.meta["dim"], len(ctx.shapes)
+        dim, k = self.plan.dim, len(ctx.shapes)
         lo, hi = ctx.sharding.rank_range(world.rank)
-        copy_engine = self.meta["via"] == "copy_engine"
+        copy_engine = self.plan.via == "copy_engine"
         epoch = ctx.channel.advance()
         fulls = ctx.sets[epoch % 2]
         call = dict(bound)
-        for name, full in zip(self.meta["tensors"], fulls, strict=True):
+        for name, full in zip(self.plan.tensors, fulls, strict=True):
             call[name] = rebuilt(bound[name], full)  # a host descriptor: the same one over the gathered rows
         self.warm_up(ctx, world, grid, call, partners=lambda: None if copy_engine else self._producer(
             ctx, world, 0, ctx.scratch, self.scratch_table(ctx, world)))  # the copy engine has no kernel
@@ -273,7 +276,7 @@ class AllGatherLauncher(Launcher):
         # epoch + 2, behind its wait for every peer's word of epoch + 1, which each peer sets only once its streams
         # are past call epoch: the set's readers and writers of call epoch are done (ARCHITECTURE.md). Stream
         # barriers here would make every rank wait for the slowest rank's host on every call.
-        for name, full in zip(self.meta["tensors"], fulls, strict=True):
+        for name, full in zip(self.plan.tensors, fulls, strict=True):
             if hi > lo:
                 full.narrow(dim, lo, hi - lo).copy_(described(bound[name]))
         self.handshake(ctx.ready, world, epoch, main, main)
@@ -289,7 +292,7 @@ class AllGatherLauncher(Launcher):
             self.finish(ctx)
             return
         side.wait_stream(main)  # behind the shard and the handshake, never behind the consumer
-        if copy_engine and not self.meta["index"]:
+        if copy_engine and not self.plan.index:
             # the copies need no SM: the consumer is launched first (its first tiles are this rank's own
             # rows), so that the host's enqueueing of the copies overlaps with the consumer's work
             self.kernel[grid](**call, **consumer_args)

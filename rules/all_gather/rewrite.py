@@ -7,7 +7,7 @@ import libcst.matchers as m
 
 from tilelink.analysis import Access, KernelAnalysis, code
 from tilelink.errors import AnnotationError
-from tilelink.plan import Insertion, ReportEntry, RewritePlan
+from tilelink.plan import AllGatherLaunch, Insertion, ReportEntry, RewritePlan
 from tilelink.rules.emit import (
     CHANNEL_PARAMS,
     MAPPING_ARGS,
@@ -151,12 +151,11 @@ def rewrite(an: KernelAnalysis, spec: AllGatherSpec, options: Options) -> Rewrit
     else:
         report.append(remap_order(an, first, RULE, opts.order, shift)[1])
     partners = {"copy_engine": (), "sm": ("ag_pull_producer",) if opts.mode == "pull" else ("ag_push_producer",)}
-    launch = {
-        "rule": RULE, "tensors": list(spec.tensors), "dim": spec.dim, "size_param": size_param,
-        "index": spec.index,
-        "via": opts.via, "mode": opts.mode, "order": opts.order, "comm_block": opts.comm_block,
-        "comm_sms": opts.comm_sms, "channels_per_rank": opts.channels_per_rank,
-    }
+    launch = AllGatherLaunch(
+        tensors=spec.tensors, dim=spec.dim, size_param=size_param, index=spec.index,
+        via=opts.via, mode=opts.mode, order=opts.order, comm_block=opts.comm_block,
+        comm_sms=opts.comm_sms, channels_per_rank=opts.channels_per_rank,
+    )
     report.append(ReportEntry(an.name, RULE, "note",
                               f"producer: {opts.via}" + (f" {opts.mode}" if opts.via == "sm" else "")
                               + f", {opts.comm_sms if opts.via == 'sm' else 'no'} SMs, comm tile "

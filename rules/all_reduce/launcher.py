@@ -9,6 +9,7 @@ import torch
 import triton
 
 from tilelink.errors import LaunchError
+from tilelink.plan import AllReduceLaunch
 from tilelink.rules.launch import Streams, cdiv, described, rebuilt, vector_peer_table
 from tilelink.rules.reduce_scatter.launcher import ReduceScatterContext, ReduceScatterLauncher
 from tilelink.runtime import Channel, Diagnostics, symmetric_empty
@@ -40,6 +41,8 @@ class AllReduceLauncher(ReduceScatterLauncher):
     """``kernel[grid](..., c, ...)``: run the rewritten producer into a symmetric buffer of partial sums and sum
     every rank's into ``c``, the whole output, on every rank."""
 
+    plan: AllReduceLaunch
+
     def _steps(self, world, elements: int) -> dict:
         """The partners' launch options for ``elements`` to move on this rank. On a GPU the pull's large steps
         (``PULL_CONSUMER_GPU``) while there are enough to give each of the ``comm_sms`` programs one, else
@@ -48,7 +51,7 @@ class AllReduceLauncher(ReduceScatterLauncher):
         meta = self.pull_meta(world, self.PULL_CONSUMER_GPU)
         if world.device.type != "cuda":
             return meta
-        block = max(1024, min(meta["BLOCK"], triton.next_power_of_2(cdiv(elements, self.meta["comm_sms"]))))
+        block = max(1024, min(meta["BLOCK"], triton.next_power_of_2(cdiv(elements, self.plan.comm_sms))))
         if block < meta["BLOCK"]:
             meta = {"BLOCK": block, "num_warps": 4 if block <= 2048 else 8}
         return meta
@@ -57,23 +60,23 @@ class AllReduceLauncher(ReduceScatterLauncher):
         world = self.world()
         size = self.size_of(bound)
         sharding = self.sharding(world, size)
-        (name,) = self.meta["tensors"]
+        (name,) = self.plan.tensors
         out = self.tensor_arg(bound, name, world)
         if out.dim() < 1 or out.shape[0] != size:
             raise LaunchError(
                 f"{self.okernel.name}: every rank passes the whole output as {name} ({size} rows, for "
-                f"{self.meta['size_param']}={size}): all_reduce writes the sum over the ranks on every rank; got shape "
+                f"{self.plan.size_param}={size}): all_reduce writes the sum over the ranks on every rank; got shape "
                 f"{list(out.shape)}")
         shape = tuple(out.shape)
         if math.prod(shape) >= 2**31:  # the partner kernels index the partial sums with 32-bit offsets
             raise LaunchError(f"{self.okernel.name}: the partial sums of one call would hold {math.prod(shape)} "
                               f"elements ({' x '.join(map(str, shape))}), past the 2**31 the all-reduce kernels "
-                              f"address; split the call along {self.meta['size_param']}")
+                              f"address; split the call along {self.plan.size_param}")
         key = (size, shape, str(out.dtype))
         ctx = self.contexts.get(key)
         if ctx is None:
             partial = symmetric_empty(shape, out.dtype)
-            mode = self.meta.get("algorithm") or choose_mode(partial.numel() * partial.element_size(),
+            mode = self.plan.algorithm or choose_mode(partial.numel() * partial.element_size(),
                                                              world.world_size)
             ctx = AllReduceContext(sharding, partial, vector_peer_table(partial), Channel(sharding.num_channels),
                                    Diagnostics(), Streams.for_world(world),
@@ -100,7 +103,7 @@ class AllReduceLauncher(ReduceScatterLauncher):
         own = world.rank * sh.channels_per_rank
         if ctx.mode == "one_shot":
             channels = sh.num_channels
-            grid = (max(1, min(self.meta["comm_sms"], channels * blocks)),)
+            grid = (max(1, min(self.plan.comm_sms, channels * blocks)),)
             self.partner("ar_pull_reduce")[grid](
                 ctx.partial, ctx.table, out, out, ctx.scratch, barriers, table, epoch, *common, own, channels,
                 ctx.diag.buffer, ctx.diag.budget_ns, SHARE=False, **meta)
@@ -110,11 +113,11 @@ class AllReduceLauncher(ReduceScatterLauncher):
         if dry:  # a private copy of the shared rows and the scratch flags
             share, flags = torch.empty_like(share), ctx.scratch
             flag_table = self.scratch_table(ctx, world)
-        grid = (max(1, min(self.meta["comm_sms"], sh.channels_per_rank * blocks)),)
+        grid = (max(1, min(self.plan.comm_sms, sh.channels_per_rank * blocks)),)
         self.partner("ar_pull_reduce")[grid](
             ctx.partial, ctx.table, out, share, flags, barriers, table, epoch, *common, own, sh.channels_per_rank,
             ctx.diag.buffer, ctx.diag.budget_ns, SHARE=True, **meta)
-        grid = (max(1, min(self.meta["comm_sms"], (sh.num_channels - sh.channels_per_rank) * blocks)),)
+        grid = (max(1, min(self.plan.comm_sms, (sh.num_channels - sh.channels_per_rank) * blocks)),)
         self.partner("ar_gather_rows")[grid](
             share, share_table, out, flags, flag_table, epoch, *common, ctx.diag.buffer, ctx.diag.budget_ns, **meta)
 
@@ -129,7 +132,7 @@ class AllReduceLauncher(ReduceScatterLauncher):
         if world.world_size == 1:  # the output is the whole result
             self.alone(grid, dict(bound), ctx, world)
             return
-        (name,) = self.meta["tensors"]
+        (name,) = self.plan.tensors
         out = described(bound[name])
         # the kernel writes its partial sums to the symmetric buffer (a host descriptor: the same one over it)
         call = {**bound, name: rebuilt(bound[name], ctx.partial)}

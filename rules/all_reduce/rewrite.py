@@ -10,7 +10,7 @@ from dataclasses import replace
 
 from tilelink.analysis import KernelAnalysis
 from tilelink.errors import AnnotationError
-from tilelink.plan import Insertion, ReportEntry, RewritePlan
+from tilelink.plan import AllReduceLaunch, Insertion, ReportEntry, RewritePlan
 from tilelink.rules.emit import CHANNEL_PARAMS
 from tilelink.rules.reduce_scatter.rewrite import notify_stores
 from tilelink.spec import AllReduceSpec, Options
@@ -42,10 +42,9 @@ def rewrite(an: KernelAnalysis, spec: AllReduceSpec, options: Options) -> Rewrit
                  None: "one-shot or two-shot, chosen by the message's size at the first call of each shape"}
     report.append(ReportEntry(an.name, RULE, "note", f"consumer: SM mesh pull on {opts.comm_sms} programs, "
                                                      f"{algorithm[spec.mode]}"))
-    launch = {"rule": RULE, "tensors": list(spec.tensors), "dim": spec.dim, "size_param": size_param,
-              "index": None, "topk": None, "algorithm": spec.mode,
-              "via": opts.via, "mode": opts.mode, "order": opts.order, "comm_block": opts.comm_block,
-              "comm_sms": opts.comm_sms, "channels_per_rank": opts.channels_per_rank}
+    launch = AllReduceLaunch(tensors=spec.tensors, dim=spec.dim, size_param=size_param, algorithm=spec.mode,
+                             via=opts.via, mode=opts.mode, order=opts.order, comm_block=opts.comm_block,
+                             comm_sms=opts.comm_sms, channels_per_rank=opts.channels_per_rank)
     partners = ("ar_pull_reduce",) if spec.mode == "one_shot" else ("ar_pull_reduce", "ar_gather_rows")
     return RewritePlan(an.name, RULE, spec, opts, CHANNEL_PARAMS, tuple(_named(i) for i in insertions), partners,
                        launch, tuple(report))

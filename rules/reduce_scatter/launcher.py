@@ -11,6 +11,7 @@ import torch
 
 from tilelink.errors import LaunchError
 from tilelink.mapping import RowSharding
+from tilelink.plan import ReduceScatterLaunch
 from tilelink.rules.launch import Launcher, Streams, cdiv, described, rebuilt, vector_peer_table
 from tilelink.runtime import (
     Channel,
@@ -31,6 +32,7 @@ def _sm_count(index: int | None) -> int:
     """The GPU's SMs, read once: the properties' query cost every call microseconds."""
     return torch.cuda.get_device_properties(index).multi_processor_count
 
+
 def _metas(kernel, bound: dict) -> list[tuple[dict, str]]:
     """The meta-parameters Triton may evaluate a grid function on for ``kernel`` launched with ``bound``: the
     arguments, with each configuration's of an autotuner and the values of a heuristics wrapper (outermost first,
@@ -48,7 +50,6 @@ def _metas(kernel, bound: dict) -> list[tuple[dict, str]]:
         if kernel is None:
             break
     return metas
-
 
 
 @dataclass
@@ -102,6 +103,8 @@ class ReduceScatterLauncher(Launcher):
     """``kernel[grid](..., c_shard, ...)``: run the rewritten producer into a symmetric buffer and
     reduce this rank's rows from every rank into ``c_shard``."""
 
+    plan: ReduceScatterLaunch
+
     #: :func:`rs_topk_reduce` on a GPU: 4096-element blocks, 8 warps, 4 programs per SM. On an H200 (MoE-4 and
     #: MoE-6 slot rows, 8192 tokens of 4096) 3.1-3.7 TB/s, against 2.1-2.5 TB/s for 1024-element blocks of 4
     #: warps, 8 per SM
@@ -111,20 +114,20 @@ class ReduceScatterLauncher(Launcher):
         world = self.world()
         size = self.size_of(bound)
         sharding = self.sharding(world, size)
-        (name,) = self.meta["tensors"]
+        (name,) = self.plan.tensors
         out = self.tensor_arg(bound, name, world)
         lo, hi = sharding.rank_range(world.rank)
         if out.dim() < 1 or out.shape[0] != hi - lo:
             raise LaunchError(
                 f"{self.okernel.name}: rank {world.rank} must pass its output rows [{lo}, {hi}) as {name} "
-                f"({hi - lo} rows, for {self.meta['size_param']}={size} over {world.world_size} ranks), "
+                f"({hi - lo} rows, for {self.plan.size_param}={size} over {world.world_size} ranks), "
                 f"got shape {list(out.shape)}")
         topk = self.topk(bound)
         shape = (size * topk, *out.shape[1:])
         if math.prod(shape) >= 2**31:  # the partner kernels index the partial sums with 32-bit offsets
             raise LaunchError(f"{self.okernel.name}: the partial sums of one call would hold {math.prod(shape)} "
                               f"elements ({' x '.join(map(str, shape))}), past the 2**31 the reduce-scatter "
-                              f"kernels address; split the call along {self.meta['size_param']}")
+                              f"kernels address; split the call along {self.plan.size_param}")
         key = (size, shape, str(out.dtype))
         ctx = self.contexts.get(key)
         if ctx is None:
@@ -135,18 +138,18 @@ class ReduceScatterLauncher(Launcher):
             ctx = ReduceScatterContext(sharding, partial, vector_peer_table(partial), Channel(sharding.num_channels),
                                        Diagnostics(), Streams.for_world(world),
                                        torch.zeros(sharding.num_channels, dtype=torch.int64, device=world.device))
-            if self.meta["via"] == "copy_engine" or self.meta["mode"] == "push":
+            if self.plan.via == "copy_engine" or self.plan.mode == "push":
                 # the receive slots hold a peer's partial rows of this rank's tokens (top-k slots summed);
                 # the hybrid's in two sets, odd and even calls (_launch_hybrid: no barrier between calls)
-                sets = (2,) if self.meta["via"] == "copy_engine" else ()
+                sets = (2,) if self.plan.via == "copy_engine" else ()
                 if world.world_size > 1:  # alone, nothing is received
                     ctx.recv = symmetric_empty((*sets, world.world_size, sharding.rows_per_rank, *out.shape[1:]),
                                                out.dtype)
                     ctx.recv_table = vector_peer_table(ctx.recv)
                 ctx.recv_channel = Channel(sharding.num_channels)
-            if self.meta["via"] == "copy_engine" and world.world_size > 1:
+            if self.plan.via == "copy_engine" and world.world_size > 1:
                 ctx.ready = Channel(world.world_size)  # word r: the last call rank r has reached (handshake)
-            if self.meta["via"] == "copy_engine" and topk > 1:
+            if self.plan.via == "copy_engine" and topk > 1:
                 ctx.reduced_channel = Channel(sharding.num_channels)
                 if world.world_size > 1:  # alone, the summed slots go straight into the output
                     ctx.reduced = torch.empty((size, *out.shape[1:]), dtype=out.dtype, device=world.device)
@@ -160,9 +163,12 @@ class ReduceScatterLauncher(Launcher):
                                reduced_channel=fresh(ctx.reduced_channel), ready=fresh(ctx.ready))
         return ctx
 
+    def topk_param(self) -> str | None:
+        return self.plan.topk
+
     def topk(self, bound: dict) -> int:
         """Expert slots per output row (MoE top-k reduction), 1 without."""
-        name = self.meta.get("topk")
+        name = self.plan.topk
         if not name:
             return 1
         value = bound.get(name)
@@ -173,20 +179,20 @@ class ReduceScatterLauncher(Launcher):
     def _consumer(self, ctx: ReduceScatterContext, world, out, barriers, table, epoch: int, dry: bool = False) -> None:
         sh = ctx.sharding
         row_elems = ctx.row_elems
-        if self.meta["mode"] == "push":  # the SM ring
+        if self.plan.mode == "push":  # the SM ring
             recv, flags = ctx.recv, ctx.recv_channel.barriers
             recv_table, flag_table = ctx.recv_table, ctx.recv_channel.peer_table
             if dry:  # a private landing buffer and flags: the dry run must not write into a peer
                 recv, flags = torch.empty_like(recv), ctx.scratch
                 recv_table = torch.full((world.world_size,), recv.data_ptr(), dtype=torch.int64, device=world.device)
                 flag_table = table
-            self.partner("rs_ring_consumer")[(max(1, min(self.meta["comm_sms"], sh.channels_per_rank)),)](
+            self.partner("rs_ring_consumer")[(max(1, min(self.plan.comm_sms, sh.channels_per_rank)),)](
                 ctx.partial, out, recv, recv_table, barriers, flags, flag_table, epoch, world.rank,
                 world.world_size, sh.size, sh.rows_per_rank, sh.rows_per_channel, sh.channels_per_rank, row_elems,
                 ctx.diag.buffer, ctx.diag.budget_ns, BLOCK=self.BLOCK)
             return
         meta = self.pull_meta(world, self.PULL_CONSUMER_GPU)
-        grid = (max(1, min(self.meta["comm_sms"], sh.channels_per_rank * cdiv(sh.rows_per_channel * row_elems,
+        grid = (max(1, min(self.plan.comm_sms, sh.channels_per_rank * cdiv(sh.rows_per_channel * row_elems,
                                                                              meta["BLOCK"]))),)
         common = (ctx.partial, ctx.table, out, barriers, table, epoch, world.rank, world.world_size, sh.size,
                   sh.rows_per_rank, sh.rows_per_channel, sh.channels_per_rank, row_elems)
@@ -199,7 +205,7 @@ class ReduceScatterLauncher(Launcher):
         for 96 MB on 2 H200s, against the GEMM's 0.48 ms); ``comm_sms`` in the emulated world."""
         if world.device.type == "cuda":
             return per_sm * _sm_count(world.device.index)
-        return self.meta["comm_sms"]
+        return self.plan.comm_sms
 
     def _topk_reduce(self, ctx: ReduceScatterContext, world, reduced, barriers) -> None:
         """Sum each token's top-k slots into ``reduced`` (:func:`rs_topk_reduce`), flagging ``barriers``."""
@@ -313,7 +319,7 @@ class ReduceScatterLauncher(Launcher):
         barrier."""
         from tilelink.runtime import graphs
 
-        if self.meta.get("atomic_axes") is not None:
+        if self.plan.atomic_axes is not None:
             raise LaunchError(f"{self.okernel.name}: a split-K write-back (tl.atomic_add into the reduced tensor) "
                               f"cannot be captured in a CUDA graph: its per-call start (start_sums: the zeroed sums "
                               f"and the channels lowered by the split count) is host work of each call; call it "
@@ -326,7 +332,7 @@ class ReduceScatterLauncher(Launcher):
         def produce() -> None:
             self.kernel[grid](**call, **args)
 
-        if self.meta["via"] == "copy_engine":
+        if self.plan.via == "copy_engine":
             alone = world.world_size == 1
             reduced = out if alone else twin.reduced
             graphs.enqueue(produce)
@@ -366,12 +372,12 @@ class ReduceScatterLauncher(Launcher):
         world = self.world()
         ctx = self.context(bound)
         ctx.streams.follow_caller(world.device)
-        if world.world_size == 1 and not self.meta.get("topk"):  # the output shard is the whole result
-            if self.meta.get("atomic_axes") is not None:  # a split-K write-back adds into it: from zero
-                described(bound[self.meta["tensors"][0]]).zero_()
+        if world.world_size == 1 and not self.plan.topk:  # the output shard is the whole result
+            if self.plan.atomic_axes is not None:  # a split-K write-back adds into it: from zero
+                described(bound[self.plan.tensors[0]]).zero_()
             self.alone(grid, dict(bound), ctx, world)
             return
-        (name,) = self.meta["tensors"]
+        (name,) = self.plan.tensors
         out = described(bound[name])
         # the kernel writes its partial sums to the symmetric buffer (a host descriptor: the same one over it)
         call = {**bound, name: rebuilt(bound[name], ctx.partial)}
@@ -380,7 +386,7 @@ class ReduceScatterLauncher(Launcher):
         if graphs.capturing(world.device):
             self._launch_captured(grid, call, ctx, world, out)
             return
-        if self.meta["via"] == "copy_engine":
+        if self.plan.via == "copy_engine":
             self._launch_hybrid(grid, call, ctx, world, out)
             return
         self.warm_up(ctx, world, grid, call, partners=lambda: self._consumer(
@@ -438,7 +444,7 @@ class ReduceScatterLauncher(Launcher):
         sizes = (tuple(grid) + (1, 1, 1))[:3]
         count = 1
         for axis, n in enumerate(sizes):
-            if axis not in self.meta["atomic_axes"]:
+            if axis not in self.plan.atomic_axes:
                 count *= int(n)
         return count
 
@@ -450,7 +456,7 @@ class ReduceScatterLauncher(Launcher):
         else writes these words meanwhile: the previous call's adds are behind on the same stream, and its consumers
         are done (the barrier before the pull's producer; the hybrid reads its own channels on a stream joined into
         this one)."""
-        if self.meta.get("atomic_axes") is None:
+        if self.plan.atomic_axes is None:
             return
         splits = self.splits(grid, bound)
         ctx.partial.zero_()
@@ -471,7 +477,7 @@ class ReduceScatterLauncher(Launcher):
             return
         sh, topk, row_elems, partial = ctx.sharding, ctx.topk, ctx.row_elems, ctx.partial
         barriers = args["tlk_barriers"]
-        if self.meta.get("atomic_axes") is None:  # a split-K write-back adds into zeroed sums (start_sums)
+        if self.plan.atomic_axes is None:  # a split-K write-back adds into zeroed sums (start_sums)
             races.poison_(partial)
         taken: dict[int, torch.Tensor] = {}
 

@@ -7,7 +7,7 @@ import libcst.matchers as m
 
 from tilelink.analysis import KernelAnalysis, Where, code, expanded, names_in, parse_offsets
 from tilelink.errors import AnnotationError
-from tilelink.plan import Insertion, ReportEntry, RewritePlan
+from tilelink.plan import Insertion, ReduceScatterLaunch, ReportEntry, RewritePlan
 from tilelink.rules.emit import (
     CHANNEL_PARAMS,
     MAPPING_ARGS,
@@ -696,12 +696,12 @@ def rewrite(an: KernelAnalysis, spec: ReduceScatterSpec, options: Options) -> Re
                                   f"split-K write-back (tl.atomic_add): the partial sums start at zero each call and "
                                   f"each element is added once per program along the grid axes other than "
                                   f"{', '.join(map(str, addressed))}"))
-    launch = {"rule": RULE, "tensors": list(spec.tensors), "dim": spec.dim, "size_param": size_param,
-              "index": spec.index, "topk": spec.topk,
-              "via": opts.via, "mode": opts.mode, "order": opts.order, "comm_block": opts.comm_block,
-              "comm_sms": opts.comm_sms, "channels_per_rank": opts.channels_per_rank}
-    if addressed is not None:  # a split-K write-back: the grid axes its address reads (the others are the splits)
-        launch["atomic_axes"] = addressed
+    launch = ReduceScatterLaunch(tensors=spec.tensors, dim=spec.dim, size_param=size_param, index=spec.index,
+                                 topk=spec.topk, via=opts.via, mode=opts.mode, order=opts.order,
+                                 comm_block=opts.comm_block, comm_sms=opts.comm_sms,
+                                 channels_per_rank=opts.channels_per_rank,
+                                 # a split-K write-back: the grid axes its address reads (the others are the splits)
+                                 atomic_axes=None if addressed is None else tuple(addressed))
     if opts.via == "sm" and opts.mode == "push" and spec.topk:
         raise AnnotationError("reduce_scatter with topk= reduces by pulling", file=an.file, line=an.where.line,
                               column=an.where.column, hint="drop mode='push' for the MoE reduction")

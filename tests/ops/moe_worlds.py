@@ -258,7 +258,7 @@ def hybrid_calls_back_to_back(M: int, H: int, inter: int, E: int, top_k: int, ca
     from tilelink.ops import gemm_rs, moe_kernels, moe_rs, tp_kernels
 
     for okernel in (moe_kernels.group_gemm_rs_sweep_kernel, tp_kernels.gemm_rs_persistent_kernel):
-        assert okernel.plan.launch["via"] == "copy_engine", okernel
+        assert okernel.plan.launch.via == "copy_engine", okernel
 
     dtype = getattr(torch, dtype_name)
     r, R = tilelink.rank(), tilelink.world_size()

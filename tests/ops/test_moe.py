@@ -53,7 +53,7 @@ def test_persistent_kernels_match_torch(world: int, M: int, H: int, inter: int, 
     for per_rank in tilelink.spawn(parts_match_torch, world, M, H, inter, 5, 2, ["random", "skewed"], "float32",
                                    2, persistent):
         assert all(err < 1e-5 for err in per_rank.values()), per_rank
-    assert moe_kernels.ag_group_gemm_persistent_kernel.plan.launch["via"] == "copy_engine"
+    assert moe_kernels.ag_group_gemm_persistent_kernel.plan.launch.via == "copy_engine"
 
 
 @pytest.mark.slow

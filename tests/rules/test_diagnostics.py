@@ -85,7 +85,7 @@ def test_size_given_explicitly_is_accepted() -> None:
             tl.store(c_ptr + offs, tl.load(a_ptr + offs))
         ''')
     gen = generate(text, "k.py", requests_in(text, "k.py"))
-    assert gen.plans[0].launch["size_param"] == "n_rows"
+    assert gen.plans[0].launch.size_param == "n_rows"
 
 
 def test_tile_override_is_used() -> None:
@@ -263,7 +263,7 @@ def test_a_correct_tile_needs_no_size() -> None:
     text = HEAD + AG_TILE.format(spec=', tile=("pid_m * BLOCK_M", "BLOCK_M")')
     generated = generate(text, "user_kernels.py", requests_in(text, "user_kernels.py"))
     assert "tll.consumer_tile_wait(" in generated.rewritten["kernel"]
-    assert generated.plans[0].launch["size_param"] == "M"
+    assert generated.plans[0].launch.size_param == "M"
 
 
 def test_rows_from_a_loaded_index_suggest_index() -> None:

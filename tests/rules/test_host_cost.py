@@ -13,12 +13,16 @@ import triton.language as tl
 from triton.runtime.jit import JITFunction
 
 import tilelink
-from tilelink.rules.launch import Launcher, _kernel_params, _value_key, variant_key
+from tilelink.plan import ReduceScatterLaunch
+from tilelink.rules.launch import _kernel_params, _value_key, variant_key
+from tilelink.rules.reduce_scatter.launcher import ReduceScatterLauncher
 
 
-def _launcher(size_param: str = "M", tensors=("a_ptr",), topk: str | None = None) -> Launcher:
-    launcher = Launcher.__new__(Launcher)  # the keys read only the plan's launch meta
-    launcher.meta = {"size_param": size_param, "tensors": tensors, "topk": topk}
+def _launcher(size_param: str = "M", tensors=("a_ptr",), topk: str | None = None) -> ReduceScatterLauncher:
+    launcher = ReduceScatterLauncher.__new__(ReduceScatterLauncher)  # the keys read only the launch plan
+    launcher.plan = ReduceScatterLaunch(tensors=tensors, dim=0, size_param=size_param, index=None, topk=topk,
+                                        atomic_axes=None, via="sm", mode="pull", order="ring", comm_sms=16,
+                                        comm_block=None, channels_per_rank=None)
     return launcher
 
 

@@ -48,14 +48,14 @@ def test_a_host_descriptor_is_waited_for_by_its_block_height_and_sized_by_the_ti
     assert "offs_am = offs_am + tlk_token" in body, body
     assert body.index("tll.consumer_tile_wait(") < body.index("a_desc.load(")
     # the full size is the parameter the kernel counts its row tiles over
-    assert generated.plans[0].launch["size_param"] == "M"
+    assert generated.plans[0].launch.size_param == "M"
 
 
 def test_a_host_descriptor_kernel_with_no_row_count_says_to_pass_size() -> None:
     err = _error(HOST_AG.format(extra="", size="M, ", count=""))
     assert "cannot find the parameter holding the full size" in str(err) and 'size="M"' in err.hint, err
     generated = _generated(HOST_AG.format(extra=', size="M"', size="M, ", count=""))
-    assert generated.plans[0].launch["size_param"] == "M"
+    assert generated.plans[0].launch.size_param == "M"
 
 
 def test_a_host_descriptor_store_is_notified_with_the_columns_of_its_box() -> None:
@@ -118,7 +118,7 @@ def test_a_split_k_atomic_add_is_notified_with_what_it_added() -> None:
     assert body.index("tl.atomic_add(c_ptrs") < body.index("tll.producer_tile_notify_rows("), body
     assert "tlk_cols = tl.minimum(tl.maximum((N) - (pid_n * BLOCK_N), 0), BLOCK_N)" in body, body
     # the launcher counts the adds per element from the grid's axes the address does not use (axis 1: the splits)
-    assert generated.plans[0].launch["atomic_axes"] == [0]
+    assert generated.plans[0].launch.atomic_axes == (0,)
     assert any("split-K write-back" in e.message for e in generated.plans[0].report)
 
 

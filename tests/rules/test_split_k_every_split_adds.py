@@ -31,4 +31,4 @@ def test_a_split_that_skips_its_add_is_refused_where_it_skips(split: str, write:
 def test_a_guard_on_the_tiles_own_axes_stays_followed() -> None:
     split = f"{SPLIT}\n    if pid >= tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N):\n        return"
     generated = _generated(SPLIT_K.format(rule="reduce_scatter", split=split, write=ADD))
-    assert generated.plans[0].launch["atomic_axes"] == [0]
+    assert generated.plans[0].launch.atomic_axes == (0,)

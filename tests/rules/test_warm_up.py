@@ -18,6 +18,7 @@ import triton.language as tl
 from triton.runtime.jit import JITFunction
 
 from tilelink.mapping import RowSharding
+from tilelink.plan import ReduceScatterLaunch
 from tilelink.rules.launch import Launcher, variant_key
 
 
@@ -70,7 +71,9 @@ class _Recorder(Launcher):
     """A launcher whose kernel records its launches instead of running."""
 
     def __init__(self) -> None:
-        self.meta = {"tensors": ("c",)}
+        self.plan = ReduceScatterLaunch(tensors=("c",), dim=0, size_param="n", index=None, topk=None, atomic_axes=None,
+                                        via="sm", mode="pull", order="ring", comm_sms=16, comm_block=None,
+                                        channels_per_rank=None)
         self.launches: list[dict] = []
         recorder = self
 

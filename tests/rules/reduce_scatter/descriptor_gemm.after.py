@@ -58,7 +58,8 @@ def matmul_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk,
 # (left out of the golden file: rs_reduce_received)
 
 
-TILELINK_PLAN = {'matmul_kernel': {'channels_per_rank': None,
+TILELINK_PLAN = {'matmul_kernel': {'atomic_axes': None,
+                   'channels_per_rank': None,
                    'comm_block': None,
                    'comm_sms': 16,
                    'dim': 0,

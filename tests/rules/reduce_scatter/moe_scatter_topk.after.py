@@ -58,7 +58,8 @@ def fused_moe_down_kernel(a_ptr, b_ptr, c_ptr, topk_weights_ptr, sorted_token_id
 # (left out of the golden file: rs_pull_consumer)
 
 
-TILELINK_PLAN = {'fused_moe_down_kernel': {'channels_per_rank': None,
+TILELINK_PLAN = {'fused_moe_down_kernel': {'atomic_axes': None,
+                           'channels_per_rank': None,
                            'comm_block': None,
                            'comm_sms': 16,
                            'dim': 0,

@@ -81,7 +81,8 @@ def down_kernel(h_ptr, w_ptr, y_ptr, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl
 # (left out of the golden file: ag_pull_producer, rs_pull_consumer)
 
 
-TILELINK_PLAN = {'down_kernel': {'channels_per_rank': None,
+TILELINK_PLAN = {'down_kernel': {'atomic_axes': None,
+                 'channels_per_rank': None,
                  'comm_block': None,
                  'comm_sms': 16,
                  'dim': 0,

@@ -44,7 +44,8 @@ def partial_scale_kernel(x_ptr, w_ptr, y_ptr, N, BLOCK: tl.constexpr,  # added b
 # (left out of the golden file: rs_pull_consumer)
 
 
-TILELINK_PLAN = {'partial_scale_kernel': {'channels_per_rank': None,
+TILELINK_PLAN = {'partial_scale_kernel': {'atomic_axes': None,
+                          'channels_per_rank': None,
                           'comm_block': None,
                           'comm_sms': 16,
                           'dim': 0,
