@@ -102,6 +102,10 @@ class KernelAnalysis:
     updates: dict[str, tuple[str, ...]] = field(default_factory=dict)
     # each `return` of the kernel, with the tests of the `if` / `while` statements around it (what decides it)
     returns: tuple[tuple[Where, tuple[str, ...]], ...] = ()
+    # each pointer access's rows scale: (tensor, the factors its offsets vector is multiplied by in the address, each
+    # an int literal or a parameter (none: `x_ptr + offs`), the access); the launcher checks that their product is the
+    # row stride of the buffer the rewritten kernel reads or writes, since the wait or notify covers rows `offs`
+    row_scales: tuple[tuple[str, tuple[str, ...], Where], ...] = ()
 
     def accesses_of(self, tensor: str, kind: str) -> list[Access]:
         return [a for a in self.accesses if a.tensor == tensor and a.kind == kind]
@@ -884,6 +888,61 @@ def _check_row_terms(an: _Analyzer, acc: Access, tile: Tile, pointers: set[str],
                                                                            "mask them instead")
 
 
+def _factors(an: _Analyzer, node: cst.BaseExpression, offsets: str, depth: int = 0) -> list[str] | None:
+    """The factors of a rows term ``offs[:, None] * stride_am * 2`` other than the offsets: int literals and parameters
+    (a local bound once is read through); ``None`` when one is anything else."""
+    if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Multiply):
+        left, right = _factors(an, node.left, offsets, depth), _factors(an, node.right, offsets, depth)
+        return None if left is None or right is None else left + right
+    if offsets in names_in(node):
+        return []  # the offsets vector itself, expanded (`_is_rows` checked its form)
+    if isinstance(node, cst.Integer):
+        return [str(int(node.evaluated_value))]
+    if isinstance(node, cst.Name) and node.value in an.params:
+        return [node.value]
+    if isinstance(node, cst.Name) and depth < 8 and node.value not in an.rebound:
+        defs = an.assignments.get(node.value, [])
+        return _factors(an, defs[0][1], offsets, depth + 1) if len(defs) == 1 else None
+    if node.lpar:
+        return _factors(an, node.with_changes(lpar=[], rpar=[]), offsets, depth)
+    return None
+
+
+def _row_scales(an: _Analyzer, acc: Access, pointers: set[str]) -> set[tuple[str, ...]]:
+    """The scales of the rows of a pointer access (see ``KernelAnalysis.row_scales``). The rows term must appear
+    once along any chain of aliases (``a_ptrs = a_ptr + offs[:, None] * s`` then ``a_ptrs + offs[:, None] * s`` touch
+    rows ``2 * offs``), and its factors must be readable at the launch; else the access is refused."""
+    tile = acc.tile
+    if acc.descriptor or tile is None or tile.offsets is None or tile.dynamic:
+        return set()
+    hint = (f"index the rows once, with the offsets vector times the row stride parameter (`{tile.offsets}[:, None] * "
+            f"stride_m`) or a literal (`{tile.offsets} * 64`), in one alias of the pointer")
+    scales: set[tuple[str, ...]] = set()
+
+    def count(expr: cst.BaseExpression, seen: frozenset[str]) -> int:
+        n = 0
+        for term, _ in _terms(expr):
+            if tile.offsets in names_in(term):
+                factors = _factors(an, term, tile.offsets)
+                if factors is None:
+                    raise _refuse(acc, f"the rows `{tile.offsets}` of the {acc.kind} at line {acc.where.line} are "
+                                       f"scaled by `{code(term)}`, which TileLink cannot check against the row stride "
+                                       f"of {acc.tensor!r} at the launch", hint)
+                scales.add(tuple(sorted(factors)))
+                n += 1
+        for name in sorted(names_in(expr) & pointers - seen - {acc.tensor}):
+            defs = [v for _, v in an.assignments.get(name, [])]
+            if defs:
+                n += max(count(v, seen | {name}) for v in defs)
+        return n
+
+    if count(cst.parse_expression(acc.pointer), frozenset()) > 1:
+        raise _refuse(acc, f"the address of the {acc.kind} at line {acc.where.line} adds the rows `{tile.offsets}` of "
+                           f"{acc.tensor!r} more than once (through its aliases): it touches other rows than the "
+                           f"tile's", hint)
+    return scales
+
+
 def _row_strides(an: _Analyzer, exprs: list[cst.BaseExpression], tile: Tile) -> set[str] | None:
     """The stride names the tile's row offsets are multiplied by in the pointer's definitions (``offs_am[:, None]
     * stride_am`` -> ``{"stride_am"}``); ``None`` when the rows are not scaled by a named stride."""
@@ -1355,6 +1414,7 @@ def analyse(module: cst.Module, file: str, kernel: str,
         ws := _arg(loop, 99, "warp_specialize")) is not None and not m.matches(ws, m.Name("False")))  # type: ignore
     aliases: dict[str, tuple[str, ...]] = {}
     accesses: list[Access] = []
+    row_scales: list[tuple[str, tuple[str, ...], Where]] = []
     for tensor, (dim, override, size_param, index) in tensors.items():
         if tensor not in an.params:
             raise AnnotationError(
@@ -1381,6 +1441,7 @@ def analyse(module: cst.Module, file: str, kernel: str,
                 if tile.size_param is None and found is not None:  # the rows' bound, read from their mask
                     tile = Tile(tile.start, tile.size, tile.offsets, found, tile.pid, tile.defined_at, tile.ndim)
             accesses.append(_anchor(an, acc, tile, pointers))
+            row_scales.extend((tensor, scale, acc.where) for scale in sorted(_row_scales(an, accesses[-1], pointers)))
     _check_sweeps_disjoint(an, accesses)
     updates: dict[str, list[str]] = {}
     for node in m.findall(fn.body, m.AugAssign(target=m.Name())):
@@ -1392,5 +1453,6 @@ def analyse(module: cst.Module, file: str, kernel: str,
                               {n: tuple(an.where(r.node) for r, _ in defs) for n, defs in an.assignments.items()},
                               {n: tuple(code(v) for _, v in defs) for n, defs in an.assignments.items()},
                               frozenset(an.rebound), {n: tuple(b) for n, b in an.bindings.items()},
-                              warp_specialized, {n: tuple(v) for n, v in updates.items()}, _returns(an))
+                              warp_specialized, {n: tuple(v) for n, v in updates.items()}, _returns(an),
+                              tuple(row_scales))
     return analysis

@@ -88,6 +88,8 @@ class OverlappedKernel:
                                   hint="define kernels in a .py file") from None
         self.specs = specs
         self.options = options
+        self._text = text
+        self._row_scales: tuple | None = None
         self.generated = generate(text, _display_path(self.file), [Request(self.name, specs, options)])
         self.plan = self.generated.plans[0]
         self.check_waits = os.environ.get("TILELINK_CHECK_WAITS", "1") != "0"
@@ -154,10 +156,49 @@ class OverlappedKernel:
                     f"call's results were not valid, and its channels' counts no longer match the other ranks' "
                     f"(a late notify still adds to them), so later calls could pass their waits too early: "
                     f"start the world again (tilelink.finalize(), then tilelink.init()) once the cause is fixed")
+            bound = self.bind(args, kwargs)
+            self._check_row_scales(bound, launcher)
             with self._remember_timeout():
-                return launcher.launch(grid, self.bind(args, kwargs))
+                return launcher.launch(grid, bound)
 
         return launch
+
+    def _check_row_scales(self, bound: dict, launcher) -> None:
+        """The rows a wait or notify covers are the offsets vector's, ``offs``; an access reads or writes the elements
+        ``offs * scale`` (``offs[:, None] * stride_am``, ``x_ptr + offs * 2``). Both are the same rows only when the
+        scale is the row stride of the buffer the rewritten kernel is given: the gathered rows or the partial sums,
+        contiguous tensors of the argument's shape (the full size along the rows). Checked on each call with more
+        than one rank (alone, the kernel runs on the caller's tensors as written)."""
+        if self._row_scales is None:
+            self._row_scales = _row_scales(self._text, _display_path(self.file), self.name, self.specs)
+        if not self._row_scales or launcher.world().world_size == 1:
+            return
+        for tensor, dim, factors, line in self._row_scales:
+            t = bound.get(tensor)
+            if not (hasattr(t, "shape") and hasattr(t, "stride")) or len(t.shape) <= dim:
+                continue  # not a tensor (a host descriptor: its rows are its offsets); the launcher says what is wrong
+            scale = 1
+            for f in factors:
+                value = int(f) if f.isdigit() else bound.get(f)
+                if not isinstance(value, int) or isinstance(value, bool):
+                    break  # a parameter the call leaves to its default, or not an int: nothing to compare
+                scale *= value
+            else:
+                rows = 1
+                for n in t.shape[dim + 1:]:
+                    rows *= int(n)
+                if scale != rows:
+                    said = " * ".join(f"{f}={bound[f]}" if not f.isdigit() else f for f in factors) or "1"
+                    buffer = "the gathered rows" if self.specs[0].kind == "all_gather" else "the partial sums"
+                    raise LaunchError(
+                        f"{self.name}: the rows of {tensor!r} are addressed {scale} elements apart at "
+                        f"{_display_path(self.file)}:{line} (its offsets times {said}), but the buffer TileLink "
+                        f"passes as {tensor!r} ({buffer}, "
+                        f"contiguous, of the shape of the argument along its other dims, {tuple(t.shape)}) has its "
+                        f"dim-{dim} rows {rows} elements apart, so the access would touch other rows than those its "
+                        f"wait or notify covers: pass a contiguous {tensor} and its own stride "
+                        f"({tensor}.stride({dim})), or view it so that one step along dim {dim} is the kernel's "
+                        f"scale (`x.view(-1, {scale})` for a 1-D `x_ptr + offs * {scale}`)")
 
     @contextlib.contextmanager
     def _remember_timeout(self):
@@ -171,6 +212,21 @@ class OverlappedKernel:
 
     def __repr__(self) -> str:
         return f"<overlapped kernel {self.name} ({', '.join(s.describe() for s in self.specs)})>"
+
+
+def _row_scales(text: str, file: str, kernel: str, specs: tuple) -> tuple:
+    """``(tensor, dim, factors, line)`` for each scale the rows of a pointer access of ``kernel`` are multiplied by
+    (``KernelAnalysis.row_scales``), read from the source again: the analysis is static, and the rewrite keeps only
+    what the rules plan from it."""
+    from tilelink.analysis import analyse, parse_source
+    from tilelink.inline import inline_helpers
+
+    dims = {t: s.dim for s in specs for t in s.tensors}
+    tensors = {t: (s.dim, s.tile, s.size, s.index) for s in specs for t in s.tensors}
+    inlined = inline_helpers(parse_source(text, file), file, kernel, list(tensors))
+    an = analyse(inlined.module, file, kernel, tensors)
+    return tuple(sorted({(tensor, dims[tensor], factors, inlined.user_line(where.line))
+                         for tensor, factors, where in an.row_scales}))
 
 
 def _display_path(file: str) -> str:

@@ -1,0 +1,158 @@
+"""Rows addressed through a multiple of their offsets: a wait or notify covers the rows `offs`, the access touches the
+elements `offs * scale` (`x_ptr + offs * 2`, `offs[:, None] * stride_xm`). They are the same rows only when the scale
+is the row stride of the buffer TileLink passes (the gathered rows, the partial sums: contiguous, of the argument's
+shape), which each call with more than one rank checks; a scale TileLink cannot read at the launch, or rows added
+twice through an alias, is refused at the access."""
+
+from __future__ import annotations
+
+import importlib.util
+import textwrap
+
+import pytest
+import torch
+import triton
+
+import tilelink
+from tests.rules.cases import rows_of
+from tilelink.annotations import requests_in
+from tilelink.codegen import generate
+from tilelink.errors import AnnotationError, LaunchError
+
+HEAD = "import triton\nimport triton.language as tl\nimport tilelink\n\n"
+
+# pairs of values stored flat: the first of each pair at `offs * 2`, the second one further; `L` rows of x in all
+PAIRS = '''
+@tilelink.overlap(tilelink.all_gather("x_ptr", size="L"))
+@triton.jit
+def pair_sum_kernel(x_ptr, y_ptr, N, L, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    first = tl.load(x_ptr + offs * 2, mask=offs < N, other=0.0)
+    second = tl.load(x_ptr + offs * 2 + 1, mask=offs < N, other=0.0)
+    tl.store(y_ptr + offs, first + second, mask=offs < N)
+'''
+
+# rows of a matrix through a stride argument, summed along the columns
+ROWS = '''
+@tilelink.overlap(tilelink.all_gather("x_ptr", size="M"))
+@triton.jit
+def row_sum_kernel(x_ptr, y_ptr, M, D, stride_xm, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_d[None, :],
+                mask=(offs_m[:, None] < M) & (offs_d[None, :] < D), other=0.0)
+    tl.store(y_ptr + offs_m, tl.sum(x, axis=1), mask=offs_m < M)
+'''
+
+
+def _load(path: str, name: str):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _pairs(path: str, shape: str) -> float:
+    kernel = _load(path, "pair_sum").pair_sum_kernel
+    rank, world = tilelink.rank(), tilelink.world_size()
+    N, block = 40, 8
+    x = torch.randn(N, 2, generator=torch.Generator().manual_seed(3))
+    y = torch.full((N,), float("nan"))
+    # "flat": 2N values of a 1-D tensor, whose rows are the values, this rank's share of them; "pairs": (N, 2)
+    flat = shape == "flat"
+    full = x.view(-1) if flat else x
+    lo, hi = rows_of(rank, world, full.shape[0])
+    kernel[(triton.cdiv(N, block),)](full[lo:hi].contiguous(), y, N, full.shape[0], BLOCK=block)
+    got = y - x.sum(dim=1)
+    return float("inf") if got.isnan().any() else got.abs().max().item()
+
+
+def _rows(path: str, step: int) -> float:
+    kernel = _load(path, "row_sum").row_sum_kernel
+    rank, world = tilelink.rank(), tilelink.world_size()
+    M, D = 36, 8
+    x = torch.randn(M, D, generator=torch.Generator().manual_seed(4))
+    lo, hi = rows_of(rank, world, M)
+    y = torch.full((M,), float("nan"))
+    shard = x[lo:hi].contiguous()
+    kernel[(triton.cdiv(M, 8),)](shard, y, M, D, shard.stride(0) * step, BLOCK_M=8, BLOCK_D=8)
+    got = y - x.sum(dim=1)
+    return float("inf") if got.isnan().any() else got.abs().max().item()
+
+
+def _written(tmp_path, source: str, name: str) -> str:
+    path = tmp_path / f"{name}.py"
+    path.write_text(HEAD + textwrap.dedent(source))
+    return str(path)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world", [2, 3])
+def test_rows_scaled_by_the_row_stride_of_the_view_equal_torch_on_the_race_exposing_schedule(world: int, tmp_path,
+                                                                                             monkeypatch) -> None:
+    monkeypatch.setenv("TILELINK_RACES", "1")
+    assert all(e < 1e-6 for e in tilelink.spawn(_pairs, world, _written(tmp_path, PAIRS, "pair_sum"), "pairs"))
+    assert all(e < 1e-6 for e in tilelink.spawn(_rows, world, _written(tmp_path, ROWS, "row_sum"), 1))
+
+
+@pytest.mark.slow
+def test_a_literal_scale_other_than_the_row_stride_is_refused_at_the_launch(tmp_path, monkeypatch) -> None:
+    # the flat 1-D shard: its rows are single values, the kernel steps two of them per offset (it would read the pairs
+    # of rows `2 * offs` and `2 * offs + 1` under the wait for rows `offs`)
+    monkeypatch.setenv("TILELINK_RACES", "1")
+    with pytest.raises(LaunchError) as info:
+        tilelink.spawn(_pairs, 2, _written(tmp_path, PAIRS, "pair_sum"), "flat")
+    said = str(info.value)
+    assert "pair_sum_kernel: the rows of 'x_ptr' are addressed 2 elements apart at" in said, said
+    assert "x_ptr.stride(0)" in said and "x.view(-1, 2)" in said, said
+
+
+@pytest.mark.slow
+def test_a_stride_argument_other_than_the_row_stride_is_refused_at_the_launch(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("TILELINK_RACES", "1")
+    with pytest.raises(LaunchError) as info:
+        tilelink.spawn(_rows, 2, _written(tmp_path, ROWS, "row_sum"), 2)
+    said = str(info.value)
+    assert "row_sum_kernel: the rows of 'x_ptr' are addressed 16 elements apart at" in said, said
+
+
+def _generated(source: str):
+    text = HEAD + textwrap.dedent(source)
+    return generate(text, "user_kernels.py", requests_in(text, "user_kernels.py"))
+
+
+@pytest.mark.parametrize("address, says", [
+    # the alias already holds the rows: the load adds them again, rows `2 * offs`
+    ("xp = x_ptr + offs * 1\n    x = tl.load(xp + offs, mask=offs < N, other=0.0)", "more than once"),
+    # a scale loaded at run time: nothing to compare at the launch
+    ("s = tl.load(s_ptr)\n    x = tl.load(x_ptr + offs * s, mask=offs < N, other=0.0)", "cannot check"),
+])
+def test_rows_TileLink_cannot_check_are_refused_at_the_access(address: str, says: str) -> None:
+    source = '''
+    @tilelink.overlap(tilelink.all_gather("x_ptr", size="N"))
+    @triton.jit
+    def scaled_kernel(x_ptr, s_ptr, y_ptr, N, BLOCK: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        {address}
+        tl.store(y_ptr + offs, x, mask=offs < N)
+    '''
+    with pytest.raises(AnnotationError) as info:
+        _generated(textwrap.dedent(source).format(address=address))
+    err = info.value
+    assert says in str(err) and err.line == 10 + address.count("\n"), err
+
+
+def test_the_scales_are_read_through_a_local_and_a_product() -> None:
+    from tilelink.analysis import analyse, parse_source
+
+    text = HEAD + textwrap.dedent('''
+    @tilelink.overlap(tilelink.all_gather("x_ptr", size="M"))
+    @triton.jit
+    def kernel(x_ptr, y_ptr, M, stride_xm, BLOCK: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        step = stride_xm
+        x = tl.load(x_ptr + offs[:, None] * step * 2 + tl.arange(0, 4)[None, :], mask=offs[:, None] < M)
+        tl.store(y_ptr + offs, tl.sum(x, axis=1), mask=offs < M)
+    ''')
+    an = analyse(parse_source(text, "k.py"), "k.py", "kernel", {"x_ptr": (0, None, "M", None)})
+    assert [(t, f) for t, f, _ in an.row_scales] == [("x_ptr", ("2", "stride_xm"))], an.row_scales
