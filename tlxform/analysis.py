@@ -497,6 +497,21 @@ class _Analyzer:
                     return c.comparator.value
         return None
 
+    def _launch_size(self, dim_size: cst.BaseExpression) -> str | None:
+        """A descriptor's size along the rows (``shape=[M, K]``) as the launcher reads it from the call's
+        arguments: a parameter, or an expression of the integer parameters, also through a local bound once
+        (``y_dim = Z * H * N_CTX``, the attention tutorial's flat rows): the local is not an argument, so its
+        value is written out. ``None`` when it reads anything else (then ``size=`` is asked for)."""
+        if isinstance(dim_size, cst.Name) and dim_size.value not in self.params:
+            defs = self.assignments.get(dim_size.value, [])
+            if len(defs) != 1:
+                return None
+            dim_size = defs[0][1]
+        names = names_in(dim_size)
+        if not names or not names <= set(self.params) or m.findall(dim_size, m.Call()):
+            return None
+        return code(dim_size)
+
     def _pid_of(self, start: str) -> str | None:
         """``pid_m * BLOCK_M`` -> ``"pid_m"`` (a variable, not a parameter)."""
         try:
@@ -593,9 +608,8 @@ class _Analyzer:
                     sp = size_param
                     if sp is None:
                         shp = _arg(make, 1, "shape")
-                        if isinstance(shp, (cst.List, cst.Tuple)) and dim < len(shp.elements) and \
-                                isinstance(shp.elements[dim].value, cst.Name):
-                            sp = shp.elements[dim].value.value
+                        if isinstance(shp, (cst.List, cst.Tuple)) and dim < len(shp.elements):
+                            sp = self._launch_size(shp.elements[dim].value)
                     return Tile(start, size, None, sp, self._pid_of(start), access.where)
             return None
         exprs = self._pointer_definitions(access.pointer, pointers)

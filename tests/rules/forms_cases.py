@@ -145,6 +145,26 @@ def attention_flat_heads(calls: int = 2) -> float:
     return err
 
 
+def attention_batched_rows(calls: int = 2) -> float:
+    """Flat (Z * H * S, D) matrices in the tutorial's layout; each rank passes a run of the flat rows of K and V
+    (a head's keys may lie on two ranks)."""
+    rank, world = tilelink.rank(), tilelink.world_size()
+    kernel = load_form("attention_batched_rows").attn_fwd_batched
+    Z, H, S, D = 1, 3, 48, 16  # S a multiple of the query block, as the tutorial asks
+    g = torch.Generator().manual_seed(18)
+    q, k, v = _exact(*(torch.randn(Z * H, S, D, generator=g) for _ in range(3)))
+    lo, hi = rows_of(rank, world, Z * H * S)
+    scale = D ** -0.5
+    ref = (torch.softmax(q @ k.transpose(1, 2) * scale, dim=-1) @ v).reshape(Z * H * S, D)
+    qd, kd, vd = _placed(q.reshape(-1, D), k.reshape(-1, D)[lo:hi].contiguous(), v.reshape(-1, D)[lo:hi].contiguous())
+    err = 0.0
+    for _ in range(calls):
+        o = torch.full((Z * H * S, D), float("nan"), dtype=qd.dtype, device=qd.device)
+        kernel[(triton.cdiv(S, 16), Z * H)](scale, Z, H, qd, kd, vd, o, S, HEAD_DIM=D, BLOCK_M=16, BLOCK_N=16)
+        err = worst(err, _error(o, ref))
+    return err
+
+
 def gemm_row_wrap(calls: int = 2, form: str = "gemm_row_wrap", kernel: str = "matmul_wrap") -> float:
     rank, world = tilelink.rank(), tilelink.world_size()
     kernel = getattr(load_form(form), kernel)
@@ -283,7 +303,8 @@ def gemm_host_descriptor_rs(calls: int = 2, M: int = 50, N: int = 40, K: int = 9
 
 
 RUNS = {"attention_descriptor_advance": attention_descriptor_advance, "attention_helper_inner": attention_helper_inner,
-        "attention_flat_heads": attention_flat_heads, "gemm_row_wrap": gemm_row_wrap,
+        "attention_flat_heads": attention_flat_heads, "attention_batched_rows": attention_batched_rows,
+        "gemm_row_wrap": gemm_row_wrap,
         "gemm_row_wrap_hints": gemm_row_wrap_hints, "gemm_row_clamp": gemm_row_clamp,
         "gemm_row_scales": gemm_row_scales,
         "gemm_rs_epilogue_branch": gemm_rs_epilogue_branch, "gemm_rs_split_k": gemm_rs_split_k,

@@ -40,6 +40,7 @@ def test_followed_forms_equal_torch_on_the_race_exposing_schedule(world: int, mo
 COVERED = {"attention_descriptor_advance": {"attn_fwd#1 (consumer_tile_wait)"},
            "attention_helper_inner": {"attn_fwd#1 (consumer_tile_wait)", "attn_fwd#3 (consumer_tile_wait)"},
            "attention_flat_heads": {"attn_fwd_flat#1 (consumer_tile_wait)"},
+           "attention_batched_rows": {"attn_fwd_batched#1 (consumer_tile_wait)"},
            "gemm_row_wrap": {"matmul_wrap#1 (consumer_tile_wait)"},
            "gemm_row_wrap_hints": {"matmul_wrap_hints#1 (consumer_tile_wait)"},
            "gemm_row_clamp": {"matmul_clamp#1 (consumer_tile_wait)"}}
@@ -80,6 +81,18 @@ def test_a_key_offset_advanced_in_the_loop_is_waited_for_on_every_iteration() ->
     assert "tlm.tl_channels_of_rows( offsetv_y, " in flat and "offsetv_y = offsetv_y + tlk_token" in flat, body
     before = cst.Module(body=[]).code_for_node(fn).split("for start_n in")[0]
     assert "consumer_tile_wait" not in before
+
+
+def test_a_descriptor_over_rows_counted_by_a_local_takes_its_size_from_the_parameters() -> None:
+    # `shape=[y_dim, HEAD_DIM]` with `y_dim = Z * H * N_CTX`, as the attention tutorial writes it: the launch reads
+    # the full size from the arguments, so the local's value is what it evaluates (it asked for an argument 'y_dim')
+    path = FORMS / "attention_batched_rows.py"
+    text = path.read_text()
+    assert "'size_param': 'Z * H * N_CTX'" in generate(text, str(path), requests_in(text, str(path))).text
+    bound_twice = text.replace("    y_dim = Z * H * N_CTX\n", "    y_dim = Z * H * N_CTX\n    if off_hz > 9:\n"
+                                                           "        y_dim = N_CTX\n")
+    with pytest.raises(AnnotationError, match="cannot find the parameter holding the full size of dim 0"):
+        generate(bound_twice, str(path), requests_in(bound_twice, str(path)))
 
 
 HEAD = "import triton\nimport triton.language as tl\nimport tilelink\n\n"
@@ -397,6 +410,9 @@ def test_forms_compile_for_sm90_with_the_plain_kernels_loads() -> None:
     # the same for the key loops inlined from a helper: the query's copy and one per tensor in each of the two loops
     plain, rewritten = (profiles[("attention_helper_inner", v)] for v in ("plain", "rewritten"))
     assert plain["tma 2d"] > rewritten["tma 2d"] == 5 and rewritten["ld.global.b16"] == 0, (plain, rewritten)
+    # and for the tutorial's batch of heads: the query's copy and one per tensor in the one key loop
+    plain, rewritten = (profiles[("attention_batched_rows", v)] for v in ("plain", "rewritten"))
+    assert plain["tma 2d"] > rewritten["tma 2d"] == 3 and rewritten["ld.global.b16"] == 0, (plain, rewritten)
     # pointer loads waited for on every key block are not pipelined either, but stay 16-byte vector loads
     plain, rewritten = (profiles[("attention_flat_heads", v)] for v in ("plain", "rewritten"))
     assert plain["cp.async 16B"] > 0 and rewritten["cp.async <16B"] == rewritten["ld.global.b16"] == 0, (plain,
