@@ -63,4 +63,4 @@ def attn_fwd_batched(sm_scale, Z, H, desc_q, desc_k, desc_v, desc_o, N_CTX, HEAD
     q = desc_q.load([qo_offset_y, 0])
     acc, l_i, m_i = _keys_of_head(acc, l_i, m_i, q, desc_k, desc_v, offset_y, qk_scale, N_CTX, BLOCK_N, offs_n)
     acc = acc / l_i[:, None]
-    desc_o.store([qo_offset_y, 0], acc.to(desc_o.dtype))
+    desc_o.store([qo_offset_y, 0], acc.to(q.dtype))
