@@ -93,6 +93,7 @@ class DirectKernel:
         self.compiled: dict[tuple, object] = {}
         #: a call's form (its argument names and their types) -> its variant and launch arguments (:func:`_reader`)
         self.readers: dict[tuple, object] = {}
+        self._globals: tuple = (None, {})  # Triton's used_global_vals, and its globals last found unchanged
 
     def __getattr__(self, name: str):
         return getattr(self.kernel, name)
@@ -123,6 +124,12 @@ class DirectKernel:
         settings = (knobs.runtime.debug, knobs.compilation.instrumentation_mode)
         return (_current_device(), settings, form, variant), arguments
 
+    def globals_changed(self) -> bool:
+        used = self.kernel.used_global_vals  # Triton replaces the dict when it reads them again
+        if self._globals[0] is not used:
+            self._globals = (used, {})
+        return _globals_changed(used, self._globals[1])
+
     def run(self, grid, *args, **kwargs):
         """``kernel[grid](*args, **kwargs)``."""
         kernel = self.kernel
@@ -135,7 +142,7 @@ class DirectKernel:
             call = kwargs
         key, arguments = self.read(call)
         compiled = self.compiled.get(key)
-        if compiled is None or arguments is None or _globals_changed(kernel):
+        if compiled is None or arguments is None or self.globals_changed():
             result = kernel[grid](*args, **kwargs)
             if compiled is None and arguments is not None and launchable(result):
                 self.compiled[key] = result
@@ -195,11 +202,17 @@ def launchable(result) -> bool:
             and getattr(result, "function", None) is not None and callable(getattr(result, "run", None)))
 
 
-def _globals_changed(kernel) -> bool:
-    """Whether a global the kernel read when it compiled has another value now (Triton refuses the launch)."""
-    for (name, _), (value, where) in kernel.used_global_vals.items():
-        if where.get(name, _MISSING) != value:
-            return True
+def _globals_changed(used: dict, seen: dict) -> bool:
+    """Whether a global a kernel read when it compiled (``used``: Triton's ``used_global_vals``) has another value
+    now (Triton refuses the launch). A global that is still the object found equal before (``seen``) is not
+    compared again: Triton keeps a copy of each value, and comparing a ``tl.constexpr`` makes new ones
+    (microseconds a call)."""
+    for key, (value, where) in used.items():
+        now = where.get(key[0], _MISSING)
+        if seen.get(key) is not now:
+            if now != value:
+                return True
+            seen[key] = now
     return False
 
 

@@ -526,6 +526,11 @@ class Launcher:
         if not ctx.captured or self.resets_channels:  # the latter: a call's own count, frozen like its kernels
             from tilelink.runtime import rank_notify
 
+            # a Channel's word is addressed from its table (an array's costs checks and a view of the peer's copy)
+            for channel in (ctx.channel, getattr(ctx, "recv_channel", None), getattr(ctx, "reduced_channel", None)):
+                if channel is not None and channel.barriers is barriers:
+                    barriers = channel
+                    break
             rank_notify(barriers, index, value, rank, stream)
             return
         from tilelink.runtime import graphs

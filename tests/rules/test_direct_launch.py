@@ -117,6 +117,10 @@ def test_what_falls_back_to_triton(gpu, monkeypatch) -> None:
     monkeypatch.setattr(kernel, "used_global_vals", {("SCALE", id(namespace)): (2, namespace)})
     fast[(1,)](**call)
     assert len(kernel.through_triton) == 4  # unchanged since: direct
+    fast[(1,)](**call)
+    namespace["SCALE"] = 3  # changed after launches that found it unchanged
+    fast[(1,)](**call)
+    assert len(kernel.through_triton) == 5
     # a launch that returns no compiled kernel (the interpreter's) keeps nothing: every call goes through Triton
     kernel2, fast2 = _kernel()
     kernel2.result = None
