@@ -202,9 +202,10 @@ class Diagnostics:
         pinned host memory behind the kernels on ``stream`` (default: the current stream) and read by a
         later call once the copy has landed (or by :meth:`check_pending`), so launches stay asynchronous.
         A copy is made every :data:`CHECK_EVERY` calls, or at a call :data:`CHECK_INTERVAL_S` after the
-        last copy: a timed-out wait is raised at most that many calls late (by the next call or the one
-        after when calls are spaced out); :meth:`check` and ``OverlappedKernel.check()`` read it at once.
-        A record stays in the buffer until it is read."""
+        last copy, and read by the first later call that finds it landed: a timed-out wait is raised by the
+        call after the next copy behind it has landed (within about that many calls while the GPU keeps up;
+        the next call or the one after when calls are spaced out). :meth:`check` and
+        ``OverlappedKernel.check()`` read it at once. A record stays in the buffer until it is read."""
         if self.buffer.device.type != "cuda":
             self.check(kernel)
             return
