@@ -1,0 +1,121 @@
+"""``Diagnostics.check_later`` on a GPU, with stand-ins for the device record, its pinned copy and the event (the
+CPU build of torch has no CUDA): how often the record is copied for the host, that nothing is copied while a copy
+is in flight, and that a timed-out wait is raised by the first call that finds the copy behind it landed."""
+
+from __future__ import annotations
+
+import types
+
+import numpy as np
+import pytest
+
+import tilelink
+from tilelink.runtime import diagnostics
+from tilelink.runtime.diagnostics import CHECK_EVERY, DIAG_WORDS, Diagnostics
+
+
+class Record:
+    """The device record: a buffer on "cuda" whose words a timed-out wait sets."""
+
+    def __init__(self) -> None:
+        self.words = np.zeros(DIAG_WORDS, dtype=np.int64)
+        self.device = types.SimpleNamespace(type="cuda")
+
+    def __getitem__(self, part):
+        record = self
+
+        class Part:
+            def zero_(self) -> None:
+                record.words[part] = 0
+
+        return Part()
+
+
+class PinnedCopy:
+    """The pinned host copy: ``copy_`` takes the record as it is when the copy lands (``land``)."""
+
+    def __init__(self) -> None:
+        self.array = np.zeros(DIAG_WORDS, dtype=np.int64)
+        self.copies = 0
+        self.source = None
+
+    def copy_(self, source, non_blocking: bool) -> None:
+        assert non_blocking
+        self.copies += 1
+        self.source = source
+
+    def land(self) -> None:
+        self.array[:] = self.source.words
+
+    def numpy(self):
+        return self.array
+
+    def tolist(self):
+        return self.array.tolist()
+
+    def zero_(self) -> None:
+        self.array[:] = 0
+
+
+class Event:
+    def __init__(self) -> None:
+        self.done, self.streams = False, []
+
+    def record(self, stream=None) -> None:
+        self.done = False
+        self.streams.append(stream)
+
+    def query(self) -> bool:
+        return self.done
+
+    def synchronize(self) -> None:
+        self.done = True
+
+
+@pytest.fixture
+def diag(monkeypatch):
+    d = Diagnostics.__new__(Diagnostics)
+    d.rank, d.budget_s, d.budget_ns = 0, 1.0, 10**9
+    d.buffer, d._host, d._event = Record(), PinnedCopy(), Event()
+    d._record, d._copied, d._kernel, d._calls, d._copy_time = d._host.numpy(), None, None, 0, 0.0
+    clock = [100.0]
+    monkeypatch.setattr(diagnostics.time, "perf_counter", lambda: clock[0])
+    d.clock = clock
+    return d
+
+
+def _land(d) -> None:
+    d._host.land()
+    d._event.done = True
+
+
+def test_a_copy_every_few_calls_and_none_in_flight(diag) -> None:
+    diag.check_later("k", stream="main")  # the first call copies
+    assert diag._host.copies == 1 and diag._event.streams == ["main"]
+    for _ in range(3 * CHECK_EVERY):  # in flight: nothing more, however many calls
+        diag.check_later("k", stream="main")
+    assert diag._host.copies == 1
+    _land(diag)
+    for _ in range(CHECK_EVERY):  # landed and read; the next copy after CHECK_EVERY calls
+        diag.check_later("k", stream="main")
+        _land(diag)
+    assert diag._host.copies == 2
+    diag.clock[0] += 2 * diagnostics.CHECK_INTERVAL_S  # a call long after the last copy copies at once
+    diag.check_later("k", stream="main")
+    assert diag._host.copies == 3
+
+
+def test_a_timed_out_wait_is_raised_once_its_copy_lands(diag) -> None:
+    diag.check_later("k")
+    _land(diag)
+    diag.check_later("k")  # read: nothing recorded
+    diag.buffer.words[:5] = [1, 1, 7, 3, 2]  # a wait of a later call times out on the device
+    diag.clock[0] += 1.0
+    diag.check_later("consumer_kernel")  # its copy is made behind it
+    diag.check_later("consumer_kernel")  # not landed yet: nothing to raise
+    _land(diag)
+    with pytest.raises(tilelink.WaitTimeout) as info:
+        diag.check_later("consumer_kernel")
+    assert (info.value.index, info.value.expected, info.value.seen) == (7, 3, 2)
+    assert "consumer_kernel" in str(info.value)
+    assert not diag.buffer.words[:5].any() and not diag._host.array.any()  # cleared once raised
