@@ -106,6 +106,10 @@ class KernelAnalysis:
     # an int literal or a parameter (none: `x_ptr + offs`), the access); the launcher checks that their product is the
     # row stride of the buffer the rewritten kernel reads or writes, since the wait or notify covers rows `offs`
     row_scales: tuple[tuple[str, tuple[str, ...], Where], ...] = ()
+    # each pointer access along dim 0 whose other scalar terms are int literals and parameters (`x_ptr + offs[:, None]
+    # * stride_xm + cols[None, :] + D`): (tensor, the terms as (subtracted, factors), the access). Their sum must stay
+    # within one row (0 <= sum < the row stride), which the launcher checks: `+ D` on a (M, D) tensor reads the next row
+    row_shifts: tuple[tuple[str, tuple[tuple[bool, tuple[str, ...]], ...], Where], ...] = ()
 
     def accesses_of(self, tensor: str, kind: str) -> list[Access]:
         return [a for a in self.accesses if a.tensor == tensor and a.kind == kind]
@@ -922,20 +926,29 @@ def _factors(an: _Analyzer, node: cst.BaseExpression, offsets: str, depth: int =
     return None
 
 
-def _row_scales(an: _Analyzer, acc: Access, pointers: set[str]) -> set[tuple[str, ...]]:
-    """The scales of the rows of a pointer access (see ``KernelAnalysis.row_scales``). The rows term must appear
+def _row_scales(an: _Analyzer, acc: Access, pointers: set[str]) -> tuple[set[tuple[str, ...]], tuple | None]:
+    """The scales of the rows of a pointer access (see ``KernelAnalysis.row_scales``), and its scalar terms along dim 0
+    when each is known at the launch (``KernelAnalysis.row_shifts``; ``None`` otherwise). The rows term must appear
     once along any chain of aliases (``a_ptrs = a_ptr + offs[:, None] * s`` then ``a_ptrs + offs[:, None] * s`` touch
     rows ``2 * offs``), and its factors must be readable at the launch; else the access is refused."""
     tile = acc.tile
     if acc.descriptor or tile is None or tile.offsets is None or tile.dynamic:
-        return set()
+        return set(), None
+    shifts: list[tuple[bool, tuple[str, ...]]] | None = [] if an.tensors[acc.tensor][0] == 0 else None
     hint = (f"index the rows once, with the offsets vector times the row stride parameter (`{tile.offsets}[:, None] * "
             f"stride_m`) or a literal (`{tile.offsets} * 64`), in one alias of the pointer")
     scales: set[tuple[str, ...]] = set()
 
     def count(expr: cst.BaseExpression, seen: frozenset[str]) -> int:
+        nonlocal shifts
         n = 0
-        for term, _ in _terms(expr):
+        for term, negative in _terms(expr):
+            if shifts is not None and tile.offsets not in names_in(term) and not (
+                    isinstance(term, cst.Name) and term.value in pointers) and not m.findall(
+                    term, m.Subscript() | m.Call()):
+                # a scalar term (a vector term, `cols[None, :]`, is a column vector, bounded by its mask)
+                factors = _factors(an, term, tile.offsets)
+                shifts = None if factors is None else shifts + [(negative, tuple(factors))]
             if tile.offsets in names_in(term):
                 factors = _factors(an, term, tile.offsets)
                 if factors is None:
@@ -946,6 +959,8 @@ def _row_scales(an: _Analyzer, acc: Access, pointers: set[str]) -> set[tuple[str
                 n += 1
         for name in sorted(names_in(expr) & pointers - seen - {acc.tensor}):
             defs = [v for _, v in an.assignments.get(name, [])]
+            if len(defs) != 1 or name in an.rebound:
+                shifts = None  # an alias made more than once, or advanced: its terms are not one sum
             if defs:
                 n += max(count(v, seen | {name}) for v in defs)
         return n
@@ -954,7 +969,7 @@ def _row_scales(an: _Analyzer, acc: Access, pointers: set[str]) -> set[tuple[str
         raise _refuse(acc, f"the address of the {acc.kind} at line {acc.where.line} adds the rows `{tile.offsets}` of "
                            f"{acc.tensor!r} more than once (through its aliases): it touches other rows than the "
                            f"tile's", hint)
-    return scales
+    return scales, tuple(shifts) if shifts else None
 
 
 def _row_strides(an: _Analyzer, exprs: list[cst.BaseExpression], tile: Tile) -> set[str] | None:
@@ -1429,6 +1444,7 @@ def analyse(module: cst.Module, file: str, kernel: str,
     aliases: dict[str, tuple[str, ...]] = {}
     accesses: list[Access] = []
     row_scales: list[tuple[str, tuple[str, ...], Where]] = []
+    row_shifts: list[tuple[str, tuple[tuple[bool, tuple[str, ...]], ...], Where]] = []
     for tensor, (dim, override, size_param, index) in tensors.items():
         if tensor not in an.params:
             raise AnnotationError(
@@ -1455,7 +1471,10 @@ def analyse(module: cst.Module, file: str, kernel: str,
                 if tile.size_param is None and found is not None:  # the rows' bound, read from their mask
                     tile = Tile(tile.start, tile.size, tile.offsets, found, tile.pid, tile.defined_at, tile.ndim)
             accesses.append(_anchor(an, acc, tile, pointers))
-            row_scales.extend((tensor, scale, acc.where) for scale in sorted(_row_scales(an, accesses[-1], pointers)))
+            scales, shifts = _row_scales(an, accesses[-1], pointers)
+            row_scales.extend((tensor, scale, acc.where) for scale in sorted(scales))
+            if shifts is not None:
+                row_shifts.append((tensor, shifts, acc.where))
     _check_sweeps_disjoint(an, accesses)
     updates: dict[str, list[str]] = {}
     for node in m.findall(fn.body, m.AugAssign(target=m.Name())):
@@ -1468,5 +1487,5 @@ def analyse(module: cst.Module, file: str, kernel: str,
                               {n: tuple(code(v) for _, v in defs) for n, defs in an.assignments.items()},
                               frozenset(an.rebound), {n: tuple(b) for n, b in an.bindings.items()},
                               warp_specialized, {n: tuple(v) for n, v in updates.items()}, _returns(an),
-                              tuple(row_scales))
+                              tuple(row_scales), tuple(row_shifts))
     return analysis

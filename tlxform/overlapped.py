@@ -167,13 +167,15 @@ class OverlappedKernel:
         """The rows a wait or notify covers are the offsets vector's, ``offs``; an access reads or writes the elements
         ``offs * scale`` (``offs[:, None] * stride_am``, ``x_ptr + offs * 2``). Both are the same rows only when the
         scale is the row stride of the buffer the rewritten kernel is given: the gathered rows or the partial sums,
-        contiguous tensors of the argument's shape (the full size along the rows). Checked on each call with more
-        than one rank (alone, the kernel runs on the caller's tensors as written)."""
+        contiguous tensors of the argument's shape (the full size along the rows); and the address's scalar terms along
+        dim 0, when each is known, stay within a row (``+ D`` on a (M, D) tensor is the next row). Checked on each call
+        with more than one rank (alone, the kernel runs on the caller's tensors as written)."""
         if self._row_scales is None:
             self._row_scales = _row_scales(self._text, _display_path(self.file), self.name, self.specs)
-        if not self._row_scales or launcher.world().world_size == 1:
+        scales, shifts = self._row_scales
+        if not (scales or shifts) or launcher.world().world_size == 1:
             return
-        for tensor, dim, factors, line in self._row_scales:
+        for tensor, dim, factors, line in scales:
             t = bound.get(tensor)
             if not (hasattr(t, "shape") and hasattr(t, "stride")) or len(t.shape) <= dim:
                 continue  # not a tensor (a host descriptor: its rows are its offsets); the launcher says what is wrong
@@ -199,6 +201,34 @@ class OverlappedKernel:
                         f"wait or notify covers: pass a contiguous {tensor} and its own stride "
                         f"({tensor}.stride({dim})), or view it so that one step along dim {dim} is the kernel's "
                         f"scale (`x.view(-1, {scale})` for a 1-D `x_ptr + offs * {scale}`)")
+        for tensor, terms, line in shifts:
+            t = bound.get(tensor)
+            if not hasattr(t, "shape") or len(t.shape) < 1:
+                continue
+            rows = 1
+            for n in t.shape[1:]:
+                rows *= int(n)
+            shift = 0
+            for negative, factors in terms:
+                term = 1
+                for f in factors:
+                    value = int(f) if f.isdigit() else bound.get(f)
+                    if not isinstance(value, int) or isinstance(value, bool):
+                        break
+                    term *= value
+                else:
+                    shift += -term if negative else term
+                    continue
+                break  # a term not known at this call
+            else:
+                if not 0 <= shift < rows:
+                    said = " + ".join(("-" if neg else "") + " * ".join(
+                        f"{f}={bound[f]}" if not f.isdigit() else f for f in factors) for neg, factors in terms)
+                    raise LaunchError(
+                        f"{self.name}: the address at {_display_path(self.file)}:{line} adds {shift} elements ({said}) "
+                        f"to the rows of {tensor!r}, whose rows are {rows} elements long: it touches other rows than "
+                        f"those its wait or notify covers; index those rows with an offsets vector of their own "
+                        f"(`nxt = start + BLOCK + tl.arange(0, BLOCK)`, `x_ptr + nxt[:, None] * stride`)")
 
     @contextlib.contextmanager
     def _remember_timeout(self):
@@ -216,7 +246,8 @@ class OverlappedKernel:
 
 def _row_scales(text: str, file: str, kernel: str, specs: tuple) -> tuple:
     """``(tensor, dim, factors, line)`` for each scale the rows of a pointer access of ``kernel`` are multiplied by
-    (``KernelAnalysis.row_scales``), read from the source again: the analysis is static, and the rewrite keeps only
+    (``KernelAnalysis.row_scales``), and ``(tensor, terms, line)`` for each access's scalar terms along dim 0
+    (``KernelAnalysis.row_shifts``), read from the source again: the analysis is static, and the rewrite keeps only
     what the rules plan from it."""
     from tilelink.analysis import analyse, parse_source
     from tilelink.inline import inline_helpers
@@ -225,8 +256,9 @@ def _row_scales(text: str, file: str, kernel: str, specs: tuple) -> tuple:
     tensors = {t: (s.dim, s.tile, s.size, s.index) for s in specs for t in s.tensors}
     inlined = inline_helpers(parse_source(text, file), file, kernel, list(tensors))
     an = analyse(inlined.module, file, kernel, tensors)
-    return tuple(sorted({(tensor, dims[tensor], factors, inlined.user_line(where.line))
-                         for tensor, factors, where in an.row_scales}))
+    return (tuple(sorted({(tensor, dims[tensor], factors, inlined.user_line(where.line))
+                          for tensor, factors, where in an.row_scales})),
+            tuple((tensor, terms, inlined.user_line(where.line)) for tensor, terms, where in an.row_shifts))
 
 
 def _display_path(file: str) -> str:

@@ -45,6 +45,14 @@ def row_sum_kernel(x_ptr, y_ptr, M, D, stride_xm, BLOCK_M: tl.constexpr, BLOCK_D
 '''
 
 
+# each row and the row after it: `+ D` on a (M, D) tensor is the next row, which no wait of this tile covers
+NEXT_ROW = ROWS.replace("row_sum_kernel", "next_row_sum_kernel").replace(
+    "    tl.store(y_ptr + offs_m, tl.sum(x, axis=1), mask=offs_m < M)",
+    "    x2 = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_d[None, :] + D,\n"
+    "                 mask=(offs_m[:, None] < M - 1) & (offs_d[None, :] < D), other=0.0)\n"
+    "    tl.store(y_ptr + offs_m, tl.sum(x + x2, axis=1), mask=offs_m < M)")
+
+
 def _load(path: str, name: str):
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
@@ -77,6 +85,19 @@ def _rows(path: str, step: int) -> float:
     shard = x[lo:hi].contiguous()
     kernel[(triton.cdiv(M, 8),)](shard, y, M, D, shard.stride(0) * step, BLOCK_M=8, BLOCK_D=8)
     got = y - x.sum(dim=1)
+    return float("inf") if got.isnan().any() else got.abs().max().item()
+
+
+def _next_rows(path: str) -> float:
+    kernel = _load(path, "next_row_sum").next_row_sum_kernel
+    rank, world = tilelink.rank(), tilelink.world_size()
+    M, D = 36, 8
+    x = torch.randn(M, D, generator=torch.Generator().manual_seed(6))
+    lo, hi = rows_of(rank, world, M)
+    y = torch.full((M,), float("nan"))
+    shard = x[lo:hi].contiguous()
+    kernel[(triton.cdiv(M, 8),)](shard, y, M, D, shard.stride(0), BLOCK_M=8, BLOCK_D=8)
+    got = y - x.sum(dim=1) - torch.cat([x[1:].sum(dim=1), torch.zeros(1)])
     return float("inf") if got.isnan().any() else got.abs().max().item()
 
 
@@ -114,6 +135,16 @@ def test_a_stride_argument_other_than_the_row_stride_is_refused_at_the_launch(tm
         tilelink.spawn(_rows, 2, _written(tmp_path, ROWS, "row_sum"), 2)
     said = str(info.value)
     assert "row_sum_kernel: the rows of 'x_ptr' are addressed 16 elements apart at" in said, said
+
+
+@pytest.mark.slow
+def test_a_scalar_term_reaching_the_next_row_is_refused_at_the_launch(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("TILELINK_RACES", "1")
+    with pytest.raises(LaunchError) as info:
+        tilelink.spawn(_next_rows, 2, _written(tmp_path, NEXT_ROW, "next_row_sum"))
+    said = str(info.value)
+    assert "next_row_sum_kernel: the address at" in said, said
+    assert "adds 8 elements (D=8) to the rows of 'x_ptr'" in said, said
 
 
 def _generated(source: str):
@@ -156,3 +187,15 @@ def test_the_scales_are_read_through_a_local_and_a_product() -> None:
     ''')
     an = analyse(parse_source(text, "k.py"), "k.py", "kernel", {"x_ptr": (0, None, "M", None)})
     assert [(t, f) for t, f, _ in an.row_scales] == [("x_ptr", ("2", "stride_xm"))], an.row_scales
+    assert an.row_shifts == (), an.row_shifts  # a column vector only: bounded by its mask
+
+
+def test_the_scalar_terms_along_dim_0_are_kept_when_each_is_known() -> None:
+    from tilelink.analysis import analyse, parse_source
+
+    text = HEAD + textwrap.dedent(PAIRS) + textwrap.dedent(NEXT_ROW)
+    module = parse_source(text, "k.py")
+    pairs = analyse(module, "k.py", "pair_sum_kernel", {"x_ptr": (0, None, "L", None)})
+    assert [terms for _, terms, _ in pairs.row_shifts] == [((False, ("1",)),)], pairs.row_shifts
+    rows = analyse(module, "k.py", "next_row_sum_kernel", {"x_ptr": (0, None, "M", None)})
+    assert [terms for _, terms, _ in rows.row_shifts] == [((False, ("D",)),)], rows.row_shifts
