@@ -16,6 +16,7 @@ import triton
 import tilelink
 from tests.rules.cases import rows_of
 from tilelink.errors import LaunchError
+from tilelink.runtime import current_world
 
 KERNEL = '''
 import triton
@@ -57,24 +58,27 @@ def _multiply(path: str) -> float:
     rank, world = tilelink.rank(), tilelink.world_size()
     M, N, K = 40, 24, 64
     g = torch.Generator().manual_seed(31)
-    # integers: every order of the adds gives the same sums
+    # integers: every order of the adds gives the same sums (float16 on a GPU holds them exactly)
     a, b = torch.randint(-3, 4, (M, K), generator=g).float(), torch.randint(-3, 4, (K, N), generator=g).float()
     klo, khi = rows_of(rank, world, K)
-    ar, br = a[:, klo:khi].contiguous(), b[klo:khi].contiguous()
+    device = current_world().device
+    dtype = torch.float16 if device.type == "cuda" else torch.float32
+    ar, br = (t.to(device=device, dtype=dtype) for t in (a[:, klo:khi].contiguous(), b[klo:khi].contiguous()))
     lo, hi = rows_of(rank, world, M)
     err = 0.0
     for _ in range(2):
-        out = torch.full((hi - lo, N), float("nan"))
+        out = torch.full((hi - lo, N), float("nan"), device=device)
         grid = lambda META: (triton.cdiv(M, META["BLOCK_M"]), triton.cdiv(N, META["BLOCK_N"]),  # noqa: E731
                              META.get("SPLIT_K", 1))
         module.matmul_tuned_split_k[grid](ar, br, out, M, N, khi - klo, ar.stride(0), ar.stride(1), br.stride(0),
-                                          br.stride(1), N, 1, BLOCK_M=16, BLOCK_N=16, BLOCK_K=8)
-        got = out - (a @ b)[lo:hi]
+                                          br.stride(1), N, 1, BLOCK_M=16, BLOCK_N=16, BLOCK_K=16)
+        got = out.cpu() - (a @ b)[lo:hi]
         err = max(err, float("inf") if got.isnan().any() else got.abs().max().item())
     return err
 
 
 def _written(tmp_path, configs: str) -> str:
+    """The kernel with these configurations, in a file of its own (Triton reads a kernel's source from its file)."""
     path = tmp_path / "tuned_split_k.py"
     path.write_text(textwrap.dedent(KERNEL.format(configs=configs)))
     return str(path)
