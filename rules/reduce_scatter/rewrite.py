@@ -434,6 +434,44 @@ def _nonlinear_epilogue(an: KernelAnalysis, a) -> tuple[str, str] | None:
     return None
 
 
+def _loaded(an: KernelAnalysis, exprs) -> str | None:
+    """A load (or an atomic) that ``exprs`` read, directly or through the kernel's assignments: what decides them is
+    data, not the program's position."""
+    todo, seen = list(exprs), set()
+    while todo:
+        node = cst.parse_expression(todo.pop())
+        for call in m.findall(node, m.Call(func=m.Attribute(attr=m.Name()))):
+            if call.func.attr.value == "load" or call.func.attr.value.startswith("atomic_"):  # type: ignore[union-attr]
+                return code(call)
+        for name in sorted(names_in(node) - seen):
+            seen.add(name)
+            todo.extend(an.values.get(name, ()))
+    return None
+
+
+def _skipping_returns(an: KernelAnalysis, stores, rule: str) -> list[ReportEntry]:
+    """A note for each ``return`` on a condition read from memory (``if tl.load(flag_ptr + pid) == 0: return``) that
+    comes before every store of a tile whose rows are the program's own: a program that returns there stores nothing,
+    so its rows' channels stay short and the reduction's wait for them times out naming them. A store before the
+    ``return`` (the zeros an MoE kernel writes for an expert on another rank) and rows read from an index (a padded
+    block past the routed tokens has none) are not noted."""
+    static = [a for a in stores if a.tile is not None and not a.tile.dynamic]
+    if not static:
+        return []
+    notes = []
+    for where, tests in an.returns:
+        if any(not _before(where, a.where) for a in stores):
+            continue
+        loaded = _loaded(an, tests)
+        if loaded is not None:
+            notes.append(ReportEntry(
+                an.name, rule, "note", f"the kernel returns at line {where.line} on a value it loads (`{loaded}`), "
+                f"before the store at line {static[0].where.line}: a program that returns there leaves its rows "
+                f"unstored and unnotified, and the reduction's wait for them times out naming them (store its tile, "
+                f"zeros if need be, before returning)", where))
+    return notes
+
+
 def notify_stores(an: KernelAnalysis, spec, opts: Options,
                   rule: str = RULE) -> tuple[list[Insertion], list[ReportEntry], str]:
     """The producer side of a reduction over ranks, shared by the rules whose kernel stores partial sums
@@ -460,6 +498,7 @@ def notify_stores(an: KernelAnalysis, spec, opts: Options,
             hint=f"pass what the kernel reads as a separate input (`c = a @ b + d`: load d_ptr, store {a.tensor})")
     report: list[ReportEntry] = []
     insertions: list[Insertion] = []
+    report += _skipping_returns(an, stores, rule)
     for a in stores:
         if a.atomic and rule != RULE:  # the rule's launcher zeroes the partial sums and counts the K splits
             raise AnnotationError(f"{rule} does not follow a tl.atomic_add write-back into {a.tensor!r}",
