@@ -10,6 +10,7 @@ itself) and as the value of its handshakes; clearing a record leaves them.
 from __future__ import annotations
 
 import time
+import weakref
 
 import torch
 
@@ -172,6 +173,26 @@ CHECK_EVERY = 8
 CHECK_INTERVAL_S = 1e-3
 
 
+#: every live record and the world it belongs to: tilelink.finalize() reads those of its world, so that a timed-out
+#: wait of the last calls, whose copy check_later had not made or read yet, is still raised
+_live: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def unread_timeout(world) -> WaitTimeout | None:
+    """The :class:`tilelink.WaitTimeout` recorded by a wait of ``world``'s kernels and not raised yet (the first
+    one found), or None; reads every record of the world, each cleared. Synchronises with the device."""
+    found = None
+    for diag, owner in list(_live.items()):
+        if owner is not world:
+            continue
+        try:
+            diag.check_pending(block=True)
+            diag.check(kernel=diag._kernel)
+        except WaitTimeout as exc:
+            found = found or exc
+    return found
+
+
 class Diagnostics:
     """A diagnostics record on this rank's device, and the budget kernels are given."""
 
@@ -179,6 +200,7 @@ class Diagnostics:
         from tilelink.runtime.world import current_world
 
         world = current_world()
+        _live[self] = world
         self.rank = world.rank
         self.budget_s = wait_timeout_s(world.backend == "emulated")
         self.budget_ns = int(self.budget_s * 1e9)

@@ -458,9 +458,11 @@ def finalize() -> None:
         control.announce("finished", "called tilelink.finalize")
     destroy = True
     try:
-        from tilelink.runtime import graphs, heap
+        from tilelink.runtime import diagnostics, graphs, heap
 
-        replayed = graphs.replay_timeout(world)  # read while the captured calls' records exist; raised once torn down
+        # read while the records exist (a captured call's from its replays, then every other call's that no check
+        # has read yet); raised once torn down
+        replayed = graphs.replay_timeout(world) or diagnostics.unread_timeout(world)
         heap.release_all(world)
         world.impl.finalize()
         if _owns_process_group and world.world_size > 1 and control is not None:

@@ -119,3 +119,23 @@ def test_a_timed_out_wait_is_raised_once_its_copy_lands(diag) -> None:
     assert (info.value.index, info.value.expected, info.value.seen) == (7, 3, 2)
     assert "consumer_kernel" in str(info.value)
     assert not diag.buffer.words[:5].any() and not diag._host.array.any()  # cleared once raised
+
+
+def unread_record_at_finalize() -> str:
+    """A rank whose last call's wait timed out on the device, its record not copied or read by any check yet (as
+    after the last calls of a burst): ``tilelink.finalize()`` reads it and raises."""
+    import torch
+
+    record = Diagnostics()
+    record.buffer[:5] = torch.tensor([1, 1, 7, 3, 2])
+    record._kernel = "consumer_kernel"
+    try:
+        tilelink.finalize()
+    except tilelink.WaitTimeout as exc:
+        return str(exc)
+    return "NO ERROR"
+
+
+def test_finalize_raises_a_timed_out_wait_no_check_read() -> None:
+    (message,) = tilelink.spawn(unread_record_at_finalize, 1)
+    assert "consumer_kernel" in message and "NO ERROR" not in message, message
