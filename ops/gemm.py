@@ -19,6 +19,7 @@ Variants (``variant=``):
 from __future__ import annotations
 
 import functools
+import threading
 
 import torch
 import triton
@@ -117,9 +118,15 @@ def _alloc_scratch(size: int, alignment: int, stream):
 _SCRATCH: dict[tuple, torch.Tensor] = {}
 
 
-@functools.cache
+_installed = threading.local()
+
+
 def _install_allocator() -> None:
-    triton.set_allocator(_alloc_scratch)
+    """Give Triton the scratch allocator, in this thread: ``triton.set_allocator`` sets a context variable, which a
+    thread started later (a serving framework's worker) does not inherit."""
+    if not getattr(_installed, "done", False):
+        triton.set_allocator(_alloc_scratch)
+        _installed.done = True
 
 
 def _descriptor_ok(*tensors: torch.Tensor) -> bool:

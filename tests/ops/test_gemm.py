@@ -141,3 +141,25 @@ def test_matmul_on_gpu(m: int, n: int, k: int, dtype: torch.dtype, variant: str)
     assert _rel_err(out, ref) < tol
     bt = b.t().contiguous().t()  # a transposed (N, K) weight
     assert _rel_err(matmul(a, bt, variant=variant, config=config), ref) < tol
+
+
+def test_the_scratch_allocator_is_installed_in_every_thread() -> None:
+    """``triton.set_allocator`` sets a context variable: a thread started later (a serving framework's worker)
+    would find no allocator for the device-made tensor descriptors unless the operators install it there too."""
+    import threading
+
+    from triton.runtime import _allocation
+
+    from tilelink.ops import gemm
+
+    gemm._install_allocator()
+    seen = []
+
+    def worker() -> None:
+        gemm._install_allocator()
+        seen.append(_allocation._allocator.get() is gemm._alloc_scratch)
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    thread.join()
+    assert seen == [True]
