@@ -1085,10 +1085,18 @@ def _check_tile_agrees(an: _Analyzer, acc: Access, dim: int, pointers: set[str],
     given = tuple(code(cst.parse_expression(x)) for x in override)
     found = (code(cst.parse_expression(inferred.start)), code(cst.parse_expression(inferred.size)))
     if given != found:
+        # a descriptor read from 0 along `dim` (`desc_k.load([offsetk_y, 0])` with dim=1 over the attention tutorial's
+        # flat 2-D rows) does not move along it: the blocks move along another dimension, the one to gather
+        fixed = acc.descriptor and found[0] == "0"
         raise _refuse(acc, f"tile=({given[0]!r}, {given[1]!r}) does not name the rows this {acc.kind} of "
                            f"{acc.tensor!r} touches along dim {dim}: its offsets give rows [{found[0]}, {found[0]} + "
-                           f"{found[1]})", f"drop tile= (these rows are found without it), or make it "
-                                           f"tile=({found[0]!r}, {found[1]!r})")
+                           f"{found[1]})" + (f", the same for every block: it does not move along dim {dim}"
+                                             if fixed else ""),
+                      (f"annotate the dimension its offsets move along (dim=0 for the rows of a 2-D descriptor over "
+                       f"a flat (Z * H * N_CTX, HEAD_DIM) matrix, each rank passing a run of its rows); to gather the "
+                       f"sequence of every head, read it through pointers and annotate dim 1 of the (Z * H, N_CTX, "
+                       f"HEAD_DIM) view" if fixed else
+                       f"drop tile= (these rows are found without it), or make it tile=({found[0]!r}, {found[1]!r})"))
     return inferred.size_param
 
 

@@ -95,6 +95,20 @@ def test_a_descriptor_over_rows_counted_by_a_local_takes_its_size_from_the_param
         generate(bound_twice, str(path), requests_in(bound_twice, str(path)))
 
 
+def test_a_gather_along_a_dimension_a_descriptor_reads_whole_says_which_one_moves() -> None:
+    # the attention tutorial's 2-D descriptors over flat rows, annotated as a sequence gather along dim 1: each key
+    # block reads columns [0, HEAD_DIM) of them, and the hint names the dimension its blocks move along
+    path = FORMS / "attention_batched_rows.py"
+    text = path.read_text().replace('all_gather(("desc_k", "desc_v"), dim=0)',
+                                    'all_gather(("desc_k", "desc_v"), dim=1, tile=("start_n", "BLOCK_N"), size="N_CTX")')
+    with pytest.raises(AnnotationError) as info:
+        generate(text, str(path), requests_in(text, str(path)))
+    err = info.value
+    assert "its offsets give rows [0, 0 + HEAD_DIM), the same for every block: it does not move along dim 1" in \
+        str(err), err
+    assert err.hint.startswith("annotate the dimension its offsets move along (dim=0") and "tile=('0'" not in err.hint
+
+
 HEAD = "import triton\nimport triton.language as tl\nimport tilelink\n\n"
 
 
