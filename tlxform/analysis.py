@@ -512,7 +512,8 @@ class _Analyzer:
                 return None
             dim_size = defs[0][1]
         names = names_in(dim_size)
-        if not names or not names <= set(self.params) or m.findall(dim_size, m.Call()):
+        # a parameter the kernel binds again holds another value than the argument the launch reads
+        if not names or not names <= set(self.params) - set(self.assignments) or m.findall(dim_size, m.Call()):
             return None
         return code(dim_size)
 

@@ -93,6 +93,10 @@ def test_a_descriptor_over_rows_counted_by_a_local_takes_its_size_from_the_param
                                                            "        y_dim = N_CTX\n")
     with pytest.raises(AnnotationError, match="cannot find the parameter holding the full size of dim 0"):
         generate(bound_twice, str(path), requests_in(bound_twice, str(path)))
+    # nor is a parameter the kernel binds again: the launch would read the argument, not the kernel's value
+    rebound = text.replace("    y_dim = Z * H * N_CTX\n", "    H = H * 2\n    y_dim = Z * H * N_CTX\n")
+    with pytest.raises(AnnotationError, match="cannot find the parameter holding the full size of dim 0"):
+        generate(rebound, str(path), requests_in(rebound, str(path)))
 
 
 def test_a_gather_along_a_dimension_a_descriptor_reads_whole_says_which_one_moves() -> None:
