@@ -6,8 +6,9 @@ Every inserted name starts with ``tlk_`` so that a reader can tell TileLink's co
 from __future__ import annotations
 
 import libcst as cst
+import libcst.matchers as m
 
-from tilelink.analysis import Access, KernelAnalysis, Tile, names_in
+from tilelink.analysis import Access, KernelAnalysis, Tile, code, names_in, parse_offsets
 from tilelink.plan import Insertion, ReportEntry
 
 #: parameters added to every rewritten kernel: the channel (paper's BlockChannel), flattened.
@@ -146,6 +147,12 @@ def remap_order(an: KernelAnalysis, access: Access, rule: str, order: str,
         return [], ReportEntry(an.name, rule, "not applied",
                                f"order={order!r} not applied: {tile.pid} indexes tiles of different sizes or forms "
                                f"({where}); tiles keep the kernel's own order", access.where)
+    bypass = _program_id_bypass(an, tile.pid)
+    if bypass is not None:
+        return [], ReportEntry(an.name, rule, "not applied",
+                               f"order={order!r} not applied: {bypass}, not through {tile.pid}: the rotation of "
+                               f"{tile.pid} would move the tile's rows but not that; tiles keep the kernel's own "
+                               f"order", access.where)
     before = [w for w in assigned if w.line <= tile.defined_at.line]
     if not before:
         return [], ReportEntry(an.name, rule, "not applied",
@@ -157,6 +164,42 @@ def remap_order(an: KernelAnalysis, access: Access, rule: str, order: str,
     return inserts, ReportEntry(an.name, rule, "applied",
                                 f"tile order {order}: {tile.pid} rotated after line{'s' if len(assigned) > 1 else ''} "
                                 f"{lines}", assigned[0])
+
+
+def _program_ids(node: cst.CSTNode) -> set[str]:
+    """The axes of the ``tl.program_id(axis)`` calls in ``node``, in source."""
+    return {code(call.args[0].value) for call in m.findall(node, m.Call(func=m.Attribute(
+        value=m.Name("tl"), attr=m.Name("program_id")))) if call.args}
+
+
+def _program_id_bypass(an: KernelAnalysis, pid: str) -> str | None:
+    """What reads the program's position other than through ``pid`` (the variable the rotation rotates), said for
+    the report; ``None`` when nothing does. The rotation gives a program another tile: a row index, an offsets
+    vector's start or an address computed from ``tl.program_id`` itself, or from the program-id variable ``pid`` is
+    made from (``o = tl.program_id(0) * BLOCK + ...``, ``tl.store(out_ptr + pid, ...)`` with ``pid_m = pid``), would
+    still name the program's own tile, and the program would write one tile's values at another's rows. Other
+    variables made from the program id in assignments (``pid_n`` of a grouped ordering) pair with the rotated
+    ``pid`` as before, one tile each; so TileLink cannot tell a row coordinate made so (``row = tl.program_id(0) *
+    BLOCK``, then ``row + tl.arange(...)``) from them, and follows only the direct reads above."""
+    chain = {pid} | _depends_on(an, an.values.get(pid, ()))
+    axes = {axis for name in chain for v in an.values.get(name, ()) for axis in _program_ids(cst.parse_expression(v))}
+    if not axes:
+        return None
+    ids = {name for name in chain - {pid}
+           if any(_program_ids(cst.parse_expression(v)) for v in an.values.get(name, ()))}
+    for name, values in an.values.items():
+        if name in chain:
+            continue
+        for v in values:
+            parsed = parse_offsets(cst.parse_expression(v))
+            start = cst.parse_expression(parsed[0]) if parsed is not None else None
+            if start is not None and (_program_ids(start) & axes or names_in(start) & ids):
+                return f"the offsets `{name} = {v}` start from the program id"
+    for text, where in an.effects:
+        node = cst.parse_expression(text)
+        if _program_ids(node) & axes or names_in(node) & ids:
+            return f"line {where.line} reads the program id (`{text}`)"
+    return None
 
 
 def _depends_on(an: KernelAnalysis, values: tuple[str, ...]) -> set[str]:

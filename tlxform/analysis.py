@@ -110,6 +110,9 @@ class KernelAnalysis:
     # * stride_xm + cols[None, :] + D`): (tensor, the terms as (subtracted, factors), the access). Their sum must stay
     # within one row (0 <= sum < the row stride), which the launcher checks: `+ D` on a (M, D) tensor reads the next row
     row_shifts: tuple[tuple[str, tuple[tuple[bool, tuple[str, ...]], ...], Where], ...] = ()
+    # the source of every expression the kernel evaluates other than an assignment's value (`tl.store(y_ptr + o, x)`,
+    # an `if` test, a loop's range, an in-place update's value), with where it is: what reads a program id there
+    effects: tuple[tuple[str, Where], ...] = ()
 
     def accesses_of(self, tensor: str, kind: str) -> list[Access]:
         return [a for a in self.accesses if a.tensor == tensor and a.kind == kind]
@@ -1390,6 +1393,22 @@ def _contains(an: _Analyzer, node: cst.CSTNode, where: Where) -> bool:
     return (r.start.line, r.start.column + 1) <= (where.line, where.column) <= (r.end.line, r.end.column + 1)
 
 
+def _effects(an: _Analyzer) -> tuple[tuple[str, Where], ...]:
+    """See ``KernelAnalysis.effects``."""
+    out: list[tuple[str, Where]] = []
+    for ref in an.statements:
+        for small in small_statements(ref):
+            if isinstance(small, cst.Expr):
+                out.append((code(small.value), an.where(small)))
+            elif isinstance(small, cst.AugAssign):
+                out.append((code(small.value), an.where(small)))
+            elif isinstance(small, cst.Return) and small.value is not None:
+                out.append((code(small.value), an.where(small)))
+        for header in header_expressions(ref):
+            out.append((code(header), an.where(ref.node)))
+    return tuple(out)
+
+
 def _returns(an: _Analyzer) -> tuple[tuple[Where, tuple[str, ...]], ...]:
     """Each ``return`` of the kernel and the tests of the branches and loops that hold it."""
     found: list[tuple[Where, tuple[str, ...]]] = []
@@ -1496,5 +1515,5 @@ def analyse(module: cst.Module, file: str, kernel: str,
                               {n: tuple(code(v) for _, v in defs) for n, defs in an.assignments.items()},
                               frozenset(an.rebound), {n: tuple(b) for n, b in an.bindings.items()},
                               warp_specialized, {n: tuple(v) for n, v in updates.items()}, _returns(an),
-                              tuple(row_scales), tuple(row_shifts))
+                              tuple(row_scales), tuple(row_shifts), _effects(an))
     return analysis
