@@ -170,11 +170,11 @@ class OverlappedKernel:
         contiguous tensors of the argument's shape (the full size along the rows); and the address's scalar terms along
         dim 0, when each is known, stay within a row (``+ D`` on a (M, D) tensor is the next row). Checked on each call
         with more than one rank (alone, the kernel runs on the caller's tensors as written)."""
-        if self._row_scales is None:
+        if launcher.world().world_size == 1:
+            return
+        if self._row_scales is None:  # read once, at the first call with peers
             self._row_scales = _row_scales(self._text, _display_path(self.file), self.name, self.specs)
         scales, shifts = self._row_scales
-        if not (scales or shifts) or launcher.world().world_size == 1:
-            return
         for tensor, dim, factors, line in scales:
             t = bound.get(tensor)
             if not (hasattr(t, "shape") and hasattr(t, "stride")) or len(t.shape) <= dim:
