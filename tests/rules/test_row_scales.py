@@ -199,3 +199,22 @@ def test_the_scalar_terms_along_dim_0_are_kept_when_each_is_known() -> None:
     assert [terms for _, terms, _ in pairs.row_shifts] == [((False, ("1",)),)], pairs.row_shifts
     rows = analyse(module, "k.py", "next_row_sum_kernel", {"x_ptr": (0, None, "M", None)})
     assert [terms for _, terms, _ in rows.row_shifts] == [((False, ("D",)),)], rows.row_shifts
+
+
+def pair_mutants(path: str) -> list[tuple[str, str]]:
+    """The mutants of the pairs kernel (each inserted wait dropped in turn) on this rank."""
+    import tests.rules.test_row_scales as here
+    from tests.rules.mutations import _patcher, _run
+
+    real, patch = _patcher(here, "_load")
+    return _run(lambda: real(path, "pair_sum"), patch, lambda: here._pairs(path, "pairs"))
+
+
+@pytest.mark.slow
+def test_dropping_the_wait_of_the_scaled_rows_is_caught(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("TILELINK_RACES", "1")
+    monkeypatch.setenv("TILELINK_WAIT_TIMEOUT", "2")
+    results = tilelink.spawn(pair_mutants, 2, _written(tmp_path, PAIRS, "pair_sum"), timeout=600)
+    assert results[0], "the rewrite inserted no wait"
+    caught = {what for outcomes in results for what, outcome in outcomes if outcome.startswith("failed")}
+    assert caught == {what for what, _ in results[0]}, results

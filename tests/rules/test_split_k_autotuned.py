@@ -51,10 +51,15 @@ def matmul_tuned_split_k(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, str
 '''
 
 
-def _multiply(path: str) -> float:
+def _load(path: str):
     spec = importlib.util.spec_from_file_location("tuned_split_k", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    return module
+
+
+def _multiply(path: str) -> float:
+    module = _load(path)
     rank, world = tilelink.rank(), tilelink.world_size()
     M, N, K = 40, 24, 64
     g = torch.Generator().manual_seed(31)
@@ -101,3 +106,23 @@ def test_configurations_that_split_differently_are_refused_before_the_launch(tmp
         tilelink.spawn(_multiply, 2, path)
     assert "K splits 2 (SPLIT_K=2), 4 (SPLIT_K=4)" in str(info.value), info.value
     assert "give every configuration the same split count" in str(info.value), info.value
+
+
+def split_k_mutants(path: str) -> list[tuple[str, str]]:
+    """The mutants of the autotuned split-K kernel (each inserted notify dropped in turn) on this rank."""
+    import tests.rules.test_split_k_autotuned as here
+    from tests.rules.mutations import _patcher, _run
+
+    real, patch = _patcher(here, "_load")
+    return _run(lambda: real(path), patch, lambda: here._multiply(path))
+
+
+@pytest.mark.slow
+def test_dropping_the_notify_of_the_autotuned_write_back_is_caught(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("TILELINK_RACES", "1")
+    monkeypatch.setenv("TILELINK_WAIT_TIMEOUT", "2")
+    path = _written(tmp_path, 'triton.Config({"SPLIT_K": 2})')
+    results = tilelink.spawn(split_k_mutants, 2, path, timeout=600)
+    assert results[0], "the rewrite inserted no notify"
+    caught = {what for outcomes in results for what, outcome in outcomes if outcome.startswith("failed")}
+    assert caught == {what for what, _ in results[0]}, results
