@@ -126,10 +126,13 @@ def _bound(node: cst.CSTNode) -> set[str]:
 
 
 def _free(helper: cst.FunctionDef) -> set[str]:
-    """The names ``helper`` reads from its module: neither its parameters nor its locals."""
+    """The names ``helper`` reads from its module: neither its parameters nor its locals (its parameters' defaults
+    too, which an inlined call that leaves them out writes into the kernel)."""
     params = helper.params
     own = {p.name.value for p in (*params.posonly_params, *params.params, *params.kwonly_params)}
-    return names_in(helper.body) - _bound(helper.body) - own
+    defaults = set().union(*(names_in(p.default) for p in (*params.posonly_params, *params.params)
+                             if p.default is not None))
+    return (names_in(helper.body) - _bound(helper.body) - own) | defaults
 
 
 def _aliases(fn: cst.FunctionDef, tensors: Iterable[str]) -> set[str]:
@@ -270,7 +273,8 @@ def _next_site(module: cst.Module, file: str, fn: cst.FunctionDef, tensors: tupl
         # kernel's value once the body is inlined into the kernel's scope
         captured = sorted(_free(helper) & (_bound(fn.body) | {p.name.value for p in fn.params.params}))
         if captured:
-            read = next(n for n in m.findall(helper.body, m.Name(captured[0])))
+            read = next(iter(m.findall(helper.body, m.Name(captured[0])) or m.findall(helper.params,
+                                                                                       m.Name(captured[0]))))
             raise refuse(f"the helper `{name}`, which receives {what}, reads the module-level `{captured[0]}`, which "
                          f"kernel {fn.name.value!r} also binds: inlined into the kernel, it would read the kernel's "
                          f"`{captured[0]}`", f"rename the kernel's `{captured[0]}`, or pass the value to `{name}` as "

@@ -101,6 +101,17 @@ def test_a_module_level_name_the_kernel_binds_too_is_refused_at_the_helpers_read
     assert "rename the kernel's `SCALE`" in err.hint, err.hint
 
 
+def test_a_module_level_default_the_kernel_binds_too_is_refused_at_the_default() -> None:
+    # a call that leaves `scale` out writes the default, `SCALE`, into the kernel, where it names the kernel's
+    source = SHADOWED.replace("def _scaled(x_ptrs, mask):", "def _scaled(x_ptrs, mask, scale=SCALE):").replace(
+        "other=0.0) * SCALE", "other=0.0) * scale")
+    with pytest.raises(AnnotationError) as info:
+        _rewritten(source)
+    err = info.value
+    assert "reads the module-level `SCALE`, which kernel 'kernel' also binds" in str(err), err
+    assert (err.line, err.column) == (10, 33), err  # the default in the helper's parameters
+
+
 def test_a_helpers_local_is_renamed_away_from_a_module_level_name_a_helper_inlined_inside_it_reads() -> None:
     body = _rewritten(NESTED)
     flat = " ".join(body.split())
