@@ -18,6 +18,7 @@ from tests.rules.cases import rows_of
 from tilelink.annotations import requests_in
 from tilelink.codegen import generate
 from tilelink.errors import AnnotationError, LaunchError
+from tilelink.runtime import current_world
 
 HEAD = "import triton\nimport triton.language as tl\nimport tilelink\n\n"
 
@@ -65,13 +66,14 @@ def _pairs(path: str, shape: str) -> float:
     rank, world = tilelink.rank(), tilelink.world_size()
     N, block = 40, 8
     x = torch.randn(N, 2, generator=torch.Generator().manual_seed(3))
-    y = torch.full((N,), float("nan"))
+    device = current_world().device
+    y = torch.full((N,), float("nan"), device=device)
     # "flat": 2N values of a 1-D tensor, whose rows are the values, this rank's share of them; "pairs": (N, 2)
     flat = shape == "flat"
     full = x.view(-1) if flat else x
     lo, hi = rows_of(rank, world, full.shape[0])
-    kernel[(triton.cdiv(N, block),)](full[lo:hi].contiguous(), y, N, full.shape[0], BLOCK=block)
-    got = y - x.sum(dim=1)
+    kernel[(triton.cdiv(N, block),)](full[lo:hi].contiguous().to(device), y, N, full.shape[0], BLOCK=block)
+    got = y.cpu() - x.sum(dim=1)
     return float("inf") if got.isnan().any() else got.abs().max().item()
 
 

@@ -15,6 +15,7 @@ import tilelink
 from tests.rules.cases import rows_of
 from tilelink.annotations import requests_in
 from tilelink.codegen import generate
+from tilelink.runtime import current_world
 
 HEAD = "import triton\nimport triton.language as tl\nimport tilelink\n\n"
 
@@ -75,8 +76,10 @@ def _double(path: str, form: str) -> float:
     N, block = 48, 8
     x = torch.randn(N, generator=torch.Generator().manual_seed(8))
     lo, hi = rows_of(rank, world, N)
-    y, sums = torch.full((N,), float("nan")), torch.full((N // block,), float("nan"))
-    module.double_kernel[(N // block,)](x[lo:hi].contiguous(), y, sums, N, BLOCK=block)
+    device = current_world().device
+    y, sums = (torch.full((n,), float("nan"), device=device) for n in (N, N // block))
+    module.double_kernel[(N // block,)](x[lo:hi].contiguous().to(device), y, sums, N, BLOCK=block)
+    y, sums = y.cpu(), sums.cpu()
     got = torch.cat([y - 2 * x, sums - x.view(-1, block).sum(dim=1)]) if form == "own_index" else y - 2 * x
     return float("inf") if got.isnan().any() else got.abs().max().item()
 

@@ -1,0 +1,49 @@
+"""The rewriter's soundness checks on the GPU, several ranks sharing it through NVSHMEM: an autotuned split-K
+write-back (two configurations of one split count, benchmarked in the warm-up against the scratch channels, the grid
+reading it with `META.get("SPLIT_K", 1)`; configurations that split differently refused before anything is
+launched), rows scaled by the row stride of a view (and a scale that is not, refused at the call), and a kernel that
+reads its position directly, run in its own tile order."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import tilelink
+from tests.rules import test_row_scales as scales
+from tests.rules import test_tile_order_bypass as bypass
+from tests.rules.test_split_k_autotuned import _multiply, _written
+from tilelink.errors import LaunchError
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
+                                                  reason="needs an NVIDIA GPU (run tests/gpu/run.sh on the device)")]
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_an_autotuned_split_count_is_counted_on_the_gpu(world: int, tmp_path) -> None:
+    path = _written(tmp_path, 'triton.Config({"SPLIT_K": 2}, num_warps=4), triton.Config({"SPLIT_K": 2}, num_warps=8)')
+    errors = tilelink.spawn(_multiply, world, path, backend="nvshmem")
+    assert all(e == 0.0 for e in errors), errors
+
+
+def test_configurations_that_split_differently_are_refused_on_the_gpu(tmp_path) -> None:
+    path = _written(tmp_path, 'triton.Config({"SPLIT_K": 2}), triton.Config({"SPLIT_K": 4})')
+    with pytest.raises(LaunchError, match="give every configuration the same split count"):
+        tilelink.spawn(_multiply, 2, path, backend="nvshmem")
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_rows_scaled_by_the_row_stride_of_a_view_on_the_gpu(world: int, tmp_path) -> None:
+    path = scales._written(tmp_path, scales.PAIRS, "pair_sum")
+    errors = tilelink.spawn(scales._pairs, world, path, "pairs", backend="nvshmem")
+    assert all(e < 1e-6 for e in errors), errors
+    with pytest.raises(LaunchError, match="addressed 2 elements apart"):
+        tilelink.spawn(scales._pairs, world, path, "flat", backend="nvshmem")
+
+
+@pytest.mark.parametrize("form", sorted(bypass.FORMS))
+def test_a_kernel_reading_its_position_directly_on_the_gpu(form: str, tmp_path) -> None:
+    path = tmp_path / f"bypass_{form}.py"
+    path.write_text(bypass.HEAD + bypass.textwrap.dedent(bypass.FORMS[form]))
+    errors = tilelink.spawn(bypass._double, 2, str(path), form, backend="nvshmem")
+    assert all(e < 1e-3 for e in errors), errors
