@@ -276,6 +276,11 @@ def silu_mul(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         return out
     block_m, block_n = (16, 16) if interpreting() else (32, 128)
     grid = (triton.cdiv(M, block_m), triton.cdiv(N, block_n))
-    gemm_kernels.silu_mul_kernel[grid](x, out, M, N, x.stride(0), x.stride(1), out.stride(0), out.stride(1),
-                                       BLOCK_M=block_m, BLOCK_N=block_n, num_warps=4)
+    from tilelink.runtime import graphs
+
+    # a step of an emulated graph being captured, run again on each replay (a CUDA graph replays the kernel; the
+    # interpreter's run is no tensor operation the emulated capture would record); otherwise launched now
+    graphs.enqueue(lambda: gemm_kernels.silu_mul_kernel[grid](
+        x, out, M, N, x.stride(0), x.stride(1), out.stride(0), out.stride(1), BLOCK_M=block_m, BLOCK_N=block_n,
+        num_warps=4))
     return out

@@ -42,7 +42,10 @@ def gemm_ar(a: torch.Tensor, b_shard_rows: torch.Tensor, ctx=None, *, mode: str 
 
     ``path``: ``"overlap"`` the fused kernel, ``"plain"`` cuBLAS then a ``torch.distributed`` all-reduce,
     ``"auto"`` (default) the one the cost model predicts faster, alike on every rank (:mod:`tilelink.ops.path`):
-    at a few decode tokens the host time of a call decides, and cuBLAS + NCCL is usually the faster."""
+    at a few decode tokens the host time of a call decides, and cuBLAS + NCCL is usually the faster.
+
+    The fused kernel can be captured in a CUDA graph (``torch.cuda.graph``) once a call with the same shapes has
+    run outside the capture; each replay sums the ranks' partial products of that replay."""
     from tilelink.ops import plain, tp_ar_kernels
     from tilelink.ops.path import check as check_path
     from tilelink.ops.path import select as select_path

@@ -43,8 +43,11 @@ def ar_pull_reduce(partial_ptr, peer_table, out_ptr, share_ptr, share_flags, tlk
             for p in range(0, tlk_world):
                 src = (tlk_rank + 1 + p) % tlk_world
                 src_barriers = tll.peer_ptr(barrier_table, tlk_barriers, src)
-                token += tll.consumer_tile_wait(src_barriers, ch, 1, n.to(tl.int64) * tlk_epoch, tlk_diag,
-                                                tlk_budget)
+                # once a wait timed out (a peer that does not come, or a replay it skipped) the result is void:
+                # the later waits do not spend their budgets too, one after the other
+                if tl.load(tlk_diag) == 0:
+                    token += tll.consumer_tile_wait(src_barriers, ch, 1, n.to(tl.int64) * tlk_epoch, tlk_diag,
+                                                    tlk_budget)
             written = 0
             for off in range(first * BLOCK, n, nprog * BLOCK):
                 idx = off + tl.arange(0, BLOCK)
@@ -92,7 +95,10 @@ def ar_gather_rows(share_ptr, share_table, out_ptr, share_flags, flag_table, tlk
             step = (s - 1) * tlk_channels_per_rank + j
             first = (pid + nprog - (step * nblocks) % nprog) % nprog
             if first < tl.cdiv(n, BLOCK):
-                token = tll.consumer_tile_wait(src_flags, ch, 1, n.to(tl.int64) * tlk_epoch, tlk_diag, tlk_budget)
+                token = tl.zeros((), dtype=tl.int32)
+                if tl.load(tlk_diag) == 0:  # after a timed-out wait, as in ar_pull_reduce
+                    token += tll.consumer_tile_wait(src_flags, ch, 1, n.to(tl.int64) * tlk_epoch, tlk_diag,
+                                                    tlk_budget)
                 for off in range(first * BLOCK, n, nprog * BLOCK):
                     idx = off + tl.arange(0, BLOCK)
                     mask = idx < n

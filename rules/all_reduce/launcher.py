@@ -75,6 +75,9 @@ class AllReduceLauncher(ReduceScatterLauncher):
         key = (size, shape, str(out.dtype))
         ctx = self.contexts.get(key)
         if ctx is None:
+            self.refuse_capture(world, "its first call with these shapes allocates symmetric buffers and loads "
+                                       "kernels, which cannot happen while a stream captures; call it once outside "
+                                       "the capture with the same shapes first")
             partial = symmetric_empty(shape, out.dtype)
             mode = self.plan.algorithm or choose_mode(partial.numel() * partial.element_size(),
                                                              world.world_size)
@@ -87,6 +90,11 @@ class AllReduceLauncher(ReduceScatterLauncher):
                 ctx.share_table = vector_peer_table(ctx.share)
                 ctx.share_channel = Channel(sharding.num_channels)
             self.contexts[key] = ctx
+            if world.world_size > 1:  # alone, a captured call counts nothing (every wait passes)
+                # the twin's own partial-sum channels and two-shot share flags: both are waited for at the call's
+                # multiple times the twin's count on the device, which its captured calls advance
+                self.make_twin(ctx, world, channel=Channel(sharding.num_channels),
+                               share_channel=None if ctx.share_channel is None else Channel(sharding.num_channels))
         return ctx
 
     def _consumer(self, ctx: AllReduceContext, world, out, barriers, table, epoch: int, dry: bool = False) -> None:
@@ -123,19 +131,22 @@ class AllReduceLauncher(ReduceScatterLauncher):
 
     def launch(self, grid, bound: dict) -> None:
         world = self.world()
-        # its channels count calls on the host (the epoch a replay would freeze) and its barrier waits on the host
-        self.refuse_capture(world, "GEMM + all-reduce counts its calls on the host, which a replay cannot advance; "
-                                   "call it outside the captured region (capture the layers around it in graphs "
-                                   "of their own), or use ag_gemm / gemm_rs, which can be captured")
         ctx = self.context(bound)
         ctx.streams.follow_caller(world.device)
-        if world.world_size == 1:  # the output is the whole result
+        if world.world_size == 1:  # the output is the whole result (captured too: every wait passes)
             self.alone(grid, dict(bound), ctx, world)
             return
         (name,) = self.plan.tensors
         out = described(bound[name])
         # the kernel writes its partial sums to the symmetric buffer (a host descriptor: the same one over it)
         call = {**bound, name: rebuilt(bound[name], ctx.partial)}
+        from tilelink.runtime import graphs
+
+        if graphs.capturing(world.device):
+            # the reduce-scatter's SM pull, captured (its _consumer is this launcher's): on the twin, the count on
+            # the device, a device barrier in place of the stream barrier below
+            self._launch_captured(grid, call, ctx, world, out)
+            return
         self.warm_up(ctx, world, grid, call, partners=lambda: self._consumer(
             ctx, world, out, ctx.scratch, self.scratch_table(ctx, world), 0, dry=True))
         epoch = ctx.channel.advance()

@@ -316,7 +316,7 @@ class ReduceScatterLauncher(Launcher):
         slots of one parity: its handshake already orders a peer's copies into them after this rank's reduction of
         the call before (the handshake's word is set on the main stream, which joined that reduction); its copies
         start when the GEMM is done. The SM reduce-scatters meet at a device-side barrier in place of the stream
-        barrier."""
+        barrier; so does the all-reduce (``AllReduceLauncher``), whose ``_consumer`` this calls."""
         from tilelink.runtime import graphs
 
         if self.plan.atomic_axes is not None:

@@ -156,25 +156,146 @@ def _frozen(begin):
     return frozen
 
 
-def a_replay_a_peer_skips_times_out(M: int, N: int, K: int, check: bool = True) -> str:
-    """ag_gemm (SM pull) captured on every rank; rank 1 never replays it, rank 0 does: rank 0's wait for rank 1
-    inside the replay must end (bounded on the device) and its record raise at the next uncaptured check:
-    ``kernel.check()``, or without ``check`` ``tilelink.finalize()``. Returns rank 0's message."""
+#: the GEMM + all-reduce forms a captured call is tested on: the operator called whole with each algorithm forced
+#: (the fused kernel, path="overlap"), and the decode MLP whose down projection it is
+AR_FORMS = ("gemm_ar one_shot", "gemm_ar two_shot", "TPMLP all_reduce")
+
+
+def _all_reduce_form(label: str, M: int, N: int, K: int, g: torch.Generator, device):
+    """The call of a GEMM + all-reduce form on this rank's captured inputs, what writes new data into them (and
+    returns the whole result in float64) and the overlapped kernel to check. gemm_ar: this rank's K slice of the
+    (M, K) @ (K, N) product. TPMLP: hidden size K, intermediate size N, every rank passing all M rows."""
+    from tilelink.nn import TPMLP
+    from tilelink.ops import gemm_ar, tp_ar_kernels
+
+    r, R = tilelink.rank(), tilelink.world_size()
+    klo, khi = bounds(K, r, R)
+    dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
+
+    def rand(*shape, scale: float = 1.0) -> torch.Tensor:
+        return (torch.randn(*shape, generator=g) * scale).to(dtype)
+
+    if label.startswith("gemm_ar"):
+        mode = label.split()[1]
+        x, w = torch.empty(M, khi - klo, dtype=dtype, device=device), torch.empty(khi - klo, N, dtype=dtype,
+                                                                                  device=device)
+
+        def run():
+            return gemm_ar(x, w, mode=mode, path="overlap")
+
+        def new():
+            a, b = rand(M, K), rand(K, N)
+            x.copy_(a[:, klo:khi])
+            w.copy_(b[klo:khi])
+            return a.double() @ b.double()
+
+        return run, new, tp_ar_kernels.FORCED[mode]
+    gate, up, down = rand(N, K, scale=K**-0.5), rand(N, K, scale=K**-0.5), rand(K, N, scale=N**-0.5)
+    mlp = TPMLP(gate, up, down, output="all_reduce")
+    x = torch.empty(M, K, dtype=dtype, device=device)
+
+    def run():
+        return mlp(x)
+
+    def new():
+        a = rand(M, K)
+        x.copy_(a)
+        a, gd, ud, dd = (t.double() for t in (a, gate, up, down))
+        return (torch.nn.functional.silu(a @ gd.t()) * (a @ ud.t())) @ dd.t()
+
+    return run, new, tp_ar_kernels.gemm_ar_kernel
+
+
+def all_reduce_replays_match_torch(M: int, N: int, K: int, replays: int, late_s: float,
+                                   forms: tuple[str, ...] = AR_FORMS, advance: bool = True) -> dict[str, list[float]]:
+    """Each GEMM + all-reduce form (:data:`AR_FORMS`): one uncaptured call (the warm-up that makes the context), one
+    call captured, then ``replays`` replays, each after new data is written into the captured inputs; on the second
+    replay rank 1 writes its data ``late_s`` late, so a peer that did not wait for its partial sums of that replay
+    would sum its last ones; then two uncaptured calls (rank 1 late) and a replay again. Returns each one's relative
+    error against torch, then ``inf`` if a wait timed out. ``advance=False`` captures the calls without the
+    device-side advance of the call count and only replays them."""
+    from tilelink.runtime.graphs import EmulatedGraph
+
+    r = tilelink.rank()
+    device = tilelink.runtime.current_world().device
+    g = torch.Generator().manual_seed(7)
+    out: dict[str, list[float]] = {}
+    for label in forms:
+        run, new, kernel = _all_reduce_form(label, M, N, K, g, device)
+        new()
+        run()  # uncaptured: makes the context
+        graph = EmulatedGraph()
+        if advance:
+            with graph.capture():
+                y = run()
+        else:
+            from tilelink.rules.launch import Launcher
+
+            begin = Launcher.begin_captured
+            try:
+                Launcher.begin_captured = _frozen(begin)
+                with graph.capture():
+                    y = run()
+            finally:
+                Launcher.begin_captured = begin
+        steps = [("replay", late_s if i == 1 else 0.0) for i in range(replays)]
+        steps += [("call", late_s / 2), ("call", late_s / 2), ("replay", 0.0)] if advance else []
+        errors: list[float] = []
+        try:
+            for step, late in steps:
+                if r == 1 and late:
+                    time.sleep(late)
+                ref = new()
+                if step == "call":
+                    got = run()
+                else:
+                    y.fill_(float("nan"))
+                    graph.replay()
+                    got = y
+                err = ((got.double() - ref).norm() / ref.norm()).item()
+                errors.append(err if err == err else float("inf"))  # NaN: rows never written
+        except tilelink.WaitTimeout:  # raised by an uncaptured call after the replays: a replay's wait timed out
+            errors.append(float("inf"))
+        try:  # a replay's timed-out wait is raised by the next uncaptured check
+            kernel.check()
+        except tilelink.WaitTimeout:
+            errors.append(float("inf"))
+        out[label] = errors
+    return out
+
+
+def a_replay_a_peer_skips_times_out(M: int, N: int, K: int, check: bool = True, op: str = "ag_gemm") -> str:
+    """``op`` (ag_gemm, SM pull; or gemm_ar, one-shot) captured on every rank; rank 1 never replays it, rank 0
+    does: rank 0's wait for rank 1 inside the replay must end (bounded on the device) and its record raise at the
+    next uncaptured check: ``kernel.check()``, or without ``check`` ``tilelink.finalize()``. Returns rank 0's
+    message."""
     import os
 
-    from tilelink.ops import tp_kernels
+    from tilelink.ops import gemm_ar, tp_ar_kernels, tp_kernels
     from tilelink.runtime.graphs import EmulatedGraph
 
     r, R = tilelink.rank(), tilelink.world_size()
-    lo, hi = bounds(M, r, R)
-    x, w, y = torch.randn(hi - lo, K), torch.randn(K, N), torch.empty(M, N)
-    _launch_ag(x, w, y, M, False)
+    if op == "gemm_ar":
+        klo, khi = bounds(K, r, R)
+        a, b = torch.randn(M, khi - klo), torch.randn(khi - klo, N)
+        kernel = tp_ar_kernels.FORCED["one_shot"]
+
+        def call() -> None:
+            gemm_ar(a, b, mode="one_shot", path="overlap")
+    else:
+        lo, hi = bounds(M, r, R)
+        x, w, y = torch.randn(hi - lo, K), torch.randn(K, N), torch.empty(M, N)
+        kernel = tp_kernels.ag_gemm_kernel
+
+        def call() -> None:
+            _launch_ag(x, w, y, M, False)
+    call()
     graph = EmulatedGraph()
     budget = os.environ.get("TILELINK_WAIT_TIMEOUT")
     os.environ["TILELINK_WAIT_TIMEOUT"] = "0.05"  # the captured handshakes' budgets (taken at capture)
     try:
         with graph.capture():
-            _launch_ag(x, w, y, M, False)
+            call()
     finally:
         if budget is None:
             os.environ.pop("TILELINK_WAIT_TIMEOUT")
@@ -188,7 +309,7 @@ def a_replay_a_peer_skips_times_out(M: int, N: int, K: int, check: bool = True) 
     graph.replay()
     if check:
         try:
-            tp_kernels.ag_gemm_kernel.check()
+            kernel.check()
         except tilelink.WaitTimeout as exc:
             message = str(exc)
         else:
@@ -230,13 +351,12 @@ def moe_under_capture() -> str:
     return "NO ERROR"
 
 
-def gemm_ar_under_capture() -> str:
-    """gemm_ar captured after an uncaptured call with the same shapes: refused, saying why."""
+def gemm_ar_without_warm_up() -> str:
+    """gemm_ar's first call with new shapes, captured: refused (it would allocate and load kernels)."""
     from tilelink.ops import gemm_ar
     from tilelink.runtime.graphs import EmulatedGraph
 
     a, b = torch.randn(4, 16), torch.randn(16, 8)
-    gemm_ar(a, b)
     graph = EmulatedGraph()
     try:
         with graph.capture():
@@ -247,7 +367,7 @@ def gemm_ar_under_capture() -> str:
 
 
 def refusals() -> list[str]:
-    return [capture_without_warm_up(), moe_under_capture(), gemm_ar_under_capture()]
+    return [capture_without_warm_up(), moe_under_capture(), gemm_ar_without_warm_up()]
 
 
 #: the captured operators of the GPU tests: ag_gemm and gemm_rs in their GPU modes (the default persistent kernels,
@@ -403,3 +523,40 @@ def operators_replay_their_own_tensor_work(M: int, N: int, K: int) -> dict[str, 
             err = ((out.double() - reference).norm() / reference.norm()).item() if reference.numel() else 0.0
             errors[label] = max(errors[label], err if err == err else float("inf"))  # NaN: rows never written
     return errors
+
+
+def cuda_all_reduce_replays_match_torch(shapes: list[tuple[int, int, int]], replays: int,
+                                        forms: tuple[str, ...] = AR_FORMS) -> dict[str, float]:
+    """Each GEMM + all-reduce form (:data:`AR_FORMS`) at each (M, N, K), in bf16: captured in a CUDA graph once
+    (after an uncaptured call, the warm-up) and replayed ``replays`` times, new data copied into the captured inputs
+    before each replay; then two uncaptured calls and a replay again. Returns each form and shape's largest relative
+    error against torch (``inf`` if a wait timed out: raised by the kernel's next check)."""
+    device = tilelink.runtime.current_world().device
+    g = torch.Generator().manual_seed(17)
+    out: dict[str, float] = {}
+    for M, N, K in shapes:
+        for label in forms:
+            run, new, kernel = _all_reduce_form(label, M, N, K, g, device)
+            new()
+            run()  # the warm-up: makes the context and loads every kernel of the call
+            torch.cuda.synchronize(device)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                y = run()
+            worst = 0.0
+            for step in ("replay",) * replays + ("call", "call", "replay"):
+                ref = new()
+                if step == "replay":
+                    graph.replay()
+                    got = y.double().cpu()
+                else:
+                    got = run().double().cpu()
+                err = ((got - ref).norm() / max(ref.norm(), 1e-30)).item()
+                worst = max(worst, err if err == err else float("inf"))  # NaN: rows never written
+            try:
+                kernel.check()
+            except tilelink.WaitTimeout:
+                worst = float("inf")
+            out[f"{label} M={M}"] = worst
+            del graph
+    return out

@@ -10,8 +10,10 @@ import pytest
 
 import tilelink
 from tests.ops.graph_worlds import (
+    AR_FORMS,
     FORMS,
     a_replay_a_peer_skips_times_out,
+    all_reduce_replays_match_torch,
     operators_replay_their_own_tensor_work,
     refusals,
     replays_match_torch,
@@ -75,9 +77,44 @@ def test_a_replay_timeout_left_unchecked_is_raised_by_finalize() -> None:
 
 
 def test_what_cannot_be_captured_is_refused_and_says_why() -> None:
-    """A first call with new shapes (it would allocate and load kernels), MoE (its routing crosses to the host) and
-    GEMM + all-reduce (it counts its calls on the host)."""
+    """A first call with new shapes (it would allocate and load kernels: ag_gemm's, gemm_ar's) and MoE (its routing
+    crosses to the host)."""
     (messages,) = tilelink.spawn(refusals, 1)
     assert "call it once outside the capture" in messages[0], messages
     assert "cannot be captured" in messages[1] and "crosses to the host" in messages[1], messages
-    assert "cannot be captured" in messages[2] and "counts its calls on the host" in messages[2], messages
+    assert "cannot be captured" in messages[2] and "call it once outside the capture" in messages[2], messages
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_gemm_all_reduce_replays_with_new_data_match_torch(world: int, monkeypatch) -> None:
+    """gemm_ar one-shot and two-shot and TPMLP(output="all_reduce"), the fused kernel: three replays with new data,
+    rank 1 late on the second (each replay sums the peers' partial sums of that replay, and the two-shot's shared
+    rows of that replay); then uncaptured calls and a replay again. M = 19 rows over 2 row tiles; gemm_ar's K = 26
+    and the MLP's intermediate size N = 20 split unevenly over 3 ranks."""
+    monkeypatch.setenv("TILELINK_PATH", "overlap")  # the MLP's gemm_ar: the fused kernel, not the plain path
+    per_rank = tilelink.spawn(all_reduce_replays_match_torch, world, 19, 20, 26, 3, 0.5 if world > 1 else 0.0)
+    for label in AR_FORMS:
+        assert _worst(per_rank, label) < 1e-5, (label, per_rank)
+        assert all(len(r[label]) == 6 for r in per_rank), (label, per_rank)  # every step ran, no timeout
+
+
+@pytest.mark.slow
+def test_a_gemm_all_reduce_count_frozen_at_capture_is_seen(monkeypatch) -> None:
+    """gemm_ar's replays with the call count left as it was at capture: a wrong result or a timed-out wait in each
+    algorithm, so the replays above prove that the partial sums' channels and the two-shot's share flags count on
+    the device."""
+    monkeypatch.setenv("TILELINK_WAIT_TIMEOUT", "1")
+    forms = ("gemm_ar one_shot", "gemm_ar two_shot")
+    per_rank = tilelink.spawn(all_reduce_replays_match_torch, 2, 19, 20, 26, 3, 0.5, forms, False)
+    for label in forms:
+        assert _worst(per_rank, label) > 1e-3 or math.isinf(_worst(per_rank, label)), (label, per_rank)
+
+
+@pytest.mark.slow
+def test_a_gemm_all_reduce_wait_inside_a_replay_is_raised_at_the_next_check() -> None:
+    """Rank 1 never replays gemm_ar: rank 0's replay ends anyway and its record is raised as WaitTimeout by the
+    kernel's next check, naming the device barrier's handshake with rank 1."""
+    message, skipped = tilelink.spawn(a_replay_a_peer_skips_times_out, 2, 5, 8, 16, True, "gemm_ar")
+    assert skipped == "skipped"
+    assert "handshake" in message and "NO TIMEOUT" not in message, message
