@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from tilelink.errors import LaunchError
 from tilelink.mapping import shard_range
 
 _nccl_groups: dict[tuple, object] = {}
@@ -41,6 +42,11 @@ def group(world) -> tuple[object, bool]:
             # only this world's ranks call it (a data x tensor parallel job's other groups do not)
             _nccl_groups[key] = dist.new_group(ranks=ranks, backend="nccl", use_local_synchronization=True)
     nccl = _nccl_groups[key]
+    if nccl is None and torch.cuda.is_current_stream_capturing():
+        raise LaunchError("the plain path (cuBLAS + a torch.distributed collective) cannot be captured in a CUDA "
+                          "graph here: ranks that share a GPU cannot form an NCCL group, and its gloo collective "
+                          "goes through host copies; pass path=\"overlap\" to the operator (or set "
+                          "TILELINK_PATH=overlap) for the captured calls, or give each rank its own GPU")
     return (base, True) if nccl is None else (nccl, False)
 
 

@@ -8,6 +8,7 @@ import re
 import types
 
 import pytest
+import torch
 
 import tilelink
 from tests.ops.path_worlds import (
@@ -279,3 +280,20 @@ def test_the_calibration_read_follows_the_variable(tmp_path, monkeypatch) -> Non
     monkeypatch.delenv("TILELINK_CALIBRATION")
     assert cost.decide("ag_gemm", decode, 8).path == "plain"
     assert cost.shipped().parts == cost.load(cost.SHIPPED).parts
+
+
+def test_the_plain_path_on_host_copies_refuses_capture(monkeypatch) -> None:
+    """Ranks sharing a GPU run the plain path's collective on gloo over host copies, which a CUDA graph cannot
+    capture: a captured call says so and what to pass, instead of failing inside the collective."""
+
+    from tilelink.ops import plain
+
+    world = types.SimpleNamespace(group="gloo group", device=torch.device("cuda", 0), session=1,
+                                  control=types.SimpleNamespace(prefix="w"))
+    monkeypatch.setattr(plain.dist, "get_backend", lambda group: "gloo")
+    monkeypatch.setitem(plain._nccl_groups, (1, "w"), None)  # no NCCL group: the ranks share a GPU
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    assert plain.group(world) == ("gloo group", True)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    with pytest.raises(LaunchError, match=r"cannot be captured in a CUDA graph.*path=\"overlap\""):
+        plain.group(world)
