@@ -197,6 +197,8 @@ def _program_id_bypass(an: KernelAnalysis, pid: str) -> str | None:
                 return f"the offsets `{name} = {v}` start from the program id"
     for text, where in an.effects:
         node = cst.parse_expression(text)
+        if isinstance(node, cst.NamedExpr) and names_in(node.target) & chain:
+            continue  # a loop over the rotated variable's tiles (`for tile_id in tl.range(start_pid, ...)`)
         if _program_ids(node) & axes or names_in(node) & ids:
             return f"line {where.line} reads the program id (`{text}`)"
     return None

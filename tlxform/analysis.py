@@ -111,7 +111,8 @@ class KernelAnalysis:
     # within one row (0 <= sum < the row stride), which the launcher checks: `+ D` on a (M, D) tensor reads the next row
     row_shifts: tuple[tuple[str, tuple[tuple[bool, tuple[str, ...]], ...], Where], ...] = ()
     # the source of every expression the kernel evaluates other than an assignment's value (`tl.store(y_ptr + o, x)`,
-    # an `if` test, a loop's range, an in-place update's value), with where it is: what reads a program id there
+    # an `if` test, a loop's range as `(target := range)`, an in-place update's value), with where it is: what reads a
+    # program id there
     effects: tuple[tuple[str, Where], ...] = ()
 
     def accesses_of(self, tensor: str, kind: str) -> list[Access]:
@@ -1405,7 +1406,11 @@ def _effects(an: _Analyzer) -> tuple[tuple[str, Where], ...]:
             elif isinstance(small, cst.Return) and small.value is not None:
                 out.append((code(small.value), an.where(small)))
         for header in header_expressions(ref):
-            out.append((code(header), an.where(ref.node)))
+            if isinstance(ref.node, cst.For) and isinstance(ref.node.target, cst.Name):
+                # a loop's range with the name it binds, as `(name := range)`: what it reads goes into that name
+                out.append((f"({ref.node.target.value} := {code(header)})", an.where(ref.node)))
+            else:
+                out.append((code(header), an.where(ref.node)))
     return tuple(out)
 
 
