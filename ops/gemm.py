@@ -19,7 +19,7 @@ Variants (``variant=``):
 from __future__ import annotations
 
 import functools
-import threading
+import importlib
 
 import torch
 import triton
@@ -118,15 +118,20 @@ def _alloc_scratch(size: int, alignment: int, stream):
 _SCRATCH: dict[tuple, torch.Tensor] = {}
 
 
-_installed = threading.local()
-
-
 def _install_allocator() -> None:
-    """Give Triton the scratch allocator, in this thread: ``triton.set_allocator`` sets a context variable, which a
-    thread started later (a serving framework's worker) does not inherit."""
-    if not getattr(_installed, "done", False):
+    """Give Triton the scratch allocator in the caller's context: ``triton.set_allocator`` sets a context variable,
+    which a thread started later (a serving framework's worker) does not inherit, and which an asyncio task, or a
+    function run in a copied context, made before the first install in its thread does not see either; so the
+    variable itself is read at each launch, not a flag of the thread's."""
+    if _ALLOCATOR is None or _ALLOCATOR.get() is not _alloc_scratch:
         triton.set_allocator(_alloc_scratch)
-        _installed.done = True
+
+
+#: Triton's context variable of the scratch allocator (None where a release keeps it elsewhere: then it is set at
+#: every launch)
+_ALLOCATOR = getattr(importlib.import_module("triton.runtime._allocation"), "_allocator", None)
+if not hasattr(_ALLOCATOR, "get"):
+    _ALLOCATOR = None
 
 
 def _descriptor_ok(*tensors: torch.Tensor) -> bool:

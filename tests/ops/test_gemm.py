@@ -163,3 +163,28 @@ def test_the_scratch_allocator_is_installed_in_every_thread() -> None:
     thread.start()
     thread.join()
     assert seen == [True]
+
+
+def test_the_scratch_allocator_is_installed_in_every_context_of_a_thread() -> None:
+    """A context variable is per context, not per thread: an asyncio task, or a function run in a copied context,
+    made before the first install in its thread, still has no allocator, and a launch from it must install one
+    there too."""
+    import contextvars
+
+    from triton.runtime import _allocation
+
+    from tilelink.ops import gemm
+
+    token = _allocation._allocator.set(_allocation._NULL_ALLOCATOR)
+    try:
+        earlier = contextvars.copy_context()  # a task's context, copied before any install
+        gemm._install_allocator()
+        assert _allocation._allocator.get() is gemm._alloc_scratch
+
+        def launch() -> bool:
+            gemm._install_allocator()
+            return _allocation._allocator.get() is gemm._alloc_scratch
+
+        assert earlier.run(launch)
+    finally:
+        _allocation._allocator.reset(token)
