@@ -7,7 +7,8 @@ call's host time once the rest of the call is cached (world 1 on an H200: about 
 launchers call their kernels through :func:`direct`: the first call of a variant goes through Triton, which
 compiles, loads and returns the compiled kernel; a later call of the same variant (the terms of
 :func:`tilelink.rules.launch.variant_key`, finer than Triton's own key and never coarser, with the argument names
-and types, the device and Triton's debug and instrumentation settings) launches that compiled kernel as Triton's
+and types, the device and the Triton settings its compile options read: debug, instrumentation, the
+architecture override and the default multiply-add fusion) launches that compiled kernel as Triton's
 launch would, with the same arguments in the kernel's parameter order, the grid, the caller's current stream and
 Triton's launch hooks.
 
@@ -111,8 +112,9 @@ class DirectKernel:
         return form, reader(values)[0]
 
     def read(self, call: dict):
-        """``(key, arguments)`` of a call: what decides its compiled kernel (the device, Triton's ``debug`` and
-        instrumentation settings, the call's form and its variant) and its arguments in the kernel's parameter
+        """``(key, arguments)`` of a call: what decides its compiled kernel (the device, the settings Triton's
+        compile options read: ``debug``, instrumentation, ``override_arch``, ``default_fp_fusion``; the call's form
+        and its variant) and its arguments in the kernel's parameter
         order, defaults included (``None`` when one is missing: Triton's launch then says so)."""
         values = tuple(call.values())
         form = (tuple(call), tuple(map(type, values)))
@@ -121,7 +123,11 @@ class DirectKernel:
             reader = self.readers[form] = _reader(self.kernel, *form)
         variant, arguments = reader(values)
         knobs = _knobs()
-        settings = (knobs.runtime.debug, knobs.compilation.instrumentation_mode)
+        # every setting Triton's compile options read besides the call (its backend's parse_options: the debug
+        # flag, the instrumentation, the architecture it compiles for and whether it fuses multiply-adds):
+        # a setting changed between calls then compiles a new variant, as Triton's own key would
+        settings = (knobs.runtime.debug, knobs.compilation.instrumentation_mode, knobs.runtime.override_arch,
+                    knobs.language.default_fp_fusion)
         return (_current_device(), settings, form, variant), arguments
 
     def globals_changed(self) -> bool:

@@ -79,7 +79,7 @@ def test_a_variant_seen_before_launches_its_compiled_kernel(gpu) -> None:
 
 
 @pytest.mark.parametrize("change", ["dtype", "misaligned", "int is 1", "int of 16", "constexpr", "option",
-                                    "device", "debug"])
+                                    "device", "debug", "fp fusion", "arch"])
 def test_what_triton_specialises_on_takes_its_launch_again(gpu, monkeypatch, change) -> None:
     kernel, fast = _kernel()
     x = torch.zeros(64)
@@ -91,6 +91,10 @@ def test_what_triton_specialises_on_takes_its_launch_again(gpu, monkeypatch, cha
         gpu["device"] = 1
     if change == "debug":
         monkeypatch.setattr(knobs.runtime, "debug", True)
+    if change == "fp fusion":  # TRITON_DEFAULT_FP_FUSION=0: Triton's options compile the kernel without FMAs
+        monkeypatch.setattr(knobs.language, "default_fp_fusion", False)
+    if change == "arch":  # TRITON_OVERRIDE_ARCH: Triton's options compile for another architecture
+        monkeypatch.setattr(knobs.runtime, "override_arch", "sm80")
     fast[(1,)](**{**base, **other})
     assert len(kernel.through_triton) == 2, change  # a new variant: compiled by Triton, then kept
     fast[(1,)](**{**base, **other})
