@@ -922,6 +922,12 @@ def _factors(an: _Analyzer, node: cst.BaseExpression, offsets: str, depth: int =
     if isinstance(node, cst.Integer):
         return [str(int(node.evaluated_value))]
     if isinstance(node, cst.Name) and node.value in an.params:
+        # a parameter the kernel binds again holds another value than the argument the launch reads, unless the
+        # binding only casts it (`stride_am = stride_am.to(tl.int64)`)
+        defs = an.assignments.get(node.value, [])
+        if node.value in an.rebound or len(defs) > 1 or (defs and not m.matches(defs[0][1], m.Call(
+                func=m.Attribute(value=m.Name(node.value), attr=m.Name("to"))))):
+            return None
         return [node.value]
     if isinstance(node, cst.Name) and depth < 8 and node.value not in an.rebound:
         defs = an.assignments.get(node.value, [])
@@ -957,9 +963,13 @@ def _row_scales(an: _Analyzer, acc: Access, pointers: set[str]) -> tuple[set[tup
             if tile.offsets in names_in(term):
                 factors = _factors(an, term, tile.offsets)
                 if factors is None:
+                    again = sorted(n for n in names_in(term) if n in an.params and (n in an.assignments or
+                                                                                     n in an.rebound))
+                    said = (f" ({', '.join(f'`{n}`' for n in again)} is bound again in the kernel: the launch would "
+                            f"read the argument, not the kernel's value)") if again else ""
                     raise _refuse(acc, f"the rows `{tile.offsets}` of the {acc.kind} at line {acc.where.line} are "
                                        f"scaled by `{code(term)}`, which TileLink cannot check against the row stride "
-                                       f"of {acc.tensor!r} at the launch", hint)
+                                       f"of {acc.tensor!r} at the launch{said}", hint)
                 scales.add(tuple(sorted(factors)))
                 n += 1
         for name in sorted(names_in(expr) & pointers - seen - {acc.tensor}):

@@ -220,3 +220,55 @@ def test_dropping_the_wait_of_the_scaled_rows_is_caught(tmp_path, monkeypatch) -
     assert results[0], "the rewrite inserted no wait"
     caught = {what for outcomes in results for what, outcome in outcomes if outcome.startswith("failed")}
     assert caught == {what for what, _ in results[0]}, results
+
+
+# every other value of a flat tensor, the step a constexpr parameter the call leaves to its default: the check reads the
+# default the kernel runs with
+EVERY_OTHER = '''
+@tilelink.overlap(tilelink.all_gather("x_ptr", size="L"))
+@triton.jit
+def every_other_kernel(x_ptr, y_ptr, N, L, BLOCK: tl.constexpr, STEP: tl.constexpr = 2):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(y_ptr + offs, tl.load(x_ptr + offs * STEP, mask=offs < N, other=0.0), mask=offs < N)
+'''
+
+
+def _every_other(path: str) -> float:
+    kernel = _load(path, "every_other").every_other_kernel
+    rank, world = tilelink.rank(), tilelink.world_size()
+    N, block = 40, 8
+    x = torch.randn(2 * N, generator=torch.Generator().manual_seed(5))
+    lo, hi = rows_of(rank, world, 2 * N)
+    y = torch.full((N,), float("nan"))
+    kernel[(triton.cdiv(N, block),)](x[lo:hi].contiguous(), y, N, 2 * N, BLOCK=block)
+    got = y - x[::2]
+    return float("inf") if got.isnan().any() else got.abs().max().item()
+
+
+# the stride parameter is bound again in the kernel (every other row): the access's scale is the kernel's value, not
+# the argument's
+EVERY_OTHER_ROW = ROWS.replace("    offs_m =", "    stride_xm = stride_xm * 2\n    offs_m =")
+
+
+@pytest.mark.slow
+def test_a_scale_left_to_its_constexpr_default_is_checked_at_the_launch(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("TILELINK_RACES", "1")
+    with pytest.raises(LaunchError) as info:
+        tilelink.spawn(_every_other, 2, _written(tmp_path, EVERY_OTHER, "every_other"))
+    said = str(info.value)
+    assert "every_other_kernel: the rows of 'x_ptr' are addressed 2 elements apart at" in said, said
+
+
+def test_a_scale_from_a_parameter_the_kernel_binds_again_is_refused_at_build() -> None:
+    with pytest.raises(AnnotationError) as info:
+        _generated(EVERY_OTHER_ROW)
+    said = str(info.value)
+    assert "stride_xm" in said and "bound again" in said, said
+
+
+def test_a_stride_parameter_cast_in_the_kernel_is_still_read_from_the_argument() -> None:
+    from tilelink.analysis import analyse, parse_source
+
+    text = HEAD + textwrap.dedent(ROWS.replace("    offs_m =", "    stride_xm = stride_xm.to(tl.int64)\n    offs_m ="))
+    an = analyse(parse_source(text, "k.py"), "k.py", "row_sum_kernel", {"x_ptr": (0, None, "M", None)})
+    assert [(t, f) for t, f, _ in an.row_scales] == [("x_ptr", ("stride_xm",))], an.row_scales
