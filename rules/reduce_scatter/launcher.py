@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import math
 from dataclasses import dataclass, field
 
@@ -31,6 +32,13 @@ REDUCE_PROGRAMS_PER_SM = 8
 def _sm_count(index: int | None) -> int:
     """The GPU's SMs, read once: the properties' query cost every call microseconds."""
     return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+@functools.lru_cache(maxsize=None)
+def _defaults(fn) -> tuple[tuple[str, object], ...]:
+    """The kernel's parameters with a default (``SPLIT_K: tl.constexpr = 2``), read once per kernel."""
+    return tuple((n, p.default) for n, p in inspect.signature(fn).parameters.items()
+                 if p.default is not inspect.Parameter.empty)
 
 
 def _metas(kernel, bound: dict) -> list[tuple[dict, str]]:
@@ -424,7 +432,11 @@ class ReduceScatterLauncher(Launcher):
         if not callable(grid):
             return self._split_count(grid)
         counts: dict[int, list[str]] = {}
+        defaults = _defaults(self.okernel.fn)
         for meta, config in _metas(self.kernel, bound):
+            # Triton's grid reads the parameters the call leaves out at their defaults (the autotuner's and the
+            # heuristics' values come first): `META.get("SPLIT_K", 1)` under `SPLIT_K: tl.constexpr = 2` is two
+            meta = {**{n: v for n, v in defaults if n not in meta}, **meta}
             try:
                 count = self._split_count(grid(meta))
             except Exception as exc:  # noqa: BLE001 - reported with the grid

@@ -108,6 +108,18 @@ def test_configurations_that_split_differently_are_refused_before_the_launch(tmp
     assert "give every configuration the same split count" in str(info.value), info.value
 
 
+@pytest.mark.slow
+def test_a_split_count_left_to_its_default_is_counted_on_the_race_exposing_schedule(tmp_path, monkeypatch) -> None:
+    # untuned, the split count a constexpr default the call leaves out: Triton's grid reads it at that default, so
+    # `META.get("SPLIT_K", 1)` is two splits, not one (counted as one, the channels completed after the first's adds)
+    monkeypatch.setenv("TILELINK_RACES", "1")
+    path = tmp_path / "tuned_split_k.py"
+    path.write_text(textwrap.dedent(KERNEL).replace('@triton.autotune(configs=[{configs}], key=["K"])\n', "").replace(
+        "SPLIT_K: tl.constexpr)", "SPLIT_K: tl.constexpr = 2)"))
+    errors = tilelink.spawn(_multiply, 2, str(path))
+    assert all(e == 0.0 for e in errors), errors
+
+
 def split_k_mutants(path: str) -> list[tuple[str, str]]:
     """The mutants of the autotuned split-K kernel (each inserted notify dropped in turn) on this rank."""
     import tests.rules.test_split_k_autotuned as here
