@@ -215,8 +215,14 @@ class Diagnostics:
 
     def check(self, kernel: str | None = None) -> None:
         """Raise :class:`tilelink.WaitTimeout` if a kernel's wait timed out since the last check.
-        Synchronises with the device."""
+        Synchronises with the device: every stream of it."""
         self._copied = None
+        if self.buffer.device.type == "cuda":
+            # the kernels writing this record ran on the caller's stream at its calls, on a side stream or in a
+            # graph's replay, not necessarily on the stream current now (tilelink.finalize() after calls made under
+            # torch.cuda.stream(s)): a read ordered on the current stream alone could come before a wait that is
+            # still spending its budget times out
+            torch.cuda.synchronize(self.buffer.device)
         check_diagnostics(self.buffer, self.rank, kernel=kernel, budget_s=self.budget_s)
 
     def check_later(self, kernel: str | None = None, stream=None) -> None:

@@ -139,3 +139,32 @@ def unread_record_at_finalize() -> str:
 def test_finalize_raises_a_timed_out_wait_no_check_read() -> None:
     (message,) = tilelink.spawn(unread_record_at_finalize, 1)
     assert "consumer_kernel" in message and "NO ERROR" not in message, message
+
+
+def test_a_check_waits_for_kernels_on_every_stream(diag, monkeypatch) -> None:
+    """The kernels behind a record run on the caller's stream at its calls, on a side stream, or in a graph's
+    replay: a check made with another stream current (``tilelink.finalize()`` after calls under
+    ``torch.cuda.stream(s)``, a replay's record) must wait for the device, or it reads the record before a wait
+    that is still spending its budget has timed out."""
+    import torch
+
+    class Device(Record):
+        def detach(self):
+            return self
+
+        def to(self, device, non_blocking=False):
+            return self
+
+        def tolist(self):
+            return self.words.tolist()
+
+    diag.buffer = Device()
+
+    def synchronize(device=None) -> None:  # the kernel on the other stream finishes: its wait timed out
+        diag.buffer.words[:5] = [1, 1, 7, 3, 2]
+
+    monkeypatch.setattr(torch.cuda, "synchronize", synchronize)
+    with pytest.raises(tilelink.WaitTimeout) as info:
+        diag.check(kernel="consumer_kernel")
+    assert (info.value.index, info.value.expected, info.value.seen) == (7, 3, 2)
+    assert not diag.buffer.words[:5].any()
