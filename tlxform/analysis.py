@@ -512,12 +512,14 @@ class _Analyzer:
         value is written out. ``None`` when it reads anything else (then ``size=`` is asked for)."""
         if isinstance(dim_size, cst.Name) and dim_size.value not in self.params:
             defs = self.assignments.get(dim_size.value, [])
-            if len(defs) != 1:
+            if len(defs) != 1 or dim_size.value in self.rebound:  # `y_dim *= N_CTX` binds it again
                 return None
             dim_size = defs[0][1]
         names = names_in(dim_size)
-        # a parameter the kernel binds again holds another value than the argument the launch reads
-        if not names or not names <= set(self.params) - set(self.assignments) or m.findall(dim_size, m.Call()):
+        # a parameter the kernel binds again (`H = H * 2`, `H *= 2`) holds another value than the argument the
+        # launch reads
+        if not names or not names <= set(self.params) - set(self.assignments) - self.rebound or m.findall(
+                dim_size, m.Call()):
             return None
         return code(dim_size)
 

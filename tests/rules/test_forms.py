@@ -97,6 +97,12 @@ def test_a_descriptor_over_rows_counted_by_a_local_takes_its_size_from_the_param
     rebound = text.replace("    y_dim = Z * H * N_CTX\n", "    H = H * 2\n    y_dim = Z * H * N_CTX\n")
     with pytest.raises(AnnotationError, match="cannot find the parameter holding the full size of dim 0"):
         generate(rebound, str(path), requests_in(rebound, str(path)))
+    # an update in place binds a name again too (`y_dim *= 2` after `y_dim = Z * H * N_CTX`, `H *= 2`)
+    for updated in (text.replace("    y_dim = Z * H * N_CTX\n", "    y_dim = Z * H\n    y_dim *= N_CTX\n"),
+                    text.replace("    y_dim = Z * H * N_CTX\n", "    H *= 2\n    y_dim = Z * H * N_CTX\n")):
+        assert updated != text
+        with pytest.raises(AnnotationError, match="cannot find the parameter holding the full size of dim 0"):
+            generate(updated, str(path), requests_in(updated, str(path)))
 
 
 def test_a_gather_along_a_dimension_a_descriptor_reads_whole_says_which_one_moves() -> None:
