@@ -381,7 +381,12 @@ def _inline(module: cst.Module, file: str, fn: cst.FunctionDef, site: _Site,
         small = stmt.body[0] if isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 else None
         if (isinstance(small, cst.AnnAssign) and isinstance(small.target, cst.Name) and small.value is not None
                 and "constexpr" in code_of(small.annotation.annotation) and small.target.value not in renames
-                and _bindings(body, small.target.value) == 1):
+                and _bindings(body, small.target.value) == 1
+                # written at a later use, a name it reads must hold the same value there (`W = W * 4` after
+                # `HALF: tl.constexpr = W // 2` would change it): a parameter the helper never binds, or a local it
+                # binds once
+                and all(_bindings(body, n) <= (0 if n in {p.name.value for p in params} else 1)
+                        for n in names_in(small.value) & rebound)):
             value = small.value.visit(_Rename(renames))
             renames[small.target.value] = value.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
             folded.add(id(stmt))

@@ -125,6 +125,15 @@ def test_a_helpers_compile_time_locals_are_written_where_they_are_used() -> None
     assert "tl.arange(0, (((4 * i) // 2) // 2) * 2)" in " ".join(body.split()), body
 
 
+def test_a_compile_time_local_whose_inputs_the_helper_binds_again_stays_where_it_is_defined() -> None:
+    # written at its use, `HALF` would read `W` after `W = W * 4`: four times the helper's value
+    source = UNROLLED.replace("    QUARTER: tl.constexpr = HALF // 2\n",
+                              "    QUARTER: tl.constexpr = HALF // 2\n    W = W * 4\n")
+    flat = " ".join(_rewritten(source).split())
+    assert "HALF: tl.constexpr = W // 2" in flat and "x * HALF" in flat, flat
+    assert flat.index("HALF: tl.constexpr = W // 2") < flat.index("W = W * 4"), flat
+
+
 def _run(path: str, kernel_form: str) -> float:
     spec = importlib.util.spec_from_file_location(f"scopes_{kernel_form}", path)
     module = importlib.util.module_from_spec(spec)
