@@ -939,6 +939,28 @@ def _factors(an: _Analyzer, node: cst.BaseExpression, offsets: str, depth: int =
     return None
 
 
+def _vector_start(an: _Analyzer, name: str, offsets: str) -> list[tuple[bool, tuple[str, ...]]] | None:
+    """The scalar terms of a vector bound once as ``start + tl.arange(0, B)`` (``[]`` for ``tl.arange(0, B)``
+    itself), each as ``(subtracted, factors)`` with factors readable at the launch; ``None`` otherwise."""
+    defs = an.assignments.get(name, [])
+    if len(defs) != 1 or name in an.rebound:
+        return None
+    terms = _terms(defs[0][1])
+    ranges = [t for t, neg in terms if not neg and m.matches(t, m.Call(func=m.Attribute(attr=m.Name("arange")) | m.Name(
+        "arange"), args=[m.Arg(value=m.Integer("0")), m.ZeroOrMore()]))]
+    if len(ranges) != 1:
+        return None
+    start: list[tuple[bool, tuple[str, ...]]] = []
+    for term, negative in terms:
+        if term is ranges[0]:
+            continue
+        factors = None if m.findall(term, m.Call() | m.Subscript()) else _factors(an, term, offsets)
+        if factors is None:
+            return None
+        start.append((negative, tuple(factors)))
+    return start
+
+
 def _row_scales(an: _Analyzer, acc: Access, pointers: set[str]) -> tuple[set[tuple[str, ...]], tuple | None]:
     """The scales of the rows of a pointer access (see ``KernelAnalysis.row_scales``), and its scalar terms along dim 0
     when each is known at the launch (``KernelAnalysis.row_shifts``; ``None`` otherwise). The rows term must appear
@@ -962,6 +984,12 @@ def _row_scales(an: _Analyzer, acc: Access, pointers: set[str]) -> tuple[set[tup
                 # a scalar term (a vector term, `cols[None, :]`, is a column vector, bounded by its mask)
                 factors = _factors(an, term, tile.offsets)
                 shifts = None if factors is None else shifts + [(negative, tuple(factors))]
+            elif shifts is not None and isinstance(term, cst.Subscript) and isinstance(term.value, cst.Name) and \
+                    tile.offsets not in names_in(term):
+                # a column vector (`cols[None, :]`, `cols = D + tl.arange(0, BLOCK_D)`): its first element is along
+                # dim 0 too, and starts past the row when its scalar terms do
+                start = _vector_start(an, term.value.value, tile.offsets)
+                shifts = None if start is None else shifts + [(negative != sub, f) for sub, f in start]
             if tile.offsets in names_in(term):
                 factors = _factors(an, term, tile.offsets)
                 if factors is None:

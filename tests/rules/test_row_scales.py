@@ -54,6 +54,15 @@ NEXT_ROW = ROWS.replace("row_sum_kernel", "next_row_sum_kernel").replace(
     "    tl.store(y_ptr + offs_m, tl.sum(x + x2, axis=1), mask=offs_m < M)")
 
 
+# the same, the shift written in the column vector: its first column is `D`, the first element of the next row
+NEXT_ROW_COLUMNS = ROWS.replace("row_sum_kernel", "next_row_sum_kernel").replace(
+    "    tl.store(y_ptr + offs_m, tl.sum(x, axis=1), mask=offs_m < M)",
+    "    nxt = D + tl.arange(0, BLOCK_D)\n"
+    "    x2 = tl.load(x_ptr + offs_m[:, None] * stride_xm + nxt[None, :],\n"
+    "                 mask=(offs_m[:, None] < M - 1) & (nxt[None, :] < 2 * D), other=0.0)\n"
+    "    tl.store(y_ptr + offs_m, tl.sum(x + x2, axis=1), mask=offs_m < M)")
+
+
 def _load(path: str, name: str):
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
@@ -137,6 +146,15 @@ def test_a_stride_argument_other_than_the_row_stride_is_refused_at_the_launch(tm
         tilelink.spawn(_rows, 2, _written(tmp_path, ROWS, "row_sum"), 2)
     said = str(info.value)
     assert "row_sum_kernel: the rows of 'x_ptr' are addressed 16 elements apart at" in said, said
+
+
+@pytest.mark.slow
+def test_a_column_vector_starting_in_the_next_row_is_refused_at_the_launch(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("TILELINK_RACES", "1")
+    with pytest.raises(LaunchError) as info:
+        tilelink.spawn(_next_rows, 2, _written(tmp_path, NEXT_ROW_COLUMNS, "next_row_sum"))
+    said = str(info.value)
+    assert "adds 8 elements (D=8) to the rows of 'x_ptr'" in said, said
 
 
 @pytest.mark.slow
