@@ -1,8 +1,9 @@
 """The rewriter's soundness checks on the GPU, several ranks sharing it through NVSHMEM: an autotuned split-K
 write-back (two configurations of one split count, benchmarked in the warm-up against the scratch channels, the grid
 reading it with `META.get("SPLIT_K", 1)`; configurations that split differently refused before anything is
-launched), rows scaled by the row stride of a view (and a scale that is not, refused at the call), and a kernel that
-reads its position directly, run in its own tile order."""
+launched; an untuned split count left to its constexpr default), rows scaled by the row stride of a view (and a
+scale that is not, refused at the call, also when it is a constexpr default), and a kernel that reads its position
+directly, run in its own tile order."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import torch
 import tilelink
 from tests.rules import test_row_scales as scales
 from tests.rules import test_tile_order_bypass as bypass
-from tests.rules.test_split_k_autotuned import _multiply, _written
+from tests.rules.test_split_k_autotuned import _multiply, _written, written_with_a_default
 from tilelink.errors import LaunchError
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
@@ -30,6 +31,17 @@ def test_configurations_that_split_differently_are_refused_on_the_gpu(tmp_path) 
     path = _written(tmp_path, 'triton.Config({"SPLIT_K": 2}), triton.Config({"SPLIT_K": 4})')
     with pytest.raises(LaunchError, match="give every configuration the same split count"):
         tilelink.spawn(_multiply, 2, path, backend="nvshmem")
+
+
+def test_a_split_count_left_to_its_default_is_counted_on_the_gpu(tmp_path) -> None:
+    errors = tilelink.spawn(_multiply, 2, written_with_a_default(tmp_path), backend="nvshmem")
+    assert all(e == 0.0 for e in errors), errors
+
+
+def test_a_scale_left_to_its_default_is_refused_on_the_gpu(tmp_path) -> None:
+    path = scales._written(tmp_path, scales.EVERY_OTHER, "every_other")
+    with pytest.raises(LaunchError, match="addressed 2 elements apart"):
+        tilelink.spawn(scales._every_other, 2, path, backend="nvshmem")
 
 
 @pytest.mark.parametrize("world", [2, 3])

@@ -257,9 +257,10 @@ def _every_other(path: str) -> float:
     N, block = 40, 8
     x = torch.randn(2 * N, generator=torch.Generator().manual_seed(5))
     lo, hi = rows_of(rank, world, 2 * N)
-    y = torch.full((N,), float("nan"))
-    kernel[(triton.cdiv(N, block),)](x[lo:hi].contiguous(), y, N, 2 * N, BLOCK=block)
-    got = y - x[::2]
+    device = current_world().device
+    y = torch.full((N,), float("nan"), device=device)
+    kernel[(triton.cdiv(N, block),)](x[lo:hi].contiguous().to(device), y, N, 2 * N, BLOCK=block)
+    got = y.cpu() - x[::2]
     return float("inf") if got.isnan().any() else got.abs().max().item()
 
 

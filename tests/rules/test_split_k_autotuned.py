@@ -113,11 +113,16 @@ def test_a_split_count_left_to_its_default_is_counted_on_the_race_exposing_sched
     # untuned, the split count a constexpr default the call leaves out: Triton's grid reads it at that default, so
     # `META.get("SPLIT_K", 1)` is two splits, not one (counted as one, the channels completed after the first's adds)
     monkeypatch.setenv("TILELINK_RACES", "1")
+    errors = tilelink.spawn(_multiply, 2, written_with_a_default(tmp_path))
+    assert all(e == 0.0 for e in errors), errors
+
+
+def written_with_a_default(tmp_path) -> str:
+    """The kernel untuned, its split count the default `SPLIT_K: tl.constexpr = 2`, in a file of its own."""
     path = tmp_path / "tuned_split_k.py"
     path.write_text(textwrap.dedent(KERNEL).replace('@triton.autotune(configs=[{configs}], key=["K"])\n', "").replace(
         "SPLIT_K: tl.constexpr)", "SPLIT_K: tl.constexpr = 2)"))
-    errors = tilelink.spawn(_multiply, 2, str(path))
-    assert all(e == 0.0 for e in errors), errors
+    return str(path)
 
 
 def split_k_mutants(path: str) -> list[tuple[str, str]]:
