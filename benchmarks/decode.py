@@ -301,7 +301,8 @@ def main(argv: list[str] | None = None) -> None:
     """``python -m tilelink.benchmarks.decode``: the same options as ``tlxform bench decode``."""
     from tilelink.cli.bench_cmd import bench  # first: it registers the command of cli/bench_decode.py
 
-    bench.commands["decode"].main(args=argv if argv is not None else sys.argv[1:], prog_name="python -m tilelink.benchmarks.decode")
+    bench.commands["decode"].main(args=argv if argv is not None else sys.argv[1:],
+                                  prog_name="python -m tilelink.benchmarks.decode")
 
 
 if __name__ == "__main__":

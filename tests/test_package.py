@@ -5,11 +5,11 @@ Each check runs in a fresh interpreter (this process has long since imported tor
 
 from __future__ import annotations
 
-import pytest
-
 import subprocess
 import sys
 import textwrap
+
+import pytest
 
 
 def _python(cwd, *args: str) -> subprocess.CompletedProcess:

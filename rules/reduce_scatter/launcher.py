@@ -34,7 +34,7 @@ def _sm_count(index: int | None) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _defaults(fn) -> tuple[tuple[str, object], ...]:
     """The kernel's parameters with a default (``SPLIT_K: tl.constexpr = 2``), read once per kernel."""
     return tuple((n, p.default) for n, p in inspect.signature(fn).parameters.items()

@@ -109,8 +109,8 @@ def test_a_gather_along_a_dimension_a_descriptor_reads_whole_says_which_one_move
     # the attention tutorial's 2-D descriptors over flat rows, annotated as a sequence gather along dim 1: each key
     # block reads columns [0, HEAD_DIM) of them, and the hint names the dimension its blocks move along
     path = FORMS / "attention_batched_rows.py"
-    text = path.read_text().replace('all_gather(("desc_k", "desc_v"), dim=0)',
-                                    'all_gather(("desc_k", "desc_v"), dim=1, tile=("start_n", "BLOCK_N"), size="N_CTX")')
+    annotation = 'all_gather(("desc_k", "desc_v"), dim=1, tile=("start_n", "BLOCK_N"), size="N_CTX")'
+    text = path.read_text().replace('all_gather(("desc_k", "desc_v"), dim=0)', annotation)
     with pytest.raises(AnnotationError) as info:
         generate(text, str(path), requests_in(text, str(path)))
     err = info.value
