@@ -961,6 +961,38 @@ def _vector_start(an: _Analyzer, name: str, offsets: str) -> list[tuple[bool, tu
     return start
 
 
+def _advanced(an: _Analyzer, tensor: str, offsets: str) -> list[tuple[bool, tuple[str, ...]]] | None:
+    """The scalar terms the kernel adds to the annotated pointer itself (``x_ptr += D``, ``x_ptr = x_ptr + D``), as
+    ``(subtracted, factors)``: ``[]`` when it never binds it; ``None`` when they are not one sum known at the launch
+    (bound more than once or in a loop, or a term that is not a literal or a parameter)."""
+    if not an.bindings.get(tensor):
+        return []
+    nodes = m.findall(an.fn.body, m.AugAssign(target=m.Name(tensor)) | m.Assign(
+        targets=[m.AssignTarget(target=m.Name(tensor))]))
+    if len(an.bindings[tensor]) != 1 or len(nodes) != 1:
+        return None
+    node = nodes[0]
+    if any(any(n is node for n in m.findall(loop.body, m.AugAssign() | m.Assign()))
+           for loop in m.findall(an.fn.body, m.For() | m.While())):
+        return None
+    if isinstance(node, cst.AugAssign):
+        if not isinstance(node.operator, (cst.AddAssign, cst.SubtractAssign)):
+            return None
+        terms = [(t, neg != isinstance(node.operator, cst.SubtractAssign)) for t, neg in _terms(node.value)]
+    else:
+        terms = [(t, neg) for t, neg in _terms(node.value) if not m.matches(t, m.Name(tensor))]
+        if len(terms) != len(_terms(node.value)) - 1:
+            return None  # not the pointer plus terms
+    out: list[tuple[bool, tuple[str, ...]]] = []
+    for term, negative in terms:
+        factors = None if m.findall(term, m.Call() | m.Subscript()) or offsets in names_in(term) else _factors(
+            an, term, offsets)
+        if factors is None:
+            return None
+        out.append((negative, tuple(factors)))
+    return out
+
+
 def _row_scales(an: _Analyzer, acc: Access, pointers: set[str]) -> tuple[set[tuple[str, ...]], tuple | None]:
     """The scales of the rows of a pointer access (see ``KernelAnalysis.row_scales``), and its scalar terms along dim 0
     when each is known at the launch (``KernelAnalysis.row_shifts``; ``None`` otherwise). The rows term must appear
@@ -970,6 +1002,8 @@ def _row_scales(an: _Analyzer, acc: Access, pointers: set[str]) -> tuple[set[tup
     if acc.descriptor or tile is None or tile.offsets is None or tile.dynamic:
         return set(), None
     shifts: list[tuple[bool, tuple[str, ...]]] | None = [] if an.tensors[acc.tensor][0] == 0 else None
+    if shifts is not None:  # the pointer itself advanced before the access (`x_ptr += D`) moves it along the rows too
+        shifts = _advanced(an, acc.tensor, tile.offsets)
     hint = (f"index the rows once, with the offsets vector times the row stride parameter (`{tile.offsets}[:, None] * "
             f"stride_m`) or a literal (`{tile.offsets} * 64`), in one alias of the pointer")
     scales: set[tuple[str, ...]] = set()

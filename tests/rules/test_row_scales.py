@@ -148,6 +148,19 @@ def test_a_stride_argument_other_than_the_row_stride_is_refused_at_the_launch(tm
     assert "row_sum_kernel: the rows of 'x_ptr' are addressed 16 elements apart at" in said, said
 
 
+# the same, the pointer itself advanced by a row before the access (`x_ptr += D`)
+NEXT_ROW_ADVANCED = ROWS.replace("    offs_d = tl.arange(0, BLOCK_D)\n", "    offs_d = tl.arange(0, BLOCK_D)\n    x_ptr += D\n")
+
+
+@pytest.mark.slow
+def test_a_pointer_advanced_into_the_next_row_is_refused_at_the_launch(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("TILELINK_RACES", "1")
+    with pytest.raises(LaunchError) as info:
+        tilelink.spawn(_rows, 2, _written(tmp_path, NEXT_ROW_ADVANCED, "row_sum"), 1)
+    said = str(info.value)
+    assert "adds 8 elements (D=8) to the rows of 'x_ptr'" in said, said
+
+
 @pytest.mark.slow
 def test_a_column_vector_starting_in_the_next_row_is_refused_at_the_launch(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("TILELINK_RACES", "1")
