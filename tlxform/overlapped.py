@@ -90,6 +90,7 @@ class OverlappedKernel:
         self.options = options
         self._text = text
         self._row_scales: tuple | None = None
+        self._defaults: dict | None = None
         self.generated = generate(text, _display_path(self.file), [Request(self.name, specs, options)])
         self.plan = self.generated.plans[0]
         self.check_waits = os.environ.get("TILELINK_CHECK_WAITS", "1") != "0"
@@ -178,9 +179,11 @@ class OverlappedKernel:
         if not (scales or shifts):
             return
         # a parameter the call leaves out runs with its default (`STEP: tl.constexpr = 2`): compare that value
-        defaults = {n: p.default for n, p in inspect.signature(self.fn).parameters.items()
-                    if p.default is not inspect.Parameter.empty and n not in bound}
-        bound = {**defaults, **bound}
+        if self._defaults is None:  # read once
+            self._defaults = {n: p.default for n, p in inspect.signature(self.fn).parameters.items()
+                              if p.default is not inspect.Parameter.empty}
+        if self._defaults:
+            bound = {**self._defaults, **bound}
         for tensor, dim, factors, line in scales:
             t = bound.get(tensor)
             if not (hasattr(t, "shape") and hasattr(t, "stride")) or len(t.shape) <= dim:
