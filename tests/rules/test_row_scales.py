@@ -149,7 +149,8 @@ def test_a_stride_argument_other_than_the_row_stride_is_refused_at_the_launch(tm
 
 
 # the same, the pointer itself advanced by a row before the access (`x_ptr += D`)
-NEXT_ROW_ADVANCED = ROWS.replace("    offs_d = tl.arange(0, BLOCK_D)\n", "    offs_d = tl.arange(0, BLOCK_D)\n    x_ptr += D\n")
+NEXT_ROW_ADVANCED = ROWS.replace("    offs_d = tl.arange(0, BLOCK_D)\n",
+                                 "    offs_d = tl.arange(0, BLOCK_D)\n    x_ptr += D\n")
 
 
 @pytest.mark.slow
