@@ -1171,10 +1171,10 @@ def _check_tile_agrees(an: _Analyzer, acc: Access, dim: int, pointers: set[str],
                            f"{acc.tensor!r} touches along dim {dim}: its offsets give rows [{found[0]}, {found[0]} + "
                            f"{found[1]})" + (f", the same for every block: it does not move along dim {dim}"
                                              if fixed else ""),
-                      (f"annotate the dimension its offsets move along (dim=0 for the rows of a 2-D descriptor over "
-                       f"a flat (Z * H * N_CTX, HEAD_DIM) matrix, each rank passing a run of its rows); to gather the "
-                       f"sequence of every head, read it through pointers and annotate dim 1 of the (Z * H, N_CTX, "
-                       f"HEAD_DIM) view" if fixed else
+                      ("annotate the dimension its offsets move along (dim=0 for the rows of a 2-D descriptor over "
+                       "a flat (Z * H * N_CTX, HEAD_DIM) matrix, each rank passing a run of its rows); to gather the "
+                       "sequence of every head, read it through pointers and annotate dim 1 of the (Z * H, N_CTX, "
+                       "HEAD_DIM) view" if fixed else
                        f"drop tile= (these rows are found without it), or make it tile=({found[0]!r}, {found[1]!r})"))
     return inferred.size_param
 
