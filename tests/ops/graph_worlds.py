@@ -375,6 +375,31 @@ def refusals() -> list[str]:
 CUDA_FORMS = ("ag_gemm", "ag_gemm sm_pull", "gemm_rs", "gemm_rs sm_pull", "sp_attention", "TPMLP")
 
 
+def _cuda_replays_error(run, new, device, replays: int) -> float:
+    """``run()`` (a call returning its output) captured in a CUDA graph after an uncaptured call (the warm-up: it
+    makes the contexts and loads every kernel of the call), replayed ``replays`` times with ``new()`` (which copies
+    new data into the captured inputs and returns the reference) before each, then two uncaptured calls and a replay
+    again: the contexts serve both. The largest relative error against the references (``inf`` for NaN: rows never
+    written)."""
+    new()
+    run()
+    torch.cuda.synchronize(device)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = run()
+    worst = 0.0
+    for step in ("replay",) * replays + ("call", "call", "replay"):
+        ref = new()
+        if step == "replay":
+            graph.replay()
+            got = y.double().cpu()
+        else:
+            got = run().double().cpu()
+        err = ((got - ref).norm() / max(ref.norm(), 1e-30)).item() if ref.numel() else 0.0
+        worst = max(worst, err if err == err else float("inf"))
+    return worst
+
+
 def cuda_replays_match_torch(M: int, N: int, K: int, replays: int, forms: tuple[str, ...] = CUDA_FORMS
                              ) -> dict[str, float]:
     """Each form captured in a CUDA graph once (after an uncaptured call, the warm-up) and replayed ``replays``
@@ -450,22 +475,7 @@ def cuda_replays_match_torch(M: int, N: int, K: int, replays: int, forms: tuple[
                 a, gd, ud, dd = (t.double() for t in (a, gate, up, down))
                 return ((torch.nn.functional.silu(a @ gd.t()) * (a @ ud.t())) @ dd.t())[lo:hi]
 
-        new()
-        run()  # the warm-up: makes the contexts and loads every kernel of the call
-        torch.cuda.synchronize(device)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            y = run()
-        worst = 0.0
-        # the replays, then uncaptured calls and a replay again: the contexts serve both
-        for step in ("replay",) * replays + ("call", "call", "replay"):
-            ref = new()
-            if step == "replay":
-                graph.replay()
-                got = y.double().cpu()
-            else:
-                got = run().double().cpu()
-            worst = max(worst, ((got - ref).norm() / max(ref.norm(), 1e-30)).item() if ref.numel() else 0.0)
+        worst = _cuda_replays_error(run, new, device, replays)
         try:
             for kernel in (tp_kernels.ag_gemm_persistent_kernel, tp_kernels.ag_gemm_kernel,
                            tp_kernels.gemm_rs_persistent_kernel, tp_kernels.gemm_rs_kernel,
@@ -474,7 +484,6 @@ def cuda_replays_match_torch(M: int, N: int, K: int, replays: int, forms: tuple[
         except tilelink.WaitTimeout:
             worst = float("inf")
         out[label] = worst
-        del graph
     return out
 
 
@@ -537,26 +546,10 @@ def cuda_all_reduce_replays_match_torch(shapes: list[tuple[int, int, int]], repl
     for M, N, K in shapes:
         for label in forms:
             run, new, kernel = _all_reduce_form(label, M, N, K, g, device)
-            new()
-            run()  # the warm-up: makes the context and loads every kernel of the call
-            torch.cuda.synchronize(device)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                y = run()
-            worst = 0.0
-            for step in ("replay",) * replays + ("call", "call", "replay"):
-                ref = new()
-                if step == "replay":
-                    graph.replay()
-                    got = y.double().cpu()
-                else:
-                    got = run().double().cpu()
-                err = ((got - ref).norm() / max(ref.norm(), 1e-30)).item()
-                worst = max(worst, err if err == err else float("inf"))  # NaN: rows never written
+            worst = _cuda_replays_error(run, new, device, replays)
             try:
                 kernel.check()
             except tilelink.WaitTimeout:
                 worst = float("inf")
             out[f"{label} M={M}"] = worst
-            del graph
     return out
