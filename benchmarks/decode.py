@@ -106,7 +106,7 @@ def _compute_row(s: DecodeShape, world: int, dtype: str, rounds: int, device) ->
     a_in, b_in = interpreter_inputs(a, b)
     c = torch.empty(s.tokens, s.N, device=device, dtype=a_in.dtype)
     ref = torch.empty(s.tokens, s.N, device=device, dtype=a.dtype)
-    meta = tp_ar._config(s.tokens, a_in.dtype)
+    meta = tp_ar._config(s.tokens, s.N, a_in.dtype)
     grid = (triton.cdiv(s.tokens, meta["BLOCK_M"]) * triton.cdiv(s.N, meta["BLOCK_N"]),)
     channels = okernel.launcher.satisfied_args(s.tokens, world, device)
     fns = {"torch.matmul": lambda: torch.matmul(a, b, out=ref),

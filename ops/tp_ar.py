@@ -19,17 +19,21 @@ from tilelink.ops.contract import check_tensor, interpreter_inputs, interpreting
 MODES = ("one_shot", "two_shot")
 
 
-def _config(M: int, dtype: torch.dtype) -> dict:
-    """Tiles for an M of decode tokens: a tile no taller than the rows there are, and narrow tiles (N / 64
-    programs: a few tokens' GEMM is a read of the weight, spread over the SMs)."""
+def _config(M: int, N: int, dtype: torch.dtype) -> dict:
+    """Tiles for an M of decode tokens: a tile no taller than the rows there are, and narrow tiles with a deep K
+    step (a few tokens' GEMM is a read of the weight, spread over the SMs). Chosen by a sweep on an H200 over the
+    decode shapes of ``tlxform bench decode`` (docs/PERFORMANCE.md)."""
     if interpreting():
         return dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, GROUP_M=2)
-    block_m = 16 if M <= 16 else 32 if M <= 32 else 64 if M <= 64 else 128
-    if block_m == 128:
-        return dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64 if dtype != torch.float32 else 32, GROUP_M=8, num_warps=8,
-                    num_stages=3)
-    return dict(BLOCK_M=block_m, BLOCK_N=64, BLOCK_K=128 if dtype != torch.float32 else 64, GROUP_M=8, num_warps=4,
-                num_stages=4)
+    wide = 1 if dtype == torch.float32 else 2  # K elements per 128-byte step of the narrower types
+    if M <= 16:
+        return dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128 * wide, GROUP_M=8, num_warps=4, num_stages=3)
+    if M <= 64:
+        return dict(BLOCK_M=32 if M <= 32 else 64, BLOCK_N=64, BLOCK_K=64 * wide, GROUP_M=8, num_warps=4,
+                    num_stages=4)
+    if triton.cdiv(M, 128) * triton.cdiv(N, 128) < 128:  # too few 128-wide tiles to fill the SMs
+        return dict(BLOCK_M=128, BLOCK_N=64, BLOCK_K=64 * wide, GROUP_M=8, num_warps=4, num_stages=4)
+    return dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=32 * wide, GROUP_M=8, num_warps=8, num_stages=4)
 
 
 def gemm_ar(a: torch.Tensor, b_shard_rows: torch.Tensor, ctx=None, *, mode: str | None = None,
@@ -80,7 +84,7 @@ def gemm_ar(a: torch.Tensor, b_shard_rows: torch.Tensor, ctx=None, *, mode: str 
         K = 1
     kernel = tp_ar_kernels.gemm_ar_kernel if mode is None else tp_ar_kernels.FORCED[mode]
     c = torch.empty((M, N), dtype=a_in.dtype, device=world.device)
-    meta = _config(M, a_in.dtype)
+    meta = _config(M, N, a_in.dtype)
     grid = (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]),)
     kernel[grid](a_in, b_in, c, M, N, K, a_in.stride(0), a_in.stride(1), b_in.stride(0), b_in.stride(1), N, 1,
                  **meta)
