@@ -212,10 +212,14 @@ class Diagnostics:
         self._kernel: str | None = None
         self._calls = 0  # calls of check_later since the last copy
         self._copy_time = 0.0  # time.perf_counter() of the last copy
+        # calls counted to tell a user how many returned results a timed-out wait spoils: this call's number, the
+        # last call the copy in flight covers, and the last call a clean read covered
+        self._ordinal = self._copy_ordinal = self._clean_through = 0
 
-    def check(self, kernel: str | None = None) -> None:
+    def check(self, kernel: str | None = None, returned: int | None = None) -> None:
         """Raise :class:`tilelink.WaitTimeout` if a kernel's wait timed out since the last check.
-        Synchronises with the device: every stream of it."""
+        Synchronises with the device: every stream of it. ``returned``: the number of the last call that returned
+        its result to the caller (default: every call counted so far)."""
         self._copied = None
         if self.buffer.device.type == "cuda":
             # the kernels writing this record ran on the caller's stream at its calls, on a side stream or in a
@@ -223,7 +227,18 @@ class Diagnostics:
             # torch.cuda.stream(s)): a read ordered on the current stream alone could come before a wait that is
             # still spending its budget times out
             torch.cuda.synchronize(self.buffer.device)
-        check_diagnostics(self.buffer, self.rank, kernel=kernel, budget_s=self.budget_s)
+        try:
+            check_diagnostics(self.buffer, self.rank, kernel=kernel, budget_s=self.budget_s)
+        except WaitTimeout as exc:
+            exc.spoiled(self._spoiled(returned))
+            raise
+        finally:
+            self._clean_through = self._ordinal
+
+    def _spoiled(self, returned: int | None) -> int:
+        """How many calls returned a result after the last clean read, up to call ``returned``."""
+        last = self._ordinal if returned is None else returned
+        return max(0, last - self._clean_through)
 
     def check_later(self, kernel: str | None = None, stream=None) -> None:
         """Like :meth:`check` without stalling the launching thread: on a GPU the record is copied to
@@ -234,12 +249,13 @@ class Diagnostics:
         call after the next copy behind it has landed (within about that many calls while the GPU keeps up;
         the next call or the one after when calls are spaced out). :meth:`check` and
         ``OverlappedKernel.check()`` read it at once. A record stays in the buffer until it is read."""
-        if self.buffer.device.type != "cuda":
-            self.check(kernel)
+        self._ordinal += 1
+        if self.buffer.device.type != "cuda" or setting("TILELINK_CHECK_WAITS") == "each":
+            self.check(kernel, returned=self._ordinal - 1)
             return
         self._kernel = kernel
         if self._copied is not None:
-            self.check_pending(block=False)
+            self.check_pending(block=False, returned=self._ordinal - 1)
             if self._copied is not None:
                 # the last copy is still behind the kernels: it will be read, so this call adds nothing
                 return
@@ -252,26 +268,33 @@ class Diagnostics:
             self._host = torch.zeros(DIAG_WORDS, dtype=torch.int64).pin_memory()
             self._record = self._host.numpy()
         self._host.copy_(self.buffer, non_blocking=True)
+        self._copy_ordinal = self._ordinal
         if self._event is None:  # made once: creating an event per call cost the launching thread
             self._event = torch.cuda.Event()
         # on the stream given: torch.cuda.current_stream() behind a plain record() cost the call microseconds
         self._event.record(stream)
         self._copied = self._event
 
-    def check_pending(self, block: bool = True) -> None:
-        """Read the record :meth:`check_later` copied, waiting for the copy when ``block``."""
+    def check_pending(self, block: bool = True, returned: int | None = None) -> None:
+        """Read the record :meth:`check_later` copied, waiting for the copy when ``block``; ``returned`` as
+        :meth:`check`'s."""
         if self._copied is None or self._host is None or (not block and not self._copied.query()):
             return
         if block:
             self._copied.synchronize()
         self._copied = None
-        if self._record[0]:
-            record = [int(v) for v in self._host.tolist()]
-            self.buffer[:RECORD_WORDS].zero_()
-            self._host.zero_()
-            kind, index, target, seen = record[1:5]
-            raise WaitTimeout(rank=self.rank, primitive=KIND_NAMES.get(kind, f"wait kind {kind}"), index=index,
-                              expected=target, seen=seen, budget_s=self.budget_s, kernel=self._kernel)
+        if not self._record[0]:
+            self._clean_through = self._copy_ordinal
+            return
+        record = [int(v) for v in self._host.tolist()]
+        self.buffer[:RECORD_WORDS].zero_()
+        self._host.zero_()
+        kind, index, target, seen = record[1:5]
+        exc = WaitTimeout(rank=self.rank, primitive=KIND_NAMES.get(kind, f"wait kind {kind}"), index=index,
+                          expected=target, seen=seen, budget_s=self.budget_s, kernel=self._kernel)
+        exc.spoiled(self._spoiled(returned))
+        self._clean_through = self._ordinal
+        raise exc
 
     def __repr__(self) -> str:
         return f"Diagnostics(rank={self.rank}, budget_s={self.budget_s:g})"

@@ -67,3 +67,16 @@ class WaitTimeout(TileLinkError):
             f"launched the same operator with the same shapes, and that no rank failed earlier. "
             f"Raise the budget with TILELINK_WAIT_TIMEOUT=<seconds> if the producer is just slow."
         )
+        self.spoiled_calls = 0
+
+    def spoiled(self, calls: int) -> None:
+        """Say that the ``calls`` last calls on this rank returned results computed past this wait: a GPU's record
+        is read behind the kernels, a few calls after the one that timed out."""
+        self.spoiled_calls = calls
+        if calls <= 0:
+            return
+        what = f"the last {calls} calls" if calls > 1 else "the last call"
+        self.args = (f"{self.args[0]} The wait is read a few calls after it happens: {what} of this operator on "
+                     f"rank {self.rank} returned results that may be computed past it; discard them. "
+                     f"TILELINK_CHECK_WAITS=each reads the waits at every call before it returns (a device "
+                     f"synchronisation per call).",)

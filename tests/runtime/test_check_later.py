@@ -78,6 +78,7 @@ def diag(monkeypatch):
     d.rank, d.budget_s, d.budget_ns = 0, 1.0, 10**9
     d.buffer, d._host, d._event = Record(), PinnedCopy(), Event()
     d._record, d._copied, d._kernel, d._calls, d._copy_time = d._host.numpy(), None, None, 0, 0.0
+    d._ordinal = d._copy_ordinal = d._clean_through = 0
     clock = [100.0]
     monkeypatch.setattr(diagnostics.time, "perf_counter", lambda: clock[0])
     d.clock = clock
@@ -168,3 +169,43 @@ def test_a_check_waits_for_kernels_on_every_stream(diag, monkeypatch) -> None:
         diag.check(kernel="consumer_kernel")
     assert (info.value.index, info.value.expected, info.value.seen) == (7, 3, 2)
     assert not diag.buffer.words[:5].any()
+
+
+def test_a_timed_out_wait_says_how_many_returned_results_to_discard(diag, monkeypatch) -> None:
+    diag.check_later("k")
+    _land(diag)
+    diag.check_later("k")  # call 2 reads the copy of call 1: clean through call 1
+    diag.buffer.words[:5] = [1, 1, 7, 3, 2]  # a wait of call 2 times out on the device
+    for _ in range(CHECK_EVERY - 1):  # calls 3.. up to the next copy
+        diag.check_later("k")
+    assert diag._copied is not None  # the copy covering the timed-out wait is behind the kernels
+    diag.check_later("k")  # in flight: returns
+    _land(diag)
+    with pytest.raises(tilelink.WaitTimeout) as info:
+        diag.check_later("k")  # this call raises; every call after call 1 returned a result
+    calls = CHECK_EVERY + 1
+    assert info.value.spoiled_calls == calls, info.value.spoiled_calls
+    assert f"the last {calls} calls of this operator on rank 0" in str(info.value)
+    _land(diag)
+    diag.check_later("k")  # the record was cleared: the calls after the error start a clean count
+    diag.check_later("k")
+    _land(diag)
+    import torch
+
+    def timed_out(*args, **kwargs):  # the device record read synchronously shows a timed-out wait
+        raise tilelink.WaitTimeout(rank=0, primitive="consumer_tile_wait", index=7, expected=3, seen=2, budget_s=1.0)
+
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    monkeypatch.setattr(diagnostics, "check_diagnostics", timed_out)
+    with pytest.raises(tilelink.WaitTimeout) as info:
+        diag.check()  # a synchronous check: the calls it covers all returned
+    assert info.value.spoiled_calls == 2 and "the last 2 calls" in str(info.value)
+
+
+def test_each_call_checked_when_asked(diag, monkeypatch) -> None:
+    checked = []
+    monkeypatch.setattr(diag, "check", lambda kernel=None, returned=None: checked.append(returned))
+    monkeypatch.setenv("TILELINK_CHECK_WAITS", "each")
+    diag.check_later("k")
+    diag.check_later("k")
+    assert checked == [0, 1] and diag._host.copies == 0  # synchronous: no copy behind the kernels
