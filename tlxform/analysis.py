@@ -78,6 +78,21 @@ class Access:
 
 
 @dataclass(frozen=True)
+class BranchSide:
+    """One side of an ``if`` around a statement; an ``elif`` is an ``if`` of its own on the ``else`` side of the one
+    before it."""
+
+    test: str  # the `if`'s test, in source
+    where: Where  # the `if` (or `elif`)
+    body: bool  # the side taken when the test holds; False: the `else` side
+    first: Where | None  # the side's first statement; None for an `else` side that is an `elif`
+    # the test is decided at compile time (constexpr parameters and locals, literals, comparisons and boolean and
+    # arithmetic operators of them): Triton's code generator compiles only the side it takes, and the interpreter,
+    # running plain Python, executes only that side too
+    static: bool
+
+
+@dataclass(frozen=True)
 class KernelAnalysis:
     """Everything the rules need about one kernel."""
 
@@ -114,6 +129,11 @@ class KernelAnalysis:
     # an `if` test, a loop's range as `(target := range)`, an in-place update's value), with where it is: what reads a
     # program id there
     effects: tuple[tuple[str, Where], ...] = ()
+    # the `if` sides around each statement that binds a name (an assignment's line, an in-place update), outermost
+    # first: what the epilogue check of a reduction needs to tell a branch Triton compiles only on some launches
+    branch_sides: dict[Where, tuple[BranchSide, ...]] = field(default_factory=dict)
+    # variable -> where each of its in-place updates is, in the order of `updates`
+    update_sites: dict[str, tuple[Where, ...]] = field(default_factory=dict)
 
     def accesses_of(self, tensor: str, kind: str) -> list[Access]:
         return [a for a in self.accesses if a.tensor == tensor and a.kind == kind]
@@ -1488,6 +1508,56 @@ def _effects(an: _Analyzer) -> tuple[tuple[str, Where], ...]:
     return tuple(out)
 
 
+def _compile_time(node: cst.BaseExpression, names: set[str]) -> bool:
+    """Whether Triton knows ``node`` at compile time: ``names`` (constexpr parameters and locals), literals, and
+    comparisons, boolean and arithmetic operators of them (``ACTIVATION == "leaky_relu"``, ``not EVEN_K``)."""
+    if isinstance(node, cst.Name):
+        return node.value in names or node.value in ("True", "False", "None")
+    if isinstance(node, (cst.SimpleString, cst.ConcatenatedString, cst.Integer, cst.Float)):
+        return True
+    if isinstance(node, cst.Comparison):
+        return _compile_time(node.left, names) and all(_compile_time(c.comparator, names) for c in node.comparisons)
+    if isinstance(node, (cst.BooleanOperation, cst.BinaryOperation)):
+        return _compile_time(node.left, names) and _compile_time(node.right, names)
+    if isinstance(node, cst.UnaryOperation):
+        return _compile_time(node.expression, names)
+    return False
+
+
+def _branch_sides(an: _Analyzer) -> dict[Where, tuple[BranchSide, ...]]:
+    """The `if` sides around each statement and in-place update of the kernel (see ``branch_sides``); an `elif`
+    has the `else` side of the `if` before it around it."""
+    names = set(an.constexpr)
+    for node in m.findall(an.fn.body, m.AnnAssign(target=m.Name())):  # `ACT: tl.constexpr = "relu"`, bound once
+        name = node.target.value
+        if "constexpr" in code(node.annotation.annotation) and node.value is not None and \
+                _compile_time(node.value, names) and len(an.bindings.get(name, ())) == 1:
+            names.add(name)
+    sides: dict[Where, tuple[BranchSide, ...]] = {}
+    around: list[BranchSide] = []
+
+    class _V(cst.CSTVisitor):
+        def visit_If(self, node: cst.If) -> bool:
+            static, test, where = _compile_time(node.test, names), code(node.test), an.where(node)
+            around.append(BranchSide(test, where, True, an.where(node.body.body[0]), static))
+            node.body.visit(self)
+            around.pop()
+            if node.orelse is not None:
+                first = an.where(node.orelse.body.body[0]) if isinstance(node.orelse, cst.Else) else None
+                around.append(BranchSide(test, where, False, first, static))
+                (node.orelse if isinstance(node.orelse, cst.If) else node.orelse.body).visit(self)
+                around.pop()
+            return False
+
+        def on_visit(self, node: cst.CSTNode) -> bool:
+            if isinstance(node, (cst.SimpleStatementLine, cst.BaseCompoundStatement, cst.AugAssign)):
+                sides[an.where(node)] = tuple(around)
+            return super().on_visit(node)
+
+    an.fn.body.visit(_V())
+    return sides
+
+
 def _returns(an: _Analyzer) -> tuple[tuple[Where, tuple[str, ...]], ...]:
     """Each ``return`` of the kernel and the tests of the branches and loops that hold it."""
     found: list[tuple[Where, tuple[str, ...]]] = []
@@ -1584,9 +1654,11 @@ def analyse(module: cst.Module, file: str, kernel: str,
                 row_shifts.append((tensor, shifts, acc.where))
     _check_sweeps_disjoint(an, accesses)
     updates: dict[str, list[str]] = {}
+    update_sites: dict[str, list[Where]] = {}
     for node in m.findall(fn.body, m.AugAssign(target=m.Name())):
         op = code(node.operator).rstrip("=").strip()
         updates.setdefault(node.target.value, []).append(f"{node.target.value} {op} ({code(node.value)})")
+        update_sites.setdefault(node.target.value, []).append(an.where(node))
     analysis = KernelAnalysis(kernel, file, an.params, an.constexpr, aliases,
                               tuple(sorted(accesses, key=lambda a: (a.where.line, a.where.column))),
                               fn_where,
@@ -1594,5 +1666,6 @@ def analyse(module: cst.Module, file: str, kernel: str,
                               {n: tuple(code(v) for _, v in defs) for n, defs in an.assignments.items()},
                               frozenset(an.rebound), {n: tuple(b) for n, b in an.bindings.items()},
                               warp_specialized, {n: tuple(v) for n, v in updates.items()}, _returns(an),
-                              tuple(row_scales), tuple(row_shifts), _effects(an))
+                              tuple(row_scales), tuple(row_shifts), _effects(an), branch_sides=_branch_sides(an),
+                              update_sites={n: tuple(w) for n, w in update_sites.items()})
     return analysis

@@ -5,7 +5,7 @@ from __future__ import annotations
 import libcst as cst
 import libcst.matchers as m
 
-from tilelink.analysis import KernelAnalysis, Where, code, expanded, names_in, parse_offsets
+from tilelink.analysis import BranchSide, KernelAnalysis, Where, code, expanded, names_in, parse_offsets
 from tilelink.errors import AnnotationError
 from tilelink.plan import Insertion, ReduceScatterLaunch, ReportEntry, RewritePlan
 from tilelink.rules.emit import (
@@ -309,6 +309,21 @@ class _Epilogue(Exception):
     def __init__(self, node: cst.CSTNode, why: str):
         super().__init__(why)
         self.source, self.why = code(node), why
+        self.site: Where | None = None  # the statement (an assignment, an update, the store) that does it
+        self.tensor = ""  # the annotated tensor of the store whose value it is
+
+
+def _bindings(an: KernelAnalysis, name: str) -> list[tuple[str, Where | None]]:
+    """Each value bound to ``name`` (assignments, then in-place updates) with the statement that binds it."""
+    pairs = []
+    for values, sites in ((an.values.get(name, ()), an.assignments.get(name, ())),
+                          (an.updates.get(name, ()), an.update_sites.get(name, ()))):
+        pairs += [(src, sites[i] if i < len(sites) else None) for i, src in enumerate(values)]
+    return pairs
+
+
+def _skipped(an: KernelAnalysis, site: Where | None, skip: frozenset[BranchSide]) -> bool:
+    return site is not None and any(side in skip for side in an.branch_sides.get(site, ()))
 
 
 def _join(a: str, b: str, node: cst.CSTNode) -> str:
@@ -321,21 +336,32 @@ def _join(a: str, b: str, node: cst.CSTNode) -> str:
     return _ZERO
 
 
-def _classify(an: KernelAnalysis, node: cst.BaseExpression, visiting: dict[str, str]) -> str:
+def _classify(an: KernelAnalysis, node: cst.BaseExpression, visiting: dict[str, str],
+              skip: frozenset[BranchSide] = frozenset()) -> str:
     """What ``node`` is (see above); raises :class:`_Epilogue` where the reduction of the ranks' stored values
     would not be the value of the full problem. ``visiting``: the names being classified, each with the kind its
-    own earlier value is taken to have in its updates (``acc = acc * tl.sigmoid(acc)``)."""
+    own earlier value is taken to have in its updates (``acc = acc * tl.sigmoid(acc)``). ``skip``: branch sides
+    whose bindings are left out (sides no launch that compiles takes)."""
     if isinstance(node, cst.Name):
         if node.value in visiting:
             return visiting[node.value]
-        sources = an.values.get(node.value, ()) + an.updates.get(node.value, ())
-        if not sources:
+        every = _bindings(an, node.value)
+        if not every:
             return _CONST  # a parameter, a constant, `None`
+        sources = [(src, site) for src, site in every if not _skipped(an, site, skip)]
+        if not sources:
+            return _ZERO  # bound only in branches no compiled launch takes
 
         def joined(own: str) -> str:
             kind = _ZERO
-            for src in sources:
-                kind = _join(kind, _classify(an, cst.parse_expression(src), {**visiting, node.value: own}), node)
+            for src, site in sources:
+                try:
+                    this = _classify(an, cst.parse_expression(src), {**visiting, node.value: own}, skip)
+                except _Epilogue as exc:
+                    exc.site = exc.site or site  # the innermost binding the failure is in
+                    raise
+                # a mix of the partial sums and another value over the bindings is no one binding's doing
+                kind = _join(kind, this, node)
             return kind
 
         # first with the name's own earlier value neutral: whether any of its values brings the partial sums in;
@@ -356,14 +382,14 @@ def _classify(an: KernelAnalysis, node: cst.BaseExpression, visiting: dict[str, 
     if isinstance(node, (cst.SimpleString, cst.Attribute)) and not isinstance(node, cst.Call):
         return _CONST
     if isinstance(node, cst.Subscript):
-        return _classify(an, node.value, visiting)
+        return _classify(an, node.value, visiting, skip)
     if isinstance(node, cst.UnaryOperation):
-        kind = _classify(an, node.expression, visiting)
+        kind = _classify(an, node.expression, visiting, skip)
         if kind == _SUM and not isinstance(node.operator, (cst.Minus, cst.Plus)):
             raise _Epilogue(node, f"`{code(node.operator)}` of the partial sums")
         return kind
     if isinstance(node, cst.BinaryOperation):
-        left, right = _classify(an, node.left, visiting), _classify(an, node.right, visiting)
+        left, right = _classify(an, node.left, visiting, skip), _classify(an, node.right, visiting, skip)
         op = node.operator
         if _SUM not in (left, right):
             return _join(left, right, node) if _ZERO not in (left, right) or not isinstance(op, cst.Multiply) \
@@ -389,49 +415,136 @@ def _classify(an: KernelAnalysis, node: cst.BaseExpression, visiting: dict[str, 
             return _DATA
         if name in _INDEX:
             return _ZERO if name in ("zeros", "zeros_like") or (
-                name == "full" and len(args) > 1 and _classify(an, args[1], visiting) == _ZERO) else _CONST
+                name == "full" and len(args) > 1 and _classify(an, args[1], visiting, skip) == _ZERO) else _CONST
         if name == "dot":
-            kinds = [_classify(an, a, visiting) for a in args]
+            kinds = [_classify(an, a, visiting, skip) for a in args]
             if kinds[:2].count(_SUM) == 2:
                 raise _Epilogue(node, "a product of partial sums")
             return _SUM if len(kinds) < 3 or kinds[2] in (_SUM, _ZERO) else _join(_SUM, kinds[2], node)
         if name == "where" and len(args) == 3:
-            if _SUM in (_classify(an, args[0], visiting),):
+            if _SUM in (_classify(an, args[0], visiting, skip),):
                 raise _Epilogue(node, "a choice by the values of the partial sums")
-            return _join(_classify(an, args[1], visiting), _classify(an, args[2], visiting), node)
+            return _join(_classify(an, args[1], visiting, skip), _classify(an, args[2], visiting, skip), node)
         if name in _SHAPE:
             first = func.value if isinstance(func, cst.Attribute) and not (
                 isinstance(func.value, cst.Name) and func.value.value == "tl") else (args[0] if args else None)
-            return _classify(an, first, visiting) if first is not None else _CONST
-        kinds = [_classify(an, a, visiting) for a in args]
+            return _classify(an, first, visiting, skip) if first is not None else _CONST
+        kinds = [_classify(an, a, visiting, skip) for a in args]
         if isinstance(func, cst.Attribute) and not (isinstance(func.value, cst.Name) and func.value.value == "tl"):
-            kinds.append(_classify(an, func.value, visiting))
+            kinds.append(_classify(an, func.value, visiting, skip))
         if _SUM in kinds:
             what = f"`{name}`" if name in _NONLINEAR or code(func).startswith("tl.") else \
                 f"the helper `{name}` (TileLink does not read its body)"
             raise _Epilogue(node, f"{what} applied to the partial sums")
     if isinstance(node, cst.Comparison):
-        kinds = [_classify(an, node.left, visiting)] + [_classify(an, c.comparator, visiting)
+        kinds = [_classify(an, node.left, visiting, skip)] + [_classify(an, c.comparator, visiting, skip)
                                                         for c in node.comparisons]
         if _SUM in kinds:
             raise _Epilogue(node, "a comparison of the partial sums")
         return _DATA if _DATA in kinds else _CONST
         return _DATA if _DATA in kinds else _CONST
-    kinds = [_classify(an, child, visiting) for child in node.children if isinstance(child, cst.BaseExpression)]
+    kinds = [_classify(an, child, visiting, skip) for child in node.children if isinstance(child, cst.BaseExpression)]
     if _SUM in kinds:
         raise _Epilogue(node, "an expression TileLink cannot follow, on the partial sums")
     return _DATA if _DATA in kinds else _CONST
 
 
-def _nonlinear_epilogue(an: KernelAnalysis, a) -> tuple[str, str] | None:
-    """Where the value stored by ``a`` is not linear in the partial sums, as ``(source, what)``: the sum over the
-    ranks of what each stores must be what the full problem stores. Loads are this rank's data (a weight, a
-    routing weight, a partial input); they may scale the partial sums, not be added to them."""
+def _nonlinear_epilogue(an: KernelAnalysis, a, skip: frozenset[BranchSide] = frozenset()) -> _Epilogue | None:
+    """Where the value stored by ``a`` is not linear in the partial sums (what, in which source, at which
+    statement): the sum over the ranks of what each stores must be what the full problem stores. Loads are this
+    rank's data (a weight, a routing weight, a partial input); they may scale the partial sums, not be added to
+    them. ``skip``: as for :func:`_classify`."""
     try:
-        _classify(an, cst.parse_expression(a.value), {})
+        _classify(an, cst.parse_expression(a.value), {}, skip)
     except _Epilogue as exc:
-        return exc.source, exc.why
+        exc.site = exc.site or a.where
+        return exc
     return None
+
+
+def _refused_message(tensor: str, rule: str, bad: _Epilogue) -> str:
+    return (f"the value stored to {tensor!r} goes through {bad.why} (`{bad.source}`): {rule} sums what every rank "
+            f"stores, and that sum would not be the full problem's value (the sum of f(partial sums) is not f of "
+            f"their sum)")
+
+
+def _epilogue_branches(an: KernelAnalysis, a, rule: str, refused: dict[BranchSide, _Epilogue]) -> None:
+    """Checks that the value stored by ``a`` is linear in the partial sums on every launch that compiles. A
+    non-linear epilogue inside a branch whose test is known at compile time (``if ACTIVATION == "leaky_relu":``)
+    leaves that branch in ``refused`` (a static assert at its top refuses the launches that take it); any other
+    raises. ``refused`` is shared by the stores of the kernel."""
+    while (bad := _nonlinear_epilogue(an, a, frozenset(refused))) is not None:
+        sides = an.branch_sides.get(bad.site, ()) if bad.site is not None else ()
+        static = [s for s in sides if s.static and s.first is not None and s not in refused]
+        if static:
+            bad.tensor = a.tensor
+            refused[static[-1]] = bad
+            continue
+        runtime = next((s for s in reversed(sides) if not s.static), None)
+        site = bad.site or a.where
+        hint = ("store the partial sums themselves and apply the function after the reduction (on the reduced rows), "
+                f"or pass {rule}(..., linear_epilogue=True) if what is stored is linear in the partial sums after all")
+        if runtime is not None:
+            hint = (f"the `if {runtime.test}:` at line {runtime.where.line} is decided at run time: make its test "
+                    f"compile-time (tl.constexpr parameters and literals, as `if ACTIVATION == \"leaky_relu\":`) and "
+                    f"{rule} builds the kernel, refusing at compile time only the launches that take this branch; "
+                    f"or {hint}")
+        where = f" at line {site.line}" if site.line != a.where.line else ""
+        if runtime is not None:
+            where += (f", in the `if {runtime.test}:` at line {runtime.where.line}, which is decided at run time (with "
+                      f"a compile-time test, {rule} would build and refuse only the launches that take the branch)")
+        raise AnnotationError(_refused_message(a.tensor, rule, bad) + where, file=a.where.file, line=a.where.line,
+                              column=a.where.column, hint=hint)
+
+
+def _refuse_in_branches(an: KernelAnalysis, refused: dict[BranchSide, _Epilogue],
+                        rule: str) -> tuple[list[Insertion], list[ReportEntry]]:
+    """A ``tl.static_assert(False, ...)`` at the top of each branch in ``refused`` and a note saying so; raises
+    where every side of an `if` (its `elif`s included) is refused: no launch would compile."""
+    ifs: dict[Where, list[BranchSide]] = {}
+    for side in {s for sides in an.branch_sides.values() for s in sides}:
+        ifs.setdefault(side.where, []).append(side)
+
+    def all_refused(where: Where) -> bool:
+        sides = {s.body: s for s in ifs.get(where, ())}
+        if sides.get(True) not in refused or False not in sides:
+            return False
+        other = sides[False]
+        if other.first is not None:
+            return other in refused
+        elif_ = next((w for w in ifs if an.branch_sides.get(w, ())[-1:] == (other,)), None)
+        return elif_ is not None and all_refused(elif_)
+
+    def head(where: Where) -> Where:  # the `if` that starts the chain an `elif` is in
+        around = an.branch_sides.get(where, ())[-1:]
+        return head(around[0].where) if around and not around[0].body and around[0].first is None else where
+
+    insertions, report = [], []
+    for side, bad in sorted(refused.items(), key=lambda kv: (kv[0].where.line, not kv[0].body)):
+        site, tensor = bad.site or side.where, bad.tensor
+        if all_refused(chain := head(side.where)):
+            raise AnnotationError(
+                f"{_refused_message(tensor, rule, bad)} at line {site.line}, and every side of the `if "
+                f"{ifs[chain][0].test}:` at line {chain.line} stores a function of the partial sums that is not "
+                "linear: no launch of the kernel would store their sum", file=site.file, line=site.line,
+                column=site.column,
+                hint="store the partial sums themselves on one side and apply the function after the reduction "
+                     "(on the reduced rows)")
+        keyword = "if" if head(side.where) == side.where else "elif"
+        branch = f"`{keyword} {side.test}:`" if side.body else f"`else:` of the `{keyword} {side.test}:`"
+        message = (f"{site.file}:{site.line}: {_refused_message(tensor, rule, bad)}. A launch that takes the "
+                   f"{branch} at line {side.where.line} cannot be reduced over ranks: launch the kernel so that "
+                   f"it takes another side, or apply the function to the reduced rows")
+        insertions.append(Insertion(side.first, "before", (
+            f"# tilelink: a launch that takes this branch does not compile ({rule}: not linear in the partial sums)",
+            f"tl.static_assert(False, {message!r})")))
+        report.append(ReportEntry(an.name, rule, "note",
+                                  f"in the {branch} at line {side.where.line}, the value stored to {tensor!r} goes "
+                                  f"through {bad.why} (`{bad.source}`, line {site.line}): its test is known at "
+                                  f"compile time, so a tl.static_assert at the top of that branch makes a launch "
+                                  f"that takes it fail to compile, naming line {site.line}; the launches that do not "
+                                  f"take it build and store the partial sums", side.where))
+    return insertions, report
 
 
 def _loaded(an: KernelAnalysis, exprs) -> str | None:
@@ -499,6 +612,7 @@ def notify_stores(an: KernelAnalysis, spec, opts: Options,
     report: list[ReportEntry] = []
     insertions: list[Insertion] = []
     report += _skipping_returns(an, stores, rule)
+    refused: dict[BranchSide, _Epilogue] = {}  # branches whose epilogue is not linear, refused when compiled
     for a in stores:
         if a.atomic and rule != RULE:  # the rule's launcher zeroes the partial sums and counts the K splits
             raise AnnotationError(f"{rule} does not follow a tl.atomic_add write-back into {a.tensor!r}",
@@ -525,16 +639,8 @@ def notify_stores(an: KernelAnalysis, spec, opts: Options,
                      "terms of the address (`offs_n[None, :]`), not a pointer it advances")
         t = a.tile
         assert t is not None and a.anchor is not None and a.value is not None
-        bad = None if spec.linear_epilogue else _nonlinear_epilogue(an, a)
-        if bad is not None:
-            raise AnnotationError(
-                f"the value stored to {a.tensor!r} goes through {bad[1]} (`{bad[0]}`): {rule} sums what every "
-                f"rank stores, and that sum would not be the full problem's value (the sum of f(partial sums) is not "
-                f"f of their sum)", file=a.where.file,
-                line=a.where.line, column=a.where.column,
-                hint="store the partial sums themselves and apply the function after the reduction (on the "
-                     f"reduced rows), or pass {rule}(..., linear_epilogue=True) if what is stored is linear "
-                     "in the partial sums after all")
+        if not spec.linear_epilogue:
+            _epilogue_branches(an, a, rule, refused)
         if a.branch is not None:
             report.append(ReportEntry(an.name, rule, "note",
                                       f"the store at line {a.where.line} is in a branch of the `if` at line "
@@ -602,6 +708,9 @@ def notify_stores(an: KernelAnalysis, spec, opts: Options,
         report.append(ReportEntry(an.name, rule, "applied",
                                   f"{what} after the store at line {a.where.line} "
                                   f"({describe_rows(t)})", a.where))
+    if refused:
+        more, notes = _refuse_in_branches(an, refused, rule)
+        insertions, report = more + insertions, notes + report
     first = stores[0]
     tile = first.tile
     assert tile is not None

@@ -126,6 +126,11 @@ def reduce_scatter_pointer_gemm(rank, world):
     return _rs_gemm(kernel, rank, world, BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, GROUP_M=2)
 
 
+def reduce_scatter_activation_gemm(rank, world):
+    kernel = load_case("reduce_scatter", "activation_gemm").matmul_kernel
+    return _rs_gemm(kernel, rank, world, BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, GROUP_M=2)
+
+
 def reduce_scatter_row_sweep(rank, world):
     kernel = load_case("reduce_scatter", "row_sweep").matmul_kernel
     return _rs_gemm(kernel, rank, world, N=40, grid_fn=lambda M: (triton.cdiv(M, 16),), BLOCK_M=16, BLOCK_N=16,
