@@ -178,15 +178,23 @@ def _program_id_bypass(an: KernelAnalysis, pid: str) -> str | None:
     vector's start or an address computed from ``tl.program_id`` itself, or from the program-id variable ``pid`` is
     made from (``o = tl.program_id(0) * BLOCK + ...``, ``tl.store(out_ptr + pid, ...)`` with ``pid_m = pid``), would
     still name the program's own tile, and the program would write one tile's values at another's rows. Other
-    variables made from the program id in assignments (``pid_n`` of a grouped ordering) pair with the rotated
-    ``pid`` as before, one tile each; so TileLink cannot tell a row coordinate made so (``row = tl.program_id(0) *
-    BLOCK``, then ``row + tl.arange(...)``) from them, and follows only the direct reads above."""
+    variables made from the program id in assignments (``pid_n`` of a grouped ordering, ``pid_n = tl.program_id(0) %
+    num_pid_n``) pair with the rotated ``pid`` as before, one tile each; a coordinate that multiplies the program id
+    itself (``row = tl.program_id(0) * BLOCK``, ``row = pid * BLOCK`` with ``pid_m = pid``) is a position of its own,
+    read like the program id."""
     chain = {pid} | _depends_on(an, an.values.get(pid, ()))
     axes = {axis for name in chain for v in an.values.get(name, ()) for axis in _program_ids(cst.parse_expression(v))}
     if not axes:
         return None
     ids = {name for name in chain - {pid}
            if any(_program_ids(cst.parse_expression(v)) for v in an.values.get(name, ()))}
+    for _ in range(8):  # coordinates made from such a product, in turn (`row = tl.program_id(0) * B; r2 = row + 1`)
+        more = {name for name, values in an.values.items() if name not in chain | ids and any(
+            _scales_position(cst.parse_expression(v), axes, ids) or names_in(cst.parse_expression(v)) & (
+                ids - chain) for v in values)}
+        if not more:
+            break
+        ids |= more
     for name, values in an.values.items():
         if name in chain:
             continue
@@ -202,6 +210,15 @@ def _program_id_bypass(an: KernelAnalysis, pid: str) -> str | None:
         if _program_ids(node) & axes or names_in(node) & ids:
             return f"line {where.line} reads the program id (`{text}`)"
     return None
+
+
+def _scales_position(node: cst.BaseExpression, axes: set[str], ids: set[str]) -> bool:
+    """``node`` multiplies the program id itself (``tl.program_id(0) * BLOCK``) or a variable read like it."""
+    for mul in m.findall(node, m.BinaryOperation(operator=m.Multiply())):
+        for side in (mul.left, mul.right):
+            if _program_ids(side) & axes or names_in(side) & ids:
+                return True
+    return False
 
 
 def _depends_on(an: KernelAnalysis, values: tuple[str, ...]) -> set[str]:
