@@ -959,32 +959,173 @@ def _factors(an: _Analyzer, node: cst.BaseExpression, offsets: str, depth: int =
     return None
 
 
-def _vector_start(an: _Analyzer, name: str, offsets: str) -> list[tuple[bool, tuple[str, ...]]] | None:
-    """The scalar terms of a vector bound once as ``start + tl.arange(0, B)`` (``[]`` for ``tl.arange(0, B)``
-    itself), each as ``(subtracted, factors)`` with factors readable at the launch; ``None`` otherwise."""
+_Terms = list[tuple[bool, tuple[str, ...]]]  # a sum known at the launch: (subtracted, factors) of each term
+
+
+def _computed(an: _Analyzer, node: cst.BaseExpression, depth: int = 0) -> bool:
+    """``node`` holds a value the kernel computes by a call (``tl.program_id(1)``, a load, ``f(D)``), directly or
+    through locals bound once (``pid_n = tl.program_id(1)``)."""
+    if m.findall(node, m.Call()):
+        return True
+    for name in names_in(node) - set(an.params) - an.rebound:
+        defs = an.assignments.get(name, [])
+        if depth < 8 and len(defs) == 1 and _computed(an, defs[0][1], depth + 1):
+            return True
+    return False
+
+
+def _position(an: _Analyzer, node: cst.BaseExpression, depth: int = 0) -> bool:
+    """``node`` is a program's position: computed from program ids and the arguments, with no value read from memory
+    (``pid_n * BLOCK_N``, with ``pid_n = pid % tl.cdiv(N, BLOCK_N)`` or ``pid_m, pid_n = tile_of(pid, ...)``; through
+    locals bound once)."""
+    if m.findall(node, m.Subscript() | m.Call(func=m.Attribute(attr=m.Name("load") | m.MatchIfTrue(
+            lambda n: n.value.startswith("atomic"))))):
+        return False
+    called = {c.func.value for c in m.findall(node, m.Call(func=m.Name()))}  # a helper of the file: `tile_of(pid)`
+    for name in names_in(node) - set(an.params) - called - {"tl"}:
+        defs = an.assignments.get(name, [])
+        if depth >= 8 or name in an.rebound or len(defs) != 1 or not _position(an, defs[0][1], depth + 1):
+            return False
+    return True
+
+
+def _varies(an: _Analyzer, node: cst.BaseExpression, depth: int = 0) -> bool:
+    """``node`` reads a name that changes from one step of a loop to the next (a loop variable, a name updated in
+    place or assigned inside a loop), directly or through locals bound once: the advance and sweep checks judge it."""
+    loops = m.findall(an.fn.body, m.For() | m.While())
+    for name in names_in(node) - set(an.params):
+        defs = an.assignments.get(name, [])
+        if name in an.rebound or any(_contains(an, loop, where) for loop in loops for where in (
+                an.where(ref.node) for ref, _ in defs)):
+            return True
+        if depth < 8 and len(defs) == 1 and _varies(an, defs[0][1], depth + 1):
+            return True
+    return False
+
+
+def _waits(acc: Access) -> str:
+    return "wait" if acc.kind == "load" else "notify"
+
+
+def _scalar_term(an: _Analyzer, acc: Access, term: cst.BaseExpression, negative: bool,
+                 offsets: str) -> tuple[bool, tuple[str, ...]] | None:
+    """A scalar term of an address along dim 0 as ``(subtracted, factors)`` when the launch can read it; ``None`` when
+    it cannot and the term is not computed by a call (a loop variable: not checked); refused when it is computed by a
+    call (``tl.program_id(1) * D``, ``f(D)``): TileLink cannot bound it at the launch."""
+    factors = None if m.findall(term, m.Call()) else _factors(an, term, offsets)
+    if factors is not None:
+        return negative, tuple(factors)
+    if not _computed(an, term) or _varies(an, term):
+        return None
+    raise _refuse(acc, f"the address of the {acc.kind} at line {acc.where.line} adds `{code(term)}` along the rows of "
+                       f"{acc.tensor!r}, a value the kernel computes (through a call or a program id), which TileLink "
+                       f"cannot bound at the launch: the {acc.kind} may touch other rows than those its {_waits(acc)} "
+                       f"covers", "add that offset to a column vector and mask the vector by the row's length, which "
+                       f"the launch checks: `cols = {code(term)} + tl.arange(0, BLOCK_D)`, the address `... + "
+                       f"cols[None, :]` and `mask=... & (cols[None, :] < D)`; or pass the offset as an argument")
+
+
+def _is_vector(an: _Analyzer, node: cst.BaseExpression, depth: int = 0) -> bool:
+    """``node`` holds a vector: a ``tl.arange``, or a local made from one."""
+    if m.findall(node, m.Call(func=m.Attribute(attr=m.Name("arange")) | m.Name("arange"))):
+        return True
+    return depth < 8 and any(_is_vector(an, v, depth + 1) for n in names_in(node) - set(an.params)
+                             for _, v in an.assignments.get(n, []))
+
+
+def _vector_start(an: _Analyzer, acc: Access, name: str, offsets: str,
+                  depth: int = 0) -> tuple[_Terms, bool] | None:
+    """The first element of a column vector bound once as ``start + tl.arange(0, B)`` (also through another vector,
+    ``cols = other_cols + D``): the terms of its start the launch can read, and whether the rest of it is a program's
+    position (``pid_n * BLOCK_N``: not negative, bounded by the access's mask). ``None`` when the vector is bound more
+    than once; refused when it is made from something TileLink cannot read (a vector loaded, a start computed other
+    than from program ids)."""
     defs = an.assignments.get(name, [])
     if len(defs) != 1 or name in an.rebound:
         return None
+    hint = ("build the columns as `cols = start + tl.arange(0, BLOCK_D)`, the start a literal, a parameter or a "
+            "multiple of a program id, and mask them by the row's length (`cols[None, :] < D`)")
     terms = _terms(defs[0][1])
-    ranges = [t for t, neg in terms if not neg and m.matches(t, m.Call(func=m.Attribute(attr=m.Name("arange")) | m.Name(
-        "arange"), args=[m.Arg(value=m.Integer("0")), m.ZeroOrMore()]))]
-    if len(ranges) != 1:
-        return None
-    start: list[tuple[bool, tuple[str, ...]]] = []
+    start: _Terms = []
+    position = vectors = 0
     for term, negative in terms:
-        if term is ranges[0]:
+        if m.matches(term, m.Call(func=m.Attribute(attr=m.Name("arange")) | m.Name("arange"),
+                                  args=[m.Arg(value=m.Integer("0")), m.ZeroOrMore()])) and not negative:
+            vectors += 1
+        elif isinstance(term, cst.Name) and term.value not in an.params and _is_vector(an, term) and not negative \
+                and depth < 8:
+            inner = _vector_start(an, acc, term.value, offsets, depth + 1)
+            if inner is None and _varies(an, term):
+                return None  # the columns of each step: the sweep check judges them
+            if inner is None:
+                raise _refuse(acc, f"the columns `{name}` of the {acc.kind} at line {acc.where.line} are made from the "
+                                   f"vector `{term.value}`, which is bound more than once: TileLink cannot read where "
+                                   f"they start along the rows of {acc.tensor!r}", hint)
+            start += inner[0]
+            position += inner[1]
+            vectors += 1
+        elif _is_vector(an, term) or m.findall(term, m.Subscript()):
+            raise _refuse(acc, f"the columns `{name}` of the {acc.kind} at line {acc.where.line} add the vector "
+                               f"`{code(term)}`, which TileLink cannot read: it cannot check that they stay within the "
+                               f"rows of {acc.tensor!r} that the {_waits(acc)} covers", hint)
+        elif (found := None if m.findall(term, m.Call()) else _factors(an, term, offsets)) is not None:
+            start.append((negative, tuple(found)))
+        elif _varies(an, term):
+            return None  # the columns of each step: the sweep check judges them
+        elif not negative and _position(an, term):
+            position += 1
+        elif _computed(an, term):
+            raise _refuse(acc, f"the columns `{name}` of the {acc.kind} at line {acc.where.line} start at "
+                               f"`{code(term)}`, a value the kernel computes, which TileLink cannot bound at the "
+                               f"launch along the rows of {acc.tensor!r}", hint)
+        else:
+            return None  # a loop variable: the columns of each step, bounded by the mask
+    return (start, position > 0) if vectors else None
+
+
+def _mask_bound(an: _Analyzer, acc: Access, name: str, offsets: str) -> _Terms | None:
+    """The largest value of the column vector ``name`` the access's mask lets through, as terms the launch reads:
+    ``D - 1`` for a conjunct ``cols[None, :] < D`` (``cols <= D``: ``D``); ``None`` when the mask bounds it by none."""
+    if acc.mask is None:
+        return None
+    conjuncts, todo = [], [cst.parse_expression(acc.mask)]
+    while todo:
+        node = todo.pop()
+        if node.lpar:
+            todo.append(node.with_changes(lpar=[], rpar=[]))
+        elif isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.BitAnd) or isinstance(
+                node, cst.BooleanOperation) and isinstance(node.operator, cst.And):
+            todo += [node.left, node.right]
+        else:
+            conjuncts.append(node)
+    column = m.Name(name) | m.Subscript(value=m.Name(name))
+    for node in conjuncts:
+        if not isinstance(node, cst.Comparison) or len(node.comparisons) != 1:
             continue
-        factors = None if m.findall(term, m.Call() | m.Subscript()) else _factors(an, term, offsets)
-        if factors is None:
-            return None
-        start.append((negative, tuple(factors)))
-    return start
+        op, right = node.comparisons[0].operator, node.comparisons[0].comparator
+        if m.matches(node.left, column) and isinstance(op, (cst.LessThan, cst.LessThanEqual)):
+            bound, below = right, isinstance(op, cst.LessThan)
+        elif m.matches(right, column) and isinstance(op, (cst.GreaterThan, cst.GreaterThanEqual)):
+            bound, below = node.left, isinstance(op, cst.GreaterThan)
+        else:
+            continue
+        terms: _Terms = []
+        for term, negative in _terms(bound):
+            factors = None if m.findall(term, m.Call() | m.Subscript()) else _factors(an, term, offsets)
+            if factors is None:
+                break
+            terms.append((negative, tuple(factors)))
+        else:
+            return terms + ([(True, ("1",))] if below else [])
+    return None
 
 
-def _advanced(an: _Analyzer, tensor: str, offsets: str) -> list[tuple[bool, tuple[str, ...]]] | None:
+def _advanced(an: _Analyzer, acc: Access, offsets: str) -> list[tuple[bool, tuple[str, ...]]] | None:
     """The scalar terms the kernel adds to the annotated pointer itself (``x_ptr += D``, ``x_ptr = x_ptr + D``), as
     ``(subtracted, factors)``: ``[]`` when it never binds it; ``None`` when they are not one sum known at the launch
-    (bound more than once or in a loop, or a term that is not a literal or a parameter)."""
+    (bound more than once or in a loop, or a term that is not a literal or a parameter); a term the kernel computes
+    (``x_ptr += tl.program_id(1) * D``) is refused (``_scalar_term``)."""
+    tensor = acc.tensor
     if not an.bindings.get(tensor):
         return []
     nodes = m.findall(an.fn.body, m.AugAssign(target=m.Name(tensor)) | m.Assign(
@@ -1005,70 +1146,104 @@ def _advanced(an: _Analyzer, tensor: str, offsets: str) -> list[tuple[bool, tupl
             return None  # not the pointer plus terms
     out: list[tuple[bool, tuple[str, ...]]] = []
     for term, negative in terms:
-        factors = None if m.findall(term, m.Call() | m.Subscript()) or offsets in names_in(term) else _factors(
-            an, term, offsets)
-        if factors is None:
+        found = None if m.findall(term, m.Subscript()) or offsets in names_in(term) else _scalar_term(
+            an, acc, term, negative, offsets)
+        if found is None:
             return None
-        out.append((negative, tuple(factors)))
+        out.append(found)
     return out
 
 
-def _row_scales(an: _Analyzer, acc: Access, pointers: set[str]) -> tuple[set[tuple[str, ...]], tuple | None]:
+def _row_scales(an: _Analyzer, acc: Access, pointers: set[str]) -> tuple[set[tuple[str, ...]], list[tuple]]:
     """The scales of the rows of a pointer access (see ``KernelAnalysis.row_scales``), and its scalar terms along dim 0
-    when each is known at the launch (``KernelAnalysis.row_shifts``; ``None`` otherwise). The rows term must appear
-    once along any chain of aliases (``a_ptrs = a_ptr + offs[:, None] * s`` then ``a_ptrs + offs[:, None] * s`` touch
-    rows ``2 * offs``), and its factors must be readable at the launch; else the access is refused."""
+    (``KernelAnalysis.row_shifts``): one sum for each way its aliases are bound (``if C: base = x_ptr + D`` / ``else:
+    base = x_ptr``), none when they are not known (a loop variable, an alias advanced in place: checked as an advance).
+    The rows term must appear once along any chain of aliases (``a_ptrs = a_ptr + offs[:, None] * s`` then ``a_ptrs +
+    offs[:, None] * s`` touch rows ``2 * offs``), and its factors must be readable at the launch; else the access is
+    refused, and so is a scalar term the kernel computes (``tl.program_id(1) * D``, see ``_scalar_term``)."""
     tile = acc.tile
     if acc.descriptor or tile is None or tile.offsets is None or tile.dynamic:
-        return set(), None
-    shifts: list[tuple[bool, tuple[str, ...]]] | None = [] if an.tensors[acc.tensor][0] == 0 else None
-    if shifts is not None:  # the pointer itself advanced before the access (`x_ptr += D`) moves it along the rows too
-        shifts = _advanced(an, acc.tensor, tile.offsets)
-    hint = (f"index the rows once, with the offsets vector times the row stride parameter (`{tile.offsets}[:, None] * "
-            f"stride_m`) or a literal (`{tile.offsets} * 64`), in one alias of the pointer")
+        return set(), []
+    offsets = tile.offsets
+    along = an.tensors[acc.tensor][0] == 0  # the terms of the address along dim 0 are the rows'
+    # the pointer itself advanced before the access (`x_ptr += D`) moves it along the rows too
+    first = _advanced(an, acc, offsets) if along else None
+    hint = (f"index the rows once, with the offsets vector times the row stride parameter (`{offsets}[:, None] * "
+            f"stride_m`) or a literal (`{offsets} * 64`), in one alias of the pointer")
     scales: set[tuple[str, ...]] = set()
 
-    def count(expr: cst.BaseExpression, seen: frozenset[str]) -> int:
-        nonlocal shifts
+    def plus(ways: list[_Terms] | None, more: list[_Terms] | None) -> list[_Terms] | None:
+        """Each way of ``ways`` with each of ``more`` added."""
+        if ways is None or more is None:
+            return None
+        out = [a + b for a in ways for b in more]
+        if len(out) > 64:
+            raise _refuse(acc, f"the address of the {acc.kind} at line {acc.where.line} is bound in more than 64 ways "
+                               f"along its aliases: TileLink checks each way's terms along the rows of {acc.tensor!r}",
+                          "bind the pointer's aliases once, and choose the offsets in a local instead")
+        return out
+
+    def walk(expr: cst.BaseExpression, seen: frozenset[str]) -> tuple[int, list[_Terms] | None]:
         n = 0
+        ways: list[_Terms] | None = [[]]
         for term, negative in _terms(expr):
-            if shifts is not None and tile.offsets not in names_in(term) and not (
-                    isinstance(term, cst.Name) and term.value in pointers) and not m.findall(
-                    term, m.Subscript() | m.Call()):
-                # a scalar term (a vector term, `cols[None, :]`, is a column vector, bounded by its mask)
-                factors = _factors(an, term, tile.offsets)
-                shifts = None if factors is None else shifts + [(negative, tuple(factors))]
-            elif shifts is not None and isinstance(term, cst.Subscript) and isinstance(term.value, cst.Name) and \
-                    tile.offsets not in names_in(term):
-                # a column vector (`cols[None, :]`, `cols = D + tl.arange(0, BLOCK_D)`): its first element is along
-                # dim 0 too, and starts past the row when its scalar terms do
-                start = _vector_start(an, term.value.value, tile.offsets)
-                shifts = None if start is None else shifts + [(negative != sub, f) for sub, f in start]
-            if tile.offsets in names_in(term):
-                factors = _factors(an, term, tile.offsets)
+            if offsets in names_in(term):
+                factors = _factors(an, term, offsets)
                 if factors is None:
                     again = sorted(n for n in names_in(term) if n in an.params and (n in an.assignments or
                                                                                      n in an.rebound))
                     said = (f" ({', '.join(f'`{n}`' for n in again)} is bound again in the kernel: the launch would "
                             f"read the argument, not the kernel's value)") if again else ""
-                    raise _refuse(acc, f"the rows `{tile.offsets}` of the {acc.kind} at line {acc.where.line} are "
+                    raise _refuse(acc, f"the rows `{offsets}` of the {acc.kind} at line {acc.where.line} are "
                                        f"scaled by `{code(term)}`, which TileLink cannot check against the row stride "
                                        f"of {acc.tensor!r} at the launch{said}", hint)
                 scales.add(tuple(sorted(factors)))
                 n += 1
+            elif not along or isinstance(term, cst.Name) and term.value in pointers:
+                continue  # an alias: its own terms, below
+            elif isinstance(term, cst.Subscript) and isinstance(term.value, cst.Name):
+                # a column vector (`cols[None, :]`, `cols = D + tl.arange(0, BLOCK_D)`): its first element is along
+                # dim 0 too, and starts past the row when its scalar terms do; a start at a program's position
+                # (`pid_n * BLOCK_N`) is bounded by the access's mask, which must bound the vector by the row
+                found = _vector_start(an, acc, term.value.value, offsets)
+                if found is None or ways is None:
+                    ways = None
+                    continue
+                start, position = found
+                low = [(negative != sub, f) for sub, f in start]
+                if not position:
+                    ways = plus(ways, [low])
+                    continue
+                bound = _mask_bound(an, acc, term.value.value, offsets)
+                if bound is None or negative:
+                    ways = None  # the columns of each program, bounded by a mask TileLink does not read
+                    continue
+                ways = plus(ways, [low, bound])  # the first element the program can have, and the last the mask lets by
+            elif not m.findall(term, m.Subscript()):
+                found_term = _scalar_term(an, acc, term, negative, offsets)
+                ways = None if found_term is None else plus(ways, [[found_term]])
+            # a scaled column vector (`offs_k[None, :] * stride_ak`) moves along its own dim, bounded by its mask
         for name in sorted(names_in(expr) & pointers - seen - {acc.tensor}):
             defs = [v for _, v in an.assignments.get(name, [])]
-            if len(defs) != 1 or name in an.rebound:
-                shifts = None  # an alias made more than once, or advanced: its terms are not one sum
-            if defs:
-                n += max(count(v, seen | {name}) for v in defs)
-        return n
+            if not defs:
+                continue
+            found = [walk(v, seen | {name}) for v in defs]
+            n += max(k for k, _ in found)
+            if name in an.rebound or any(name in names_in(v) for v in defs) or any(w is None for _, w in found):
+                ways = None  # advanced in place: its steps are checked to move along another dimension
+            elif ways is not None:
+                # an alias bound more than once, each binding a value of its own (`if C: base = x_ptr + D` / `else:
+                # base = x_ptr`): every way is checked
+                ways = plus(ways, [w for _, each in found for w in each])
+        return n, ways
 
-    if count(cst.parse_expression(acc.pointer), frozenset()) > 1:
-        raise _refuse(acc, f"the address of the {acc.kind} at line {acc.where.line} adds the rows `{tile.offsets}` of "
+    count, ways = walk(cst.parse_expression(acc.pointer), frozenset())
+    if count > 1:
+        raise _refuse(acc, f"the address of the {acc.kind} at line {acc.where.line} adds the rows `{offsets}` of "
                            f"{acc.tensor!r} more than once (through its aliases): it touches other rows than the "
                            f"tile's", hint)
-    return scales, tuple(shifts) if shifts else None
+    ways = plus([first] if first is not None else None, ways)
+    return scales, [tuple(w) for w in ways or [] if w]
 
 
 def _row_strides(an: _Analyzer, exprs: list[cst.BaseExpression], tile: Tile) -> set[str] | None:
@@ -1650,8 +1825,7 @@ def analyse(module: cst.Module, file: str, kernel: str,
             accesses.append(_anchor(an, acc, tile, pointers))
             scales, shifts = _row_scales(an, accesses[-1], pointers)
             row_scales.extend((tensor, scale, acc.where) for scale in sorted(scales))
-            if shifts is not None:
-                row_shifts.append((tensor, shifts, acc.where))
+            row_shifts.extend((tensor, terms, acc.where) for terms in shifts)
     _check_sweeps_disjoint(an, accesses)
     updates: dict[str, list[str]] = {}
     update_sites: dict[str, list[Where]] = {}

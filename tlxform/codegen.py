@@ -62,6 +62,10 @@ def plan_kernel(module: cst.Module, file: str, request: Request) -> RewritePlan:
     tensors = {t: (spec.dim, spec.tile, spec.size, spec.index) for t in spec.tensors}
     an = analyse(module, file, request.kernel, tensors)
     plan = rule_of(spec.kind).rewrite_module().rewrite(an, spec, request.options)
+    # the row facts the launch checks at each call with more than one rank, from the analysis the rule read
+    plan = dataclasses.replace(plan, launch=dataclasses.replace(
+        plan.launch, row_scales=tuple(sorted({(t, f, at.line) for t, f, at in an.row_scales})),
+        row_shifts=tuple((t, terms, at.line) for t, terms, at in an.row_shifts)))
     notes = tuple(ReportEntry(
         an.name, plan.rule, "note", f"the loop at line {at.line} runs without warp specialisation: its partitions "
         "would run different code, while TileLink's waits and notifies synchronise every thread of the program "
@@ -265,6 +269,10 @@ def generate(source: str, file: str, requests: list[Request]) -> GeneratedModule
         # helpers that receive an annotated tensor are inlined: the analysis and the rewrite see their accesses
         inlined = inline_helpers(module, file, req.kernel, [t for s in req.specs for t in s.tensors])
         plan = inlined.planned(plan_kernel, file, req)
+        launch = plan.launch  # the row facts at the user's lines (an inlined helper's, inside the helper)
+        plan = dataclasses.replace(plan, launch=dataclasses.replace(
+            launch, row_scales=tuple(sorted({(t, f, inlined.user_line(line)) for t, f, line in launch.row_scales})),
+            row_shifts=tuple((t, terms, inlined.user_line(line)) for t, terms, line in launch.row_shifts)))
         plans.append(plan)
         rewriter = _Rewriter(req.kernel, plan)
         new_module = MetadataWrapper(inlined.module, unsafe_skip_copy=True).visit(rewriter)

@@ -10,6 +10,7 @@ every other argument is the full problem's.
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.util
 import inspect
 import os
@@ -88,9 +89,6 @@ class OverlappedKernel:
                                   hint="define kernels in a .py file") from None
         self.specs = specs
         self.options = options
-        self._text = text
-        self._row_scales: tuple | None = None
-        self._defaults: dict | None = None
         self.generated = generate(text, _display_path(self.file), [Request(self.name, specs, options)])
         self.plan = self.generated.plans[0]
         self.check_waits = os.environ.get("TILELINK_CHECK_WAITS", "1") != "0"
@@ -164,80 +162,66 @@ class OverlappedKernel:
 
         return launch
 
+    @functools.cached_property
+    def defaults(self) -> dict[str, Any]:
+        """The kernel's parameters that have a default (``STEP: tl.constexpr = 2``) and their defaults, read once: a
+        call that leaves one out runs with its default, which the row-scale check and a split-K grid read too."""
+        return {n: p.default for n, p in inspect.signature(self.fn).parameters.items()
+                if p.default is not inspect.Parameter.empty}
+
     def _check_row_scales(self, bound: dict, launcher) -> None:
         """The rows a wait or notify covers are the offsets vector's, ``offs``; an access reads or writes the elements
         ``offs * scale`` (``offs[:, None] * stride_am``, ``x_ptr + offs * 2``). Both are the same rows only when the
         scale is the row stride of the buffer the rewritten kernel is given: the gathered rows or the partial sums,
         contiguous tensors of the argument's shape (the full size along the rows); and the address's scalar terms along
-        dim 0, when each is known, stay within a row (``+ D`` on a (M, D) tensor is the next row). Checked on each call
-        with more than one rank (alone, the kernel runs on the caller's tensors as written)."""
-        if launcher.world().world_size == 1:
+        dim 0 stay within a row (``+ D`` on a (M, D) tensor is the next row). The facts are the launch plan's
+        (``row_scales``, ``row_shifts``). Checked on each call with more than one rank (alone, the kernel runs on the
+        caller's tensors as written), under each autotuning configuration the call may run (a ``triton.Config``
+        sets a constexpr the call does not pass)."""
+        plan = self.plan.launch
+        if not (plan.row_scales or plan.row_shifts) or launcher.world().world_size == 1:
             return
-        if self._row_scales is None:  # read once, at the first call with peers
-            self._row_scales = _row_scales(self._text, _display_path(self.file), self.name, self.specs)
-        scales, shifts = self._row_scales
-        if not (scales or shifts):
-            return
-        # a parameter the call leaves out runs with its default (`STEP: tl.constexpr = 2`): compare that value
-        if self._defaults is None:  # read once
-            self._defaults = {n: p.default for n, p in inspect.signature(self.fn).parameters.items()
-                              if p.default is not inspect.Parameter.empty}
-        if self._defaults:
-            bound = {**self._defaults, **bound}
-        for tensor, dim, factors, line in scales:
-            t = bound.get(tensor)
-            if not (hasattr(t, "shape") and hasattr(t, "stride")) or len(t.shape) <= dim:
-                continue  # not a tensor (a host descriptor: its rows are its offsets); the launcher says what is wrong
-            scale = 1
-            for f in factors:
-                value = int(f) if f.isdigit() else bound.get(f)
-                if not isinstance(value, int) or isinstance(value, bool):
-                    break  # a parameter the call leaves to its default, or not an int: nothing to compare
-                scale *= value
-            else:
-                rows = 1
-                for n in t.shape[dim + 1:]:
-                    rows *= int(n)
-                if scale != rows:
-                    said = " * ".join(f"{f}={bound[f]}" if not f.isdigit() else f for f in factors) or "1"
+        from tilelink.rules.reduce_scatter.launcher import _metas
+
+        for meta, config in _metas(self.kernel, bound):
+            # a parameter the call leaves out runs with its default (`STEP: tl.constexpr = 2`): compare that value
+            values = {**self.defaults, **meta}
+            said_config = "" if config == "the call's arguments" else f" under the autotuning configuration {config}"
+            for tensor, factors, line in plan.row_scales:
+                t = bound.get(tensor)
+                if not (hasattr(t, "shape") and hasattr(t, "stride")) or len(t.shape) <= plan.dim:
+                    continue  # not a tensor (a host descriptor: its rows are its offsets); the launcher says why
+                scale = _product(factors, values)
+                rows = _product(tuple(str(int(n)) for n in t.shape[plan.dim + 1:]), {})
+                if scale is not None and scale != rows:
+                    said = " * ".join(f"{f}={values[f]}" if not f.isdigit() else f for f in factors) or "1"
                     buffer = "the gathered rows" if self.specs[0].kind == "all_gather" else "the partial sums"
                     raise LaunchError(
                         f"{self.name}: the rows of {tensor!r} are addressed {scale} elements apart at "
-                        f"{_display_path(self.file)}:{line} (its offsets times {said}), but the buffer TileLink "
-                        f"passes as {tensor!r} ({buffer}, "
+                        f"{_display_path(self.file)}:{line} (its offsets times {said}{said_config}), but the buffer "
+                        f"TileLink passes as {tensor!r} ({buffer}, "
                         f"contiguous, of the shape of the argument along its other dims, {tuple(t.shape)}) has its "
-                        f"dim-{dim} rows {rows} elements apart, so the access would touch other rows than those its "
-                        f"wait or notify covers: pass a contiguous {tensor} and its own stride "
-                        f"({tensor}.stride({dim})), or view it so that one step along dim {dim} is the kernel's "
-                        f"scale (`x.view(-1, {scale})` for a 1-D `x_ptr + offs * {scale}`)")
-        for tensor, terms, line in shifts:
-            t = bound.get(tensor)
-            if not hasattr(t, "shape") or len(t.shape) < 1:
-                continue
-            rows = 1
-            for n in t.shape[1:]:
-                rows *= int(n)
-            shift = 0
-            for negative, factors in terms:
-                term = 1
-                for f in factors:
-                    value = int(f) if f.isdigit() else bound.get(f)
-                    if not isinstance(value, int) or isinstance(value, bool):
-                        break
-                    term *= value
-                else:
-                    shift += -term if negative else term
+                        f"dim-{plan.dim} rows {rows} elements apart, so the access would touch other rows than those "
+                        f"its wait or notify covers: pass a contiguous {tensor} and its own stride "
+                        f"({tensor}.stride({plan.dim})), or view it so that one step along dim {plan.dim} is the "
+                        f"kernel's scale (`x.view(-1, {scale})` for a 1-D `x_ptr + offs * {scale}`)")
+            for tensor, terms, line in plan.row_shifts:
+                t = bound.get(tensor)
+                if not hasattr(t, "shape") or len(t.shape) < 1:
                     continue
-                break  # a term not known at this call
-            else:
+                rows = _product(tuple(str(int(n)) for n in t.shape[1:]), {})
+                known = [_product(factors, values) for _, factors in terms]
+                if None in known:
+                    continue  # a parameter that is not an int at this call: Triton refuses the call itself
+                shift = sum(-v if negative else v for (negative, _), v in zip(terms, known, strict=True))
                 if not 0 <= shift < rows:
                     said = " + ".join(("-" if neg else "") + " * ".join(
-                        f"{f}={bound[f]}" if not f.isdigit() else f for f in factors) for neg, factors in terms)
+                        f"{f}={values[f]}" if not f.isdigit() else f for f in factors) for neg, factors in terms)
                     raise LaunchError(
-                        f"{self.name}: the address at {_display_path(self.file)}:{line} adds {shift} elements ({said}) "
-                        f"to the rows of {tensor!r}, whose rows are {rows} elements long: it touches other rows than "
-                        f"those its wait or notify covers; index those rows with an offsets vector of their own "
-                        f"(`nxt = start + BLOCK + tl.arange(0, BLOCK)`, `x_ptr + nxt[:, None] * stride`)")
+                        f"{self.name}: the address at {_display_path(self.file)}:{line} adds {shift} elements ({said}"
+                        f"{said_config}) to the rows of {tensor!r}, whose rows are {rows} elements long: it touches "
+                        f"other rows than those its wait or notify covers; index those rows with an offsets vector of "
+                        f"their own (`nxt = start + BLOCK + tl.arange(0, BLOCK)`, `x_ptr + nxt[:, None] * stride`)")
 
     @contextlib.contextmanager
     def _remember_timeout(self):
@@ -253,21 +237,16 @@ class OverlappedKernel:
         return f"<overlapped kernel {self.name} ({', '.join(s.describe() for s in self.specs)})>"
 
 
-def _row_scales(text: str, file: str, kernel: str, specs: tuple) -> tuple:
-    """``(tensor, dim, factors, line)`` for each scale the rows of a pointer access of ``kernel`` are multiplied by
-    (``KernelAnalysis.row_scales``), and ``(tensor, terms, line)`` for each access's scalar terms along dim 0
-    (``KernelAnalysis.row_shifts``), read from the source again: the analysis is static, and the rewrite keeps only
-    what the rules plan from it."""
-    from tilelink.analysis import analyse, parse_source
-    from tilelink.inline import inline_helpers
-
-    dims = {t: s.dim for s in specs for t in s.tensors}
-    tensors = {t: (s.dim, s.tile, s.size, s.index) for s in specs for t in s.tensors}
-    inlined = inline_helpers(parse_source(text, file), file, kernel, list(tensors))
-    an = analyse(inlined.module, file, kernel, tensors)
-    return (tuple(sorted({(tensor, dims[tensor], factors, inlined.user_line(where.line))
-                          for tensor, factors, where in an.row_scales})),
-            tuple((tensor, terms, inlined.user_line(where.line)) for tensor, terms, where in an.row_shifts))
+def _product(factors: tuple[str, ...], values: dict[str, Any]) -> int | None:
+    """The product of a row fact's ``factors`` (int literals and parameter names) with the parameters' ``values``;
+    ``None`` when one of them is not an int there."""
+    product = 1
+    for f in factors:
+        value = int(f) if f.isdigit() else values.get(f)
+        if not isinstance(value, int) or isinstance(value, bool):
+            return None
+        product *= value
+    return product
 
 
 def _display_path(file: str) -> str:

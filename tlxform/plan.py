@@ -49,6 +49,11 @@ def _name(value: object) -> bool:
     return isinstance(value, str) and value.isidentifier()
 
 
+def _factors(value: object) -> bool:
+    """A tuple of a row fact's factors: int literals and parameter names."""
+    return isinstance(value, tuple) and all(isinstance(f, str) and (f.isdigit() or f.isidentifier()) for f in value)
+
+
 @dataclass(frozen=True, kw_only=True)
 class LaunchPlan:
     """What a rule's launcher needs of a rewrite: the fields every rule has, set by keyword.
@@ -73,6 +78,13 @@ class LaunchPlan:
     comm_sms: int  # programs of the SM partner kernels
     comm_block: int | None  # rows per channel; None: 128 rows on SMs, a rank's rows on the copy engine
     channels_per_rank: int | None  # None: from comm_block
+    #: the scale of each pointer access's rows, ``(tensor, factors, line)``: the product of the factors (int literals
+    #: and parameters) must be the tensor's row stride in the buffer the launcher passes (``KernelAnalysis.row_scales``,
+    #: at the user's line); each call with more than one rank checks it
+    row_scales: tuple[tuple[str, tuple[str, ...], int], ...] = ()
+    #: the scalar terms each pointer access adds along dim 0, ``(tensor, ((subtracted, factors), ...), line)``: their
+    #: sum must stay within one row (``KernelAnalysis.row_shifts``); an access bound two ways has an entry per way
+    row_shifts: tuple[tuple[str, tuple[tuple[bool, tuple[str, ...]], ...], int], ...] = ()
 
     def __post_init__(self) -> None:
         if not self.rule or type(self) is LaunchPlan:
@@ -89,19 +101,26 @@ class LaunchPlan:
         self._check("comm_sms", _positive(self.comm_sms), "a positive int")
         for name in ("comm_block", "channels_per_rank"):
             self._check(name, getattr(self, name) is None or _positive(getattr(self, name)), "None or a positive int")
+        self._check("row_scales", isinstance(self.row_scales, tuple) and all(
+            isinstance(e, tuple) and len(e) == 3 and _name(e[0]) and _factors(e[1]) and _positive(e[2])
+            for e in self.row_scales), "a tuple of (tensor, factors, line)")
+        self._check("row_shifts", isinstance(self.row_shifts, tuple) and all(
+            isinstance(e, tuple) and len(e) == 3 and _name(e[0]) and isinstance(e[1], tuple) and bool(e[1]) and all(
+                isinstance(t, tuple) and len(t) == 2 and isinstance(t[0], bool) and _factors(t[1]) for t in e[1])
+            and _positive(e[2]) for e in self.row_shifts), "a tuple of (tensor, ((subtracted, factors), ...), line)")
 
     def _check(self, name: str, ok: bool, wanted: str) -> None:
         if not ok:
             raise PlanError(f"{type(self).__name__}.{name}={getattr(self, name)!r}: expected {wanted}")
 
     def as_dict(self) -> dict[str, Any]:
-        """The plan as plain data (``rule`` and every field set when it is made; tuples as lists), as the generated
-        module's ``TILELINK_PLAN`` writes it."""
+        """The plan as plain data (``rule`` and every field set when it is made; tuples, at any depth, as lists), as
+        the generated module's ``TILELINK_PLAN`` writes it."""
         out: dict[str, Any] = {"rule": self.rule}
         for f in fields(self):
             if f.init:
                 value = getattr(self, f.name)
-                out[f.name] = list(value) if isinstance(value, tuple) else value
+                out[f.name] = _lists(value)
         return out
 
     @classmethod
@@ -121,7 +140,17 @@ class LaunchPlan:
             said += [f"unknown field(s) {', '.join(map(repr, unknown))}"] if unknown else []
             raise PlanError(f"launch plan of rule {rule!r}: {'; '.join(said)} ({plan_cls.__name__} has "
                             f"{', '.join(names)}); rebuild the module with tlxform build")
-        return plan_cls(**{n: tuple(data[n]) if isinstance(data[n], list) else data[n] for n in names})
+        return plan_cls(**{n: _tuples(data[n]) for n in names})
+
+
+def _lists(value: Any) -> Any:
+    """A field as plain data: tuples (at any depth) as lists."""
+    return [_lists(v) for v in value] if isinstance(value, tuple) else value
+
+
+def _tuples(value: Any) -> Any:
+    """A field read back from plain data: lists (at any depth, as JSON would give them) as tuples."""
+    return tuple(_tuples(v) for v in value) if isinstance(value, (list, tuple)) else value
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import inspect
 import math
 from dataclasses import dataclass, field
 
@@ -32,13 +31,6 @@ REDUCE_PROGRAMS_PER_SM = 8
 def _sm_count(index: int | None) -> int:
     """The GPU's SMs, read once: the properties' query cost every call microseconds."""
     return torch.cuda.get_device_properties(index).multi_processor_count
-
-
-@functools.cache
-def _defaults(fn) -> tuple[tuple[str, object], ...]:
-    """The kernel's parameters with a default (``SPLIT_K: tl.constexpr = 2``), read once per kernel."""
-    return tuple((n, p.default) for n, p in inspect.signature(fn).parameters.items()
-                 if p.default is not inspect.Parameter.empty)
 
 
 def _metas(kernel, bound: dict) -> list[tuple[dict, str]]:
@@ -361,7 +353,8 @@ class ReduceScatterLauncher(Launcher):
                 graphs.enqueue(send_and_reduce)
                 self.finish_captured(twin)
             return
-        self.device_barrier(twin, world, main)  # every rank is done reading the previous call's partial sums
+        if world.world_size > 1:  # every rank is done reading the previous call's partial sums (a top-k world of one
+            self.device_barrier(twin, world, main)  # comes here too, with no peer and no fence words)
 
         def consume() -> None:
             self._consumer(twin, world, out, twin.channel.barriers, twin.channel.peer_table, 1)
@@ -432,11 +425,11 @@ class ReduceScatterLauncher(Launcher):
         if not callable(grid):
             return self._split_count(grid)
         counts: dict[int, list[str]] = {}
-        defaults = _defaults(self.okernel.fn)
+        defaults = self.okernel.defaults
         for meta, config in _metas(self.kernel, bound):
             # Triton's grid reads the parameters the call leaves out at their defaults (the autotuner's and the
             # heuristics' values come first): `META.get("SPLIT_K", 1)` under `SPLIT_K: tl.constexpr = 2` is two
-            meta = {**{n: v for n, v in defaults if n not in meta}, **meta}
+            meta = {**defaults, **meta}
             try:
                 count = self._split_count(grid(meta))
             except Exception as exc:  # noqa: BLE001 - reported with the grid
