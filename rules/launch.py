@@ -217,6 +217,8 @@ class Launcher:
         #: fast_key(call) -> its context: a call like one seen before skips the checks and sizes of context()
         self.fast_contexts: dict[tuple, Any] = {}
         self._world = None  # the world the contexts belong to
+        #: id(context) -> (context, its channel arguments in a world of one: the same every call, made once)
+        self.alone_args: dict[int, tuple] = {}
         #: a wait of a call in this world timed out (kept by OverlappedKernel): later calls refuse to run
         self.timed_out: Exception | None = None
 
@@ -238,6 +240,7 @@ class Launcher:
         if world is not self._world:
             self.contexts.clear()
             self.fast_contexts.clear()
+            self.alone_args.clear()
             self.timed_out = None
             self._world = world  # held: a new world cannot reuse the identity of this one
         return world
@@ -509,49 +512,35 @@ class Launcher:
         (every peer is past its previous call) or, with ``last``, at its end (every peer is done with this one)."""
         self.device_handshake(twin, twin.fence, world, stream, stream, mul=2, sub=0 if last else 1)
 
-    @staticmethod
-    def _channel_of(ctx, barriers):
-        from tilelink.runtime import Channel
-
-        if isinstance(barriers, Channel):
-            return barriers
-        for channel in (ctx.channel, getattr(ctx, "recv_channel", None), getattr(ctx, "reduced_channel", None)):
-            if channel is not None and channel.barriers is barriers:
-                return channel
-        raise LaunchError("a captured call's notify or wait on a barrier array that is not one of its channels")
-
-    def notify(self, ctx, barriers, index: int, value: int, rank: int, stream) -> None:
-        """:func:`tilelink.runtime.rank_notify` (word ``index`` of ``rank``'s ``barriers`` set to ``value``
-        behind ``stream``'s work); in a captured call a kernel that sets it to ``value`` times the call count."""
+    def notify(self, ctx, channel, index: int, value: int, rank: int, stream) -> None:
+        """:func:`tilelink.runtime.rank_notify` (word ``index`` of ``rank``'s copy of ``channel``, a
+        :class:`~tilelink.runtime.Channel` of ``ctx``, set to ``value`` behind ``stream``'s work); in a captured call
+        a kernel that sets it to ``value`` times the call count. The word is addressed from the Channel's table (a
+        bare array's costs checks and a view of the peer's copy)."""
         if not ctx.captured or self.resets_channels:  # the latter: a call's own count, frozen like its kernels
             from tilelink.runtime import rank_notify
 
-            # a Channel's word is addressed from its table (an array's costs checks and a view of the peer's copy)
-            for channel in (ctx.channel, getattr(ctx, "recv_channel", None), getattr(ctx, "reduced_channel", None)):
-                if channel is not None and channel.barriers is barriers:
-                    barriers = channel
-                    break
-            rank_notify(barriers, index, value, rank, stream)
+            rank_notify(channel, index, value, rank, stream)
             return
         from tilelink.runtime import graphs
 
         with self.on(stream):
-            graphs.signal(self._channel_of(ctx, barriers), index, self.world(), ctx.diag.buffer, dst=rank, mul=value)
+            graphs.signal(channel, index, self.world(), ctx.diag.buffer, dst=rank, mul=value)
 
-    def wait(self, ctx, barriers, index: int, value: int, stream) -> None:
-        """:func:`tilelink.runtime.rank_wait` (``stream`` waits until local word ``index`` reaches ``value``;
-        the host goes on, a watcher checks the wait); in a captured call a one-program kernel that spins until
-        the word reaches ``value`` times the call count, bounded by the wait's budget."""
+    def wait(self, ctx, channel, index: int, value: int, stream) -> None:
+        """:func:`tilelink.runtime.rank_wait` (``stream`` waits until local word ``index`` of ``channel``, a
+        :class:`~tilelink.runtime.Channel` of ``ctx``, reaches ``value``; the host goes on, a watcher checks the
+        wait); in a captured call a one-program kernel that spins until the word reaches ``value`` times the call
+        count, bounded by the wait's budget."""
         if not ctx.captured:
             from tilelink.runtime import rank_wait
 
-            rank_wait(barriers, index, value, stream, block=False)
+            rank_wait(channel, index, value, stream, block=False)
             return
         from tilelink.runtime import graphs
 
         with self.on(stream):
-            graphs.wait(self._channel_of(ctx, barriers).barriers, index, 1, ctx.diag.buffer, ctx.diag.budget_ns,
-                        mul=value)
+            graphs.wait(channel.barriers, index, 1, ctx.diag.buffer, ctx.diag.budget_ns, mul=value)
 
     def finish_captured(self, twin) -> None:
         """Join the side stream into the main one (the capture's fork and join); nothing is checked on the
@@ -569,9 +558,12 @@ class Launcher:
             args = self.channel_args(ctx.satisfied, 1, world, ctx.sharding, ctx.diag)
             graphs.enqueue(lambda: self.kernel[grid](**call, **args))
             return
-        if ctx.satisfied is None:
-            ctx.satisfied = torch.full_like(ctx.scratch, 1 << 60)
-        self.kernel[grid](**call, **self.channel_args(ctx.satisfied, 1, world, ctx.sharding, ctx.diag))
+        entry = self.alone_args.get(id(ctx))
+        if entry is None or entry[0] is not ctx:
+            if ctx.satisfied is None:
+                ctx.satisfied = torch.full_like(ctx.scratch, 1 << 60)
+            entry = self.alone_args[id(ctx)] = (ctx, self.channel_args(ctx.satisfied, 1, world, ctx.sharding, ctx.diag))
+        self.kernel[grid](**call, **entry[1])
         if self.okernel.check_waits:
             ctx.diag.check_later(kernel=self.okernel.name, stream=ctx.streams.main)
 

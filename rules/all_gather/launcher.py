@@ -105,7 +105,7 @@ class AllGatherLauncher(Launcher):
         the set of its parity; ``barrier_table`` is the peer table of ``barriers`` (push mode notifies the
         peers' copies). Epoch 0 is the dry run of ``warm_up``."""
         if self.plan.via == "copy_engine":
-            self._copy_engine(ctx, world, epoch, barriers)
+            self._copy_engine(ctx, world, epoch)
             return
         dim = self.plan.dim
         sh = ctx.sharding
@@ -152,17 +152,18 @@ class AllGatherLauncher(Launcher):
         ctx.copy_plans[parity] = plan
         return plan
 
-    def _copy_engine(self, ctx: AllGatherContext, world, epoch: int, barriers) -> None:
+    def _copy_engine(self, ctx: AllGatherContext, world, epoch: int) -> None:
         """Pull every peer's channels of every tensor into the set of ``epoch``'s parity (ring order), one
-        notify per channel once every tensor's rows of it have landed."""
+        notify of ``ctx.channel`` per channel once every tensor's rows of it have landed (the copy engine has no
+        dry run: its barriers are always the context's, or its twin's)."""
         sh, k = ctx.sharding, len(ctx.shapes)
-        stream = ctx.streams.side
+        stream, channel = ctx.streams.side, ctx.channel
         for j in range(sh.channels_per_rank):  # this rank's own channels first: its shard is in place
-            self.notify(ctx, barriers, world.rank * sh.channels_per_rank + j, epoch * k, world.rank, stream)
+            self.notify(ctx, channel, world.rank * sh.channels_per_rank + j, epoch * k, world.rank, stream)
         for ch, pairs in self._copy_plan(ctx, world, epoch % 2):
             for src_view, dst_view in pairs:
                 rank_copy_data(src_view, dst_view, stream)
-            self.notify(ctx, barriers, ch, epoch * k, world.rank, stream)
+            self.notify(ctx, channel, ch, epoch * k, world.rank, stream)
 
     def _race(self, ctx: AllGatherContext, world, epoch: int, grid, call: dict, consumer_args: dict) -> None:
         """Run the consumer on the race-exposing schedule (:mod:`tilelink.runtime.races`): the peers' rows of
