@@ -104,24 +104,25 @@ class DirectKernel:
 
     def variant(self, call: dict) -> tuple:
         """The variant of a call: its form (argument names and types) and the terms of ``variant_key``."""
+        form, (variant, _arguments) = self._read_form(call)
+        return form, variant
+
+    def _read_form(self, call: dict) -> tuple:
+        """``(form, (variant, arguments))`` of a call: its form (argument names and types) and what the form's
+        reader (:func:`_reader`, generated at the form's first call) gives for its values."""
         values = tuple(call.values())
         form = (tuple(call), tuple(map(type, values)))
         reader = self.readers.get(form)
         if reader is None:
             reader = self.readers[form] = _reader(self.kernel, *form)
-        return form, reader(values)[0]
+        return form, reader(values)
 
     def read(self, call: dict):
         """``(key, arguments)`` of a call: what decides its compiled kernel (the device, the settings Triton's
         compile options read: ``debug``, instrumentation, ``override_arch``, ``default_fp_fusion``; the call's form
         and its variant) and its arguments in the kernel's parameter
         order, defaults included (``None`` when one is missing: Triton's launch then says so)."""
-        values = tuple(call.values())
-        form = (tuple(call), tuple(map(type, values)))
-        reader = self.readers.get(form)
-        if reader is None:
-            reader = self.readers[form] = _reader(self.kernel, *form)
-        variant, arguments = reader(values)
+        form, (variant, arguments) = self._read_form(call)
         knobs = _knobs()
         # every setting Triton's compile options read besides the call (its backend's parse_options: the debug
         # flag, the instrumentation, the architecture it compiles for and whether it fuses multiply-adds):
