@@ -118,6 +118,11 @@ def _rewritten(q, k, v, world: int, meta: dict):
     chans = ok.launcher.satisfied_args(S, world, q.device)
     grid = (-(-rows // meta["BLOCK_M"]), B * H)
 
+    if q.device.type == "cuda":
+        from tilelink.ops.gemm import _install_allocator
+
+        _install_allocator()  # the kernel's K/V tensor descriptors need scratch memory
+
     def run():
         chunk = -(-S // world)  # one rank's shard: the rewritten kernel waits once per chunk
         gen[grid](q, k, v, o, 1.0 / math.sqrt(D), rows, S, 0, 0, chunk, H, H // k.shape[1], q.stride(0),

@@ -5,6 +5,12 @@ k, v are (batch, kv_heads, kv_rows, D) with ``heads % kv_heads == 0`` (grouped-q
 query head ``h`` reads kv head ``h // (heads // kv_heads)``, as SDPA's ``enable_gqa``). The last dim
 must be contiguous; every other stride is a parameter.
 
+K and V are read through tensor descriptors the kernel makes (``tl.make_tensor_descriptor``: TMA
+loads on Hopper), one pair per chunk of keys: so K and V need a 16-byte aligned base and strides other
+than the last that are multiples of 16 bytes (the host wrappers copy inputs that are not), and a
+launch on a GPU needs ``triton.set_allocator`` for the descriptors' scratch memory (the wrappers in
+:mod:`tilelink.ops.attention` install it).
+
 The annotation (paper §5, Figure 6) gathers K and V along the sequence (dim 2) on the copy engine:
 each rank passes its (B, Hkv, S_r, D) shards of K and V, every other argument is the full problem's
 (``N_CTX`` is the full sequence length, the K/V strides those of the full contiguous (B, Hkv, S, D)
@@ -40,7 +46,9 @@ def sp_attention_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, sm_scale, Q_CTX, N_CTX, 
     """O = softmax(Q K^T * sm_scale) V for BLOCK_M query rows of one (batch, head); grid
     (cdiv(Q_CTX, BLOCK_M), batch * HEADS). The keys are visited in chunks of ``KV_CHUNK`` rows (a
     rank's shard), starting with the chunk holding ``KV_FIRST``; ``EVEN_N``: ``N_CTX`` and ``KV_CHUNK``
-    are multiples of ``BLOCK_N`` (no key mask)."""
+    are multiples of ``BLOCK_N`` (no block runs past the end of its chunk: no key mask; a chunk's
+    descriptors read the rows past its end as zeros, which the mask must still drop, since a zero key
+    scores 0, not -inf)."""
     pid_m = tl.program_id(0)
     off_hz = tl.program_id(1)
     off_z = (off_hz // HEADS).to(tl.int64)
@@ -68,12 +76,17 @@ def sp_attention_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, sm_scale, Q_CTX, N_CTX, 
         # loop over its blocks stays free of waits, so the compiler can pipeline it.
         kv_lo = ((c + first_chunk) % num_chunks) * KV_CHUNK
         kv_hi = tl.minimum(kv_lo + KV_CHUNK, kv_end)
+        # the chunk's keys and values through tensor descriptors (TMA on Hopper) that end at kv_hi: the rows
+        # of a block past it read as zeros, as the masked loads did, and never the next chunk's rows, which
+        # may not have arrived yet (a NaN there times a zero weight would still be NaN)
+        desc_k = tl.make_tensor_descriptor(k_base + kv_lo * stride_kn, shape=[kv_hi - kv_lo, HEAD_DIM],
+                                           strides=[stride_kn, 1], block_shape=[BLOCK_N, HEAD_DIM])
+        desc_v = tl.make_tensor_descriptor(v_base + kv_lo * stride_vn, shape=[kv_hi - kv_lo, HEAD_DIM],
+                                           strides=[stride_vn, 1], block_shape=[BLOCK_N, HEAD_DIM])
         for start_n in range(kv_lo, kv_hi, BLOCK_N):
             offs_n = start_n + tl.arange(0, BLOCK_N)
-            k = tl.load(k_base + offs_n[:, None] * stride_kn + offs_d[None, :], mask=offs_n[:, None] < kv_hi,
-                        other=0.0)
-            v = tl.load(v_base + offs_n[:, None] * stride_vn + offs_d[None, :], mask=offs_n[:, None] < kv_hi,
-                        other=0.0)
+            k = desc_k.load([start_n - kv_lo, 0])
+            v = desc_v.load([start_n - kv_lo, 0])
             qk = tl.dot(q, tl.trans(k))
             if CAUSAL:
                 qk = tl.where((q_pos[:, None] >= offs_n[None, :]) & (offs_n[None, :] < kv_hi), qk, float("-inf"))

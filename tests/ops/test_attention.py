@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import tilelink
-from tests.ops.attention_worlds import bad_inputs, inputs, reference, sp_attention_matches_sdpa
+from tests.ops.attention_worlds import bad_inputs, inputs, reference, sp_attention_matches_sdpa, sp_attention_views
 
 
 @pytest.mark.parametrize(("world", "B", "H", "Hkv", "S", "causal"), [
@@ -39,6 +39,44 @@ def test_flash_attention_single_device(causal: bool) -> None:
     o = flash_attention(q[:, :, 18:], k, v, causal=causal, q_offset=18)
     ref = reference(q, k, v, causal)[:, :, 18:]
     assert ((o.double() - ref).norm() / ref.norm()).item() < 1e-5
+
+
+def _misaligned(t: torch.Tensor) -> torch.Tensor:
+    """A contiguous copy of ``t`` whose base is 4 bytes past a 16-byte boundary."""
+    flat = torch.empty(t.numel() + 1, dtype=t.dtype)
+    view = flat[1:].view(t.shape)
+    view.copy_(t)
+    return view
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_flash_attention_strided_views(causal: bool) -> None:
+    """Views a tensor descriptor cannot describe as they are: q of a (batch, rows, heads, D) tensor, k and v of a
+    wider head dim (rows of 68 bytes), or contiguous at an unaligned base; the operator still matches SDPA."""
+    from tilelink.ops.attention import _descriptor_ready, flash_attention
+
+    q, k, v = inputs(2, 4, 2, 23, 16, torch.float32, "cpu")
+    ref = reference(q, k, v, causal)
+    q_view = q.transpose(1, 2).contiguous().transpose(1, 2)
+    wide = [torch.cat([t, torch.zeros(2, 2, 23, 1)], dim=3)[..., :16] for t in (k, v)]
+    for k_in, v_in in (wide, (_misaligned(k), _misaligned(v)), (k, wide[1])):
+        ready = _descriptor_ready(k_in, v_in)
+        assert ready[0] is not k_in and ready[1] is not v_in  # copies: these fail a descriptor's checks
+        o = flash_attention(q_view, k_in, v_in, causal=causal)
+        assert ((o.double() - ref).norm() / ref.norm()).item() < 1e-5
+    # views whose bases and strides suit a descriptor are read in place: a head slice of a larger tensor
+    kv = torch.cat([k, v], dim=1)
+    k_in, v_in = kv[:, :2], kv[:, 2:]
+    assert _descriptor_ready(k_in, v_in) == (k_in, v_in)
+    o = flash_attention(q_view, k_in, v_in, causal=causal)
+    assert ((o.double() - ref).norm() / ref.norm()).item() < 1e-5
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_sp_attention_views(world: int) -> None:
+    """q shards that are views, k and v shards contiguous at an unaligned base (alone, the kernel reads them)."""
+    for err in tilelink.spawn(sp_attention_views, world, 23, True):
+        assert err < 1e-5, err
 
 
 def test_bad_inputs_raise_before_running() -> None:
