@@ -77,8 +77,8 @@ def sp_attention_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, sm_scale, Q_CTX, N_CTX, 
         kv_lo = ((c + first_chunk) % num_chunks) * KV_CHUNK
         kv_hi = tl.minimum(kv_lo + KV_CHUNK, kv_end)
         # the chunk's keys and values through tensor descriptors (TMA on Hopper) that end at kv_hi: the rows
-        # of a block past it read as zeros, as the masked loads did, and never the next chunk's rows, which
-        # may not have arrived yet (a NaN there times a zero weight would still be NaN)
+        # of a block past it read as zeros, never the next chunk's rows, which may not have arrived yet (a
+        # NaN there times a zero weight would still be NaN)
         desc_k = tl.make_tensor_descriptor(k_base + kv_lo * stride_kn, shape=[kv_hi - kv_lo, HEAD_DIM],
                                            strides=[stride_kn, 1], block_shape=[BLOCK_N, HEAD_DIM])
         desc_v = tl.make_tensor_descriptor(v_base + kv_lo * stride_vn, shape=[kv_hi - kv_lo, HEAD_DIM],
