@@ -19,6 +19,7 @@ from tests.rules.cases import rows_of
 from tilelink.annotations import requests_in
 from tilelink.codegen import generate
 from tilelink.errors import AnnotationError, LaunchError
+from tilelink.runtime import current_world
 
 HEAD = "import triton\nimport triton.language as tl\nimport tilelink\n\n"
 M, D, BLOCK_M, BLOCK_D = 36, 8, 8, 8
@@ -115,11 +116,17 @@ def _matrix(seed: int) -> torch.Tensor:
 
 
 def _shard(x: torch.Tensor) -> torch.Tensor:
+    """This rank's rows of ``x``, where the rank computes."""
     lo, hi = rows_of(tilelink.rank(), tilelink.world_size(), x.shape[0])
-    return x[lo:hi].contiguous()
+    return x[lo:hi].contiguous().to(current_world().device)
+
+
+def _nans(*shape: int) -> torch.Tensor:
+    return torch.full(shape, float("nan"), device=current_world().device)
 
 
 def _error(got: torch.Tensor, want: torch.Tensor) -> float:
+    got = got.cpu()
     return float("inf") if got.isnan().any() else (got - want).abs().max().item()
 
 
@@ -127,7 +134,7 @@ def _tail_sums(path: str, shift: int, tail: bool) -> float:
     kernel = _load(path, "tail_sum").tail_sum_kernel
     x = _matrix(7)
     shard = _shard(x)
-    y = torch.full((M,), float("nan"))
+    y = _nans(M)
     kernel[(triton.cdiv(M, BLOCK_M),)](shard, y, M, D, shard.stride(0), shift, BLOCK_M=BLOCK_M, BLOCK_D=BLOCK_D,
                                       TAIL=tail)
     return _error(y, x[:, shift:].sum(dim=1) if tail else x[:, :D - shift].sum(dim=1))
@@ -137,7 +144,7 @@ def _tuned_sums(path: str, shift: int) -> float:
     kernel = _load(path, "tail_sum").tail_sum_kernel
     x = _matrix(8)
     shard = _shard(x)
-    y = torch.full((M,), float("nan"))
+    y = _nans(M)
     kernel[(triton.cdiv(M, BLOCK_M),)](shard, y, M, D, shard.stride(0), BLOCK_M=BLOCK_M, BLOCK_D=BLOCK_D)
     return _error(y, x[:, shift:D].sum(dim=1))
 
@@ -147,7 +154,7 @@ def _block_sums(path: str) -> float:
     x = _matrix(9)
     shard = _shard(x)
     blocks = 2
-    y = torch.full((M, blocks), float("nan"))
+    y = _nans(M, blocks)
     kernel[(triton.cdiv(M, BLOCK_M), blocks)](shard, y, M, D, shard.stride(0), BLOCK_M=BLOCK_M, BLOCK_D=D // blocks)
     return _error(y, x.view(M, blocks, D // blocks).sum(dim=2))
 
@@ -156,7 +163,7 @@ def _row_sums(path: str) -> float:
     kernel = _load(path, "row_sum").row_sum_kernel
     x = _matrix(10)
     shard = _shard(x)
-    y = torch.full((M,), float("nan"))
+    y = _nans(M)
     kernel[(triton.cdiv(M, BLOCK_M),)](shard, y, M, D, shard.stride(0), BLOCK_M=BLOCK_M, BLOCK_D=BLOCK_D)
     return _error(y, x.sum(dim=1))
 
