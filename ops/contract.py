@@ -12,12 +12,12 @@ import torch
 
 from tilelink.errors import LaunchError
 from tilelink.mapping import shard_range
-from tilelink.runtime.world import interpreting
+from tilelink.runtime.world import current_world, interpreting
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
-__all__ = ["DTYPES", "check_rows", "check_tensor", "full_size", "interpreter_inputs", "interpreting", "persistent_grid",
-           "tail_split"]
+__all__ = ["DTYPES", "CallPlans", "check_rows", "check_tensor", "full_size", "interpreter_dtype", "interpreter_inputs",
+           "interpreting", "operand_key", "persistent_grid", "tail_split"]
 
 
 def interpreter_inputs(*ts: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -27,6 +27,53 @@ def interpreter_inputs(*ts: torch.Tensor) -> tuple[torch.Tensor, ...]:
     if interpreting() and ts[0].dtype == torch.bfloat16:
         return tuple(t.float() for t in ts)
     return ts
+
+
+def interpreter_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype :func:`interpreter_inputs` gives the kernel for operands of ``dtype``."""
+    return torch.float32 if dtype == torch.bfloat16 and interpreting() else dtype
+
+
+class CallPlans:
+    """What an operator's checks and choices computed for one form of call, found again by a key the operator
+    reads without a check (its operands' types, shapes, strides, dtypes and devices and its other arguments): a call
+    of a form seen before skips them, and only allocates its result and launches. A call of a new form, or with an
+    argument the key does not cover, is checked in full, and refused with the same message as ever.
+
+    Kept for one world at a time (a new world, of another device, rank or size, starts empty), and for
+    :data:`LIMIT` forms (then started again: a workload of ever-new shapes keeps its memory bounded)."""
+
+    LIMIT = 1024
+
+    __slots__ = ("plans", "world")
+
+    def __init__(self) -> None:
+        self.world = None
+        self.plans: dict[tuple, object] = {}
+
+    def find(self, key: tuple | None) -> object | None:
+        """The plan kept for ``key`` in the current world (which is then :attr:`world`), or ``None``."""
+        plan = self.plans.get(key) if key is not None else None
+        if plan is not None and current_world() is not self.world:
+            return None
+        return plan
+
+    def put(self, key: tuple | None, world, plan) -> None:
+        """Keep ``plan`` for the calls of ``key`` in ``world`` (nothing for ``key=None``)."""
+        if key is None:
+            return
+        if world is not self.world or len(self.plans) >= self.LIMIT:
+            self.plans.clear()
+            self.world = world  # held: a new world cannot take the identity of this one
+        self.plans[key] = plan
+
+
+def operand_key(t: object) -> tuple | None:
+    """What :func:`check_tensor` reads of ``t``, as a key: its type, shape, strides, dtype and device; ``None``
+    for anything but a tensor (checked in full at every call)."""
+    if not isinstance(t, torch.Tensor):
+        return None
+    return type(t), t.shape, t.stride(), t.dtype, t.device
 
 
 def check_tensor(op: str, what: str, t: object, dims: int, device: torch.device, *, layout: str = "",

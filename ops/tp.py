@@ -26,11 +26,13 @@ from tilelink.errors import LaunchError
 from tilelink.mapping import shard_range
 from tilelink.ops import plain
 from tilelink.ops.contract import (
+    CallPlans,
     aligned,
     check_tensor,
     full_size,
-    interpreter_inputs,
+    interpreter_dtype,
     interpreting,
+    operand_key,
     persistent_grid,
     persistent_wanted,
 )
@@ -91,14 +93,10 @@ def _launch(kernel, persistent: bool, args: tuple, meta: dict, world, M: int, N:
     """Launch one of the annotated GEMMs: the persistent TMA one on every SM its partner leaves free, or
     the pointer one on a grid of C tiles. ``tail``: the persistent kernel cuts its last wave's tiles in
     ``TAIL_SPLIT`` pieces (:func:`tilelink.ops.contract.tail_split`)."""
-    tiles = -(-M // meta["BLOCK_M"]) * -(-N // meta["BLOCK_N"])  # triton.cdiv is a jit function: slower to call
-    if persistent:
-        if world.device.type == "cuda":
-            _install_allocator()
-        grid, launch_meta = _persistent_launch(kernel, world.device, tiles, tail, tuple(meta.items()))
-        kernel[grid](*args, **launch_meta)
-    else:
-        kernel[(tiles,)](*args, **meta)
+    if persistent and world.device.type == "cuda":
+        _install_allocator()
+    grid, launch_meta = _launch_plan(kernel, persistent, meta, world.device, M, N, tail)
+    kernel[grid](*args, **launch_meta)
 
 
 @functools.lru_cache(maxsize=256)
@@ -121,6 +119,66 @@ def _check_shard_rows(got: int, M: int, world, ctx: TPContext | None) -> None:
                       f"rows: {source} over {world.world_size} ranks; the ranks' shards must sum to M){hint}")
 
 
+@dataclass(frozen=True)
+class _Plan:
+    """What ``ag_gemm``'s or ``gemm_rs``'s checks and choices computed for one form of call (:class:`tilelink.ops.
+    contract.CallPlans`), all but what depends on the call's data: its path (chosen at each call, the environment
+    may change it), its operands' addresses (an operand not 16-byte aligned is copied for a tensor descriptor) and
+    its result."""
+
+    M: int  # the full rows
+    K: int  # the inner dimension: gemm_rs's own slice, before padding
+    N: int  # the columns: ag_gemm's own
+    rows: int  # the rows of the result this rank returns
+    kernel: object  # the annotated GEMM; None when there is nothing to launch (an empty dimension)
+    persistent: bool
+    widen: bool  # the operands go in as fp32 (bf16 under the interpreter: contract.interpreter_inputs)
+    pad: bool  # persistent: the padded operand's dimension is not a 16-byte multiple (padded whatever its address)
+    run: int  # the padded dimension (ag_gemm: B's columns; gemm_rs: K), as the kernel gets it
+    grid: tuple
+    meta: dict  # the kernel's launch meta
+
+
+def _launch_plan(kernel, persistent: bool, meta: dict, device: torch.device, M: int, N: int,
+                 tail: bool = False) -> tuple[tuple, dict]:
+    """The grid and launch meta of :func:`_launch`."""
+    tiles = -(-M // meta["BLOCK_M"]) * -(-N // meta["BLOCK_N"])  # triton.cdiv is a jit function: slower to call
+    if persistent:
+        return _persistent_launch(kernel, device, tiles, tail, tuple(meta.items()))
+    return (tiles,), meta
+
+
+def _start(plan: _Plan, args: tuple, world) -> None:
+    """Launch a plan's kernel with ``args``."""
+    if plan.persistent and world.device.type == "cuda":
+        _install_allocator()
+    plan.kernel[plan.grid](*args, **plan.meta)
+
+
+def _descriptor_size(size: int, dtype: torch.dtype) -> int:
+    """The size :func:`tilelink.ops.contract.aligned` pads a dimension of ``size`` elements of ``dtype`` to."""
+    per = 16 // dtype.itemsize
+    return -(-max(size, 1) // per) * per
+
+
+def _call_key(a: object, b: object, persistent: object, path: object, out_dtype: object, a_scale: object,
+              b_scale: object, *rest) -> tuple | None:
+    """The key of ``ag_gemm``'s and ``gemm_rs``'s :class:`tilelink.ops.contract.CallPlans` (``rest``: what else the
+    operator's checks read), or ``None`` for a call checked in full: FP8 scales or an ``out_dtype``, an operand
+    that is not a tensor, ``persistent`` or ``path`` of another type than they take."""
+    if a_scale is not None or b_scale is not None or out_dtype is not None or type(path) is not str or not (
+            persistent is None or persistent is True or persistent is False):
+        return None
+    ka, kb = operand_key(a), operand_key(b)
+    if ka is None or kb is None:
+        return None
+    return ka, kb, persistent, path, interpreting(), *rest
+
+
+_AG_PLANS = CallPlans()
+_RS_PLANS = CallPlans()
+
+
 def ag_gemm(a_shard: torch.Tensor, b: torch.Tensor, ctx: TPContext | None = None, *,
             persistent: bool | None = None, a_scale: torch.Tensor | None = None, b_scale: torch.Tensor | None = None,
             out_dtype: torch.dtype | None = None, path: str = "auto") -> torch.Tensor:
@@ -140,13 +198,57 @@ def ag_gemm(a_shard: torch.Tensor, b: torch.Tensor, ctx: TPContext | None = None
     Raises :class:`tilelink.LaunchError` before anything runs when this rank's shard is not its rows of A
     (with ``ctx``, of ``ctx.M`` rows; every rank passing the whole A is refused so). Without ``ctx`` the ranks
     exchange their shard sizes (bounded; a rank that does not come is named)."""
-    from tilelink.ops import tp_fp8, tp_kernels
     from tilelink.runtime import current_world
 
-    if tp_fp8.wants_fp8(a_shard, b, a_scale, b_scale):
-        return tp_fp8.ag_gemm_fp8(a_shard, b, ctx, a_scale, b_scale, out_dtype, persistent, path)
-    tp_fp8.refuse_out_dtype("ag_gemm", a_shard, out_dtype)
-    world = current_world()
+    if ctx is None:
+        known = None
+    elif type(ctx) is TPContext and type(ctx.M) is int:
+        known = ctx.M
+    else:  # a context the key does not cover: checked in full
+        known = _UNKEYED
+    key = _call_key(a_shard, b, persistent, path, out_dtype, a_scale, b_scale, known)
+    plan = _AG_PLANS.find(key)
+    if plan is not None:
+        world = _AG_PLANS.world
+    else:
+        from tilelink.ops import tp_fp8
+
+        if tp_fp8.wants_fp8(a_shard, b, a_scale, b_scale):
+            return tp_fp8.ag_gemm_fp8(a_shard, b, ctx, a_scale, b_scale, out_dtype, persistent, path)
+        tp_fp8.refuse_out_dtype("ag_gemm", a_shard, out_dtype)
+        world = current_world()
+        plan = _ag_plan(a_shard, b, ctx, persistent, path, world)
+        if known is not _UNKEYED and (ctx is not None or world.world_size == 1):  # else M is exchanged every call
+            _AG_PLANS.put(key, world, plan)
+    M, K, N = plan.M, plan.K, plan.N
+    out_dtype = a_shard.dtype
+    if M == 0:  # no rows on any rank (M is shared): nothing to gather or compute
+        return torch.empty((0, N), dtype=out_dtype, device=world.device)
+    if select_path("ag_gemm", path, world, dict(M=M, K=K), dict(N=N), out_dtype) == "plain":
+        return plain.ag_gemm(a_shard, b, M, world)
+    a_in, b_in = (a_shard.float(), b.float()) if plan.widen else (a_shard, b)
+    if K == 0:  # every rank has K == 0 (the ranks share K): nothing to gather
+        return torch.zeros((M, N), dtype=out_dtype, device=world.device)
+    # N is this rank's own: pad it rather than let it choose the kernel; with N == 0 this rank still
+    # takes part in the gather the others wait for, on one dummy column
+    if plan.persistent:
+        b_run = aligned(b_in, -1) if plan.pad or b_in.data_ptr() % 16 else b_in
+    else:
+        b_run = b_in if N else b_in.new_zeros((K, 1))
+    n_run = plan.run
+    c = torch.empty((M, n_run), dtype=a_in.dtype, device=world.device)
+    _start(plan, (a_in, b_run, c, M, n_run, K, K, 1, b_run.stride(0), b_run.stride(1), n_run, 1), world)
+    if n_run != N:
+        c = c[:, :N].contiguous()
+    return c if c.dtype == out_dtype else c.to(out_dtype)
+
+
+#: a key term of a call whose context the key does not cover (never kept)
+_UNKEYED = object()
+
+
+def _ag_plan(a_shard, b, ctx: TPContext | None, persistent: bool | None, path: str, world) -> _Plan:
+    """``ag_gemm``'s checks, and what it computes from the call's form."""
     _check_pair("ag_gemm", a_shard, b, world)
     check_path("ag_gemm", path)
     if ctx is not None and (not isinstance(ctx.M, int) or isinstance(ctx.M, bool) or ctx.M < 0):
@@ -154,27 +256,14 @@ def ag_gemm(a_shard: torch.Tensor, b: torch.Tensor, ctx: TPContext | None = None
     M = full_size(a_shard, 0, ctx.M if ctx is not None else None, world, op="ag_gemm")
     _check_shard_rows(a_shard.shape[0], M, world, ctx)
     K, N = b.shape
-    out_dtype = a_shard.dtype
-    if M == 0:  # no rows on any rank (M is shared): nothing to gather or compute
-        return torch.empty((0, N), dtype=out_dtype, device=world.device)
-    if select_path("ag_gemm", path, world, dict(M=M, K=K), dict(N=N), a_shard.dtype) == "plain":
-        return plain.ag_gemm(a_shard, b, M, world)
-    a_in, b_in = interpreter_inputs(a_shard, b)
-    if K == 0:  # every rank has K == 0 (the ranks share K): nothing to gather
-        return torch.zeros((M, N), dtype=out_dtype, device=world.device)
-    persistent = _persistent(world, K, a_in.dtype, persistent)
-    # N is this rank's own: pad it rather than let it choose the kernel; with N == 0 this rank still
-    # takes part in the gather the others wait for, on one dummy column
-    b_run = aligned(b_in, -1) if persistent else (b_in if N else b_in.new_zeros((K, 1)))
-    n_run = b_run.shape[1]
-    c = torch.empty((M, n_run), dtype=a_in.dtype, device=world.device)
-    meta = _config(a_in.dtype)
-    args = (a_in, b_run, c, M, n_run, K, K, 1, b_run.stride(0), b_run.stride(1), c.stride(0), c.stride(1))
-    _launch(tp_kernels.ag_gemm_persistent_kernel if persistent else tp_kernels.ag_gemm_kernel, persistent, args,
-            meta, world, M, n_run, tail=True)
-    if n_run != N:
-        c = c[:, :N].contiguous()
-    return c if c.dtype == out_dtype else c.to(out_dtype)
+    dtype = interpreter_dtype(a_shard.dtype)
+    persistent = _persistent(world, K, dtype, persistent)
+    n_run = _descriptor_size(N, dtype) if persistent else max(N, 1)
+    from tilelink.ops import tp_kernels
+
+    kernel = tp_kernels.ag_gemm_persistent_kernel if persistent else tp_kernels.ag_gemm_kernel
+    grid, meta = _launch_plan(kernel, persistent, _config(dtype), world.device, M, n_run, tail=True)
+    return _Plan(M, K, N, M, kernel, persistent, dtype != a_shard.dtype, persistent and n_run != N, n_run, grid, meta)
 
 
 def gemm_rs(a: torch.Tensor, b_shard: torch.Tensor, *, persistent: bool | None = None,
@@ -187,35 +276,58 @@ def gemm_rs(a: torch.Tensor, b_shard: torch.Tensor, *, persistent: bool | None =
     ``persistent``: as for :func:`ag_gemm` (``True``: the persistent kernel and the hybrid reduce-scatter,
     where N allows it; ``False``: the pointer kernel and the SM pull; ``None``: the persistent one on a GPU).
     ``path``: as for :func:`ag_gemm` (``"plain"``: cuBLAS, then a ``torch.distributed`` reduce-scatter)."""
-    from tilelink.ops import tp_fp8, tp_kernels
     from tilelink.runtime import current_world
 
-    if tp_fp8.wants_fp8(a, b_shard, a_scale, b_scale):
-        return tp_fp8.gemm_rs_fp8(a, b_shard, a_scale, b_scale, out_dtype, persistent, path)
-    tp_fp8.refuse_out_dtype("gemm_rs", a, out_dtype)
-    world = current_world()
+    key = _call_key(a, b_shard, persistent, path, out_dtype, a_scale, b_scale)
+    plan = _RS_PLANS.find(key)
+    if plan is not None:
+        world = _RS_PLANS.world
+    else:
+        from tilelink.ops import tp_fp8
+
+        if tp_fp8.wants_fp8(a, b_shard, a_scale, b_scale):
+            return tp_fp8.gemm_rs_fp8(a, b_shard, a_scale, b_scale, out_dtype, persistent, path)
+        tp_fp8.refuse_out_dtype("gemm_rs", a, out_dtype)
+        world = current_world()
+        plan = _rs_plan(a, b_shard, persistent, path, world)
+        _RS_PLANS.put(key, world, plan)
+    M, K, N = plan.M, plan.K, plan.N
+    out_dtype = a.dtype
+    a_in, b_in = (a.float(), b_shard.float()) if plan.widen else (a, b_shard)
+    out = torch.empty((plan.rows, N), dtype=a_in.dtype, device=world.device)
+    if plan.kernel is None:  # M == 0 or N == 0
+        return out.to(out_dtype)
+    if select_path("gemm_rs", path, world, dict(M=M, N=N), dict(K=K), out_dtype) == "plain":
+        return plain.gemm_rs(a, b_shard, world)
+    if K == 0:  # this rank contributes nothing: a zero slice still takes part in the reduction
+        a_in = torch.zeros((M, 1), dtype=a_in.dtype, device=world.device)
+        b_in = torch.zeros((1, N), dtype=a_in.dtype, device=world.device)
+    if plan.persistent:  # K is this rank's own: pad it with zero columns of A and rows of B (they add nothing)
+        if plan.pad or a_in.data_ptr() % 16:
+            a_in = aligned(a_in, -1)  # both round K up to the same 16 bytes
+        if plan.pad or b_in.data_ptr() % 16:
+            b_in = aligned(b_in, 0)
+    _start(plan, (a_in, b_in, out, M, N, plan.run, a_in.stride(0), a_in.stride(1), b_in.stride(0), b_in.stride(1),
+                  N, 1), world)
+    return out if out.dtype == out_dtype else out.to(out_dtype)
+
+
+def _rs_plan(a, b_shard, persistent: bool | None, path: str, world) -> _Plan:
+    """``gemm_rs``'s checks, and what it computes from the call's form."""
     _check_pair("gemm_rs", a, b_shard, world)
     check_path("gemm_rs", path)
     M, K = a.shape
     N = b_shard.shape[1]
     lo, hi = shard_range(M, world.rank, world.world_size)
-    out_dtype = a.dtype
-    a_in, b_in = interpreter_inputs(a, b_shard)
-    out = torch.empty((hi - lo, N), dtype=a_in.dtype, device=world.device)
+    dtype = interpreter_dtype(a.dtype)
     if M == 0 or N == 0:
-        return out.to(out_dtype)
-    if select_path("gemm_rs", path, world, dict(M=M, N=N), dict(K=K), a.dtype) == "plain":
-        return plain.gemm_rs(a, b_shard, world)
-    if K == 0:  # this rank contributes nothing: a zero slice still takes part in the reduction
-        a_in = torch.zeros((M, 1), dtype=a_in.dtype, device=world.device)
-        b_in = torch.zeros((1, N), dtype=a_in.dtype, device=world.device)
-        K = 1
-    persistent = _persistent(world, N, a_in.dtype, persistent)
-    if persistent:  # K is this rank's own: pad it with zero columns of A and rows of B (they add nothing)
-        a_in, b_in = aligned(a_in, -1), aligned(b_in, 0)  # both round K up to the same 16 bytes
-        K = a_in.shape[1]
-    meta = _config(a_in.dtype)
-    args = (a_in, b_in, out, M, N, K, a_in.stride(0), a_in.stride(1), b_in.stride(0), b_in.stride(1), N, 1)
-    _launch(tp_kernels.gemm_rs_persistent_kernel if persistent else tp_kernels.gemm_rs_kernel, persistent, args,
-            meta, world, M, N)
-    return out if out.dtype == out_dtype else out.to(out_dtype)
+        return _Plan(M, K, N, hi - lo, None, False, dtype != a.dtype, False, K, (), {})
+    k_eff = K or 1  # K == 0: one zero column
+    persistent = _persistent(world, N, dtype, persistent)
+    k_run = _descriptor_size(k_eff, dtype) if persistent else k_eff
+    from tilelink.ops import tp_kernels
+
+    kernel = tp_kernels.gemm_rs_persistent_kernel if persistent else tp_kernels.gemm_rs_kernel
+    grid, meta = _launch_plan(kernel, persistent, _config(dtype), world.device, M, N)
+    return _Plan(M, K, N, hi - lo, kernel, persistent, dtype != a.dtype, persistent and k_run != k_eff, k_run, grid,
+                 meta)

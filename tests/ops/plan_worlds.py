@@ -1,0 +1,161 @@
+"""Rank functions of the tests of ``ag_gemm``'s and ``gemm_rs``'s kept plans (imported by name)."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+import tilelink
+import tilelink.runtime
+from tests.ops.tp_worlds import bounds
+
+
+def _messages(calls: dict) -> dict[str, str]:
+    out = {}
+    for name, call in calls.items():
+        try:
+            call()
+        except tilelink.LaunchError as exc:
+            out[name] = str(exc)
+        else:
+            out[name] = "NO ERROR"
+    return out
+
+
+def refused_after_kept_calls() -> tuple[dict[str, str], dict[str, str]]:
+    """Each bad call differs from a good one in one thing its checks read (a shape, a dtype, a device, a stride, the
+    context's M and its type, the path); returns their messages in a fresh process, then again once the good calls
+    have run (their plans kept)."""
+    from tilelink.ops import TPContext, ag_gemm, gemm_rs
+
+    device = tilelink.runtime.current_world().device
+    a, b = torch.randn(8, 16, device=device), torch.randn(16, 4, device=device)
+    strided = torch.randn(4, 16, device=device).t()  # b's shape, not contiguous
+    other = torch.randn(15, 4, device=device)
+    bad = {
+        "ag shape": lambda: ag_gemm(a, other),
+        "ag dtype": lambda: ag_gemm(a, b.half()),
+        "ag unsupported": lambda: ag_gemm(a.int(), b.int()),
+        "ag device": lambda: ag_gemm(a, b.to("meta")),
+        "ag contiguous": lambda: ag_gemm(a, strided),
+        "ag rows": lambda: ag_gemm(a, b, TPContext(M=50)),
+        "ag M type": lambda: ag_gemm(a, b, TPContext(M=8.0)),
+        "ag path": lambda: ag_gemm(a, b, path="fast"),
+        "rs shape": lambda: gemm_rs(a, other),
+        "rs dtype": lambda: gemm_rs(a, b.half()),
+        "rs device": lambda: gemm_rs(a.to("meta"), b),
+        "rs contiguous": lambda: gemm_rs(a, strided),
+        "rs path": lambda: gemm_rs(a, b, path="fast"),
+    }
+    fresh = _messages(bad)
+    ag_gemm(a, b)
+    ag_gemm(a, b, TPContext(M=8))
+    ag_gemm(a.half(), b.half())
+    gemm_rs(a, b)
+    gemm_rs(a.half(), b.half())
+    return fresh, _messages(bad)
+
+
+def _error(c: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((c.double() - ref).norm() / max(ref.norm().item(), 1e-30)).item()
+
+
+def kept_plans_compute_the_same(dtype_name: str = "float32", new_world: bool = True) -> dict:
+    """``ag_gemm`` and ``gemm_rs`` called again with new data of the same form (one plan made per form; an operand
+    at an address that is not 16-byte aligned, which the persistent kernels copy, takes the same plan), on the
+    pointer and the persistent kernels, with K and N that need padding; then with the environment asking for a
+    path that does not exist, and (``new_world``) in a new world. Every rank computes the whole product (each holds
+    its rows of A for ``ag_gemm``, and ``gemm_rs`` sums the ranks' equal slices). Returns each call's relative error,
+    the plans made, and the messages."""
+    from tilelink.ops import TPContext, ag_gemm, gemm_rs, tp
+
+    dtype = getattr(torch, dtype_name)
+    device = tilelink.runtime.current_world().device
+    r, R = tilelink.rank(), tilelink.world_size()
+
+    made = {"ag": 0, "rs": 0}
+    ag_plan, rs_plan = tp._ag_plan, tp._rs_plan
+
+    def counted_ag(*args):
+        made["ag"] += 1
+        return ag_plan(*args)
+
+    def counted_rs(*args):
+        made["rs"] += 1
+        return rs_plan(*args)
+
+    tp._ag_plan, tp._rs_plan = counted_ag, counted_rs
+    g = torch.Generator().manual_seed(5)
+    errors: dict[str, float] = {}
+    # the shared dimension (ag_gemm's K, gemm_rs's N) a 16-byte multiple, this rank's own (ag_gemm's N, gemm_rs's K)
+    # not: the persistent kernels run, on padded operands
+    M, shapes = 24, {"ag": (16, 6), "rs": (10, 8)}
+    lo, hi = bounds(M, r, R)
+    for persistent in (False, True):
+        for call in range(3):
+            for op, (K, N) in shapes.items():
+                a = torch.randn(M, K, generator=g).to(dtype)
+                b = torch.randn(K, N, generator=g).to(dtype)
+                ref = a.double() @ b.double()
+                a = a.to(device)
+                if call == 2:  # the same form at an odd address
+                    flat = torch.empty(K * N + 1, dtype=dtype, device=device)
+                    flat[1:].copy_(b.flatten())
+                    b = flat[1:].view(K, N)
+                else:
+                    b = b.to(device)
+                if op == "ag":
+                    c = ag_gemm(a[lo:hi].contiguous(), b, TPContext(M), persistent=persistent).cpu()
+                else:  # every rank passes the same slice: the sum is R times it
+                    c, ref = gemm_rs(a, b, persistent=persistent).cpu(), R * ref[lo:hi]
+                errors[f"{op} {persistent} {call}"] = _error(c, ref)
+    kept = dict(made)
+    kernels = {"ag": sorted(p.persistent for p in tp._AG_PLANS.plans.values()),
+               "rs": sorted(p.persistent for p in tp._RS_PLANS.plans.values())}
+    was = os.environ.get("TILELINK_PATH")
+    os.environ["TILELINK_PATH"] = "fast"
+    try:
+        path = _messages({"ag": lambda: ag_gemm(a[lo:hi].contiguous(), b, TPContext(M)), "rs": lambda: gemm_rs(a, b)})
+    finally:
+        if was is None:
+            del os.environ["TILELINK_PATH"]
+        else:
+            os.environ["TILELINK_PATH"] = was
+    out = {"errors": errors, "kept": kept, "persistent": kernels, "path": path}
+    if new_world:
+        before = dict(made)
+        tilelink.finalize()
+        tilelink.init()
+        errors["rs new world"] = _error(gemm_rs(a, b, persistent=True).cpu(), ref)
+        a, b = torch.randn(M, 16, generator=g).to(dtype), torch.randn(16, 6, generator=g).to(dtype)
+        ref = a.double() @ b.double()
+        c = ag_gemm(a[lo:hi].contiguous().to(device), b.to(device), TPContext(M), persistent=True).cpu()
+        errors["ag new world"] = _error(c, ref)
+        out["new world"] = {k: made[k] - before[k] for k in made}
+    return out
+
+
+def unkept_without_a_context(M: int, N: int, K: int) -> dict:
+    """``ag_gemm`` without a ``TPContext`` in a world of several ranks exchanges the shard sizes at every call (its
+    plan is not kept); with one, and ``gemm_rs``, the plan is kept. Returns the errors and what was kept."""
+    from tilelink.ops import TPContext, ag_gemm, gemm_rs, tp
+
+    r, R = tilelink.rank(), tilelink.world_size()
+    g = torch.Generator().manual_seed(11)
+    errors, unkept = [], []
+    for _ in range(2):
+        a = torch.randn(M, K, generator=g)
+        b = torch.randn(K, N, generator=g)
+        lo, hi = bounds(M, r, R)
+        klo, khi = bounds(K, r, R)
+        ref = a.double() @ b.double()
+        errors.append(_error(ag_gemm(a[lo:hi].contiguous(), b), ref))
+        unkept.append(len(tp._AG_PLANS.plans))  # none the first time; the context's call after, kept
+        errors.append(_error(ag_gemm(a[lo:hi].contiguous(), b, TPContext(M)), ref))
+        full = sum(a[:, k0:k1].double() @ b[k0:k1].double()
+                   for k0, k1 in (bounds(K, q, R) for q in range(R)))
+        errors.append(_error(gemm_rs(a[:, klo:khi].contiguous(), b[klo:khi].contiguous()), full[lo:hi])
+                      if hi > lo else 0.0)
+    return {"errors": errors, "unkept": unkept, "ag kept": len(tp._AG_PLANS.plans),
+            "rs kept": len(tp._RS_PLANS.plans)}
