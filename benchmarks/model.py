@@ -81,7 +81,7 @@ def calibration_from_records(folder: Path = RECORDS) -> cost.Calibration:
     parts: dict[str, float] = {}
     src: dict[str, str] = {}
     gemm, ag, rs = [], [], []
-    ratio = {"ag_gemm": [], "gemm_rs": [], "ag_moe": [], "moe_rs": [], "sp_attention": []}
+    ratio = {"ag_gemm": [], "gemm_rs": [], "ag_moe": [], "moe_rs": [], "sp_attention": [], "gemm_ar": []}
     attention, pulls = [], {}
     host = {k: [] for k in ("ag_gemm", "gemm_rs", "ag_moe", "moe_rs", "plain", "plain_moe")}
     names = []
@@ -116,22 +116,27 @@ def calibration_from_records(folder: Path = RECORDS) -> cost.Calibration:
                 gemm.append((r["slots"], r["N"], r["K"], r["ms"]["cublas_dense"]))
                 pad = r.get("padded_rows", {}).get("persistent", 0)
                 best = r["ms"].get("persistent_rewritten") or r["ms"]["persistent"]
-                ratio[r["part"]].append(r["ms"]["cublas_dense"] / best * (r["slots"] + pad) / r["slots"])
+                ratio[r["part"]].append((r["ms"]["cublas_dense"] / best * (r["slots"] + pad) / r["slots"],
+                                         r["ms"]["cublas_dense"]))
         elif kind == "attention":
             names.append(path.name)
             for r in rows:
                 base = r["ms"][r["baseline"]]
                 attention.append(4 * r["q_rows"] * r["S"] * r["heads"] * r["head_dim"] / (base * 1e9))
-                ratio["sp_attention"].append(base / r["ms"]["rewritten"])
+                ratio["sp_attention"].append((base / r["ms"]["rewritten"], base))
         elif kind == "pull_bandwidth":
             names.append(path.name)
             for r in rows:
                 if r.get("taken") and r.get("topk", 1) == 1:
                     pulls[r["kernel"]] = r["GB/s"]
+        elif kind == "decode" and rec.get("mode") == "compute":
+            names.append(path.name)
+            # launch-bound at these sizes: no GEMM rate is fitted
+            ratio["gemm_ar"] += [(r["ratio"], r["median_ms"]["torch.matmul"]) for r in rows]
         elif "rows" in rec and rows and "rewritten/torch" in rows[0]:  # benchmarks.overlap_cost
             names.append(path.name)
             for r in rows:
-                ratio[r["kind"]].append(r["rewritten/torch"])
+                ratio[r["kind"]].append((r["rewritten/torch"], _median(x["ms"]["torch"] for x in r["rounds"])))
                 gemm.append((r["M"], r["N"], r["K"], _median(x["ms"]["torch"] for x in r["rounds"])))
     parts["gemm_tflops"], parts["gemm_epilogue_gb_s"] = fit_gemm(gemm)
     src["gemm_tflops"] = src["gemm_epilogue_gb_s"] = (
@@ -142,10 +147,15 @@ def calibration_from_records(folder: Path = RECORDS) -> cost.Calibration:
     parts["attention_tflops"] = _median(attention)
     src["attention_tflops"] = "median TFLOP/s of the fastest SDPA backend (cuDNN), attention compute record"
     for op, values in ratio.items():
-        parts[f"tile_ratio.{op}"] = _median(values)
-        src[f"tile_ratio.{op}"] = f"median of {len(values)} rows' rewritten / vendor ratio (compute-mode records)"
-    parts["tile_ratio.gemm_ar"] = parts["tile_ratio.gemm_rs"]
-    src["tile_ratio.gemm_ar"] = "GEMM+RS's (no record of gemm_ar yet)"
+        if values:
+            # the vendor's total time over ours: each row weighs as much as its time, so the long GEMMs where an
+            # overlap choice is close are predicted from their own rate, not from the short ones' lower one
+            parts[f"tile_ratio.{op}"] = sum(w for _, w in values) / sum(w / r for r, w in values)
+            src[f"tile_ratio.{op}"] = (f"vendor time / rewritten time over {len(values)} rows (compute-mode records), "
+                                       f"each row weighted by its time")
+    if not ratio["gemm_ar"]:
+        parts["tile_ratio.gemm_ar"] = parts["tile_ratio.gemm_rs"]
+        src["tile_ratio.gemm_ar"] = "GEMM+RS's (no decode compute record)"
     parts["nccl_all_gather_gb_s"], parts["nccl_all_gather_latency_us"] = fit_collective(ag)
     parts["nccl_reduce_scatter_gb_s"], parts["nccl_reduce_scatter_latency_us"] = fit_collective(rs)
     for k in ("all_gather", "reduce_scatter"):
