@@ -103,7 +103,11 @@ def _traced(*tensors: torch.Tensor) -> bool:
     plain = torch.Tensor.__torch_dispatch__
     if any(t is not None and type(t).__torch_dispatch__ is not plain for t in tensors):
         return True
-    return torch._C._len_torch_dispatch_stack() > 0
+    if torch._C._len_torch_dispatch_stack() == 0:
+        return False
+    from tilelink.runtime.graphs import recording_only
+
+    return not recording_only()  # an emulated graph's capture records the operator's own steps, as a GPU's does
 
 
 def _ordered(name: str) -> None:

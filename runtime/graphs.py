@@ -108,6 +108,14 @@ class _TensorWork(TorchDispatchMode):
         return out
 
 
+def recording_only() -> bool:
+    """Whether the torch dispatch modes now active are all an emulated graph's recording of tensor work (none a
+    trace): the operators' traceable wrappers then call the operators themselves, whose steps are recorded."""
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+    return all(isinstance(mode, _TensorWork) for mode in _get_current_dispatch_mode_stack())
+
+
 def _redo(func, args, kwargs, recorded) -> None:
     result = func(*args, **kwargs)
     for old, new in zip(pytree.tree_leaves(recorded), pytree.tree_leaves(result), strict=True):
