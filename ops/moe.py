@@ -18,6 +18,9 @@ rows and all-gathers the ids and weights). The slot of token ``t``'s ``k``-th ex
 Every argument is checked before a kernel runs; the symmetric buffers and channels of a shape are
 created on its first call and reused (the kernels' launchers cache them per shape). No token (M = 0,
 ``topk_ids`` of shape (0, top_k) on every rank) returns an empty result at once, as every operator does.
+
+Both can be captured in a CUDA graph: a captured call routes on the device, sized for the worst case of its shapes
+(:func:`tilelink.ops.moe_routing.route_fixed`), so that each replay takes the routing written into ``topk_ids``.
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ from tilelink.ops.contract import (
     persistent_wanted,
     tail_split,
 )
-from tilelink.ops.moe_routing import Routing, align_tokens, as_routing, refuse_capture
+from tilelink.ops.moe_routing import Routing, align_tokens, as_routing, route_fixed
 from tilelink.ops.path import check as check_path
 from tilelink.ops.path import select as select_path
 
@@ -246,11 +249,26 @@ def grouped_gemm(part: str, x, w, out, weights, sorted_ids, expert_ids, num_slot
     return kernel, (tiles,), args, meta
 
 
+#: the calls (per shape) whose form of fixed sizes has run on this GPU rank: a captured call launches variants of
+#: its own (the tile config and grid of the shape's worst case, the fixed routing's kernel), which cannot be
+#: compiled and loaded while a stream captures
+_fixed_ran: set = set()
+
+
 def _launch(part: str, x, w, out, weights, routing: Routing, world, persistent: bool | None = None,
             written: bool = False) -> None:
     """Align the routing to the tile config and launch ``part``'s grouped GEMM. A rank that holds no
     column of the inner dimension (K == 0) still takes part, with a zero slice. ``written``: the kernel as
-    written, no communication (the plain path: ``x`` all the tokens, ``out`` one row per slot)."""
+    written, no communication (the plain path: ``x`` all the tokens, ``out`` one row per slot). A routing of
+    fixed sizes (a captured call) launches the grid of the shape's worst case; on a GPU the first uncaptured
+    call of a shape runs that form once too, before its own (every rank alike: the key is the call's shapes),
+    so that a capture finds its kernels loaded."""
+    if not routing.fixed and world.device.type == "cuda":
+        key = (part, tuple(routing.topk_ids.shape), tuple(x.shape), tuple(w.shape), x.dtype, persistent, written)
+        if key not in _fixed_ran:
+            _fixed_ran.add(key)
+            _launch(part, x, w, out, weights, route_fixed(routing.topk_ids, routing.num_experts), world, persistent,
+                    written)
     E, K, N = w.shape
     num_slots, top_k = routing.topk_ids.numel(), routing.topk_ids.shape[1]
     if K == 0:
@@ -272,9 +290,9 @@ def _launch(part: str, x, w, out, weights, routing: Routing, world, persistent: 
 
 
 def _check_routing(op: str, topk_ids, num_experts: int, world) -> Routing:
-    """The checked routing of a call (its one copy to the host: :func:`tilelink.ops.moe_routing.route`), or
-    the :class:`Routing` the caller made once for both parts of a layer."""
-    refuse_capture(op, world.device)
+    """The checked routing of a call (its one copy to the host: :func:`tilelink.ops.moe_routing.route`; in a
+    captured call the routing of fixed sizes, no copy), or the :class:`Routing` the caller made once for both
+    parts of a layer."""
     given = topk_ids
     if isinstance(topk_ids, Routing):
         topk_ids = topk_ids.topk_ids

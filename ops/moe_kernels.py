@@ -49,7 +49,8 @@ def ag_group_gemm_kernel(x_ptr, w_ptr, out_ptr, sorted_slot_ids_ptr, expert_ids_
     """out (num_slots, N)[s] = x (num_slots // top_k, K)[s // top_k] @ w (E, K, N)[expert of s].
 
     ``sorted_slot_ids_ptr`` (EM,) int32: slots sorted by expert, padded with ``num_slots``;
-    ``expert_ids_ptr`` (EM // BLOCK_M,) int32: the expert of each block of BLOCK_M sorted slots.
+    ``expert_ids_ptr`` (EM // BLOCK_M,) int32: the expert of each block of BLOCK_M sorted slots, or -1 for a block
+    past the routing's own (a captured call's worst-case grid: all padding, it skips its K loop).
     """
     num_pid_m = tl.cdiv(EM, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
@@ -58,12 +59,13 @@ def ag_group_gemm_kernel(x_ptr, w_ptr, out_ptr, sorted_slot_ids_ptr, expert_ids_
     offs_slot = tl.load(sorted_slot_ids_ptr + offs_slot_id, mask=offs_slot_id < EM, other=num_slots)
     slot_mask = offs_slot < num_slots
     expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
+    k_tiles = tl.where(expert >= 0, tl.cdiv(K, BLOCK_K), 0)  # a block past the routing's own (-1): no K step
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
     x_ptrs = x_ptr + (offs_slot[:, None] // top_k * stride_xm + offs_k[None, :] * stride_xk)
     w_ptrs = w_ptr + expert * stride_we + offs_k[:, None] * stride_wk + offs_n[None, :] * stride_wn
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k in range(0, tl.cdiv(K, BLOCK_K)):
+    for k in range(0, k_tiles):
         x = tl.load(x_ptrs, mask=slot_mask[:, None] & (offs_k[None, :] < K - k * BLOCK_K), other=0.0)
         w = tl.load(w_ptrs, mask=(offs_k[:, None] < K - k * BLOCK_K) & (offs_n[None, :] < N), other=0.0)
         acc = tl.dot(x, w, acc)
@@ -94,12 +96,13 @@ def group_gemm_rs_kernel(h_ptr, w_ptr, out_ptr, topk_weights_ptr, sorted_slot_id
     offs_slot = tl.load(sorted_slot_ids_ptr + offs_slot_id, mask=offs_slot_id < EM, other=num_slots)
     slot_mask = offs_slot < num_slots
     expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
+    k_tiles = tl.where(expert >= 0, tl.cdiv(K, BLOCK_K), 0)  # a block past the routing's own (-1): no K step
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
     h_ptrs = h_ptr + offs_slot[:, None] * stride_hm + offs_k[None, :] * stride_hk
     w_ptrs = w_ptr + expert * stride_we + offs_k[:, None] * stride_wk + offs_n[None, :] * stride_wn
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k in range(0, tl.cdiv(K, BLOCK_K)):
+    for k in range(0, k_tiles):
         h = tl.load(h_ptrs, mask=slot_mask[:, None] & (offs_k[None, :] < K - k * BLOCK_K), other=0.0)
         w = tl.load(w_ptrs, mask=(offs_k[:, None] < K - k * BLOCK_K) & (offs_n[None, :] < N), other=0.0)
         acc = tl.dot(h, w, acc)
@@ -144,7 +147,7 @@ def ag_group_gemm_persistent_kernel(x_ptr, w_ptr, out_ptr, sorted_slot_ids_ptr, 
         offs_k = tl.arange(0, BLOCK_K)
         x_ptrs = x_ptr + (offs_slot[:, None] // top_k * stride_xm + offs_k[None, :] * stride_xk)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for ki in range(0, tl.cdiv(K, BLOCK_K)):
+        for ki in range(0, tl.where(expert >= 0, tl.cdiv(K, BLOCK_K), 0)):  # -1: past the routing's blocks
             x = tl.load(x_ptrs, mask=slot_mask[:, None] & (offs_k[None, :] < K - ki * BLOCK_K), other=0.0)
             w = w_desc.load([expert, ki * BLOCK_K, pid_n * BLOCK_N]).reshape(BLOCK_K, BLOCK_N)
             acc = tl.dot(x, w, acc)
@@ -166,7 +169,7 @@ def ag_group_gemm_persistent_kernel(x_ptr, w_ptr, out_ptr, sorted_slot_ids_ptr, 
         offs_k = tl.arange(0, BLOCK_K)
         tail_ptrs = x_ptr + (tail_slot[:, None] // top_k * stride_xm + offs_k[None, :] * stride_xk)
         acc = tl.zeros((BLOCK_M, PIECE), dtype=tl.float32)
-        for ki in tl.range(0, tl.cdiv(K, BLOCK_K), num_stages=TAIL_STAGES):
+        for ki in tl.range(0, tl.where(expert >= 0, tl.cdiv(K, BLOCK_K), 0), num_stages=TAIL_STAGES):
             x = tl.load(tail_ptrs, mask=tail_mask[:, None] & (offs_k[None, :] < K - ki * BLOCK_K), other=0.0)
             w = w_piece.load([expert, ki * BLOCK_K, col]).reshape(BLOCK_K, PIECE)
             acc = tl.dot(x, w, acc)
@@ -218,7 +221,8 @@ def group_gemm_rs_sweep_kernel(h_ptr, w_ptr, out_ptr, topk_weights_ptr, sorted_s
         h_ptrs = h_ptr + offs_slot[:, None] * stride_hm + offs_k[None, :] * stride_hk
         if ONE_K:
             h = tl.load(h_ptrs, mask=slot_mask[:, None] & (offs_k[None, :] < K), other=0.0)
-        for pid_n in range(first, tl.minimum(end - m * width, num_pid_n)):
+        last = tl.where(expert >= 0, tl.minimum(end - m * width, num_pid_n), first)  # -1: past the routing's blocks
+        for pid_n in range(first, last):
             if ONE_K:
                 acc = tl.dot(h, w_desc.load([expert, 0, pid_n * BLOCK_N]).reshape(BLOCK_K, BLOCK_N))
             else:

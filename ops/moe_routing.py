@@ -17,6 +17,17 @@ the blocks' experts, the tile config chosen from the waves) and its smallest and
 the host waits for the GPU to finish what was queued before it, so each is a stall of the host (asking for
 the values one by one takes nine: ``int(t.min())``, ``bincount``'s own checks, ``repeat_interleave``'s length,
 ...). The one left still keeps the host from running ahead of the GPU across calls.
+
+**Captured calls** (a CUDA graph, :mod:`tilelink.runtime.graphs`) cannot cross to the host: a replay would
+reuse the captured call's counts for every new routing. While ``topk_ids``' device captures, :func:`route`
+makes a routing of fixed sizes instead (:func:`route_fixed`, vLLM's ``moe_align_block_size`` pattern): the
+counts stay on the device, and every size the host needs comes from the shapes alone. ``n`` slots of ``E``
+experts padded per expert to ``block`` take at most ``n + min(E, n) * (block - 1)`` entries, so at most
+:func:`most_blocks` blocks; the sorted slots and the blocks' experts are buffers of that size, and the blocks
+past the routing's own are all padding (``n``) of expert -1: a grouped GEMM's tile there skips its K loop, stores,
+gathers and counts nothing, waits for no channel and notifies none. Ids outside ``[0, E)`` cannot raise inside a
+capture: they are clamped into range (every slot is still placed once, so no channel waits for a slot that never
+comes) and recorded on the device; the next uncaptured :func:`route` on that device raises it.
 """
 
 from __future__ import annotations
@@ -42,18 +53,39 @@ class Routing:
 
     topk_ids: torch.Tensor
     num_experts: int
-    flat: torch.Tensor  # the ids in slot order (contiguous), on their device
+    flat: torch.Tensor  # the ids in slot order (contiguous), on their device; clamped into range, int32, if fixed
     counts: torch.Tensor  # slots per expert (num_experts,), int64, on the ids' device
-    count_list: tuple[int, ...]  # the same on the host, as Python ints (host arithmetic without torch ops)
+    #: the same on the host, as Python ints (host arithmetic without torch ops); None for a routing of fixed
+    #: sizes (:func:`route_fixed`), whose counts stay on the device
+    count_list: tuple[int, ...] | None
+
+    @property
+    def fixed(self) -> bool:
+        """Whether the sizes are the shapes' worst case (:func:`route_fixed`), not this routing's own."""
+        return self.count_list is None
 
     @property
     def host_counts(self) -> torch.Tensor:
         """The slots per expert as an int64 CPU tensor."""
+        if self.count_list is None:
+            raise LaunchError("this routing of fixed sizes keeps its counts on the device (it was made for a "
+                              "captured call): read Routing.counts, or route the ids outside the capture")
         return torch.tensor(self.count_list, dtype=torch.int64)
 
     def blocks(self, block: int) -> int:
-        """Blocks of ``block`` slots once each expert's slots are padded to a multiple of ``block``."""
+        """Blocks of ``block`` slots once each expert's slots are padded to a multiple of ``block``; for a
+        routing of fixed sizes the most any routing of its shape can take (:func:`most_blocks`)."""
+        if self.count_list is None:
+            return most_blocks(self.flat.numel(), self.num_experts, block)
         return sum(-(-c // block) for c in self.count_list)
+
+
+def most_blocks(num_slots: int, num_experts: int, block: int) -> int:
+    """The most blocks of ``block`` slots that ``num_slots`` slots of ``num_experts`` experts take, each expert
+    padded to a multiple of ``block``: at most ``min(num_experts, num_slots)`` experts have a slot, each adds at
+    most ``block - 1`` padding, and a block holds at least one slot."""
+    padded = num_slots + min(num_experts, num_slots) * (block - 1)
+    return min(num_slots, padded // block)
 
 
 def check_shape(topk_ids: torch.Tensor, num_experts: int) -> None:
@@ -116,44 +148,121 @@ def align_kernel(ids_ptr, n, counts_ptr, num_experts, block, sorted_ptr, expert_
                  mask=b < mine_padded // block)
 
 
-#: why the MoE operators refuse to be captured in a CUDA graph, and what to do instead
-CAPTURE_REFUSED = ("its routing crosses to the host once per call (the per-expert counts decide the padded slot "
-                   "count, the blocks' experts and the tile shape, and a graph would replay the captured routing's "
-                   "on every new one); capture the layers before and after the MoE layer in graphs of their own and "
-                   "call the MoE layer between their replays, outside any capture")
+@triton.jit
+def fixed_stats_kernel(ids_ptr, n, num_experts, stats_ptr, range_ptr, clamped_ptr, CHUNK: tl.constexpr):
+    """:func:`routing_stats_kernel`'s counts (``stats[2 + e]``; ``stats[0]``, ``stats[1]`` unused) for a routing
+    of fixed sizes (a captured call), which cannot raise: the ids are clamped into ``[0, num_experts)`` (program 0
+    stores them, int32, in ``clamped_ptr``) and counted so; program 0 lowers ``range_ptr[0]`` to the smallest id and
+    raises ``range_ptr[1]`` to the largest one's excess over ``num_experts - 1`` (both stay 0 while every id is in
+    range)."""
+    e = tl.program_id(0)
+    count = tl.zeros((), dtype=tl.int64)
+    lo = tl.full((), 0, tl.int64)
+    hi = tl.full((), 0, tl.int64)
+    for off in range(0, n, CHUNK):
+        idx = off + tl.arange(0, CHUNK)
+        live = idx < n
+        v = tl.load(ids_ptr + idx, mask=live, other=0).to(tl.int64)
+        lo = tl.minimum(lo, tl.min(v, axis=0))
+        hi = tl.maximum(hi, tl.max(v - (num_experts - 1), axis=0))
+        v = tl.minimum(tl.maximum(v, 0), num_experts - 1)
+        count += tl.sum((live & (v == e)).to(tl.int64), axis=0)
+        if e == 0:
+            tl.store(clamped_ptr + idx, v.to(tl.int32), mask=live)
+    tl.store(stats_ptr + 2 + e, count)
+    if e == 0:
+        tl.atomic_min(range_ptr, lo)
+        tl.atomic_max(range_ptr + 1, hi)
 
 
-def refuse_capture(op: str, device: torch.device) -> None:
-    """Raise :class:`LaunchError` when ``op`` is called while ``device``'s current stream captures."""
+#: per device: the range of the ids that captured calls' replays routed (:func:`fixed_stats_kernel`), kept until
+#: the next uncaptured :func:`route` there checks it
+_ranges: dict[str, torch.Tensor] = {}
+#: the devices a routing of fixed sizes was captured on: their uncaptured routes check the replays' range
+_captured_on: set[str] = set()
+
+
+def _range_word(device: torch.device) -> torch.Tensor:
+    """``device``'s record of the ids that captured calls routed, made by the first call outside a capture."""
     from tilelink.runtime import graphs
 
-    if graphs.capturing(device):
-        raise LaunchError(f"{op} cannot be captured in a CUDA graph: {CAPTURE_REFUSED}")
+    key = str(device)
+    if key not in _ranges:
+        if graphs.capturing(device):
+            raise LaunchError("an MoE routing cannot start being captured before one has run outside the capture "
+                              "on this device (it keeps a device record of the ids that replays route): call the "
+                              "MoE operator or layer once outside the capture with the same shapes first")
+        _ranges[key] = torch.zeros(2, dtype=torch.int64, device=device)
+    return _ranges[key]
 
 
 def route(topk_ids: torch.Tensor, num_experts: int) -> Routing:
     """Check ``topk_ids`` and count the slots of each expert, with one copy to the host (the ids' range
-    and the counts together). Raises :class:`LaunchError` for ids outside ``[0, num_experts)``, and while a
-    CUDA graph captures (a graph cannot cross to the host)."""
+    and the counts together). Raises :class:`LaunchError` for ids outside ``[0, num_experts)``, and for ids
+    outside the range that a captured call's replays routed on this device since the last check. While
+    ``topk_ids``' device captures a CUDA graph: :func:`route_fixed` (no copy)."""
+    from tilelink.runtime import graphs
+
     check_shape(topk_ids, num_experts)
-    refuse_capture("MoE routing", topk_ids.device)
+    if graphs.capturing(topk_ids.device):
+        return route_fixed(topk_ids, num_experts)
     flat = topk_ids.contiguous().view(-1)
-    stats = torch.zeros(2 + num_experts, dtype=torch.int64, device=flat.device)
+    key = str(flat.device)
+    word = _range_word(flat.device)  # made here, outside any capture, once per device
+    replayed = key in _captured_on  # the replays' record travels in the same copy
+    stats = torch.zeros(2 + num_experts + (2 if replayed else 0), dtype=torch.int64, device=flat.device)
+    if replayed:
+        stats[2 + num_experts:].copy_(word)
     if flat.numel():
         routing_stats_kernel[(num_experts,)](flat, flat.numel(), stats, CHUNK=CHUNK, num_warps=WARPS)
     lo, hi, *counts = stats.tolist()
+    if replayed and (counts[num_experts] < 0 or counts[num_experts + 1] > 0):
+        low, over = counts[num_experts:]
+        word.zero_()
+        raise LaunchError(f"a replay of a captured MoE call routed expert ids outside [0, {num_experts}) (min "
+                          f"{low}, max {num_experts - 1 + over}); it computed those slots with the id clamped into "
+                          f"range, so its results are void: check the router's output, or the ids copied into the "
+                          f"captured topk_ids")
     if lo < 0 or hi >= num_experts:
         raise LaunchError(f"topk_ids has expert ids outside [0, {num_experts}): min {lo}, max {hi}")
-    return Routing(topk_ids, num_experts, flat, stats[2:], tuple(counts))
+    return Routing(topk_ids, num_experts, flat, stats[2:2 + num_experts], tuple(counts[:num_experts]))
+
+
+def route_fixed(topk_ids: torch.Tensor, num_experts: int) -> Routing:
+    """The routing of a captured call: counted on the device with no copy to the host, its sizes the worst case
+    of its shape (:attr:`Routing.fixed`, :func:`most_blocks`). Ids outside ``[0, num_experts)`` are clamped into
+    range and recorded for the next uncaptured :func:`route` on the device to raise. Its kernel launches are
+    steps of the capture (:func:`tilelink.runtime.graphs.enqueue`)."""
+    from tilelink.runtime import graphs
+
+    check_shape(topk_ids, num_experts)
+    flat = topk_ids.contiguous().view(-1)
+    device, n = flat.device, flat.numel()
+    word = _range_word(device)
+    if graphs.capturing(device):
+        _captured_on.add(str(device))
+    stats = torch.zeros(2 + num_experts, dtype=torch.int64, device=device)
+    clamped = torch.empty(n, dtype=torch.int32, device=device)
+    if n:
+        graphs.enqueue(lambda: fixed_stats_kernel[(num_experts,)](flat, n, num_experts, stats, word, clamped,
+                                                                  CHUNK=CHUNK, num_warps=WARPS))
+    return Routing(topk_ids, num_experts, clamped, stats[2:], None)
 
 
 def as_routing(topk_ids: torch.Tensor | Routing, num_experts: int) -> Routing:
     """``topk_ids`` itself when it is a :class:`Routing` of ``num_experts`` experts already, else
-    :func:`route` of it."""
+    :func:`route` of it. A routing made outside a capture is refused inside one (its counts are the host's,
+    frozen: a replay would reuse them for every new routing)."""
+    from tilelink.runtime import graphs
+
     if not isinstance(topk_ids, Routing):
         return route(topk_ids, num_experts)
     if topk_ids.num_experts != num_experts:
         raise LaunchError(f"the routing was made for {topk_ids.num_experts} experts, not {num_experts}")
+    if not topk_ids.fixed and graphs.capturing(topk_ids.flat.device):
+        raise LaunchError("a routing made outside the capture cannot be captured (its per-expert counts were read "
+                          "on the host: every replay would reuse them): pass topk_ids itself, or call route() "
+                          "inside the capture")
     return topk_ids
 
 
@@ -161,13 +270,20 @@ def align_tokens(topk_ids: torch.Tensor | Routing, num_experts: int, block: int)
     """Return ``(sorted_slot_ids, expert_ids)``: slots sorted by expert and padded per expert to a
     multiple of ``block`` (padding = ``topk_ids.numel()``), and the expert of each block (int32).
     ``topk_ids`` may be its :class:`Routing` (no copy to the host then)."""
+    from tilelink.runtime import graphs
+
     routing = as_routing(topk_ids, num_experts)
     flat = routing.flat
-    device = flat.device
-    blocks = routing.blocks(block)  # from the host's counts: no copy
-    sorted_ids = torch.empty(blocks * block, dtype=torch.int32, device=device)
-    expert_ids = torch.empty(blocks, dtype=torch.int32, device=device)
-    if blocks:  # every entry of both is written
-        align_kernel[(num_experts,)](flat, flat.numel(), routing.counts, num_experts, block, sorted_ids, expert_ids,
-                                     E_POW2=triton.next_power_of_2(num_experts), CHUNK=CHUNK, num_warps=WARPS)
+    device, n = flat.device, flat.numel()
+    blocks = routing.blocks(block)  # from the host's counts (no copy), or the shape's worst case
+    if routing.fixed:  # the blocks past the routing's own: padding, of expert -1 (the kernels skip their K loops)
+        sorted_ids = torch.full((blocks * block,), n, dtype=torch.int32, device=device)
+        expert_ids = torch.full((blocks,), -1, dtype=torch.int32, device=device)
+    else:  # every entry of both is written
+        sorted_ids = torch.empty(blocks * block, dtype=torch.int32, device=device)
+        expert_ids = torch.empty(blocks, dtype=torch.int32, device=device)
+    if blocks:
+        graphs.enqueue(lambda: align_kernel[(num_experts,)](
+            flat, n, routing.counts, num_experts, block, sorted_ids, expert_ids,
+            E_POW2=triton.next_power_of_2(num_experts), CHUNK=CHUNK, num_warps=WARPS))
     return sorted_ids, expert_ids

@@ -338,14 +338,16 @@ def capture_without_warm_up() -> str:
 
 
 def moe_under_capture() -> str:
-    """ag_moe captured: refused, saying why."""
+    """ag_moe captured on a routing made outside the capture (its counts read on the host): refused, saying why."""
     from tilelink.ops import ag_moe
+    from tilelink.ops.moe_routing import route
     from tilelink.runtime.graphs import EmulatedGraph
 
+    routing = route(torch.zeros(4, 1, dtype=torch.int64), 2)
     graph = EmulatedGraph()
     try:
         with graph.capture():
-            ag_moe(torch.randn(4, 16), torch.randn(2, 16, 8), torch.zeros(4, 1, dtype=torch.int64))
+            ag_moe(torch.randn(4, 16), torch.randn(2, 16, 8), routing)
     except tilelink.LaunchError as exc:
         return str(exc)
     return "NO ERROR"

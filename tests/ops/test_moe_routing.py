@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import tilelink
-from tilelink.ops.moe_routing import align_tokens, route
+from tilelink.ops.moe_routing import align_tokens, most_blocks, route, route_fixed
 
 
 def test_route_counts_every_expert_and_checks_the_ids_in_one_pass():
@@ -85,3 +85,53 @@ def test_the_kernels_match_a_plain_reference(tokens, top_k, E, block, dtype):
     sorted_ids, experts = align_tokens(r, E, block)
     ref_sorted, ref_experts = _reference(ids, E, block)
     assert sorted_ids.tolist() == ref_sorted and experts.tolist() == ref_experts
+
+
+def test_most_blocks_bounds_every_routing_of_the_shape():
+    """The worst case that a captured call's buffers and grid are sized by: no routing of n slots over E experts
+    takes more blocks (random ones, and one slot on each of as many experts as can take one, the rest on one)."""
+    g = torch.Generator().manual_seed(4)
+    for n, E, block in ((1, 4, 16), (7, 3, 4), (40, 8, 16), (64, 2, 16), (33, 33, 1), (5, 64, 64)):
+        bound = most_blocks(n, E, block)
+        for _ in range(20):
+            counts = torch.bincount(torch.randint(0, E, (n,), generator=g), minlength=E)
+            assert sum(-(-c // block) for c in counts.tolist()) <= bound
+        # the worst: as many experts as can take one slot past a multiple of block, the rest on one expert
+        experts = min(E, n)
+        worst = [1] * experts
+        worst[0] += n - experts
+        assert sum(-(-c // block) for c in worst) <= bound
+
+
+def test_the_fixed_routing_aligns_as_the_counted_one_then_pads():
+    """route_fixed (a captured call's routing: no copy to the host) places every slot where route's alignment does,
+    then fills the rest of the worst case with padding of expert -1; an id out of range is clamped and recorded for
+    the next route to raise."""
+    from tilelink.ops import moe_routing
+
+    g = torch.Generator().manual_seed(2)
+    ids = torch.randint(0, 5, (23, 2), generator=g)
+    ids[:, 1] = 4  # expert 4 the most; a gap likely
+    route(ids, 6)  # outside a capture first: it makes the device's record of the replays' ids
+    fixed = route_fixed(ids, 6)
+    assert fixed.fixed and fixed.count_list is None
+    with pytest.raises(tilelink.LaunchError, match="on the device"):
+        _ = fixed.host_counts
+    for block in (1, 4, 16):
+        want_ids, want_experts = align_tokens(route(ids, 6), 6, block)
+        got_ids, got_experts = align_tokens(fixed, 6, block)
+        assert got_experts.numel() == most_blocks(46, 6, block) >= want_experts.numel()
+        assert torch.equal(got_ids[:want_ids.numel()], want_ids) and (got_ids[want_ids.numel():] == 46).all()
+        assert torch.equal(got_experts[:want_experts.numel()], want_experts)
+        assert (got_experts[want_experts.numel():] == -1).all()
+    bad = ids.clone()
+    bad[0, 0] = 9
+    clamped = route_fixed(bad, 6)
+    assert clamped.counts[5] == torch.bincount(ids.flatten(), minlength=6)[5] + 1  # 9 counted as expert 5
+    moe_routing._captured_on.add(str(bad.device))  # as a capture does: the next route checks the record
+    try:
+        with pytest.raises(tilelink.LaunchError, match=r"replay of a captured MoE call.*max 9"):
+            route(ids, 6)
+        assert route(ids, 6).count_list == tuple(torch.bincount(ids.flatten(), minlength=6).tolist())  # cleared
+    finally:
+        moe_routing._captured_on.discard(str(bad.device))
