@@ -284,7 +284,12 @@ def _launch(part: str, x, w, out, weights, routing: Routing, world, persistent: 
     sorted_ids, expert_ids = align_tokens(routing, E, meta["BLOCK_M"])
     kernel, grid, args, meta = grouped_gemm(part, x, w, run_out, weights, sorted_ids, expert_ids, num_slots, top_k,
                                             meta, persistent)
-    (kernel.kernel if written else kernel)[grid](*args, **meta)
+    if written:  # the kernel as written, no launcher: a step of a capture here (the launchers make their own)
+        from tilelink.runtime import graphs
+
+        graphs.enqueue(lambda: kernel.kernel[grid](*args, **meta))
+    else:
+        kernel[grid](*args, **meta)
     if run_out is not out:
         out.copy_(run_out[:, :N])
 

@@ -35,11 +35,13 @@ def _rel(x: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 def moe_replays_match_torch(M: int, H: int, inter: int, E: int, top_k: int, replays: int,
-                            persistent: bool | None = None, graph_factory=None) -> dict[str, list[float]]:
+                            persistent: bool | None = None, graph_factory=None, path: str = "overlap"
+                            ) -> dict[str, list[float]]:
     """``ag_moe`` and ``moe_rs`` called once uncaptured (the warm-up), captured once each, then replayed
     ``replays`` times, new tokens, activations, weights and routing (:data:`ROUTINGS` in turn) copied into the
     captured inputs before each; then one uncaptured call and a replay again. Returns each one's relative error
-    against torch, in order. ``graph_factory``: a CUDA graph's capture (``None``: the emulated graph)."""
+    against torch, in order. ``graph_factory``: a CUDA graph's capture (``None``: the emulated graph). ``path``:
+    the operators' (``"plain"``: the grouped GEMM as written, around torch.distributed collectives)."""
     from tilelink.ops import ag_moe, moe_rs
     from tilelink.runtime.graphs import EmulatedGraph
 
@@ -77,8 +79,8 @@ def moe_replays_match_torch(M: int, H: int, inter: int, E: int, top_k: int, repl
         return ref_up, per_slot.view(M, top_k, H).sum(1)[lo:hi]
 
     def calls():
-        return (ag_moe(x, w_up, ids, persistent=persistent, path="overlap"),
-                moe_rs(h, w_down, ids, weights, persistent=persistent, path="overlap"))
+        return (ag_moe(x, w_up, ids, persistent=persistent, path=path),
+                moe_rs(h, w_down, ids, weights, persistent=persistent, path=path))
 
     new("random")
     calls()  # the warm-up: contexts, kernels

@@ -29,6 +29,14 @@ def test_moe_tensor_descriptor_kernels_replay_new_routings() -> None:
 
 
 @pytest.mark.slow
+def test_the_plain_path_replays_new_routings_in_a_world_of_one() -> None:
+    """path="plain" (the grouped GEMM as written, launched without a launcher): its launch is a step of the
+    capture too."""
+    (per_rank,) = tilelink.spawn(moe_replays_match_torch, 1, 10, 16, 24, 4, 2, 5, None, None, "plain")
+    assert all(err < 1e-5 for errors in per_rank.values() for err in errors), per_rank
+
+
+@pytest.mark.slow
 def test_one_expert_per_token_replays_every_token_on_one_expert() -> None:
     """top_k = 1: a replay sends every token to expert 0, the other experts none."""
     for per_rank in tilelink.spawn(moe_replays_match_torch, 2, 9, 16, 24, 4, 1, 5):
