@@ -1352,9 +1352,17 @@ def _check_tile_names(an: _Analyzer, tensor: str, override: tuple[str, str], at:
 def _check_tile_agrees(an: _Analyzer, acc: Access, dim: int, pointers: set[str], override: tuple[str, str],
                        size_param: str | None) -> str | None:
     """Where the rows of the access can be read from its offsets, ``tile=`` must name the same rows: a tile that
-    moves with another dimension (``pid_n * BLOCK_N`` on a row gather) would wait for the wrong channels."""
-    inferred = an.tile(acc, dim, pointers, None, size_param)
+    moves with another dimension (``pid_n * BLOCK_N`` on a row gather) would wait for the wrong channels. Elsewhere
+    the rows the access may read are bounded and must lie in the tile (:mod:`tilelink.tile_rows`)."""
+    try:
+        inferred = an.tile(acc, dim, pointers, None, size_param)
+    except AnnotationError:
+        inferred = None  # a descriptor made over a tile's rows (`x_ptr + lo * stride`), which tile= names
     if inferred is None or inferred.dynamic:
+        # the rows are not one offsets vector to compare with: bound them, and refuse what may leave the tile
+        from tilelink.tile_rows import check_tile_covers
+
+        check_tile_covers(an, acc, dim, pointers, override, size_param)
         return None
     given = tuple(code(cst.parse_expression(x)) for x in override)
     found = (code(cst.parse_expression(inferred.start)), code(cst.parse_expression(inferred.size)))

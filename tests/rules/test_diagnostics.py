@@ -92,14 +92,31 @@ def test_tile_override_is_used() -> None:
     text = HEAD + textwrap.dedent('''
         @tilelink.overlap(tilelink.all_gather("a_ptr", tile=("row0", "BLOCK"), size="M"))
         @triton.jit
+        def kernel(a_ptr, c_ptr, M, BLOCK: tl.constexpr):
+            row0 = tl.program_id(0) * BLOCK
+            tl.store(c_ptr + row0 + tl.arange(0, BLOCK), tl.load(a_ptr + row0 + tl.arange(0, BLOCK)))
+        ''')
+    gen = generate(text, "k.py", requests_in(text, "k.py"))
+    body = gen.rewritten["kernel"]
+    assert "tl_channels_of_rows(\n        row0, row0 + BLOCK" in body
+
+
+def test_a_tile_over_rows_read_from_an_index_is_refused() -> None:
+    # the rows come from a loaded index, so they may be any rows: the wait for [row0, row0 + BLOCK) covers none
+    text = HEAD + textwrap.dedent('''
+        @tilelink.overlap(tilelink.all_gather("a_ptr", tile=("row0", "BLOCK"), size="M"))
+        @triton.jit
         def kernel(a_ptr, idx_ptr, c_ptr, M, BLOCK: tl.constexpr):
             row0 = tl.program_id(0) * BLOCK
             rows = tl.load(idx_ptr + tl.arange(0, BLOCK))
             tl.store(c_ptr + rows, tl.load(a_ptr + row0 + rows))
         ''')
-    gen = generate(text, "k.py", requests_in(text, "k.py"))
-    body = gen.rewritten["kernel"]
-    assert "tl_channels_of_rows(\n        row0, row0 + BLOCK" in body
+    with pytest.raises(AnnotationError) as info:
+        generate(text, "k.py", requests_in(text, "k.py"))
+    err = info.value
+    assert (err.file, err.line, err.column) == ("k.py", 11, 28), err
+    assert "this load of 'a_ptr' reads, along dim 0, rows that TileLink cannot find" in str(err), err
+    assert "tile=('row0', 'BLOCK') states rows [row0, row0 + BLOCK)" in str(err), err
 
 
 def test_not_a_triton_kernel() -> None:

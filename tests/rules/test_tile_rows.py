@@ -1,0 +1,160 @@
+"""tile=(lo, len) is checked against what the loads of the gathered tensor read: a load whose rows may leave
+[lo, lo + len) (shifted past the tile, masked by a bound past its end, through a descriptor that starts or ends
+elsewhere) is refused at the load, saying which rows it reads; the chunked forms whose rows stay in the tile build
+and equal torch on the race-exposing schedule."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+import triton
+
+import tilelink
+from tests.rules.cases import rows_of
+from tilelink.annotations import requests_in
+from tilelink.codegen import generate
+from tilelink.errors import AnnotationError
+from tilelink.runtime import current_world
+
+ROOT = Path(__file__).resolve().parents[2]
+FORMS = Path(__file__).parent / "forms"
+POINTER = FORMS / "chunked_rows_pointer.py"
+DESCRIPTOR = FORMS / "chunked_rows_descriptor.py"
+ATTENTION = ROOT / "ops" / "attention_kernels.py"
+
+
+def _refused(path: Path, old: str, new: str) -> AnnotationError:
+    text = path.read_text()
+    assert old in text, old
+    text = text.replace(old, new)
+    with pytest.raises(AnnotationError) as info:
+        generate(text, str(path), requests_in(text, str(path)))
+    return info.value
+
+
+def _line_of(path: Path, text: str) -> int:
+    return next(i for i, line in enumerate(path.read_text().splitlines(), 1) if text in line)
+
+
+# -- quick: what is refused, and where
+
+
+def test_the_chunked_forms_and_the_attention_kernel_build() -> None:
+    for path in (POINTER, DESCRIPTOR, ATTENTION):
+        text = path.read_text()
+        generated = generate(text, str(path), requests_in(text, str(path)))
+        assert all("tll.consumer_tile_wait(" in body for body in generated.rewritten.values()), path
+
+
+def test_a_pointer_load_shifted_past_the_tile_is_refused() -> None:
+    err = _refused(POINTER, "offs_s[:, None] * stride_xs", "(offs_s + CHUNK)[:, None] * stride_xs")
+    assert (err.line, err.column) == (_line_of(POINTER, "x = tl.load("), 17), err
+    assert ("this load of 'x_ptr' reads, along dim 1, rows [CHUNK + start, CHUNK + start + BLOCK_S), masked by "
+            "`offs_s[:, None] < s_hi`, and its mask does not keep them below the tile's end; tile=('s_lo', "
+            "'s_hi - s_lo') states rows [s_lo, s_lo + s_hi - s_lo), the only rows its wait covers") in str(err), err
+    assert "the mask `offs[:, None] < lo + len`" in err.hint, err.hint
+
+
+def test_a_pointer_load_shifted_by_a_term_of_its_base_is_refused() -> None:
+    # the shift is in the pointer's base, not in the offsets vector: it moves the rows all the same
+    err = _refused(POINTER, "x_ptr + b * stride_xb", "x_ptr + BLOCK_S * stride_xs + b * stride_xb")
+    assert "reads, along dim 1, rows [BLOCK_S + start, BLOCK_S + start + BLOCK_S)" in str(err), err
+
+
+@pytest.mark.parametrize("bound", ["S", "s_hi + BLOCK_S", "s_lo + CHUNK"])
+def test_a_pointer_load_masked_past_the_tile_is_refused(bound: str) -> None:
+    err = _refused(POINTER, "offs_s[:, None] < s_hi", f"offs_s[:, None] < {bound}")
+    assert err.line == _line_of(POINTER, "x = tl.load("), err
+    assert f"reads, along dim 1, rows [start, start + BLOCK_S), masked by `offs_s[:, None] < {bound}`" in str(err), err
+
+
+def test_a_pointer_load_without_the_chunk_mask_is_refused() -> None:
+    err = _refused(POINTER, "mask=(offs_s[:, None] < s_hi) & (offs_d[None, :] < D)", "mask=offs_d[None, :] < D")
+    assert ("reads, along dim 1, rows [start, start + BLOCK_S), which may run past the tile's end (no mask on its rows "
+            "bounds them by it)") in str(err), err
+
+
+def test_a_pointer_load_starting_before_the_tile_is_refused() -> None:
+    err = _refused(POINTER, "range(s_lo, s_hi, BLOCK_S)", "range(s_lo - BLOCK_S, s_hi, BLOCK_S)")
+    assert ("reads, along dim 1, rows [start, start + BLOCK_S), masked by `offs_s[:, None] < s_hi`, which may start "
+            "before the tile") in str(err), err
+
+
+def test_a_descriptor_shifted_past_the_tile_is_refused() -> None:
+    err = _refused(DESCRIPTOR, "x_ptr + b * stride_xb + s_lo * stride_xs", "x_ptr + b * stride_xb + (s_lo + CHUNK) "
+                   "* stride_xs")
+    assert (err.line, err.column) == (_line_of(DESCRIPTOR, "x = desc.load("), 17), err
+    assert ("this load of 'x_ptr' reads, along dim 1, rows [CHUNK + start, CHUNK + start + BLOCK_S) of the "
+            "descriptor's rows [CHUNK + s_lo, CHUNK + s_hi), which may run past the tile's end") in str(err), err
+    assert "tl.make_tensor_descriptor(base + lo * stride, shape=[len, ...]" in err.hint, err.hint
+
+
+def test_a_descriptor_longer_than_the_tile_is_refused() -> None:
+    err = _refused(DESCRIPTOR, "shape=[s_hi - s_lo, D]", "shape=[s_hi - s_lo + BLOCK_S, D]")
+    assert ("reads, along dim 1, rows [start, start + BLOCK_S) of the descriptor's rows [s_lo, BLOCK_S + s_hi), which "
+            "may run past the tile's end") in str(err), err
+
+
+def test_a_descriptor_loaded_before_its_first_row_is_refused() -> None:
+    # a read at a negative offset is clipped to the descriptor (zeros), so a descriptor over the tile stays in it; one
+    # made a block early is not
+    err = _refused(DESCRIPTOR, "x_ptr + b * stride_xb + s_lo * stride_xs", "x_ptr + b * stride_xb + (s_lo - BLOCK_S) "
+                   "* stride_xs")
+    assert "which may start before the tile" in str(err), err
+
+
+def test_the_attention_kernel_with_its_descriptors_a_chunk_late_is_refused() -> None:
+    err = _refused(ATTENTION, "k_base + kv_lo * stride_kn", "k_base + (kv_lo + KV_CHUNK) * stride_kn")
+    assert (err.line, err.column) == (_line_of(ATTENTION, "k = desc_k.load("), 17), err
+    assert ("this load of 'k_ptr' reads, along dim 2, rows [KV_CHUNK + start_n, KV_CHUNK + start_n + BLOCK_N) of "
+            "the descriptor's rows [KV_CHUNK + kv_lo, KV_CHUNK + kv_hi), which may run past the tile's end; "
+            "tile=('kv_lo', 'kv_hi - kv_lo') states rows [kv_lo, kv_lo + kv_hi - kv_lo)") in str(err), err
+    err = _refused(ATTENTION, "shape=[kv_hi - kv_lo, HEAD_DIM],\n                                           "
+                   "strides=[stride_vn, 1]", "shape=[N_CTX - kv_lo, HEAD_DIM],\n                                      "
+                   "     strides=[stride_vn, 1]")
+    assert err.line == _line_of(ATTENTION, "v = desc_v.load("), err
+    assert "of the descriptor's rows [kv_lo, N_CTX), which may run past the tile's end" in str(err), err
+
+
+# -- slow: the forms whose rows stay in the tile equal torch on the race-exposing schedule
+
+
+def _load(path: str, name: str):
+    spec = importlib.util.spec_from_file_location(f"form_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return getattr(module, name)
+
+
+def _col_sums(path: str, name: str, chunk: int) -> float:
+    """Column sums of a (B, S, D) tensor whose rows [lo, hi) of S each rank holds, read in chunks of ``chunk`` rows
+    (not a rank's shard: a chunk may span two ranks)."""
+    rank, world = tilelink.rank(), tilelink.world_size()
+    kernel = _load(path, name)
+    B, S, D = 3, 37, 16
+    x = torch.randn(B, S, D, generator=torch.Generator().manual_seed(21))
+    device = current_world().device
+    if device.type == "cuda":
+        triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device=device))
+        x = x.half()
+    lo, hi = rows_of(rank, world, S)
+    shard = x[:, lo:hi].contiguous().to(device)
+    err = 0.0
+    for _ in range(2):  # the second call runs at epoch 2
+        y = torch.full((B, D), float("nan"), device=device)
+        kernel[(B,)](shard, y, S, D, chunk, S * D, D, BLOCK_S=8, BLOCK_D=D)
+        err = max(err, (y.cpu() - x.float().sum(1)).abs().max().item(), float("nan") if y.isnan().any() else 0.0)
+    return err
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world", [2, 3])
+def test_the_chunked_forms_equal_torch_on_the_race_exposing_schedule(world: int, monkeypatch) -> None:
+    monkeypatch.setenv("TILELINK_RACES", "1")
+    for path, name in ((POINTER, "chunked_col_sum"), (DESCRIPTOR, "chunked_col_sum_desc")):
+        for chunk in (7, 13):
+            errors = tilelink.spawn(_col_sums, world, str(path), name, chunk)
+            assert all(e < 1e-4 for e in errors), (name, chunk, errors)

@@ -1,0 +1,425 @@
+"""Proof that the loads of a gathered tensor stay inside the rows ``tile=(lo, len)`` names.
+
+``tile=`` places the wait of an all-gather for rows ``[lo, lo + len)`` and nothing more: a load under that wait that
+can read another row reads it before it has arrived. Where the rows of a load are not its own offsets vector (which
+the analysis then compares with ``tile=`` directly), this module bounds them from the kernel's source and refuses the
+load when the bound does not fall inside the tile.
+
+Expressions are read as sums of products of integer constants and atoms (names and the sub-expressions it does not
+open, such as ``tl.minimum(...)`` or ``x % n``); a name the kernel binds once is replaced by its value, the same way on
+every side, so ``kv_hi - kv_lo`` and a descriptor's ``shape=[kv_hi - kv_lo, ...]`` compare equal. Every atom is taken
+as non-negative (program ids, sizes, strides, row starts): a difference is proven non-negative when each of its
+coefficients is. The rows of
+
+- a pointer load are ``S + tl.arange(0, B)`` along the vector indexed ``[:, None]`` (or the only vector of a 1-D
+  load), from every term of the address scaled by that vector's stride; a term that is a multiple of ``size=`` (the
+  head of a flat ``(Z * H * S, D)`` matrix along S) picks another slab and is left out. Its lowest row is ``S`` (a
+  loop variable of ``range(a, b, step)`` at its ``a``); its end is ``S + B``, or the bound of a mask conjunct
+  ``vector < U`` moved by the difference between the masked vector and the rows;
+- a descriptor made in the kernel, ``tl.make_tensor_descriptor(base, shape, strides, block_shape)``, along the axis
+  whose stride scales the base's row terms: ``shift + ([o, o + block) & [0, shape))`` (a tensor-memory read past the
+  shape reads zeros), with ``shift`` the base's row terms and ``o`` the load's offset along that axis.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import libcst as cst
+import libcst.matchers as m
+
+from tilelink.errors import AnnotationError
+
+if TYPE_CHECKING:
+    from tilelink.analysis import Access, _Analyzer
+
+Poly = dict[tuple[str, ...], int]
+
+_ROWS = "__tilelink_rows__"
+_COLS = "__tilelink_cols__"
+_ARANGE = "arange:"
+
+
+def _code(node: cst.CSTNode) -> str:
+    return cst.Module(body=[]).code_for_node(node).strip()
+
+
+def _bare(node: cst.BaseExpression) -> cst.BaseExpression:
+    return node.with_changes(lpar=[], rpar=[]) if getattr(node, "lpar", None) else node
+
+
+def _add(a: Poly, b: Poly, sign: int = 1) -> Poly:
+    out = dict(a)
+    for k, v in b.items():
+        out[k] = out.get(k, 0) + sign * v
+        if out[k] == 0:
+            del out[k]
+    return out
+
+
+def _mul(a: Poly, b: Poly) -> Poly:
+    out: Poly = {}
+    for ka, va in a.items():
+        for kb, vb in b.items():
+            k = tuple(sorted(ka + kb))
+            out[k] = out.get(k, 0) + va * vb
+            if out[k] == 0:
+                del out[k]
+    return out
+
+
+def show(p: Poly) -> str:
+    """A readable form of ``p``: ``kv_lo + KV_CHUNK``."""
+    if not p:
+        return "0"
+    parts = []
+    for k, v in sorted(p.items(), key=lambda kv: (len(kv[0]) == 0, kv[0])):
+        atoms = " * ".join(k)
+        if not atoms:
+            term = str(abs(v))
+        else:
+            term = atoms if abs(v) == 1 else f"{abs(v)} * {atoms}"
+        parts.append(("- " if v < 0 else "+ ") + term)
+    text = " ".join(parts)
+    return text[2:] if text.startswith("+ ") else "-" + text[2:]
+
+
+class _Rows:
+    """Reads the expressions of one kernel as :data:`Poly` s."""
+
+    def __init__(self, an: _Analyzer, display: bool = False) -> None:
+        self.an = an
+        # for messages: only the names of row vectors are written out, so that the rows read as the kernel says them
+        self.display = display
+        self.blocks: dict[str, Poly] = {}  # each `arange:B` atom read, and its B
+
+    def expand(self, node: cst.BaseExpression, depth: int = 0) -> cst.BaseExpression:
+        """``node`` with each name bound once by the kernel (not a parameter, loop variable or rebound) replaced by its
+        value, and ``x[:, None]`` / ``x[None, :]`` marked as the rows / columns of a 2-D block."""
+        an = self.an
+        display = self.display
+
+        class _T(cst.CSTTransformer):
+            def leave_Subscript(self, original: cst.Subscript, updated: cst.Subscript) -> cst.BaseExpression:
+                kinds = [isinstance(el.slice, cst.Slice) for el in updated.slice]
+                if len(kinds) >= 2 and kinds.count(True) == 1 and all(
+                        s or m.matches(el.slice, m.Index(value=m.Name("None")))
+                        for s, el in zip(kinds, updated.slice, strict=True)):
+                    mark = _ROWS if kinds[0] else _COLS
+                    return cst.Call(func=cst.Name(mark), args=[cst.Arg(updated.value)])
+                return updated
+
+            def leave_Attribute(self, original: cst.Attribute, updated: cst.Attribute) -> cst.BaseExpression:
+                return original  # `tl.arange`, `x.dtype`: the attribute's base is not a value to replace
+
+            def leave_Name(self, original: cst.Name, updated: cst.Name) -> cst.BaseExpression:
+                name = original.value
+                defs = an.assignments.get(name, [])
+                if depth < 8 and len(defs) == 1 and name not in an.rebound and name not in an.params \
+                        and len(an.bindings.get(name, [])) <= 1 and not _is_descriptor(defs[0][1]) and (
+                            not display or m.findall(defs[0][1], m.Attribute(attr=m.Name("arange")))):
+                    inner = _Rows(an, display).expand(defs[0][1], depth + 1)
+                    return inner.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()]) \
+                        if hasattr(inner, "lpar") else inner
+                return updated
+
+        return node.visit(_T())  # type: ignore[return-value]
+
+    def poly(self, node: cst.BaseExpression) -> Poly:
+        """``node`` (already expanded) as a sum of products; ``tl.arange(0, B)`` is the atom ``arange:B``."""
+        node = _bare(node)
+        if isinstance(node, cst.Integer):
+            value = int(node.evaluated_value)
+            return {(): value} if value else {}
+        if isinstance(node, cst.Name):
+            return {(node.value,): 1}
+        if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Minus):
+            return {k: -v for k, v in self.poly(node.expression).items()}
+        if isinstance(node, cst.BinaryOperation):
+            if isinstance(node.operator, cst.Add):
+                return _add(self.poly(node.left), self.poly(node.right))
+            if isinstance(node.operator, cst.Subtract):
+                return _add(self.poly(node.left), self.poly(node.right), -1)
+            if isinstance(node.operator, cst.Multiply):
+                return _mul(self.poly(node.left), self.poly(node.right))
+        if isinstance(node, cst.Call):
+            if isinstance(node.func, cst.Name) and node.func.value in (_ROWS, _COLS):
+                inner = self.poly(node.args[0].value)
+                if node.func.value == _ROWS:
+                    return inner
+                return {tuple(sorted(k + (_COLS,))): v for k, v in inner.items()}
+            if m.matches(node.func, m.Attribute(value=m.Name("tl"), attr=m.Name("arange"))) and len(node.args) == 2:
+                lo, hi = (self.poly(a.value) for a in node.args)
+                size = _add(hi, lo, -1)
+                self.blocks[_ARANGE + show(size)] = size
+                return _add(lo, {(_ARANGE + show(size),): 1})
+            if m.matches(node.func, m.Attribute(value=m.Name("tl"), attr=m.Name("multiple_of")
+                                                | m.Name("max_contiguous"))) and node.args:
+                return self.poly(node.args[0].value)
+            if m.matches(node.func, m.Attribute(attr=m.Name("to"))):  # `(off_hz // H).to(tl.int64)`: the same value
+                return self.poly(node.func.value)  # type: ignore[attr-defined]
+        return {(_code(node),): 1}
+
+    def read(self, node: cst.BaseExpression) -> Poly:
+        return self.poly(self.expand(node))
+
+
+def _is_descriptor(value: cst.BaseExpression) -> bool:
+    return m.matches(value, m.Call(func=m.Attribute(value=m.Name("tl"), attr=m.Name("make_tensor_descriptor"))))
+
+
+def _nonnegative(p: Poly) -> bool:
+    return all(v >= 0 for v in p.values())
+
+
+def _divide(p: Poly, by: tuple[str, ...]) -> tuple[Poly, Poly]:
+    """``p`` split into the terms divisible by the monomial ``by`` (divided by it) and the others."""
+    inside: Poly = {}
+    rest: Poly = {}
+    for k, v in p.items():
+        left = list(k)
+        try:
+            for atom in by:
+                left.remove(atom)
+        except ValueError:
+            rest[k] = v
+            continue
+        inside[tuple(left)] = v
+    return inside, rest
+
+
+class _Ranges:
+    """The ``for v in range(a, b[, step])`` loops around an access: ``v`` lies in ``[a, b)``."""
+
+    def __init__(self, an: _Analyzer, rows: _Rows, at: object) -> None:
+        from tilelink.analysis import _contains
+
+        self.bounds: dict[str, tuple[Poly, Poly]] = {}
+        for loop in m.findall(an.fn.body, m.For(target=m.Name())):
+            it = loop.iter
+            if not (isinstance(it, cst.Call) and (m.matches(it.func, m.Name("range")) or m.matches(
+                    it.func, m.Attribute(value=m.Name("tl"), attr=m.Name("range") | m.Name("static_range"))))):
+                continue
+            args = [a.value for a in it.args if a.keyword is None]
+            if not args or not _contains(an, loop, at) or len(an.bindings.get(loop.target.value, [])) != 1:
+                continue
+            lo, hi = (args[0], args[1]) if len(args) >= 2 else (cst.Integer("0"), args[0])
+            if len(args) >= 3 and not _nonnegative(rows.read(args[2])):
+                continue  # a loop that counts down starts at its highest value
+            self.bounds[loop.target.value] = (rows.read(lo), rows.read(hi))
+
+    def lowest(self, p: Poly) -> Poly:
+        """``p`` at the lowest values of its loop variables (those with a positive coefficient, alone in a term)."""
+        out: Poly = {}
+        for k, v in p.items():
+            if len(k) == 1 and k[0] in self.bounds and v > 0:
+                out = _add(out, {kk: vv * v for kk, vv in self.bounds[k[0]][0].items()})
+            else:
+                out = _add(out, {k: v})
+        return out
+
+
+def _refuse(acc: Access, dim: int, override: tuple[str, str], reads: str, hint: str) -> AnnotationError:
+    lo, size = override
+    return AnnotationError(
+        f"this {acc.kind} of {acc.tensor!r} reads{reads}; tile=({lo!r}, {size!r}) states rows "
+        f"[{lo}, {lo} + {size}), the only rows its wait covers, so a row outside them may be read before it arrives",
+        file=acc.where.file, line=acc.where.line, column=acc.where.column, hint=hint)
+
+
+_POINTER_HINT = ("read the tile's rows only: offsets `start + tl.arange(0, BLOCK)` with `start` looping over "
+                 "`range(lo, lo + len, BLOCK)` and the mask `offs[:, None] < lo + len`, no other row term in the "
+                 "address; or name the rows this load reads in tile=")
+_DESCRIPTOR_HINT = ("make the descriptor for the tile's rows, `tl.make_tensor_descriptor(base + lo * stride, "
+                    "shape=[len, ...], strides=[stride, 1], block_shape=[BLOCK, ...])`, and load it at offsets in "
+                    "[0, len); or name the rows this load reads in tile=")
+
+
+def check_tile_covers(an: _Analyzer, acc: Access, dim: int, pointers: set[str], override: tuple[str, str],
+                      size_param: str | None) -> None:
+    """Refuse ``acc`` (a load of a tensor gathered with ``tile=override``) unless its rows provably lie inside the
+    tile. See the module's docstring for what is read."""
+    if acc.kind != "load":
+        return
+    rows = _Rows(an)
+    lo = rows.read(cst.parse_expression(override[0]))
+    end = _add(lo, rows.read(cst.parse_expression(override[1])))
+    ranges = _Ranges(an, rows, acc.where)
+    # each expression is read twice: with every name bound once written out, for the proof, and with only the row
+    # vectors written out, for the message
+    said = []
+    for reader, proof in ((rows, True), (_Rows(an, display=True), False)):
+        if acc.descriptor:
+            said.append(_descriptor_rows(an, acc, dim, reader, ranges, lo, end, size_param, proof))
+        else:
+            said.append(_pointer_rows(an, acc, pointers, dim, reader, ranges, lo, end, size_param, proof))
+        if said[0] is None:
+            return
+    why, reads = said
+    assert why is not None and reads is not None
+    raise _refuse(acc, dim, override, f", along dim {dim}, rows {reads}{why}" if why.startswith(",") else
+                  f", along dim {dim}, rows {why}",
+                  _DESCRIPTOR_HINT if acc.descriptor else _POINTER_HINT)
+
+
+def _pointer_expression(an: _Analyzer, acc: Access, pointers: set[str]) -> cst.BaseExpression | None:
+    """The load's address with its pointer aliases written out; ``None`` when an alias is bound more than once."""
+    class _T(cst.CSTTransformer):
+        failed = False
+
+        def leave_Name(self, original: cst.Name, updated: cst.Name) -> cst.BaseExpression:
+            name = original.value
+            if name in pointers and name != acc.tensor:
+                defs = an.assignments.get(name, [])
+                if len(defs) != 1 or name in an.rebound:
+                    _T.failed = True
+                    return updated
+                return defs[0][1].visit(self).with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+            return updated
+
+        def leave_Attribute(self, original: cst.Attribute, updated: cst.Attribute) -> cst.BaseExpression:
+            return original
+
+    out = cst.parse_expression(acc.pointer).visit(_T())
+    return None if _T.failed else out  # type: ignore[return-value]
+
+
+def _other_slab(term: tuple[str, ...], size_param: str | None, dim: int) -> bool:
+    """A row term that is a multiple of the gathered dimension's full size picks another slab of a flat view (the head
+    ``off_hz * N_CTX`` of a ``(Z * H * N_CTX, D)`` matrix gathered along dim 1), not rows of this one."""
+    return dim > 0 and size_param is not None and size_param in term
+
+
+def _pointer_rows(an: _Analyzer, acc: Access, pointers: set[str], dim: int, rows: _Rows, ranges: _Ranges, lo: Poly,
+                  end: Poly, size_param: str | None, proof: bool) -> str | None:
+    """``None`` when the rows of the pointer load ``acc`` lie in ``[lo, end)``; else which rows it reads and why they
+    may leave the tile."""
+    expr = _pointer_expression(an, acc, pointers)
+    if expr is None:
+        return "that TileLink cannot follow: its pointer is bound more than once"
+    address = rows.read(expr)
+    vectors = {k: v for k, v in address.items() if any(a.startswith(_ARANGE) for a in k) and _COLS not in k}
+    strides = set()
+    blocks = set()
+    for k, v in vectors.items():
+        ranged = [a for a in k if a.startswith(_ARANGE)]
+        if len(ranged) != 1 or v != 1:
+            return f"through `{show({k: v})}`, a row vector TileLink cannot bound"
+        blocks.add(ranged[0])
+        strides.add(tuple(a for a in k if a != ranged[0]))
+    if len(strides) != 1 or len(blocks) != 1:
+        return "that TileLink cannot find: its address has no single `start + tl.arange(0, BLOCK)` vector of rows"
+    (stride,), (block,) = strides, blocks
+    scaled, _ = _divide(address, stride)
+    shift: Poly = {}
+    for k, v in scaled.items():
+        if block in k or acc.tensor in k or _COLS in k or _other_slab(k, size_param, dim):
+            continue
+        if any(a.startswith(_ARANGE) for a in k):
+            return f"moved by `{show({k: v})}`, a vector TileLink cannot bound"
+        shift[k] = v
+    height = rows.blocks[block]
+    reads = f"[{show(shift)}, {show(shift)} + {show(height)})" if not proof else ""
+    if proof and not (_nonnegative(_add(shift, lo, -1)) or _nonnegative(_add(ranges.lowest(shift), lo, -1))):
+        return ", which may start before the tile"
+    ends = [_add(shift, height)]
+    bounds = []
+    for conjunct in _conjuncts(acc.mask):
+        comparison = _row_bound(rows, conjunct)
+        if comparison is None:
+            continue
+        masked, bound = comparison
+        if {k: v for k, v in masked.items() if block in k} != {(block,): 1}:
+            continue
+        bounds.append(_code(conjunct))
+        ends.append(_add(bound, _add(shift, {k: v for k, v in masked.items() if block not in k}, -1)))
+    if proof and any(_nonnegative(_add(end, e, -1)) for e in ends):
+        return None
+    if proof:
+        return ", which may run past the tile's end (no mask on its rows bounds them by it)" if not bounds else \
+            ", and its mask does not keep them below the tile's end"
+    return reads + ("" if not bounds else ", masked by " + " and ".join(f"`{b}`" for b in bounds))
+
+
+def _conjuncts(mask: str | None) -> list[cst.BaseExpression]:
+    if mask is None:
+        return []
+    out: list[cst.BaseExpression] = []
+    todo = [cst.parse_expression(mask)]
+    while todo:
+        node = _bare(todo.pop())
+        if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.BitAnd):
+            todo.extend((node.left, node.right))
+        elif isinstance(node, cst.BooleanOperation) and isinstance(node.operator, cst.And):
+            todo.extend((node.left, node.right))
+        else:
+            out.append(node)
+    return out
+
+
+def _row_bound(rows: _Rows, conjunct: cst.BaseExpression) -> tuple[Poly, Poly] | None:
+    """``vector < U`` (or ``vector <= U``) over the rows -> (the vector, the exclusive bound)."""
+    if not (isinstance(conjunct, cst.Comparison) and len(conjunct.comparisons) == 1):
+        return None
+    op = conjunct.comparisons[0].operator
+    left = rows.read(conjunct.left)
+    right = rows.read(conjunct.comparisons[0].comparator)
+    if any(_COLS in k for k in left) or any(any(a.startswith(_ARANGE) for a in k) for k in right):
+        return None
+    if isinstance(op, cst.LessThan):
+        return left, right
+    if isinstance(op, cst.LessThanEqual):
+        return left, _add(right, {(): 1})
+    return None
+
+
+def _descriptor_rows(an: _Analyzer, acc: Access, dim: int, rows: _Rows, ranges: _Ranges, lo: Poly, end: Poly,
+                     size_param: str | None, proof: bool) -> str | None:
+    """``None`` when the rows of the descriptor load ``acc`` lie in ``[lo, end)``; else which rows it reads and why
+    they may leave the tile."""
+    from tilelink.analysis import _arg
+
+    defs = an.assignments.get(acc.pointer, [])
+    offsets = cst.parse_expression(acc.offsets) if acc.offsets is not None else None
+    if not defs:
+        return None  # a host TensorDescriptor: its rows are its offsets, compared with tile= by the analysis
+    make = defs[0][1]
+    if len(defs) != 1 or not _is_descriptor(make) or not isinstance(offsets, (cst.List, cst.Tuple)):
+        return (f"that TileLink cannot follow: `{acc.pointer}` is made more than once, or not by "
+                "tl.make_tensor_descriptor")
+    base, shape, strides, block = (_arg(make, i, k) for i, k in enumerate(("base", "shape", "strides",
+                                                                          "block_shape")))
+    lists = [x for x in (shape, strides, block) if isinstance(x, (cst.List, cst.Tuple))]
+    if base is None or len(lists) != 3 or len({len(x.elements) for x in lists} | {len(offsets.elements)}) != 1:
+        return (f"that TileLink cannot follow: `{acc.pointer}` has no literal shape, strides and block_shape of its "
+                "offsets' rank")
+    based = rows.read(base)
+    stride_of = [rows.read(s.value) for s in strides.elements]  # type: ignore[union-attr]
+    # the axis of the gathered rows: the one whose stride scales the base's row terms; a descriptor over the tensor
+    # itself keeps the tensor's axes; else the only axis of a stride other than 1
+    axes = [i for i, s in enumerate(stride_of) if s != {(): 1} and len(s) == 1 and _divide(based, next(iter(s)))[0]]
+    if len(axes) != 1:
+        if m.matches(base, m.Name(acc.tensor)) and dim < len(stride_of):
+            axes = [dim]
+        else:
+            axes = [i for i, s in enumerate(stride_of) if s != {(): 1}]
+    if len(axes) != 1 or len(stride_of[axes[0]]) != 1:
+        return (f"from an axis of `{acc.pointer}` TileLink cannot tell: it needs one stride per axis, a unit stride "
+                "on every axis but the rows'")
+    axis = axes[0]
+    scaled, _ = _divide(based, next(iter(stride_of[axis])))
+    shift = {k: v for k, v in scaled.items() if acc.tensor not in k and not _other_slab(k, size_param, dim)}
+    start = rows.read(offsets.elements[axis].value)
+    height = rows.read(shape.elements[axis].value)  # type: ignore[union-attr]
+    rows_in_block = rows.read(block.elements[axis].value)  # type: ignore[union-attr]
+    first = _add(shift, start)
+    reads = (f"[{show(first)}, {show(first)} + {show(rows_in_block)}) of the descriptor's rows [{show(shift)}, "
+             f"{show(_add(shift, height))})") if not proof else ""
+    if proof:
+        if not (_nonnegative(_add(shift, lo, -1)) or _nonnegative(_add(first, lo, -1))
+                or _nonnegative(_add(ranges.lowest(first), lo, -1))):
+            return ", which may start before the tile"
+        if _nonnegative(_add(end, _add(shift, height), -1)) or _nonnegative(_add(end, _add(first, rows_in_block), -1)):
+            return None
+        return ", which may run past the tile's end"
+    return reads
