@@ -121,9 +121,10 @@ class KernelAnalysis:
     # an int literal or a parameter (none: `x_ptr + offs`), the access); the launcher checks that their product is the
     # row stride of the buffer the rewritten kernel reads or writes, since the wait or notify covers rows `offs`
     row_scales: tuple[tuple[str, tuple[str, ...], Where], ...] = ()
-    # each pointer access along dim 0 whose other scalar terms are int literals and parameters (`x_ptr + offs[:, None]
-    # * stride_xm + cols[None, :] + D`): (tensor, the terms as (subtracted, factors), the access). Their sum must stay
-    # within one row (0 <= sum < the row stride), which the launcher checks: `+ D` on a (M, D) tensor reads the next row
+    # each pointer access whose other scalar terms are int literals and parameters (`x_ptr + offs[:, None] * stride_xm
+    # + cols[None, :] + D`): (tensor, the terms as (subtracted, factors), the access). Their sum must stay within one
+    # row (0 <= sum < the row stride), which the launcher checks: `+ D` on a (M, D) tensor reads the next row. Along an
+    # inner dim, the sum may also step along the dims before the rows (by multiples of their stride), not across rows
     row_shifts: tuple[tuple[str, tuple[tuple[bool, tuple[str, ...]], ...], Where], ...] = ()
     # the source of every expression the kernel evaluates other than an assignment's value (`tl.store(y_ptr + o, x)`,
     # an `if` test, a loop's range as `(target := range)`, an in-place update's value), with where it is: what reads a
@@ -134,6 +135,14 @@ class KernelAnalysis:
     branch_sides: dict[Where, tuple[BranchSide, ...]] = field(default_factory=dict)
     # variable -> where each of its in-place updates is, in the order of `updates`
     update_sites: dict[str, tuple[Where, ...]] = field(default_factory=dict)
+    # each parameter a `tile=` proof read, with the load it proved (`tlxform/tile_rows.py`): (parameter, the load). The
+    # proof takes every name as non-negative, so the launcher refuses a call that passes one of them a negative int
+    row_signs: tuple[tuple[str, Where], ...] = ()
+    # each pointer access whose rows lie along an inner dim and whose address adds a value the kernel computes times
+    # factors the launch reads (`b * stride_xb`, `b = tl.program_id(1)`): (tensor, the factors, the access). Their
+    # product must be a multiple of the gathered buffer's stride of the dim before the rows (the full size along the
+    # rows times a row's elements), which the launcher checks; else the term moves the rows along the annotated dim
+    row_steps: tuple[tuple[str, tuple[str, ...], Where], ...] = ()
 
     def accesses_of(self, tensor: str, kind: str) -> list[Access]:
         return [a for a in self.accesses if a.tensor == tensor and a.kind == kind]
@@ -345,6 +354,8 @@ class _Analyzer:
     def __init__(self, module: cst.Module, wrapper: MetadataWrapper, fn: cst.FunctionDef, file: str,
                  tensors: dict[str, tuple[int, tuple[str, str] | None, str | None]]):
         self.module, self.fn, self.file, self.tensors = module, fn, file, tensors
+        # the parameters each proven `tile=` load's rows read, taken as non-negative (`KernelAnalysis.row_signs`)
+        self.row_signs: list[tuple[str, Where]] = []
         self.positions = wrapper.resolve(PositionProvider)
         self.params = tuple(p.name.value for p in fn.params.params)
         self.constexpr = tuple(
@@ -1154,18 +1165,28 @@ def _advanced(an: _Analyzer, acc: Access, offsets: str) -> list[tuple[bool, tupl
     return out
 
 
-def _row_scales(an: _Analyzer, acc: Access, pointers: set[str]) -> tuple[set[tuple[str, ...]], list[tuple]]:
+def _row_scales(an: _Analyzer, acc: Access, pointers: set[str]) -> tuple[set[tuple[str, ...]], list[tuple],
+                                                                         set[tuple[str, ...]]]:
     """The scales of the rows of a pointer access (see ``KernelAnalysis.row_scales``), and its scalar terms along dim 0
     (``KernelAnalysis.row_shifts``): one sum for each way its aliases are bound (``if C: base = x_ptr + D`` / ``else:
     base = x_ptr``), none when they are not known (a loop variable, an alias advanced in place: checked as an advance).
     The rows term must appear once along any chain of aliases (``a_ptrs = a_ptr + offs[:, None] * s`` then ``a_ptrs +
     offs[:, None] * s`` touch rows ``2 * offs``), and its factors must be readable at the launch; else the access is
-    refused, and so is a scalar term the kernel computes (``tl.program_id(1) * D``, see ``_scalar_term``)."""
+    refused, and so is a scalar term the kernel computes (``tl.program_id(1) * D``, see ``_scalar_term``). Rows along
+    an inner dim (``dim >= 1``) have their scalar terms read the same way, and a term the kernel computes times
+    factors the launch reads (``b * stride_xb``) gives those factors, the third value (``KernelAnalysis.row_steps``;
+    see ``tile_rows.inner_terms``)."""
     tile = acc.tile
-    if acc.descriptor or tile is None or tile.offsets is None or tile.dynamic:
-        return set(), []
-    offsets = tile.offsets
     along = an.tensors[acc.tensor][0] == 0  # the terms of the address along dim 0 are the rows'
+    steps: set[tuple[str, ...]] = set()
+    shifts: list[tuple] = []
+    if not along and not acc.descriptor and tile is not None and not tile.dynamic:
+        from tilelink.tile_rows import inner_terms
+
+        shifts, steps = inner_terms(an, acc, pointers)
+    if acc.descriptor or tile is None or tile.offsets is None or tile.dynamic:
+        return set(), shifts, steps
+    offsets = tile.offsets
     # the pointer itself advanced before the access (`x_ptr += D`) moves it along the rows too
     first = _advanced(an, acc, offsets) if along else None
     hint = (f"index the rows once, with the offsets vector times the row stride parameter (`{offsets}[:, None] * "
@@ -1200,7 +1221,7 @@ def _row_scales(an: _Analyzer, acc: Access, pointers: set[str]) -> tuple[set[tup
                 scales.add(tuple(sorted(factors)))
                 n += 1
             elif not along or isinstance(term, cst.Name) and term.value in pointers:
-                continue  # an alias: its own terms, below
+                continue  # an alias: its own terms, below; along an inner dim, `inner_terms` reads them
             elif isinstance(term, cst.Subscript) and isinstance(term.value, cst.Name):
                 # a column vector (`cols[None, :]`, `cols = D + tl.arange(0, BLOCK_D)`): its first element is along
                 # dim 0 too, and starts past the row when its scalar terms do; a start at a program's position
@@ -1243,7 +1264,9 @@ def _row_scales(an: _Analyzer, acc: Access, pointers: set[str]) -> tuple[set[tup
                            f"{acc.tensor!r} more than once (through its aliases): it touches other rows than the "
                            f"tile's", hint)
     ways = plus([first] if first is not None else None, ways)
-    return scales, [tuple(w) for w in ways or [] if w]
+    if along:
+        shifts = [tuple(w) for w in ways or [] if w]
+    return scales, shifts, steps
 
 
 def _row_strides(an: _Analyzer, exprs: list[cst.BaseExpression], tile: Tile) -> set[str] | None:
@@ -1362,7 +1385,8 @@ def _check_tile_agrees(an: _Analyzer, acc: Access, dim: int, pointers: set[str],
         # the rows are not one offsets vector to compare with: bound them, and refuse what may leave the tile
         from tilelink.tile_rows import check_tile_covers
 
-        check_tile_covers(an, acc, dim, pointers, override, size_param)
+        an.row_signs.extend((name, acc.where) for name in check_tile_covers(an, acc, dim, pointers, override,
+                                                                             size_param))
         return None
     given = tuple(code(cst.parse_expression(x)) for x in override)
     found = (code(cst.parse_expression(inferred.start)), code(cst.parse_expression(inferred.size)))
@@ -1805,6 +1829,7 @@ def analyse(module: cst.Module, file: str, kernel: str,
     accesses: list[Access] = []
     row_scales: list[tuple[str, tuple[str, ...], Where]] = []
     row_shifts: list[tuple[str, tuple[tuple[bool, tuple[str, ...]], ...], Where]] = []
+    row_steps: list[tuple[str, tuple[str, ...], Where]] = []
     for tensor, (dim, override, size_param, index) in tensors.items():
         if tensor not in an.params:
             raise AnnotationError(
@@ -1831,9 +1856,10 @@ def analyse(module: cst.Module, file: str, kernel: str,
                 if tile.size_param is None and found is not None:  # the rows' bound, read from their mask
                     tile = Tile(tile.start, tile.size, tile.offsets, found, tile.pid, tile.defined_at, tile.ndim)
             accesses.append(_anchor(an, acc, tile, pointers))
-            scales, shifts = _row_scales(an, accesses[-1], pointers)
+            scales, shifts, steps = _row_scales(an, accesses[-1], pointers)
             row_scales.extend((tensor, scale, acc.where) for scale in sorted(scales))
             row_shifts.extend((tensor, terms, acc.where) for terms in shifts)
+            row_steps.extend((tensor, factors, acc.where) for factors in sorted(steps))
     _check_sweeps_disjoint(an, accesses)
     updates: dict[str, list[str]] = {}
     update_sites: dict[str, list[Where]] = {}
@@ -1849,5 +1875,6 @@ def analyse(module: cst.Module, file: str, kernel: str,
                               frozenset(an.rebound), {n: tuple(b) for n, b in an.bindings.items()},
                               warp_specialized, {n: tuple(v) for n, v in updates.items()}, _returns(an),
                               tuple(row_scales), tuple(row_shifts), _effects(an), branch_sides=_branch_sides(an),
-                              update_sites={n: tuple(w) for n, w in update_sites.items()})
+                              update_sites={n: tuple(w) for n, w in update_sites.items()},
+                              row_signs=tuple(dict.fromkeys(an.row_signs)), row_steps=tuple(row_steps))
     return analysis

@@ -65,7 +65,9 @@ def plan_kernel(module: cst.Module, file: str, request: Request) -> RewritePlan:
     # the row facts the launch checks at each call with more than one rank, from the analysis the rule read
     plan = dataclasses.replace(plan, launch=dataclasses.replace(
         plan.launch, row_scales=tuple(sorted({(t, f, at.line) for t, f, at in an.row_scales})),
-        row_shifts=tuple((t, terms, at.line) for t, terms, at in an.row_shifts)))
+        row_shifts=tuple((t, terms, at.line) for t, terms, at in an.row_shifts),
+        row_signs=tuple(dict.fromkeys((name, at.line) for name, at in an.row_signs)),
+        row_steps=tuple(sorted({(t, f, at.line) for t, f, at in an.row_steps}))))
     notes = tuple(ReportEntry(
         an.name, plan.rule, "note", f"the loop at line {at.line} runs without warp specialisation: its partitions "
         "would run different code, while TileLink's waits and notifies synchronise every thread of the program "
@@ -272,7 +274,9 @@ def generate(source: str, file: str, requests: list[Request]) -> GeneratedModule
         launch = plan.launch  # the row facts at the user's lines (an inlined helper's, inside the helper)
         plan = dataclasses.replace(plan, launch=dataclasses.replace(
             launch, row_scales=tuple(sorted({(t, f, inlined.user_line(line)) for t, f, line in launch.row_scales})),
-            row_shifts=tuple((t, terms, inlined.user_line(line)) for t, terms, line in launch.row_shifts)))
+            row_shifts=tuple((t, terms, inlined.user_line(line)) for t, terms, line in launch.row_shifts),
+            row_signs=tuple(dict.fromkeys((name, inlined.user_line(line)) for name, line in launch.row_signs)),
+            row_steps=tuple(sorted({(t, f, inlined.user_line(line)) for t, f, line in launch.row_steps}))))
         plans.append(plan)
         rewriter = _Rewriter(req.kernel, plan)
         new_module = MetadataWrapper(inlined.module, unsafe_skip_copy=True).visit(rewriter)

@@ -177,16 +177,45 @@ class OverlappedKernel:
         dim 0 stay within a row (``+ D`` on a (M, D) tensor is the next row). The facts are the launch plan's
         (``row_scales``, ``row_shifts``). Checked on each call with more than one rank (alone, the kernel runs on the
         caller's tensors as written), under each autotuning configuration the call may run (a ``triton.Config``
-        sets a constexpr the call does not pass)."""
+        sets a constexpr the call does not pass). Along an inner dim (``dim >= 1``) the scalar terms may also step
+        along the dims before the rows, by whole steps of the gathered buffer (the full size along the rows times a
+        row's elements), and a computed term's factors (``row_steps``: ``b * stride_xb``) must be such a step. The
+        ``tile=`` proofs took every name as non-negative: an int argument they read (``row_signs``) that is negative
+        is refused, naming it and the load."""
         plan = self.plan.launch
-        if not (plan.row_scales or plan.row_shifts) or launcher.world().world_size == 1:
+        if not (plan.row_scales or plan.row_shifts or plan.row_signs or plan.row_steps) or \
+                launcher.world().world_size == 1:
             return
+        # a kernel with only sign facts is checked once per form of call: the values of the parameters they name
+        key = None
+        if not (plan.row_scales or plan.row_shifts or plan.row_steps) and self._sign_names is not None:
+            key = tuple(bound.get(n) for n in self._sign_names)
+            if not all(v is None or isinstance(v, (int, float)) for v in key):
+                key = None  # a tensor or another object (kept out of the record): checked every call
+            elif key in self._signs_passed:
+                return
         from tilelink.rules.reduce_scatter.launcher import _metas
 
+        dim, full = plan.dim, None
+        if dim > 0 and (plan.row_shifts or plan.row_steps):
+            # rows along an inner dim: a step of the dim before them is the full size along the rows times a row
+            try:
+                full = launcher.size_of(bound)
+            except LaunchError:
+                pass  # the launcher refuses the call, saying why
         for meta, config in _metas(self.kernel, bound):
             # a parameter the call leaves out runs with its default (`STEP: tl.constexpr = 2`): compare that value
             values = {**self.defaults, **meta}
             said_config = "" if config == "the call's arguments" else f" under the autotuning configuration {config}"
+            for name, line in plan.row_signs:
+                value = values.get(name)
+                if isinstance(value, int) and not isinstance(value, bool) and value < 0:
+                    raise LaunchError(
+                        f"{self.name}: argument {name!r} is {value}{said_config}, but the rows the load at "
+                        f"{_display_path(self.file)}:{line} reads were proven inside its tile= with {name} taken as "
+                        f"non-negative: a negative {name} can move them before the tile, onto rows its wait does not "
+                        f"cover; pass a non-negative {name}, or name the rows the load reads, {name} included, in "
+                        f"tile=, so that its wait covers them")
             for tensor, factors, line in plan.row_scales:
                 t = bound.get(tensor)
                 if not (hasattr(t, "shape") and hasattr(t, "stride")) or len(t.shape) <= plan.dim:
@@ -205,23 +234,70 @@ class OverlappedKernel:
                         f"its wait or notify covers: pass a contiguous {tensor} and its own stride "
                         f"({tensor}.stride({plan.dim})), or view it so that one step along dim {plan.dim} is the "
                         f"kernel's scale (`x.view(-1, {scale})` for a 1-D `x_ptr + offs * {scale}`)")
+            for tensor, factors, line in plan.row_steps:
+                t = bound.get(tensor)
+                value = _product(factors, values)
+                if not hasattr(t, "shape") or len(t.shape) <= dim or full is None or value is None:
+                    continue
+                rows = _product(tuple(str(int(n)) for n in t.shape[dim + 1:]), {})
+                if value % (full * rows):
+                    said = " * ".join(f"{f}={values[f]}" if not f.isdigit() else f for f in factors)
+                    raise LaunchError(
+                        f"{self.name}: the address at {_display_path(self.file)}:{line} adds a value the kernel "
+                        f"computes times {said}{said_config} ({value} elements) to {tensor!r}, but one step along the "
+                        f"dims before dim {dim} of the buffer TileLink passes as {tensor!r} (contiguous, the full "
+                        f"{full} rows along dim {dim} of {rows} elements each) is {full * rows} elements: the term "
+                        f"moves the access along dim {dim}, onto other rows than those its wait or notify covers; pass "
+                        f"the full tensor's stride of dim {dim - 1} ({full * rows} here), or add the rows to the "
+                        f"offsets vector along dim {dim}")
             for tensor, terms, line in plan.row_shifts:
                 t = bound.get(tensor)
-                if not hasattr(t, "shape") or len(t.shape) < 1:
+                if not hasattr(t, "shape") or len(t.shape) <= dim or dim > 0 and full is None:
                     continue
-                rows = _product(tuple(str(int(n)) for n in t.shape[1:]), {})
+                rows = _product(tuple(str(int(n)) for n in t.shape[dim + 1:]), {})
                 known = [_product(factors, values) for _, factors in terms]
                 if None in known:
                     continue  # a parameter that is not an int at this call: Triton refuses the call itself
                 shift = sum(-v if negative else v for (negative, _), v in zip(terms, known, strict=True))
-                if not 0 <= shift < rows:
+                # along an inner dim, whole steps of the dims before it are not rows: what is left must stay in a row
+                within = shift if dim == 0 else shift % (full * rows)
+                if not 0 <= within < rows:
                     said = " + ".join(("-" if neg else "") + " * ".join(
                         f"{f}={values[f]}" if not f.isdigit() else f for f in factors) for neg, factors in terms)
+                    if dim > 0:
+                        raise LaunchError(
+                            f"{self.name}: the address at {_display_path(self.file)}:{line} adds {shift} elements "
+                            f"({said}{said_config}) to {tensor!r}, which in the buffer TileLink passes as {tensor!r} "
+                            f"(contiguous, the full {full} rows along dim {dim} of {rows} elements each) moves it "
+                            f"{within // rows} rows along dim {dim}: it touches other rows than those its wait or "
+                            f"notify covers; scale an offset along dim {dim} by its stride in the offsets vector "
+                            f"(`(start + tl.arange(0, BLOCK))[:, None] * stride_{dim}`), and one along another dim by "
+                            f"that dim's stride parameter")
                     raise LaunchError(
                         f"{self.name}: the address at {_display_path(self.file)}:{line} adds {shift} elements ({said}"
                         f"{said_config}) to the rows of {tensor!r}, whose rows are {rows} elements long: it touches "
                         f"other rows than those its wait or notify covers; index those rows with an offsets vector of "
                         f"their own (`nxt = start + BLOCK + tl.arange(0, BLOCK)`, `x_ptr + nxt[:, None] * stride`)")
+        if key is not None and len(self._signs_passed) < 1024:
+            self._signs_passed.add(key)
+
+    @functools.cached_property
+    def _sign_names(self) -> tuple[str, ...] | None:
+        """The parameters of the launch plan's ``row_signs``, whose values key the calls already checked; ``None``
+        when a ``triton.heuristics`` wrapper may compute one of them from other arguments (checked every call)."""
+        kernel = self.kernel
+        for _ in range(8):
+            if isinstance(getattr(kernel, "values", None), dict):
+                return None
+            kernel = getattr(kernel, "fn", None)
+            if kernel is None:
+                break
+        return tuple(dict.fromkeys(n for n, _ in self.plan.launch.row_signs))
+
+    @functools.cached_property
+    def _signs_passed(self) -> set[tuple]:
+        """The values of ``_sign_names`` of the calls whose signs were checked and passed."""
+        return set()
 
     @contextlib.contextmanager
     def _remember_timeout(self):

@@ -85,6 +85,13 @@ class LaunchPlan:
     #: the scalar terms each pointer access adds along dim 0, ``(tensor, ((subtracted, factors), ...), line)``: their
     #: sum must stay within one row (``KernelAnalysis.row_shifts``); an access bound two ways has an entry per way
     row_shifts: tuple[tuple[str, tuple[tuple[bool, tuple[str, ...]], ...], int], ...] = ()
+    #: the parameters a ``tile=`` proof took as non-negative, ``(parameter, line of the load)``
+    #: (``KernelAnalysis.row_signs``); each call with more than one rank refuses a negative int among them
+    row_signs: tuple[tuple[str, int], ...] = ()
+    #: the factors of a term the kernel computes (``b * stride_xb``) that an access along an inner dim adds,
+    #: ``(tensor, factors, line)`` (``KernelAnalysis.row_steps``): their product must be a multiple of the gathered
+    #: buffer's stride of the dim before the rows; each call with more than one rank checks it
+    row_steps: tuple[tuple[str, tuple[str, ...], int], ...] = ()
 
     def __post_init__(self) -> None:
         if not self.rule or type(self) is LaunchPlan:
@@ -108,6 +115,12 @@ class LaunchPlan:
             isinstance(e, tuple) and len(e) == 3 and _name(e[0]) and isinstance(e[1], tuple) and bool(e[1]) and all(
                 isinstance(t, tuple) and len(t) == 2 and isinstance(t[0], bool) and _factors(t[1]) for t in e[1])
             and _positive(e[2]) for e in self.row_shifts), "a tuple of (tensor, ((subtracted, factors), ...), line)")
+        self._check("row_signs", isinstance(self.row_signs, tuple) and all(
+            isinstance(e, tuple) and len(e) == 2 and _name(e[0]) and _positive(e[1]) for e in self.row_signs),
+            "a tuple of (parameter, line)")
+        self._check("row_steps", isinstance(self.row_steps, tuple) and all(
+            isinstance(e, tuple) and len(e) == 3 and _name(e[0]) and _factors(e[1]) and bool(e[1]) and _positive(e[2])
+            for e in self.row_steps), "a tuple of (tensor, factors, line)")
 
     def _check(self, name: str, ok: bool, wanted: str) -> None:
         if not ok:

@@ -9,7 +9,8 @@ Expressions are read as sums of products of integer constants and atoms (names a
 open, such as ``tl.minimum(...)`` or ``x % n``); a name the kernel binds once is replaced by its value, the same way on
 every side, so ``kv_hi - kv_lo`` and a descriptor's ``shape=[kv_hi - kv_lo, ...]`` compare equal. Every atom is taken
 as non-negative (program ids, sizes, strides, row starts): a difference is proven non-negative when each of its
-coefficients is. The rows of
+coefficients is. The parameters a proof read are returned, and the launch refuses a call that passes one of them a
+negative int. The rows of
 
 - a pointer load are ``S + tl.arange(0, B)`` along the vector indexed ``[:, None]`` (or the only vector of a 1-D
   load), from every term of the address scaled by that vector's stride; a term that is a multiple of ``size=`` (the
@@ -92,6 +93,9 @@ class _Rows:
         # for messages: only the names of row vectors are written out, so that the rows read as the kernel says them
         self.display = display
         self.blocks: dict[str, Poly] = {}  # each `arange:B` atom read, and its B
+        # every name read in an atom (`S`, and the `S` of `tl.minimum(s_lo + CHUNK, S)`): the proof takes each as
+        # non-negative, which the launch checks of the int arguments among them
+        self.names: set[str] = set()
 
     def expand(self, node: cst.BaseExpression, depth: int = 0) -> cst.BaseExpression:
         """``node`` with each name bound once by the kernel (not a parameter, loop variable or rebound) replaced by its
@@ -132,6 +136,7 @@ class _Rows:
             value = int(node.evaluated_value)
             return {(): value} if value else {}
         if isinstance(node, cst.Name):
+            self.names.add(node.value)
             return {(node.value,): 1}
         if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Minus):
             return {k: -v for k, v in self.poly(node.expression).items()}
@@ -158,6 +163,7 @@ class _Rows:
                 return self.poly(node.args[0].value)
             if m.matches(node.func, m.Attribute(attr=m.Name("to"))):  # `(off_hz // H).to(tl.int64)`: the same value
                 return self.poly(node.func.value)  # type: ignore[attr-defined]
+        self.names |= {n.value for n in m.findall(node, m.Name()) if n.value not in ("tl", "triton")}
         return {(_code(node),): 1}
 
     def read(self, node: cst.BaseExpression) -> Poly:
@@ -236,11 +242,13 @@ _DESCRIPTOR_HINT = ("make the descriptor for the tile's rows, `tl.make_tensor_de
 
 
 def check_tile_covers(an: _Analyzer, acc: Access, dim: int, pointers: set[str], override: tuple[str, str],
-                      size_param: str | None) -> None:
+                      size_param: str | None) -> tuple[str, ...]:
     """Refuse ``acc`` (a load of a tensor gathered with ``tile=override``) unless its rows provably lie inside the
-    tile. See the module's docstring for what is read."""
+    tile. See the module's docstring for what is read. Returns the kernel's parameters the proof read, each taken as
+    non-negative: the launch refuses a call that passes one of them a negative int (``start = s_lo + SKIP`` with
+    ``SKIP=-1`` reads the row before the tile)."""
     if acc.kind != "load":
-        return
+        return ()
     rows = _Rows(an)
     lo = rows.read(cst.parse_expression(override[0]))
     end = _add(lo, rows.read(cst.parse_expression(override[1])))
@@ -254,7 +262,7 @@ def check_tile_covers(an: _Analyzer, acc: Access, dim: int, pointers: set[str], 
         else:
             said.append(_pointer_rows(an, acc, pointers, dim, reader, ranges, lo, end, size_param, proof))
         if said[0] is None:
-            return
+            return tuple(sorted(rows.names & set(an.params) - {acc.tensor}))
     why, reads = said
     assert why is not None and reads is not None
     raise _refuse(acc, dim, override, f", along dim {dim}, rows {reads}{why}" if why.startswith(",") else
@@ -282,6 +290,64 @@ def _pointer_expression(an: _Analyzer, acc: Access, pointers: set[str]) -> cst.B
 
     out = cst.parse_expression(acc.pointer).visit(_T())
     return None if _T.failed else out  # type: ignore[return-value]
+
+
+def inner_terms(an: _Analyzer, acc: Access, pointers: set[str]) -> tuple[list[tuple], set[tuple[str, ...]]]:
+    """The terms of a pointer access whose rows lie along an inner dim that the rows' stride does not scale, for the
+    launch to check (``KernelAnalysis.row_shifts`` and ``row_steps``): ``x_ptr + D`` on a contiguous ``(B, S, D)``
+    tensor gathered along S moves the rows by one. Returns the terms the launch reads (int literals and parameters) as
+    one sum of ``(subtracted, factors)``, and the parameter factors of each term that multiplies a value the kernel
+    computes (``b * stride_xb``, ``b = tl.program_id(1)``). Left out: terms along the rows' stride (the rows, checked
+    against ``tile=``), the terms of a vector indexed ``[None, :]`` (columns bounded by their mask, or the rows
+    themselves where they are the last dim), rows of stride 1 (their start and other terms are not told apart),
+    terms of a loop variable or a name bound more than once, and an address TileLink cannot follow (its pointer bound
+    more than once). A computed term no parameter scales (``x_ptr + b``) cannot be attributed to a dim: refused."""
+    from tilelink.analysis import _computed, _varies
+
+    expr = _pointer_expression(an, acc, pointers)
+    if expr is None or an.bindings.get(acc.tensor):
+        return [], set()  # its aliases or the pointer itself bound more than once: the advance check's
+    rows = _Rows(an)
+    address = rows.read(expr)
+    vectors = {k for k in address if any(a.startswith(_ARANGE) for a in k) and _COLS not in k}
+    strides = {tuple(a for a in k if not a.startswith(_ARANGE)) for k in vectors}
+    if len(strides) != 1 or not next(iter(strides)):
+        return [], set()  # no single row vector scaled by a stride: the rows' own checks refuse it
+    (stride,) = strides
+    _, rest = _divide(address, stride)
+    # the parameters the launch reads as the kernel uses them: bound nowhere in the kernel, or only cast
+    # (`stride_xb = stride_xb.to(tl.int64)`)
+    params = {p for p in an.params if p not in an.rebound and all(m.matches(v, m.Call(func=m.Attribute(
+        value=m.Name(p), attr=m.Name("to")))) for _, v in an.assignments.get(p, []))}
+    shift: list[tuple[bool, tuple[str, ...]]] = []
+    steps: set[tuple[str, ...]] = set()
+    for k, v in rest.items():
+        if acc.tensor in k or _COLS in k or any(a.startswith(_ARANGE) for a in k):
+            continue  # the pointer, and a vector indexed `[None, :]`
+        atoms = list(k)
+        known = [a for a in atoms if a in params]
+        others = [a for a in atoms if a not in params]
+        factors = tuple(known) + ((str(abs(v)),) if abs(v) != 1 else ())
+        if not others:
+            shift.append((v < 0, factors or ("1",)))
+            continue
+        parsed = [cst.parse_expression(a) for a in others]
+        if any(_varies(an, p) for p in parsed) or not all(_computed(an, p) for p in parsed):
+            return [], set()  # a value of each step of a loop: the advance and sweep checks judge it
+        if not known:
+            dim = an.tensors[acc.tensor][0]
+            term = show({k: v})
+            from tilelink.analysis import _refuse as refuse
+
+            raise refuse(acc, f"the address of the {acc.kind} at line {acc.where.line} adds `{term}` to "
+                              f"{acc.tensor!r}, a value the kernel computes that no stride parameter scales: "
+                              f"TileLink cannot tell along which dim it moves, so it cannot check that the rows "
+                              f"along dim {dim} stay those its {'wait' if acc.kind == 'load' else 'notify'} covers",
+                         f"scale it by the stride of the dim it steps along, a parameter (`{term} * stride_xb` for "
+                         f"the first dim of a (B, S, D) tensor), or add it to the rows' offsets vector along dim "
+                         f"{dim}")
+        steps.add(tuple(sorted(factors)))
+    return ([tuple(shift)] if shift else []), steps
 
 
 def _other_slab(term: tuple[str, ...], size_param: str | None, dim: int) -> bool:
