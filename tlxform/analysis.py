@@ -336,6 +336,10 @@ def _suites(stmt: cst.BaseCompoundStatement) -> list[cst.BaseSuite]:
 
 
 def small_statements(ref: StmtRef) -> list[cst.BaseSmallStatement]:
+    """The small statements of ``ref``: those of a line, or the statement itself when it is one of a one-line
+    suite (``if ACTIVATION == "gelu": acc = gelu(acc)``), which walk_statements yields one at a time."""
+    if isinstance(ref.node, cst.BaseSmallStatement):
+        return [ref.node]
     return list(ref.node.body) if isinstance(ref.node, cst.SimpleStatementLine) else []
 
 
@@ -1757,7 +1761,8 @@ def _branch_sides(an: _Analyzer) -> dict[Where, tuple[BranchSide, ...]]:
             return False
 
         def on_visit(self, node: cst.CSTNode) -> bool:
-            if isinstance(node, (cst.SimpleStatementLine, cst.BaseCompoundStatement, cst.AugAssign)):
+            # a small statement too: one of a one-line suite (`if M > 0: acc = f(acc)`) is where it binds
+            if isinstance(node, (cst.SimpleStatementLine, cst.BaseCompoundStatement, cst.BaseSmallStatement)):
                 sides[an.where(node)] = tuple(around)
             return super().on_visit(node)
 

@@ -189,6 +189,25 @@ class _Rewriter(cst.CSTTransformer):
             return updated
         return updated.with_changes(body=self._splice(original.body, updated.body))
 
+    def leave_SimpleStatementSuite(self, original: cst.SimpleStatementSuite, updated: cst.SimpleStatementSuite):
+        # a line of its own cannot go inside `if ACT: acc = f(acc)`: a suite with an insertion becomes an
+        # indented block of one statement a line
+        if not self.inside or not any(self._key(s) in self.before or self._key(s) in self.after
+                                      for s in original.body):
+            return updated
+        lines = [cst.SimpleStatementLine([s.with_changes(semicolon=cst.MaybeSentinel.DEFAULT)]) for s in updated.body]
+        body = []
+        for orig, line in zip(original.body, lines, strict=True):
+            key = self._key(orig)
+            body += self.before.get(key, []) + [line] + self.after.get(key, [])
+            if key in self.before or key in self.after:
+                self.used.add(key)
+        return cst.IndentedBlock(body=body, header=updated.trailing_whitespace)
+
+    def _key(self, node: cst.CSTNode) -> tuple[int, int]:
+        pos = self.get_metadata(PositionProvider, node).start
+        return pos.line, pos.column + 1
+
 
 def _statements(ins: Insertion) -> list[cst.BaseStatement]:
     # a leading statement makes the comment lines belong to the first inserted statement

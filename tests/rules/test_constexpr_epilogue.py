@@ -171,3 +171,29 @@ def test_a_compile_time_branch_with_a_linear_side_builds_with_a_static_assert_in
         if "tl.static_assert" in line:
             assert "user_kernels.py:" in line and "reduce_scatter sums what every rank stores" in line, line
     assert len([e for e in gen.report.entries if "static_assert" in e.message]) == refused, gen.report
+
+
+@pytest.mark.parametrize(("epilogue", "says"), [
+    ("if activation == 1: acc = tl.sigmoid(acc)", "in the `if activation == 1:` at line 19, which is decided at run"),
+    ("if M > 0: acc = acc * 2.0; acc = leaky_relu(acc)", "in the `if M > 0:` at line 19, which is decided at run"),
+    ("acc = acc * 2.0; acc = tl.sigmoid(acc)", "goes through `sigmoid` applied to the partial sums"),
+])
+def test_an_activation_on_a_one_line_suite_or_line_is_refused(epilogue: str, says: str) -> None:
+    err = _error(RUNTIME.format(epilogue=epilogue))
+    assert says in str(err) and "that sum would not be the full problem's value" in str(err), err
+
+
+@pytest.mark.parametrize("epilogue", [
+    "if ACTIVATION == 'leaky_relu': acc = leaky_relu(acc)",
+    "if ACTIVATION == 'leaky_relu': out = acc * 2.0; acc = leaky_relu(out)",
+])
+def test_a_one_line_compile_time_branch_gets_its_static_assert_on_a_line_of_its_own(epilogue: str) -> None:
+    gen = _generate(HEAD + textwrap.dedent(RUNTIME.format(epilogue=epilogue)))
+    body = cst.parse_module(gen.rewritten["kernel"]).body[0]
+    branch = next(s for s in body.body.body if isinstance(s, cst.If))
+    assert isinstance(branch.body, cst.IndentedBlock), gen.rewritten["kernel"]
+    lines = [cst.Module(body=[]).code_for_node(s).strip().splitlines()[-1] for s in branch.body.body]
+    assert lines[0].startswith("tl.static_assert(False, "), lines
+    assert "user_kernels.py:19: the value stored to" in lines[0], lines
+    assert lines[1:] == [s.strip() for s in epilogue.split(":", 1)[1].split(";")], lines
+    assert len([e for e in gen.report.entries if "static_assert" in e.message]) == 1, gen.report
