@@ -196,6 +196,9 @@ def unread_timeout(world) -> WaitTimeout | None:
 class Diagnostics:
     """A diagnostics record on this rank's device, and the budget kernels are given."""
 
+    #: the record of a captured call's twin: its kernels run in the graph's replays, not at the calls it counts
+    replays = False
+
     def __init__(self) -> None:
         from tilelink.runtime.world import current_world
 
@@ -230,7 +233,7 @@ class Diagnostics:
         try:
             check_diagnostics(self.buffer, self.rank, kernel=kernel, budget_s=self.budget_s)
         except WaitTimeout as exc:
-            exc.spoiled(self._spoiled(returned))
+            exc.spoiled(self._spoiled(returned), replays=self.replays)
             raise
         finally:
             self._clean_through = self._ordinal
@@ -292,7 +295,7 @@ class Diagnostics:
         kind, index, target, seen = record[1:5]
         exc = WaitTimeout(rank=self.rank, primitive=KIND_NAMES.get(kind, f"wait kind {kind}"), index=index,
                           expected=target, seen=seen, budget_s=self.budget_s, kernel=self._kernel)
-        exc.spoiled(self._spoiled(returned))
+        exc.spoiled(self._spoiled(returned), replays=self.replays)
         self._clean_through = self._ordinal
         raise exc
 

@@ -217,6 +217,7 @@ _captured: list = []
 
 def note_captured(diag, kernel: str, world) -> None:
     """Remember a twin's diagnostics array: :func:`replay_timeout` reads it when ``world`` ends."""
+    diag.replays = True
     if not any(d is diag for d, _, _ in _captured):
         _captured.append((diag, kernel, world))
 

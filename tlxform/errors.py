@@ -69,9 +69,15 @@ class WaitTimeout(TileLinkError):
         )
         self.spoiled_calls = 0
 
-    def spoiled(self, calls: int) -> None:
+    def spoiled(self, calls: int, replays: bool = False) -> None:
         """Say that the ``calls`` last calls on this rank returned results computed past this wait: a GPU's record
-        is read behind the kernels, a few calls after the one that timed out."""
+        is read behind the kernels, a few calls after the one that timed out. ``replays``: the wait ran in a
+        replay of a captured call, and which replays came after it is not known (``spoiled_calls`` is None)."""
+        if replays:
+            self.spoiled_calls = None
+            self.args = (f"{self.args[0]} The wait ran in a replay of a captured call: the replays since the last "
+                         f"uncaptured check on rank {self.rank} may have computed past it; discard their results.",)
+            return
         self.spoiled_calls = calls
         if calls <= 0:
             return

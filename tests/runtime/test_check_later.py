@@ -209,3 +209,20 @@ def test_each_call_checked_when_asked(diag, monkeypatch) -> None:
     diag.check_later("k")
     diag.check_later("k")
     assert checked == [0, 1] and diag._host.copies == 0  # synchronous: no copy behind the kernels
+
+
+def test_a_replay_wait_does_not_count_eager_calls(diag) -> None:
+    """A captured call's twin record counts the eager calls that check it, not the replays its kernels ran in: the
+    error says the replays are void instead of a count of calls."""
+    diag.replays = True
+    diag.check_later("k")
+    _land(diag)
+    diag.check_later("k")
+    diag.buffer.words[:5] = [1, 1, 7, 3, 2]  # a replay's wait times out
+    diag.clock[0] += 1.0
+    diag.check_later("k")
+    _land(diag)
+    with pytest.raises(tilelink.WaitTimeout) as info:
+        diag.check_later("k")
+    assert info.value.spoiled_calls is None
+    assert "replay of a captured call" in str(info.value) and "calls of this operator" not in str(info.value)
