@@ -468,6 +468,43 @@ def _refused_message(tensor: str, rule: str, bad: _Epilogue) -> str:
             f"their sum)")
 
 
+def _fixed_test(an: KernelAnalysis, test: str) -> bool | None:
+    """The value of an `if` test every launch gives the same value (`if True:`, `if 1:`, a test of locals bound once
+    to literals, `MODE: tl.constexpr = "gelu"`), or None when a launch decides it (a parameter, a call)."""
+    env: dict[str, object] = {}
+    for name in names_in(cst.parse_expression(test)) - {"True", "False", "None"}:
+        values = an.values.get(name, ())
+        if name in an.params or len(values) != 1 or len(an.bindings.get(name, ())) != 1:
+            return None
+        value = _literal(values[0])
+        if value is _UNFIXED:
+            return None
+        env[name] = value
+    value = _literal(test, env)
+    return None if value is _UNFIXED else bool(value)
+
+
+_UNFIXED = object()
+
+
+def _literal(source: str, env: dict[str, object] | None = None) -> object:
+    """The value of ``source`` when it is literals and operators of them (and of the names in ``env``)."""
+    node = cst.parse_expression(source)
+    if names_in(node) - {"True", "False", "None"} - set(env or ()) or \
+            m.findall(node, m.Call() | m.Attribute() | m.Subscript() | m.Lambda() | m.NamedExpr()):
+        return _UNFIXED
+    try:
+        return eval(compile(source.strip(), "<test>", "eval"), {"__builtins__": {}}, dict(env or {}))  # noqa: S307
+    except Exception:  # noqa: BLE001 - an operator the literals do not support (`"a" - 1`): a launch never runs it
+        return _UNFIXED
+
+
+def _always_taken(an: KernelAnalysis, side: BranchSide) -> bool:
+    """Whether every launch takes ``side``: a static assert there would refuse them all."""
+    fixed = _fixed_test(an, side.test) if side.static else None
+    return fixed is not None and fixed == side.body
+
+
 def _epilogue_branches(an: KernelAnalysis, a, rule: str, refused: dict[BranchSide, _Epilogue]) -> None:
     """Checks that the value stored by ``a`` is linear in the partial sums on every launch that compiles. A
     non-linear epilogue inside a branch whose test is known at compile time (``if ACTIVATION == "leaky_relu":``)
@@ -475,7 +512,8 @@ def _epilogue_branches(an: KernelAnalysis, a, rule: str, refused: dict[BranchSid
     raises. ``refused`` is shared by the stores of the kernel."""
     while (bad := _nonlinear_epilogue(an, a, frozenset(refused))) is not None:
         sides = an.branch_sides.get(bad.site, ()) if bad.site is not None else ()
-        static = [s for s in sides if s.static and s.first is not None and s not in refused]
+        static = [s for s in sides if s.static and s.first is not None and s not in refused
+                  and not _always_taken(an, s)]
         if static:
             bad.tensor = a.tensor
             refused[static[-1]] = bad
@@ -490,6 +528,10 @@ def _epilogue_branches(an: KernelAnalysis, a, rule: str, refused: dict[BranchSid
                     f"{rule} builds the kernel, refusing at compile time only the launches that take this branch; "
                     f"or {hint}")
         where = f" at line {site.line}" if site.line != a.where.line else ""
+        always = next((s for s in reversed(sides) if _always_taken(an, s)), None)
+        if always is not None and runtime is None:
+            where += (f", in the {'`if' if always.body else '`else:` of the `if'} {always.test}:` at line "
+                      f"{always.where.line}, which every launch takes (its test does not depend on the launch)")
         if runtime is not None:
             where += (f", in the `if {runtime.test}:` at line {runtime.where.line}, which is decided at run time (with "
                       f"a compile-time test, {rule} would build and refuse only the launches that take the branch)")

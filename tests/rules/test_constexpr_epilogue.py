@@ -197,3 +197,23 @@ def test_a_one_line_compile_time_branch_gets_its_static_assert_on_a_line_of_its_
     assert "user_kernels.py:19: the value stored to" in lines[0], lines
     assert lines[1:] == [s.strip() for s in epilogue.split(":", 1)[1].split(";")], lines
     assert len([e for e in gen.report.entries if "static_assert" in e.message]) == 1, gen.report
+
+
+@pytest.mark.parametrize(("epilogue", "taken"), [
+    ("if True:\n        acc = leaky_relu(acc)", "the `if True:` at line 19"),
+    ("if 1: acc = tl.sigmoid(acc)", "the `if 1:` at line 19"),
+    ("if False:\n        acc = acc * 2.0\n    else:\n        acc = leaky_relu(acc)", "the `else:` of the `if False:`"),
+    ("MODE: tl.constexpr = 'gelu'\n    if MODE == 'gelu':\n        acc = leaky_relu(acc)",
+     "the `if MODE == 'gelu':` at line 20"),
+])
+def test_an_activation_on_a_side_every_launch_takes_is_refused_at_build(epilogue: str, taken: str) -> None:
+    # a static assert there would leave no launch that compiles, under a report saying the rewrite applied
+    err = _error(RUNTIME.format(epilogue=epilogue))
+    assert f"{taken}" in str(err) and "which every launch takes" in str(err), err
+    assert "that sum would not be the full problem's value" in str(err), err
+
+
+def test_an_activation_on_a_side_no_launch_takes_builds() -> None:
+    gen = _generate(HEAD + textwrap.dedent(RUNTIME.format(
+        epilogue="MODE: tl.constexpr = ''\n    if MODE == 'gelu':\n        acc = leaky_relu(acc)")))
+    assert gen.rewritten["kernel"].count("tl.static_assert(False, ") == 1, gen.rewritten["kernel"]
