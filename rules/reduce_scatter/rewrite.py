@@ -561,6 +561,21 @@ def _refuse_in_branches(an: KernelAnalysis, refused: dict[BranchSide, _Epilogue]
         around = an.branch_sides.get(where, ())[-1:]
         return head(around[0].where) if around and not around[0].body and around[0].first is None else where
 
+    # every side of an inner compile-time `if` refused: the launches that reach it are those of the compile-time side
+    # around it, which is refused instead (its assert covers the inner ones), until an `if` has a side left
+    while (inner := next((s for s in sorted(refused, key=lambda s: (-s.where.line, s.body))
+                          if all_refused(head(s.where))), None)) is not None:
+        outer = [s for s in an.branch_sides.get(head(inner.where), ())
+                 if s.static and s.first is not None and not _always_taken(an, s)]
+        if not outer:
+            break
+        chain, bad = head(inner.where), _Epilogue.__new__(_Epilogue)
+        bad.__dict__.update(refused[inner].__dict__)
+        bad.why += (f" on one side of the `if {ifs[chain][0].test}:` at line {chain.line}, and a non-linear "
+                    "function of them on each other side")
+        for s in [s for s in refused if outer[-1] in an.branch_sides.get(s.where, ())]:
+            del refused[s]
+        refused.setdefault(outer[-1], bad)
     insertions, report = [], []
     for side, bad in sorted(refused.items(), key=lambda kv: (kv[0].where.line, not kv[0].body)):
         site, tensor = bad.site or side.where, bad.tensor

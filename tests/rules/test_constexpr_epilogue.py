@@ -217,3 +217,26 @@ def test_an_activation_on_a_side_no_launch_takes_builds() -> None:
     gen = _generate(HEAD + textwrap.dedent(RUNTIME.format(
         epilogue="MODE: tl.constexpr = ''\n    if MODE == 'gelu':\n        acc = leaky_relu(acc)")))
     assert gen.rewritten["kernel"].count("tl.static_assert(False, ") == 1, gen.rewritten["kernel"]
+
+
+def test_an_inner_compile_time_if_refused_on_every_side_refuses_the_side_around_it() -> None:
+    # the default launch (ACTIVATION="") takes neither inner side: only the outer side is refused
+    gen = _generate(HEAD + textwrap.dedent(RUNTIME.format(
+        epilogue="if ACTIVATION != '':\n        if ACTIVATION == 'gelu':\n            acc = leaky_relu(acc)\n"
+                 "        else:\n            acc = tl.sigmoid(acc)")))
+    body = cst.parse_module(gen.rewritten["kernel"]).body[0]
+    outer = next(s for s in body.body.body if isinstance(s, cst.If))
+    first = cst.Module(body=[]).code_for_node(outer.body.body[0]).strip().splitlines()[-1].replace("\\'", "'")
+    assert first.startswith("tl.static_assert(False, ") and "on one side of the `if ACTIVATION == 'gelu':` at line " \
+        "20, and a non-linear function of them on each other side" in first, first
+    assert gen.rewritten["kernel"].count("tl.static_assert(False, ") == 1, gen.rewritten["kernel"]
+    notes = [e for e in gen.report.entries if "static_assert" in e.message]
+    assert len(notes) == 1 and notes[0].message.startswith("in the `if ACTIVATION != '':` at line 19"), notes
+
+
+def test_nested_compile_time_ifs_refused_on_every_side_up_to_the_kernel_body_are_refused_at_build() -> None:
+    err = _error(RUNTIME.format(
+        epilogue="if ACTIVATION != '':\n        if ACTIVATION == 'gelu':\n            acc = leaky_relu(acc)\n"
+                 "        else:\n            acc = tl.sigmoid(acc)\n    else:\n        acc = tl.exp(acc)"))
+    assert "every side of the `if ACTIVATION != '':` at line 19" in str(err), err
+    assert "no launch of the kernel would store their sum" in str(err), err
