@@ -1040,6 +1040,68 @@ def _scalar_term(an: _Analyzer, acc: Access, term: cst.BaseExpression, negative:
                        f"cols[None, :]` and `mask=... & (cols[None, :] < D)`; or pass the offset as an argument")
 
 
+def _loop_term(an: _Analyzer, acc: Access, term: cst.BaseExpression, negative: bool,
+               offsets: str) -> list[_Terms] | None:
+    """A scalar term along dim 0 that a loop variable times int literals and parameters makes (``+ j``, ``+ j * 2``
+    with ``for j in range(a, b[, step])`` around the access, ``a`` and ``b`` sums the launch reads, the step a literal
+    or left out): the term at ``a`` and at ``b - 1`` (``b + 1`` counting down), as two ways the launch checks like any
+    other. The sum is linear in the variable and every value of the loop lies between those two, so both ends within
+    a row keep every step within it. ``None`` when it is not such a term (a step of unknown sign, a bound the launch
+    cannot read: the advance and sweep checks judge it)."""
+    parts, todo = [], [term]
+    while todo:
+        node = todo.pop()
+        if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Multiply):
+            todo += [node.right, node.left]
+        else:
+            parts.append(node.with_changes(lpar=[], rpar=[]) if getattr(node, "lpar", None) else node)
+    variables = [p for p in parts if isinstance(p, cst.Name) and p.value not in an.params and not _factors(
+        an, p, offsets)]
+    if len(variables) != 1:
+        return None
+    (var,) = variables
+    factors: list[str] = []
+    for part in parts:
+        if part is var:
+            continue
+        found = None if m.findall(part, m.Call()) else _factors(an, part, offsets)
+        if found is None:
+            return None
+        factors += found
+    if len(an.bindings.get(var.value, [])) != 1:
+        return None  # bound again besides its loop: its value is not the loop's
+    for loop in m.findall(an.fn.body, m.For(target=m.Name(var.value))):
+        it = loop.iter
+        if not (isinstance(it, cst.Call) and (m.matches(it.func, m.Name("range")) or m.matches(
+                it.func, m.Attribute(value=m.Name("tl"), attr=m.Name("range") | m.Name("static_range"))))):
+            return None
+        if not _contains(an, loop, acc.where):
+            return None
+        args = [a.value for a in it.args if a.keyword is None]
+        if not 1 <= len(args) <= 3:
+            return None
+        step = args[2] if len(args) == 3 else cst.Integer("1")
+        down = isinstance(step, cst.UnaryOperation) and isinstance(step.operator, cst.Minus)
+        if not isinstance(step.expression if down else step, cst.Integer):  # type: ignore[attr-defined]
+            return None  # a step of unknown sign: the last value may lie on either side of `b`
+        lo, hi = (args[0], args[1]) if len(args) >= 2 else (cst.Integer("0"), args[0])
+        ends: list[_Terms] = []
+        for bound, last in ((lo, False), (hi, True)):
+            # the loop stops before `b`: its last value is at most `b - 1` counting up, at least `b + 1` counting down
+            terms: _Terms = [(not down, ("1",))] if last else []
+            for t, neg in _terms(bound):
+                if isinstance(t, cst.UnaryOperation) and isinstance(t.operator, cst.Minus):
+                    t, neg = t.expression, not neg  # `range(n - 1, -1, -1)`
+                found = None if m.findall(t, m.Call() | m.Subscript()) else _factors(an, t, offsets)
+                if found is None:
+                    return None
+                if "0" not in found:
+                    terms.append((neg, tuple(found)))
+            ends.append([(n != negative, f + tuple(factors)) for n, f in terms])
+        return ends
+    return None
+
+
 def _is_vector(an: _Analyzer, node: cst.BaseExpression, depth: int = 0) -> bool:
     """``node`` holds a vector: a ``tl.arange``, or a local made from one."""
     if m.findall(node, m.Call(func=m.Attribute(attr=m.Name("arange")) | m.Name("arange"))):
@@ -1245,8 +1307,11 @@ def _row_scales(an: _Analyzer, acc: Access, pointers: set[str]) -> tuple[set[tup
                     continue
                 ways = plus(ways, [low, bound])  # the first element the program can have, and the last the mask lets by
             elif not m.findall(term, m.Subscript()):
-                found_term = _scalar_term(an, acc, term, negative, offsets)
-                ways = None if found_term is None else plus(ways, [[found_term]])
+                # a loop variable's term: checked at the loop's first and last values
+                ends = _loop_term(an, acc, term, negative, offsets) if _varies(an, term) else None
+                found_term = None if ends is not None else _scalar_term(an, acc, term, negative, offsets)
+                ways = plus(ways, ends) if ends is not None else None if found_term is None else plus(
+                    ways, [[found_term]])
             # a scaled column vector (`offs_k[None, :] * stride_ak`) moves along its own dim, bounded by its mask
         for name in sorted(names_in(expr) & pointers - seen - {acc.tensor}):
             defs = [v for _, v in an.assignments.get(name, [])]

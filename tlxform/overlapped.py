@@ -269,8 +269,8 @@ class OverlappedKernel:
                             f"{self.name}: the address at {_display_path(self.file)}:{line} adds {shift} elements "
                             f"({said}{said_config}) to {tensor!r}, which in the buffer TileLink passes as {tensor!r} "
                             f"(contiguous, the full {full} rows along dim {dim} of {rows} elements each) moves it "
-                            f"{within // rows} rows along dim {dim}: it touches other rows than those its wait or "
-                            f"notify covers; scale an offset along dim {dim} by its stride in the offsets vector "
+                            f"{within // rows} row{'' if within // rows == 1 else 's'} along dim {dim}: it touches "
+                            f"other rows than those its wait or notify covers; scale an offset along dim {dim} by its stride in the offsets vector "
                             f"(`(start + tl.arange(0, BLOCK))[:, None] * stride_{dim}`), and one along another dim by "
                             f"that dim's stride parameter")
                     raise LaunchError(

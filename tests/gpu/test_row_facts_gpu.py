@@ -1,7 +1,7 @@
 """The row facts the launch checks beyond dim 0, compiled and run on the GPU with several ranks sharing it through
-NVSHMEM: a shift within a row along an inner dim and a chunk's first rows skipped equal torch; a shift into the next
-row along the gathered dim, a batch stride that is the shard's, and a negative argument a tile= proof read are
-refused at the call, before anything is launched."""
+NVSHMEM: a shift within a row along an inner dim, a chunk's first rows skipped and a loop's shifts within the row
+equal torch; a shift into the next row along the gathered dim, a batch stride that is the shard's, a negative argument
+a tile= proof read and a loop that runs past the row are refused at the call, before anything is launched."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import torch
 
 import tilelink
 from tests.rules import test_inner_dim_shifts as inner
+from tests.rules import test_loop_shifts as loops
 from tests.rules import test_row_signs as signs
 from tilelink.errors import LaunchError
 
@@ -23,13 +24,18 @@ def test_the_checked_forms_equal_torch_on_the_gpu(world: int, tmp_path) -> None:
                                                  backend="nvshmem"))
     assert all(e < 1e-4 for e in tilelink.spawn(signs._skipped, world, signs._written(tmp_path), 1,
                                                  backend="nvshmem"))
+    path = loops._written(tmp_path, loops.WINDOWS, "window_sum")
+    assert all(e < 1e-4 for e in tilelink.spawn(loops._windows, world, path, 3, backend="nvshmem"))
 
 
 def test_the_rows_moved_off_the_tile_are_refused_on_the_gpu(tmp_path) -> None:
     path = inner._written(tmp_path)
-    with pytest.raises(LaunchError, match="moves it 1 rows along dim 1"):
+    with pytest.raises(LaunchError, match="moves it 1 row along dim 1"):
         tilelink.spawn(inner._tail_sums, 2, path, 4, backend="nvshmem")
     with pytest.raises(LaunchError, match="stride_xb=24"):
         tilelink.spawn(inner._tail_sums, 2, path, 1, 6 * 4, backend="nvshmem")
     with pytest.raises(LaunchError, match="argument 'SKIP' is -1"):
         tilelink.spawn(signs._skipped, 2, signs._written(tmp_path), -1, backend="nvshmem")
+    with pytest.raises(LaunchError, match="SPAN=5"):
+        tilelink.spawn(loops._windows, 2, loops._written(tmp_path, loops.WINDOWS, "window_sum"), loops.D + 1,
+                       backend="nvshmem")

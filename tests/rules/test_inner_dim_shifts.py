@@ -89,7 +89,7 @@ def test_a_shift_along_the_gathered_dim_is_refused_at_the_launch(tmp_path) -> No
         said = str(info.value)
         assert said.startswith("tail_sum: the address at "), said
         assert f"tail_sum.py:{LOAD_LINE} adds {shift} elements (SHIFT={shift}) to 'x_ptr'" in said, said
-        assert f"moves it {rows} rows along dim 1" in said, said
+        assert f"moves it {rows} row{'s' if rows > 1 else ''} along dim 1" in said, said
         assert "the full 12 rows along dim 1 of 4 elements each" in said, said
 
 
@@ -133,7 +133,7 @@ def test_the_shifts_are_checked_at_two_ranks_on_the_race_exposing_schedule(tmp_p
     assert all(e < 1e-5 for e in tilelink.spawn(_tail_sums, 2, path, 1))
     with pytest.raises(LaunchError) as info:
         tilelink.spawn(_tail_sums, 2, path, 4)
-    assert "moves it 1 rows along dim 1" in str(info.value), info.value
+    assert "moves it 1 row along dim 1" in str(info.value), info.value
     with pytest.raises(LaunchError) as info:
         tilelink.spawn(_tail_sums, 2, path, 1, 6 * 4)
     assert "stride_xb=24" in str(info.value), info.value
