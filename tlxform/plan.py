@@ -190,9 +190,16 @@ class ReduceScatterLaunch(LaunchPlan):
     #: a split-K write-back (``tl.atomic_add``): the grid axes its address reads (the others are the K splits,
     #: counted from the grid at launch); None for stores
     atomic_axes: tuple[int, ...] | None
+    #: the launches a non-linear epilogue refuses, ``(test, message)``: the test, in the kernel's constexpr parameters,
+    #: of a compile-time side holding a ``tl.static_assert(False, message)``; the launcher raises the message before
+    #: anything of a call whose arguments pass it is enqueued (the interpreter meets the assert mid-call)
+    refused: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        self._check("refused", isinstance(self.refused, tuple) and all(
+            isinstance(e, tuple) and len(e) == 2 and all(isinstance(x, str) and x for x in e) for e in self.refused),
+            "a tuple of (test, message)")
         for name in ("index", "topk"):
             self._check(name, getattr(self, name) is None or _name(getattr(self, name)), "None or a parameter name")
         axes = self.atomic_axes

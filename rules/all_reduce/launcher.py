@@ -130,6 +130,7 @@ class AllReduceLauncher(ReduceScatterLauncher):
             share, share_table, out, flags, flag_table, epoch, *common, ctx.diag.buffer, ctx.diag.budget_ns, **meta)
 
     def launch(self, grid, bound: dict) -> None:
+        self.refuse_epilogue(bound)
         world = self.world()
         ctx = self.context(bound)
         ctx.streams.follow_caller(world.device)

@@ -369,7 +369,36 @@ class ReduceScatterLauncher(Launcher):
             graphs.enqueue(consume)
         self.finish_captured(twin)
 
+    def refuse_epilogue(self, bound: dict) -> None:
+        """Raise the message of a compile-time side the call takes whose epilogue is not linear
+        (``ReduceScatterLaunch.refused``), before anything of the call: the interpreter would meet its static assert
+        in the middle of the call, after the channels moved on to it, and leave the next call waiting. Once per form
+        of the call's constexpr arguments."""
+        if not self.plan.refused:
+            return
+        tests = self.__dict__.get("_refused_tests")
+        if tests is None:  # the tests compiled once, with the parameters they read
+            tests = self.__dict__["_refused_tests"] = [(compile(t, "<test>", "eval"), m) for t, m in self.plan.refused]
+            self._refused_names = sorted({n for c, _ in tests for n in c.co_names})
+        args = {**self.okernel.defaults, **bound}
+        env = {n: getattr(args[n], "value", args[n]) for n in self._refused_names if n in args}  # tl.constexpr(x): x
+        key = tuple((n, type(v), repr(v)) for n, v in env.items())
+        cache = self.__dict__.setdefault("_refused_forms", {})
+        if key not in cache:
+            cache[key] = None
+            for test, message in tests:
+                try:
+                    taken = bool(eval(test, {"__builtins__": {}}, dict(env)))  # noqa: S307 - the kernel's own test
+                except Exception:  # noqa: BLE001 - a test the host cannot evaluate: the kernel's static assert refuses
+                    continue
+                if taken:
+                    cache[key] = message
+                    break
+        if cache[key] is not None:
+            raise LaunchError(f"{self.okernel.name}: {cache[key]}")
+
     def launch(self, grid, bound: dict) -> None:
+        self.refuse_epilogue(bound)
         world = self.world()
         ctx = self.context(bound)
         ctx.streams.follow_caller(world.device)

@@ -539,10 +539,37 @@ def _epilogue_branches(an: KernelAnalysis, a, rule: str, refused: dict[BranchSid
                               column=a.where.column, hint=hint)
 
 
+class _Inline(cst.CSTTransformer):
+    def __init__(self, values: dict[str, cst.BaseExpression]):
+        super().__init__()
+        self.values = values
+
+    def leave_Name(self, original: cst.Name, updated: cst.Name) -> cst.BaseExpression:
+        value = self.values.get(updated.value)
+        return updated if value is None else value.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+
+
+def _launch_test(an: KernelAnalysis, side: BranchSide) -> str:
+    """The test, in the kernel's constexpr parameters, that a launch takes ``side``: its own and those of the
+    compile-time sides around it (a run-time `if` around it is compiled either way), with the locals bound once to a
+    compile-time value (`MODE: tl.constexpr = "gelu"`) replaced by their value."""
+    sides = [s for s in an.branch_sides.get(side.where, ()) if s.static] + [side]
+    expr = cst.parse_expression(" and ".join(f"({s.test})" if s.body else f"not ({s.test})" for s in sides))
+    for _ in range(8):  # a local's value may name another local
+        local = {n: cst.parse_expression(an.values[n][0]) for n in names_in(expr)
+                 if n not in an.params and len(an.values.get(n, ())) == 1 and len(an.bindings.get(n, ())) == 1}
+        if not local:
+            break
+        expr = expr.visit(_Inline(local))
+    return code(expr)
+
+
 def _refuse_in_branches(an: KernelAnalysis, refused: dict[BranchSide, _Epilogue],
-                        rule: str) -> tuple[list[Insertion], list[ReportEntry]]:
+                        rule: str) -> tuple[list[Insertion], list[ReportEntry], list[tuple[str, str]]]:
     """A ``tl.static_assert(False, ...)`` at the top of each branch in ``refused`` and a note saying so; raises
-    where every side of an `if` (its `elif`s included) is refused: no launch would compile."""
+    where every side of an `if` (its `elif`s included) is refused: no launch would compile. Returns the insertions,
+    the notes, and for the launcher each refused side's test in the constexpr parameters with the assert's message
+    (``ReduceScatterLaunch.refused``)."""
     ifs: dict[Where, list[BranchSide]] = {}
     for side in {s for sides in an.branch_sides.values() for s in sides}:
         ifs.setdefault(side.where, []).append(side)
@@ -576,7 +603,7 @@ def _refuse_in_branches(an: KernelAnalysis, refused: dict[BranchSide, _Epilogue]
         for s in [s for s in refused if outer[-1] in an.branch_sides.get(s.where, ())]:
             del refused[s]
         refused.setdefault(outer[-1], bad)
-    insertions, report = [], []
+    insertions, report, guards = [], [], []
     for side, bad in sorted(refused.items(), key=lambda kv: (kv[0].where.line, not kv[0].body)):
         site, tensor = bad.site or side.where, bad.tensor
         if all_refused(chain := head(side.where)):
@@ -592,6 +619,7 @@ def _refuse_in_branches(an: KernelAnalysis, refused: dict[BranchSide, _Epilogue]
         message = (f"{site.file}:{site.line}: {_refused_message(tensor, rule, bad)}. A launch that takes the "
                    f"{branch} at line {side.where.line} cannot be reduced over ranks: launch the kernel so that "
                    f"it takes another side, or apply the function to the reduced rows")
+        guards.append((_launch_test(an, side), message))
         insertions.append(Insertion(side.first, "before", (
             f"# tilelink: a launch that takes this branch does not compile ({rule}: not linear in the partial sums)",
             f"tl.static_assert(False, {message!r})")))
@@ -601,7 +629,7 @@ def _refuse_in_branches(an: KernelAnalysis, refused: dict[BranchSide, _Epilogue]
                                   f"compile time, so a tl.static_assert at the top of that branch makes a launch "
                                   f"that takes it fail to compile, naming line {site.line}; the launches that do not "
                                   f"take it build and store the partial sums", side.where))
-    return insertions, report
+    return insertions, report, guards
 
 
 def _loaded(an: KernelAnalysis, exprs) -> str | None:
@@ -643,11 +671,12 @@ def _skipping_returns(an: KernelAnalysis, stores, rule: str) -> list[ReportEntry
 
 
 def notify_stores(an: KernelAnalysis, spec, opts: Options,
-                  rule: str = RULE) -> tuple[list[Insertion], list[ReportEntry], str]:
+                  rule: str = RULE) -> tuple[list[Insertion], list[ReportEntry], str, tuple[tuple[str, str], ...]]:
     """The producer side of a reduction over ranks, shared by the rules whose kernel stores partial sums
     (``reduce_scatter``, ``all_reduce``): the soundness checks of the stores, a notify after each (the count of
     what it stored in each channel it overlaps) and the tile order. Returns the insertions, the report (its
-    entries under ``rule``) and the full size of the reduced dimension, in source. ``opts``: resolved."""
+    entries under ``rule``), the full size of the reduced dimension, in source, and the launches refused for a
+    non-linear epilogue (``ReduceScatterLaunch.refused``). ``opts``: resolved."""
     if spec.dim != 0:
         raise AnnotationError(f"{rule} over dim {spec.dim} is not supported yet", file=an.file,
                               line=an.where.line, column=an.where.column,
@@ -765,8 +794,9 @@ def notify_stores(an: KernelAnalysis, spec, opts: Options,
         report.append(ReportEntry(an.name, rule, "applied",
                                   f"{what} after the store at line {a.where.line} "
                                   f"({describe_rows(t)})", a.where))
+    guards: list[tuple[str, str]] = []
     if refused:
-        more, notes = _refuse_in_branches(an, refused, rule)
+        more, notes, guards = _refuse_in_branches(an, refused, rule)
         insertions, report = more + insertions, notes + report
     first = stores[0]
     tile = first.tile
@@ -792,7 +822,7 @@ def notify_stores(an: KernelAnalysis, spec, opts: Options,
         more, entry = remap_order(an, first, rule, opts.order, shift)
         insertions += more
         report.append(entry)
-    return insertions, report, size_param
+    return insertions, report, size_param, tuple(guards)
 
 
 def _program_axes(an: KernelAnalysis, sources: list[str]) -> set[int]:
@@ -880,7 +910,7 @@ def _split_k(an: KernelAnalysis, spec: ReduceScatterSpec) -> list[int] | None:
 def rewrite(an: KernelAnalysis, spec: ReduceScatterSpec, options: Options) -> RewritePlan:
     """Plan the producer-side rewrite of ``an`` for ``spec``."""
     opts = options.resolved(**DEFAULTS)
-    insertions, report, size_param = notify_stores(an, spec, opts)
+    insertions, report, size_param, refused = notify_stores(an, spec, opts)
     if opts.via == "copy_engine":
         report.append(ReportEntry(an.name, RULE, "note",
                                   ("consumer: hybrid - after the GEMM an SM kernel sums each token's top-k slots, "
@@ -906,7 +936,7 @@ def rewrite(an: KernelAnalysis, spec: ReduceScatterSpec, options: Options) -> Re
                                  comm_block=opts.comm_block, comm_sms=opts.comm_sms,
                                  channels_per_rank=opts.channels_per_rank,
                                  # a split-K write-back: the grid axes its address reads (the others are the splits)
-                                 atomic_axes=None if addressed is None else tuple(addressed))
+                                 atomic_axes=None if addressed is None else tuple(addressed), refused=refused)
     if opts.via == "sm" and opts.mode == "push" and spec.topk:
         raise AnnotationError("reduce_scatter with topk= reduces by pulling", file=an.file, line=an.where.line,
                               column=an.where.column, hint="drop mode='push' for the MoE reduction")

@@ -97,6 +97,25 @@ TILELINK_PLAN = {'matmul_kernel': {'atomic_axes': None,
                    'mode': 'pull',
                    'order': 'ring',
                    'partner_kernels': ['rs_pull_consumer'],
+                   'refused': [['(ACTIVATION == "gelu")',
+                                'tests/rules/reduce_scatter/activation_gemm.before.py:44: the '
+                                "value stored to 'c_ptr' goes through the helper `gelu_tanh` "
+                                '(TileLink does not read its body) applied to the partial sums '
+                                '(`gelu_tanh(acc)`): reduce_scatter sums what every rank stores, '
+                                "and that sum would not be the full problem's value (the sum of "
+                                'f(partial sums) is not f of their sum). A launch that takes the '
+                                '`if ACTIVATION == "gelu":` at line 43 cannot be reduced over '
+                                'ranks: launch the kernel so that it takes another side, or apply '
+                                'the function to the reduced rows'],
+                               ['not (ACTIVATION == "gelu") and (ACTIVATION == "silu")',
+                                'tests/rules/reduce_scatter/activation_gemm.before.py:46: the '
+                                "value stored to 'c_ptr' goes through `sigmoid` applied to the "
+                                'partial sums (`tl.sigmoid(acc)`): reduce_scatter sums what every '
+                                "rank stores, and that sum would not be the full problem's value "
+                                '(the sum of f(partial sums) is not f of their sum). A launch that '
+                                'takes the `elif ACTIVATION == "silu":` at line 45 cannot be '
+                                'reduced over ranks: launch the kernel so that it takes another '
+                                'side, or apply the function to the reduced rows']],
                    'row_scales': [['c_ptr', ['stride_cm'], 51]],
                    'row_shifts': [],
                    'row_signs': [],
