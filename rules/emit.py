@@ -175,23 +175,40 @@ def _program_ids(node: cst.CSTNode) -> set[str]:
 def _program_id_bypass(an: KernelAnalysis, pid: str) -> str | None:
     """What reads the program's position other than through ``pid`` (the variable the rotation rotates), said for
     the report; ``None`` when nothing does. The rotation gives a program another tile: a row index, an offsets
-    vector's start or an address computed from ``tl.program_id`` itself, or from the program-id variable ``pid`` is
-    made from (``o = tl.program_id(0) * BLOCK + ...``, ``tl.store(out_ptr + pid, ...)`` with ``pid_m = pid``), would
-    still name the program's own tile, and the program would write one tile's values at another's rows. Other
-    variables made from the program id in assignments (``pid_n`` of a grouped ordering, ``pid_n = tl.program_id(0) %
-    num_pid_n``) pair with the rotated ``pid`` as before, one tile each; a coordinate that multiplies the program id
-    itself (``row = tl.program_id(0) * BLOCK``, ``row = pid * BLOCK`` with ``pid_m = pid``) is a position of its own,
-    read like the program id."""
-    chain = {pid} | _depends_on(an, an.values.get(pid, ()))
-    axes = {axis for name in chain for v in an.values.get(name, ()) for axis in _program_ids(cst.parse_expression(v))}
+    vector's start or an address computed from ``tl.program_id`` itself, or from any variable made from it other
+    than ``pid`` (``o = tl.program_id(0) * BLOCK + ...``; ``blk = tl.program_id(0)`` then ``blk * BLOCK``; ``row =
+    tl.program_id(0) << 4``; ``tl.store(out_ptr + pid, ...)`` with ``pid_m = pid``; through any number of copies),
+    would still name the program's own tile, and the program would write one tile's values at another's rows.
+
+    Every variable whose value reads the program id of the rotated axis, directly or through other variables, is
+    such a position, with two exceptions, the tile mapping's other coordinate, which pairs with the rotated ``pid``
+    as before, one tile each: a value that reads the position only inside ``a % b`` or ``a // b`` where the values
+    ``pid`` is made from hold the other of the two (``pid_n = pid % num_pid_n`` beside ``pid_m = pid // num_pid_n``;
+    ``pid_n = (pid % num_pid_in_group) // group_size_m`` of a grouped ordering), and a variable unpacked with ``pid``
+    from the same call of a helper (``pid_m, pid_n = tile_coordinates(tl.program_id(0), ...)``)."""
+    chain = _made_from(an, pid)
+    headers = _loop_ranges(an)
+    axes = {axis for name in chain for v in an.values.get(name, ()) + headers.get(name, ())
+            for axis in _program_ids(cst.parse_expression(v))}
     if not axes:
         return None
-    ids = {name for name in chain - {pid}
-           if any(_program_ids(cst.parse_expression(v)) for v in an.values.get(name, ()))}
-    for _ in range(8):  # coordinates made from such a product, in turn (`row = tl.program_id(0) * B; r2 = row + 1`)
-        more = {name for name, values in an.values.items() if name not in chain | ids and any(
-            _scales_position(cst.parse_expression(v), axes, ids) or names_in(cst.parse_expression(v)) & (
-                ids - chain) for v in values)}
+    pairs = {_canonical(node) for name in chain for v in an.values.get(name, ()) + headers.get(name, ())
+             for node in m.findall(cst.parse_expression(v), m.BinaryOperation(
+                 operator=m.Modulo() | m.FloorDivide()))}
+    siblings = _unpacked_with(an, pid)
+    # to a fixed point: a chain of copies is as long as the kernel makes it (`r0 = tl.program_id(0) * B; r1 = r0`)
+    ids: set[str] = set()
+    while True:
+        more = set()
+        for name in set(an.values) | set(headers):
+            if name == pid or name in ids or name in siblings:
+                continue
+            values = an.values.get(name, ()) + headers.get(name, ())
+            if name in chain:  # what pid is made from: a position wherever else it is read (`pid` of `pid_m = pid`)
+                if any(_reads_position(cst.parse_expression(v), axes, ids) for v in values):
+                    more.add(name)
+            elif any(_reads_position(cst.parse_expression(v), axes, ids, pairs) for v in values):
+                more.add(name)
         if not more:
             break
         ids |= more
@@ -209,16 +226,78 @@ def _program_id_bypass(an: KernelAnalysis, pid: str) -> str | None:
             continue  # a loop over the rotated variable's tiles (`for tile_id in tl.range(start_pid, ...)`)
         if _program_ids(node) & axes or names_in(node) & ids:
             return f"line {where.line} reads the program id (`{text}`)"
+    # a value other values read, or a call's (`old = tl.atomic_add(count_ptr + blk, 1)`); a copy nothing reads
+    # (`blk = tl.program_id(0)` left unused) moves nothing
+    read = {n for vs in an.values.values() for v in vs for n in names_in(cst.parse_expression(v))}
+    for name, values in an.values.items():
+        if name in ids and name not in chain and (name in read or any(
+                m.findall(cst.parse_expression(v), m.Call(func=~m.Attribute(attr=m.Name("program_id"))))
+                for v in values)):
+            return f"`{name} = {values[0]}` reads the program id"
     return None
 
 
-def _scales_position(node: cst.BaseExpression, axes: set[str], ids: set[str]) -> bool:
-    """``node`` multiplies the program id itself (``tl.program_id(0) * BLOCK``) or a variable read like it."""
-    for mul in m.findall(node, m.BinaryOperation(operator=m.Multiply())):
-        for side in (mul.left, mul.right):
-            if _program_ids(side) & axes or names_in(side) & ids:
-                return True
-    return False
+def _loop_ranges(an: KernelAnalysis) -> dict[str, tuple[str, ...]]:
+    """Each ``for`` target -> the ranges it loops over, in source: what its values are made from."""
+    ranges: dict[str, tuple[str, ...]] = {}
+    for text, _ in an.effects:
+        node = cst.parse_expression(text)
+        if isinstance(node, cst.NamedExpr) and isinstance(node.target, cst.Name):
+            ranges[node.target.value] = ranges.get(node.target.value, ()) + (code(node.value),)
+    return ranges
+
+
+def _made_from(an: KernelAnalysis, pid: str) -> set[str]:
+    """``pid`` and every variable its values read, directly or in turn, loop targets' ranges included (a
+    persistent kernel's ``tile_id`` is made from ``start_pid = tl.program_id(0)``)."""
+    headers = _loop_ranges(an)
+    chain, todo = {pid}, [pid]
+    while todo:
+        name = todo.pop()
+        for v in an.values.get(name, ()) + headers.get(name, ()):
+            for read in names_in(cst.parse_expression(v)) - chain:
+                chain.add(read)
+                todo.append(read)
+    return chain
+
+
+def _unpacked_with(an: KernelAnalysis, pid: str) -> set[str]:
+    """The variables every assignment of ``pid`` also assigns, from a call of a helper (``pid_m, pid_n =
+    tile_coordinates(...)``): the other coordinates of the same mapping. A tuple of values (``pid, blk =
+    tl.program_id(0), tl.program_id(0)``) is not one: each side may repeat the position."""
+    where, values = an.assignments.get(pid, ()), an.values.get(pid, ())
+    if not where or len(where) != len(values) or not all(
+            m.matches(cst.parse_expression(v), m.Call(func=m.Name())) for v in values):
+        return set()
+    return {name for name in an.values if name != pid and an.assignments.get(name, ()) == where
+            and an.values[name] == values}
+
+
+def _canonical(node: cst.BaseExpression) -> str:
+    """``node`` in a form that ignores its parentheses and spacing, for comparing two expressions."""
+    if isinstance(node, cst.BinaryOperation):
+        return f"({_canonical(node.left)} {type(node.operator).__name__} {_canonical(node.right)})"
+    if isinstance(node, cst.UnaryOperation):
+        return f"({type(node.operator).__name__} {_canonical(node.expression)})"
+    return "".join(code(node.with_changes(lpar=[], rpar=[]) if getattr(node, "lpar", None) else node).split())
+
+
+def _reads_position(node: cst.BaseExpression, axes: set[str], ids: set[str], pairs: set[str] | None = None) -> bool:
+    """``node`` reads ``tl.program_id`` of one of ``axes`` or a variable of ``ids``. With ``pairs`` (the ``%`` / ``//``
+    operations of the rotated variable's values), a read inside ``a % b`` whose ``a // b`` is one of them (or the
+    reverse) is the mapping's other coordinate, not the position."""
+    if pairs is not None and isinstance(node, cst.BinaryOperation) and isinstance(
+            node.operator, (cst.Modulo, cst.FloorDivide)):
+        other = node.with_changes(operator=cst.FloorDivide() if isinstance(node.operator, cst.Modulo) else cst.Modulo())
+        if _canonical(other) in pairs:
+            return False
+    if isinstance(node, cst.Call) and m.matches(node.func, m.Attribute(value=m.Name("tl"), attr=m.Name("program_id"))):
+        return bool(node.args) and code(node.args[0].value) in axes
+    if isinstance(node, cst.Name):
+        return node.value in ids
+    if isinstance(node, (cst.Attribute, cst.Arg)):
+        return _reads_position(node.value, axes, ids, pairs)  # not the attribute's name, nor the keyword of `mask=`
+    return any(_reads_position(child, axes, ids, pairs) for child in node.children)
 
 
 def _depends_on(an: KernelAnalysis, values: tuple[str, ...]) -> set[str]:
