@@ -270,9 +270,9 @@ class OverlappedKernel:
                             f"({said}{said_config}) to {tensor!r}, which in the buffer TileLink passes as {tensor!r} "
                             f"(contiguous, the full {full} rows along dim {dim} of {rows} elements each) moves it "
                             f"{within // rows} row{'' if within // rows == 1 else 's'} along dim {dim}: it touches "
-                            f"other rows than those its wait or notify covers; scale an offset along dim {dim} by its stride in the offsets vector "
-                            f"(`(start + tl.arange(0, BLOCK))[:, None] * stride_{dim}`), and one along another dim by "
-                            f"that dim's stride parameter")
+                            f"other rows than those its wait or notify covers; scale an offset along dim {dim} by its "
+                            f"stride in the offsets vector (`(start + tl.arange(0, BLOCK))[:, None] * stride_{dim}`), "
+                            f"and one along another dim by that dim's stride parameter")
                     raise LaunchError(
                         f"{self.name}: the address at {_display_path(self.file)}:{line} adds {shift} elements ({said}"
                         f"{said_config}) to the rows of {tensor!r}, whose rows are {rows} elements long: it touches "
