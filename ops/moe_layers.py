@@ -8,16 +8,13 @@ from torch import nn
 from tilelink.errors import LaunchError
 from tilelink.mapping import shard_range
 
-#: (id of the world, this rank's rows) -> (the world, every rank's rows) of the last uncaptured gather: a captured
-#: one cannot read the peers' counts on the host, and a graph replays the shapes it captured
-_row_counts: dict[tuple[int, int], tuple] = {}
-
 
 def _gather_rows(local: torch.Tensor, world) -> torch.Tensor:
     """Concatenate every rank's rows of ``local`` in rank order (torch.distributed on the plain path's group,
     :func:`tilelink.ops.plain.group`: the world's group, or on GPUs an NCCL group of its ranks; through host
-    memory where ranks share a GPU), on ``local``'s device. The shards may differ in length. While a graph
-    captures, the ranks' row counts are those of the last uncaptured call with this rank's count."""
+    memory where ranks share a GPU), on ``local``'s device. The shards may differ in length. The ranks' row counts
+    are exchanged through the world's store (host values: also while a graph captures, whose replays then gather
+    the counts every rank captured)."""
     if world.world_size == 1:
         return local
     import torch.distributed as dist
@@ -27,24 +24,11 @@ def _gather_rows(local: torch.Tensor, world) -> torch.Tensor:
 
     group, staged = plain.group(world)
     on = "cpu" if staged else local.device
-    key = (id(world), local.shape[0])
-    if graphs.capturing(local.device):
-        known = _row_counts.get(key)
-        if known is None or known[0] is not world:
-            raise LaunchError("TPMoE: the routing's all-gather cannot learn the ranks' row counts while a graph "
-                              "captures (that reads the device on the host): call the layer once outside the "
-                              "capture with the same shapes first")
-        if staged:
-            raise LaunchError("TPMoE: the routing's all-gather cannot be captured in a CUDA graph here: ranks that "
-                              "share a GPU cannot form an NCCL group, and the gloo collective goes through host "
-                              "copies; give each rank its own GPU, or capture the layers around the MoE layer")
-        sizes = known[1]
-    else:
-        count = torch.tensor([local.shape[0]], dtype=torch.int64, device=on)
-        counts = [torch.zeros_like(count) for _ in range(world.world_size)]
-        dist.all_gather(counts, count, group=group)
-        sizes = [int(c.item()) for c in counts]
-        _row_counts[key] = (world, sizes)
+    if staged and graphs.capturing(local.device):
+        raise LaunchError("TPMoE: the routing's all-gather cannot be captured in a CUDA graph here: ranks that "
+                          "share a GPU cannot form an NCCL group, and the gloo collective goes through host "
+                          "copies; give each rank its own GPU, or capture the layers around the MoE layer")
+    sizes = world.control.exchange(int(local.shape[0]), "all_gather_shards (the rows of each rank)")
     padded = torch.zeros((max(sizes), *local.shape[1:]), dtype=local.dtype, device=on)
     padded[:local.shape[0]] = local
     parts = [torch.empty_like(padded) for _ in range(world.world_size)]

@@ -206,3 +206,47 @@ def layer_replays_match_torch(M: int, H: int, inter: int, E: int, top_k: int, re
             got = moe(x)
         errors.append(_rel(got, ref))
     return errors
+
+
+def layer_captured_after_other_shapes(sizes: tuple[int, ...], H: int, inter: int, E: int, top_k: int,
+                                      replays: int) -> list[float]:
+    """``TPMoE`` called uncaptured on ``sizes[:-1]`` tokens in turn (each rank its rows of them), then captured on
+    ``sizes[-1]`` tokens and replayed ``replays`` times with new tokens. With sizes (8, 7, 8) at 2 ranks, rank 0
+    holds 4 rows in every call and rank 1 holds 4, then 3, then 4: a rank cannot tell the ranks' counts at the
+    capture from its own. Returns the errors of the uncaptured calls, then of each replay, against torch."""
+    from tests.ops.moe_worlds import reference_moe
+    from tilelink.nn import TPMoE
+    from tilelink.runtime.graphs import EmulatedGraph
+
+    r, R = tilelink.rank(), tilelink.world_size()
+    device = tilelink.runtime.current_world().device
+    g = torch.Generator().manual_seed(17)
+    router = torch.randn(E, H, generator=g)
+    gate = torch.randn(E, inter, H, generator=g) / H**0.5
+    up = torch.randn(E, inter, H, generator=g) / H**0.5
+    down = torch.randn(E, H, inter, generator=g) / inter**0.5
+    gate_up = torch.cat([gate.transpose(1, 2), up.transpose(1, 2)], dim=2)
+    moe = TPMoE(router, gate, up, down, top_k=top_k)
+
+    def tokens(M: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """This rank's rows of M new tokens, and the reference output of those rows."""
+        a = torch.randn(M, H, generator=g)
+        w, ids = torch.topk(torch.softmax(a.double() @ router.double().t(), dim=-1), top_k, dim=-1)
+        lo, hi = bounds(M, r, R)
+        ref = reference_moe(a, gate_up, down.transpose(1, 2), ids, w / w.sum(-1, keepdim=True))[lo:hi]
+        return a[lo:hi].to(device), ref
+
+    errors = []
+    for M in sizes[:-1]:
+        x, ref = tokens(M)
+        errors.append(_rel(moe(x), ref))
+    x, _ = tokens(sizes[-1])
+    graph = EmulatedGraph()
+    with graph.capture():
+        y = moe(x)
+    for _ in range(replays):
+        new, ref = tokens(sizes[-1])
+        x.copy_(new)
+        graph.replay()
+        errors.append(_rel(y, ref))
+    return errors

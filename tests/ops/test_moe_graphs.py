@@ -7,7 +7,12 @@ from __future__ import annotations
 import pytest
 
 import tilelink
-from tests.ops.moe_graph_worlds import captured_ids_out_of_range, layer_replays_match_torch, moe_replays_match_torch
+from tests.ops.moe_graph_worlds import (
+    captured_ids_out_of_range,
+    layer_captured_after_other_shapes,
+    layer_replays_match_torch,
+    moe_replays_match_torch,
+)
 
 
 @pytest.mark.slow
@@ -60,3 +65,11 @@ def test_an_id_out_of_range_in_a_replay_is_raised_by_the_next_call() -> None:
     for first, second in tilelink.spawn(captured_ids_out_of_range, 2, 6, 16, 4):
         assert "replay of a captured MoE call" in first and "outside [0, 4)" in first and "max 6" in first, first
         assert second == "no error", second
+
+
+@pytest.mark.slow
+def test_the_layer_captured_after_calls_of_other_row_counts_replays() -> None:
+    """TPMoE called on 8 tokens (rows 4 | 4 at 2 ranks), then on 7 (4 | 3), then captured on 8 and replayed: every
+    rank gathers the counts the ranks hold at the capture (rank 0's own count, 4, was also its count at 7 tokens)."""
+    for per_rank in tilelink.spawn(layer_captured_after_other_shapes, 2, (8, 7, 8), 16, 24, 4, 2, 2):
+        assert len(per_rank) == 4 and all(err < 1e-5 for err in per_rank), per_rank
