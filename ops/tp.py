@@ -89,16 +89,6 @@ def _persistent(world, shared_dim: int, dtype: torch.dtype, persistent: bool | N
     return persistent_wanted(world.device, persistent) and (shared_dim * dtype.itemsize) % 16 == 0
 
 
-def _launch(kernel, persistent: bool, args: tuple, meta: dict, world, M: int, N: int, tail: bool = False) -> None:
-    """Launch one of the annotated GEMMs: the persistent TMA one on every SM its partner leaves free, or
-    the pointer one on a grid of C tiles. ``tail``: the persistent kernel cuts its last wave's tiles in
-    ``TAIL_SPLIT`` pieces (:func:`tilelink.ops.contract.tail_split`)."""
-    if persistent and world.device.type == "cuda":
-        _install_allocator()
-    grid, launch_meta = _launch_plan(kernel, persistent, meta, world.device, M, N, tail)
-    kernel[grid](*args, **launch_meta)
-
-
 @functools.lru_cache(maxsize=256)
 def _persistent_launch(kernel, device: torch.device, tiles: int, tail: bool, meta: tuple) -> tuple[tuple[int], dict]:
     """The grid and launch meta of a persistent GEMM of ``tiles`` tiles (``meta``: its items): the same every call
@@ -141,7 +131,9 @@ class _Plan:
 
 def _launch_plan(kernel, persistent: bool, meta: dict, device: torch.device, M: int, N: int,
                  tail: bool = False) -> tuple[tuple, dict]:
-    """The grid and launch meta of :func:`_launch`."""
+    """The grid and launch meta of one of the annotated GEMMs (:func:`_start`): the persistent TMA one on every SM
+    its partner leaves free, or the pointer one on a grid of C tiles. ``tail``: the persistent kernel cuts its last
+    wave's tiles in ``TAIL_SPLIT`` pieces (:func:`tilelink.ops.contract.tail_split`)."""
     tiles = -(-M // meta["BLOCK_M"]) * -(-N // meta["BLOCK_N"])  # triton.cdiv is a jit function: slower to call
     if persistent:
         return _persistent_launch(kernel, device, tiles, tail, tuple(meta.items()))
@@ -149,7 +141,7 @@ def _launch_plan(kernel, persistent: bool, meta: dict, device: torch.device, M: 
 
 
 def _start(plan: _Plan, args: tuple, world) -> None:
-    """Launch a plan's kernel with ``args``."""
+    """Launch a plan's kernel with ``args``: every overlapped GEMM of ``ag_gemm`` and ``gemm_rs`` starts here."""
     if plan.persistent and world.device.type == "cuda":
         _install_allocator()
     plan.kernel[plan.grid](*args, **plan.meta)

@@ -21,26 +21,28 @@ FORMS = {
 
 
 def _launch_ag(a_shard, b, c, M: int, persistent: bool) -> None:
-    """What ``tilelink.ops.ag_gemm`` launches, on the caller's tensors (the graph replays into ``c``)."""
-    from tilelink.ops import tp, tp_kernels
+    """What ``tilelink.ops.ag_gemm`` launches (its plan of this form), on the caller's tensors (the graph replays
+    into ``c``)."""
+    from tilelink.ops import tp
 
     K, N = b.shape
     world = tilelink.runtime.current_world()
-    args = (a_shard, b, c, M, N, K, K, 1, b.stride(0), b.stride(1), c.stride(0), c.stride(1))
-    kernel = tp_kernels.ag_gemm_persistent_kernel if persistent else tp_kernels.ag_gemm_kernel
-    tp._launch(kernel, persistent, args, tp._config(a_shard.dtype), world, M, N, tail=True)
+    plan = tp._ag_plan(a_shard, b, tp.TPContext(M), persistent, "overlap", world)
+    assert plan.persistent == persistent and plan.run == N, (persistent, plan)  # the form this test names
+    tp._start(plan, (a_shard, b, c, M, N, K, K, 1, b.stride(0), b.stride(1), c.stride(0), c.stride(1)), world)
 
 
 def _launch_rs(a, b_shard, out, persistent: bool) -> None:
     """What ``tilelink.ops.gemm_rs`` launches, on the caller's tensors."""
-    from tilelink.ops import tp, tp_kernels
+    from tilelink.ops import tp
 
     M, K = a.shape
     N = b_shard.shape[1]
     world = tilelink.runtime.current_world()
-    args = (a, b_shard, out, M, N, K, a.stride(0), a.stride(1), b_shard.stride(0), b_shard.stride(1), N, 1)
-    kernel = tp_kernels.gemm_rs_persistent_kernel if persistent else tp_kernels.gemm_rs_kernel
-    tp._launch(kernel, persistent, args, tp._config(a.dtype), world, M, N)
+    plan = tp._rs_plan(a, b_shard, persistent, "overlap", world)
+    assert plan.persistent == persistent and plan.run == K, (persistent, plan)
+    tp._start(plan, (a, b_shard, out, M, N, K, a.stride(0), a.stride(1), b_shard.stride(0), b_shard.stride(1), N, 1),
+              world)
 
 
 def replays_match_torch(M: int, N: int, K: int, replays: int, late_s: float, forms: tuple[str, ...] = tuple(FORMS),
