@@ -23,7 +23,14 @@ import triton
 
 from tilelink.errors import LaunchError
 from tilelink.ops import plain
-from tilelink.ops.contract import check_rows, check_tensor, full_size, interpreter_inputs, interpreting
+from tilelink.ops.contract import (
+    check_rows,
+    check_tensor,
+    descriptor_ready,
+    full_size,
+    interpreter_inputs,
+    interpreting,
+)
 from tilelink.ops.path import check as check_path
 from tilelink.ops.path import select as select_path
 
@@ -82,12 +89,7 @@ def _descriptor_ready(k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, t
     other than the last (the per-head bases, the row step) a multiple of 16 bytes, alike for both (the kernel
     takes one set of strides); otherwise contiguous copies of both. A view of a larger tensor usually already is
     (its strides are those of the whole); a copy costs one pass over K and V."""
-    def ready(t: torch.Tensor) -> bool:
-        size = t.element_size()  # the stride of a dim of size 1 is never stepped
-        return t.stride(-1) == 1 and t.data_ptr() % 16 == 0 and all(
-            (s * size) % 16 == 0 for s, n in zip(t.stride()[:-1], t.shape[:-1], strict=True) if n > 1)
-
-    if ready(k) and ready(v) and k.stride() == v.stride():
+    if descriptor_ready(k) and descriptor_ready(v) and k.stride() == v.stride():
         return k, v
     return (k.clone(memory_format=torch.contiguous_format), v.clone(memory_format=torch.contiguous_format))
 

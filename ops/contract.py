@@ -121,6 +121,26 @@ def persistent_wanted(device: torch.device, persistent: bool | None = None) -> b
     return device.type == "cuda" if persistent is None else persistent
 
 
+def descriptor_size(size: int, itemsize: int) -> int:
+    """``size`` elements of ``itemsize`` bytes rounded up to a 16-byte multiple (at least one element's worth): the
+    size :func:`aligned` pads a dimension to."""
+    per = 16 // itemsize
+    return -(-max(size, 1) // per) * per
+
+
+def descriptor_ready(t: torch.Tensor) -> bool:
+    """Whether a tensor descriptor over ``t``'s last two dims reads ``t`` in place: a unit last stride, a 16-byte
+    aligned base and row stride (a descriptor's stride, checked whatever the row count), and each leading dim's
+    stride a 16-byte multiple where that dim has more than one index (it moves the descriptor's base; the stride of a
+    dim of size 1 is never stepped)."""
+    size = t.element_size()
+    if t.stride(-1) != 1 or t.data_ptr() % 16:
+        return False
+    if t.dim() >= 2 and (t.stride(-2) * size) % 16:
+        return False
+    return all((s * size) % 16 == 0 for s, n in zip(t.stride()[:-2], t.shape[:-2], strict=True) if n > 1)
+
+
 def aligned(t: torch.Tensor, dim: int = -1, size: int | None = None) -> torch.Tensor:
     """``t`` with dimension ``dim`` (the last or the first) holding a 16-byte multiple of elements (at
     least ``size`` and at least one), contiguous and 16-byte aligned: what a tensor descriptor needs.
@@ -131,9 +151,8 @@ def aligned(t: torch.Tensor, dim: int = -1, size: int | None = None) -> torch.Te
     would run different communication protocols and wait for each other forever. A shard whose size
     does not suit a descriptor is padded instead (zero columns add nothing to a product)."""
     dim = dim % t.dim()
-    per = 16 // t.element_size()
-    want = -(-max(t.shape[dim] if size is None else size, 1) // per) * per
-    if want == t.shape[dim] and t.is_contiguous() and t.data_ptr() % 16 == 0:
+    want = descriptor_size(t.shape[dim] if size is None else size, t.element_size())
+    if want == t.shape[dim] and t.is_contiguous() and descriptor_ready(t):
         return t
     shape = list(t.shape)
     shape[dim] = want

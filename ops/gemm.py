@@ -27,7 +27,7 @@ import triton.testing
 
 from tilelink.errors import LaunchError
 from tilelink.ops import gemm_kernels
-from tilelink.ops.contract import DTYPES, interpreting
+from tilelink.ops.contract import DTYPES, descriptor_ready, interpreting
 
 __all__ = ["matmul", "silu_mul", "VARIANTS", "HOPPER_CONFIGS"]
 
@@ -136,11 +136,7 @@ if not hasattr(_ALLOCATOR, "get"):
 
 def _descriptor_ok(*tensors: torch.Tensor) -> bool:
     """TMA needs a unit last stride, 16-byte aligned row strides and a 16-byte aligned base."""
-    for t in tensors:
-        size = t.element_size()
-        if t.stride(1) != 1 or (t.stride(0) * size) % 16 or t.data_ptr() % 16:
-            return False
-    return True
+    return all(descriptor_ready(t) for t in tensors)
 
 
 def _check(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None, variant: str) -> None:

@@ -29,6 +29,7 @@ from tilelink.ops.contract import (
     CallPlans,
     aligned,
     check_tensor,
+    descriptor_size,
     full_size,
     interpreter_dtype,
     interpreting,
@@ -147,12 +148,6 @@ def _start(plan: _Plan, args: tuple, world) -> None:
     plan.kernel[plan.grid](*args, **plan.meta)
 
 
-def _descriptor_size(size: int, dtype: torch.dtype) -> int:
-    """The size :func:`tilelink.ops.contract.aligned` pads a dimension of ``size`` elements of ``dtype`` to."""
-    per = 16 // dtype.itemsize
-    return -(-max(size, 1) // per) * per
-
-
 def _call_key(a: object, b: object, persistent: object, path: object, out_dtype: object, a_scale: object,
               b_scale: object, *rest) -> tuple | None:
     """The key of ``ag_gemm``'s and ``gemm_rs``'s :class:`tilelink.ops.contract.CallPlans` (``rest``: what else the
@@ -250,7 +245,7 @@ def _ag_plan(a_shard, b, ctx: TPContext | None, persistent: bool | None, path: s
     K, N = b.shape
     dtype = interpreter_dtype(a_shard.dtype)
     persistent = _persistent(world, K, dtype, persistent)
-    n_run = _descriptor_size(N, dtype) if persistent else max(N, 1)
+    n_run = descriptor_size(N, dtype.itemsize) if persistent else max(N, 1)
     from tilelink.ops import tp_kernels
 
     kernel = tp_kernels.ag_gemm_persistent_kernel if persistent else tp_kernels.ag_gemm_kernel
@@ -316,7 +311,7 @@ def _rs_plan(a, b_shard, persistent: bool | None, path: str, world) -> _Plan:
         return _Plan(M, K, N, hi - lo, None, False, dtype != a.dtype, False, K, (), {})
     k_eff = K or 1  # K == 0: one zero column
     persistent = _persistent(world, N, dtype, persistent)
-    k_run = _descriptor_size(k_eff, dtype) if persistent else k_eff
+    k_run = descriptor_size(k_eff, dtype.itemsize) if persistent else k_eff
     from tilelink.ops import tp_kernels
 
     kernel = tp_kernels.gemm_rs_persistent_kernel if persistent else tp_kernels.gemm_rs_kernel

@@ -72,6 +72,21 @@ def test_flash_attention_strided_views(causal: bool) -> None:
     assert ((o.double() - ref).norm() / ref.norm()).item() < 1e-5
 
 
+def test_flash_attention_one_key_row_of_an_unaligned_row_stride() -> None:
+    """K and V of one row each, views of rows 68 bytes long: the row stride is a descriptor's stride whatever the row
+    count (a dim of size 1 elsewhere only moves the base), so both are copied, and the operator matches SDPA."""
+    from tilelink.ops.attention import _descriptor_ready, flash_attention
+
+    q, k, v = inputs(1, 1, 1, 5, 16, torch.float32, "cpu")
+    k_in, v_in = (torch.cat([t[:, :, :1], torch.zeros(1, 1, 1, 1)], dim=3)[..., :16] for t in (k, v))
+    assert k_in.stride(-2) == 17
+    ready = _descriptor_ready(k_in, v_in)
+    assert ready[0] is not k_in and ready[1] is not v_in
+    o = flash_attention(q, k_in, v_in)
+    ref = reference(q, k[:, :, :1], v[:, :, :1], False)
+    assert ((o.double() - ref).norm() / ref.norm()).item() < 1e-5
+
+
 @pytest.mark.parametrize("world", [1, 2])
 def test_sp_attention_views(world: int) -> None:
     """q shards that are views, k and v shards contiguous at an unaligned base (alone, the kernel reads them)."""
