@@ -29,6 +29,7 @@ from tilelink.ops.contract import (
     CallPlans,
     aligned,
     check_tensor,
+    descriptor_ready,
     descriptor_size,
     full_size,
     interpreter_dtype,
@@ -219,7 +220,7 @@ def ag_gemm(a_shard: torch.Tensor, b: torch.Tensor, ctx: TPContext | None = None
     # N is this rank's own: pad it rather than let it choose the kernel; with N == 0 this rank still
     # takes part in the gather the others wait for, on one dummy column
     if plan.persistent:
-        b_run = aligned(b_in, -1) if plan.pad or b_in.data_ptr() % 16 else b_in
+        b_run = aligned(b_in, -1) if plan.pad or not descriptor_ready(b_in) else b_in
     else:
         b_run = b_in if N else b_in.new_zeros((K, 1))
     n_run = plan.run
@@ -290,9 +291,9 @@ def gemm_rs(a: torch.Tensor, b_shard: torch.Tensor, *, persistent: bool | None =
         a_in = torch.zeros((M, 1), dtype=a_in.dtype, device=world.device)
         b_in = torch.zeros((1, N), dtype=a_in.dtype, device=world.device)
     if plan.persistent:  # K is this rank's own: pad it with zero columns of A and rows of B (they add nothing)
-        if plan.pad or a_in.data_ptr() % 16:
+        if plan.pad or not descriptor_ready(a_in):
             a_in = aligned(a_in, -1)  # both round K up to the same 16 bytes
-        if plan.pad or b_in.data_ptr() % 16:
+        if plan.pad or not descriptor_ready(b_in):
             b_in = aligned(b_in, 0)
     _start(plan, (a_in, b_in, out, M, N, plan.run, a_in.stride(0), a_in.stride(1), b_in.stride(0), b_in.stride(1),
                   N, 1), world)

@@ -159,3 +159,21 @@ def unkept_without_a_context(M: int, N: int, K: int) -> dict:
                       if hi > lo else 0.0)
     return {"errors": errors, "unkept": unkept, "ag kept": len(tp._AG_PLANS.plans),
             "rs kept": len(tp._RS_PLANS.plans)}
+
+
+def one_row_views_of_wider_rows() -> list[float]:
+    """One-row operands viewed from rows of an odd length (torch calls them contiguous, their row stride is not a
+    16-byte multiple): the persistent kernels' descriptors must get a copy, not the view. Returns each call's
+    error against torch."""
+    from tilelink.ops import ag_gemm, gemm_rs
+
+    device = tilelink.runtime.current_world().device
+    wide = torch.randn(3, 37, device=device)
+    errors = []
+    a_row = wide[:1, :16]  # gemm_rs: A of one row
+    b = torch.randn(16, 8, device=device)
+    errors.append(float((gemm_rs(a_row, b, persistent=True) - a_row @ b).abs().max()))
+    a = torch.randn(5, 1, device=device)
+    b_row = wide[:1, :8]  # ag_gemm: B of one row (K = 1)
+    errors.append(float((ag_gemm(a, b_row, persistent=True) - a @ b_row).abs().max()))
+    return errors

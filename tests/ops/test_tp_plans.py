@@ -6,7 +6,12 @@ from __future__ import annotations
 import pytest
 
 import tilelink
-from tests.ops.plan_worlds import kept_plans_compute_the_same, refused_after_kept_calls, unkept_without_a_context
+from tests.ops.plan_worlds import (
+    kept_plans_compute_the_same,
+    one_row_views_of_wider_rows,
+    refused_after_kept_calls,
+    unkept_without_a_context,
+)
 
 
 def test_a_bad_call_after_kept_calls_is_refused_with_the_same_message() -> None:
@@ -36,3 +41,8 @@ def test_the_shard_sizes_are_exchanged_at_each_call_without_a_context() -> None:
     for out in tilelink.spawn(unkept_without_a_context, 2, 13, 6, 10):
         assert max(out["errors"]) < 1e-5, out
         assert out["unkept"] == [0, 1] and out["ag kept"] == 1 and out["rs kept"] == 1, out
+
+
+def test_one_row_views_reach_the_descriptors_as_copies() -> None:
+    (errors,) = tilelink.spawn(one_row_views_of_wider_rows, 1)
+    assert max(errors) < 1e-4, errors
