@@ -370,12 +370,12 @@ def timed_out_operator_refuses() -> dict:
     real = diagnostics.Diagnostics.check
     calls = {"n": 0}
 
-    def check_once_timed_out(self, kernel=None):
+    def check_once_timed_out(self, kernel=None, returned=None):
         calls["n"] += 1
         if calls["n"] == 1:
             raise tilelink.WaitTimeout(rank=0, primitive="consumer_tile_wait", index=1, expected=8, seen=0,
                                        budget_s=1.0, kernel=kernel)
-        return real(self, kernel)
+        return real(self, kernel, returned)
 
     diagnostics.Diagnostics.check = check_once_timed_out
     try:
