@@ -1370,9 +1370,119 @@ def _check_pointer_advances(an: _Analyzer, acc: Access, tile: Tile, pointers: se
                 continue
             step = _step_of(value, name)
             _judge_step(an, acc, tile, name, step, rows, an.where(ref.node))
+            _check_advance_in_loop(an, acc, tile, name, step, exprs, an.where(ref.node))
         for node in m.findall(an.fn.body, m.AugAssign(target=m.Name(name))):
             step = node.value if isinstance(node.operator, (cst.AddAssign, cst.SubtractAssign)) else None
             _judge_step(an, acc, tile, name, step, rows, an.where(node))
+            _check_advance_in_loop(an, acc, tile, name, step, exprs, an.where(node),
+                                   isinstance(node.operator, cst.SubtractAssign))
+
+
+def _check_advance_in_loop(an: _Analyzer, acc: Access, tile: Tile, name: str, step: cst.BaseExpression,
+                           exprs: list[cst.BaseExpression], at: Where, backwards: bool = False) -> None:
+    """A pointer advanced inside a loop moves by its step on every iteration, so what it adds over the loop grows
+    with the trip count: along another dimension it leaves the row (and reads or writes the next rows, which the
+    wait or notify does not cover) unless the access's mask bounds the columns on every step. Accepted: the matmul
+    form, the step a stride parameter that scales a column vector of the address times factors ``F``
+    (``a_ptrs += BLOCK_K * stride_ak``), the access in the same loop before the advance, that loop counting ``k``
+    up from 0 by 1, and a mask conjunct ``offs_k[None, :] < X - k * F`` (also through a local bound once,
+    ``k_remaining = K - k * BLOCK_K``): the columns touched on step ``k`` are ``offs_k + k * F``, below ``X``.
+    Anything else advanced in a loop (a step no column vector's stride scales, ``x_ptrs += step``; no such mask; an
+    access after the loop; a ``while`` loop) is refused: TileLink cannot bound the rows it touches."""
+    loops = [lp for lp in m.findall(an.fn.body, m.For() | m.While()) if _contains(an, lp, at)]
+    if not loops:
+        return  # advanced once: its terms are the row shift check's
+    loop = min(loops, key=lambda lp: (an.positions[lp].end.line - an.positions[lp].start.line,
+                                      an.positions[lp].end.column - an.positions[lp].start.column))
+    hint = ("advance the pointer only along another dimension, by that dimension's stride times the block "
+            "(`a_ptrs += BLOCK_K * stride_ak`), inside the loop that holds the access and after it, with the loop "
+            "counting from 0 (`for k in range(0, tl.cdiv(K, BLOCK_K))`) and the columns masked on each step "
+            "(`mask=... & (offs_k[None, :] < K - k * BLOCK_K)`); or compute the address from the loop variable "
+            "(`x_ptr + ... + j * step` for `j in range(a, b)`), which the launch checks at both ends of the loop")
+    what = (f"`{name}` is advanced by `{code(step)}` at line {at.line}, inside the loop at line "
+            f"{an.where(loop).line}: over the loop it moves")
+
+    def refuse(why: str) -> AnnotationError:
+        return _refuse(acc, f"{what} {why}, so the {acc.kind} at line {acc.where.line} may touch rows of "
+                            f"{acc.tensor!r} its {_waits(acc)} does not cover", hint)
+
+    factors: list[cst.BaseExpression] = []
+    todo = [step]
+    while todo:
+        node = todo.pop()
+        if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Multiply):
+            todo += [node.left, node.right]
+        else:
+            factors.append(node.with_changes(lpar=[], rpar=[]) if getattr(node, "lpar", None) else node)
+    columns: dict[str, str] = {}  # stride parameter -> the column vector it scales in the address
+    for e in exprs:
+        for mul in m.findall(e, m.BinaryOperation(operator=m.Multiply())):
+            for side, other in ((mul.left, mul.right), (mul.right, mul.left)):
+                if isinstance(side, cst.Subscript) and isinstance(side.value, cst.Name) and isinstance(
+                        other, cst.Name) and other.value in an.params and side.value.value != tile.offsets:
+                    columns[other.value] = side.value.value
+    strides = [f for f in factors if isinstance(f, cst.Name) and f.value in columns]
+    if backwards or len(strides) != 1:
+        raise refuse("by a step TileLink cannot place on a column vector of the address (it needs one stride "
+                     "parameter that scales a column vector, times the block)")
+    stride = strides[0].value
+    rest = sorted(code(f) for f in factors if f is not strides[0])
+    if not _contains(an, loop, acc.where) or (acc.where.line, acc.where.column) > (at.line, at.column):
+        raise refuse("once more on every iteration, and the access is not in that loop before the advance")
+    it = loop.iter if isinstance(loop, cst.For) else None
+    args = [a.value for a in it.args if a.keyword is None] if isinstance(it, cst.Call) and (m.matches(
+        it.func, m.Name("range")) or m.matches(it.func, m.Attribute(value=m.Name("tl"), attr=m.Name(
+            "range") | m.Name("static_range")))) else None
+    if not isinstance(loop, cst.For) or not isinstance(loop.target, cst.Name) or args is None or not (
+            len(args) == 1 or (len(args) in (2, 3) and m.matches(args[0], m.Integer("0"))
+                               and (len(args) == 2 or m.matches(args[2], m.Integer("1"))))):
+        raise refuse("once more on every iteration of a loop that does not count up from 0 by 1")
+    k = loop.target.value
+    if any(b != an.where(loop) and _contains(an, loop, b) for b, _ in an.bindings.get(k, [])):
+        raise refuse(f"once more on every iteration, and the loop variable `{k}` is bound again in the loop")
+    vector = columns[stride]
+
+    def bound_terms(node: cst.BaseExpression, depth: int = 0) -> list[tuple[cst.BaseExpression, bool]]:
+        out = []
+        for term, negative in _terms(node.with_changes(lpar=[], rpar=[]) if getattr(node, "lpar", None) else node):
+            defs = an.assignments.get(term.value, []) if isinstance(term, cst.Name) else []
+            if depth < 8 and len(defs) == 1 and term.value not in an.params and term.value not in an.rebound:
+                out += [(t, n != negative) for t, n in bound_terms(defs[0][1], depth + 1)]
+            else:
+                out.append((term, negative))
+        return out
+
+    def per_step(term: cst.BaseExpression) -> bool:
+        parts, todo = [], [term]
+        while todo:
+            node = todo.pop()
+            if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Multiply):
+                todo += [node.left, node.right]
+            else:
+                parts.append(code(node.with_changes(lpar=[], rpar=[]) if getattr(node, "lpar", None) else node))
+        return k in parts and sorted(p for p in parts if p != k) == rest and parts.count(k) == 1
+
+    column = m.Name(vector) | m.Subscript(value=m.Name(vector))
+    conjuncts, todo = [], [cst.parse_expression(acc.mask)] if acc.mask is not None else []
+    while todo:
+        node = todo.pop()
+        if node.lpar:
+            todo.append(node.with_changes(lpar=[], rpar=[]))
+        elif isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.BitAnd) or isinstance(
+                node, cst.BooleanOperation) and isinstance(node.operator, cst.And):
+            todo += [node.left, node.right]
+        else:
+            conjuncts.append(node)
+    for node in conjuncts:
+        if isinstance(node, cst.Comparison) and len(node.comparisons) == 1 and m.matches(node.left, column) \
+                and isinstance(node.comparisons[0].operator, cst.LessThan):
+            terms = bound_terms(node.comparisons[0].comparator)
+            if sum(1 for t, negative in terms if negative and per_step(t)) == 1 and not any(
+                    k in names_in(t) for t, negative in terms if not (negative and per_step(t))):
+                return
+    raise refuse(f"along `{stride}` once more on every iteration, and the mask does not bound the columns "
+                 f"`{vector}` by what is left of the row on each step (`{vector}[None, :] < K - {k} * "
+                 f"{' * '.join(rest) or '1'}`)")
 
 
 def _step_of(value: cst.BaseExpression, name: str) -> cst.BaseExpression | None:

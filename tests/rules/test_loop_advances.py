@@ -1,0 +1,124 @@
+"""A pointer advanced in place inside a loop moves by its step on every iteration: along another dimension than the
+rows, what it adds over the loop leaves the row unless the access's mask bounds the columns on each step, and then
+reads the next rows, which the tile's wait does not cover. The matmul form (`x_ptrs += BLOCK_D * stride_xd` after
+the load, the loop counting `j` from 0 and `cols[None, :] < D - j * BLOCK_D` in the mask) builds and equals torch on
+the race-exposing schedule; a step no column stride scales, an unmasked advance, an advance before the access, an
+access after the loop and a `while` loop are refused at the access."""
+
+from __future__ import annotations
+
+import importlib.util
+import textwrap
+
+import pytest
+import torch
+
+import tilelink
+from tests.rules.cases import rows_of
+from tilelink.annotations import requests_in
+from tilelink.codegen import generate
+from tilelink.errors import AnnotationError
+from tilelink.runtime import current_world
+
+STRIDED = textwrap.dedent('''
+    import triton
+    import triton.language as tl
+
+    import tilelink
+
+
+    @tilelink.overlap(tilelink.all_gather("x_ptr", size="M"))
+    @triton.jit
+    def strip_sum(x_ptr, y_ptr, M, D, NSTEP, stride_xm, stride_xd, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+        # y[m, d] = the sum of x[m, d + j * BLOCK_D] over the steps j that stay in the row
+        offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+        cols = tl.arange(0, BLOCK_D)
+        x_ptrs = x_ptr + offs_m[:, None] * stride_xm + cols[None, :] * stride_xd
+        acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+        for j in range(0, NSTEP):
+            acc += tl.load(x_ptrs, mask=(offs_m[:, None] < M) & (cols[None, :] < D - j * BLOCK_D), other=0.0)
+            x_ptrs += BLOCK_D * stride_xd
+        tl.store(y_ptr + offs_m[:, None] * BLOCK_D + cols[None, :], acc, mask=offs_m[:, None] < M)
+''')
+LOAD = "        acc += tl.load(x_ptrs, mask=(offs_m[:, None] < M) & (cols[None, :] < D - j * BLOCK_D), other=0.0)\n"
+ADVANCE = "        x_ptrs += BLOCK_D * stride_xd\n"
+LOOP = "    for j in range(0, NSTEP):\n"
+LOAD_LINE = next(i for i, line in enumerate(STRIDED.splitlines(), 1) if "acc += tl.load(" in line)
+# what is left of the row through a local bound in the loop, as the tutorial's `k_remaining`
+REMAINING = STRIDED.replace(LOAD, "        left = D - j * BLOCK_D\n" + LOAD.replace("D - j * BLOCK_D", "left"))
+
+REFUSED = {
+    # by a parameter no column vector's stride scales: `step` may be a whole row
+    "unplaced_step": (STRIDED.replace(ADVANCE, "        x_ptrs += step\n").replace("stride_xd, BLOCK_M",
+                                                                                  "stride_xd, step, BLOCK_M"),
+                      "by a step TileLink cannot place on a column vector"),
+    # no mask on the columns: the later steps read the next rows
+    "unmasked": (STRIDED.replace(" & (cols[None, :] < D - j * BLOCK_D)", ""), "the mask does not bound the columns"),
+    # a mask that does not shrink with the steps
+    "fixed_mask": (STRIDED.replace("D - j * BLOCK_D", "D"), "the mask does not bound the columns"),
+    # two blocks a step under a mask for one
+    "double_step": (STRIDED.replace(ADVANCE, "        x_ptrs += 2 * BLOCK_D * stride_xd\n"),
+                    "the mask does not bound the columns"),
+    # advanced before the load: the mask is a step behind
+    "advanced_first": (STRIDED.replace(LOAD + ADVANCE, ADVANCE + LOAD), "the access is not in that loop before"),
+    # the load after the loop reads where the loop left the pointer
+    "after_the_loop": (STRIDED.replace(LOAD + ADVANCE, ADVANCE).replace(
+        "    tl.store(", LOAD.replace("        acc += ", "    acc += ") + "    tl.store("),
+        "the access is not in that loop before"),
+    # a loop that does not count from 0
+    "offset_loop": (STRIDED.replace(LOOP, "    for j in range(1, NSTEP):\n"), "does not count up from 0 by 1"),
+    "while_loop": (STRIDED.replace(LOOP, "    j = 0\n    while j < NSTEP:\n").replace(
+        ADVANCE, ADVANCE + "        j += 1\n"), "does not count up from 0 by 1"),
+}
+
+
+def _generated(source: str):
+    return generate(source, "strip_sum.py", requests_in(source, "strip_sum.py"))
+
+
+@pytest.mark.parametrize("form", sorted(REFUSED))
+def test_a_pointer_advanced_in_a_loop_past_what_the_mask_bounds_is_refused(form: str) -> None:
+    source, says = REFUSED[form]
+    assert source != STRIDED, form
+    with pytest.raises(AnnotationError) as info:
+        _generated(source)
+    said = str(info.value)
+    assert "`x_ptrs` is advanced by" in said and says in said, said
+    assert "may touch rows of 'x_ptr' its wait does not cover" in said, said
+    assert "offs_k[None, :] < K - k * BLOCK_K" in info.value.hint, info.value.hint
+
+
+@pytest.mark.parametrize("source", [STRIDED, REMAINING], ids=["masked", "remaining"])
+def test_the_matmul_form_of_an_advance_builds(source: str) -> None:
+    (entry, *_) = [str(e) for e in _generated(source).report.entries if e.message.startswith("consumer_tile_wait")]
+    assert entry.startswith("[applied]"), entry
+
+
+M, D, BLOCK_D = 12, 8, 4
+
+
+def _strips(path: str, nstep: int) -> float:
+    spec = importlib.util.spec_from_file_location(f"strip_sum_{abs(hash(path))}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    rank, world = tilelink.rank(), tilelink.world_size()
+    x = torch.randn(M, D, generator=torch.Generator().manual_seed(3))
+    lo, hi = rows_of(rank, world, M)
+    device = current_world().device
+    y = torch.full((M, BLOCK_D), float("nan"), device=device)
+    module.strip_sum[(M // 4,)](x[lo:hi].contiguous().to(device), y, M, D, nstep, D, 1, BLOCK_M=4, BLOCK_D=BLOCK_D)
+    want = sum(x[:, j * BLOCK_D:(j + 1) * BLOCK_D] for j in range(min(nstep, D // BLOCK_D)))
+    got = y.cpu()
+    return float("inf") if got.isnan().any() else (got - want).abs().max().item()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world", [2, 3])
+def test_the_matmul_form_past_the_row_equals_torch_on_the_race_exposing_schedule(world: int, tmp_path,
+                                                                                 monkeypatch) -> None:
+    monkeypatch.setenv("TILELINK_RACES", "1")
+    path = tmp_path / "strip_sum.py"
+    path.write_text(STRIDED)
+    # four steps over a row of two blocks: the mask stops the last two at the row's end
+    errors = tilelink.spawn(_strips, world, str(path), 4)
+    assert all(e < 1e-5 for e in errors), errors
