@@ -99,9 +99,16 @@ def check_shape(topk_ids: torch.Tensor, num_experts: int) -> None:
 
 
 @triton.jit
-def routing_stats_kernel(ids_ptr, n, stats_ptr, CHUNK: tl.constexpr):
+def routing_stats_kernel(ids_ptr, n, num_experts, stats_ptr, range_ptr, clamped_ptr, CHUNK: tl.constexpr,
+                         FIXED: tl.constexpr):
     """Program ``e``: ``stats[2 + e]`` = the slots routed to expert ``e``; program 0 also ``stats[0]``,
-    ``stats[1]`` = the smallest and largest id (``stats`` int64)."""
+    ``stats[1]`` = the smallest and largest id (``stats`` int64).
+
+    ``FIXED`` (a routing of fixed sizes, for a captured call, which cannot raise): the ids are clamped into
+    ``[0, num_experts)`` (program 0 stores them, int32, in ``clamped_ptr``) and counted so, and program 0 lowers
+    ``range_ptr[0]`` to the smallest id and raises ``range_ptr[1]`` to the largest one's excess over
+    ``num_experts - 1`` (both stay 0 while every id is in range). Otherwise ``range_ptr`` and ``clamped_ptr`` are
+    not read."""
     e = tl.program_id(0)
     count = tl.zeros((), dtype=tl.int64)
     lo = tl.full((), 1 << 62, tl.int64)
@@ -110,13 +117,20 @@ def routing_stats_kernel(ids_ptr, n, stats_ptr, CHUNK: tl.constexpr):
         idx = off + tl.arange(0, CHUNK)
         live = idx < n
         v = tl.load(ids_ptr + idx, mask=live, other=0).to(tl.int64)
-        count += tl.sum((live & (v == e)).to(tl.int64), axis=0)
         lo = tl.minimum(lo, tl.min(tl.where(live, v, 1 << 62), axis=0))
         hi = tl.maximum(hi, tl.max(tl.where(live, v, -(1 << 62)), axis=0))
+        if FIXED:
+            v = tl.minimum(tl.maximum(v, 0), num_experts - 1)
+            if e == 0:
+                tl.store(clamped_ptr + idx, v.to(tl.int32), mask=live)
+        count += tl.sum((live & (v == e)).to(tl.int64), axis=0)
     tl.store(stats_ptr + 2 + e, count)
     if e == 0:
         tl.store(stats_ptr, lo)
         tl.store(stats_ptr + 1, hi)
+        if FIXED:  # the record starts at 0: an id in range moves neither end (n > 0: lo and hi are ids)
+            tl.atomic_min(range_ptr, lo)
+            tl.atomic_max(range_ptr + 1, hi - (num_experts - 1))
 
 
 @triton.jit
@@ -148,34 +162,7 @@ def align_kernel(ids_ptr, n, counts_ptr, num_experts, block, sorted_ptr, expert_
                  mask=b < mine_padded // block)
 
 
-@triton.jit
-def fixed_stats_kernel(ids_ptr, n, num_experts, stats_ptr, range_ptr, clamped_ptr, CHUNK: tl.constexpr):
-    """:func:`routing_stats_kernel`'s counts (``stats[2 + e]``; ``stats[0]``, ``stats[1]`` unused) for a routing
-    of fixed sizes (a captured call), which cannot raise: the ids are clamped into ``[0, num_experts)`` (program 0
-    stores them, int32, in ``clamped_ptr``) and counted so; program 0 lowers ``range_ptr[0]`` to the smallest id and
-    raises ``range_ptr[1]`` to the largest one's excess over ``num_experts - 1`` (both stay 0 while every id is in
-    range)."""
-    e = tl.program_id(0)
-    count = tl.zeros((), dtype=tl.int64)
-    lo = tl.full((), 0, tl.int64)
-    hi = tl.full((), 0, tl.int64)
-    for off in range(0, n, CHUNK):
-        idx = off + tl.arange(0, CHUNK)
-        live = idx < n
-        v = tl.load(ids_ptr + idx, mask=live, other=0).to(tl.int64)
-        lo = tl.minimum(lo, tl.min(v, axis=0))
-        hi = tl.maximum(hi, tl.max(v - (num_experts - 1), axis=0))
-        v = tl.minimum(tl.maximum(v, 0), num_experts - 1)
-        count += tl.sum((live & (v == e)).to(tl.int64), axis=0)
-        if e == 0:
-            tl.store(clamped_ptr + idx, v.to(tl.int32), mask=live)
-    tl.store(stats_ptr + 2 + e, count)
-    if e == 0:
-        tl.atomic_min(range_ptr, lo)
-        tl.atomic_max(range_ptr + 1, hi)
-
-
-#: per device: the range of the ids that captured calls' replays routed (:func:`fixed_stats_kernel`), kept until
+#: per device: the range of the ids that captured calls' replays routed (:func:`routing_stats_kernel`), kept until
 #: the next uncaptured :func:`route` there checks it
 _ranges: dict[str, torch.Tensor] = {}
 #: the devices a routing of fixed sizes was captured on: their uncaptured routes check the replays' range
@@ -214,7 +201,8 @@ def route(topk_ids: torch.Tensor, num_experts: int) -> Routing:
     if replayed:
         stats[2 + num_experts:].copy_(word)
     if flat.numel():
-        routing_stats_kernel[(num_experts,)](flat, flat.numel(), stats, CHUNK=CHUNK, num_warps=WARPS)
+        routing_stats_kernel[(num_experts,)](flat, flat.numel(), num_experts, stats, stats, stats, CHUNK=CHUNK,
+                                             FIXED=False, num_warps=WARPS)
     lo, hi, *counts = stats.tolist()
     if replayed and (counts[num_experts] < 0 or counts[num_experts + 1] > 0):
         low, over = counts[num_experts:]
@@ -244,8 +232,8 @@ def route_fixed(topk_ids: torch.Tensor, num_experts: int) -> Routing:
     stats = torch.zeros(2 + num_experts, dtype=torch.int64, device=device)
     clamped = torch.empty(n, dtype=torch.int32, device=device)
     if n:
-        graphs.enqueue(lambda: fixed_stats_kernel[(num_experts,)](flat, n, num_experts, stats, word, clamped,
-                                                                  CHUNK=CHUNK, num_warps=WARPS))
+        graphs.enqueue(lambda: routing_stats_kernel[(num_experts,)](flat, n, num_experts, stats, word, clamped,
+                                                                    CHUNK=CHUNK, FIXED=True, num_warps=WARPS))
     return Routing(topk_ids, num_experts, clamped, stats[2:], None)
 
 

@@ -130,12 +130,16 @@ def main() -> int:
     from tilelink.ops import moe_routing
 
     for ids in ("*i64", "*i32"):
-        stats = compile_ptx(moe_routing.routing_stats_kernel, {"ids_ptr": ids, "stats_ptr": "*i64"},
-                            {"CHUNK": moe_routing.CHUNK}, num_warps=moe_routing.WARPS)
+        stats_types = {"ids_ptr": ids, "stats_ptr": "*i64", "range_ptr": "*i64", "clamped_ptr": "*i32"}
+        stats = compile_ptx(moe_routing.routing_stats_kernel, stats_types,
+                            {"CHUNK": moe_routing.CHUNK, "FIXED": False}, num_warps=moe_routing.WARPS)
+        fixed = compile_ptx(moe_routing.routing_stats_kernel, stats_types,  # a captured call's (clamps, records)
+                            {"CHUNK": moe_routing.CHUNK, "FIXED": True}, num_warps=moe_routing.WARPS)
         align = compile_ptx(moe_routing.align_kernel, {"ids_ptr": ids, "counts_ptr": "*i64", "sorted_ptr": "*i32",
                                                        "expert_ids_ptr": "*i32"},
                             {"E_POW2": 64, "CHUNK": moe_routing.CHUNK}, num_warps=moe_routing.WARPS)
-        print(f"moe_routing {ids[1:]} {{'stats ptx': {len(stats) > 0}, 'align ptx': {len(align) > 0}}}")
+        print(f"moe_routing {ids[1:]} {{'stats ptx': {len(stats) > 0}, 'fixed stats ptx': {len(fixed) > 0}, "
+              f"'align ptx': {len(align) > 0}}}")
     for name, okernel, types, meta in cases:
         plain = load_widths(okernel.kernel, types, meta)
         rewritten = load_widths(getattr(okernel.module, okernel.name), types, meta)

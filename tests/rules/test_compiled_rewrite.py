@@ -50,8 +50,8 @@ def test_rewritten_kernels_keep_wide_loads() -> None:
                         ("persistent_moe_ag", "tma 3d")):
         plain, rewritten = profiles[(kernel, "plain")], profiles[(kernel, "rewritten")]
         assert plain[tma] > 0 and rewritten[tma] == plain[tma], (kernel, plain, rewritten)
-    assert profiles[("moe_routing", "i64")] == profiles[("moe_routing", "i32")] == {"stats ptx": True,
-                                                                                   "align ptx": True}
+    assert profiles[("moe_routing", "i64")] == profiles[("moe_routing", "i32")] == {
+        "stats ptx": True, "fixed stats ptx": True, "align ptx": True}
     assert profiles[("persistent_gemm_rs", "rewritten")]["sys release"] > 0
     assert profiles[("persistent_gemm_rs", "plain")]["sys release"] == 0
     # GEMM+RS stores C by TMA; its notify waits for the bulk store first and adds no loop, so the
