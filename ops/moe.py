@@ -52,14 +52,17 @@ def moe_config(num_slots: int, num_experts: int, N: int, dtype: torch.dtype, K: 
     for the AG part; for a short inner dimension (``K <= 512``, the RS part: 256 at world 8)
     128x128x64 with 4 warps, two programs per SM, so that one program's epilogue (the scattered stores and
     the notify) overlaps the other's loads and MMAs (0.51 of dense cuBLAS rewritten against 0.44). 64-row
-    tiles when experts average fewer than 128 slots, 128 columns for narrow outputs."""
+    tiles when experts average fewer than 128 slots, 128 columns for narrow outputs and for outputs whose last
+    256-wide column tile would be at most half used."""
     if interpreting():
         return dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, GROUP_M=2)
     if dtype == torch.float32:
         return dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=32, GROUP_M=8, num_warps=4, num_stages=3)
     short_k = K <= 512  # two programs per SM
     block_m = 128 if num_slots >= 128 * num_experts else 64
-    block_n = 128 if short_k or N < 256 else 256
+    # 256 columns unless their last tile would be at most half used (N = 384 at MoE-1..3, world 8: two 256-wide
+    # tiles compute 512 columns, three 128-wide ones 384)
+    block_n = 128 if short_k or N < 256 or triton.cdiv(N, 256) * 256 > triton.cdiv(N, 128) * 128 else 256
     warps = 4 if short_k or block_m * block_n < 128 * 128 else 8
     stages = 3 if short_k or block_n >= 256 else 4
     return dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=64, GROUP_M=8, num_warps=warps, num_stages=stages)
