@@ -35,7 +35,7 @@ import time
 import torch
 
 from tilelink.benchmarks.common import select_shapes
-from tilelink.ops.contract import interpreting
+from tilelink.ops.contract import interpreter_dtype, interpreting
 
 
 def _bench(fn) -> float:
@@ -138,9 +138,7 @@ def main() -> None:
     parser.add_argument("--shapes", default="all", help="comma list of MLP shape numbers such as 1,2 or 'all'")
     args = parser.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() and not interpreting() else "cpu")
-    dtype = getattr(torch, args.dtype)
-    if interpreting() and dtype == torch.bfloat16:
-        dtype = torch.float32  # the interpreter's bf16 dot is wrong (see ops/tp.py)
+    dtype = interpreter_dtype(getattr(torch, args.dtype))  # the interpreter's bf16 dot is wrong
     shapes = ({"tiny": (64, 64, 256)} if args.small
               else {s.name: (s.S, s.H, s.I) for s in select_shapes(args.shapes)})
     rows = []

@@ -20,18 +20,18 @@ __all__ = ["DTYPES", "CallPlans", "check_rows", "check_tensor", "full_size", "in
            "interpreting", "operand_key", "persistent_grid", "tail_split"]
 
 
-def interpreter_inputs(*ts: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """The tensors a kernel should get. Triton 3.9's interpreter computes ``tl.dot`` of bf16 operands
-    wrongly (numpy has no bf16); bf16 products are exact in fp32, so under the interpreter bf16 inputs
-    go in as fp32 and the caller casts the result back."""
-    if interpreting() and ts[0].dtype == torch.bfloat16:
-        return tuple(t.float() for t in ts)
-    return ts
-
-
 def interpreter_dtype(dtype: torch.dtype) -> torch.dtype:
-    """The dtype :func:`interpreter_inputs` gives the kernel for operands of ``dtype``."""
+    """The dtype a kernel gets for operands of ``dtype``. Triton 3.9's interpreter computes ``tl.dot`` of bf16
+    operands wrongly (numpy has no bf16); bf16 products are exact in fp32, so under the interpreter bf16 inputs
+    go in as fp32 and the caller casts the result back."""
     return torch.float32 if dtype == torch.bfloat16 and interpreting() else dtype
+
+
+def interpreter_inputs(*ts: torch.Tensor, dtype: torch.dtype | None = None) -> tuple[torch.Tensor, ...]:
+    """The tensors a kernel should get: ``ts`` as :func:`interpreter_dtype` of the first one's dtype. ``dtype``:
+    that dtype, where the caller kept it from an earlier call of the same form (no test of the interpreter)."""
+    to = interpreter_dtype(ts[0].dtype) if dtype is None else dtype
+    return ts if to == ts[0].dtype else tuple(t.to(to) for t in ts)
 
 
 class CallPlans:

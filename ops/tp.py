@@ -33,6 +33,7 @@ from tilelink.ops.contract import (
     descriptor_size,
     full_size,
     interpreter_dtype,
+    interpreter_inputs,
     interpreting,
     operand_key,
     persistent_grid,
@@ -124,7 +125,7 @@ class _Plan:
     rows: int  # the rows of the result this rank returns
     kernel: object  # the annotated GEMM; None when there is nothing to launch (an empty dimension)
     persistent: bool
-    widen: bool  # the operands go in as fp32 (bf16 under the interpreter: contract.interpreter_inputs)
+    dtype: torch.dtype  # the operands' dtype as the kernel gets them (contract.interpreter_dtype)
     pad: bool  # persistent: the padded operand's dimension is not a 16-byte multiple (padded whatever its address)
     run: int  # the padded dimension (ag_gemm: B's columns; gemm_rs: K), as the kernel gets it
     grid: tuple
@@ -214,7 +215,7 @@ def ag_gemm(a_shard: torch.Tensor, b: torch.Tensor, ctx: TPContext | None = None
         return torch.empty((0, N), dtype=out_dtype, device=world.device)
     if select_path("ag_gemm", path, world, dict(M=M, K=K), dict(N=N), out_dtype) == "plain":
         return plain.ag_gemm(a_shard, b, M, world)
-    a_in, b_in = (a_shard.float(), b.float()) if plan.widen else (a_shard, b)
+    a_in, b_in = interpreter_inputs(a_shard, b, dtype=plan.dtype)
     if K == 0:  # every rank has K == 0 (the ranks share K): nothing to gather
         return torch.zeros((M, N), dtype=out_dtype, device=world.device)
     # N is this rank's own: pad it rather than let it choose the kernel; with N == 0 this rank still
@@ -251,7 +252,7 @@ def _ag_plan(a_shard, b, ctx: TPContext | None, persistent: bool | None, path: s
 
     kernel = tp_kernels.ag_gemm_persistent_kernel if persistent else tp_kernels.ag_gemm_kernel
     grid, meta = _launch_plan(kernel, persistent, _config(dtype), world.device, M, n_run, tail=True)
-    return _Plan(M, K, N, M, kernel, persistent, dtype != a_shard.dtype, persistent and n_run != N, n_run, grid, meta)
+    return _Plan(M, K, N, M, kernel, persistent, dtype, persistent and n_run != N, n_run, grid, meta)
 
 
 def gemm_rs(a: torch.Tensor, b_shard: torch.Tensor, *, persistent: bool | None = None,
@@ -281,7 +282,7 @@ def gemm_rs(a: torch.Tensor, b_shard: torch.Tensor, *, persistent: bool | None =
         _RS_PLANS.put(key, world, plan)
     M, K, N = plan.M, plan.K, plan.N
     out_dtype = a.dtype
-    a_in, b_in = (a.float(), b_shard.float()) if plan.widen else (a, b_shard)
+    a_in, b_in = interpreter_inputs(a, b_shard, dtype=plan.dtype)
     out = torch.empty((plan.rows, N), dtype=a_in.dtype, device=world.device)
     if plan.kernel is None:  # M == 0 or N == 0
         return out.to(out_dtype)
@@ -309,7 +310,7 @@ def _rs_plan(a, b_shard, persistent: bool | None, path: str, world) -> _Plan:
     lo, hi = shard_range(M, world.rank, world.world_size)
     dtype = interpreter_dtype(a.dtype)
     if M == 0 or N == 0:
-        return _Plan(M, K, N, hi - lo, None, False, dtype != a.dtype, False, K, (), {})
+        return _Plan(M, K, N, hi - lo, None, False, dtype, False, K, (), {})
     k_eff = K or 1  # K == 0: one zero column
     persistent = _persistent(world, N, dtype, persistent)
     k_run = descriptor_size(k_eff, dtype.itemsize) if persistent else k_eff
@@ -317,5 +318,4 @@ def _rs_plan(a, b_shard, persistent: bool | None, path: str, world) -> _Plan:
 
     kernel = tp_kernels.gemm_rs_persistent_kernel if persistent else tp_kernels.gemm_rs_kernel
     grid, meta = _launch_plan(kernel, persistent, _config(dtype), world.device, M, N)
-    return _Plan(M, K, N, hi - lo, kernel, persistent, dtype != a.dtype, persistent and k_run != k_eff, k_run, grid,
-                 meta)
+    return _Plan(M, K, N, hi - lo, kernel, persistent, dtype, persistent and k_run != k_eff, k_run, grid, meta)
