@@ -223,7 +223,7 @@ class OverlappedKernel:
                 scale = _product(factors, values)
                 rows = _product(tuple(str(int(n)) for n in t.shape[plan.dim + 1:]), {})
                 if scale is not None and scale != rows:
-                    said = " * ".join(f"{f}={values[f]}" if not f.isdigit() else f for f in factors) or "1"
+                    said = _said(factors, values)
                     buffer = "the gathered rows" if self.specs[0].kind == "all_gather" else "the partial sums"
                     raise LaunchError(
                         f"{self.name}: the rows of {tensor!r} are addressed {scale} elements apart at "
@@ -241,7 +241,7 @@ class OverlappedKernel:
                     continue
                 rows = _product(tuple(str(int(n)) for n in t.shape[dim + 1:]), {})
                 if value % (full * rows):
-                    said = " * ".join(f"{f}={values[f]}" if not f.isdigit() else f for f in factors)
+                    said = _said(factors, values)
                     raise LaunchError(
                         f"{self.name}: the address at {_display_path(self.file)}:{line} adds a value the kernel "
                         f"computes times {said}{said_config} ({value} elements) to {tensor!r}, but one step along the "
@@ -262,8 +262,7 @@ class OverlappedKernel:
                 # along an inner dim, whole steps of the dims before it are not rows: what is left must stay in a row
                 within = shift if dim == 0 else shift % (full * rows)
                 if not 0 <= within < rows:
-                    said = " + ".join(("-" if neg else "") + " * ".join(
-                        f"{f}={values[f]}" if not f.isdigit() else f for f in factors) for neg, factors in terms)
+                    said = " + ".join(("-" if neg else "") + _said(factors, values) for neg, factors in terms)
                     if dim > 0:
                         raise LaunchError(
                             f"{self.name}: the address at {_display_path(self.file)}:{line} adds {shift} elements "
@@ -323,6 +322,11 @@ def _product(factors: tuple[str, ...], values: dict[str, Any]) -> int | None:
             return None
         product *= value
     return product
+
+
+def _said(factors: tuple[str, ...], values: dict[str, Any]) -> str:
+    """A row fact's ``factors`` as an error shows them, each parameter with its value at the call: ``4 * D=64``."""
+    return " * ".join(f if f.isdigit() else f"{f}={values[f]}" for f in factors) or "1"
 
 
 def _display_path(file: str) -> str:
