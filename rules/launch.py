@@ -195,6 +195,25 @@ def _value_key(value, param, wrapped: bool):
     return value if isinstance(value, Hashable) else type(value)
 
 
+def metas(kernel, bound: dict) -> list[tuple[dict, str]]:
+    """The meta-parameters Triton may evaluate a grid function on for ``kernel`` launched with ``bound``: the
+    arguments, with each configuration's of an autotuner and the values of a heuristics wrapper (outermost first,
+    as they run), each with a description of the configuration."""
+    found = [(dict(bound), "the call's arguments")]
+    for _ in range(8):  # the wrappers down to the JIT function
+        if isinstance(getattr(kernel, "configs", None), list):  # triton.autotune
+            found = [({**meta, **config.kwargs}, ", ".join(f"{k}={v!r}" for k, v in config.kwargs.items()) or what)
+                     for meta, what in found for config in kernel.configs]
+        elif isinstance(getattr(kernel, "values", None), dict):  # triton.heuristics
+            for meta, _ in found:
+                for name, heuristic in kernel.values.items():
+                    meta[name] = heuristic(meta)
+        kernel = getattr(kernel, "fn", None)
+        if kernel is None:
+            break
+    return found
+
+
 class Launcher:
     """Common part of the rules' launchers."""
 

@@ -194,7 +194,7 @@ class OverlappedKernel:
                 key = None  # a tensor or another object (kept out of the record): checked every call
             elif key in self._signs_passed:
                 return
-        from tilelink.rules.reduce_scatter.launcher import _metas
+        from tilelink.rules.launch import metas
 
         dim, full = plan.dim, None
         if dim > 0 and (plan.row_shifts or plan.row_steps):
@@ -203,7 +203,7 @@ class OverlappedKernel:
                 full = launcher.size_of(bound)
             except LaunchError:
                 pass  # the launcher refuses the call, saying why
-        for meta, config in _metas(self.kernel, bound):
+        for meta, config in metas(self.kernel, bound):
             # a parameter the call leaves out runs with its default (`STEP: tl.constexpr = 2`): compare that value
             values = {**self.defaults, **meta}
             said_config = "" if config == "the call's arguments" else f" under the autotuning configuration {config}"

@@ -12,7 +12,7 @@ import torch
 from tilelink.errors import LaunchError
 from tilelink.mapping import RowSharding
 from tilelink.plan import ReduceScatterLaunch
-from tilelink.rules.launch import Launcher, Streams, cdiv, described, rebuilt, vector_peer_table
+from tilelink.rules.launch import Launcher, Streams, cdiv, described, metas, rebuilt, vector_peer_table
 from tilelink.runtime import (
     Channel,
     Diagnostics,
@@ -31,25 +31,6 @@ REDUCE_PROGRAMS_PER_SM = 8
 def _sm_count(index: int | None) -> int:
     """The GPU's SMs, read once: the properties' query cost every call microseconds."""
     return torch.cuda.get_device_properties(index).multi_processor_count
-
-
-def _metas(kernel, bound: dict) -> list[tuple[dict, str]]:
-    """The meta-parameters Triton may evaluate a grid function on for ``kernel`` launched with ``bound``: the
-    arguments, with each configuration's of an autotuner and the values of a heuristics wrapper (outermost first,
-    as they run), each with a description of the configuration."""
-    metas = [(dict(bound), "the call's arguments")]
-    for _ in range(8):  # the wrappers down to the JIT function
-        if isinstance(getattr(kernel, "configs", None), list):  # triton.autotune
-            metas = [({**meta, **config.kwargs}, ", ".join(f"{k}={v!r}" for k, v in config.kwargs.items()) or what)
-                     for meta, what in metas for config in kernel.configs]
-        elif isinstance(getattr(kernel, "values", None), dict):  # triton.heuristics
-            for meta, _ in metas:
-                for name, heuristic in kernel.values.items():
-                    meta[name] = heuristic(meta)
-        kernel = getattr(kernel, "fn", None)
-        if kernel is None:
-            break
-    return metas
 
 
 @dataclass
@@ -455,7 +436,7 @@ class ReduceScatterLauncher(Launcher):
             return self._split_count(grid)
         counts: dict[int, list[str]] = {}
         defaults = self.okernel.defaults
-        for meta, config in _metas(self.kernel, bound):
+        for meta, config in metas(self.kernel, bound):
             # Triton's grid reads the parameters the call leaves out at their defaults (the autotuner's and the
             # heuristics' values come first): `META.get("SPLIT_K", 1)` under `SPLIT_K: tl.constexpr = 2` is two
             meta = {**defaults, **meta}
