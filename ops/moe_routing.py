@@ -27,7 +27,8 @@ experts padded per expert to ``block`` take at most ``n + min(E, n) * (block - 1
 past the routing's own are all padding (``n``) of expert -1: a grouped GEMM's tile there skips its K loop, stores,
 gathers and counts nothing, waits for no channel and notifies none. Ids outside ``[0, E)`` cannot raise inside a
 capture: they are clamped into range (every slot is still placed once, so no channel waits for a slot that never
-comes) and recorded on the device; the next uncaptured :func:`route` on that device raises it.
+comes) and recorded on the device; the next uncaptured :func:`route` on that device raises it, and
+``tilelink.finalize()`` does where no such call came after (:func:`check_replays`).
 """
 
 from __future__ import annotations
@@ -167,6 +168,35 @@ def align_kernel(ids_ptr, n, counts_ptr, num_experts, block, sorted_ptr, expert_
 _ranges: dict[str, torch.Tensor] = {}
 #: the devices a routing of fixed sizes was captured on: their uncaptured routes check the replays' range
 _captured_on: set[str] = set()
+#: per device: the number of experts of the routings captured there (None once captures of two numbers were)
+_captured_experts: dict[str, int | None] = {}
+
+
+def _replayed_out_of_range(low: int, over: int, num_experts: int | None) -> LaunchError:
+    """The error for a record of replays that routed ids down to ``low`` and up to ``over`` past the last expert."""
+    if num_experts is None:
+        where, high = "outside the range of their experts", f"up to {over} past the last expert"
+    else:
+        where, high = f"outside [0, {num_experts})", f"max {num_experts - 1 + over}"
+    return LaunchError(f"a replay of a captured MoE call routed expert ids {where} (min {low}, {high}); it computed "
+                       f"those slots with the id clamped into range, so its results are void: check the router's "
+                       f"output, or the ids copied into the captured topk_ids")
+
+
+def check_replays() -> LaunchError | None:
+    """The error for the expert ids outside their range that captured calls' replays routed since the last check,
+    on any device, or None; clears the records. ``tilelink.finalize()`` raises it (the next uncaptured :func:`route`
+    on the device does too, for its device). Synchronises with the devices captured on."""
+    found = None
+    for key in sorted(_captured_on):
+        word = _ranges.get(key)
+        if word is None:
+            continue
+        low, over = word.tolist()
+        if low < 0 or over > 0:
+            word.zero_()
+            found = found or _replayed_out_of_range(low, over, _captured_experts.get(key))
+    return found
 
 
 def _range_word(device: torch.device) -> torch.Tensor:
@@ -205,12 +235,8 @@ def route(topk_ids: torch.Tensor, num_experts: int) -> Routing:
                                              FIXED=False, num_warps=WARPS)
     lo, hi, *counts = stats.tolist()
     if replayed and (counts[num_experts] < 0 or counts[num_experts + 1] > 0):
-        low, over = counts[num_experts:]
         word.zero_()
-        raise LaunchError(f"a replay of a captured MoE call routed expert ids outside [0, {num_experts}) (min "
-                          f"{low}, max {num_experts - 1 + over}); it computed those slots with the id clamped into "
-                          f"range, so its results are void: check the router's output, or the ids copied into the "
-                          f"captured topk_ids")
+        raise _replayed_out_of_range(*counts[num_experts:], num_experts)
     if lo < 0 or hi >= num_experts:
         raise LaunchError(f"topk_ids has expert ids outside [0, {num_experts}): min {lo}, max {hi}")
     return Routing(topk_ids, num_experts, flat, stats[2:2 + num_experts], tuple(counts[:num_experts]))
@@ -228,7 +254,10 @@ def route_fixed(topk_ids: torch.Tensor, num_experts: int) -> Routing:
     device, n = flat.device, flat.numel()
     word = _range_word(device)
     if graphs.capturing(device):
-        _captured_on.add(str(device))
+        key = str(device)
+        _captured_on.add(key)
+        _captured_experts[key] = num_experts if _captured_experts.get(key, num_experts) == num_experts else None
+        graphs.read_at_finalize(check_replays)  # a user whose last calls were replays hears of it there
     stats = torch.zeros(2 + num_experts, dtype=torch.int64, device=device)
     clamped = torch.empty(n, dtype=torch.int32, device=device)
     if n:

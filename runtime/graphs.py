@@ -222,6 +222,28 @@ def note_captured(diag, kernel: str, world) -> None:
         _captured.append((diag, kernel, world))
 
 
+#: readers of what replays record on the device besides the waits (an MoE routing's ids out of range: tilelink.ops.
+#: moe_routing), read when a world ends
+_record_readers: list = []
+
+
+def read_at_finalize(reader: Callable[[], Exception | None]) -> None:
+    """Have :func:`replay_records` call ``reader``: it returns the error to raise for what captured calls' replays
+    recorded since it was last read, or None, and clears the record."""
+    if reader not in _record_readers:
+        _record_readers.append(reader)
+
+
+def replay_records() -> Exception | None:
+    """The first error of the records that :func:`read_at_finalize` registered, or None; every record is read
+    (and cleared). Synchronises with the device."""
+    found = None
+    for reader in _record_readers:
+        error = reader()
+        found = found or error
+    return found
+
+
 def replay_timeout(world):
     """The :class:`tilelink.WaitTimeout` of the first call captured in ``world`` whose replay had a wait time out
     since its last check, or None; forgets that world's twins (it is ending). Synchronises with the device."""

@@ -463,6 +463,7 @@ def finalize() -> None:
         # read while the records exist (a captured call's from its replays, then every other call's that no check
         # has read yet); raised once torn down
         replayed = graphs.replay_timeout(world) or diagnostics.unread_timeout(world)
+        recorded = graphs.replay_records()  # an MoE replay's expert ids out of range, which no later call read
         heap.release_all(world)
         world.impl.finalize()
         if _owns_process_group and world.world_size > 1 and control is not None:
@@ -477,6 +478,8 @@ def finalize() -> None:
                                       rank=world.rank) from None
         if replayed is not None:
             raise replayed
+        if recorded is not None:
+            raise recorded
     except (PeerFailedError, HandshakeTimeout, WorldMismatchError) as exc:
         # a peer failed or went elsewhere: nothing left to tear down together, and nothing this rank did wrong
         sys.stderr.write(f"tilelink.finalize: rank {world.rank} left without the collective teardown: {exc}\n")

@@ -111,9 +111,9 @@ def moe_replays_match_torch(M: int, H: int, inter: int, E: int, top_k: int, repl
     return errors
 
 
-def captured_ids_out_of_range(M: int, H: int, E: int) -> list[str]:
-    """A replay routed to an expert id outside ``[0, E)``: it finishes (the id clamped into range), and the next
-    uncaptured call raises it; the one after runs. Returns the messages (``"no error"`` where none)."""
+def _replay_out_of_range(M: int, H: int, E: int, bad: int):
+    """``ag_moe`` called, captured, and replayed once with token 1 routed to expert id ``bad`` on every rank (the
+    replay finishes, the id clamped into range). Returns the call (run it again uncaptured) and the ids."""
     from tilelink.ops import ag_moe
     from tilelink.runtime.graphs import EmulatedGraph
 
@@ -122,21 +122,43 @@ def captured_ids_out_of_range(M: int, H: int, E: int) -> list[str]:
     x = torch.randn(hi - lo, H)
     w = torch.randn(E, H, 8)
     ids = torch.zeros(M, 1, dtype=torch.int64)
-    ag_moe(x, w, ids, path="overlap")
+
+    def call():
+        return ag_moe(x, w, ids, path="overlap")
+
+    call()
     graph = EmulatedGraph()
     with graph.capture():
-        ag_moe(x, w, ids, path="overlap")
-    ids[1, 0] = E + 2  # out of range on every rank
+        call()
+    ids[1, 0] = bad
     graph.replay()
+    return call, ids
+
+
+def captured_ids_out_of_range(M: int, H: int, E: int) -> list[str]:
+    """A replay routed to an expert id outside ``[0, E)``: it finishes (the id clamped into range), and the next
+    uncaptured call raises it; the one after runs. Returns the messages (``"no error"`` where none)."""
+    call, ids = _replay_out_of_range(M, H, E, E + 2)
     messages = []
     for _ in range(2):
         ids[1, 0] = 1
         try:
-            ag_moe(x, w, ids, path="overlap")
+            call()
             messages.append("no error")
         except tilelink.LaunchError as exc:
             messages.append(str(exc))
     return messages
+
+
+def out_of_range_then_finalize(M: int, H: int, E: int) -> str:
+    """A replay routed to an expert id outside ``[0, E)`` is the last call: ``tilelink.finalize()`` raises it.
+    Returns the message (``"no error"`` where none)."""
+    _replay_out_of_range(M, H, E, -3)
+    try:
+        tilelink.finalize()
+    except tilelink.LaunchError as exc:
+        return str(exc)
+    return "no error"
 
 
 def layer_replays_match_torch(M: int, H: int, inter: int, E: int, top_k: int, replays: int,

@@ -12,6 +12,7 @@ from tests.ops.moe_graph_worlds import (
     layer_captured_after_other_shapes,
     layer_replays_match_torch,
     moe_replays_match_torch,
+    out_of_range_then_finalize,
 )
 
 
@@ -65,6 +66,15 @@ def test_an_id_out_of_range_in_a_replay_is_raised_by_the_next_call() -> None:
     for first, second in tilelink.spawn(captured_ids_out_of_range, 2, 6, 16, 4):
         assert "replay of a captured MoE call" in first and "outside [0, 4)" in first and "max 6" in first, first
         assert second == "no error", second
+
+
+@pytest.mark.slow
+def test_an_id_out_of_range_in_the_last_replay_is_raised_by_finalize() -> None:
+    """A replay that routes an id below expert 0 and no uncaptured call after it: tilelink.finalize() raises it on
+    every rank, naming the range."""
+    for message in tilelink.spawn(out_of_range_then_finalize, 2, 6, 16, 4):
+        assert "replay of a captured MoE call" in message and "outside [0, 4)" in message, message
+        assert "min -3" in message, message
 
 
 @pytest.mark.slow

@@ -135,3 +135,27 @@ def test_the_fixed_routing_aligns_as_the_counted_one_then_pads():
         assert route(ids, 6).count_list == tuple(torch.bincount(ids.flatten(), minlength=6).tolist())  # cleared
     finally:
         moe_routing._captured_on.discard(str(bad.device))
+
+
+def test_the_replays_record_is_read_without_a_later_route():
+    """check_replays (what tilelink.finalize() raises) reads the record that a replay's clamped ids left on a device
+    captured on, names the range of the captured routings' experts, and clears it."""
+    from tilelink.ops import moe_routing
+
+    ids = torch.tensor([[0, 1], [2, 3]])
+    route(ids, 4)  # outside a capture first: it makes the device's record
+    key = str(ids.device)
+    moe_routing._captured_on.add(key)  # as a capture does
+    moe_routing._captured_experts[key] = 4
+    try:
+        assert moe_routing.check_replays() is None  # nothing out of range yet
+        route_fixed(torch.tensor([[0, 5], [2, 3]]), 4)
+        error = moe_routing.check_replays()
+        assert isinstance(error, tilelink.LaunchError) and "outside [0, 4)" in str(error) and "max 5" in str(error)
+        assert moe_routing.check_replays() is None  # cleared
+        moe_routing._captured_experts[key] = None  # captures of two expert counts: the excess alone
+        route_fixed(torch.tensor([[0, 6], [-1, 3]]), 4)
+        assert "min -1, up to 3 past the last expert" in str(moe_routing.check_replays())
+    finally:
+        moe_routing._captured_on.discard(key)
+        moe_routing._captured_experts.pop(key, None)
