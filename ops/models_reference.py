@@ -216,14 +216,20 @@ def unsharded_forward(config: DecoderConfig, weights: list[LayerWeights], final_
     """The whole model in one process on the full (batch·seq, hidden) input, ``nn.Linear`` weights.
     For an MoE model, ``routing`` (a list) receives each layer's top-k expert ids."""
     rope = rope_tables(config, seq, x.device)
-    d, eps = config.head_dim, config.eps
     for w in weights:
-        h = rms_norm(x, w.attn_norm, eps)
-        qkv = torch.cat([F.linear(h, w.wq), F.linear(h, w.wk), F.linear(h, w.wv)], dim=1)
-        x = x + F.linear(attention_core(qkv, config.heads, config.kv_heads, d, batch, seq, rope), w.wo)
-        h = rms_norm(x, w.mlp_norm, eps)
-        if config.moe:
-            x = x + unsharded_moe(config, w, h, routing)
-        else:
-            x = x + F.linear(F.silu(F.linear(h, w.gate)) * F.linear(h, w.up), w.down)
-    return rms_norm(x, final_norm, eps)
+        x = unsharded_layer(config, w, x, batch, seq, rope, routing)
+    return rms_norm(x, final_norm, config.eps)
+
+
+def unsharded_layer(config: DecoderConfig, w: LayerWeights, x: torch.Tensor, batch: int, seq: int, rope,
+                    routing: list[torch.Tensor] | None = None) -> torch.Tensor:
+    """One decoder layer in one process on the full (batch·seq, hidden) input, ``nn.Linear`` weights (what
+    :class:`~tilelink.ops.models.TPDecoderLayer` computes over every rank's rows); ``rope`` from
+    :func:`~tilelink.ops.models.rope_tables`."""
+    h = rms_norm(x, w.attn_norm, config.eps)
+    qkv = torch.cat([F.linear(h, w.wq), F.linear(h, w.wk), F.linear(h, w.wv)], dim=1)
+    x = x + F.linear(attention_core(qkv, config.heads, config.kv_heads, config.head_dim, batch, seq, rope), w.wo)
+    h = rms_norm(x, w.mlp_norm, config.eps)
+    if config.moe:
+        return x + unsharded_moe(config, w, h, routing)
+    return x + F.linear(F.silu(F.linear(h, w.gate)) * F.linear(h, w.up), w.down)
