@@ -18,6 +18,10 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 REPLAYS = 20
 
 
+def _replays(world: int, forms: tuple[str, ...]) -> list[dict[str, list[float]]]:
+    return tilelink.spawn(layer_replays_match_torch, world, forms, REPLAYS, 0.0, True, backend="nvshmem", timeout=500)
+
+
 def _check(per_rank: list[dict[str, list[float]]], forms: tuple[str, ...], tolerance: float) -> None:
     for rank, results in enumerate(per_rank):
         for label in forms:
@@ -35,8 +39,7 @@ def test_captured_layers_replay_with_new_data(world: int, heap_for_ranks) -> Non
     forms = ("TPMLP without context", "SPAttention")
     if torch.cuda.get_device_capability() >= (8, 9):
         forms += ("TPMLP fp8",)
-    _check(tilelink.spawn(layer_replays_match_torch, world, forms, REPLAYS, 0.0, True, backend="nvshmem"), forms,
-           2e-2)
+    _check(_replays(world, forms), forms, 2e-2)
 
 
 @pytest.mark.parametrize("world", [1, 2, 4])
@@ -46,8 +49,7 @@ def test_captured_decoders_replay_with_new_data(world: int, heap_for_ranks) -> N
     serve both layers in one graph. bf16 through two layers against the float64 model."""
     heap_for_ranks(world)
     forms = ("TPDecoderLayer", "TPDecoder")
-    _check(tilelink.spawn(layer_replays_match_torch, world, forms, REPLAYS, 0.0, True, backend="nvshmem"), forms,
-           5e-2)
+    _check(_replays(world, forms), forms, 5e-2)
 
 
 @pytest.mark.parametrize("world", [1, 2])
@@ -60,7 +62,6 @@ def test_captured_moe_decoder_replays_with_new_data(world: int, heap_for_ranks) 
     forms = ("TPDecoder moe",)
     if world > 1 and torch.cuda.device_count() < world:
         with pytest.raises(tilelink.LaunchError, match="share a GPU cannot form an NCCL group"):
-            tilelink.spawn(layer_replays_match_torch, world, forms, REPLAYS, 0.0, True, backend="nvshmem")
+            _replays(world, forms)
         return
-    _check(tilelink.spawn(layer_replays_match_torch, world, forms, REPLAYS, 0.0, True, backend="nvshmem"), forms,
-           5e-2)
+    _check(_replays(world, forms), forms, 5e-2)
