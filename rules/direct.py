@@ -22,6 +22,7 @@ kernel read has changed since it compiled (Triton then raises), and for the firs
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
 
@@ -57,6 +58,63 @@ def _knobs():
 
         _KNOBS.append(knobs)
     return _KNOBS[0]
+
+
+def _read_settings() -> tuple:
+    """Every setting Triton's compile options read besides the call (its backend's ``parse_options``: the debug flag,
+    the instrumentation, the architecture it compiles for and whether it fuses multiply-adds)."""
+    knobs = _knobs()
+    return (knobs.runtime.debug, knobs.compilation.instrumentation_mode, knobs.runtime.override_arch,
+            knobs.language.default_fp_fusion)
+
+
+#: Triton's settings read from one environment variable, unless set in Python (``triton.knobs``' descriptors)
+_ONE_VARIABLE = ("env_str", "env_bool", "env_int", "env_opt_str", "env_opt_bool")
+_ENVIRON = getattr(os.environ, "_data", None) if hasattr(os.environ, "encodekey") else None
+_SOURCES: list = []  # the function that reads what the settings are read from (_marks_reader), made at the first read
+_READ: dict[tuple, tuple] = {}  # what the settings' sources held -> the settings read from them
+
+
+def _marks_reader():
+    """A function that returns what :func:`_settings` looks at (generated once: a loop over the settings cost a
+    call as much as reading them): for a setting of one variable, what is set in Python and the variable's raw
+    value; for any other (a plain attribute), its value."""
+    knobs = _knobs()
+    scope, terms = {"environ": _ENVIRON, "missing": _MISSING}, []
+    for i, (group, name) in enumerate(((knobs.runtime, "debug"), (knobs.compilation, "instrumentation_mode"),
+                                       (knobs.runtime, "override_arch"), (knobs.language, "default_fp_fusion"))):
+        how = next((vars(c)[name] for c in type(group).__mro__ if name in vars(c)), None)  # not its __get__
+        scope[f"group{i}"], scope[f"values{i}"] = group, vars(group)
+        if type(how).__name__ in _ONE_VARIABLE and isinstance(getattr(how, "key", None), str):
+            scope[f"variable{i}"] = os.environ.encodekey(how.key)
+            terms.append(f"values{i}.get({name!r}, missing), environ.get(variable{i})")
+        else:
+            terms.append(f"group{i}.{name}")
+    source = f"def marks():\n    return ({''.join(t + ', ' for t in terms)})\n"
+    exec(compile(source, "<settings of the direct launch>", "exec"), scope)  # noqa: S102 - generated above
+    return scope["marks"]
+
+
+def _settings() -> tuple:
+    """:func:`_read_settings`, at each call, at the cost of a look at what each setting is read from: a value set in
+    Python (``knobs.runtime.debug = True``) and the raw value of its environment variable (``TRITON_DEBUG``), or
+    the value itself for any other setting (a plain attribute: Triton 3.9's ``debug``), read through ``triton.knobs``.
+    The settings are read again (through ``triton.knobs``, as Triton reads them) when one of those changes. A read of
+    the four through ``triton.knobs`` cost microseconds: each encodes its variable's name and decodes its value."""
+    if not isinstance(_ENVIRON, dict):
+        return _read_settings()
+    if not _SOURCES:
+        _SOURCES.append(_marks_reader())
+    marks = _SOURCES[0]()
+    try:
+        found = _READ.get(marks)
+    except TypeError:  # a value that cannot be a key
+        return _read_settings()
+    if found is None:
+        if len(_READ) >= 64:
+            _READ.clear()
+        found = _READ[marks] = _read_settings()
+    return found
 
 
 def supported(kernel) -> bool:
@@ -123,13 +181,7 @@ class DirectKernel:
         and its variant) and its arguments in the kernel's parameter
         order, defaults included (``None`` when one is missing: Triton's launch then says so)."""
         form, (variant, arguments) = self._read_form(call)
-        knobs = _knobs()
-        # every setting Triton's compile options read besides the call (its backend's parse_options: the debug
-        # flag, the instrumentation, the architecture it compiles for and whether it fuses multiply-adds):
-        # a setting changed between calls then compiles a new variant, as Triton's own key would
-        settings = (knobs.runtime.debug, knobs.compilation.instrumentation_mode, knobs.runtime.override_arch,
-                    knobs.language.default_fp_fusion)
-        return (_current_device(), settings, form, variant), arguments
+        return (_current_device(), _settings(), form, variant), arguments
 
     def globals_changed(self) -> bool:
         used = self.kernel.used_global_vals  # Triton replaces the dict when it reads them again
@@ -156,6 +208,66 @@ class DirectKernel:
             return result
         launch(compiled, grid, arguments, self.names)
         return compiled
+
+    def bound(self, grid, call: dict, names: tuple[str, ...]) -> Bound:
+        """``self[grid](**call)`` made ready to run again with other values of the tensors ``names`` (:class:`Bound`),
+        every other argument ``call``'s."""
+        return Bound(self, grid, call, names)
+
+
+class Bound:
+    """A launch of a :class:`DirectKernel` of which only some tensors change from call to call: ``bound(*tensors)``
+    is ``kernel[grid](**call)`` with ``names`` given ``tensors``. The other arguments' terms of the variant (ints,
+    constexprs, launch options) are read once: a call reads its tensors' types, dtypes and 16-byte alignments, the
+    device and Triton's settings (:func:`_settings`), and launches the compiled kernel of those, found by a code
+    generated for this launch (:func:`_bound_reader`). A variant's first call, a capture, pre-run hooks and a
+    changed global take :meth:`DirectKernel.run`, as a call with every argument would."""
+
+    __slots__ = ("call", "compiled", "direct", "grid", "names", "read")
+
+    def __init__(self, direct: DirectKernel, grid, call: dict, names: tuple[str, ...]) -> None:
+        self.direct, self.grid, self.call, self.names = direct, grid, dict(call), tuple(names)
+        self.read = _bound_reader(direct.kernel, self.call, self.names)
+        #: (device, settings, the tensors' variant) -> the compiled kernel a call of them launched
+        self.compiled: dict[tuple, object] = {}
+
+    def __call__(self, *tensors):
+        direct = self.direct
+        if _capturing() or direct.kernel.pre_run_hooks:
+            return direct.kernel[self.grid](**{**self.call, **dict(zip(self.names, tensors, strict=True))})
+        variant, arguments = self.read(*tensors)
+        key = (_current_device(), _settings(), variant)
+        compiled = self.compiled.get(key)
+        if compiled is None or direct.globals_changed():
+            result = direct.run(self.grid, **{**self.call, **dict(zip(self.names, tensors, strict=True))})
+            if compiled is None and arguments is not None and launchable(result):
+                self.compiled[key] = result
+            return result
+        launch(compiled, self.grid, arguments, direct.names)
+        return compiled
+
+
+def _bound_reader(kernel, call: dict, names: tuple[str, ...]):
+    """A function of the tensors ``names`` (in this order) that returns their terms of the variant (type, dtype,
+    16-byte alignment) and the arguments of ``kernel``'s call in its parameter order: theirs, ``call``'s values of
+    the others, the defaults (``None`` for the arguments when one is missing: Triton's launch then says so)."""
+    slots = {name: f"t{i}" for i, name in enumerate(names)}
+    scope: dict = {}
+    terms = "".join(f"type(t{i}), t{i}.dtype, t{i}.data_ptr() % 16 == 0, " for i in range(len(names)))
+    arguments = []
+    for p in kernel.params:
+        if p.name in slots:
+            arguments.append(slots[p.name])
+        elif p.name in call or p.has_default:
+            scope[f"c_{p.name}"] = call[p.name] if p.name in call else p.default
+            arguments.append(f"c_{p.name}")
+        else:
+            arguments = None
+            break
+    given = "None" if arguments is None else "(" + "".join(a + ", " for a in arguments) + ")"
+    source = f"def read({', '.join(slots.values())}):\n    return ({terms}), {given}\n"
+    exec(compile(source, f"<bound launch of {kernel.__name__}>", "exec"), scope)  # noqa: S102 - generated above
+    return scope["read"]
 
 
 def _reader(kernel, names: tuple, types: tuple):

@@ -183,3 +183,65 @@ def test_the_variant_has_the_terms_of_variant_key(gpu) -> None:
             # the launchers' warm-up keys a kernel launched directly with its generated reader: the same partition
             assert (variant_key(fast, a) == variant_key(fast, b)) == (keys[i] == keys[j]), (i, j)
     assert keys[0] == keys[1]  # the values Triton does not specialise on
+
+
+def test_a_bound_launch_reads_only_its_tensors(gpu) -> None:
+    """``DirectKernel.bound``: the other arguments fixed, a call passes its tensors; a variant an unbound call
+    compiled is launched without Triton, and the compiled kernel gets every argument in the parameter order."""
+    kernel, fast = _kernel()
+    x = torch.zeros(64)
+    call = dict(x_ptr=x, n=3, tlk_epoch=1, scale=0.5, BLOCK=32)
+    first = fast[(4,)](**call)
+    bound = fast.bound((4,), call, ("x_ptr",))
+    y = torch.ones(64)
+    assert bound(y) is first and len(kernel.through_triton) == 1  # the variant's compiled kernel, found
+    assert bound(x) is first and len(kernel.through_triton) == 1 and len(bound.compiled) == 1
+    launch = first.launches[-1]
+    assert launch[:4] == (4, 1, 1, 1234) and launch[10:] == (3, 1, 0.5, True, 32) and launch[9] is x
+
+
+@pytest.mark.parametrize("change", ["dtype", "misaligned", "type", "device", "debug", "fp fusion", "arch",
+                                    "fp fusion variable", "arch variable"])
+def test_a_bound_launch_takes_triton_for_a_new_variant(gpu, monkeypatch, change) -> None:
+    kernel, fast = _kernel()
+    x = torch.zeros(64)
+    bound = fast.bound((1,), dict(x_ptr=x, n=3, tlk_epoch=1, scale=0.5), ("x_ptr",))
+    bound(x)
+    assert len(kernel.through_triton) == 1
+    other = {"dtype": x.half(), "misaligned": x[1:], "type": torch.nn.Parameter(x)}.get(change, x)
+    if change == "device":
+        gpu["device"] = 1
+    if change == "debug":
+        monkeypatch.setattr(knobs.runtime, "debug", True)
+    if change == "fp fusion":
+        monkeypatch.setattr(knobs.language, "default_fp_fusion", False)
+    if change == "arch":
+        monkeypatch.setattr(knobs.runtime, "override_arch", "sm80")
+    if change == "fp fusion variable":  # the environment, read at each call as Triton reads it
+        monkeypatch.delattr(knobs.language, "default_fp_fusion")  # none set in Python (a setattr undone sets one)
+        monkeypatch.setenv("TRITON_DEFAULT_FP_FUSION", "0")
+        assert knobs.language.default_fp_fusion is False
+    if change == "arch variable":
+        monkeypatch.delattr(knobs.runtime, "override_arch")
+        monkeypatch.setenv("TRITON_OVERRIDE_ARCH", "sm80")
+        assert knobs.runtime.override_arch == "sm80"
+    bound(other)
+    assert len(kernel.through_triton) == 2, change  # Triton's launch, which compiles the variant
+    assert kernel.through_triton[-1]["x_ptr"] is other
+    bound(other)
+    assert len(kernel.through_triton) == 2 and len(bound.compiled) == 2, change  # then kept
+
+
+def test_a_bound_launch_falls_back_to_triton(gpu) -> None:
+    kernel, fast = _kernel()
+    x = torch.zeros(64)
+    bound = fast.bound((1,), dict(x_ptr=x, n=3, tlk_epoch=1, scale=0.5), ("x_ptr",))
+    bound(x)
+    gpu["capturing"] = True  # a capture: Triton's own launch
+    bound(x)
+    assert len(kernel.through_triton) == 2 and len(bound.compiled) == 1
+    gpu["capturing"] = False
+    missing = fast.bound((1,), dict(x_ptr=x, n=3, scale=0.5), ("x_ptr",))  # tlk_epoch missing: Triton says so
+    missing(x)
+    missing(x)
+    assert len(kernel.through_triton) == 4 and not missing.compiled
