@@ -192,9 +192,7 @@ def _program_id_bypass(an: KernelAnalysis, pid: str) -> str | None:
             for axis in _program_ids(cst.parse_expression(v))}
     if not axes:
         return None
-    pairs = {_canonical(node) for name in chain for v in an.values.get(name, ()) + headers.get(name, ())
-             for node in m.findall(cst.parse_expression(v), m.BinaryOperation(
-                 operator=m.Modulo() | m.FloorDivide()))}
+    pairs = _mapping_pairs(an, pid, chain, headers, axes)
     siblings = _unpacked_with(an, pid)
     # to a fixed point: a chain of copies is as long as the kernel makes it (`r0 = tl.program_id(0) * B; r1 = r0`)
     ids: set[str] = set()
@@ -237,6 +235,88 @@ def _program_id_bypass(an: KernelAnalysis, pid: str) -> str | None:
     return None
 
 
+def _mapping_pairs(an: KernelAnalysis, pid: str, chain: set[str], headers: dict[str, tuple[str, ...]],
+                   axes: set[str]) -> set[str]:
+    """The ``a % b`` / ``a // b`` operations of the values ``pid`` is made from whose other (``a // b`` / ``a % b``) is
+    the tile mapping's other coordinate: the part of the position ``pid`` does not hold. Compared by their nodes, so
+    ``pid`` must hold none of that part: ``pid`` reads the position only inside ``%`` / ``//`` (a value that reads it
+    whole, ``pid_m = pid + (pid // 2) * 0``, holds every part), the other itself is not one of its values (``pid_m =
+    pid // 2 * 2 + pid % 2`` holds ``pid % 2``), every read of the position in its values lies inside the operation or
+    inside ``r // c`` where ``a`` is ``r % c`` (the group of a grouped ordering; ``pid // 1`` beside ``pid // 2``
+    holds ``pid % 2``), and each name in the operation holds one value, bound at most once (``w = 1; pid_m = p // w;
+    w = 2; col = p % w`` prints alike but divides by another)."""
+    pairs: set[str] = set()
+    # each value of `pid` with what it is made from, on its own: a persistent kernel's second loop (`pid_m, pid_n =
+    # tile_coordinates(num_tiles - tail + piece // SPLIT, ...)`) holds another part than its first
+    for value in an.values.get(pid, ()) + headers.get(pid, ()):
+        made, todo = {}, [(pid, (value,))]
+        while todo:
+            name, vs = todo.pop()
+            made[name] = vs
+            for v in vs:
+                for read in names_in(cst.parse_expression(v)) & chain - set(made):
+                    todo.append((read, an.values.get(read, ()) + headers.get(read, ())))
+        pairs |= _value_pairs(an.bindings, pid, made, axes)
+    return pairs
+
+
+def _value_pairs(bindings: dict[str, tuple], pid: str, values: dict[str, tuple[str, ...]], axes: set[str]) -> set[str]:
+    """:func:`_mapping_pairs` for one value of ``pid``, ``values`` the values of the names it is made from, ``bindings``
+    where each name is bound."""
+    parsed = {name: [cst.parse_expression(v) for v in vs] for name, vs in values.items()}
+    split = m.BinaryOperation(operator=m.Modulo() | m.FloorDivide())
+
+    def reads(node: cst.CSTNode, carriers: set[str], inside) -> bool:
+        """``node`` reads the position (the program id of ``axes`` or a carrier) outside the nodes ``inside`` allows."""
+        if isinstance(node, cst.BaseExpression) and inside(node):
+            return False
+        if isinstance(node, cst.Call) and m.matches(node.func, m.Attribute(value=m.Name("tl"),
+                                                                           attr=m.Name("program_id"))):
+            return bool(node.args) and code(node.args[0].value) in axes
+        if isinstance(node, cst.Name):
+            return node.value in carriers
+        if isinstance(node, (cst.Attribute, cst.Arg)):
+            return reads(node.value, carriers, inside)
+        return any(reads(child, carriers, inside) for child in node.children)
+
+    # the names holding the position whole: a read of it outside any `%` / `//`, to a fixed point
+    carriers: set[str] = set()
+    while True:
+        more = {name for name, nodes in parsed.items() if name not in carriers and any(
+            reads(n, carriers, lambda e: m.matches(e, split)) for n in nodes)}
+        if not more:
+            break
+        carriers |= more
+    if pid in carriers:
+        return set()
+    made = [n for name, nodes in parsed.items() if name not in carriers for n in nodes]
+    ops = [op for n in made for op in m.findall(n, split)]
+    held = {_canonical(op) for op in ops}
+    pairs: set[str] = set()
+    for op in ops:
+        if not all(len(bindings.get(n, ())) <= 1 for n in names_in(op) - {"tl"}):
+            continue
+        modulo = isinstance(op.operator, cst.Modulo)
+        other = op.with_changes(operator=cst.FloorDivide() if modulo else cst.Modulo())
+        if _canonical(other) in held:
+            continue
+        mine = _canonical(op)
+        numerator = _canonical(op.left)
+
+        def inside(e: cst.BaseExpression, mine=mine, numerator=numerator) -> bool:
+            if not m.matches(e, split):
+                return False
+            if _canonical(e) == mine:
+                return True
+            # `r // c` beside a numerator `r % c`: the group, which holds none of the group's inner part
+            return isinstance(e.operator, cst.FloorDivide) and _canonical(
+                e.with_changes(operator=cst.Modulo())) == numerator
+
+        if not any(reads(n, carriers, inside) for n in made):
+            pairs.add(mine)
+    return pairs
+
+
 def _loop_ranges(an: KernelAnalysis) -> dict[str, tuple[str, ...]]:
     """Each ``for`` target -> the ranges it loops over, in source: what its values are made from."""
     ranges: dict[str, tuple[str, ...]] = {}
@@ -269,8 +349,76 @@ def _unpacked_with(an: KernelAnalysis, pid: str) -> set[str]:
     if not where or len(where) != len(values) or not all(
             m.matches(cst.parse_expression(v), m.Call(func=m.Name())) for v in values):
         return set()
-    return {name for name in an.values if name != pid and an.assignments.get(name, ()) == where
-            and an.values[name] == values}
+    siblings = {name for name in an.values if name != pid and an.assignments.get(name, ()) == where
+                and an.values[name] == values}
+    return {name for name in siblings if all(_helper_pairs(an, pid, name, v) for v in values)}
+
+
+def _helper_pairs(an: KernelAnalysis, pid: str, other: str, value: str) -> bool:
+    """The helper of the kernel's file that ``value`` calls returns ``pid`` and ``other`` as a tile mapping's two
+    coordinates: each returned value written out through the helper's locals bound once, the parameters given the
+    position (an argument reading ``tl.program_id`` or a variable made from it) read by ``other`` only inside a ``%``
+    / ``//`` that pairs with one ``pid``'s value holds, as :func:`_mapping_pairs` reads a kernel's own pair (``return
+    p, p % 2`` is refused: the first holds the parity too). A helper imported from another module is not read here:
+    its pair is taken as the mapping's."""
+    call = cst.parse_expression(value)
+    source = an.helpers.get(call.func.value)
+    if source is None:
+        return True
+    fn = cst.parse_module(source).body[0]
+    targets = next((an.unpacked[w] for w, v in zip(an.assignments.get(pid, ()), an.values.get(pid, ()), strict=False)
+                    if v == value and w in an.unpacked), None)
+    last = fn.body.body[-1] if fn.body.body else None
+    ret = last.body[0] if isinstance(last, cst.SimpleStatementLine) and last.body else None
+    if targets is None or not isinstance(ret, cst.Return) or not isinstance(ret.value, cst.Tuple) or len(
+            ret.value.elements) != len(targets):
+        return False
+    params = [p.name.value for p in fn.params.params]
+    args = [a.value for a in call.args]
+    if any(a.keyword is not None or a.star for a in call.args) or len(args) > len(params):
+        return False
+    # the kernel's names that read a program id (any axis), directly or in turn, a loop's target through its range
+    headers = _loop_ranges(an)
+    carriers: set[str] = set()
+    while True:
+        more = {n for n in set(an.values) | set(headers) if n not in carriers and any(
+            _program_ids(e) or names_in(e) & carriers for e in map(
+                cst.parse_expression, an.values.get(n, ()) + headers.get(n, ())))}
+        if not more:
+            break
+        carriers |= more
+    position = {p for p, a in zip(params, args, strict=False) if _program_ids(a) or names_in(a) & carriers}
+    locals_: dict[str, list[cst.BaseExpression]] = {}
+    counts: dict[str, int] = {}
+    for node in m.findall(fn.body, m.Assign() | m.AugAssign() | m.AnnAssign() | m.NamedExpr() | m.For()):
+        bound = [t.target for t in node.targets] if isinstance(node, cst.Assign) else [node.target]
+        for name in set().union(*(names_in(t) for t in bound)):
+            counts[name] = counts.get(name, 0) + 1
+        if isinstance(node, cst.Assign) and len(node.targets) == 1 and isinstance(node.targets[0].target, cst.Name):
+            locals_.setdefault(node.targets[0].target.value, []).append(node.value)
+
+    class _Expand(cst.CSTTransformer):
+        def __init__(self) -> None:
+            self.depth = 0
+
+        def leave_Name(self, original: cst.Name, updated: cst.Name) -> cst.BaseExpression:
+            if counts.get(updated.value) == 1 and len(locals_.get(updated.value, ())) == 1 and self.depth < 8:
+                self.depth += 1
+                inner = locals_[updated.value][0].visit(self)
+                self.depth -= 1
+                return inner.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+            return updated
+
+    def expand(node: cst.BaseExpression) -> cst.BaseExpression:
+        return node.visit(_Expand())
+
+    mine, theirs = (expand(ret.value.elements[targets.index(n)].value) for n in (pid, other))
+    if any(counts.get(p) for p in position) or names_in(mine) & set(counts) or names_in(theirs) & set(counts):
+        return False  # a position parameter bound again, or a local bound more than once: not read here
+    # the position parameters as program ids of one axis, the other parameters bound never
+    values = {"__pid__": (code(mine),)} | {p: ("tl.program_id(0)",) for p in position}
+    pairs = _value_pairs({}, "__pid__", values, {"0"})
+    return not _reads_position(theirs, {"0"}, set(position), pairs)
 
 
 def _canonical(node: cst.BaseExpression) -> str:

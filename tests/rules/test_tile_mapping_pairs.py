@@ -1,0 +1,136 @@
+"""The tile-order rotation leaves the tile mapping's other coordinate as it is (`col = pid % 2` beside `pid_m = pid //
+2`): it names the part of the position the rotated variable does not hold, so each program still gets one tile. The
+pair is compared by its nodes and the facts of the names in it, not by its text: a divisor bound again between the two
+(`w = 1; ... // w; w = 2; ... % w`), a rotated variable that reads the position whole (`pid + (pid // 2) * 0`), or that
+holds the other's part itself (`pid // 2 * 2 + pid % 2`, `pid // 1`), keeps the kernel's own order; rotated, each
+program scaled its rotated tile by its own parity. A helper of the kernel's file that returns the pair (`pid_m, col =
+tile_of(tl.program_id(0), ...)`) is read the same way: `return p, p % W` keeps the order, `return p // W, p % W` and a
+grouped ordering keep the rotation."""
+
+from __future__ import annotations
+
+import importlib.util
+import textwrap
+
+import pytest
+import torch
+
+import tilelink
+from tests.rules.cases import rows_of
+from tilelink.annotations import requests_in
+from tilelink.codegen import generate
+from tilelink.runtime import current_world
+
+HEAD = "import triton\nimport triton.language as tl\nimport tilelink\n\n"
+
+# y = x on odd tiles, 0 on even ones: the tile's parity is the mapping's other coordinate
+PARITY = '''
+@tilelink.overlap(tilelink.all_gather("x_ptr", size="N"))
+@triton.jit
+def parity_kernel(x_ptr, y_ptr, N, BLOCK: tl.constexpr):
+    pid = tl.program_id(0)
+    MAPPING
+    offs = pid_m * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offs, mask=offs < N, other=0.0)
+    tl.store(y_ptr + offs, x * col, mask=offs < N)
+'''
+
+WRONG = {
+    "rebound_divisor": "w = 1\n    pid_m = pid // w\n    w = 2\n    col = pid % w",
+    "read_whole": "pid_m = pid + (pid // 2) * 0\n    col = pid % 2",
+    "holds_the_other": "pid_m = pid // 2 * 2 + pid % 2\n    col = pid % 2",
+    "finer_split": "pid_m = pid // 1 + pid // 2 * 0\n    col = pid % 2",
+}
+
+# the mapping's pairs as matmul kernels write them, in a grid of one column tile: each keeps the rotation
+RIGHT = {
+    "row_major": "pid_m = pid // 1\n    col = pid % 1 + 1",
+    "grouped": "num_pid_in_group = 2\n    group_id = pid // num_pid_in_group\n    first_pid_m = group_id * 2\n"
+               "    pid_m = first_pid_m + (pid % num_pid_in_group) % 2\n    col = (pid % num_pid_in_group) // 2 + 1",
+}
+
+
+# y = x * (col + 1), the pair from a helper of the file
+HELPER = '''
+@triton.jit
+def tile_of(p, W: tl.constexpr):
+    BODY
+
+
+@tilelink.overlap(tilelink.all_gather("x_ptr", size="N"))
+@triton.jit
+def parity_kernel(x_ptr, y_ptr, N, BLOCK: tl.constexpr):
+    pid_m, col = tile_of(tl.program_id(0), WIDTH)
+    offs = pid_m * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offs, mask=offs < N, other=0.0)
+    tl.store(y_ptr + offs, x * (col + 1), mask=offs < N)
+'''
+
+HELPERS = {
+    # the first holds the parity too
+    "helper_whole": ("return p, p % W", 2),
+    "helper_pair": ("return p // W, p % W", 1),
+    "helper_grouped": ("group_id = p // (2 * W)\n    first_pid_m = group_id * 2\n"
+                       "    pid_m = first_pid_m + (p % (2 * W)) % 2\n    pid_n = (p % (2 * W)) // 2\n"
+                       "    return pid_m, pid_n", 1),
+}
+
+
+def _form(mapping: str) -> str:
+    if mapping in HELPERS:
+        body, width = HELPERS[mapping]
+        return HEAD + textwrap.dedent(HELPER).replace("BODY", body).replace("WIDTH", str(width))
+    return HEAD + textwrap.dedent(PARITY).replace("MAPPING", mapping)
+
+
+def _order(source: str) -> str:
+    report = generate(source, "user_kernels.py", requests_in(source, "user_kernels.py")).report
+    (entry,) = [str(e) for e in report.entries if "order" in e.message]
+    return entry
+
+
+@pytest.mark.parametrize("form", sorted(WRONG))
+def test_a_pair_that_prints_alike_but_is_not_the_mappings_keeps_the_order(form: str) -> None:
+    entry = _order(_form(WRONG[form]))
+    assert entry.startswith("[not applied]") and "reads the program id" in entry and "not through pid_m" in entry, entry
+
+
+@pytest.mark.parametrize("form", sorted(RIGHT))
+def test_the_mappings_pairs_keep_the_rotation(form: str) -> None:
+    entry = _order(_form(RIGHT[form]))
+    assert entry.startswith("[applied]") and "pid_m rotated" in entry, entry
+
+
+def test_a_helpers_pair_is_read_from_its_body() -> None:
+    entry = _order(_form("helper_whole"))
+    assert entry.startswith("[not applied]") and "not through pid_m" in entry, entry
+    for form in ("helper_pair", "helper_grouped"):
+        entry = _order(_form(form))
+        assert entry.startswith("[applied]") and "pid_m rotated" in entry, (form, entry)
+
+
+def _parity(path: str, form: str) -> float:
+    spec = importlib.util.spec_from_file_location(f"parity_{form}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    rank, world = tilelink.rank(), tilelink.world_size()
+    N, block = 48, 8
+    x = torch.randn(N, generator=torch.Generator().manual_seed(8))
+    lo, hi = rows_of(rank, world, N)
+    device = current_world().device
+    y = torch.full((N,), float("nan"), device=device)
+    module.parity_kernel[(N // block,)](x[lo:hi].contiguous().to(device), y, N, BLOCK=block)
+    got = y.cpu()
+    tiles = torch.arange(N) // block
+    want = x * (tiles % 2 if form in WRONG else tiles % 2 + 1 if form == "helper_whole" else 1)
+    return float("inf") if got.isnan().any() else (got - want).abs().max().item()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("form", sorted(WRONG) + sorted(RIGHT) + sorted(HELPERS))
+def test_the_pairs_equal_torch_on_the_race_exposing_schedule(form: str, tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("TILELINK_RACES", "1")
+    path = tmp_path / f"parity_{form}.py"
+    path.write_text(_form(form if form in HELPERS else {**WRONG, **RIGHT}[form]))
+    errors = tilelink.spawn(_parity, 2, str(path), form)
+    assert all(e < 1e-5 for e in errors), errors
