@@ -18,7 +18,7 @@ Every argument is checked before anything runs.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -42,6 +42,7 @@ from tilelink.ops.contract import (
 from tilelink.ops.gemm import _install_allocator, _num_sms
 from tilelink.ops.path import check as check_path
 from tilelink.ops.path import select as select_path
+from tilelink.runtime.world import current_world
 
 
 @dataclass(frozen=True)
@@ -130,6 +131,10 @@ class _Plan:
     run: int  # the padded dimension (ag_gemm: B's columns; gemm_rs: K), as the kernel gets it
     grid: tuple
     meta: dict  # the kernel's launch meta
+    #: the launch's int arguments -> its prepared launch (OverlappedKernel.prepared), or _checked: a call of the plan
+    #: whose ints were seen launches its tensors without the kernel's launch path (the ints fix the rest: strides of
+    #: a copy, padded sizes)
+    launches: dict = field(default_factory=dict, compare=False)
 
 
 def _launch_plan(kernel, persistent: bool, meta: dict, device: torch.device, M: int, N: int,
@@ -147,7 +152,25 @@ def _start(plan: _Plan, args: tuple, world) -> None:
     """Launch a plan's kernel with ``args``: every overlapped GEMM of ``ag_gemm`` and ``gemm_rs`` starts here."""
     if plan.persistent and world.device.type == "cuda":
         _install_allocator()
+    ints = args[3:]  # args: the operands and the result, then ints
+    launch = plan.launches.get(ints)
+    if launch is not None and launch(*args[:3]):
+        return
     plan.kernel[plan.grid](*args, **plan.meta)
+    if launch is None and len(plan.launches) < _LAUNCHES:
+        from tilelink.runtime import graphs
+
+        if not graphs.capturing(world.device):  # made on an uncaptured call: it may allocate
+            plan.launches[ints] = plan.kernel.prepared(plan.grid, args, plan.meta, (0, 1, 2)) or _checked
+
+
+#: prepared launches a plan keeps (one, but for operands copied at some calls and not at others: other strides)
+_LAUNCHES = 8
+
+
+def _checked(*tensors) -> bool:
+    """The prepared launch of a call that takes the kernel's launch path every time (a world of several ranks)."""
+    return False
 
 
 def _call_key(a: object, b: object, persistent: object, path: object, out_dtype: object, a_scale: object,
@@ -187,8 +210,6 @@ def ag_gemm(a_shard: torch.Tensor, b: torch.Tensor, ctx: TPContext | None = None
     Raises :class:`tilelink.LaunchError` before anything runs when this rank's shard is not its rows of A
     (with ``ctx``, of ``ctx.M`` rows; every rank passing the whole A is refused so). Without ``ctx`` the ranks
     exchange their shard sizes (bounded; a rank that does not come is named)."""
-    from tilelink.runtime import current_world
-
     if ctx is None:
         known = None
     elif type(ctx) is TPContext and type(ctx.M) is int:
@@ -265,8 +286,6 @@ def gemm_rs(a: torch.Tensor, b_shard: torch.Tensor, *, persistent: bool | None =
     ``persistent``: as for :func:`ag_gemm` (``True``: the persistent kernel and the hybrid reduce-scatter,
     where N allows it; ``False``: the pointer kernel and the SM pull; ``None``: the persistent one on a GPU).
     ``path``: as for :func:`ag_gemm` (``"plain"``: cuBLAS, then a ``torch.distributed`` reduce-scatter)."""
-    from tilelink.runtime import current_world
-
     key = _call_key(a, b_shard, persistent, path, out_dtype, a_scale, b_scale)
     plan = _RS_PLANS.find(key)
     if plan is not None:

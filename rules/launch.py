@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from tilelink.errors import LaunchError
+from tilelink.errors import LaunchError, WaitTimeout
 from tilelink.mapping import RowSharding
 from tilelink.plan import LaunchPlan
 from tilelink.rules.direct import DirectKernel, direct
@@ -577,14 +577,77 @@ class Launcher:
             args = self.channel_args(ctx.satisfied, 1, world, ctx.sharding, ctx.diag)
             graphs.enqueue(lambda: self.kernel[grid](**call, **args))
             return
+        self.kernel[grid](**call, **self.satisfied_channels(ctx, world))
+        if self.okernel.check_waits:
+            ctx.diag.check_later(kernel=self.okernel.name, stream=ctx.streams.main)
+
+    def satisfied_channels(self, ctx, world) -> dict[str, Any]:
+        """The channel arguments of a world of one's calls on ``ctx`` (:meth:`alone`): every wait passes, the same
+        every call, made once per context."""
         entry = self.alone_args.get(id(ctx))
         if entry is None or entry[0] is not ctx:
             if ctx.satisfied is None:
                 ctx.satisfied = torch.full_like(ctx.scratch, 1 << 60)
             entry = self.alone_args[id(ctx)] = (ctx, self.channel_args(ctx.satisfied, 1, world, ctx.sharding, ctx.diag))
-        self.kernel[grid](**call, **entry[1])
-        if self.okernel.check_waits:
-            ctx.diag.check_later(kernel=self.okernel.name, stream=ctx.streams.main)
+        return entry[1]
+
+    def prepared(self, grid, bound: dict, names: tuple[str, ...]) -> AloneLaunch | None:
+        """A call of ``bound`` made ready to launch again with other values of its tensors ``names``
+        (:class:`AloneLaunch`), where it runs alone (:meth:`alone`: a world of one, no top-k) and writes over its
+        output (no split-K write-back, which zeroes it first); ``None`` otherwise (every call takes :meth:`launch`).
+        Made after a call of ``bound``'s form has run: its context exists, and the checks of the arguments it fixes
+        passed."""
+        world = self.world()
+        if self.timed_out is not None or world.world_size != 1 or self.topk_param() or \
+                getattr(self.plan, "atomic_axes", None) is not None:
+            return None
+        return AloneLaunch(self, world, self.context(bound), grid, bound, names)
+
+
+class AloneLaunch:
+    """One form of a world of one's call, ready to launch (:meth:`Launcher.prepared`): ``launch(*tensors)`` is
+    ``launcher.launch(grid, bound)`` with the tensors ``names`` given ``tensors``, every other argument ``bound``'s,
+    in a few steps: the world, the launcher's timed-out wait and a capture are checked, the caller's stream taken
+    (``Streams.follow_caller``), the kernel launched with the context's satisfied channels (a
+    :class:`tilelink.rules.direct.Bound` on a GPU) and the wait record checked (``Diagnostics.check_later``, which
+    reads ``TILELINK_CHECK_WAITS`` at each call). It returns ``False``, launching nothing, where the call must take
+    ``launch``: a new world, an earlier wait that timed out, a capture. The caller keeps what else decides the call
+    (its tensors' shapes, strides, dtypes and devices: what the context and the checks read) in its own key."""
+
+    __slots__ = ("capturing", "ctx", "device", "launcher", "name", "run", "world")
+
+    def __init__(self, launcher: Launcher, world, ctx, grid, bound: dict, names: tuple[str, ...]) -> None:
+        from tilelink.runtime import graphs
+
+        self.launcher, self.world, self.ctx, self.device = launcher, world, ctx, world.device
+        self.capturing = graphs.capturing
+        self.name = launcher.okernel.name
+        call = {**bound, **launcher.satisfied_channels(ctx, world)}
+        kernel = launcher.kernel
+        if type(kernel) is DirectKernel:
+            self.run = kernel.bound(grid, call, names)
+        else:  # Triton's own launch (the interpreter)
+            launch = kernel[grid]
+
+            def run(*tensors) -> None:
+                launch(**{**call, **dict(zip(names, tensors, strict=True))})
+
+            self.run = run
+
+    def __call__(self, *tensors) -> bool:
+        launcher = self.launcher
+        if current_world() is not self.world or launcher.timed_out is not None or self.capturing(self.device):
+            return False
+        ctx = self.ctx
+        ctx.streams.follow_caller(self.device)
+        try:
+            self.run(*tensors)
+            if launcher.okernel.check_waits:
+                ctx.diag.check_later(kernel=self.name, stream=ctx.streams.main)
+        except WaitTimeout as exc:  # later calls refuse to run (OverlappedKernel's launch)
+            launcher.timed_out = exc
+            raise
+        return True
 
 
 def channel_args(barriers: torch.Tensor, epoch: int, rank: int, world_size: int, sharding: RowSharding,

@@ -145,6 +145,16 @@ class OverlappedKernel:
             bound[k] = v
         return bound
 
+    def prepared(self, grid, args: tuple, kwargs: dict, tensors: tuple[int, ...]):
+        """``self[grid](*args, **kwargs)`` made ready to launch again with other tensors at the positions ``tensors``
+        of ``args``, every other argument the same: a function of those tensors that launches and returns ``True``,
+        or returns ``False`` where the call must take ``self[grid]`` (a new world, a timed-out wait, a capture);
+        ``None`` where every call does (:meth:`tilelink.rules.launch.Launcher.prepared`: a world of one). Make it after
+        ``self[grid](*args, **kwargs)`` has run, and keep it for calls whose tensors have the same shapes, strides,
+        dtypes and devices as ``args``'s (the caller's own key): nothing else of the call is checked again."""
+        names = tuple(self.params[i] for i in tensors)
+        return self.launcher.prepared(grid, self.bind(args, kwargs), names)
+
     def __getitem__(self, grid):
         def launch(*args: Any, **kwargs: Any):
             launcher = self.launcher

@@ -177,3 +177,109 @@ def one_row_views_of_wider_rows() -> list[float]:
     b_row = wide[:1, :8]  # ag_gemm: B of one row (K = 1)
     errors.append(float((ag_gemm(a, b_row, persistent=True) - a @ b_row).abs().max()))
     return errors
+
+
+def prepared_launches(capture: bool = True, new_world: bool = True) -> dict:
+    """``ag_gemm`` and ``gemm_rs`` in a world of one: which calls take the kernel's launch path (counted on the
+    launcher) and which the launch prepared for their form, with each result's error against torch: repeated calls,
+    an operand at an odd address, another dtype, a refused stride, a captured call and its replay (an emulated graph,
+    with ``capture``), a timed-out wait (every later call refused) and (``new_world``) a new world. Returns the
+    errors, the counts after each step, the messages, and what launches each prepared launch's kernel (``Bound`` on a
+    GPU) with its compiled variants."""
+    from tilelink.ops import TPContext, ag_gemm, gemm_rs, tp, tp_kernels
+    from tilelink.runtime import diagnostics
+    from tilelink.runtime.graphs import EmulatedGraph
+
+    device = tilelink.runtime.current_world().device
+    g = torch.Generator().manual_seed(7)
+    counts = {"ag": 0, "rs": 0}
+
+    def count() -> None:  # on the launchers of the world now
+        for op, kernel in (("ag", tp_kernels.ag_gemm_kernel), ("rs", tp_kernels.gemm_rs_kernel)):
+            launcher = kernel.launcher
+            launch = launcher.launch
+
+            def counted(grid, bound, op=op, launch=launch):
+                counts[op] += 1
+                return launch(grid, bound)
+
+            launcher.launch = counted
+
+    checks = [0]
+    check_later = diagnostics.Diagnostics.check_later
+
+    def counted_check(self, *args, **kwargs):
+        checks[0] += 1
+        return check_later(self, *args, **kwargs)
+
+    diagnostics.Diagnostics.check_later = counted_check
+    M, K, N = 24, 16, 8
+    errors: dict[str, float] = {}
+    seen: dict[str, tuple] = {}
+
+    def both(label: str, dtype=torch.float32, odd: bool = False) -> None:
+        a = torch.randn(M, K, generator=g).to(dtype)
+        b = torch.randn(K, N, generator=g).to(dtype)
+        ref = a.double() @ b.double()
+        a = a.to(device)
+        if odd:  # the same form at an address that is not 16-byte aligned
+            flat = torch.empty(K * N + 1, dtype=dtype, device=device)
+            flat[1:].copy_(b.flatten())
+            b = flat[1:].view(K, N)
+        else:
+            b = b.to(device)
+        before = checks[0]
+        errors[f"ag {label}"] = _error(ag_gemm(a, b, TPContext(M), persistent=False).cpu(), ref)
+        errors[f"rs {label}"] = _error(gemm_rs(a, b, persistent=False).cpu(), ref)
+        seen[label] = (counts["ag"], counts["rs"], checks[0] - before)
+
+    both("first")  # the kernels' first launches, which count() can only hook after
+    count()
+    both("new form", torch.float16)  # another dtype: its own plan, the launch path
+    both("again", torch.float16)
+    both("odd", torch.float16, odd=True)
+    both("float again")  # the first form's prepared launch
+    a, b = torch.randn(M, K, device=device), torch.randn(K, N, device=device)
+    messages = _messages({"ag stride": lambda: ag_gemm(a, b.t().contiguous().t()),
+                          "rs stride": lambda: gemm_rs(a, b.t().contiguous().t())})
+    # a captured call takes the launch path (recorded), and its replay computes the new data
+    if capture:
+        graph = EmulatedGraph()
+        x, w = a.clone(), b.clone()
+        with graph.capture():
+            c_ag = ag_gemm(x, w, TPContext(M), persistent=False)
+            c_rs = gemm_rs(x, w, persistent=False)
+        seen["captured"] = (counts["ag"], counts["rs"], 0)
+        x.copy_(torch.randn(M, K, generator=g))
+        w.copy_(torch.randn(K, N, generator=g))
+        graph.replay()
+        ref = x.double() @ w.double()
+        errors["ag replay"], errors["rs replay"] = _error(c_ag, ref), _error(c_rs, ref)
+        both("after capture")
+    launches = [launch for plans in (tp._AG_PLANS, tp._RS_PLANS) for plan in plans.plans.values()
+                for launch in plan.launches.values()]
+    kinds = sorted({(type(launch.run).__name__, len(getattr(launch.run, "compiled", ()))) for launch in launches
+                    if launch is not tp._checked})
+    # a timed-out wait at a prepared call: raised, and every later call refused until a new world
+    timeout = tilelink.WaitTimeout(rank=0, primitive="consumer_tile_wait", index=1, expected=2, seen=1, budget_s=1.0)
+
+    def timed_out(self, *args, **kwargs):
+        raise timeout
+
+    diagnostics.Diagnostics.check_later = timed_out
+    raised: dict[str, str] = {}
+    try:
+        ag_gemm(a, b, TPContext(M), persistent=False)
+        raised["ag timeout"] = "NO ERROR"
+    except tilelink.WaitTimeout as exc:
+        raised["ag timeout"] = str(exc)
+    diagnostics.Diagnostics.check_later = counted_check
+    raised.update(_messages({"ag after": lambda: ag_gemm(a, b, TPContext(M), persistent=False)}))
+    seen["timed out"] = (counts["ag"], counts["rs"], 0)
+    if new_world:
+        tilelink.finalize()
+        tilelink.init()
+        device = tilelink.runtime.current_world().device  # the launchers are the same objects: still counted
+        both("new world")
+        both("new world again")
+    return {"errors": errors, "seen": seen, "messages": messages, "raised": raised, "kinds": kinds}

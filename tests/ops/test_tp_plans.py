@@ -9,6 +9,7 @@ import tilelink
 from tests.ops.plan_worlds import (
     kept_plans_compute_the_same,
     one_row_views_of_wider_rows,
+    prepared_launches,
     refused_after_kept_calls,
     unkept_without_a_context,
 )
@@ -46,3 +47,22 @@ def test_the_shard_sizes_are_exchanged_at_each_call_without_a_context() -> None:
 def test_one_row_views_reach_the_descriptors_as_copies() -> None:
     (errors,) = tilelink.spawn(one_row_views_of_wider_rows, 1)
     assert max(errors) < 1e-4, errors
+
+
+def test_a_world_of_one_launches_a_kept_form_without_the_launch_path() -> None:
+    """A call of a form seen before launches the launch prepared for it, with the wait check at each call; another
+    dtype takes the launch path once, a stride is refused, a capture and the call after a timed-out wait take the
+    launch path (recorded; refused), a new world starts again."""
+    (out,) = tilelink.spawn(prepared_launches, 1)
+    assert max(out["errors"].values()) < 1e-3, out["errors"]
+    seen = out["seen"]  # (ag_gemm's launch paths, gemm_rs's, wait checks of the step's two calls)
+    assert seen["first"][2] == 2 and seen["new form"] == (1, 1, 2), seen  # the fp16 form: the launch path
+    for step in ("again", "odd", "float again", "after capture"):  # kept forms, at an odd address too
+        assert seen[step][2] == 2, (step, seen)
+    assert seen["again"][:2] == seen["odd"][:2] == seen["float again"][:2] == (1, 1), seen
+    assert seen["captured"][:2] == (2, 2) and seen["after capture"][:2] == (2, 2), seen
+    assert seen["new world"][:2] == (3, 3) and seen["new world again"][:2] == (3, 3), seen
+    assert all("must be contiguous" in m for m in out["messages"].values()), out["messages"]
+    assert "consumer_tile_wait on channel/tile 1" in out["raised"]["ag timeout"], out["raised"]
+    assert "an earlier call on this rank had a wait time out" in out["raised"]["ag after"], out["raised"]
+    assert out["kinds"] == [("function", 0)], out["kinds"]  # the interpreter: Triton's own launch, prepared
