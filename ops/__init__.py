@@ -25,4 +25,5 @@ def __getattr__(name: str):
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'tilelink.ops' has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
+    value = globals()[name] = getattr(importlib.import_module(module), name)  # kept: found without this next time
+    return value

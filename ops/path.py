@@ -71,14 +71,14 @@ def select(op: str, path: str, world, shared: dict, own: dict, dtype) -> str:
     the environment, which must be alike on every rank (a rank taking the plain path's collective while its peers
     wait in the overlapped kernels would hang them)."""
     check(op, path)
-    forced, calibration = _settings()
-    if path == "auto" and forced not in ("", "auto", "overlap", "plain"):
-        raise LaunchError(f"{op}: TILELINK_PATH={os.environ['TILELINK_PATH']!r} is not one of auto, overlap, plain "
-                          f"(the path of every call that does not pass path=); unset it for auto")
-    if path != "auto":
+    if path != "auto":  # the environment does not count
         if log.isEnabledFor(logging.DEBUG):
             log.debug("%s %s over %d ranks: %s (forced)", op, shared | own, world.world_size, path)
         return path
+    forced, calibration = _settings()
+    if forced not in ("", "auto", "overlap", "plain"):
+        raise LaunchError(f"{op}: TILELINK_PATH={os.environ['TILELINK_PATH']!r} is not one of auto, overlap, plain "
+                          f"(the path of every call that does not pass path=); unset it for auto")
     if world.world_size == 1:
         return forced if forced in ("overlap", "plain") else "overlap"
     # the control's prefix names this world alone (its init); an id could be a finalized world's, and a rank whose
