@@ -252,10 +252,10 @@ def grouped_gemm(part: str, x, w, out, weights, sorted_ids, expert_ids, num_slot
     return kernel, (tiles,), args, meta
 
 
-#: the calls (per shape) whose form of fixed sizes has run on this GPU rank: a captured call launches variants of
+#: the calls (per shape) whose form of fixed sizes is loaded on this GPU rank: a captured call launches variants of
 #: its own (the tile config and grid of the shape's worst case, the fixed routing's kernel), which cannot be
 #: compiled and loaded while a stream captures
-_fixed_ran: set = set()
+_fixed_loaded: set = set()
 
 
 def _launch(part: str, x, w, out, weights, routing: Routing, world, persistent: bool | None = None,
@@ -264,14 +264,37 @@ def _launch(part: str, x, w, out, weights, routing: Routing, world, persistent: 
     column of the inner dimension (K == 0) still takes part, with a zero slice. ``written``: the kernel as
     written, no communication (the plain path: ``x`` all the tokens, ``out`` one row per slot). A routing of
     fixed sizes (a captured call) launches the grid of the shape's worst case; on a GPU the first uncaptured
-    call of a shape runs that form once too, before its own (every rank alike: the key is the call's shapes),
-    so that a capture finds its kernels loaded."""
+    call of a shape then compiles and loads that form's kernels, running none of them (every rank alike: the key
+    is the call's shapes), so that a capture finds them loaded."""
+    N = w.shape[2]
+    kernel, grid, args, meta, run_out = _grouped_gemm(part, x, w, out, weights, routing, world, persistent)
+    if written:  # the kernel as written, no launcher: a step of a capture here (the launchers make their own)
+        from tilelink.runtime import graphs
+
+        graphs.enqueue(lambda: kernel.kernel[grid](*args, **meta))
+    else:
+        kernel[grid](*args, **meta)
+    if run_out is not out:
+        out.copy_(run_out[:, :N])
     if not routing.fixed and world.device.type == "cuda":
         key = (part, tuple(routing.topk_ids.shape), tuple(x.shape), tuple(w.shape), x.dtype, persistent, written)
-        if key not in _fixed_ran:
-            _fixed_ran.add(key)
-            _launch(part, x, w, out, weights, route_fixed(routing.topk_ids, routing.num_experts), world, persistent,
-                    written)
+        if key not in _fixed_loaded:
+            _fixed_loaded.add(key)
+            fixed = route_fixed(routing.topk_ids, routing.num_experts, load=True)
+            kernel, grid, args, meta, _ = _grouped_gemm(part, x, w, out, weights, fixed, world, persistent, load=True)
+            if written:
+                from tilelink.runtime.preload import preload
+
+                preload(kernel.kernel, grid, *args, **meta)
+            else:  # after this shape's first call, which loaded the partner kernels (Launcher.load)
+                kernel.load(grid, *args, **meta)
+
+
+def _grouped_gemm(part: str, x, w, out, weights, routing: Routing, world, persistent: bool | None,
+                  load: bool = False) -> tuple:
+    """``(overlapped kernel, grid, args, meta, the output it writes)`` of :func:`_launch`'s grouped GEMM, the
+    routing aligned to its tile config (``load``: the alignment's kernel only loaded, :func:`tilelink.ops.
+    moe_routing.align_tokens`). The output is ``out``, or a wider one whose first columns are copied to it."""
     E, K, N = w.shape
     num_slots, top_k = routing.topk_ids.numel(), routing.topk_ids.shape[1]
     if K == 0:
@@ -284,17 +307,10 @@ def _launch(part: str, x, w, out, weights, routing: Routing, world, persistent: 
         if w.shape[2] != N:
             run_out = out.new_empty((out.shape[0], w.shape[2]))
     meta = launch_config(part, persistent, routing, E, w.shape[2], x.dtype, w.shape[1], x.device)
-    sorted_ids, expert_ids = align_tokens(routing, E, meta["BLOCK_M"])
+    sorted_ids, expert_ids = align_tokens(routing, E, meta["BLOCK_M"], load=load)
     kernel, grid, args, meta = grouped_gemm(part, x, w, run_out, weights, sorted_ids, expert_ids, num_slots, top_k,
                                             meta, persistent)
-    if written:  # the kernel as written, no launcher: a step of a capture here (the launchers make their own)
-        from tilelink.runtime import graphs
-
-        graphs.enqueue(lambda: kernel.kernel[grid](*args, **meta))
-    else:
-        kernel[grid](*args, **meta)
-    if run_out is not out:
-        out.copy_(run_out[:, :N])
+    return kernel, grid, args, meta, run_out
 
 
 def _check_routing(op: str, topk_ids, num_experts: int, world) -> Routing:

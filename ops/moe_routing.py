@@ -242,11 +242,24 @@ def route(topk_ids: torch.Tensor, num_experts: int) -> Routing:
     return Routing(topk_ids, num_experts, flat, stats[2:2 + num_experts], tuple(counts[:num_experts]))
 
 
-def route_fixed(topk_ids: torch.Tensor, num_experts: int) -> Routing:
+def _step(load: bool, kernel, grid: tuple, *args, **kwargs) -> None:
+    """``kernel[grid](*args, **kwargs)`` as a step of a capture (:func:`tilelink.runtime.graphs.enqueue`), or with
+    ``load`` only compiled and loaded (:func:`tilelink.runtime.preload`: nothing under the interpreter)."""
+    from tilelink.runtime import graphs
+    from tilelink.runtime.preload import preload
+
+    if load:
+        preload(kernel, grid, *args, **kwargs)
+    else:
+        graphs.enqueue(lambda: kernel[grid](*args, **kwargs))
+
+
+def route_fixed(topk_ids: torch.Tensor, num_experts: int, *, load: bool = False) -> Routing:
     """The routing of a captured call: counted on the device with no copy to the host, its sizes the worst case
     of its shape (:attr:`Routing.fixed`, :func:`most_blocks`). Ids outside ``[0, num_experts)`` are clamped into
     range and recorded for the next uncaptured :func:`route` on the device to raise. Its kernel launches are
-    steps of the capture (:func:`tilelink.runtime.graphs.enqueue`)."""
+    steps of the capture (:func:`tilelink.runtime.graphs.enqueue`). ``load``: its kernel is compiled and loaded,
+    not run (a capture to come cannot load it); the routing's ids and counts are then not written."""
     from tilelink.runtime import graphs
 
     check_shape(topk_ids, num_experts)
@@ -261,8 +274,8 @@ def route_fixed(topk_ids: torch.Tensor, num_experts: int) -> Routing:
     stats = torch.zeros(2 + num_experts, dtype=torch.int64, device=device)
     clamped = torch.empty(n, dtype=torch.int32, device=device)
     if n:
-        graphs.enqueue(lambda: routing_stats_kernel[(num_experts,)](flat, n, num_experts, stats, word, clamped,
-                                                                    CHUNK=CHUNK, FIXED=True, num_warps=WARPS))
+        _step(load, routing_stats_kernel, (num_experts,), flat, n, num_experts, stats, word, clamped, CHUNK=CHUNK,
+              FIXED=True, num_warps=WARPS)
     return Routing(topk_ids, num_experts, clamped, stats[2:], None)
 
 
@@ -283,12 +296,12 @@ def as_routing(topk_ids: torch.Tensor | Routing, num_experts: int) -> Routing:
     return topk_ids
 
 
-def align_tokens(topk_ids: torch.Tensor | Routing, num_experts: int, block: int) -> tuple[torch.Tensor, torch.Tensor]:
+def align_tokens(topk_ids: torch.Tensor | Routing, num_experts: int, block: int, *,
+                 load: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Return ``(sorted_slot_ids, expert_ids)``: slots sorted by expert and padded per expert to a
     multiple of ``block`` (padding = ``topk_ids.numel()``), and the expert of each block (int32).
-    ``topk_ids`` may be its :class:`Routing` (no copy to the host then)."""
-    from tilelink.runtime import graphs
-
+    ``topk_ids`` may be its :class:`Routing` (no copy to the host then). ``load``: its kernel is compiled and
+    loaded, not run (:func:`route_fixed`); the routing's own entries are then not written."""
     routing = as_routing(topk_ids, num_experts)
     flat = routing.flat
     device, n = flat.device, flat.numel()
@@ -300,7 +313,6 @@ def align_tokens(topk_ids: torch.Tensor | Routing, num_experts: int, block: int)
         sorted_ids = torch.empty(blocks * block, dtype=torch.int32, device=device)
         expert_ids = torch.empty(blocks, dtype=torch.int32, device=device)
     if blocks:
-        graphs.enqueue(lambda: align_kernel[(num_experts,)](
-            flat, n, routing.counts, num_experts, block, sorted_ids, expert_ids,
-            E_POW2=triton.next_power_of_2(num_experts), CHUNK=CHUNK, num_warps=WARPS))
+        _step(load, align_kernel, (num_experts,), flat, n, routing.counts, num_experts, block, sorted_ids,
+              expert_ids, E_POW2=triton.next_power_of_2(num_experts), CHUNK=CHUNK, num_warps=WARPS)
     return sorted_ids, expert_ids

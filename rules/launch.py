@@ -402,6 +402,37 @@ class Launcher:
             torch.cuda.synchronize(world.device)
         ctx.variants.add(key)
 
+    def load(self, grid, bound: dict) -> None:
+        """On a GPU, compile and load the variant of the rewritten kernel that a call of ``bound`` launches, running
+        nothing: a form of call that only captured calls take (an MoE call's grid and tile of the shapes' worst case)
+        is then found loaded by the capture, which cannot load it. The context of ``bound``'s shapes must have had a
+        call already, which loaded its partner kernels (and whose first variant a dry run autotuned); without one,
+        nothing is loaded here. Under the interpreter there is nothing to load."""
+        from tilelink.runtime.preload import preload
+
+        world = self.world()
+        if world.backend == "emulated":
+            return
+        ctx = self.context(bound)
+        alone = self.alone_call(bound, world)
+        if not alone and not ctx.variants:
+            return  # its first call warms every kernel up (Launcher.warm_up)
+        call = dict(bound) if alone else self.kernel_call(bound, ctx)
+        key = variant_key(self.kernel, call)
+        if key in ctx.variants:
+            return
+        preload(self.kernel, grid, **call, **self.channel_args(ctx.scratch, 0, world, ctx.sharding, ctx.diag))
+        ctx.variants.add(key)
+
+    def alone_call(self, bound: dict, world) -> bool:
+        """Whether a call of ``bound`` runs the rewritten kernel on the caller's own tensors (:meth:`alone`)."""
+        return world.world_size == 1
+
+    def kernel_call(self, bound: dict, ctx) -> dict:
+        """The arguments the rewritten kernel gets for a call of ``bound`` on ``ctx`` (the annotated tensors rebuilt
+        over the context's buffers), but the channel arguments."""
+        raise NotImplementedError
+
     @staticmethod
     def peer_order(world) -> list[int]:
         """The other ranks, ring order (the next rank first)."""

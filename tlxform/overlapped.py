@@ -172,6 +172,12 @@ class OverlappedKernel:
 
         return launch
 
+    def load(self, grid, *args: Any, **kwargs: Any) -> None:
+        """Compile and load, on a GPU, the variant of the rewritten kernel that ``kernel[grid](*args, **kwargs)``
+        launches, running nothing (a form of call that only a later capture takes: a capture cannot load a
+        kernel). A call with the same shapes must have run before."""
+        self.launcher.load(grid, self.bind(args, kwargs))
+
     @functools.cached_property
     def defaults(self) -> dict[str, Any]:
         """The kernel's parameters that have a default (``STEP: tl.constexpr = 2``) and their defaults, read once: a

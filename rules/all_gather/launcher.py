@@ -196,6 +196,13 @@ class AllGatherLauncher(Launcher):
         with races.watch(ctx.channel.barriers, on_wait=deliver), races.program_starts(next_program):
             self.kernel[grid](**call, **consumer_args)
 
+    def kernel_call(self, bound: dict, ctx: AllGatherContext) -> dict:
+        """The gathered tensors over the set of an odd call (a captured call's; both sets are alike)."""
+        call = dict(bound)
+        for name, full in zip(self.plan.tensors, ctx.sets[1], strict=True):
+            call[name] = rebuilt(bound[name], full)  # a host descriptor: the same one over the gathered rows
+        return call
+
     def _launch_captured(self, grid, bound: dict, ctx: AllGatherContext, world) -> None:
         """A captured call (:mod:`tilelink.runtime.graphs`): the twin's channels and one set of gathered copies (a
         replay cannot alternate them), so two barriers of the ranks' main streams, on the device, take the place
@@ -207,9 +214,7 @@ class AllGatherLauncher(Launcher):
         dim, k = self.plan.dim, len(ctx.shapes)
         lo, hi = ctx.sharding.rank_range(world.rank)
         fulls = ctx.sets[1]  # the set of an odd call: with epoch 1, every helper below picks it
-        call = dict(bound)
-        for name, full in zip(self.plan.tensors, fulls, strict=True):
-            call[name] = rebuilt(bound[name], full)  # a host descriptor: the same one over the gathered rows
+        call = self.kernel_call(bound, ctx)
         twin = self.begin_captured(ctx, world, grid, call)
         main, side = twin.streams.main, twin.streams.side
         self.device_barrier(twin, world, main)

@@ -378,20 +378,26 @@ class ReduceScatterLauncher(Launcher):
         if cache[key] is not None:
             raise LaunchError(f"{self.okernel.name}: {cache[key]}")
 
+    def alone_call(self, bound: dict, world) -> bool:
+        return world.world_size == 1 and not self.plan.topk  # the output shard is the whole result
+
+    def kernel_call(self, bound: dict, ctx: ReduceScatterContext) -> dict:
+        """The partial sums into the symmetric buffer (a host descriptor: the same one over it)."""
+        (name,) = self.plan.tensors
+        return {**bound, name: rebuilt(bound[name], ctx.partial)}
+
     def launch(self, grid, bound: dict) -> None:
         self.refuse_epilogue(bound)
         world = self.world()
         ctx = self.context(bound)
         ctx.streams.follow_caller(world.device)
-        if world.world_size == 1 and not self.plan.topk:  # the output shard is the whole result
+        if self.alone_call(bound, world):  # the output shard is the whole result
             if self.plan.atomic_axes is not None:  # a split-K write-back adds into it: from zero
                 described(bound[self.plan.tensors[0]]).zero_()
             self.alone(grid, dict(bound), ctx, world)
             return
-        (name,) = self.plan.tensors
-        out = described(bound[name])
-        # the kernel writes its partial sums to the symmetric buffer (a host descriptor: the same one over it)
-        call = {**bound, name: rebuilt(bound[name], ctx.partial)}
+        out = described(bound[self.plan.tensors[0]])
+        call = self.kernel_call(bound, ctx)  # the kernel writes its partial sums to the symmetric buffer
         from tilelink.runtime import graphs
 
         if graphs.capturing(world.device):

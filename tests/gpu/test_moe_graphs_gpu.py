@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import tilelink
-from tests.ops.moe_graph_worlds import layer_replays_match_torch, moe_replays_match_torch
+from tests.ops.moe_graph_worlds import layer_replays_match_torch, moe_replays_match_torch, warm_up_launches_once
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
                                                   reason="needs an NVIDIA GPU (run tests/gpu/run.sh on the device)")]
@@ -41,3 +41,16 @@ def test_captured_moe_layer_replays_new_routings(world: int, heap_for_ranks) -> 
     for rank, per_rank in enumerate(tilelink.spawn(layer_replays_match_torch, world, 64, 512, 512, 8, 2, 20, True,
                                                    backend="nvshmem")):
         assert len(per_rank) == 22 and all(err < 2e-2 for err in per_rank), (rank, per_rank)
+
+
+@pytest.mark.parametrize("persistent", [None, False])
+@pytest.mark.parametrize("world", [1, 2])
+def test_the_first_call_loads_the_captured_form_without_running_it(world: int, persistent, heap_for_ranks) -> None:
+    """The first uncaptured call of a shape launches each grouped GEMM once: the captured form's kernels (the
+    worst-case grid and tile, the fixed routing's) are compiled and loaded, not run, and the capture after it
+    finds them loaded; one replay and an uncaptured call after it against torch."""
+    heap_for_ranks(world)
+    for rank, (counts, errors) in enumerate(tilelink.spawn(warm_up_launches_once, world, 600, 512, 512, 8, 2,
+                                                           persistent, backend="nvshmem")):
+        assert len(counts) == 2 and all(n == 3 for n in counts.values()), (rank, counts)
+        assert all(err < 2e-2 for errs in errors.values() for err in errs), (rank, errors)

@@ -111,6 +111,27 @@ def moe_replays_match_torch(M: int, H: int, inter: int, E: int, top_k: int, repl
     return errors
 
 
+def warm_up_launches_once(M: int, H: int, inter: int, E: int, top_k: int, persistent: bool | None = None
+                          ) -> tuple[dict[str, int], dict[str, list[float]]]:
+    """:func:`moe_replays_match_torch` with one replay on a CUDA graph, counting the host launches of each MoE
+    grouped GEMM: the warm-up's, the capture's and the uncaptured call's, one each (the warm-up loads the captured
+    form's kernels without running them). Returns the counts and the errors."""
+    from tilelink.ops import moe_kernels
+
+    counts: dict[str, int] = {}
+    for name in ("ag_group_gemm_kernel", "ag_group_gemm_persistent_kernel", "group_gemm_rs_kernel",
+                 "group_gemm_rs_sweep_kernel"):
+        launcher = getattr(moe_kernels, name).launcher
+
+        def counted(grid, bound, launch=launcher.launch, name=name):
+            counts[name] = counts.get(name, 0) + 1
+            return launch(grid, bound)
+
+        launcher.launch = counted
+    errors = moe_replays_match_torch(M, H, inter, E, top_k, 1, persistent, True)
+    return counts, errors
+
+
 def _replay_out_of_range(M: int, H: int, E: int, bad: int):
     """``ag_moe`` called, captured, and replayed once with token 1 routed to expert id ``bad`` on every rank (the
     replay finishes, the id clamped into range). Returns the call (run it again uncaptured) and the ids."""

@@ -159,3 +159,28 @@ def test_the_replays_record_is_read_without_a_later_route():
     finally:
         moe_routing._captured_on.discard(key)
         moe_routing._captured_experts.pop(key, None)
+
+
+def test_loading_the_fixed_routing_runs_none_of_its_kernels(monkeypatch):
+    """route_fixed and align_tokens with load=True (a captured call's kernels, loaded before the capture) compile and
+    load the fixed form's kernels (tilelink.runtime.preload) and launch nothing: an id out of range is not
+    recorded, and the blocks stay padding."""
+    import sys
+
+    from tilelink.ops import moe_routing
+
+    loaded = []
+    monkeypatch.setattr(sys.modules["tilelink.runtime.preload"], "preload", lambda kernel, grid, *args, **kwargs:
+                        loaded.append((kernel, grid, kwargs)))
+    ids = torch.tensor([[0, 1], [2, 3], [4, 5]])
+    route(ids, 6)  # outside a capture first: it makes the device's record
+    word = moe_routing._ranges[str(ids.device)]
+    bad = ids.clone()
+    bad[1, 0] = 9
+    fixed = route_fixed(bad, 6, load=True)
+    sorted_ids, expert_ids = align_tokens(fixed, 6, 4, load=True)
+    assert [(k, grid) for k, grid, _ in loaded] == [(moe_routing.routing_stats_kernel, (6,)),
+                                                    (moe_routing.align_kernel, (6,))]
+    assert loaded[0][2]["FIXED"] is True
+    assert word.tolist() == [0, 0]  # the clamping kernel did not run
+    assert (expert_ids == -1).all() and (sorted_ids == 6).all()  # padding only: the alignment did not run
