@@ -1376,7 +1376,9 @@ def _check_pointer_advances(an: _Analyzer, acc: Access, tile: Tile, pointers: se
                 continue
             step = _step_of(value, name)
             _judge_step(an, acc, tile, name, step, rows, an.where(ref.node))
-            _check_advance_in_loop(an, acc, tile, name, step, exprs, an.where(ref.node))
+            # `p = p - d` moves back as `p -= d` does
+            _check_advance_in_loop(an, acc, tile, name, step, exprs, an.where(ref.node),
+                                   isinstance(value, cst.BinaryOperation) and isinstance(value.operator, cst.Subtract))
         for node in m.findall(an.fn.body, m.AugAssign(target=m.Name(name))):
             step = node.value if isinstance(node.operator, (cst.AddAssign, cst.SubtractAssign)) else None
             _judge_step(an, acc, tile, name, step, rows, an.where(node))
@@ -1391,10 +1393,15 @@ def _check_advance_in_loop(an: _Analyzer, acc: Access, tile: Tile, name: str, st
     wait or notify does not cover) unless the access's mask bounds the columns on every step. Accepted: the matmul
     form, the step a stride parameter that scales a column vector of the address times factors ``F``
     (``a_ptrs += BLOCK_K * stride_ak``), the access in the same loop before the advance, that loop counting ``k``
-    up from 0 by 1, and a mask conjunct ``offs_k[None, :] < X - k * F`` (also through a local bound once,
-    ``k_remaining = K - k * BLOCK_K``): the columns touched on step ``k`` are ``offs_k + k * F``, below ``X``.
-    Anything else advanced in a loop (a step no column vector's stride scales, ``x_ptrs += step``; no such mask; an
-    access after the loop; a ``while`` loop) is refused: TileLink cannot bound the rows it touches."""
+    up from 0 by 1, and a mask conjunct ``offs_k[None, :] < X - k * F`` (also through a local bound once in that
+    loop before the access, ``k_remaining = K - k * BLOCK_K``): the columns touched on step ``k`` are ``offs_k + k *
+    F``, below ``X``. ``F`` are parameters the kernel does not bind and int literals, the same on every iteration;
+    the pointer is advanced once in the loop, forward; and a loop around that loop binds the pointer afresh before
+    it (a persistent matmul's ``a_ptrs = ...`` for each tile), so each pass starts at the row's first column again.
+    Anything else advanced in a loop (a step no column vector's stride scales, ``x_ptrs += step``; a step back,
+    ``x_ptrs -= BLOCK_K * stride_ak``; two advances; a factor the kernel binds; no such mask; an access after the
+    loop; an outer loop that does not bind the pointer afresh; a ``while`` loop) is refused: TileLink cannot bound
+    the rows it touches."""
     loops = [lp for lp in m.findall(an.fn.body, m.For() | m.While()) if _contains(an, lp, at)]
     if not loops:
         return  # advanced once: its terms are the row shift check's
@@ -1405,19 +1412,32 @@ def _check_advance_in_loop(an: _Analyzer, acc: Access, tile: Tile, name: str, st
             "counting from 0 (`for k in range(0, tl.cdiv(K, BLOCK_K))`) and the columns masked on each step "
             "(`mask=... & (offs_k[None, :] < K - k * BLOCK_K)`); or compute the address from the loop variable "
             "(`x_ptr + ... + j * step` for `j in range(a, b)`), which the launch checks at both ends of the loop")
-    what = (f"`{name}` is advanced by `{code(step)}` at line {at.line}, inside the loop at line "
-            f"{an.where(loop).line}: over the loop it moves")
+    what = (f"`{name}` is {'moved back' if backwards else 'advanced'} by `{code(step)}` at line {at.line}, inside the "
+            f"loop at line {an.where(loop).line}: over the loop it moves")
 
-    def refuse(why: str) -> AnnotationError:
+    def refuse(why: str, fix: str = hint) -> AnnotationError:
         return _refuse(acc, f"{what} {why}, so the {acc.kind} at line {acc.where.line} may touch rows of "
-                            f"{acc.tensor!r} its {_waits(acc)} does not cover", hint)
+                            f"{acc.tensor!r} its {_waits(acc)} does not cover", fix)
 
+    # every in-place advance of the pointer: two in one loop move it by both steps on each iteration, which a mask
+    # for one step does not bound
+    sites = [an.where(ref.node) for ref, value in an.assignments.get(name, []) if name in names_in(value)] + [
+        an.where(node) for node in m.findall(an.fn.body, m.AugAssign(target=m.Name(name)))]
+    inside = sorted({s.line for s in sites if _contains(an, loop, s)})
+    if len(inside) > 1:
+        raise refuse(f"once for each of its advances in that loop (lines {', '.join(map(str, inside))}) on every "
+                     f"iteration, while the mask bounds the columns of one step",
+                     f"advance `{name}` once in the loop, by the whole step of an iteration (`a_ptrs += 2 * BLOCK_K * "
+                     f"stride_ak`), and mask the columns by that step (`offs_k[None, :] < K - k * 2 * BLOCK_K`)")
     factors: list[cst.BaseExpression] = []
     todo = [step]
     while todo:
         node = todo.pop()
         if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Multiply):
             todo += [node.left, node.right]
+        elif isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Minus):
+            backwards = not backwards  # `x_ptrs += -BLOCK_K * stride_ak` moves back as `-=` does
+            todo.append(node.expression)
         else:
             factors.append(node.with_changes(lpar=[], rpar=[]) if getattr(node, "lpar", None) else node)
     columns: dict[str, str] = {}  # stride parameter -> the column vector it scales in the address
@@ -1428,13 +1448,45 @@ def _check_advance_in_loop(an: _Analyzer, acc: Access, tile: Tile, name: str, st
                         other, cst.Name) and other.value in an.params and side.value.value != tile.offsets:
                     columns[other.value] = side.value.value
     strides = [f for f in factors if isinstance(f, cst.Name) and f.value in columns]
-    if backwards or len(strides) != 1:
+    if len(strides) != 1:
         raise refuse("by a step TileLink cannot place on a column vector of the address (it needs one stride "
                      "parameter that scales a column vector, times the block)")
     stride = strides[0].value
+    if backwards:
+        # the first step back already reads before the row's first column: the end of the row before
+        forward = " * ".join(sorted(code(f) for f in factors if f is not strides[0])) or "1"
+        raise refuse(f"back along `{stride}` on every iteration, before the first column of the row",
+                     f"walk the columns forward from the row's start (`{name} += {forward} * {stride}` with the mask "
+                     f"`{columns[stride]}[None, :] < K - k * {forward}`), or compute the address from the loop "
+                     f"variable (`x_ptr + ... + k * {forward} * {stride}` for `k in range(n - 1, -1, -1)`), which the "
+                     f"launch checks at both ends of the loop")
+    for f in factors:
+        if f is not strides[0] and not isinstance(f, cst.Integer) and not (
+                isinstance(f, cst.Name) and f.value in an.params and not an.bindings.get(f.value)):
+            # a local may change from one iteration to the next (`s = k % 2`), or be negative
+            raise refuse(f"by `{code(f)}` times `{stride}` on every iteration, a factor that is not a parameter "
+                         f"the kernel leaves as passed nor an int literal: TileLink cannot tell that it is the same, "
+                         f"and not negative, on every step")
     rest = sorted(code(f) for f in factors if f is not strides[0])
     if not _contains(an, loop, acc.where) or (acc.where.line, acc.where.column) > (at.line, at.column):
         raise refuse("once more on every iteration, and the access is not in that loop before the advance")
+    around = [lp for lp in loops if lp is not loop]
+    if around:
+        # a loop around the loop runs it again from where the last pass left the pointer, unless it binds the
+        # pointer afresh first: in a block of its own that holds the inner loop (so on every pass), before it
+        outer = min(around, key=lambda lp: (an.positions[lp].end.line - an.positions[lp].start.line,
+                                            an.positions[lp].end.column - an.positions[lp].start.column))
+        start = an.where(loop)
+        if not any(name not in names_in(value) and ref.node is not outer and _contains(an, outer, an.where(ref.node))
+                   and ref.blocks and _contains(an, ref.blocks[-1], start)
+                   and (an.where(ref.node).line, an.where(ref.node).column) < (start.line, start.column)
+                   for ref, value in an.assignments.get(name, [])):
+            raise refuse(f"once more on every iteration, and the loop at line {an.where(outer).line} around it runs "
+                         f"that loop again without binding `{name}` afresh before it: each pass starts where the last "
+                         f"one left the pointer",
+                         f"bind `{name}` afresh in the loop at line {an.where(outer).line}, before the loop at line "
+                         f"{start.line} (`a_ptrs = a_ptr + offs_m[:, None] * stride_am + offs_k[None, :] * "
+                         f"stride_ak`, as a persistent matmul does for each tile)")
     it = loop.iter if isinstance(loop, cst.For) else None
     args = [a.value for a in it.args if a.keyword is None] if isinstance(it, cst.Call) and (m.matches(
         it.func, m.Name("range")) or m.matches(it.func, m.Attribute(value=m.Name("tl"), attr=m.Name(
@@ -1447,16 +1499,45 @@ def _check_advance_in_loop(an: _Analyzer, acc: Access, tile: Tile, name: str, st
     if any(b != an.where(loop) and _contains(an, loop, b) for b, _ in an.bindings.get(k, [])):
         raise refuse(f"once more on every iteration, and the loop variable `{k}` is bound again in the loop")
     vector = columns[stride]
+    # the mask must bound the columns the address was made from: `cols` bound again between the two (`cols = cols -
+    # BLOCK_K` before the loop or in it) lets other columns by
+    start = an.where(loop)
+    made = [an.where(ref.node) for defs in an.assignments.values() for ref, v in defs
+            if any(v is e for e in exprs) and vector in names_in(v)
+            and (an.where(ref.node).line, an.where(ref.node).column) < (start.line, start.column)]
+    first = min(((w.line, w.column) for w in made), default=None)
+    for b, _ in an.bindings.get(vector, []):
+        if (b != start and _contains(an, loop, b)) or first is not None and first < (b.line, b.column) < (
+                start.line, start.column):
+            raise refuse(f"along `{stride}` once more on every iteration, and the columns `{vector}` its mask bounds "
+                         f"are bound again at line {b.line}, after the address was made from them: the mask does not "
+                         f"bound the columns the address reads",
+                         f"bind `{vector}` once before the pointer is made from it, and not again before the loop or in "
+                         f"it, so that the mask (`{vector}[None, :] < K - {k} * {' * '.join(rest) or '1'}`) bounds the "
+                         f"columns the address reads")
+
+    def in_loop(ref: StmtRef) -> bool:
+        """``ref`` runs on every iteration before the access: in the loop, in a block that holds the access."""
+        where = an.where(ref.node)
+        return ref.node is not loop and _contains(an, loop, where) and bool(ref.blocks) and _contains(
+            an, ref.blocks[-1], acc.where) and (where.line, where.column) < (acc.where.line, acc.where.column)
 
     def bound_terms(node: cst.BaseExpression, depth: int = 0) -> list[tuple[cst.BaseExpression, bool]]:
         out = []
         for term, negative in _terms(node.with_changes(lpar=[], rpar=[]) if getattr(node, "lpar", None) else node):
             defs = an.assignments.get(term.value, []) if isinstance(term, cst.Name) else []
-            if depth < 8 and len(defs) == 1 and term.value not in an.params and term.value not in an.rebound:
+            # a local bound before the loop holds the value of another step (`j = 0; left = D - j * BLOCK_D`)
+            if depth < 8 and len(defs) == 1 and term.value not in an.params and term.value not in an.rebound \
+                    and in_loop(defs[0][0]):
                 out += [(t, n != negative) for t, n in bound_terms(defs[0][1], depth + 1)]
             else:
                 out.append((term, negative))
         return out
+
+    def varies(term: cst.BaseExpression) -> bool:
+        """``term`` reads a name other than ``k`` that the loop binds: it may change from one step to the next."""
+        return any(b != an.where(loop) and _contains(an, loop, b) for n in names_in(term) - {k}
+                   for b, _ in an.bindings.get(n, []))
 
     def per_step(term: cst.BaseExpression) -> bool:
         parts, todo = [], [term]
@@ -1484,11 +1565,13 @@ def _check_advance_in_loop(an: _Analyzer, acc: Access, tile: Tile, name: str, st
                 and isinstance(node.comparisons[0].operator, cst.LessThan):
             terms = bound_terms(node.comparisons[0].comparator)
             if sum(1 for t, negative in terms if negative and per_step(t)) == 1 and not any(
-                    k in names_in(t) for t, negative in terms if not (negative and per_step(t))):
+                    k in names_in(t) for t, negative in terms if not (negative and per_step(t))) and not any(
+                    varies(t) for t, _ in terms):
                 return
     raise refuse(f"along `{stride}` once more on every iteration, and the mask does not bound the columns "
                  f"`{vector}` by what is left of the row on each step (`{vector}[None, :] < K - {k} * "
-                 f"{' * '.join(rest) or '1'}`)")
+                 f"{' * '.join(rest) or '1'}`, also through a local bound in the loop before the access, of names the "
+                 f"loop does not bind)")
 
 
 def _step_of(value: cst.BaseExpression, name: str) -> cst.BaseExpression | None:

@@ -3,7 +3,11 @@ rows, what it adds over the loop leaves the row unless the access's mask bounds 
 reads the next rows, which the tile's wait does not cover. The matmul form (`x_ptrs += BLOCK_D * stride_xd` after
 the load, the loop counting `j` from 0 and `cols[None, :] < D - j * BLOCK_D` in the mask) builds and equals torch on
 the race-exposing schedule; a step no column stride scales, an unmasked advance, an advance before the access, an
-access after the loop and a `while` loop are refused at the access."""
+access after the loop and a `while` loop are refused at the access. So are the forms that leave the row although each
+advance alone reads as the matmul form: two advances in one loop, a step back (`x_ptrs = x_ptrs - ...`), an outer loop
+that runs the loop again without binding the pointer afresh, a mask or step factor that is not the same on every step,
+and a mask over columns bound again after the address was made from them. An outer loop that binds the pointer afresh
+before the loop (a persistent matmul) builds and equals torch."""
 
 from __future__ import annotations
 
@@ -72,6 +76,59 @@ REFUSED = {
 }
 
 
+# an outer loop around the loop: it must bind the pointer afresh before it, on every pass
+NESTED = STRIDED.replace(LOOP + LOAD + ADVANCE, "    for r in range(0, 2):\nRESET    " + LOOP + "    " + LOAD + "    "
+                         + ADVANCE).replace("    x_ptrs = x_ptr", "    x_start = x_ptr")
+FRESH = NESTED.replace("RESET", "        x_ptrs = x_start\n")
+
+# forms that leave the row although each advance alone reads as the matmul form: (source, the refusal says, its hint
+# says)
+LEAVING = {
+    # two advances under a mask for one: the pointer moves two blocks a step
+    "two_advances": (STRIDED.replace(ADVANCE, ADVANCE + ADVANCE),
+                     f"once for each of its advances in that loop (lines {LOAD_LINE + 1}, {LOAD_LINE + 2})",
+                     "by the whole step of an iteration"),
+    # a step back, in each way of writing it: the first one reads the end of the row before
+    "subtract_assign": (STRIDED.replace(ADVANCE, "        x_ptrs = x_ptrs - BLOCK_D * stride_xd\n"),
+                        "moves back along `stride_xd` on every iteration", "walk the columns forward"),
+    "subtract_in_place": (STRIDED.replace(ADVANCE, "        x_ptrs -= BLOCK_D * stride_xd\n"),
+                          "moves back along `stride_xd` on every iteration", "walk the columns forward"),
+    "negative_factor": (STRIDED.replace(ADVANCE, "        x_ptrs += -BLOCK_D * stride_xd\n").replace(
+        "D - j * BLOCK_D", "D - j * -BLOCK_D"), "moves back along `stride_xd` on every iteration",
+        "walk the columns forward"),
+    # the second pass of the outer loop starts where the first left the pointer
+    "nested_no_reset": (NESTED.replace("RESET", "").replace("x_start = x_ptr", "x_ptrs = x_ptr"), "runs that loop again without binding `x_ptrs` afresh",
+                        "bind `x_ptrs` afresh in the loop at line"),
+    "nested_reset_in_a_branch": (NESTED.replace("RESET", "        if r == 0:\n            x_ptrs = x_start\n"),
+                                 "runs that loop again without binding `x_ptrs` afresh",
+                                 "bind `x_ptrs` afresh in the loop at line"),
+    # what is left of the row, bound before the loop: the value of step 0 on every step
+    "remaining_before_the_loop": (STRIDED.replace(LOOP, "    j = 0\n    left = D - j * BLOCK_D\n" + LOOP).replace(
+        "D - j * BLOCK_D), other", "left), other"), "the mask does not bound the columns",
+        "offs_k[None, :] < K - k * BLOCK_K"),
+    # a step factor that changes with the iteration, or a negative one the kernel binds
+    "varying_factor": (STRIDED.replace(ADVANCE, "        s = j % 2\n        x_ptrs += s * BLOCK_D * stride_xd\n")
+                       .replace("D - j * BLOCK_D", "D - j * s * BLOCK_D"),
+                       "by `s` times `stride_xd` on every iteration, a factor that is not a parameter",
+                       "offs_k[None, :] < K - k * BLOCK_K"),
+    "bound_factor": (STRIDED.replace(LOOP, "    s = -1\n" + LOOP).replace(
+        ADVANCE, "        x_ptrs += s * BLOCK_D * stride_xd\n").replace("D - j * BLOCK_D", "D - j * s * BLOCK_D"),
+        "by `s` times `stride_xd` on every iteration, a factor that is not a parameter",
+        "offs_k[None, :] < K - k * BLOCK_K"),
+    # a mask bound the loop changes (`lim` of the last step on the next)
+    "varying_bound": (STRIDED.replace(LOOP, "    lim = D\n" + LOOP).replace("D - j * BLOCK_D", "lim - j * BLOCK_D")
+                      .replace(ADVANCE, ADVANCE + "        lim = lim + BLOCK_D\n"),
+                      "the mask does not bound the columns", "offs_k[None, :] < K - k * BLOCK_K"),
+    # the mask bounds other columns than the address reads
+    "columns_moved_before": (STRIDED.replace(LOOP, "    cols = cols - BLOCK_D\n" + LOOP),
+                             f"the columns `cols` its mask bounds are bound again at line {LOAD_LINE - 1}",
+                             "bind `cols` once before the pointer is made from it"),
+    "columns_moved_inside": (STRIDED.replace(ADVANCE, ADVANCE + "        cols = cols - BLOCK_D\n"),
+                             f"the columns `cols` its mask bounds are bound again at line {LOAD_LINE + 2}",
+                             "bind `cols` once before the pointer is made from it"),
+}
+
+
 def _generated(source: str):
     return generate(source, "strip_sum.py", requests_in(source, "strip_sum.py"))
 
@@ -88,7 +145,19 @@ def test_a_pointer_advanced_in_a_loop_past_what_the_mask_bounds_is_refused(form:
     assert "offs_k[None, :] < K - k * BLOCK_K" in info.value.hint, info.value.hint
 
 
-@pytest.mark.parametrize("source", [STRIDED, REMAINING], ids=["masked", "remaining"])
+@pytest.mark.parametrize("form", sorted(LEAVING))
+def test_an_advance_that_leaves_the_row_over_the_loop_is_refused(form: str) -> None:
+    source, says, hint = LEAVING[form]
+    assert source != STRIDED and "RESET" not in source, form
+    with pytest.raises(AnnotationError) as info:
+        _generated(source)
+    said = str(info.value)
+    assert says in said and "may touch rows of 'x_ptr' its wait does not cover" in said, said
+    assert f"strip_sum.py:{info.value.line}:" in said and "cannot place on a column vector" not in said, said
+    assert hint in info.value.hint, info.value.hint
+
+
+@pytest.mark.parametrize("source", [STRIDED, REMAINING, FRESH], ids=["masked", "remaining", "fresh_each_pass"])
 def test_the_matmul_form_of_an_advance_builds(source: str) -> None:
     (entry, *_) = [str(e) for e in _generated(source).report.entries if e.message.startswith("consumer_tile_wait")]
     assert entry.startswith("[applied]"), entry
@@ -97,7 +166,7 @@ def test_the_matmul_form_of_an_advance_builds(source: str) -> None:
 M, D, BLOCK_D = 12, 8, 4
 
 
-def _strips(path: str, nstep: int) -> float:
+def _strips(path: str, nstep: int, passes: int = 1) -> float:
     spec = importlib.util.spec_from_file_location(f"strip_sum_{abs(hash(path))}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -107,7 +176,7 @@ def _strips(path: str, nstep: int) -> float:
     device = current_world().device
     y = torch.full((M, BLOCK_D), float("nan"), device=device)
     module.strip_sum[(M // 4,)](x[lo:hi].contiguous().to(device), y, M, D, nstep, D, 1, BLOCK_M=4, BLOCK_D=BLOCK_D)
-    want = sum(x[:, j * BLOCK_D:(j + 1) * BLOCK_D] for j in range(min(nstep, D // BLOCK_D)))
+    want = passes * sum(x[:, j * BLOCK_D:(j + 1) * BLOCK_D] for j in range(min(nstep, D // BLOCK_D)))
     got = y.cpu()
     return float("inf") if got.isnan().any() else (got - want).abs().max().item()
 
@@ -121,4 +190,15 @@ def test_the_matmul_form_past_the_row_equals_torch_on_the_race_exposing_schedule
     path.write_text(STRIDED)
     # four steps over a row of two blocks: the mask stops the last two at the row's end
     errors = tilelink.spawn(_strips, world, str(path), 4)
+    assert all(e < 1e-5 for e in errors), errors
+
+
+@pytest.mark.slow
+def test_an_outer_loop_that_binds_the_pointer_afresh_equals_torch_on_the_race_exposing_schedule(tmp_path,
+                                                                                                monkeypatch) -> None:
+    monkeypatch.setenv("TILELINK_RACES", "1")
+    path = tmp_path / "strip_sum_fresh.py"
+    path.write_text(FRESH)
+    # each of the two passes starts at the row's first column: twice the sum of one
+    errors = tilelink.spawn(_strips, 3, str(path), 4, 2)
     assert all(e < 1e-5 for e in errors), errors
