@@ -1237,6 +1237,50 @@ def _advanced(an: _Analyzer, acc: Access, offsets: str) -> list[tuple[bool, tupl
     return out
 
 
+def _descriptor_row_facts(an: _Analyzer, acc: Access) -> tuple[set[tuple[str, ...]], list[tuple],
+                                                                    set[tuple[str, ...]]]:
+    """The row facts of a descriptor the kernel makes from a tensor gathered or reduced along dim 0,
+    ``tl.make_tensor_descriptor(x_ptr, shape=[M, D], strides=[stride_m, stride_d], ...)``: its rows are its first
+    offset, ``stride_m`` elements apart (a row scale: the launch checks it is the buffer's row), and every element it
+    reads along the other dims, up to ``(D - 1) * stride_d``, must stay within the row (a row shift): a shape wider
+    than the row (``shape=[M, D + COL]`` with ``strides=[D, 1]``, read at column ``COL``) reads the next row, which
+    the wait does not cover. Past its shape a descriptor reads zeros, so the offsets along the other dims need no
+    bound. A descriptor the kernel makes from a host one, or whose shape or strides TileLink cannot read at the
+    launch, is refused at the access."""
+    defs = an.assignments.get(acc.pointer, [])
+    make = defs[0][1] if len(defs) == 1 else None
+    if not isinstance(make, cst.Call) or not _is_tl_call(make, "make_tensor_descriptor"):
+        return set(), [], set()  # a host descriptor: the launcher rebuilds it over the buffer
+    shape, strides = _arg(make, 1, "shape"), _arg(make, 2, "strides")
+    hint = ("give the descriptor's shape and strides as parameters, literals or products of them, the rows' stride "
+            "first and the row's length after it (`shape=[M, D], strides=[stride_m, 1]`)")
+
+    def factors(node: cst.BaseExpression) -> tuple[str, ...]:
+        found = None if m.findall(node, m.Call() | m.Subscript()) else _factors(an, node, "\0")
+        if found is None:
+            raise _refuse(acc, f"the descriptor `{acc.pointer}` of {acc.tensor!r} has `{code(node)}` in its shape or "
+                               f"strides, which TileLink cannot read at the launch: it cannot check that the "
+                               f"{acc.kind} at line {acc.where.line} stays within the rows its {_waits(acc)} covers",
+                          hint)
+        return tuple(found)
+
+    if not isinstance(shape, (cst.List, cst.Tuple)) or not isinstance(strides, (cst.List, cst.Tuple)) or len(
+            shape.elements) != len(strides.elements) or not shape.elements:
+        raise _refuse(acc, f"the descriptor `{acc.pointer}` of {acc.tensor!r} is made without a literal list of its "
+                           f"shape and strides, one entry each per dim: TileLink cannot check that the {acc.kind} at "
+                           f"line {acc.where.line} stays within the rows its {_waits(acc)} covers", hint)
+    scale = factors(strides.elements[0].value)
+    terms: _Terms = []
+    for size, stride in zip(shape.elements[1:], strides.elements[1:], strict=True):
+        step = factors(stride.value)
+        for term, negative in _terms(size.value):
+            if isinstance(term, cst.UnaryOperation) and isinstance(term.operator, cst.Minus):
+                term, negative = term.expression, not negative
+            terms.append((negative, factors(term) + step))
+        terms.append((True, step))  # the last element along the dim is at (size - 1) * stride
+    return {scale}, [tuple(terms)] if terms else [], set()
+
+
 def _row_scales(an: _Analyzer, acc: Access, pointers: set[str]) -> tuple[set[tuple[str, ...]], list[tuple],
                                                                          set[tuple[str, ...]]]:
     """The scales of the rows of a pointer access (see ``KernelAnalysis.row_scales``), and its scalar terms along dim 0
@@ -1256,6 +1300,8 @@ def _row_scales(an: _Analyzer, acc: Access, pointers: set[str]) -> tuple[set[tup
         from tilelink.tile_rows import inner_terms
 
         shifts, steps = inner_terms(an, acc, pointers)
+    if acc.descriptor and along and tile is not None and not tile.dynamic:
+        return _descriptor_row_facts(an, acc)
     if acc.descriptor or tile is None or tile.offsets is None or tile.dynamic:
         return set(), shifts, steps
     offsets = tile.offsets

@@ -292,7 +292,8 @@ class OverlappedKernel:
                         f"{self.name}: the address at {_display_path(self.file)}:{line} adds {shift} elements ({said}"
                         f"{said_config}) to the rows of {tensor!r}, whose rows are {rows} elements long: it touches "
                         f"other rows than those its wait or notify covers; index those rows with an offsets vector of "
-                        f"their own (`nxt = start + BLOCK + tl.arange(0, BLOCK)`, `x_ptr + nxt[:, None] * stride`)")
+                        f"their own (`nxt = start + BLOCK + tl.arange(0, BLOCK)`, `x_ptr + nxt[:, None] * stride`), "
+                        f"and give a descriptor a shape within the row (`shape=[M, D]` for rows of D elements)")
         if key is not None and len(self._signs_passed) < 1024:
             self._signs_passed.add(key)
 

@@ -1,0 +1,120 @@
+"""A descriptor the kernel makes from a tensor gathered along dim 0 reads its rows at its first offset, `strides[0]`
+elements apart, and its other dims up to `(shape[1] - 1) * strides[1]` past the row's start. Each call with more than
+one rank checks both against the gathered buffer: a shape wider than the row (`shape=[M, D + COL]` read at column
+`COL`) reads the next row, and a row stride other than the buffer's reads other rows, neither of which the tile's wait
+covers; within the row the kernel equals torch on the race-exposing schedule. A shape TileLink cannot read at the
+launch is refused at the access."""
+
+from __future__ import annotations
+
+import importlib.util
+import textwrap
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+import tilelink
+from tests.rules.cases import rows_of
+from tilelink.annotations import requests_in
+from tilelink.codegen import generate
+from tilelink.errors import AnnotationError, LaunchError
+from tilelink.runtime import current_world
+
+SHIFTED = textwrap.dedent('''
+    import triton
+    import triton.language as tl
+
+    import tilelink
+
+
+    @tilelink.overlap(tilelink.all_gather("x_ptr", size="M"))
+    @triton.jit
+    def shifted_copy(x_ptr, y_ptr, M, D, COL, stride_xm, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+        # y[m, :] = the BLOCK_D elements of the row from column COL, zeros past D + COL
+        desc = tl.make_tensor_descriptor(x_ptr, shape=[M, D + COL], strides=[stride_xm, 1],
+                                         block_shape=[BLOCK_M, BLOCK_D])
+        pid = tl.program_id(0)
+        x = desc.load([pid * BLOCK_M, COL])
+        offs_m = pid * BLOCK_M + tl.arange(0, BLOCK_M)
+        cols = tl.arange(0, BLOCK_D)
+        tl.store(y_ptr + offs_m[:, None] * BLOCK_D + cols[None, :], x)
+''')
+LOAD_LINE = next(i for i, line in enumerate(SHIFTED.splitlines(), 1) if "x = desc.load(" in line)
+M, D = 12, 8
+
+
+def _plan(source: str):
+    return generate(source, "shifted_copy.py", requests_in(source, "shifted_copy.py")).plans[0].launch
+
+
+def test_the_descriptors_row_stride_and_extent_are_launch_facts() -> None:
+    plan = _plan(SHIFTED)
+    assert plan.row_scales == (("x_ptr", ("stride_xm",), LOAD_LINE),), plan.row_scales
+    assert plan.row_shifts == (("x_ptr", ((False, ("D", "1")), (False, ("COL", "1")), (True, ("1",))), LOAD_LINE),), \
+        plan.row_shifts
+
+
+def test_a_shape_tilelink_cannot_read_is_refused() -> None:
+    source = SHIFTED.replace("shape=[M, D + COL]", "shape=[M, tl.cdiv(D, 1)]")
+    with pytest.raises(AnnotationError) as info:
+        _plan(source)
+    said = str(info.value)
+    assert f"shifted_copy.py:{LOAD_LINE}" in said and "has `tl.cdiv(D, 1)` in its shape or strides" in said, said
+
+
+def _kernel(path: str):
+    spec = importlib.util.spec_from_file_location(f"shifted_copy_{abs(hash(path))}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.shifted_copy
+
+
+class _Launcher:
+    """What the row check asks of a launcher: the world it launches on."""
+
+    def world(self):
+        return SimpleNamespace(world_size=2)
+
+
+def _args(col: int, stride: int = D) -> dict:
+    return dict(x_ptr=torch.zeros(M // 2, D), y_ptr=torch.zeros(M, D), M=M, D=D - col, COL=col, stride_xm=stride,
+                BLOCK_M=4, BLOCK_D=4)
+
+
+def test_a_shape_past_the_row_or_another_row_stride_is_refused_at_the_launch(tmp_path) -> None:
+    path = tmp_path / "shifted_copy.py"
+    path.write_text(SHIFTED)
+    kernel = _kernel(str(path))
+    kernel._check_row_scales(_args(0), _Launcher())
+    kernel._check_row_scales(_args(4), _Launcher())  # columns 4..7 of an 8-wide row
+    wide = _args(4) | {"D": D}  # shape D + 4 = 12 columns of an 8-wide row
+    with pytest.raises(LaunchError) as info:
+        kernel._check_row_scales(wide, _Launcher())
+    said = str(info.value)
+    assert f"shifted_copy.py:{LOAD_LINE} adds 11 elements" in said and "rows are 8 elements long" in said, said
+    with pytest.raises(LaunchError, match="addressed 16 elements apart"):
+        kernel._check_row_scales(_args(0, 2 * D), _Launcher())
+
+
+def _copy(path: str, d: int, col: int) -> float:
+    kernel = _kernel(path)
+    rank, world = tilelink.rank(), tilelink.world_size()
+    x = torch.randn(M, D, generator=torch.Generator().manual_seed(4))
+    lo, hi = rows_of(rank, world, M)
+    device = current_world().device
+    y = torch.full((M, 4), float("nan"), device=device)
+    kernel[(M // 4,)](x[lo:hi].contiguous().to(device), y, M, d, col, D, BLOCK_M=4, BLOCK_D=4)
+    want = x[:, col:col + 4]
+    got = y.cpu()
+    return float("inf") if got.isnan().any() else (got - want).abs().max().item()
+
+
+@pytest.mark.slow
+def test_within_the_row_equals_torch_and_past_it_is_refused(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("TILELINK_RACES", "1")
+    path = tmp_path / "shifted_copy.py"
+    path.write_text(SHIFTED)
+    assert all(e < 1e-5 for e in tilelink.spawn(_copy, 2, str(path), D - 4, 4))
+    with pytest.raises(LaunchError, match="adds 11 elements"):
+        tilelink.spawn(_copy, 2, str(path), D, 4)
