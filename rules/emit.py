@@ -5,10 +5,12 @@ Every inserted name starts with ``tlk_`` so that a reader can tell TileLink's co
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import libcst as cst
 import libcst.matchers as m
 
-from tilelink.analysis import Access, KernelAnalysis, Tile, code, names_in, parse_offsets
+from tilelink.analysis import Access, KernelAnalysis, Tile, Where, code, names_in, parse_offsets
 from tilelink.plan import Insertion, ReportEntry
 
 #: parameters added to every rewritten kernel: the channel (paper's BlockChannel), flattened.
@@ -192,7 +194,7 @@ def _program_id_bypass(an: KernelAnalysis, pid: str) -> str | None:
             for axis in _program_ids(cst.parse_expression(v))}
     if not axes:
         return None
-    pairs = _mapping_pairs(an, pid, chain, headers, axes)
+    pairs_at = _mapping_pairs(an, pid, chain, headers, axes)
     siblings = _unpacked_with(an, pid)
     # to a fixed point: a chain of copies is as long as the kernel makes it (`r0 = tl.program_id(0) * B; r1 = r0`)
     ids: set[str] = set()
@@ -205,7 +207,12 @@ def _program_id_bypass(an: KernelAnalysis, pid: str) -> str | None:
             if name in chain:  # what pid is made from: a position wherever else it is read (`pid` of `pid_m = pid`)
                 if any(_reads_position(cst.parse_expression(v), axes, ids) for v in values):
                     more.add(name)
-            elif any(_reads_position(cst.parse_expression(v), axes, ids, pairs) for v in values):
+                continue
+            # each value where it is bound (a loop's range: anywhere), with the pairs of the values of pid it may see
+            wheres = an.assignments.get(name, ())
+            at = [wheres[i] if len(wheres) == len(an.values.get(name, ())) and i < len(wheres) else None
+                  for i in range(len(values))]
+            if any(_reads_position(cst.parse_expression(v), axes, ids, pairs_at(w)) for v, w in zip(values, at)):
                 more.add(name)
         if not more:
             break
@@ -236,7 +243,7 @@ def _program_id_bypass(an: KernelAnalysis, pid: str) -> str | None:
 
 
 def _mapping_pairs(an: KernelAnalysis, pid: str, chain: set[str], headers: dict[str, tuple[str, ...]],
-                   axes: set[str]) -> set[str]:
+                   axes: set[str]) -> Callable[[Where | None], set[str]]:
     """The ``a % b`` / ``a // b`` operations of the values ``pid`` is made from whose other (``a // b`` / ``a % b``) is
     the tile mapping's other coordinate: the part of the position ``pid`` does not hold. Compared by their nodes, so
     ``pid`` must hold none of that part: ``pid`` reads the position only inside ``%`` / ``//`` (a value that reads it
@@ -244,11 +251,18 @@ def _mapping_pairs(an: KernelAnalysis, pid: str, chain: set[str], headers: dict[
     pid // 2 * 2 + pid % 2`` holds ``pid % 2``), every read of the position in its values lies inside the operation or
     inside ``r // c`` where ``a`` is ``r % c`` (the group of a grouped ordering; ``pid // 1`` beside ``pid // 2``
     holds ``pid % 2``), and each name in the operation holds one value, bound at most once (``w = 1; pid_m = p // w;
-    w = 2; col = p % w`` prints alike but divides by another)."""
-    pairs: set[str] = set()
-    # each value of `pid` with what it is made from, on its own: a persistent kernel's second loop (`pid_m, pid_n =
-    # tile_coordinates(num_tiles - tail + piece // SPLIT, ...)`) holds another part than its first
-    for value in an.values.get(pid, ()) + headers.get(pid, ()):
+    w = 2; col = p % w`` prints alike but divides by another).
+
+    Returned as the pairs a value bound at a position may read: a pair must hold for every value of ``pid`` that
+    value may see (``if C: pid_m = pid`` / ``else: pid_m = pid // 2``, then ``col = pid % 2``: the first holds the
+    parity too, so no pair), and one value of ``pid`` is the only one a position sees when it is bound in a block that
+    holds the position, before it, and ``pid`` is bound nowhere else from there to the block's end (a persistent
+    kernel's second loop, ``pid_m, pid_n = tile_coordinates(num_tiles - tail + piece // SPLIT, ...)``, holds another
+    part than its first). A position not known (a loop's range) sees every value."""
+    found: list[tuple[Where | None, set[str]]] = []
+    values = an.values.get(pid, ())
+    wheres = an.assignments.get(pid, ()) if len(an.assignments.get(pid, ())) == len(values) else ()
+    for i, value in enumerate(values + headers.get(pid, ())):
         made, todo = {}, [(pid, (value,))]
         while todo:
             name, vs = todo.pop()
@@ -256,8 +270,25 @@ def _mapping_pairs(an: KernelAnalysis, pid: str, chain: set[str], headers: dict[
             for v in vs:
                 for read in names_in(cst.parse_expression(v)) & chain - set(made):
                     todo.append((read, an.values.get(read, ()) + headers.get(read, ())))
-        pairs |= _value_pairs(an.bindings, pid, made, axes)
-    return pairs
+        found.append((wheres[i] if i < len(wheres) else None, _value_pairs(an.bindings, pid, made, axes)))
+    common = set.intersection(*(pairs for _, pairs in found)) if found else set()
+    bound = [(b.line, b.column) for b, _ in an.bindings.get(pid, ())]
+
+    def pairs_at(where: Where | None) -> set[str]:
+        if where is None:
+            return common
+        here = (where.line, where.column)
+        for w, pairs in found:
+            block = an.blocks.get(w) if w is not None else None
+            if block is None:
+                continue
+            mine, end = (w.line, w.column), (block[1].line, block[1].column)
+            if (block[0].line, block[0].column) <= here <= end and mine < here and not any(
+                    b != mine and mine < b <= end for b in bound):
+                return pairs
+        return common
+
+    return pairs_at
 
 
 def _value_pairs(bindings: dict[str, tuple], pid: str, values: dict[str, tuple[str, ...]], axes: set[str]) -> set[str]:

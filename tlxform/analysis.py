@@ -149,6 +149,10 @@ class KernelAnalysis:
     # each statement that unpacks a value into a flat tuple of names (`pid_m, pid_n = tile_of(...)`) -> the names, in
     # order: which of a helper's returned values each one gets
     unpacked: dict[Where, tuple[str, ...]] = field(default_factory=dict)
+    # each statement -> the first and last position of the innermost block that holds it (the kernel's body, a loop's
+    # or a branch's): a statement there runs before every later one of that block on the same pass (the tile-order
+    # rotation reads which value of a variable a later statement sees)
+    blocks: dict[Where, tuple[Where, Where]] = field(default_factory=dict)
 
     def accesses_of(self, tensor: str, kind: str) -> list[Access]:
         return [a for a in self.accesses if a.tensor == tensor and a.kind == kind]
@@ -2004,6 +2008,12 @@ def _targets(assign: cst.Assign) -> set[str]:
     return set().union(*(names_in(t.target) for t in assign.targets))
 
 
+def _span(an: _Analyzer, node: cst.CSTNode) -> tuple[Where, Where]:
+    """The first and last position of ``node``, as ``Where``s."""
+    r = an.positions[node]
+    return Where(an.file, r.start.line, r.start.column + 1), Where(an.file, r.end.line, r.end.column + 1)
+
+
 def _contains(an: _Analyzer, node: cst.CSTNode, where: Where) -> bool:
     r = an.positions[node]
     return (r.start.line, r.start.column + 1) <= (where.line, where.column) <= (r.end.line, r.end.column + 1)
@@ -2198,5 +2208,7 @@ def analyse(module: cst.Module, file: str, kernel: str,
                                         for ref in an.statements for small in small_statements(ref)
                                         if isinstance(small, cst.Assign) for t in small.targets
                                         if isinstance(t.target, (cst.Tuple, cst.List)) and all(
-                                            isinstance(e.value, cst.Name) for e in t.target.elements)})
+                                            isinstance(e.value, cst.Name) for e in t.target.elements)},
+                              blocks={an.where(ref.node): _span(an, ref.blocks[-1]) for ref in an.statements
+                                      if ref.blocks})
     return analysis

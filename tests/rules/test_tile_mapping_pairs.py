@@ -2,8 +2,9 @@
 2`): it names the part of the position the rotated variable does not hold, so each program still gets one tile. The
 pair is compared by its nodes and the facts of the names in it, not by its text: a divisor bound again between the two
 (`w = 1; ... // w; w = 2; ... % w`), a rotated variable that reads the position whole (`pid + (pid // 2) * 0`), or that
-holds the other's part itself (`pid // 2 * 2 + pid % 2`, `pid // 1`), keeps the kernel's own order; rotated, each
-program scaled its rotated tile by its own parity. A helper of the kernel's file that returns the pair (`pid_m, col =
+holds the other's part itself (`pid // 2 * 2 + pid % 2`, `pid // 1`), or a branch whose value holds it (`if C: pid_m =
+pid` / `else: pid_m = pid // 2`, the pair holding for one value only), keeps the kernel's own order; rotated, each
+program scaled its rotated tile by its own parity. A value bound again before the other is the only one it sees. A helper of the kernel's file that returns the pair (`pid_m, col =
 tile_of(tl.program_id(0), ...)`) is read the same way: `return p, p % W` keeps the order, `return p // W, p % W` and a
 grouped ordering keep the rotation."""
 
@@ -40,6 +41,9 @@ WRONG = {
     "read_whole": "pid_m = pid + (pid // 2) * 0\n    col = pid % 2",
     "holds_the_other": "pid_m = pid // 2 * 2 + pid % 2\n    col = pid % 2",
     "finer_split": "pid_m = pid // 1 + pid // 2 * 0\n    col = pid % 2",
+    # the branch taken holds the parity: the other branch's pair is not the mapping's on this launch
+    "branch_holds_the_other": "if BLOCK > 4:\n        pid_m = pid\n    else:\n        pid_m = pid // 2\n"
+                              "    col = pid % 2",
 }
 
 # the mapping's pairs as matmul kernels write them, in a grid of one column tile: each keeps the rotation
@@ -47,6 +51,8 @@ RIGHT = {
     "row_major": "pid_m = pid // 1\n    col = pid % 1 + 1",
     "grouped": "num_pid_in_group = 2\n    group_id = pid // num_pid_in_group\n    first_pid_m = group_id * 2\n"
                "    pid_m = first_pid_m + (pid % num_pid_in_group) % 2\n    col = (pid % num_pid_in_group) // 2 + 1",
+    # bound again before the other: only the second value reaches it
+    "bound_again_before": "pid_m = pid\n    pid_m = pid // 1\n    col = pid % 1 + 1",
 }
 
 
