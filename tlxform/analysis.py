@@ -1365,6 +1365,17 @@ def _row_scales(an: _Analyzer, acc: Access, pointers: set[str]) -> tuple[set[tup
             elif not m.findall(term, m.Subscript()):
                 # a loop variable's term: checked at the loop's first and last values
                 ends = _loop_term(an, acc, term, negative, offsets) if _varies(an, term) else None
+                if ends is None and _varies(an, term):
+                    # what it adds over the loop is not bounded: a `while` counter (`j += 1`), a loop of a step of
+                    # unknown sign or of bounds the kernel computes moves the address into the next rows
+                    raise _refuse(acc, f"the address of the {acc.kind} at line {acc.where.line} adds `{code(term)}` "
+                                       f"along the rows of {acc.tensor!r}, which changes from one step of a loop to "
+                                       f"the next by an amount TileLink cannot bound: the {acc.kind} may touch other "
+                                       f"rows than those its {_waits(acc)} covers",
+                                  "take the term from a `for j in range(a, b)` loop (bounds of literals and "
+                                  "parameters, a literal step), which the launch checks at both ends; or add it to a "
+                                  "column vector masked by the row's length (`cols = j * BLOCK_D + tl.arange(0, "
+                                  "BLOCK_D)`, `mask=... & (cols[None, :] < D)`)")
                 found_term = None if ends is not None else _scalar_term(an, acc, term, negative, offsets)
                 ways = plus(ways, ends) if ends is not None else None if found_term is None else plus(
                     ways, [[found_term]])

@@ -97,7 +97,8 @@ LEAVING = {
         "D - j * BLOCK_D", "D - j * -BLOCK_D"), "moves back along `stride_xd` on every iteration",
         "walk the columns forward"),
     # the second pass of the outer loop starts where the first left the pointer
-    "nested_no_reset": (NESTED.replace("RESET", "").replace("x_start = x_ptr", "x_ptrs = x_ptr"), "runs that loop again without binding `x_ptrs` afresh",
+    "nested_no_reset": (NESTED.replace("RESET", "").replace("x_start = x_ptr", "x_ptrs = x_ptr"),
+                        "runs that loop again without binding `x_ptrs` afresh",
                         "bind `x_ptrs` afresh in the loop at line"),
     "nested_reset_in_a_branch": (NESTED.replace("RESET", "        if r == 0:\n            x_ptrs = x_start\n"),
                                  "runs that loop again without binding `x_ptrs` afresh",
@@ -161,6 +162,43 @@ def test_an_advance_that_leaves_the_row_over_the_loop_is_refused(form: str) -> N
 def test_the_matmul_form_of_an_advance_builds(source: str) -> None:
     (entry, *_) = [str(e) for e in _generated(source).report.entries if e.message.startswith("consumer_tile_wait")]
     assert entry.startswith("[applied]"), entry
+
+
+# a term along the rows that a `while` counter makes: the later steps read the next rows
+COUNTED = textwrap.dedent('''
+    import triton
+    import triton.language as tl
+
+    import tilelink
+
+
+    @tilelink.overlap(tilelink.all_gather("x_ptr", size="M"))
+    @triton.jit
+    def counted_sum(x_ptr, y_ptr, M, NSTEP, stride_xm, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+        offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+        cols = tl.arange(0, BLOCK_D)
+        acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+        j = 0
+        while j < NSTEP:
+            acc += tl.load(x_ptr + offs_m[:, None] * stride_xm + cols[None, :] + j * BLOCK_D,
+                           mask=offs_m[:, None] < M, other=0.0)
+            j += 1
+        tl.store(y_ptr + offs_m[:, None] * BLOCK_D + cols[None, :], acc, mask=offs_m[:, None] < M)
+''')
+
+
+@pytest.mark.parametrize("loop", ["    while j < NSTEP:\n", "    for j in range(0, tl.cdiv(NSTEP, 1)):\n"],
+                         ids=["while", "computed_bound"])
+def test_a_term_along_the_rows_a_loop_moves_without_bound_is_refused(loop: str) -> None:
+    source = COUNTED.replace("    while j < NSTEP:\n", loop)
+    if "for j" in loop:
+        source = source.replace("        j += 1\n", "").replace("    j = 0\n", "")
+    with pytest.raises(AnnotationError) as info:
+        generate(source, "counted_sum.py", requests_in(source, "counted_sum.py"))
+    said = str(info.value)
+    assert "adds `j * BLOCK_D` along the rows of 'x_ptr', which changes from one step of a loop to the next" in said, \
+        said
+    assert "for j in range(a, b)" in info.value.hint, info.value.hint
 
 
 M, D, BLOCK_D = 12, 8, 4

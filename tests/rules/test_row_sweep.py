@@ -127,6 +127,8 @@ def test_a_loop_that_moves_the_rows_is_not_a_sweep(body: str) -> None:
         assert "`ptrs` is advanced at line 15 by `BLOCK_M * stride_cm`, along the rows of 'c_ptr'" in text
     elif body is ROW_TERM:  # refused before too: the address's rows are not the tile's offsets vector
         assert "touches the rows `(offs_m[:, None] + j * BLOCK_M) * stride_cm` of 'c_ptr'" in text
+    elif body is ATOMIC_SHIFT:  # refused before too: a term along the rows that changes from step to step, unbounded
+        assert "adds `shift` along the rows of 'c_ptr', which changes from one step of a loop to the next" in text
     else:
         assert "may change only the column terms" in text
 
