@@ -212,7 +212,8 @@ def _program_id_bypass(an: KernelAnalysis, pid: str) -> str | None:
             wheres = an.assignments.get(name, ())
             at = [wheres[i] if len(wheres) == len(an.values.get(name, ())) and i < len(wheres) else None
                   for i in range(len(values))]
-            if any(_reads_position(cst.parse_expression(v), axes, ids, pairs_at(w)) for v, w in zip(values, at)):
+            if any(_reads_position(cst.parse_expression(v), axes, ids, pairs_at(w))
+                   for v, w in zip(values, at, strict=True)):
                 more.add(name)
         if not more:
             break

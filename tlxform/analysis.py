@@ -1573,9 +1573,9 @@ def _check_advance_in_loop(an: _Analyzer, acc: Access, tile: Tile, name: str, st
             raise refuse(f"along `{stride}` once more on every iteration, and the columns `{vector}` its mask bounds "
                          f"are bound again at line {b.line}, after the address was made from them: the mask does not "
                          f"bound the columns the address reads",
-                         f"bind `{vector}` once before the pointer is made from it, and not again before the loop or in "
-                         f"it, so that the mask (`{vector}[None, :] < K - {k} * {' * '.join(rest) or '1'}`) bounds the "
-                         f"columns the address reads")
+                         f"bind `{vector}` once before the pointer is made from it, and not again before the loop or "
+                         f"in it, so that the mask (`{vector}[None, :] < K - {k} * {' * '.join(rest) or '1'}`) bounds "
+                         f"the columns the address reads")
 
     def in_loop(ref: StmtRef) -> bool:
         """``ref`` runs on every iteration before the access: in the loop, in a block that holds the access."""
