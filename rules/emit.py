@@ -402,8 +402,10 @@ def _helper_pairs(an: KernelAnalysis, pid: str, other: str, value: str) -> bool:
                     if v == value and w in an.unpacked), None)
     last = fn.body.body[-1] if fn.body.body else None
     ret = last.body[0] if isinstance(last, cst.SimpleStatementLine) and last.body else None
-    if targets is None or not isinstance(ret, cst.Return) or not isinstance(ret.value, cst.Tuple) or len(
-            ret.value.elements) != len(targets):
+    # the pair is read from the helper's one return, its last statement: another return before it (`if W == 2:
+    # return p, p % W`) may be the one a launch takes
+    if targets is None or not isinstance(ret, cst.Return) or len(m.findall(fn.body, m.Return())) != 1 or not isinstance(
+            ret.value, cst.Tuple) or len(ret.value.elements) != len(targets):
         return False
     params = [p.name.value for p in fn.params.params]
     args = [a.value for a in call.args]

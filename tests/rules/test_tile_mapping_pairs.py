@@ -4,9 +4,10 @@ pair is compared by its nodes and the facts of the names in it, not by its text:
 (`w = 1; ... // w; w = 2; ... % w`), a rotated variable that reads the position whole (`pid + (pid // 2) * 0`), or that
 holds the other's part itself (`pid // 2 * 2 + pid % 2`, `pid // 1`), or a branch whose value holds it (`if C: pid_m =
 pid` / `else: pid_m = pid // 2`, the pair holding for one value only), keeps the kernel's own order; rotated, each
-program scaled its rotated tile by its own parity. A value bound again before the other is the only one it sees. A helper of the kernel's file that returns the pair (`pid_m, col =
-tile_of(tl.program_id(0), ...)`) is read the same way: `return p, p % W` keeps the order, `return p // W, p % W` and a
-grouped ordering keep the rotation."""
+program scaled its rotated tile by its own parity. A value bound again before the other is the only one it sees. A
+helper of the kernel's file that returns the pair (`pid_m, col = tile_of(tl.program_id(0), ...)`) is read the same
+way, from its one `return`, its last statement: `return p, p % W` keeps the order, and so does that pair returned
+before the last statement's; `return p // W, p % W` and a grouped ordering keep the rotation."""
 
 from __future__ import annotations
 
@@ -75,6 +76,8 @@ def parity_kernel(x_ptr, y_ptr, N, BLOCK: tl.constexpr):
 HELPERS = {
     # the first holds the parity too
     "helper_whole": ("return p, p % W", 2),
+    # the same pair returned early, before the last statement's: the one a launch of width 2 takes
+    "helper_early_return": ("if W == 2:\n        return p, p % W\n    return p // W, p % W", 2),
     "helper_pair": ("return p // W, p % W", 1),
     "helper_grouped": ("group_id = p // (2 * W)\n    first_pid_m = group_id * 2\n"
                        "    pid_m = first_pid_m + (p % (2 * W)) % 2\n    pid_n = (p % (2 * W)) // 2\n"
@@ -108,8 +111,9 @@ def test_the_mappings_pairs_keep_the_rotation(form: str) -> None:
 
 
 def test_a_helpers_pair_is_read_from_its_body() -> None:
-    entry = _order(_form("helper_whole"))
-    assert entry.startswith("[not applied]") and "not through pid_m" in entry, entry
+    for form in ("helper_whole", "helper_early_return"):
+        entry = _order(_form(form))
+        assert entry.startswith("[not applied]") and "not through pid_m" in entry, (form, entry)
     for form in ("helper_pair", "helper_grouped"):
         entry = _order(_form(form))
         assert entry.startswith("[applied]") and "pid_m rotated" in entry, (form, entry)
@@ -128,7 +132,7 @@ def _parity(path: str, form: str) -> float:
     module.parity_kernel[(N // block,)](x[lo:hi].contiguous().to(device), y, N, BLOCK=block)
     got = y.cpu()
     tiles = torch.arange(N) // block
-    want = x * (tiles % 2 if form in WRONG else tiles % 2 + 1 if form == "helper_whole" else 1)
+    want = x * (tiles % 2 if form in WRONG else tiles % 2 + 1 if form in ("helper_whole", "helper_early_return") else 1)
     return float("inf") if got.isnan().any() else (got - want).abs().max().item()
 
 
