@@ -132,11 +132,12 @@ def matmul_kernel_descriptor(
 @triton.jit
 def tile_coordinates(tile_id, num_pid_in_group, num_pid_m, GROUP_M: tl.constexpr):
     """(pid_m, pid_n) of a tile id in the grouped ("super-tile") order of :func:`matmul_kernel`, for L2
-    reuse."""
+    reuse. Both coordinates split the tile's place in its group, ``tile_id % num_pid_in_group``, so that TileLink
+    reads them as a tile mapping's pair and may rotate the row tiles of the annotated GEMMs that import it."""
     group_id = tile_id // num_pid_in_group
     first_pid_m = group_id * GROUP_M
     group_size_m = min(num_pid_m - first_pid_m, GROUP_M)
-    pid_m = first_pid_m + (tile_id % group_size_m)
+    pid_m = first_pid_m + ((tile_id % num_pid_in_group) % group_size_m)
     pid_n = (tile_id % num_pid_in_group) // group_size_m
     return pid_m, pid_n
 

@@ -151,10 +151,15 @@ def remap_order(an: KernelAnalysis, access: Access, rule: str, order: str,
                                f"({where}); tiles keep the kernel's own order", access.where)
     bypass = _program_id_bypass(an, tile.pid)
     if bypass is not None:
+        unread = _unread_helpers(an, tile.pid)
+        said = (f" ({tile.pid} is unpacked from {', '.join(f'`{h}`' for h in unread)}, which TileLink cannot read: it "
+                f"reads the `@triton.jit` helpers of the kernel's own file, and those the file imports by name from a "
+                f"module it finds on the import path, so it cannot tell that the values unpacked with {tile.pid} are "
+                f"the mapping's other coordinate; define the helper in the kernel's file)") if unread else ""
         return [], ReportEntry(an.name, rule, "not applied",
                                f"order={order!r} not applied: {bypass}, not through {tile.pid}: the rotation of "
                                f"{tile.pid} would move the tile's rows but not that; tiles keep the kernel's own "
-                               f"order", access.where)
+                               f"order{said}", access.where)
     before = [w for w in assigned if w.line <= tile.defined_at.line]
     if not before:
         return [], ReportEntry(an.name, rule, "not applied",
@@ -386,17 +391,25 @@ def _unpacked_with(an: KernelAnalysis, pid: str) -> set[str]:
     return {name for name in siblings if all(_helper_pairs(an, pid, name, v) for v in values)}
 
 
+def _unread_helpers(an: KernelAnalysis, pid: str) -> list[str]:
+    """The helpers ``pid`` is unpacked from (``pid_m, pid_n = tile_of(...)``) whose source TileLink has not read."""
+    calls = [cst.parse_expression(v) for w, v in zip(an.assignments.get(pid, ()), an.values.get(pid, ()), strict=False)
+             if w in an.unpacked]
+    return sorted({c.func.value for c in calls if isinstance(c, cst.Call) and isinstance(c.func, cst.Name)
+                   and c.func.value not in an.helpers})
+
+
 def _helper_pairs(an: KernelAnalysis, pid: str, other: str, value: str) -> bool:
     """The helper of the kernel's file that ``value`` calls returns ``pid`` and ``other`` as a tile mapping's two
     coordinates: each returned value written out through the helper's locals bound once, the parameters given the
     position (an argument reading ``tl.program_id`` or a variable made from it) read by ``other`` only inside a ``%``
     / ``//`` that pairs with one ``pid``'s value holds, as :func:`_mapping_pairs` reads a kernel's own pair (``return
-    p, p % 2`` is refused: the first holds the parity too). A helper imported from another module is not read here:
-    its pair is taken as the mapping's."""
+    p, p % 2`` is refused: the first holds the parity too). The helper is read from the kernel's file, or from the
+    module's file it is imported from by name (``KernelAnalysis.helpers``); one TileLink cannot read is no pair."""
     call = cst.parse_expression(value)
     source = an.helpers.get(call.func.value)
     if source is None:
-        return True
+        return False
     fn = cst.parse_module(source).body[0]
     targets = next((an.unpacked[w] for w, v in zip(an.assignments.get(pid, ()), an.values.get(pid, ()), strict=False)
                     if v == value and w in an.unpacked), None)

@@ -17,6 +17,7 @@ import libcst.matchers as m
 from libcst.metadata import MetadataWrapper, PositionProvider
 
 from tilelink.errors import AnnotationError
+from tilelink.helper_sources import imported_helpers
 
 
 # ----------------------------------------------------------------------------- small data types
@@ -143,8 +144,9 @@ class KernelAnalysis:
     # product must be a multiple of the gathered buffer's stride of the dim before the rows (the full size along the
     # rows times a row's elements), which the launcher checks; else the term moves the rows along the annotated dim
     row_steps: tuple[tuple[str, tuple[str, ...], Where], ...] = ()
-    # each top-level @triton.jit function of the kernel's file other than the kernel -> its source: what a helper the
-    # kernel calls computes (the tile-order rotation reads a tile mapping's helper)
+    # each top-level @triton.jit function of the kernel's file other than the kernel, and each one the file imports by
+    # name from a module TileLink finds (`tilelink/helper_sources.py`) -> its source: what a helper the kernel calls
+    # computes (the tile-order rotation reads a tile mapping's helper)
     helpers: dict[str, str] = field(default_factory=dict)
     # each statement that unpacks a value into a flat tuple of names (`pid_m, pid_n = tile_of(...)`) -> the names, in
     # order: which of a helper's returned values each one gets
@@ -2213,8 +2215,9 @@ def analyse(module: cst.Module, file: str, kernel: str,
                               tuple(row_scales), tuple(row_shifts), _effects(an), branch_sides=_branch_sides(an),
                               update_sites={n: tuple(w) for n, w in update_sites.items()},
                               row_signs=tuple(dict.fromkeys(an.row_signs)), row_steps=tuple(row_steps),
-                              helpers={f.name.value: code(f) for f in module.body if isinstance(f, cst.FunctionDef)
-                                       and f.name.value != kernel and any(is_triton_jit(d) for d in f.decorators)},
+                              helpers={**imported_helpers(module, file, is_triton_jit), **{
+                                  f.name.value: code(f) for f in module.body if isinstance(f, cst.FunctionDef)
+                                  and f.name.value != kernel and any(is_triton_jit(d) for d in f.decorators)}},
                               unpacked={an.where(ref.node): tuple(e.value.value for e in t.target.elements)
                                         for ref in an.statements for small in small_statements(ref)
                                         if isinstance(small, cst.Assign) for t in small.targets

@@ -7,7 +7,9 @@ pid` / `else: pid_m = pid // 2`, the pair holding for one value only), keeps the
 program scaled its rotated tile by its own parity. A value bound again before the other is the only one it sees. A
 helper of the kernel's file that returns the pair (`pid_m, col = tile_of(tl.program_id(0), ...)`) is read the same
 way, from its one `return`, its last statement: `return p, p % W` keeps the order, and so does that pair returned
-before the last statement's; `return p // W, p % W` and a grouped ordering keep the rotation."""
+before the last statement's; `return p // W, p % W` and a grouped ordering keep the rotation. So is a helper the file
+imports by name from a module TileLink finds (`from tile_helpers import tile_of`); one it cannot find keeps the order,
+and the report names it."""
 
 from __future__ import annotations
 
@@ -119,6 +121,32 @@ def test_a_helpers_pair_is_read_from_its_body() -> None:
         assert entry.startswith("[applied]") and "pid_m rotated" in entry, (form, entry)
 
 
+def _imported(form: str, module: str = "tile_helpers") -> tuple[str, str]:
+    """The kernel of a helper form importing its helper from ``module``, and that module's source."""
+    source = _form(form)
+    start, end = source.index("@triton.jit\ndef tile_of"), source.index("@tilelink.overlap")
+    return source[:start] + f"from {module} import tile_of\n\n\n" + source[end:], HEAD + source[start:end]
+
+
+def test_an_imported_helpers_pair_is_read_from_its_module(tmp_path, monkeypatch) -> None:
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for form, applied in (("helper_whole", False), ("helper_early_return", False), ("helper_pair", True),
+                          ("helper_grouped", True)):
+        kernel, helpers = _imported(form, f"tile_helpers_{form}")
+        (tmp_path / f"tile_helpers_{form}.py").write_text(helpers)
+        entry = _order(kernel)
+        assert entry.startswith("[applied]" if applied else "[not applied]"), (form, entry)
+        assert "which TileLink cannot read" not in entry, (form, entry)
+
+
+def test_a_helper_tilelink_cannot_find_keeps_the_order_and_is_named() -> None:
+    kernel, _ = _imported("helper_pair", "tile_helpers_nowhere")
+    entry = _order(kernel)
+    assert entry.startswith("[not applied]") and "not through pid_m" in entry, entry
+    assert "pid_m is unpacked from `tile_of`, which TileLink cannot read" in entry, entry
+    assert "define the helper in the kernel's file" in entry, entry
+
+
 def _parity(path: str, form: str) -> float:
     spec = importlib.util.spec_from_file_location(f"parity_{form}", path)
     module = importlib.util.module_from_spec(spec)
@@ -143,4 +171,17 @@ def test_the_pairs_equal_torch_on_the_race_exposing_schedule(form: str, tmp_path
     path = tmp_path / f"parity_{form}.py"
     path.write_text(_form(form if form in HELPERS else {**WRONG, **RIGHT}[form]))
     errors = tilelink.spawn(_parity, 2, str(path), form)
+    assert all(e < 1e-5 for e in errors), errors
+
+
+@pytest.mark.slow
+def test_an_imported_helpers_pair_equals_torch_on_the_race_exposing_schedule(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("TILELINK_RACES", "1")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    # the helper beside the kernel's file, its first value holding the parity too: the kernel's order
+    kernel, helpers = _imported("helper_whole", "tile_helpers_beside")
+    (tmp_path / "tile_helpers_beside.py").write_text(helpers)
+    path = tmp_path / "parity_imported.py"
+    path.write_text(kernel)
+    errors = tilelink.spawn(_parity, 2, str(path), "helper_whole")
     assert all(e < 1e-5 for e in errors), errors

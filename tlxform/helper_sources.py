@@ -1,0 +1,97 @@
+"""The source of the ``@triton.jit`` helpers a kernel's file imports by name.
+
+The tile-order rotation reads a helper that returns a tile mapping's coordinates (``pid_m, pid_n =
+tile_coordinates(...)``) to tell that they are the mapping's pair; a helper it cannot read keeps the kernel's own
+order. A helper of the kernel's file is read from that file; one imported by name (``from tilelink.ops.gemm_kernels
+import tile_coordinates``, also ``as`` another name, or relative to the kernel's package) is read from its module's
+file, found without running the module: next to the kernel's file or on the import path, and for a module of a
+package already imported (TileLink's own, ``tilelink.ops``, included) through Python's import system.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+
+import libcst as cst
+import libcst.matchers as m
+
+
+def imported_helpers(module: cst.Module, file: str, is_jit) -> dict[str, str]:
+    """Each name ``module`` imports from another module, whose module's file TileLink finds and which is a
+    ``@triton.jit`` function there (``is_jit`` tells a decorator), -> that function's source. A name not found so is
+    left out: the rotation does not read it."""
+    out: dict[str, str] = {}
+    # only names the file calls: `from __future__ import annotations` and the like are not read
+    called = {c.func.value for c in m.findall(module, m.Call(func=m.Name()))}
+    for stmt in module.body:
+        if not isinstance(stmt, cst.SimpleStatementLine):
+            continue
+        for small in stmt.body:
+            if not isinstance(small, cst.ImportFrom) or isinstance(small.names, cst.ImportStar) or not any(
+                    _local(alias) in called for alias in small.names):
+                continue
+            dotted = cst.Module(body=[]).code_for_node(small.module).strip() if small.module is not None else ""
+            path = _module_file(dotted, len(small.relative), file)
+            if path is None:
+                continue
+            try:
+                with open(path, encoding="utf-8") as f:
+                    parsed = cst.parse_module(f.read())
+            except (OSError, UnicodeDecodeError, cst.ParserSyntaxError):
+                continue
+            jitted = {f.name.value: f for f in parsed.body
+                      if isinstance(f, cst.FunctionDef) and any(is_jit(d) for d in f.decorators)}
+            for alias in small.names:
+                if not isinstance(alias.name, cst.Name) or alias.name.value not in jitted:
+                    continue
+                out[_local(alias)] = cst.Module(body=[]).code_for_node(jitted[alias.name.value]).strip()
+    return out
+
+
+def _local(alias: cst.ImportAlias) -> str:
+    """The name an import binds in the file (``tile_of`` of ``import tile_of``, ``g`` of ``tile_of as g``)."""
+    if alias.asname is not None and isinstance(alias.asname.name, cst.Name):
+        return alias.asname.name.value
+    return alias.name.value if isinstance(alias.name, cst.Name) else ""
+
+
+def _module_file(dotted: str, level: int, file: str) -> str | None:
+    """The ``.py`` file of the module ``dotted`` imported ``level`` packages up from ``file`` (0: absolute), or
+    ``None`` where TileLink does not find it without running code it has not run."""
+    parts = [p for p in dotted.split(".") if p]
+    here = os.path.dirname(os.path.abspath(file)) if os.path.isfile(file) else None
+    if level:
+        if here is None:
+            return None
+        base = here
+        for _ in range(level - 1):
+            base = os.path.dirname(base)
+        return _in(base, parts)
+    if not parts:
+        return None
+    for root in ([here] if here else []) + [p or os.getcwd() for p in sys.path]:
+        found = _in(root, parts) if os.path.isdir(root) else None
+        if found is not None:
+            return found
+    # a module of a package already imported, or of TileLink's own (an editable install maps its packages to
+    # folders of other names): its import system finds it without running a module not yet run
+    parent = dotted.rpartition(".")[0]
+    if parts[0] != "tilelink" and (not parent or parent not in sys.modules):
+        return None
+    try:
+        spec = importlib.util.find_spec(dotted)
+    except (ImportError, ValueError):
+        return None
+    origin = getattr(spec, "origin", None) if spec is not None else None
+    return origin if isinstance(origin, str) and origin.endswith(".py") and os.path.isfile(origin) else None
+
+
+def _in(root: str, parts: list[str]) -> str | None:
+    """``root/a/b.py`` or ``root/a/b/__init__.py`` for the parts ``a``, ``b``, where it is a file."""
+    stem = os.path.join(root, *parts)
+    for path in (stem + ".py", os.path.join(stem, "__init__.py")):
+        if os.path.isfile(path):
+            return path
+    return None
