@@ -1308,6 +1308,10 @@ def _row_scales(an: _Analyzer, acc: Access, pointers: set[str]) -> tuple[set[tup
         shifts, steps = inner_terms(an, acc, pointers)
     if acc.descriptor and along and tile is not None and not tile.dynamic:
         return _descriptor_row_facts(an, acc)
+    if acc.descriptor and not along and tile is not None and not tile.dynamic:
+        from tilelink.tile_rows import descriptor_inner_terms
+
+        shifts, steps = descriptor_inner_terms(an, acc)
     if acc.descriptor or tile is None or tile.offsets is None or tile.dynamic:
         return set(), shifts, steps
     offsets = tile.offsets

@@ -302,8 +302,6 @@ def inner_terms(an: _Analyzer, acc: Access, pointers: set[str]) -> tuple[list[tu
     themselves where they are the last dim), rows of stride 1 (their start and other terms are not told apart),
     terms of a loop variable or a name bound more than once, and an address TileLink cannot follow (its pointer bound
     more than once). A computed term no parameter scales (``x_ptr + b``) cannot be attributed to a dim: refused."""
-    from tilelink.analysis import _computed, _varies
-
     expr = _pointer_expression(an, acc, pointers)
     if expr is None or an.bindings.get(acc.tensor):
         return [], set()  # its aliases or the pointer itself bound more than once: the advance check's
@@ -315,6 +313,63 @@ def inner_terms(an: _Analyzer, acc: Access, pointers: set[str]) -> tuple[list[tu
         return [], set()  # no single row vector scaled by a stride: the rows' own checks refuse it
     (stride,) = strides
     _, rest = _divide(address, stride)
+    return _outside_terms(an, acc, rest)
+
+
+def descriptor_inner_terms(an: _Analyzer, acc: Access) -> tuple[list[tuple], set[tuple[str, ...]]]:
+    """:func:`inner_terms` of a descriptor the kernel makes, ``tl.make_tensor_descriptor(base, shape, strides, ...)``,
+    for rows along an inner dim: the terms of ``base`` that the rows' stride (the ``strides`` entry that scales terms of
+    the base) does not scale, and the last element it reads along each axis after the rows', ``(shape[j] - 1) *
+    strides[j]``. ``x_ptr + b * stride_xb + s_lo * stride_xs + D`` on a contiguous ``(B, S, D)`` tensor gathered along
+    S reads the next row of S, and so does ``shape=[n, D + COL]`` with ``strides=[stride_xs, 1]``. Refused at the
+    access: a shape or stride entry after the rows' that the launch cannot read. Not checked: a term of the base that
+    multiplies a value the kernel computes by parameters."""
+    from tilelink.analysis import _arg, _factors, _is_tl_call, _refuse, _terms, code
+
+    defs = an.assignments.get(acc.pointer, [])
+    make = defs[0][1] if len(defs) == 1 else None
+    if not isinstance(make, cst.Call) or not _is_tl_call(make, "make_tensor_descriptor"):
+        return [], set()
+    base, shape, strides = _arg(make, 0, "base"), _arg(make, 1, "shape"), _arg(make, 2, "strides")
+    if base is None or not isinstance(shape, (cst.List, cst.Tuple)) or not isinstance(strides, (cst.List, cst.Tuple)) \
+            or len(shape.elements) != len(strides.elements):
+        return [], set()
+    address = _Rows(an).read(base)
+    entries = [_Rows(an).read(e.value) for e in strides.elements]
+    axes = [i for i, e in enumerate(entries) if len(e) == 1 and next(iter(e)) and _divide(address, next(iter(e)))[0]]
+    if len(axes) != 1:
+        return [], set()  # no single axis whose stride scales the base's rows: the rows' own checks judge it
+    axis = axes[0]
+    _, rest = _divide(address, next(iter(entries[axis])))
+    # a computed term times parameters (`off_z * stride_kz`) is left out: in a sequence-major layout, the attention
+    # kernel's (1, 1, S, B * H * D), it is a column offset within the row, not a step of the dims before it
+    shift, _ = _outside_terms(an, acc, rest)
+    extent: list[tuple[bool, tuple[str, ...]]] = []
+    for size, stride in zip(shape.elements[axis + 1:], strides.elements[axis + 1:], strict=True):
+        found = [] if m.findall(stride.value, m.Call() | m.Subscript()) else _factors(an, stride.value, "\0")
+        step = tuple(found) if found else None
+        for term, negative in _terms(size.value):
+            if isinstance(term, cst.UnaryOperation) and isinstance(term.operator, cst.Minus):
+                term, negative = term.expression, not negative
+            factors = None if m.findall(term, m.Call() | m.Subscript()) else _factors(an, term, "\0")
+            if step is None or factors is None:
+                raise _refuse(acc, f"the descriptor `{acc.pointer}` of {acc.tensor!r} reads `{code(size.value)}` "
+                                   f"elements of stride `{code(stride.value)}` after its rows, which TileLink cannot "
+                                   f"read at the launch: it cannot check that the {acc.kind} at line "
+                                   f"{acc.where.line} stays within the rows its wait covers",
+                              "give the descriptor's shape and strides after the rows as parameters, literals or "
+                              "products of them (`shape=[n, D], strides=[stride_xs, 1]`)")
+            extent.append((negative, tuple(factors) + step))
+        extent.append((True, step))  # the last element along the axis is at (size - 1) * stride
+    if extent:
+        shift = [tuple(shift[0]) + tuple(extent)] if shift else [tuple(extent)]
+    return shift, set()
+
+
+def _outside_terms(an: _Analyzer, acc: Access, rest: Poly) -> tuple[list[tuple], set[tuple[str, ...]]]:
+    """The terms ``rest`` of an address that the rows' stride does not scale, as :func:`inner_terms` returns them."""
+    from tilelink.analysis import _computed, _varies
+
     # the parameters the launch reads as the kernel uses them: bound nowhere in the kernel, or only cast
     # (`stride_xb = stride_xb.to(tl.int64)`)
     params = {p for p in an.params if p not in an.rebound and all(m.matches(v, m.Call(func=m.Attribute(

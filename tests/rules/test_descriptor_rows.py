@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import textwrap
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -42,6 +43,7 @@ SHIFTED = textwrap.dedent('''
 ''')
 LOAD_LINE = next(i for i, line in enumerate(SHIFTED.splitlines(), 1) if "x = desc.load(" in line)
 M, D = 12, 8
+FORMS = Path(__file__).parent / "forms"
 
 
 def _plan(source: str):
@@ -118,3 +120,41 @@ def test_within_the_row_equals_torch_and_past_it_is_refused(tmp_path, monkeypatc
     assert all(e < 1e-5 for e in tilelink.spawn(_copy, 2, str(path), D - 4, 4))
     with pytest.raises(LaunchError, match="adds 11 elements"):
         tilelink.spawn(_copy, 2, str(path), D, 4)
+
+
+# along an inner dim: the chunked column sums of a (B, S, D) tensor gathered along S, the descriptor's base moved COL
+# elements along the row
+CHUNKED = (FORMS / "chunked_rows_descriptor.py").read_text().replace(
+    "s_lo * stride_xs, shape=", "s_lo * stride_xs + COL, shape=").replace(
+    "def chunked_col_sum_desc(x_ptr, y_ptr, S, D, CHUNK,", "def chunked_col_sum_desc(x_ptr, y_ptr, S, D, CHUNK, COL,")
+CHUNKED_LINE = next(i for i, line in enumerate(CHUNKED.splitlines(), 1) if "x = desc.load(" in line)
+
+
+def test_a_descriptors_base_moved_along_an_inner_dims_row_is_refused_at_the_launch(tmp_path) -> None:
+    assert CHUNKED.count("COL") == 2
+    plan = generate(CHUNKED, "chunked.py", requests_in(CHUNKED, "chunked.py")).plans[0].launch
+    assert plan.row_shifts == (("x_ptr", ((False, ("COL",)), (False, ("D", "1")), (True, ("1",))), CHUNKED_LINE),), \
+        plan.row_shifts
+    path = tmp_path / "chunked.py"
+    path.write_text(CHUNKED)
+    spec = importlib.util.spec_from_file_location("chunked_col_sum_desc_inner", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    kernel = module.chunked_col_sum_desc
+    B, S, d = 2, 8, 4
+
+    def args(col: int) -> dict:
+        return dict(x_ptr=torch.zeros(B, S // 2, d), y_ptr=torch.zeros(B, d), S=S, D=d, CHUNK=4, COL=col,
+                    stride_xb=S * d, stride_xs=d, BLOCK_S=4, BLOCK_D=d)
+
+    class Launcher(_Launcher):
+        """The full size along the rows too, `size="S"`."""
+
+        def size_of(self, bound: dict) -> int:
+            return bound["S"]
+
+    kernel._check_row_scales(args(0), Launcher())
+    with pytest.raises(LaunchError) as info:
+        kernel._check_row_scales(args(d), Launcher())
+    said = str(info.value)
+    assert f"chunked.py:{CHUNKED_LINE} adds 7 elements" in said and "moves it 1 row along dim 1" in said, said
