@@ -4,8 +4,9 @@ The tile-order rotation reads a helper that returns a tile mapping's coordinates
 tile_coordinates(...)``) to tell that they are the mapping's pair; a helper it cannot read keeps the kernel's own
 order. A helper of the kernel's file is read from that file; one imported by name (``from tilelink.ops.gemm_kernels
 import tile_coordinates``, also ``as`` another name, or relative to the kernel's package) is read from its module's
-file, found without running the module: next to the kernel's file or on the import path, and for a module of a
-package already imported (TileLink's own, ``tilelink.ops``, included) through Python's import system.
+file, found without running any module: next to the kernel's file, or through Python's import system from the
+deepest package above it whose parent is imported (``tilelink.ops`` under ``tilelink``: an editable install maps
+TileLink's packages to folders of other names).
 """
 
 from __future__ import annotations
@@ -71,21 +72,31 @@ def _module_file(dotted: str, level: int, file: str) -> str | None:
         return _in(base, parts)
     if not parts:
         return None
-    for root in ([here] if here else []) + [p or os.getcwd() for p in sys.path]:
-        found = _in(root, parts) if os.path.isdir(root) else None
-        if found is not None:
-            return found
-    # a module of a package already imported, or of TileLink's own (an editable install maps its packages to
-    # folders of other names): its import system finds it without running a module not yet run
-    parent = dotted.rpartition(".")[0]
-    if parts[0] != "tilelink" and (not parent or parent not in sys.modules):
+    found = _in(here, parts) if here else None
+    if found is not None:
+        return found
+    # through the import system (the import path, an editable install's folders): the spec of the module, or of the
+    # deepest package above it, whose parent is imported already, so that finding it runs nothing (a package's
+    # `__init__` may import torch, which the static commands do not load)
+    for i in range(len(parts), 0, -1):
+        name, parent = ".".join(parts[:i]), ".".join(parts[:i - 1])
+        if parent and parent not in sys.modules:
+            continue
+        try:
+            spec = importlib.util.find_spec(name)
+        except (ImportError, ValueError):
+            return None
+        if spec is None:
+            return None
+        if i == len(parts):
+            origin = spec.origin
+            return origin if isinstance(origin, str) and origin.endswith(".py") and os.path.isfile(origin) else None
+        for folder in spec.submodule_search_locations or ():
+            found = _in(folder, parts[i:])
+            if found is not None:
+                return found
         return None
-    try:
-        spec = importlib.util.find_spec(dotted)
-    except (ImportError, ValueError):
-        return None
-    origin = getattr(spec, "origin", None) if spec is not None else None
-    return origin if isinstance(origin, str) and origin.endswith(".py") and os.path.isfile(origin) else None
+    return None
 
 
 def _in(root: str, parts: list[str]) -> str | None:
