@@ -144,6 +144,11 @@ class KernelAnalysis:
     # product must be a multiple of the gathered buffer's stride of the dim before the rows (the full size along the
     # rows times a row's elements), which the launcher checks; else the term moves the rows along the annotated dim
     row_steps: tuple[tuple[str, tuple[str, ...], Where], ...] = ()
+    # each pointer advanced in a loop in the matmul form (`_check_advance_in_loop`), whose mask bounds the columns by
+    # `X - k * F`: (tensor, X's terms as (subtracted, factors), the column stride parameter the advance steps by, the
+    # access). The columns [0, X) must lie in one row (X times the column stride at most the row stride), which the
+    # launcher checks: `offs_k[None, :] < D + BLOCK_D - k * BLOCK_D` reads the next row
+    row_bounds: tuple[tuple[str, tuple[tuple[bool, tuple[str, ...]], ...], str, Where], ...] = ()
     # each top-level @triton.jit function of the kernel's file other than the kernel, and each one the file imports by
     # name from a module TileLink finds (`tilelink/helper_sources.py`) -> its source: what a helper the kernel calls
     # computes (the tile-order rotation reads a tile mapping's helper)
@@ -372,6 +377,8 @@ class _Analyzer:
         self.module, self.fn, self.file, self.tensors = module, fn, file, tensors
         # the parameters each proven `tile=` load's rows read, taken as non-negative (`KernelAnalysis.row_signs`)
         self.row_signs: list[tuple[str, Where]] = []
+        # the column bounds of the pointers advanced in a loop (`KernelAnalysis.row_bounds`)
+        self.row_bounds: list[tuple[str, tuple[tuple[bool, tuple[str, ...]], ...], str, Where]] = []
         self.positions = wrapper.resolve(PositionProvider)
         self.params = tuple(p.name.value for p in fn.params.params)
         self.constexpr = tuple(
@@ -1462,9 +1469,12 @@ def _check_advance_in_loop(an: _Analyzer, acc: Access, tile: Tile, name: str, st
     (``a_ptrs += BLOCK_K * stride_ak``), the access in the same loop before the advance, that loop counting ``k``
     up from 0 by 1, and a mask conjunct ``offs_k[None, :] < X - k * F`` (also through a local bound once in that
     loop before the access, ``k_remaining = K - k * BLOCK_K``): the columns touched on step ``k`` are ``offs_k + k *
-    F``, below ``X``. ``F`` are parameters the kernel does not bind and int literals, the same on every iteration;
-    the pointer is advanced once in the loop, forward; and a loop around that loop binds the pointer afresh before
-    it (a persistent matmul's ``a_ptrs = ...`` for each tile), so each pass starts at the row's first column again.
+    F``, below ``X``. ``X`` is a sum of products of int literals and parameters the kernel leaves as passed, which
+    each call compares with the row (``KernelAnalysis.row_bounds``: ``X`` times the column stride at most the row
+    stride); anything else is refused. ``F`` are parameters the kernel does not bind and int literals, the same on
+    every iteration; the pointer is advanced once in the loop, forward; and a loop around that loop binds the pointer
+    afresh before it (a persistent matmul's ``a_ptrs = ...`` for each tile), so each pass starts at the row's first
+    column again.
     Anything else advanced in a loop (a step no column vector's stride scales, ``x_ptrs += step``; a step back,
     ``x_ptrs -= BLOCK_K * stride_ak``; two advances; a factor the kernel binds; no such mask; an access after the
     loop; an outer loop that does not bind the pointer afresh; a ``while`` loop) is refused: TileLink cannot bound
@@ -1627,6 +1637,27 @@ def _check_advance_in_loop(an: _Analyzer, acc: Access, tile: Tile, name: str, st
             todo += [node.left, node.right]
         else:
             conjuncts.append(node)
+    def launch_factors(term: cst.BaseExpression, negative: bool) -> tuple[bool, tuple[str, ...]] | None:
+        """A term of ``X`` as (subtracted, its factors), each an int literal or a parameter the kernel leaves as
+        passed, which the launch reads; ``None`` for anything else."""
+        parts, todo = [], [term]
+        while todo:
+            node = todo.pop()
+            if getattr(node, "lpar", None):
+                todo.append(node.with_changes(lpar=[], rpar=[]))
+            elif isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Multiply):
+                todo += [node.left, node.right]
+            elif isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Minus):
+                negative = not negative
+                todo.append(node.expression)
+            elif isinstance(node, cst.Integer) or isinstance(node, cst.Name) and node.value in an.params \
+                    and not an.bindings.get(node.value):
+                parts.append(code(node))
+            else:
+                return None
+        return negative, tuple(sorted(parts))
+
+    unread = None
     for node in conjuncts:
         if isinstance(node, cst.Comparison) and len(node.comparisons) == 1 and m.matches(node.left, column) \
                 and isinstance(node.comparisons[0].operator, cst.LessThan):
@@ -1634,7 +1665,20 @@ def _check_advance_in_loop(an: _Analyzer, acc: Access, tile: Tile, name: str, st
             if sum(1 for t, negative in terms if negative and per_step(t)) == 1 and not any(
                     k in names_in(t) for t, negative in terms if not (negative and per_step(t))) and not any(
                     varies(t) for t, _ in terms):
-                return
+                # the mask bounds the columns by X, which the launch compares with the row: `D + BLOCK_D` reads the
+                # next row
+                bound = [(t, negative) for t, negative in terms if not (negative and per_step(t))]
+                read = [launch_factors(t, negative) for t, negative in bound]
+                if bound and None not in read:
+                    an.row_bounds.append((acc.tensor, tuple(read), stride, acc.where))  # type: ignore[arg-type]
+                    return
+                unread = " + ".join(code(t) for t, _ in bound) or "0"
+    if unread is not None:
+        raise refuse(f"along `{stride}` once more on every iteration, and the mask bounds the columns `{vector}` by "
+                     f"`{unread}`, which is not a sum of products of int literals and parameters the kernel leaves "
+                     f"as passed: the launch cannot check that those columns lie in one row",
+                     f"bound the columns by the row's length, a parameter (`{vector}[None, :] < K - {k} * "
+                     f"{' * '.join(rest) or '1'}`), which each call checks against the row of {acc.tensor!r}")
     raise refuse(f"along `{stride}` once more on every iteration, and the mask does not bound the columns "
                  f"`{vector}` by what is left of the row on each step (`{vector}[None, :] < K - {k} * "
                  f"{' * '.join(rest) or '1'}`, also through a local bound in the loop before the access, of names the "
@@ -2219,6 +2263,7 @@ def analyse(module: cst.Module, file: str, kernel: str,
                               tuple(row_scales), tuple(row_shifts), _effects(an), branch_sides=_branch_sides(an),
                               update_sites={n: tuple(w) for n, w in update_sites.items()},
                               row_signs=tuple(dict.fromkeys(an.row_signs)), row_steps=tuple(row_steps),
+                              row_bounds=tuple(dict.fromkeys(an.row_bounds)),
                               helpers={**imported_helpers(module, file, is_triton_jit), **{
                                   f.name.value: code(f) for f in module.body if isinstance(f, cst.FunctionDef)
                                   and f.name.value != kernel and any(is_triton_jit(d) for d in f.decorators)}},

@@ -197,14 +197,17 @@ class OverlappedKernel:
         along the dims before the rows, by whole steps of the gathered buffer (the full size along the rows times a
         row's elements), and a computed term's factors (``row_steps``: ``b * stride_xb``) must be such a step. The
         ``tile=`` proofs took every name as non-negative: an int argument they read (``row_signs``) that is negative
-        is refused, naming it and the load."""
+        is refused, naming it and the load. A pointer a loop advances along the columns reads the columns ``[0, X)``
+        of its row, ``X`` its mask's bound (``row_bounds``): ``X`` times the column stride's argument must be at most
+        a row's elements."""
         plan = self.plan.launch
-        if not (plan.row_scales or plan.row_shifts or plan.row_signs or plan.row_steps) or \
+        if not (plan.row_scales or plan.row_shifts or plan.row_signs or plan.row_steps or plan.row_bounds) or \
                 launcher.world().world_size == 1:
             return
         # a kernel with only sign facts is checked once per form of call: the values of the parameters they name
         key = None
-        if not (plan.row_scales or plan.row_shifts or plan.row_steps) and self._sign_names is not None:
+        if not (plan.row_scales or plan.row_shifts or plan.row_steps or plan.row_bounds) \
+                and self._sign_names is not None:
             key = tuple(bound.get(n) for n in self._sign_names)
             if not all(v is None or isinstance(v, (int, float)) for v in key):
                 key = None  # a tensor or another object (kept out of the record): checked every call
@@ -266,6 +269,28 @@ class OverlappedKernel:
                         f"moves the access along dim {dim}, onto other rows than those its wait or notify covers; pass "
                         f"the full tensor's stride of dim {dim - 1} ({full * rows} here), or add the rows to the "
                         f"offsets vector along dim {dim}")
+            for tensor, terms, stride, line in plan.row_bounds:
+                # a pointer a loop advances along the columns reads the columns [0, X) of its row, X the mask's bound
+                t = bound.get(tensor)
+                if not hasattr(t, "shape") or len(t.shape) <= dim:
+                    continue
+                rows = _product(tuple(str(int(n)) for n in t.shape[dim + 1:]), {})
+                known = [_product(factors, values) for _, factors in terms]
+                step = values.get(stride)
+                if None in known or not isinstance(step, int) or isinstance(step, bool):
+                    continue  # a parameter that is not an int at this call: Triton refuses the call itself
+                last = sum(-v if negative else v for (negative, _), v in zip(terms, known, strict=True))
+                if last * step > rows:
+                    said = " + ".join(("-" if neg else "") + _said(factors, values) for neg, factors in terms)
+                    raise LaunchError(
+                        f"{self.name}: the load or store at {_display_path(self.file)}:{line} walks the columns of "
+                        f"{tensor!r} in its loop up to the mask's bound {said} = {last}{said_config}, {last * step} "
+                        f"elements at argument {stride!r} = {step} elements a column, but the rows of the buffer "
+                        f"TileLink passes as {tensor!r} (contiguous, of the shape of the argument along its other "
+                        f"dims, {tuple(t.shape)}) are {rows} elements long: the last steps touch the next rows, "
+                        f"which its wait or notify does not cover; pass arguments that make the mask's bound at most "
+                        f"{rows // step if step > 0 else rows} (the row's length, `K` for a matmul's `a` of shape "
+                        f"(M, K)), and {stride!r} the stride of the columns in the row")
             for tensor, terms, line in plan.row_shifts:
                 t = bound.get(tensor)
                 if not hasattr(t, "shape") or len(t.shape) <= dim or dim > 0 and full is None:

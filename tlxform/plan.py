@@ -92,6 +92,11 @@ class LaunchPlan:
     #: ``(tensor, factors, line)`` (``KernelAnalysis.row_steps``): their product must be a multiple of the gathered
     #: buffer's stride of the dim before the rows; each call with more than one rank checks it
     row_steps: tuple[tuple[str, tuple[str, ...], int], ...] = ()
+    #: the column bound ``X`` of each pointer a loop advances in the matmul form (``mask=offs_k[None, :] < X - k *
+    #: BLOCK_K``), ``(tensor, ((subtracted, factors), ...), column stride parameter, line)``
+    #: (``KernelAnalysis.row_bounds``): ``X`` times the column stride must be at most the row stride of the buffer the
+    #: launcher passes; each call with more than one rank checks it
+    row_bounds: tuple[tuple[str, tuple[tuple[bool, tuple[str, ...]], ...], str, int], ...] = ()
 
     def __post_init__(self) -> None:
         if not self.rule or type(self) is LaunchPlan:
@@ -121,6 +126,11 @@ class LaunchPlan:
         self._check("row_steps", isinstance(self.row_steps, tuple) and all(
             isinstance(e, tuple) and len(e) == 3 and _name(e[0]) and _factors(e[1]) and bool(e[1]) and _positive(e[2])
             for e in self.row_steps), "a tuple of (tensor, factors, line)")
+        self._check("row_bounds", isinstance(self.row_bounds, tuple) and all(
+            isinstance(e, tuple) and len(e) == 4 and _name(e[0]) and isinstance(e[1], tuple) and bool(e[1]) and all(
+                isinstance(t, tuple) and len(t) == 2 and isinstance(t[0], bool) and _factors(t[1]) for t in e[1])
+            and _name(e[2]) and _positive(e[3]) for e in self.row_bounds),
+            "a tuple of (tensor, ((subtracted, factors), ...), stride parameter, line)")
 
     def _check(self, name: str, ok: bool, wanted: str) -> None:
         if not ok:

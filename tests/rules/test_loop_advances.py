@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib.util
 import textwrap
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -21,7 +22,7 @@ import tilelink
 from tests.rules.cases import rows_of
 from tilelink.annotations import requests_in
 from tilelink.codegen import generate
-from tilelink.errors import AnnotationError
+from tilelink.errors import AnnotationError, LaunchError
 from tilelink.runtime import current_world
 
 STRIDED = textwrap.dedent('''
@@ -164,6 +165,69 @@ def test_the_matmul_form_of_an_advance_builds(source: str) -> None:
     assert entry.startswith("[applied]"), entry
 
 
+# the mask's bound goes one block past the row: the last step reads the first columns of the next row
+PAST = STRIDED.replace("D - j * BLOCK_D", "D + BLOCK_D - j * BLOCK_D")
+
+
+def _launch_plan(source: str):
+    return _generated(source).plans[0].launch
+
+
+def test_the_mask_bound_of_an_advance_is_kept_for_the_launch() -> None:
+    kept = (("x_ptr", ((False, ("D",)),), "stride_xd", LOAD_LINE),)
+    assert _launch_plan(STRIDED).row_bounds == kept, _launch_plan(STRIDED).row_bounds
+    assert _launch_plan(REMAINING).row_bounds == tuple((t, x, s, line + 1) for t, x, s, line in kept)
+    past = _launch_plan(PAST).row_bounds
+    assert past == (("x_ptr", ((False, ("D",)), (False, ("BLOCK_D",))), "stride_xd", LOAD_LINE),), past
+
+
+def test_a_mask_bound_the_launch_cannot_read_is_refused_at_build() -> None:
+    # a bound the kernel computes: the launch cannot compare it with the row
+    source = STRIDED.replace(LOOP, "    n = tl.maximum(D, BLOCK_D)\n" + LOOP).replace("D - j * BLOCK_D",
+                                                                                   "n - j * BLOCK_D")
+    with pytest.raises(AnnotationError) as info:
+        _generated(source)
+    said = str(info.value)
+    assert f"strip_sum.py:{LOAD_LINE + 1}:" in said, said
+    assert "the mask bounds the columns `cols` by `n`, which is not a sum of products of int literals and " \
+           "parameters" in said, said
+    assert "`cols[None, :] < K - j * BLOCK_D`" in info.value.hint, info.value.hint
+
+
+def _strip_kernel(tmp_path, source: str):
+    path = tmp_path / "strip_sum.py"
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location("strip_sum_launch", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.strip_sum
+
+
+class _Launcher:
+    """What the row check asks of a launcher along dim 0: the world."""
+
+    def world(self):
+        return SimpleNamespace(world_size=2)
+
+
+def _call(stride_xd: int = 1) -> dict:
+    return dict(x_ptr=torch.zeros(6, 8), y_ptr=torch.zeros(12, 4), M=12, D=8, NSTEP=4, stride_xm=8,
+                stride_xd=stride_xd, BLOCK_M=4, BLOCK_D=4)
+
+
+def test_a_mask_bound_past_the_row_is_refused_at_the_launch(tmp_path) -> None:
+    _strip_kernel(tmp_path, STRIDED)._check_row_scales(_call(), _Launcher())  # D = 8 columns: the row
+    # one block past the row, or the row's columns two elements apart: both reach the next row
+    for source, stride_xd, bound in ((PAST, 1, "D=8 + BLOCK_D=4 = 12"), (STRIDED, 2, "D=8 = 8")):
+        with pytest.raises(LaunchError) as info:
+            _strip_kernel(tmp_path, source)._check_row_scales(_call(stride_xd), _Launcher())
+        said = str(info.value)
+        assert said.startswith("strip_sum: the load or store at "), said
+        assert f"strip_sum.py:{LOAD_LINE} walks the columns of 'x_ptr'" in said, said
+        assert f"up to the mask's bound {bound}" in said and f"at argument 'stride_xd' = {stride_xd}" in said, said
+        assert "are 8 elements long" in said and "make the mask's bound at most" in said, said
+
+
 # a term along the rows that a `while` counter makes: the later steps read the next rows
 COUNTED = textwrap.dedent('''
     import triton
@@ -229,6 +293,17 @@ def test_the_matmul_form_past_the_row_equals_torch_on_the_race_exposing_schedule
     # four steps over a row of two blocks: the mask stops the last two at the row's end
     errors = tilelink.spawn(_strips, world, str(path), 4)
     assert all(e < 1e-5 for e in errors), errors
+
+
+@pytest.mark.slow
+def test_a_mask_bound_past_the_row_is_refused_at_two_ranks(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("TILELINK_RACES", "1")
+    path = tmp_path / "strip_sum_past.py"
+    path.write_text(PAST)
+    # one block past the row: the last step would read the next row, which no wait covers
+    with pytest.raises(LaunchError) as info:
+        tilelink.spawn(_strips, 2, str(path), 4)
+    assert "up to the mask's bound D=8 + BLOCK_D=4 = 12" in str(info.value), info.value
 
 
 @pytest.mark.slow
