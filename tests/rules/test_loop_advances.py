@@ -7,7 +7,9 @@ access after the loop and a `while` loop are refused at the access. So are the f
 advance alone reads as the matmul form: two advances in one loop, a step back (`x_ptrs = x_ptrs - ...`), an outer loop
 that runs the loop again without binding the pointer afresh, a mask or step factor that is not the same on every step,
 and a mask over columns bound again after the address was made from them. An outer loop that binds the pointer afresh
-before the loop (a persistent matmul) builds and equals torch."""
+before the loop (a persistent matmul) builds and equals torch. The mask's bound (`D`) is kept for the launch, which
+refuses a bound past the row (`D + BLOCK_D`) or a column stride that takes the columns past it; a bound the kernel
+computes is refused at the access."""
 
 from __future__ import annotations
 
