@@ -1179,12 +1179,9 @@ def _vector_start(an: _Analyzer, acc: Access, name: str, offsets: str,
     return (start, position > 0) if vectors else None
 
 
-def _mask_bound(an: _Analyzer, acc: Access, name: str, offsets: str) -> _Terms | None:
-    """The largest value of the column vector ``name`` the access's mask lets through, as terms the launch reads:
-    ``D - 1`` for a conjunct ``cols[None, :] < D`` (``cols <= D``: ``D``); ``None`` when the mask bounds it by none."""
-    if acc.mask is None:
-        return None
-    conjuncts, todo = [], [cst.parse_expression(acc.mask)]
+def _conjuncts(mask: str) -> list[cst.BaseExpression]:
+    """The terms of a mask joined by ``&`` / ``and`` (parentheses dropped), in no particular order."""
+    conjuncts, todo = [], [cst.parse_expression(mask)]
     while todo:
         node = todo.pop()
         if node.lpar:
@@ -1194,8 +1191,16 @@ def _mask_bound(an: _Analyzer, acc: Access, name: str, offsets: str) -> _Terms |
             todo += [node.left, node.right]
         else:
             conjuncts.append(node)
+    return conjuncts
+
+
+def _mask_bound(an: _Analyzer, acc: Access, name: str, offsets: str) -> _Terms | None:
+    """The largest value of the column vector ``name`` the access's mask lets through, as terms the launch reads:
+    ``D - 1`` for a conjunct ``cols[None, :] < D`` (``cols <= D``: ``D``); ``None`` when the mask bounds it by none."""
+    if acc.mask is None:
+        return None
     column = m.Name(name) | m.Subscript(value=m.Name(name))
-    for node in conjuncts:
+    for node in _conjuncts(acc.mask):
         if not isinstance(node, cst.Comparison) or len(node.comparisons) != 1:
             continue
         op, right = node.comparisons[0].operator, node.comparisons[0].comparator
@@ -1627,16 +1632,7 @@ def _check_advance_in_loop(an: _Analyzer, acc: Access, tile: Tile, name: str, st
         return k in parts and sorted(p for p in parts if p != k) == rest and parts.count(k) == 1
 
     column = m.Name(vector) | m.Subscript(value=m.Name(vector))
-    conjuncts, todo = [], [cst.parse_expression(acc.mask)] if acc.mask is not None else []
-    while todo:
-        node = todo.pop()
-        if node.lpar:
-            todo.append(node.with_changes(lpar=[], rpar=[]))
-        elif isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.BitAnd) or isinstance(
-                node, cst.BooleanOperation) and isinstance(node.operator, cst.And):
-            todo += [node.left, node.right]
-        else:
-            conjuncts.append(node)
+    conjuncts = _conjuncts(acc.mask) if acc.mask is not None else []
     def launch_factors(term: cst.BaseExpression, negative: bool) -> tuple[bool, tuple[str, ...]] | None:
         """A term of ``X`` as (subtracted, its factors), each an int literal or a parameter the kernel leaves as
         passed, which the launch reads; ``None`` for anything else."""
