@@ -279,6 +279,16 @@ class OverlappedKernel:
                 step = values.get(stride)
                 if None in known or not isinstance(step, int) or isinstance(step, bool):
                     continue  # a parameter that is not an int at this call: Triton refuses the call itself
+                if step <= 0:
+                    # the columns [0, X) walked backwards, or all at one place, lie before the row's first column or
+                    # in other rows: only a forward column stride keeps them in the row the mask bounds
+                    raise LaunchError(
+                        f"{self.name}: the load or store at {_display_path(self.file)}:{line} walks the columns of "
+                        f"{tensor!r} in its loop along argument {stride!r} = {step}{said_config}, which is not "
+                        f"positive: TileLink bounds those columns by the row only when they walk forward from its "
+                        f"first column (a negative stride reads the rows before, which its wait or notify does not "
+                        f"cover); pass {stride!r} the stride of the columns in the row (positive, 1 for a contiguous "
+                        f"{tensor!r})")
                 last = sum(-v if negative else v for (negative, _), v in zip(terms, known, strict=True))
                 if last * step > rows:
                     said = " + ".join(("-" if neg else "") + _said(factors, values) for neg, factors in terms)
@@ -289,7 +299,7 @@ class OverlappedKernel:
                         f"TileLink passes as {tensor!r} (contiguous, of the shape of the argument along its other "
                         f"dims, {tuple(t.shape)}) are {rows} elements long: the last steps touch the next rows, "
                         f"which its wait or notify does not cover; pass arguments that make the mask's bound at most "
-                        f"{rows // step if step > 0 else rows} (the row's length, `K` for a matmul's `a` of shape "
+                        f"{rows // step} (the row's length, `K` for a matmul's `a` of shape "
                         f"(M, K)), and {stride!r} the stride of the columns in the row")
             for tensor, terms, line in plan.row_shifts:
                 t = bound.get(tensor)

@@ -230,6 +230,18 @@ def test_a_mask_bound_past_the_row_is_refused_at_the_launch(tmp_path) -> None:
         assert "are 8 elements long" in said and "make the mask's bound at most" in said, said
 
 
+def test_a_column_stride_that_is_not_positive_is_refused_at_the_launch(tmp_path) -> None:
+    # a negative column stride walks back from the row's first column into the rows before: `D * stride` never
+    # passes the row's length, so the bound alone lets it by
+    for stride_xd in (-1, 0):
+        with pytest.raises(LaunchError) as info:
+            _strip_kernel(tmp_path, STRIDED)._check_row_scales(_call(stride_xd), _Launcher())
+        said = str(info.value)
+        assert f"strip_sum.py:{LOAD_LINE} walks the columns of 'x_ptr'" in said, said
+        assert f"along argument 'stride_xd' = {stride_xd}, which is not positive" in said, said
+        assert "pass 'stride_xd' the stride of the columns in the row" in said, said
+
+
 # a term along the rows that a `while` counter makes: the later steps read the next rows
 COUNTED = textwrap.dedent('''
     import triton
