@@ -1457,16 +1457,17 @@ def _check_pointer_advances(an: _Analyzer, acc: Access, tile: Tile, pointers: se
             _judge_step(an, acc, tile, name, step, rows, an.where(ref.node))
             # `p = p - d` moves back as `p -= d` does
             _check_advance_in_loop(an, acc, tile, name, step, exprs, an.where(ref.node),
-                                   isinstance(value, cst.BinaryOperation) and isinstance(value.operator, cst.Subtract))
+                                   isinstance(value, cst.BinaryOperation) and isinstance(value.operator, cst.Subtract), pointers)
         for node in m.findall(an.fn.body, m.AugAssign(target=m.Name(name))):
             step = node.value if isinstance(node.operator, (cst.AddAssign, cst.SubtractAssign)) else None
             _judge_step(an, acc, tile, name, step, rows, an.where(node))
             _check_advance_in_loop(an, acc, tile, name, step, exprs, an.where(node),
-                                   isinstance(node.operator, cst.SubtractAssign))
+                                   isinstance(node.operator, cst.SubtractAssign), pointers)
 
 
 def _check_advance_in_loop(an: _Analyzer, acc: Access, tile: Tile, name: str, step: cst.BaseExpression,
-                           exprs: list[cst.BaseExpression], at: Where, backwards: bool = False) -> None:
+                           exprs: list[cst.BaseExpression], at: Where, backwards: bool = False,
+                           pointers: set[str] | None = None) -> None:
     """A pointer advanced inside a loop moves by its step on every iteration, so what it adds over the loop grows
     with the trip count: along another dimension it leaves the row (and reads or writes the next rows, which the
     wait or notify does not cover) unless the access's mask bounds the columns on every step. Accepted: the matmul
@@ -1523,13 +1524,25 @@ def _check_advance_in_loop(an: _Analyzer, acc: Access, tile: Tile, name: str, st
         else:
             factors.append(node.with_changes(lpar=[], rpar=[]) if getattr(node, "lpar", None) else node)
     columns: dict[str, str] = {}  # stride parameter -> the column vector it scales in the address
+    scaled: dict[str, str] = {}  # stride parameter -> a term that scales a column vector by more than it
     for e in exprs:
-        for mul in m.findall(e, m.BinaryOperation(operator=m.Multiply())):
-            for side, other in ((mul.left, mul.right), (mul.right, mul.left)):
-                if isinstance(side, cst.Subscript) and isinstance(side.value, cst.Name) and isinstance(
-                        other, cst.Name) and other.value in an.params and side.value.value != tile.offsets:
-                    columns[other.value] = side.value.value
-    strides = [f for f in factors if isinstance(f, cst.Name) and f.value in columns]
+        for term, negative in _terms(_bare(e)):
+            vector, stride_of = _column_term(an, term, tile.offsets)
+            if vector is not None and stride_of is not None and not negative:
+                columns[stride_of] = vector
+            elif vector is not None:
+                # `cols[None, :] * stride_xd * 2` reads the columns 2 * cols, which a mask on `cols` does not bound
+                for n in sorted(names_in(term) & set(an.params)):
+                    scaled.setdefault(n, code(term) if not negative else f"-{code(term)}")
+    strides = [f for f in factors if isinstance(f, cst.Name) and f.value in columns | scaled]
+    if len(strides) == 1 and strides[0].value in scaled:
+        term = scaled[strides[0].value]
+        raise refuse(f"along `{strides[0].value}` once more on every iteration, and the address reads the columns "
+                     f"`{term}`, not a column vector times that stride alone: the mask bounds the vector, not the "
+                     f"columns the address reads",
+                     f"make the columns one vector times the column stride (`cols[None, :] * {strides[0].value}`, "
+                     f"`cols = tl.arange(0, BLOCK_D)`), advance by the block times that stride, and mask that vector "
+                     f"by what is left of the row (`cols[None, :] < K - k * BLOCK_D`)")
     if len(strides) != 1:
         raise refuse("by a step TileLink cannot place on a column vector of the address (it needs one stride "
                      "parameter that scales a column vector, times the block)")
@@ -1679,6 +1692,32 @@ def _check_advance_in_loop(an: _Analyzer, acc: Access, tile: Tile, name: str, st
                  f"`{vector}` by what is left of the row on each step (`{vector}[None, :] < K - {k} * "
                  f"{' * '.join(rest) or '1'}`, also through a local bound in the loop before the access, of names the "
                  f"loop does not bind)")
+
+
+def _bare(node: cst.BaseExpression) -> cst.BaseExpression:
+    """``node`` without its own parentheses."""
+    return node.with_changes(lpar=[], rpar=[]) if getattr(node, "lpar", None) else node
+
+
+def _column_term(an: _Analyzer, term: cst.BaseExpression, offsets: str | None) -> tuple[str | None, str | None]:
+    """A term of an address that scales a column vector: (the vector, the stride parameter) when its factors are
+    exactly ``vector[...]`` and a parameter (``cols[None, :] * stride_xd``); (the vector, ``None``) when it has other
+    factors too (``cols[None, :] * stride_xd * 2``); (``None``, ``None``) when no factor is a column vector."""
+    parts, todo = [], [_bare(term)]
+    while todo:
+        node = todo.pop()
+        if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Multiply):
+            todo += [_bare(node.left), _bare(node.right)]
+        else:
+            parts.append(node)
+    vectors = [p for p in parts if isinstance(p, cst.Subscript) and isinstance(p.value, cst.Name)
+               and p.value.value != offsets]
+    if not vectors:
+        return None, None
+    strides = [p for p in parts if isinstance(p, cst.Name) and p.value in an.params]
+    if len(parts) == 2 and len(vectors) == 1 and len(strides) == 1:
+        return vectors[0].value.value, strides[0].value
+    return vectors[0].value.value, None
 
 
 def _step_of(value: cst.BaseExpression, name: str) -> cst.BaseExpression | None:

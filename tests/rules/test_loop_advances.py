@@ -123,6 +123,13 @@ LEAVING = {
     "varying_bound": (STRIDED.replace(LOOP, "    lim = D\n" + LOOP).replace("D - j * BLOCK_D", "lim - j * BLOCK_D")
                       .replace(ADVANCE, ADVANCE + "        lim = lim + BLOCK_D\n"),
                       "the mask does not bound the columns", "offs_k[None, :] < K - k * BLOCK_K"),
+    # the column vector scaled by more than its stride: the address reads the columns 2 * cols, the mask bounds cols
+    "scaled_columns": (STRIDED.replace("cols[None, :] * stride_xd\n", "cols[None, :] * stride_xd * 2\n"),
+                       "the address reads the columns `cols[None, :] * stride_xd * 2`, not a column vector times "
+                       "that stride alone", "make the columns one vector times the column stride"),
+    "scaled_columns_inside": (STRIDED.replace("cols[None, :] * stride_xd\n", "cols[None, :] * 2 * stride_xd\n"),
+                              "the address reads the columns `cols[None, :] * 2 * stride_xd`",
+                              "make the columns one vector times the column stride"),
     # the mask bounds other columns than the address reads
     "columns_moved_before": (STRIDED.replace(LOOP, "    cols = cols - BLOCK_D\n" + LOOP),
                              f"the columns `cols` its mask bounds are bound again at line {LOAD_LINE - 1}",
