@@ -195,7 +195,8 @@ class OverlappedKernel:
         caller's tensors as written), under each autotuning configuration the call may run (a ``triton.Config``
         sets a constexpr the call does not pass). Along an inner dim (``dim >= 1``) the scalar terms may also step
         along the dims before the rows, by whole steps of the gathered buffer (the full size along the rows times a
-        row's elements), and a computed term's factors (``row_steps``: ``b * stride_xb``) must be such a step. The
+        row's elements), and a computed term's factors (``row_steps``: ``b * stride_xb``) must be such a step, or, where
+        the buffer's dims before the rows are all of size 1, a block of the row holding the access's whole shift. The
         ``tile=`` proofs took every name as non-negative: an int argument they read (``row_signs``) that is negative
         is refused, naming it and the load. A pointer a loop advances along the columns reads the columns ``[0, X)``
         of its row, ``X`` its mask's bound (``row_bounds``): ``X`` times the column stride's argument must be at most
@@ -259,6 +260,18 @@ class OverlappedKernel:
                 if not hasattr(t, "shape") or len(t.shape) <= dim or full is None or value is None:
                     continue
                 rows = _product(tuple(str(int(n)) for n in t.shape[dim + 1:]), {})
+                # a buffer with no dims to step along before the rows (all of size 1) has the dims the kernel steps
+                # packed into the row, sequence-major ((1, 1, S, B * H * D)): a step that splits the row into equal
+                # blocks, each holding all the access's own terms (a descriptor's whole read), stays within the row
+                # as long as the computed value stays below the block count (the grid's, which TileLink cannot read)
+                known = [[(neg, _product(f, values)) for neg, f in terms]
+                         for name, terms, at in plan.row_shifts if name == tensor and at == line]
+                shifts = [sum(-v if neg else v for neg, v in terms) for terms in known
+                          if None not in [v for _, v in terms]]
+                outer = _product(tuple(str(int(n)) for n in t.shape[:dim]), {})
+                if outer == 1 and 0 < value <= rows and rows % value == 0 and shifts and 0 <= min(shifts) \
+                        and max(shifts) < value:
+                    continue
                 if value % (full * rows):
                     said = _said(factors, values)
                     raise LaunchError(

@@ -322,8 +322,8 @@ def descriptor_inner_terms(an: _Analyzer, acc: Access) -> tuple[list[tuple], set
     the base) does not scale, and the last element it reads along each axis after the rows', ``(shape[j] - 1) *
     strides[j]``. ``x_ptr + b * stride_xb + s_lo * stride_xs + D`` on a contiguous ``(B, S, D)`` tensor gathered along
     S reads the next row of S, and so does ``shape=[n, D + COL]`` with ``strides=[stride_xs, 1]``. Refused at the
-    access: a shape or stride entry after the rows' that the launch cannot read. Not checked: a term of the base that
-    multiplies a value the kernel computes by parameters."""
+    access: a shape or stride entry after the rows' that the launch cannot read. A term of the base that multiplies a
+    value the kernel computes by parameters gives those parameters as a step (``KernelAnalysis.row_steps``)."""
     from tilelink.analysis import _arg, _factors, _is_tl_call, _refuse, _terms, code
 
     defs = an.assignments.get(acc.pointer, [])
@@ -341,9 +341,10 @@ def descriptor_inner_terms(an: _Analyzer, acc: Access) -> tuple[list[tuple], set
         return [], set()  # no single axis whose stride scales the base's rows: the rows' own checks judge it
     axis = axes[0]
     _, rest = _divide(address, next(iter(entries[axis])))
-    # a computed term times parameters (`off_z * stride_kz`) is left out: in a sequence-major layout, the attention
-    # kernel's (1, 1, S, B * H * D), it is a column offset within the row, not a step of the dims before it
-    shift, _ = _outside_terms(an, acc, rest)
+    # a computed term times parameters (`b * stride_xb`) is a step the launch checks, as a pointer's: a step of the
+    # dims before the rows, or, in a sequence-major layout (the attention kernel's (1, 1, S, B * H * D),
+    # `off_z * stride_kz`), a block of columns of the row that holds the descriptor's whole read
+    shift, steps = _outside_terms(an, acc, rest)
     extent: list[tuple[bool, tuple[str, ...]]] = []
     for size, stride in zip(shape.elements[axis + 1:], strides.elements[axis + 1:], strict=True):
         found = [] if m.findall(stride.value, m.Call() | m.Subscript()) else _factors(an, stride.value, "\0")
@@ -363,7 +364,7 @@ def descriptor_inner_terms(an: _Analyzer, acc: Access) -> tuple[list[tuple], set
         extent.append((True, step))  # the last element along the axis is at (size - 1) * stride
     if extent:
         shift = [tuple(shift[0]) + tuple(extent)] if shift else [tuple(extent)]
-    return shift, set()
+    return shift, steps
 
 
 def _outside_terms(an: _Analyzer, acc: Access, rest: Poly) -> tuple[list[tuple], set[tuple[str, ...]]]:

@@ -158,3 +158,38 @@ def test_a_descriptors_base_moved_along_an_inner_dims_row_is_refused_at_the_laun
         kernel._check_row_scales(args(d), Launcher())
     said = str(info.value)
     assert f"chunked.py:{CHUNKED_LINE} adds 7 elements" in said and "moves it 1 row along dim 1" in said, said
+
+
+def test_a_descriptors_computed_base_term_is_a_step_checked_at_the_launch(tmp_path) -> None:
+    # `b * stride_xb` in the base: with the shard's stride (S // 2 * D, not the gathered buffer's S * D) the
+    # descriptor of batch 1 starts mid-way through batch 0's rows, which no wait covers
+    source = (FORMS / "chunked_rows_descriptor.py").read_text()
+    plan = generate(source, "chunked.py", requests_in(source, "chunked.py")).plans[0].launch
+    line = next(i for i, text in enumerate(source.splitlines(), 1) if "x = desc.load(" in text)
+    assert plan.row_steps == (("x_ptr", ("stride_xb",), line),), plan.row_steps
+    path = tmp_path / "chunked.py"
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location("chunked_col_sum_desc_steps", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    B, S, d = 2, 8, 4
+
+    class Launcher(_Launcher):
+        def size_of(self, bound: dict) -> int:
+            return bound["S"]
+
+    def args(stride_xb: int) -> dict:
+        return dict(x_ptr=torch.zeros(B, S // 2, d), y_ptr=torch.zeros(B, d), S=S, D=d, CHUNK=4,
+                    stride_xb=stride_xb, stride_xs=d, BLOCK_S=4, BLOCK_D=d)
+
+    module.chunked_col_sum_desc._check_row_scales(args(S * d), Launcher())
+    with pytest.raises(LaunchError) as info:
+        module.chunked_col_sum_desc._check_row_scales(args(S // 2 * d), Launcher())
+    said = str(info.value)
+    assert f"chunked.py:{line} adds a value the kernel computes times stride_xb=16" in said and \
+        "is 32 elements" in said, said
+    # sequence-major, as sp_attention passes K and V: (1, S, B * D), each batch a block of D columns of the row
+    seq = args(d) | {"x_ptr": torch.zeros(1, S // 2, B * d), "stride_xs": B * d}
+    module.chunked_col_sum_desc._check_row_scales(seq, Launcher())
+    with pytest.raises(LaunchError, match="times stride_xb=4"):  # 6 columns read from blocks of 4
+        module.chunked_col_sum_desc._check_row_scales(seq | {"D": d + 2}, Launcher())
