@@ -4,9 +4,10 @@ The tile-order rotation reads a helper that returns a tile mapping's coordinates
 tile_coordinates(...)``) to tell that they are the mapping's pair; a helper it cannot read keeps the kernel's own
 order. A helper of the kernel's file is read from that file; one imported by name (``from tilelink.ops.gemm_kernels
 import tile_coordinates``, also ``as`` another name, or relative to the kernel's package) is read from its module's
-file, found without running any module: next to the kernel's file, or through Python's import system from the
-deepest package above it whose parent is imported (``tilelink.ops`` under ``tilelink``: an editable install maps
-TileLink's packages to folders of other names).
+file, found without running any module: next to the kernel's file where its folder is not a package (a script's
+folder, first on the import path), else through Python's import system from the deepest package above it whose parent
+is imported (``tilelink.ops`` under ``tilelink``: an editable install maps TileLink's packages to folders of other
+names).
 """
 
 from __future__ import annotations
@@ -72,9 +73,12 @@ def _module_file(dotted: str, level: int, file: str) -> str | None:
         return _in(base, parts)
     if not parts:
         return None
-    found = _in(here, parts) if here else None
-    if found is not None:
-        return found
+    # beside the file only where its folder is not a package: a script's folder is first on the import path, but
+    # a module of a package imports `helpers` from the import path, never from its own folder
+    if here is not None and not os.path.isfile(os.path.join(here, "__init__.py")):
+        found = _in(here, parts)
+        if found is not None:
+            return found
     # through the import system (the import path, an editable install's folders): the spec of the module, or of the
     # deepest package above it, whose parent is imported already, so that finding it runs nothing (a package's
     # `__init__` may import torch, which the static commands do not load)
@@ -100,7 +104,11 @@ def _module_file(dotted: str, level: int, file: str) -> str | None:
 
 
 def _in(root: str, parts: list[str]) -> str | None:
-    """``root/a/b.py`` or ``root/a/b/__init__.py`` for the parts ``a``, ``b``, where it is a file."""
+    """``root/a/b.py`` or ``root/a/b/__init__.py`` for the parts ``a``, ``b``, where it is a file; ``root/__init__.py``
+    for none (``from . import f``)."""
+    if not parts:
+        path = os.path.join(root, "__init__.py")
+        return path if os.path.isfile(path) else None
     stem = os.path.join(root, *parts)
     for path in (stem + ".py", os.path.join(stem, "__init__.py")):
         if os.path.isfile(path):

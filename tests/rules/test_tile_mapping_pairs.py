@@ -147,6 +147,49 @@ def test_a_helper_tilelink_cannot_find_keeps_the_order_and_is_named() -> None:
     assert "define the helper in the kernel's file" in entry, entry
 
 
+def _order_of(path) -> str:
+    source = path.read_text()
+    report = generate(source, str(path), requests_in(source, str(path))).report
+    (entry,) = [str(e) for e in report.entries if "order" in e.message]
+    return entry
+
+
+def test_an_absolute_import_in_a_package_is_not_read_beside_the_file(tmp_path, monkeypatch) -> None:
+    # Python binds `from tile_helpers_abs import tile_of` in pkg/kern.py to the top-level module on the import path,
+    # never to pkg/tile_helpers_abs.py: the one beside the file (whose pair keeps the rotation) is not the helper
+    kernel, pair = _imported("helper_pair", "tile_helpers_abs")
+    _, whole = _imported("helper_whole", "tile_helpers_abs")
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "tile_helpers_abs.py").write_text(pair)
+    (pkg / "kern.py").write_text(kernel)
+    entry = _order_of(pkg / "kern.py")  # no top-level tile_helpers_abs: not found, the kernel's order
+    assert entry.startswith("[not applied]") and "which TileLink cannot read" in entry, entry
+    top = tmp_path / "top"
+    top.mkdir()
+    (top / "tile_helpers_abs.py").write_text(whole)
+    monkeypatch.syspath_prepend(str(top))
+    entry = _order_of(pkg / "kern.py")  # the top-level one, read: its first value holds the parity too
+    assert entry.startswith("[not applied]") and "which TileLink cannot read" not in entry, entry
+    (pkg / "__init__.py").unlink()  # a folder of scripts: its own folder is first on the import path
+    entry = _order_of(pkg / "kern.py")
+    assert entry.startswith("[applied]"), entry
+
+
+def test_a_relative_import_of_the_package_itself_reads_its_init(tmp_path) -> None:
+    # `from . import tile_of` reads pkg/__init__.py, never a pkg.py beside the package's folder
+    kernel, pair = _imported("helper_pair", "tile_helpers_rel")
+    _, whole = _imported("helper_whole", "tile_helpers_rel")
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text(pair)
+    (tmp_path / "pkg.py").write_text(whole)
+    (pkg / "kern.py").write_text(kernel.replace("from tile_helpers_rel import", "from . import"))
+    entry = _order_of(pkg / "kern.py")
+    assert entry.startswith("[applied]") and "pid_m rotated" in entry, entry
+
+
 def _parity(path: str, form: str) -> float:
     spec = importlib.util.spec_from_file_location(f"parity_{form}", path)
     module = importlib.util.module_from_spec(spec)
