@@ -1404,6 +1404,18 @@ def _row_scales(an: _Analyzer, acc: Access, pointers: set[str]) -> tuple[set[tup
                 continue
             found = [walk(v, seen | {name}) for v in defs]
             n += max(k for k, _ in found)
+            moved = [an.where(ref.node) for ref, v in an.assignments.get(name, []) if name in names_in(v)] + [
+                an.where(node) for node in m.findall(an.fn.body, m.AugAssign(target=m.Name(name)))]
+            loops = m.findall(an.fn.body, m.For() | m.While())
+            if along and moved and not any(_contains(an, lp, w) for lp in loops for w in moved):
+                # advanced once, with no loop: the advance's terms are not read, and along the columns (`x_ptrs += D
+                # * stride_xd`) they start the columns a mask bounds from the row's first column further along
+                raise _refuse(acc, f"`{name}`, the pointer of the {acc.kind} at line {acc.where.line}, is advanced in "
+                                   f"place at line {min(w.line for w in moved)}, outside any loop: TileLink cannot "
+                                   f"check the rows of {acc.tensor!r} it touches after the advance",
+                              f"write the whole address in one binding (`{name} = {acc.tensor} + {offsets}[:, None] * "
+                              f"stride_m + cols[None, :] * stride_d + D * stride_d`, the columns' start in the vector "
+                              f"if the mask bounds them: `cols = D + tl.arange(0, BLOCK_D)`), which the launch checks")
             if name in an.rebound or any(name in names_in(v) for v in defs) or any(w is None for _, w in found):
                 ways = None  # advanced in place: its steps are checked to move along another dimension
             elif ways is not None:
@@ -1457,7 +1469,8 @@ def _check_pointer_advances(an: _Analyzer, acc: Access, tile: Tile, pointers: se
             _judge_step(an, acc, tile, name, step, rows, an.where(ref.node))
             # `p = p - d` moves back as `p -= d` does
             _check_advance_in_loop(an, acc, tile, name, step, exprs, an.where(ref.node),
-                                   isinstance(value, cst.BinaryOperation) and isinstance(value.operator, cst.Subtract), pointers)
+                                   isinstance(value, cst.BinaryOperation) and isinstance(value.operator, cst.Subtract),
+                                   pointers)
         for node in m.findall(an.fn.body, m.AugAssign(target=m.Name(name))):
             step = node.value if isinstance(node.operator, (cst.AddAssign, cst.SubtractAssign)) else None
             _judge_step(an, acc, tile, name, step, rows, an.where(node))
@@ -1594,6 +1607,41 @@ def _check_advance_in_loop(an: _Analyzer, acc: Access, tile: Tile, name: str, st
     if any(b != an.where(loop) and _contains(an, loop, b) for b, _ in an.bindings.get(k, [])):
         raise refuse(f"once more on every iteration, and the loop variable `{k}` is bound again in the loop")
     vector = columns[stride]
+    # the mask bounds the columns from the row's first column: the pointer must start there (its binding adds only the
+    # rows and `vector` times `stride`, through its aliases) and move only by this advance. `+ D` or `+ 2 *
+    # stride_xd` in the binding, or `x_ptrs += D * stride_xd` before the loop, starts it further along the row, and
+    # the last steps read the next row
+    fix = (f"bind `{name}` to the row's first column (`{name} = {acc.tensor} + offs_m[:, None] * stride_m + "
+           f"{vector}[None, :] * {stride}`) and advance it only in the loop at line {an.where(loop).line}; start the "
+           f"columns further along through the vector itself (`{vector} = start + tl.arange(0, BLOCK_K)`) and mask "
+           f"them by the row (`{vector}[None, :] < K - {k} * {' * '.join(rest) or '1'}`)")
+    chain, todo_aliases = {name, acc.tensor}, [name]
+    while todo_aliases:
+        alias = todo_aliases.pop()
+        for ref, value in an.assignments.get(alias, []):
+            if alias in names_in(value):
+                continue
+            for term, negative in _terms(_bare(value)):
+                if isinstance(term, cst.Name) and term.value in (pointers or {acc.tensor}):
+                    if term.value not in chain and len(chain) < 16:
+                        chain.add(term.value)
+                        todo_aliases.append(term.value)
+                    continue
+                if tile.offsets is not None and tile.offsets in names_in(term) or not negative and _column_term(
+                        an, term, tile.offsets) == (vector, stride):
+                    continue  # the rows (the row scale check's), or the columns the mask bounds
+                raise refuse(f"along `{stride}` once more on every iteration from where `{alias}` is bound at line "
+                             f"{an.where(ref.node).line}, which adds `{'-' if negative else ''}{code(term)}` to the "
+                             f"row's first column: the mask bounds the columns from the row's first column, and the "
+                             f"last steps read the next row", fix)
+    for alias in sorted(chain):
+        moved = [an.where(ref.node) for ref, value in an.assignments.get(alias, []) if alias in names_in(value)] + [
+            an.where(node) for node in m.findall(an.fn.body, m.AugAssign(target=m.Name(alias)))]
+        outside = sorted({w.line for w in moved if not _contains(an, loop, w)})
+        if outside:
+            raise refuse(f"along `{stride}` once more on every iteration, and `{alias}` is moved outside that loop "
+                         f"too (line {', '.join(map(str, outside))}): the mask bounds the columns from the row's first "
+                         f"column, and the last steps read the next row", fix)
     # the mask must bound the columns the address was made from: `cols` bound again between the two (`cols = cols -
     # BLOCK_K` before the loop or in it) lets other columns by
     start = an.where(loop)

@@ -130,6 +130,21 @@ LEAVING = {
     "scaled_columns_inside": (STRIDED.replace("cols[None, :] * stride_xd\n", "cols[None, :] * 2 * stride_xd\n"),
                               "the address reads the columns `cols[None, :] * 2 * stride_xd`",
                               "make the columns one vector times the column stride"),
+    # the pointer starts past the row's first column (the next row, two columns on, moved before the loop): the mask
+    # bounds the columns from the first, so the last steps read the next row
+    "starts_a_row_on": (STRIDED.replace("cols[None, :] * stride_xd\n", "cols[None, :] * stride_xd + D\n"),
+                        "which adds `D` to the row's first column", "bind `x_ptrs` to the row's first column"),
+    "starts_two_columns_on": (STRIDED.replace("cols[None, :] * stride_xd\n",
+                                              "cols[None, :] * stride_xd + 2 * stride_xd\n"),
+                              "which adds `2 * stride_xd` to the row's first column",
+                              "`cols = start + tl.arange(0, BLOCK_K)`"),
+    "moved_before_the_loop": (STRIDED.replace(LOOP, "    x_ptrs += D * stride_xd\n" + LOOP),
+                              f"`x_ptrs` is moved outside that loop too (line {LOAD_LINE - 1})",
+                              "advance it only in the loop at line"),
+    "base_moved_before_the_loop": (STRIDED.replace("    x_ptrs = x_ptr",
+                                                   "    x_ptr += D * stride_xd\n    x_ptrs = x_ptr"),
+                                   f"`x_ptr` is moved outside that loop too (line {LOAD_LINE - 3})",
+                                   "advance it only in the loop at line"),
     # the mask bounds other columns than the address reads
     "columns_moved_before": (STRIDED.replace(LOOP, "    cols = cols - BLOCK_D\n" + LOOP),
                              f"the columns `cols` its mask bounds are bound again at line {LOAD_LINE - 1}",
@@ -180,6 +195,21 @@ PAST = STRIDED.replace("D - j * BLOCK_D", "D + BLOCK_D - j * BLOCK_D")
 
 def _launch_plan(source: str):
     return _generated(source).plans[0].launch
+
+
+def test_a_pointer_advanced_once_with_no_loop_is_refused() -> None:
+    # `x_ptrs += D * stride_xd` starts the columns the mask bounds by `cols < D` one row on: the load reads the next
+    # row, which no wait covers, and no loop check reads the advance
+    source = STRIDED.replace(LOOP + LOAD + ADVANCE, "    x_ptrs += D * stride_xd\n" + LOAD.replace(
+        "        ", "    ", 1).replace("D - j * BLOCK_D", "D"))
+    assert "for j" not in source, source
+    with pytest.raises(AnnotationError) as info:
+        _generated(source)
+    said = str(info.value)
+    assert f"strip_sum.py:{LOAD_LINE}:" in said, said
+    assert f"`x_ptrs`, the pointer of the load at line {LOAD_LINE}, is advanced in place at line {LOAD_LINE - 1}, " \
+           "outside any loop" in said, said
+    assert "write the whole address in one binding" in info.value.hint, info.value.hint
 
 
 def test_the_mask_bound_of_an_advance_is_kept_for_the_launch() -> None:
