@@ -366,3 +366,37 @@ def test_an_outer_loop_that_binds_the_pointer_afresh_equals_torch_on_the_race_ex
     # each of the two passes starts at the row's first column: twice the sum of one
     errors = tilelink.spawn(_strips, 3, str(path), 4, 2)
     assert all(e < 1e-5 for e in errors), errors
+
+
+# what the refusal of a start past the row's first column says to write: the start in the column vector, which the
+# mask bounds by the row
+SHIFTED = STRIDED.replace("    cols = tl.arange(0, BLOCK_D)\n", "    cols = 2 + tl.arange(0, BLOCK_D)\n").replace(
+    "* BLOCK_D + cols[None, :], acc", "* BLOCK_D + (cols[None, :] - 2), acc")
+
+
+def _shifted_strips(path: str, nstep: int) -> float:
+    spec = importlib.util.spec_from_file_location(f"strip_sum_{abs(hash(path))}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    rank, world = tilelink.rank(), tilelink.world_size()
+    x = torch.randn(M, D, generator=torch.Generator().manual_seed(3))
+    lo, hi = rows_of(rank, world, M)
+    device = current_world().device
+    y = torch.full((M, BLOCK_D), float("nan"), device=device)
+    module.strip_sum[(M // 4,)](x[lo:hi].contiguous().to(device), y, M, D, nstep, D, 1, BLOCK_M=4, BLOCK_D=BLOCK_D)
+    # y[m, c] = the sum of x[m, 2 + c + j * BLOCK_D] over the steps that stay in the row; the rest are masked off
+    padded = torch.cat([x, torch.zeros(M, 2 + nstep * BLOCK_D)], dim=1)
+    want = sum(padded[:, 2 + j * BLOCK_D:2 + (j + 1) * BLOCK_D] for j in range(nstep))
+    got = y.cpu()
+    return float("inf") if got.isnan().any() else (got - want).abs().max().item()
+
+
+@pytest.mark.slow
+def test_columns_started_in_the_vector_equal_torch_on_the_race_exposing_schedule(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("TILELINK_RACES", "1")
+    assert SHIFTED.count("2") == STRIDED.count("2") + 2, SHIFTED
+    path = tmp_path / "strip_sum_shifted.py"
+    path.write_text(SHIFTED)
+    # the mask stops each step at the row's end, two columns earlier than the unshifted sweep's
+    errors = tilelink.spawn(_shifted_strips, 2, str(path), 3)
+    assert all(e < 1e-5 for e in errors), errors
