@@ -1194,6 +1194,42 @@ def _conjuncts(mask: str) -> list[cst.BaseExpression]:
     return conjuncts
 
 
+def _vector_last(an: _Analyzer, name: str, offsets: str, depth: int = 0) -> _Terms | None:
+    """The last element of a column vector bound once as ``start + tl.arange(0, B)`` past its first
+    (:func:`_vector_start`): ``B - 1`` for each ``tl.arange`` in it, through the vectors it adds; ``None`` where an
+    end is not a literal, a parameter or a product of them."""
+    defs = an.assignments.get(name, [])
+    if len(defs) != 1 or name in an.rebound or depth >= 8:
+        return None
+    out: _Terms = []
+    for term, negative in _terms(defs[0][1]):
+        if isinstance(term, cst.Call) and m.matches(term.func, m.Attribute(attr=m.Name("arange")) | m.Name("arange")):
+            end = term.args[1].value if len(term.args) == 2 else None
+            found = None if end is None or m.findall(end, m.Call() | m.Subscript()) else _factors(an, end, offsets)
+            if found is None or negative:
+                return None
+            out += [(False, tuple(found)), (True, ("1",))]
+        elif isinstance(term, cst.Name) and term.value not in an.params and _is_vector(an, term):
+            inner = _vector_last(an, term.value, offsets, depth + 1)
+            if inner is None or negative:
+                return None
+            out += inner
+    return out
+
+
+def _masked(acc: Access, name: str) -> bool:
+    """Whether a conjunct of the access's mask bounds the column vector ``name`` from above (``cols[None, :] < X``,
+    ``X > cols``), whatever ``X`` is."""
+    column = m.Name(name) | m.Subscript(value=m.Name(name))
+    for node in _conjuncts(acc.mask) if acc.mask is not None else ():
+        if isinstance(node, cst.Comparison) and len(node.comparisons) == 1:
+            op, right = node.comparisons[0].operator, node.comparisons[0].comparator
+            if m.matches(node.left, column) and isinstance(op, (cst.LessThan, cst.LessThanEqual)) or m.matches(
+                    right, column) and isinstance(op, (cst.GreaterThan, cst.GreaterThanEqual)):
+                return True
+    return False
+
+
 def _mask_bound(an: _Analyzer, acc: Access, name: str, offsets: str) -> _Terms | None:
     """The largest value of the column vector ``name`` the access's mask lets through, as terms the launch reads:
     ``D - 1`` for a conjunct ``cols[None, :] < D`` (``cols <= D``: ``D``); ``None`` when the mask bounds it by none."""
@@ -1373,7 +1409,10 @@ def _row_scales(an: _Analyzer, acc: Access, pointers: set[str]) -> tuple[set[tup
                 start, position = found
                 low = [(negative != sub, f) for sub, f in start]
                 if not position:
-                    ways = plus(ways, [low])
+                    # unmasked, the vector reads up to its last element: `cols = tl.arange(0, BLOCK_D)` on rows of
+                    # D < BLOCK_D elements, or `cols[None, :] + j * BLOCK_D`, reads the next row
+                    last = None if _masked(acc, term.value.value) else _vector_last(an, term.value.value, offsets)
+                    ways = plus(ways, [low, low + [(negative != sub, f) for sub, f in last]] if last else [low])
                     continue
                 bound = _mask_bound(an, acc, term.value.value, offsets)
                 if bound is None or negative:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import textwrap
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -193,6 +194,44 @@ def test_a_column_vector_made_from_another_keeps_its_start() -> None:
 def test_a_column_vector_at_a_programs_position_keeps_its_mask_bound() -> None:
     # the first column a program can have (none known: 0) and the last one its mask lets through, D - 1
     assert _shifts(COLUMN_BLOCKS.replace("BOUND", "D")) == [("x_ptr", ((False, ("D",)), (True, ("1",))))]
+
+
+# the row sums over BLOCK_D columns per step, NSTEP steps, the columns bounded by no mask
+UNMASKED = '''
+@tilelink.overlap(tilelink.all_gather("x_ptr", size="M"))
+@triton.jit
+def plain_sum_kernel(x_ptr, y_ptr, M, NSTEP, stride_xm, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.arange(0, BLOCK_D)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    for j in range(0, NSTEP):
+        acc += tl.load(x_ptr + offs_m[:, None] * stride_xm + cols[None, :] + j * BLOCK_D, mask=offs_m[:, None] < M,
+                       other=0.0)
+    tl.store(y_ptr + offs_m, tl.sum(acc, axis=1), mask=offs_m < M)
+'''
+
+
+def test_an_unmasked_column_vector_reads_up_to_its_last_element(tmp_path) -> None:
+    # its first element and its last, BLOCK_D - 1, each with the loop's first and last steps
+    last = ((False, ("BLOCK_D",)), (True, ("1",)))
+    single = UNMASKED.replace(" + j * BLOCK_D", "")
+    assert sorted(_shifts(single)) == [("x_ptr", last)], _shifts(single)
+    masked = single.replace("mask=offs_m[:, None] < M,", "mask=(offs_m[:, None] < M) & (cols[None, :] < M),")
+    assert _shifts(masked) == [], _shifts(masked)  # the mask bounds it; checked by the mask's own bound
+    kernel = _load(_written(tmp_path, UNMASKED, "plain_sum"), "plain_sum").plain_sum_kernel
+    launcher = SimpleNamespace(world=lambda: SimpleNamespace(world_size=2))
+
+    def args(nstep: int, block_d: int) -> dict:
+        return dict(x_ptr=torch.zeros(M // 2, D), y_ptr=torch.zeros(M), M=M, NSTEP=nstep, stride_xm=D,
+                    BLOCK_M=BLOCK_M, BLOCK_D=block_d)
+
+    kernel._check_row_scales(args(2, D // 2), launcher)  # columns 0..7 of 8-wide rows
+    for nstep, block_d, says in ((1, 2 * D, "adds 15 elements (BLOCK_D=16 + -1"),
+                                 (2, 5, "adds 9 elements")):  # a wider block; blocks of 5 start at 0 and 5
+        with pytest.raises(LaunchError) as info:
+            kernel._check_row_scales(args(nstep, block_d), launcher)
+        said = str(info.value)
+        assert says in said and "whose rows are 8 elements long" in said, said
 
 
 @pytest.mark.parametrize("term", ["tl.program_id(1) * BLOCK_D", "shift_of(D)"])
