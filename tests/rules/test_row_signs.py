@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import importlib.util
 import textwrap
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -126,15 +125,43 @@ def test_a_negative_skip_is_refused_and_a_positive_one_equals_torch_at_two_ranks
     assert "argument 'SKIP' is -1" in str(info.value), info.value
 
 
-def test_a_kernel_whose_only_row_facts_are_signs_checks_a_form_of_call_once() -> None:
-    path = Path(__file__).parent / "forms" / "chunked_rows_descriptor.py"
-    spec = importlib.util.spec_from_file_location("chunked_rows_descriptor_signs", path)
+# one sequence's rows gathered along dim 1, past the first SKIP of each chunk: the only row facts are the signs its
+# tile= proof takes (no batch step, no row scale, the columns masked)
+SIGNS_ONLY = textwrap.dedent('''
+    import triton
+    import triton.language as tl
+
+    import tilelink
+
+
+    @tilelink.overlap(tilelink.all_gather("x_ptr", dim=1, tile=("s_lo", "s_hi - s_lo"), size="S"), via="copy_engine")
+    @triton.jit
+    def skipped_seq_sum(x_ptr, y_ptr, S, D, CHUNK, SKIP, stride_xs, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
+        offs_d = tl.arange(0, BLOCK_D)
+        acc = tl.zeros([BLOCK_D], dtype=tl.float32)
+        for c in range(0, tl.cdiv(S, CHUNK)):
+            s_lo = c * CHUNK
+            s_hi = tl.minimum(s_lo + CHUNK, S)
+            for start in range(s_lo + SKIP, s_hi, BLOCK_S):
+                rows = start + tl.arange(0, BLOCK_S)
+                x = tl.load(x_ptr + rows[:, None] * stride_xs + offs_d[None, :],
+                            mask=(rows[:, None] < s_hi) & (offs_d[None, :] < D), other=0.0)
+                acc += tl.sum(x.to(tl.float32), 0)
+        tl.store(y_ptr + offs_d, acc, mask=offs_d < D)
+''')
+
+
+def test_a_kernel_whose_only_row_facts_are_signs_checks_a_form_of_call_once(tmp_path) -> None:
+    path = tmp_path / "skipped_seq_sum.py"
+    path.write_text(SIGNS_ONLY)
+    spec = importlib.util.spec_from_file_location("skipped_seq_sum", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    kernel = module.chunked_col_sum_desc
+    kernel = module.skipped_seq_sum
     launch = kernel.plan.launch
-    assert launch.row_signs and not (launch.row_scales or launch.row_shifts or launch.row_steps), launch
-    args = dict(x_ptr=torch.zeros(2, 6, 4), y_ptr=torch.zeros(2, 4), S=12, D=4, CHUNK=4, stride_xb=48, stride_xs=4,
+    assert launch.row_signs and not (launch.row_scales or launch.row_shifts or launch.row_steps
+                                     or launch.row_bounds), launch
+    args = dict(x_ptr=torch.zeros(1, 6, 4), y_ptr=torch.zeros(4), S=12, D=4, CHUNK=4, SKIP=1, stride_xs=4,
                 BLOCK_S=2, BLOCK_D=4)
     two = _Launcher(2)
     for _ in range(3):
