@@ -60,12 +60,17 @@ def _knobs():
     return _KNOBS[0]
 
 
+#: every setting Triton's compile options read besides the call (its backend's ``parse_options``: the debug flag, the
+#: instrumentation, the architecture it compiles for and whether it fuses multiply-adds), as (group of
+#: ``triton.knobs``, name)
+_SETTINGS = (("runtime", "debug"), ("compilation", "instrumentation_mode"), ("runtime", "override_arch"),
+             ("language", "default_fp_fusion"))
+
+
 def _read_settings() -> tuple:
-    """Every setting Triton's compile options read besides the call (its backend's ``parse_options``: the debug flag,
-    the instrumentation, the architecture it compiles for and whether it fuses multiply-adds)."""
+    """The values of :data:`_SETTINGS`, read through ``triton.knobs`` as Triton reads them."""
     knobs = _knobs()
-    return (knobs.runtime.debug, knobs.compilation.instrumentation_mode, knobs.runtime.override_arch,
-            knobs.language.default_fp_fusion)
+    return tuple(getattr(getattr(knobs, group), name) for group, name in _SETTINGS)
 
 
 #: Triton's settings read from one environment variable, unless set in Python (``triton.knobs``' descriptors)
@@ -81,8 +86,8 @@ def _marks_reader():
     value; for any other (a plain attribute), its value."""
     knobs = _knobs()
     scope, terms = {"environ": _ENVIRON, "missing": _MISSING}, []
-    for i, (group, name) in enumerate(((knobs.runtime, "debug"), (knobs.compilation, "instrumentation_mode"),
-                                       (knobs.runtime, "override_arch"), (knobs.language, "default_fp_fusion"))):
+    for i, (group_name, name) in enumerate(_SETTINGS):
+        group = getattr(knobs, group_name)
         how = next((vars(c)[name] for c in type(group).__mro__ if name in vars(c)), None)  # not its __get__
         scope[f"group{i}"], scope[f"values{i}"] = group, vars(group)
         if type(how).__name__ in _ONE_VARIABLE and isinstance(getattr(how, "key", None), str):
@@ -234,17 +239,21 @@ class Bound:
     def __call__(self, *tensors):
         direct = self.direct
         if _capturing() or direct.kernel.pre_run_hooks:
-            return direct.kernel[self.grid](**{**self.call, **dict(zip(self.names, tensors, strict=True))})
+            return direct.kernel[self.grid](**self.whole(tensors))
         variant, arguments = self.read(*tensors)
         key = (_current_device(), _settings(), variant)
         compiled = self.compiled.get(key)
         if compiled is None or direct.globals_changed():
-            result = direct.run(self.grid, **{**self.call, **dict(zip(self.names, tensors, strict=True))})
+            result = direct.run(self.grid, **self.whole(tensors))
             if compiled is None and arguments is not None and launchable(result):
                 self.compiled[key] = result
             return result
         launch(compiled, self.grid, arguments, direct.names)
         return compiled
+
+    def whole(self, tensors) -> dict:
+        """The call's arguments with the tensors ``names`` given ``tensors``."""
+        return {**self.call, **dict(zip(self.names, tensors, strict=True))}
 
 
 def _bound_reader(kernel, call: dict, names: tuple[str, ...]):
