@@ -242,28 +242,46 @@ def all_reduce_replays_match_torch(M: int, N: int, K: int, replays: int, late_s:
                 Launcher.begin_captured = begin
         steps = [("replay", late_s if i == 1 else 0.0) for i in range(replays)]
         steps += [("call", late_s / 2), ("call", late_s / 2), ("replay", 0.0)] if advance else []
-        errors: list[float] = []
-        try:
-            for step, late in steps:
-                if r == 1 and late:
-                    time.sleep(late)
-                ref = new()
-                if step == "call":
-                    got = run()
-                else:
-                    y.fill_(float("nan"))
-                    graph.replay()
-                    got = y
-                err = ((got.double() - ref).norm() / ref.norm()).item()
-                errors.append(err if err == err else float("inf"))  # NaN: rows never written
-        except tilelink.WaitTimeout:  # raised by an uncaptured call after the replays: a replay's wait timed out
-            errors.append(float("inf"))
-        try:  # a replay's timed-out wait is raised by the next uncaptured check
-            kernel.check()
-        except tilelink.WaitTimeout:
-            errors.append(float("inf"))
-        out[label] = errors
+        out[label] = replay_errors(graph, y, run, new, steps, r, (kernel,))
     return out
+
+
+def rel_error(got: torch.Tensor, ref: torch.Tensor) -> float:
+    """``got``'s relative error against ``ref`` (float64), ``inf`` where it holds NaN (rows never written)."""
+    if not ref.numel():
+        return 0.0
+    err = ((got.double().cpu() - ref).norm() / max(ref.norm().item(), 1e-30)).item()
+    return err if err == err else float("inf")
+
+
+def replay_errors(graph, y: torch.Tensor, run, new, steps: list[tuple[str, float]], rank: int,
+                  kernels) -> list[float]:
+    """Run ``steps`` after a capture of ``run`` into ``graph`` (whose output is ``y``): each ``("replay", late)`` or
+    ``("call", late)`` writes new data (``new()``, the reference it returns), rank 1 ``late`` seconds late, then replays
+    the graph (its output filled with NaN first, so a replay that writes nothing is seen) or calls ``run`` uncaptured.
+    Returns each step's :func:`rel_error`, then ``inf`` if a wait timed out: raised by an uncaptured call after the
+    replays, or by the check of ``kernels`` (a replay's timed-out wait is raised by the next uncaptured check)."""
+    errors: list[float] = []
+    try:
+        for step, late in steps:
+            if rank == 1 and late:
+                time.sleep(late)
+            ref = new()
+            if step == "call":
+                got = run()
+            else:
+                y.fill_(float("nan"))
+                graph.replay()
+                got = y
+            errors.append(rel_error(got, ref))
+    except tilelink.WaitTimeout:
+        errors.append(float("inf"))
+    try:
+        for kernel in kernels:
+            kernel.check()
+    except tilelink.WaitTimeout:
+        errors.append(float("inf"))
+    return errors
 
 
 def a_replay_a_peer_skips_times_out(M: int, N: int, K: int, check: bool = True, op: str = "ag_gemm") -> str:

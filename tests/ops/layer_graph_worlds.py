@@ -5,12 +5,12 @@ replay against torch (emulated worlds: :class:`tilelink.runtime.graphs.EmulatedG
 from __future__ import annotations
 
 import dataclasses
-import time
 
 import torch
 
 import tilelink
 import tilelink.runtime
+from tests.ops.graph_worlds import replay_errors
 from tests.ops.tp_worlds import bounds
 
 #: the captured layers: the MLP with a context, without (its M exchanged on the host at the capture) and FP8 (its
@@ -45,13 +45,6 @@ EMULATED = Sizes(tokens=14, hidden=16, intermediate=20, heads=2, kv_heads=1, hea
 #: all 4), so a bf16 near-tie in the router cannot send a token elsewhere than the fp64 reference does
 CUDA = Sizes(tokens=202, hidden=512, intermediate=512, heads=4, kv_heads=2, head_dim=64, dense="small", moe="small",
              moe_overrides=(("name", "small-moe"), ("intermediate", 256), ("experts", 4), ("top_k", 4)))
-
-
-def _rel(got: torch.Tensor, ref: torch.Tensor) -> float:
-    if not ref.numel():
-        return 0.0
-    err = ((got.double().cpu() - ref).norm() / max(ref.norm().item(), 1e-30)).item()
-    return err if err == err else float("inf")  # NaN: rows never written
 
 
 def _config(sizes: Sizes, moe: bool):
@@ -231,25 +224,5 @@ def layer_replays_match_torch(forms: tuple[str, ...], replays: int, late_s: floa
                 y = run()
         steps = [("replay", late_s if i == 1 else 0.0) for i in range(replays)]
         steps += [("call", 0.0), ("call", 0.0), ("replay", 0.0)]
-        errors: list[float] = []
-        try:
-            for step, late in steps:
-                if r == 1 and late:
-                    time.sleep(late)
-                ref = new()
-                if step == "call":
-                    got = run()
-                else:
-                    y.fill_(float("nan"))
-                    graph.replay()
-                    got = y
-                errors.append(_rel(got, ref))
-        except tilelink.WaitTimeout:  # raised by an uncaptured call after the replays: a replay's wait timed out
-            errors.append(float("inf"))
-        try:  # a replay's timed-out wait is raised by the next uncaptured check
-            for kernel in _kernels():
-                kernel.check()
-        except tilelink.WaitTimeout:
-            errors.append(float("inf"))
-        out[label] = errors
+        out[label] = replay_errors(graph, y, run, new, steps, r, _kernels())
     return out
