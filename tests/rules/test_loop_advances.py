@@ -319,7 +319,9 @@ def test_a_term_along_the_rows_a_loop_moves_without_bound_is_refused(loop: str) 
 M, D, BLOCK_D = 12, 8, 4
 
 
-def _strips(path: str, nstep: int, passes: int = 1) -> float:
+def _strip_sums(path: str, nstep: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The kernel ``strip_sum`` of ``path`` run over this rank's rows of a random (M, D) ``x``: ``x`` whole and the
+    result (NaN where nothing was written)."""
     spec = importlib.util.spec_from_file_location(f"strip_sum_{abs(hash(path))}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -329,8 +331,12 @@ def _strips(path: str, nstep: int, passes: int = 1) -> float:
     device = current_world().device
     y = torch.full((M, BLOCK_D), float("nan"), device=device)
     module.strip_sum[(M // 4,)](x[lo:hi].contiguous().to(device), y, M, D, nstep, D, 1, BLOCK_M=4, BLOCK_D=BLOCK_D)
+    return x, y.cpu()
+
+
+def _strips(path: str, nstep: int, passes: int = 1) -> float:
+    x, got = _strip_sums(path, nstep)
     want = passes * sum(x[:, j * BLOCK_D:(j + 1) * BLOCK_D] for j in range(min(nstep, D // BLOCK_D)))
-    got = y.cpu()
     return float("inf") if got.isnan().any() else (got - want).abs().max().item()
 
 
@@ -375,19 +381,10 @@ SHIFTED = STRIDED.replace("    cols = tl.arange(0, BLOCK_D)\n", "    cols = 2 + 
 
 
 def _shifted_strips(path: str, nstep: int) -> float:
-    spec = importlib.util.spec_from_file_location(f"strip_sum_{abs(hash(path))}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    rank, world = tilelink.rank(), tilelink.world_size()
-    x = torch.randn(M, D, generator=torch.Generator().manual_seed(3))
-    lo, hi = rows_of(rank, world, M)
-    device = current_world().device
-    y = torch.full((M, BLOCK_D), float("nan"), device=device)
-    module.strip_sum[(M // 4,)](x[lo:hi].contiguous().to(device), y, M, D, nstep, D, 1, BLOCK_M=4, BLOCK_D=BLOCK_D)
+    x, got = _strip_sums(path, nstep)
     # y[m, c] = the sum of x[m, 2 + c + j * BLOCK_D] over the steps that stay in the row; the rest are masked off
     padded = torch.cat([x, torch.zeros(M, 2 + nstep * BLOCK_D)], dim=1)
     want = sum(padded[:, 2 + j * BLOCK_D:2 + (j + 1) * BLOCK_D] for j in range(nstep))
-    got = y.cpu()
     return float("inf") if got.isnan().any() else (got - want).abs().max().item()
 
 
