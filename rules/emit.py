@@ -217,7 +217,7 @@ def _program_id_bypass(an: KernelAnalysis, pid: str) -> str | None:
             wheres = an.assignments.get(name, ())
             at = [wheres[i] if len(wheres) == len(an.values.get(name, ())) and i < len(wheres) else None
                   for i in range(len(values))]
-            if any(_reads_position(cst.parse_expression(v), axes, ids, pairs_at(w))
+            if any(_reads_position(cst.parse_expression(v), axes, ids, _paired(pairs_at(w)))
                    for v, w in zip(values, at, strict=True)):
                 more.add(name)
         if not more:
@@ -303,24 +303,11 @@ def _value_pairs(bindings: dict[str, tuple], pid: str, values: dict[str, tuple[s
     parsed = {name: [cst.parse_expression(v) for v in vs] for name, vs in values.items()}
     split = m.BinaryOperation(operator=m.Modulo() | m.FloorDivide())
 
-    def reads(node: cst.CSTNode, carriers: set[str], inside) -> bool:
-        """``node`` reads the position (the program id of ``axes`` or a carrier) outside the nodes ``inside`` allows."""
-        if isinstance(node, cst.BaseExpression) and inside(node):
-            return False
-        if isinstance(node, cst.Call) and m.matches(node.func, m.Attribute(value=m.Name("tl"),
-                                                                           attr=m.Name("program_id"))):
-            return bool(node.args) and code(node.args[0].value) in axes
-        if isinstance(node, cst.Name):
-            return node.value in carriers
-        if isinstance(node, (cst.Attribute, cst.Arg)):
-            return reads(node.value, carriers, inside)
-        return any(reads(child, carriers, inside) for child in node.children)
-
     # the names holding the position whole: a read of it outside any `%` / `//`, to a fixed point
     carriers: set[str] = set()
     while True:
         more = {name for name, nodes in parsed.items() if name not in carriers and any(
-            reads(n, carriers, lambda e: m.matches(e, split)) for n in nodes)}
+            _reads_position(n, axes, carriers, lambda e: m.matches(e, split)) for n in nodes)}
         if not more:
             break
         carriers |= more
@@ -333,9 +320,7 @@ def _value_pairs(bindings: dict[str, tuple], pid: str, values: dict[str, tuple[s
     for op in ops:
         if not all(len(bindings.get(n, ())) <= 1 for n in names_in(op) - {"tl"}):
             continue
-        modulo = isinstance(op.operator, cst.Modulo)
-        other = op.with_changes(operator=cst.FloorDivide() if modulo else cst.Modulo())
-        if _canonical(other) in held:
+        if _canonical(_swapped(op)) in held:
             continue
         mine = _canonical(op)
         numerator = _canonical(op.left)
@@ -346,10 +331,9 @@ def _value_pairs(bindings: dict[str, tuple], pid: str, values: dict[str, tuple[s
             if _canonical(e) == mine:
                 return True
             # `r // c` beside a numerator `r % c`: the group, which holds none of the group's inner part
-            return isinstance(e.operator, cst.FloorDivide) and _canonical(
-                e.with_changes(operator=cst.Modulo())) == numerator
+            return isinstance(e.operator, cst.FloorDivide) and _canonical(_swapped(e)) == numerator
 
-        if not any(reads(n, carriers, inside) for n in made):
+        if not any(_reads_position(n, axes, carriers, inside) for n in made):
             pairs.add(mine)
     return pairs
 
@@ -465,7 +449,7 @@ def _helper_pairs(an: KernelAnalysis, pid: str, other: str, value: str) -> bool:
     # the position parameters as program ids of one axis, the other parameters bound never
     values = {"__pid__": (code(mine),)} | {p: ("tl.program_id(0)",) for p in position}
     pairs = _value_pairs({}, "__pid__", values, {"0"})
-    return not _reads_position(theirs, {"0"}, set(position), pairs)
+    return not _reads_position(theirs, {"0"}, set(position), _paired(pairs))
 
 
 def _canonical(node: cst.BaseExpression) -> str:
@@ -477,22 +461,33 @@ def _canonical(node: cst.BaseExpression) -> str:
     return "".join(code(node.with_changes(lpar=[], rpar=[]) if getattr(node, "lpar", None) else node).split())
 
 
-def _reads_position(node: cst.BaseExpression, axes: set[str], ids: set[str], pairs: set[str] | None = None) -> bool:
-    """``node`` reads ``tl.program_id`` of one of ``axes`` or a variable of ``ids``. With ``pairs`` (the ``%`` / ``//``
-    operations of the rotated variable's values), a read inside ``a % b`` whose ``a // b`` is one of them (or the
-    reverse) is the mapping's other coordinate, not the position."""
-    if pairs is not None and isinstance(node, cst.BinaryOperation) and isinstance(
-            node.operator, (cst.Modulo, cst.FloorDivide)):
-        other = node.with_changes(operator=cst.FloorDivide() if isinstance(node.operator, cst.Modulo) else cst.Modulo())
-        if _canonical(other) in pairs:
-            return False
+def _swapped(op: cst.BinaryOperation) -> cst.BinaryOperation:
+    """``a % b`` as ``a // b`` and the reverse: the other coordinate of a tile mapping's pair."""
+    return op.with_changes(operator=cst.FloorDivide() if isinstance(op.operator, cst.Modulo) else cst.Modulo())
+
+
+def _paired(pairs: set[str]) -> Callable[[cst.BaseExpression], bool]:
+    """The ``a % b`` / ``a // b`` nodes whose other (``a // b`` / ``a % b``) is one of ``pairs`` (the operations of the
+    rotated variable's values): the mapping's other coordinate, not the position."""
+    def paired(node: cst.BaseExpression) -> bool:
+        return isinstance(node, cst.BinaryOperation) and isinstance(
+            node.operator, (cst.Modulo, cst.FloorDivide)) and _canonical(_swapped(node)) in pairs
+    return paired
+
+
+def _reads_position(node: cst.CSTNode, axes: set[str], ids: set[str],
+                    skip: Callable[[cst.BaseExpression], bool] | None = None) -> bool:
+    """``node`` reads ``tl.program_id`` of one of ``axes`` or a variable of ``ids``, outside the nodes ``skip`` holds
+    (:func:`_paired`: a mapping's other coordinate; :func:`_value_pairs`: the inside of a ``%`` / ``//``)."""
+    if skip is not None and isinstance(node, cst.BaseExpression) and skip(node):
+        return False
     if isinstance(node, cst.Call) and m.matches(node.func, m.Attribute(value=m.Name("tl"), attr=m.Name("program_id"))):
         return bool(node.args) and code(node.args[0].value) in axes
     if isinstance(node, cst.Name):
         return node.value in ids
     if isinstance(node, (cst.Attribute, cst.Arg)):
-        return _reads_position(node.value, axes, ids, pairs)  # not the attribute's name, nor the keyword of `mask=`
-    return any(_reads_position(child, axes, ids, pairs) for child in node.children)
+        return _reads_position(node.value, axes, ids, skip)  # not the attribute's name, nor the keyword of `mask=`
+    return any(_reads_position(child, axes, ids, skip) for child in node.children)
 
 
 def _depends_on(an: KernelAnalysis, values: tuple[str, ...]) -> set[str]:
