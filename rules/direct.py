@@ -221,11 +221,12 @@ class DirectKernel:
 
 
 class Bound:
-    """A launch of a :class:`DirectKernel` of which only some tensors change from call to call: ``bound(*tensors)``
-    is ``kernel[grid](**call)`` with ``names`` given ``tensors``. The other arguments' terms of the variant (ints,
-    constexprs, launch options) are read once: a call reads its tensors' types, dtypes and 16-byte alignments, the
-    device and Triton's settings (:func:`_settings`), and launches the compiled kernel of those, found by a code
-    generated for this launch (:func:`_bound_reader`). A variant's first call, a capture, pre-run hooks and a
+    """A launch of a :class:`DirectKernel` of which only some tensors (or ints) change from call to call:
+    ``bound(*tensors)`` is ``kernel[grid](**call)`` with ``names`` given ``tensors``. The other arguments' terms of the
+    variant (ints, constexprs, launch options) are read once: a call reads its tensors' types, dtypes and 16-byte
+    alignments (an int's terms, for a name whose value in ``call`` is an int), the device and Triton's settings
+    (:func:`_settings`), and launches the compiled kernel of those, found by a code generated for this launch
+    (:func:`_bound_reader`). A variant's first call, a capture, pre-run hooks and a
     changed global take :meth:`DirectKernel.run`, as a call with every argument would."""
 
     __slots__ = ("call", "compiled", "direct", "grid", "names", "read")
@@ -257,12 +258,28 @@ class Bound:
 
 
 def _bound_reader(kernel, call: dict, names: tuple[str, ...]):
-    """A function of the tensors ``names`` (in this order) that returns their terms of the variant (type, dtype,
-    16-byte alignment) and the arguments of ``kernel``'s call in its parameter order: theirs, ``call``'s values of
-    the others, the defaults (``None`` for the arguments when one is missing: Triton's launch then says so)."""
+    """A function of the values of ``names`` (in this order) that returns their terms of the variant and the
+    arguments of ``kernel``'s call in its parameter order: theirs, ``call``'s values of the others, the defaults
+    (``None`` for the arguments when one is missing: Triton's launch then says so). A name whose value in ``call`` is
+    a tensor is read as one (its type, dtype and 16-byte alignment); one whose value is an int as ``variant_key`` reads
+    an int (a call's count: by its width where the kernel does not specialise on it, as it does not on the channels'
+    scalars; by whether it is 1 and a multiple of 16 too where it does; a constexpr by its value)."""
     slots = {name: f"t{i}" for i, name in enumerate(names)}
+    params = {p.name: p for p in kernel.params}
     scope: dict = {}
-    terms = "".join(f"type(t{i}), t{i}.dtype, t{i}.data_ptr() % 16 == 0, " for i in range(len(names)))
+    each = []
+    for i, name in enumerate(names):
+        v, param = f"t{i}", params.get(name)
+        if type(call.get(name)) is not int:
+            each.append(f"type({v}), {v}.dtype, {v}.data_ptr() % 16 == 0, ")
+        elif param is None or param.is_constexpr:
+            each.append(f"type({v}), {v}, ")
+        elif param.do_not_specialize:
+            each.append(f"type({v}), -2147483648 <= {v} < 2147483648, {v} < 9223372036854775808, ")
+        else:
+            each.append(f"type({v}), {v} == 1, {v} % 16 == 0, -2147483648 <= {v} < 2147483648, "
+                        f"{v} < 9223372036854775808, ")
+    terms = "".join(each)
     arguments = []
     for p in kernel.params:
         if p.name in slots:

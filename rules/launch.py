@@ -45,6 +45,7 @@ class Streams:
     main: Any
     side: Any
     joined: Any = None  # the event the main stream waits on for the side stream's work (join), made once
+    forked: Any = None  # the event the side stream waits on for the main stream's work (fork), made once
 
     def join(self) -> None:
         """Make the main stream wait for the work issued to the side stream so far: ``main.wait_stream(side)``
@@ -53,6 +54,14 @@ class Streams:
             self.joined = torch.cuda.Event()
         self.joined.record(self.side)
         self.main.wait_event(self.joined)
+
+    def fork(self) -> None:
+        """Make the side stream wait for the work issued to the main stream so far: ``side.wait_stream(main)`` with
+        one event of the context recorded again each call (``wait_stream`` makes and records a new one)."""
+        if self.forked is None:
+            self.forked = torch.cuda.Event()
+        self.forked.record(self.main)
+        self.side.wait_event(self.forked)
 
     @classmethod
     def for_world(cls, world) -> Streams:
@@ -240,6 +249,8 @@ class Launcher:
         self.alone_args: dict[int, tuple] = {}
         #: a wait of a call in this world timed out (kept by OverlappedKernel): later calls refuse to run
         self.timed_out: Exception | None = None
+        #: id(context) -> (context, its HandshakeLaunch): a GPU context's handshake, made once
+        self.handshakes: dict[int, tuple] = {}
 
     # -- helpers -------------------------------------------------------------------------------
     @property
@@ -260,6 +271,7 @@ class Launcher:
             self.contexts.clear()
             self.fast_contexts.clear()
             self.alone_args.clear()
+            self.handshakes.clear()
             self.timed_out = None
             self._world = world  # held: a new world cannot reuse the identity of this one
         return world
@@ -438,31 +450,42 @@ class Launcher:
         """The other ranks, ring order (the next rank first)."""
         return [(world.rank + step) % world.world_size for step in range(1, world.world_size)]
 
-    def handshake(self, ready, world, epoch: int, notify_stream, wait_stream) -> None:
-        """Tell every peer that this rank reached call ``epoch`` (word ``rank`` of their ``ready``, set when
-        ``notify_stream`` gets here), then make ``wait_stream`` (emulated: the host) wait for every peer's word.
-        The wait's budget is :func:`tilelink.runtime.diagnostics.skew_timeout_s`: a peer whose host is behind
-        between calls is waited for on a stream, holding no SM, and the kernels launched behind the wait then
-        wait on that peer only for its GPU work, with the budget of a wait (without it, ten seconds of host work
-        on one rank between two calls timed out the others' kernels). A peer that does not come in time is
-        reported as :class:`~tilelink.runtime.diagnostics.HandshakeTimeout` ("rank 1 has not reached call 3 of
-        ag_gemm_kernel"); in the emulated world the host's wait also stops at once, with
+    def handshake(self, ctx, ready, world, epoch: int, flags: tuple[int, int, int] = (0, 0, 0)) -> None:
+        """Tell every peer that this rank reached call ``epoch`` (word ``rank`` of their ``ready``), then wait for
+        every peer's word: on a GPU one kernel on the current stream does both (:class:`HandshakeLaunch`), so the
+        work enqueued behind it starts once every peer has reached the call; in the emulated world the host
+        notifies and waits. ``flags``: ``(first, count, value)``, words ``first`` to ``first + count - 1`` of this
+        rank's ``ctx.channel`` set to ``value`` with it (a copy-engine gather's own channels). The wait's budget is
+        :func:`tilelink.runtime.diagnostics.skew_timeout_s`: a peer whose
+        host is behind between calls is waited for there, on one program of one warp (GPU) and no other SM, and the
+        kernels launched behind it then wait on that peer only for its GPU work, with the budget of a wait
+        (without it, ten seconds of host work on one rank between two calls timed out the others' kernels). A peer
+        that does not come in time is reported as :class:`~tilelink.runtime.diagnostics.HandshakeTimeout` ("rank
+        1 has not reached call 3 of ag_gemm_kernel"): on a GPU from the record the kernel leaves in ``ctx.diag``,
+        read as any wait's (``finish``); in the emulated world at once, and the host's wait also stops, with
         :class:`~tilelink.runtime.diagnostics.PeerFailedError`, when the peer failed or finished its work."""
-        from tilelink.runtime import rank_notify, rank_wait
-        from tilelink.runtime.diagnostics import label_handshake_word, skew_timeout_s
+        from tilelink.runtime.diagnostics import skew_timeout_s
+
+        emulated = world.backend == "emulated"
+        budget = skew_timeout_s(emulated)
+        if world.device.type == "cuda":
+            entry = self.handshakes.get(id(ctx))
+            if entry is None or entry[0] is not ctx:
+                launch = HandshakeLaunch(ready, ctx.diag, ctx.channel, ctx.scratch, world, flags[:2])
+                entry = self.handshakes[id(ctx)] = (ctx, launch)
+            entry[1](epoch, int(budget * 1e9), flags[2])
+            return
+        from tilelink.runtime import rank_notify
 
         peers = self.peer_order(world)
+        first, count, value = flags
+        for index in range(first, first + count):
+            rank_notify(ctx.channel, index, value, world.rank)
         for dst in peers:
-            rank_notify(ready, world.rank, epoch, dst, notify_stream)
-        budget = skew_timeout_s(world.backend == "emulated")
+            rank_notify(ready, world.rank, epoch, dst)
         what = self.okernel.name
-        if world.device.type != "cuda":  # the host waits: it watches what becomes of the peer meanwhile
-            for src in peers:
-                world.control.wait_word(ready.word_address(src, world.rank, "handshake"), epoch, src, what, budget)
-            return
-        for src in peers:  # the watcher's timeout of this wait then names the call, not a channel
-            label_handshake_word(ready.word_address(src, world.rank, "handshake"), src, what)
-            rank_wait(ready, src, epoch, wait_stream, timeout_s=budget, block=False)
+        for src in peers:  # the host waits: it watches what becomes of the peer meanwhile
+            world.control.wait_word(ready.word_address(src, world.rank, "handshake"), epoch, src, what, budget)
 
     def finish(self, ctx) -> None:
         """Join the side stream and turn a timed-out wait into :class:`tilelink.WaitTimeout`."""
@@ -679,6 +702,52 @@ class AloneLaunch:
             launcher.timed_out = exc
             raise
         return True
+
+
+class HandshakeLaunch:
+    """The handshake of one context's uncaptured calls on a GPU (:meth:`Launcher.handshake`), made once per context:
+    ``launch(call, budget_ns, flag_value)`` launches :func:`tilelink.runtime.handshake.handshake_kernel` on the current
+    stream over the context's ``ready`` words, diagnostics array and ``flags`` (``(first, count)`` of ``channel``'s
+    words), through a bound launch (:class:`tilelink.rules.direct.Bound`: only the call's number, the budget and the
+    flags' value change between calls). Each form of those two ints (their widths)
+    is compiled and loaded first by a dry run against the context's scratch array, once this rank's streams are
+    idle: loading a module waits for the kernels already running, and the call's kernel may be the one a peer waits
+    for. It stands in for a ``cuStreamWriteValue64`` per peer and, per peer, a ``cuStreamWaitValue64`` with two
+    events for the host thread that watched it."""
+
+    __slots__ = ("call", "device", "dry", "kernel", "loaded", "run")
+
+    def __init__(self, ready, diag, channel, scratch: torch.Tensor, world, flags: tuple[int, int]) -> None:
+        from tilelink.runtime.handshake import handshake_kernel
+
+        self.device = world.device
+        self.kernel = direct(handshake_kernel)
+        self.call = dict(ready_table=ready.peer_table, ready_ptr=ready.barriers, rank=world.rank,
+                         world=world.world_size, call=1, diag_ptr=diag.buffer, budget=1, flags_ptr=channel.barriers,
+                         first_flag=flags[0], flags=flags[1], flag_value=1, num_warps=1)
+        # the dry run's words are all this rank's scratch array (as many words as the channel), whose words (never
+        # negative) pass a wait for call 0
+        table = torch.full((world.world_size,), scratch.data_ptr(), dtype=torch.int64, device=world.device)
+        self.dry = {**self.call, "ready_table": table, "ready_ptr": scratch, "flags_ptr": scratch, "call": 0}
+        self.loaded: set[tuple] = set()
+        if type(self.kernel) is DirectKernel:
+            self.run = self.kernel.bound((1,), self.call, ("call", "budget", "flag_value"))
+        else:  # Triton's own launch
+
+            def run(call: int, budget: int, flag_value: int) -> None:
+                self.kernel[(1,)](**{**self.call, "call": call, "budget": budget, "flag_value": flag_value})
+
+            self.run = run
+
+    def __call__(self, call: int, budget: int, flag_value: int) -> None:
+        # what of the three ints Triton compiles on: their widths
+        form = (-2**31 <= call < 2**31, -2**31 <= budget < 2**31, -2**31 <= flag_value < 2**31)
+        if form not in self.loaded:
+            torch.cuda.synchronize(self.device)
+            self.kernel[(1,)](**{**self.dry, "budget": budget, "flag_value": flag_value})
+            torch.cuda.synchronize(self.device)
+            self.loaded.add(form)
+        self.run(call, budget, flag_value)
 
 
 def channel_args(barriers: torch.Tensor, epoch: int, rank: int, world_size: int, sharding: RowSharding,

@@ -61,5 +61,9 @@ class Backend(Protocol):
     def copy(self, src: torch.Tensor, dst: torch.Tensor, stream: torch.cuda.Stream | None) -> None:
         """Copy-engine copy of bytes between (peer) symmetric views on ``stream``."""
 
+    def copy_at(self, dst: int, src: int, nbytes: int, stream: torch.cuda.Stream | None) -> None:
+        """:meth:`copy` of ``nbytes`` contiguous bytes from address ``src`` to address ``dst`` (both mapped in this
+        process, checked by the caller: views of symmetric buffers, once per context)."""
+
     def finalize(self) -> None:
         """Tear down the world. Buffers are released by the heap before this is called."""

@@ -23,7 +23,10 @@ RECORD_WORDS = 5
 EPOCH_WORD = 5
 COUNT_WORD = 6
 KIND_NAMES = {1: "consumer_tile_wait", 2: "peer_tile_wait", 3: "wait_value", 4: "rank_wait",
-              5: "handshake (a captured call's wait for a peer's word)"}
+              5: "handshake (a captured call's wait for a peer's word)", 6: "handshake"}
+#: the kind an uncaptured call's handshake on the device records (``tilelink.runtime.handshake``): its index is the
+#: peer, its target the call, its value seen the last call the peer reached; read as :class:`HandshakeTimeout`
+KIND_HANDSHAKE_CALL = 6
 
 DEFAULT_TIMEOUT_S = 10.0
 DEFAULT_EMULATED_TIMEOUT_S = 60.0
@@ -109,32 +112,6 @@ class HandshakeTimeout(WaitTimeout):
             f"{f'; a call waits {factor} times that for its peers' if factor > 1 else ''}.",)
 
 
-#: words of a handshake's ``ready`` array (their addresses on this rank) -> what the call is, so that a
-#: watched wait on one that times out (the GPU's non-blocking stream wait) says "rank 1 has not reached call 3
-#: of ag_gemm_kernel" rather than "channel/tile 1"
-_HANDSHAKE_WORDS: dict[int, tuple[int, str]] = {}
-
-
-def label_handshake_word(address: int, peer: int, what: str) -> None:
-    """Remember that the int64 at ``address`` is ``peer``'s word of a handshake of ``what``."""
-    _HANDSHAKE_WORDS[address] = (peer, what)
-
-
-def forget_handshake_words() -> None:
-    """The world is gone: its addresses may be reused."""
-    _HANDSHAKE_WORDS.clear()
-
-
-def relabel_timeout(address: int, timeout: WaitTimeout) -> WaitTimeout:
-    """``timeout`` of a wait on the word at ``address``: a :class:`HandshakeTimeout` when it was a handshake's."""
-    label = _HANDSHAKE_WORDS.get(address)
-    if label is None:
-        return timeout
-    peer, what = label
-    return HandshakeTimeout(rank=timeout.rank, peer=peer, call=timeout.expected, seen=timeout.seen,
-                            budget_s=timeout.budget_s, what=what)
-
-
 #: what a rank raises when a peer it needed is gone: the peer's failure is the one to report
 _CONSEQUENCE_TEXT = ("Connection closed by peer", "Connection reset by peer", "Broken pipe",
                      "Connection refused", "failed to recv", "failed to send")
@@ -159,10 +136,19 @@ def check_diagnostics(diag: torch.Tensor, rank: int, kernel: str | None = None,
     if record[0] == 0:
         return
     diag[:RECORD_WORDS].zero_()
+    raise recorded_timeout(record, rank, kernel, wait_timeout_s() if budget_s is None else budget_s)
+
+
+def recorded_timeout(record: list[int], rank: int, kernel: str | None, budget_s: float) -> WaitTimeout:
+    """The :class:`tilelink.WaitTimeout` of a diagnostics record (``budget_s``: the wait budget the kernels were
+    given). An uncaptured call's handshake (``KIND_HANDSHAKE_CALL``) is a :class:`HandshakeTimeout` naming the peer
+    and the call, as the host's wait for a peer names them: it waited :data:`SKEW_FACTOR` budgets."""
     kind, index, target, seen = record[1:5]
-    raise WaitTimeout(rank=rank, primitive=KIND_NAMES.get(kind, f"wait kind {kind}"), index=index,
-                      expected=target, seen=seen,
-                      budget_s=wait_timeout_s() if budget_s is None else budget_s, kernel=kernel)
+    if kind == KIND_HANDSHAKE_CALL:
+        return HandshakeTimeout(rank=rank, peer=index, call=target, seen=seen, budget_s=SKEW_FACTOR * budget_s,
+                                what=kernel or "an operator", factor=SKEW_FACTOR, kernel=kernel)
+    return WaitTimeout(rank=rank, primitive=KIND_NAMES.get(kind, f"wait kind {kind}"), index=index,
+                       expected=target, seen=seen, budget_s=budget_s, kernel=kernel)
 
 
 #: a call's :meth:`Diagnostics.check_later` copies the record for the host at most every this many calls of a context
@@ -292,9 +278,7 @@ class Diagnostics:
         record = [int(v) for v in self._host.tolist()]
         self.buffer[:RECORD_WORDS].zero_()
         self._host.zero_()
-        kind, index, target, seen = record[1:5]
-        exc = WaitTimeout(rank=self.rank, primitive=KIND_NAMES.get(kind, f"wait kind {kind}"), index=index,
-                          expected=target, seen=seen, budget_s=self.budget_s, kernel=self._kernel)
+        exc = recorded_timeout(record, self.rank, self._kernel, self.budget_s)
         exc.spoiled(self._spoiled(returned), replays=self.replays)
         self._clean_through = self._ordinal
         raise exc

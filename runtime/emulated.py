@@ -135,6 +135,9 @@ class EmulatedBackend:
     def copy(self, src: torch.Tensor, dst: torch.Tensor, stream: torch.cuda.Stream | None) -> None:
         dst.copy_(src)
 
+    def copy_at(self, dst: int, src: int, nbytes: int, stream: torch.cuda.Stream | None) -> None:
+        ctypes.memmove(dst, src, nbytes)
+
     def abandon(self) -> None:
         """Non-collective teardown of a failed rank: forget the mappings, remove own files."""
         self._live.clear()

@@ -483,10 +483,8 @@ class NvshmemBackend:
         if seen >= value:
             return None
         self._release_wait(address, value)
-        from tilelink.runtime.diagnostics import relabel_timeout  # noqa: PLC0415
-
-        return relabel_timeout(address, WaitTimeout(rank=self.rank, primitive="rank_wait", index=index, expected=value,
-                                                    seen=seen, budget_s=budget_s))
+        return WaitTimeout(rank=self.rank, primitive="rank_wait", index=index, expected=value, seen=seen,
+                           budget_s=budget_s)
 
     def _read_word(self, address: int) -> int:
         """The int64 at ``address``, read on the private stream (never behind a stuck one)."""
@@ -515,6 +513,13 @@ class NvshmemBackend:
         if nbytes:
             _check(self._driver.cuMemcpyAsync(self._pointer(dst.data_ptr()), self._pointer(src.data_ptr()), nbytes,
                                               self._stream_handle(stream)), "cuMemcpyAsync")
+
+    def copy_at(self, dst: int, src: int, nbytes: int, stream: torch.cuda.Stream | None) -> None:
+        """:meth:`copy` between two addresses (contiguous views of symmetric buffers, read once per context by the
+        caller): the copy engine's channels move the same rows every call."""
+        if nbytes:
+            _check(self._driver.cuMemcpyAsync(self._pointer(dst), self._pointer(src), nbytes,
+                                              self._stream_handle(self._stream(stream))), "cuMemcpyAsync")
 
     def finalize(self) -> None:
         """Free what the heap left, ``nvshmem.core.finalize``. Idempotent."""

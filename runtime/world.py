@@ -33,7 +33,6 @@ from tilelink.runtime.control import Control
 from tilelink.runtime.diagnostics import (
     HandshakeTimeout,
     PeerFailedError,
-    forget_handshake_words,
     is_consequence,
     skew_timeout_s,
 )
@@ -489,7 +488,6 @@ def finalize() -> None:
         _control = None
         if control is not None:
             control.store = None  # the old world (a launcher may still hold it) keeps no connection to its store
-        forget_handshake_words()
         if destroy and _owns_process_group and dist.is_initialized():
             dist.destroy_process_group()
         _owns_process_group = False
@@ -520,7 +518,6 @@ def abandon() -> None:
         _drop(world)
     finally:
         _control = None
-        forget_handshake_words()
         _owns_process_group = False  # destroying it would wait for the peers
 
 

@@ -152,18 +152,43 @@ class AllGatherLauncher(Launcher):
         ctx.copy_plans[parity] = plan
         return plan
 
-    def _copy_engine(self, ctx: AllGatherContext, world, epoch: int) -> None:
+    def _copy_addresses(self, ctx: AllGatherContext, world, parity: int) -> list:
+        """:meth:`_copy_plan` as the copy engine's driver calls take it, made once per context: for each channel,
+        the (destination, source, bytes) of each of its copies, checked here as ``rank_copy_data`` checks a copy."""
+        plan = ctx.copy_plans.get(("addresses", parity))
+        if plan is None:
+            plan = []
+            for ch, pairs in self._copy_plan(ctx, world, parity):
+                copies = []
+                for src_view, dst_view in pairs:
+                    if src_view.shape != dst_view.shape or src_view.dtype != dst_view.dtype or not (
+                            src_view.is_contiguous() and dst_view.is_contiguous()):
+                        raise LaunchError(f"{self.okernel.name}: the copy engine's views of channel {ch} do not "
+                                          f"match ({src_view.dtype} {list(src_view.shape)} into {dst_view.dtype} "
+                                          f"{list(dst_view.shape)}) or are not contiguous")
+                    copies.append((dst_view.data_ptr(), src_view.data_ptr(),
+                                   dst_view.numel() * dst_view.element_size()))
+                plan.append((ch, tuple(copies)))
+            ctx.copy_plans[("addresses", parity)] = plan
+        return plan
+
+    def _copy_engine(self, ctx: AllGatherContext, world, epoch: int, own: bool = True) -> None:
         """Pull every peer's channels of every tensor into the set of ``epoch``'s parity (ring order), one
         notify of ``ctx.channel`` per channel once every tensor's rows of it have landed (the copy engine has no
-        dry run: its barriers are always the context's, or its twin's)."""
+        dry run: its barriers are always the context's, or its twin's). A captured call's flags are the call's own
+        counts too (``resets_channels``). The backend's copies and flags are given addresses read once per context
+        (``_copy_addresses``, the Channel's words): a copy or a flag is then one driver call on the host. Without
+        ``own``, this rank's own channels are left to the handshake, which set them (an uncaptured call on a GPU)."""
         sh, k = ctx.sharding, len(ctx.shapes)
-        stream, channel = ctx.streams.side, ctx.channel
-        for j in range(sh.channels_per_rank):  # this rank's own channels first: its shard is in place
-            self.notify(ctx, channel, world.rank * sh.channels_per_rank + j, epoch * k, world.rank, stream)
-        for ch, pairs in self._copy_plan(ctx, world, epoch % 2):
-            for src_view, dst_view in pairs:
-                rank_copy_data(src_view, dst_view, stream)
-            self.notify(ctx, channel, ch, epoch * k, world.rank, stream)
+        stream, impl, value = ctx.streams.side, world.impl, epoch * k
+        words = ctx.channel.word_address(0, world.rank, "the copy engine's flags")  # a live Channel of this world
+        first = world.rank * sh.channels_per_rank
+        for ch in range(first, first + sh.channels_per_rank) if own else ():  # its shard is in place: first
+            impl.write_value_at(words + 8 * ch, value, stream)
+        for ch, copies in self._copy_addresses(ctx, world, epoch % 2):
+            for dst, src, nbytes in copies:
+                impl.copy_at(dst, src, nbytes, stream)
+            impl.write_value_at(words + 8 * ch, value, stream)
 
     def _race(self, ctx: AllGatherContext, world, epoch: int, grid, call: dict, consumer_args: dict) -> None:
         """Run the consumer on the race-exposing schedule (:mod:`tilelink.runtime.races`): the peers' rows of
@@ -275,7 +300,7 @@ class AllGatherLauncher(Launcher):
             call[name] = rebuilt(bound[name], full)  # a host descriptor: the same one over the gathered rows
         self.warm_up(ctx, world, grid, call, partners=lambda: None if copy_engine else self._producer(
             ctx, world, 0, ctx.scratch, self.scratch_table(ctx, world)))  # the copy engine has no kernel
-        main, side = ctx.streams.main, ctx.streams.side
+        side = ctx.streams.side
         # No barrier: this call's shard goes into the set of its parity, then every peer is told, and the call's
         # kernels and copies start once every peer has said the same (Launcher.handshake). A peer reads (or,
         # pushing, writes) this rank's set only after that word, and this rank writes the set again at call
@@ -285,7 +310,10 @@ class AllGatherLauncher(Launcher):
         for name, full in zip(self.plan.tensors, fulls, strict=True):
             if hi > lo:
                 full.narrow(dim, lo, hi - lo).copy_(described(bound[name]))
-        self.handshake(ctx.ready, world, epoch, main, main)
+        # on the main stream (a GPU's current one: follow_caller); on a GPU its kernel also sets the copy engine's
+        # flags of this rank's own channels, whose rows the shard's copy put in place
+        own = (world.rank * ctx.sharding.channels_per_rank, ctx.sharding.channels_per_rank, epoch * k)
+        self.handshake(ctx, ctx.ready, world, epoch, own if copy_engine and side is not None else (0, 0, 0))
         # a channel is notified once per call per gathered tensor
         consumer_args = self.channel_args(ctx.channel.barriers, epoch * k, world, ctx.sharding, ctx.diag)
         if side is None and races.enabled():  # emulated, every channel as late as the consumer allows
@@ -297,17 +325,19 @@ class AllGatherLauncher(Launcher):
             self.kernel[grid](**call, **consumer_args)
             self.finish(ctx)
             return
-        side.wait_stream(main)  # behind the shard and the handshake, never behind the consumer
+        ctx.streams.fork()  # the side stream behind the shard and the handshake, never behind the consumer
         if copy_engine and not self.plan.index:
             # the copies need no SM: the consumer is launched first (its first tiles are this rank's own
             # rows), so that the host's enqueueing of the copies overlaps with the consumer's work
             self.kernel[grid](**call, **consumer_args)
-            with torch.cuda.stream(side):
-                self._producer(ctx, world, epoch, ctx.channel.barriers, ctx.channel.peer_table)
-        else:
-            # SM producers, and a gather by index (MoE: a tile's tokens come from every rank, so the consumer's
-            # first tiles wait for the copies anyway; launched second, the copies start up to 0.2 ms after the
-            # GEMM on two H200s when the host is behind the GPU): the producer goes first
+            self._copy_engine(ctx, world, epoch, own=False)  # on the side stream, named to each copy and flag
+        elif copy_engine:
+            # a gather by index (MoE: a tile's tokens come from every rank, so the consumer's first tiles wait for
+            # the copies anyway; launched second, the copies start up to 0.2 ms after the GEMM on two H200s when the
+            # host is behind the GPU): the copies go first
+            self._copy_engine(ctx, world, epoch, own=False)
+            self.kernel[grid](**call, **consumer_args)
+        else:  # SM producers go first too
             with torch.cuda.stream(side):
                 self._producer(ctx, world, epoch, ctx.channel.barriers, ctx.channel.peer_table)
             self.kernel[grid](**call, **consumer_args)

@@ -265,7 +265,7 @@ class ReduceScatterLauncher(Launcher):
         ctx.recv_channel.advance()
         if ctx.reduced_channel is not None:
             ctx.reduced_channel.advance()
-        main, side = ctx.streams.main, ctx.streams.side
+        side = ctx.streams.side
         # No barrier between calls: a peer writes this rank's receive slots only, in the set of its call's
         # parity. Its copy for call n + 2 comes after its reduction of call n + 1, which waited for this rank's
         # copy of n + 1, which this rank's stream runs after its own reduction of call n: the set a peer
@@ -273,20 +273,20 @@ class ReduceScatterLauncher(Launcher):
         # The copies and the reduction start once every peer has reached this call (Launcher.handshake): the
         # reduction's waits then cover the peers' GPU work, not their hosts' time between calls. The GEMM waits
         # for nobody.
+        # The handshake goes on the side stream, behind the main stream's work before the call (the caller's, this
+        # context's last join): its word is set at the point of the main stream where the call starts, and the
+        # GEMM, launched next on the main stream, waits for nobody.
         args = self.channel_args(ctx.channel.barriers, epoch, world, ctx.sharding, ctx.diag)
-        start = None
-        if side is not None:
-            start = torch.cuda.Event()
-            start.record(main)
         if not alone:
-            self.handshake(ctx.ready, world, epoch, main, side)
+            if side is not None:
+                ctx.streams.fork()
+            with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
+                self.handshake(ctx, ctx.ready, world, epoch)
         self.start_sums(ctx, grid, call)
         self._produce(grid, call, args, ctx, epoch)  # the GEMM keeps every SM
         if ctx.reduced_channel is not None:  # behind the GEMM on its stream: no channel is complete before its end
             self._topk_reduce(ctx, world, reduced, ctx.reduced_channel.barriers)
         if not alone:
-            if side is not None:
-                side.wait_event(start)
             with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
                 self._scatter(ctx, world, epoch)
                 self._reduce(ctx, world, out, ctx.recv_channel.barriers, ctx.sent_channel.barriers, epoch)

@@ -200,6 +200,22 @@ def test_a_bound_launch_reads_only_its_tensors(gpu) -> None:
     assert launch[:4] == (4, 1, 1, 1234) and launch[10:] == (3, 1, 0.5, True, 32) and launch[9] is x
 
 
+def test_a_bound_launch_of_ints_reads_what_triton_specialises_them_on(gpu) -> None:
+    """Ints among a bound launch's names (a handshake's call number and budget): one not specialised on (the
+    epoch) is keyed by its width only, one specialised on by whether it is 1 and a multiple of 16 too; each new
+    form takes Triton's launch once, a form seen again the compiled kernel with the call's values."""
+    kernel, fast = _kernel()
+    x = torch.zeros(64)
+    bound = fast.bound((1,), dict(x_ptr=x, n=3, tlk_epoch=1, scale=0.5), ("tlk_epoch", "n"))
+    first = bound(1, 3)
+    assert bound(2, 5) is first and bound(1 << 20, 7) is first and len(kernel.through_triton) == 1
+    assert first.launches[-1][9] is x and first.launches[-1][10:12] == (7, 1 << 20)  # the values given, in order
+    for epoch, n in ((1 << 40, 3), (1, 1), (1, 32)):  # a 64-bit epoch; n equal to 1; n a multiple of 16
+        bound(epoch, n)
+        bound(epoch + 2, n)
+    assert len(kernel.through_triton) == 4 and len(bound.compiled) == 4
+
+
 @pytest.mark.parametrize("change", ["dtype", "misaligned", "type", "device", "debug", "fp fusion", "arch",
                                     "fp fusion variable", "arch variable"])
 def test_a_bound_launch_takes_triton_for_a_new_variant(gpu, monkeypatch, change) -> None:

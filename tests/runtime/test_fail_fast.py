@@ -17,7 +17,13 @@ import pytest
 import tilelink
 from tests.runtime import fail_fast_worlds as worlds
 from tilelink import runtime
-from tilelink.runtime.diagnostics import HandshakeTimeout, PeerFailedError, is_consequence, relabel_timeout
+from tilelink.runtime.diagnostics import (
+    KIND_HANDSHAKE_CALL,
+    HandshakeTimeout,
+    PeerFailedError,
+    is_consequence,
+    recorded_timeout,
+)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -39,19 +45,14 @@ def test_handshake_timeout_names_the_rank_and_the_call_and_the_variable(monkeypa
                            "(30 x TILELINK_WAIT_TIMEOUT=1); it last reached call 2."), text
     assert "channel/tile" not in text and (exc.peer, exc.call, exc.seen) == (1, 3, 2)
     assert isinstance(exc, tilelink.WaitTimeout)
-    # a GPU's watched stream wait on a labelled handshake word reads the same
-    from tilelink.runtime.diagnostics import forget_handshake_words, label_handshake_word
-
-    label_handshake_word(0x1000, 1, "gemm_rs_kernel")
-    try:
-        plain = tilelink.WaitTimeout(rank=0, primitive="rank_wait", index=1, expected=4, seen=3, budget_s=30.0)
-        relabelled = relabel_timeout(0x1000, plain)
-        assert isinstance(relabelled, HandshakeTimeout)
-        assert "rank 1 has not reached call 4 of gemm_rs_kernel after 30 s (30 x TILELINK_WAIT_TIMEOUT=1)" in str(
-            relabelled)
-        assert relabel_timeout(0x2000, plain) is plain
-    finally:
-        forget_handshake_words()
+    # a GPU's handshake kernel's record (kind KIND_HANDSHAKE_CALL: the peer, the call, the call it last reached) reads
+    # the same; another kind stays a plain wait's
+    recorded = recorded_timeout([1, KIND_HANDSHAKE_CALL, 1, 4, 3, 0, 0, 0], 0, "gemm_rs_kernel", 1.0)
+    assert isinstance(recorded, HandshakeTimeout) and (recorded.peer, recorded.call, recorded.seen) == (1, 4, 3)
+    assert str(recorded).startswith("rank 0: rank 1 has not reached call 4 of gemm_rs_kernel after 30 s (30 x "
+                                    "TILELINK_WAIT_TIMEOUT=1); it last reached call 3."), str(recorded)
+    plain = recorded_timeout([1, 4, 1, 4, 3, 0, 0, 0], 0, "gemm_rs_kernel", 1.0)
+    assert type(plain) is tilelink.WaitTimeout and plain.primitive == "rank_wait" and plain.budget_s == 1.0
 
 
 def test_consequences_are_told_from_causes():
