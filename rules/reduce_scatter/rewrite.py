@@ -21,6 +21,10 @@ from tilelink.rules.emit import (
     tile_rows,
 )
 from tilelink.spec import Options, ReduceScatterSpec
+from tilelink.tile_rows import Poly
+from tilelink.tile_rows import _add as poly_add
+from tilelink.tile_rows import _mul as poly_mul
+from tilelink.tile_rows import show as poly_show
 
 RULE = "reduce_scatter"
 DEFAULTS = dict(via="sm", mode="pull", order="ring", comm_sms=16)
@@ -670,6 +674,201 @@ def _skipping_returns(an: KernelAnalysis, stores, rule: str) -> list[ReportEntry
     return notes
 
 
+class _Columns:
+    """Reads a store's columns as sums of products (``tilelink.tile_rows``' form): names the kernel binds once are
+    written out, ``tl.arange(0, W)`` is the atom ``arange:W``, anything else an atom of its own."""
+
+    def __init__(self, an: KernelAnalysis):
+        self.an = an
+
+    def read(self, node: cst.BaseExpression, depth: int = 0) -> Poly | None:
+        an = self.an
+        node = node.with_changes(lpar=[], rpar=[]) if getattr(node, "lpar", None) else node
+        if isinstance(node, cst.Integer):
+            value = int(node.evaluated_value)
+            return {(): value} if value else {}
+        if isinstance(node, cst.Name):
+            name = node.value
+            values = an.values.get(name, ())
+            if depth < 8 and len(values) == 1 and name not in an.rebound and name not in an.params \
+                    and len(an.bindings.get(name, ())) <= 1:
+                return self.read(cst.parse_expression(values[0]), depth + 1)
+            return {(name,): 1}
+        if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, (cst.Add, cst.Subtract, cst.Multiply)):
+            left, right = self.read(node.left, depth), self.read(node.right, depth)
+            if left is None or right is None:
+                return None
+            if isinstance(node.operator, cst.Multiply):
+                return poly_mul(left, right)
+            return poly_add(left, right, -1 if isinstance(node.operator, cst.Subtract) else 1)
+        if m.matches(node, m.Call(func=m.Attribute(value=m.Name("tl"), attr=m.Name("arange")))) and len(node.args) == 2:
+            lo, hi = self.read(node.args[0].value, depth), self.read(node.args[1].value, depth)
+            if lo is None or hi is None:
+                return None
+            return poly_add(lo, {("arange:" + poly_show(poly_add(hi, lo, -1)),): 1})
+        if m.matches(node, m.Call(func=m.Attribute(value=m.Name("tl"), attr=m.Name("load")))):
+            return None  # read from memory: the two stores may see different values
+        return {(code(node),): 1}
+
+    def span(self, access) -> tuple[Poly, Poly] | None:
+        """``(start, width)`` of the columns one row of the store writes, in elements of its column axis: a
+        descriptor store's second offset and block width (2-D), a pointer store's column vector ``start +
+        tl.arange(0, W)`` indexed ``[None, :]`` (times the same stride in both stores, compared by the caller);
+        ``None`` when it cannot tell."""
+        an = self.an
+        if access.descriptor:
+            box = an.descriptor_box(access)
+            if box is None or len(box[0]) != 2:
+                return None
+            start, width = self.read(cst.parse_expression(box[0][1])), self.read(cst.parse_expression(box[1][1]))
+            return None if start is None or width is None else (start, width)
+        vector = self.term(access)
+        if vector is None:
+            return None
+        read = self.read(vector[0])
+        if read is None:
+            return None
+        ranges = [k for k in read if len(k) == 1 and k[0].startswith("arange:")]
+        if len(ranges) != 1 or read[ranges[0]] != 1:
+            return None
+        start = {k: v for k, v in read.items() if k != ranges[0]}
+        if any(a.startswith("arange:") for k in start for a in k):
+            return None
+        width = self.read(cst.parse_expression(ranges[0][0][len("arange:"):]))
+        return None if width is None else (start, width)
+
+    def term(self, access) -> tuple[cst.BaseExpression, str] | None:
+        """The one term of a pointer store's address indexed ``[None, :]``: (its vector, the source of what
+        scales it, ``1`` when nothing does)."""
+        an = self.an
+        pointer: cst.BaseExpression = cst.parse_expression(access.pointer)
+        for _ in range(8):  # a pointer alias bound once: its value
+            if not isinstance(pointer, cst.Name):
+                break
+            values = an.values.get(pointer.value, ())
+            if len(values) != 1 or pointer.value in an.rebound or len(an.bindings.get(pointer.value, ())) > 1:
+                return None
+            pointer = cst.parse_expression(values[0])
+        terms: list[cst.BaseExpression] = []
+
+        def flatten(node: cst.BaseExpression) -> None:
+            node = node.with_changes(lpar=[], rpar=[]) if getattr(node, "lpar", None) else node
+            if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Add):
+                flatten(node.left)
+                flatten(node.right)
+            else:
+                terms.append(node)
+
+        flatten(pointer)
+        found = []
+        for term in terms:
+            factors = [term]
+            while isinstance(factors[0], cst.BinaryOperation) and isinstance(factors[0].operator, cst.Multiply):
+                factors[0:1] = [factors[0].left, factors[0].right]
+            columns = [f for f in factors if expanded(f, 1) is not None]
+            if columns:
+                if len(columns) != 1 or m.findall(term, m.Subscript()) and len(
+                        [f for f in factors if m.findall(f, m.Subscript())]) != 1:
+                    return None
+                found.append((columns[0].value, " * ".join(sorted(code(f) for f in factors if f is not columns[0]))
+                              or "1"))
+        return found[0] if len(found) == 1 else None
+
+
+def _exclusive(an: KernelAnalysis, a, b) -> bool:
+    """Whether ``a`` and ``b`` lie on the two sides of one ``if`` (an ``elif`` is the ``else`` side of the ``if``
+    before it): a program runs one of them at most."""
+    sides_a, sides_b = an.branch_sides.get(a.anchor, ()), an.branch_sides.get(b.anchor, ())
+    return any(x.where == y.where and x.body != y.body for x in sides_a for y in sides_b)
+
+
+def _returns_between(an: KernelAnalysis, a, b) -> bool:
+    """Whether a ``return`` in the block of ``a`` (the store first in the source), after it and before ``b``, ends
+    the program once ``a`` has run (the zeros an MoE kernel stores for an expert on another rank, then returns)."""
+    block = an.blocks.get(a.anchor)
+    return block is not None and any(
+        an.blocks.get(where) == block and _before(a.anchor, where) and _before(where, b.anchor)
+        for where, _ in an.returns)
+
+
+def _stored_once(an: KernelAnalysis, stores, rule: str) -> tuple[list[Insertion], list[ReportEntry]]:
+    """Each element of the reduced tensors is stored once by a program. Every store adds the elements it wrote to
+    its channels' counts, so a tile stored twice (`tl.store(ptrs, zeros)` then `tl.store(ptrs, acc)`, or two
+    `@triton.jit` helpers that each store it) counts its rows twice: the channel reaches its target while other tiles
+    of it are unstored, and the reduction reads them. Two stores of one tensor a program may both run (not on the two
+    sides of one ``if``, not one store then a ``return`` before the other) must write disjoint columns of the same
+    pass of one block: ``start + tl.arange(0, W)`` and ``start + W + tl.arange(...)`` (times one stride), or a
+    descriptor's ``[o, c]`` and ``[o, c + W]`` with blocks ``W`` wide. Where the proof needs a block width only the
+    compiled kernel knows (a host descriptor's ``block_shape``), a ``tl.static_assert`` before the later store
+    checks it at compile time, over constexpr parameters and literals; anything else is refused at the later
+    store. Returns the asserts' insertions and the notes that say so."""
+    columns = _Columns(an)
+    inserts: list[Insertion] = []
+    notes: list[ReportEntry] = []
+    ordered = sorted((s for s in stores if not s.atomic), key=lambda s: (s.where.line, s.where.column))
+    for i, a in enumerate(ordered):
+        for b in ordered[i + 1:]:
+            if a.tensor != b.tensor or _exclusive(an, a, b) or _returns_between(an, a, b):
+                continue
+            gap = None
+            if a.loop == b.loop and not a.swept and not b.swept and a.descriptor == b.descriptor and (
+                    a.pointer == b.pointer or not a.descriptor):
+                spans = columns.span(a), columns.span(b)
+                terms = (None, None) if a.descriptor else (columns.term(a), columns.term(b))
+                scales = tuple(t[1] if t else None for t in terms)  # the stride the columns are in
+                if None not in spans and (a.descriptor or None not in scales) and scales[0] == scales[1]:
+                    (start_a, width_a), (start_b, width_b) = spans
+                    gaps = [poly_add(start_b, poly_add(start_a, width_a), -1),
+                            poly_add(start_a, poly_add(start_b, width_b), -1)]
+                    read = {n for p in (*spans[0], *spans[1]) for k in p for atom in k
+                            if not atom.startswith("arange:") for n in names_in(cst.parse_expression(atom))}
+                    moved = any(_before(a.where, at) and _before(at, b.where)  # bound again between the stores
+                                for n in read for at, _ in an.bindings.get(n, ()))
+                    if not moved and any(all(v >= 0 for v in g.values()) for g in gaps):
+                        continue
+                    # mixed signs (`BLOCK_N // 2 - c_desc.block_shape[1]`): the compiled kernel can tell
+                    gap = None if moved else next(
+                        (g for g in gaps if any(v > 0 for v in g.values()) and _compile_time(an, g)), None)
+            where = f"{a.where.file}:{b.where.line}"
+            if gap is not None:
+                message = (f"{where}: the stores to {a.tensor!r} at lines {a.where.line}, {b.where.line} write "
+                           f"overlapping columns; each notify counts what its store wrote, so an element stored twice "
+                           f"completes its channel before the channel's other tiles are stored")
+                inserts.append(Insertion(b.anchor, "before", (
+                    f"# tilelink: the stores at lines {a.where.line}, {b.where.line} write disjoint columns "
+                    f"(each element is counted once in its channel's notifies)",
+                    f"tl.static_assert({poly_show(gap)} >= 0, {message!r})")))
+                notes.append(ReportEntry(an.name, rule, "note", f"the stores at lines {a.where.line}, "
+                                         f"{b.where.line} write the same rows; a tl.static_assert before the second "
+                                         f"checks at compile time that their columns do not overlap "
+                                         f"(`{poly_show(gap)} >= 0`)", b.where))
+                continue
+            raise AnnotationError(
+                f"the stores to {a.tensor!r} at lines {a.where.line}, {b.where.line} may both write the same "
+                f"elements in one program: each store's notify adds what it wrote to its channels' counts, so an "
+                f"element stored twice completes its channel while other tiles of it are still unstored, and the "
+                f"{rule} reads them", file=b.where.file, line=b.where.line, column=b.where.column,
+                hint="store each element once (compute the final value, then store it: no zeros stored first), put "
+                     "the stores on the two sides of an `if`, or return after the first; two stores of one tile must "
+                     "write disjoint columns, `cols + tl.arange(0, W)` and `cols + W + tl.arange(0, W)` (a "
+                     "descriptor's `[o, c]` and `[o, c + W]`)")
+    return inserts, notes
+
+
+def _compile_time(an: KernelAnalysis, p: Poly) -> bool:
+    """Whether every atom of ``p`` is a constexpr parameter, a descriptor's ``block_shape[i]`` or made of them with
+    ``//``: a ``tl.static_assert`` can evaluate it."""
+    allowed = set(an.constexpr_params)
+    for key in p:
+        for atom in key:
+            node = cst.parse_expression(atom)
+            if m.matches(node, m.Subscript(value=m.Attribute(attr=m.Name("block_shape")))):
+                continue
+            if not names_in(node) <= allowed or m.findall(node, m.Call()):
+                return False
+    return True
+
+
 def notify_stores(an: KernelAnalysis, spec, opts: Options,
                   rule: str = RULE) -> tuple[list[Insertion], list[ReportEntry], str, tuple[tuple[str, str], ...]]:
     """The producer side of a reduction over ranks, shared by the rules whose kernel stores partial sums
@@ -698,6 +897,9 @@ def notify_stores(an: KernelAnalysis, spec, opts: Options,
     report: list[ReportEntry] = []
     insertions: list[Insertion] = []
     report += _skipping_returns(an, stores, rule)
+    asserts, notes = _stored_once(an, stores, rule)
+    insertions += asserts
+    report += notes
     refused: dict[BranchSide, _Epilogue] = {}  # branches whose epilogue is not linear, refused when compiled
     for a in stores:
         if a.atomic and rule != RULE:  # the rule's launcher zeroes the partial sums and counts the K splits
