@@ -5,7 +5,7 @@ from __future__ import annotations
 import libcst as cst
 import libcst.matchers as m
 
-from tilelink.analysis import Access, KernelAnalysis, code
+from tilelink.analysis import Access, KernelAnalysis, Where, code, names_in
 from tilelink.errors import AnnotationError
 from tilelink.plan import AllGatherLaunch, Insertion, ReportEntry, RewritePlan
 from tilelink.rules.emit import (
@@ -36,6 +36,22 @@ def _flat_hint(access: Access) -> str | None:
             f"its (Z * H, S_r, D) view and annotate dim=1 with the key block's start along S, e.g. all_gather("
             f"{access.tensor!r}, dim=1, tile=(\"start_n\", \"BLOCK_N\"), size=\"S\"); else index the rows with "
             f"`offs[:, None]` for `offs = start + tl.arange(0, BLOCK)`")
+
+
+def _loop_targets(an: KernelAnalysis, group: list[Access], anchor: Where, tokens: list[str]) -> list[str]:
+    """The targets of the loops around the wait that a descriptor load's offsets read (`for start in range(lo, hi,
+    BLOCK)`: `desc.load([start, 0])`): they carry the token too. Nothing else orders such a load after this
+    iteration's wait; a pipelined loop may issue a later iteration's load while an earlier one runs, before its
+    wait. A `tl.static_range` target stays as it is (a constexpr the load may need)."""
+    static = {src.split(" := ", 1)[0].lstrip("(") for src, _ in an.effects
+              if " := tl.static_range(" in src or " := triton.language.static_range(" in src}
+
+    def around(name: str) -> bool:  # a `for` loop binding `name` holds the wait
+        return any(end is not None and (at.line, at.column) < (anchor.line, anchor.column) < (end.line, end.column)
+                   for at, end in an.bindings.get(name, ()))
+
+    read = {n for x in group if x.descriptor and x.offsets for n in names_in(cst.parse_expression(x.offsets))}
+    return sorted(n for n in read if n not in tokens and n not in static and around(n))
 
 
 def rewrite(an: KernelAnalysis, spec: AllGatherSpec, options: Options) -> RewritePlan:
@@ -128,6 +144,7 @@ def rewrite(an: KernelAnalysis, spec: AllGatherSpec, options: Options) -> Rewrit
                     "tlk_token += tll.consumer_tile_wait(tlk_barriers, tlk_first, tlk_count, tlk_epoch, tlk_diag, "
                     "tlk_budget)",
                 ]
+        tokens += _loop_targets(an, group, a.anchor, tokens)
         lines += [f"{n} = {n} + tlk_token" for n in tokens]
         if any(x.descriptor for x in group) and not tokens:
             report.append(ReportEntry(an.name, RULE, "note",
