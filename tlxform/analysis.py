@@ -140,10 +140,12 @@ class KernelAnalysis:
     # proof takes every name as non-negative, so the launcher refuses a call that passes one of them a negative int
     row_signs: tuple[tuple[str, Where], ...] = ()
     # each pointer access whose rows lie along an inner dim and whose address adds a value the kernel computes times
-    # factors the launch reads (`b * stride_xb`, `b = tl.program_id(1)`): (tensor, the factors, the access). Their
-    # product must be a multiple of the gathered buffer's stride of the dim before the rows (the full size along the
-    # rows times a row's elements), which the launcher checks; else the term moves the rows along the annotated dim
-    row_steps: tuple[tuple[str, tuple[str, ...], Where], ...] = ()
+    # factors the launch reads (`b * stride_xb`, `b = tl.program_id(1)`): (tensor, the factors, the value in source
+    # over program ids and parameters, `-(...)` where subtracted, the access). Their product must be a multiple of the
+    # gathered buffer's stride of the dim before the rows (the full size along the rows times a row's elements), which
+    # the launcher checks; else the term moves the rows along the annotated dim. In a sequence-major buffer (its dims
+    # before the rows all of size 1) the launcher bounds the value from the grid instead
+    row_steps: tuple[tuple[str, tuple[str, ...], str, Where], ...] = ()
     # each pointer advanced in a loop in the matmul form (`_check_advance_in_loop`), whose mask bounds the columns by
     # `X - k * F`: (tensor, X's terms as (subtracted, factors), the column stride parameter the advance steps by, the
     # access). The columns [0, X) must lie in one row (X times the column stride at most the row stride), which the
@@ -1121,6 +1123,73 @@ def _loop_term(an: _Analyzer, acc: Access, term: cst.BaseExpression, negative: b
     return None
 
 
+def _nonnegative_value(an: _Analyzer, node: cst.BaseExpression, depth: int = 0) -> set[str] | None:
+    """The parameters whose signs make ``node`` non-negative: it is built from ``tl.arange(0, B)``, int literals of
+    at least 0, program ids and parameters the kernel leaves as passed, by ``+``, ``*``, ``//`` and ``%`` (whose
+    operands are then non-negative too) and casts, through locals bound once. ``None`` when it is anything else
+    (``tl.arange(0, B) - 2``, a loaded value, a local bound more than once), whose sign TileLink cannot tell."""
+    node = _bare(node)
+    if depth > 8:
+        return None
+    if isinstance(node, cst.Integer):
+        return set() if int(node.evaluated_value) >= 0 else None
+    if isinstance(node, cst.Name):
+        defs = an.assignments.get(node.value, [])
+        if node.value in an.params:
+            return {node.value} if not defs and node.value not in an.rebound else None
+        if len(defs) != 1 or node.value in an.rebound:
+            return None
+        return _nonnegative_value(an, defs[0][1], depth + 1)
+    if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, (cst.Add, cst.Multiply, cst.FloorDivide,
+                                                                            cst.Modulo)):
+        left, right = _nonnegative_value(an, node.left, depth + 1), _nonnegative_value(an, node.right, depth + 1)
+        return None if left is None or right is None else left | right
+    if isinstance(node, cst.Call):
+        if m.matches(node.func, m.Attribute(value=m.Name("tl"), attr=m.Name("program_id") | m.Name("num_programs"))):
+            return set()
+        if m.matches(node.func, m.Attribute(value=m.Name("tl"), attr=m.Name("arange"))) and len(node.args) == 2 \
+                and m.matches(node.args[0].value, m.Integer("0")):
+            return set()
+        if m.matches(node.func, m.Attribute(attr=m.Name("to"))):  # a cast keeps the value
+            return _nonnegative_value(an, node.func.value, depth + 1)  # type: ignore[attr-defined]
+        if m.matches(node.func, m.Attribute(value=m.Name("tl"), attr=m.Name("multiple_of") | m.Name(
+                "max_contiguous"))) and node.args:
+            return _nonnegative_value(an, node.args[0].value, depth + 1)
+    return None
+
+
+def program_value(an: _Analyzer, source: str) -> str:
+    """``source`` (an expression of the kernel) with each local bound once written out as its value, down to program
+    ids, parameters and literals (``off_z`` -> ``(tl.program_id(1) // HEADS).to(tl.int64)``), for the launch to bound
+    from the grid; a name bound more than once, or in a loop, stays as it is (the launch then cannot bound it)."""
+
+    class _Expand(cst.CSTTransformer):
+        def __init__(self, depth: int) -> None:
+            super().__init__()
+            self.depth = depth
+
+        def visit_Attribute(self, node: cst.Attribute) -> bool:
+            return False  # its name is no value: only its base is written out, below
+
+        def leave_Attribute(self, original: cst.Attribute, updated: cst.Attribute) -> cst.BaseExpression:
+            # the base is a value (`(off_hz // HEADS).to(...)`)
+            return updated.with_changes(value=original.value.visit(_Expand(self.depth)))
+
+        def leave_Name(self, original: cst.Name, updated: cst.Name) -> cst.BaseExpression:
+            defs = an.assignments.get(original.value, [])
+            if self.depth >= 8 or original.value in an.params or original.value in an.rebound or len(defs) != 1 \
+                    or len(an.bindings.get(original.value, [])) > 1 or _varies(an, original):
+                return updated
+            inner = defs[0][1].visit(_Expand(self.depth + 1))
+            return inner.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()]) if hasattr(inner, "lpar") \
+                else inner
+
+    try:
+        return code(cst.parse_expression(source).visit(_Expand(0)))
+    except cst.ParserSyntaxError:
+        return source
+
+
 def _is_vector(an: _Analyzer, node: cst.BaseExpression, depth: int = 0) -> bool:
     """``node`` holds a vector: a ``tl.arange``, or a local made from one."""
     if m.findall(node, m.Call(func=m.Attribute(attr=m.Name("arange")) | m.Name("arange"))):
@@ -1336,7 +1405,7 @@ def _descriptor_row_facts(an: _Analyzer, acc: Access) -> tuple[set[tuple[str, ..
 
 
 def _row_scales(an: _Analyzer, acc: Access, pointers: set[str]) -> tuple[set[tuple[str, ...]], list[tuple],
-                                                                         set[tuple[str, ...]]]:
+                                                                         set[tuple[tuple[str, ...], str]]]:
     """The scales of the rows of a pointer access (see ``KernelAnalysis.row_scales``), and its scalar terms along dim 0
     (``KernelAnalysis.row_shifts``): one sum for each way its aliases are bound (``if C: base = x_ptr + D`` / ``else:
     base = x_ptr``), none when they are not known (a loop variable, an alias advanced in place: checked as an advance).
@@ -1348,12 +1417,13 @@ def _row_scales(an: _Analyzer, acc: Access, pointers: set[str]) -> tuple[set[tup
     see ``tile_rows.inner_terms``)."""
     tile = acc.tile
     along = an.tensors[acc.tensor][0] == 0  # the terms of the address along dim 0 are the rows'
-    steps: set[tuple[str, ...]] = set()
+    steps: set[tuple[tuple[str, ...], str]] = set()
     shifts: list[tuple] = []
     if not along and not acc.descriptor and tile is not None and not tile.dynamic:
         from tilelink.tile_rows import inner_terms
 
         shifts, steps = inner_terms(an, acc, pointers)
+        shifts = _inner_columns(an, acc, pointers, shifts)
     if acc.descriptor and along and tile is not None and not tile.dynamic:
         return _descriptor_row_facts(an, acc)
     if acc.descriptor and not along and tile is not None and not tile.dynamic:
@@ -1472,6 +1542,72 @@ def _row_scales(an: _Analyzer, acc: Access, pointers: set[str]) -> tuple[set[tup
     if along:
         shifts = [tuple(w) for w in ways or [] if w]
     return scales, shifts, steps
+
+
+def _inner_columns(an: _Analyzer, acc: Access, pointers: set[str], shifts: list[tuple]) -> list[tuple]:
+    """``shifts`` (the terms of an access along an inner dim that the launch checks, ``tile_rows.inner_terms``) with
+    the first and the last element of each column vector no mask bounds from above, as along dim 0: ``offs_d =
+    tl.arange(0, BLOCK_D)`` read as ``offs_d[None, :]`` (or times strides, ``offs_d[None, :] * stride_xd``) reaches
+    ``BLOCK_D - 1`` elements past the row's start, the next row of the gathered dim when the row is shorter. One way
+    for each end, each checked within the row. A vector whose ends TileLink cannot read (bound more than once, a start
+    the kernel computes) is refused at the access."""
+    from tilelink.tile_rows import _pointer_expression
+
+    expr = _pointer_expression(an, acc, pointers)
+    if expr is None or an.bindings.get(acc.tensor):
+        return shifts  # an address the inner terms do not read either: the advance check's
+    # the rows are the vector indexed `[:, None]` (as `inner_terms` reads them); the columns, those indexed `[None, :]`
+    rows = {n.value.value for n in m.findall(expr, m.Subscript(value=m.Name(), slice=[
+        m.SubscriptElement(slice=m.Slice()), m.SubscriptElement(slice=m.Index(value=m.Name("None")))]))}
+    if len(rows) != 1:
+        return shifts
+    (offsets,) = rows
+    column = m.Subscript(value=m.Name(), slice=[m.SubscriptElement(slice=m.Index(value=m.Name("None"))),
+                                                m.SubscriptElement(slice=m.Slice())])
+    base = tuple(shifts[0]) if shifts else ()
+    ends: list[_Terms] = []
+    for term, negative in _terms(_bare(expr)):
+        parts, todo = [], [_bare(term)]
+        while todo:
+            node = todo.pop()
+            if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Multiply):
+                todo += [_bare(node.left), _bare(node.right)]
+            else:
+                parts.append(node)
+        vectors = [p for p in parts if m.matches(p, column) and p.value.value != offsets and _is_vector(an, p.value)]
+        if len(vectors) != 1 or _masked(acc, vectors[0].value.value):
+            continue  # no column vector, or one its mask bounds
+        name = vectors[0].value.value
+        scale: list[str] = []
+        for part in parts:
+            found = None if part is vectors[0] or m.findall(part, m.Call() | m.Subscript()) else _factors(
+                an, part, "\0")
+            if part is not vectors[0] and found is None:
+                break
+            scale += found or []
+        else:
+            hint = (f"mask the columns by the row's length (`{name}[None, :] < D`), or build them as `{name} = start + "
+                    f"tl.arange(0, BLOCK_D)` with `start` a literal or a parameter, which the launch checks")
+            found = _vector_start(an, acc, name, offsets)
+            last = _vector_last(an, name, offsets) if found is not None and not found[1] else None
+            if found is None or last is None or negative:
+                raise _refuse(acc, f"the columns `{name}` of the {acc.kind} at line {acc.where.line} are read with "
+                                   f"no mask bounding them, from a start or to an end TileLink cannot read: it cannot "
+                                   f"check that they stay within the rows of {acc.tensor!r} its {_waits(acc)} covers",
+                              hint)
+            first = [(sub, f + tuple(scale)) for sub, f in found[0]]
+            ends.append(first + [(sub, f + tuple(scale)) for sub, f in last])
+            if first:
+                ends.append(first)
+            continue
+        raise _refuse(acc, f"the columns `{name}` of the {acc.kind} at line {acc.where.line} are scaled by a factor "
+                           f"TileLink cannot read at the launch, with no mask bounding them: it cannot check that "
+                           f"they stay within the rows of {acc.tensor!r} its {_waits(acc)} covers",
+                      f"mask the columns by the row's length (`{name}[None, :] < D`), or scale them by a stride "
+                      f"parameter")
+    if not ends:
+        return shifts
+    return [base + tuple(way) for way in ends]
 
 
 def _row_strides(an: _Analyzer, exprs: list[cst.BaseExpression], tile: Tile) -> set[str] | None:
@@ -1698,6 +1834,19 @@ def _check_advance_in_loop(an: _Analyzer, acc: Access, tile: Tile, name: str, st
                          f"in it, so that the mask (`{vector}[None, :] < K - {k} * {' * '.join(rest) or '1'}`) bounds "
                          f"the columns the address reads")
 
+    # the mask bounds the columns from above only: a vector that may hold a negative column (`tl.arange(0, BLOCK_K) -
+    # 2`) reads the end of the row before, which no wait or notify of these rows covers. The parameters its sign
+    # rests on, and those of the step's factors (a negative `BLOCK_K` walks back), are checked at each call
+    signs = _nonnegative_value(an, cst.Name(vector))
+    if signs is None:
+        raise refuse(f"along `{stride}` once more on every iteration, and its columns `{vector}` may start before the "
+                     f"row's first column (TileLink reads them as non-negative only when made of `tl.arange(0, B)`, "
+                     f"int literals of at least 0, program ids and parameters by `+`, `*`, `//` and `%`): the mask "
+                     f"bounds them from above only, and a negative column reads the row before",
+                     f"start the columns at 0 or a non-negative offset (`{vector} = start + tl.arange(0, BLOCK_K)`, "
+                     f"`start` a parameter, a literal or a program's position), not below it")
+    signs |= {code(f) for f in factors if f is not strides[0] and isinstance(f, cst.Name)}
+
     def in_loop(ref: StmtRef) -> bool:
         """``ref`` runs on every iteration before the access: in the loop, in a block that holds the access."""
         where = an.where(ref.node)
@@ -1767,6 +1916,7 @@ def _check_advance_in_loop(an: _Analyzer, acc: Access, tile: Tile, name: str, st
                 read = [launch_factors(t, negative) for t, negative in bound]
                 if bound and None not in read:
                     an.row_bounds.append((acc.tensor, tuple(read), stride, acc.where))  # type: ignore[arg-type]
+                    an.row_signs.extend((n, acc.where) for n in sorted(signs))
                     return
                 unread = " + ".join(code(t) for t, _ in bound) or "0"
     if unread is not None:
@@ -2337,7 +2487,7 @@ def analyse(module: cst.Module, file: str, kernel: str,
     accesses: list[Access] = []
     row_scales: list[tuple[str, tuple[str, ...], Where]] = []
     row_shifts: list[tuple[str, tuple[tuple[bool, tuple[str, ...]], ...], Where]] = []
-    row_steps: list[tuple[str, tuple[str, ...], Where]] = []
+    row_steps: list[tuple[str, tuple[str, ...], str, Where]] = []
     for tensor, (dim, override, size_param, index) in tensors.items():
         if tensor not in an.params:
             raise AnnotationError(
@@ -2367,7 +2517,10 @@ def analyse(module: cst.Module, file: str, kernel: str,
             scales, shifts, steps = _row_scales(an, accesses[-1], pointers)
             row_scales.extend((tensor, scale, acc.where) for scale in sorted(scales))
             row_shifts.extend((tensor, terms, acc.where) for terms in shifts)
-            row_steps.extend((tensor, factors, acc.where) for factors in sorted(steps))
+            row_steps.extend((tensor, factors, value, acc.where) for factors, value in sorted(steps))
+            # a step's factors were read as moving forward: a negative one (`stride_xb` < 0) moves it back, before
+            # the rows the launch bounds; each call checks them non-negative
+            an.row_signs.extend((f, acc.where) for factors, _ in sorted(steps) for f in factors if not f.isdigit())
     _check_sweeps_disjoint(an, accesses)
     updates: dict[str, list[str]] = {}
     update_sites: dict[str, list[Where]] = {}

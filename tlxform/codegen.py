@@ -67,7 +67,7 @@ def plan_kernel(module: cst.Module, file: str, request: Request) -> RewritePlan:
         plan.launch, row_scales=tuple(sorted({(t, f, at.line) for t, f, at in an.row_scales})),
         row_shifts=tuple((t, terms, at.line) for t, terms, at in an.row_shifts),
         row_signs=tuple(dict.fromkeys((name, at.line) for name, at in an.row_signs)),
-        row_steps=tuple(sorted({(t, f, at.line) for t, f, at in an.row_steps})),
+        row_steps=tuple(sorted({(t, f, v, at.line) for t, f, v, at in an.row_steps})),
         row_bounds=tuple(sorted({(t, terms, s, at.line) for t, terms, s, at in an.row_bounds}))))
     notes = tuple(ReportEntry(
         an.name, plan.rule, "note", f"the loop at line {at.line} runs without warp specialisation: its partitions "
@@ -296,7 +296,7 @@ def generate(source: str, file: str, requests: list[Request]) -> GeneratedModule
             launch, row_scales=tuple(sorted({(t, f, inlined.user_line(line)) for t, f, line in launch.row_scales})),
             row_shifts=tuple((t, terms, inlined.user_line(line)) for t, terms, line in launch.row_shifts),
             row_signs=tuple(dict.fromkeys((name, inlined.user_line(line)) for name, line in launch.row_signs)),
-            row_steps=tuple(sorted({(t, f, inlined.user_line(line)) for t, f, line in launch.row_steps})),
+            row_steps=tuple(sorted({(t, f, v, inlined.user_line(line)) for t, f, v, line in launch.row_steps})),
             row_bounds=tuple(sorted({(t, terms, s, inlined.user_line(line))
                                      for t, terms, s, line in launch.row_bounds}))))
         plans.append(plan)

@@ -166,7 +166,7 @@ class OverlappedKernel:
                     f"(a late notify still adds to them), so later calls could pass their waits too early: "
                     f"start the world again (tilelink.finalize(), then tilelink.init()) once the cause is fixed")
             bound = self.bind(args, kwargs)
-            self._check_row_scales(bound, launcher)
+            self._check_row_scales(bound, launcher, grid)
             with self._remember_timeout():
                 return launcher.launch(grid, bound)
 
@@ -185,7 +185,7 @@ class OverlappedKernel:
         return {n: p.default for n, p in inspect.signature(self.fn).parameters.items()
                 if p.default is not inspect.Parameter.empty}
 
-    def _check_row_scales(self, bound: dict, launcher) -> None:
+    def _check_row_scales(self, bound: dict, launcher, grid: Any = None) -> None:
         """The rows a wait or notify covers are the offsets vector's, ``offs``; an access reads or writes the elements
         ``offs * scale`` (``offs[:, None] * stride_am``, ``x_ptr + offs * 2``). Both are the same rows only when the
         scale is the row stride of the buffer the rewritten kernel is given: the gathered rows or the partial sums,
@@ -196,9 +196,11 @@ class OverlappedKernel:
         sets a constexpr the call does not pass). Along an inner dim (``dim >= 1``) the scalar terms may also step
         along the dims before the rows, by whole steps of the gathered buffer (the full size along the rows times a
         row's elements), and a computed term's factors (``row_steps``: ``b * stride_xb``) must be such a step, or, where
-        the buffer's dims before the rows are all of size 1, a block of the row holding the access's whole shift. The
-        ``tile=`` proofs took every name as non-negative: an int argument they read (``row_signs``) that is negative
-        is refused, naming it and the load. A pointer a loop advances along the columns reads the columns ``[0, X)``
+        the buffer's dims before the rows are all of size 1, blocks of the row that the computed values, bounded from
+        ``grid`` (the call's), keep the access's whole read in (:meth:`_sequence_major`). The
+        ``tile=`` proofs took every name as non-negative, and so did the proofs of a step's factors and of where a
+        matmul-form advance's columns start: an int argument they read (``row_signs``) that is negative is refused,
+        naming it and the access. A pointer a loop advances along the columns reads the columns ``[0, X)``
         of its row, ``X`` its mask's bound (``row_bounds``): ``X`` times the column stride's argument must be at most
         a row's elements."""
         plan = self.plan.launch
@@ -227,15 +229,19 @@ class OverlappedKernel:
             # a parameter the call leaves out runs with its default (`STEP: tl.constexpr = 2`): compare that value
             values = {**self.defaults, **meta}
             said_config = "" if config == "the call's arguments" else f" under the autotuning configuration {config}"
+            gathered = self.specs[0].kind == "all_gather"
+            access, touches, waits = ("load", "reads", "wait") if gathered else ("store", "writes", "notify")
             for name, line in plan.row_signs:
                 value = values.get(name)
                 if isinstance(value, int) and not isinstance(value, bool) and value < 0:
                     raise LaunchError(
-                        f"{self.name}: argument {name!r} is {value}{said_config}, but the rows the load at "
-                        f"{_display_path(self.file)}:{line} reads were proven inside its tile= with {name} taken as "
-                        f"non-negative: a negative {name} can move them before the tile, onto rows its wait does not "
-                        f"cover; pass a non-negative {name}, or name the rows the load reads, {name} included, in "
-                        f"tile=, so that its wait covers them")
+                        f"{self.name}: argument {name!r} is {value}{said_config}, but the rows the {access} at "
+                        f"{_display_path(self.file)}:{line} {touches} were proven to be those its {waits} covers with "
+                        f"{name} taken as non-negative (in its tile=, where its columns start, or as a factor of a "
+                        f"step it takes): a negative {name} can move them onto rows its {waits} does not cover; pass "
+                        f"a non-negative {name}, or write the {access} so that no proof needs its sign (the rows it "
+                        f"touches, {name} included, named in tile=; its columns started at a non-negative offset; its "
+                        f"steps taken forward)")
             for tensor, factors, line in plan.row_scales:
                 t = bound.get(tensor)
                 if not (hasattr(t, "shape") and hasattr(t, "stride")) or len(t.shape) <= plan.dim:
@@ -254,26 +260,29 @@ class OverlappedKernel:
                         f"its wait or notify covers: pass a contiguous {tensor} and its own stride "
                         f"({tensor}.stride({plan.dim})), or view it so that one step along dim {plan.dim} is the "
                         f"kernel's scale (`x.view(-1, {scale})` for a 1-D `x_ptr + offs * {scale}`)")
-            for tensor, factors, line in plan.row_steps:
+            programs = _grid_of(grid, values)
+            grouped: dict[tuple[str, int], list[tuple[tuple[str, ...], str]]] = {}
+            for tensor, factors, computed, line in plan.row_steps:
+                grouped.setdefault((tensor, line), []).append((factors, computed))
+            for (tensor, line), steps in grouped.items():
                 t = bound.get(tensor)
-                value = _product(factors, values)
-                if not hasattr(t, "shape") or len(t.shape) <= dim or full is None or value is None:
+                if not hasattr(t, "shape") or len(t.shape) <= dim or full is None:
                     continue
                 rows = _product(tuple(str(int(n)) for n in t.shape[dim + 1:]), {})
-                # a buffer with no dims to step along before the rows (all of size 1) has the dims the kernel steps
-                # packed into the row, sequence-major ((1, 1, S, B * H * D)): a step that splits the row into equal
-                # blocks, each holding all the access's own terms (a descriptor's whole read), stays within the row
-                # as long as the computed value stays below the block count (the grid's, which TileLink cannot read)
-                known = [[(neg, _product(f, values)) for neg, f in terms]
-                         for name, terms, at in plan.row_shifts if name == tensor and at == line]
-                shifts = [sum(-v if neg else v for neg, v in terms) for terms in known
-                          if None not in [v for _, v in terms]]
                 outer = _product(tuple(str(int(n)) for n in t.shape[:dim]), {})
-                if outer == 1 and 0 < value <= rows and rows % value == 0 and shifts and 0 <= min(shifts) \
-                        and max(shifts) < value:
+                if outer == 1 and self._sequence_major(tensor, line, steps, rows, full, dim, values, programs,
+                                                       said_config):
                     continue
-                if value % (full * rows):
+                for factors, computed in steps:
+                    value = _product(factors, values)
+                    if value is None or not value % (full * rows):
+                        continue
                     said = _said(factors, values)
+                    packed = "" if outer != 1 else (
+                        f"; in this buffer, whose dims before dim {dim} are all of size 1, a step within the row "
+                        f"passes only where the grid bounds `{computed}`, which it cannot here (pass the grid as a "
+                        f"tuple or a function of the arguments, and compute the value from tl.program_id and "
+                        f"parameters)")
                     raise LaunchError(
                         f"{self.name}: the address at {_display_path(self.file)}:{line} adds a value the kernel "
                         f"computes times {said}{said_config} ({value} elements) to {tensor!r}, but one step along the "
@@ -281,7 +290,7 @@ class OverlappedKernel:
                         f"{full} rows along dim {dim} of {rows} elements each) is {full * rows} elements: the term "
                         f"moves the access along dim {dim}, onto other rows than those its wait or notify covers; pass "
                         f"the full tensor's stride of dim {dim - 1} ({full * rows} here), or add the rows to the "
-                        f"offsets vector along dim {dim}")
+                        f"offsets vector along dim {dim}{packed}")
             for tensor, terms, stride, line in plan.row_bounds:
                 # a pointer a loop advances along the columns reads the columns [0, X) of its row, X the mask's bound
                 t = bound.get(tensor)
@@ -345,6 +354,46 @@ class OverlappedKernel:
         if key is not None and len(self._signs_passed) < 1024:
             self._signs_passed.add(key)
 
+    def _sequence_major(self, tensor: str, line: int, steps: list[tuple[tuple[str, ...], str]], rows: int, full: int,
+                        dim: int, values: dict, programs: tuple[int, int, int] | None, said_config: str) -> bool:
+        """Whether the steps of the access at ``line`` (``row_steps``) keep it within one row of a buffer whose dims
+        before the rows are all of size 1, which has the dims the kernel steps packed into its row, sequence-major
+        (sp_attention's ``(1, 1, S, B * H * D)``, ``off_z * stride_kz + off_hkv * stride_kh``): every element it
+        touches, the values the kernel computes bounded from the grid (``off_z = tl.program_id(1) // HEADS`` below
+        ``cdiv(batch * HEADS, HEADS)``) times their factors plus its own terms (``row_shifts``: a descriptor's whole
+        read, a pointer's unmasked columns), lies in ``[0, rows)``. ``False`` where the grid cannot bound a value or
+        the access has no terms of its own to place (the whole-step check judges it); refused where the bound reaches
+        past the row."""
+        plan = self.plan.launch
+        known = [[(neg, _product(f, values)) for neg, f in terms]
+                 for name, terms, at in plan.row_shifts if name == tensor and at == line]
+        shifts = [sum(-v if neg else v for neg, v in terms) for terms in known if None not in [v for _, v in terms]]
+        if programs is None or not shifts or len(shifts) != len(known):
+            return False
+        if 0 in programs:
+            return True  # no program runs
+        low, high = min(shifts), max(shifts)
+        said = []
+        for factors, computed in steps:
+            value, span = _product(factors, values), _value_range(computed, values, programs)
+            if value is None or span is None:
+                return False
+            low += min(span[0] * value, span[1] * value)
+            high += max(span[0] * value, span[1] * value)
+            said.append(f"`{computed}` in [{span[0]}, {span[1]}] times {_said(factors, values)}")
+        if 0 <= low and high < rows:
+            return True
+        grid = "(" + ", ".join(map(str, programs)) + ")"
+        raise LaunchError(
+            f"{self.name}: the address at {_display_path(self.file)}:{line} steps {tensor!r} by values the kernel "
+            f"computes, on the grid {grid}{said_config}: {'; '.join(said)}, so it reaches "
+            f"{f'element {high} of a row' if high >= rows else f'{-low} elements before the start of a row'}, but the "
+            f"buffer TileLink passes as {tensor!r} (contiguous, its dims before dim "
+            f"{dim} all of size 1, the full {full} rows along dim {dim}) has rows of {rows} elements: the access "
+            f"touches other rows than those its wait or notify covers; launch no more programs than the row holds "
+            f"blocks (a grid of batch * heads along the axis the kernel divides by its heads), or pass the strides of "
+            f"the row's packed dims")
+
     @functools.cached_property
     def _sign_names(self) -> tuple[str, ...] | None:
         """The parameters of the launch plan's ``row_signs``, whose values key the calls already checked; ``None``
@@ -387,6 +436,77 @@ def _product(factors: tuple[str, ...], values: dict[str, Any]) -> int | None:
             return None
         product *= value
     return product
+
+
+def _grid_of(grid: Any, values: dict[str, Any]) -> tuple[int, int, int] | None:
+    """The programs along each axis of a launch's ``grid`` (a tuple, or a function of the arguments by name that Triton
+    evaluates on them), ``None`` where they are not ints."""
+    try:
+        found = grid(values) if callable(grid) else grid
+        found = tuple(found) + (1,) * (3 - len(found))
+    except Exception:  # noqa: BLE001 - not known here: the checks that need it do not pass on it
+        return None
+    if len(found) != 3 or not all(isinstance(n, int) and not isinstance(n, bool) for n in found):
+        return None
+    return found  # type: ignore[return-value]
+
+
+def _value_range(source: str, values: dict[str, Any], programs: tuple[int, int, int]) -> tuple[int, int] | None:
+    """The least and the largest value of the kernel's expression ``source`` over a launch of ``programs`` programs
+    along each axis: ``tl.program_id(a)`` in ``[0, programs[a])``, ``tl.num_programs(a)`` that count, a parameter its
+    int argument, through ``+``, ``-``, ``*``, casts, ``tl.minimum`` / ``tl.maximum``, and ``//`` / ``%`` of a
+    non-negative value by a positive one (where Triton's and Python's agree). ``None`` for anything else."""
+    import ast
+
+    def walk(node: ast.AST) -> tuple[int, int] | None:
+        if isinstance(node, ast.Constant) and isinstance(node.value, int) and not isinstance(node.value, bool):
+            return node.value, node.value
+        if isinstance(node, ast.Name):
+            v = values.get(node.id)
+            v = getattr(v, "value", v)  # a constexpr argument
+            return (v, v) if isinstance(v, int) and not isinstance(v, bool) else None
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+            inner = walk(node.operand)
+            return None if inner is None else (-inner[1], -inner[0])
+        if isinstance(node, ast.BinOp):
+            a, b = walk(node.left), walk(node.right)
+            if a is None or b is None:
+                return None
+            if isinstance(node.op, ast.Add):
+                return a[0] + b[0], a[1] + b[1]
+            if isinstance(node.op, ast.Sub):
+                return a[0] - b[1], a[1] - b[0]
+            if isinstance(node.op, ast.Mult):
+                corners = [x * y for x in a for y in b]
+                return min(corners), max(corners)
+            if isinstance(node.op, (ast.FloorDiv, ast.Mod)) and a[0] >= 0 and b[0] > 0:
+                if isinstance(node.op, ast.FloorDiv):
+                    return a[0] // b[1], a[1] // b[0]
+                return (a[0], a[1]) if a[1] < b[0] else (0, b[1] - 1)
+            return None
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            func = node.func
+            if func.attr == "to":
+                return walk(func.value)
+            if isinstance(func.value, ast.Name) and func.value.id == "tl":
+                if func.attr in ("program_id", "num_programs") and len(node.args) == 1 and not node.keywords:
+                    axis = walk(node.args[0])
+                    if axis is None or axis[0] != axis[1] or not 0 <= axis[0] < 3:
+                        return None
+                    n = programs[axis[0]]
+                    return (0, n - 1) if func.attr == "program_id" else (n, n)
+                if func.attr in ("minimum", "maximum") and len(node.args) == 2 and not node.keywords:
+                    a, b = walk(node.args[0]), walk(node.args[1])
+                    if a is None or b is None:
+                        return None
+                    pick = min if func.attr == "minimum" else max
+                    return pick(a[0], b[0]), pick(a[1], b[1])
+        return None
+
+    try:
+        return walk(ast.parse(source, mode="eval").body)
+    except SyntaxError:
+        return None
 
 
 def _said(factors: tuple[str, ...], values: dict[str, Any]) -> str:

@@ -85,13 +85,16 @@ class LaunchPlan:
     #: the scalar terms each pointer access adds along dim 0, ``(tensor, ((subtracted, factors), ...), line)``: their
     #: sum must stay within one row (``KernelAnalysis.row_shifts``); an access bound two ways has an entry per way
     row_shifts: tuple[tuple[str, tuple[tuple[bool, tuple[str, ...]], ...], int], ...] = ()
-    #: the parameters a ``tile=`` proof took as non-negative, ``(parameter, line of the load)``
+    #: the parameters a proof of an access's rows took as non-negative (read by a ``tile=`` proof, where a column
+    #: vector advanced in a loop starts, a factor of its advance or of a step), ``(parameter, line of the access)``
     #: (``KernelAnalysis.row_signs``); each call with more than one rank refuses a negative int among them
     row_signs: tuple[tuple[str, int], ...] = ()
     #: the factors of a term the kernel computes (``b * stride_xb``) that an access along an inner dim adds,
-    #: ``(tensor, factors, line)`` (``KernelAnalysis.row_steps``): their product must be a multiple of the gathered
-    #: buffer's stride of the dim before the rows; each call with more than one rank checks it
-    row_steps: tuple[tuple[str, tuple[str, ...], int], ...] = ()
+    #: ``(tensor, factors, value, line)`` (``KernelAnalysis.row_steps``; ``value`` the computed value in source, over
+    #: program ids and parameters): their product must be a multiple of the gathered buffer's stride of the dim before
+    #: the rows, or, in a sequence-major buffer, the values bounded from the grid must keep the access in the row; each
+    #: call with more than one rank checks it
+    row_steps: tuple[tuple[str, tuple[str, ...], str, int], ...] = ()
     #: the column bound ``X`` of each pointer a loop advances in the matmul form (``mask=offs_k[None, :] < X - k *
     #: BLOCK_K``), ``(tensor, ((subtracted, factors), ...), column stride parameter, line)``
     #: (``KernelAnalysis.row_bounds``): ``X`` times the column stride must be at most the row stride of the buffer the
@@ -124,8 +127,9 @@ class LaunchPlan:
             isinstance(e, tuple) and len(e) == 2 and _name(e[0]) and _positive(e[1]) for e in self.row_signs),
             "a tuple of (parameter, line)")
         self._check("row_steps", isinstance(self.row_steps, tuple) and all(
-            isinstance(e, tuple) and len(e) == 3 and _name(e[0]) and _factors(e[1]) and bool(e[1]) and _positive(e[2])
-            for e in self.row_steps), "a tuple of (tensor, factors, line)")
+            isinstance(e, tuple) and len(e) == 4 and _name(e[0]) and _factors(e[1]) and bool(e[1])
+            and isinstance(e[2], str) and _positive(e[3])
+            for e in self.row_steps), "a tuple of (tensor, factors, value, line)")
         self._check("row_bounds", isinstance(self.row_bounds, tuple) and all(
             isinstance(e, tuple) and len(e) == 4 and _name(e[0]) and isinstance(e[1], tuple) and bool(e[1]) and all(
                 isinstance(t, tuple) and len(t) == 2 and isinstance(t[0], bool) and _factors(t[1]) for t in e[1])

@@ -292,16 +292,19 @@ def _pointer_expression(an: _Analyzer, acc: Access, pointers: set[str]) -> cst.B
     return None if _T.failed else out  # type: ignore[return-value]
 
 
-def inner_terms(an: _Analyzer, acc: Access, pointers: set[str]) -> tuple[list[tuple], set[tuple[str, ...]]]:
+def inner_terms(an: _Analyzer, acc: Access,
+                pointers: set[str]) -> tuple[list[tuple], set[tuple[tuple[str, ...], str]]]:
     """The terms of a pointer access whose rows lie along an inner dim that the rows' stride does not scale, for the
     launch to check (``KernelAnalysis.row_shifts`` and ``row_steps``): ``x_ptr + D`` on a contiguous ``(B, S, D)``
     tensor gathered along S moves the rows by one. Returns the terms the launch reads (int literals and parameters) as
     one sum of ``(subtracted, factors)``, and the parameter factors of each term that multiplies a value the kernel
-    computes (``b * stride_xb``, ``b = tl.program_id(1)``). Left out: terms along the rows' stride (the rows, checked
-    against ``tile=``), the terms of a vector indexed ``[None, :]`` (columns bounded by their mask, or the rows
-    themselves where they are the last dim), rows of stride 1 (their start and other terms are not told apart),
-    terms of a loop variable or a name bound more than once, and an address TileLink cannot follow (its pointer bound
-    more than once). A computed term no parameter scales (``x_ptr + b``) cannot be attributed to a dim: refused."""
+    computes (``b * stride_xb``, ``b = tl.program_id(1)``), each with that value in source (``tl.program_id(1)``,
+    ``-(...)`` where the term is subtracted; the launch bounds it from the grid). Left out: terms along the rows'
+    stride (the rows, checked against ``tile=``), the terms of a vector indexed ``[None, :]`` (the columns, whose ends
+    ``analysis._inner_columns`` adds where no mask bounds them, or the rows themselves where they are the last dim),
+    rows of stride 1 (their start and other terms are not told apart), terms of a loop variable or a name bound more
+    than once, and an address TileLink cannot follow (its pointer bound more than once). A computed term no parameter
+    scales (``x_ptr + b``) cannot be attributed to a dim: refused."""
     expr = _pointer_expression(an, acc, pointers)
     if expr is None or an.bindings.get(acc.tensor):
         return [], set()  # its aliases or the pointer itself bound more than once: the advance check's
@@ -316,7 +319,7 @@ def inner_terms(an: _Analyzer, acc: Access, pointers: set[str]) -> tuple[list[tu
     return _outside_terms(an, acc, rest)
 
 
-def descriptor_inner_terms(an: _Analyzer, acc: Access) -> tuple[list[tuple], set[tuple[str, ...]]]:
+def descriptor_inner_terms(an: _Analyzer, acc: Access) -> tuple[list[tuple], set[tuple[tuple[str, ...], str]]]:
     """:func:`inner_terms` of a descriptor the kernel makes, ``tl.make_tensor_descriptor(base, shape, strides, ...)``,
     for rows along an inner dim: the terms of ``base`` that the rows' stride (the ``strides`` entry that scales terms of
     the base) does not scale, and the last element it reads along each axis after the rows', ``(shape[j] - 1) *
@@ -367,16 +370,16 @@ def descriptor_inner_terms(an: _Analyzer, acc: Access) -> tuple[list[tuple], set
     return shift, steps
 
 
-def _outside_terms(an: _Analyzer, acc: Access, rest: Poly) -> tuple[list[tuple], set[tuple[str, ...]]]:
+def _outside_terms(an: _Analyzer, acc: Access, rest: Poly) -> tuple[list[tuple], set[tuple[tuple[str, ...], str]]]:
     """The terms ``rest`` of an address that the rows' stride does not scale, as :func:`inner_terms` returns them."""
-    from tilelink.analysis import _computed, _varies
+    from tilelink.analysis import _computed, _varies, program_value
 
     # the parameters the launch reads as the kernel uses them: bound nowhere in the kernel, or only cast
     # (`stride_xb = stride_xb.to(tl.int64)`)
     params = {p for p in an.params if p not in an.rebound and all(m.matches(v, m.Call(func=m.Attribute(
         value=m.Name(p), attr=m.Name("to")))) for _, v in an.assignments.get(p, []))}
     shift: list[tuple[bool, tuple[str, ...]]] = []
-    steps: set[tuple[str, ...]] = set()
+    steps: set[tuple[tuple[str, ...], str]] = set()
     for k, v in rest.items():
         if acc.tensor in k or _COLS in k or any(a.startswith(_ARANGE) for a in k):
             continue  # the pointer, and a vector indexed `[None, :]`
@@ -402,7 +405,10 @@ def _outside_terms(an: _Analyzer, acc: Access, rest: Poly) -> tuple[list[tuple],
                          f"scale it by the stride of the dim it steps along, a parameter (`{term} * stride_xb` for "
                          f"the first dim of a (B, S, D) tensor), or add it to the rows' offsets vector along dim "
                          f"{dim}")
-        steps.add(tuple(sorted(factors)))
+        # with the value the factors multiply, its sign included, in source over program ids and parameters: the
+        # launch bounds it from the grid where the step is no whole step of the dims before the rows
+        value = " * ".join(f"({program_value(an, a)})" for a in sorted(others))
+        steps.add((tuple(sorted(factors)), f"-{value}" if v < 0 else value))
     return ([tuple(shift)] if shift else []), steps
 
 

@@ -166,7 +166,7 @@ def test_a_descriptors_computed_base_term_is_a_step_checked_at_the_launch(tmp_pa
     source = (FORMS / "chunked_rows_descriptor.py").read_text()
     plan = generate(source, "chunked.py", requests_in(source, "chunked.py")).plans[0].launch
     line = next(i for i, text in enumerate(source.splitlines(), 1) if "x = desc.load(" in text)
-    assert plan.row_steps == (("x_ptr", ("stride_xb",), line),), plan.row_steps
+    assert plan.row_steps == (("x_ptr", ("stride_xb",), "(tl.program_id(0))", line),), plan.row_steps
     path = tmp_path / "chunked.py"
     path.write_text(source)
     spec = importlib.util.spec_from_file_location("chunked_col_sum_desc_steps", path)
@@ -188,8 +188,20 @@ def test_a_descriptors_computed_base_term_is_a_step_checked_at_the_launch(tmp_pa
     said = str(info.value)
     assert f"chunked.py:{line} adds a value the kernel computes times stride_xb=16" in said and \
         "is 32 elements" in said, said
-    # sequence-major, as sp_attention passes K and V: (1, S, B * D), each batch a block of D columns of the row
+    # sequence-major, as sp_attention passes K and V: (1, S, B * D), each batch a block of D columns of the row, the
+    # batch `b = tl.program_id(0)` bounded by the grid's B programs
     seq = args(d) | {"x_ptr": torch.zeros(1, S // 2, B * d), "stride_xs": B * d}
-    module.chunked_col_sum_desc._check_row_scales(seq, Launcher())
-    with pytest.raises(LaunchError, match="times stride_xb=4"):  # 6 columns read from blocks of 4
-        module.chunked_col_sum_desc._check_row_scales(seq | {"D": d + 2}, Launcher())
+    module.chunked_col_sum_desc._check_row_scales(seq, Launcher(), (B,))
+    module.chunked_col_sum_desc._check_row_scales(seq, Launcher(), lambda meta: (meta["S"] // 4,))
+    with pytest.raises(LaunchError) as info:  # 6 columns read from blocks of 4
+        module.chunked_col_sum_desc._check_row_scales(seq | {"D": d + 2}, Launcher(), (B,))
+    said = str(info.value)
+    assert f"chunked.py:{line} steps 'x_ptr' by values the kernel computes, on the grid (2, 1, 1)" in said, said
+    assert "`(tl.program_id(0))` in [0, 1] times stride_xb=4, so it reaches element 9 of a row" \
+        in said and "has rows of 8 elements" in said, said
+    # a program more than the row holds blocks: the last one reads the next row
+    with pytest.raises(LaunchError, match="so it reaches element 11 of a row"):
+        module.chunked_col_sum_desc._check_row_scales(seq, Launcher(), (B + 1,))
+    # no grid to bound the batch by: refused as no whole step
+    with pytest.raises(LaunchError, match="a step within the row passes only where the grid bounds"):
+        module.chunked_col_sum_desc._check_row_scales(seq, Launcher())

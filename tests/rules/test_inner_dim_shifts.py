@@ -77,7 +77,7 @@ def _args(shift: int, stride_xb: int = 12 * 4) -> dict:
 def test_the_terms_off_the_rows_stride_are_kept_for_the_launch() -> None:
     plan = _plan(SHIFTED)
     assert plan.row_shifts == (("x_ptr", ((False, ("SHIFT",)),), LOAD_LINE),), plan.row_shifts
-    assert plan.row_steps == (("x_ptr", ("stride_xb",), LOAD_LINE),), plan.row_steps
+    assert plan.row_steps == (("x_ptr", ("stride_xb",), "(tl.program_id(1))", LOAD_LINE),), plan.row_steps
 
 
 def test_a_shift_along_the_gathered_dim_is_refused_at_the_launch(tmp_path) -> None:
