@@ -808,10 +808,10 @@ def _stored_once(an: KernelAnalysis, stores, rule: str) -> tuple[list[Insertion]
     ordered = sorted((s for s in stores if not s.atomic), key=lambda s: (s.where.line, s.where.column))
     for i, a in enumerate(ordered):
         for b in ordered[i + 1:]:
-            if a.tensor != b.tensor or _exclusive(an, a, b) or _returns_between(an, a, b):
-                continue
+            if a.tensor != b.tensor or a.loop != b.loop or _exclusive(an, a, b) or _returns_between(an, a, b):
+                continue  # stores of two tile loops store tiles of their own, as each loop's iterations do
             gap = None
-            if a.loop == b.loop and not a.swept and not b.swept and a.descriptor == b.descriptor and (
+            if not a.swept and not b.swept and a.descriptor == b.descriptor and (
                     a.pointer == b.pointer or not a.descriptor):
                 spans = columns.span(a), columns.span(b)
                 terms = (None, None) if a.descriptor else (columns.term(a), columns.term(b))
