@@ -18,11 +18,12 @@ from tests.rules.cases import rows_of
 from tilelink.annotations import requests_in
 from tilelink.codegen import generate
 from tilelink.errors import AnnotationError
+from tilelink.runtime import current_world
 
 FORMS = Path(__file__).parent / "forms"
 HALVES = FORMS / "partial_sums_helper_stores.py"
-LEFT = "    store_columns(y_ptr, rows, 0, stride_ym, left * scale, HALF)\n"
-RIGHT = "    store_columns(y_ptr, rows, HALF, stride_ym, right * scale, HALF)\n"
+LEFT = "    store_columns(y_ptr, rows, 0, M, D, stride_ym, left * scale, HALF)\n"
+RIGHT = "    store_columns(y_ptr, rows, HALF, M, D, stride_ym, right * scale, HALF)\n"
 
 
 def _build(source: str, name: str = "partial_sums_helper_stores.py"):
@@ -42,11 +43,11 @@ def test_disjoint_halves_stored_by_a_helper_build() -> None:
 
 def test_a_tile_stored_twice_through_a_helper_is_refused() -> None:
     text = HALVES.read_text()
-    zeros = "    store_columns(y_ptr, rows, 0, stride_ym, tl.zeros((BLOCK_M, HALF), tl.float32), HALF)\n"
+    zeros = "    store_columns(y_ptr, rows, 0, M, D, stride_ym, tl.zeros((BLOCK_M, HALF), tl.float32), HALF)\n"
     said = _refusal(text.replace(LEFT, zeros + LEFT))
     assert "may both write the same elements in one program" in said and "in the @triton.jit helper" in said, said
     # the second half starting inside the first
-    said = _refusal(text.replace(RIGHT, RIGHT.replace("HALF, stride_ym", "HALF - 1, stride_ym")))
+    said = _refusal(text.replace(RIGHT, RIGHT.replace("HALF, M, D", "HALF - 1, M, D")))
     assert "may both write the same elements" in said, said
 
 
@@ -122,11 +123,13 @@ def _halves(path: str) -> float:
     g = torch.Generator().manual_seed(7)
     xs = [torch.randn(M, D, generator=g) for _ in range(world)]
     lo, hi = rows_of(rank, world, M)
-    y = torch.full((hi - lo, D), float("nan"))
+    device = current_world().device
+    y = torch.full((hi - lo, D), float("nan"), device=device)
     for _ in range(2):
-        module.scaled_halves[(M // 4,)](xs[rank], y, M, 0.5, D, D, BLOCK_M=4, BLOCK_D=D)
+        module.scaled_halves[(M // 4,)](xs[rank].to(device), y, M, D, 0.5, D, D, BLOCK_M=4, BLOCK_D=D)
     want = (0.5 * sum(xs))[lo:hi]
-    return float("inf") if y.isnan().any() else (y - want).abs().max().item()
+    got = y.cpu()
+    return float("inf") if got.isnan().any() else (got - want).abs().max().item()
 
 
 @pytest.mark.slow

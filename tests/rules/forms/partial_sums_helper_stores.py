@@ -9,14 +9,14 @@ import tilelink
 
 
 @triton.jit
-def store_columns(y_ptr, rows, first, stride_ym, value, WIDTH: tl.constexpr):
+def store_columns(y_ptr, rows, first, M, D, stride_ym, value, WIDTH: tl.constexpr):
     cols = first + tl.arange(0, WIDTH)
-    tl.store(y_ptr + rows[:, None] * stride_ym + cols[None, :], value)
+    tl.store(y_ptr + rows[:, None] * stride_ym + cols[None, :], value, mask=(rows[:, None] < M) & (cols[None, :] < D))
 
 
 @tilelink.overlap(tilelink.reduce_scatter("y_ptr", size="M"))
 @triton.jit
-def scaled_halves(x_ptr, y_ptr, M, scale, stride_xm, stride_ym, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+def scaled_halves(x_ptr, y_ptr, M, D, scale, stride_xm, stride_ym, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
     # y = scale * x, each half of a row's BLOCK_D columns written by its own helper call
     pid = tl.program_id(0)
     rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -24,5 +24,5 @@ def scaled_halves(x_ptr, y_ptr, M, scale, stride_xm, stride_ym, BLOCK_M: tl.cons
     half = tl.arange(0, HALF)
     left = tl.load(x_ptr + rows[:, None] * stride_xm + half[None, :])
     right = tl.load(x_ptr + rows[:, None] * stride_xm + HALF + half[None, :])
-    store_columns(y_ptr, rows, 0, stride_ym, left * scale, HALF)
-    store_columns(y_ptr, rows, HALF, stride_ym, right * scale, HALF)
+    store_columns(y_ptr, rows, 0, M, D, stride_ym, left * scale, HALF)
+    store_columns(y_ptr, rows, HALF, M, D, stride_ym, right * scale, HALF)

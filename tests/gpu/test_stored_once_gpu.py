@@ -1,0 +1,24 @@
+"""Compiled by Triton and run through NVSHMEM with several ranks sharing the GPU: a reduce-scatter kernel whose two
+`@triton.jit` helper calls store the halves of each tile (every element stored and counted once), and an all-gather
+kernel reading blocks through a tensor descriptor at the target of the loop around its wait (the target carries the
+wait's token)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import tilelink
+from tests.rules import test_descriptor_loop_tokens as loop_tokens
+from tests.rules import test_stored_once as stored_once
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
+                                                  reason="needs an NVIDIA GPU (run tests/gpu/run.sh on the device)")]
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_helper_halves_and_loop_target_blocks_equal_torch_on_the_gpu(world: int) -> None:
+    errors = tilelink.spawn(stored_once._halves, world, str(stored_once.HALVES), backend="nvshmem")
+    assert all(e < 1e-5 for e in errors), errors
+    errors = tilelink.spawn(loop_tokens._sums, world, str(loop_tokens.FORM), backend="nvshmem")
+    assert all(e < 1e-5 for e in errors), errors
