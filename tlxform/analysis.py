@@ -151,6 +151,11 @@ class KernelAnalysis:
     # access). The columns [0, X) must lie in one row (X times the column stride at most the row stride), which the
     # launcher checks: `offs_k[None, :] < D + BLOCK_D - k * BLOCK_D` reads the next row
     row_bounds: tuple[tuple[str, tuple[tuple[bool, tuple[str, ...]], ...], str, Where], ...] = ()
+    # each divisibility fact a `tile=` proof took (`tlxform/tile_rows.py`): (the factors of the dividend, parameters,
+    # the divisor, a parameter or an int literal, the compile-time test under which the load runs, "" when it always
+    # may, the load). Blocks of `BLOCK_N` rows stepping from a chunk's first row stay in the chunk only when
+    # `KV_CHUNK % BLOCK_N == 0`: the launcher checks the fact on each call that takes the test
+    row_multiples: tuple[tuple[tuple[str, ...], str, str, Where], ...] = ()
     # each top-level @triton.jit function of the kernel's file other than the kernel, and each one the file imports by
     # name from a module TileLink finds (`tilelink/helper_sources.py`) -> its source: what a helper the kernel calls
     # computes (the tile-order rotation reads a tile mapping's helper)
@@ -381,6 +386,8 @@ class _Analyzer:
         self.row_signs: list[tuple[str, Where]] = []
         # the column bounds of the pointers advanced in a loop (`KernelAnalysis.row_bounds`)
         self.row_bounds: list[tuple[str, tuple[tuple[bool, tuple[str, ...]], ...], str, Where]] = []
+        # the divisibility facts the `tile=` proofs took, with their loads (`KernelAnalysis.row_multiples`)
+        self.row_multiples: list[tuple[tuple[str, ...], str, Where]] = []
         self.positions = wrapper.resolve(PositionProvider)
         self.params = tuple(p.name.value for p in fn.params.params)
         self.constexpr = tuple(
@@ -2036,8 +2043,9 @@ def _check_tile_agrees(an: _Analyzer, acc: Access, dim: int, pointers: set[str],
         # the rows are not one offsets vector to compare with: bound them, and refuse what may leave the tile
         from tilelink.tile_rows import check_tile_covers
 
-        an.row_signs.extend((name, acc.where) for name in check_tile_covers(an, acc, dim, pointers, override,
-                                                                             size_param))
+        signs, multiples = check_tile_covers(an, acc, dim, pointers, override, size_param)
+        an.row_signs.extend((name, acc.where) for name in signs)
+        an.row_multiples.extend((factors, divisor, acc.where) for factors, divisor in multiples)
         return None
     given = tuple(code(cst.parse_expression(x)) for x in override)
     found = (code(cst.parse_expression(inferred.start)), code(cst.parse_expression(inferred.size)))
@@ -2388,15 +2396,60 @@ def _compile_time(node: cst.BaseExpression, names: set[str]) -> bool:
     return False
 
 
-def _branch_sides(an: _Analyzer) -> dict[Where, tuple[BranchSide, ...]]:
-    """The `if` sides around each statement and in-place update of the kernel (see ``branch_sides``); an `elif`
-    has the `else` side of the `if` before it around it."""
+def _compile_time_names(an: _Analyzer) -> set[str]:
+    """The names Triton knows at compile time: the constexpr parameters, and the locals bound once as
+    ``ACT: tl.constexpr = "relu"`` to a compile-time value."""
     names = set(an.constexpr)
-    for node in m.findall(an.fn.body, m.AnnAssign(target=m.Name())):  # `ACT: tl.constexpr = "relu"`, bound once
+    for node in m.findall(an.fn.body, m.AnnAssign(target=m.Name())):
         name = node.target.value
         if "constexpr" in code(node.annotation.annotation) and node.value is not None and \
                 _compile_time(node.value, names) and len(an.bindings.get(name, ())) == 1:
             names.add(name)
+    return names
+
+
+def _static_test(an: _Analyzer, at: Where) -> str:
+    """The test, in the kernel's parameters, that a launch compiles the statement at ``at``: the tests of the `if`
+    sides around it that are decided at compile time, and-ed (a run-time `if` is compiled either way), with the
+    constexpr locals replaced by their values; "" where no such side is around it."""
+    names = _compile_time_names(an)
+    tests = []
+    for node in m.findall(an.fn.body, m.If()):
+        if not _compile_time(node.test, names):
+            continue
+        if _contains(an, node.body, at):
+            tests.append(f"({code(node.test)})")
+        elif node.orelse is not None and _contains(an, node.orelse, at):
+            tests.append(f"not ({code(node.test)})")
+    if not tests:
+        return ""
+    expr = cst.parse_expression(" and ".join(tests))
+    locals_ = {n: v for n, defs in an.assignments.items() if n in names and n not in an.params and len(defs) == 1
+               for v in (defs[0][1],)}
+    for _ in range(8):  # a local's value may name another local
+        used = names_in(expr) & set(locals_)
+        if not used:
+            break
+        expr = expr.visit(_Substitute({n: locals_[n] for n in used}))
+    return code(expr)
+
+
+class _Substitute(cst.CSTTransformer):
+    """Each name of ``values`` replaced by its value, in parentheses."""
+
+    def __init__(self, values: dict[str, cst.BaseExpression]) -> None:
+        super().__init__()
+        self.values = values
+
+    def leave_Name(self, original: cst.Name, updated: cst.Name) -> cst.BaseExpression:
+        value = self.values.get(updated.value)
+        return updated if value is None else value.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+
+
+def _branch_sides(an: _Analyzer) -> dict[Where, tuple[BranchSide, ...]]:
+    """The `if` sides around each statement and in-place update of the kernel (see ``branch_sides``); an `elif`
+    has the `else` side of the `if` before it around it."""
+    names = _compile_time_names(an)
     sides: dict[Where, tuple[BranchSide, ...]] = {}
     around: list[BranchSide] = []
 
@@ -2539,6 +2592,8 @@ def analyse(module: cst.Module, file: str, kernel: str,
                               update_sites={n: tuple(w) for n, w in update_sites.items()},
                               row_signs=tuple(dict.fromkeys(an.row_signs)), row_steps=tuple(row_steps),
                               row_bounds=tuple(dict.fromkeys(an.row_bounds)),
+                              row_multiples=tuple(dict.fromkeys((factors, divisor, _static_test(an, at), at)
+                                                                for factors, divisor, at in an.row_multiples)),
                               helpers={**imported_helpers(module, file, is_triton_jit), **{
                                   f.name.value: code(f) for f in module.body if isinstance(f, cst.FunctionDef)
                                   and f.name.value != kernel and any(is_triton_jit(d) for d in f.decorators)}},

@@ -68,7 +68,8 @@ def plan_kernel(module: cst.Module, file: str, request: Request) -> RewritePlan:
         row_shifts=tuple((t, terms, at.line) for t, terms, at in an.row_shifts),
         row_signs=tuple(dict.fromkeys((name, at.line) for name, at in an.row_signs)),
         row_steps=tuple(sorted({(t, f, v, at.line) for t, f, v, at in an.row_steps})),
-        row_bounds=tuple(sorted({(t, terms, s, at.line) for t, terms, s, at in an.row_bounds}))))
+        row_bounds=tuple(sorted({(t, terms, s, at.line) for t, terms, s, at in an.row_bounds})),
+        row_multiples=tuple(dict.fromkeys((f, d, test, at.line) for f, d, test, at in an.row_multiples))))
     notes = tuple(ReportEntry(
         an.name, plan.rule, "note", f"the loop at line {at.line} runs without warp specialisation: its partitions "
         "would run different code, while TileLink's waits and notifies synchronise every thread of the program "
@@ -298,7 +299,9 @@ def generate(source: str, file: str, requests: list[Request]) -> GeneratedModule
             row_signs=tuple(dict.fromkeys((name, inlined.user_line(line)) for name, line in launch.row_signs)),
             row_steps=tuple(sorted({(t, f, v, inlined.user_line(line)) for t, f, v, line in launch.row_steps})),
             row_bounds=tuple(sorted({(t, terms, s, inlined.user_line(line))
-                                     for t, terms, s, line in launch.row_bounds}))))
+                                     for t, terms, s, line in launch.row_bounds})),
+            row_multiples=tuple(dict.fromkeys((f, d, test, inlined.user_line(line))
+                                              for f, d, test, line in launch.row_multiples))))
         plans.append(plan)
         rewriter = _Rewriter(req.kernel, plan)
         new_module = MetadataWrapper(inlined.module, unsafe_skip_copy=True).visit(rewriter)

@@ -204,12 +204,12 @@ class OverlappedKernel:
         of its row, ``X`` its mask's bound (``row_bounds``): ``X`` times the column stride's argument must be at most
         a row's elements."""
         plan = self.plan.launch
-        if not (plan.row_scales or plan.row_shifts or plan.row_signs or plan.row_steps or plan.row_bounds) or \
-                launcher.world().world_size == 1:
+        if not (plan.row_scales or plan.row_shifts or plan.row_signs or plan.row_steps or plan.row_bounds
+                or plan.row_multiples) or launcher.world().world_size == 1:
             return
         # a kernel with only sign facts is checked once per form of call: the values of the parameters they name
         key = None
-        if not (plan.row_scales or plan.row_shifts or plan.row_steps or plan.row_bounds) \
+        if not (plan.row_scales or plan.row_shifts or plan.row_steps or plan.row_bounds or plan.row_multiples) \
                 and self._sign_names is not None:
             key = tuple(bound.get(n) for n in self._sign_names)
             if not all(v is None or isinstance(v, (int, float)) for v in key):
@@ -242,6 +242,8 @@ class OverlappedKernel:
                         f"a non-negative {name}, or write the {access} so that no proof needs its sign (the rows it "
                         f"touches, {name} included, named in tile=; its columns started at a non-negative offset; its "
                         f"steps taken forward)")
+            for factors, divisor, test, line in plan.row_multiples:
+                self._check_multiple(factors, divisor, test, line, values, said_config)
             for tensor, factors, line in plan.row_scales:
                 t = bound.get(tensor)
                 if not (hasattr(t, "shape") and hasattr(t, "stride")) or len(t.shape) <= plan.dim:
@@ -393,6 +395,42 @@ class OverlappedKernel:
             f"touches other rows than those its wait or notify covers; launch no more programs than the row holds "
             f"blocks (a grid of batch * heads along the axis the kernel divides by its heads), or pass the strides of "
             f"the row's packed dims")
+
+    def _check_multiple(self, factors: tuple[str, ...], divisor: str, test: str, line: int, values: dict,
+                        said_config: str) -> None:
+        """A divisibility fact of a ``tile=`` proof (``row_multiples``): the product of ``factors`` must be a multiple
+        of ``divisor`` where the call's arguments make the compile-time ``test`` hold (the load is compiled only
+        then). A test the host cannot evaluate is taken as held."""
+        if test:
+            compiled = self._tests.get(test)
+            if compiled is None:
+                compiled = self._tests[test] = compile(test, "<test>", "eval")
+            env = {n: getattr(values[n], "value", values[n]) for n in compiled.co_names if n in values}
+            try:
+                if not eval(compiled, {"__builtins__": {}}, env):  # noqa: S307 - the kernel's own test
+                    return
+            except Exception:  # noqa: BLE001, S110 - not decided here: the fact is checked
+                pass
+        dividend, by = _product(factors, values), _product((divisor,), values)
+        if dividend is None or by is None:
+            return  # a parameter that is not an int at this call: Triton refuses the call itself
+        if by > 0 and dividend % by == 0:
+            return
+        product = " * ".join(factors)
+        under = f" (the load is compiled where `{test}` holds, as it does here)" if test else ""
+        said = _said(factors, values) + (f" = {dividend}" if len(factors) > 1 else "")
+        raise LaunchError(
+            f"{self.name}: the rows the load at {_display_path(self.file)}:{line} reads were proven inside its tile= "
+            f"with {product} a multiple of {divisor}{under}: its loop steps by {divisor} rows from the tile's first "
+            f"row, and its last block ends inside the tile only then; here {said} and {_said((divisor,), values)}"
+            f"{said_config}, so its last block can read rows past the tile, which its wait does not cover; pass "
+            f"arguments that make {product} a multiple of {divisor}" +
+            (f", or ones under which `{test}` does not hold" if test else ""))
+
+    @functools.cached_property
+    def _tests(self) -> dict:
+        """The compile-time tests of the launch plan's ``row_multiples``, compiled once."""
+        return {}
 
     @functools.cached_property
     def _sign_names(self) -> tuple[str, ...] | None:

@@ -100,6 +100,11 @@ class LaunchPlan:
     #: (``KernelAnalysis.row_bounds``): ``X`` times the column stride must be at most the row stride of the buffer the
     #: launcher passes; each call with more than one rank checks it
     row_bounds: tuple[tuple[str, tuple[tuple[bool, tuple[str, ...]], ...], str, int], ...] = ()
+    #: the divisibility facts a ``tile=`` proof took, ``(factors, divisor, test, line of the load)``
+    #: (``KernelAnalysis.row_multiples``): the product of the factors (parameters) must be a multiple of the divisor (a
+    #: parameter or an int literal) on each call with more than one rank whose arguments make the compile-time
+    #: ``test`` hold ("": every call), as ``KV_CHUNK % BLOCK_N == 0`` under ``EVEN_N``
+    row_multiples: tuple[tuple[tuple[str, ...], str, str, int], ...] = ()
 
     def __post_init__(self) -> None:
         if not self.rule or type(self) is LaunchPlan:
@@ -135,6 +140,10 @@ class LaunchPlan:
                 isinstance(t, tuple) and len(t) == 2 and isinstance(t[0], bool) and _factors(t[1]) for t in e[1])
             and _name(e[2]) and _positive(e[3]) for e in self.row_bounds),
             "a tuple of (tensor, ((subtracted, factors), ...), stride parameter, line)")
+        self._check("row_multiples", isinstance(self.row_multiples, tuple) and all(
+            isinstance(e, tuple) and len(e) == 4 and _factors(e[0]) and bool(e[0]) and _factors((e[1],))
+            and isinstance(e[2], str) and _positive(e[3]) for e in self.row_multiples),
+            "a tuple of (factors, divisor, compile-time test, line)")
 
     def _check(self, name: str, ok: bool, wanted: str) -> None:
         if not ok:

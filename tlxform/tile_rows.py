@@ -201,6 +201,9 @@ class _Ranges:
         from tilelink.analysis import _contains
 
         self.bounds: dict[str, tuple[Poly, Poly]] = {}
+        # each loop's step, where it is one positive parameter or int literal: the values its variable takes are
+        # `a + j * step`, which bounds the last of them by more than `b` alone (`_stepped_end`)
+        self.steps: dict[str, Poly] = {}
         for loop in m.findall(an.fn.body, m.For(target=m.Name())):
             it = loop.iter
             if not (isinstance(it, cst.Call) and (m.matches(it.func, m.Name("range")) or m.matches(
@@ -210,9 +213,14 @@ class _Ranges:
             if not args or not _contains(an, loop, at) or len(an.bindings.get(loop.target.value, [])) != 1:
                 continue
             lo, hi = (args[0], args[1]) if len(args) >= 2 else (cst.Integer("0"), args[0])
-            if len(args) >= 3 and not _nonnegative(rows.read(args[2])):
+            step = rows.read(args[2]) if len(args) >= 3 else {(): 1}
+            if not _nonnegative(step):
                 continue  # a loop that counts down starts at its highest value
             self.bounds[loop.target.value] = (rows.read(lo), rows.read(hi))
+            (atoms, factor), = step.items() if len(step) == 1 else ((None, 0),)
+            if atoms == () and factor > 0 or atoms is not None and len(atoms) == 1 and factor == 1 \
+                    and atoms[0] in passed_params(an):
+                self.steps[loop.target.value] = step
 
     def lowest(self, p: Poly) -> Poly:
         """``p`` at the lowest values of its loop variables (those with a positive coefficient, alone in a term)."""
@@ -223,6 +231,106 @@ class _Ranges:
             else:
                 out = _add(out, {k: v})
         return out
+
+
+def passed_params(an: _Analyzer) -> set[str]:
+    """The parameters the launch reads as the kernel uses them: bound nowhere in the kernel, or only cast
+    (``stride_xb = stride_xb.to(tl.int64)``)."""
+    return {p for p in an.params if p not in an.rebound and all(m.matches(v, m.Call(func=m.Attribute(
+        value=m.Name(p), attr=m.Name("to")))) for _, v in an.assignments.get(p, []))}
+
+
+def _minimum_atom(atom: str) -> list[cst.BaseExpression] | None:
+    """The arguments of ``tl.minimum(x, y)`` (or ``min(x, y)``) where ``atom`` is one, else ``None``."""
+    try:
+        node = cst.parse_expression(atom)
+    except cst.ParserSyntaxError:
+        return None
+    if isinstance(node, cst.Call) and len(node.args) == 2 \
+            and all(a.keyword is None and a.star == "" for a in node.args) \
+            and m.matches(node.func, m.Attribute(value=m.Name("tl"), attr=m.Name("minimum")) | m.Name("min")):
+        return [a.value for a in node.args]
+    return None
+
+
+def _at_most(rows: _Rows, small: Poly, large: Poly) -> bool:
+    """``small <= large`` for every non-negative value of the atoms: the difference is non-negative, or is once a
+    minimum it subtracts, ``tl.minimum(x, y)``, is replaced by ``x`` or ``y`` (both at least the minimum), up to two
+    of them (``kv_hi = tl.minimum(kv_lo + KV_CHUNK, kv_end)`` is at most ``kv_lo + KV_CHUNK``)."""
+    todo = [_add(large, small, -1)]
+    for _ in range(3):
+        if any(_nonnegative(d) for d in todo):
+            return True
+        more = []
+        for d in todo:
+            for k, v in d.items():
+                args = _minimum_atom(k[0]) if len(k) == 1 and v < 0 else None
+                for arg in args or ():
+                    more.append(_add({kk: vv for kk, vv in d.items() if kk != k}, {kk: vv * v for kk, vv in
+                                                                                   rows.poly(arg).items()}))
+        todo = more
+    return False
+
+
+def _uppers(rows: _Rows, p: Poly) -> list[Poly]:
+    """``p`` and the values at least as large with a minimum it adds, ``tl.minimum(x, y)``, replaced by ``x`` or
+    ``y`` (two levels)."""
+    out = [p]
+    todo = [p]
+    for _ in range(2):
+        more = []
+        for q in todo:
+            for k, v in q.items():
+                args = _minimum_atom(k[0]) if len(k) == 1 and v > 0 else None
+                for arg in args or ():
+                    more.append(_add({kk: vv for kk, vv in q.items() if kk != k}, {kk: vv * v for kk, vv in
+                                                                                   rows.poly(arg).items()}))
+        out += more
+        todo = more
+    return out
+
+
+def _multiple(an: _Analyzer, d: Poly, step: Poly) -> list[tuple[tuple[str, ...], str]] | None:
+    """The facts that make ``d`` a multiple of ``step`` (a parameter or a positive int literal): for each term that is
+    not one by its form, the product of its parameters must be a multiple of the step, ``(factors, divisor)`` (a sum
+    of multiples is one). ``None`` where a term is not a product of parameters the launch reads as passed: a literal
+    (``KV_CHUNK - 1``), a value the kernel computes."""
+    (atoms, factor), = step.items()
+    divisor = atoms[0] if atoms else str(factor)
+    passed = passed_params(an)
+    facts = []
+    for k, v in d.items():
+        if atoms and atoms[0] in k or not atoms and v % factor == 0:
+            continue
+        if not k or not all(a in passed for a in k):
+            return None
+        facts.append((tuple(sorted(k)), divisor))
+    return facts
+
+
+def _stepped_end(rows: _Rows, ranges: _Ranges, first: Poly, block: Poly, end: Poly,
+                 multiples: list[tuple[tuple[str, ...], str]] | None) -> bool:
+    """Whether rows ``[first, first + block)`` end by ``end`` because ``first`` moves with a loop variable ``v`` of
+    ``range(a, b, step)`` (coefficient 1), ``step`` a parameter or an int literal: ``v = a + j * step < b <= B`` with
+    ``B - a`` a multiple of ``step`` gives ``v <= B - step``, so the rows end by ``first - v + B - step + block``. ``B``
+    is ``b`` or an upper bound of it (``tl.minimum(kv_lo + KV_CHUNK, kv_end)`` is at most ``kv_lo + KV_CHUNK``). The
+    divisibility of ``B - a`` by the step holds by its form or by facts the launch checks, which are added to
+    ``multiples``: ``range(kv_lo, kv_hi, BLOCK_N)`` with ``kv_hi <= kv_lo + KV_CHUNK`` needs ``KV_CHUNK % BLOCK_N ==
+    0``; ``range(kv_lo + 1, ...)`` needs ``(KV_CHUNK - 1) % BLOCK_N == 0``, no fact of parameters, and is refused."""
+    for v, step in ranges.steps.items():
+        if first.get((v,)) != 1 or any(v in k for k in first if k != (v,)):
+            continue
+        a, b = ranges.bounds[v]
+        for upper in _uppers(rows, b):
+            facts = _multiple(rows.an, _add(upper, a, -1), step)
+            if facts is None:
+                continue
+            last = _add(_add({k: c for k, c in first.items() if k != (v,)}, upper), step, -1)
+            if _at_most(rows, _add(last, block), end):
+                if multiples is not None:
+                    multiples.extend(facts)
+                return True
+    return False
 
 
 def _refuse(acc: Access, dim: int, override: tuple[str, str], reads: str, hint: str) -> AnnotationError:
@@ -238,18 +346,23 @@ _POINTER_HINT = ("read the tile's rows only: offsets `start + tl.arange(0, BLOCK
                  "address; or name the rows this load reads in tile=")
 _DESCRIPTOR_HINT = ("make the descriptor for the tile's rows, `tl.make_tensor_descriptor(base + lo * stride, "
                     "shape=[len, ...], strides=[stride, 1], block_shape=[BLOCK, ...])`, and load it at offsets in "
-                    "[0, len); or name the rows this load reads in tile=")
+                    "[0, len); or, for a descriptor over more rows, load it at `start` of a loop `range(lo, hi, "
+                    "BLOCK)` with `hi <= lo + len` (`tl.minimum(lo + len, ...)`) and `len` a multiple of `BLOCK`, "
+                    "which each call checks; or name the rows this load reads in tile=")
 
 
 def check_tile_covers(an: _Analyzer, acc: Access, dim: int, pointers: set[str], override: tuple[str, str],
-                      size_param: str | None) -> tuple[str, ...]:
+                      size_param: str | None) -> tuple[tuple[str, ...], tuple[tuple[tuple[str, ...], str], ...]]:
     """Refuse ``acc`` (a load of a tensor gathered with ``tile=override``) unless its rows provably lie inside the
     tile. See the module's docstring for what is read. Returns the kernel's parameters the proof read, each taken as
     non-negative: the launch refuses a call that passes one of them a negative int (``start = s_lo + SKIP`` with
-    ``SKIP=-1`` reads the row before the tile)."""
+    ``SKIP=-1`` reads the row before the tile); and the divisibility facts it took, ``(factors, divisor)``: the
+    product of the factors must be a multiple of the divisor (a parameter or an int literal), which the launch
+    checks too (``KV_CHUNK % BLOCK_N == 0`` for blocks of ``BLOCK_N`` rows stepping through a chunk)."""
     if acc.kind != "load":
-        return ()
+        return (), ()
     rows = _Rows(an)
+    multiples: list[tuple[tuple[str, ...], str]] = []
     lo = rows.read(cst.parse_expression(override[0]))
     end = _add(lo, rows.read(cst.parse_expression(override[1])))
     ranges = _Ranges(an, rows, acc.where)
@@ -257,12 +370,13 @@ def check_tile_covers(an: _Analyzer, acc: Access, dim: int, pointers: set[str], 
     # vectors written out, for the message
     said = []
     for reader, proof in ((rows, True), (_Rows(an, display=True), False)):
+        facts = multiples if proof else None
         if acc.descriptor:
-            said.append(_descriptor_rows(an, acc, dim, reader, ranges, lo, end, size_param, proof))
+            said.append(_descriptor_rows(an, acc, dim, reader, ranges, lo, end, size_param, proof, facts))
         else:
-            said.append(_pointer_rows(an, acc, pointers, dim, reader, ranges, lo, end, size_param, proof))
+            said.append(_pointer_rows(an, acc, pointers, dim, reader, ranges, lo, end, size_param, proof, facts))
         if said[0] is None:
-            return tuple(sorted(rows.names & set(an.params) - {acc.tensor}))
+            return tuple(sorted(rows.names & set(an.params) - {acc.tensor})), tuple(dict.fromkeys(multiples))
     why, reads = said
     assert why is not None and reads is not None
     raise _refuse(acc, dim, override, f", along dim {dim}, rows {reads}{why}" if why.startswith(",") else
@@ -340,6 +454,10 @@ def descriptor_inner_terms(an: _Analyzer, acc: Access) -> tuple[list[tuple], set
     address = _Rows(an).read(base)
     entries = [_Rows(an).read(e.value) for e in strides.elements]
     axes = [i for i, e in enumerate(entries) if len(e) == 1 and next(iter(e)) and _divide(address, next(iter(e)))[0]]
+    if not axes:
+        # a descriptor over every row (`tl.make_tensor_descriptor(k_base, shape=[N_CTX, D], ...)`): its base holds no
+        # row term, and its rows' axis is the only one of a stride other than 1, as the tile= proof reads it
+        axes = [i for i, e in enumerate(entries) if len(e) == 1 and next(iter(e)) and e != {(): 1}]
     if len(axes) != 1:
         return [], set()  # no single axis whose stride scales the base's rows: the rows' own checks judge it
     axis = axes[0]
@@ -374,10 +492,7 @@ def _outside_terms(an: _Analyzer, acc: Access, rest: Poly) -> tuple[list[tuple],
     """The terms ``rest`` of an address that the rows' stride does not scale, as :func:`inner_terms` returns them."""
     from tilelink.analysis import _computed, _varies, program_value
 
-    # the parameters the launch reads as the kernel uses them: bound nowhere in the kernel, or only cast
-    # (`stride_xb = stride_xb.to(tl.int64)`)
-    params = {p for p in an.params if p not in an.rebound and all(m.matches(v, m.Call(func=m.Attribute(
-        value=m.Name(p), attr=m.Name("to")))) for _, v in an.assignments.get(p, []))}
+    params = passed_params(an)
     shift: list[tuple[bool, tuple[str, ...]]] = []
     steps: set[tuple[tuple[str, ...], str]] = set()
     for k, v in rest.items():
@@ -419,9 +534,10 @@ def _other_slab(term: tuple[str, ...], size_param: str | None, dim: int) -> bool
 
 
 def _pointer_rows(an: _Analyzer, acc: Access, pointers: set[str], dim: int, rows: _Rows, ranges: _Ranges, lo: Poly,
-                  end: Poly, size_param: str | None, proof: bool) -> str | None:
+                  end: Poly, size_param: str | None, proof: bool,
+                  multiples: list[tuple[tuple[str, ...], str]] | None) -> str | None:
     """``None`` when the rows of the pointer load ``acc`` lie in ``[lo, end)``; else which rows it reads and why they
-    may leave the tile."""
+    may leave the tile. The divisibility facts the proof takes are added to ``multiples``."""
     expr = _pointer_expression(an, acc, pointers)
     if expr is None:
         return "that TileLink cannot follow: its pointer is bound more than once"
@@ -461,7 +577,8 @@ def _pointer_rows(an: _Analyzer, acc: Access, pointers: set[str], dim: int, rows
             continue
         bounds.append(_code(conjunct))
         ends.append(_add(bound, _add(shift, {k: v for k, v in masked.items() if block not in k}, -1)))
-    if proof and any(_nonnegative(_add(end, e, -1)) for e in ends):
+    if proof and (any(_at_most(rows, e, end) for e in ends)
+                  or _stepped_end(rows, ranges, shift, height, end, multiples)):
         return None
     if proof:
         return ", which may run past the tile's end (no mask on its rows bounds them by it)" if not bounds else \
@@ -502,9 +619,10 @@ def _row_bound(rows: _Rows, conjunct: cst.BaseExpression) -> tuple[Poly, Poly] |
 
 
 def _descriptor_rows(an: _Analyzer, acc: Access, dim: int, rows: _Rows, ranges: _Ranges, lo: Poly, end: Poly,
-                     size_param: str | None, proof: bool) -> str | None:
+                     size_param: str | None, proof: bool,
+                     multiples: list[tuple[tuple[str, ...], str]] | None) -> str | None:
     """``None`` when the rows of the descriptor load ``acc`` lie in ``[lo, end)``; else which rows it reads and why
-    they may leave the tile."""
+    they may leave the tile. The divisibility facts the proof takes are added to ``multiples``."""
     from tilelink.analysis import _arg
 
     defs = an.assignments.get(acc.pointer, [])
@@ -547,7 +665,8 @@ def _descriptor_rows(an: _Analyzer, acc: Access, dim: int, rows: _Rows, ranges: 
         if not (_nonnegative(_add(shift, lo, -1)) or _nonnegative(_add(first, lo, -1))
                 or _nonnegative(_add(ranges.lowest(first), lo, -1))):
             return ", which may start before the tile"
-        if _nonnegative(_add(end, _add(shift, height), -1)) or _nonnegative(_add(end, _add(first, rows_in_block), -1)):
+        if _at_most(rows, _add(shift, height), end) or _at_most(rows, _add(first, rows_in_block), end) \
+                or _stepped_end(rows, ranges, first, rows_in_block, end, multiples):
             return None
         return ", which may run past the tile's end"
     return reads

@@ -117,6 +117,7 @@ TILELINK_PLAN = {'matmul_kernel': {'atomic_axes': None,
                                 'reduced over ranks: launch the kernel so that it takes another '
                                 'side, or apply the function to the reduced rows']],
                    'row_bounds': [],
+                   'row_multiples': [],
                    'row_scales': [['c_ptr', ['stride_cm'], 51]],
                    'row_shifts': [],
                    'row_signs': [],
