@@ -6,7 +6,8 @@ query head ``h`` reads kv head ``h // (heads // kv_heads)``, as SDPA's ``enable_
 must be contiguous; every other stride is a parameter.
 
 K and V are read through tensor descriptors the kernel makes (``tl.make_tensor_descriptor``: TMA
-loads on Hopper), one pair per chunk of keys: so K and V need a 16-byte aligned base and strides other
+loads on Hopper): one pair over every key, made once, where ``EVEN_N`` (the chunks are whole numbers of
+blocks), else one pair per chunk of keys. So K and V need a 16-byte aligned base and strides other
 than the last that are multiples of 16 bytes (the host wrappers copy inputs that are not), and a
 launch on a GPU needs ``triton.set_allocator`` for the descriptors' scratch memory (the wrappers in
 :mod:`tilelink.ops.attention` install it).
@@ -16,9 +17,11 @@ each rank passes its (B, Hkv, S_r, D) shards of K and V, every other argument is
 (``N_CTX`` is the full sequence length, the K/V strides those of the full contiguous (B, Hkv, S, D)
 tensor). The KV loop visits the keys one rank's shard (``KV_CHUNK`` rows) at a time, starting with the
 chunk at ``KV_FIRST`` (this rank's own), so the keys that need no communication are computed first;
-the rewriter waits once per chunk, only for the rank that holds it, before the chunk's inner loop, which
-stays free of waits and is software-pipelined (``tlxform show ops/attention_kernels.py::
-sp_attention_fwd_kernel``).
+the rewriter waits once per chunk (``tile=("kv_lo", "KV_CHUNK")``), only for the rank that holds it, before
+the chunk's inner loop, which stays free of waits and is software-pipelined (``tlxform show
+ops/attention_kernels.py::sp_attention_fwd_kernel``). Under ``EVEN_N`` a block of the loop starts a whole
+number of blocks past its chunk's first row, so it ends inside the chunk: the rewriter proves it with
+``KV_CHUNK % BLOCK_N == 0``, which each call that passes ``EVEN_N`` is checked for.
 
 Query rows are this rank's: ``Q_OFFSET`` is the global position of the first one, so that causal
 masking compares global positions (query at position p sees keys 0..p).
@@ -35,7 +38,7 @@ import tilelink
 LOG2E = 1.4426950408889634
 
 
-@tilelink.overlap(tilelink.all_gather(("k_ptr", "v_ptr"), dim=2, tile=("kv_lo", "kv_hi - kv_lo"), size="N_CTX"),
+@tilelink.overlap(tilelink.all_gather(("k_ptr", "v_ptr"), dim=2, tile=("kv_lo", "KV_CHUNK"), size="N_CTX"),
                   via="copy_engine")
 @triton.jit
 def sp_attention_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, sm_scale, Q_CTX, N_CTX, Q_OFFSET, KV_FIRST, KV_CHUNK, HEADS,
@@ -46,9 +49,9 @@ def sp_attention_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, sm_scale, Q_CTX, N_CTX, 
     """O = softmax(Q K^T * sm_scale) V for BLOCK_M query rows of one (batch, head); grid
     (cdiv(Q_CTX, BLOCK_M), batch * HEADS). The keys are visited in chunks of ``KV_CHUNK`` rows (a
     rank's shard), starting with the chunk holding ``KV_FIRST``; ``EVEN_N``: ``N_CTX`` and ``KV_CHUNK``
-    are multiples of ``BLOCK_N`` (no block runs past the end of its chunk: no key mask; a chunk's
-    descriptors read the rows past its end as zeros, which the mask must still drop, since a zero key
-    scores 0, not -inf)."""
+    are multiples of ``BLOCK_N`` (no block runs past the end of its chunk: no key mask, and one pair of
+    descriptors over every key). Otherwise a chunk's own descriptors read the rows past its end as zeros,
+    which the mask must still drop, since a zero key scores 0, not -inf."""
     pid_m = tl.program_id(0)
     off_hz = tl.program_id(1)
     off_z = (off_hz // HEADS).to(tl.int64)
@@ -69,6 +72,14 @@ def sp_attention_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, sm_scale, Q_CTX, N_CTX, 
     kv_end = N_CTX
     if CAUSAL:  # keys after the block's last query row are masked for every row: skip them
         kv_end = tl.minimum(N_CTX, Q_OFFSET + (pid_m + 1) * BLOCK_M)
+    if EVEN_N:
+        # every chunk is a whole number of blocks: one pair of descriptors over all of K and V, made once. A block
+        # starts a whole number of blocks past its chunk's first row, so it ends inside the chunk, whose rows its wait
+        # covers (past kv_hi too); past N_CTX it reads zeros
+        desc_k = tl.make_tensor_descriptor(k_base, shape=[N_CTX, HEAD_DIM], strides=[stride_kn, 1],
+                                           block_shape=[BLOCK_N, HEAD_DIM])
+        desc_v = tl.make_tensor_descriptor(v_base, shape=[N_CTX, HEAD_DIM], strides=[stride_vn, 1],
+                                           block_shape=[BLOCK_N, HEAD_DIM])
     num_chunks = tl.cdiv(kv_end, KV_CHUNK)
     first_chunk = (KV_FIRST // KV_CHUNK) % num_chunks
     for c in range(0, num_chunks):
@@ -76,17 +87,22 @@ def sp_attention_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, sm_scale, Q_CTX, N_CTX, 
         # loop over its blocks stays free of waits, so the compiler can pipeline it.
         kv_lo = ((c + first_chunk) % num_chunks) * KV_CHUNK
         kv_hi = tl.minimum(kv_lo + KV_CHUNK, kv_end)
-        # the chunk's keys and values through tensor descriptors (TMA on Hopper) that end at kv_hi: the rows
-        # of a block past it read as zeros, never the next chunk's rows, which may not have arrived yet (a
-        # NaN there times a zero weight would still be NaN)
-        desc_k = tl.make_tensor_descriptor(k_base + kv_lo * stride_kn, shape=[kv_hi - kv_lo, HEAD_DIM],
-                                           strides=[stride_kn, 1], block_shape=[BLOCK_N, HEAD_DIM])
-        desc_v = tl.make_tensor_descriptor(v_base + kv_lo * stride_vn, shape=[kv_hi - kv_lo, HEAD_DIM],
-                                           strides=[stride_vn, 1], block_shape=[BLOCK_N, HEAD_DIM])
+        if not EVEN_N:
+            # the chunk's keys and values through tensor descriptors (TMA on Hopper) that end at kv_hi: the rows
+            # of a block past it read as zeros, never the next chunk's rows, which may not have arrived yet (a
+            # NaN there times a zero weight would still be NaN)
+            chunk_k = tl.make_tensor_descriptor(k_base + kv_lo * stride_kn, shape=[kv_hi - kv_lo, HEAD_DIM],
+                                                strides=[stride_kn, 1], block_shape=[BLOCK_N, HEAD_DIM])
+            chunk_v = tl.make_tensor_descriptor(v_base + kv_lo * stride_vn, shape=[kv_hi - kv_lo, HEAD_DIM],
+                                                strides=[stride_vn, 1], block_shape=[BLOCK_N, HEAD_DIM])
         for start_n in range(kv_lo, kv_hi, BLOCK_N):
             offs_n = start_n + tl.arange(0, BLOCK_N)
-            k = desc_k.load([start_n - kv_lo, 0])
-            v = desc_v.load([start_n - kv_lo, 0])
+            if EVEN_N:
+                k = desc_k.load([start_n, 0])
+                v = desc_v.load([start_n, 0])
+            else:
+                k = chunk_k.load([start_n - kv_lo, 0])
+                v = chunk_v.load([start_n - kv_lo, 0])
             qk = tl.dot(q, tl.trans(k))
             if CAUSAL:
                 qk = tl.where((q_pos[:, None] >= offs_n[None, :]) & (offs_n[None, :] < kv_hi), qk, float("-inf"))

@@ -56,6 +56,10 @@ def test_flash_attention_views(dtype: torch.dtype, D: int) -> None:
 @pytest.mark.parametrize(("world", "B", "H", "Hkv", "S", "D", "causal"), [
     (2, 1, 4, 2, 1001, 128, True),  # GQA 2:1, odd S, two calls on one context
     (4, 2, 4, 4, 777, 64, False),  # batch 2, ranks of 195, 195, 195, 192 rows
+    # whole numbers of key blocks (EVEN_N): K and V through one pair of descriptors over every key
+    (2, 1, 4, 2, 2048, 128, True),  # ranks of 1024 rows, 128-key blocks
+    (3, 1, 8, 2, 768, 128, True),
+    (4, 2, 4, 4, 1024, 64, False),  # ranks of 256 rows, 64-key blocks
 ])
 def test_sp_attention_bf16(world: int, B: int, H: int, Hkv: int, S: int, D: int, causal: bool) -> None:
     for err in tilelink.spawn(sp_attention_matches_sdpa, world, B, H, Hkv, S, D, "bfloat16", causal, 2,

@@ -50,6 +50,15 @@ def sp_attention_matches_sdpa(B: int, H: int, Hkv: int, S: int, D: int, dtype_na
     return worst
 
 
+def sp_attention_in_blocks(block_m: int, block_n: int, *args) -> float:
+    """:func:`sp_attention_matches_sdpa` with the kernel's tiles ``block_m`` x ``block_n`` (the interpreter's are
+    16 x 16): query tiles shorter than a key block make a causal chunk end inside a block."""
+    from tilelink.ops import attention
+
+    attention.attention_config = lambda *_, **__: dict(BLOCK_M=block_m, BLOCK_N=block_n)
+    return sp_attention_matches_sdpa(*args)
+
+
 def sp_attention_views(S: int, causal: bool, D: int = 16, dtype_name: str = "float32") -> float:
     """Relative error of this rank's rows of ``sp_attention`` called with a q shard that is a view (of a (batch,
     rows, heads, D) tensor) and k and v shards that are contiguous at a base 4 bytes past a 16-byte boundary, one

@@ -8,7 +8,14 @@ import pytest
 import torch
 
 import tilelink
-from tests.ops.attention_worlds import bad_inputs, inputs, reference, sp_attention_matches_sdpa, sp_attention_views
+from tests.ops.attention_worlds import (
+    bad_inputs,
+    inputs,
+    reference,
+    sp_attention_in_blocks,
+    sp_attention_matches_sdpa,
+    sp_attention_views,
+)
 
 
 @pytest.mark.parametrize(("world", "B", "H", "Hkv", "S", "causal"), [
@@ -19,6 +26,22 @@ from tests.ops.attention_worlds import bad_inputs, inputs, reference, sp_attenti
 ])
 def test_sp_attention_matches_sdpa(world: int, B: int, H: int, Hkv: int, S: int, causal: bool) -> None:
     for err in tilelink.spawn(sp_attention_matches_sdpa, world, B, H, Hkv, S, 16, "float32", causal):
+        assert err < 1e-5, err
+
+
+@pytest.mark.parametrize(("world", "B", "H", "Hkv", "S", "causal", "block_m"), [
+    pytest.param(1, 1, 2, 2, 48, True, 16, marks=pytest.mark.slow),
+    (2, 1, 4, 2, 64, True, 8),  # GQA 2:1; a causal chunk ends mid-block: its rows past it are the chunk's, masked
+    pytest.param(2, 1, 2, 2, 64, False, 16, marks=pytest.mark.slow),
+    pytest.param(3, 2, 3, 1, 96, False, 16, marks=pytest.mark.slow),  # multi-query, batch 2, ranks of 32
+    pytest.param(4, 1, 2, 2, 64, True, 8, marks=pytest.mark.slow),  # ranks of 16 rows: one block each
+])
+def test_whole_blocks_chunks_read_through_one_descriptor_match_sdpa(world: int, B: int, H: int, Hkv: int, S: int,
+                                                                    causal: bool, block_m: int) -> None:
+    """S and a rank's rows whole numbers of 16-key blocks (EVEN_N): the kernel reads K and V through one pair of
+    descriptors over every key, each block within the chunk its wait covers."""
+    assert S % 16 == 0 and -(-S // world) % 16 == 0
+    for err in tilelink.spawn(sp_attention_in_blocks, world, block_m, 16, B, H, Hkv, S, 16, "float32", causal):
         assert err < 1e-5, err
 
 

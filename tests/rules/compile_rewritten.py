@@ -145,17 +145,19 @@ def main() -> int:
         rewritten = load_widths(getattr(okernel.module, okernel.name), types, meta)
         print(f"{name} plain {plain}")
         print(f"{name} rewritten {rewritten}")
-    # flash attention reads K and V by descriptors the kernel makes per chunk (bulk-tensor loads) and Q by 16-byte
-    # vector loads; the operator's bf16 D=128 configuration
+    # flash attention reads K and V by descriptors the kernel makes (bulk-tensor loads: once over every key where the
+    # chunks are whole numbers of blocks, EVEN_N, else per chunk) and Q by 16-byte vector loads; the operator's bf16
+    # D=128 configuration
     attn = attention_kernels.sp_attention_fwd_kernel
     attn_types = {"q_ptr": ptr, "k_ptr": ptr, "v_ptr": ptr, "o_ptr": ptr, "sm_scale": "fp32", "tlk_barriers": "*i64",
                   "tlk_diag": "*i64", "tlk_budget": i64}
-    attn_meta = {"HEAD_DIM": 128, "BLOCK_M": 128, "BLOCK_N": 128, "CAUSAL": False, "EVEN_N": True}
-    for variant, fn in (("plain", attn.kernel), ("rewritten", getattr(attn.module, attn.name))):
-        ptx = compile_asm(fn, attn_types, attn_meta, num_warps=8, num_stages=3)["ptx"]
-        print("attention", variant, {"tma 2d": len(re.findall(r"cp\.async\.bulk\.tensor\.2d\.shared", ptx)),
-                                     "ld.global.v4": ptx.count("ld.global.v4"),
-                                     "ld.global scalar": len(re.findall(r"ld\.global\.b16", ptx))})
+    for name, even in (("attention", True), ("attention_chunks", False)):
+        attn_meta = {"HEAD_DIM": 128, "BLOCK_M": 128, "BLOCK_N": 128, "CAUSAL": False, "EVEN_N": even}
+        for variant, fn in (("plain", attn.kernel), ("rewritten", getattr(attn.module, attn.name))):
+            ptx = compile_asm(fn, attn_types, attn_meta, num_warps=8, num_stages=3)["ptx"]
+            print(name, variant, {"tma 2d": len(re.findall(r"cp\.async\.bulk\.tensor\.2d\.shared", ptx)),
+                                  "ld.global.v4": ptx.count("ld.global.v4"),
+                                  "ld.global scalar": len(re.findall(r"ld\.global\.b16", ptx))})
     # the persistent tensor-descriptor kernels the operators take on a GPU: their bulk-tensor loads
     persistent = {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8, "NUM_SMS": 132}
     for name, okernel, types, meta in (

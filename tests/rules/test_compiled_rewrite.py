@@ -30,11 +30,13 @@ def test_rewritten_kernels_keep_wide_loads() -> None:
         plain, rewritten = profiles[(kernel, "plain")], profiles[(kernel, "rewritten")]
         assert plain["cp.async 16B"] > 0, plain
         assert rewritten == plain, (kernel, plain, rewritten)
-    # flash attention: K and V by bulk-tensor (TMA) loads through the descriptors made per chunk, Q by 16-byte
-    # vectors, alike once rewritten (the wait's token goes into the chunk's start, not into an address)
-    plain, rewritten = profiles[("attention", "plain")], profiles[("attention", "rewritten")]
-    assert plain["tma 2d"] > 0 and plain["ld.global.v4"] > 0 and plain["ld.global scalar"] == 0, plain
-    assert rewritten == plain, (plain, rewritten)
+    # flash attention: K and V by bulk-tensor (TMA) loads through the descriptors made once over every key (EVEN_N) or
+    # per chunk, Q by 16-byte vectors, alike once rewritten (the wait's token goes into the chunk's start, not into an
+    # address)
+    for kernel in ("attention", "attention_chunks"):
+        plain, rewritten = profiles[(kernel, "plain")], profiles[(kernel, "rewritten")]
+        assert plain["tma 2d"] > 0 and plain["ld.global.v4"] > 0 and plain["ld.global scalar"] == 0, (kernel, plain)
+        assert rewritten == plain, (kernel, plain, rewritten)
     # the partners move rows as 16-byte vectors, a peer's too (2-byte loads made a pull a load per element):
     # the pull consumer four sources at a time (and each top-k slot)
     for key, vectors in ((("rs_pull_consumer", "TOPK=1"), 4), (("rs_pull_consumer", "TOPK=2"), 8),

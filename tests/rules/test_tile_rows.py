@@ -26,10 +26,11 @@ DESCRIPTOR = FORMS / "chunked_rows_descriptor.py"
 ATTENTION = ROOT / "ops" / "attention_kernels.py"
 
 
-def _refused(path: Path, old: str, new: str) -> AnnotationError:
+def _refused(path: Path, old: str, new: str, *more: tuple[str, str]) -> AnnotationError:
     text = path.read_text()
-    assert old in text, old
-    text = text.replace(old, new)
+    for was, now in ((old, new), *more):
+        assert was in text, was
+        text = text.replace(was, now)
     with pytest.raises(AnnotationError) as info:
         generate(text, str(path), requests_in(text, str(path)))
     return info.value
@@ -108,15 +109,30 @@ def test_a_descriptor_loaded_before_its_first_row_is_refused() -> None:
 
 def test_the_attention_kernel_with_its_descriptors_a_chunk_late_is_refused() -> None:
     err = _refused(ATTENTION, "k_base + kv_lo * stride_kn", "k_base + (kv_lo + KV_CHUNK) * stride_kn")
-    assert (err.line, err.column) == (_line_of(ATTENTION, "k = desc_k.load("), 17), err
+    assert (err.line, err.column) == (_line_of(ATTENTION, "k = chunk_k.load("), 21), err
     assert ("this load of 'k_ptr' reads, along dim 2, rows [KV_CHUNK + start_n, KV_CHUNK + start_n + BLOCK_N) of "
             "the descriptor's rows [KV_CHUNK + kv_lo, KV_CHUNK + kv_hi), which may run past the tile's end; "
-            "tile=('kv_lo', 'kv_hi - kv_lo') states rows [kv_lo, kv_lo + kv_hi - kv_lo)") in str(err), err
-    err = _refused(ATTENTION, "shape=[kv_hi - kv_lo, HEAD_DIM],\n                                           "
-                   "strides=[stride_vn, 1]", "shape=[N_CTX - kv_lo, HEAD_DIM],\n                                      "
-                   "     strides=[stride_vn, 1]")
-    assert err.line == _line_of(ATTENTION, "v = desc_v.load("), err
-    assert "of the descriptor's rows [kv_lo, N_CTX), which may run past the tile's end" in str(err), err
+            "tile=('kv_lo', 'KV_CHUNK') states rows [kv_lo, kv_lo + KV_CHUNK)") in str(err), err
+    # a descriptor to the end of K/V read a block past the chunk's own blocks (one that ends at the chunk reads zeros
+    # there, and one read at the chunk's own blocks stays in it)
+    err = _refused(ATTENTION, "v_base + kv_lo * stride_vn, shape=[kv_hi - kv_lo, ", "v_base + kv_lo * stride_vn, "
+                   "shape=[N_CTX - kv_lo, ", ("chunk_v.load([start_n - kv_lo, 0])",
+                                              "chunk_v.load([start_n - kv_lo + BLOCK_N, 0])"))
+    assert err.line == _line_of(ATTENTION, "v = chunk_v.load("), err
+    assert ("reads, along dim 2, rows [BLOCK_N + start_n, BLOCK_N + start_n + BLOCK_N) of the descriptor's rows "
+            "[kv_lo, N_CTX), which may run past the tile's end") in str(err), err
+
+
+def test_the_attention_kernel_reads_its_whole_descriptors_a_block_at_a_time_from_the_chunk() -> None:
+    # the descriptors over all of K/V (EVEN_N) stay in the chunk only read at the loop's blocks, stepping from its
+    # first row: a row later, or a loop from the chunk's second row, runs a row into the next chunk
+    for old, new in (("desc_k.load([start_n, 0])", "desc_k.load([start_n + 1, 0])"),
+                     ("range(kv_lo, kv_hi, BLOCK_N)", "range(kv_lo + 1, kv_hi, BLOCK_N)"),
+                     ("range(kv_lo, kv_hi, BLOCK_N)", "range(kv_lo, kv_end, BLOCK_N)")):
+        err = _refused(ATTENTION, old, new)
+        assert (err.line, err.column) == (_line_of(ATTENTION, "k = desc_k.load("), 21), (new, err)
+        assert "of the descriptor's rows [0, N_CTX), which may run past the tile's end" in str(err), (new, err)
+        assert "`len` a multiple of `BLOCK`, which each call checks" in err.hint, err.hint
 
 
 # -- slow: the forms whose rows stay in the tile equal torch on the race-exposing schedule
