@@ -1133,8 +1133,9 @@ def _loop_term(an: _Analyzer, acc: Access, term: cst.BaseExpression, negative: b
 def _nonnegative_value(an: _Analyzer, node: cst.BaseExpression, depth: int = 0) -> set[str] | None:
     """The parameters whose signs make ``node`` non-negative: it is built from ``tl.arange(0, B)``, int literals of
     at least 0, program ids and parameters the kernel leaves as passed, by ``+``, ``*``, ``//`` and ``%`` (whose
-    operands are then non-negative too) and casts, through locals bound once. ``None`` when it is anything else
-    (``tl.arange(0, B) - 2``, a loaded value, a local bound more than once), whose sign TileLink cannot tell."""
+    operands are then non-negative too) and casts, through locals each of whose assigned values is such. ``None``
+    when it is anything else (``tl.arange(0, B) - 2``, a loaded value, a loop's target, a local advanced with ``+=``),
+    whose sign TileLink cannot tell."""
     node = _bare(node)
     if depth > 8:
         return None
@@ -1144,9 +1145,18 @@ def _nonnegative_value(an: _Analyzer, node: cst.BaseExpression, depth: int = 0) 
         defs = an.assignments.get(node.value, [])
         if node.value in an.params:
             return {node.value} if not defs and node.value not in an.rebound else None
-        if len(defs) != 1 or node.value in an.rebound:
+        # a local bound more than once (`offs_k = tl.arange(0, BLOCK_K)` in a persistent kernel's body loop and
+        # again in its tail) holds one of its values wherever it is read: non-negative when each of them is, every
+        # binding an assignment of a value (not a loop's target, an unpacking or an augmented assignment)
+        if not defs or len(defs) != len(an.bindings.get(node.value, ())) or node.value in an.rebound:
             return None
-        return _nonnegative_value(an, defs[0][1], depth + 1)
+        signs: set[str] = set()
+        for _, value in defs:
+            sign = _nonnegative_value(an, value, depth + 1)
+            if sign is None:
+                return None
+            signs |= sign
+        return signs
     if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, (cst.Add, cst.Multiply, cst.FloorDivide,
                                                                             cst.Modulo)):
         left, right = _nonnegative_value(an, node.left, depth + 1), _nonnegative_value(an, node.right, depth + 1)

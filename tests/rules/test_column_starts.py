@@ -115,3 +115,20 @@ def test_the_start_is_checked_at_two_ranks_on_the_race_exposing_schedule(tmp_pat
     # two columns before the row: a rank's first row, in a tile of its own rows, reads its peer's last row
     with pytest.raises(LaunchError, match="argument 'OFF' is -2"):
         tilelink.spawn(_windows, 2, str(path), -2, 3)
+
+
+@pytest.mark.parametrize("again, builds", [("tl.arange(0, BLOCK_D)", True), ("tl.arange(0, BLOCK_D) - 2", False)],
+                         ids=["both_non_negative", "one_negative"])
+def test_columns_bound_twice_are_as_signed_as_their_values(again: str, builds: bool) -> None:
+    # a persistent kernel binds its column vector in its body loop and again in its tail: the name holds one of its
+    # values wherever it is read, so it is non-negative when every value is
+    source = SOURCE.replace("    cols = tl.arange(0, BLOCK_D)\n", f"    cols = tl.arange(0, BLOCK_D)\n    offs_d = {again}\n")
+    assert source != SOURCE
+    if builds:
+        gen = _generated(source)
+        (entry, *_) = [str(e) for e in gen.report.entries if e.message.startswith("consumer_tile_wait")]
+        assert entry.startswith("[applied]"), entry
+        return
+    with pytest.raises(AnnotationError) as info:
+        _generated(source)
+    assert "its columns `offs_d` may start before the row's first column" in str(info.value), str(info.value)
