@@ -256,6 +256,33 @@ class Bound:
         """The call's arguments with the tensors ``names`` given ``tensors``."""
         return {**self.call, **dict(zip(self.names, tensors, strict=True))}
 
+    def find(self, *tensors) -> tuple | None:
+        """The compiled kernel a call with ``tensors`` would launch and its arguments, found without launching
+        anything: a variant this launch launched, or one the kernel launched for a call of every argument of the
+        same form (a launcher's first calls); ``None`` where the call would take Triton's launch path (a variant
+        not compiled yet, a capture, pre-run hooks, a changed global), so that a caller with kernels in flight
+        that may spin for a peer can take its own way first (loading a module waits for the running kernels)."""
+        direct = self.direct
+        if _capturing() or direct.kernel.pre_run_hooks:
+            return None
+        variant, arguments = self.read(*tensors)
+        if arguments is None:
+            return None
+        key = (_current_device(), _settings(), variant)
+        compiled = self.compiled.get(key)
+        if compiled is None:
+            compiled = direct.compiled.get(direct.read(self.whole(tensors))[0])
+            if compiled is None:
+                return None
+            self.compiled[key] = compiled
+        if direct.globals_changed():
+            return None
+        return compiled, arguments
+
+    def launch(self, found: tuple) -> None:
+        """Launch what :meth:`find` found, on the current stream."""
+        launch(found[0], self.grid, found[1], self.direct.names)
+
 
 def _bound_reader(kernel, call: dict, names: tuple[str, ...]):
     """A function of the values of ``names`` (in this order) that returns their terms of the variant and the

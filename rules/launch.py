@@ -645,17 +645,48 @@ class Launcher:
             entry = self.alone_args[id(ctx)] = (ctx, self.channel_args(ctx.satisfied, 1, world, ctx.sharding, ctx.diag))
         return entry[1]
 
-    def prepared(self, grid, bound: dict, names: tuple[str, ...]) -> AloneLaunch | None:
+    def prepared(self, grid, bound: dict, names: tuple[str, ...]):
         """A call of ``bound`` made ready to launch again with other values of its tensors ``names``
         (:class:`AloneLaunch`), where it runs alone (:meth:`alone`: a world of one, no top-k) and writes over its
-        output (no split-K write-back, which zeroes it first); ``None`` otherwise (every call takes :meth:`launch`).
-        Made after a call of ``bound``'s form has run: its context exists, and the checks of the arguments it fixes
-        passed."""
+        output (no split-K write-back, which zeroes it first); with peers, what the rule makes
+        (:meth:`prepared_with_peers`); ``None`` otherwise (every call takes :meth:`launch`). Made after a call of
+        ``bound``'s form has run: its context exists, and the checks of the arguments it fixes passed."""
         world = self.world()
-        if self.timed_out is not None or world.world_size != 1 or self.topk_param() or \
-                getattr(self.plan, "atomic_axes", None) is not None:
+        if self.timed_out is not None or self.topk_param() or getattr(self.plan, "atomic_axes", None) is not None:
             return None
+        if world.world_size != 1:
+            return self.prepared_with_peers(world, grid, bound, names)
         return AloneLaunch(self, world, self.context(bound), grid, bound, names)
+
+    def prepared_with_peers(self, world, grid, bound: dict, names: tuple[str, ...]):
+        """:meth:`prepared` in a world of several ranks: ``None`` (every call takes :meth:`launch`) unless the rule
+        makes one."""
+        return None
+
+
+def bound_launch(kernel, grid, call: dict, names: tuple[str, ...]):
+    """``kernel[grid](**call)`` made ready to run again with other values of ``names``, as ``find(*values)`` then
+    ``launch(found)``: a :class:`tilelink.rules.direct.Bound` for a kernel launched directly, else a
+    :class:`TritonLaunch` (the interpreter's kernels, which have nothing to compile or load)."""
+    if type(kernel) is DirectKernel:
+        return kernel.bound(grid, call, names)
+    return TritonLaunch(kernel, grid, call, names)
+
+
+class TritonLaunch:
+    """The interface of :meth:`tilelink.rules.direct.Bound`'s ``find`` and ``launch`` over Triton's own launch, for
+    the emulated world's kernels (the interpreter compiles and loads nothing: a call is always found)."""
+
+    __slots__ = ("call", "grid", "kernel", "names")
+
+    def __init__(self, kernel, grid, call: dict, names: tuple[str, ...]) -> None:
+        self.kernel, self.grid, self.call, self.names = kernel, grid, dict(call), tuple(names)
+
+    def find(self, *values) -> dict:
+        return dict(zip(self.names, values, strict=True))
+
+    def launch(self, found: dict) -> None:
+        self.kernel[self.grid](**{**self.call, **found})
 
 
 class AloneLaunch:

@@ -7,10 +7,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from tilelink.errors import LaunchError
+from tilelink.errors import LaunchError, WaitTimeout
 from tilelink.mapping import RowSharding
 from tilelink.plan import AllGatherLaunch
-from tilelink.rules.launch import Launcher, Streams, described, rebuilt, vector_peer_table
+from tilelink.rules.direct import DirectKernel
+from tilelink.rules.launch import Launcher, Streams, bound_launch, described, rebuilt, vector_peer_table
 from tilelink.runtime import (
     Channel,
     Diagnostics,
@@ -20,6 +21,7 @@ from tilelink.runtime import (
     rank_notify,
     symmetric_empty,
 )
+from tilelink.runtime.world import current_world
 
 
 @dataclass
@@ -100,12 +102,13 @@ class AllGatherLauncher(Launcher):
                 self.make_twin(ctx, world, channel=Channel(sharding.num_channels), ready=Channel(world.world_size))
         return ctx
 
-    def _producer(self, ctx: AllGatherContext, world, epoch: int, barriers, barrier_table) -> None:
+    def _producer(self, ctx: AllGatherContext, world, epoch: int, barriers, barrier_table, own: bool = True) -> None:
         """Issue the communication of every gathered tensor of call ``epoch`` (SM kernel or copy engine) into
         the set of its parity; ``barrier_table`` is the peer table of ``barriers`` (push mode notifies the
-        peers' copies). Epoch 0 is the dry run of ``warm_up``."""
+        peers' copies). Epoch 0 is the dry run of ``warm_up``. ``own``: as :meth:`_copy_engine`'s (the copy
+        engine names its stream to each copy and flag: no stream context is needed around it)."""
         if self.plan.via == "copy_engine":
-            self._copy_engine(ctx, world, epoch)
+            self._copy_engine(ctx, world, epoch, own)
             return
         dim = self.plan.dim
         sh = ctx.sharding
@@ -278,6 +281,18 @@ class AllGatherLauncher(Launcher):
             self.finish_captured(twin)
         self.device_barrier(twin, world, main, last=True)
 
+    def prepared_with_peers(self, world, grid, bound: dict, names: tuple[str, ...]) -> GatherLaunch | None:
+        """A call with peers made ready to launch again (:class:`GatherLaunch`), where each gathered tensor is a plain
+        tensor among ``names`` and, on a GPU, the rewritten kernel is launched directly; not for a gather by index
+        (MoE: its copies go first, and its calls' shapes follow the routing)."""
+        if self.plan.index or (type(self.kernel) is not DirectKernel and world.backend != "emulated") or any(
+                name not in names or type(bound.get(name)) is not torch.Tensor for name in self.plan.tensors):
+            return None
+        ctx = self.context(bound)
+        if not ctx.variants and world.backend != "emulated":  # no call of these shapes has run: its first call
+            return None  # warms every kernel up (the interpreter has nothing to load)
+        return GatherLaunch(self, world, ctx, grid, bound, names)
+
     def launch(self, grid, bound: dict) -> None:
         world = self.world()
         ctx = self.context(bound)
@@ -330,15 +345,94 @@ class AllGatherLauncher(Launcher):
             # the copies need no SM: the consumer is launched first (its first tiles are this rank's own
             # rows), so that the host's enqueueing of the copies overlaps with the consumer's work
             self.kernel[grid](**call, **consumer_args)
-            self._copy_engine(ctx, world, epoch, own=False)  # on the side stream, named to each copy and flag
+            self._producer(ctx, world, epoch, ctx.channel.barriers, ctx.channel.peer_table, False)
         elif copy_engine:
             # a gather by index (MoE: a tile's tokens come from every rank, so the consumer's first tiles wait for
             # the copies anyway; launched second, the copies start up to 0.2 ms after the GEMM on two H200s when the
             # host is behind the GPU): the copies go first
-            self._copy_engine(ctx, world, epoch, own=False)
+            self._producer(ctx, world, epoch, ctx.channel.barriers, ctx.channel.peer_table, False)
             self.kernel[grid](**call, **consumer_args)
         else:  # SM producers go first too
             with torch.cuda.stream(side):
                 self._producer(ctx, world, epoch, ctx.channel.barriers, ctx.channel.peer_table)
             self.kernel[grid](**call, **consumer_args)
         self.finish(ctx)
+
+
+class GatherLaunch:
+    """One form of an all-gather call with peers, ready to launch (``AllGatherLauncher.prepared_with_peers``):
+    ``launch(*tensors)`` is ``launcher.launch(grid, bound)`` with the tensors ``names`` given ``tensors``, every other
+    argument ``bound``'s, in the steps of an uncaptured call (the shard into the set of the call's parity, the
+    handshake, the side stream's fork, the consumer and the producer in the launch path's order, ``finish``) without
+    what the caller's key and the ints already fixed: the binding and the row-fact checks, the context's key, the
+    rebuilt arguments, the channel arguments but the count, the variant's terms of the ints and constexprs. The
+    consumer is a bound launch per set (:class:`tilelink.rules.direct.Bound` on a GPU: the call's other tensors and
+    ``tlk_epoch``), the shards' places in each set views made once. It returns ``False``, launching nothing, where
+    the call must take ``launch``: a new world, an earlier wait that timed out, a capture, a variant of the
+    consumer not compiled yet (an operand at another alignment: the launch path compiles and loads it before
+    anything of the call is enqueued), or, emulated, the race-exposing schedule (``launch`` runs it). The caller
+    keeps what else decides the call (its tensors' shapes, strides, dtypes and devices) in its own key."""
+
+    __slots__ = ("capturing", "copy_engine", "ctx", "device", "gathered", "k", "launcher", "others", "own", "runs",
+                 "shards", "world")
+
+    def __init__(self, launcher: AllGatherLauncher, world, ctx: AllGatherContext, grid, bound: dict,
+                 names: tuple[str, ...]) -> None:
+        from tilelink.runtime import graphs
+
+        plan = launcher.plan
+        self.launcher, self.world, self.ctx, self.device = launcher, world, ctx, world.device
+        self.capturing = graphs.capturing
+        self.k, self.copy_engine = len(ctx.shapes), plan.via == "copy_engine"
+        self.gathered = tuple(names.index(name) for name in plan.tensors)
+        self.others = tuple(i for i, name in enumerate(names) if name not in plan.tensors)
+        lo, hi = ctx.sharding.rank_range(world.rank)
+        self.shards = tuple(tuple(full.narrow(plan.dim, lo, hi - lo) for full in fulls) if hi > lo else ()
+                            for fulls in ctx.sets)
+        cpr = ctx.sharding.channels_per_rank
+        self.own = (world.rank * cpr, cpr)
+        channels = launcher.channel_args(ctx.channel.barriers, 1, world, ctx.sharding, ctx.diag)
+        changing = (*(names[i] for i in self.others), "tlk_epoch")
+        self.runs = tuple(bound_launch(launcher.kernel, grid, {**bound, **dict(zip(plan.tensors, fulls, strict=True)),
+                                                               **channels}, changing)
+                          for fulls in ctx.sets)
+
+    def __call__(self, *tensors) -> bool:
+        launcher, ctx, world = self.launcher, self.ctx, self.world
+        side = ctx.streams.side
+        if current_world() is not world or launcher.timed_out is not None or self.capturing(self.device) or (
+                side is None and races.enabled()):
+            return False
+        ctx.streams.follow_caller(self.device)
+        epoch = ctx.channel.epoch + 1
+        parity, value = epoch % 2, epoch * self.k  # a channel is notified once per call per gathered tensor
+        run = self.runs[parity]
+        found = run.find(*(tensors[i] for i in self.others), value)
+        if found is None:
+            return False
+        ctx.channel.advance()
+        try:
+            # this rank's shards into the set of the call's parity (none for an empty shard), the handshake behind
+            # them: launch's reasons
+            for place, i in zip(self.shards[parity], self.gathered, strict=False):
+                place.copy_(tensors[i])
+            launcher.handshake(ctx, ctx.ready, world, epoch, (*self.own, value) if self.copy_engine else (0, 0, 0))
+            # the copy engine's own flags were set with the handshake (an SM producer sets its own)
+            args = (ctx, world, epoch, ctx.channel.barriers, ctx.channel.peer_table, False)
+            if side is None:  # emulated: kernels are synchronous, the producer first
+                launcher._producer(*args)
+                run.launch(found)
+            elif self.copy_engine:  # the consumer first, then the copies (launch's order)
+                ctx.streams.fork()
+                run.launch(found)
+                launcher._producer(*args)
+            else:
+                ctx.streams.fork()
+                with torch.cuda.stream(side):
+                    launcher._producer(*args)
+                run.launch(found)
+            launcher.finish(ctx)
+        except WaitTimeout as exc:  # later calls refuse to run (OverlappedKernel's launch)
+            launcher.timed_out = exc
+            raise
+        return True

@@ -9,10 +9,20 @@ from dataclasses import dataclass, field
 
 import torch
 
-from tilelink.errors import LaunchError
+from tilelink.errors import LaunchError, WaitTimeout
 from tilelink.mapping import RowSharding
 from tilelink.plan import ReduceScatterLaunch
-from tilelink.rules.launch import Launcher, Streams, cdiv, described, metas, rebuilt, vector_peer_table
+from tilelink.rules.direct import DirectKernel
+from tilelink.rules.launch import (
+    Launcher,
+    Streams,
+    bound_launch,
+    cdiv,
+    described,
+    metas,
+    rebuilt,
+    vector_peer_table,
+)
 from tilelink.runtime import (
     Channel,
     Diagnostics,
@@ -21,6 +31,7 @@ from tilelink.runtime import (
     rank_copy_data,
     symmetric_empty,
 )
+from tilelink.runtime.world import current_world
 
 #: programs per SM of the hybrid's reduction (it runs after the GEMM, on every SM): enough resident
 #: programs that each SM keeps several blocks' loads in flight
@@ -386,6 +397,19 @@ class ReduceScatterLauncher(Launcher):
         (name,) = self.plan.tensors
         return {**bound, name: rebuilt(bound[name], ctx.partial)}
 
+    def prepared_with_peers(self, world, grid, bound: dict, names: tuple[str, ...]) -> ScatterLaunch | None:
+        """A hybrid call with peers made ready to launch again (:class:`ScatterLaunch`), where the output is a plain
+        tensor among ``names`` and, on a GPU, the rewritten kernel is launched directly (``prepared`` has left out a
+        top-k and a split-K write-back)."""
+        (name,) = self.plan.tensors
+        if self.plan.via != "copy_engine" or (type(self.kernel) is not DirectKernel and world.backend != "emulated") \
+                or name not in names or type(bound.get(name)) is not torch.Tensor:
+            return None
+        ctx = self.context(bound)
+        if not ctx.variants and world.backend != "emulated":  # no call of these shapes has run: its first call
+            return None  # warms every kernel up (the interpreter has nothing to load)
+        return ScatterLaunch(self, world, ctx, grid, bound, names)
+
     def launch(self, grid, bound: dict) -> None:
         self.refuse_epilogue(bound)
         world = self.world()
@@ -512,3 +536,62 @@ class ReduceScatterLauncher(Launcher):
         for ch, rows in taken.items():
             lo, hi = sh.channel_range(ch)
             partial[lo * topk:hi * topk].copy_(rows)
+
+
+class ScatterLaunch:
+    """One form of a hybrid reduce-scatter call with peers, ready to launch (``ReduceScatterLauncher.
+    prepared_with_peers``): ``launch(*tensors)`` is ``launcher.launch(grid, bound)`` with the tensors ``names`` given
+    ``tensors``, in the steps of ``_launch_hybrid`` (the channels advanced, the side stream forked and the handshake
+    on it, the GEMM into the partial sums, the scatter and the reduction into the output on the side stream,
+    ``finish``) without what the caller's key and the ints already fixed: the binding and the row-fact checks, the
+    context's key, the epilogue's refusals, the channel arguments but the count, the variant's terms of the ints and
+    constexprs. The GEMM is a bound launch (:class:`tilelink.rules.direct.Bound` on a GPU: the call's other tensors
+    and ``tlk_epoch``). It returns ``False``, launching nothing, where the call must take ``launch``: a new world,
+    an earlier wait that timed out, a capture, a variant of the GEMM not compiled yet, or, emulated, the
+    race-exposing schedule (``launch`` runs it). The caller keeps what else decides the call (its tensors' shapes,
+    strides, dtypes and devices) in its own key."""
+
+    __slots__ = ("capturing", "ctx", "device", "launcher", "others", "out", "run", "world")
+
+    def __init__(self, launcher: ReduceScatterLauncher, world, ctx: ReduceScatterContext, grid, bound: dict,
+                 names: tuple[str, ...]) -> None:
+        from tilelink.runtime import graphs
+
+        (name,) = launcher.plan.tensors
+        self.launcher, self.world, self.ctx, self.device = launcher, world, ctx, world.device
+        self.capturing = graphs.capturing
+        self.out = names.index(name)
+        self.others = tuple(i for i, n in enumerate(names) if n != name)
+        channels = launcher.channel_args(ctx.channel.barriers, 1, world, ctx.sharding, ctx.diag)
+        self.run = bound_launch(launcher.kernel, grid, {**launcher.kernel_call(bound, ctx), **channels},
+                                (*(names[i] for i in self.others), "tlk_epoch"))
+
+    def __call__(self, *tensors) -> bool:
+        launcher, ctx, world = self.launcher, self.ctx, self.world
+        side = ctx.streams.side
+        if current_world() is not world or launcher.timed_out is not None or self.capturing(self.device) or (
+                side is None and races.enabled()):
+            return False
+        ctx.streams.follow_caller(self.device)
+        epoch = ctx.channel.epoch + 1
+        found = self.run.find(*(tensors[i] for i in self.others), epoch)
+        if found is None:
+            return False
+        ctx.channel.advance()
+        ctx.recv_channel.advance()
+        out = tensors[self.out]
+        on_side = functools.partial(torch.cuda.stream, side) if side is not None else contextlib.nullcontext
+        try:
+            if side is not None:
+                ctx.streams.fork()  # the handshake on the side stream, behind the call's start (_launch_hybrid)
+            with on_side():
+                launcher.handshake(ctx, ctx.ready, world, epoch)
+            self.run.launch(found)  # the GEMM keeps every SM
+            with on_side():
+                launcher._scatter(ctx, world, epoch)
+                launcher._reduce(ctx, world, out, ctx.recv_channel.barriers, ctx.sent_channel.barriers, epoch)
+            launcher.finish(ctx)
+        except WaitTimeout as exc:  # later calls refuse to run (OverlappedKernel's launch)
+            launcher.timed_out = exc
+            raise
+        return True

@@ -1,8 +1,9 @@
-"""An uncaptured call's handshake on the GPU: one kernel that tells every peer the call's number and waits for
-theirs (``tilelink.runtime.handshake``, ``Launcher.handshake``), with the copy-engine gather's own flags set by it.
-Ranks sharing one GPU through NVSHMEM: a rank that never makes a call is named, with the call, as a
-``HandshakeTimeout``; a rank late between calls by more than a wait's budget is waited for; back-to-back calls with
-new data at four ranks. (Captured, then uncaptured calls on one context: ``test_graphs_gpu.py``.)"""
+"""Uncaptured calls with peers on the GPU: the handshake as one kernel that tells every peer the call's number and
+waits for theirs (``tilelink.runtime.handshake``, ``Launcher.handshake``), with the copy-engine gather's own flags
+set by it, and the launches prepared for a kept form of call (``GatherLaunch``, ``ScatterLaunch``). Ranks sharing one
+GPU through NVSHMEM: a rank that never makes a call is named, with the call, as a ``HandshakeTimeout``; a rank late
+between calls by more than a wait's budget is waited for; back-to-back calls with new data at four ranks, through
+the prepared launches after the first. (Captured, then uncaptured calls on one context: ``test_graphs_gpu.py``.)"""
 
 from __future__ import annotations
 
@@ -12,14 +13,11 @@ import pytest
 import torch
 
 import tilelink
+from tests.ops.peer_launch_worlds import FORMS, prepared_calls_with_peers
 from tests.ops.tp_worlds import ag_gemm_back_to_back, bounds, calls_with_a_late_host
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
                                                   reason="needs an NVIDIA GPU (run tests/gpu/run.sh on the device)")]
-
-#: label -> (operator, persistent): the copy-engine gather, the SM pull gather, the hybrid reduce-scatter
-FORMS = {"ag_gemm copy_engine": ("ag", True), "ag_gemm sm_pull": ("ag", False), "gemm_rs hybrid": ("rs", True)}
-
 
 def a_skipped_call_is_named(label: str, M: int, N: int, K: int) -> str:
     """Every rank makes one call of ``label``'s operator; then rank 0 makes a second, which rank 1 never makes (it
@@ -81,3 +79,15 @@ def test_a_rank_late_between_calls_is_waited_for_at_four_ranks(monkeypatch) -> N
     for rank, per_rank in enumerate(tilelink.spawn(calls_with_a_late_host, 4, 333, 256, 512, 2.5, "bfloat16",
                                                    backend="nvshmem")):
         assert all(err < 1e-2 for err in per_rank.values()), (rank, per_rank)
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_kept_forms_launch_through_their_prepared_launches(world: int) -> None:
+    """Eight calls of each form with new data, no synchronisation between them: the first takes the kernel's
+    launch path, the others the launch prepared for the form; every product right."""
+    for rank, per_rank in enumerate(tilelink.spawn(prepared_calls_with_peers, world, 333, 256, 512, 8, "bfloat16",
+                                                   backend="nvshmem")):
+        for label, (err, paths, kinds) in per_rank.items():
+            assert err < 2e-2, (rank, label, per_rank)
+            want = "GatherLaunch" if label.startswith("ag_gemm") else "ScatterLaunch"
+            assert paths == 1 and kinds == [want], (rank, label, per_rank)

@@ -130,7 +130,8 @@ def lagging_gathers(lag: bool):
     def late(self, ctx, world, epoch, *args):
         if epoch:
             if world.device.type == "cuda":
-                torch.cuda._sleep(5_000_000)  # the current stream: the side stream
+                with torch.cuda.stream(ctx.streams.side):  # the copy engine is enqueued with no stream context
+                    torch.cuda._sleep(5_000_000)
             else:
                 time.sleep(0.3)
         return produce(self, ctx, world, epoch, *args)

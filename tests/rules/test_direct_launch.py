@@ -216,6 +216,25 @@ def test_a_bound_launch_of_ints_reads_what_triton_specialises_them_on(gpu) -> No
     assert len(kernel.through_triton) == 4 and len(bound.compiled) == 4
 
 
+def test_a_bound_launch_finds_a_compiled_variant_without_launching(gpu) -> None:
+    """``Bound.find``: the compiled kernel a call would launch, from this launch's calls or the kernel's calls of every
+    argument of the same form (a launcher's first calls), or None where Triton's launch path would be taken (a
+    variant not compiled yet, a capture), launching nothing; ``Bound.launch`` launches what it found."""
+    kernel, fast = _kernel()
+    x = torch.zeros(64)
+    call = dict(x_ptr=x, n=3, tlk_epoch=1, scale=0.5)
+    bound = fast.bound((2,), call, ("x_ptr", "tlk_epoch"))
+    assert bound.find(x, 2) is None and not kernel.through_triton  # nothing compiled yet, nothing launched
+    first = fast[(2,)](**call)  # a call of every argument, of the same form
+    compiled, arguments = bound.find(torch.ones(64), 5)
+    assert compiled is first and not first.launches and arguments[1:3] == (3, 5)
+    bound.launch((compiled, arguments))
+    assert first.launches[-1][:3] == (2, 1, 1) and first.launches[-1][11] == 5 and len(kernel.through_triton) == 1
+    assert bound.find(x[1:], 5) is None  # another alignment: not compiled
+    gpu["capturing"] = True
+    assert bound.find(x, 5) is None and len(kernel.through_triton) == 1
+
+
 @pytest.mark.parametrize("change", ["dtype", "misaligned", "type", "device", "debug", "fp fusion", "arch",
                                     "fp fusion variable", "arch variable"])
 def test_a_bound_launch_takes_triton_for_a_new_variant(gpu, monkeypatch, change) -> None:
