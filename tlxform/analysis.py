@@ -1995,6 +1995,16 @@ def _judge_step(an: _Analyzer, acc: Access, tile: Tile, name: str, step: cst.Bas
         raise _refuse(acc, f"{what} by an expression TileLink cannot follow, so the rows of {acc.tensor!r} the "
                            f"{acc.kind} at line {acc.where.line} touches are unknown", hint)
     moved = names_in(step)
+    if tile.offsets is None and not tile.dynamic:
+        # the rows were named by tile=, not read from an offsets vector scaled by a stride: nothing tells which
+        # dimension the advance moves along, so it may move the rows the tile names
+        raise _refuse(acc, f"{what} in place (by `{code(step)}`), and the rows of {acc.tensor!r} are named by "
+                           f"tile=({tile.start!r}, {tile.size!r}): with tile= TileLink does not read the rows from "
+                           f"the pointer's offsets, so it cannot tell that the advance leaves them where the tile "
+                           f"says",
+                      f"leave tile= out: TileLink reads the rows from the offsets the pointer is made of and follows "
+                      f"`{name}` along the other dimensions; keep tile= only with pointers computed afresh in the "
+                      f"loop (`ptrs = base + offs[:, None] * stride + ...`)")
     if rows is not None and moved & rows:
         raise _refuse(acc, f"{what} by `{code(step)}`, along the rows of {acc.tensor!r}: the rows the {acc.kind} at "
                            f"line {acc.where.line} touches move with it, which TileLink does not follow", hint)
@@ -2073,6 +2083,42 @@ def _check_tile_agrees(an: _Analyzer, acc: Access, dim: int, pointers: set[str],
                        "HEAD_DIM) view" if fixed else
                        f"drop tile= (these rows are found without it), or make it tile=({found[0]!r}, {found[1]!r})"))
     return inferred.size_param
+
+
+def _check_descriptor_size(an: _Analyzer, acc: Access, dim: int, size: str | None) -> None:
+    """A descriptor the kernel makes (``tl.make_tensor_descriptor(desc_k, shape=[y_dim, HEAD_DIM], ...)``) may be read
+    at any row of its ``shape=``, and the gathered buffer holds ``size=`` rows: a ``size=`` other than the rows of the
+    shape would let a block read rows past what was gathered (the attention tutorial's descriptors span every head,
+    ``Z * H * N_CTX`` rows, not ``N_CTX``)."""
+    if size is None or not acc.descriptor:
+        return
+    defs = an.assignments.get(acc.pointer, [])
+    if len({code(v) for _, v in defs}) != 1 or not isinstance(make := defs[0][1], cst.Call):
+        return
+    base = _arg(make, 0, "base")
+    if not (isinstance(base, cst.Name) and base.value == acc.tensor):
+        return  # made over a part of the tensor (`x_ptr + lo * stride`): its shape is that part's, not the tensor's
+    shape = _arg(make, 1, "shape")
+    if not isinstance(shape, (cst.List, cst.Tuple)) or dim >= len(shape.elements):
+        return
+    written = shape.elements[dim].value
+    rows = an._launch_size(written)
+    if rows is None:
+        return
+    given, spanned = cst.parse_expression(size), cst.parse_expression(rows)
+    same = _poly(given) == _poly(spanned) if _poly(given) is not None and _poly(spanned) is not None else \
+        code(given) == code(spanned)
+    if same:
+        return
+    local = f" (`{code(written)}` is `{rows}`)" if code(written) != rows else ""
+    raise _refuse(acc, f"size={size!r} for {acc.tensor!r} is not the rows the descriptor `{acc.pointer}` spans along "
+                       f"dim {dim}: it is made with shape=[{', '.join(code(e.value) for e in shape.elements)}]{local}, "
+                       f"and its blocks may {'read' if acc.kind == 'load' else 'write'} any of those {rows} rows, "
+                       f"but only {size} rows are {'gathered' if acc.kind == 'load' else 'reduced'}; the blocks past "
+                       f"them would {'read past the gathered' if acc.kind == 'load' else 'write past the reduced'} "
+                       f"buffer",
+                  f"leave size= out: TileLink reads the rows from the descriptor's shape= ({rows}), and each rank "
+                  f"passes its run of those rows")
 
 
 def _host_descriptor(an: _Analyzer, tensor: str, descriptors: set[str]) -> bool:
@@ -2576,6 +2622,7 @@ def analyse(module: cst.Module, file: str, kernel: str,
                 found = _check_tile_agrees(an, acc, dim, pointers, override, size_param)
                 if tile.size_param is None and found is not None:  # the rows' bound, read from their mask
                     tile = Tile(tile.start, tile.size, tile.offsets, found, tile.pid, tile.defined_at, tile.ndim)
+            _check_descriptor_size(an, acc, dim, size_param)
             accesses.append(_anchor(an, acc, tile, pointers))
             scales, shifts, steps = _row_scales(an, accesses[-1], pointers)
             row_scales.extend((tensor, scale, acc.where) for scale in sorted(scales))

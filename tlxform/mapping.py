@@ -51,7 +51,8 @@ are runtime integers (no ``tl.constexpr``).
 Tile orders
 -----------
 ``tl_remap_tile(t, num_tiles, shift) = (t + shift) % num_tiles`` — a rotation, so a bijection on
-``[0, num_tiles)`` for any ``shift >= 0``. ``order="mesh"`` is ``shift = 0``; ``"ring"`` and
+``[0, num_tiles)`` for any ``shift >= 0``; a ``t`` past the tiles (an idle program of a larger grid) is left as it
+is. ``order="mesh"`` is ``shift = 0``; ``"ring"`` and
 ``"local_first"`` (same thing) rotate so that the tiles holding this rank's rows come first, then the
 next rank's, and so on: with row sizes known (:func:`remap_tile_rows`) ``shift = (rank * rpr) // tile``
 (``tl_tile_shift``, the tile holding the rank's first row), otherwise (:func:`remap_tile`)
@@ -214,8 +215,11 @@ def tile_shift(rank, rpr, tile):
 
 
 def rotate_tile(t, num_tiles, shift):
-    """The tile processed at step ``t``: ``(t + shift) % num_tiles`` (a bijection for ``shift >= 0``)."""
-    return (t + shift) % num_tiles
+    """The tile processed at step ``t``: ``(t + shift) % num_tiles`` (a bijection on ``[0, num_tiles)`` for ``shift >=
+    0``); a step past the tiles (``t >= num_tiles``: a program of a grid larger than the tiles, which the kernel's
+    masks leave idle) stays as it is, so that it is not sent onto a tile another program also computes."""
+    past = _min(t // num_tiles, 1)
+    return (1 - past) * ((t + shift) % num_tiles) + past * t
 
 
 # tl_ name -> Python form. Order = dependency order (a function only calls ones above it).

@@ -784,10 +784,13 @@ def _exclusive(an: KernelAnalysis, a, b) -> bool:
 
 def _returns_between(an: KernelAnalysis, a, b) -> bool:
     """Whether a ``return`` in the block of ``a`` (the store first in the source), after it and before ``b``, ends
-    the program once ``a`` has run (the zeros an MoE kernel stores for an expert on another rank, then returns)."""
-    block = an.blocks.get(a.anchor)
+    the program once ``a`` has run (the zeros an MoE kernel stores for an expert on another rank, then returns).
+    A store whose rows are not found yet has no anchor: its own statement stands for it (the later refusal of its
+    rows says what to pass)."""
+    first, second = a.anchor or a.where, b.anchor or b.where
+    block = an.blocks.get(first)
     return block is not None and any(
-        an.blocks.get(where) == block and _before(a.anchor, where) and _before(where, b.anchor)
+        an.blocks.get(where) == block and _before(first, where) and _before(where, second)
         for where, _ in an.returns)
 
 
@@ -906,6 +909,18 @@ def notify_stores(an: KernelAnalysis, spec, opts: Options,
             raise AnnotationError(f"{rule} does not follow a tl.atomic_add write-back into {a.tensor!r}",
                                   file=a.where.file, line=a.where.line, column=a.where.column,
                                   hint="store with tl.store, or use reduce_scatter for a split-K write-back")
+        indexed = None if a.tile is not None or getattr(spec, "index", None) else an.index_behind(a)
+        if indexed is not None:
+            # rows read from a run-time index (an MoE kernel's sorted slots) are found only through index=; the
+            # pointer's name may be one the inlining of a helper made, so the message names the index instead
+            topk = next((p for p in an.params if p.replace("_", "").lower() == "topk"), None)
+            raise AnnotationError(
+                f"cannot tell which rows of {a.tensor!r} this store writes: they come through an index, "
+                f"`{indexed[0]}`, loaded from {indexed[1]!r}, which {rule} reads only when the annotation names it",
+                file=a.where.file, line=a.where.line, column=a.where.column,
+                hint=f"pass index=\"{indexed[1]}\", topk=\"{topk or '<the slots per token>'}\" (the slots of one "
+                     f"token, reduced together) and size=\"<the full row count of the output>\" (e.g. "
+                     f"\"num_valid_tokens // {topk or 'top_k'}\") to {rule}(...)")
         if a.tile is None:
             raise AnnotationError(
                 f"cannot tell which rows of {a.tensor!r} this store writes "

@@ -105,6 +105,28 @@ def test_a_descriptor_over_rows_counted_by_a_local_takes_its_size_from_the_param
             generate(updated, str(path), requests_in(updated, str(path)))
 
 
+def test_a_size_other_than_the_rows_of_the_descriptor_shape_is_refused() -> None:
+    # the tutorial's descriptors span every head (`Z * H * N_CTX` rows); size="N_CTX" would gather one head's rows
+    # and the second head's blocks would read past them
+    path = FORMS / "attention_batched_rows.py"
+    plain = path.read_text()
+    text = plain.replace('all_gather(("desc_k", "desc_v"), dim=0)', 'all_gather(("desc_k", "desc_v"), dim=0, '
+                                                                    'size="N_CTX")')
+    assert text != plain
+    with pytest.raises(AnnotationError) as info:
+        generate(text, str(path), requests_in(text, str(path)))
+    err = info.value
+    assert (err.file, err.line) == (str(path), 27), err  # the first load of desc_k, in the inlined helper
+    assert "size='N_CTX' for 'desc_k' is not the rows the descriptor `desc_k` spans along dim 0" in str(err), err
+    assert "(`y_dim` is `Z * H * N_CTX`)" in str(err), err
+    assert err.hint.startswith("leave size= out: TileLink reads the rows from the descriptor's shape= "
+                               "(Z * H * N_CTX)"), err.hint
+    # the same rows written another way are the descriptor's rows
+    same = plain.replace('all_gather(("desc_k", "desc_v"), dim=0)', 'all_gather(("desc_k", "desc_v"), dim=0, '
+                                                                    'size="N_CTX * H * Z")')
+    assert "'size_param': 'N_CTX * H * Z'" in generate(same, str(path), requests_in(same, str(path))).text
+
+
 def test_a_gather_along_a_dimension_a_descriptor_reads_whole_says_which_one_moves() -> None:
     # the attention tutorial's 2-D descriptors over flat rows, annotated as a sequence gather along dim 1: each key
     # block reads columns [0, HEAD_DIM) of them, and the hint names the dimension its blocks move along
@@ -299,6 +321,30 @@ def test_the_zeros_a_helper_stores_for_another_ranks_expert_are_notified_before_
     assert rest.count("tll.producer_tile_notify_channels(") == 1, rest
 
 
+def test_the_down_projection_without_index_asks_for_index_topk_and_size() -> None:
+    # without index= the rows are not found; the helper's zeros are followed by `return`, so the two stores cannot
+    # both run: the refusal is about the index, not about storing twice
+    path = FORMS / "moe_rs_expert_zeros.py"
+    plain = path.read_text()
+    annotation = ('reduce_scatter("c_ptr", dim=0, index="sorted_token_ids_ptr", topk="top_k",\n'
+                  '                                          size="num_valid_tokens // top_k")')
+    text = plain.replace(annotation, 'reduce_scatter("c_ptr")')
+    assert text != plain
+    with pytest.raises(AnnotationError) as info:
+        generate(text, str(path), requests_in(text, str(path)))
+    err = info.value
+    assert "may both write" not in str(err), err
+    assert "cannot tell which rows of 'c_ptr' this store writes: they come through an index, `offs_token`, loaded " \
+           "from 'sorted_token_ids_ptr'" in str(err), err
+    assert err.hint.startswith('pass index="sorted_token_ids_ptr", topk="top_k"') and "size=" in err.hint, err.hint
+    # with no return after the helper's zeros, both stores may run: that is still refused first
+    both = text.replace("                              BLOCK_SIZE_N, compute_type)\n        return\n",
+                        "                              BLOCK_SIZE_N, compute_type)\n")
+    assert both != text
+    with pytest.raises(AnnotationError, match="the stores to 'c_ptr' at lines 19, 57 may both write"):
+        generate(both, str(path), requests_in(both, str(path)))
+
+
 def test_a_helpers_keyword_and_default_parameters_are_bound_as_a_call_binds_them() -> None:
     body = _generated('''
         @triton.jit
@@ -348,6 +394,26 @@ def test_a_pointer_advanced_along_the_rows_is_refused(advance: str, says: str) -
             tl.store(o_ptr + cols, acc)
         ''')
     assert err.line in (14, 15) and says in str(err), err
+
+
+def test_tile_on_a_matmul_column_advance_names_tile_as_the_cause() -> None:
+    # the matmul tutorial's `a_ptrs += BLOCK_K * stride_ak` builds without tile=; with one, the refusal must name
+    # tile=, not ask for the advance the kernel already has
+    path = FORMS / "gemm_row_wrap.py"
+    plain = path.read_text()
+    text = plain.replace('all_gather("a_ptr", dim=0, size="M")',
+                         'all_gather("a_ptr", dim=0, tile=("pid_m * BLOCK_M", "BLOCK_M"), size="M")')
+    assert text != plain
+    with pytest.raises(AnnotationError) as info:
+        generate(text, str(path), requests_in(text, str(path)))
+    err = info.value
+    assert (err.line, err.column) == (30, 13), err
+    assert "`a_ptrs` is advanced at line 33 in place (by `BLOCK_K * stride_ak`), and the rows of 'a_ptr' are " \
+           "named by tile=('pid_m * BLOCK_M', 'BLOCK_M')" in str(err), err
+    assert "cannot place on a dimension" not in str(err), err
+    assert err.hint.startswith("leave tile= out"), err.hint
+    assert "a_ptrs += BLOCK_K * stride_ak" not in err.hint, err.hint
+    generate(plain, str(path), requests_in(plain, str(path)))  # and without it, it builds
 
 
 RS_EPILOGUE = '''

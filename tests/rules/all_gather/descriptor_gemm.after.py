@@ -26,7 +26,8 @@ def matmul_descriptor_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak,
     pid_m = tl.program_id(0)
     # tilelink: visit tiles in local_first order (all_gather)
     pid_m = tlm.tl_remap_tile(
-        pid_m, tl.cdiv(M, BLOCK_M), (tlk_rank * tlk_rows_per_rank) // (BLOCK_M))
+        pid_m, tl.minimum(tl.cdiv(M, BLOCK_M), tl.num_programs(0)),
+        (tlk_rank * tlk_rows_per_rank) // (BLOCK_M))
     pid_n = tl.program_id(1)
     a_desc = tl.make_tensor_descriptor(a_ptr, shape=[M, K], strides=[stride_am, stride_ak],
                                        block_shape=[BLOCK_M, BLOCK_K])

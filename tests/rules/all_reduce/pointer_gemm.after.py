@@ -25,7 +25,8 @@ def row_parallel_kernel(x_ptr, w_ptr, y_ptr, M, N, K, stride_xm, stride_xk, stri
     pid_m = tl.program_id(0)
     # tilelink: visit tiles in ring order (all_reduce)
     pid_m = tlm.tl_remap_tile(
-        pid_m, tl.cdiv(M, BLOCK_M), (((tlk_rank + 1) % tlk_world) * tlk_rows_per_rank) // (BLOCK_M))
+        pid_m, tl.minimum(tl.cdiv(M, BLOCK_M), tl.num_programs(0)),
+        (((tlk_rank + 1) % tlk_world) * tlk_rows_per_rank) // (BLOCK_M))
     pid_n = tl.program_id(1)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)

@@ -25,7 +25,8 @@ def matmul_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk,
     pid_m = tl.program_id(0)
     # tilelink: visit tiles in ring order (reduce_scatter)
     pid_m = tlm.tl_remap_tile(
-        pid_m, tl.cdiv(M, BLOCK_M), (((tlk_rank + 1) % tlk_world) * tlk_rows_per_rank) // (BLOCK_M))
+        pid_m, tl.minimum(tl.cdiv(M, BLOCK_M), tl.num_programs(0)),
+        (((tlk_rank + 1) % tlk_world) * tlk_rows_per_rank) // (BLOCK_M))
     offs_am = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_k = tl.arange(0, BLOCK_K)
     # tilelink: the loop below stores the same rows each iteration: count the columns it stored (reduce_scatter)
