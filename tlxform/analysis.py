@@ -1265,6 +1265,69 @@ def _vector_start(an: _Analyzer, acc: Access, name: str, offsets: str,
     return (start, position > 0) if vectors else None
 
 
+def _column_of(an: _Analyzer, term: cst.BaseExpression, offsets: str) -> tuple[str, tuple[str, ...] | None] | None:
+    """The column vector a term of an address along dim 0 adds, indexed ``[None, :]`` and bare or times factors
+    (``cols[None, :] * stride_xd``): its name and those factors (``None`` where one is not an int literal or a
+    parameter the launch reads); ``None`` where the term is no such vector."""
+    parts, todo = [], [_bare(term)]
+    while todo:
+        node = todo.pop()
+        if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Multiply):
+            todo += [_bare(node.left), _bare(node.right)]
+        else:
+            parts.append(node)
+    vectors = [p for p in parts if isinstance(p, cst.Subscript) and isinstance(p.value, cst.Name)
+               and p.value.value != offsets]
+    if len(vectors) != 1 or (len(parts) > 1 and not _is_vector(an, vectors[0].value)):
+        return None
+    scale: list[str] = []
+    for part in parts:
+        if part is vectors[0]:
+            continue
+        found = None if m.findall(part, m.Call() | m.Subscript()) else _factors(an, part, "\0")
+        if found is None:
+            return vectors[0].value.value, None
+        scale += found
+    return vectors[0].value.value, tuple(scale)
+
+
+def _mask_locals(an: _Analyzer, acc: Access) -> Access:
+    """``acc`` with each conjunct of its mask that is a local bound once written out as its value (``y_mask =
+    (rows[:, None] < M) & (cols[None, :] < N)``, then ``mask=y_mask``), for the conjuncts to be read."""
+    if acc.mask is None:
+        return acc
+    out, todo = [], _conjuncts(acc.mask)
+    while todo and len(out) < 64:
+        node = todo.pop()
+        defs = an.assignments.get(node.value, []) if isinstance(node, cst.Name) else []
+        if len(defs) == 1 and node.value not in an.rebound and not _varies(an, node):
+            todo += _conjuncts(code(defs[0][1]))
+        else:
+            out.append(f"({code(node)})")
+    from dataclasses import replace
+
+    return replace(acc, mask=" & ".join(out))
+
+
+def _mask_varies(an: _Analyzer, acc: Access, name: str) -> bool:
+    """Whether a conjunct of the access's mask that bounds the column vector ``name`` reads a name that changes from
+    one step of a loop to the next (``cols[None, :] < D - j``)."""
+    return any(name in names_in(node) and _varies(an, node) for node in (
+        _conjuncts(acc.mask) if acc.mask is not None else ()))
+
+
+def _position_params(an: _Analyzer, name: str, depth: int = 0) -> set[str]:
+    """The parameters a column vector's start reads, through the locals it is made from (``pid * STEP``): a program's
+    position is taken as non-negative, which a negative one of them breaks."""
+    found: set[str] = set()
+    for n in names_in(an.assignments[name][0][1]) if len(an.assignments.get(name, [])) == 1 and depth < 8 else ():
+        if n in an.params and not an.bindings.get(n):
+            found.add(n)
+        elif n not in an.params and n != "tl":
+            found |= _position_params(an, n, depth + 1)
+    return found
+
+
 def _conjuncts(mask: str) -> list[cst.BaseExpression]:
     """The terms of a mask joined by ``&`` / ``and`` (parentheses dropped), in no particular order."""
     conjuncts, todo = [], [cst.parse_expression(mask)]
@@ -1485,27 +1548,42 @@ def _row_scales(an: _Analyzer, acc: Access, pointers: set[str]) -> tuple[set[tup
                 n += 1
             elif not along or isinstance(term, cst.Name) and term.value in pointers:
                 continue  # an alias: its own terms, below; along an inner dim, `inner_terms` reads them
-            elif isinstance(term, cst.Subscript) and isinstance(term.value, cst.Name):
-                # a column vector (`cols[None, :]`, `cols = D + tl.arange(0, BLOCK_D)`): its first element is along
-                # dim 0 too, and starts past the row when its scalar terms do; a start at a program's position
-                # (`pid_n * BLOCK_N`) is bounded by the access's mask, which must bound the vector by the row
-                found = _vector_start(an, acc, term.value.value, offsets)
+            elif (column := _column_of(an, term, offsets)) is not None:
+                # a column vector (`cols[None, :]`, `cols = D + tl.arange(0, BLOCK_D)`), also times factors the launch
+                # reads (`cols[None, :] * stride_xd`): its first element is along dim 0 too, and starts past the row
+                # when its scalar terms do; its last is the one its mask lets through (`cols[None, :] < 2 * D` on
+                # rows of D reads the next row), or, unmasked, its start plus the ends of its `tl.arange`s. A start
+                # at a program's position (`pid_n * BLOCK_N`) is bounded by the access's mask, which must bound the
+                # vector by the row; the parameters of that position are taken as non-negative (`row_signs`)
+                vector, scale = column
+                found = _vector_start(an, acc, vector, offsets) if scale is not None else None
                 if found is None or ways is None:
                     ways = None
                     continue
                 start, position = found
-                low = [(negative != sub, f) for sub, f in start]
-                if not position:
-                    # unmasked, the vector reads up to its last element: `cols = tl.arange(0, BLOCK_D)` on rows of
-                    # D < BLOCK_D elements, or `cols[None, :] + j * BLOCK_D`, reads the next row
-                    last = None if _masked(acc, term.value.value) else _vector_last(an, term.value.value, offsets)
-                    ways = plus(ways, [low, low + [(negative != sub, f) for sub, f in last]] if last else [low])
+                low = [(negative != sub, f + scale) for sub, f in start]
+                if position:
+                    an.row_signs.extend((n, acc.where) for n in sorted(_position_params(an, vector)))
+                masks = _mask_locals(an, acc)
+                bound = _mask_bound(an, masks, vector, offsets) if _masked(masks, vector) else None
+                last = None if bound is not None or position else _vector_last(an, vector, offsets)
+                if bound is None and _mask_varies(an, masks, vector):
+                    # bounded by what is left of the row on each step of a loop (`cols[None, :] < D - j` beside
+                    # `+ j`): the loop's terms are checked at both ends, the columns from their start
+                    ways = None if position else plus(ways, [low])
                     continue
-                bound = _mask_bound(an, acc, term.value.value, offsets)
-                if bound is None or negative:
-                    ways = None  # the columns of each program, bounded by a mask TileLink does not read
-                    continue
-                ways = plus(ways, [low, bound])  # the first element the program can have, and the last the mask lets by
+                if bound is not None:
+                    high = [(negative != sub, f + scale) for sub, f in bound]
+                elif last is not None:
+                    high = low + [(negative != sub, f + scale) for sub, f in last]
+                else:
+                    raise _refuse(acc, f"the columns `{vector}` of the {acc.kind} at line {acc.where.line} are bounded "
+                                       f"by a mask TileLink cannot read at the launch, and their end is not known "
+                                       f"either: it cannot check that they stay within the rows of {acc.tensor!r} "
+                                       f"its {_waits(acc)} covers",
+                                  f"mask the columns by the row's length, a parameter or a product of parameters "
+                                  f"and literals (`{vector}[None, :] < D`), which each call compares with the row")
+                ways = plus(ways, [low, high])  # the first element the program can have, and the last it reads
             elif not m.findall(term, m.Subscript()):
                 # a loop variable's term: checked at the loop's first and last values
                 ends = _loop_term(an, acc, term, negative, offsets) if _varies(an, term) else None
@@ -1582,6 +1660,7 @@ def _inner_columns(an: _Analyzer, acc: Access, pointers: set[str], shifts: list[
     column = m.Subscript(value=m.Name(), slice=[m.SubscriptElement(slice=m.Index(value=m.Name("None"))),
                                                 m.SubscriptElement(slice=m.Slice())])
     base = tuple(shifts[0]) if shifts else ()
+    masks = _mask_locals(an, acc)
     ends: list[_Terms] = []
     for term, negative in _terms(_bare(expr)):
         parts, todo = [], [_bare(term)]
@@ -1592,9 +1671,11 @@ def _inner_columns(an: _Analyzer, acc: Access, pointers: set[str], shifts: list[
             else:
                 parts.append(node)
         vectors = [p for p in parts if m.matches(p, column) and p.value.value != offsets and _is_vector(an, p.value)]
-        if len(vectors) != 1 or _masked(acc, vectors[0].value.value):
-            continue  # no column vector, or one its mask bounds
+        if len(vectors) != 1:
+            continue  # no column vector
         name = vectors[0].value.value
+        # a vector its mask bounds reads up to that bound: `cols[None, :] < 2 * D` on rows of D reads the next row
+        bound = _mask_bound(an, masks, name, "\0") if _masked(masks, name) else None
         scale: list[str] = []
         for part in parts:
             found = None if part is vectors[0] or m.findall(part, m.Call() | m.Subscript()) else _factors(
@@ -1606,6 +1687,18 @@ def _inner_columns(an: _Analyzer, acc: Access, pointers: set[str], shifts: list[
             hint = (f"mask the columns by the row's length (`{name}[None, :] < D`), or build them as `{name} = start + "
                     f"tl.arange(0, BLOCK_D)` with `start` a literal or a parameter, which the launch checks")
             found = _vector_start(an, acc, name, offsets)
+            if bound is not None and not negative:
+                # the last element the mask lets through, and the first (the other terms alone where the vector
+                # starts at 0 or at a program's position: a negative one hides behind the columns' extent)
+                ends.append([(sub, f + tuple(scale)) for sub, f in bound])
+                ends.append([(sub, f + tuple(scale)) for sub, f in found[0]] if found is not None else [])
+                continue
+            if _masked(masks, name):
+                raise _refuse(acc, f"the columns `{name}` of the {acc.kind} at line {acc.where.line} are bounded by a "
+                                   f"mask TileLink cannot read at the launch: it cannot check that they stay within "
+                                   f"the rows of {acc.tensor!r} its {_waits(acc)} covers",
+                              f"mask the columns by the row's length, a parameter or a product of parameters and "
+                              f"literals (`{name}[None, :] < D`), which each call compares with the row")
             last = _vector_last(an, name, offsets) if found is not None and not found[1] else None
             if found is None or last is None or negative:
                 raise _refuse(acc, f"the columns `{name}` of the {acc.kind} at line {acc.where.line} are read with "
@@ -1614,8 +1707,7 @@ def _inner_columns(an: _Analyzer, acc: Access, pointers: set[str], shifts: list[
                               hint)
             first = [(sub, f + tuple(scale)) for sub, f in found[0]]
             ends.append(first + [(sub, f + tuple(scale)) for sub, f in last])
-            if first:
-                ends.append(first)
+            ends.append(first)  # also where the vector starts at 0: the other terms alone, each end within the row
             continue
         raise _refuse(acc, f"the columns `{name}` of the {acc.kind} at line {acc.where.line} are scaled by a factor "
                            f"TileLink cannot read at the launch, with no mask bounding them: it cannot check that "
@@ -1624,7 +1716,7 @@ def _inner_columns(an: _Analyzer, acc: Access, pointers: set[str], shifts: list[
                       f"parameter")
     if not ends:
         return shifts
-    return [base + tuple(way) for way in ends]
+    return list(dict.fromkeys(base + tuple(way) for way in ends if base + tuple(way)))
 
 
 def _row_strides(an: _Analyzer, exprs: list[cst.BaseExpression], tile: Tile) -> set[str] | None:

@@ -293,6 +293,8 @@ class OverlappedKernel:
                         f"moves the access along dim {dim}, onto other rows than those its wait or notify covers; pass "
                         f"the full tensor's stride of dim {dim - 1} ({full * rows} here), or add the rows to the "
                         f"offsets vector along dim {dim}{packed}")
+                if grid is not None:
+                    self._whole_steps(tensor, line, steps, rows * full, outer, dim, values, programs, said_config)
             for tensor, terms, stride, line in plan.row_bounds:
                 # a pointer a loop advances along the columns reads the columns [0, X) of its row, X the mask's bound
                 t = bound.get(tensor)
@@ -395,6 +397,45 @@ class OverlappedKernel:
             f"touches other rows than those its wait or notify covers; launch no more programs than the row holds "
             f"blocks (a grid of batch * heads along the axis the kernel divides by its heads), or pass the strides of "
             f"the row's packed dims")
+
+    def _whole_steps(self, tensor: str, line: int, steps: list[tuple[tuple[str, ...], str]], step: int, outer: int,
+                     dim: int, values: dict, programs: tuple[int, int, int] | None, said_config: str) -> None:
+        """Refuse the steps of the access at ``line`` (``row_steps``, each a whole ``step`` of the dims before the rows
+        at this call) unless the values the kernel computes, bounded from the grid, keep it in the buffer: together
+        they must index one of the ``outer`` blocks of rows before dim ``dim`` (``b * stride_xb`` with ``b =
+        tl.program_id(1)`` on a grid of more programs than the batch, or ``x_ptr - b * stride_xb``, reads outside the
+        gathered rows, maybe another tensor's, which no wait covers)."""
+        if programs is not None and 0 in programs:
+            return  # no program runs
+        low = high = 0
+        said = []
+        for factors, computed in steps:
+            value = _product(factors, values)
+            span = None if programs is None else _value_range(computed, values, programs)
+            if value is None:
+                return  # a parameter that is not an int at this call: Triton refuses the call itself
+            if span is None:
+                raise LaunchError(
+                    f"{self.name}: the address at {_display_path(self.file)}:{line} steps {tensor!r} by `{computed}` "
+                    f"times {_said(factors, values)}{said_config}, which TileLink cannot bound from the grid of this "
+                    f"call: it cannot check that the access stays within the {outer} blocks of rows before dim {dim} "
+                    f"of the buffer it passes as {tensor!r}, whose rows its wait or notify covers; compute the value "
+                    f"from tl.program_id and parameters (`b = tl.program_id(1)`), and pass the grid as a tuple or a "
+                    f"function of the arguments")
+            blocks = value // step
+            low += min(span[0] * blocks, span[1] * blocks)
+            high += max(span[0] * blocks, span[1] * blocks)
+            said.append(f"`{computed}` in [{span[0]}, {span[1]}] times {_said(factors, values)}")
+        if 0 <= low and high < outer:
+            return
+        grid = "(" + ", ".join(map(str, programs or ())) + ")"
+        raise LaunchError(
+            f"{self.name}: the address at {_display_path(self.file)}:{line} steps {tensor!r} by values the kernel "
+            f"computes, on the grid {grid}{said_config}: {'; '.join(said)}, so it reaches block "
+            f"{high if high >= outer else low} of the dims before dim {dim}, but the buffer TileLink passes as "
+            f"{tensor!r} holds {outer} of them ({step} elements each): the access touches memory outside the rows its "
+            f"wait or notify covers; launch no more programs along that axis than the buffer holds blocks (the batch "
+            f"size), and step forward from the tensor's start")
 
     def _check_multiple(self, factors: tuple[str, ...], divisor: str, test: str, line: int, values: dict,
                         said_config: str) -> None:

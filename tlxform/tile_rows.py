@@ -484,7 +484,9 @@ def descriptor_inner_terms(an: _Analyzer, acc: Access) -> tuple[list[tuple], set
             extent.append((negative, tuple(factors) + step))
         extent.append((True, step))  # the last element along the axis is at (size - 1) * stride
     if extent:
-        shift = [tuple(shift[0]) + tuple(extent)] if shift else [tuple(extent)]
+        # its first element and its last, each within the row: the extent past a negative base term (`x_ptr + ... -
+        # 2` read over a row of D) would hide where the read starts, in the row before
+        shift = [tuple(shift[0]) + tuple(extent), tuple(shift[0])] if shift else [tuple(extent)]
     return shift, steps
 
 

@@ -64,3 +64,23 @@ def test_what_leaves_the_row_is_refused_on_the_gpu(tmp_path) -> None:
         tilelink.spawn(sequence._column_sums, 2, _written(tmp_path, "chunked_rows_descriptor.py",
                                                           sequence.FORM.read_text()), sequence.B + 1,
                        backend="nvshmem")
+
+
+def test_masked_columns_and_whole_steps_are_checked_on_the_gpu(tmp_path) -> None:
+    from tests.rules import test_row_proof_bounds as bounds
+
+    blocks = _written(tmp_path, "column_block_sums.py", bounds.BLOCKS)
+    chunked = _written(tmp_path, "chunked_rows_pointer.py", bounds.CHUNKED)
+    assert all(e < 1e-4 for e in tilelink.spawn(bounds._block_sums, 2, blocks, bounds.ROW, bounds.BLOCK_D,
+                                                bounds.ROW // bounds.BLOCK_D, backend="nvshmem"))
+    assert all(e < 1e-4 for e in tilelink.spawn(bounds._chunked_sums, 2, chunked, bounds.D, bounds.B,
+                                                backend="nvshmem"))
+    with pytest.raises(LaunchError, match="whose rows are 8 elements long"):
+        tilelink.spawn(bounds._block_sums, 2, blocks, 2 * bounds.ROW, bounds.BLOCK_D, 2 * bounds.ROW // bounds.BLOCK_D,
+                       backend="nvshmem")
+    with pytest.raises(LaunchError, match="argument 'STEP' is -4"):
+        tilelink.spawn(bounds._block_sums, 2, blocks, bounds.ROW, -bounds.BLOCK_D, 2, backend="nvshmem")
+    with pytest.raises(LaunchError, match="moves it 1 row along dim 1"):
+        tilelink.spawn(bounds._chunked_sums, 2, chunked, 2 * bounds.D, bounds.B, backend="nvshmem")
+    with pytest.raises(LaunchError, match="so it reaches block 2"):
+        tilelink.spawn(bounds._chunked_sums, 2, chunked, bounds.D, bounds.B + 1, backend="nvshmem")

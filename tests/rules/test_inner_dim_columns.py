@@ -38,10 +38,11 @@ def test_the_columns_last_element_is_kept_for_the_launch() -> None:
         "stride_xs, BLOCK_S", "stride_xs, stride_xd, BLOCK_S"))
     assert strided.row_shifts == (
         ("x_ptr", ((False, ("BLOCK_D", "stride_xd")), (True, ("1", "stride_xd"))), LOAD_LINE),), strided.row_shifts
-    # masked by the row's length: the mask bounds them
+    # masked by the row's length: the mask bounds them, and its bound is checked against the row
     masked = SOURCE.replace("mask=offs_s[:, None] < S,", "mask=(offs_s[:, None] < S) & (offs_d[None, :] < D),").replace(
         "S, stride_xb", "S, D, stride_xb")
-    assert _plan(masked).row_shifts == (), _plan(masked).row_shifts
+    assert _plan(masked).row_shifts == (("x_ptr", ((False, ("D",)), (True, ("1",))), LOAD_LINE),), \
+        _plan(masked).row_shifts
 
 
 def test_columns_whose_end_tilelink_cannot_read_are_refused_at_the_access() -> None:

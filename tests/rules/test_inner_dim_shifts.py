@@ -76,7 +76,10 @@ def _args(shift: int, stride_xb: int = 12 * 4) -> dict:
 
 def test_the_terms_off_the_rows_stride_are_kept_for_the_launch() -> None:
     plan = _plan(SHIFTED)
-    assert plan.row_shifts == (("x_ptr", ((False, ("SHIFT",)),), LOAD_LINE),), plan.row_shifts
+    # the columns' last element the mask lets through (SHIFT + D - SHIFT - 1), and their first
+    assert plan.row_shifts == (
+        ("x_ptr", ((False, ("SHIFT",)), (False, ("D",)), (True, ("SHIFT",)), (True, ("1",))), LOAD_LINE),
+        ("x_ptr", ((False, ("SHIFT",)),), LOAD_LINE)), plan.row_shifts
     assert plan.row_steps == (("x_ptr", ("stride_xb",), "(tl.program_id(1))", LOAD_LINE),), plan.row_steps
 
 

@@ -182,13 +182,18 @@ def _shifts(source: str) -> list:
 
 
 def test_an_alias_bound_two_ways_keeps_the_terms_of_each_way() -> None:
-    assert _shifts(BRANCHED) == [("x_ptr", ((False, ("SHIFT",)),))]  # the other way adds nothing
+    # each way's first element, and the last the mask lets through past it (D - SHIFT - 1 columns further)
+    last = ((False, ("D",)), (True, ("SHIFT",)), (True, ("1",)))
+    assert sorted(_shifts(BRANCHED)) == sorted([("x_ptr", ((False, ("SHIFT",)),)), ("x_ptr", last + ((False, (
+        "SHIFT",)),)), ("x_ptr", last)])  # the other way adds only the columns
     two = BRANCHED.replace("        base = x_ptr\n", "        base = x_ptr + 1\n")
-    assert sorted(_shifts(two)) == [("x_ptr", ((False, ("1",)),)), ("x_ptr", ((False, ("SHIFT",)),))]
+    assert sorted(_shifts(two)) == sorted([("x_ptr", ((False, ("1",)),)), ("x_ptr", ((False, ("SHIFT",)),)), (
+        "x_ptr", last + ((False, ("1",)),)), ("x_ptr", last + ((False, ("SHIFT",)),))])
 
 
 def test_a_column_vector_made_from_another_keeps_its_start() -> None:
-    assert _shifts(SHIFTED_COLUMNS) == [("x_ptr", ((False, ("SHIFT",)),))]
+    # its first element, and the last its mask lets through
+    assert _shifts(SHIFTED_COLUMNS) == [("x_ptr", ((False, ("SHIFT",)),)), ("x_ptr", ((False, ("D",)), (True, ("1",))))]
 
 
 def test_a_column_vector_at_a_programs_position_keeps_its_mask_bound() -> None:
@@ -217,7 +222,8 @@ def test_an_unmasked_column_vector_reads_up_to_its_last_element(tmp_path) -> Non
     single = UNMASKED.replace(" + j * BLOCK_D", "")
     assert sorted(_shifts(single)) == [("x_ptr", last)], _shifts(single)
     masked = single.replace("mask=offs_m[:, None] < M,", "mask=(offs_m[:, None] < M) & (cols[None, :] < M),")
-    assert _shifts(masked) == [], _shifts(masked)  # the mask bounds it; checked by the mask's own bound
+    # the mask bounds it, and its bound is checked against the row
+    assert _shifts(masked) == [("x_ptr", ((False, ("M",)), (True, ("1",))))], _shifts(masked)
     kernel = _load(_written(tmp_path, UNMASKED, "plain_sum"), "plain_sum").plain_sum_kernel
     launcher = SimpleNamespace(world=lambda: SimpleNamespace(world_size=2))
 

@@ -125,8 +125,8 @@ def test_a_negative_skip_is_refused_and_a_positive_one_equals_torch_at_two_ranks
     assert "argument 'SKIP' is -1" in str(info.value), info.value
 
 
-# one sequence's rows gathered along dim 1, past the first SKIP of each chunk: the only row facts are the signs its
-# tile= proof takes (no batch step, no row scale, the columns masked)
+# one sequence's rows gathered along dim 1, past the first SKIP of each chunk, each read at its first element: the only
+# row facts are the signs its tile= proof takes (no batch step, no row scale, no columns)
 SIGNS_ONLY = textwrap.dedent('''
     import triton
     import triton.language as tl
@@ -136,18 +136,16 @@ SIGNS_ONLY = textwrap.dedent('''
 
     @tilelink.overlap(tilelink.all_gather("x_ptr", dim=1, tile=("s_lo", "s_hi - s_lo"), size="S"), via="copy_engine")
     @triton.jit
-    def skipped_seq_sum(x_ptr, y_ptr, S, D, CHUNK, SKIP, stride_xs, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
-        offs_d = tl.arange(0, BLOCK_D)
-        acc = tl.zeros([BLOCK_D], dtype=tl.float32)
+    def skipped_seq_sum(x_ptr, y_ptr, S, CHUNK, SKIP, stride_xs, BLOCK_S: tl.constexpr):
+        acc = tl.zeros([BLOCK_S], dtype=tl.float32)
         for c in range(0, tl.cdiv(S, CHUNK)):
             s_lo = c * CHUNK
             s_hi = tl.minimum(s_lo + CHUNK, S)
             for start in range(s_lo + SKIP, s_hi, BLOCK_S):
                 rows = start + tl.arange(0, BLOCK_S)
-                x = tl.load(x_ptr + rows[:, None] * stride_xs + offs_d[None, :],
-                            mask=(rows[:, None] < s_hi) & (offs_d[None, :] < D), other=0.0)
-                acc += tl.sum(x.to(tl.float32), 0)
-        tl.store(y_ptr + offs_d, acc, mask=offs_d < D)
+                x = tl.load(x_ptr + rows * stride_xs, mask=rows < s_hi, other=0.0)
+                acc += x.to(tl.float32)
+        tl.store(y_ptr + tl.arange(0, BLOCK_S), acc)
 ''')
 
 
@@ -161,8 +159,7 @@ def test_a_kernel_whose_only_row_facts_are_signs_checks_a_form_of_call_once(tmp_
     launch = kernel.plan.launch
     assert launch.row_signs and not (launch.row_scales or launch.row_shifts or launch.row_steps
                                      or launch.row_bounds), launch
-    args = dict(x_ptr=torch.zeros(1, 6, 4), y_ptr=torch.zeros(4), S=12, D=4, CHUNK=4, SKIP=1, stride_xs=4,
-                BLOCK_S=2, BLOCK_D=4)
+    args = dict(x_ptr=torch.zeros(1, 6, 4), y_ptr=torch.zeros(2), S=12, CHUNK=4, SKIP=1, stride_xs=4, BLOCK_S=2)
     two = _Launcher(2)
     for _ in range(3):
         kernel._check_row_scales(args, two)
