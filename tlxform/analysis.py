@@ -1265,10 +1265,9 @@ def _vector_start(an: _Analyzer, acc: Access, name: str, offsets: str,
     return (start, position > 0) if vectors else None
 
 
-def _column_of(an: _Analyzer, term: cst.BaseExpression, offsets: str) -> tuple[str, tuple[str, ...] | None] | None:
-    """The column vector a term of an address along dim 0 adds, indexed ``[None, :]`` and bare or times factors
-    (``cols[None, :] * stride_xd``): its name and those factors (``None`` where one is not an int literal or a
-    parameter the launch reads); ``None`` where the term is no such vector."""
+def _product_factors(term: cst.BaseExpression) -> list[cst.BaseExpression]:
+    """The factors of a product (``cols[None, :] * stride_xd * 2``), parentheses stripped, the last factor first; a
+    term that is no product is its own one factor."""
     parts, todo = [], [_bare(term)]
     while todo:
         node = todo.pop()
@@ -1276,6 +1275,14 @@ def _column_of(an: _Analyzer, term: cst.BaseExpression, offsets: str) -> tuple[s
             todo += [_bare(node.left), _bare(node.right)]
         else:
             parts.append(node)
+    return parts
+
+
+def _column_of(an: _Analyzer, term: cst.BaseExpression, offsets: str) -> tuple[str, tuple[str, ...] | None] | None:
+    """The column vector a term of an address along dim 0 adds, indexed ``[None, :]`` and bare or times factors
+    (``cols[None, :] * stride_xd``): its name and those factors (``None`` where one is not an int literal or a
+    parameter the launch reads); ``None`` where the term is no such vector."""
+    parts = _product_factors(term)
     vectors = [p for p in parts if isinstance(p, cst.Subscript) and isinstance(p.value, cst.Name)
                and p.value.value != offsets]
     if len(vectors) != 1 or (len(parts) > 1 and not _is_vector(an, vectors[0].value)):
@@ -1663,13 +1670,7 @@ def _inner_columns(an: _Analyzer, acc: Access, pointers: set[str], shifts: list[
     masks = _mask_locals(an, acc)
     ends: list[_Terms] = []
     for term, negative in _terms(_bare(expr)):
-        parts, todo = [], [_bare(term)]
-        while todo:
-            node = todo.pop()
-            if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Multiply):
-                todo += [_bare(node.left), _bare(node.right)]
-            else:
-                parts.append(node)
+        parts = _product_factors(term)
         vectors = [p for p in parts if m.matches(p, column) and p.value.value != offsets and _is_vector(an, p.value)]
         if len(vectors) != 1:
             continue  # no column vector
@@ -2049,13 +2050,7 @@ def _column_term(an: _Analyzer, term: cst.BaseExpression, offsets: str | None) -
     """A term of an address that scales a column vector: (the vector, the stride parameter) when its factors are
     exactly ``vector[...]`` and a parameter (``cols[None, :] * stride_xd``); (the vector, ``None``) when it has other
     factors too (``cols[None, :] * stride_xd * 2``); (``None``, ``None``) when no factor is a column vector."""
-    parts, todo = [], [_bare(term)]
-    while todo:
-        node = todo.pop()
-        if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Multiply):
-            todo += [_bare(node.left), _bare(node.right)]
-        else:
-            parts.append(node)
+    parts = _product_factors(term)
     vectors = [p for p in parts if isinstance(p, cst.Subscript) and isinstance(p.value, cst.Name)
                and p.value.value != offsets]
     if not vectors:
