@@ -122,7 +122,8 @@ def test_the_start_is_checked_at_two_ranks_on_the_race_exposing_schedule(tmp_pat
 def test_columns_bound_twice_are_as_signed_as_their_values(again: str, builds: bool) -> None:
     # a persistent kernel binds its column vector in its body loop and again in its tail: the name holds one of its
     # values wherever it is read, so it is non-negative when every value is
-    source = SOURCE.replace("    cols = tl.arange(0, BLOCK_D)\n", f"    cols = tl.arange(0, BLOCK_D)\n    offs_d = {again}\n")
+    cols = "    cols = tl.arange(0, BLOCK_D)\n"
+    source = SOURCE.replace(cols, f"{cols}    offs_d = {again}\n")
     assert source != SOURCE
     if builds:
         gen = _generated(source)

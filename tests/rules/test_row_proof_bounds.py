@@ -124,9 +124,9 @@ def test_whole_steps_past_the_batch_or_before_it_are_refused_at_the_call(tmp_pat
     with pytest.raises(LaunchError, match="so it reaches block -1 of the dims before dim 1"):
         back._check_row_scales(_chunked_args(D), _Launcher(), (B,))
     # a value the grid cannot bound
-    loaded = _load(tmp_path / "chunked_loaded.py", CHUNKED.replace("    b = tl.program_id(0)\n", "    b = tl.program_id(0) * BATCH\n").replace(
-        "def chunked_col_sum(x_ptr, y_ptr, S, D, CHUNK,", "def chunked_col_sum(x_ptr, y_ptr, S, D, CHUNK, BATCH,"),
-                   "chunked_col_sum")
+    scaled = CHUNKED.replace("    b = tl.program_id(0)\n", "    b = tl.program_id(0) * BATCH\n").replace(
+        "def chunked_col_sum(x_ptr, y_ptr, S, D, CHUNK,", "def chunked_col_sum(x_ptr, y_ptr, S, D, CHUNK, BATCH,")
+    loaded = _load(tmp_path / "chunked_loaded.py", scaled, "chunked_col_sum")
     with pytest.raises(LaunchError, match="so it reaches block 2"):
         loaded._check_row_scales({**_chunked_args(D), "BATCH": 2}, _Launcher(), (B,))
 

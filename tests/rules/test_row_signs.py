@@ -94,8 +94,8 @@ def test_a_negative_argument_the_proof_read_is_refused_at_the_launch(tmp_path) -
             kernel._check_row_scales(_args(-1), two)
         said = str(info.value)
         assert said.startswith("skipped_col_sum: argument 'SKIP' is -1, but the rows the load at "), said
-        assert f"skipped_col_sum.py:{LOAD_LINE} reads were proven to be those its wait covers with SKIP taken as non-negative" \
-            in said, said
+        assert f"skipped_col_sum.py:{LOAD_LINE} reads were proven to be those its wait covers with SKIP taken as " \
+            "non-negative" in said, said
         assert "pass a non-negative SKIP" in said, said
     kernel._check_row_scales(_args(0), two)
     kernel._check_row_scales(_args(-1), _Launcher(1))  # alone, the kernel runs on the caller's tensor as written
