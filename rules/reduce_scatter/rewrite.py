@@ -799,20 +799,23 @@ def _stored_once(an: KernelAnalysis, stores, rule: str) -> tuple[list[Insertion]
     its channels' counts, so a tile stored twice (`tl.store(ptrs, zeros)` then `tl.store(ptrs, acc)`, or two
     `@triton.jit` helpers that each store it) counts its rows twice: the channel reaches its target while other tiles
     of it are unstored, and the reduction reads them. Two stores of one tensor a program may both run (not on the two
-    sides of one ``if``, not one store then a ``return`` before the other) must write disjoint columns of the same
-    pass of one block: ``start + tl.arange(0, W)`` and ``start + W + tl.arange(...)`` (times one stride), or a
-    descriptor's ``[o, c]`` and ``[o, c + W]`` with blocks ``W`` wide. Where the proof needs a block width only the
-    compiled kernel knows (a host descriptor's ``block_shape``), a ``tl.static_assert`` before the later store
-    checks it at compile time, over constexpr parameters and literals; anything else is refused at the later
-    store. Returns the asserts' insertions and the notes that say so."""
+    sides of one ``if``, not one store then a ``return`` before the other; in one tile loop or in two) must write
+    disjoint columns of the same pass of one block, apart by blocks' widths: ``start + tl.arange(0, W)`` and
+    ``start + W + tl.arange(...)`` (times one stride), or a descriptor's ``[o, c]`` and ``[o, c + W]`` with blocks
+    ``W`` wide. Where the proof needs a value only the compiled kernel knows (a host descriptor's ``block_shape``, a
+    constexpr gap), a ``tl.static_assert`` before the later store checks it at compile time, over constexpr
+    parameters and literals; anything else is refused at the later store. Returns the asserts' insertions and the
+    notes that say so."""
     columns = _Columns(an)
     inserts: list[Insertion] = []
     notes: list[ReportEntry] = []
     ordered = sorted((s for s in stores if not s.atomic), key=lambda s: (s.where.line, s.where.column))
     for i, a in enumerate(ordered):
         for b in ordered[i + 1:]:
-            if a.tensor != b.tensor or a.loop != b.loop or _exclusive(an, a, b) or _returns_between(an, a, b):
-                continue  # stores of two tile loops store tiles of their own, as each loop's iterations do
+            # stores of two tile loops are compared too: a loop storing zeros over every tile, then one storing the
+            # sums, writes each tile twice, and TileLink cannot tell the two loops' rows apart
+            if a.tensor != b.tensor or _exclusive(an, a, b) or _returns_between(an, a, b):
+                continue
             gap = None
             if not a.swept and not b.swept and a.descriptor == b.descriptor and (
                     a.pointer == b.pointer or not a.descriptor):
@@ -827,7 +830,13 @@ def _stored_once(an: KernelAnalysis, stores, rule: str) -> tuple[list[Insertion]
                             if not atom.startswith("arange:") for n in names_in(cst.parse_expression(atom))}
                     moved = any(_before(a.where, at) and _before(at, b.where)  # bound again between the stores
                                 for n in read for at, _ in an.bindings.get(n, ()))
-                    if not moved and any(all(v >= 0 for v in g.values()) for g in gaps):
+                    # a gap is non-negative by its form when its coefficients are and each of its atoms is a block's
+                    # width (an arange's or a descriptor's block, which Triton compiles only above 0); any other
+                    # name (`c2 = BLOCK_D + G + cols` with `G` a parameter) may be negative: the compiled kernel
+                    # checks a constexpr one below, anything else is refused
+                    widths = {atom for k in (*width_a, *width_b) for atom in k}
+                    if not moved and any(all(v >= 0 for v in g.values()) and all(
+                            atom in widths for k in g for atom in k) for g in gaps):
                         continue
                     # mixed signs (`BLOCK_N // 2 - c_desc.block_shape[1]`): the compiled kernel can tell
                     gap = None if moved else next(

@@ -15,6 +15,7 @@ import triton
 
 from tilelink.annotations import requests_in
 from tilelink.codegen import generate
+from tilelink.errors import AnnotationError
 from tilelink.mapping import RowSharding
 
 HEAD = """
@@ -185,46 +186,51 @@ def test_pid_updated_through_another_variable_or_augmented_is_not_rotated(tmp_pa
 
 def test_pid_indexing_tiles_of_two_heights_is_not_rotated(tmp_path: Path) -> None:
     """``pid_m`` reused for tiles of BM rows, then of BM // 2 rows: one rotation cannot fit both, so the
-    order is left alone and every row and channel is still covered."""
+    order is left alone and every row and channel is still covered. (The two loops run in two programs, on the two
+    sides of an ``if``: two tile loops of one program may store the same rows, which TileLink cannot tell apart.)"""
     module, gen = _build(tmp_path, "two_heights", """
         @tilelink.overlap(tilelink.reduce_scatter("c_ptr", dim=0, size="M"))
         @triton.jit
         def k(c_ptr, M, N, BM: tl.constexpr, BN: tl.constexpr):
             HALF: tl.constexpr = BM // 2
             cols = tl.arange(0, BN)
-            for t in range(0, tl.cdiv(M // 2, BM)):
-                pid_m = t
-                rows = pid_m * BM + tl.arange(0, BM)
-                tl.store(c_ptr + rows[:, None] * N + cols[None, :], tl.zeros((BM, BN), dtype=tl.float32) + 1.0,
-                         mask=(rows[:, None] < M // 2) & (cols[None, :] < N))
-            for t in range(0, tl.cdiv(M - M // 2, HALF)):
-                pid_m = t
-                rows2 = M // 2 + pid_m * HALF + tl.arange(0, HALF)
-                tl.store(c_ptr + rows2[:, None] * N + cols[None, :], tl.zeros((HALF, BN), dtype=tl.float32) + 1.0,
-                         mask=(rows2[:, None] < M) & (cols[None, :] < N))
+            if tl.program_id(0) == 0:
+                for t in range(0, tl.cdiv(M // 2, BM)):
+                    pid_m = t
+                    rows = pid_m * BM + tl.arange(0, BM)
+                    tl.store(c_ptr + rows[:, None] * N + cols[None, :], tl.zeros((BM, BN), dtype=tl.float32) + 1.0,
+                             mask=(rows[:, None] < M // 2) & (cols[None, :] < N))
+            else:
+                for t in range(0, tl.cdiv(M - M // 2, HALF)):
+                    pid_m = t
+                    rows2 = M // 2 + pid_m * HALF + tl.arange(0, HALF)
+                    tl.store(c_ptr + rows2[:, None] * N + cols[None, :], tl.zeros((HALF, BN), dtype=tl.float32) + 1.0,
+                             mask=(rows2[:, None] < M) & (cols[None, :] < N))
         """)
     assert "tl_remap_tile" not in gen.rewritten["k"]
-    _fills_with_ones(module, (1,), 60, 8, 4, 1, BM=8, BN=8)
+    _fills_with_ones(module, (2,), 60, 8, 4, 1, BM=8, BN=8)
 
 
 def test_two_stores_in_nested_tile_loops_hold_their_adds_apart(tmp_path: Path) -> None:
     """A tile loop with a store, holding an inner loop with another store: each store's held adds are
     loop variables of its own (the inner loop's are flushed after it, on every outer iteration), so
-    neither clears nor resends the other's; every channel gets exactly its rows."""
+    neither clears nor resends the other's; every channel gets exactly its rows. (The two stores write the two
+    column halves of one tile: two stores of one program must write disjoint columns.)"""
     module, gen = _build(tmp_path, "nested", """
         @tilelink.overlap(tilelink.reduce_scatter("c_ptr", dim=0))
         @triton.jit
         def k(c_ptr, M, N, BM: tl.constexpr, BN: tl.constexpr):
             cols = tl.arange(0, BN)
-            for t in range(0, tl.cdiv(M, 2 * BM)):
-                rows = t * 2 * BM + tl.arange(0, BM)
+            cols2 = BN + cols
+            for t in range(0, tl.cdiv(M, BM)):
+                rows = t * BM + tl.arange(0, BM)
                 tl.store(c_ptr + rows[:, None] * N + cols[None, :], tl.zeros((BM, BN), dtype=tl.float32) + 1.0,
                          mask=(rows[:, None] < M) & (cols[None, :] < N))
                 for u in range(0, 1):
-                    rows2 = t * 2 * BM + BM + u * BM + tl.arange(0, BM)
-                    tl.store(c_ptr + rows2[:, None] * N + cols[None, :],
+                    rows2 = t * BM + u * BM + tl.arange(0, BM)
+                    tl.store(c_ptr + rows2[:, None] * N + cols2[None, :],
                              tl.zeros((BM, BN), dtype=tl.float32) + 1.0,
-                             mask=(rows2[:, None] < M) & (cols[None, :] < N))
+                             mask=(rows2[:, None] < M) & (cols2[None, :] < N))
         """)
     body = gen.rewritten["k"]
     outer, inner = body.index("for t in range("), body.index("for u in range(")
@@ -232,8 +238,8 @@ def test_two_stores_in_nested_tile_loops_hold_their_adds_apart(tmp_path: Path) -
     assert body.index("tlk_pending_0 = tll.no_pending_tiles()") < outer
     assert inner < body.index("tll.producer_tile_notify_flush(tlk_barriers, tlk_pending_1)") < body.index(
         "tll.producer_tile_notify_flush(tlk_barriers, tlk_pending_0)")
-    _fills_with_ones(module, (1,), 64, 8, 2, 2, BM=8, BN=8)
-    _fills_with_ones(module, (1,), 60, 5, 3, 2, BM=8, BN=8)
+    _fills_with_ones(module, (1,), 64, 8, 2, 2, BM=8, BN=4)
+    _fills_with_ones(module, (1,), 60, 5, 3, 2, BM=8, BN=4)
 
 
 def test_grouped_notify_compiles_with_a_64_bit_tile_start(tmp_path: Path) -> None:
@@ -301,11 +307,13 @@ def test_a_kernels_own_do_not_specialize_is_kept(tmp_path: Path, theirs: str) ->
 
 
 def test_two_tile_loops_hold_their_adds_apart(tmp_path: Path) -> None:
-    """Two tile loops that each store tiles by descriptor (a persistent kernel's body and a second loop over
-    its last tiles): each loop holds its own adds (a variable of its own, nothing held before it, flushed
-    after it), so the second loop neither clears nor resends the first one's, and every channel gets
-    exactly its rows times N."""
-    module, gen = _build(tmp_path, "two_loops", """
+    """Two tile loops that each store tiles by descriptor (the first tiles on the even programs, the last on the
+    odd ones, on the two sides of an ``if``): each loop holds its own adds (a variable of its own, nothing held
+    before it, flushed after it), so the second loop neither clears nor resends the first one's, and every channel
+    gets exactly its rows times N. Without the ``if`` (a persistent kernel's body and a second loop over its last
+    tiles, in one program) the stores of the two loops are refused: TileLink cannot tell that the two loops store
+    other tiles."""
+    source = """
         @tilelink.overlap(tilelink.reduce_scatter("c_ptr", dim=0))
         @triton.jit
         def k(c_ptr, M, N, SPLIT, BM: tl.constexpr, BN: tl.constexpr, PROGRAMS: tl.constexpr):
@@ -313,15 +321,22 @@ def test_two_tile_loops_hold_their_adds_apart(tmp_path: Path) -> None:
             num_n = tl.cdiv(N, BN)
             tiles = tl.cdiv(M, BM) * num_n
             c_desc = tl.make_tensor_descriptor(c_ptr, shape=[M, N], strides=[N, 1], block_shape=[BM, BN])
-            for tile in tl.range(pid, SPLIT, PROGRAMS):
-                pid_m = tile // num_n
-                pid_n = tile % num_n
-                c_desc.store([pid_m * BM, pid_n * BN], tl.full((BM, BN), 1.0, tl.float32))
-            for tile in range(SPLIT + pid, tiles, PROGRAMS):
-                pid_m = tile // num_n
-                pid_n = tile % num_n
-                c_desc.store([pid_m * BM, pid_n * BN], tl.full((BM, BN), 1.0, tl.float32))
-        """)
+            if pid % 2 == 0:
+                for tile in tl.range(pid // 2, SPLIT, PROGRAMS // 2):
+                    pid_m = tile // num_n
+                    pid_n = tile % num_n
+                    c_desc.store([pid_m * BM, pid_n * BN], tl.full((BM, BN), 1.0, tl.float32))
+            else:
+                for tile in range(SPLIT + pid // 2, tiles, PROGRAMS // 2):
+                    pid_m = tile // num_n
+                    pid_n = tile % num_n
+                    c_desc.store([pid_m * BM, pid_n * BN], tl.full((BM, BN), 1.0, tl.float32))
+        """
+    one_program = source.replace("            if pid % 2 == 0:\n", "").replace("            else:\n", "").replace(
+        "pid // 2", "pid").replace("PROGRAMS // 2", "PROGRAMS").replace("\n                ", "\n            ")
+    with pytest.raises(AnnotationError, match="may both write the same elements in one program"):
+        _build(tmp_path, "two_loops_one_program", one_program)
+    module, gen = _build(tmp_path, "two_loops", source)
     body = gen.rewritten["k"]
     for i in (0, 1):
         assert body.count(f"tlk_pending_{i} = tll.no_pending_tiles()") == 1
@@ -331,7 +346,7 @@ def test_two_tile_loops_hold_their_adds_apart(tmp_path: Path) -> None:
     flushes = [body.index(f"tll.producer_tile_notify_flush(tlk_barriers, tlk_pending_{i})") for i in (0, 1)]
     assert loops[0] < flushes[0] < loops[1] < flushes[1]
     assert str(gen.report).count("notifies four tiles at a time") == 2
-    # 7 x 3 tiles on 2 programs: the first loop takes 9 of them (4 or 5 per program: a group of four and a
-    # flushed rest), the second the other 12; the last row tile and column tile are partial
+    # 7 x 3 tiles on 4 programs: the first loop takes 9 of them on programs 0 and 2 (4 or 5 each: a group of four
+    # and a flushed rest), the second the other 12 on programs 1 and 3; the last row tile and column tile are partial
     M, N, BM, BN = 100, 40, 16, 16
-    _fills_with_ones(module, (2,), M, N, 2, 3, SPLIT=9, BM=BM, BN=BN, PROGRAMS=2)
+    _fills_with_ones(module, (4,), M, N, 2, 3, SPLIT=9, BM=BM, BN=BN, PROGRAMS=4)

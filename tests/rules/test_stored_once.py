@@ -65,6 +65,12 @@ def test_a_tile_stored_twice_through_a_helper_is_refused() -> None:
     # a pointer store of the same rows inside and after a loop
     "for j in range(2):\n        tl.store(y_ptr + offs[:, None] * D + cols[None, :], x)\n"
     "    tl.store(y_ptr + offs[:, None] * D + cols[None, :], x)",
+    # zeros over the tiles in one loop, the sums in another: two tile loops store the same rows
+    "for j in range(2):\n        tl.store(y_ptr + offs[:, None] * D + cols[None, :], tl.zeros((BLOCK_M, BLOCK_D), "
+    "tl.float32))\n    for j in range(2):\n        tl.store(y_ptr + offs[:, None] * D + cols[None, :], x)",
+    # the second half past the first by a run-time parameter, which may be negative
+    "c2 = BLOCK_D + G + cols\n    tl.store(y_ptr + offs[:, None] * D + cols[None, :], x)\n"
+    "    tl.store(y_ptr + offs[:, None] * D + c2[None, :], x)",
 ])
 def test_two_stores_a_program_may_both_run_are_refused(store: str) -> None:
     source = KERNEL.format(store=store)
@@ -86,6 +92,14 @@ def test_stores_on_two_sides_past_a_return_or_of_disjoint_boxes_build(store: str
     _build(KERNEL.format(store=store))
 
 
+def test_a_constexpr_gap_between_two_stores_is_asserted_at_compile_time() -> None:
+    source = KERNEL.replace("G, BLOCK_M", "G: tl.constexpr, BLOCK_M").format(
+        store="c2 = BLOCK_D + G + cols\n    tl.store(y_ptr + offs[:, None] * D + cols[None, :], x)\n"
+              "    tl.store(y_ptr + offs[:, None] * D + c2[None, :], x)")
+    kernel = _build(source).rewritten["copy_rows"]
+    assert "tl.static_assert(G >= 0" in kernel, kernel
+
+
 def test_a_host_descriptors_block_width_is_asserted_at_compile_time() -> None:
     path = FORMS / "gemm_host_descriptor_rs.py"
     text = path.read_text()
@@ -104,7 +118,7 @@ import tilelink
 
 @tilelink.overlap(tilelink.reduce_scatter("y_ptr", size="M"))
 @triton.jit
-def copy_rows(x_ptr, y_ptr, M, D, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+def copy_rows(x_ptr, y_ptr, M, D, G, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
     pid = tl.program_id(0)
     offs = pid * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.arange(0, BLOCK_D)
