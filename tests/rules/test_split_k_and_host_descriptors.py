@@ -128,7 +128,8 @@ def test_a_split_k_atomic_add_is_notified_with_what_it_added() -> None:
     ("reduce_scatter", "pid_k = tl.program_id(1)", "old = tl.atomic_add(c_ptrs, acc)\n    tl.store(c_ptrs, old)",
      "is passed to the atomic `tl.atomic_add` at line 20"),
     ("reduce_scatter", "pid_k = pid % 2", ADD, "has no K split that TileLink can count"),
-    ("reduce_scatter", "pid_k = tl.program_id(1)", f"tl.store(c_ptrs, acc)\n    {ADD}",
+    ("reduce_scatter", "pid_k = tl.program_id(1)",
+     f"tl.store(c_ptrs, acc, mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))\n    {ADD}",
      "and adds to it with tl.atomic_add at line 21"),
     ("reduce_scatter", "pid_k = tl.program_id(1)", ADD.replace("c_ptrs, acc", "c_ptrs, tl.maximum(acc, 0.0)"),
      "goes through `maximum` applied to the partial sums"),
@@ -146,5 +147,8 @@ def test_another_atomic_on_a_gathered_tensor_is_refused() -> None:
     err = _error(SPLIT_K.format(rule="all_gather", split="pid_k = tl.program_id(1)",
                                 write="tl.atomic_add(c_ptrs, acc)").replace('all_gather("c_ptr")',
                                                                             'all_gather("a_ptr")')
-                 .replace("tl.atomic_add(c_ptrs", "tl.atomic_add(a_ptr + offs_m"))
+                 .replace("tl.atomic_add(c_ptrs", "tl.atomic_add(a_ptr + offs_m")
+                 # the columns of the gathered rows bounded by the row, as the gather asks
+                 .replace("tl.load(a_ptr + offs_m[:, None] * K + offs_k[None, :])",
+                          "tl.load(a_ptr + offs_m[:, None] * K + offs_k[None, :], mask=offs_k[None, :] < K)"))
     assert "adds to 'a_ptr' with tl.atomic_add, which all_gather replaces" in str(err), err
