@@ -44,5 +44,5 @@ def handshake_kernel(ready_table, ready_ptr, rank, world, call, diag_ptr, budget
         tl.atomic_xchg(peer_ptr(ready_table, ready_ptr, dst) + rank, value, sem="release", scope="sys")
     for step in range(1, world):
         src = (rank + step) % world
-        if tl.load(diag_ptr) == 0:
+        if tl.load(diag_ptr, volatile=True) == 0:  # a timeout recorded by an earlier wait of this kernel
             _spin(ready_ptr + src, value, diag_ptr, budget, _KIND, src)
