@@ -10,8 +10,6 @@ from pathlib import Path
 
 import pytest
 
-import tilelink
-from tests.rules.cases import fill_from_file
 from tilelink.annotations import requests_in
 from tilelink.codegen import generate
 from tilelink.errors import AnnotationError
@@ -60,17 +58,15 @@ def _generated(text: str) -> str:
     return generate(text, "sweep_case.py", requests_in(text, "sweep_case.py")).text
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize(("body", "programs"), [(TWO_STORES, 4), (SWEPT_AND_TILE, 2)], ids=["two", "with_tile"])
-def test_every_store_of_a_sweep_loop_is_counted_once(tmp_path: Path, body: str, programs: int) -> None:
+@pytest.mark.parametrize("body", [TWO_STORES, SWEPT_AND_TILE], ids=["two", "with_tile"])
+def test_a_second_store_beside_a_swept_one_is_refused(tmp_path: Path, body: str) -> None:
+    # each store's count is its own, but TileLink cannot tell that the two write other elements: columns the next
+    # iteration's other store writes (`offs_a = j * BLOCK_N + ...` beside `offs_b = (j + 1) * BLOCK_N + ...` would
+    # store every column twice), rows another program stores; each element stored twice would complete its channel
+    # early, so a second store of the tensor in a sweep loop is refused
     path = _write(tmp_path, body)
-    text = _generated(path.read_text())
-    assert "tlk_swept_0 +=" in text  # the swept store's own count, which the other store's notify cannot touch
-    assert ("tlk_swept_1 +=" in text) == (body is TWO_STORES)
-    # M = 64 rows over 2 ranks, 40 columns (the last tile partial): C is 2.0 everywhere, twice
-    for err in tilelink.spawn(fill_from_file, 2, str(path), "kernel", 64, 40, programs,
-                              dict(BLOCK_M=16, BLOCK_N=16)):
-        assert err == 0.0, err
+    with pytest.raises(AnnotationError, match="may both write the same elements in one program"):
+        _generated(path.read_text())
 
 
 ADVANCED = '''
