@@ -664,6 +664,13 @@ class Launcher:
         return None
 
 
+def kept_form_may_run(prepared) -> bool:
+    """Whether a launch prepared for one form of call (:class:`AloneLaunch`, the rules' launches with peers) may run
+    this call, rather than the launch path: the world it was made in, no earlier wait timed out, no capture."""
+    return current_world() is prepared.world and prepared.launcher.timed_out is None and not prepared.capturing(
+        prepared.device)
+
+
 def bound_launch(kernel, grid, call: dict, names: tuple[str, ...]):
     """``kernel[grid](**call)`` made ready to run again with other values of ``names``, as ``find(*values)`` then
     ``launch(found)``: a :class:`tilelink.rules.direct.Bound` for a kernel launched directly, else a
@@ -721,7 +728,7 @@ class AloneLaunch:
 
     def __call__(self, *tensors) -> bool:
         launcher = self.launcher
-        if current_world() is not self.world or launcher.timed_out is not None or self.capturing(self.device):
+        if not kept_form_may_run(self):
             return False
         ctx = self.ctx
         ctx.streams.follow_caller(self.device)

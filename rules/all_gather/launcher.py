@@ -11,7 +11,15 @@ from tilelink.errors import LaunchError, WaitTimeout
 from tilelink.mapping import RowSharding
 from tilelink.plan import AllGatherLaunch
 from tilelink.rules.direct import DirectKernel
-from tilelink.rules.launch import Launcher, Streams, bound_launch, described, rebuilt, vector_peer_table
+from tilelink.rules.launch import (
+    Launcher,
+    Streams,
+    bound_launch,
+    described,
+    kept_form_may_run,
+    rebuilt,
+    vector_peer_table,
+)
 from tilelink.runtime import (
     Channel,
     Diagnostics,
@@ -21,7 +29,6 @@ from tilelink.runtime import (
     rank_notify,
     symmetric_empty,
 )
-from tilelink.runtime.world import current_world
 
 
 @dataclass
@@ -400,8 +407,7 @@ class GatherLaunch:
     def __call__(self, *tensors) -> bool:
         launcher, ctx, world = self.launcher, self.ctx, self.world
         side = ctx.streams.side
-        if current_world() is not world or launcher.timed_out is not None or self.capturing(self.device) or (
-                side is None and races.enabled()):
+        if not kept_form_may_run(self) or side is None and races.enabled():
             return False
         ctx.streams.follow_caller(self.device)
         epoch = ctx.channel.epoch + 1

@@ -19,6 +19,7 @@ from tilelink.rules.launch import (
     bound_launch,
     cdiv,
     described,
+    kept_form_may_run,
     metas,
     rebuilt,
     vector_peer_table,
@@ -31,7 +32,6 @@ from tilelink.runtime import (
     rank_copy_data,
     symmetric_empty,
 )
-from tilelink.runtime.world import current_world
 
 #: programs per SM of the hybrid's reduction (it runs after the GEMM, on every SM): enough resident
 #: programs that each SM keeps several blocks' loads in flight
@@ -569,8 +569,7 @@ class ScatterLaunch:
     def __call__(self, *tensors) -> bool:
         launcher, ctx, world = self.launcher, self.ctx, self.world
         side = ctx.streams.side
-        if current_world() is not world or launcher.timed_out is not None or self.capturing(self.device) or (
-                side is None and races.enabled()):
+        if not kept_form_may_run(self) or side is None and races.enabled():
             return False
         ctx.streams.follow_caller(self.device)
         epoch = ctx.channel.epoch + 1
