@@ -146,6 +146,11 @@ class KernelAnalysis:
     # the launcher checks; else the term moves the rows along the annotated dim. In a sequence-major buffer (its dims
     # before the rows all of size 1) the launcher bounds the value from the grid instead
     row_steps: tuple[tuple[str, tuple[str, ...], str, Where], ...] = ()
+    # each column vector that starts at a program's position whose sign its form does not tell (`(pid_n - 1) *
+    # BLOCK_N`, a grouped `pid_n` divided by a group size the kernel computes): (the position in source over program
+    # ids and parameters, the access). Masked from above only, such columns start in the row before where the
+    # position is negative: the launcher bounds it from the grid and refuses a call where it can be
+    row_starts: tuple[tuple[str, Where], ...] = ()
     # each pointer advanced in a loop in the matmul form (`_check_advance_in_loop`), whose mask bounds the columns by
     # `X - k * F`: (tensor, X's terms as (subtracted, factors), the column stride parameter the advance steps by, the
     # access). The columns [0, X) must lie in one row (X times the column stride at most the row stride), which the
@@ -384,6 +389,9 @@ class _Analyzer:
         self.module, self.fn, self.file, self.tensors = module, fn, file, tensors
         # the parameters each proven `tile=` load's rows read, taken as non-negative (`KernelAnalysis.row_signs`)
         self.row_signs: list[tuple[str, Where]] = []
+        # the column starts at a program's position whose sign the launch bounds from the grid
+        # (`KernelAnalysis.row_starts`)
+        self.row_starts: list[tuple[str, Where]] = []
         # the column bounds of the pointers advanced in a loop (`KernelAnalysis.row_bounds`)
         self.row_bounds: list[tuple[str, tuple[tuple[bool, tuple[str, ...]], ...], str, Where]] = []
         # the divisibility facts the `tile=` proofs took, with their loads (`KernelAnalysis.row_multiples`)
@@ -1132,10 +1140,10 @@ def _loop_term(an: _Analyzer, acc: Access, term: cst.BaseExpression, negative: b
 
 def _nonnegative_value(an: _Analyzer, node: cst.BaseExpression, depth: int = 0) -> set[str] | None:
     """The parameters whose signs make ``node`` non-negative: it is built from ``tl.arange(0, B)``, int literals of
-    at least 0, program ids and parameters the kernel leaves as passed, by ``+``, ``*``, ``//`` and ``%`` (whose
-    operands are then non-negative too) and casts, through locals each of whose assigned values is such. ``None``
-    when it is anything else (``tl.arange(0, B) - 2``, a loaded value, a loop's target, a local advanced with ``+=``),
-    whose sign TileLink cannot tell."""
+    at least 0, program ids and parameters the kernel leaves as passed, by ``+``, ``*``, ``//``, ``%``, ``tl.cdiv``
+    and minima (whose operands are then non-negative too), maxima (one of them) and casts, through locals each of
+    whose assigned values is such. ``None`` when it is anything else (``tl.arange(0, B) - 2``, a loaded value, a loop's
+    target, a local advanced with ``+=``), whose sign TileLink cannot tell."""
     node = _bare(node)
     if depth > 8:
         return None
@@ -1169,6 +1177,15 @@ def _nonnegative_value(an: _Analyzer, node: cst.BaseExpression, depth: int = 0) 
             return set()
         if m.matches(node.func, m.Attribute(attr=m.Name("to"))):  # a cast keeps the value
             return _nonnegative_value(an, node.func.value, depth + 1)  # type: ignore[attr-defined]
+        args = [a.value for a in node.args if a.keyword is None and not a.star]
+        if len(args) == 2 == len(node.args) and m.matches(node.func, m.Attribute(
+                value=m.Name("tl") | m.Name("triton"), attr=m.Name("cdiv")) | m.Attribute(
+                value=m.Name("tl"), attr=m.Name("minimum") | m.Name("maximum")) | m.Name("min") | m.Name("max")):
+            signs = [_nonnegative_value(an, a, depth + 1) for a in args]
+            if m.matches(node.func, m.Attribute(attr=m.Name("maximum")) | m.Name("max")):
+                known = [s for s in signs if s is not None]  # at least the one of them that is non-negative
+                return min(known, key=len) if known else None
+            return None if None in signs else signs[0] | signs[1]
         if m.matches(node.func, m.Attribute(value=m.Name("tl"), attr=m.Name("multiple_of") | m.Name(
                 "max_contiguous"))) and node.args:
             return _nonnegative_value(an, node.args[0].value, depth + 1)
@@ -1198,13 +1215,81 @@ def program_value(an: _Analyzer, source: str) -> str:
                     or len(an.bindings.get(original.value, [])) > 1 or _varies(an, original):
                 return updated
             inner = defs[0][1].visit(_Expand(self.depth + 1))
+            slot = _unpacked_slot(defs[0][0], defs[0][1], original.value)
+            if slot is not None:
+                # `pid_m, pid_n = tile_of(pid, N, BLOCK_N)`: the element the name takes, where the value is a tuple
+                # (the helper's `return pid // n, pid % n` written out); else the launch cannot bound it
+                elements = _bare(inner).elements if isinstance(_bare(inner), cst.Tuple) else None
+                if elements is None or len(elements) <= slot:
+                    return updated
+                inner = elements[slot].value
             return inner.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()]) if hasattr(inner, "lpar") \
                 else inner
+
+        def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
+            value = _helper_value(an, updated)
+            return updated if value is None else value.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
 
     try:
         return code(cst.parse_expression(source).visit(_Expand(0)))
     except cst.ParserSyntaxError:
         return source
+
+
+def _unpacked_slot(ref: StmtRef, value: cst.BaseExpression, name: str) -> int | None:
+    """Where ``name`` stands in the flat tuple a statement unpacks ``value`` into (``pid_m, pid_n = ...``: 1 for
+    ``pid_n``); ``None`` where the statement assigns ``value`` to the name itself (or unpacks into nested targets)."""
+    for small in small_statements(ref):
+        if isinstance(small, cst.Assign) and small.value is value:
+            for t in small.targets:
+                if isinstance(t.target, (cst.Tuple, cst.List)):
+                    names = [e.value.value if isinstance(e.value, cst.Name) else None for e in t.target.elements]
+                    if name in names:
+                        return names.index(name)
+    return None
+
+
+def _helper_value(an: _Analyzer, call: cst.Call) -> cst.BaseExpression | None:
+    """What a ``@triton.jit`` helper of the kernel's file returns for ``call``, written out over its arguments, where
+    its body is straight-line: assignments to names, then one ``return`` (``def tile_of(pid, N, BLOCK_N): n =
+    tl.cdiv(N, BLOCK_N); return pid // n, pid % n``); ``None`` for any other helper or call."""
+    if not isinstance(call.func, cst.Name) or any(a.keyword is not None or a.star for a in call.args):
+        return None
+    fn = next((f for f in an.module.body if isinstance(f, cst.FunctionDef) and f.name.value == call.func.value
+               and any(is_triton_jit(d) for d in f.decorators)), None)
+    params = fn.params.params if fn is not None else ()
+    if fn is None or fn.params.star_arg not in (None, cst.MaybeSentinel.DEFAULT) or fn.params.kwonly_params \
+            or len(params) != len(call.args) or not isinstance(fn.body, cst.IndentedBlock):
+        return None
+    env = {p.name.value: a.value.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+           if hasattr(a.value, "lpar") else a.value for p, a in zip(params, call.args, strict=True)}
+
+    class _Put(cst.CSTTransformer):
+        def visit_Attribute(self, node: cst.Attribute) -> bool:
+            return False
+
+        def leave_Attribute(self, original: cst.Attribute, updated: cst.Attribute) -> cst.BaseExpression:
+            return updated.with_changes(value=original.value.visit(_Put()))
+
+        def leave_Name(self, original: cst.Name, updated: cst.Name) -> cst.BaseExpression:
+            return env.get(original.value, updated)
+
+    for statement in fn.body.body:
+        if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
+            return None
+        small = statement.body[0]
+        if isinstance(small, cst.Expr) and isinstance(small.value, (cst.SimpleString, cst.ConcatenatedString)):
+            continue  # the docstring
+        if isinstance(small, cst.Assign) and len(small.targets) == 1 and isinstance(small.targets[0].target,
+                                                                                    cst.Name):
+            value = small.value.visit(_Put())
+            env[small.targets[0].target.value] = value.with_changes(
+                lpar=[cst.LeftParen()], rpar=[cst.RightParen()]) if hasattr(value, "lpar") else value
+            continue
+        if isinstance(small, cst.Return) and small.value is not None and statement is fn.body.body[-1]:
+            return small.value.visit(_Put())
+        return None
+    return None
 
 
 def _is_vector(an: _Analyzer, node: cst.BaseExpression, depth: int = 0) -> bool:
@@ -1255,6 +1340,12 @@ def _vector_start(an: _Analyzer, acc: Access, name: str, offsets: str,
         elif _varies(an, term):
             return None  # the columns of each step: the sweep check judges them
         elif not negative and _position(an, term):
+            if _nonnegative_value(an, cst.parse_expression(program_value(an, code(term)))) is None:
+                # a position TileLink cannot read as non-negative from its form (`(pid - 5) * BLOCK_N`, or the
+                # grouped `pid_n = (pid % group) // group_size_m` with `group_size_m = min(num_pid_m - first, G)`):
+                # its least value over the call's grid must be (`KernelAnalysis.row_starts`), else the columns start
+                # in the row before, which the wait or notify does not cover
+                an.row_starts.append((program_value(an, code(term)), acc.where))
             position += 1
         elif _computed(an, term):
             raise _refuse(acc, f"the columns `{name}` of the {acc.kind} at line {acc.where.line} start at "
@@ -1263,6 +1354,23 @@ def _vector_start(an: _Analyzer, acc: Access, name: str, offsets: str,
         else:
             return None  # a loop variable: the columns of each step, bounded by the mask
     return (start, position > 0) if vectors else None
+
+
+def _check_named_columns(acc: Access, term: cst.BaseExpression) -> None:
+    """Refuse a term of an address that indexes a 2-D block out of an expression rather than a name
+    (``tl.arange(0, 4)[None, :]``, ``(start + tl.arange(0, B))[None, :]``): where such columns start and end is not
+    read (the checks follow named vectors to their one binding), so they could reach into the next or the previous
+    row, which the wait or notify does not cover."""
+    for node in m.findall(term, m.Subscript()):
+        kinds = [isinstance(el.slice, cst.Slice) for el in node.slice]
+        if isinstance(node.value, cst.Name) or len(kinds) < 2 or kinds.count(True) != 1 or kinds[0]:
+            continue  # a named vector, or not a block's columns (the rows, `[:, None]`, are the offsets' own checks)
+        vector = code(_bare(node.value))
+        raise _refuse(acc, f"the address of the {acc.kind} at line {acc.where.line} indexes `{vector}` as a block "
+                           f"without naming it: TileLink follows a named vector to its binding to check that it stays "
+                           f"within the rows of {acc.tensor!r} its {_waits(acc)} covers",
+                      f"bind the vector to a local first (`cols = {vector}`, then `cols[None, :]`), and mask it by "
+                      f"the row's length (`cols[None, :] < D`)")
 
 
 def _product_factors(term: cst.BaseExpression) -> list[cst.BaseExpression]:
@@ -1541,6 +1649,7 @@ def _row_scales(an: _Analyzer, acc: Access, pointers: set[str]) -> tuple[set[tup
         n = 0
         ways: list[_Terms] | None = [[]]
         for term, negative in _terms(expr):
+            _check_named_columns(acc, term)
             if offsets in names_in(term):
                 factors = _factors(an, term, offsets)
                 if factors is None:
@@ -1670,6 +1779,7 @@ def _inner_columns(an: _Analyzer, acc: Access, pointers: set[str], shifts: list[
     masks = _mask_locals(an, acc)
     ends: list[_Terms] = []
     for term, negative in _terms(_bare(expr)):
+        _check_named_columns(acc, term)
         parts = _product_factors(term)
         vectors = [p for p in parts if m.matches(p, column) and p.value.value != offsets and _is_vector(an, p.value)]
         if len(vectors) != 1:
@@ -2735,6 +2845,7 @@ def analyse(module: cst.Module, file: str, kernel: str,
                               tuple(row_scales), tuple(row_shifts), _effects(an), branch_sides=_branch_sides(an),
                               update_sites={n: tuple(w) for n, w in update_sites.items()},
                               row_signs=tuple(dict.fromkeys(an.row_signs)), row_steps=tuple(row_steps),
+                              row_starts=tuple(dict.fromkeys(an.row_starts)),
                               row_bounds=tuple(dict.fromkeys(an.row_bounds)),
                               row_multiples=tuple(dict.fromkeys((factors, divisor, _static_test(an, at), at)
                                                                 for factors, divisor, at in an.row_multiples)),

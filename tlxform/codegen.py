@@ -68,6 +68,7 @@ def plan_kernel(module: cst.Module, file: str, request: Request) -> RewritePlan:
         row_shifts=tuple((t, terms, at.line) for t, terms, at in an.row_shifts),
         row_signs=tuple(dict.fromkeys((name, at.line) for name, at in an.row_signs)),
         row_steps=tuple(sorted({(t, f, v, at.line) for t, f, v, at in an.row_steps})),
+        row_starts=tuple(dict.fromkeys((v, at.line) for v, at in an.row_starts)),
         row_bounds=tuple(sorted({(t, terms, s, at.line) for t, terms, s, at in an.row_bounds})),
         row_multiples=tuple(dict.fromkeys((f, d, test, at.line) for f, d, test, at in an.row_multiples))))
     notes = tuple(ReportEntry(
@@ -298,6 +299,7 @@ def generate(source: str, file: str, requests: list[Request]) -> GeneratedModule
             row_shifts=tuple((t, terms, inlined.user_line(line)) for t, terms, line in launch.row_shifts),
             row_signs=tuple(dict.fromkeys((name, inlined.user_line(line)) for name, line in launch.row_signs)),
             row_steps=tuple(sorted({(t, f, v, inlined.user_line(line)) for t, f, v, line in launch.row_steps})),
+            row_starts=tuple(dict.fromkeys((v, inlined.user_line(line)) for v, line in launch.row_starts)),
             row_bounds=tuple(sorted({(t, terms, s, inlined.user_line(line))
                                      for t, terms, s, line in launch.row_bounds})),
             row_multiples=tuple(dict.fromkeys((f, d, test, inlined.user_line(line))

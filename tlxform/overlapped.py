@@ -9,6 +9,7 @@ every other argument is the full problem's.
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import functools
 import importlib.util
@@ -205,12 +206,12 @@ class OverlappedKernel:
         a row's elements."""
         plan = self.plan.launch
         if not (plan.row_scales or plan.row_shifts or plan.row_signs or plan.row_steps or plan.row_bounds
-                or plan.row_multiples) or launcher.world().world_size == 1:
+                or plan.row_multiples or plan.row_starts) or launcher.world().world_size == 1:
             return
         # a kernel with only sign facts is checked once per form of call: the values of the parameters they name
         key = None
-        if not (plan.row_scales or plan.row_shifts or plan.row_steps or plan.row_bounds or plan.row_multiples) \
-                and self._sign_names is not None:
+        if not (plan.row_scales or plan.row_shifts or plan.row_steps or plan.row_bounds or plan.row_multiples
+                or plan.row_starts) and self._sign_names is not None:
             key = tuple(bound.get(n) for n in self._sign_names)
             if not all(v is None or isinstance(v, (int, float)) for v in key):
                 key = None  # a tensor or another object (kept out of the record): checked every call
@@ -244,6 +245,9 @@ class OverlappedKernel:
                         f"steps taken forward)")
             for factors, divisor, test, line in plan.row_multiples:
                 self._check_multiple(factors, divisor, test, line, values, said_config)
+            programs = _grid_of(grid, values)
+            for value, line in plan.row_starts:
+                self._check_start(value, line, values, programs, said_config, access, waits)
             for tensor, factors, line in plan.row_scales:
                 t = bound.get(tensor)
                 if not (hasattr(t, "shape") and hasattr(t, "stride")) or len(t.shape) <= plan.dim:
@@ -262,7 +266,6 @@ class OverlappedKernel:
                         f"its wait or notify covers: pass a contiguous {tensor} and its own stride "
                         f"({tensor}.stride({plan.dim})), or view it so that one step along dim {plan.dim} is the "
                         f"kernel's scale (`x.view(-1, {scale})` for a 1-D `x_ptr + offs * {scale}`)")
-            programs = _grid_of(grid, values)
             grouped: dict[tuple[str, int], list[tuple[tuple[str, ...], str]]] = {}
             for tensor, factors, computed, line in plan.row_steps:
                 grouped.setdefault((tensor, line), []).append((factors, computed))
@@ -437,6 +440,29 @@ class OverlappedKernel:
             f"wait or notify covers; launch no more programs along that axis than the buffer holds blocks (the batch "
             f"size), and step forward from the tensor's start")
 
+    def _check_start(self, value: str, line: int, values: dict, programs: tuple[int, int, int] | None,
+                     said_config: str, access: str, waits: str) -> None:
+        """A column vector of the access at ``line`` starts at the program's position ``value`` (``row_starts``),
+        masked by the row's length from above only: refuse the call unless ``value``, bounded from the grid, is never
+        negative (a negative start reaches back into the row before, which the wait or notify does not cover)."""
+        if programs is not None and 0 in programs:
+            return  # no program runs
+        span = None if programs is None else _value_range(value, values, programs)
+        where = f"{_display_path(self.file)}:{line}"
+        if span is None:
+            raise LaunchError(
+                f"{self.name}: the columns of the {access} at {where} start at `{value}`{said_config}, which TileLink "
+                f"cannot bound from the grid of this call: a negative start would reach into the row before, which "
+                f"its {waits} does not cover; pass the grid as a tuple or a function of the arguments, and compute "
+                f"the position from tl.program_id, tl.cdiv, min / max, +, -, * and // or % by a positive value")
+        if span[0] < 0:
+            grid = "(" + ", ".join(map(str, programs or ())) + ")"
+            raise LaunchError(
+                f"{self.name}: the columns of the {access} at {where} start at `{value}`, which is {span[0]} for some "
+                f"program of the grid {grid}{said_config}: they reach back {-span[0]} element(s), into the row "
+                f"before, which its {waits} does not cover; start the columns at a non-negative position (launch no "
+                f"more programs than the positions that start in the row)")
+
     def _check_multiple(self, factors: tuple[str, ...], divisor: str, test: str, line: int, values: dict,
                         said_config: str) -> None:
         """A divisibility fact of a ``tile=`` proof (``row_multiples``): the product of ``factors`` must be a multiple
@@ -534,8 +560,8 @@ def _value_range(source: str, values: dict[str, Any], programs: tuple[int, int, 
     """The least and the largest value of the kernel's expression ``source`` over a launch of ``programs`` programs
     along each axis: ``tl.program_id(a)`` in ``[0, programs[a])``, ``tl.num_programs(a)`` that count, a parameter its
     int argument, through ``+``, ``-``, ``*``, casts, ``tl.minimum`` / ``tl.maximum``, and ``//`` / ``%`` of a
-    non-negative value by a positive one (where Triton's and Python's agree). ``None`` for anything else."""
-    import ast
+    non-negative value by a positive one (where Triton's and Python's agree), ``tl.cdiv`` of such, ``min`` / ``max``.
+    ``None`` for anything else."""
 
     def walk(node: ast.AST) -> tuple[int, int] | None:
         if isinstance(node, ast.Constant) and isinstance(node.value, int) and not isinstance(node.value, bool):
@@ -563,13 +589,28 @@ def _value_range(source: str, values: dict[str, Any], programs: tuple[int, int, 
                     return a[0] // b[1], a[1] // b[0]
                 return (a[0], a[1]) if a[1] < b[0] else (0, b[1] - 1)
             return None
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("min", "max") \
+                and len(node.args) == 2 and not node.keywords:
+            a, b = walk(node.args[0]), walk(node.args[1])
+            if a is None or b is None:
+                return None
+            pick = min if node.func.id == "min" else max
+            return pick(a[0], b[0]), pick(a[1], b[1])
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
             func = node.func
             if func.attr == "to":
                 return walk(func.value)
+            if func.attr == "cdiv" and isinstance(func.value, ast.Name) and func.value.id in ("tl", "triton") \
+                    and len(node.args) == 2 and not node.keywords:
+                a, b = walk(node.args[0]), walk(node.args[1])
+                if a is None or b is None or a[0] < 0 or b[0] <= 0:
+                    return None
+                return -(-a[0] // b[1]), -(-a[1] // b[0])
             if isinstance(func.value, ast.Name) and func.value.id == "tl":
-                if func.attr in ("program_id", "num_programs") and len(node.args) == 1 and not node.keywords:
-                    axis = walk(node.args[0])
+                args = node.args or [k.value for k in node.keywords if k.arg == "axis"]
+                if func.attr in ("program_id", "num_programs") and len(args) == 1 and len(node.args) + len(
+                        node.keywords) == 1:
+                    axis = walk(args[0])
                     if axis is None or axis[0] != axis[1] or not 0 <= axis[0] < 3:
                         return None
                     n = programs[axis[0]]
@@ -582,8 +623,15 @@ def _value_range(source: str, values: dict[str, Any], programs: tuple[int, int, 
                     return pick(a[0], b[0]), pick(a[1], b[1])
         return None
 
+    tree = _parsed(source)
+    return None if tree is None else walk(tree)
+
+
+@functools.lru_cache(maxsize=256)
+def _parsed(source: str) -> ast.AST | None:
+    """The kernel's expression ``source``, parsed once (each call bounds it from its own grid)."""
     try:
-        return walk(ast.parse(source, mode="eval").body)
+        return ast.parse(source, mode="eval").body
     except SyntaxError:
         return None
 

@@ -95,6 +95,10 @@ class LaunchPlan:
     #: the rows, or, in a sequence-major buffer, the values bounded from the grid must keep the access in the row; each
     #: call with more than one rank checks it
     row_steps: tuple[tuple[str, tuple[str, ...], str, int], ...] = ()
+    #: where a column vector starts at a program's position whose sign its form does not tell, ``(value, line)``
+    #: (``KernelAnalysis.row_starts``; ``value`` in source over program ids and parameters): its least value over the
+    #: call's grid must be non-negative, on each call with more than one rank
+    row_starts: tuple[tuple[str, int], ...] = ()
     #: the column bound ``X`` of each pointer a loop advances in the matmul form (``mask=offs_k[None, :] < X - k *
     #: BLOCK_K``), ``(tensor, ((subtracted, factors), ...), column stride parameter, line)``
     #: (``KernelAnalysis.row_bounds``): ``X`` times the column stride must be at most the row stride of the buffer the
@@ -135,6 +139,9 @@ class LaunchPlan:
             isinstance(e, tuple) and len(e) == 4 and _name(e[0]) and _factors(e[1]) and bool(e[1])
             and isinstance(e[2], str) and _positive(e[3])
             for e in self.row_steps), "a tuple of (tensor, factors, value, line)")
+        self._check("row_starts", isinstance(self.row_starts, tuple) and all(
+            isinstance(e, tuple) and len(e) == 2 and isinstance(e[0], str) and _positive(e[1])
+            for e in self.row_starts), "a tuple of (value, line)")
         self._check("row_bounds", isinstance(self.row_bounds, tuple) and all(
             isinstance(e, tuple) and len(e) == 4 and _name(e[0]) and isinstance(e[1], tuple) and bool(e[1]) and all(
                 isinstance(t, tuple) and len(t) == 2 and isinstance(t[0], bool) and _factors(t[1]) for t in e[1])

@@ -1,7 +1,8 @@
 """The row facts the launch checks beyond dim 0, compiled and run on the GPU with several ranks sharing it through
 NVSHMEM: a shift within a row along an inner dim, a chunk's first rows skipped and a loop's shifts within the row
 equal torch; a shift into the next row along the gathered dim, a batch stride that is the shard's, a negative argument
-a tile= proof read and a loop that runs past the row are refused at the call, before anything is launched."""
+a tile= proof read, a loop that runs past the row and columns that start at a negative program position are refused at
+the call, before anything is launched."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import torch
 import tilelink
 from tests.rules import test_inner_dim_shifts as inner
 from tests.rules import test_loop_shifts as loops
+from tests.rules import test_position_starts as starts
 from tests.rules import test_row_signs as signs
 from tilelink.errors import LaunchError
 
@@ -39,3 +41,11 @@ def test_the_rows_moved_off_the_tile_are_refused_on_the_gpu(tmp_path) -> None:
     with pytest.raises(LaunchError, match="SPAN=5"):
         tilelink.spawn(loops._windows, 2, loops._written(tmp_path, loops.WINDOWS, "window_sum"), loops.D + 1,
                        backend="nvshmem")
+
+
+def test_a_program_position_of_unknown_sign_is_bounded_from_the_grid_on_the_gpu(tmp_path) -> None:
+    path = tmp_path / "shifted_column_blocks.py"
+    path.write_text(starts.SOURCE)
+    assert all(e < 1e-6 for e in tilelink.spawn(starts._copy, 2, str(path), 0, backend="nvshmem"))
+    with pytest.raises(LaunchError, match="which is -4 for some program of the grid"):
+        tilelink.spawn(starts._copy, 2, str(path), 1, backend="nvshmem")

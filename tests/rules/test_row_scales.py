@@ -216,12 +216,15 @@ def test_the_scales_are_read_through_a_local_and_a_product() -> None:
     def kernel(x_ptr, y_ptr, M, stride_xm, BLOCK: tl.constexpr):
         offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         step = stride_xm
-        x = tl.load(x_ptr + offs[:, None] * step * 2 + tl.arange(0, 4)[None, :], mask=offs[:, None] < M)
+        cols = tl.arange(0, 4)
+        x = tl.load(x_ptr + offs[:, None] * step * 2 + cols[None, :], mask=offs[:, None] < M)
         tl.store(y_ptr + offs, tl.sum(x, axis=1), mask=offs < M)
     ''')
     an = analyse(parse_source(text, "k.py"), "k.py", "kernel", {"x_ptr": (0, None, "M", None)})
     assert [(t, f) for t, f, _ in an.row_scales] == [("x_ptr", ("2", "stride_xm"))], an.row_scales
-    assert an.row_shifts == (), an.row_shifts  # a column vector only: bounded by its mask
+    # a column vector with no mask: its last element, which each call checks within the row
+    assert [(t, terms) for t, terms, _ in an.row_shifts] == [("x_ptr", ((False, ("4",)), (True, ("1",))))], \
+        an.row_shifts
 
 
 def test_the_scalar_terms_along_dim_0_are_kept_when_each_is_known() -> None:

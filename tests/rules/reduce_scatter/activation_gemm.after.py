@@ -127,6 +127,10 @@ TILELINK_PLAN = {'matmul_kernel': {'atomic_axes': None,
                                  ['GROUP_M', 51],
                                  ['M', 51],
                                  ['N', 51]],
+                   'row_starts': [['(((tl.program_id(0)) % (GROUP_M * (tl.cdiv(N, BLOCK_N)))) // '
+                                   '(min((tl.cdiv(M, BLOCK_M)) - (((tl.program_id(0)) // (GROUP_M '
+                                   '* (tl.cdiv(N, BLOCK_N)))) * GROUP_M), GROUP_M))) * BLOCK_N',
+                                   51]],
                    'row_steps': [],
                    'rule': 'reduce_scatter',
                    'size_param': 'M',

@@ -94,6 +94,10 @@ TILELINK_PLAN = {'matmul_kernel': {'atomic_axes': None,
                                  ['GROUP_M', 39],
                                  ['M', 39],
                                  ['N', 39]],
+                   'row_starts': [['(((tl.program_id(0)) % (GROUP_M * (tl.cdiv(N, BLOCK_N)))) // '
+                                   '(min((tl.cdiv(M, BLOCK_M)) - (((tl.program_id(0)) // (GROUP_M '
+                                   '* (tl.cdiv(N, BLOCK_N)))) * GROUP_M), GROUP_M))) * BLOCK_N',
+                                   39]],
                    'row_steps': [],
                    'rule': 'reduce_scatter',
                    'size_param': 'M',

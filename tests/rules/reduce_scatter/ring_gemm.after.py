@@ -94,6 +94,10 @@ TILELINK_PLAN = {'matmul_kernel': {'atomic_axes': None,
                                  ['GROUP_M', 40],
                                  ['M', 40],
                                  ['N', 40]],
+                   'row_starts': [['(((tl.program_id(0)) % (GROUP_M * (tl.cdiv(N, BLOCK_N)))) // '
+                                   '(min((tl.cdiv(M, BLOCK_M)) - (((tl.program_id(0)) // (GROUP_M '
+                                   '* (tl.cdiv(N, BLOCK_N)))) * GROUP_M), GROUP_M))) * BLOCK_N',
+                                   40]],
                    'row_steps': [],
                    'rule': 'reduce_scatter',
                    'size_param': 'M',
