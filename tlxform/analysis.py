@@ -1624,7 +1624,8 @@ def _row_scales(an: _Analyzer, acc: Access, pointers: set[str]) -> tuple[set[tup
     if acc.descriptor and not along and tile is not None and not tile.dynamic:
         from tilelink.tile_rows import descriptor_inner_terms
 
-        shifts, steps = descriptor_inner_terms(an, acc)
+        shifts, steps, scales = descriptor_inner_terms(an, acc)
+        return scales, shifts, steps
     if acc.descriptor or tile is None or tile.offsets is None or tile.dynamic:
         return set(), shifts, steps
     offsets = tile.offsets

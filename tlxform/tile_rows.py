@@ -433,24 +433,27 @@ def inner_terms(an: _Analyzer, acc: Access,
     return _outside_terms(an, acc, rest)
 
 
-def descriptor_inner_terms(an: _Analyzer, acc: Access) -> tuple[list[tuple], set[tuple[tuple[str, ...], str]]]:
+def descriptor_inner_terms(an: _Analyzer, acc: Access) -> tuple[list[tuple], set[tuple[tuple[str, ...], str]],
+                                                                  set[tuple[str, ...]]]:
     """:func:`inner_terms` of a descriptor the kernel makes, ``tl.make_tensor_descriptor(base, shape, strides, ...)``,
     for rows along an inner dim: the terms of ``base`` that the rows' stride (the ``strides`` entry that scales terms of
     the base) does not scale, and the last element it reads along each axis after the rows', ``(shape[j] - 1) *
     strides[j]``. ``x_ptr + b * stride_xb + s_lo * stride_xs + D`` on a contiguous ``(B, S, D)`` tensor gathered along
     S reads the next row of S, and so does ``shape=[n, D + COL]`` with ``strides=[stride_xs, 1]``. Refused at the
     access: a shape or stride entry after the rows' that the launch cannot read. A term of the base that multiplies a
-    value the kernel computes by parameters gives those parameters as a step (``KernelAnalysis.row_steps``)."""
+    value the kernel computes by parameters gives those parameters as a step (``KernelAnalysis.row_steps``). The third
+    value is the rows' stride as factors (``KernelAnalysis.row_scales``): the launch checks that it is the gathered
+    buffer's, where a stride of the shard's or of another layout would read other rows than those the wait covers."""
     from tilelink.analysis import _arg, _factors, _is_tl_call, _refuse, _terms, code
 
     defs = an.assignments.get(acc.pointer, [])
     make = defs[0][1] if len(defs) == 1 else None
     if not isinstance(make, cst.Call) or not _is_tl_call(make, "make_tensor_descriptor"):
-        return [], set()
+        return [], set(), set()
     base, shape, strides = _arg(make, 0, "base"), _arg(make, 1, "shape"), _arg(make, 2, "strides")
     if base is None or not isinstance(shape, (cst.List, cst.Tuple)) or not isinstance(strides, (cst.List, cst.Tuple)) \
             or len(shape.elements) != len(strides.elements):
-        return [], set()
+        return [], set(), set()
     address = _Rows(an).read(base)
     entries = [_Rows(an).read(e.value) for e in strides.elements]
     axes = [i for i, e in enumerate(entries) if len(e) == 1 and next(iter(e)) and _divide(address, next(iter(e)))[0]]
@@ -459,8 +462,18 @@ def descriptor_inner_terms(an: _Analyzer, acc: Access) -> tuple[list[tuple], set
         # row term, and its rows' axis is the only one of a stride other than 1, as the tile= proof reads it
         axes = [i for i, e in enumerate(entries) if len(e) == 1 and next(iter(e)) and e != {(): 1}]
     if len(axes) != 1:
-        return [], set()  # no single axis whose stride scales the base's rows: the rows' own checks judge it
+        return [], set(), set()  # no single axis whose stride scales the base's rows: the rows' own checks judge it
     axis = axes[0]
+    ((atoms, coefficient),) = entries[axis].items()
+    params = passed_params(an)
+    if coefficient <= 0 or any(a not in params for a in atoms):
+        raise _refuse(acc, f"the descriptor `{acc.pointer}` of {acc.tensor!r} steps its rows by "
+                           f"`{code(strides.elements[axis].value)}`, which TileLink cannot read at the launch: it "
+                           f"cannot check that the rows the {acc.kind} at line {acc.where.line} reads are the rows of "
+                           f"the gathered buffer its wait covers",
+                      "give the rows' stride as a parameter the kernel passes on as it is, or a product of parameters "
+                      "and literals (`strides=[stride_xs, 1]`)")
+    scale = tuple(atoms) + ((str(coefficient),) if coefficient != 1 else ())
     _, rest = _divide(address, next(iter(entries[axis])))
     # a computed term times parameters (`b * stride_xb`) is a step the launch checks, as a pointer's: a step of the
     # dims before the rows, or, in a sequence-major layout (the attention kernel's (1, 1, S, B * H * D),
@@ -487,7 +500,7 @@ def descriptor_inner_terms(an: _Analyzer, acc: Access) -> tuple[list[tuple], set
         # its first element and its last, each within the row: the extent past a negative base term (`x_ptr + ... -
         # 2` read over a row of D) would hide where the read starts, in the row before
         shift = [tuple(shift[0]) + tuple(extent), tuple(shift[0])] if shift else [tuple(extent)]
-    return shift, steps
+    return shift, steps, {scale}
 
 
 def _outside_terms(an: _Analyzer, acc: Access, rest: Poly) -> tuple[list[tuple], set[tuple[tuple[str, ...], str]]]:

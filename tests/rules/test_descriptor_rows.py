@@ -206,3 +206,45 @@ def test_a_descriptors_computed_base_term_is_a_step_checked_at_the_launch(tmp_pa
     # no grid to bound the batch by: refused as no whole step
     with pytest.raises(LaunchError, match="a step within the row passes only where the grid bounds"):
         module.chunked_col_sum_desc._check_row_scales(seq, Launcher())
+
+
+def test_a_descriptors_row_stride_along_an_inner_dim_is_compared_with_the_gathered_buffers(tmp_path) -> None:
+    # `strides=[stride_xs, 1]`: a stride other than the gathered buffer's row (a padded row, `2 * D`) steps the
+    # descriptor's rows over rows of S the wait of its chunk does not cover
+    source = (FORMS / "chunked_rows_descriptor.py").read_text()
+    plan = generate(source, "chunked.py", requests_in(source, "chunked.py")).plans[0].launch
+    line = next(i for i, text in enumerate(source.splitlines(), 1) if "x = desc.load(" in text)
+    assert plan.row_scales == (("x_ptr", ("stride_xs",), line),), plan.row_scales
+    path = tmp_path / "chunked.py"
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location("chunked_col_sum_desc_scales", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    B, S, d = 2, 8, 4
+
+    class Launcher(_Launcher):
+        def size_of(self, bound: dict) -> int:
+            return bound["S"]
+
+    def args(stride_xs: int) -> dict:
+        return dict(x_ptr=torch.zeros(B, S // 2, d), y_ptr=torch.zeros(B, d), S=S, D=d, CHUNK=4,
+                    stride_xb=S * d, stride_xs=stride_xs, BLOCK_S=4, BLOCK_D=d)
+
+    module.chunked_col_sum_desc._check_row_scales(args(d), Launcher())
+    with pytest.raises(LaunchError) as info:
+        module.chunked_col_sum_desc._check_row_scales(args(2 * d), Launcher())
+    said = str(info.value)
+    assert "the rows of 'x_ptr' are addressed 8 elements apart at " in said and \
+        f"chunked.py:{line} (its offsets times stride_xs=8)" in said and "has its dim-1 rows 4 elements apart" in said, \
+        said
+
+
+def test_a_descriptors_row_stride_the_launch_cannot_read_is_refused() -> None:
+    # a stride the kernel computes (`row = stride_xs * 2` bound again in the kernel): the launch reads the argument
+    source = (FORMS / "chunked_rows_descriptor.py").read_text().replace(
+        "    offs_d = tl.arange(0, BLOCK_D)\n", "    offs_d = tl.arange(0, BLOCK_D)\n    stride_xs = stride_xs * 2\n")
+    with pytest.raises(AnnotationError) as info:
+        generate(source, "chunked.py", requests_in(source, "chunked.py"))
+    said = str(info.value)
+    assert "the descriptor `desc` of 'x_ptr' steps its rows by `stride_xs`" in said, said
+    assert "give the rows' stride as a parameter" in info.value.hint, info.value.hint
