@@ -389,6 +389,8 @@ class _Analyzer:
         self.module, self.fn, self.file, self.tensors = module, fn, file, tensors
         # the parameters each proven `tile=` load's rows read, taken as non-negative (`KernelAnalysis.row_signs`)
         self.row_signs: list[tuple[str, Where]] = []
+        # the `@triton.jit` helpers the kernel's file imports by name, read once where a value calls one
+        self.imported: dict[str, str] | None = None
         # the column starts at a program's position whose sign the launch bounds from the grid
         # (`KernelAnalysis.row_starts`)
         self.row_starts: list[tuple[str, Where]] = []
@@ -1257,6 +1259,12 @@ def _helper_value(an: _Analyzer, call: cst.Call) -> cst.BaseExpression | None:
         return None
     fn = next((f for f in an.module.body if isinstance(f, cst.FunctionDef) and f.name.value == call.func.value
                and any(is_triton_jit(d) for d in f.decorators)), None)
+    if fn is None:  # one the file imports by name (`from tilelink.ops.gemm_kernels import tile_coordinates`)
+        if an.imported is None:
+            an.imported = imported_helpers(an.module, an.file, is_triton_jit)
+        source = an.imported.get(call.func.value)
+        found = cst.parse_module(source).body if source is not None else ()
+        fn = found[0] if len(found) == 1 and isinstance(found[0], cst.FunctionDef) else None
     params = fn.params.params if fn is not None else ()
     if fn is None or fn.params.star_arg not in (None, cst.MaybeSentinel.DEFAULT) or fn.params.kwonly_params \
             or len(params) != len(call.args) or not isinstance(fn.body, cst.IndentedBlock):

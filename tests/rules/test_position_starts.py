@@ -165,3 +165,19 @@ def test_the_position_is_bounded_at_two_ranks_on_the_race_exposing_schedule(tmp_
     # one block back: the first program along the columns reads the end of the row before
     with pytest.raises(LaunchError, match="which is -4 for some program of the grid"):
         tilelink.spawn(_copy, 2, str(path), 1)
+
+
+def test_a_position_an_imported_helper_returns_is_written_out_and_bounded() -> None:
+    # `pid_m, pid_n = tile_coordinates(...)`, imported by name from another module of the package
+    path = Path(tilelink.__file__).parent / "ops" / "tp_kernels.py"
+    if not path.exists():  # an installed layout: the ops package beside the tilelink package's own files
+        import tilelink.ops.tp_kernels as tp_kernels
+
+        path = Path(tp_kernels.__file__)
+    source = path.read_text()
+    plans = {p.kernel: p.launch for p in generate(source, str(path), requests_in(source, str(path))).plans}
+    (value, _), = plans["gemm_rs_kernel"].row_starts
+    assert "tile_coordinates" not in value and "min(" in value, value
+    values = dict(M=70, N=40, BLOCK_M=16, BLOCK_N=16, GROUP_M=8)
+    tiles = 5 * 3
+    assert _value_range(value, values, (tiles, 1, 1)) == (0, 32)
