@@ -389,6 +389,9 @@ class _Analyzer:
         self.module, self.fn, self.file, self.tensors = module, fn, file, tensors
         # the parameters each proven `tile=` load's rows read, taken as non-negative (`KernelAnalysis.row_signs`)
         self.row_signs: list[tuple[str, Where]] = []
+        # the blocks of columns indexed out of an expression (`(k * BLOCK_K + offs_k)[None, :]`) -> the name the
+        # row checks read them by (`_name_columns`)
+        self.inline_columns: dict[str, str] = {}
         # the `@triton.jit` helpers the kernel's file imports by name, read once where a value calls one
         self.imported: dict[str, str] | None = None
         # the column starts at a program's position whose sign the launch bounds from the grid
@@ -1042,13 +1045,20 @@ def _position(an: _Analyzer, node: cst.BaseExpression, depth: int = 0) -> bool:
     return True
 
 
+def _bound_again(an: _Analyzer, name: str) -> bool:
+    """``name`` is rebound in a way a plain assignment is not (a loop's target, an update in place, a named
+    expression); a name annotated once (``HALF: tl.constexpr = BLOCK_D // 2``) is bound like any assignment."""
+    return name in an.rebound and not (len(an.bindings.get(name, ())) == 1 and m.findall(
+        an.fn.body, m.AnnAssign(target=m.Name(name))))
+
+
 def _varies(an: _Analyzer, node: cst.BaseExpression, depth: int = 0) -> bool:
     """``node`` reads a name that changes from one step of a loop to the next (a loop variable, a name updated in
     place or assigned inside a loop), directly or through locals bound once: the advance and sweep checks judge it."""
     loops = m.findall(an.fn.body, m.For() | m.While())
     for name in names_in(node) - set(an.params):
         defs = an.assignments.get(name, [])
-        if name in an.rebound or any(_contains(an, loop, where) for loop in loops for where in (
+        if _bound_again(an, name) or any(_contains(an, loop, where) for loop in loops for where in (
                 an.where(ref.node) for ref, _ in defs)):
             return True
         if depth < 8 and len(defs) == 1 and _varies(an, defs[0][1], depth + 1):
@@ -1156,12 +1166,18 @@ def _nonnegative_value(an: _Analyzer, node: cst.BaseExpression, depth: int = 0) 
         if node.value in an.params:
             return {node.value} if not defs and node.value not in an.rebound else None
         # a local bound more than once (`offs_k = tl.arange(0, BLOCK_K)` in a persistent kernel's body loop and
-        # again in its tail) holds one of its values wherever it is read: non-negative when each of them is, every
-        # binding an assignment of a value (not a loop's target, an unpacking or an augmented assignment)
-        if not defs or len(defs) != len(an.bindings.get(node.value, ())) or node.value in an.rebound:
+        # again in its tail, `col += BLOCK` in a loop) holds one of its values wherever it is read: non-negative when
+        # each of them is, every binding an assignment of a value (also annotated) or an in-place `+=` / `*=` of one
+        # (not a loop's target beside them, nor an unpacking)
+        augs = m.findall(an.fn.body, m.AugAssign(target=m.Name(node.value)))
+        bindings = len(an.bindings.get(node.value, ()))
+        if not defs and not augs and bindings == 1:
+            return _loop_target_sign(an, node.value, depth)  # bound by its loop alone
+        if not defs or len(defs) + len(augs) != bindings or any(
+                not isinstance(a.operator, (cst.AddAssign, cst.MultiplyAssign)) for a in augs):
             return None
         signs: set[str] = set()
-        for _, value in defs:
+        for value in [v for _, v in defs] + [a.value for a in augs]:
             sign = _nonnegative_value(an, value, depth + 1)
             if sign is None:
                 return None
@@ -1177,8 +1193,13 @@ def _nonnegative_value(an: _Analyzer, node: cst.BaseExpression, depth: int = 0) 
         if m.matches(node.func, m.Attribute(value=m.Name("tl"), attr=m.Name("arange"))) and len(node.args) == 2 \
                 and m.matches(node.args[0].value, m.Integer("0")):
             return set()
-        if m.matches(node.func, m.Attribute(attr=m.Name("to"))):  # a cast keeps the value
-            return _nonnegative_value(an, node.func.value, depth + 1)  # type: ignore[attr-defined]
+        if m.matches(node.func, m.Attribute(attr=m.Name("to"))):
+            # a cast to a signed int of 32 or 64 bits keeps the value (`tl.int8` wraps, an unsigned one turns a
+            # negative value into a large one)
+            if len(node.args) == 1 and node.args[0].keyword is None and m.matches(node.args[0].value, m.Attribute(
+                    value=m.Name("tl"), attr=m.Name("int32") | m.Name("int64"))):
+                return _nonnegative_value(an, node.func.value, depth + 1)  # type: ignore[attr-defined]
+            return None
         args = [a.value for a in node.args if a.keyword is None and not a.star]
         if len(args) == 2 == len(node.args) and m.matches(node.func, m.Attribute(
                 value=m.Name("tl") | m.Name("triton"), attr=m.Name("cdiv")) | m.Attribute(
@@ -1194,10 +1215,36 @@ def _nonnegative_value(an: _Analyzer, node: cst.BaseExpression, depth: int = 0) 
     return None
 
 
-def program_value(an: _Analyzer, source: str) -> str:
+def _loop_target_sign(an: _Analyzer, name: str, depth: int) -> set[str] | None:
+    """The parameters whose signs make the target of a ``for name in range(a, b[, step])`` loop (``tl.range``,
+    ``tl.static_range``) non-negative: those of ``a`` and of ``step``, counting up from a non-negative start. ``None``
+    for any other loop, or a start or step whose sign TileLink cannot tell."""
+    loops = m.findall(an.fn.body, m.For(target=m.Name(name)))
+    if len(loops) != 1:
+        return None
+    it = loops[0].iter
+    if not (isinstance(it, cst.Call) and (m.matches(it.func, m.Name("range")) or m.matches(
+            it.func, m.Attribute(value=m.Name("tl"), attr=m.Name("range") | m.Name("static_range"))))):
+        return None
+    args = [a.value for a in it.args if a.keyword is None]
+    if not 1 <= len(args) <= 3 or any(a.star for a in it.args):
+        return None
+    signs: set[str] = set()
+    for part in ([args[0]] if len(args) >= 2 else []) + ([args[2]] if len(args) == 3 else []):
+        sign = _nonnegative_value(an, part, depth + 1)
+        if sign is None:
+            return None
+        signs |= sign
+    return signs
+
+
+def program_value(an: _Analyzer, source: str, loops: bool = False) -> str:
     """``source`` (an expression of the kernel) with each local bound once written out as its value, down to program
     ids, parameters and literals (``off_z`` -> ``(tl.program_id(1) // HEADS).to(tl.int64)``), for the launch to bound
-    from the grid; a name bound more than once, or in a loop, stays as it is (the launch then cannot bound it)."""
+    from the grid; a name bound more than once, or in a loop, stays as it is (the launch then cannot bound it). With
+    ``loops``, a local bound once in a loop is written out too, and the target of a ``for`` loop over ``range`` /
+    ``tl.range`` becomes ``tl.range(a, b, step)``, which the launch reads as any value of that loop (``tile_id`` of
+    ``for tile_id in tl.range(start_pid, num_tiles, NUM_SMS)``)."""
 
     class _Expand(cst.CSTTransformer):
         def __init__(self, depth: int) -> None:
@@ -1213,8 +1260,11 @@ def program_value(an: _Analyzer, source: str) -> str:
 
         def leave_Name(self, original: cst.Name, updated: cst.Name) -> cst.BaseExpression:
             defs = an.assignments.get(original.value, [])
-            if self.depth >= 8 or original.value in an.params or original.value in an.rebound or len(defs) != 1 \
-                    or len(an.bindings.get(original.value, [])) > 1 or _varies(an, original):
+            if loops and not defs and self.depth < 8 and original.value not in an.params:
+                found = _loop_range(an, original.value)
+                return updated if found is None else found.visit(_Expand(self.depth + 1))
+            if self.depth >= 8 or original.value in an.params or _bound_again(an, original.value) or len(defs) != 1 \
+                    or len(an.bindings.get(original.value, [])) > 1 or not loops and _varies(an, original):
                 return updated
             inner = defs[0][1].visit(_Expand(self.depth + 1))
             slot = _unpacked_slot(defs[0][0], defs[0][1], original.value)
@@ -1228,6 +1278,9 @@ def program_value(an: _Analyzer, source: str) -> str:
             return inner.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()]) if hasattr(inner, "lpar") \
                 else inner
 
+        def leave_Arg(self, original: cst.Arg, updated: cst.Arg) -> cst.Arg:
+            return updated.with_changes(keyword=original.keyword)  # `axis=`: a keyword, not a value
+
         def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
             value = _helper_value(an, updated)
             return updated if value is None else value.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
@@ -1236,6 +1289,26 @@ def program_value(an: _Analyzer, source: str) -> str:
         return code(cst.parse_expression(source).visit(_Expand(0)))
     except cst.ParserSyntaxError:
         return source
+
+
+def _loop_range(an: _Analyzer, name: str) -> cst.Call | None:
+    """``tl.range(a, b, step)`` for the target ``name`` of the one ``for`` loop over ``range(a, b[, step])`` (also
+    ``tl.range``, ``tl.static_range``) that binds it, and binds nothing else; ``None`` for any other name."""
+    found = m.findall(an.fn.body, m.For(target=m.Name(name)))
+    if len(found) != 1 or len(an.bindings.get(name, ())) != 1 or m.findall(
+            an.fn.body, m.AugAssign(target=m.Name(name)) | m.NamedExpr(target=m.Name(name))):
+        return None
+    it = found[0].iter
+    if not (isinstance(it, cst.Call) and (m.matches(it.func, m.Name("range")) or m.matches(
+            it.func, m.Attribute(value=m.Name("tl"), attr=m.Name("range") | m.Name("static_range"))))):
+        return None
+    args = [a.value for a in it.args if a.keyword is None and not a.star]
+    if not 1 <= len(args) <= 3:
+        return None
+    start, stop = (args[0], args[1]) if len(args) >= 2 else (cst.Integer("0"), args[0])
+    step = args[2] if len(args) == 3 else cst.Integer("1")
+    return cst.Call(func=cst.Attribute(value=cst.Name("tl"), attr=cst.Name("range")),
+                    args=[cst.Arg(start), cst.Arg(stop), cst.Arg(step)])
 
 
 def _unpacked_slot(ref: StmtRef, value: cst.BaseExpression, name: str) -> int | None:
@@ -1252,25 +1325,45 @@ def _unpacked_slot(ref: StmtRef, value: cst.BaseExpression, name: str) -> int | 
 
 
 def _helper_value(an: _Analyzer, call: cst.Call) -> cst.BaseExpression | None:
-    """What a ``@triton.jit`` helper of the kernel's file returns for ``call``, written out over its arguments, where
-    its body is straight-line: assignments to names, then one ``return`` (``def tile_of(pid, N, BLOCK_N): n =
-    tl.cdiv(N, BLOCK_N); return pid // n, pid % n``); ``None`` for any other helper or call."""
-    if not isinstance(call.func, cst.Name) or any(a.keyword is not None or a.star for a in call.args):
+    """What a ``@triton.jit`` helper of the kernel's file (or one it imports by name) returns for ``call``, written out
+    over its arguments, where its body is straight-line: assignments to names, then one ``return`` (``def tile_of(pid,
+    N, BLOCK_N): n = tl.cdiv(N, BLOCK_N); return pid // n, pid % n``), and it reads no name but its parameters, its
+    locals, ``tl`` and ``triton`` (a global of its module is not the kernel's name of that spelling). ``None`` for any
+    other helper or call, and for a name the file binds more than once (the last binding is the one that runs)."""
+    if not isinstance(call.func, cst.Name) or any(a.star for a in call.args):
         return None
-    fn = next((f for f in an.module.body if isinstance(f, cst.FunctionDef) and f.name.value == call.func.value
-               and any(is_triton_jit(d) for d in f.decorators)), None)
-    if fn is None:  # one the file imports by name (`from tilelink.ops.gemm_kernels import tile_coordinates`)
+    name = call.func.value
+    bound = [f for f in an.module.body if isinstance(f, (cst.FunctionDef, cst.ClassDef)) and f.name.value == name]
+    bound += [small for line in an.module.body if isinstance(line, cst.SimpleStatementLine) for small in line.body
+              if name in _top_level_names(small)]
+    fn = bound[0] if len(bound) == 1 and isinstance(bound[0], cst.FunctionDef) and any(
+        is_triton_jit(d) for d in bound[0].decorators) else None
+    if fn is None and len(bound) == 1 and isinstance(bound[0], (cst.Import, cst.ImportFrom)):
+        # one the file imports by name (`from tilelink.ops.gemm_kernels import tile_coordinates`)
         if an.imported is None:
             an.imported = imported_helpers(an.module, an.file, is_triton_jit)
-        source = an.imported.get(call.func.value)
+        source = an.imported.get(name)
         found = cst.parse_module(source).body if source is not None else ()
         fn = found[0] if len(found) == 1 and isinstance(found[0], cst.FunctionDef) else None
-    params = fn.params.params if fn is not None else ()
     if fn is None or fn.params.star_arg not in (None, cst.MaybeSentinel.DEFAULT) or fn.params.kwonly_params \
-            or len(params) != len(call.args) or not isinstance(fn.body, cst.IndentedBlock):
+            or fn.params.star_kwarg is not None or fn.params.posonly_params \
+            or not isinstance(fn.body, cst.IndentedBlock):
         return None
-    env = {p.name.value: a.value.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
-           if hasattr(a.value, "lpar") else a.value for p, a in zip(params, call.args, strict=True)}
+    params = [p.name.value for p in fn.params.params]
+    given: dict[str, cst.BaseExpression] = {}
+    for k, a in enumerate(call.args):
+        key = a.keyword.value if a.keyword is not None else (params[k] if k < len(params) else None)
+        if key not in params or key in given:
+            return None
+        given[key] = a.value
+    for p in fn.params.params:
+        if p.name.value not in given:
+            if p.default is None:
+                return None
+            given[p.name.value] = p.default
+    env = {n: v.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()]) if hasattr(v, "lpar") else v
+           for n, v in given.items()}
+    known = set(params) | {"tl", "triton"}
 
     class _Put(cst.CSTTransformer):
         def visit_Attribute(self, node: cst.Attribute) -> bool:
@@ -1278,6 +1371,9 @@ def _helper_value(an: _Analyzer, call: cst.Call) -> cst.BaseExpression | None:
 
         def leave_Attribute(self, original: cst.Attribute, updated: cst.Attribute) -> cst.BaseExpression:
             return updated.with_changes(value=original.value.visit(_Put()))
+
+        def leave_Arg(self, original: cst.Arg, updated: cst.Arg) -> cst.Arg:
+            return updated.with_changes(keyword=original.keyword)  # `axis=`: a keyword, not a value
 
         def leave_Name(self, original: cst.Name, updated: cst.Name) -> cst.BaseExpression:
             return env.get(original.value, updated)
@@ -1288,16 +1384,54 @@ def _helper_value(an: _Analyzer, call: cst.Call) -> cst.BaseExpression | None:
         small = statement.body[0]
         if isinstance(small, cst.Expr) and isinstance(small.value, (cst.SimpleString, cst.ConcatenatedString)):
             continue  # the docstring
+        last = statement is fn.body.body[-1]
+        value = small.value if isinstance(small, (cst.Assign, cst.Return)) else None
+        if value is None or not _value_names(value) <= known:
+            return None  # a global of the helper's module, or a statement of another kind
         if isinstance(small, cst.Assign) and len(small.targets) == 1 and isinstance(small.targets[0].target,
-                                                                                    cst.Name):
-            value = small.value.visit(_Put())
-            env[small.targets[0].target.value] = value.with_changes(
-                lpar=[cst.LeftParen()], rpar=[cst.RightParen()]) if hasattr(value, "lpar") else value
+                                                                                    cst.Name) and not last:
+            written = value.visit(_Put())
+            env[small.targets[0].target.value] = written.with_changes(
+                lpar=[cst.LeftParen()], rpar=[cst.RightParen()]) if hasattr(written, "lpar") else written
+            known.add(small.targets[0].target.value)
             continue
-        if isinstance(small, cst.Return) and small.value is not None and statement is fn.body.body[-1]:
-            return small.value.visit(_Put())
+        if isinstance(small, cst.Return) and last:
+            return value.visit(_Put())
         return None
     return None
+
+
+def _top_level_names(small: cst.BaseSmallStatement) -> set[str]:
+    """The names a statement of a module's top level binds (an assignment's targets, an import's names)."""
+    if isinstance(small, (cst.Import, cst.ImportFrom)) and not isinstance(small.names, cst.ImportStar):
+        return {(a.asname.name if a.asname is not None else a.name).value if isinstance(
+            (a.asname.name if a.asname is not None else a.name), cst.Name) else code(a.name).split(".")[0]
+            for a in small.names}
+    if isinstance(small, (cst.Assign, cst.AnnAssign, cst.AugAssign)):
+        targets = [t.target for t in small.targets] if isinstance(small, cst.Assign) else [small.target]
+        return {n for t in targets for n in names_in(t)}
+    return set()
+
+
+def _value_names(node: cst.BaseExpression) -> set[str]:
+    """The names an expression reads as values: not an attribute's name (``tl``'s ``cdiv``) nor a keyword (``axis=``),
+    nor a builtin minimum or maximum."""
+    found: set[str] = set()
+
+    class _Read(cst.CSTVisitor):
+        def visit_Attribute(self, node: cst.Attribute) -> bool:
+            node.value.visit(self)
+            return False
+
+        def visit_Arg(self, node: cst.Arg) -> bool:
+            node.value.visit(self)
+            return False
+
+        def visit_Name(self, node: cst.Name) -> None:
+            found.add(node.value)
+
+    node.visit(_Read())
+    return found - {"min", "max"}
 
 
 def _is_vector(an: _Analyzer, node: cst.BaseExpression, depth: int = 0) -> bool:
@@ -1324,6 +1458,7 @@ def _vector_start(an: _Analyzer, acc: Access, name: str, offsets: str,
     start: _Terms = []
     position = vectors = 0
     for term, negative in terms:
+        term = _uncast(term)  # `offs_d.to(tl.int64)`: the same columns
         if m.matches(term, m.Call(func=m.Attribute(attr=m.Name("arange")) | m.Name("arange"),
                                   args=[m.Arg(value=m.Integer("0")), m.ZeroOrMore()])) and not negative:
             vectors += 1
@@ -1346,14 +1481,66 @@ def _vector_start(an: _Analyzer, acc: Access, name: str, offsets: str,
         elif (found := None if m.findall(term, m.Call()) else _factors(an, term, offsets)) is not None:
             start.append((negative, tuple(found)))
         elif _varies(an, term):
-            return None  # the columns of each step: the sweep check judges them
+            # the columns of each step of a loop (`cols = k * BLOCK_K + tl.arange(...)`): the loop's target counts up
+            # from a non-negative start, or the columns may start in the row before; a position TileLink cannot read
+            # as non-negative (the grouped `pid_n` of a persistent loop's `tile_id`) is written out with each loop's
+            # target as the range it runs over, for each call to bound from its grid
+            signs = None if negative else _nonnegative_value(an, term)
+            written = None
+            if signs is None and not negative:
+                written = program_value(an, code(term), loops=True)
+                try:
+                    parsed = cst.parse_expression(written)
+                except cst.ParserSyntaxError:
+                    parsed = None
+                from tilelink.tile_rows import passed_params
+
+                if parsed is None or _value_names(parsed) - passed_params(an) - {"tl", "triton"} or m.findall(
+                        parsed, m.Subscript() | m.Call(func=m.Attribute(attr=m.Name("load") | m.MatchIfTrue(
+                            lambda n: n.value.startswith("atomic"))))):
+                    written = None  # a value read from memory, or a name it cannot write out
+            if written is not None:
+                an.row_starts.append((written, acc.where))
+            elif signs is None:
+                raise _refuse(acc, f"the columns `{name}` of the {acc.kind} at line {acc.where.line} start at "
+                                   f"`{'-' if negative else ''}{code(term)}`, which changes from one step of a loop to "
+                                   f"the next and whose sign TileLink cannot tell: a negative start reads the row "
+                                   f"before, which its {_waits(acc)} does not cover",
+                              "start them from the target of a `for j in range(a, b, step)` loop (also `tl.range`) "
+                              "with `a` and `step` non-negative (literals, parameters, program ids, `+`, `*`, `//`, "
+                              "`%`), times non-negative factors")
+            if signs is not None:
+                an.row_signs.extend((n, acc.where) for n in sorted(signs))
+            position += 1
         elif not negative and _position(an, term):
-            if _nonnegative_value(an, cst.parse_expression(program_value(an, code(term)))) is None:
+            written = program_value(an, code(term))
+            try:
+                parsed = cst.parse_expression(written)
+            except cst.ParserSyntaxError:
+                parsed = None
+            signs = None if parsed is None else _nonnegative_value(an, parsed)
+            if signs is not None:
+                an.row_signs.extend((n, acc.where) for n in sorted(signs))
+            else:
                 # a position TileLink cannot read as non-negative from its form (`(pid - 5) * BLOCK_N`, or the
                 # grouped `pid_n = (pid % group) // group_size_m` with `group_size_m = min(num_pid_m - first, G)`):
                 # its least value over the call's grid must be (`KernelAnalysis.row_starts`), else the columns start
-                # in the row before, which the wait or notify does not cover
-                an.row_starts.append((program_value(an, code(term)), acc.where))
+                # in the row before, which the wait or notify does not cover. Every name left in it must be a
+                # parameter the launch reads as the kernel uses it
+                from tilelink.tile_rows import passed_params
+
+                unread = sorted(_value_names(parsed) - passed_params(an) - {"tl", "triton"}) if parsed is not None \
+                    else [written]
+                if unread:
+                    said = ", ".join(f"`{n}`" for n in unread)
+                    raise _refuse(acc, f"the columns `{name}` of the {acc.kind} at line {acc.where.line} start at "
+                                       f"`{code(term)}`, whose sign TileLink cannot tell from its form and cannot "
+                                       f"write out over program ids and arguments for the launch to bound: it reads "
+                                       f"{said} (a local bound more than once, a parameter the kernel binds again, "
+                                       f"or a helper that is not one `return` after assignments of its parameters "
+                                       f"and locals)", "compute the position from tl.program_id and the arguments as "
+                                       "passed, in locals bound once or a straight-line @triton.jit helper")
+                an.row_starts.append((written, acc.where))
             position += 1
         elif _computed(an, term):
             raise _refuse(acc, f"the columns `{name}` of the {acc.kind} at line {acc.where.line} start at "
@@ -1364,29 +1551,88 @@ def _vector_start(an: _Analyzer, acc: Access, name: str, offsets: str,
     return (start, position > 0) if vectors else None
 
 
-def _check_named_columns(acc: Access, term: cst.BaseExpression) -> None:
-    """Refuse a term of an address that indexes a 2-D block out of an expression rather than a name
-    (``tl.arange(0, 4)[None, :]``, ``(start + tl.arange(0, B))[None, :]``): where such columns start and end is not
-    read (the checks follow named vectors to their one binding), so they could reach into the next or the previous
-    row, which the wait or notify does not cover."""
-    for node in m.findall(term, m.Subscript()):
+def _name_columns(an: _Analyzer, acc: Access, term: cst.BaseExpression, register: bool = True) -> cst.BaseExpression:
+    """``term`` with each block of columns indexed out of an expression (``(k * BLOCK_K + offs_k)[None, :]``, as the
+    matmul tutorials write it) indexed through a name bound to that expression where the access is, as if the kernel
+    had written ``cols = k * BLOCK_K + offs_k`` and ``cols[None, :]``: the checks of named columns then read where
+    they start and end (and the mask that bounds them, given the same expression). ``register=False`` only names
+    the expressions already named (a mask's)."""
+
+    class _Named(cst.CSTTransformer):
+        def leave_Subscript(self, original: cst.Subscript, updated: cst.Subscript) -> cst.BaseExpression:
+            kinds = [isinstance(el.slice, cst.Slice) for el in updated.slice]
+            if isinstance(updated.value, cst.Name) or len(kinds) < 2 or kinds.count(True) != 1 or kinds[0]:
+                return updated  # a named vector, or not a block's columns
+            value = _bare(updated.value)
+            key = code(value)
+            name = an.inline_columns.get(key)
+            if name is None and register:
+                name = an.inline_columns[key] = f"_tilelink_columns_{len(an.inline_columns)}"
+                an.assignments[name] = [(_statement_of(an, acc), value)]
+            return updated if name is None else updated.with_changes(value=cst.Name(name))
+
+    return term.visit(_Named())  # type: ignore[return-value]
+
+
+def _statement_of(an: _Analyzer, acc: Access) -> StmtRef:
+    """The innermost statement of the kernel that holds the access."""
+    found = an.statements[0]
+    for ref in an.statements:
+        pos = an.positions[ref.node]
+        if (pos.start.line, pos.start.column + 1) <= (acc.where.line, acc.where.column) and pos.end.line >= \
+                acc.where.line:
+            found = ref
+    return found
+
+
+def _unnamed_columns(an: _Analyzer, error: AnnotationError) -> AnnotationError:
+    """``error`` with the names :func:`_name_columns` gave written back as the expressions they stand for."""
+    if not an.inline_columns:
+        return error
+    names = {name: f"({key})" for key, name in an.inline_columns.items()}
+
+    def said(text: str | None) -> str | None:
+        for name, expression in names.items():
+            text = text.replace(name, expression) if text is not None else None
+        return text
+
+    return AnnotationError(said(error.reason) or "", file=error.file, line=error.line, column=error.column,
+                           hint=said(error.hint))
+
+
+def _refuse_unread_columns(acc: Access, term: cst.BaseExpression, offsets: str, always: bool = False) -> None:
+    """Refuse a term of an address that holds a column vector (``cols[None, :]``) in a form TileLink does not read as
+    the vector times factors (``tl.broadcast_to(cols[None, :], ...)``, ``cols[None, :] * (s + 1)``): where its columns
+    start and end is not checked, so they could reach into another row, which the wait or notify does not cover."""
+    for node in m.findall(term, m.Subscript(value=m.Name())):
         kinds = [isinstance(el.slice, cst.Slice) for el in node.slice]
-        if isinstance(node.value, cst.Name) or len(kinds) < 2 or kinds.count(True) != 1 or kinds[0]:
-            continue  # a named vector, or not a block's columns (the rows, `[:, None]`, are the offsets' own checks)
-        vector = code(_bare(node.value))
-        raise _refuse(acc, f"the address of the {acc.kind} at line {acc.where.line} indexes `{vector}` as a block "
-                           f"without naming it: TileLink follows a named vector to its binding to check that it stays "
-                           f"within the rows of {acc.tensor!r} its {_waits(acc)} covers",
-                      f"bind the vector to a local first (`cols = {vector}`, then `cols[None, :]`), and mask it by "
-                      f"the row's length (`cols[None, :] < D`)")
+        if not always and (node.value.value == offsets or len(kinds) < 2 or kinds.count(True) != 1 or kinds[0]):
+            continue
+        raise _refuse(acc, f"the address of the {acc.kind} at line {acc.where.line} adds `{code(term)}`, which holds "
+                           f"the columns `{node.value.value}` in a form TileLink does not read: it cannot check that "
+                           f"they stay within the rows of {acc.tensor!r} its {_waits(acc)} covers",
+                      f"add the columns as `{node.value.value}[None, :]`, alone or times stride parameters and "
+                      f"literals (`{node.value.value}[None, :] * stride_xd`), with the cast in the vector's binding "
+                      f"(`{node.value.value} = (start).to(tl.int64) + tl.arange(0, BLOCK_D)`)")
+
+
+def _uncast(node: cst.BaseExpression) -> cst.BaseExpression:
+    """``node`` without the casts to a signed int of 32 or 64 bits around it (``offs[None, :].to(tl.int64)``, which
+    keep the value), parentheses stripped."""
+    node = _bare(node)
+    while isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value == "to" \
+            and len(node.args) == 1 and node.args[0].keyword is None and m.matches(node.args[0].value, m.Attribute(
+                value=m.Name("tl"), attr=m.Name("int32") | m.Name("int64"))):
+        node = _bare(node.func.value)
+    return node
 
 
 def _product_factors(term: cst.BaseExpression) -> list[cst.BaseExpression]:
-    """The factors of a product (``cols[None, :] * stride_xd * 2``), parentheses stripped, the last factor first; a
-    term that is no product is its own one factor."""
-    parts, todo = [], [_bare(term)]
+    """The factors of a product (``cols[None, :] * stride_xd * 2``), parentheses and casts to wide ints stripped, the
+    last factor first; a term that is no product is its own one factor."""
+    parts, todo = [], [_uncast(term)]
     while todo:
-        node = todo.pop()
+        node = _uncast(todo.pop())
         if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Multiply):
             todo += [_bare(node.left), _bare(node.right)]
         else:
@@ -1423,10 +1669,11 @@ def _mask_locals(an: _Analyzer, acc: Access) -> Access:
     while todo and len(out) < 64:
         node = todo.pop()
         defs = an.assignments.get(node.value, []) if isinstance(node, cst.Name) else []
-        if len(defs) == 1 and node.value not in an.rebound and not _varies(an, node):
+        # bound once (in a loop too, `c_mask = ...` beside the store of each tile): its value where it is read
+        if len(defs) == 1 and len(an.bindings.get(node.value, ())) == 1 and not _bound_again(an, node.value):
             todo += _conjuncts(code(defs[0][1]))
         else:
-            out.append(f"({code(node)})")
+            out.append(f"({code(_name_columns(an, acc, node, register=False))})")
     from dataclasses import replace
 
     return replace(acc, mask=" & ".join(out))
@@ -1475,6 +1722,7 @@ def _vector_last(an: _Analyzer, name: str, offsets: str, depth: int = 0) -> _Ter
         return None
     out: _Terms = []
     for term, negative in _terms(defs[0][1]):
+        term = _uncast(term)
         if isinstance(term, cst.Call) and m.matches(term.func, m.Attribute(attr=m.Name("arange")) | m.Name("arange")):
             end = term.args[1].value if len(term.args) == 2 else None
             found = None if end is None or m.findall(end, m.Call() | m.Subscript()) else _factors(an, end, offsets)
@@ -1609,6 +1857,21 @@ def _descriptor_row_facts(an: _Analyzer, acc: Access) -> tuple[set[tuple[str, ..
 
 def _row_scales(an: _Analyzer, acc: Access, pointers: set[str]) -> tuple[set[tuple[str, ...]], list[tuple],
                                                                          set[tuple[tuple[str, ...], str]]]:
+    """:func:`_access_row_scales`, its refusals naming columns indexed out of an expression by that expression. The
+    names :func:`_name_columns` gives such columns hold for this access only."""
+    an.inline_columns = {}
+    try:
+        return _access_row_scales(an, acc, pointers)
+    except AnnotationError as error:
+        raise _unnamed_columns(an, error) from None
+    finally:
+        for name in an.inline_columns.values():
+            an.assignments.pop(name, None)
+        an.inline_columns = {}
+
+
+def _access_row_scales(an: _Analyzer, acc: Access, pointers: set[str]) -> tuple[set[tuple[str, ...]], list[tuple],
+                                                                                set[tuple[tuple[str, ...], str]]]:
     """The scales of the rows of a pointer access (see ``KernelAnalysis.row_scales``), and its scalar terms along dim 0
     (``KernelAnalysis.row_shifts``): one sum for each way its aliases are bound (``if C: base = x_ptr + D`` / ``else:
     base = x_ptr``), none when they are not known (a loop variable, an alias advanced in place: checked as an advance).
@@ -1658,7 +1921,7 @@ def _row_scales(an: _Analyzer, acc: Access, pointers: set[str]) -> tuple[set[tup
         n = 0
         ways: list[_Terms] | None = [[]]
         for term, negative in _terms(expr):
-            _check_named_columns(acc, term)
+            term = _name_columns(an, acc, term)
             if offsets in names_in(term):
                 factors = _factors(an, term, offsets)
                 if factors is None:
@@ -1681,6 +1944,8 @@ def _row_scales(an: _Analyzer, acc: Access, pointers: set[str]) -> tuple[set[tup
                 # at a program's position (`pid_n * BLOCK_N`) is bounded by the access's mask, which must bound the
                 # vector by the row; the parameters of that position are taken as non-negative (`row_signs`)
                 vector, scale = column
+                if scale is None:  # times a factor the launch cannot read (`cols[None, :] * (D // D)`)
+                    _refuse_unread_columns(acc, term, offsets, always=True)
                 found = _vector_start(an, acc, vector, offsets) if scale is not None else None
                 if found is None or ways is None:
                     ways = None
@@ -1702,13 +1967,22 @@ def _row_scales(an: _Analyzer, acc: Access, pointers: set[str]) -> tuple[set[tup
                 elif last is not None:
                     high = low + [(negative != sub, f + scale) for sub, f in last]
                 else:
-                    raise _refuse(acc, f"the columns `{vector}` of the {acc.kind} at line {acc.where.line} are bounded "
-                                       f"by a mask TileLink cannot read at the launch, and their end is not known "
-                                       f"either: it cannot check that they stay within the rows of {acc.tensor!r} "
-                                       f"its {_waits(acc)} covers",
+                    how = "are bounded by a mask TileLink cannot read at the launch" if _masked(masks, vector) else \
+                        "are not bounded by the mask"
+                    raise _refuse(acc, f"the columns `{vector}` of the {acc.kind} at line {acc.where.line} {how}, and "
+                                       f"their end is not known either: it cannot check that they stay within the "
+                                       f"rows of {acc.tensor!r} its {_waits(acc)} covers",
                                   f"mask the columns by the row's length, a parameter or a product of parameters "
                                   f"and literals (`{vector}[None, :] < D`), which each call compares with the row")
                 ways = plus(ways, [low, high])  # the first element the program can have, and the last it reads
+            elif not m.findall(term, m.Subscript()) and _is_vector(an, term):
+                # a block of columns made other than by `[None, :]` (`tl.expand_dims(offs_d, 0)`)
+                raise _refuse(acc, f"the address of the {acc.kind} at line {acc.where.line} adds `{code(term)}`, a "
+                                   f"vector TileLink does not read as the columns of a block: it cannot check that it "
+                                   f"stays within the rows of {acc.tensor!r} its {_waits(acc)} covers",
+                              "bind the columns once (`cols = start + tl.arange(0, BLOCK_D)`), add them as "
+                              "`cols[None, :]` (times stride parameters and literals), and mask them by the row's "
+                              "length (`cols[None, :] < D`)")
             elif not m.findall(term, m.Subscript()):
                 # a loop variable's term: checked at the loop's first and last values
                 ends = _loop_term(an, acc, term, negative, offsets) if _varies(an, term) else None
@@ -1726,7 +2000,8 @@ def _row_scales(an: _Analyzer, acc: Access, pointers: set[str]) -> tuple[set[tup
                 found_term = None if ends is not None else _scalar_term(an, acc, term, negative, offsets)
                 ways = plus(ways, ends) if ends is not None else None if found_term is None else plus(
                     ways, [[found_term]])
-            # a scaled column vector (`offs_k[None, :] * stride_ak`) moves along its own dim, bounded by its mask
+            else:
+                _refuse_unread_columns(acc, term, offsets)
         for name in sorted(names_in(expr) & pointers - seen - {acc.tensor}):
             defs = [v for _, v in an.assignments.get(name, [])]
             if not defs:
@@ -1788,10 +2063,11 @@ def _inner_columns(an: _Analyzer, acc: Access, pointers: set[str], shifts: list[
     masks = _mask_locals(an, acc)
     ends: list[_Terms] = []
     for term, negative in _terms(_bare(expr)):
-        _check_named_columns(acc, term)
+        term = _name_columns(an, acc, term)
         parts = _product_factors(term)
         vectors = [p for p in parts if m.matches(p, column) and p.value.value != offsets and _is_vector(an, p.value)]
         if len(vectors) != 1:
+            _refuse_unread_columns(acc, term, offsets)
             continue  # no column vector
         name = vectors[0].value.value
         # a vector its mask bounds reads up to that bound: `cols[None, :] < 2 * D` on rows of D reads the next row

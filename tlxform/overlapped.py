@@ -14,6 +14,7 @@ import contextlib
 import functools
 import importlib.util
 import inspect
+import math
 import os
 import sys
 import tempfile
@@ -443,25 +444,34 @@ class OverlappedKernel:
     def _check_start(self, value: str, line: int, values: dict, programs: tuple[int, int, int] | None,
                      said_config: str, access: str, waits: str) -> None:
         """A column vector of the access at ``line`` starts at the program's position ``value`` (``row_starts``),
-        masked by the row's length from above only: refuse the call unless ``value``, bounded from the grid, is never
-        negative (a negative start reaches back into the row before, which the wait or notify does not cover)."""
+        masked by the row's length from above only: refuse the call unless ``value``, over the programs of the grid, is
+        never negative (a negative start reaches back into the row before, which the wait or notify does not cover)."""
         if programs is not None and 0 in programs:
             return  # no program runs
-        span = None if programs is None else _value_range(value, values, programs)
         where = f"{_display_path(self.file)}:{line}"
-        if span is None:
+        exact = None if programs is None else _least_program(value, values, programs)
+        bounds = None if programs is None or exact is not None else _value_bounds(value, values, programs)
+        if exact is None and bounds is None:
             raise LaunchError(
                 f"{self.name}: the columns of the {access} at {where} start at `{value}`{said_config}, which TileLink "
-                f"cannot bound from the grid of this call: a negative start would reach into the row before, which "
-                f"its {waits} does not cover; pass the grid as a tuple or a function of the arguments, and compute "
-                f"the position from tl.program_id, tl.cdiv, min / max, +, -, * and // or % by a positive value")
-        if span[0] < 0:
-            grid = "(" + ", ".join(map(str, programs or ())) + ")"
+                f"cannot bound over the grid of this call" + ("" if programs is not None else " (a grid it cannot "
+                "evaluate: pass it as a tuple or a function of the arguments)") + f": a negative start would reach "
+                f"into the row before, which its {waits} does not cover; compute the position from tl.program_id, "
+                f"int arguments, tl.cdiv, min / max, +, -, * and // or % of a non-negative value by a positive one")
+        grid = "(" + ", ".join(map(str, programs or ())) + ")"
+        if exact is not None and exact[0] < 0:
             raise LaunchError(
-                f"{self.name}: the columns of the {access} at {where} start at `{value}`, which is {span[0]} for some "
-                f"program of the grid {grid}{said_config}: they reach back {-span[0]} element(s), into the row "
-                f"before, which its {waits} does not cover; start the columns at a non-negative position (launch no "
-                f"more programs than the positions that start in the row)")
+                f"{self.name}: the columns of the {access} at {where} start at `{value}`, which is {exact[0]} for the "
+                f"program {exact[1]} of the grid {grid}{said_config}: they reach back {-exact[0]} element(s), into the "
+                f"row before, which its {waits} does not cover; pass arguments (and a grid) under which every program "
+                f"starts its columns at 0 or past it")
+        if bounds is not None and bounds[0] < 0:
+            raise LaunchError(
+                f"{self.name}: the columns of the {access} at {where} start at `{value}`, which TileLink can bound "
+                f"over the grid {grid}{said_config} only from {bounds[0]} up (a grid too large to evaluate each "
+                f"program): they may reach back into the row before, which its {waits} does not cover; pass arguments "
+                f"(and a grid) under which the position cannot be negative, or compute it so that its form shows it "
+                f"non-negative (program ids, parameters, +, *, //, %, tl.cdiv, minima)")
 
     def _check_multiple(self, factors: tuple[str, ...], divisor: str, test: str, line: int, values: dict,
                         said_config: str) -> None:
@@ -557,6 +567,113 @@ def _grid_of(grid: Any, values: dict[str, Any]) -> tuple[int, int, int] | None:
 
 
 def _value_range(source: str, values: dict[str, Any], programs: tuple[int, int, int]) -> tuple[int, int] | None:
+    """The least and the largest value of the kernel's expression ``source`` over a launch of ``programs`` programs:
+    exact where the grid is small enough to evaluate every program (:func:`_least_program`), else bounded by
+    :func:`_value_bounds`. ``None`` where neither can read it."""
+    exact = _least_program(source, values, programs)
+    if exact is not None:
+        return exact[0], exact[2]
+    return _value_bounds(source, values, programs)
+
+
+#: the most programs whose values :func:`_least_program` evaluates one by one (as one array)
+_EXACT_PROGRAMS = 1 << 20
+
+
+def _least_program(source: str, values: dict[str, Any],
+                   programs: tuple[int, int, int]) -> tuple[int, tuple[int, int, int], int] | None:
+    """The least value of the kernel's expression ``source`` over every program of a launch of ``programs``, the first
+    program that takes it and the largest value, computed for each program (``pid - (pid // n) * n`` is never negative,
+    which a bound of each operand alone cannot tell). ``None`` where the grid is larger than ``_EXACT_PROGRAMS`` or the
+    expression holds anything but int literals, int arguments, ``tl.program_id`` / ``tl.num_programs``, ``+``, ``-``,
+    ``*``, ``//`` and ``%`` of a non-negative value by a positive one (where Triton's and Python's agree), ``tl.cdiv``,
+    minima and maxima, and casts to 32- or 64-bit ints of values that fit."""
+    import numpy as np
+
+    if math.prod(programs) > _EXACT_PROGRAMS or 0 in programs:
+        return None
+
+    def walk(node: ast.AST):
+        if isinstance(node, ast.Constant) and isinstance(node.value, int) and not isinstance(node.value, bool):
+            return np.int64(node.value)
+        if isinstance(node, ast.Name):
+            v = values.get(node.id)
+            v = getattr(v, "value", v)
+            return np.int64(v) if isinstance(v, int) and not isinstance(v, bool) and abs(v) < 1 << 62 else None
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+            inner = walk(node.operand)
+            return None if inner is None else -inner
+        if isinstance(node, ast.BinOp):
+            a, b = walk(node.left), walk(node.right)
+            if a is None or b is None:
+                return None
+            if isinstance(node.op, ast.Add):
+                return a + b
+            if isinstance(node.op, ast.Sub):
+                return a - b
+            if isinstance(node.op, ast.Mult):
+                return a * b
+            if isinstance(node.op, (ast.FloorDiv, ast.Mod)) and np.min(a) >= 0 and np.min(b) > 0:
+                return a // b if isinstance(node.op, ast.FloorDiv) else a % b
+            return None
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("min", "max") \
+                and len(node.args) == 2 and not node.keywords:
+            a, b = walk(node.args[0]), walk(node.args[1])
+            return None if a is None or b is None else (np.minimum if node.func.id == "min" else np.maximum)(a, b)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            func = node.func
+            if func.attr == "to":
+                inner = walk(func.value)
+                kind = _int_cast(node)
+                if inner is None or kind is None or kind == 32 and (np.min(inner) < -(1 << 31) or np.max(
+                        inner) >= 1 << 31):
+                    return None
+                return inner
+            if not (isinstance(func.value, ast.Name) and func.value.id in ("tl", "triton")):
+                return None
+            args = node.args or [k.value for k in node.keywords if k.arg == "axis"]
+            if func.attr in ("program_id", "num_programs") and func.value.id == "tl" and len(args) == 1 and len(
+                    node.args) + len(node.keywords) == 1:
+                axis = walk(args[0])
+                if axis is None or np.ndim(axis) or not 0 <= int(axis) < 3:
+                    return None
+                n = programs[int(axis)]
+                if func.attr == "num_programs":
+                    return np.int64(n)
+                shape = [1, 1, 1]
+                shape[int(axis)] = n
+                return np.arange(n, dtype=np.int64).reshape(shape)
+            if len(node.args) == 2 and not node.keywords and (func.attr == "cdiv" or func.value.id == "tl" and (
+                    func.attr in ("minimum", "maximum"))):
+                a, b = walk(node.args[0]), walk(node.args[1])
+                if a is None or b is None:
+                    return None
+                if func.attr == "cdiv":
+                    return -(-a // b) if np.min(a) >= 0 and np.min(b) > 0 else None
+                return (np.minimum if func.attr == "minimum" else np.maximum)(a, b)
+        return None
+
+    tree = _parsed(source)
+    found = None if tree is None else walk(tree)
+    if found is None:
+        return None
+    full = np.broadcast_to(found, programs)
+    at = np.unravel_index(int(np.argmin(full)), programs)
+    return int(full[at]), tuple(int(i) for i in at), int(np.max(full))  # type: ignore[return-value]
+
+
+def _int_cast(node: ast.Call) -> int | None:
+    """The width of the signed int ``x.to(tl.int32)`` / ``x.to(tl.int64)`` casts to (a value that fits keeps it);
+    ``None`` for any other cast (``tl.int8`` wraps, an unsigned one changes a negative value's sign)."""
+    if len(node.args) != 1 or node.keywords:
+        return None
+    target = node.args[0]
+    if isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) and target.value.id == "tl":
+        return {"int32": 32, "int64": 64}.get(target.attr)
+    return None
+
+
+def _value_bounds(source: str, values: dict[str, Any], programs: tuple[int, int, int]) -> tuple[int, int] | None:
     """The least and the largest value of the kernel's expression ``source`` over a launch of ``programs`` programs
     along each axis: ``tl.program_id(a)`` in ``[0, programs[a])``, ``tl.num_programs(a)`` that count, a parameter its
     int argument, through ``+``, ``-``, ``*``, casts, ``tl.minimum`` / ``tl.maximum``, and ``//`` / ``%`` of a
@@ -599,13 +716,25 @@ def _value_range(source: str, values: dict[str, Any], programs: tuple[int, int, 
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
             func = node.func
             if func.attr == "to":
-                return walk(func.value)
+                inner = walk(func.value)
+                kind = _int_cast(node)
+                if inner is None or kind is None or kind == 32 and (inner[0] < -(1 << 31) or inner[1] >= 1 << 31):
+                    return None
+                return inner
             if func.attr == "cdiv" and isinstance(func.value, ast.Name) and func.value.id in ("tl", "triton") \
                     and len(node.args) == 2 and not node.keywords:
                 a, b = walk(node.args[0]), walk(node.args[1])
                 if a is None or b is None or a[0] < 0 or b[0] <= 0:
                     return None
                 return -(-a[0] // b[1]), -(-a[1] // b[0])
+            if func.attr == "range" and isinstance(func.value, ast.Name) and func.value.id == "tl" \
+                    and len(node.args) == 3 and not node.keywords:
+                # any value of a loop `for v in range(a, b, step)` of a positive step: from the least `a` to below the
+                # largest `b` (a loop that runs no step has no value to bound)
+                a, b, step = (walk(arg) for arg in node.args)
+                if a is None or b is None or step is None or step[0] <= 0:
+                    return None
+                return a[0], max(a[0], b[1] - 1)
             if isinstance(func.value, ast.Name) and func.value.id == "tl":
                 args = node.args or [k.value for k in node.keywords if k.arg == "axis"]
                 if func.attr in ("program_id", "num_programs") and len(args) == 1 and len(node.args) + len(

@@ -47,5 +47,5 @@ def test_a_program_position_of_unknown_sign_is_bounded_from_the_grid_on_the_gpu(
     path = tmp_path / "shifted_column_blocks.py"
     path.write_text(starts.SOURCE)
     assert all(e < 1e-6 for e in tilelink.spawn(starts._copy, 2, str(path), 0, backend="nvshmem"))
-    with pytest.raises(LaunchError, match="which is -4 for some program of the grid"):
+    with pytest.raises(LaunchError, match="which is -4 for the program"):
         tilelink.spawn(starts._copy, 2, str(path), 1, backend="nvshmem")

@@ -234,9 +234,9 @@ def test_a_descriptors_row_stride_along_an_inner_dim_is_compared_with_the_gather
     with pytest.raises(LaunchError) as info:
         module.chunked_col_sum_desc._check_row_scales(args(2 * d), Launcher())
     said = str(info.value)
-    assert "the rows of 'x_ptr' are addressed 8 elements apart at " in said and \
-        f"chunked.py:{line} (its offsets times stride_xs=8)" in said and "has its dim-1 rows 4 elements apart" in said, \
-        said
+    assert "the rows of 'x_ptr' are addressed 8 elements apart at " in said, said
+    assert f"chunked.py:{line} (its offsets times stride_xs=8)" in said, said
+    assert "has its dim-1 rows 4 elements apart" in said, said
 
 
 def test_a_descriptors_row_stride_the_launch_cannot_read_is_refused() -> None:

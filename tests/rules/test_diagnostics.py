@@ -232,7 +232,8 @@ def kernel(c_ptr, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
       "compute the row offsets once per tile")),
     # the store is not a statement of the loop's own body
     ("        if pid_n > 0:\n"
-     "            tl.store(c_ptr + offs_m[:, None] * N + offs_n[None, :], 1.0, mask=offs_m[:, None] < M)", 13,
+     "            tl.store(c_ptr + offs_m[:, None] * N + offs_n[None, :], 1.0,\n"
+     "                     mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))", 13,
      ("directly in the body of a loop over the tile's columns", "compute its row offsets outside the loop")),
 ])
 def test_store_in_a_column_loop_that_cannot_be_counted_says_why(inside: str, line: int, says) -> None:

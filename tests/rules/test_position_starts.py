@@ -3,8 +3,9 @@ length from above only: a negative position reads the end of the row before, whi
 race-exposing schedule a rank's first row read its peer's last row as NaN). A position whose form shows its sign
 (program ids, parameters, `+`, `*`, `//`, `%`, `tl.cdiv`, minima) builds with its parameters checked non-negative; one
 whose form does not (`tl.program_id(1) - SHIFT`, the grouped `pid_n` divided by `min(num_pid_m - first_pid_m,
-GROUP_M)`) is bounded from each call's grid, and a call on which it can be negative is refused. Columns indexed as a
-block without a name (`tl.arange(0, 4)[None, :]`) are refused at the access: their ends are not read."""
+GROUP_M)`, also over a persistent loop's `tile_id`) is bounded from each call's grid, and a call on which it can be
+negative is refused. Columns indexed out of an expression (`(k * BLOCK_K + offs_k)[None, :]`) are checked as a named
+vector bound to that expression."""
 
 from __future__ import annotations
 
@@ -107,10 +108,10 @@ def test_a_call_whose_grid_makes_the_position_negative_is_refused_at_the_launch(
         kernel._check_row_scales(_args(1), _Launcher(), grid)
     said = str(info.value)
     assert f"shifted_column_blocks.py:{LOAD_LINE} start at `(tl.program_id(1) - SHIFT) * BLOCK_D`, which is -4 " \
-           f"for some program of the grid (2, 3, 1)" in said, said
-    assert "which its wait does not cover" in said and "start the columns at a non-negative position" in said, said
+           f"for the program (0, 0, 0) of the grid (2, 3, 1)" in said, said
+    assert "which its wait does not cover" in said and "every program starts its columns at 0 or past it" in said, said
     # a grid it cannot evaluate: the position cannot be bounded
-    with pytest.raises(LaunchError, match="cannot bound from the grid of this call"):
+    with pytest.raises(LaunchError, match="cannot bound over the grid of this call"):
         kernel._check_row_scales(_args(0), _Launcher(), lambda meta: ("two",))
 
 
@@ -122,18 +123,46 @@ def test_the_grouped_position_passes_on_its_grid_and_is_refused_past_it(tmp_path
         kernel._check_row_scales(_args(0), _Launcher(), (M // BLOCK_M, 4 * tiles))
 
 
-@pytest.mark.parametrize("columns", ["tl.arange(0, BLOCK_D)[None, :]", "(tl.arange(0, BLOCK_D) - 2)[None, :]",
-                                     "(pid_d * BLOCK_D + tl.arange(0, BLOCK_D))[None, :] * 1"],
-                         ids=["arange", "shifted", "scaled"])
-def test_columns_indexed_without_a_name_are_refused_at_the_access(columns: str) -> None:
+@pytest.mark.parametrize("columns, shifts", [
+    ("tl.arange(0, BLOCK_D)[None, :]", (((False, ("BLOCK_D",)), (True, ("1",))),)),
+    ("(tl.arange(0, BLOCK_D) - 2)[None, :]", (((True, ("2",)),), ((True, ("2",)), (False, ("BLOCK_D",)),
+                                                                   (True, ("1",))))),
+], ids=["arange", "shifted"])
+def test_columns_indexed_out_of_an_expression_are_checked_as_named_ones(columns: str, shifts: tuple) -> None:
+    # `(k * BLOCK_K + offs_k)[None, :]`, as the matmul tutorials write it: unmasked here, so both ends are checked
     source = SOURCE.replace("offs_d[None, :], mask=", f"{columns}, mask=").replace(
-        "(offs_d[None, :] < D)", "(offs_m[:, None] >= 0)")
-    assert source.count(columns) == 1
+        "offs_d[None, :] < D), other", "offs_m[:, None] >= 0), other")
+    assert source.count(columns) == 1 and "offs_d[None, :] < D), other" not in source
+    plan = _plan(source)
+    assert plan.row_shifts == tuple(("x_ptr", terms, LOAD_LINE) for terms in shifts), plan.row_shifts
+
+
+def test_columns_out_of_an_expression_are_named_by_it_in_a_refusal() -> None:
+    columns = "(pid_d * BLOCK_D + tl.arange(0, BLOCK_D))"
+    source = SOURCE.replace("offs_d[None, :], mask=", f"{columns}[None, :], mask=").replace(
+        "offs_d[None, :] < D), other", "offs_m[:, None] >= 0), other")
     with pytest.raises(AnnotationError) as info:
         _plan(source)
     said = str(info.value)
-    assert f"shifted_column_blocks.py:{LOAD_LINE}:" in said and "as a block without naming it" in said, said
-    assert "bind the vector to a local first" in info.value.hint, info.value.hint
+    assert f"shifted_column_blocks.py:{LOAD_LINE}:" in said, said
+    assert f"the columns `{columns}` of the load at line {LOAD_LINE} are not bounded by the mask" in said, said
+    # masked by the same expression: built, its start bounded at each call
+    masked = SOURCE.replace("offs_d[None, :], mask=", f"{columns}[None, :], mask=").replace(
+        "offs_d[None, :] < D), other", f"{columns}[None, :] < D), other")
+    plan = _plan(masked)
+    assert plan.row_starts == (("(tl.program_id(1) - SHIFT) * BLOCK_D", LOAD_LINE),), plan.row_starts
+
+
+def test_the_persistent_grouped_form_bounds_its_store_over_the_loops_range() -> None:
+    from tests.rules.forms_cases import FORMS
+
+    source = (FORMS / "gemm_rs_persistent_grouped.py").read_text()
+    plan = generate(source, "gemm_rs_persistent_grouped.py",
+                    requests_in(source, "gemm_rs_persistent_grouped.py")).plans[0].launch
+    (value, _), = plan.row_starts
+    assert "tl.range((tl.program_id(axis=0))" in value and "min(" in value, value
+    values = dict(M=50, N=40, BLOCK_SIZE_M=16, BLOCK_SIZE_N=16, GROUP_SIZE_M=2, NUM_SMS=3)
+    assert _value_range(value, values, (3, 1, 1)) == (0, 32)
 
 
 def _copy(path: str, shift: int) -> float:
@@ -163,7 +192,7 @@ def test_the_position_is_bounded_at_two_ranks_on_the_race_exposing_schedule(tmp_
     path.write_text(SOURCE)
     assert all(e < 1e-6 for e in tilelink.spawn(_copy, 2, str(path), 0))
     # one block back: the first program along the columns reads the end of the row before
-    with pytest.raises(LaunchError, match="which is -4 for some program of the grid"):
+    with pytest.raises(LaunchError, match="which is -4 for the program"):
         tilelink.spawn(_copy, 2, str(path), 1)
 
 
@@ -181,3 +210,91 @@ def test_a_position_an_imported_helper_returns_is_written_out_and_bounded() -> N
     values = dict(M=70, N=40, BLOCK_M=16, BLOCK_N=16, GROUP_M=8)
     tiles = 5 * 3
     assert _value_range(value, values, (tiles, 1, 1)) == (0, 32)
+
+
+HELPER = "@triton.jit\ndef pos(pid, SHIFT_BY: tl.constexpr = 0):\n    return pid - SHIFT_BY\n\n\n"
+
+
+@pytest.mark.parametrize("edit, said", [
+    # a parameter the kernel binds again: the launch would bound the argument, not the kernel's value
+    ((POSITION, "    SHIFT = SHIFT + 1\n" + POSITION), "it reads `SHIFT`"),
+    # a helper that reads a global of its module: not the kernel's name of that spelling
+    (("@tilelink.overlap", "OFF = 1\n\n\n@triton.jit\ndef pos(pid):\n    return pid - OFF\n\n\n@tilelink.overlap"),
+     "it reads `pos`"),
+    # a helper the file defines twice: the last definition is the one that runs
+    (("@tilelink.overlap", "@triton.jit\ndef pos(pid):\n    return pid\n\n\n" + HELPER + "@tilelink.overlap"),
+     "it reads `pos`"),
+], ids=["rebound_parameter", "helper_global", "helper_defined_twice"])
+def test_a_position_tilelink_cannot_write_out_is_refused_at_the_access(edit, said: str) -> None:
+    source = SOURCE.replace(*edit)
+    if "def pos" in source:
+        source = source.replace(POSITION, "    pid_d = pos(tl.program_id(1))\n")
+    with pytest.raises(AnnotationError) as info:
+        _plan(source)
+    assert f"shifted_column_blocks.py:{LOAD_LINE + source.count(chr(10)) - SOURCE.count(chr(10))}:" in str(info.value)
+    assert "whose sign TileLink cannot tell from its form and cannot write out" in str(info.value), str(info.value)
+    assert said in str(info.value), str(info.value)
+
+
+@pytest.mark.parametrize("call", ["pos(tl.program_id(1))", "pos(pid=tl.program_id(axis=1))",
+                                  "pos(tl.program_id(1), SHIFT_BY=SHIFT)"],
+                         ids=["default", "keyword", "keyword_parameter"])
+def test_a_helper_called_with_keywords_or_defaults_is_written_out(call: str) -> None:
+    source = SOURCE.replace("@tilelink.overlap", HELPER + "@tilelink.overlap").replace(
+        POSITION, f"    pid_d = {call}\n")
+    (value, _), = _plan(source).row_starts
+    assert "pos" not in value and "program_id" in value, value
+
+
+def test_a_keyword_argument_is_not_a_value_to_write_out() -> None:
+    # `axis = 1` in the kernel: `tl.program_id(axis=axis)` keeps its keyword
+    source = SOURCE.replace(POSITION, "    axis = 1\n    pid_d = tl.program_id(axis=axis) - SHIFT\n")
+    (value, _), = _plan(source).row_starts
+    assert value == "(tl.program_id(axis=(1)) - SHIFT) * BLOCK_D", value
+    assert _value_range(value, {"SHIFT": 0, "BLOCK_D": 4}, (2, 3, 1)) == (0, 8)
+
+
+def test_columns_stepped_in_a_loop_start_at_its_target_and_keep_their_end() -> None:
+    loop = SOURCE.replace(POSITION, "    for j in range(0, NSTEP):\n        pid_d = j\n").replace(
+        "y_ptr, M, D, SHIFT,", "y_ptr, M, D, SHIFT, NSTEP,")
+    body = loop.split("        pid_d = j\n")
+    loop = body[0] + "        pid_d = j\n" + "\n".join("    " + line if line else line for line in body[1].split("\n"))
+    plan = _plan(loop)
+    line = next(i for i, text in enumerate(loop.splitlines(), 1) if "x = tl.load(" in text)
+    assert plan.row_shifts == (("x_ptr", ((False, ("D",)), (True, ("1",))), line),), plan.row_shifts
+    # a loop's target moved below 0: written out over the loop's range, for each call to bound
+    (value, _), = _plan(loop.replace("        pid_d = j\n", "        pid_d = j - SHIFT\n")).row_starts
+    assert value == "(tl.range(0, NSTEP, 1) - SHIFT) * BLOCK_D", value
+    assert _value_range(value, {"NSTEP": 3, "SHIFT": 1, "BLOCK_D": 4}, (2, 3, 1)) == (-4, 4)
+    # one TileLink cannot write out (a loop over a loaded bound): refused, saying so
+    with pytest.raises(AnnotationError, match="changes from one step of a loop to the next and whose sign"):
+        _plan(loop.replace("        pid_d = j\n", "        pid_d = j - tl.load(x_ptr).to(tl.int32)\n"))
+
+
+@pytest.mark.parametrize("columns, builds", [
+    ("offs_d[None, :].to(tl.int64)", True), ("offs_d[None, :] * (D // D)", False),
+    ("tl.broadcast_to(offs_d[None, :], (BLOCK_M, BLOCK_D))", False), ("tl.expand_dims(offs_d, 0)", False)],
+    ids=["cast", "unread_scale", "broadcast", "expand_dims"])
+def test_columns_in_a_form_tilelink_does_not_read_are_refused(columns: str, builds: bool) -> None:
+    source = SOURCE.replace("offs_d[None, :], mask=", f"{columns}, mask=")
+    if builds:
+        assert _plan(source).row_shifts == (("x_ptr", ((False, ("D",)), (True, ("1",))), LOAD_LINE),)
+        return
+    with pytest.raises(AnnotationError) as info:
+        _plan(source)
+    assert "in a form TileLink does not read" in str(info.value) or "does not read as the columns" in str(
+        info.value), str(info.value)
+
+
+def test_the_least_value_is_found_program_by_program(tmp_path) -> None:
+    # `pid - (pid // n) * n` is never negative, which a bound of each operand alone cannot tell
+    kernel = _kernel(tmp_path, SOURCE.replace(POSITION, "    pid_d = tl.program_id(1) - (tl.program_id(1) // 3) * 3"
+                                                        " - SHIFT\n"))
+    kernel._check_row_scales(_args(0), _Launcher(), (2, 6))
+    with pytest.raises(LaunchError) as info:
+        kernel._check_row_scales(_args(1), _Launcher(), (2, 6))
+    assert "which is -4 for the program (0, 0, 0) of the grid (2, 6, 1)" in str(info.value), str(info.value)
+    # a narrowing cast: not read, so not bounded
+    narrow = _kernel(tmp_path, SOURCE.replace(POSITION, "    pid_d = (tl.program_id(1) + 126 - SHIFT).to(tl.int8)\n"))
+    with pytest.raises(LaunchError, match="cannot bound over the grid of this call"):
+        narrow._check_row_scales(_args(0), _Launcher(), (2, 3))
