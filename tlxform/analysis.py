@@ -1777,6 +1777,59 @@ def _mask_bound(an: _Analyzer, acc: Access, name: str, offsets: str) -> _Terms |
     return None
 
 
+def _related_bound(an: _Analyzer, acc: Access, name: str) -> _Terms | None:
+    """The largest value of the column vector ``name``, bound once as ``start + other`` (``offs_k = ki * BLOCK_K +
+    tl.arange(0, BLOCK_K)`` through ``offs_k_for_mask = tl.arange(0, BLOCK_K)``), that a mask conjunct on the other
+    vector lets through (``offs_k_for_mask[None, :] < K - ki * BLOCK_K``, as the persistent-matmul tutorial masks
+    its K columns): ``start`` plus that bound, where the sum is a sum of products of parameters the launch reads and
+    int literals (``K - 1``); ``None`` otherwise."""
+    from tilelink.tile_rows import _Rows, passed_params
+
+    defs = an.assignments.get(name, [])
+    if len(defs) != 1 or _bound_again(an, name) or acc.mask is None:
+        return None
+    terms = _terms(defs[0][1])
+    others = [t for t, negative in terms if not negative and _is_vector(an, t)]
+    if len(others) != 1:
+        return None
+    start = [(t, negative) for t, negative in terms if t is not others[0]]
+    if any(_is_vector(an, t) or m.findall(t, m.Subscript()) for t, _ in start):
+        return None
+
+    def same(node: cst.BaseExpression) -> bool:
+        """``node`` (a conjunct's vector, `[None, :]` dropped) is the other vector: the same name, or a name bound
+        once to the same `tl.arange` (``offs_k_for_mask = tl.arange(0, BLOCK_K)``)."""
+        node = node.value if isinstance(node, cst.Subscript) else node
+        if not isinstance(node, cst.Name):
+            return False
+        if isinstance(others[0], cst.Name) and node.value == others[0].value:
+            return True
+        found = an.assignments.get(node.value, [])
+        return len(found) == 1 and not _bound_again(an, node.value) and code(_bare(found[0][1])) == code(
+            _bare(others[0])) and m.matches(_bare(others[0]), m.Call(func=m.Attribute(
+                value=m.Name("tl"), attr=m.Name("arange")), args=[m.Arg(value=m.Integer() | m.Name()),
+                                                                   m.Arg(value=m.Integer() | m.Name())]))
+
+    for node in _conjuncts(acc.mask):
+        if not (isinstance(node, cst.Comparison) and len(node.comparisons) == 1 and same(node.left)
+                and isinstance(node.comparisons[0].operator, (cst.LessThan, cst.LessThanEqual))):
+            continue
+        rows = _Rows(an)
+        total = rows.read(node.comparisons[0].comparator)
+        for t, negative in start:
+            for k, v in rows.read(t).items():
+                total[k] = total.get(k, 0) + (-v if negative else v)
+        passed = passed_params(an)
+        out: _Terms = []
+        for k, v in total.items():
+            if v and not all(a in passed for a in k):
+                return None  # a loop's variable left over, or a value the kernel computes
+            if v:
+                out.append((v < 0, tuple(k) + ((str(abs(v)),) if abs(v) != 1 or not k else ())))
+        return out + ([(True, ("1",))] if isinstance(node.comparisons[0].operator, cst.LessThan) else [])
+    return None
+
+
 def _advanced(an: _Analyzer, acc: Access, offsets: str) -> list[tuple[bool, tuple[str, ...]]] | None:
     """The scalar terms the kernel adds to the annotated pointer itself (``x_ptr += D``, ``x_ptr = x_ptr + D``), as
     ``(subtracted, factors)``: ``[]`` when it never binds it; ``None`` when they are not one sum known at the launch
@@ -1955,7 +2008,8 @@ def _access_row_scales(an: _Analyzer, acc: Access, pointers: set[str]) -> tuple[
                 if position:
                     an.row_signs.extend((n, acc.where) for n in sorted(_position_params(an, vector)))
                 masks = _mask_locals(an, acc)
-                bound = _mask_bound(an, masks, vector, offsets) if _masked(masks, vector) else None
+                bound = _mask_bound(an, masks, vector, offsets) if _masked(masks, vector) else _related_bound(
+                    an, masks, vector)
                 last = None if bound is not None or position else _vector_last(an, vector, offsets)
                 if bound is None and _mask_varies(an, masks, vector):
                     # bounded by what is left of the row on each step of a loop (`cols[None, :] < D - j` beside

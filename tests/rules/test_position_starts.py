@@ -298,3 +298,31 @@ def test_the_least_value_is_found_program_by_program(tmp_path) -> None:
     narrow = _kernel(tmp_path, SOURCE.replace(POSITION, "    pid_d = (tl.program_id(1) + 126 - SHIFT).to(tl.int8)\n"))
     with pytest.raises(LaunchError, match="cannot bound over the grid of this call"):
         narrow._check_row_scales(_args(0), _Launcher(), (2, 3))
+
+
+def test_columns_masked_through_a_second_vector_keep_their_end() -> None:
+    # `offs_k = ki * BLOCK_SIZE_K + tl.arange(0, BLOCK_SIZE_K)` masked by `offs_k_for_mask[None, :] < K - ki *
+    # BLOCK_SIZE_K`: its last column is K - 1, which each call checks within the row
+    from tests.rules.forms_cases import FORMS
+
+    source = (FORMS / "gemm_persistent_counter.py").read_text()
+    plan = generate(source, "gemm_persistent_counter.py", requests_in(source, "gemm_persistent_counter.py")).plans[0]
+    line = next(i for i, text in enumerate(source.splitlines(), 1) if "a = tl.load(" in text)
+    assert plan.launch.row_shifts == (("a_ptr", ((False, ("K", "stride_ak")), (True, ("1", "stride_ak"))), line),)
+    # a bound past the row through the second vector: `K + 4` reads the next row on the last step
+    wide = source.replace("offs_k_for_mask[None, :] < K - ki", "offs_k_for_mask[None, :] < K + 4 - ki")
+    shifts = generate(wide, "w.py", requests_in(wide, "w.py")).plans[0].launch.row_shifts
+    assert shifts == (("a_ptr", ((False, ("K", "stride_ak")), (False, ("4", "stride_ak")),
+                                 (True, ("1", "stride_ak"))), line),), shifts
+
+
+def test_a_store_found_again_from_an_advanced_counter_is_refused() -> None:
+    # `tile_id_c += NUM_SMS` and `pid_m, pid_n` bound twice: TileLink cannot write the store's columns out
+    from tests.rules.forms_cases import FORMS
+
+    source = (FORMS / "gemm_persistent_counter.py").read_text().replace(
+        'all_gather("a_ptr")', 'reduce_scatter("c_ptr")')
+    with pytest.raises(AnnotationError) as info:
+        generate(source, "p.py", requests_in(source, "p.py"))
+    assert "the columns `offs_cn` of the store" in str(info.value) and "whose sign TileLink cannot tell" in str(
+        info.value), str(info.value)
