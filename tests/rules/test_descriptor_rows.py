@@ -161,23 +161,34 @@ def test_a_descriptors_base_moved_along_an_inner_dims_row_is_refused_at_the_laun
     assert f"chunked.py:{CHUNKED_LINE} adds 7 elements" in said and "moves it 1 row along dim 1" in said, said
 
 
-def test_a_descriptors_computed_base_term_is_a_step_checked_at_the_launch(tmp_path) -> None:
-    # `b * stride_xb` in the base: with the shard's stride (S // 2 * D, not the gathered buffer's S * D) the
-    # descriptor of batch 1 starts mid-way through batch 0's rows, which no wait covers
+class _SizedLauncher(_Launcher):
+    """A world of two whose full size along the rows is the call's `S` (`size="S"`)."""
+
+    def size_of(self, bound: dict) -> int:
+        return bound["S"]
+
+
+def _chunked(tmp_path, module_name: str):
+    """The chunked descriptor form's kernel, its plan, and the line of its load."""
     source = (FORMS / "chunked_rows_descriptor.py").read_text()
     plan = generate(source, "chunked.py", requests_in(source, "chunked.py")).plans[0].launch
     line = next(i for i, text in enumerate(source.splitlines(), 1) if "x = desc.load(" in text)
-    assert plan.row_steps == (("x_ptr", ("stride_xb",), "(tl.program_id(0))", line),), plan.row_steps
     path = tmp_path / "chunked.py"
     path.write_text(source)
-    spec = importlib.util.spec_from_file_location("chunked_col_sum_desc_steps", path)
+    spec = importlib.util.spec_from_file_location(module_name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    B, S, d = 2, 8, 4
+    return module.chunked_col_sum_desc, plan, line
 
-    class Launcher(_Launcher):
-        def size_of(self, bound: dict) -> int:
-            return bound["S"]
+
+def test_a_descriptors_computed_base_term_is_a_step_checked_at_the_launch(tmp_path) -> None:
+    # `b * stride_xb` in the base: with the shard's stride (S // 2 * D, not the gathered buffer's S * D) the
+    # descriptor of batch 1 starts mid-way through batch 0's rows, which no wait covers
+    kernel, plan, line = _chunked(tmp_path, "chunked_col_sum_desc_steps")
+    assert plan.row_steps == (("x_ptr", ("stride_xb",), "(tl.program_id(0))", line),), plan.row_steps
+    module = SimpleNamespace(chunked_col_sum_desc=kernel)
+    B, S, d = 2, 8, 4
+    Launcher = _SizedLauncher
 
     def args(stride_xb: int) -> dict:
         return dict(x_ptr=torch.zeros(B, S // 2, d), y_ptr=torch.zeros(B, d), S=S, D=d, CHUNK=4,
@@ -211,20 +222,11 @@ def test_a_descriptors_computed_base_term_is_a_step_checked_at_the_launch(tmp_pa
 def test_a_descriptors_row_stride_along_an_inner_dim_is_compared_with_the_gathered_buffers(tmp_path) -> None:
     # `strides=[stride_xs, 1]`: a stride other than the gathered buffer's row (a padded row, `2 * D`) steps the
     # descriptor's rows over rows of S the wait of its chunk does not cover
-    source = (FORMS / "chunked_rows_descriptor.py").read_text()
-    plan = generate(source, "chunked.py", requests_in(source, "chunked.py")).plans[0].launch
-    line = next(i for i, text in enumerate(source.splitlines(), 1) if "x = desc.load(" in text)
+    kernel, plan, line = _chunked(tmp_path, "chunked_col_sum_desc_scales")
     assert plan.row_scales == (("x_ptr", ("stride_xs",), line),), plan.row_scales
-    path = tmp_path / "chunked.py"
-    path.write_text(source)
-    spec = importlib.util.spec_from_file_location("chunked_col_sum_desc_scales", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = SimpleNamespace(chunked_col_sum_desc=kernel)
     B, S, d = 2, 8, 4
-
-    class Launcher(_Launcher):
-        def size_of(self, bound: dict) -> int:
-            return bound["S"]
+    Launcher = _SizedLauncher
 
     def args(stride_xs: int) -> dict:
         return dict(x_ptr=torch.zeros(B, S // 2, d), y_ptr=torch.zeros(B, d), S=S, D=d, CHUNK=4,
