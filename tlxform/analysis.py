@@ -1194,10 +1194,10 @@ def _nonnegative_value(an: _Analyzer, node: cst.BaseExpression, depth: int = 0) 
                 and m.matches(node.args[0].value, m.Integer("0")):
             return set()
         if m.matches(node.func, m.Attribute(attr=m.Name("to"))):
-            # a cast to a signed int of 32 or 64 bits keeps the value (`tl.int8` wraps, an unsigned one turns a
+            # a cast to a 64-bit int keeps the value (`tl.int8` wraps, an unsigned one turns a
             # negative value into a large one)
             if len(node.args) == 1 and node.args[0].keyword is None and m.matches(node.args[0].value, m.Attribute(
-                    value=m.Name("tl"), attr=m.Name("int32") | m.Name("int64"))):
+                    value=m.Name("tl"), attr=m.Name("int64"))):
                 return _nonnegative_value(an, node.func.value, depth + 1)  # type: ignore[attr-defined]
             return None
         args = [a.value for a in node.args if a.keyword is None and not a.star]
@@ -1215,22 +1215,41 @@ def _nonnegative_value(an: _Analyzer, node: cst.BaseExpression, depth: int = 0) 
     return None
 
 
+#: the keywords of a `tl.range` loop that leave the values its target takes as they are
+_LOOP_KEYWORDS = ("num_stages", "flatten", "loop_unroll_factor", "warp_specialize", "disallow_acc_multi_buffer")
+
+
+def _range_args(loop: cst.For) -> tuple[cst.BaseExpression, cst.BaseExpression, cst.BaseExpression] | None:
+    """``(start, stop, step)`` of a ``for`` loop over ``range`` / ``tl.range`` / ``tl.static_range`` (``step=`` as a
+    keyword too); ``None`` for any other loop, a starred argument or another keyword."""
+    it = loop.iter
+    if not (isinstance(it, cst.Call) and (m.matches(it.func, m.Name("range")) or m.matches(
+            it.func, m.Attribute(value=m.Name("tl"), attr=m.Name("range") | m.Name("static_range"))))):
+        return None
+    args = [a.value for a in it.args if a.keyword is None]
+    keywords = {a.keyword.value: a.value for a in it.args if a.keyword is not None}
+    if any(a.star for a in it.args) or set(keywords) - {"start", "end", "step", *_LOOP_KEYWORDS}:
+        return None
+    if "step" in keywords:
+        if len(args) > 2:
+            return None
+        args = args + [keywords["step"]] if len(args) == 2 else None
+    if not args or not 1 <= len(args) <= 3 or {"start", "end"} & set(keywords):
+        return None
+    start, stop = (args[0], args[1]) if len(args) >= 2 else (cst.Integer("0"), args[0])
+    return start, stop, args[2] if len(args) == 3 else cst.Integer("1")
+
+
 def _loop_target_sign(an: _Analyzer, name: str, depth: int) -> set[str] | None:
     """The parameters whose signs make the target of a ``for name in range(a, b[, step])`` loop (``tl.range``,
     ``tl.static_range``) non-negative: those of ``a`` and of ``step``, counting up from a non-negative start. ``None``
     for any other loop, or a start or step whose sign TileLink cannot tell."""
     loops = m.findall(an.fn.body, m.For(target=m.Name(name)))
-    if len(loops) != 1:
-        return None
-    it = loops[0].iter
-    if not (isinstance(it, cst.Call) and (m.matches(it.func, m.Name("range")) or m.matches(
-            it.func, m.Attribute(value=m.Name("tl"), attr=m.Name("range") | m.Name("static_range"))))):
-        return None
-    args = [a.value for a in it.args if a.keyword is None]
-    if not 1 <= len(args) <= 3 or any(a.star for a in it.args):
+    found = _range_args(loops[0]) if len(loops) == 1 else None
+    if found is None:
         return None
     signs: set[str] = set()
-    for part in ([args[0]] if len(args) >= 2 else []) + ([args[2]] if len(args) == 3 else []):
+    for part in (found[0], found[2]):
         sign = _nonnegative_value(an, part, depth + 1)
         if sign is None:
             return None
@@ -1298,15 +1317,10 @@ def _loop_range(an: _Analyzer, name: str) -> cst.Call | None:
     if len(found) != 1 or len(an.bindings.get(name, ())) != 1 or m.findall(
             an.fn.body, m.AugAssign(target=m.Name(name)) | m.NamedExpr(target=m.Name(name))):
         return None
-    it = found[0].iter
-    if not (isinstance(it, cst.Call) and (m.matches(it.func, m.Name("range")) or m.matches(
-            it.func, m.Attribute(value=m.Name("tl"), attr=m.Name("range") | m.Name("static_range"))))):
+    read = _range_args(found[0])
+    if read is None:
         return None
-    args = [a.value for a in it.args if a.keyword is None and not a.star]
-    if not 1 <= len(args) <= 3:
-        return None
-    start, stop = (args[0], args[1]) if len(args) >= 2 else (cst.Integer("0"), args[0])
-    step = args[2] if len(args) == 3 else cst.Integer("1")
+    start, stop, step = read
     return cst.Call(func=cst.Attribute(value=cst.Name("tl"), attr=cst.Name("range")),
                     args=[cst.Arg(start), cst.Arg(stop), cst.Arg(step)])
 
@@ -1336,6 +1350,13 @@ def _helper_value(an: _Analyzer, call: cst.Call) -> cst.BaseExpression | None:
     bound = [f for f in an.module.body if isinstance(f, (cst.FunctionDef, cst.ClassDef)) and f.name.value == name]
     bound += [small for line in an.module.body if isinstance(line, cst.SimpleStatementLine) for small in line.body
               if name in _top_level_names(small)]
+    # bound anywhere else in the module too (`try: from lib import f` / `except ImportError: def f(...)`, a
+    # definition under `if`): the one that runs is not known here
+    anywhere = len(m.findall(an.module, m.FunctionDef(name=m.Name(name)) | m.ClassDef(name=m.Name(name)))) + sum(
+        name in _top_level_names(small) for small in m.findall(
+            an.module, m.Import() | m.ImportFrom() | m.Assign() | m.AnnAssign() | m.AugAssign()))
+    if anywhere != 1:
+        return None
     fn = bound[0] if len(bound) == 1 and isinstance(bound[0], cst.FunctionDef) and any(
         is_triton_jit(d) for d in bound[0].decorators) else None
     if fn is None and len(bound) == 1 and isinstance(bound[0], (cst.Import, cst.ImportFrom)):
@@ -1358,8 +1379,8 @@ def _helper_value(an: _Analyzer, call: cst.Call) -> cst.BaseExpression | None:
         given[key] = a.value
     for p in fn.params.params:
         if p.name.value not in given:
-            if p.default is None:
-                return None
+            if not isinstance(p.default, cst.Integer):
+                return None  # no default, or one that reads a name of the helper's module
             given[p.name.value] = p.default
     env = {n: v.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()]) if hasattr(v, "lpar") else v
            for n, v in given.items()}
@@ -1567,7 +1588,11 @@ def _name_columns(an: _Analyzer, acc: Access, term: cst.BaseExpression, register
             key = code(value)
             name = an.inline_columns.get(key)
             if name is None and register:
-                name = an.inline_columns[key] = f"_tilelink_columns_{len(an.inline_columns)}"
+                k = len(an.inline_columns)
+                while f"_tilelink_columns_{k}" in an.assignments or f"_tilelink_columns_{k}" in an.bindings or \
+                        f"_tilelink_columns_{k}" in an.params or f"_tilelink_columns_{k}" in names_in(an.fn):
+                    k += 1
+                name = an.inline_columns[key] = f"_tilelink_columns_{k}"
                 an.assignments[name] = [(_statement_of(an, acc), value)]
             return updated if name is None else updated.with_changes(value=cst.Name(name))
 
@@ -1617,18 +1642,18 @@ def _refuse_unread_columns(acc: Access, term: cst.BaseExpression, offsets: str, 
 
 
 def _uncast(node: cst.BaseExpression) -> cst.BaseExpression:
-    """``node`` without the casts to a signed int of 32 or 64 bits around it (``offs[None, :].to(tl.int64)``, which
+    """``node`` without the casts to a 64-bit int around it (``offs[None, :].to(tl.int64)``, which
     keep the value), parentheses stripped."""
     node = _bare(node)
     while isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value == "to" \
             and len(node.args) == 1 and node.args[0].keyword is None and m.matches(node.args[0].value, m.Attribute(
-                value=m.Name("tl"), attr=m.Name("int32") | m.Name("int64"))):
+                value=m.Name("tl"), attr=m.Name("int64"))):
         node = _bare(node.func.value)
     return node
 
 
 def _product_factors(term: cst.BaseExpression) -> list[cst.BaseExpression]:
-    """The factors of a product (``cols[None, :] * stride_xd * 2``), parentheses and casts to wide ints stripped, the
+    """The factors of a product (``cols[None, :] * stride_xd * 2``), parentheses and casts to 64-bit ints stripped, the
     last factor first; a term that is no product is its own one factor."""
     parts, todo = [], [_uncast(term)]
     while todo:
@@ -1669,8 +1694,14 @@ def _mask_locals(an: _Analyzer, acc: Access) -> Access:
     while todo and len(out) < 64:
         node = todo.pop()
         defs = an.assignments.get(node.value, []) if isinstance(node, cst.Name) else []
-        # bound once (in a loop too, `c_mask = ...` beside the store of each tile): its value where it is read
-        if len(defs) == 1 and len(an.bindings.get(node.value, ())) == 1 and not _bound_again(an, node.value):
+        # bound once: its value where it is read; bound in a loop (`c_mask = ...` beside the store of each tile) only
+        # where nothing it reads can change between its binding and the access (parameters, loop targets, locals
+        # bound once)
+        steady = len(defs) == 1 and all(
+            n in an.params or n in ("tl", "None") or len(an.bindings.get(n, ())) == 1 and (
+                not _bound_again(an, n) or _loop_range(an, n) is not None) for n in names_in(defs[0][1]))
+        if len(defs) == 1 and len(an.bindings.get(node.value, ())) == 1 and not _bound_again(an, node.value) and (
+                not _varies(an, node) or steady):
             todo += _conjuncts(code(defs[0][1]))
         else:
             out.append(f"({code(_name_columns(an, acc, node, register=False))})")

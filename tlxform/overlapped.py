@@ -448,6 +448,14 @@ class OverlappedKernel:
         never negative (a negative start reaches back into the row before, which the wait or notify does not cover)."""
         if programs is not None and 0 in programs:
             return  # no program runs
+        # a start already bounded under the same values of the names it reads and the same grid passes again at no
+        # cost (an uncaptured call checks its starts every time)
+        tree = _parsed(value)
+        names = sorted({n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}) if tree is not None else []
+        seen = tuple(getattr(values.get(n), "value", values.get(n)) for n in names)
+        key = (value, seen, programs) if all(v is None or isinstance(v, int) for v in seen) else None
+        if key is not None and key in self._starts_passed:
+            return
         where = f"{_display_path(self.file)}:{line}"
         exact = None if programs is None else _least_program(value, values, programs)
         bounds = None if programs is None or exact is not None else _value_bounds(value, values, programs)
@@ -459,6 +467,13 @@ class OverlappedKernel:
                 f"into the row before, which its {waits} does not cover; compute the position from tl.program_id, "
                 f"int arguments, tl.cdiv, min / max, +, -, * and // or % of a non-negative value by a positive one")
         grid = "(" + ", ".join(map(str, programs or ())) + ")"
+        high = exact[2] if exact is not None else bounds[1]  # type: ignore[index]
+        if high >= 1 << 31:
+            raise LaunchError(
+                f"{self.name}: the columns of the {access} at {where} start at `{value}`, which reaches {high} over "
+                f"the grid {grid}{said_config}: past what a 32-bit int holds, where the kernel's arithmetic may wrap "
+                f"to a negative start in the row before, which its {waits} does not cover; pass arguments under which "
+                f"the position stays below 2**31")
         if exact is not None and exact[0] < 0:
             raise LaunchError(
                 f"{self.name}: the columns of the {access} at {where} start at `{value}`, which is {exact[0]} for the "
@@ -466,12 +481,22 @@ class OverlappedKernel:
                 f"row before, which its {waits} does not cover; pass arguments (and a grid) under which every program "
                 f"starts its columns at 0 or past it")
         if bounds is not None and bounds[0] < 0:
+            why = " (a grid too large to evaluate each program)" if programs is not None and math.prod(
+                programs) > _EXACT_PROGRAMS else ""
             raise LaunchError(
                 f"{self.name}: the columns of the {access} at {where} start at `{value}`, which TileLink can bound "
-                f"over the grid {grid}{said_config} only from {bounds[0]} up (a grid too large to evaluate each "
-                f"program): they may reach back into the row before, which its {waits} does not cover; pass arguments "
+                f"over the grid {grid}{said_config} only from {bounds[0]} up{why}: they may reach back into the row "
+                f"before, which its {waits} does not cover; pass arguments "
                 f"(and a grid) under which the position cannot be negative, or compute it so that its form shows it "
                 f"non-negative (program ids, parameters, +, *, //, %, tl.cdiv, minima)")
+        if key is not None and len(self._starts_passed) < 4096:
+            self._starts_passed.add(key)
+
+    @functools.cached_property
+    def _starts_passed(self) -> set[tuple]:
+        """The column starts (``row_starts``), with the values of the names they read and the grid, that a call
+        bounded and passed."""
+        return set()
 
     def _check_multiple(self, factors: tuple[str, ...], divisor: str, test: str, line: int, values: dict,
                         said_config: str) -> None:
@@ -612,6 +637,8 @@ def _least_program(source: str, values: dict[str, Any],
             if isinstance(node.op, ast.Sub):
                 return a - b
             if isinstance(node.op, ast.Mult):
+                if int(np.max(np.abs(a))) * int(np.max(np.abs(b))) >= 1 << 62:
+                    return None  # past what 64 bits hold
                 return a * b
             if isinstance(node.op, (ast.FloorDiv, ast.Mod)) and np.min(a) >= 0 and np.min(b) > 0:
                 return a // b if isinstance(node.op, ast.FloorDiv) else a % b

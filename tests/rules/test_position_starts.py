@@ -326,3 +326,57 @@ def test_a_store_found_again_from_an_advanced_counter_is_refused() -> None:
         generate(source, "p.py", requests_in(source, "p.py"))
     assert "the columns `offs_cn` of the store" in str(info.value) and "whose sign TileLink cannot tell" in str(
         info.value), str(info.value)
+
+
+STALE_MASK = """
+    k = 0
+    for i in range(0, 2):
+        cmask = (offs_m[:, None] < M) & ((k * BLOCK_D + tl.arange(0, BLOCK_D))[None, :] < D)
+        k += 1
+        x = tl.load(x_ptr + offs_m[:, None] * stride_xm + (k * BLOCK_D + tl.arange(0, BLOCK_D))[None, :], mask=cmask)
+"""
+
+
+@pytest.mark.parametrize("edit, said", [
+    # a mask bound before `k` moves: it bounds the columns of the step before, not those the load reads
+    (lambda src: src.replace(src[src.index("    x = tl.load("):src.index("    cols = tl.program_id(1)")],
+                             STALE_MASK), "are not bounded by the mask"),
+    # a helper's default argument that reads its module's global (`shift=SHIFT`), beside a kernel parameter SHIFT
+    (lambda src: src.replace("@tilelink.overlap", "SHIFT_OF = 1\n\n\n@triton.jit\ndef col(pid, shift=SHIFT_OF):\n"
+                             "    return pid - shift\n\n\n@tilelink.overlap").replace(
+        POSITION, "    pid_d = col(tl.program_id(1))\n"), "it reads `col`"),
+    # a helper defined again under a module-level `if`: which one runs is not known here
+    (lambda src: src.replace("@tilelink.overlap", "@triton.jit\ndef col(pid):\n    return pid\n\n\nif True:\n"
+                             "    @triton.jit\n    def col(pid):  # noqa: F811\n        return pid - 1\n\n\n"
+                             "@tilelink.overlap").replace(POSITION, "    pid_d = col(tl.program_id(1))\n"),
+     "it reads `col`"),
+], ids=["stale_mask", "helper_default_global", "helper_redefined_in_a_block"])
+def test_what_a_review_found_is_refused_at_the_access(edit, said: str) -> None:
+    source = edit(SOURCE)
+    assert source != SOURCE
+    with pytest.raises(AnnotationError) as info:
+        _plan(source)
+    assert said in str(info.value), str(info.value)
+
+
+def test_what_a_review_found_is_refused_at_the_launch(tmp_path) -> None:
+    # a step given by keyword counts down: `j` reaches -1 when LO=-2
+    down = SOURCE.replace(POSITION, "    for j in tl.range(1, SHIFT, step=-1):\n        pid_d = j\n")
+    down = down.replace("\n    offs_d =", "\n        offs_d =").replace("\n    x = tl.load(", "\n        x = tl.load(")
+    down = down.replace("\n        offs_d[None, :] < D), other=0.0)", "\n            offs_d[None, :] < D), other=0.0)")
+    down = down.replace("\n    cols =", "\n        cols =").replace("\n    tl.store(", "\n        tl.store(")
+    plan = _plan(down)
+    assert plan.row_starts and "tl.range(1, SHIFT, -1)" in plan.row_starts[0][0], plan.row_starts
+    with pytest.raises(LaunchError, match="cannot bound over the grid of this call"):
+        _kernel(tmp_path, down)._check_row_scales(_args(-2), _Launcher(), (2, 3))
+    # a local named like the names TileLink gives inline columns keeps its own binding
+    # (an earlier load of the tensor reads inline columns, which TileLink names while it checks that load)
+    named = SOURCE.replace(POSITION, "    first = tl.load(x_ptr + offs_m[:, None] * stride_xm + tl.arange(0, BLOCK_D)"
+                                     "[None, :], mask=(offs_m[:, None] < M) & (tl.arange(0, BLOCK_D)[None, :] < D))\n"
+                                     "    _tilelink_columns_0 = tl.program_id(1) - SHIFT\n"
+                                     "    pid_d = _tilelink_columns_0\n")
+    assert _plan(named).row_starts == (("(tl.program_id(1) - SHIFT) * BLOCK_D", LOAD_LINE + 2),)
+    # a position past what 32-bit ints hold may wrap to a negative start
+    wide = _kernel(tmp_path, SOURCE.replace(POSITION, "    pid_d = (tl.program_id(1) - SHIFT) * 536870912\n"))
+    with pytest.raises(LaunchError, match="past what a 32-bit int holds"):
+        wide._check_row_scales(_args(0), _Launcher(), (2, 3))
