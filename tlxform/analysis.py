@@ -1119,20 +1119,13 @@ def _loop_term(an: _Analyzer, acc: Access, term: cst.BaseExpression, negative: b
     if len(an.bindings.get(var.value, [])) != 1:
         return None  # bound again besides its loop: its value is not the loop's
     for loop in m.findall(an.fn.body, m.For(target=m.Name(var.value))):
-        it = loop.iter
-        if not (isinstance(it, cst.Call) and (m.matches(it.func, m.Name("range")) or m.matches(
-                it.func, m.Attribute(value=m.Name("tl"), attr=m.Name("range") | m.Name("static_range"))))):
+        read = _range_args(loop)
+        if read is None or not _contains(an, loop, acc.where):
             return None
-        if not _contains(an, loop, acc.where):
-            return None
-        args = [a.value for a in it.args if a.keyword is None]
-        if not 1 <= len(args) <= 3:
-            return None
-        step = args[2] if len(args) == 3 else cst.Integer("1")
+        lo, hi, step = read
         down = isinstance(step, cst.UnaryOperation) and isinstance(step.operator, cst.Minus)
         if not isinstance(step.expression if down else step, cst.Integer):  # type: ignore[attr-defined]
             return None  # a step of unknown sign: the last value may lie on either side of `b`
-        lo, hi = (args[0], args[1]) if len(args) >= 2 else (cst.Integer("0"), args[0])
         ends: list[_Terms] = []
         for bound, last in ((lo, False), (hi, True)):
             # the loop stops before `b`: its last value is at most `b - 1` counting up, at least `b + 1` counting down
@@ -2360,13 +2353,9 @@ def _check_advance_in_loop(an: _Analyzer, acc: Access, tile: Tile, name: str, st
                          f"bind `{name}` afresh in the loop at line {an.where(outer).line}, before the loop at line "
                          f"{start.line} (`a_ptrs = a_ptr + offs_m[:, None] * stride_am + offs_k[None, :] * "
                          f"stride_ak`, as a persistent matmul does for each tile)")
-    it = loop.iter if isinstance(loop, cst.For) else None
-    args = [a.value for a in it.args if a.keyword is None] if isinstance(it, cst.Call) and (m.matches(
-        it.func, m.Name("range")) or m.matches(it.func, m.Attribute(value=m.Name("tl"), attr=m.Name(
-            "range") | m.Name("static_range")))) else None
-    if not isinstance(loop, cst.For) or not isinstance(loop.target, cst.Name) or args is None or not (
-            len(args) == 1 or (len(args) in (2, 3) and m.matches(args[0], m.Integer("0"))
-                               and (len(args) == 2 or m.matches(args[2], m.Integer("1"))))):
+    read = _range_args(loop) if isinstance(loop, cst.For) else None
+    if not isinstance(loop, cst.For) or not isinstance(loop.target, cst.Name) or read is None or not (
+            m.matches(read[0], m.Integer("0")) and m.matches(read[2], m.Integer("1"))):
         raise refuse("once more on every iteration of a loop that does not count up from 0 by 1")
     k = loop.target.value
     if any(b != an.where(loop) and _contains(an, loop, b) for b, _ in an.bindings.get(k, [])):
@@ -2892,11 +2881,8 @@ def _poly(node: cst.BaseExpression) -> dict[tuple[str, ...], int] | None:
 def _column_steps(loop: cst.For, start: cst.BaseExpression, width: str) -> tuple[int, int] | None:
     """``(k, d)`` when ``start`` is ``(k * t + d) * width`` for the target ``t`` of ``loop`` (a ``range`` of
     step 1), with ``k >= 1``: iteration ``t`` stores column tile ``k * t + d``."""
-    if not isinstance(loop.target, cst.Name) or not isinstance(loop.iter, cst.Call):
-        return None
-    args = [a for a in loop.iter.args if a.keyword is None]
-    if code(loop.iter.func) not in ("range", "tl.range") or not 1 <= len(args) <= 3 or (
-            len(args) == 3 and code(args[2].value) != "1"):
+    read = _range_args(loop)
+    if not isinstance(loop.target, cst.Name) or read is None or not m.matches(read[2], m.Integer("1")):
         return None
     t, w = loop.target.value, cst.parse_expression(width)
     poly = _poly(start)

@@ -198,22 +198,18 @@ class _Ranges:
     """The ``for v in range(a, b[, step])`` loops around an access: ``v`` lies in ``[a, b)``."""
 
     def __init__(self, an: _Analyzer, rows: _Rows, at: object) -> None:
-        from tilelink.analysis import _contains
+        from tilelink.analysis import _contains, _range_args
 
         self.bounds: dict[str, tuple[Poly, Poly]] = {}
         # each loop's step, where it is one positive parameter or int literal: the values its variable takes are
         # `a + j * step`, which bounds the last of them by more than `b` alone (`_stepped_end`)
         self.steps: dict[str, Poly] = {}
         for loop in m.findall(an.fn.body, m.For(target=m.Name())):
-            it = loop.iter
-            if not (isinstance(it, cst.Call) and (m.matches(it.func, m.Name("range")) or m.matches(
-                    it.func, m.Attribute(value=m.Name("tl"), attr=m.Name("range") | m.Name("static_range"))))):
+            read = _range_args(loop)
+            if read is None or not _contains(an, loop, at) or len(an.bindings.get(loop.target.value, [])) != 1:
                 continue
-            args = [a.value for a in it.args if a.keyword is None]
-            if not args or not _contains(an, loop, at) or len(an.bindings.get(loop.target.value, [])) != 1:
-                continue
-            lo, hi = (args[0], args[1]) if len(args) >= 2 else (cst.Integer("0"), args[0])
-            step = rows.read(args[2]) if len(args) >= 3 else {(): 1}
+            lo, hi = read[0], read[1]
+            step = rows.read(read[2])
             if not _nonnegative(step):
                 continue  # a loop that counts down starts at its highest value
             self.bounds[loop.target.value] = (rows.read(lo), rows.read(hi))

@@ -74,6 +74,8 @@ REFUSED = {
         "the access is not in that loop before"),
     # a loop that does not count from 0
     "offset_loop": (STRIDED.replace(LOOP, "    for j in range(1, NSTEP):\n"), "does not count up from 0 by 1"),
+    "keyword_step": (STRIDED.replace(LOOP, "    for j in tl.range(0, NSTEP, step=2):\n"),
+                     "does not count up from 0 by 1"),
     "while_loop": (STRIDED.replace(LOOP, "    j = 0\n    while j < NSTEP:\n").replace(
         ADVANCE, ADVANCE + "        j += 1\n"), "does not count up from 0 by 1"),
 }

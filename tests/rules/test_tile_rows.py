@@ -84,6 +84,14 @@ def test_a_pointer_load_starting_before_the_tile_is_refused() -> None:
             "before the tile") in str(err), err
 
 
+@pytest.mark.parametrize("step", ["-BLOCK_S", "step=-BLOCK_S"])
+def test_a_chunk_loop_counting_down_is_refused(step: str) -> None:
+    # from the chunk's end down past its start: with CHUNK not a multiple of BLOCK_S the last block starts before the
+    # chunk, whether the step is given by position or by keyword
+    err = _refused(POINTER, "range(s_lo, s_hi, BLOCK_S)", f"tl.range(s_lo + CHUNK, s_lo - BLOCK_S, {step})")
+    assert "which may start before the tile" in str(err), err
+
+
 def test_a_descriptor_shifted_past_the_tile_is_refused() -> None:
     err = _refused(DESCRIPTOR, "x_ptr + b * stride_xb + s_lo * stride_xs", "x_ptr + b * stride_xb + (s_lo + CHUNK) "
                    "* stride_xs")
