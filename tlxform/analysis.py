@@ -9,6 +9,7 @@ the user's source again except through what is recorded here.
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -1250,35 +1251,51 @@ def _loop_target_sign(an: _Analyzer, name: str, depth: int) -> set[str] | None:
     return signs
 
 
-def program_value(an: _Analyzer, source: str, loops: bool = False) -> str:
+def program_value(an: _Analyzer, source: str, loops: bool = False, at: Where | None = None) -> str:
     """``source`` (an expression of the kernel) with each local bound once written out as its value, down to program
     ids, parameters and literals (``off_z`` -> ``(tl.program_id(1) // HEADS).to(tl.int64)``), for the launch to bound
     from the grid; a name bound more than once, or in a loop, stays as it is (the launch then cannot bound it). With
     ``loops``, a local bound once in a loop is written out too, and the target of a ``for`` loop over ``range`` /
     ``tl.range`` becomes ``tl.range(a, b, step)``, which the launch reads as any value of that loop (``tile_id`` of
-    ``for tile_id in tl.range(start_pid, num_tiles, NUM_SMS)``)."""
+    ``for tile_id in tl.range(start_pid, num_tiles, NUM_SMS)``); read at ``at``, a local bound more than once is
+    written out as the assignment that reaches ``at`` (:func:`_reaching`), a counter advanced in step with a loop as
+    that loop's target (:func:`_counter_target`)."""
 
     class _Expand(cst.CSTTransformer):
-        def __init__(self, depth: int) -> None:
+        def __init__(self, depth: int, at: Where | None) -> None:
             super().__init__()
             self.depth = depth
+            self.at = at  # where the expression is read: a name bound more than once takes the value that reaches it
 
         def visit_Attribute(self, node: cst.Attribute) -> bool:
             return False  # its name is no value: only its base is written out, below
 
         def leave_Attribute(self, original: cst.Attribute, updated: cst.Attribute) -> cst.BaseExpression:
             # the base is a value (`(off_hz // HEADS).to(...)`)
-            return updated.with_changes(value=original.value.visit(_Expand(self.depth)))
+            return updated.with_changes(value=original.value.visit(_Expand(self.depth, self.at)))
 
         def leave_Name(self, original: cst.Name, updated: cst.Name) -> cst.BaseExpression:
             defs = an.assignments.get(original.value, [])
             if loops and not defs and self.depth < 8 and original.value not in an.params:
                 found = _loop_range(an, original.value)
-                return updated if found is None else found.visit(_Expand(self.depth + 1))
-            if self.depth >= 8 or original.value in an.params or _bound_again(an, original.value) or len(defs) != 1 \
-                    or len(an.bindings.get(original.value, [])) > 1 or not loops and _varies(an, original):
+                return updated if found is None else found[0].visit(_Expand(self.depth + 1, found[1]))
+            if self.depth >= 8 or original.value in an.params:
                 return updated
-            inner = defs[0][1].visit(_Expand(self.depth + 1))
+            if _bound_again(an, original.value) or len(defs) != 1 or len(an.bindings.get(original.value, [])) > 1:
+                if not loops or self.at is None:
+                    return updated
+                # `tile_id_c += NUM_SMS` in step with its loop's target, or the one assignment that reaches the read
+                # (`pid_m, pid_n = ...` bound again for the store after the loads)
+                target = _counter_target(an, original.value, self.at)
+                if target is not None:
+                    return target.visit(_Expand(self.depth + 1, self.at))
+                reach = _reaching(an, original.value, self.at)
+                if reach is None:
+                    return updated
+                defs = [reach]
+            elif not loops and _varies(an, original):
+                return updated
+            inner = defs[0][1].visit(_Expand(self.depth + 1, an.where(defs[0][0].node)))
             slot = _unpacked_slot(defs[0][0], defs[0][1], original.value)
             if slot is not None:
                 # `pid_m, pid_n = tile_of(pid, N, BLOCK_N)`: the element the name takes, where the value is a tuple
@@ -1298,14 +1315,15 @@ def program_value(an: _Analyzer, source: str, loops: bool = False) -> str:
             return updated if value is None else value.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
 
     try:
-        return code(cst.parse_expression(source).visit(_Expand(0)))
+        return code(cst.parse_expression(source).visit(_Expand(0, at)))
     except cst.ParserSyntaxError:
         return source
 
 
-def _loop_range(an: _Analyzer, name: str) -> cst.Call | None:
+def _loop_range(an: _Analyzer, name: str) -> tuple[cst.Call, Where] | None:
     """``tl.range(a, b, step)`` for the target ``name`` of the one ``for`` loop over ``range(a, b[, step])`` (also
-    ``tl.range``, ``tl.static_range``) that binds it, and binds nothing else; ``None`` for any other name."""
+    ``tl.range``, ``tl.static_range``) that binds it, and binds nothing else, with where the loop reads its bounds;
+    ``None`` for any other name."""
     found = m.findall(an.fn.body, m.For(target=m.Name(name)))
     if len(found) != 1 or len(an.bindings.get(name, ())) != 1 or m.findall(
             an.fn.body, m.AugAssign(target=m.Name(name)) | m.NamedExpr(target=m.Name(name))):
@@ -1315,7 +1333,92 @@ def _loop_range(an: _Analyzer, name: str) -> cst.Call | None:
         return None
     start, stop, step = read
     return cst.Call(func=cst.Attribute(value=cst.Name("tl"), attr=cst.Name("range")),
-                    args=[cst.Arg(start), cst.Arg(stop), cst.Arg(step)])
+                    args=[cst.Arg(start), cst.Arg(stop), cst.Arg(step)]), an.where(found[0])
+
+
+def _before(a: Where, b: Where) -> bool:
+    return (a.line, a.column) < (b.line, b.column)
+
+
+def _end(an: _Analyzer, node: cst.CSTNode) -> Where:
+    end = an.positions[node].end
+    return Where(an.file, end.line, end.column + 1)
+
+
+def _reaching(an: _Analyzer, name: str, at: Where) -> tuple[StmtRef, cst.BaseExpression] | None:
+    """The assignment of ``name`` that every run reaching ``at`` last made: a statement ``name = value`` (or a tuple
+    unpacking) of a block that holds ``at``, before it, with no other binding of the name after it and within the
+    statement of that block that holds ``at`` (a loop there runs its later bindings before ``at`` again). ``None``
+    where no assignment is such (one in a branch, a loop's target, an update in place in between)."""
+    best = None
+    for ref, value in an.assignments.get(name, []):
+        block = ref.blocks[-1] if ref.blocks else an.fn.body
+        if not _before(_end(an, ref.node), at) or not (block is an.fn.body or _contains(an, block, at)):
+            continue
+        if not any(isinstance(small, (cst.Assign, cst.AnnAssign)) and small.value is value
+                   for small in small_statements(ref)):
+            continue  # a named expression: it may sit where it does not run (`c and (x := v)`)
+        if best is None or _before(an.where(best[0].node), an.where(ref.node)):
+            best = (ref, value)
+    if best is None:
+        return None
+    ref = best[0]
+    block = ref.blocks[-1] if ref.blocks else an.fn.body
+    holder = next((st for st in getattr(block, "body", ()) if _contains(an, st, at)), None)
+    if holder is None:
+        return None
+    start, stop, until = an.where(ref.node), _end(an, ref.node), _end(an, holder)
+    spans = [where for where, _ in an.bindings.get(name, [])]
+    inside = [w for w in spans if not _before(w, start) and not _before(stop, w)]
+    if len(inside) != 1 or any(_before(stop, w) and not _before(until, w) for w in spans):
+        return None
+    return best
+
+
+def _counter_target(an: _Analyzer, name: str, at: Where) -> cst.Name | None:
+    """The target ``t`` of a loop ``for t in range(a, b, s)`` whose value ``name`` holds at ``at``: ``name = a - s``
+    before the loop in its block, ``name += s`` a statement of the loop's body before ``at``, the one binding of the
+    name in the kernel besides that assignment (the tutorials' ``tile_id_c`` of a persistent matmul, which finds the
+    output's tile again after the loads). ``None`` for any other name or place."""
+    bindings = an.bindings.get(name, [])
+    defs = an.assignments.get(name, [])
+    augs = m.findall(an.fn.body, m.AugAssign(target=m.Name(name)))
+    if len(bindings) != 2 or len(defs) != 1 or len(augs) != 1 or not isinstance(augs[0].operator, cst.AddAssign):
+        return None
+    (init_ref, init), update = defs[0], augs[0]
+    if not any(isinstance(small, cst.Assign) and small.value is init and len(small.targets) == 1 and isinstance(
+            small.targets[0].target, cst.Name) for small in small_statements(init_ref)):
+        return None
+    update_ref = next((r for r in an.statements if update in small_statements(r)), None)
+    if update_ref is None or not update_ref.blocks:
+        return None
+    loop = next((lp for lp in m.findall(an.fn.body, m.For()) if lp.body is update_ref.blocks[-1]), None)
+    read = _range_args(loop) if loop is not None else None
+    if read is None or not isinstance(loop.target, cst.Name) or len(an.bindings.get(loop.target.value, [])) != 1:
+        return None
+    if m.findall(loop.body, m.Continue() | m.Break()) or not _contains(an, loop.body, at) or not _before(
+            _end(an, update_ref.node), at):
+        return None
+    block = init_ref.blocks[-1] if init_ref.blocks else an.fn.body
+    if loop not in getattr(block, "body", ()) or not _before(_end(an, init_ref.node), an.where(loop)):
+        return None
+    start, _, step = read
+    if code(_bare(update.value)) != code(_bare(step)):
+        return None
+    first, begin, stride = _poly(_bare(init)), _poly(_bare(start)), _poly(_bare(step))
+    if first is None or begin is None or stride is None:
+        return None
+    # the same names at the assignment and at the loop: parameters left as passed, or locals assigned once before it
+    for n in names_in(init) | names_in(start) | names_in(step):
+        if n in an.params and n in an.rebound or n not in an.params and (
+                len(an.bindings.get(n, [])) != 1 or _reaching(an, n, an.where(init_ref.node)) is None):
+            return None
+    total = dict(first)
+    for k, v in stride.items():
+        total[k] = total.get(k, 0) + v
+    if {k: v for k, v in total.items() if v} != begin:
+        return None
+    return cst.Name(loop.target.value)
 
 
 def _unpacked_slot(ref: StmtRef, value: cst.BaseExpression, name: str) -> int | None:
@@ -1337,7 +1440,12 @@ def _helper_value(an: _Analyzer, call: cst.Call) -> cst.BaseExpression | None:
     N, BLOCK_N): n = tl.cdiv(N, BLOCK_N); return pid // n, pid % n``), and it reads no name but its parameters, its
     locals, ``tl`` and ``triton`` (a global of its module is not the kernel's name of that spelling). ``None`` for any
     other helper or call, and for a name the file binds more than once (the last binding is the one that runs)."""
-    if not isinstance(call.func, cst.Name) or any(a.star for a in call.args):
+    if any(a.star for a in call.args):
+        return None
+    if m.matches(call.func, m.Attribute(value=m.Name("tl"), attr=m.Name("swizzle2d"))):
+        fn = _triton_helper("swizzle2d")
+        return None if fn is None else _returned_value(fn, call)
+    if not isinstance(call.func, cst.Name):
         return None
     name = call.func.value
     bound = [f for f in an.module.body if isinstance(f, (cst.FunctionDef, cst.ClassDef)) and f.name.value == name]
@@ -1359,7 +1467,40 @@ def _helper_value(an: _Analyzer, call: cst.Call) -> cst.BaseExpression | None:
         source = an.imported.get(name)
         found = cst.parse_module(source).body if source is not None else ()
         fn = found[0] if len(found) == 1 and isinstance(found[0], cst.FunctionDef) else None
-    if fn is None or fn.params.star_arg not in (None, cst.MaybeSentinel.DEFAULT) or fn.params.kwonly_params \
+    return None if fn is None else _returned_value(fn, call)
+
+
+def _triton_helper(name: str) -> cst.FunctionDef | None:
+    """Triton's own ``@triton.jit`` helper ``name`` of ``triton.language.standard`` (``tl.swizzle2d``), as the
+    installed Triton defines it, its ``core.minimum`` read as ``tl.minimum``; ``None`` where it has no such source."""
+    try:
+        import inspect
+
+        import triton.language.standard as standard
+
+        helper = getattr(standard, name, None)
+        source = getattr(helper, "src", None)  # a JITFunction's; in the interpreter, the function it wraps
+        if not isinstance(source, str) and callable(getattr(helper, "fn", None)):
+            source = inspect.getsource(helper.fn)
+        found = cst.parse_module(textwrap.dedent(source)).body if isinstance(source, str) else ()
+    except (ImportError, OSError, TypeError, cst.ParserSyntaxError):
+        return None
+    if found and isinstance(found[0], cst.FunctionDef):
+        found = [found[0].with_changes(decorators=[])]  # the interpreter's source keeps `@jit`
+    if len(found) != 1 or not isinstance(found[0], cst.FunctionDef):
+        return None
+
+    class _Core(cst.CSTTransformer):
+        def leave_Attribute(self, original: cst.Attribute, updated: cst.Attribute) -> cst.Attribute:
+            return updated.with_changes(value=cst.Name("tl")) if m.matches(updated.value, m.Name("core")) else updated
+
+    return found[0].visit(_Core())
+
+
+def _returned_value(fn: cst.FunctionDef, call: cst.Call) -> cst.BaseExpression | None:
+    """What the straight-line helper ``fn`` returns for ``call``, written out over its arguments (see
+    :func:`_helper_value`)."""
+    if fn.params.star_arg not in (None, cst.MaybeSentinel.DEFAULT) or fn.params.kwonly_params \
             or fn.params.star_kwarg is not None or fn.params.posonly_params \
             or not isinstance(fn.body, cst.IndentedBlock):
         return None
@@ -1502,7 +1643,7 @@ def _vector_start(an: _Analyzer, acc: Access, name: str, offsets: str,
             signs = None if negative else _nonnegative_value(an, term)
             written = None
             if signs is None and not negative:
-                written = program_value(an, code(term), loops=True)
+                written = program_value(an, code(term), loops=True, at=an.where(defs[0][0].node))
                 try:
                     parsed = cst.parse_expression(written)
                 except cst.ParserSyntaxError:

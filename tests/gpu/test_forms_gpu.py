@@ -22,14 +22,15 @@ def test_forms_on_the_gpu(world: int) -> None:
     assert not failures, "\n".join(failures)
 
 
-#: the split-K and host-descriptor forms at the sizes a GPU runs them with: tensor-core tiles, 128-row bulk tensor
-#: boxes, a program per SM, several row tiles per rank's shard (uneven at 3 ranks) and K slices of 512
+#: the split-K, host-descriptor and persistent forms at the sizes a GPU runs them with: tensor-core tiles, 128-row
+#: bulk tensor boxes, a program per SM, several row tiles per rank's shard (uneven at 3 ranks) and K slices of 512
 TILE_SIZES = {"M": 1000, "N": 384, "K": 1536, "blocks": (128, 128, 64), "programs": 132}
 
 
 @pytest.mark.parametrize("world", [2, 3])
 def test_split_k_and_host_descriptor_forms_at_tensor_core_tile_sizes(world: int) -> None:
-    names = ["gemm_rs_split_k", "gemm_host_descriptor_ag", "gemm_host_descriptor_rs"]
+    names = ["gemm_rs_split_k", "gemm_host_descriptor_ag", "gemm_host_descriptor_rs", "gemm_rs_persistent_grouped",
+             "gemm_persistent_counter"]
     failures = [f"{name}, rank {rank}: {value}"
                 for rank, results in enumerate(tilelink.spawn(run_forms, world, names, TILE_SIZES, backend="nvshmem"))
                 for name, value in results.items() if not (isinstance(value, float) and value < 2e-2)]

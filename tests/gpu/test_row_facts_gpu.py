@@ -49,3 +49,8 @@ def test_a_program_position_of_unknown_sign_is_bounded_from_the_grid_on_the_gpu(
     assert all(e < 1e-6 for e in tilelink.spawn(starts._copy, 2, str(path), 0, backend="nvshmem"))
     with pytest.raises(LaunchError, match="which is -4 for the program"):
         tilelink.spawn(starts._copy, 2, str(path), 1, backend="nvshmem")
+    # a position from `tl.swizzle2d`, written out from the installed Triton's definition and bounded the same way
+    swizzled = tmp_path / "swizzled_column_blocks.py"
+    swizzled.write_text(starts.SOURCE.replace(starts.POSITION, starts.SWIZZLED))
+    for got in tilelink.spawn(starts._copied, 2, str(swizzled), backend="nvshmem"):
+        assert torch.equal(got, starts.swizzled_copy())

@@ -324,6 +324,28 @@ def gemm_rs_persistent_grouped(calls: int = 2, M: int = 50, N: int = 40, K: int 
     return err
 
 
+def gemm_persistent_counter(calls: int = 2, M: int = 50, N: int = 40, K: int = 36,
+                            blocks: tuple[int, int, int] = (16, 16, 16), programs: int = 5) -> float:
+    # the kernel stores float16: small integers keep every partial sum exact, so the reduction is compared exactly
+    rank, world = tilelink.rank(), tilelink.world_size()
+    kernel = load_form("gemm_persistent_counter").matmul_kernel_persistent
+    bm, bn, bk = blocks
+    g = torch.Generator().manual_seed(19)
+    a, b = (torch.randint(-2, 3, shape, generator=g).float() for shape in ((M, K), (K, N)))
+    klo, khi = rows_of(rank, world, K)
+    ar, br = _placed(a[:, klo:khi].contiguous(), b[klo:khi].contiguous())
+    lo, hi = rows_of(rank, world, M)
+    programs = min(programs, triton.cdiv(M, bm) * triton.cdiv(N, bn))
+    err = 0.0
+    for _ in range(calls):
+        out = torch.full((hi - lo, N), float("nan"), dtype=torch.float16, device=ar.device)
+        kernel[(programs,)](
+            ar, br, out, M, N, khi - klo, ar.stride(0), ar.stride(1), br.stride(0), br.stride(1), N, 1,
+            BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk, GROUP_SIZE_M=2, NUM_SMS=programs)
+        err = worst(err, _error(out, (a @ b)[lo:hi]) if hi > lo else 0.0)
+    return err
+
+
 RUNS = {"attention_descriptor_advance": attention_descriptor_advance, "attention_helper_inner": attention_helper_inner,
         "attention_flat_heads": attention_flat_heads, "attention_batched_rows": attention_batched_rows,
         "gemm_row_wrap": gemm_row_wrap,
@@ -331,7 +353,8 @@ RUNS = {"attention_descriptor_advance": attention_descriptor_advance, "attention
         "gemm_row_scales": gemm_row_scales,
         "gemm_rs_epilogue_branch": gemm_rs_epilogue_branch, "gemm_rs_split_k": gemm_rs_split_k,
         "gemm_host_descriptor_ag": gemm_host_descriptor_ag, "gemm_host_descriptor_rs": gemm_host_descriptor_rs,
-        "moe_rs_expert_zeros": moe_rs_expert_zeros, "gemm_rs_persistent_grouped": gemm_rs_persistent_grouped}
+        "moe_rs_expert_zeros": moe_rs_expert_zeros, "gemm_rs_persistent_grouped": gemm_rs_persistent_grouped,
+        "gemm_persistent_counter": gemm_persistent_counter}
 
 
 def run_forms(names: list[str], sizes: dict | None = None) -> dict[str, float | str]:

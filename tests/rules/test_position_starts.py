@@ -81,6 +81,30 @@ def test_the_grouped_position_is_bounded_from_a_covering_grid() -> None:
     assert low is None or low[0] < 0, low
 
 
+SWIZZLED = """    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(D, BLOCK_D)
+    pid = tl.program_id(1)
+    _, pid_d = tl.swizzle2d(pid // num_pid_n, pid % num_pid_n, num_pid_m, num_pid_n, 2)
+"""
+
+
+def test_a_position_from_triton_s_swizzle2d_is_written_out_and_bounded_from_the_grid() -> None:
+    # `tl.swizzle2d` is read from the installed Triton's own definition, as a straight-line helper of the file is
+    (value, _), = _plan(SOURCE.replace(POSITION, SWIZZLED)).row_starts
+    assert "swizzle2d" not in value and "tl.minimum(" in value, value
+    values = dict(M=M, D=D, BLOCK_M=BLOCK_M, BLOCK_D=BLOCK_D)
+    rows, cols = M // BLOCK_M, D // BLOCK_D
+
+    def swizzled_column(pid: int) -> int:  # the swizzle's column, as its documentation states it
+        i, j = pid // cols, pid % cols
+        group = (i * cols + j) // (2 * cols)
+        size = min(rows - group * 2, 2)
+        return ((i * cols + j) % (2 * cols)) // size
+
+    want = [swizzled_column(p) * BLOCK_D for p in range(rows * cols)]
+    assert _value_range(value, values, (1, rows * cols, 1)) == (min(want), max(want))
+
+
 def _kernel(tmp_path, source: str = SOURCE):
     path = tmp_path / "shifted_column_blocks.py"
     path.write_text(source)
@@ -121,6 +145,43 @@ def test_the_grouped_position_passes_on_its_grid_and_is_refused_past_it(tmp_path
     kernel._check_row_scales(_args(0), _Launcher(), lambda meta: (M // BLOCK_M, tiles))
     with pytest.raises(LaunchError, match="start at `"):
         kernel._check_row_scales(_args(0), _Launcher(), (M // BLOCK_M, 4 * tiles))
+
+
+def test_the_swizzled_position_passes_on_its_grid_and_runs_at_two_ranks(tmp_path, monkeypatch) -> None:
+    source = SOURCE.replace(POSITION, SWIZZLED)
+    kernel = _kernel(tmp_path, source)
+    tiles = (M // BLOCK_M) * (D // BLOCK_D)
+    kernel._check_row_scales(_args(0), _Launcher(), (M // BLOCK_M, tiles))
+    with pytest.raises(LaunchError, match="start at `"):
+        kernel._check_row_scales(_args(0), _Launcher(), (M // BLOCK_M, 4 * tiles))
+    monkeypatch.setenv("TILELINK_RACES", "1")
+    path = tmp_path / "swizzled.py"
+    path.write_text(source)
+    for got in tilelink.spawn(_copied, 2, str(path)):
+        assert torch.equal(got, swizzled_copy())
+
+
+def swizzled_copy() -> torch.Tensor:
+    """What the swizzled kernel writes: its program p < D // BLOCK_D copies the column block p // 2 (the swizzle's
+    first group of two rows)."""
+    x = torch.randn(M, D, generator=torch.Generator().manual_seed(5))
+    return torch.cat([x[:, (p // 2) * BLOCK_D:(p // 2 + 1) * BLOCK_D] for p in range(D // BLOCK_D)], dim=1)
+
+
+def _copied(path: str, shift: int = 0) -> torch.Tensor:
+    """What the kernel of ``path`` writes on this rank, each rank passing its rows of the same ``x``."""
+    spec = importlib.util.spec_from_file_location(f"shifted_column_blocks_{abs(hash(path))}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    rank, world = tilelink.rank(), tilelink.world_size()
+    x = torch.randn(M, D, generator=torch.Generator().manual_seed(5))
+    lo, hi = rows_of(rank, world, M)
+    device = current_world().device
+    y = torch.full((M, D), float("nan"), device=device)
+    grid = (triton_cdiv(M, BLOCK_M), triton_cdiv(D, BLOCK_D))
+    module.shifted_column_blocks[grid](x[lo:hi].contiguous().to(device), y, M, D, shift, D, BLOCK_M=BLOCK_M,
+                                       BLOCK_D=BLOCK_D)
+    return y.cpu()
 
 
 @pytest.mark.parametrize("columns, shifts", [
@@ -166,18 +227,8 @@ def test_the_persistent_grouped_form_bounds_its_store_over_the_loops_range() -> 
 
 
 def _copy(path: str, shift: int) -> float:
-    spec = importlib.util.spec_from_file_location(f"shifted_column_blocks_{abs(hash(path))}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    rank, world = tilelink.rank(), tilelink.world_size()
+    got = _copied(path, shift)
     x = torch.randn(M, D, generator=torch.Generator().manual_seed(5))
-    lo, hi = rows_of(rank, world, M)
-    device = current_world().device
-    y = torch.full((M, D), float("nan"), device=device)
-    grid = (triton_cdiv(M, BLOCK_M), triton_cdiv(D, BLOCK_D))
-    module.shifted_column_blocks[grid](x[lo:hi].contiguous().to(device), y, M, D, shift, D, BLOCK_M=BLOCK_M,
-                                       BLOCK_D=BLOCK_D)
-    got = y.cpu()
     return float("inf") if got.isnan().any() else (got - x).abs().max().item()
 
 
@@ -303,9 +354,7 @@ def test_the_least_value_is_found_program_by_program(tmp_path) -> None:
 def test_columns_masked_through_a_second_vector_keep_their_end() -> None:
     # `offs_k = ki * BLOCK_SIZE_K + tl.arange(0, BLOCK_SIZE_K)` masked by `offs_k_for_mask[None, :] < K - ki *
     # BLOCK_SIZE_K`: its last column is K - 1, which each call checks within the row
-    from tests.rules.forms_cases import FORMS
-
-    source = (FORMS / "gemm_persistent_counter.py").read_text()
+    source = COUNTER.replace('reduce_scatter("c_ptr")', 'all_gather("a_ptr")')
     plan = generate(source, "gemm_persistent_counter.py", requests_in(source, "gemm_persistent_counter.py")).plans[0]
     line = next(i for i, text in enumerate(source.splitlines(), 1) if "a = tl.load(" in text)
     assert plan.launch.row_shifts == (("a_ptr", ((False, ("K", "stride_ak")), (True, ("1", "stride_ak"))), line),)
@@ -316,16 +365,69 @@ def test_columns_masked_through_a_second_vector_keep_their_end() -> None:
                                  (True, ("1", "stride_ak"))), line),), shifts
 
 
-def test_a_store_found_again_from_an_advanced_counter_is_refused() -> None:
-    # `tile_id_c += NUM_SMS` and `pid_m, pid_n` bound twice: TileLink cannot write the store's columns out
-    from tests.rules.forms_cases import FORMS
+COUNTER = (Path(__file__).parent / "forms" / "gemm_persistent_counter.py").read_text()
+FOUND_AGAIN = "        pid_m, pid_n = _compute_pid(tile_id_c, num_pid_in_group, num_pid_m, GROUP_SIZE_M, NUM_SMS)\n"
+UPDATE = "        tile_id_c += NUM_SMS\n"
 
-    source = (FORMS / "gemm_persistent_counter.py").read_text().replace(
-        'all_gather("a_ptr")', 'reduce_scatter("c_ptr")')
+
+def test_a_store_found_again_from_a_counter_in_step_with_its_loop_is_bounded_at_the_launch() -> None:
+    # `tile_id_c = start_pid - NUM_SMS` and `tile_id_c += NUM_SMS` once a step of `tl.range(start_pid, num_tiles,
+    # NUM_SMS)`: after the update it is the loop's target, so the store's `pid_n` (of the second `pid_m, pid_n = ...`,
+    # the one that reaches it) is written out over the loop's range for each call to bound
+    plan = generate(COUNTER, "p.py", requests_in(COUNTER, "p.py")).plans[0].launch
+    line = next(i for i, text in enumerate(COUNTER.splitlines(), 1) if "tl.store(c_ptrs" in text)
+    (written, at), = plan.row_starts
+    assert at == line, at
+    assert written.count("tl.range((tl.program_id(axis=0)), ((tl.cdiv(M, BLOCK_SIZE_M)) * (tl.cdiv(N, BLOCK_SIZE_N))), "
+                         "NUM_SMS)") == 2 and "tile_id" not in written and "pid_" not in written, written
+
+
+@pytest.mark.parametrize("old, new", [
+    # out of step by one: after the update the counter is a step ahead of the loop's target
+    ("    tile_id_c = start_pid - NUM_SMS\n", "    tile_id_c = start_pid\n"),
+    # advanced by another step than the loop's
+    (UPDATE, "        tile_id_c += 2 * NUM_SMS\n"),
+    # advanced only on some steps
+    (UPDATE, "        if K > 0:\n    " + UPDATE),
+    # read before the update: a step behind
+    (UPDATE + FOUND_AGAIN, FOUND_AGAIN + UPDATE),
+    # `pid_n` bound again in a branch between its assignment and the store
+    (FOUND_AGAIN, FOUND_AGAIN + "        if N > 64:\n            pid_n = pid_n - 1\n"),
+    # the counter set afresh in the loop
+    (UPDATE, UPDATE + "        tile_id_c = tile_id_c - 1\n"),
+])
+def test_a_counter_out_of_step_or_a_name_bound_again_before_the_store_is_refused(old: str, new: str) -> None:
+    assert old in COUNTER, old
+    source = COUNTER.replace(old, new)
     with pytest.raises(AnnotationError) as info:
         generate(source, "p.py", requests_in(source, "p.py"))
     assert "the columns `offs_cn` of the store" in str(info.value) and "whose sign TileLink cannot tell" in str(
         info.value), str(info.value)
+
+
+def test_the_assignment_that_reaches_a_read_is_the_last_one_no_later_step_can_change() -> None:
+    import libcst as cst
+    from libcst.metadata import MetadataWrapper
+
+    from tilelink.analysis import Where, _Analyzer, _reaching
+
+    source = ("import triton\nimport triton.language as tl\n\n\n@triton.jit\ndef k(x_ptr, N):\n"
+              "    x = 1\n"                          # line 7
+              "    for i in range(N):\n"
+              "        y = x\n"                      # line 9: `x = 2` below runs before it on the next step
+              "        x = 2\n"
+              "        z = x\n"                      # line 11: `x = 2` reaches it
+              "    w = x\n"                          # line 12: after the loop, either value
+              "    x = 3\n"
+              "    v = x\n")                         # line 14
+    module = cst.parse_module(source)
+    an = _Analyzer(module, MetadataWrapper(module, unsafe_skip_copy=True), module.body[2], "k.py", {})
+
+    def reached(line: int) -> str | None:
+        found = _reaching(an, "x", Where("k.py", line, source.splitlines()[line - 1].index("= x") + 3))
+        return None if found is None else cst.Module([]).code_for_node(found[1])
+
+    assert [reached(line) for line in (9, 11, 12, 14)] == [None, "2", None, "3"]
 
 
 STALE_MASK = """

@@ -1,7 +1,8 @@
 """The persistent matmul in the tutorials' form: tiles walked by `tl.range(..., flatten=True)` and mapped by a
 helper, the K columns `offs_k = ki * BLOCK_SIZE_K + tl.arange(...)` masked through a second vector
 (`offs_k_for_mask[None, :] < K - ki * BLOCK_SIZE_K`), the output's tile found again from a counter advanced with
-`tile_id_c += NUM_SMS`."""
+`tile_id_c += NUM_SMS` in step with the loop's target, and the output reduce-scattered: the store's columns start at
+`pid_n * BLOCK_SIZE_N` of the second `pid_m, pid_n = ...`, the one that reaches the store."""
 
 import triton
 import triton.language as tl
@@ -19,7 +20,7 @@ def _compute_pid(tile_id, num_pid_in_group, num_pid_m, GROUP_SIZE_M, NUM_SMS):
     return pid_m, pid_n
 
 
-@tilelink.overlap(tilelink.all_gather("a_ptr"))
+@tilelink.overlap(tilelink.reduce_scatter("c_ptr"))
 @triton.jit
 def matmul_kernel_persistent(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm,
                              stride_cn, BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr,
