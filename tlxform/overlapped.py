@@ -458,7 +458,14 @@ class OverlappedKernel:
             return
         where = f"{_display_path(self.file)}:{line}"
         exact = None if programs is None else _least_program(value, values, programs)
-        bounds = None if programs is None or exact is not None else _value_bounds(value, values, programs)
+        wraps: list[str] = []
+        bounds = None if programs is None or exact is not None else _value_bounds(value, values, programs, wraps)
+        if exact is None and bounds is None and wraps:
+            raise LaunchError(
+                f"{self.name}: the columns of the {access} at {where} start at `{value}`{said_config}, whose step "
+                f"`{wraps[0]}` may reach past what a 32-bit int holds over the grid of this call, where the kernel's "
+                f"arithmetic wraps (to a negative start in the row before, which its {waits} does not cover); pass "
+                f"arguments under which the position stays below 2**31, or cast to tl.int64 before it grows")
         if exact is None and bounds is None:
             raise LaunchError(
                 f"{self.name}: the columns of the {access} at {where} start at `{value}`{said_config}, which TileLink "
@@ -609,79 +616,14 @@ def _least_program(source: str, values: dict[str, Any],
                    programs: tuple[int, int, int]) -> tuple[int, tuple[int, int, int], int] | None:
     """The least value of the kernel's expression ``source`` over every program of a launch of ``programs``, the first
     program that takes it and the largest value, computed for each program (``pid - (pid // n) * n`` is never negative,
-    which a bound of each operand alone cannot tell). ``None`` where the grid is larger than ``_EXACT_PROGRAMS`` or the
-    expression holds anything but int literals, int arguments, ``tl.program_id`` / ``tl.num_programs``, ``+``, ``-``,
-    ``*``, ``//`` and ``%`` of a non-negative value by a positive one (where Triton's and Python's agree), ``tl.cdiv``,
-    minima and maxima, and casts to 32- or 64-bit ints of values that fit."""
+    which a bound of each operand alone cannot tell). ``None`` where the grid is larger than ``_EXACT_PROGRAMS`` or
+    :func:`_evaluate` cannot read the expression (a loop's range among them: its values are bounded by
+    :func:`_value_bounds`)."""
     import numpy as np
 
     if math.prod(programs) > _EXACT_PROGRAMS or 0 in programs:
         return None
-
-    def walk(node: ast.AST):
-        if isinstance(node, ast.Constant) and isinstance(node.value, int) and not isinstance(node.value, bool):
-            return np.int64(node.value)
-        if isinstance(node, ast.Name):
-            v = values.get(node.id)
-            v = getattr(v, "value", v)
-            return np.int64(v) if isinstance(v, int) and not isinstance(v, bool) and abs(v) < 1 << 62 else None
-        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
-            inner = walk(node.operand)
-            return None if inner is None else -inner
-        if isinstance(node, ast.BinOp):
-            a, b = walk(node.left), walk(node.right)
-            if a is None or b is None:
-                return None
-            if isinstance(node.op, ast.Add):
-                return a + b
-            if isinstance(node.op, ast.Sub):
-                return a - b
-            if isinstance(node.op, ast.Mult):
-                if int(np.max(np.abs(a))) * int(np.max(np.abs(b))) >= 1 << 62:
-                    return None  # past what 64 bits hold
-                return a * b
-            if isinstance(node.op, (ast.FloorDiv, ast.Mod)) and np.min(a) >= 0 and np.min(b) > 0:
-                return a // b if isinstance(node.op, ast.FloorDiv) else a % b
-            return None
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("min", "max") \
-                and len(node.args) == 2 and not node.keywords:
-            a, b = walk(node.args[0]), walk(node.args[1])
-            return None if a is None or b is None else (np.minimum if node.func.id == "min" else np.maximum)(a, b)
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
-            func = node.func
-            if func.attr == "to":
-                inner = walk(func.value)
-                kind = _int_cast(node)
-                if inner is None or kind is None or kind == 32 and (np.min(inner) < -(1 << 31) or np.max(
-                        inner) >= 1 << 31):
-                    return None
-                return inner
-            if not (isinstance(func.value, ast.Name) and func.value.id in ("tl", "triton")):
-                return None
-            args = node.args or [k.value for k in node.keywords if k.arg == "axis"]
-            if func.attr in ("program_id", "num_programs") and func.value.id == "tl" and len(args) == 1 and len(
-                    node.args) + len(node.keywords) == 1:
-                axis = walk(args[0])
-                if axis is None or np.ndim(axis) or not 0 <= int(axis) < 3:
-                    return None
-                n = programs[int(axis)]
-                if func.attr == "num_programs":
-                    return np.int64(n)
-                shape = [1, 1, 1]
-                shape[int(axis)] = n
-                return np.arange(n, dtype=np.int64).reshape(shape)
-            if len(node.args) == 2 and not node.keywords and (func.attr == "cdiv" or func.value.id == "tl" and (
-                    func.attr in ("minimum", "maximum"))):
-                a, b = walk(node.args[0]), walk(node.args[1])
-                if a is None or b is None:
-                    return None
-                if func.attr == "cdiv":
-                    return -(-a // b) if np.min(a) >= 0 and np.min(b) > 0 else None
-                return (np.minimum if func.attr == "minimum" else np.maximum)(a, b)
-        return None
-
-    tree = _parsed(source)
-    found = None if tree is None else walk(tree)
+    found = _evaluate(source, values, _PerProgram(programs))
     if found is None:
         return None
     full = np.broadcast_to(found, programs)
@@ -700,87 +642,226 @@ def _int_cast(node: ast.Call) -> int | None:
     return None
 
 
-def _value_bounds(source: str, values: dict[str, Any], programs: tuple[int, int, int]) -> tuple[int, int] | None:
-    """The least and the largest value of the kernel's expression ``source`` over a launch of ``programs`` programs
-    along each axis: ``tl.program_id(a)`` in ``[0, programs[a])``, ``tl.num_programs(a)`` that count, a parameter its
-    int argument, through ``+``, ``-``, ``*``, casts, ``tl.minimum`` / ``tl.maximum``, and ``//`` / ``%`` of a
-    non-negative value by a positive one (where Triton's and Python's agree), ``tl.cdiv`` of such, ``min`` / ``max``.
-    ``None`` for anything else."""
+def _value_bounds(source: str, values: dict[str, Any], programs: tuple[int, int, int],
+                  wraps: list[str] | None = None) -> tuple[int, int] | None:
+    """The least and the largest value of the kernel's expression ``source`` over a launch of ``programs`` programs,
+    each operand bounded on its own (``tl.program_id(a)`` in ``[0, programs[a])``, a loop's ``tl.range(a, b, step)``
+    any of its values); ``None`` where :func:`_evaluate` cannot read it (``wraps`` gets the step that may leave its
+    int width, if that is why)."""
+    return _evaluate(source, values, _Interval(programs), wraps)
 
-    def walk(node: ast.AST) -> tuple[int, int] | None:
+
+class _Interval:
+    """The values of :func:`_evaluate`: ``(least, largest)`` over the grid, each operand's on its own."""
+
+    def __init__(self, programs: tuple[int, int, int]) -> None:
+        self.programs = programs
+
+    def const(self, v: int):
+        return v, v
+
+    def least(self, x) -> int:
+        return x[0]
+
+    def largest(self, x) -> int:
+        return x[1]
+
+    def neg(self, x):
+        return -x[1], -x[0]
+
+    def add(self, a, b):
+        return a[0] + b[0], a[1] + b[1]
+
+    def sub(self, a, b):
+        return a[0] - b[1], a[1] - b[0]
+
+    def mul(self, a, b):
+        corners = [x * y for x in a for y in b]
+        return min(corners), max(corners)
+
+    def floordiv(self, a, b):  # a >= 0, b > 0
+        return a[0] // b[1], a[1] // b[0]
+
+    def mod(self, a, b):  # a >= 0, b > 0
+        return (a[0], a[1]) if a[1] < b[0] else (0, b[1] - 1)
+
+    def cdiv(self, a, b):  # a >= 0, b > 0
+        return -(-a[0] // b[1]), -(-a[1] // b[0])
+
+    def pick(self, a, b, least: bool):
+        f = min if least else max
+        return f(a[0], b[0]), f(a[1], b[1])
+
+    def program_id(self, axis: int):
+        return 0, self.programs[axis] - 1
+
+    def loop(self, a, b, step):
+        # any value of a loop `for v in range(a, b, step)` of a positive step: from the least `a` to below the largest
+        # `b` (a loop that runs no step has no value to bound)
+        return None if step[0] <= 0 else (a[0], max(a[0], b[1] - 1))
+
+
+class _PerProgram(_Interval):
+    """The values of :func:`_evaluate`: each program's, an int64 array over the grid."""
+
+    def const(self, v: int):
+        import numpy as np
+
+        return np.int64(v)
+
+    def least(self, x) -> int:
+        import numpy as np
+
+        return int(np.min(x))
+
+    def largest(self, x) -> int:
+        import numpy as np
+
+        return int(np.max(x))
+
+    def neg(self, x):
+        return -x
+
+    def add(self, a, b):
+        return a + b
+
+    def sub(self, a, b):
+        return a - b
+
+    def mul(self, a, b):
+        return a * b
+
+    def floordiv(self, a, b):
+        return a // b
+
+    def mod(self, a, b):
+        return a % b
+
+    def cdiv(self, a, b):
+        return -(-a // b)
+
+    def pick(self, a, b, least: bool):
+        import numpy as np
+
+        return (np.minimum if least else np.maximum)(a, b)
+
+    def program_id(self, axis: int):
+        import numpy as np
+
+        shape = [1, 1, 1]
+        shape[axis] = self.programs[axis]
+        return np.arange(self.programs[axis], dtype=np.int64).reshape(shape)
+
+    def loop(self, a, b, step):
+        return None  # one value per program: a loop has several
+
+
+def _evaluate(source: str, values: dict[str, Any], dom: _Interval, wraps: list[str] | None = None):
+    """The kernel's expression ``source`` over the grid, in the values of ``dom``: int literals, int arguments,
+    ``tl.program_id`` / ``tl.num_programs``, ``+``, ``-``, ``*``, ``//`` and ``%`` of a non-negative value by a positive
+    one (where Triton's and Python's agree), ``tl.cdiv`` of such, ``tl.minimum`` / ``tl.maximum`` / ``min`` / ``max``,
+    ``tl.range(a, b, step)`` (where ``dom`` reads it) and casts to 32- or 64-bit ints of values that fit. Every value
+    is held as Triton holds it, a 32-bit int (program ids, arguments and literals that fit) unless an operand is 64-bit
+    (a cast, a larger argument): where any step of the arithmetic may leave that width, the kernel's value wraps and
+    this one would not, so it is ``None`` (the step, written out, added to ``wraps``), as for anything else."""
+    limit = {False: 1 << 31, True: 1 << 63}
+
+    def wrap(node: ast.AST) -> None:
+        if wraps is not None and not wraps:
+            wraps.append(ast.unparse(node))
+
+    def size(x) -> int:
+        return max(abs(dom.least(x)), abs(dom.largest(x)))
+
+    def fits(v: int) -> bool:
+        return -(1 << 31) <= v < 1 << 31
+
+    def walk(node: ast.AST):
+        """``(value, wide)``: ``wide`` where Triton holds it in 64 bits."""
         if isinstance(node, ast.Constant) and isinstance(node.value, int) and not isinstance(node.value, bool):
-            return node.value, node.value
+            return (dom.const(node.value), not fits(node.value)) if abs(node.value) < 1 << 62 else None
         if isinstance(node, ast.Name):
             v = values.get(node.id)
             v = getattr(v, "value", v)  # a constexpr argument
-            return (v, v) if isinstance(v, int) and not isinstance(v, bool) else None
+            if not isinstance(v, int) or isinstance(v, bool) or abs(v) >= 1 << 62:
+                return None
+            return dom.const(v), not fits(v)
         if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
             inner = walk(node.operand)
-            return None if inner is None else (-inner[1], -inner[0])
+            if inner is None:
+                return None
+            if size(inner[0]) >= limit[inner[1]]:
+                return wrap(node)
+            return dom.neg(inner[0]), inner[1]
         if isinstance(node, ast.BinOp):
             a, b = walk(node.left), walk(node.right)
             if a is None or b is None:
                 return None
-            if isinstance(node.op, ast.Add):
-                return a[0] + b[0], a[1] + b[1]
-            if isinstance(node.op, ast.Sub):
-                return a[0] - b[1], a[1] - b[0]
+            wide = a[1] or b[1]
+            if isinstance(node.op, (ast.Add, ast.Sub)):
+                if size(a[0]) + size(b[0]) >= limit[wide]:
+                    return wrap(node)
+                return (dom.add if isinstance(node.op, ast.Add) else dom.sub)(a[0], b[0]), wide
             if isinstance(node.op, ast.Mult):
-                corners = [x * y for x in a for y in b]
-                return min(corners), max(corners)
-            if isinstance(node.op, (ast.FloorDiv, ast.Mod)) and a[0] >= 0 and b[0] > 0:
-                if isinstance(node.op, ast.FloorDiv):
-                    return a[0] // b[1], a[1] // b[0]
-                return (a[0], a[1]) if a[1] < b[0] else (0, b[1] - 1)
+                if size(a[0]) * size(b[0]) >= limit[wide]:
+                    return wrap(node)
+                return dom.mul(a[0], b[0]), wide
+            if isinstance(node.op, (ast.FloorDiv, ast.Mod)) and dom.least(a[0]) >= 0 and dom.least(b[0]) > 0:
+                return (dom.floordiv if isinstance(node.op, ast.FloorDiv) else dom.mod)(a[0], b[0]), wide
             return None
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("min", "max") \
-                and len(node.args) == 2 and not node.keywords:
+        if not isinstance(node, ast.Call):
+            return None
+        func = node.func
+        pair = len(node.args) == 2 and not node.keywords
+        if isinstance(func, ast.Name) and func.id in ("min", "max") and pair or isinstance(
+                func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "tl" and func.attr in (
+                "minimum", "maximum") and pair:
             a, b = walk(node.args[0]), walk(node.args[1])
             if a is None or b is None:
                 return None
-            pick = min if node.func.id == "min" else max
-            return pick(a[0], b[0]), pick(a[1], b[1])
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
-            func = node.func
-            if func.attr == "to":
-                inner = walk(func.value)
-                kind = _int_cast(node)
-                if inner is None or kind is None or kind == 32 and (inner[0] < -(1 << 31) or inner[1] >= 1 << 31):
-                    return None
-                return inner
-            if func.attr == "cdiv" and isinstance(func.value, ast.Name) and func.value.id in ("tl", "triton") \
-                    and len(node.args) == 2 and not node.keywords:
-                a, b = walk(node.args[0]), walk(node.args[1])
-                if a is None or b is None or a[0] < 0 or b[0] <= 0:
-                    return None
-                return -(-a[0] // b[1]), -(-a[1] // b[0])
-            if func.attr == "range" and isinstance(func.value, ast.Name) and func.value.id == "tl" \
-                    and len(node.args) == 3 and not node.keywords:
-                # any value of a loop `for v in range(a, b, step)` of a positive step: from the least `a` to below the
-                # largest `b` (a loop that runs no step has no value to bound)
-                a, b, step = (walk(arg) for arg in node.args)
-                if a is None or b is None or step is None or step[0] <= 0:
-                    return None
-                return a[0], max(a[0], b[1] - 1)
-            if isinstance(func.value, ast.Name) and func.value.id == "tl":
-                args = node.args or [k.value for k in node.keywords if k.arg == "axis"]
-                if func.attr in ("program_id", "num_programs") and len(args) == 1 and len(node.args) + len(
-                        node.keywords) == 1:
-                    axis = walk(args[0])
-                    if axis is None or axis[0] != axis[1] or not 0 <= axis[0] < 3:
-                        return None
-                    n = programs[axis[0]]
-                    return (0, n - 1) if func.attr == "program_id" else (n, n)
-                if func.attr in ("minimum", "maximum") and len(node.args) == 2 and not node.keywords:
-                    a, b = walk(node.args[0]), walk(node.args[1])
-                    if a is None or b is None:
-                        return None
-                    pick = min if func.attr == "minimum" else max
-                    return pick(a[0], b[0]), pick(a[1], b[1])
+            least = (func.id if isinstance(func, ast.Name) else func.attr) in ("min", "minimum")
+            return dom.pick(a[0], b[0], least), a[1] or b[1]
+        if not isinstance(func, ast.Attribute):
+            return None
+        if func.attr == "to":
+            inner = walk(func.value)
+            kind = _int_cast(node)
+            if inner is None or kind is None:
+                return None
+            if kind == 32 and not (fits(dom.least(inner[0])) and fits(dom.largest(inner[0]))):
+                return wrap(node)
+            return inner[0], kind == 64
+        if not (isinstance(func.value, ast.Name) and func.value.id in ("tl", "triton")):
+            return None
+        if func.attr == "cdiv" and pair:
+            a, b = walk(node.args[0]), walk(node.args[1])
+            if a is None or b is None or dom.least(a[0]) < 0 or dom.least(b[0]) <= 0:
+                return None
+            if size(a[0]) + size(b[0]) >= limit[a[1] or b[1]]:
+                return wrap(node)  # Triton's `(a + b - 1) // b`: its sum must stay in the width too
+            return dom.cdiv(a[0], b[0]), a[1] or b[1]
+        if func.value.id != "tl":
+            return None
+        if func.attr == "range" and len(node.args) == 3 and not node.keywords:
+            parts = [walk(arg) for arg in node.args]
+            if None in parts:
+                return None
+            found = dom.loop(*(p[0] for p in parts))  # type: ignore[index]
+            return None if found is None else (found, any(p[1] for p in parts))  # type: ignore[index]
+        args = node.args or [k.value for k in node.keywords if k.arg == "axis"]
+        if func.attr in ("program_id", "num_programs") and len(args) == 1 and len(node.args) + len(
+                node.keywords) == 1:
+            axis = args[0]
+            if not (isinstance(axis, ast.Constant) and isinstance(axis.value, int) and 0 <= axis.value < 3):
+                return None
+            if func.attr == "num_programs":
+                return dom.const(dom.programs[axis.value]), False
+            return dom.program_id(axis.value), False
         return None
 
     tree = _parsed(source)
-    return None if tree is None else walk(tree)
+    found = None if tree is None else walk(tree)
+    return None if found is None else found[0]
 
 
 @functools.lru_cache(maxsize=256)

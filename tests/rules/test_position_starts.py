@@ -105,6 +105,21 @@ def test_a_position_from_triton_s_swizzle2d_is_written_out_and_bounded_from_the_
     assert _value_range(value, values, (1, rows * cols, 1)) == (min(want), max(want))
 
 
+def test_a_step_that_may_leave_its_32_bits_is_not_bounded() -> None:
+    # Triton holds program ids, arguments and literals that fit as 32-bit ints: `pid * 2**30` wraps at pid 2, and
+    # `// 2**30` of the wrapped value is negative, where exact arithmetic would say 2
+    wrapped = "(tl.program_id(0) * 1073741824) // 1073741824"
+    assert _value_range(wrapped, {}, (2, 1, 1)) == (0, 1)
+    assert _value_range(wrapped, {}, (4, 1, 1)) is None
+    assert _value_range(wrapped.replace("tl.program_id(0)", "tl.program_id(0).to(tl.int64)"), {}, (4, 1, 1)) == (0, 3)
+    assert _value_range("tl.cdiv(N, 4)", {"N": (1 << 31) - 2}, (1, 1, 1)) is None  # `N + 4 - 1` wraps
+    # a grid too large to evaluate program by program is bounded by intervals, with the same widths
+    many = (1 << 21, 1, 1)
+    assert _value_range("tl.program_id(0) * 1024", {}, many) == (0, ((1 << 21) - 1) * 1024)
+    assert _value_range("tl.program_id(0) * 2048", {}, many) is None
+    assert _value_range("tl.program_id(0) * W", {"W": 1 << 40}, (2, 1, 1)) == (0, 1 << 40)  # a 64-bit argument
+
+
 def _kernel(tmp_path, source: str = SOURCE):
     path = tmp_path / "shifted_column_blocks.py"
     path.write_text(source)
