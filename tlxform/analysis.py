@@ -274,6 +274,13 @@ def expanded(node: cst.BaseExpression, axis: int) -> str | None:
     return None
 
 
+def _indexes_columns(node: cst.Subscript) -> bool:
+    """``x[None, :]`` (also ``x[None, None, :]``): a vector indexed as the columns of a block, one slice past the first
+    index."""
+    kinds = [isinstance(el.slice, cst.Slice) for el in node.slice]
+    return len(kinds) >= 2 and kinds.count(True) == 1 and not kinds[0]
+
+
 def parse_source(source: str, file: str) -> cst.Module:
     """Parse a user's file; a syntax error becomes an :class:`AnnotationError` at its position."""
     try:
@@ -430,9 +437,13 @@ class _Analyzer:
             fn.body, m.AugAssign(target=m.Name()) | m.AnnAssign(target=m.Name()) | m.NamedExpr(target=m.Name()))}
         for loop in m.findall(fn.body, m.For()):
             self.rebound |= names_in(loop.target)
+        withs = m.findall(fn.body, m.WithItem(asname=m.AsName()))
+        for item in withs:  # `with ... as x` binds x too
+            self.rebound |= names_in(item.asname.name)
         self.bindings: dict[str, list[tuple[Where, Where | None]]] = {}
-        for node in m.findall(fn.body, m.Assign() | m.AugAssign() | m.AnnAssign() | m.NamedExpr() | m.For()):
-            targets = [t.target for t in node.targets] if isinstance(node, cst.Assign) else [node.target]
+        for node in m.findall(fn.body, m.Assign() | m.AugAssign() | m.AnnAssign() | m.NamedExpr() | m.For()) + withs:
+            targets = [t.target for t in node.targets] if isinstance(node, cst.Assign) else [
+                node.asname.name if isinstance(node, cst.WithItem) else node.target]
             end = self.positions[node].end if isinstance(node, cst.For) else None
             span = (self.where(node), Where(self.file, end.line, end.column + 1) if end else None)
             for name in set().union(*(names_in(t) for t in targets)):
@@ -1053,6 +1064,18 @@ def _bound_again(an: _Analyzer, name: str) -> bool:
         an.fn.body, m.AnnAssign(target=m.Name(name))))
 
 
+def _bound_twice(an: _Analyzer, node: cst.BaseExpression, depth: int = 0) -> bool:
+    """``node`` reads a local bound more than once (``pid_d = pid; pid_d = pid - SHIFT``), directly or through locals
+    bound once: its value is the binding that reaches the read, which :func:`_reaching` finds or nothing does."""
+    for name in names_in(node) - set(an.params):
+        if len(an.bindings.get(name, ())) > 1:
+            return True
+        defs = an.assignments.get(name, [])
+        if depth < 8 and len(defs) == 1 and _bound_twice(an, defs[0][1], depth + 1):
+            return True
+    return False
+
+
 def _varies(an: _Analyzer, node: cst.BaseExpression, depth: int = 0) -> bool:
     """``node`` reads a name that changes from one step of a loop to the next (a loop variable, a name updated in
     place or assigned inside a loop), directly or through locals bound once: the advance and sweep checks judge it."""
@@ -1210,7 +1233,8 @@ def _nonnegative_value(an: _Analyzer, node: cst.BaseExpression, depth: int = 0) 
 
 
 #: the keywords of a `tl.range` loop that leave the values its target takes as they are
-_LOOP_KEYWORDS = ("num_stages", "flatten", "loop_unroll_factor", "warp_specialize", "disallow_acc_multi_buffer")
+_LOOP_KEYWORDS = ("num_stages", "flatten", "loop_unroll_factor", "warp_specialize", "disallow_acc_multi_buffer",
+                  "disable_licm")
 
 
 def _range_args(loop: cst.For) -> tuple[cst.BaseExpression, cst.BaseExpression, cst.BaseExpression] | None:
@@ -1224,6 +1248,8 @@ def _range_args(loop: cst.For) -> tuple[cst.BaseExpression, cst.BaseExpression, 
     keywords = {a.keyword.value: a.value for a in it.args if a.keyword is not None}
     if any(a.star for a in it.args) or set(keywords) - {"start", "end", "step", *_LOOP_KEYWORDS}:
         return None
+    if keywords and isinstance(it.func, cst.Name):
+        return None  # compiled Triton reads the builtin `range`'s arguments by position only: `step=4` is dropped
     if "step" in keywords:
         if len(args) > 2:
             return None
@@ -1251,6 +1277,24 @@ def _loop_target_sign(an: _Analyzer, name: str, depth: int) -> set[str] | None:
     return signs
 
 
+class _ValueNames(cst.CSTTransformer):
+    """A transformer of the names an expression reads as values (``leave_Name``): not an attribute's name (``tl``'s
+    ``cdiv``, though its base is a value: ``(off_hz // HEADS).to(...)``) nor a keyword (``axis=``)."""
+
+    def again(self) -> _ValueNames:
+        """A transformer like this one, for an attribute's base."""
+        raise NotImplementedError
+
+    def visit_Attribute(self, node: cst.Attribute) -> bool:
+        return False  # its name is no value: only its base is transformed, below
+
+    def leave_Attribute(self, original: cst.Attribute, updated: cst.Attribute) -> cst.BaseExpression:
+        return updated.with_changes(value=original.value.visit(self.again()))
+
+    def leave_Arg(self, original: cst.Arg, updated: cst.Arg) -> cst.Arg:
+        return updated.with_changes(keyword=original.keyword)  # `axis=`: a keyword, not a value
+
+
 def program_value(an: _Analyzer, source: str, loops: bool = False, at: Where | None = None) -> str:
     """``source`` (an expression of the kernel) with each local bound once written out as its value, down to program
     ids, parameters and literals (``off_z`` -> ``(tl.program_id(1) // HEADS).to(tl.int64)``), for the launch to bound
@@ -1261,18 +1305,14 @@ def program_value(an: _Analyzer, source: str, loops: bool = False, at: Where | N
     written out as the assignment that reaches ``at`` (:func:`_reaching`), a counter advanced in step with a loop as
     that loop's target (:func:`_counter_target`)."""
 
-    class _Expand(cst.CSTTransformer):
+    class _Expand(_ValueNames):
         def __init__(self, depth: int, at: Where | None) -> None:
             super().__init__()
             self.depth = depth
             self.at = at  # where the expression is read: a name bound more than once takes the value that reaches it
 
-        def visit_Attribute(self, node: cst.Attribute) -> bool:
-            return False  # its name is no value: only its base is written out, below
-
-        def leave_Attribute(self, original: cst.Attribute, updated: cst.Attribute) -> cst.BaseExpression:
-            # the base is a value (`(off_hz // HEADS).to(...)`)
-            return updated.with_changes(value=original.value.visit(_Expand(self.depth, self.at)))
+        def again(self) -> _Expand:
+            return _Expand(self.depth, self.at)
 
         def leave_Name(self, original: cst.Name, updated: cst.Name) -> cst.BaseExpression:
             defs = an.assignments.get(original.value, [])
@@ -1295,8 +1335,13 @@ def program_value(an: _Analyzer, source: str, loops: bool = False, at: Where | N
                 defs = [reach]
             elif not loops and _varies(an, original):
                 return updated
-            inner = defs[0][1].visit(_Expand(self.depth + 1, an.where(defs[0][0].node)))
             slot = _unpacked_slot(defs[0][0], defs[0][1], original.value)
+            if slot is None and any(
+                    isinstance(small, cst.Assign) and small.value is defs[0][1] and any(isinstance(
+                        t.target, (cst.Tuple, cst.List)) and original.value in names_in(t.target)
+                        for t in small.targets) for small in small_statements(defs[0][0])):
+                return updated  # an unpacking TileLink cannot place the name in (`p, p = a, b`, a starred target)
+            inner = defs[0][1].visit(_Expand(self.depth + 1, an.where(defs[0][0].node)))
             if slot is not None:
                 # `pid_m, pid_n = tile_of(pid, N, BLOCK_N)`: the element the name takes, where the value is a tuple
                 # (the helper's `return pid // n, pid % n` written out); else the launch cannot bound it
@@ -1306,9 +1351,6 @@ def program_value(an: _Analyzer, source: str, loops: bool = False, at: Where | N
                 inner = elements[slot].value
             return inner.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()]) if hasattr(inner, "lpar") \
                 else inner
-
-        def leave_Arg(self, original: cst.Arg, updated: cst.Arg) -> cst.Arg:
-            return updated.with_changes(keyword=original.keyword)  # `axis=`: a keyword, not a value
 
         def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
             value = _helper_value(an, updated)
@@ -1409,8 +1451,11 @@ def _counter_target(an: _Analyzer, name: str, at: Where) -> cst.Name | None:
     if first is None or begin is None or stride is None:
         return None
     # the same names at the assignment and at the loop: parameters left as passed, or locals assigned once before it
+    from tilelink.tile_rows import passed_params
+
+    passed = passed_params(an)
     for n in names_in(init) | names_in(start) | names_in(step):
-        if n in an.params and n in an.rebound or n not in an.params and (
+        if n in an.params and n not in passed or n not in an.params and (
                 len(an.bindings.get(n, [])) != 1 or _reaching(an, n, an.where(init_ref.node)) is None):
             return None
     total = dict(first)
@@ -1429,8 +1474,9 @@ def _unpacked_slot(ref: StmtRef, value: cst.BaseExpression, name: str) -> int | 
             for t in small.targets:
                 if isinstance(t.target, (cst.Tuple, cst.List)):
                     names = [e.value.value if isinstance(e.value, cst.Name) else None for e in t.target.elements]
-                    if name in names:
-                        return names.index(name)
+                    if names.count(name) != 1 or any(isinstance(e, cst.StarredElement) for e in t.target.elements):
+                        return None  # `p, p = a, b` binds the last; after a starred target the slots shift
+                    return names.index(name)
     return None
 
 
@@ -1520,15 +1566,9 @@ def _returned_value(fn: cst.FunctionDef, call: cst.Call) -> cst.BaseExpression |
            for n, v in given.items()}
     known = set(params) | {"tl", "triton"}
 
-    class _Put(cst.CSTTransformer):
-        def visit_Attribute(self, node: cst.Attribute) -> bool:
-            return False
-
-        def leave_Attribute(self, original: cst.Attribute, updated: cst.Attribute) -> cst.BaseExpression:
-            return updated.with_changes(value=original.value.visit(_Put()))
-
-        def leave_Arg(self, original: cst.Arg, updated: cst.Arg) -> cst.Arg:
-            return updated.with_changes(keyword=original.keyword)  # `axis=`: a keyword, not a value
+    class _Put(_ValueNames):
+        def again(self) -> _Put:
+            return _Put()
 
         def leave_Name(self, original: cst.Name, updated: cst.Name) -> cst.BaseExpression:
             return env.get(original.value, updated)
@@ -1635,7 +1675,7 @@ def _vector_start(an: _Analyzer, acc: Access, name: str, offsets: str,
                                f"rows of {acc.tensor!r} that the {_waits(acc)} covers", hint)
         elif (found := None if m.findall(term, m.Call()) else _factors(an, term, offsets)) is not None:
             start.append((negative, tuple(found)))
-        elif _varies(an, term):
+        elif _varies(an, term) or _bound_twice(an, term):
             # the columns of each step of a loop (`cols = k * BLOCK_K + tl.arange(...)`): the loop's target counts up
             # from a non-negative start, or the columns may start in the row before; a position TileLink cannot read
             # as non-negative (the grouped `pid_n` of a persistent loop's `tile_id`) is written out with each loop's
@@ -1656,7 +1696,7 @@ def _vector_start(an: _Analyzer, acc: Access, name: str, offsets: str,
                     written = None  # a value read from memory, or a name it cannot write out
             if written is not None:
                 an.row_starts.append((written, acc.where))
-            elif signs is None:
+            elif signs is None and _varies(an, term):
                 raise _refuse(acc, f"the columns `{name}` of the {acc.kind} at line {acc.where.line} start at "
                                    f"`{'-' if negative else ''}{code(term)}`, which changes from one step of a loop to "
                                    f"the next and whose sign TileLink cannot tell: a negative start reads the row "
@@ -1664,6 +1704,15 @@ def _vector_start(an: _Analyzer, acc: Access, name: str, offsets: str,
                               "start them from the target of a `for j in range(a, b, step)` loop (also `tl.range`) "
                               "with `a` and `step` non-negative (literals, parameters, program ids, `+`, `*`, `//`, "
                               "`%`), times non-negative factors")
+            elif signs is None:
+                raise _refuse(acc, f"the columns `{name}` of the {acc.kind} at line {acc.where.line} start at "
+                                   f"`{'-' if negative else ''}{code(term)}`, which reads a local bound more than "
+                                   f"once: TileLink cannot tell which binding reaches the {acc.kind} (one under an "
+                                   f"`if`, or an unpacking it cannot place the name in), so it cannot tell the start's "
+                                   f"sign; a negative start reads the row before, which its {_waits(acc)} does not "
+                                   f"cover",
+                              "bind the position once, or bind it last in a block that holds the access, with no "
+                              "other binding of it in between")
             if signs is not None:
                 an.row_signs.extend((n, acc.where) for n in sorted(signs))
             position += 1
@@ -1715,8 +1764,7 @@ def _name_columns(an: _Analyzer, acc: Access, term: cst.BaseExpression, register
 
     class _Named(cst.CSTTransformer):
         def leave_Subscript(self, original: cst.Subscript, updated: cst.Subscript) -> cst.BaseExpression:
-            kinds = [isinstance(el.slice, cst.Slice) for el in updated.slice]
-            if isinstance(updated.value, cst.Name) or len(kinds) < 2 or kinds.count(True) != 1 or kinds[0]:
+            if isinstance(updated.value, cst.Name) or not _indexes_columns(updated):
                 return updated  # a named vector, or not a block's columns
             value = _bare(updated.value)
             key = code(value)
@@ -1764,8 +1812,7 @@ def _refuse_unread_columns(acc: Access, term: cst.BaseExpression, offsets: str, 
     the vector times factors (``tl.broadcast_to(cols[None, :], ...)``, ``cols[None, :] * (s + 1)``): where its columns
     start and end is not checked, so they could reach into another row, which the wait or notify does not cover."""
     for node in m.findall(term, m.Subscript(value=m.Name())):
-        kinds = [isinstance(el.slice, cst.Slice) for el in node.slice]
-        if not always and (node.value.value == offsets or len(kinds) < 2 or kinds.count(True) != 1 or kinds[0]):
+        if not always and (node.value.value == offsets or not _indexes_columns(node)):
             continue
         raise _refuse(acc, f"the address of the {acc.kind} at line {acc.where.line} adds `{code(term)}`, which holds "
                            f"the columns `{node.value.value}` in a form TileLink does not read: it cannot check that "

@@ -450,9 +450,7 @@ class OverlappedKernel:
             return  # no program runs
         # a start already bounded under the same values of the names it reads and the same grid passes again at no
         # cost (an uncaptured call checks its starts every time)
-        tree = _parsed(value)
-        names = sorted({n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}) if tree is not None else []
-        seen = tuple(getattr(values.get(n), "value", values.get(n)) for n in names)
+        seen = tuple(getattr(values.get(n), "value", values.get(n)) for n in _names_read(value))
         key = (value, seen, programs) if all(v is None or isinstance(v, int) for v in seen) else None
         if key is not None and key in self._starts_passed:
             return
@@ -862,6 +860,13 @@ def _evaluate(source: str, values: dict[str, Any], dom: _Interval, wraps: list[s
     tree = _parsed(source)
     found = None if tree is None else walk(tree)
     return None if found is None else found[0]
+
+
+@functools.lru_cache(maxsize=256)
+def _names_read(source: str) -> tuple[str, ...]:
+    """The names the kernel's expression ``source`` reads, sorted (found once: each call reads their values)."""
+    tree = _parsed(source)
+    return tuple(sorted({n.id for n in ast.walk(tree) if isinstance(n, ast.Name)})) if tree is not None else ()
 
 
 @functools.lru_cache(maxsize=256)

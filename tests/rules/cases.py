@@ -18,8 +18,13 @@ HERE = Path(__file__).parent
 
 
 def load_case(rule: str, case: str):
-    path = HERE / rule / f"{case}.before.py"
-    spec = importlib.util.spec_from_file_location(f"case_{rule}_{case}", path)
+    return module_at(HERE / rule / f"{case}.before.py", f"case_{rule}_{case}")
+
+
+def module_at(path, name: str | None = None):
+    """The module of the file at ``path``, run (its kernels rewritten by their annotations) under ``name``, by
+    default one of its own for each path."""
+    spec = importlib.util.spec_from_file_location(name or f"module_{abs(hash(str(path)))}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

@@ -13,6 +13,8 @@ from tests.rules.forms_cases import load_form
 
 PTR, I64 = "*fp16", "i64"
 CHANNELS = {"tlk_barriers": "*i64", "tlk_diag": "*i64", "tlk_budget": I64}
+PERSISTENT = {"BLOCK_SIZE_M": 128, "BLOCK_SIZE_N": 128, "BLOCK_SIZE_K": 64, "GROUP_SIZE_M": 8, "NUM_SMS": 132,
+              "stride_ak": 1, "stride_bn": 1, "stride_cn": 1}
 FORMS = {
     "attention_descriptor_advance": ("attn_fwd", {"q_ptr": PTR, "desc_k": PTR, "desc_v": PTR, "o_ptr": PTR,
                                                   "sm_scale": "fp32"},
@@ -57,6 +59,9 @@ FORMS = {
                                  "c_desc": "tensordesc<fp16[128, 64]>"},
                                 {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "EPILOGUE_SUBTILE": True,
                                  "NUM_SMS": 132}),
+    # the persistent matmuls of the tutorials' form: a `tl.range(..., flatten=True)` tile loop, reduce-scattered
+    "gemm_rs_persistent_grouped": ("persistent_mm", {"a_ptr": PTR, "b_ptr": PTR, "c_ptr": "*fp32"}, PERSISTENT),
+    "gemm_persistent_counter": ("matmul_kernel_persistent", {"a_ptr": PTR, "b_ptr": PTR, "c_ptr": PTR}, PERSISTENT),
 }
 
 

@@ -305,40 +305,34 @@ def gemm_host_descriptor_rs(calls: int = 2, M: int = 50, N: int = 40, K: int = 9
 def gemm_rs_persistent_grouped(calls: int = 2, M: int = 50, N: int = 40, K: int = 36,
                                blocks: tuple[int, int, int] = (16, 16, 16), programs: int = 5) -> float:
     # 12 tiles on 5 programs: each program's tiles end in a group of fewer than four, which the flush sends
-    rank, world = tilelink.rank(), tilelink.world_size()
-    kernel = load_form("gemm_rs_persistent_grouped").persistent_mm
-    bm, bn, bk = blocks
     g = torch.Generator().manual_seed(17)
     a, b = _exact(torch.randn(M, K, generator=g), torch.randn(K, N, generator=g))
-    klo, khi = rows_of(rank, world, K)  # each rank holds a slice of K: the partial sums add up to a @ b
-    ar, br = _placed(a[:, klo:khi].contiguous(), b[klo:khi].contiguous())
-    lo, hi = rows_of(rank, world, M)
-    tiles = triton.cdiv(M, bm) * triton.cdiv(N, bn)
-    err = 0.0
-    for _ in range(calls):
-        out = torch.full((hi - lo, N), float("nan"), dtype=ar.dtype, device=ar.device)
-        kernel[(min(programs, tiles),)](
-            ar, br, out, M, N, khi - klo, ar.stride(0), ar.stride(1), br.stride(0), br.stride(1), N, 1,
-            BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk, GROUP_SIZE_M=2, NUM_SMS=min(programs, tiles))
-        err = worst(err, _error(out, (a @ b)[lo:hi]) if hi > lo else 0.0)
-    return err
+    return _persistent_rs(load_form("gemm_rs_persistent_grouped").persistent_mm, a, b, calls, blocks, programs)
 
 
 def gemm_persistent_counter(calls: int = 2, M: int = 50, N: int = 40, K: int = 36,
                             blocks: tuple[int, int, int] = (16, 16, 16), programs: int = 5) -> float:
     # the kernel stores float16: small integers keep every partial sum exact, so the reduction is compared exactly
-    rank, world = tilelink.rank(), tilelink.world_size()
-    kernel = load_form("gemm_persistent_counter").matmul_kernel_persistent
-    bm, bn, bk = blocks
     g = torch.Generator().manual_seed(19)
     a, b = (torch.randint(-2, 3, shape, generator=g).float() for shape in ((M, K), (K, N)))
+    return _persistent_rs(load_form("gemm_persistent_counter").matmul_kernel_persistent, a, b, calls, blocks,
+                          programs, torch.float16)
+
+
+def _persistent_rs(kernel, a: torch.Tensor, b: torch.Tensor, calls: int, blocks: tuple[int, int, int],
+                   programs: int, dtype: torch.dtype | None = None) -> float:
+    """A persistent matmul of the tutorials' signature reduce-scattering ``a @ b``: each rank holds a slice of K, so
+    the partial sums add up to it, and keeps its rows of the result; a program per tile, at most ``programs``."""
+    rank, world = tilelink.rank(), tilelink.world_size()
+    (M, K), N = a.shape, b.shape[1]
+    bm, bn, bk = blocks
     klo, khi = rows_of(rank, world, K)
     ar, br = _placed(a[:, klo:khi].contiguous(), b[klo:khi].contiguous())
     lo, hi = rows_of(rank, world, M)
     programs = min(programs, triton.cdiv(M, bm) * triton.cdiv(N, bn))
     err = 0.0
     for _ in range(calls):
-        out = torch.full((hi - lo, N), float("nan"), dtype=torch.float16, device=ar.device)
+        out = torch.full((hi - lo, N), float("nan"), dtype=dtype or ar.dtype, device=ar.device)
         kernel[(programs,)](
             ar, br, out, M, N, khi - klo, ar.stride(0), ar.stride(1), br.stride(0), br.stride(1), N, 1,
             BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk, GROUP_SIZE_M=2, NUM_SMS=programs)

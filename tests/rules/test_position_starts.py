@@ -9,7 +9,6 @@ vector bound to that expression."""
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -17,7 +16,7 @@ import pytest
 import torch
 
 import tilelink
-from tests.rules.cases import rows_of
+from tests.rules.cases import module_at, rows_of
 from tilelink.annotations import requests_in
 from tilelink.codegen import generate
 from tilelink.errors import AnnotationError, LaunchError
@@ -123,10 +122,7 @@ def test_a_step_that_may_leave_its_32_bits_is_not_bounded() -> None:
 def _kernel(tmp_path, source: str = SOURCE):
     path = tmp_path / "shifted_column_blocks.py"
     path.write_text(source)
-    spec = importlib.util.spec_from_file_location(f"shifted_column_blocks_{abs(hash(source))}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.shifted_column_blocks
+    return module_at(path, f"shifted_column_blocks_{abs(hash(source))}").shifted_column_blocks
 
 
 class _Launcher:
@@ -185,9 +181,7 @@ def swizzled_copy() -> torch.Tensor:
 
 def _copied(path: str, shift: int = 0) -> torch.Tensor:
     """What the kernel of ``path`` writes on this rank, each rank passing its rows of the same ``x``."""
-    spec = importlib.util.spec_from_file_location(f"shifted_column_blocks_{abs(hash(path))}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = module_at(path)
     rank, world = tilelink.rank(), tilelink.world_size()
     x = torch.randn(M, D, generator=torch.Generator().manual_seed(5))
     lo, hi = rows_of(rank, world, M)
@@ -410,6 +404,10 @@ def test_a_store_found_again_from_a_counter_in_step_with_its_loop_is_bounded_at_
     (FOUND_AGAIN, FOUND_AGAIN + "        if N > 64:\n            pid_n = pid_n - 1\n"),
     # the counter set afresh in the loop
     (UPDATE, UPDATE + "        tile_id_c = tile_id_c - 1\n"),
+    # the builtin `range` with its step given by keyword: compiled Triton drops the keyword and steps by 1
+    ("tl.range(start_pid, num_tiles, NUM_SMS, flatten=True)", "range(start_pid, num_tiles, step=NUM_SMS)"),
+    # the loop's step rebound between the counter's start and the loop
+    ("    for tile_id in", "    NUM_SMS = NUM_SMS - 1\n    for tile_id in"),
 ])
 def test_a_counter_out_of_step_or_a_name_bound_again_before_the_store_is_refused(old: str, new: str) -> None:
     assert old in COUNTER, old
@@ -443,6 +441,12 @@ def test_the_assignment_that_reaches_a_read_is_the_last_one_no_later_step_can_ch
         return None if found is None else cst.Module([]).code_for_node(found[1])
 
     assert [reached(line) for line in (9, 11, 12, 14)] == [None, "2", None, "3"]
+    # `with ... as x` binds x too
+    held = ("import triton\nimport triton.language as tl\n\n\n@triton.jit\ndef k(x_ptr, N):\n"
+            "    x = 1\n    with ctx() as x:\n        w = x\n")
+    module = cst.parse_module(held)
+    an = _Analyzer(module, MetadataWrapper(module, unsafe_skip_copy=True), module.body[2], "k.py", {})
+    assert _reaching(an, "x", Where("k.py", 9, 13)) is None
 
 
 STALE_MASK = """
@@ -467,13 +471,30 @@ STALE_MASK = """
                              "    @triton.jit\n    def col(pid):  # noqa: F811\n        return pid - 1\n\n\n"
                              "@tilelink.overlap").replace(POSITION, "    pid_d = col(tl.program_id(1))\n"),
      "it reads `col`"),
-], ids=["stale_mask", "helper_default_global", "helper_redefined_in_a_block"])
+    # a name twice in one unpacking: the last one is bound, not the first
+    (lambda src: src.replace(POSITION, "    pid_d, pid_d = tl.program_id(1), tl.program_id(1) - 1\n"),
+     "cannot write out over program ids and arguments"),
+    # bound again under an `if`: either binding may reach the load
+    (lambda src: src.replace(POSITION, "    pid_d = tl.program_id(1)\n    if SHIFT > 0:\n"
+                             "        pid_d = tl.program_id(1) - SHIFT\n"),
+     "which reads a local bound more than once: TileLink cannot tell which binding reaches the load"),
+], ids=["stale_mask", "helper_default_global", "helper_redefined_in_a_block", "unpacked_twice", "bound_in_a_branch"])
 def test_what_a_review_found_is_refused_at_the_access(edit, said: str) -> None:
     source = edit(SOURCE)
     assert source != SOURCE
     with pytest.raises(AnnotationError) as info:
         _plan(source)
     assert said in str(info.value), str(info.value)
+
+
+def test_a_position_bound_twice_is_bounded_from_the_binding_that_reaches_the_access(tmp_path) -> None:
+    # a position bound twice outside any loop: the second binding reaches the load, and each call bounds it
+    source = SOURCE.replace(POSITION, "    pid_d = tl.program_id(1)\n    pid_d = tl.program_id(1) - SHIFT\n")
+    assert _plan(source).row_starts == (("(tl.program_id(1) - SHIFT) * BLOCK_D", LOAD_LINE + 1),)
+    kernel = _kernel(tmp_path, source)
+    kernel._check_row_scales(_args(0), _Launcher(), (2, 3))
+    with pytest.raises(LaunchError, match="which is -4 for the program"):
+        kernel._check_row_scales(_args(1), _Launcher(), (2, 3))
 
 
 def test_what_a_review_found_is_refused_at_the_launch(tmp_path) -> None:

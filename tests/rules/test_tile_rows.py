@@ -84,6 +84,12 @@ def test_a_pointer_load_starting_before_the_tile_is_refused() -> None:
             "before the tile") in str(err), err
 
 
+def test_a_chunk_loop_over_the_builtin_range_with_a_keyword_step_is_refused() -> None:
+    # compiled Triton reads the builtin `range`'s arguments by position only: `step=BLOCK_S` is dropped (a step of 1)
+    err = _refused(POINTER, "range(s_lo, s_hi, BLOCK_S)", "range(s_lo, s_hi, step=BLOCK_S)")
+    assert "which may start before the tile" in str(err), err
+
+
 @pytest.mark.parametrize("step", ["-BLOCK_S", "step=-BLOCK_S"])
 def test_a_chunk_loop_counting_down_is_refused(step: str) -> None:
     # from the chunk's end down past its start: with CHUNK not a multiple of BLOCK_S the last block starts before the
