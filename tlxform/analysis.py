@@ -1417,6 +1417,38 @@ def _reaching(an: _Analyzer, name: str, at: Where) -> tuple[StmtRef, cst.BaseExp
     return best
 
 
+def _reaching_every_read(an: _Analyzer, name: str, at: Where) -> tuple[StmtRef, cst.BaseExpression] | None:
+    """The assignment of ``name`` that reaches ``at`` (:func:`_reaching`) where every read of the name before ``at``
+    comes after it too: a pointer built from the name before it was bound again reads another binding."""
+    reach = _reaching(an, name, at)
+    if reach is None:
+        return None
+    start, targets = an.where(reach[0].node), _target_names(an, name)
+    for node in m.findall(an.fn.body, m.Name(name)):
+        if id(node) in targets:
+            continue
+        where = an.where(node)
+        if _before(where, at) and _before(where, start):
+            return None
+    return reach
+
+
+def _target_names(an: _Analyzer, name: str) -> set[int]:
+    """The ``Name`` nodes that bind ``name`` (assignment, loop and ``with`` targets), not reads of it."""
+    found: set[int] = set()
+    for node in m.findall(an.fn.body, m.Assign() | m.AnnAssign() | m.For() | m.NamedExpr() | m.WithItem()):
+        if isinstance(node, cst.Assign):
+            roots = [t.target for t in node.targets]
+        elif isinstance(node, cst.WithItem):
+            roots = [node.asname.name] if node.asname is not None else []
+        else:
+            roots = [node.target]
+        for root in roots:
+            found |= {id(n) for n in m.findall(root, m.Name(name))} | ({id(root)} if m.matches(root, m.Name(name))
+                                                                         else set())
+    return found
+
+
 def _counter_target(an: _Analyzer, name: str, at: Where) -> cst.Name | None:
     """The target ``t`` of a loop ``for t in range(a, b, s)`` whose value ``name`` holds at ``at``: ``name = a - s``
     before the loop in its block, ``name += s`` a statement of the loop's body before ``at``, the one binding of the
@@ -1642,11 +1674,23 @@ def _vector_start(an: _Analyzer, acc: Access, name: str, offsets: str,
     """The first element of a column vector bound once as ``start + tl.arange(0, B)`` (also through another vector,
     ``cols = other_cols + D``): the terms of its start the launch can read, and whether the rest of it is a program's
     position (``pid_n * BLOCK_N``: not negative, bounded by the access's mask). ``None`` when the vector is bound more
-    than once; refused when it is made from something TileLink cannot read (a vector loaded, a start computed other
-    than from program ids)."""
+    than once in a way that moves it from one step of a loop to the next (the advance and sweep checks judge it);
+    refused when it is bound more than once otherwise (``if``/``else`` each binding it), or made from something
+    TileLink cannot read (a vector loaded, a start computed other than from program ids)."""
     defs = an.assignments.get(name, [])
     if len(defs) != 1 or name in an.rebound:
-        return None
+        reach = _reaching_every_read(an, name, acc.where) if depth == 0 and not _varies(an, cst.Name(name)) else None
+        if reach is not None:
+            defs = [reach]  # the one binding every read of it up to the access sees
+        elif depth == 0 and not _varies(an, cst.Name(name)):
+            raise _refuse(acc, f"the columns `{name}` of the {acc.kind} at line {acc.where.line} are bound more than "
+                               f"once outside any loop: TileLink cannot tell which binding reaches the {acc.kind}, so "
+                               f"it cannot check where they start along the rows of {acc.tensor!r}; a negative start "
+                               f"reads the end of the row before, which its {_waits(acc)} does not cover",
+                          f"bind `{name}` once, before the {acc.kind} (`{name} = start + tl.arange(0, BLOCK_D)`), "
+                          f"and compute its start in locals bound before it")
+        else:
+            return None
     hint = ("build the columns as `cols = start + tl.arange(0, BLOCK_D)`, the start a literal, a parameter or a "
             "multiple of a program id, and mask them by the row's length (`cols[None, :] < D`)")
     terms = _terms(defs[0][1])

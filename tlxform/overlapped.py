@@ -754,15 +754,23 @@ class _PerProgram(_Interval):
         return None  # one value per program: a loop has several
 
 
+#: a value :func:`_evaluate` holds as Triton does: a compile-time constant (literals and constexpr arguments, folded
+#: as Python ints), or a tensor of 32 or 64 bits
+_CONST = 0
+
+
 def _evaluate(source: str, values: dict[str, Any], dom: _Interval, wraps: list[str] | None = None):
     """The kernel's expression ``source`` over the grid, in the values of ``dom``: int literals, int arguments,
     ``tl.program_id`` / ``tl.num_programs``, ``+``, ``-``, ``*``, ``//`` and ``%`` of a non-negative value by a positive
     one (where Triton's and Python's agree), ``tl.cdiv`` of such, ``tl.minimum`` / ``tl.maximum`` / ``min`` / ``max``,
-    ``tl.range(a, b, step)`` (where ``dom`` reads it) and casts to 32- or 64-bit ints of values that fit. Every value
-    is held as Triton holds it, a 32-bit int (program ids, arguments and literals that fit) unless an operand is 64-bit
-    (a cast, a larger argument): where any step of the arithmetic may leave that width, the kernel's value wraps and
-    this one would not, so it is ``None`` (the step, written out, added to ``wraps``), as for anything else."""
-    limit = {False: 1 << 31, True: 1 << 63}
+    ``tl.range(a, b, step)`` (where ``dom`` reads it) and casts to 32- or 64-bit ints of values that fit.
+
+    Every value is held as Triton holds it. Literals and constexpr arguments are constants, folded among themselves
+    as Python ints; a constant beside a tensor takes the tensor's width, which it must fit. Program ids are 32-bit
+    ints, an int argument one of 32 bits where it fits, else of 64, a cast the width it names, and a step of two
+    tensors the wider one's. Where any step may leave its width, the kernel's value wraps and this one would not, so
+    it is ``None`` (the step, written out, added to ``wraps``), as for anything else."""
+    limit = {32: 1 << 31, 64: 1 << 63}
 
     def wrap(node: ast.AST) -> None:
         if wraps is not None and not wraps:
@@ -771,23 +779,47 @@ def _evaluate(source: str, values: dict[str, Any], dom: _Interval, wraps: list[s
     def size(x) -> int:
         return max(abs(dom.least(x)), abs(dom.largest(x)))
 
-    def fits(v: int) -> bool:
-        return -(1 << 31) <= v < 1 << 31
+    def width_of(v: int) -> int | None:
+        """The width Triton makes a constant a tensor of, alone (``tl.minimum(2, x)``, a loop's bound): 32 bits where
+        it fits, 64 past 32 unsigned bits (an unsigned one between them: not read here)."""
+        return 32 if -(1 << 31) <= v < 1 << 31 else 64 if not 0 <= v < 1 << 32 else None
+
+    def tensor(x, width: int | None = None):
+        """``x`` as a tensor of at least ``width`` bits: ``(value, width)``; ``None`` for a constant that does not
+        fit."""
+        value, kind = x
+        if kind != _CONST:
+            return value, kind
+        if width is None:
+            width = width_of(value)
+            return None if width is None else (dom.const(value), width)
+        return (dom.const(value), width) if -limit[width] <= value < limit[width] else None
+
+    def both(a, b):
+        """Two operands as tensors of one width (a constant takes the other's), or ``None``."""
+        if a[1] == _CONST:
+            b = tensor(b)
+            return None if b is None else (tensor(a, b[1]), b)
+        if b[1] == _CONST:
+            return a, tensor(b, a[1])
+        return a, b
 
     def walk(node: ast.AST):
-        """``(value, wide)``: ``wide`` where Triton holds it in 64 bits."""
+        """``(value, kind)``: a Python int and ``_CONST``, or a value of ``dom`` and its width."""
         if isinstance(node, ast.Constant) and isinstance(node.value, int) and not isinstance(node.value, bool):
-            return (dom.const(node.value), not fits(node.value)) if abs(node.value) < 1 << 62 else None
+            return (node.value, _CONST) if abs(node.value) < 1 << 62 else None
         if isinstance(node, ast.Name):
-            v = values.get(node.id)
-            v = getattr(v, "value", v)  # a constexpr argument
+            raw = values.get(node.id)
+            v = getattr(raw, "value", raw)  # a constexpr argument
             if not isinstance(v, int) or isinstance(v, bool) or abs(v) >= 1 << 62:
                 return None
-            return dom.const(v), not fits(v)
+            if raw is not v:
+                return v, _CONST
+            return dom.const(v), 32 if -(1 << 31) <= v < 1 << 31 else 64
         if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
             inner = walk(node.operand)
-            if inner is None:
-                return None
+            if inner is None or inner[1] == _CONST:
+                return inner if inner is None else (-inner[0], _CONST)
             if size(inner[0]) >= limit[inner[1]]:
                 return wrap(node)
             return dom.neg(inner[0]), inner[1]
@@ -795,71 +827,102 @@ def _evaluate(source: str, values: dict[str, Any], dom: _Interval, wraps: list[s
             a, b = walk(node.left), walk(node.right)
             if a is None or b is None:
                 return None
-            wide = a[1] or b[1]
+            if a[1] == _CONST and b[1] == _CONST:
+                x, y = a[0], b[0]
+                if isinstance(node.op, (ast.FloorDiv, ast.Mod)) and y == 0:
+                    return None
+                folded = {ast.Add: lambda: x + y, ast.Sub: lambda: x - y, ast.Mult: lambda: x * y,
+                          ast.FloorDiv: lambda: x // y, ast.Mod: lambda: x % y}.get(type(node.op))
+                value = None if folded is None else folded()
+                return None if value is None or abs(value) >= 1 << 62 else (value, _CONST)
+            pair = both(a, b)
+            if pair is None or pair[0] is None or pair[1] is None:
+                return wrap(node)  # a constant out of the tensor's width: Triton refuses to compile it
+            (x, width), (y, other) = pair
+            width = max(width, other)
             if isinstance(node.op, (ast.Add, ast.Sub)):
-                if size(a[0]) + size(b[0]) >= limit[wide]:
+                if size(x) + size(y) >= limit[width]:
                     return wrap(node)
-                return (dom.add if isinstance(node.op, ast.Add) else dom.sub)(a[0], b[0]), wide
+                return (dom.add if isinstance(node.op, ast.Add) else dom.sub)(x, y), width
             if isinstance(node.op, ast.Mult):
-                if size(a[0]) * size(b[0]) >= limit[wide]:
+                if size(x) * size(y) >= limit[width]:
                     return wrap(node)
-                return dom.mul(a[0], b[0]), wide
-            if isinstance(node.op, (ast.FloorDiv, ast.Mod)) and dom.least(a[0]) >= 0 and dom.least(b[0]) > 0:
-                return (dom.floordiv if isinstance(node.op, ast.FloorDiv) else dom.mod)(a[0], b[0]), wide
+                return dom.mul(x, y), width
+            if isinstance(node.op, (ast.FloorDiv, ast.Mod)) and dom.least(x) >= 0 and dom.least(y) > 0:
+                return (dom.floordiv if isinstance(node.op, ast.FloorDiv) else dom.mod)(x, y), width
             return None
         if not isinstance(node, ast.Call):
             return None
         func = node.func
         pair = len(node.args) == 2 and not node.keywords
-        if isinstance(func, ast.Name) and func.id in ("min", "max") and pair or isinstance(
-                func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "tl" and func.attr in (
-                "minimum", "maximum") and pair:
+        builtin = isinstance(func, ast.Name) and func.id in ("min", "max") and pair
+        if builtin or isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "tl" \
+                and func.attr in ("minimum", "maximum") and pair:
             a, b = walk(node.args[0]), walk(node.args[1])
             if a is None or b is None:
                 return None
             least = (func.id if isinstance(func, ast.Name) else func.attr) in ("min", "minimum")
-            return dom.pick(a[0], b[0], least), a[1] or b[1]
+            if builtin and a[1] == _CONST and b[1] == _CONST:
+                return (min if least else max)(a[0], b[0]), _CONST
+            a, b = tensor(a), tensor(b)  # each converted on its own, then the narrower widened
+            if a is None or b is None:
+                return None
+            return dom.pick(a[0], b[0], least), max(a[1], b[1])
         if not isinstance(func, ast.Attribute):
             return None
         if func.attr == "to":
             inner = walk(func.value)
             kind = _int_cast(node)
-            if inner is None or kind is None:
+            if inner is None or kind is None or inner[1] == _CONST:
                 return None
-            if kind == 32 and not (fits(dom.least(inner[0])) and fits(dom.largest(inner[0]))):
+            if kind == 32 and not (-(1 << 31) <= dom.least(inner[0]) and dom.largest(inner[0]) < 1 << 31):
                 return wrap(node)
-            return inner[0], kind == 64
+            return inner[0], kind
         if not (isinstance(func.value, ast.Name) and func.value.id in ("tl", "triton")):
             return None
         if func.attr == "cdiv" and pair:
             a, b = walk(node.args[0]), walk(node.args[1])
-            if a is None or b is None or dom.least(a[0]) < 0 or dom.least(b[0]) <= 0:
+            if a is None or b is None:
                 return None
-            if size(a[0]) + size(b[0]) >= limit[a[1] or b[1]]:
-                return wrap(node)  # Triton's `(a + b - 1) // b`: its sum must stay in the width too
-            return dom.cdiv(a[0], b[0]), a[1] or b[1]
+            if a[1] == _CONST and b[1] == _CONST:  # Triton's `(x + div - 1) // div`, folded
+                return ((a[0] + b[0] - 1) // b[0], _CONST) if b[0] != 0 else None
+            pair_ = both(a, b)
+            if pair_ is None or pair_[0] is None or pair_[1] is None:
+                return wrap(node)
+            (x, width), (y, other) = pair_
+            width = max(width, other)
+            if dom.least(x) < 0 or dom.least(y) <= 0:
+                return None
+            if size(x) + size(y) >= limit[width]:
+                return wrap(node)  # its sum `x + div - 1` must stay in the width too
+            return dom.cdiv(x, y), width
         if func.value.id != "tl":
             return None
         if func.attr == "range" and len(node.args) == 3 and not node.keywords:
             parts = [walk(arg) for arg in node.args]
+            parts = [None if p is None else tensor(p) for p in parts]
             if None in parts:
                 return None
             found = dom.loop(*(p[0] for p in parts))  # type: ignore[index]
-            return None if found is None else (found, any(p[1] for p in parts))  # type: ignore[index]
+            return None if found is None else (found, max(p[1] for p in parts))  # type: ignore[index]
         args = node.args or [k.value for k in node.keywords if k.arg == "axis"]
         if func.attr in ("program_id", "num_programs") and len(args) == 1 and len(node.args) + len(
                 node.keywords) == 1:
-            axis = args[0]
-            if not (isinstance(axis, ast.Constant) and isinstance(axis.value, int) and 0 <= axis.value < 3):
+            given = values.get(args[0].id) if isinstance(args[0], ast.Name) else None
+            given = getattr(given, "value", given)  # an axis passed as an argument: a constexpr of the kernel
+            axis = (given, _CONST) if isinstance(given, int) and not isinstance(given, bool) else walk(args[0])
+            if axis is None or axis[1] != _CONST or not 0 <= axis[0] < 3:
                 return None
             if func.attr == "num_programs":
-                return dom.const(dom.programs[axis.value]), False
-            return dom.program_id(axis.value), False
+                return dom.const(dom.programs[axis[0]]), 32
+            return dom.program_id(axis[0]), 32
         return None
 
     tree = _parsed(source)
     found = None if tree is None else walk(tree)
-    return None if found is None else found[0]
+    if found is None:
+        return None
+    return dom.const(found[0]) if found[1] == _CONST else found[0]
 
 
 @functools.lru_cache(maxsize=256)

@@ -117,6 +117,11 @@ def test_a_step_that_may_leave_its_32_bits_is_not_bounded() -> None:
     assert _value_range("tl.program_id(0) * 1024", {}, many) == (0, ((1 << 21) - 1) * 1024)
     assert _value_range("tl.program_id(0) * 2048", {}, many) is None
     assert _value_range("tl.program_id(0) * W", {"W": 1 << 40}, (2, 1, 1)) == (0, 1 << 40)  # a 64-bit argument
+    # constants fold as Python ints, then take the width of the tensor beside them: `2**31 - 1` is a 32-bit int there
+    assert _value_range("tl.program_id(0) + (2147483648 - 1)", {}, (1, 1, 1)) == ((1 << 31) - 1,) * 2
+    assert _value_range("tl.program_id(0) + (2147483648 - 1)", {}, (2, 1, 1)) is None
+    assert _value_range("(tl.program_id(0) + 1) * (2147483648 // 2)", {}, (2, 1, 1)) is None
+    assert _value_range("tl.program_id(AXIS) * 4", {"AXIS": 1}, (1, 3, 1)) == (0, 8)  # an axis passed by argument
 
 
 def _kernel(tmp_path, source: str = SOURCE):
@@ -478,7 +483,20 @@ STALE_MASK = """
     (lambda src: src.replace(POSITION, "    pid_d = tl.program_id(1)\n    if SHIFT > 0:\n"
                              "        pid_d = tl.program_id(1) - SHIFT\n"),
      "which reads a local bound more than once: TileLink cannot tell which binding reaches the load"),
-], ids=["stale_mask", "helper_default_global", "helper_redefined_in_a_block", "unpacked_twice", "bound_in_a_branch"])
+    # the column vector itself bound on both sides of an `if`
+    (lambda src: src.replace(POSITION + "    offs_d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)\n",
+                             "    pid_d = tl.program_id(1)\n    if SHIFT >= 0:\n"
+                             "        pid_d = tl.program_id(1) - SHIFT\n"
+                             "        offs_d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)\n    else:\n"
+                             "        offs_d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)\n"),
+     "are bound more than once outside any loop"),
+    # the pointer built from the columns, then the columns bound again before the load: the load reads the first
+    (lambda src: src.replace("    x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_d[None, :], mask=",
+                             "    ptrs = x_ptr + offs_m[:, None] * stride_xm + offs_d[None, :]\n"
+                             "    offs_d = tl.arange(0, BLOCK_D)\n    x = tl.load(ptrs, mask="),
+     "are bound more than once outside any loop"),
+], ids=["stale_mask", "helper_default_global", "helper_redefined_in_a_block", "unpacked_twice", "bound_in_a_branch",
+        "vector_in_branches", "vector_rebound_after_the_pointer"])
 def test_what_a_review_found_is_refused_at_the_access(edit, said: str) -> None:
     source = edit(SOURCE)
     assert source != SOURCE
@@ -495,6 +513,15 @@ def test_a_position_bound_twice_is_bounded_from_the_binding_that_reaches_the_acc
     kernel._check_row_scales(_args(0), _Launcher(), (2, 3))
     with pytest.raises(LaunchError, match="which is -4 for the program"):
         kernel._check_row_scales(_args(1), _Launcher(), (2, 3))
+
+
+def test_columns_bound_again_before_every_read_are_checked_from_that_binding() -> None:
+    # bound again before the pointer is built: every read sees the second binding, whose start is checked
+    source = SOURCE.replace("    offs_d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)\n",
+                            "    offs_d = tl.arange(0, BLOCK_D)\n"
+                            "    offs_d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)\n")
+    assert source != SOURCE
+    assert _plan(source).row_starts == (("(tl.program_id(1) - SHIFT) * BLOCK_D", LOAD_LINE + 1),)
 
 
 def test_what_a_review_found_is_refused_at_the_launch(tmp_path) -> None:
