@@ -1417,6 +1417,13 @@ def _reaching(an: _Analyzer, name: str, at: Where) -> tuple[StmtRef, cst.BaseExp
     return best
 
 
+def _bound_in_a_loop(an: _Analyzer, name: str) -> bool:
+    """Some binding of ``name`` (an assignment, ``+=``, ``:=``, a loop's target) lies in a ``for`` or ``while`` loop:
+    its value may move from one step to the next."""
+    loops = m.findall(an.fn.body, m.For() | m.While())
+    return any(_contains(an, loop, at) for at, _ in an.bindings.get(name, []) for loop in loops)
+
+
 def _reaching_every_read(an: _Analyzer, name: str, at: Where) -> tuple[StmtRef, cst.BaseExpression] | None:
     """The assignment of ``name`` that reaches ``at`` (:func:`_reaching`) where every read of the name before ``at``
     comes after it too: a pointer built from the name before it was bound again reads another binding."""
@@ -1679,14 +1686,16 @@ def _vector_start(an: _Analyzer, acc: Access, name: str, offsets: str,
     TileLink cannot read (a vector loaded, a start computed other than from program ids)."""
     defs = an.assignments.get(name, [])
     if len(defs) != 1 or name in an.rebound:
-        reach = _reaching_every_read(an, name, acc.where) if depth == 0 and not _varies(an, cst.Name(name)) else None
+        moves = _bound_in_a_loop(an, name)
+        reach = _reaching_every_read(an, name, acc.where) if depth == 0 and not moves else None
         if reach is not None:
             defs = [reach]  # the one binding every read of it up to the access sees
-        elif depth == 0 and not _varies(an, cst.Name(name)):
+        elif depth == 0 and not moves:
             raise _refuse(acc, f"the columns `{name}` of the {acc.kind} at line {acc.where.line} are bound more than "
-                               f"once outside any loop: TileLink cannot tell which binding reaches the {acc.kind}, so "
-                               f"it cannot check where they start along the rows of {acc.tensor!r}; a negative start "
-                               f"reads the end of the row before, which its {_waits(acc)} does not cover",
+                               f"once outside any loop (or by `+=` or `:=`): TileLink cannot tell which binding "
+                               f"reaches the {acc.kind}, so it cannot check where they start along the rows of "
+                               f"{acc.tensor!r}; a negative start reads the end of the row before, which its "
+                               f"{_waits(acc)} does not cover",
                           f"bind `{name}` once, before the {acc.kind} (`{name} = start + tl.arange(0, BLOCK_D)`), "
                           f"and compute its start in locals bound before it")
         else:

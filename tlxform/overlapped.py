@@ -813,9 +813,11 @@ def _evaluate(source: str, values: dict[str, Any], dom: _Interval, wraps: list[s
             v = getattr(raw, "value", raw)  # a constexpr argument
             if not isinstance(v, int) or isinstance(v, bool) or abs(v) >= 1 << 62:
                 return None
-            if raw is not v:
+            if raw is not v or not -(1 << 31) <= v < 1 << 31:
+                # a constexpr (also one passed as a plain int: past 32 bits it may be either, and as a constant it
+                # folds as Triton folds it, or takes the 32 bits of a tensor beside it, which it does not fit)
                 return v, _CONST
-            return dom.const(v), 32 if -(1 << 31) <= v < 1 << 31 else 64
+            return dom.const(v), 32
         if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
             inner = walk(node.operand)
             if inner is None or inner[1] == _CONST:

@@ -116,7 +116,10 @@ def test_a_step_that_may_leave_its_32_bits_is_not_bounded() -> None:
     many = (1 << 21, 1, 1)
     assert _value_range("tl.program_id(0) * 1024", {}, many) == (0, ((1 << 21) - 1) * 1024)
     assert _value_range("tl.program_id(0) * 2048", {}, many) is None
-    assert _value_range("tl.program_id(0) * W", {"W": 1 << 40}, (2, 1, 1)) == (0, 1 << 40)  # a 64-bit argument
+    # a plain int past 32 bits may be a constexpr, which Triton folds and then makes 32-bit beside `pid`; cast first
+    assert _value_range("tl.program_id(0) * W", {"W": 1 << 40}, (2, 1, 1)) is None
+    assert _value_range("tl.program_id(0).to(tl.int64) * W", {"W": 1 << 40}, (2, 1, 1)) == (0, 1 << 40)
+    assert _value_range("(tl.program_id(0) * (SIZE // 4096)) // 1024", {"SIZE": 1 << 32}, (2049, 1, 1)) is None
     # constants fold as Python ints, then take the width of the tensor beside them: `2**31 - 1` is a 32-bit int there
     assert _value_range("tl.program_id(0) + (2147483648 - 1)", {}, (1, 1, 1)) == ((1 << 31) - 1,) * 2
     assert _value_range("tl.program_id(0) + (2147483648 - 1)", {}, (2, 1, 1)) is None
@@ -490,13 +493,21 @@ STALE_MASK = """
                              "        offs_d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)\n    else:\n"
                              "        offs_d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)\n"),
      "are bound more than once outside any loop"),
+    # the columns moved by `+=` or bound in a named expression outside any loop
+    (lambda src: src.replace("    offs_d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)\n",
+                             "    offs_d = tl.arange(0, BLOCK_D)\n    offs_d += pid_d * BLOCK_D\n"),
+     "are bound more than once outside any loop"),
+    (lambda src: src.replace("    offs_d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)\n",
+                             "    q = (offs_d := pid_d * BLOCK_D + tl.arange(0, BLOCK_D))\n"),
+     "are bound more than once outside any loop"),
     # the pointer built from the columns, then the columns bound again before the load: the load reads the first
     (lambda src: src.replace("    x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_d[None, :], mask=",
                              "    ptrs = x_ptr + offs_m[:, None] * stride_xm + offs_d[None, :]\n"
                              "    offs_d = tl.arange(0, BLOCK_D)\n    x = tl.load(ptrs, mask="),
      "are bound more than once outside any loop"),
 ], ids=["stale_mask", "helper_default_global", "helper_redefined_in_a_block", "unpacked_twice", "bound_in_a_branch",
-        "vector_in_branches", "vector_rebound_after_the_pointer"])
+        "vector_in_branches", "vector_moved_in_place", "vector_in_a_named_expression",
+        "vector_rebound_after_the_pointer"])
 def test_what_a_review_found_is_refused_at_the_access(edit, said: str) -> None:
     source = edit(SOURCE)
     assert source != SOURCE
