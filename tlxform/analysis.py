@@ -10,7 +10,7 @@ the user's source again except through what is recorded here.
 from __future__ import annotations
 
 import textwrap
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import libcst as cst
@@ -173,6 +173,10 @@ class KernelAnalysis:
     # or a branch's): a statement there runs before every later one of that block on the same pass (the tile-order
     # rotation reads which value of a variable a later statement sees)
     blocks: dict[Where, tuple[Where, Where]] = field(default_factory=dict)
+    # ``written_out(source, at)``: the kernel's expression ``source`` written out at ``at`` over program ids, the
+    # arguments as passed and literals (a loop's target as ``tl.range(a, b, step)``), for the launch to evaluate over
+    # the grid; ``None`` where it reads anything else (:func:`launch_value`)
+    written_out: Callable[[str, Where], str | None] | None = field(default=None, compare=False, repr=False)
 
     def accesses_of(self, tensor: str, kind: str) -> list[Access]:
         return [a for a in self.accesses if a.tensor == tensor and a.kind == kind]
@@ -1316,10 +1320,10 @@ def program_value(an: _Analyzer, source: str, loops: bool = False, at: Where | N
 
         def leave_Name(self, original: cst.Name, updated: cst.Name) -> cst.BaseExpression:
             defs = an.assignments.get(original.value, [])
-            if loops and not defs and self.depth < 8 and original.value not in an.params:
-                found = _loop_range(an, original.value)
+            if loops and not defs and self.depth < 16 and original.value not in an.params:
+                found = _loop_range(an, original.value, self.at)
                 return updated if found is None else found[0].visit(_Expand(self.depth + 1, found[1]))
-            if self.depth >= 8 or original.value in an.params:
+            if self.depth >= 16 or original.value in an.params:
                 return updated
             if _bound_again(an, original.value) or len(defs) != 1 or len(an.bindings.get(original.value, [])) > 1:
                 if not loops or self.at is None:
@@ -1328,7 +1332,9 @@ def program_value(an: _Analyzer, source: str, loops: bool = False, at: Where | N
                 # (`pid_m, pid_n = ...` bound again for the store after the loads)
                 target = _counter_target(an, original.value, self.at)
                 if target is not None:
-                    return target.visit(_Expand(self.depth + 1, self.at))
+                    inner = target.visit(_Expand(self.depth + 1, self.at))
+                    return inner.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()]) if hasattr(
+                        inner, "lpar") else inner
                 reach = _reaching(an, original.value, self.at)
                 if reach is None:
                     return updated
@@ -1362,13 +1368,40 @@ def program_value(an: _Analyzer, source: str, loops: bool = False, at: Where | N
         return source
 
 
-def _loop_range(an: _Analyzer, name: str) -> tuple[cst.Call, Where] | None:
+def launch_value(an: _Analyzer, source: str, at: Where) -> str | None:
+    """``source`` written out at ``at`` (:func:`program_value`, loops read as their ranges) where what is left reads
+    only program ids, the arguments as the kernel uses them, literals and ``tl`` / ``triton`` calls, for the launch to
+    evaluate over the grid; ``None`` where it reads a value from memory or a name it cannot write out."""
+    from tilelink.tile_rows import passed_params
+
+    written = program_value(an, source, loops=True, at=at)
+    try:
+        parsed = cst.parse_expression(written)
+    except cst.ParserSyntaxError:
+        return None
+    if _value_names(parsed) - passed_params(an) - {"tl", "triton"} or m.findall(
+            parsed, m.Subscript() | m.Call(func=m.Attribute(attr=m.Name("load") | m.MatchIfTrue(
+                lambda n: n.value.startswith("atomic"))))):
+        return None
+    return written
+
+
+def _loop_range(an: _Analyzer, name: str, at: Where | None = None) -> tuple[cst.Call, Where] | None:
     """``tl.range(a, b, step)`` for the target ``name`` of the one ``for`` loop over ``range(a, b[, step])`` (also
     ``tl.range``, ``tl.static_range``) that binds it, and binds nothing else, with where the loop reads its bounds;
-    ``None`` for any other name."""
+    read at ``at``, of the loop whose body holds ``at`` where several loops bind the name and nothing else binds it
+    inside that loop (two tile loops on the two sides of an ``if``). ``None`` for any other name."""
     found = m.findall(an.fn.body, m.For(target=m.Name(name)))
-    if len(found) != 1 or len(an.bindings.get(name, ())) != 1 or m.findall(
-            an.fn.body, m.AugAssign(target=m.Name(name)) | m.NamedExpr(target=m.Name(name))):
+    if m.findall(an.fn.body, m.AugAssign(target=m.Name(name)) | m.NamedExpr(target=m.Name(name))):
+        return None
+    if len(found) > 1 and at is not None:
+        holding = [lp for lp in found if _contains(an, lp.body, at)]
+        loop = holding[-1] if holding else None  # the innermost
+        if loop is None or any(_contains(an, loop, w) and w != an.where(loop)
+                               for w, _ in an.bindings.get(name, ())):
+            return None
+        found = [loop]
+    elif len(found) != 1 or len(an.bindings.get(name, ())) != 1:
         return None
     read = _range_args(found[0])
     if read is None:
@@ -1412,7 +1445,14 @@ def _reaching(an: _Analyzer, name: str, at: Where) -> tuple[StmtRef, cst.BaseExp
     start, stop, until = an.where(ref.node), _end(an, ref.node), _end(an, holder)
     spans = [where for where, _ in an.bindings.get(name, [])]
     inside = [w for w in spans if not _before(w, start) and not _before(stop, w)]
-    if len(inside) != 1 or any(_before(stop, w) and not _before(until, w) for w in spans):
+    loops = [n for n in (holder, *m.findall(holder, m.For() | m.While())) if isinstance(n, (cst.For, cst.While))]
+
+    def reaches(w: Where) -> bool:
+        # a binding after the assignment and up to the read, or after the read in a loop around both (it runs before
+        # the read on the loop's next pass); not the read's own statement binding it afterwards (`p = p % n`)
+        return _before(w, at) or any(_contains(an, loop, at) and _contains(an, loop, w) for loop in loops)
+
+    if len(inside) != 1 or any(_before(stop, w) and not _before(until, w) and reaches(w) for w in spans):
         return None
     return best
 
@@ -1456,11 +1496,14 @@ def _target_names(an: _Analyzer, name: str) -> set[int]:
     return found
 
 
-def _counter_target(an: _Analyzer, name: str, at: Where) -> cst.Name | None:
-    """The target ``t`` of a loop ``for t in range(a, b, s)`` whose value ``name`` holds at ``at``: ``name = a - s``
-    before the loop in its block, ``name += s`` a statement of the loop's body before ``at``, the one binding of the
-    name in the kernel besides that assignment (the tutorials' ``tile_id_c`` of a persistent matmul, which finds the
-    output's tile again after the loads). ``None`` for any other name or place."""
+def _counter_target(an: _Analyzer, name: str, at: Where) -> cst.BaseExpression | None:
+    """The value ``name`` holds at ``at`` where it counts the steps of a loop ``for t in range(a, b, s)``: ``name =
+    init`` before the loop in its block, ``name += d`` a statement of the loop's body (before ``at``, or after it: the
+    count of the steps before this one), the one binding of the name in the kernel besides that assignment, ``at``
+    in the loop's body, no ``continue`` or ``break`` in it: ``init + ((t - a) // s + 1) * d`` (``+ 0`` with the update
+    after ``at``), and the target ``t`` itself where ``init = a - s`` and ``d`` is ``s`` (the tutorials' ``tile_id_c``
+    of a persistent matmul, which finds the output's tile again after the loads). ``None`` for any other name or
+    place."""
     bindings = an.bindings.get(name, [])
     defs = an.assignments.get(name, [])
     augs = m.findall(an.fn.body, m.AugAssign(target=m.Name(name)))
@@ -1477,32 +1520,33 @@ def _counter_target(an: _Analyzer, name: str, at: Where) -> cst.Name | None:
     read = _range_args(loop) if loop is not None else None
     if read is None or not isinstance(loop.target, cst.Name) or len(an.bindings.get(loop.target.value, [])) != 1:
         return None
-    if m.findall(loop.body, m.Continue() | m.Break()) or not _contains(an, loop.body, at) or not _before(
-            _end(an, update_ref.node), at):
+    if m.findall(loop.body, m.Continue() | m.Break()) or not _contains(an, loop.body, at):
         return None
+    before = _before(_end(an, update_ref.node), at)
+    if not before and not _before(at, an.where(update_ref.node)):
+        return None  # read inside the update's own statement
     block = init_ref.blocks[-1] if init_ref.blocks else an.fn.body
     if loop not in getattr(block, "body", ()) or not _before(_end(an, init_ref.node), an.where(loop)):
         return None
     start, _, step = read
-    if code(_bare(update.value)) != code(_bare(step)):
-        return None
-    first, begin, stride = _poly(_bare(init)), _poly(_bare(start)), _poly(_bare(step))
-    if first is None or begin is None or stride is None:
-        return None
-    # the same names at the assignment and at the loop: parameters left as passed, or locals assigned once before it
+    # the same names at the assignment, at the loop and at each update: parameters left as passed, or locals assigned
+    # once before it
     from tilelink.tile_rows import passed_params
 
     passed = passed_params(an)
-    for n in names_in(init) | names_in(start) | names_in(step):
+    for n in (names_in(init) | names_in(start) | names_in(step) | names_in(update.value)) - {"tl", "triton"}:
         if n in an.params and n not in passed or n not in an.params and (
                 len(an.bindings.get(n, [])) != 1 or _reaching(an, n, an.where(init_ref.node)) is None):
             return None
-    total = dict(first)
-    for k, v in stride.items():
-        total[k] = total.get(k, 0) + v
-    if {k: v for k, v in total.items() if v} != begin:
-        return None
-    return cst.Name(loop.target.value)
+    first, begin, stride = _poly(_bare(init)), _poly(_bare(start)), _poly(_bare(step))
+    if before and code(_bare(update.value)) == code(_bare(step)) and None not in (first, begin, stride):
+        total = dict(first)
+        for k, v in stride.items():
+            total[k] = total.get(k, 0) + v
+        if {k: v for k, v in total.items() if v} == begin:
+            return cst.Name(loop.target.value)
+    steps = f"(({loop.target.value}) - ({code(start)})) // ({code(step)})" + (" + 1" if before else "")
+    return cst.parse_expression(f"({code(init)}) + ({steps}) * ({code(update.value)})")
 
 
 def _unpacked_slot(ref: StmtRef, value: cst.BaseExpression, name: str) -> int | None:
@@ -1736,17 +1780,7 @@ def _vector_start(an: _Analyzer, acc: Access, name: str, offsets: str,
             signs = None if negative else _nonnegative_value(an, term)
             written = None
             if signs is None and not negative:
-                written = program_value(an, code(term), loops=True, at=an.where(defs[0][0].node))
-                try:
-                    parsed = cst.parse_expression(written)
-                except cst.ParserSyntaxError:
-                    parsed = None
-                from tilelink.tile_rows import passed_params
-
-                if parsed is None or _value_names(parsed) - passed_params(an) - {"tl", "triton"} or m.findall(
-                        parsed, m.Subscript() | m.Call(func=m.Attribute(attr=m.Name("load") | m.MatchIfTrue(
-                            lambda n: n.value.startswith("atomic"))))):
-                    written = None  # a value read from memory, or a name it cannot write out
+                written = launch_value(an, code(term), an.where(defs[0][0].node))
             if written is not None:
                 an.row_starts.append((written, acc.where))
             elif signs is None and _varies(an, term):
@@ -3455,5 +3489,6 @@ def analyse(module: cst.Module, file: str, kernel: str,
                                         if isinstance(t.target, (cst.Tuple, cst.List)) and all(
                                             isinstance(e.value, cst.Name) for e in t.target.elements)},
                               blocks={an.where(ref.node): _span(an, ref.blocks[-1]) for ref in an.statements
-                                      if ref.blocks})
+                                      if ref.blocks},
+                              written_out=lambda source, at: launch_value(an, source, at))
     return analysis

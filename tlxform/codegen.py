@@ -303,7 +303,9 @@ def generate(source: str, file: str, requests: list[Request]) -> GeneratedModule
             row_bounds=tuple(sorted({(t, terms, s, inlined.user_line(line))
                                      for t, terms, s, line in launch.row_bounds})),
             row_multiples=tuple(dict.fromkeys((f, d, test, inlined.user_line(line))
-                                              for f, d, test, line in launch.row_multiples))))
+                                              for f, d, test, line in launch.row_multiples)),
+            **({"stored_tiles": tuple(dict.fromkeys((*e[:5], inlined.user_line(e[5])) for e in launch.stored_tiles))}
+               if hasattr(launch, "stored_tiles") else {})))
         plans.append(plan)
         rewriter = _Rewriter(req.kernel, plan)
         new_module = MetadataWrapper(inlined.module, unsafe_skip_copy=True).visit(rewriter)

@@ -169,6 +169,7 @@ class OverlappedKernel:
                     f"start the world again (tilelink.finalize(), then tilelink.init()) once the cause is fixed")
             bound = self.bind(args, kwargs)
             self._check_row_scales(bound, launcher, grid)
+            self._check_stored_once(bound, launcher, grid)
             with self._remember_timeout():
                 return launcher.launch(grid, bound)
 
@@ -497,6 +498,55 @@ class OverlappedKernel:
         if key is not None and len(self._starts_passed) < 4096:
             self._starts_passed.add(key)
 
+    def _check_stored_once(self, bound: dict, launcher, grid: Any) -> None:
+        """Each notify of a reduction counts what its store wrote, so the channels are complete only if no element is
+        stored twice: refuse a call whose grid makes two programs (or two steps of a program's tile loop) store the
+        same elements (``stored_tiles``; a persistent kernel launched with more programs than its loop's step, a
+        grid axis the store's address does not read, a position taken modulo the tiles' count), evaluated for each
+        program and step of the grid. Checked on each call with more than one rank, once per grid and values of the
+        names the tiles read."""
+        tiles = getattr(self.plan.launch, "stored_tiles", ())
+        if not tiles or launcher.world().world_size == 1:
+            return
+        from tilelink.rules.launch import metas
+
+        size = launcher.size_of(bound)
+        names = sorted({n for tile in tiles for x in tile[:5] for n in _names_read(x)})
+        for meta, config in metas(self.kernel, bound):
+            values = {**self.defaults, **meta}
+            said_config = "" if config == "the call's arguments" else f" under the autotuning configuration {config}"
+            programs = _grid_of(grid, values)
+            seen = tuple(tuple(v.block_shape) if hasattr(v, "block_shape") else getattr(v, "value", v)
+                         for v in (values.get(n) for n in names))
+            key = (programs, size, seen) if all(v is None or isinstance(v, (int, tuple)) for v in seen) else None
+            if key is not None and key in self._tiles_passed:
+                continue
+            tensor = self.specs[0].tensors[0]
+            if programs is None:
+                raise LaunchError(
+                    f"{self.name}: TileLink cannot evaluate the grid of this call{said_config}, so it cannot check "
+                    f"that no two programs store the same elements of {tensor!r} (each notify counts what its store "
+                    f"wrote: an element stored twice completes its channel early): pass the grid as a tuple of ints or "
+                    f"a function of the arguments")
+            if 0 in programs:
+                continue
+            found = _stored_twice(tiles, values, programs, size)
+            if found is not None:
+                raise LaunchError(
+                    f"{self.name}: on the grid {programs}{said_config}, {found} of {tensor!r}: each notify counts "
+                    f"what its store wrote, so an element stored twice completes its channel while other tiles of it "
+                    f"are still unstored, and the reduction would read them; launch one program per tile (a "
+                    f"persistent kernel: at most as many programs as its tile loop's step, `grid = (min(NUM_SMS, "
+                    f"tiles),)`), with every grid axis read by the store's position")
+            if key is not None and len(self._tiles_passed) < 4096:
+                self._tiles_passed.add(key)
+
+    @functools.cached_property
+    def _tiles_passed(self) -> set[tuple]:
+        """The grids, sizes and values of the names the stored tiles read, under which a call passed
+        :meth:`_check_stored_once`."""
+        return set()
+
     @functools.cached_property
     def _starts_passed(self) -> set[tuple]:
         """The column starts (``row_starts``), with the values of the names they read and the grid, that a call
@@ -754,6 +804,50 @@ class _PerProgram(_Interval):
         return None  # one value per program: a loop has several
 
 
+class _PerStep(_PerProgram):
+    """The values of :func:`_evaluate`: each program's at each step of the one loop the expression reads (a
+    persistent kernel's tile loop), an int64 array over ``(axis 0, axis 1, axis 2, step)``; ``valid`` marks the steps
+    each program runs. A second loop, a step that is not one positive value for every program, or more values than
+    ``_EXACT_PROGRAMS`` are not read."""
+
+    def __init__(self, programs: tuple[int, int, int]) -> None:
+        import numpy as np
+
+        super().__init__(programs)
+        self.valid = np.ones((1, 1, 1, 1), dtype=bool)
+        self.values = self.raw = None  # the loop's values, once read (``raw``: also past its end)
+
+    def program_id(self, axis: int):
+        import numpy as np
+
+        shape = [1, 1, 1, 1]
+        shape[axis] = self.programs[axis]
+        return np.arange(self.programs[axis], dtype=np.int64).reshape(shape)
+
+    def loop(self, a, b, step):
+        import numpy as np
+
+        if any(np.ndim(x) not in (0, 4) for x in (a, b, step)) or int(np.min(step)) != int(np.max(step)) or int(
+                np.min(step)) <= 0:
+            return None
+        step = int(np.min(step))
+        steps = max(1, int(np.max(-(-(b - a) // step))))
+        if steps * math.prod(self.programs) > _EXACT_PROGRAMS:
+            return None
+        values = a + np.arange(steps, dtype=np.int64).reshape(1, 1, 1, steps) * step
+        if self.values is not None:  # the same loop again, or another one: not read
+            same = np.shape(self.raw) == np.shape(values) and bool(np.all(self.raw == values))
+            return self.values if same else None
+        self.raw = values
+        valid = values < b
+        if np.any(valid):
+            # a step a program does not run takes a value one does (the first): the expression need not be defined
+            # past the loop's end (a grouped position divides by what is left of the tiles), and the step is not live
+            values = np.where(valid, values, values[valid].min())
+        self.values, self.valid = values, valid
+        return values
+
+
 #: a value :func:`_evaluate` holds as Triton does: a compile-time constant (literals and constexpr arguments, folded
 #: as Python ints), or a tensor of 32 or 64 bits
 _CONST = 0
@@ -818,6 +912,16 @@ def _evaluate(source: str, values: dict[str, Any], dom: _Interval, wraps: list[s
                 # folds as Triton folds it, or takes the 32 bits of a tensor beside it, which it does not fit)
                 return v, _CONST
             return dom.const(v), 32
+        if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Attribute) and isinstance(
+                node.value.value, ast.Name) and node.value.attr == "block_shape" and isinstance(
+                node.slice, ast.Constant) and isinstance(node.slice.value, int):
+            # a host descriptor's block (`c_desc.block_shape[1]`): a constant of the compiled kernel
+            shape = getattr(values.get(node.value.value.id), "block_shape", None)
+            try:
+                v = shape[node.slice.value]  # type: ignore[index]
+            except (TypeError, IndexError):
+                return None
+            return (v, _CONST) if isinstance(v, int) and not isinstance(v, bool) else None
         if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
             inner = walk(node.operand)
             if inner is None or inner[1] == _CONST:
@@ -925,6 +1029,130 @@ def _evaluate(source: str, values: dict[str, Any], dom: _Interval, wraps: list[s
     if found is None:
         return None
     return dom.const(found[0]) if found[1] == _CONST else found[0]
+
+
+#: the column end of a tile that spans whole rows: past any row's columns
+_WHOLE_ROWS = 1 << 40
+
+
+def _holds(source: str, values: dict[str, Any], dom: _Interval):
+    """Where the kernel's test ``source`` holds over the grid, in the values of ``dom`` (booleans): comparisons of
+    what :func:`_evaluate` reads, ``and``, ``or``, ``not`` and ``True`` / ``False``; ``None`` where it cannot read
+    it."""
+    import operator
+
+    compare = {ast.Eq: operator.eq, ast.NotEq: operator.ne, ast.Lt: operator.lt, ast.LtE: operator.le,
+               ast.Gt: operator.gt, ast.GtE: operator.ge}
+
+    def walk(node: ast.AST):
+        if isinstance(node, ast.Constant) and isinstance(node.value, bool):
+            return node.value
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
+            inner = walk(node.operand)
+            return None if inner is None else ~inner if hasattr(inner, "dtype") else not inner
+        if isinstance(node, ast.BoolOp):
+            parts = [walk(v) for v in node.values]
+            if any(p is None for p in parts):
+                return None
+            out = parts[0]
+            for p in parts[1:]:
+                out = (out & p) if isinstance(node.op, ast.And) else (out | p)
+            return out
+        if isinstance(node, ast.Compare) and len(node.ops) == 1 and type(node.ops[0]) in compare:
+            a, b = (_evaluate(ast.unparse(x), values, dom) for x in (node.left, node.comparators[0]))
+            return None if a is None or b is None else compare[type(node.ops[0])](a, b)
+        if isinstance(node, ast.Name) and isinstance(getattr(values.get(node.id), "value", values.get(node.id)), bool):
+            return getattr(values.get(node.id), "value", values.get(node.id))  # a constexpr flag
+        value = _evaluate(ast.unparse(node), values, dom)  # an int, true where not 0
+        return None if value is None else value != 0
+
+    tree = _parsed(source)
+    return None if tree is None else walk(tree)
+
+
+def _stored_twice(tiles: tuple[tuple[str, str, str, str, str, int], ...], values: dict[str, Any],
+                  programs: tuple[int, int, int], size: int) -> str | None:
+    """Whether two programs of a launch of ``programs``, or two steps of one program's tile loop, store the same
+    elements (``LaunchPlan.stored_tiles``, the tiles of each store: rows ``[row, row + rows)``, columns ``[col, col +
+    cols)`` or whole rows). Tiles whose rows all lie past ``size`` or before 0, or whose loop step does not run, store
+    nothing any channel counts. One program's stores on one pass may overlap (the two sides of an ``if``: the build
+    proved that a program stores each element once); across programs and steps the tiles must be disjoint, their rows
+    on one lattice of the tiles' height. A store runs where its ``if`` tests hold (one TileLink cannot evaluate:
+    everywhere). ``None`` where they are, else what goes wrong, in words."""
+    import numpy as np
+
+    rows_at, cols_at, ends, ids, lines = [], [], [], [], []
+    loops: list[bytes | None] = []
+    height = None
+    for row, rows, col, cols, test, line in tiles:
+        dom = _PerStep(programs)
+        parts = [_evaluate(x, values, dom) for x in (row, rows, *((col, cols) if col else ()))]
+        holds = _holds(test, values, dom) if test else None
+        unread = next((x for x, v in zip((row, rows, col, cols), parts, strict=False) if v is None), None)
+        if dom.values is not None and not np.any(dom.valid):
+            continue  # a loop that runs no step: the store never runs
+        if unread is not None:
+            return (f"TileLink cannot evaluate `{unread}` (the tiles the store at line {line} writes) over the grid "
+                    f"{programs}")
+        h = parts[1]
+        if int(np.min(h)) != int(np.max(h)) or (height is not None and int(np.min(h)) != height):
+            return f"the stores' tiles are not all one height (`{rows}` at line {line})"
+        height = int(np.min(h))
+        steps = 1 if dom.values is None else int(np.shape(dom.values)[3])
+        shape = (*programs, steps)
+        r = np.broadcast_to(parts[0], shape)
+        c = np.broadcast_to(parts[2], shape) if col else np.zeros(shape, dtype=np.int64)
+        e = c + np.broadcast_to(parts[3], shape) if col else np.full(shape, _WHOLE_ROWS, dtype=np.int64)
+        live = np.broadcast_to(dom.valid, shape) & (r < size) & (r + height > 0) & (e > c)
+        if holds is not None:
+            live = live & np.broadcast_to(holds, shape)
+        key = None if dom.values is None else dom.values.tobytes() + bytes(str(np.shape(dom.values)), "ascii")
+        if key not in loops:
+            loops.append(key)
+        program = np.arange(math.prod(programs), dtype=np.int64).reshape(*programs, 1)
+        step = np.arange(steps, dtype=np.int64).reshape(1, 1, 1, steps)
+        ident = (loops.index(key) << 42) | (program << 21) | step
+        rows_at.append(r[live])
+        cols_at.append(c[live])
+        ends.append(np.minimum(e[live], _WHOLE_ROWS))
+        ids.append(np.broadcast_to(ident, shape)[live])
+        lines.append(np.full(int(live.sum()), line, dtype=np.int64))
+    if height is None or height <= 0:
+        return None
+    r, c, e, ident, line_of = (np.concatenate(x) for x in (rows_at, cols_at, ends, ids, lines))
+    if not r.size:
+        return None
+    if np.unique(r % height).size > 1:
+        first = int(r[0])
+        other = int(r[np.argmax(r % height != first % height)])
+        return (f"its tiles' rows start at {first} and {other}, which are not a whole number of tiles ({height} "
+                f"rows) apart, so TileLink cannot tell that they do not overlap")
+    order = np.lexsort((c, r))
+    r, c, e, ident, line_of = r[order], c[order], e[order], ident[order], line_of[order]
+    group = np.concatenate(([0], np.cumsum(r[1:] != r[:-1])))
+    reach = np.maximum.accumulate(group * (_WHOLE_ROWS << 1) + e) - group * (_WHOLE_ROWS << 1)
+    if not np.any((c[1:] < reach[:-1]) & (group[1:] == group[:-1])):
+        return None  # no tile reaches into the next one in its rows: none overlaps
+    # overlaps: allowed only between the stores of one program on one pass (the sides of an `if`)
+    best: list[tuple[int, int, int]] = []  # the two farthest-reaching tiles of distinct passes in the rows so far
+    for i in range(r.size):
+        if i and group[i] != group[i - 1]:
+            best = []
+        clash = next((j for end, who, j in best if who != ident[i] and c[i] < end), None)
+        if clash is not None:
+            def said(k: int) -> str:
+                who = int(ident[k])
+                at = np.unravel_index((who >> 21) & ((1 << 21) - 1), programs)
+                step = who & ((1 << 21) - 1)
+                where = f"program {tuple(int(x) for x in at)}" + (f" (step {step} of its tile loop)" if step or any(
+                    key is not None for key in loops) else "")
+                return f"{where} at line {int(line_of[k])}"
+            cols = "" if e[i] >= _WHOLE_ROWS and e[clash] >= _WHOLE_ROWS else (
+                f", columns [{max(int(c[i]), int(c[clash]))}, {min(int(e[i]), int(e[clash]))})")
+            return (f"{said(clash)} and {said(i)} both store rows [{int(r[i])}, {int(r[i]) + height}){cols}")
+        best = sorted([x for x in best if x[1] != ident[i]] + [max(
+            [(int(e[i]), int(ident[i]), i)] + [x for x in best if x[1] == ident[i]])], reverse=True)[:2]
+    return None
 
 
 @functools.lru_cache(maxsize=256)

@@ -224,9 +224,18 @@ class ReduceScatterLaunch(LaunchPlan):
     #: of a compile-time side holding a ``tl.static_assert(False, message)``; the launcher raises the message before
     #: anything of a call whose arguments pass it is enqueued (the interpreter meets the assert mid-call)
     refused: tuple[tuple[str, str], ...] = ()
+    #: what each store of the reduced tensors writes, ``(row start, rows, column start, columns, test, line)`` in
+    #: source over program ids and the arguments (``rules.reduce_scatter.rewrite.stored_tiles``; columns ``""``: whole
+    #: rows; ``test``: the ``if`` tests under which it runs, ``""``: always): each call with more than one rank checks
+    #: over its grid that no element is stored by two programs or two steps
+    stored_tiles: tuple[tuple[str, str, str, str, str, int], ...] = ()
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        self._check("stored_tiles", isinstance(self.stored_tiles, tuple) and all(
+            isinstance(e, tuple) and len(e) == 6 and all(isinstance(x, str) for x in e[:5]) and all(e[:2])
+            and bool(e[2]) == bool(e[3]) and _positive(e[5]) for e in self.stored_tiles),
+            "a tuple of (row start, rows, column start, columns, test, line)")
         self._check("refused", isinstance(self.refused, tuple) and all(
             isinstance(e, tuple) and len(e) == 2 and all(isinstance(x, str) and x for x in e) for e in self.refused),
             "a tuple of (test, message)")

@@ -12,7 +12,7 @@ from tilelink.analysis import KernelAnalysis
 from tilelink.errors import AnnotationError
 from tilelink.plan import AllReduceLaunch, Insertion, ReportEntry, RewritePlan
 from tilelink.rules.emit import CHANNEL_PARAMS
-from tilelink.rules.reduce_scatter.rewrite import notify_stores
+from tilelink.rules.reduce_scatter.rewrite import notify_stores, stored_tiles
 from tilelink.spec import AllReduceSpec, Options
 
 RULE = "all_reduce"
@@ -44,7 +44,8 @@ def rewrite(an: KernelAnalysis, spec: AllReduceSpec, options: Options) -> Rewrit
                                                      f"{algorithm[spec.mode]}"))
     launch = AllReduceLaunch(tensors=spec.tensors, dim=spec.dim, size_param=size_param, algorithm=spec.mode,
                              via=opts.via, mode=opts.mode, order=opts.order, comm_block=opts.comm_block,
-                             comm_sms=opts.comm_sms, channels_per_rank=opts.channels_per_rank, refused=refused)
+                             comm_sms=opts.comm_sms, channels_per_rank=opts.channels_per_rank, refused=refused,
+                             stored_tiles=stored_tiles(an, spec))
     partners = ("ar_pull_reduce",) if spec.mode == "one_shot" else ("ar_pull_reduce", "ar_gather_rows")
     return RewritePlan(an.name, RULE, spec, opts, CHANNEL_PARAMS, tuple(_named(i) for i in insertions), partners,
                        launch, tuple(report))

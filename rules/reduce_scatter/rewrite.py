@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import libcst as cst
 import libcst.matchers as m
 
@@ -867,6 +869,114 @@ def _stored_once(an: KernelAnalysis, stores, rule: str) -> tuple[list[Insertion]
     return inserts, notes
 
 
+def _store_columns(an: KernelAnalysis, a) -> tuple[str, str] | None:
+    """``(start, width)`` in source, at the store ``a``, of the columns one row of its tile writes: a descriptor's
+    second offset and block width (2-D), a pointer's column vector ``start + tl.arange(0, W)`` indexed ``[None, :]``;
+    ``None`` where the tile spans whole rows (no column term, a 1-D tile, a sweep over the columns) or TileLink cannot
+    read the columns (the launch then takes the tile as whole rows)."""
+    if a.swept:
+        return None
+    if a.descriptor:
+        box = an.descriptor_box(a)
+        return (box[0][1], box[1][1]) if box is not None and len(box[0]) == 2 else None
+    term = _Columns(an).term(a)
+    if term is None:
+        return None
+    shift: list[str] = []
+    vector = term[0]
+    for _ in range(8):
+        vector = vector.with_changes(lpar=[], rpar=[]) if getattr(vector, "lpar", None) else vector
+        if isinstance(vector, cst.Name):
+            found = _column_range(an, a, vector.value)
+            if found is not None:
+                return " + ".join([f"({found[0]})", *shift]), found[1]
+            # `cols2 = cols + BLOCK_N // 2`: a column vector bound once, before the store, as another plus a scalar
+            values, binds = an.values.get(vector.value, ()), an.bindings.get(vector.value, ())
+            if len(values) != 1 or len(binds) != 1 or not _before(binds[0][0], a.where):
+                return None
+            value = cst.parse_expression(values[0])
+            value = value.with_changes(lpar=[], rpar=[]) if getattr(value, "lpar", None) else value
+            if not (isinstance(value, cst.BinaryOperation) and isinstance(value.operator, cst.Add)):
+                return None
+            scalar = [x for x in (value.left, value.right) if not _is_vector_source(an, x)]
+            if len(scalar) != 1 or any(_before(binds[0][0], at) for n in names_in(scalar[0])
+                                       for at, _ in an.bindings.get(n, ())):
+                return None
+            shift.append(f"({code(scalar[0])})")
+            vector = value.right if scalar[0] is value.left else value.left
+        elif isinstance(vector, cst.BinaryOperation) and isinstance(vector.operator, cst.Add):
+            found = parse_offsets(vector)
+            return None if found is None else (" + ".join([f"({found[0]})", *shift]), found[1])
+        else:
+            return None
+    return None
+
+
+def _is_vector_source(an: KernelAnalysis, node: cst.BaseExpression) -> bool:
+    """Whether ``node`` may be a vector: it calls ``tl.arange``, indexes, or reads a name bound to such."""
+    seen: set[str] = set()
+    todo = [node]
+    while todo:
+        x = todo.pop()
+        if m.findall(x, m.Call(func=m.Attribute(value=m.Name("tl"), attr=m.Name("arange"))) | m.Subscript()):
+            return True
+        for n in names_in(x) - seen:
+            seen.add(n)
+            if n in an.params:
+                continue
+            values = an.values.get(n, ())
+            if not values or n in an.rebound:
+                return True  # a loop's target or a name bound other than by assignment: not read as a scalar here
+            todo += [cst.parse_expression(v) for v in values]
+    return False
+
+
+def stored_tiles(an: KernelAnalysis, spec) -> tuple[tuple[str, str, str, str, str, int], ...]:
+    """What each store of the reduced tensors writes, for the launch to check that no two programs (or two steps of
+    a program's tile loop) store the same elements: a notify counts what its store wrote, so an element stored by two
+    programs completes its channel while other tiles of it are unstored. Each is ``(row start, rows, column start,
+    columns, test, line)`` in source over program ids and the arguments as passed (a loop's target as ``tl.range(a,
+    b, step)``), the columns ``""`` where the tile spans whole rows or they cannot be written out (then the launch
+    takes the tile as whole rows), ``test`` the ``if`` tests that hold where the store runs (``""``: always). A
+    split-K write-back (its adds are counted per split) and rows from an index are not such tiles. Raises where the
+    rows' start cannot be written out: the launch could not tell the programs' tiles apart."""
+    found = []
+    for a in (s for t in spec.tensors for s in an.accesses_of(t, "store")):
+        t = a.tile
+        if a.atomic or t is None or t.dynamic or an.written_out is None:
+            continue
+        def written(source: str, a=a) -> str | None:
+            host = a.descriptor and a.pointer in an.params and re.fullmatch(
+                rf"{re.escape(a.pointer)}\.block_shape\[\d\]", source.strip())
+            return source.strip() if host else an.written_out(source, a.where)  # a host descriptor's block
+
+        row, rows = written(t.start), written(t.size)
+        if row is None or rows is None:
+            raise AnnotationError(
+                f"the store to {a.tensor!r} at line {a.where.line} writes the rows from `{t.start}`, which TileLink "
+                f"cannot write out over program ids and the arguments as passed: it could not check at the launch that "
+                f"no two programs store the same rows, and each notify counts what its store wrote (a tile stored "
+                f"twice completes its channel while other tiles of it are unstored)", file=a.where.file,
+                line=a.where.line, column=a.where.column,
+                hint="compute the tile's position from tl.program_id (or a tile loop's target) and the arguments as "
+                     "passed, in locals bound once or bound last before the store")
+        columns = _store_columns(an, a)
+        col = cols = ""
+        if columns is not None:
+            start, width = written(columns[0]), written(columns[1])
+            if start is not None and width is not None:
+                col, cols = start, width
+        # the `if` tests around the store, for the launch to tell which programs run it (`if pid % 2 == 0:`, a
+        # constexpr `if EPILOGUE_SUBTILE:`); a test it cannot write out leaves the store run by every program
+        tests = []
+        for side in an.branch_sides.get(a.where) or an.branch_sides.get(a.anchor, ()):
+            test = an.written_out(side.test, side.where)
+            if test is not None:
+                tests.append(f"({test})" if side.body else f"not ({test})")
+        found.append((row, rows, col, cols, " and ".join(tests), a.where.line))
+    return tuple(dict.fromkeys(found))
+
+
 def _compile_time(an: KernelAnalysis, p: Poly) -> bool:
     """Whether every atom of ``p`` is a constexpr parameter, a descriptor's ``block_shape[i]`` or made of them with
     ``//``: a ``tl.static_assert`` can evaluate it."""
@@ -1162,7 +1272,8 @@ def rewrite(an: KernelAnalysis, spec: ReduceScatterSpec, options: Options) -> Re
                                  comm_block=opts.comm_block, comm_sms=opts.comm_sms,
                                  channels_per_rank=opts.channels_per_rank,
                                  # a split-K write-back: the grid axes its address reads (the others are the splits)
-                                 atomic_axes=None if addressed is None else tuple(addressed), refused=refused)
+                                 atomic_axes=None if addressed is None else tuple(addressed), refused=refused,
+                                 stored_tiles=stored_tiles(an, spec))
     if opts.via == "sm" and opts.mode == "push" and spec.topk:
         raise AnnotationError("reduce_scatter with topk= reduces by pulling", file=an.file, line=an.where.line,
                               column=an.where.column, hint="drop mode='push' for the MoE reduction")

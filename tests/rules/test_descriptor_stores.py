@@ -162,12 +162,7 @@ def test_pid_updated_from_itself_is_not_rotated(tmp_path: Path) -> None:
     assert "is also updated from its own value" in str(gen.report)
 
 
-@pytest.mark.parametrize("update", ["nxt = pid_m + NUM_SMS\n                pid_m = nxt", "pid_m += NUM_SMS"])
-def test_pid_updated_through_another_variable_or_augmented_is_not_rotated(tmp_path: Path, update: str) -> None:
-    """A persistent loop that advances ``pid_m`` from its own value, through another variable or by ``+=``
-    (with a single ``=`` assignment): rotating would rotate the advanced value again and leave rows
-    unwritten, so the order is left alone, and every channel still completes."""
-    module, gen = _build(tmp_path, "advanced" + str(len(update)), f"""
+ADVANCED = """
         @tilelink.overlap(tilelink.reduce_scatter("c_ptr", dim=0))
         @triton.jit
         def k(c_ptr, M, N, BM: tl.constexpr, BN: tl.constexpr, NUM_SMS: tl.constexpr):
@@ -178,7 +173,26 @@ def test_pid_updated_through_another_variable_or_augmented_is_not_rotated(tmp_pa
                 tl.store(c_ptr + rows[:, None] * N + cols[None, :], tl.zeros((BM, BN), dtype=tl.float32) + 1.0,
                          mask=(rows[:, None] < M) & (cols[None, :] < N))
                 {update}
-        """)
+        """
+
+
+def test_pid_advanced_through_another_variable_is_refused_at_the_store(tmp_path: Path) -> None:
+    """A persistent loop that advances ``pid_m`` through another variable (``nxt = pid_m + NUM_SMS``, ``pid_m =
+    nxt``): TileLink cannot write the tile's rows out over the loop's steps, so the launch could not check that no
+    two programs store the same rows; the store is refused, saying what to write."""
+    with pytest.raises(AnnotationError, match="writes the rows from `pid_m \\* BM`, which TileLink cannot write out"):
+        _build(tmp_path, "advanced_through",
+               ADVANCED.format(update="nxt = pid_m + NUM_SMS\n                pid_m = nxt"))
+
+
+def test_pid_augmented_is_not_rotated(tmp_path: Path) -> None:
+    """A persistent loop that advances ``pid_m`` from its own value by ``+=`` (with a single ``=`` assignment):
+    rotating would rotate the advanced value again and leave rows unwritten, so the order is left alone, and every
+    channel still completes. The launch reads the tile's rows as ``pid + step * NUM_SMS``."""
+    update = "pid_m += NUM_SMS"
+    module, gen = _build(tmp_path, "advanced", ADVANCED.format(update=update))
+    (row, *_), = gen.plans[0].launch.stored_tiles
+    assert row.replace(" ", "").startswith("((tl.program_id(0))+") and row.endswith(") * BM"), row
     assert "tl_remap_tile" not in gen.rewritten["k"]
     assert "is also updated from its own value" in str(gen.report)
     _fills_with_ones(module, (2,), 64, 8, 4, 1, BM=8, BN=8, NUM_SMS=2)

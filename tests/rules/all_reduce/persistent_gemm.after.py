@@ -81,5 +81,15 @@ TILELINK_PLAN = {'persistent_matmul_kernel': {'algorithm': None,
                               'row_steps': [],
                               'rule': 'all_reduce',
                               'size_param': 'M',
+                              'stored_tiles': [['(tl.range(tl.program_id(0), tl.cdiv(M, BLOCK_M) * '
+                                                '(tl.cdiv(N, BLOCK_N)), NUM_PROGRAMS) // '
+                                                '(tl.cdiv(N, BLOCK_N))) * BLOCK_M',
+                                                'BLOCK_M',
+                                                '(tl.range(tl.program_id(0), tl.cdiv(M, BLOCK_M) * '
+                                                '(tl.cdiv(N, BLOCK_N)), NUM_PROGRAMS) % '
+                                                '(tl.cdiv(N, BLOCK_N))) * BLOCK_N',
+                                                'BLOCK_N',
+                                                '',
+                                                25]],
                               'tensors': ['c_ptr'],
                               'via': 'sm'}}

@@ -72,5 +72,6 @@ TILELINK_PLAN = {'partial_product_kernel': {'algorithm': 'two_shot',
                             'row_steps': [],
                             'rule': 'all_reduce',
                             'size_param': 'N',
+                            'stored_tiles': [['tl.program_id(0) * BLOCK', 'BLOCK', '', '', '', 17]],
                             'tensors': ['y_ptr'],
                             'via': 'sm'}}

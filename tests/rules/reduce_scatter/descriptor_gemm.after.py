@@ -89,6 +89,16 @@ TILELINK_PLAN = {'matmul_kernel': {'atomic_axes': None,
                    'row_steps': [],
                    'rule': 'reduce_scatter',
                    'size_param': 'M',
+                   'stored_tiles': [['(tl.range(tl.program_id(0), (tl.cdiv(M, BLOCK_M) * '
+                                     '(tl.cdiv(N, BLOCK_N))), NUM_SMS) // (tl.cdiv(N, BLOCK_N))) * '
+                                     'BLOCK_M',
+                                     'BLOCK_M',
+                                     '(tl.range(tl.program_id(0), (tl.cdiv(M, BLOCK_M) * '
+                                     '(tl.cdiv(N, BLOCK_N))), NUM_SMS) % (tl.cdiv(N, BLOCK_N))) * '
+                                     'BLOCK_N',
+                                     'BLOCK_N',
+                                     '',
+                                     31]],
                    'tensors': ['c_ptr'],
                    'topk': None,
                    'via': 'copy_engine'}}

@@ -101,6 +101,19 @@ TILELINK_PLAN = {'matmul_kernel': {'atomic_axes': None,
                    'row_steps': [],
                    'rule': 'reduce_scatter',
                    'size_param': 'M',
+                   'stored_tiles': [['((((tl.program_id(0)) // (GROUP_M * (tl.cdiv(N, BLOCK_N)))) '
+                                     '* GROUP_M) + (((tl.program_id(0)) % (GROUP_M * (tl.cdiv(N, '
+                                     'BLOCK_N)))) % (min((tl.cdiv(M, BLOCK_M)) - '
+                                     '(((tl.program_id(0)) // (GROUP_M * (tl.cdiv(N, BLOCK_N)))) * '
+                                     'GROUP_M), GROUP_M)))) * BLOCK_M',
+                                     'BLOCK_M',
+                                     '((((tl.program_id(0)) % (GROUP_M * (tl.cdiv(N, BLOCK_N)))) '
+                                     '// (min((tl.cdiv(M, BLOCK_M)) - (((tl.program_id(0)) // '
+                                     '(GROUP_M * (tl.cdiv(N, BLOCK_N)))) * GROUP_M), GROUP_M))) * '
+                                     'BLOCK_N)',
+                                     'BLOCK_N',
+                                     '',
+                                     40]],
                    'tensors': ['c_ptr'],
                    'topk': None,
                    'via': 'copy_engine'}}

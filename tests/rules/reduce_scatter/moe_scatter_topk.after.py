@@ -87,6 +87,7 @@ TILELINK_PLAN = {'fused_moe_down_kernel': {'atomic_axes': None,
                            'row_steps': [],
                            'rule': 'reduce_scatter',
                            'size_param': 'num_valid_tokens // top_k',
+                           'stored_tiles': [],
                            'tensors': ['c_ptr'],
                            'topk': 'top_k',
                            'via': 'sm'}}

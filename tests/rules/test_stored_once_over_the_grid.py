@@ -1,0 +1,151 @@
+"""A reduction's notify counts what its store wrote, so a channel is complete only if no element of it is stored
+twice: two programs storing one tile (a persistent kernel launched with more programs than its tile loop's step, a
+grid axis the store's position does not read, a position taken modulo the tiles' count) complete the channel while
+other tiles of it are unstored. The build writes each store's tile out over program ids and arguments
+(``stored_tiles``); each call with more than one rank evaluates it for every program and loop step of its grid and
+refuses a call where two of them overlap."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+import triton
+
+import tilelink
+from tests.rules.cases import rows_of
+from tests.rules.forms_cases import FORMS, _placed, load_form
+from tilelink.annotations import requests_in
+from tilelink.codegen import generate
+from tilelink.errors import AnnotationError, LaunchError
+from tilelink.overlapped import _stored_twice
+
+LOOP = "tl.range(tl.program_id(0), 12, NUM_SMS)"  # 12 tiles of 3 x 4, walked by a persistent loop
+
+
+def _tiles(row: str, col: str = "", cols: str = "", line: int = 7, test: str = "") -> tuple[str, str, str, str, str,
+                                                                                         int]:
+    return row, "16", col, cols, test, line
+
+
+PERSISTENT = (_tiles(f"({LOOP} // 4) * 16", f"({LOOP} % 4) * 8", "8"),)
+
+
+@pytest.mark.parametrize("programs", [1, 3, 5])
+def test_a_persistent_loop_with_at_most_its_step_of_programs_stores_each_tile_once(programs: int) -> None:
+    assert _stored_twice(PERSISTENT, {"NUM_SMS": 5}, (programs, 1, 1), 48) is None
+
+
+def test_more_programs_than_the_loops_step_store_tiles_twice() -> None:
+    said = _stored_twice(PERSISTENT, {"NUM_SMS": 5}, (8, 1, 1), 48)
+    # program 5 starts at tile 5, which program 0 stores on its second step
+    assert said is not None and "program (0, 0, 0) (step 1 of its tile loop)" in said, said
+    assert "program (5, 0, 0) (step 0 of its tile loop)" in said and "rows [16, 32), columns [8, 16)" in said, said
+
+
+@pytest.mark.parametrize("row, programs, size, twice", [
+    ("tl.program_id(0) * 16", (4, 1, 1), 64, False),
+    ("tl.program_id(0) * 16", (4, 2, 1), 64, True),  # axis 1 unread: both programs along it store the rows
+    ("tl.program_id(0) * 16", (8, 1, 1), 64, False),  # programs past the rows store nothing a channel counts
+    ("(tl.program_id(0) % 4) * 16", (8, 1, 1), 64, True),  # wrapped back onto the first tiles
+    ("tl.minimum(tl.program_id(0), 3) * 16", (6, 1, 1), 64, True),  # clamped onto the last tile
+    ("tl.program_id(0) * 8", (4, 1, 1), 64, True),  # tiles of 16 rows, 8 apart
+], ids=["one_per_tile", "unread_axis", "past_the_rows", "modulo", "clamp", "overlapping_rows"])
+def test_tiles_over_the_grid(row: str, programs, size: int, twice: bool) -> None:
+    said = _stored_twice((_tiles(row),), {}, programs, size)
+    assert (said is not None) == twice, said
+
+
+def test_the_alternatives_of_one_program_may_overlap_but_not_anothers() -> None:
+    # halves on one side of an `if`, the whole tile on the other: one program runs one side
+    pid_m, pid_n = "(tl.program_id(0) // 2) * 16", "(tl.program_id(0) % 2) * 8"
+    tiles = (_tiles(pid_m, pid_n, "4", 10), _tiles(pid_m, f"{pid_n} + 4", "4", 11), _tiles(pid_m, pid_n, "8", 13))
+    assert _stored_twice(tiles, {}, (4, 1, 1), 32) is None
+    # a fourth store, one column into the next program's tile
+    said = _stored_twice(tiles + (_tiles(pid_m, "tl.program_id(0) % 2", "8", 15),), {}, (4, 1, 1), 32)
+    assert said is not None and "columns [1, 8)" in said, said
+
+
+def test_a_store_runs_where_its_if_tests_hold() -> None:
+    # the even programs store the first tiles, the odd ones the rest (two tile loops on the two sides of an `if`)
+    even, odd = "tl.program_id(0) % 2 == 0", "not (tl.program_id(0) % 2 == 0)"
+    tiles = (_tiles("tl.range(tl.program_id(0) // 2, 3, 2) * 16", test=f"({even})", line=10),
+             _tiles("tl.range(3 + tl.program_id(0) // 2, 6, 2) * 16", test=odd, line=14))
+    assert _stored_twice(tiles, {}, (4, 1, 1), 96) is None
+    # without the tests every program would run both loops
+    said = _stored_twice(tuple(t[:4] + ("", t[5]) for t in tiles), {}, (4, 1, 1), 96)
+    assert said is not None and "both store rows" in said, said
+    # a compile-time test: the halves or the whole tile, as the launch's constexpr decides
+    pid_m, pid_n = "(tl.program_id(0) // 2) * 16", "(tl.program_id(0) % 2) * 8"
+    split = (_tiles(pid_m, pid_n, "4", 10, "(SPLIT)"), _tiles(pid_m, f"{pid_n} + 4", "4", 11, "(SPLIT)"),
+             _tiles(pid_m, pid_n, "10", 13, "not (SPLIT)"))
+    assert _stored_twice(split, {"SPLIT": 1}, (4, 1, 1), 32) is None
+    said = _stored_twice(split, {"SPLIT": 0}, (4, 1, 1), 32)  # whole tiles two columns wider than their step
+    assert said is not None and "columns [8, 10)" in said, said
+
+
+def test_a_host_descriptors_block_is_read_from_the_argument() -> None:
+    tiles = (("tl.program_id(0) * c_desc.block_shape[0]", "c_desc.block_shape[0]", "tl.program_id(1) * 8",
+              "c_desc.block_shape[1]", "", 9),)
+    assert _stored_twice(tiles, {"c_desc": SimpleNamespace(block_shape=[16, 8])}, (2, 3, 1), 32) is None
+    said = _stored_twice(tiles, {"c_desc": SimpleNamespace(block_shape=[16, 16])}, (2, 3, 1), 32)
+    assert said is not None and "columns [8, 16)" in said, said
+
+
+def test_a_value_the_launch_cannot_evaluate_is_said() -> None:
+    said = _stored_twice((_tiles("tl.program_id(0) * SCALE"),), {"SCALE": 1.5}, (2, 1, 1), 32)
+    assert said is not None and "cannot evaluate `tl.program_id(0) * SCALE`" in said, said
+
+
+def test_the_persistent_forms_plans_hold_their_tiles_over_the_loop() -> None:
+    for form, kernel_line in (("gemm_rs_persistent_grouped", "tl.store(c_ptrs"),
+                              ("gemm_persistent_counter", "tl.store(c_ptrs")):
+        source = (FORMS / f"{form}.py").read_text()
+        plan = generate(source, f"{form}.py", requests_in(source, f"{form}.py")).plans[0].launch
+        line = next(i for i, text in enumerate(source.splitlines(), 1) if kernel_line in text)
+        (row, rows, col, cols, test, at), = plan.stored_tiles
+        assert at == line and test == "" and rows == "BLOCK_SIZE_M", plan.stored_tiles
+        assert "tl.range(" in row and "tl.range(" in col, plan.stored_tiles
+        values = dict(M=50, N=40, BLOCK_SIZE_M=16, BLOCK_SIZE_N=16, GROUP_SIZE_M=2, NUM_SMS=5)
+        assert _stored_twice(plan.stored_tiles, values, (5, 1, 1), 50) is None
+        assert _stored_twice(plan.stored_tiles, values, (8, 1, 1), 50) is not None
+
+
+def test_a_row_start_tilelink_cannot_write_out_is_refused_at_the_build() -> None:
+    source = (FORMS / "row_tile_copy.py").read_text()
+    head, scale = source.split("def row_tile_scale")
+    # the position one side of an `if` binds: the launch could not tell which tiles the programs store
+    edited = head + "def row_tile_scale" + scale.replace(
+        "pid = tl.program_id(0)", "pid = tl.program_id(0)\n    if M > 64:\n        pid = tl.program_id(1)", 1)
+    with pytest.raises(AnnotationError, match="writes the rows from `pid \\* BLOCK_M`, which TileLink cannot write "
+                                              "out over program ids"):
+        generate(edited, "row_tile_copy.py", requests_in(edited, "row_tile_copy.py"))
+
+
+def _persistent(grid: int, num_sms: int) -> float:
+    rank, world = tilelink.rank(), tilelink.world_size()
+    M, N, K, block = 50, 40, 36, 16
+    g = torch.Generator().manual_seed(3)
+    a, b = (torch.randint(-2, 3, shape, generator=g).float() for shape in ((M, K), (K, N)))
+    klo, khi = rows_of(rank, world, K)
+    ar, br = _placed(a[:, klo:khi].contiguous(), b[klo:khi].contiguous())
+    lo, hi = rows_of(rank, world, M)
+    out = torch.full((hi - lo, N), float("nan"), device=ar.device)
+    load_form("gemm_rs_persistent_grouped").persistent_mm[(grid,)](
+        ar, br, out, M, N, khi - klo, ar.stride(0), ar.stride(1), br.stride(0), br.stride(1), N, 1,
+        BLOCK_SIZE_M=block, BLOCK_SIZE_N=block, BLOCK_SIZE_K=block, GROUP_SIZE_M=2, NUM_SMS=num_sms)
+    return (out.float().cpu() - (a @ b)[lo:hi]).abs().max().item()
+
+
+def persistent_launches(backend: str = "emulated") -> None:
+    """At two ranks: the grouped persistent form on 5 programs for a step of 5 equals torch; on 8 it is refused."""
+    assert triton.cdiv(50, 16) * triton.cdiv(40, 16) == 12  # tiles: 8 programs of step 5 store tiles 5-7 twice
+    assert all(e == 0 for e in tilelink.spawn(_persistent, 2, 5, 5, backend=backend))
+    with pytest.raises(LaunchError, match=r"on the grid \(8, 1, 1\), program .* both store rows") as info:
+        tilelink.spawn(_persistent, 2, 8, 5, backend=backend)
+    assert "at most as many programs as its tile loop's step" in str(info.value), info.value
+
+
+def test_a_persistent_kernel_with_more_programs_than_its_step_is_refused_at_two_ranks() -> None:
+    persistent_launches()
