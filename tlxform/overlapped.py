@@ -806,20 +806,26 @@ class _PerProgram(_Interval):
 
 class _PerStep(_PerProgram):
     """The values of :func:`_evaluate`: each program's at each step of the one loop the expression reads (a
-    persistent kernel's tile loop), an int64 array over ``(axis 0, axis 1, axis 2, step)``; ``valid`` marks the steps
-    each program runs. A second loop, a step that is not one positive value for every program, or more values than
-    ``_EXACT_PROGRAMS`` are not read."""
+    persistent kernel's tile loop). Without ``steps``: int64 arrays over ``(axis 0, axis 1, axis 2, step)``, which
+    find the loop (``found``: its values, ``valid``: the steps each program runs), though an expression defined only
+    where the loop runs (a grouped position divides by what is left of the tiles) may not be read there; with
+    ``steps`` (the ``(axis 0, axis 1, axis 2, step)`` indices of the steps that run, as ``np.nonzero`` gives them):
+    1-D arrays over those steps alone. A second loop, a step that is not one positive value for every program, or
+    more values than ``_EXACT_PROGRAMS`` are not read."""
 
-    def __init__(self, programs: tuple[int, int, int]) -> None:
+    def __init__(self, programs: tuple[int, int, int], steps: tuple | None = None) -> None:
         import numpy as np
 
         super().__init__(programs)
+        self.steps = steps
         self.valid = np.ones((1, 1, 1, 1), dtype=bool)
-        self.values = self.raw = None  # the loop's values, once read (``raw``: also past its end)
+        self.found = None  # the loop's values, once read
 
     def program_id(self, axis: int):
         import numpy as np
 
+        if self.steps is not None:
+            return self.steps[axis]
         shape = [1, 1, 1, 1]
         shape[axis] = self.programs[axis]
         return np.arange(self.programs[axis], dtype=np.int64).reshape(shape)
@@ -827,24 +833,25 @@ class _PerStep(_PerProgram):
     def loop(self, a, b, step):
         import numpy as np
 
-        if any(np.ndim(x) not in (0, 4) for x in (a, b, step)) or int(np.min(step)) != int(np.max(step)) or int(
-                np.min(step)) <= 0:
+        if int(np.min(step)) != int(np.max(step)) or int(np.min(step)) <= 0:
             return None
         step = int(np.min(step))
-        steps = max(1, int(np.max(-(-(b - a) // step))))
-        if steps * math.prod(self.programs) > _EXACT_PROGRAMS:
+        if self.steps is not None:
+            values = a + self.steps[3] * step
+            if not bool(np.all(values < b)) or (self.found is not None and not bool(np.all(self.found == values))):
+                return None  # another loop than the one the steps are of
+            self.found = values
+            return values
+        if any(np.ndim(x) not in (0, 4) for x in (a, b)):
             return None
-        values = a + np.arange(steps, dtype=np.int64).reshape(1, 1, 1, steps) * step
-        if self.values is not None:  # the same loop again, or another one: not read
-            same = np.shape(self.raw) == np.shape(values) and bool(np.all(self.raw == values))
-            return self.values if same else None
-        self.raw = values
-        valid = values < b
-        if np.any(valid):
-            # a step a program does not run takes a value one does (the first): the expression need not be defined
-            # past the loop's end (a grouped position divides by what is left of the tiles), and the step is not live
-            values = np.where(valid, values, values[valid].min())
-        self.values, self.valid = values, valid
+        count = max(1, int(np.max(-(-(b - a) // step))))
+        if count * math.prod(self.programs) > _EXACT_PROGRAMS:
+            return None
+        values = a + np.arange(count, dtype=np.int64).reshape(1, 1, 1, count) * step
+        if self.found is not None:  # the same loop again, or another one: not read
+            same = np.shape(self.found) == np.shape(values) and bool(np.all(self.found == values))
+            return values if same else None
+        self.found, self.valid = values, values < b
         return values
 
 
@@ -1070,6 +1077,23 @@ def _holds(source: str, values: dict[str, Any], dom: _Interval):
     return None if tree is None else walk(tree)
 
 
+def _each_step(sources: tuple[str, ...], values: dict[str, Any], programs: tuple[int, int, int]):
+    """The kernel's expressions ``sources`` (:func:`_evaluate`) for each program of the grid and each step of the one
+    loop they read, if any: ``(dom, values)``, ``dom.steps`` the steps that run where there is a loop (the values
+    1-D over them; ``None`` with ``dom.found`` set: the loop runs no step), else arrays over the grid. A position
+    past the loop's end need not be defined (a grouped one divides by what is left of the tiles), so the loop is
+    found first and the expressions read again over the steps that run."""
+    import numpy as np
+
+    dom = _PerStep(programs)
+    found = [_evaluate(x, values, dom) for x in sources]
+    if dom.found is None or not np.any(dom.valid):
+        return dom, found
+    steps = np.nonzero(np.broadcast_to(dom.valid, (*programs, int(np.shape(dom.found)[3]))))
+    dom = _PerStep(programs, tuple(steps))
+    return dom, [_evaluate(x, values, dom) for x in sources]
+
+
 def _stored_twice(tiles: tuple[tuple[str, str, str, str, str, int], ...], values: dict[str, Any],
                   programs: tuple[int, int, int], size: int) -> str | None:
     """Whether two programs of a launch of ``programs``, or two steps of one program's tile loop, store the same
@@ -1085,12 +1109,12 @@ def _stored_twice(tiles: tuple[tuple[str, str, str, str, str, int], ...], values
     loops: list[bytes | None] = []
     height = None
     for row, rows, col, cols, test, line in tiles:
-        dom = _PerStep(programs)
-        parts = [_evaluate(x, values, dom) for x in (row, rows, *((col, cols) if col else ()))]
-        holds = _holds(test, values, dom) if test else None
-        unread = next((x for x, v in zip((row, rows, col, cols), parts, strict=False) if v is None), None)
-        if dom.values is not None and not np.any(dom.valid):
+        sources = (row, rows, *((col, cols) if col else ()))
+        dom, parts = _each_step(sources, values, programs)
+        if dom.found is not None and dom.steps is None:
             continue  # a loop that runs no step: the store never runs
+        holds = _holds(test, values, dom) if test else None
+        unread = next((x for x, v in zip(sources, parts, strict=False) if v is None), None)
         if unread is not None:
             return (f"TileLink cannot evaluate `{unread}` (the tiles the store at line {line} writes) over the grid "
                     f"{programs}")
@@ -1098,24 +1122,31 @@ def _stored_twice(tiles: tuple[tuple[str, str, str, str, str, int], ...], values
         if int(np.min(h)) != int(np.max(h)) or (height is not None and int(np.min(h)) != height):
             return f"the stores' tiles are not all one height (`{rows}` at line {line})"
         height = int(np.min(h))
-        steps = 1 if dom.values is None else int(np.shape(dom.values)[3])
-        shape = (*programs, steps)
-        r = np.broadcast_to(parts[0], shape)
-        c = np.broadcast_to(parts[2], shape) if col else np.zeros(shape, dtype=np.int64)
-        e = c + np.broadcast_to(parts[3], shape) if col else np.full(shape, _WHOLE_ROWS, dtype=np.int64)
-        live = np.broadcast_to(dom.valid, shape) & (r < size) & (r + height > 0) & (e > c)
+        # one entry per program (and step that runs): the program's index in the grid and the step
+        if dom.steps is not None:
+            program = np.ravel_multi_index(dom.steps[:3], programs).astype(np.int64)
+            step = dom.steps[3].astype(np.int64)
+        else:
+            program = np.arange(math.prod(programs), dtype=np.int64)
+            step = np.zeros(program.size, dtype=np.int64)
+
+        def spread(x, shape=(*programs, 1) if dom.steps is None else program.shape):
+            return np.broadcast_to(x, shape).reshape(-1)
+
+        r = spread(parts[0])
+        c = spread(parts[2]) if col else np.zeros(program.shape, dtype=np.int64)
+        e = c + spread(parts[3]) if col else np.full(program.shape, _WHOLE_ROWS, dtype=np.int64)
+        live = (r < size) & (r + height > 0) & (e > c)
         if holds is not None:
-            live = live & np.broadcast_to(holds, shape)
-        key = None if dom.values is None else dom.values.tobytes() + bytes(str(np.shape(dom.values)), "ascii")
+            live = live & spread(holds)
+        key = None if dom.steps is None else np.asarray(dom.found).tobytes()
         if key not in loops:
             loops.append(key)
-        program = np.arange(math.prod(programs), dtype=np.int64).reshape(*programs, 1)
-        step = np.arange(steps, dtype=np.int64).reshape(1, 1, 1, steps)
         ident = (loops.index(key) << 42) | (program << 21) | step
         rows_at.append(r[live])
         cols_at.append(c[live])
         ends.append(np.minimum(e[live], _WHOLE_ROWS))
-        ids.append(np.broadcast_to(ident, shape)[live])
+        ids.append(ident[live])
         lines.append(np.full(int(live.sum()), line, dtype=np.int64))
     if height is None or height <= 0:
         return None

@@ -399,15 +399,48 @@ def test_a_store_found_again_from_a_counter_in_step_with_its_loop_is_bounded_at_
                          "NUM_SMS)") == 2 and "tile_id" not in written and "pid_" not in written, written
 
 
+@pytest.mark.parametrize("start, update, before", [
+    ("start_pid - NUM_SMS", "NUM_SMS", True),  # in step: the loop's target
+    ("start_pid", "NUM_SMS", True),  # a step ahead of the target
+    ("start_pid - NUM_SMS", "2 * NUM_SMS", True),  # advanced by another step than the loop's
+    ("start_pid", "NUM_SMS", False),  # read before the update: the steps before this one
+    ("2 * start_pid + 1", "3", False),
+], ids=["in_step", "ahead", "other_step", "read_before_update", "other_start"])
+def test_a_counter_of_the_loops_steps_is_written_out_at_the_read(start: str, update: str, before: bool) -> None:
+    import libcst as cst
+    from libcst.metadata import MetadataWrapper
+
+    from tilelink.analysis import Where, _Analyzer, program_value
+    from tilelink.overlapped import _each_step
+
+    body = [f"    c = {start}\n", "    for t in tl.range(start_pid, T, NUM_SMS):\n"]
+    read, advance = "        y = c\n", f"        c += {update}\n"
+    body += [advance, read] if before else [read, advance]
+    source = ("import triton\nimport triton.language as tl\n\n\n@triton.jit\ndef k(x_ptr, T, NUM_SMS: tl.constexpr):\n"
+              "    start_pid = tl.program_id(0)\n" + "".join(body))
+    module = cst.parse_module(source)
+    an = _Analyzer(module, MetadataWrapper(module, unsafe_skip_copy=True), module.body[2], "k.py", {})
+    line = next(i for i, text in enumerate(source.splitlines(), 1) if "y = c" in text)
+    written = program_value(an, "c", loops=True, at=Where("k.py", line, 13))
+    assert "c" not in written.replace("cdiv", "") or "tl.range" in written, written
+    values, programs = {"T": 11, "NUM_SMS": 3}, (3, 1, 1)
+    dom, (got,) = _each_step((written,), values, programs)
+    ran = {(int(p), int(s)): int(v) for p, s, v in zip(dom.steps[0], dom.steps[3], got, strict=True)}
+    expected = {}
+    for pid in range(3):  # the kernel's own steps, run in Python
+        c = eval(start, {"start_pid": pid, "NUM_SMS": 3})
+        for step, _ in enumerate(range(pid, 11, 3)):
+            if before:
+                c += eval(update, {"NUM_SMS": 3})
+            expected[pid, step] = c
+            if not before:
+                c += eval(update, {"NUM_SMS": 3})
+    assert ran == expected, (written, ran, expected)
+
+
 @pytest.mark.parametrize("old, new", [
-    # out of step by one: after the update the counter is a step ahead of the loop's target
-    ("    tile_id_c = start_pid - NUM_SMS\n", "    tile_id_c = start_pid\n"),
-    # advanced by another step than the loop's
-    (UPDATE, "        tile_id_c += 2 * NUM_SMS\n"),
     # advanced only on some steps
     (UPDATE, "        if K > 0:\n    " + UPDATE),
-    # read before the update: a step behind
-    (UPDATE + FOUND_AGAIN, FOUND_AGAIN + UPDATE),
     # `pid_n` bound again in a branch between its assignment and the store
     (FOUND_AGAIN, FOUND_AGAIN + "        if N > 64:\n            pid_n = pid_n - 1\n"),
     # the counter set afresh in the loop
