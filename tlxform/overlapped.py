@@ -530,7 +530,9 @@ class OverlappedKernel:
                     f"a function of the arguments")
             if 0 in programs:
                 continue
-            found = _stored_twice(tiles, values, programs, size)
+            atomic = getattr(self.plan.launch, "atomic_axes", None)
+            splits = () if atomic is None else tuple(a for a in range(3) if a not in atomic)
+            found = _stored_twice(tiles, values, programs, size, splits)
             if found is not None:
                 raise LaunchError(
                     f"{self.name}: on the grid {programs}{said_config}, {found} of {tensor!r}: each notify counts "
@@ -1095,14 +1097,16 @@ def _each_step(sources: tuple[str, ...], values: dict[str, Any], programs: tuple
 
 
 def _stored_twice(tiles: tuple[tuple[str, str, str, str, str, int], ...], values: dict[str, Any],
-                  programs: tuple[int, int, int], size: int) -> str | None:
+                  programs: tuple[int, int, int], size: int, splits: tuple[int, ...] = ()) -> str | None:
     """Whether two programs of a launch of ``programs``, or two steps of one program's tile loop, store the same
     elements (``LaunchPlan.stored_tiles``, the tiles of each store: rows ``[row, row + rows)``, columns ``[col, col +
     cols)`` or whole rows). Tiles whose rows all lie past ``size`` or before 0, or whose loop step does not run, store
     nothing any channel counts. One program's stores on one pass may overlap (the two sides of an ``if``: the build
     proved that a program stores each element once); across programs and steps the tiles must be disjoint, their rows
     on one lattice of the tiles' height. A store runs where its ``if`` tests hold (one TileLink cannot evaluate:
-    everywhere). ``None`` where they are, else what goes wrong, in words."""
+    everywhere). ``splits``: the grid axes of a split-K write-back's splits, whose programs add into the same tile
+    by design (each add is counted per split), so they count as one program here. ``None`` where they are, else what
+    goes wrong, in words."""
     import numpy as np
 
     rows_at, cols_at, ends, ids, lines = [], [], [], [], []
@@ -1124,11 +1128,13 @@ def _stored_twice(tiles: tuple[tuple[str, str, str, str, str, int], ...], values
         height = int(np.min(h))
         # one entry per program (and step that runs): the program's index in the grid and the step
         if dom.steps is not None:
-            program = np.ravel_multi_index(dom.steps[:3], programs).astype(np.int64)
-            step = dom.steps[3].astype(np.int64)
+            at, step = list(dom.steps[:3]), dom.steps[3].astype(np.int64)
         else:
-            program = np.arange(math.prod(programs), dtype=np.int64)
-            step = np.zeros(program.size, dtype=np.int64)
+            at = list(np.unravel_index(np.arange(math.prod(programs), dtype=np.int64), programs))
+            step = np.zeros(at[0].size, dtype=np.int64)
+        for axis in splits:  # the K splits of one tile: one program, as far as storing each element once goes
+            at[axis] = np.zeros_like(at[axis])
+        program = np.ravel_multi_index(tuple(at), programs).astype(np.int64)
 
         def spread(x, shape=(*programs, 1) if dom.steps is None else program.shape):
             return np.broadcast_to(x, shape).reshape(-1)

@@ -938,12 +938,13 @@ def stored_tiles(an: KernelAnalysis, spec) -> tuple[tuple[str, str, str, str, st
     columns, test, line)`` in source over program ids and the arguments as passed (a loop's target as ``tl.range(a,
     b, step)``), the columns ``""`` where the tile spans whole rows or they cannot be written out (then the launch
     takes the tile as whole rows), ``test`` the ``if`` tests that hold where the store runs (``""``: always). A
-    split-K write-back (its adds are counted per split) and rows from an index are not such tiles. Raises where the
-    rows' start cannot be written out: the launch could not tell the programs' tiles apart."""
+    split-K write-back's adds are such tiles too (the launch takes the programs along its split axes as one); rows
+    from an index are not. Raises where the rows' start cannot be written out: the launch could not tell the
+    programs' tiles apart."""
     found = []
     for a in (s for t in spec.tensors for s in an.accesses_of(t, "store")):
         t = a.tile
-        if a.atomic or t is None or t.dynamic or an.written_out is None:
+        if t is None or t.dynamic or an.written_out is None:
             continue
         def written(source: str, a=a) -> str | None:
             host = a.descriptor and a.pointer in an.params and re.fullmatch(

@@ -85,6 +85,16 @@ def test_a_store_runs_where_its_if_tests_hold() -> None:
     assert said is not None and "columns [8, 10)" in said, said
 
 
+def test_the_splits_of_a_split_k_write_back_add_into_one_tile() -> None:
+    # grid (tiles, SPLIT_K): the programs along axis 1 add into the tile of their axis-0 program, each add counted
+    tiles = (_tiles("tl.program_id(0) * 16"),)
+    assert _stored_twice(tiles, {}, (4, 3, 1), 64, splits=(1,)) is None
+    assert _stored_twice(tiles, {}, (4, 3, 1), 64) is not None  # as plain stores: each element three times
+    # two programs along the tiles' own axis wrapped onto one tile: the adds of one are not counted for the other
+    said = _stored_twice((_tiles("(tl.program_id(0) % 2) * 16"),), {}, (4, 3, 1), 64, splits=(1,))
+    assert said is not None and "program (0, 0, 0)" in said and "program (2, 0, 0)" in said, said
+
+
 def test_a_host_descriptors_block_is_read_from_the_argument() -> None:
     tiles = (("tl.program_id(0) * c_desc.block_shape[0]", "c_desc.block_shape[0]", "tl.program_id(1) * 8",
               "c_desc.block_shape[1]", "", 9),)
