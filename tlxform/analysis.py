@@ -1387,10 +1387,11 @@ def launch_value(an: _Analyzer, source: str, at: Where) -> str | None:
 
 
 def _loop_range(an: _Analyzer, name: str, at: Where | None = None) -> tuple[cst.Call, Where] | None:
-    """``tl.range(a, b, step)`` for the target ``name`` of the one ``for`` loop over ``range(a, b[, step])`` (also
-    ``tl.range``, ``tl.static_range``) that binds it, and binds nothing else, with where the loop reads its bounds;
-    read at ``at``, of the loop whose body holds ``at`` where several loops bind the name and nothing else binds it
-    inside that loop (two tile loops on the two sides of an ``if``). ``None`` for any other name."""
+    """``tl.range(a, b, step, loop=L)`` (``L`` the loop's line) for the target ``name`` of the one ``for`` loop over
+    ``range(a, b[, step])`` (also ``tl.range``, ``tl.static_range``) that binds it, and binds nothing else, with where
+    the loop reads its bounds; read at ``at``, of the loop whose body holds ``at`` (where several loops bind the name,
+    nothing else binding it inside that loop: two tile loops on the two sides of an ``if``). ``None`` for any other
+    name or place (read after the loop, the target holds its last value only)."""
     found = m.findall(an.fn.body, m.For(target=m.Name(name)))
     if m.findall(an.fn.body, m.AugAssign(target=m.Name(name)) | m.NamedExpr(target=m.Name(name))):
         return None
@@ -1403,12 +1404,18 @@ def _loop_range(an: _Analyzer, name: str, at: Where | None = None) -> tuple[cst.
         found = [loop]
     elif len(found) != 1 or len(an.bindings.get(name, ())) != 1:
         return None
+    elif at is not None and not _contains(an, found[0].body, at):
+        return None  # read after the loop: its last value, not any of the range
     read = _range_args(found[0])
     if read is None:
         return None
     start, stop, step = read
+    # `loop=` names the loop (its line): two loops over equal ranges are two loops (nested ones step apart)
+    line = cst.Arg(cst.Integer(str(an.where(found[0]).line)), keyword=cst.Name("loop"),
+                   equal=cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""),
+                                         whitespace_after=cst.SimpleWhitespace("")))
     return cst.Call(func=cst.Attribute(value=cst.Name("tl"), attr=cst.Name("range")),
-                    args=[cst.Arg(start), cst.Arg(stop), cst.Arg(step)]), an.where(found[0])
+                    args=[cst.Arg(start), cst.Arg(stop), cst.Arg(step), line]), an.where(found[0])
 
 
 def _before(a: Where, b: Where) -> bool:

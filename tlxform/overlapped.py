@@ -15,6 +15,7 @@ import functools
 import importlib.util
 import inspect
 import math
+import operator
 import os
 import sys
 import tempfile
@@ -533,13 +534,20 @@ class OverlappedKernel:
             atomic = getattr(self.plan.launch, "atomic_axes", None)
             splits = () if atomic is None else tuple(a for a in range(3) if a not in atomic)
             found = _stored_twice(tiles, values, programs, size, splits)
-            if found is not None:
+            if found is not None and found[0]:
                 raise LaunchError(
-                    f"{self.name}: on the grid {programs}{said_config}, {found} of {tensor!r}: each notify counts "
+                    f"{self.name}: on the grid {programs}{said_config}, {found[1]} of {tensor!r}: each notify counts "
                     f"what its store wrote, so an element stored twice completes its channel while other tiles of it "
                     f"are still unstored, and the reduction would read them; launch one program per tile (a "
                     f"persistent kernel: at most as many programs as its tile loop's step, `grid = (min(NUM_SMS, "
                     f"tiles),)`), with every grid axis read by the store's position")
+            if found is not None:
+                raise LaunchError(
+                    f"{self.name}: on the grid {programs}{said_config}, {found[1]}: it cannot check that no two "
+                    f"programs store the same elements of {tensor!r} (each notify counts what its store wrote, so an "
+                    f"element stored twice completes its channel early); compute the tile's position from "
+                    f"tl.program_id, one tile loop's target and int arguments, with +, -, *, // and % of non-negative "
+                    f"values, tl.cdiv, min / max, and tiles of one height")
             if key is not None and len(self._tiles_passed) < 4096:
                 self._tiles_passed.add(key)
 
@@ -643,9 +651,13 @@ def _grid_of(grid: Any, values: dict[str, Any]) -> tuple[int, int, int] | None:
         found = tuple(found) + (1,) * (3 - len(found))
     except Exception:  # noqa: BLE001 - not known here: the checks that need it do not pass on it
         return None
-    if len(found) != 3 or not all(isinstance(n, int) and not isinstance(n, bool) for n in found):
+    try:  # ints, numpy's too
+        if any(isinstance(n, bool) for n in found):
+            return None
+        found = tuple(operator.index(n) for n in found)
+    except TypeError:
         return None
-    return found  # type: ignore[return-value]
+    return found if len(found) == 3 else None  # type: ignore[return-value]
 
 
 def _value_range(source: str, values: dict[str, Any], programs: tuple[int, int, int]) -> tuple[int, int] | None:
@@ -745,7 +757,7 @@ class _Interval:
     def program_id(self, axis: int):
         return 0, self.programs[axis] - 1
 
-    def loop(self, a, b, step):
+    def loop(self, a, b, step, key=None):
         # any value of a loop `for v in range(a, b, step)` of a positive step: from the least `a` to below the largest
         # `b` (a loop that runs no step has no value to bound)
         return None if step[0] <= 0 else (a[0], max(a[0], b[1] - 1))
@@ -802,58 +814,62 @@ class _PerProgram(_Interval):
         shape[axis] = self.programs[axis]
         return np.arange(self.programs[axis], dtype=np.int64).reshape(shape)
 
-    def loop(self, a, b, step):
+    def loop(self, a, b, step, key=None):
         return None  # one value per program: a loop has several
 
 
 class _PerStep(_PerProgram):
-    """The values of :func:`_evaluate`: each program's at each step of the one loop the expression reads (a
-    persistent kernel's tile loop). Without ``steps``: int64 arrays over ``(axis 0, axis 1, axis 2, step)``, which
-    find the loop (``found``: its values, ``valid``: the steps each program runs), though an expression defined only
-    where the loop runs (a grouped position divides by what is left of the tiles) may not be read there; with
-    ``steps`` (the ``(axis 0, axis 1, axis 2, step)`` indices of the steps that run, as ``np.nonzero`` gives them):
-    1-D arrays over those steps alone. A second loop, a step that is not one positive value for every program, or
-    more values than ``_EXACT_PROGRAMS`` are not read."""
+    """The values of :func:`_evaluate`: each program's at each step of the loops the expression reads (a persistent
+    kernel's tile loop, loops inside it), each loop named by its line (``tl.range(a, b, step, loop=L)``). Without
+    ``steps``: int64 arrays over ``(step of the last loop found, ..., step of the first, axis 0, axis 1, axis 2)``,
+    which find the loops (``loops``: their lines, in the order found; ``valid``: the steps that run), though an
+    expression defined only where its loop runs (a grouped position divides by what is left of the tiles) may not be
+    read there; with ``steps`` (the indices of the steps that run along those axes, as ``np.nonzero`` gives them, and
+    the loops they are of): 1-D arrays over those steps alone. A loop it cannot name, a step that is not one positive
+    value, or more values than ``_EXACT_PROGRAMS`` are not read."""
 
-    def __init__(self, programs: tuple[int, int, int], steps: tuple | None = None) -> None:
+    def __init__(self, programs: tuple[int, int, int], steps: tuple | None = None, loops: tuple = ()) -> None:
         import numpy as np
 
         super().__init__(programs)
         self.steps = steps
-        self.valid = np.ones((1, 1, 1, 1), dtype=bool)
-        self.found = None  # the loop's values, once read
+        self.loops: list = list(loops)
+        self.found: dict = {}  # each loop's values, by its line
+        self.valid = np.ones((1, 1, 1), dtype=bool)
 
     def program_id(self, axis: int):
         import numpy as np
 
         if self.steps is not None:
-            return self.steps[axis]
-        shape = [1, 1, 1, 1]
+            return self.steps[len(self.loops) + axis]
+        shape = [1, 1, 1]
         shape[axis] = self.programs[axis]
         return np.arange(self.programs[axis], dtype=np.int64).reshape(shape)
 
-    def loop(self, a, b, step):
+    def loop(self, a, b, step, key=None):
         import numpy as np
 
-        if int(np.min(step)) != int(np.max(step)) or int(np.min(step)) <= 0:
+        if key is None or int(np.min(step)) != int(np.max(step)) or int(np.min(step)) <= 0:
             return None
         step = int(np.min(step))
+        if key in self.found:
+            return self.found[key]
         if self.steps is not None:
-            values = a + self.steps[3] * step
-            if not bool(np.all(values < b)) or (self.found is not None and not bool(np.all(self.found == values))):
-                return None  # another loop than the one the steps are of
-            self.found = values
+            if key not in self.loops:
+                return None
+            values = a + self.steps[len(self.loops) - 1 - self.loops.index(key)] * step
+            if not bool(np.all(values < b)):
+                return None
+            self.found[key] = values
             return values
-        if any(np.ndim(x) not in (0, 4) for x in (a, b)):
-            return None
         count = max(1, int(np.max(-(-(b - a) // step))))
-        if count * math.prod(self.programs) > _EXACT_PROGRAMS:
+        shape = (count, *np.broadcast_shapes(np.shape(a), np.shape(b), self.valid.shape))
+        if math.prod(shape) > _EXACT_PROGRAMS:
             return None
-        values = a + np.arange(count, dtype=np.int64).reshape(1, 1, 1, count) * step
-        if self.found is not None:  # the same loop again, or another one: not read
-            same = np.shape(self.found) == np.shape(values) and bool(np.all(self.found == values))
-            return values if same else None
-        self.found, self.valid = values, values < b
+        values = a + np.arange(count, dtype=np.int64).reshape((count,) + (1,) * (len(shape) - 1)) * step
+        self.loops.append(key)
+        self.found[key] = values
+        self.valid = self.valid & (values < b)
         return values
 
 
@@ -1013,12 +1029,14 @@ def _evaluate(source: str, values: dict[str, Any], dom: _Interval, wraps: list[s
             return dom.cdiv(x, y), width
         if func.value.id != "tl":
             return None
-        if func.attr == "range" and len(node.args) == 3 and not node.keywords:
+        if func.attr == "range" and len(node.args) == 3 and all(
+                k.arg == "loop" and isinstance(k.value, ast.Constant) for k in node.keywords):
             parts = [walk(arg) for arg in node.args]
             parts = [None if p is None else tensor(p) for p in parts]
             if None in parts:
                 return None
-            found = dom.loop(*(p[0] for p in parts))  # type: ignore[index]
+            loop = next((k.value.value for k in node.keywords), None)  # which loop: its line
+            found = dom.loop(*(p[0] for p in parts), loop)  # type: ignore[index]
             return None if found is None else (found, max(p[1] for p in parts))  # type: ignore[index]
         args = node.args or [k.value for k in node.keywords if k.arg == "axis"]
         if func.attr in ("program_id", "num_programs") and len(args) == 1 and len(node.args) + len(
@@ -1048,8 +1066,6 @@ def _holds(source: str, values: dict[str, Any], dom: _Interval):
     """Where the kernel's test ``source`` holds over the grid, in the values of ``dom`` (booleans): comparisons of
     what :func:`_evaluate` reads, ``and``, ``or``, ``not`` and ``True`` / ``False``; ``None`` where it cannot read
     it."""
-    import operator
-
     compare = {ast.Eq: operator.eq, ast.NotEq: operator.ne, ast.Lt: operator.lt, ast.LtE: operator.le,
                ast.Gt: operator.gt, ast.GtE: operator.ge}
 
@@ -1067,9 +1083,15 @@ def _holds(source: str, values: dict[str, Any], dom: _Interval):
             for p in parts[1:]:
                 out = (out & p) if isinstance(node.op, ast.And) else (out | p)
             return out
-        if isinstance(node, ast.Compare) and len(node.ops) == 1 and type(node.ops[0]) in compare:
-            a, b = (_evaluate(ast.unparse(x), values, dom) for x in (node.left, node.comparators[0]))
-            return None if a is None or b is None else compare[type(node.ops[0])](a, b)
+        if isinstance(node, ast.Compare) and all(type(op) in compare for op in node.ops):
+            # `a < b < c` is `a < b and b < c`
+            sides = [_evaluate(ast.unparse(x), values, dom) for x in (node.left, *node.comparators)]
+            if any(x is None for x in sides):
+                return None
+            out = True
+            for op, a, b in zip(node.ops, sides, sides[1:], strict=False):
+                out = out & compare[type(op)](a, b)
+            return out
         if isinstance(node, ast.Name) and isinstance(getattr(values.get(node.id), "value", values.get(node.id)), bool):
             return getattr(values.get(node.id), "value", values.get(node.id))  # a constexpr flag
         value = _evaluate(ast.unparse(node), values, dom)  # an int, true where not 0
@@ -1080,24 +1102,26 @@ def _holds(source: str, values: dict[str, Any], dom: _Interval):
 
 
 def _each_step(sources: tuple[str, ...], values: dict[str, Any], programs: tuple[int, int, int]):
-    """The kernel's expressions ``sources`` (:func:`_evaluate`) for each program of the grid and each step of the one
-    loop they read, if any: ``(dom, values)``, ``dom.steps`` the steps that run where there is a loop (the values
-    1-D over them; ``None`` with ``dom.found`` set: the loop runs no step), else arrays over the grid. A position
-    past the loop's end need not be defined (a grouped one divides by what is left of the tiles), so the loop is
-    found first and the expressions read again over the steps that run."""
+    """The kernel's expressions ``sources`` (:func:`_evaluate`) for each program of the grid and each step of the
+    loops they read: ``(dom, values)``; where they read loops, ``dom.steps`` are the steps that run (the values 1-D
+    over them; ``None`` with ``dom.loops`` set: the loops run no step), else the values are arrays over the grid. A
+    position past a loop's end need not be defined (a grouped one divides by what is left of the tiles), so the loops
+    are found first and the expressions read again over the steps that run."""
     import numpy as np
 
     dom = _PerStep(programs)
     found = [_evaluate(x, values, dom) for x in sources]
-    if dom.found is None or not np.any(dom.valid):
+    if not dom.loops or not np.any(dom.valid):
         return dom, found
-    steps = np.nonzero(np.broadcast_to(dom.valid, (*programs, int(np.shape(dom.found)[3]))))
-    dom = _PerStep(programs, tuple(steps))
+    shape = np.broadcast_shapes(dom.valid.shape, (1,) * len(dom.loops) + programs)
+    dom = _PerStep(programs, tuple(np.nonzero(np.broadcast_to(dom.valid, shape))), tuple(dom.loops))
+    dom.shape = shape
     return dom, [_evaluate(x, values, dom) for x in sources]
 
 
 def _stored_twice(tiles: tuple[tuple[str, str, str, str, str, int], ...], values: dict[str, Any],
-                  programs: tuple[int, int, int], size: int, splits: tuple[int, ...] = ()) -> str | None:
+                  programs: tuple[int, int, int], size: int,
+                  splits: tuple[int, ...] = ()) -> tuple[bool, str] | None:
     """Whether two programs of a launch of ``programs``, or two steps of one program's tile loop, store the same
     elements (``LaunchPlan.stored_tiles``, the tiles of each store: rows ``[row, row + rows)``, columns ``[col, col +
     cols)`` or whole rows). Tiles whose rows all lie past ``size`` or before 0, or whose loop step does not run, store
@@ -1105,30 +1129,34 @@ def _stored_twice(tiles: tuple[tuple[str, str, str, str, str, int], ...], values
     proved that a program stores each element once); across programs and steps the tiles must be disjoint, their rows
     on one lattice of the tiles' height. A store runs where its ``if`` tests hold (one TileLink cannot evaluate:
     everywhere). ``splits``: the grid axes of a split-K write-back's splits, whose programs add into the same tile
-    by design (each add is counted per split), so they count as one program here. ``None`` where they are, else what
-    goes wrong, in words."""
+    by design (each add is counted per split), so they count as one program here. ``None`` where they are disjoint,
+    else ``(True, the two that overlap)``, or ``(False, why TileLink cannot tell)``, in words."""
     import numpy as np
 
     rows_at, cols_at, ends, ids, lines = [], [], [], [], []
-    loops: list[bytes | None] = []
+    passes: list[tuple] = []
     height = None
     for row, rows, col, cols, test, line in tiles:
         sources = (row, rows, *((col, cols) if col else ()))
         dom, parts = _each_step(sources, values, programs)
-        if dom.found is not None and dom.steps is None:
-            continue  # a loop that runs no step: the store never runs
+        if dom.loops and dom.steps is None:
+            continue  # loops that run no step: the store never runs
         holds = _holds(test, values, dom) if test else None
         unread = next((x for x, v in zip(sources, parts, strict=False) if v is None), None)
         if unread is not None:
-            return (f"TileLink cannot evaluate `{unread}` (the tiles the store at line {line} writes) over the grid "
-                    f"{programs}")
+            return False, (f"the tile the store at line {line} writes starts at or spans `{unread}`, which TileLink "
+                           f"cannot evaluate for each program of this grid (a value of the wrong kind, a step that may "
+                           f"leave its int width, or a division it cannot read as Triton does)")
         h = parts[1]
         if int(np.min(h)) != int(np.max(h)) or (height is not None and int(np.min(h)) != height):
-            return f"the stores' tiles are not all one height (`{rows}` at line {line})"
+            return False, (f"the stores' tiles are not all one height (`{rows}` at line {line}), so TileLink cannot "
+                           f"lay them on one lattice of rows")
         height = int(np.min(h))
         # one entry per program (and step that runs): the program's index in the grid and the step
         if dom.steps is not None:
-            at, step = list(dom.steps[:3]), dom.steps[3].astype(np.int64)
+            loops = len(dom.loops)
+            at = list(dom.steps[loops:])
+            step = np.ravel_multi_index(dom.steps[:loops], dom.shape[:loops]).astype(np.int64)
         else:
             at = list(np.unravel_index(np.arange(math.prod(programs), dtype=np.int64), programs))
             step = np.zeros(at[0].size, dtype=np.int64)
@@ -1136,7 +1164,7 @@ def _stored_twice(tiles: tuple[tuple[str, str, str, str, str, int], ...], values
             at[axis] = np.zeros_like(at[axis])
         program = np.ravel_multi_index(tuple(at), programs).astype(np.int64)
 
-        def spread(x, shape=(*programs, 1) if dom.steps is None else program.shape):
+        def spread(x, shape=programs if dom.steps is None else program.shape):
             return np.broadcast_to(x, shape).reshape(-1)
 
         r = spread(parts[0])
@@ -1145,10 +1173,10 @@ def _stored_twice(tiles: tuple[tuple[str, str, str, str, str, int], ...], values
         live = (r < size) & (r + height > 0) & (e > c)
         if holds is not None:
             live = live & spread(holds)
-        key = None if dom.steps is None else np.asarray(dom.found).tobytes()
-        if key not in loops:
-            loops.append(key)
-        ident = (loops.index(key) << 42) | (program << 21) | step
+        key = tuple(dom.loops)  # the steps of the same loops are the same passes
+        if key not in passes:
+            passes.append(key)
+        ident = (passes.index(key) << 42) | (program << 21) | step
         rows_at.append(r[live])
         cols_at.append(c[live])
         ends.append(np.minimum(e[live], _WHOLE_ROWS))
@@ -1162,8 +1190,8 @@ def _stored_twice(tiles: tuple[tuple[str, str, str, str, str, int], ...], values
     if np.unique(r % height).size > 1:
         first = int(r[0])
         other = int(r[np.argmax(r % height != first % height)])
-        return (f"its tiles' rows start at {first} and {other}, which are not a whole number of tiles ({height} "
-                f"rows) apart, so TileLink cannot tell that they do not overlap")
+        return False, (f"its tiles' rows start at {first} and {other}, which are not a whole number of tiles "
+                       f"({height} rows) apart, so TileLink cannot tell that they do not overlap")
     order = np.lexsort((c, r))
     r, c, e, ident, line_of = r[order], c[order], e[order], ident[order], line_of[order]
     group = np.concatenate(([0], np.cumsum(r[1:] != r[:-1])))
@@ -1181,12 +1209,14 @@ def _stored_twice(tiles: tuple[tuple[str, str, str, str, str, int], ...], values
                 who = int(ident[k])
                 at = np.unravel_index((who >> 21) & ((1 << 21) - 1), programs)
                 step = who & ((1 << 21) - 1)
-                where = f"program {tuple(int(x) for x in at)}" + (f" (step {step} of its tile loop)" if step or any(
-                    key is not None for key in loops) else "")
+                where = f"program {tuple(int(x) for x in at)}" + (
+                    f" (step {step} of its tile loop)" if len(passes[who >> 42]) == 1 else
+                    f" (step {step} of the loops at lines {', '.join(map(str, sorted(passes[who >> 42])))})"
+                    if passes[who >> 42] else "")
                 return f"{where} at line {int(line_of[k])}"
             cols = "" if e[i] >= _WHOLE_ROWS and e[clash] >= _WHOLE_ROWS else (
                 f", columns [{max(int(c[i]), int(c[clash]))}, {min(int(e[i]), int(e[clash]))})")
-            return (f"{said(clash)} and {said(i)} both store rows [{int(r[i])}, {int(r[i]) + height}){cols}")
+            return True, f"{said(clash)} and {said(i)} both store rows [{int(r[i])}, {int(r[i]) + height}){cols}"
         best = sorted([x for x in best if x[1] != ident[i]] + [max(
             [(int(e[i]), int(ident[i]), i)] + [x for x in best if x[1] == ident[i]])], reverse=True)[:2]
     return None

@@ -931,6 +931,25 @@ def _is_vector_source(an: KernelAnalysis, node: cst.BaseExpression) -> bool:
     return False
 
 
+def _moves_with_its_loops(an: KernelAnalysis, a, position: str) -> None:
+    """The tile a store writes, written out (``position``), must move with every loop around the store: one that
+    does not is stored (and counted) again on each step of that loop. A column sweep's own loop is the exception
+    (its notify counts the sweep once, after the loop)."""
+    read = {int(x) for x in re.findall(r"\bloop=(\d+)", position)}
+    where = dict(file=a.where.file, line=a.where.line, column=a.where.column)
+    sweep = a.anchor.line if a.swept and a.anchor is not None else None
+    for at, end in (span for spans in an.bindings.values() for span in spans):
+        if end is None or at.line in read or at.line == sweep or not (
+                (at.line, at.column) < (a.where.line, a.where.column) < (end.line, end.column)):
+            continue
+        raise AnnotationError(
+            f"the store to {a.tensor!r} at line {a.where.line} is inside the loop at line {at.line}, but the tile it "
+            f"writes does not move with that loop: each step stores the same elements again, and each notify counts "
+            f"what its store wrote, so the tile's channel would complete while other tiles of it are unstored",
+            **where, hint="store the tile once, after the loop, or take its position from the loop's target (a tile "
+                          "loop, `for tile_id in tl.range(start_pid, num_tiles, NUM_SMS)`)")
+
+
 def stored_tiles(an: KernelAnalysis, spec) -> tuple[tuple[str, str, str, str, str, int], ...]:
     """What each store of the reduced tensors writes, for the launch to check that no two programs (or two steps of
     a program's tile loop) store the same elements: a notify counts what its store wrote, so an element stored by two
@@ -967,6 +986,7 @@ def stored_tiles(an: KernelAnalysis, spec) -> tuple[tuple[str, str, str, str, st
             start, width = written(columns[0]), written(columns[1])
             if start is not None and width is not None:
                 col, cols = start, width
+        _moves_with_its_loops(an, a, row + " " + col)
         # the `if` tests around the store, for the launch to tell which programs run it (`if pid % 2 == 0:`, a
         # constexpr `if EPILOGUE_SUBTILE:`); a test it cannot write out leaves the store run by every program
         tests = []

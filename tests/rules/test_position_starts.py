@@ -332,7 +332,8 @@ def test_columns_stepped_in_a_loop_start_at_its_target_and_keep_their_end() -> N
     assert plan.row_shifts == (("x_ptr", ((False, ("D",)), (True, ("1",))), line),), plan.row_shifts
     # a loop's target moved below 0: written out over the loop's range, for each call to bound
     (value, _), = _plan(loop.replace("        pid_d = j\n", "        pid_d = j - SHIFT\n")).row_starts
-    assert value == "(tl.range(0, NSTEP, 1) - SHIFT) * BLOCK_D", value
+    at = next(i for i, text in enumerate(loop.splitlines(), 1) if "for j in range(0, NSTEP)" in text)
+    assert value == f"(tl.range(0, NSTEP, 1, loop={at}) - SHIFT) * BLOCK_D", value
     assert _value_range(value, {"NSTEP": 3, "SHIFT": 1, "BLOCK_D": 4}, (2, 3, 1)) == (-4, 4)
     # one TileLink cannot write out (a loop over a loaded bound): refused, saying so
     with pytest.raises(AnnotationError, match="changes from one step of a loop to the next and whose sign"):
@@ -395,8 +396,9 @@ def test_a_store_found_again_from_a_counter_in_step_with_its_loop_is_bounded_at_
     line = next(i for i, text in enumerate(COUNTER.splitlines(), 1) if "tl.store(c_ptrs" in text)
     (written, at), = plan.row_starts
     assert at == line, at
+    at = next(i for i, text in enumerate(COUNTER.splitlines(), 1) if "for tile_id in" in text)
     assert written.count("tl.range((tl.program_id(axis=0)), ((tl.cdiv(M, BLOCK_SIZE_M)) * (tl.cdiv(N, BLOCK_SIZE_N))), "
-                         "NUM_SMS)") == 2 and "tile_id" not in written and "pid_" not in written, written
+                         f"NUM_SMS, loop={at})") == 2 and "tile_id" not in written and "pid_" not in written, written
 
 
 @pytest.mark.parametrize("start, update, before", [
@@ -425,7 +427,7 @@ def test_a_counter_of_the_loops_steps_is_written_out_at_the_read(start: str, upd
     assert "c" not in written.replace("cdiv", "") or "tl.range" in written, written
     values, programs = {"T": 11, "NUM_SMS": 3}, (3, 1, 1)
     dom, (got,) = _each_step((written,), values, programs)
-    ran = {(int(p), int(s)): int(v) for p, s, v in zip(dom.steps[0], dom.steps[3], got, strict=True)}
+    ran = {(int(p), int(s)): int(v) for s, p, v in zip(dom.steps[0], dom.steps[1], got, strict=True)}
     expected = {}
     for pid in range(3):  # the kernel's own steps, run in Python
         c = eval(start, {"start_pid": pid, "NUM_SMS": 3})
@@ -575,7 +577,7 @@ def test_what_a_review_found_is_refused_at_the_launch(tmp_path) -> None:
     down = down.replace("\n        offs_d[None, :] < D), other=0.0)", "\n            offs_d[None, :] < D), other=0.0)")
     down = down.replace("\n    cols =", "\n        cols =").replace("\n    tl.store(", "\n        tl.store(")
     plan = _plan(down)
-    assert plan.row_starts and "tl.range(1, SHIFT, -1)" in plan.row_starts[0][0], plan.row_starts
+    assert plan.row_starts and "tl.range(1, SHIFT, -1," in plan.row_starts[0][0], plan.row_starts
     with pytest.raises(LaunchError, match="cannot bound over the grid of this call"):
         _kernel(tmp_path, down)._check_row_scales(_args(-2), _Launcher(), (2, 3))
     # a local named like the names TileLink gives inline columns keeps its own binding

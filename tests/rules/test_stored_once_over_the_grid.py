@@ -21,7 +21,7 @@ from tilelink.codegen import generate
 from tilelink.errors import AnnotationError, LaunchError
 from tilelink.overlapped import _stored_twice
 
-LOOP = "tl.range(tl.program_id(0), 12, NUM_SMS)"  # 12 tiles of 3 x 4, walked by a persistent loop
+LOOP = "tl.range(tl.program_id(0), 12, NUM_SMS, loop=3)"  # 12 tiles of 3 x 4, walked by a persistent loop (line 3)
 
 
 def _tiles(row: str, col: str = "", cols: str = "", line: int = 7, test: str = "") -> tuple[str, str, str, str, str,
@@ -38,9 +38,9 @@ def test_a_persistent_loop_with_at_most_its_step_of_programs_stores_each_tile_on
 
 
 def test_more_programs_than_the_loops_step_store_tiles_twice() -> None:
-    said = _stored_twice(PERSISTENT, {"NUM_SMS": 5}, (8, 1, 1), 48)
+    twice, said = _stored_twice(PERSISTENT, {"NUM_SMS": 5}, (8, 1, 1), 48)
     # program 5 starts at tile 5, which program 0 stores on its second step
-    assert said is not None and "program (0, 0, 0) (step 1 of its tile loop)" in said, said
+    assert twice and "program (0, 0, 0) (step 1 of its tile loop)" in said, said
     assert "program (5, 0, 0) (step 0 of its tile loop)" in said and "rows [16, 32), columns [8, 16)" in said, said
 
 
@@ -54,7 +54,7 @@ def test_more_programs_than_the_loops_step_store_tiles_twice() -> None:
 ], ids=["one_per_tile", "unread_axis", "past_the_rows", "modulo", "clamp", "overlapping_rows"])
 def test_tiles_over_the_grid(row: str, programs, size: int, twice: bool) -> None:
     said = _stored_twice((_tiles(row),), {}, programs, size)
-    assert (said is not None) == twice, said
+    assert (said is not None) == twice, said  # refused: stored twice, or rows off the tiles' lattice
 
 
 def test_the_alternatives_of_one_program_may_overlap_but_not_anothers() -> None:
@@ -63,26 +63,26 @@ def test_the_alternatives_of_one_program_may_overlap_but_not_anothers() -> None:
     tiles = (_tiles(pid_m, pid_n, "4", 10), _tiles(pid_m, f"{pid_n} + 4", "4", 11), _tiles(pid_m, pid_n, "8", 13))
     assert _stored_twice(tiles, {}, (4, 1, 1), 32) is None
     # a fourth store, one column into the next program's tile
-    said = _stored_twice(tiles + (_tiles(pid_m, "tl.program_id(0) % 2", "8", 15),), {}, (4, 1, 1), 32)
-    assert said is not None and "columns [1, 8)" in said, said
+    twice, said = _stored_twice(tiles + (_tiles(pid_m, "tl.program_id(0) % 2", "8", 15),), {}, (4, 1, 1), 32)
+    assert twice and "columns [1, 8)" in said, said
 
 
 def test_a_store_runs_where_its_if_tests_hold() -> None:
     # the even programs store the first tiles, the odd ones the rest (two tile loops on the two sides of an `if`)
     even, odd = "tl.program_id(0) % 2 == 0", "not (tl.program_id(0) % 2 == 0)"
-    tiles = (_tiles("tl.range(tl.program_id(0) // 2, 3, 2) * 16", test=f"({even})", line=10),
-             _tiles("tl.range(3 + tl.program_id(0) // 2, 6, 2) * 16", test=odd, line=14))
+    tiles = (_tiles("tl.range(tl.program_id(0) // 2, 3, 2, loop=9) * 16", test=f"({even})", line=10),
+             _tiles("tl.range(3 + tl.program_id(0) // 2, 6, 2, loop=13) * 16", test=odd, line=14))
     assert _stored_twice(tiles, {}, (4, 1, 1), 96) is None
     # without the tests every program would run both loops
-    said = _stored_twice(tuple(t[:4] + ("", t[5]) for t in tiles), {}, (4, 1, 1), 96)
-    assert said is not None and "both store rows" in said, said
+    twice, said = _stored_twice(tuple(t[:4] + ("", t[5]) for t in tiles), {}, (4, 1, 1), 96)
+    assert twice and "both store rows" in said, said
     # a compile-time test: the halves or the whole tile, as the launch's constexpr decides
     pid_m, pid_n = "(tl.program_id(0) // 2) * 16", "(tl.program_id(0) % 2) * 8"
     split = (_tiles(pid_m, pid_n, "4", 10, "(SPLIT)"), _tiles(pid_m, f"{pid_n} + 4", "4", 11, "(SPLIT)"),
              _tiles(pid_m, pid_n, "10", 13, "not (SPLIT)"))
     assert _stored_twice(split, {"SPLIT": 1}, (4, 1, 1), 32) is None
-    said = _stored_twice(split, {"SPLIT": 0}, (4, 1, 1), 32)  # whole tiles two columns wider than their step
-    assert said is not None and "columns [8, 10)" in said, said
+    twice, said = _stored_twice(split, {"SPLIT": 0}, (4, 1, 1), 32)  # whole tiles two columns wider than their step
+    assert twice and "columns [8, 10)" in said, said
 
 
 def test_the_splits_of_a_split_k_write_back_add_into_one_tile() -> None:
@@ -91,21 +91,84 @@ def test_the_splits_of_a_split_k_write_back_add_into_one_tile() -> None:
     assert _stored_twice(tiles, {}, (4, 3, 1), 64, splits=(1,)) is None
     assert _stored_twice(tiles, {}, (4, 3, 1), 64) is not None  # as plain stores: each element three times
     # two programs along the tiles' own axis wrapped onto one tile: the adds of one are not counted for the other
-    said = _stored_twice((_tiles("(tl.program_id(0) % 2) * 16"),), {}, (4, 3, 1), 64, splits=(1,))
-    assert said is not None and "program (0, 0, 0)" in said and "program (2, 0, 0)" in said, said
+    twice, said = _stored_twice((_tiles("(tl.program_id(0) % 2) * 16"),), {}, (4, 3, 1), 64, splits=(1,))
+    assert twice and "program (0, 0, 0)" in said and "program (2, 0, 0)" in said, said
+
+
+def test_two_loops_over_equal_ranges_are_two_loops() -> None:
+    # `for i in range(0, 2): for j in range(0, 2):` storing tile 3 * pid + i + j: tile 3 * pid + 1 twice
+    nested = _tiles("(tl.program_id(0) * 3 + tl.range(0, 2, 1, loop=4) + tl.range(0, 2, 1, loop=5)) * 16")
+    twice, said = _stored_twice((nested,), {}, (2, 1, 1), 96)
+    assert twice and "rows [16, 32)" in said, said
+    # 3 * i + j over i < 2, j < 3: each tile once
+    rows = "(tl.program_id(0) * 6 + tl.range(0, 2, 1, loop=4) * 3 + tl.range(0, 3, 1, loop=5)) * 16"
+    assert _stored_twice((_tiles(rows),), {}, (2, 1, 1), 192) is None
+    # an inner loop whose range reads the outer one's target: tiles 4 * pid + 2 * i + j for j < i
+    inner = "tl.range(0, tl.range(0, 3, 1, loop=4), 1, loop=5)"
+    assert _stored_twice((_tiles(f"(tl.program_id(0) * 4 + tl.range(0, 3, 1, loop=4) * 2 + {inner}) * 16"),), {},
+                         (2, 1, 1), 256) is None
+    # the inner target alone: tile 4 * pid on the steps i = 1 and i = 2
+    assert _stored_twice((_tiles(f"(tl.program_id(0) * 4 + {inner}) * 16"),), {}, (2, 1, 1), 256)[0]
+
+
+def test_a_chained_comparison_holds_where_each_does() -> None:
+    tiles = (_tiles("tl.program_id(0) * 16", test="(0 <= tl.program_id(1) < 1)"),)
+    assert _stored_twice(tiles, {}, (2, 3, 1), 32) is None  # only the programs of axis-1 index 0 store
+    assert _stored_twice((_tiles("tl.program_id(0) * 16", test="(0 <= tl.program_id(1) < 2)"),), {}, (2, 3, 1),
+                         32)[0]
+
+
+def test_a_grid_of_numpy_ints_is_read() -> None:
+    import numpy as np
+
+    from tilelink.overlapped import _grid_of
+
+    assert _grid_of((np.int64(2), np.int32(3)), {}) == (2, 3, 1)
+    assert _grid_of((True,), {}) is None
+
+
+LOOPED = """
+@tilelink.overlap(tilelink.reduce_scatter("y_ptr", size="M"))
+@triton.jit
+def k(x_ptr, y_ptr, M, BLOCK_M: tl.constexpr, NUM_SMS: tl.constexpr):
+    pid = tl.program_id(0)
+{body}
+"""
+
+
+@pytest.mark.parametrize("body, said", [
+    # the same tile on every step of a loop
+    ("    for t in tl.range(pid, 8, NUM_SMS):\n        rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)\n"
+     "        tl.store(y_ptr + rows, tl.load(x_ptr + rows), mask=rows < M)",
+     "is inside the loop at line 10, but the tile it writes does not move with that loop"),
+    # a tile of the outer loop only, stored on every step of the inner one
+    ("    for i in range(0, 2):\n        for j in range(0, 2):\n"
+     "            rows = (pid * 3 + i) * BLOCK_M + tl.arange(0, BLOCK_M)\n"
+     "            tl.store(y_ptr + rows, tl.load(x_ptr + rows), mask=rows < M)",
+     "is inside the loop at line 11, but the tile it writes does not move with that loop"),
+    # a loop's target read after the loop: its last value, on every step of the next loop
+    ("    for t in range(0, 2):\n        pass\n    for s in tl.range(pid, 8, NUM_SMS):\n"
+     "        rows = (pid * 2 + t) * BLOCK_M + tl.arange(0, BLOCK_M)\n"
+     "        tl.store(y_ptr + rows, tl.load(x_ptr + rows), mask=rows < M)",
+     "which TileLink cannot write out"),
+], ids=["same_tile_each_step", "inner_loop_unread", "target_after_its_loop"])
+def test_a_store_whose_tile_does_not_move_with_its_loops_is_refused(body: str, said: str) -> None:
+    source = "import triton\nimport triton.language as tl\n\nimport tilelink\n" + LOOPED.format(body=body)
+    with pytest.raises(AnnotationError, match=said):
+        generate(source, "looped.py", requests_in(source, "looped.py"))
 
 
 def test_a_host_descriptors_block_is_read_from_the_argument() -> None:
     tiles = (("tl.program_id(0) * c_desc.block_shape[0]", "c_desc.block_shape[0]", "tl.program_id(1) * 8",
               "c_desc.block_shape[1]", "", 9),)
     assert _stored_twice(tiles, {"c_desc": SimpleNamespace(block_shape=[16, 8])}, (2, 3, 1), 32) is None
-    said = _stored_twice(tiles, {"c_desc": SimpleNamespace(block_shape=[16, 16])}, (2, 3, 1), 32)
-    assert said is not None and "columns [8, 16)" in said, said
+    twice, said = _stored_twice(tiles, {"c_desc": SimpleNamespace(block_shape=[16, 16])}, (2, 3, 1), 32)
+    assert twice and "columns [8, 16)" in said, said
 
 
 def test_a_value_the_launch_cannot_evaluate_is_said() -> None:
-    said = _stored_twice((_tiles("tl.program_id(0) * SCALE"),), {"SCALE": 1.5}, (2, 1, 1), 32)
-    assert said is not None and "cannot evaluate `tl.program_id(0) * SCALE`" in said, said
+    twice, said = _stored_twice((_tiles("tl.program_id(0) * SCALE"),), {"SCALE": 1.5}, (2, 1, 1), 32)
+    assert not twice and "spans `tl.program_id(0) * SCALE`, which TileLink cannot evaluate" in said, said
 
 
 def test_the_persistent_forms_plans_hold_their_tiles_over_the_loop() -> None:

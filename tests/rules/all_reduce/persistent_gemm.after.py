@@ -82,11 +82,11 @@ TILELINK_PLAN = {'persistent_matmul_kernel': {'algorithm': None,
                               'rule': 'all_reduce',
                               'size_param': 'M',
                               'stored_tiles': [['(tl.range(tl.program_id(0), tl.cdiv(M, BLOCK_M) * '
-                                                '(tl.cdiv(N, BLOCK_N)), NUM_PROGRAMS) // '
+                                                '(tl.cdiv(N, BLOCK_N)), NUM_PROGRAMS, loop=18) // '
                                                 '(tl.cdiv(N, BLOCK_N))) * BLOCK_M',
                                                 'BLOCK_M',
                                                 '(tl.range(tl.program_id(0), tl.cdiv(M, BLOCK_M) * '
-                                                '(tl.cdiv(N, BLOCK_N)), NUM_PROGRAMS) % '
+                                                '(tl.cdiv(N, BLOCK_N)), NUM_PROGRAMS, loop=18) % '
                                                 '(tl.cdiv(N, BLOCK_N))) * BLOCK_N',
                                                 'BLOCK_N',
                                                 '',

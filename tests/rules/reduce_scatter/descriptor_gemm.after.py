@@ -90,12 +90,12 @@ TILELINK_PLAN = {'matmul_kernel': {'atomic_axes': None,
                    'rule': 'reduce_scatter',
                    'size_param': 'M',
                    'stored_tiles': [['(tl.range(tl.program_id(0), (tl.cdiv(M, BLOCK_M) * '
-                                     '(tl.cdiv(N, BLOCK_N))), NUM_SMS) // (tl.cdiv(N, BLOCK_N))) * '
-                                     'BLOCK_M',
+                                     '(tl.cdiv(N, BLOCK_N))), NUM_SMS, loop=23) // (tl.cdiv(N, '
+                                     'BLOCK_N))) * BLOCK_M',
                                      'BLOCK_M',
                                      '(tl.range(tl.program_id(0), (tl.cdiv(M, BLOCK_M) * '
-                                     '(tl.cdiv(N, BLOCK_N))), NUM_SMS) % (tl.cdiv(N, BLOCK_N))) * '
-                                     'BLOCK_N',
+                                     '(tl.cdiv(N, BLOCK_N))), NUM_SMS, loop=23) % (tl.cdiv(N, '
+                                     'BLOCK_N))) * BLOCK_N',
                                      'BLOCK_N',
                                      '',
                                      31]],
