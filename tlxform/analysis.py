@@ -177,6 +177,9 @@ class KernelAnalysis:
     # arguments as passed and literals (a loop's target as ``tl.range(a, b, step)``), for the launch to evaluate over
     # the grid; ``None`` where it reads anything else (:func:`launch_value`)
     written_out: Callable[[str, Where], str | None] | None = field(default=None, compare=False, repr=False)
+    # each `while` loop: where it starts and ends (a store inside one runs as often as the loop does, which TileLink
+    # cannot count)
+    while_loops: tuple[tuple[Where, Where], ...] = ()
 
     def accesses_of(self, tensor: str, kind: str) -> list[Access]:
         return [a for a in self.accesses if a.tensor == tensor and a.kind == kind]
@@ -1341,6 +1344,10 @@ def program_value(an: _Analyzer, source: str, loops: bool = False, at: Where | N
                 defs = [reach]
             elif not loops and _varies(an, original):
                 return updated
+            if loops and self.at is not None and any(
+                    any(lp.body is b for b in defs[0][0].blocks) and not _contains(an, lp.body, self.at)
+                    for lp in m.findall(an.fn.body, m.For() | m.While())):
+                return updated  # bound in a loop, read after it: its last step's value, not any step's
             slot = _unpacked_slot(defs[0][0], defs[0][1], original.value)
             if slot is None and any(
                     isinstance(small, cst.Assign) and small.value is defs[0][1] and any(isinstance(
@@ -3497,5 +3504,7 @@ def analyse(module: cst.Module, file: str, kernel: str,
                                             isinstance(e.value, cst.Name) for e in t.target.elements)},
                               blocks={an.where(ref.node): _span(an, ref.blocks[-1]) for ref in an.statements
                                       if ref.blocks},
-                              written_out=lambda source, at: launch_value(an, source, at))
+                              written_out=lambda source, at: launch_value(an, source, at),
+                              while_loops=tuple((an.where(loop), _end(an, loop))
+                                                for loop in m.findall(fn.body, m.While())))
     return analysis

@@ -1133,7 +1133,10 @@ def _stored_twice(tiles: tuple[tuple[str, str, str, str, str, int], ...], values
     else ``(True, the two that overlap)``, or ``(False, why TileLink cannot tell)``, in words."""
     import numpy as np
 
-    rows_at, cols_at, ends, ids, lines = [], [], [], [], []
+    if math.prod(programs) > _TILES_CHECKED:
+        return False, (f"the grid has {math.prod(programs)} programs, more than the {_TILES_CHECKED} whose tiles "
+                       f"TileLink evaluates one by one")
+    found: list[tuple] = []  # each store's live tiles: rows, columns' start and end, pass, program, step, line
     passes: list[tuple] = []
     height = None
     for row, rows, col, cols, test, line in tiles:
@@ -1146,7 +1149,8 @@ def _stored_twice(tiles: tuple[tuple[str, str, str, str, str, int], ...], values
         if unread is not None:
             return False, (f"the tile the store at line {line} writes starts at or spans `{unread}`, which TileLink "
                            f"cannot evaluate for each program of this grid (a value of the wrong kind, a step that may "
-                           f"leave its int width, or a division it cannot read as Triton does)")
+                           f"leave its int width, a division it cannot read as Triton does, or loops of more steps "
+                           f"than it evaluates)")
         h = parts[1]
         if int(np.min(h)) != int(np.max(h)) or (height is not None and int(np.min(h)) != height):
             return False, (f"the stores' tiles are not all one height (`{rows}` at line {line}), so TileLink cannot "
@@ -1176,15 +1180,12 @@ def _stored_twice(tiles: tuple[tuple[str, str, str, str, str, int], ...], values
         key = tuple(dom.loops)  # the steps of the same loops are the same passes
         if key not in passes:
             passes.append(key)
-        ident = (passes.index(key) << 42) | (program << 21) | step
-        rows_at.append(r[live])
-        cols_at.append(c[live])
-        ends.append(np.minimum(e[live], _WHOLE_ROWS))
-        ids.append(ident[live])
-        lines.append(np.full(int(live.sum()), line, dtype=np.int64))
-    if height is None or height <= 0:
+        n = int(live.sum())
+        found.append((r[live], c[live], np.minimum(e[live], _WHOLE_ROWS), np.full(n, passes.index(key)),
+                      program[live], step[live], np.full(n, line)))
+    if height is None or height <= 0 or not found:
         return None
-    r, c, e, ident, line_of = (np.concatenate(x) for x in (rows_at, cols_at, ends, ids, lines))
+    r, c, e, pass_of, program, step, line_of = (np.concatenate(x).astype(np.int64) for x in zip(*found, strict=True))
     if not r.size:
         return None
     if np.unique(r % height).size > 1:
@@ -1192,13 +1193,17 @@ def _stored_twice(tiles: tuple[tuple[str, str, str, str, str, int], ...], values
         other = int(r[np.argmax(r % height != first % height)])
         return False, (f"its tiles' rows start at {first} and {other}, which are not a whole number of tiles "
                        f"({height} rows) apart, so TileLink cannot tell that they do not overlap")
+    # a pass: one program on one step of its loops (its stores there may overlap: the sides of an `if`)
+    ident = np.unique(np.stack([pass_of, program, step], axis=1), axis=0, return_inverse=True)[1].reshape(-1)
     order = np.lexsort((c, r))
-    r, c, e, ident, line_of = r[order], c[order], e[order], ident[order], line_of[order]
+    r, c, e, ident = r[order], c[order], e[order], ident[order]
+    pass_of, program, step, line_of = pass_of[order], program[order], step[order], line_of[order]
     group = np.concatenate(([0], np.cumsum(r[1:] != r[:-1])))
-    reach = np.maximum.accumulate(group * (_WHOLE_ROWS << 1) + e) - group * (_WHOLE_ROWS << 1)
+    # the farthest end reached so far in each group of rows, as ranks of the ends (group * n + rank stays in int64)
+    ends, rank = np.unique(e, return_inverse=True)
+    reach = ends[np.maximum.accumulate(group * ends.size + rank.reshape(-1)) - group * ends.size]
     if not np.any((c[1:] < reach[:-1]) & (group[1:] == group[:-1])):
         return None  # no tile reaches into the next one in its rows: none overlaps
-    # overlaps: allowed only between the stores of one program on one pass (the sides of an `if`)
     best: list[tuple[int, int, int]] = []  # the two farthest-reaching tiles of distinct passes in the rows so far
     for i in range(r.size):
         if i and group[i] != group[i - 1]:
@@ -1206,13 +1211,12 @@ def _stored_twice(tiles: tuple[tuple[str, str, str, str, str, int], ...], values
         clash = next((j for end, who, j in best if who != ident[i] and c[i] < end), None)
         if clash is not None:
             def said(k: int) -> str:
-                who = int(ident[k])
-                at = np.unravel_index((who >> 21) & ((1 << 21) - 1), programs)
-                step = who & ((1 << 21) - 1)
-                where = f"program {tuple(int(x) for x in at)}" + (
-                    f" (step {step} of its tile loop)" if len(passes[who >> 42]) == 1 else
-                    f" (step {step} of the loops at lines {', '.join(map(str, sorted(passes[who >> 42])))})"
-                    if passes[who >> 42] else "")
+                loops = passes[int(pass_of[k])]
+                at = tuple(int(x) for x in np.unravel_index(int(program[k]), programs))
+                where = f"program {at}" + (
+                    f" (step {int(step[k])} of its tile loop)" if len(loops) == 1 else
+                    f" (step {int(step[k])} of the loops at lines {', '.join(map(str, sorted(loops)))})"
+                    if loops else "")
                 return f"{where} at line {int(line_of[k])}"
             cols = "" if e[i] >= _WHOLE_ROWS and e[clash] >= _WHOLE_ROWS else (
                 f", columns [{max(int(c[i]), int(c[clash]))}, {min(int(e[i]), int(e[clash]))})")
@@ -1220,6 +1224,10 @@ def _stored_twice(tiles: tuple[tuple[str, str, str, str, str, int], ...], values
         best = sorted([x for x in best if x[1] != ident[i]] + [max(
             [(int(e[i]), int(ident[i]), i)] + [x for x in best if x[1] == ident[i]])], reverse=True)[:2]
     return None
+
+
+#: the most programs whose tiles :func:`_stored_twice` evaluates one by one
+_TILES_CHECKED = 1 << 24
 
 
 @functools.lru_cache(maxsize=256)

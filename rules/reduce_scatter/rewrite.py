@@ -937,6 +937,14 @@ def _moves_with_its_loops(an: KernelAnalysis, a, position: str) -> None:
     (its notify counts the sweep once, after the loop)."""
     read = {int(x) for x in re.findall(r"\bloop=(\d+)", position)}
     where = dict(file=a.where.file, line=a.where.line, column=a.where.column)
+    for at, end in an.while_loops:
+        if (at.line, at.column) < (a.where.line, a.where.column) < (end.line, end.column):
+            raise AnnotationError(
+                f"the store to {a.tensor!r} at line {a.where.line} is inside the `while` loop at line {at.line}: "
+                f"TileLink cannot tell which tile each of its passes stores, and each notify counts what its store "
+                f"wrote, so a tile stored on two passes would complete its channel while other tiles of it are "
+                f"unstored", **where, hint="walk the tiles with a `for` loop over `tl.range(start, stop, step)` and "
+                                           "take the tile's position from its target")
     sweep = a.anchor.line if a.swept and a.anchor is not None else None
     for at, end in (span for spans in an.bindings.values() for span in spans):
         if end is None or at.line in read or at.line == sweep or not (

@@ -151,11 +151,33 @@ def k(x_ptr, y_ptr, M, BLOCK_M: tl.constexpr, NUM_SMS: tl.constexpr):
      "        rows = (pid * 2 + t) * BLOCK_M + tl.arange(0, BLOCK_M)\n"
      "        tl.store(y_ptr + rows, tl.load(x_ptr + rows), mask=rows < M)",
      "which TileLink cannot write out"),
-], ids=["same_tile_each_step", "inner_loop_unread", "target_after_its_loop"])
+    # a local bound in a loop, read after it: its last step's value only
+    ("    for t in range(0, 2):\n        start = (pid + t) * BLOCK_M\n"
+     "    rows = start + tl.arange(0, BLOCK_M)\n    tl.store(y_ptr + rows, tl.load(x_ptr + rows), mask=rows < M)",
+     "writes the rows from `start`, which TileLink cannot write out"),
+    # a `while` loop: how many passes, and which tile each stores, is not read
+    ("    i = 0\n    while i < 4:\n        rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)\n"
+     "        tl.store(y_ptr + rows, tl.load(x_ptr + rows), mask=rows < M)\n        i += 1",
+     "is inside the `while` loop at line 11"),
+], ids=["same_tile_each_step", "inner_loop_unread", "target_after_its_loop", "local_after_its_loop", "while_loop"])
 def test_a_store_whose_tile_does_not_move_with_its_loops_is_refused(body: str, said: str) -> None:
     source = "import triton\nimport triton.language as tl\n\nimport tilelink\n" + LOOPED.format(body=body)
     with pytest.raises(AnnotationError, match=said):
         generate(source, "looped.py", requests_in(source, "looped.py"))
+
+
+@pytest.mark.slow
+def test_grids_of_millions_of_programs_are_told_apart() -> None:
+    # one row per program, the last ones clamped onto one row: past 2**22 rows and 2**21 programs
+    last = 1 << 22
+    clamped = (("tl.minimum(tl.program_id(0), LAST)", "1", "", "", "", 12),)
+    twice, said = _stored_twice(clamped, {"LAST": last}, (last + 2, 1, 1), last + 2)
+    assert twice and f"program ({last}, 0, 0) at line 12 and program ({last + 1}, 0, 0)" in said, said
+    # program 2**21 of one store and program 0 of a store in a loop: two programs, though packed alike once
+    shifted = (("tl.program_id(0) * 16", "16", "", "", "(tl.program_id(0) > 0)", 14),
+               (f"({1 << 21} + tl.range(0, 1, 1, loop=18)) * 16", "16", "", "", "(tl.program_id(0) == 0)", 19))
+    twice, said = _stored_twice(shifted, {}, ((1 << 21) + 1, 1, 1), 1 << 26)
+    assert twice and f"program ({1 << 21}, 0, 0) at line 14" in said, said
 
 
 def test_a_host_descriptors_block_is_read_from_the_argument() -> None:
