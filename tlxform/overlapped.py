@@ -519,7 +519,7 @@ class OverlappedKernel:
             programs = _grid_of(grid, values)
             seen = tuple(tuple(v.block_shape) if hasattr(v, "block_shape") else getattr(v, "value", v)
                          for v in (values.get(n) for n in names))
-            key = (programs, size, seen) if all(v is None or isinstance(v, (int, tuple)) for v in seen) else None
+            key = _tiles_key(programs, size, seen)
             if key is not None and key in self._tiles_passed:
                 continue
             tensor = self.specs[0].tensors[0]
@@ -531,6 +531,13 @@ class OverlappedKernel:
                     f"a function of the arguments")
             if 0 in programs:
                 continue
+            if math.prod(programs) > _TILES_CHECKED:
+                raise LaunchError(
+                    f"{self.name}: the grid {programs}{said_config} has {math.prod(programs)} programs, more than the "
+                    f"{_TILES_CHECKED} whose tiles TileLink checks one by one for elements of {tensor!r} stored twice "
+                    f"(each notify counts what its store wrote: an element stored twice completes its channel early); "
+                    f"launch fewer programs: larger tiles, or a persistent grid (`grid = (NUM_SMS,)`) whose programs "
+                    f"loop over the tiles")
             atomic = getattr(self.plan.launch, "atomic_axes", None)
             splits = () if atomic is None else tuple(a for a in range(3) if a not in atomic)
             found = _stored_twice(tiles, values, programs, size, splits)
@@ -1119,6 +1126,15 @@ def _each_step(sources: tuple[str, ...], values: dict[str, Any], programs: tuple
     return dom, [_evaluate(x, values, dom) for x in sources]
 
 
+def _tiles_key(programs: tuple | None, size: int, seen: tuple) -> tuple | None:
+    """What a call that passed :meth:`OverlappedKernel._check_stored_once` is remembered by: its grid, its size and
+    the values of the names the stored tiles read (ints, floats, strings, a descriptor's block shape); ``None``
+    (checked on every call) where a value is of another kind."""
+    if all(v is None or isinstance(v, (int, float, str, tuple)) for v in seen):
+        return programs, size, seen
+    return None
+
+
 def _stored_twice(tiles: tuple[tuple[str, str, str, str, str, int], ...], values: dict[str, Any],
                   programs: tuple[int, int, int], size: int,
                   splits: tuple[int, ...] = ()) -> tuple[bool, str] | None:
@@ -1194,36 +1210,60 @@ def _stored_twice(tiles: tuple[tuple[str, str, str, str, str, int], ...], values
         return False, (f"its tiles' rows start at {first} and {other}, which are not a whole number of tiles "
                        f"({height} rows) apart, so TileLink cannot tell that they do not overlap")
     # a pass: one program on one step of its loops (its stores there may overlap: the sides of an `if`)
-    ident = np.unique(np.stack([pass_of, program, step], axis=1), axis=0, return_inverse=True)[1].reshape(-1)
-    order = np.lexsort((c, r))
+    by = np.lexsort((step, program, pass_of))
+    ident = np.empty(r.size, dtype=np.int64)
+    ident[by] = np.cumsum(np.concatenate(([False], (np.diff(pass_of[by]) != 0) | (np.diff(program[by]) != 0)
+                                          | (np.diff(step[by]) != 0))))
+    # each pass's tiles in one group of rows, merged into runs that do not overlap (the sides of an `if` may store
+    # the same tile): any overlap left between runs is then between two passes
+    order = np.lexsort((c, ident, r))
     r, c, e, ident = r[order], c[order], e[order], ident[order]
     pass_of, program, step, line_of = pass_of[order], program[order], step[order], line_of[order]
     group = np.concatenate(([0], np.cumsum(r[1:] != r[:-1])))
-    # the farthest end reached so far in each group of rows, as ranks of the ends (group * n + rank stays in int64)
-    ends, rank = np.unique(e, return_inverse=True)
-    reach = ends[np.maximum.accumulate(group * ends.size + rank.reshape(-1)) - group * ends.size]
-    if not np.any((c[1:] < reach[:-1]) & (group[1:] == group[:-1])):
-        return None  # no tile reaches into the next one in its rows: none overlaps
-    best: list[tuple[int, int, int]] = []  # the two farthest-reaching tiles of distinct passes in the rows so far
-    for i in range(r.size):
-        if i and group[i] != group[i - 1]:
-            best = []
-        clash = next((j for end, who, j in best if who != ident[i] and c[i] < end), None)
-        if clash is not None:
-            def said(k: int) -> str:
-                loops = passes[int(pass_of[k])]
-                at = tuple(int(x) for x in np.unravel_index(int(program[k]), programs))
-                where = f"program {at}" + (
-                    f" (step {int(step[k])} of its tile loop)" if len(loops) == 1 else
-                    f" (step {int(step[k])} of the loops at lines {', '.join(map(str, sorted(loops)))})"
-                    if loops else "")
-                return f"{where} at line {int(line_of[k])}"
-            cols = "" if e[i] >= _WHOLE_ROWS and e[clash] >= _WHOLE_ROWS else (
-                f", columns [{max(int(c[i]), int(c[clash]))}, {min(int(e[i]), int(e[clash]))})")
-            return True, f"{said(clash)} and {said(i)} both store rows [{int(r[i])}, {int(r[i]) + height}){cols}"
-        best = sorted([x for x in best if x[1] != ident[i]] + [max(
-            [(int(e[i]), int(ident[i]), i)] + [x for x in best if x[1] == ident[i]])], reverse=True)[:2]
-    return None
+    same = np.concatenate(([False], (group[1:] == group[:-1]) & (ident[1:] == ident[:-1])))
+    block = np.cumsum(~same) - 1
+    reach = _running_max(e, block)
+    first = np.flatnonzero(~same | (c >= np.concatenate(([0], reach[:-1]))))
+    run_c, run_e, run_group = c[first], np.maximum.reduceat(e, first), group[first]
+    # the runs in order of their first column in each group of rows; one that starts before the farthest end
+    # reached by an earlier run of its rows overlaps it
+    by = np.lexsort((run_c, run_group))
+    reach = _running_max(run_e[by], run_group[by])
+    clash = np.flatnonzero((run_c[by][1:] < reach[:-1]) & (run_group[by][1:] == run_group[by][:-1]))
+    if not clash.size:
+        return None
+    later = by[clash[0] + 1]
+    earlier = next(int(j) for j in by[:clash[0] + 1] if run_group[j] == run_group[later] and run_e[j] > run_c[later])
+
+    def tiles_of(run: int) -> np.ndarray:
+        return np.arange(first[run], first[run + 1] if run + 1 < first.size else r.size)
+
+    x, y = np.meshgrid(tiles_of(earlier), tiles_of(later), indexing="ij")
+    width = np.where((c[x] < e[y]) & (c[y] < e[x]), np.minimum(e[x], e[y]) - np.maximum(c[x], c[y]), 0)
+    widest = np.unravel_index(int(np.argmax(width)), width.shape)  # the two tiles that share the most columns
+    j, i = int(x[widest]), int(y[widest])
+
+    def said(k: int) -> str:
+        loops = passes[int(pass_of[k])]
+        at = tuple(int(v) for v in np.unravel_index(int(program[k]), programs))
+        where = f"program {at}" + (
+            f" (step {int(step[k])} of its tile loop)" if len(loops) == 1 else
+            f" (step {int(step[k])} of the loops at lines {', '.join(map(str, sorted(loops)))})"
+            if loops else "")
+        return f"{where} at line {int(line_of[k])}"
+    cols = "" if e[i] >= _WHOLE_ROWS and e[j] >= _WHOLE_ROWS else (
+        f", columns [{max(int(c[i]), int(c[j]))}, {min(int(e[i]), int(e[j]))})")
+    return True, f"{said(j)} and {said(i)} both store rows [{int(r[i])}, {int(r[i]) + height}){cols}"
+
+
+def _running_max(values, groups):
+    """The largest of ``values`` up to each position within its run of equal ``groups`` (sorted into runs), as
+    ranks of the values so that ``group * count + rank`` stays in int64."""
+    import numpy as np
+
+    ends, rank = np.unique(values, return_inverse=True)
+    top = np.maximum.accumulate(groups * ends.size + rank.reshape(-1)) - groups * ends.size
+    return ends[top]
 
 
 #: the most programs whose tiles :func:`_stored_twice` evaluates one by one

@@ -19,7 +19,7 @@ from tests.rules.forms_cases import FORMS, _placed, load_form
 from tilelink.annotations import requests_in
 from tilelink.codegen import generate
 from tilelink.errors import AnnotationError, LaunchError
-from tilelink.overlapped import _stored_twice
+from tilelink.overlapped import _stored_twice, _tiles_key
 
 LOOP = "tl.range(tl.program_id(0), 12, NUM_SMS, loop=3)"  # 12 tiles of 3 x 4, walked by a persistent loop (line 3)
 
@@ -244,3 +244,36 @@ def persistent_launches(backend: str = "emulated") -> None:
 
 def test_a_persistent_kernel_with_more_programs_than_its_step_is_refused_at_two_ranks() -> None:
     persistent_launches()
+
+
+def test_a_call_is_remembered_by_its_float_arguments_too() -> None:
+    # a float an `if` test around the store reads: the next call with the same grid and values is not checked again
+    assert _tiles_key((4, 1, 1), 32, (0.5, 16, (16, 8), None)) == ((4, 1, 1), 32, (0.5, 16, (16, 8), None))
+    assert _tiles_key((4, 1, 1), 32, (torch.zeros(2),)) is None
+
+
+def test_the_two_sides_of_a_test_the_launch_cannot_read_may_store_one_tile() -> None:
+    # a float compared in the test: both sides count as stored, each program's two stores overlap, no two programs'
+    sides = (("tl.program_id(0) * 16", "16", "", "", "scale > 0", 10),
+             ("tl.program_id(0) * 16", "16", "", "", "not (scale > 0)", 12))
+    assert _stored_twice(sides, {"scale": 0.5}, (1 << 16, 1, 1), 1 << 20) is None
+    clamped = (sides[0], ("tl.minimum(tl.program_id(0), 7) * 16", "16", "", "", "not (scale > 0)", 12))
+    twice, said = _stored_twice(clamped, {"scale": 0.5}, (1 << 16, 1, 1), 1 << 20)
+    assert twice and "program (7, 0, 0) at line 10 and program (8, 0, 0) at line 12 both store rows [112, 128)" in said
+
+
+def _too_many() -> None:
+    M, N, K = 50, 40, 36
+    klo, khi = rows_of(tilelink.rank(), tilelink.world_size(), K)
+    a, b = _placed(torch.zeros(M, khi - klo), torch.zeros(khi - klo, N))
+    lo, hi = rows_of(tilelink.rank(), tilelink.world_size(), M)
+    out = torch.zeros(hi - lo, N, device=a.device)
+    load_form("gemm_rs_persistent_grouped").persistent_mm[((1 << 24) + 1,)](
+        a, b, out, M, N, khi - klo, a.stride(0), a.stride(1), b.stride(0), b.stride(1), N, 1,
+        BLOCK_SIZE_M=16, BLOCK_SIZE_N=16, BLOCK_SIZE_K=16, GROUP_SIZE_M=2, NUM_SMS=5)
+
+
+def test_a_grid_of_more_programs_than_are_checked_is_refused_saying_so() -> None:
+    with pytest.raises(LaunchError, match=r"has 16777217 programs, more than the 16777216 whose tiles TileLink checks "
+                                          r"one by one .*launch fewer programs"):
+        tilelink.spawn(_too_many, 2)
