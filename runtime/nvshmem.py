@@ -39,6 +39,7 @@ need them.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import io
 import os
@@ -126,20 +127,31 @@ class _WaitWatcher:
     for :meth:`raise_timeout`. The budget starts when the stream reaches the wait, not when the host
     enqueued it: the host may run far ahead of a busy stream."""
 
-    def __init__(self, backend: NvshmemBackend) -> None:
+    def __init__(self, backend: NvshmemBackend, thread: bool = True) -> None:
+        """``thread=False``: no thread; the owner calls :meth:`poll`."""
         self._backend = backend
-        # [reached, passed, address, value, budget, index, deadline (None until reached)]
-        self._pending: list[list] = []
+        # per stream, its watched waits in the order they were enqueued: [reached, passed, address, value, budget,
+        # index, deadline (None until reached)]. A stream runs in order, so only the first wait of each can be
+        # reached and not passed: the thread looks at that one alone (one query a poll, whatever the host queued;
+        # looking at every pending wait took the launching thread's time, the GIL, as the host ran ahead)
+        self._queues: dict[int, collections.deque] = {}
         self._lock = threading.Lock()
         self._error: Exception | None = None
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"tilelink-wait-watch-{backend.rank}", daemon=True)
-        self._thread.start()
+        if thread:
+            self._thread.start()
 
-    def watch(self, reached: torch.cuda.Event, passed: torch.cuda.Event, address: int, value: int,
+    def watch(self, stream: int, reached: torch.cuda.Event, passed: torch.cuda.Event, address: int, value: int,
               timeout_s: float, index: int) -> None:
+        """Watch a wait enqueued on ``stream`` (its handle) after every wait watched on it before."""
         with self._lock:
-            self._pending.append([reached, passed, address, value, timeout_s, index, None])
+            self._queues.setdefault(stream, collections.deque()).append(
+                [reached, passed, address, value, timeout_s, index, None])
+
+    def _pending(self) -> list[list]:
+        with self._lock:
+            return [item for queue in self._queues.values() for item in queue]
 
     def raise_timeout(self) -> None:
         with self._lock:
@@ -149,7 +161,8 @@ class _WaitWatcher:
 
     def stop(self) -> None:
         self._stopping.set()
-        self._thread.join()
+        if self._thread.is_alive():
+            self._thread.join()
 
     def _keep(self, error: Exception) -> None:
         with self._lock:
@@ -167,20 +180,32 @@ class _WaitWatcher:
         except Exception as exc:  # noqa: BLE001 - kept and raised by the next check
             self._keep(TileLinkError(f"the host-wait watcher could not start on {self._backend.device}: {exc}"))
         while not self._stopping.is_set():
-            with self._lock:
-                pending = list(self._pending)
-            for item in pending:
+            self._stopping.wait(_POLL_MAX_S if self.poll() else 10 * _POLL_MAX_S)
+
+    def poll(self) -> bool:
+        """One look at each stream's first pending wait, and at the next while they are over; whether any wait is
+        still pending."""
+        with self._lock:
+            heads = [(stream, queue[0]) for stream, queue in self._queues.items() if queue]
+        for stream, item in heads:
+            while item is not None:
                 try:
                     done = self._check(item)
                 except Exception as exc:  # noqa: BLE001 - a watcher that died would leave stuck waits stuck
                     self._keep(TileLinkError(f"the host-wait watcher failed on a rank_wait: {exc}"))
                     self._release(item)
                     done = True
-                if done:
-                    with self._lock:
-                        if item in self._pending:  # drain() may have taken it
-                            self._pending.remove(item)
-            self._stopping.wait(_POLL_MAX_S if pending else 10 * _POLL_MAX_S)
+                if not done:
+                    break
+                with self._lock:
+                    queue = self._queues.get(stream)
+                    if queue and queue[0] is item:  # drain() may have taken it
+                        queue.popleft()
+                    item = queue[0] if queue else None
+        with self._lock:
+            for stream in [stream for stream, queue in self._queues.items() if not queue]:
+                del self._queues[stream]
+            return bool(self._queues)
 
     def _release(self, item: list) -> None:
         """Best effort: let the stream past a wait the watcher could not judge (no stuck stream)."""
@@ -190,16 +215,15 @@ class _WaitWatcher:
     def drain(self) -> None:
         """Until every watched wait is over: passed, or released after its budget (and its timeout kept).
         Bounded: past the longest budget plus a second, what is left is released."""
-        with self._lock:
-            longest = max((item[4] for item in self._pending), default=0.0)
+        longest = max((item[4] for item in self._pending()), default=0.0)
         deadline = time.monotonic() + longest + 1.0
         while time.monotonic() < deadline:
-            with self._lock:
-                if not self._pending:
-                    return
+            if not self._pending():
+                return
             time.sleep(_POLL_MAX_S)
         with self._lock:
-            left, self._pending = list(self._pending), []
+            left = [item for queue in self._queues.values() for item in queue]
+            self._queues = {}
         for item in left:
             self._release(item)
         if left:
@@ -446,7 +470,7 @@ class NvshmemBackend:
         passed = self._event()
         passed.record(stream)
         if reached is not None:
-            self._watcher().watch(reached, passed, address, int(value), float(timeout_s), index)
+            self._watcher().watch(stream.cuda_stream, reached, passed, address, int(value), float(timeout_s), index)
             return
         deadline = time.monotonic() + float(timeout_s)
         pause = _POLL_FIRST_S

@@ -1,0 +1,72 @@
+"""The host-wait watcher of the NVSHMEM backend: the waits enqueued on a stream pass in order, so each poll looks at
+each stream's first pending wait alone (and at the next ones once it passed), however far the host ran ahead; a
+wait the stream reached and did not pass within its budget is diagnosed and released, and the next one watched."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from tilelink.errors import WaitTimeout
+from tilelink.runtime.nvshmem import _WaitWatcher
+
+
+class _Event:
+    def __init__(self) -> None:
+        self.done = False
+        self.queries = 0
+
+    def query(self) -> bool:
+        self.queries += 1
+        return self.done
+
+
+def _backend() -> SimpleNamespace:
+    released: list[tuple[int, int]] = []
+
+    def expire(address: int, value: int, budget: float, index: int) -> WaitTimeout:
+        released.append((address, value))
+        return WaitTimeout(rank=0, primitive="rank_wait", index=index, expected=value, seen=value - 1, budget_s=budget)
+
+    return SimpleNamespace(rank=0, _spare_events=[], _expire=expire, _release_wait=lambda a, v: None,
+                           released=released)
+
+
+def _watched(watcher: _WaitWatcher, stream: int, waits: int, budget: float = 60.0) -> list[tuple[_Event, _Event]]:
+    events = [(_Event(), _Event()) for _ in range(waits)]
+    for i, (reached, passed) in enumerate(events):
+        watcher.watch(stream, reached, passed, 0x1000 + 8 * i, i + 1, budget, i)
+    return events
+
+
+def test_each_poll_looks_at_each_streams_first_pending_wait() -> None:
+    backend = _backend()
+    watcher = _WaitWatcher(backend, thread=False)
+    one, two = _watched(watcher, 7, 200), _watched(watcher, 9, 3)
+    assert watcher.poll()  # nothing passed: one look at each stream's first wait
+    assert [sum(e.queries for e in pair) for pair in one[:2]] == [2, 0]
+    assert sum(e.queries for pair in one + two for e in pair) == 4
+    for reached, passed in one[:150]:
+        reached.done = passed.done = True
+    assert watcher.poll()
+    assert one[150][1].queries == 1 and one[151][1].queries == 0  # the passed ones gone, the next one looked at
+    assert len(watcher._pending()) == 50 + 3 and len(backend._spare_events) == 300  # their events reused
+    for reached, passed in one[150:] + two:
+        reached.done = passed.done = True
+    assert not watcher.poll() and watcher._pending() == []
+    watcher.raise_timeout()  # nothing timed out
+
+
+def test_a_wait_reached_and_not_passed_in_its_budget_is_diagnosed_and_released() -> None:
+    backend = _backend()
+    watcher = _WaitWatcher(backend, thread=False)
+    events = _watched(watcher, 7, 3, budget=0.0)
+    events[0][0].done = True  # the stream is at the first wait; its budget of 0 s starts now
+    assert watcher.poll()  # reached: its deadline is set
+    assert watcher.poll()  # past it: diagnosed, released; the next wait is not reached
+    assert backend.released == [(0x1000, 1)] and len(watcher._pending()) == 2
+    try:
+        watcher.raise_timeout()
+    except WaitTimeout as timeout:
+        assert timeout.expected == 1 and timeout.index == 0
+    else:
+        raise AssertionError("the timed-out wait was not raised")
