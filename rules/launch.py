@@ -600,15 +600,16 @@ class Launcher:
         with self.on(stream):
             graphs.signal(channel, index, self.world(), ctx.diag.buffer, dst=rank, mul=value)
 
-    def wait(self, ctx, channel, index: int, value: int, stream) -> None:
+    def wait(self, ctx, channel, index: int, value: int, stream, chained: bool = False) -> None:
         """:func:`tilelink.runtime.rank_wait` (``stream`` waits until local word ``index`` of ``channel``, a
         :class:`~tilelink.runtime.Channel` of ``ctx``, reaches ``value``; the host goes on, a watcher checks the
         wait); in a captured call a one-program kernel that spins until the word reaches ``value`` times the call
-        count, bounded by the wait's budget."""
+        count, bounded by the wait's budget. ``chained``: only copies and flags were enqueued on ``stream`` since
+        its last wait (``rank_wait``)."""
         if not ctx.captured:
             from tilelink.runtime import rank_wait
 
-            rank_wait(channel, index, value, stream, block=False)
+            rank_wait(channel, index, value, stream, block=False, chained=chained)
             return
         from tilelink.runtime import graphs
 

@@ -52,8 +52,11 @@ class Backend(Protocol):
         or a peer's, checked by the caller): the operators' launch path, without a tensor view per word."""
 
     def wait_value_at(self, address: int, value: int, stream: torch.cuda.Stream | None, timeout_s: float,
-                      block: bool = True, index: int = -1) -> None:
-        """:meth:`wait_value` on this rank's int64 word at ``address`` (checked by the caller)."""
+                      block: bool = True, index: int = -1, chained: bool = False) -> None:
+        """:meth:`wait_value` on this rank's int64 word at ``address`` (checked by the caller). ``chained`` (with
+        ``block=False``): the stream reaches this wait as soon as the last wait watched on it passed (only copies
+        and flags enqueued between), so its budget may start there: a GPU backend then marks nothing on the
+        stream before it."""
 
     def check_waits(self) -> None:
         """Raise the WaitTimeout of a watched (``block=False``) wait that timed out; never blocks."""

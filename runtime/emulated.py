@@ -117,7 +117,7 @@ class EmulatedBackend:
         self.wait_value_at(word.data_ptr(), value, stream, timeout_s, block, index)
 
     def wait_value_at(self, address: int, value: int, stream: torch.cuda.Stream | None, timeout_s: float,
-                      block: bool = True, index: int = -1) -> None:
+                      block: bool = True, index: int = -1, chained: bool = False) -> None:
         # kernels are synchronous here: a wait that returned before the data arrived would gain nothing
         deadline = time.monotonic() + timeout_s
         pause = 1e-5

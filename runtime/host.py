@@ -59,18 +59,21 @@ def rank_notify(barriers: torch.Tensor | Channel, index: int, value: int, rank: 
 
 
 def rank_wait(barriers: torch.Tensor | Channel, index: int, value: int,
-              stream: torch.cuda.Stream | None = None, timeout_s: float | None = None, block: bool = True) -> None:
+              stream: torch.cuda.Stream | None = None, timeout_s: float | None = None, block: bool = True,
+              chained: bool = False) -> None:
     """Make ``stream`` (emulated: the host) wait until the local barrier word ``index`` is
     ``>= value`` (acquire). The emulated backend raises :class:`tilelink.WaitTimeout` after
     ``timeout_s`` (default ``TILELINK_WAIT_TIMEOUT``). On a GPU the host checks the wait before
     returning; with ``block=False`` it returns at once (the host keeps enqueueing) and a wait still
     pending after ``timeout_s`` (from when the stream reaches it) is released by a watcher thread,
-    printed at once and raised by the next ``current_world().impl.check_waits()`` (each launch's finish)."""
+    printed at once and raised by the next ``current_world().impl.check_waits()`` (each launch's finish).
+    ``chained`` (with ``block=False``): only copies and flags were enqueued on ``stream`` since the last wait
+    watched on it, so the budget starts when that one passed (one event less to record on the stream)."""
     world = current_world()
     address = _word_address(barriers, index, world.rank, "rank_wait")
     budget = wait_timeout_s(world.backend == "emulated") if timeout_s is None else timeout_s
     try:
-        world.impl.wait_value_at(address, int(value), stream, budget, block=block, index=index)
+        world.impl.wait_value_at(address, int(value), stream, budget, block=block, index=index, chained=chained)
     except WaitTimeout as exc:
         if isinstance(exc, HandshakeTimeout):  # already says which call of which operator
             raise

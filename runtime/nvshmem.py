@@ -130,10 +130,11 @@ class _WaitWatcher:
     def __init__(self, backend: NvshmemBackend, thread: bool = True) -> None:
         """``thread=False``: no thread; the owner calls :meth:`poll`."""
         self._backend = backend
-        # per stream, its watched waits in the order they were enqueued: [reached, passed, address, value, budget,
-        # index, deadline (None until reached)]. A stream runs in order, so only the first wait of each can be
-        # reached and not passed: the thread looks at that one alone (one query a poll, whatever the host queued;
-        # looking at every pending wait took the launching thread's time, the GIL, as the host ran ahead)
+        # per stream, its watched waits in the order they were enqueued: [reached (None: chained), passed,
+        # address, value, budget, index, deadline (None until reached)]. A stream runs in order, so only the first
+        # wait of each can be reached and not passed: the thread looks at that one alone (one query a poll,
+        # whatever the host queued; looking at every pending wait took the launching thread's time, the GIL, as
+        # the host ran ahead)
         self._queues: dict[int, collections.deque] = {}
         self._lock = threading.Lock()
         self._error: Exception | None = None
@@ -233,11 +234,14 @@ class _WaitWatcher:
         """One look at a watched wait; whether it is over (passed, or released)."""
         reached, passed, address, value, budget, index, deadline = item
         if passed.query():
-            self._backend._spare_events.extend((reached, passed))  # both complete: reused by later waits
+            # complete: reused by later waits
+            self._backend._spare_events.extend((passed,) if reached is None else (reached, passed))
             return True
         now = time.monotonic()
         if deadline is None:
-            if reached.query():
+            # a chained wait (no `reached`) is looked at once the wait before it on its stream is over: the stream
+            # is past that one, and only copies and flags stand between
+            if reached is None or reached.query():
                 item[6] = now + budget
             return False
         if now < deadline:
@@ -458,18 +462,18 @@ class NvshmemBackend:
         self.wait_value_at(self._word(word, "wait_value"), value, stream, timeout_s, block, index)
 
     def wait_value_at(self, address: int, value: int, stream: torch.cuda.Stream | None, timeout_s: float,
-                      block: bool = True, index: int = -1) -> None:
+                      block: bool = True, index: int = -1, chained: bool = False) -> None:
         """:meth:`wait_value` on the word at ``address`` (checked by the caller: a local barrier word's)."""
         stream = self._stream(stream)
         reached = None
-        if not block:  # the watcher's budget starts when the stream gets here
+        if not block and not chained:  # the watcher's budget starts when the stream gets here
             reached = self._event()
             reached.record(stream)
         _check(self._wait64(self._stream_handle(stream), self._pointer(address), int(value),
                             self._wait_flags), "cuStreamWaitValue64")
         passed = self._event()
         passed.record(stream)
-        if reached is not None:
+        if not block:
             self._watcher().watch(stream.cuda_stream, reached, passed, address, int(value), float(timeout_s), index)
             return
         deadline = time.monotonic() + float(timeout_s)

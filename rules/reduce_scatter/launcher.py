@@ -251,11 +251,13 @@ class ReduceScatterLauncher(Launcher):
         waits for them, so that the reduction, launched next, starts after the GEMM's last tile."""
         sh, row_elems = ctx.sharding, ctx.row_elems
         stream = ctx.streams.side
+        chained = False  # the first wait's budget starts when the stream reaches it; the next ones', as the last passed
         for dst, remote, channels in self._scatter_plan(ctx, world, epoch % 2):
             for j, ch, rows, views in channels:
                 if rows > 0:
                     # the host goes on enqueueing; a stuck wait is released and raised by finish()
-                    self.wait(ctx, ctx.sent_channel, ch, epoch * rows * row_elems, stream)
+                    self.wait(ctx, ctx.sent_channel, ch, epoch * rows * row_elems, stream, chained)
+                    chained = True
                     if views is not None:
                         rank_copy_data(*views, stream)
                 if remote:

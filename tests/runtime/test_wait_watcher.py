@@ -70,3 +70,21 @@ def test_a_wait_reached_and_not_passed_in_its_budget_is_diagnosed_and_released()
         assert timeout.expected == 1 and timeout.index == 0
     else:
         raise AssertionError("the timed-out wait was not raised")
+
+
+def test_a_chained_waits_budget_starts_once_the_wait_before_it_is_over() -> None:
+    backend = _backend()
+    watcher = _WaitWatcher(backend, thread=False)
+    (reached, passed), = _watched(watcher, 7, 1)
+    chained = _Event()
+    watcher.watch(7, None, chained, 0x2000, 5, 0.0, 1)  # enqueued right behind the first: no event of its own
+    assert watcher.poll() and watcher._pending()[1][6] is None  # the first is pending: the chained one not looked at
+    assert chained.queries == 0
+    reached.done = passed.done = True
+    assert watcher.poll()  # the first passed; the chained one is the stream's next: its budget (0 s) starts
+    assert chained.queries == 1 and watcher._pending()[0][6] is not None
+    assert backend._spare_events == [reached, passed] and backend.released == []
+    assert not watcher.poll()  # past its budget: diagnosed and released
+    assert backend.released == [(0x2000, 5)]
+    chained.done = True
+    assert backend._spare_events == [reached, passed]  # the released one's event is not reused: it may be pending
