@@ -329,6 +329,7 @@ class NvshmemBackend:
         self._live: dict[int, tuple[torch.Tensor, int]] = {}  # base address -> (nvshmem tensor, nbytes)
         self._released: set[int] = set()
         self._watch: _WaitWatcher | None = None  # started by the first non-blocking wait
+        self._enqueue_order = threading.Lock()
         self._side_stream = _check(
             self._driver.cuStreamCreate(self._flag("CUstream_flags", "CU_STREAM_NON_BLOCKING",
                                                    _STREAM_NON_BLOCKING_FALLBACK)),
@@ -465,17 +466,25 @@ class NvshmemBackend:
                       block: bool = True, index: int = -1, chained: bool = False) -> None:
         """:meth:`wait_value` on the word at ``address`` (checked by the caller: a local barrier word's)."""
         stream = self._stream(stream)
-        reached = None
-        if not block and not chained:  # the watcher's budget starts when the stream gets here
-            reached = self._event()
-            reached.record(stream)
+        if not block:
+            # the watcher takes a stream's waits in the order they are watched: that of the stream, also when
+            # several threads enqueue on it
+            with self._enqueue_order:
+                reached = None
+                if not chained:  # the watcher's budget starts when the stream gets here
+                    reached = self._event()
+                    reached.record(stream)
+                _check(self._wait64(self._stream_handle(stream), self._pointer(address), int(value),
+                                    self._wait_flags), "cuStreamWaitValue64")
+                passed = self._event()
+                passed.record(stream)
+                self._watcher().watch(stream.cuda_stream, reached, passed, address, int(value), float(timeout_s),
+                                      index)
+            return
         _check(self._wait64(self._stream_handle(stream), self._pointer(address), int(value),
                             self._wait_flags), "cuStreamWaitValue64")
         passed = self._event()
         passed.record(stream)
-        if not block:
-            self._watcher().watch(stream.cuda_stream, reached, passed, address, int(value), float(timeout_s), index)
-            return
         deadline = time.monotonic() + float(timeout_s)
         pause = _POLL_FIRST_S
         while not passed.query():

@@ -1131,7 +1131,7 @@ def _tiles_key(programs: tuple | None, size: int, seen: tuple) -> tuple | None:
     the values of the names the stored tiles read (ints, floats, strings, a descriptor's block shape); ``None``
     (checked on every call) where a value is of another kind."""
     if all(v is None or isinstance(v, (int, float, str, tuple)) for v in seen):
-        return programs, size, seen
+        return programs, size, tuple((type(v), v) for v in seen)  # 2, 2.0 and True are not one call
     return None
 
 
@@ -1238,10 +1238,14 @@ def _stored_twice(tiles: tuple[tuple[str, str, str, str, str, int], ...], values
     def tiles_of(run: int) -> np.ndarray:
         return np.arange(first[run], first[run + 1] if run + 1 < first.size else r.size)
 
-    x, y = np.meshgrid(tiles_of(earlier), tiles_of(later), indexing="ij")
-    width = np.where((c[x] < e[y]) & (c[y] < e[x]), np.minimum(e[x], e[y]) - np.maximum(c[x], c[y]), 0)
-    widest = np.unravel_index(int(np.argmax(width)), width.shape)  # the two tiles that share the most columns
-    j, i = int(x[widest]), int(y[widest])
+    def widest(among: np.ndarray, lo: int, hi: int) -> int:
+        """The tile of ``among`` sharing the most columns with ``[lo, hi)``."""
+        return int(among[np.argmax(np.minimum(e[among], hi) - np.maximum(c[among], lo))])
+
+    # the later run's tile reaching furthest into the earlier run, then the earlier run's tile it shares most with
+    # (a run covers its columns with its tiles: the two overlap)
+    i = widest(tiles_of(later), int(run_c[earlier]), int(run_e[earlier]))
+    j = widest(tiles_of(earlier), int(c[i]), int(e[i]))
 
     def said(k: int) -> str:
         loops = passes[int(pass_of[k])]

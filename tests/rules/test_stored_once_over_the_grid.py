@@ -248,7 +248,10 @@ def test_a_persistent_kernel_with_more_programs_than_its_step_is_refused_at_two_
 
 def test_a_call_is_remembered_by_its_float_arguments_too() -> None:
     # a float an `if` test around the store reads: the next call with the same grid and values is not checked again
-    assert _tiles_key((4, 1, 1), 32, (0.5, 16, (16, 8), None)) == ((4, 1, 1), 32, (0.5, 16, (16, 8), None))
+    assert _tiles_key((4, 1, 1), 32, (0.5, 16, (16, 8), None)) == _tiles_key((4, 1, 1), 32, (0.5, 16, (16, 8), None))
+    assert _tiles_key((4, 1, 1), 32, (0.5,)) != _tiles_key((4, 1, 1), 32, (0.25,))
+    # a float the tiles cannot be evaluated with is not the int call that passed
+    assert len({_tiles_key((4, 1, 1), 32, (v,)) for v in (2, 2.0, True)}) == 3
     assert _tiles_key((4, 1, 1), 32, (torch.zeros(2),)) is None
 
 

@@ -4,10 +4,14 @@ wait the stream reached and did not pass within its budget is diagnosed and rele
 
 from __future__ import annotations
 
+import random
+import threading
+import time
 from types import SimpleNamespace
 
+import tilelink.runtime.nvshmem as nvshmem
 from tilelink.errors import WaitTimeout
-from tilelink.runtime.nvshmem import _WaitWatcher
+from tilelink.runtime.nvshmem import NvshmemBackend, _WaitWatcher
 
 
 class _Event:
@@ -88,3 +92,38 @@ def test_a_chained_waits_budget_starts_once_the_wait_before_it_is_over() -> None
     assert backend.released == [(0x2000, 5)]
     chained.done = True
     assert backend._spare_events == [reached, passed]  # the released one's event is not reused: it may be pending
+
+
+def test_threads_waiting_on_one_stream_are_watched_in_the_streams_order(monkeypatch) -> None:
+    # two threads enqueue waits on one stream: the watcher must take them in the order the stream runs them
+    enqueued: list[int] = []
+    rng = random.Random(5)
+
+    class _Recorded(_Event):
+        def record(self, stream) -> None:
+            time.sleep(rng.random() * 1e-4)  # a thread may lose the core between its driver calls
+
+    def wait64(handle, pointer, value, flags) -> int:
+        time.sleep(rng.random() * 1e-4)
+        enqueued.append(value)
+        return 0
+
+    backend = NvshmemBackend.__new__(NvshmemBackend)
+    watcher = _WaitWatcher(_backend(), thread=False)
+    stream = SimpleNamespace(cuda_stream=7)
+    backend.__dict__.update(
+        _enqueue_order=threading.Lock(), _spare_events=[], _wait64=wait64, _wait_flags=0, _finalized=False,
+        _stream=lambda s: s, _stream_handle=lambda s: s.cuda_stream, _pointer=lambda a: a,
+        _event=_Recorded, _watcher=lambda: watcher)
+    monkeypatch.setattr(nvshmem, "_check", lambda result, what: None)  # the fake driver's calls all succeed
+
+    def enqueue(first: int) -> None:
+        for value in range(first, first + 200, 2):
+            backend.wait_value_at(0x1000, value, stream, 60.0, block=False, index=value, chained=value % 4 > 1)
+
+    threads = [threading.Thread(target=enqueue, args=(first,)) for first in (1, 2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert [item[3] for item in watcher._pending()] == enqueued and len(enqueued) == 200
