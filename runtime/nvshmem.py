@@ -474,17 +474,11 @@ class NvshmemBackend:
                 if not chained:  # the watcher's budget starts when the stream gets here
                     reached = self._event()
                     reached.record(stream)
-                _check(self._wait64(self._stream_handle(stream), self._pointer(address), int(value),
-                                    self._wait_flags), "cuStreamWaitValue64")
-                passed = self._event()
-                passed.record(stream)
+                passed = self._enqueue_wait(stream, address, value)
                 self._watcher().watch(stream.cuda_stream, reached, passed, address, int(value), float(timeout_s),
                                       index)
             return
-        _check(self._wait64(self._stream_handle(stream), self._pointer(address), int(value),
-                            self._wait_flags), "cuStreamWaitValue64")
-        passed = self._event()
-        passed.record(stream)
+        passed = self._enqueue_wait(stream, address, value)
         deadline = time.monotonic() + float(timeout_s)
         pause = _POLL_FIRST_S
         while not passed.query():
@@ -497,6 +491,14 @@ class NvshmemBackend:
             pause = min(pause * 2, _POLL_MAX_S)
         else:
             self._spare_events.append(passed)
+
+    def _enqueue_wait(self, stream: torch.cuda.Stream, address: int, value: int) -> torch.cuda.Event:
+        """``cuStreamWaitValue64(GEQ)`` on ``stream``, and an event past it (complete once the stream passed)."""
+        _check(self._wait64(self._stream_handle(stream), self._pointer(address), int(value), self._wait_flags),
+               "cuStreamWaitValue64")
+        passed = self._event()
+        passed.record(stream)
+        return passed
 
     def _event(self) -> torch.cuda.Event:
         """An event for a wait: a spare one (its earlier record complete: the watcher returns the events of

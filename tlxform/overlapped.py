@@ -1146,12 +1146,10 @@ def _stored_twice(tiles: tuple[tuple[str, str, str, str, str, int], ...], values
     on one lattice of the tiles' height. A store runs where its ``if`` tests hold (one TileLink cannot evaluate:
     everywhere). ``splits``: the grid axes of a split-K write-back's splits, whose programs add into the same tile
     by design (each add is counted per split), so they count as one program here. ``None`` where they are disjoint,
-    else ``(True, the two that overlap)``, or ``(False, why TileLink cannot tell)``, in words."""
+    else ``(True, the two that overlap)``, or ``(False, why TileLink cannot tell)``, in words. At most
+    ``_TILES_CHECKED`` programs: the launch refuses larger grids before it asks."""
     import numpy as np
 
-    if math.prod(programs) > _TILES_CHECKED:
-        return False, (f"the grid has {math.prod(programs)} programs, more than the {_TILES_CHECKED} whose tiles "
-                       f"TileLink evaluates one by one")
     found: list[tuple] = []  # each store's live tiles: rows, columns' start and end, pass, program, step, line
     passes: list[tuple] = []
     height = None
