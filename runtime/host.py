@@ -72,6 +72,13 @@ def rank_wait(barriers: torch.Tensor | Channel, index: int, value: int,
     world = current_world()
     address = _word_address(barriers, index, world.rank, "rank_wait")
     budget = wait_timeout_s(world.backend == "emulated") if timeout_s is None else timeout_s
+    rank_wait_at(world, address, index, value, stream, budget, block, chained)
+
+
+def rank_wait_at(world, address: int, index: int, value: int, stream: torch.cuda.Stream | None, budget: float,
+                 block: bool = True, chained: bool = False) -> None:
+    """:func:`rank_wait` on the word at ``address`` (this rank's word ``index``, its address read once by a caller
+    that waits on it every call), with a budget of ``budget`` seconds."""
     try:
         world.impl.wait_value_at(address, int(value), stream, budget, block=block, index=index, chained=chained)
     except WaitTimeout as exc:

@@ -15,8 +15,10 @@ from tilelink.rules.launch import (
     Launcher,
     Streams,
     bound_launch,
+    copy_address,
     described,
     kept_form_may_run,
+    on_stream,
     rebuilt,
     vector_peer_table,
 )
@@ -169,16 +171,8 @@ class AllGatherLauncher(Launcher):
         if plan is None:
             plan = []
             for ch, pairs in self._copy_plan(ctx, world, parity):
-                copies = []
-                for src_view, dst_view in pairs:
-                    if src_view.shape != dst_view.shape or src_view.dtype != dst_view.dtype or not (
-                            src_view.is_contiguous() and dst_view.is_contiguous()):
-                        raise LaunchError(f"{self.okernel.name}: the copy engine's views of channel {ch} do not "
-                                          f"match ({src_view.dtype} {list(src_view.shape)} into {dst_view.dtype} "
-                                          f"{list(dst_view.shape)}) or are not contiguous")
-                    copies.append((dst_view.data_ptr(), src_view.data_ptr(),
-                                   dst_view.numel() * dst_view.element_size()))
-                plan.append((ch, tuple(copies)))
+                what = f"{self.okernel.name}, channel {ch}"
+                plan.append((ch, tuple(copy_address(src_view, dst_view, what) for src_view, dst_view in pairs)))
             ctx.copy_plans[("addresses", parity)] = plan
         return plan
 
@@ -279,10 +273,10 @@ class AllGatherLauncher(Launcher):
             side.wait_stream(main)
             if self.plan.via == "copy_engine" and not self.plan.index:
                 consumer()
-                with torch.cuda.stream(side):
+                with on_stream(side):
                     producer()
             else:
-                with torch.cuda.stream(side):
+                with on_stream(side):
                     producer()
                 consumer()
             self.finish_captured(twin)
@@ -360,7 +354,7 @@ class AllGatherLauncher(Launcher):
             self._producer(ctx, world, epoch, ctx.channel.barriers, ctx.channel.peer_table, False)
             self.kernel[grid](**call, **consumer_args)
         else:  # SM producers go first too
-            with torch.cuda.stream(side):
+            with on_stream(side):
                 self._producer(ctx, world, epoch, ctx.channel.barriers, ctx.channel.peer_table)
             self.kernel[grid](**call, **consumer_args)
         self.finish(ctx)
@@ -434,7 +428,7 @@ class GatherLaunch:
                 launcher._producer(*args)
             else:
                 ctx.streams.fork()
-                with torch.cuda.stream(side):
+                with on_stream(side):
                     launcher._producer(*args)
                 run.launch(found)
             launcher.finish(ctx)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import math
 from dataclasses import dataclass, field
@@ -18,9 +17,11 @@ from tilelink.rules.launch import (
     Streams,
     bound_launch,
     cdiv,
+    copy_address,
     described,
     kept_form_may_run,
     metas,
+    on_stream,
     rebuilt,
     vector_peer_table,
 )
@@ -32,6 +33,11 @@ from tilelink.runtime import (
     rank_copy_data,
     symmetric_empty,
 )
+from tilelink.runtime.diagnostics import wait_timeout_s
+from tilelink.runtime.host import rank_wait_at
+
+#: the kinds of step of a reduce-scatter's copy-engine half (ReduceScatterLauncher._scatter_steps)
+_WAIT, _COPY, _NOTIFY = "wait", "copy", "notify"
 
 #: programs per SM of the hybrid's reduction (it runs after the GEMM, on every SM): enough resident
 #: programs that each SM keeps several blocks' loads in flight
@@ -211,12 +217,20 @@ class ReduceScatterLauncher(Launcher):
 
     def _reduce(self, ctx: ReduceScatterContext, world, out, recv_barriers, barriers, epoch: int) -> None:
         # launched behind the side stream's wait for this rank's own rows: every SM is free by then
+        kernel, grid, call = self._reduce_call(ctx, world, out, recv_barriers, barriers, epoch)
+        kernel[grid](**call)
+
+    def _reduce_call(self, ctx: ReduceScatterContext, world, out, recv_barriers, barriers, epoch: int) -> tuple:
+        """The hybrid's reduction (:func:`rs_reduce_received`) of call ``epoch`` into ``out``: its kernel, grid and
+        arguments."""
         sh = ctx.sharding
         blocks = sh.channels_per_rank * cdiv(sh.rows_per_channel * ctx.row_elems, self.BLOCK)
-        self.partner("rs_reduce_received")[(max(1, min(self._programs(world), blocks)),)](
-            ctx.recv[epoch % 2], ctx.sent, out, recv_barriers, barriers, epoch, world.rank, world.world_size, sh.size,
-            sh.rows_per_rank, sh.rows_per_channel, sh.channels_per_rank, ctx.row_elems, ctx.diag.buffer,
-            ctx.diag.budget_ns, BLOCK=self.BLOCK)
+        call = dict(recv_ptr=ctx.recv[epoch % 2], partial_ptr=ctx.sent, out_ptr=out, recv_barriers=recv_barriers,
+                    tlk_barriers=barriers, tlk_epoch=epoch, tlk_rank=world.rank, tlk_world=world.world_size,
+                    tlk_rows=sh.size, tlk_rows_per_rank=sh.rows_per_rank, tlk_rows_per_channel=sh.rows_per_channel,
+                    tlk_channels_per_rank=sh.channels_per_rank, row_elems=ctx.row_elems, tlk_diag=ctx.diag.buffer,
+                    tlk_budget=ctx.diag.budget_ns, BLOCK=self.BLOCK)
+        return self.partner("rs_reduce_received"), (max(1, min(self._programs(world), blocks)),), call
 
     def _scatter_plan(self, ctx: ReduceScatterContext, world, parity: int) -> list:
         """The hybrid copy engine's work for the receive slots of ``parity``, made once per context: for each
@@ -244,6 +258,30 @@ class ReduceScatterLauncher(Launcher):
         ctx.scatter_plans[parity] = plan
         return plan
 
+    def _scatter_steps(self, ctx: ReduceScatterContext, world, parity: int) -> tuple:
+        """:meth:`_scatter_plan` as an uncaptured call's driver calls take it, made once per context: each step
+        ``(WAIT, address, channel, elements)`` (the side stream waits until this rank's word ``channel`` of the
+        sent channel, at ``address``, reaches the call's number times ``elements``), ``(COPY, destination, source,
+        bytes)`` or ``(NOTIFY, address, index, 0)`` (a peer's word ``index`` of its receive channel set to the call's
+        number). Read per call, the words' addresses and the copies' views cost the host microseconds each."""
+        key = ("steps", parity)
+        steps = ctx.scatter_plans.get(key)
+        if steps is not None:
+            return steps
+        sh, row_elems, steps = ctx.sharding, ctx.row_elems, []
+        for dst, remote, channels in self._scatter_plan(ctx, world, parity):
+            for j, ch, rows, views in channels:
+                if rows > 0:
+                    steps.append((_WAIT, ctx.sent_channel.word_address(ch, world.rank, "reduce-scatter"), ch,
+                                  rows * row_elems))
+                    if views is not None:
+                        steps.append((_COPY, *copy_address(*views, f"{self.okernel.name}, channel {ch}")))
+                if remote:
+                    index = world.rank * sh.channels_per_rank + j
+                    steps.append((_NOTIFY, ctx.recv_channel.word_address(index, dst, "reduce-scatter"), index, 0))
+        steps = ctx.scatter_plans[key] = tuple(steps)
+        return steps
+
     def _scatter(self, ctx: ReduceScatterContext, world, epoch: int) -> None:
         """Hybrid, copy-engine half: as each channel's rows are complete here, copy them into the
         receive slot of the rank that owns them and tell it (ring order: the next rank first). This
@@ -252,6 +290,17 @@ class ReduceScatterLauncher(Launcher):
         sh, row_elems = ctx.sharding, ctx.row_elems
         stream = ctx.streams.side
         chained = False  # the first wait's budget starts when the stream reaches it; the next ones', as the last passed
+        if not ctx.captured:  # the host goes on enqueueing; a stuck wait is released and raised by finish()
+            impl, budget = world.impl, wait_timeout_s(world.backend == "emulated")
+            for kind, address, other, n in self._scatter_steps(ctx, world, epoch % 2):
+                if kind is _WAIT:  # other: the channel
+                    rank_wait_at(world, address, other, epoch * n, stream, budget, block=False, chained=chained)
+                    chained = True
+                elif kind is _COPY:  # other: the source
+                    impl.copy_at(address, other, n, stream)
+                else:
+                    impl.write_value_at(address, epoch, stream)
+            return
         for dst, remote, channels in self._scatter_plan(ctx, world, epoch % 2):
             for j, ch, rows, views in channels:
                 if rows > 0:
@@ -293,14 +342,14 @@ class ReduceScatterLauncher(Launcher):
         if not alone:
             if side is not None:
                 ctx.streams.fork()
-            with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
+            with on_stream(side):
                 self.handshake(ctx, ctx.ready, world, epoch)
         self.start_sums(ctx, grid, call)
         self._produce(grid, call, args, ctx, epoch)  # the GEMM keeps every SM
         if ctx.reduced_channel is not None:  # behind the GEMM on its stream: no channel is complete before its end
             self._topk_reduce(ctx, world, reduced, ctx.reduced_channel.barriers)
         if not alone:
-            with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
+            with on_stream(side):
                 self._scatter(ctx, world, epoch)
                 self._reduce(ctx, world, out, ctx.recv_channel.barriers, ctx.sent_channel.barriers, epoch)
         self.finish(ctx)
@@ -355,7 +404,7 @@ class ReduceScatterLauncher(Launcher):
 
         if side is not None:
             side.wait_stream(main)
-            with torch.cuda.stream(side):
+            with on_stream(side):
                 consume()
             produce()
         else:
@@ -449,7 +498,7 @@ class ReduceScatterLauncher(Launcher):
         main, side = ctx.streams.main, ctx.streams.side
         if side is not None:
             side.wait_stream(main)
-            with torch.cuda.stream(side):
+            with on_stream(side):
                 self._consumer(ctx, world, out, ctx.channel.barriers, ctx.channel.peer_table, epoch)
             self.kernel[grid](**call, **args)
         else:
@@ -553,7 +602,7 @@ class ScatterLaunch:
     race-exposing schedule (``launch`` runs it). The caller keeps what else decides the call (its tensors' shapes,
     strides, dtypes and devices) in its own key."""
 
-    __slots__ = ("capturing", "ctx", "device", "launcher", "others", "out", "run", "world")
+    __slots__ = ("capturing", "ctx", "device", "launcher", "others", "out", "reduces", "run", "world")
 
     def __init__(self, launcher: ReduceScatterLauncher, world, ctx: ReduceScatterContext, grid, bound: dict,
                  names: tuple[str, ...]) -> None:
@@ -567,6 +616,11 @@ class ScatterLaunch:
         channels = launcher.channel_args(ctx.channel.barriers, 1, world, ctx.sharding, ctx.diag)
         self.run = bound_launch(launcher.kernel, grid, {**launcher.kernel_call(bound, ctx), **channels},
                                 (*(names[i] for i in self.others), "tlk_epoch"))
+        # the reduction of each parity's receive slots: only the output and the call's number change
+        self.reduces = tuple(bound_launch(*launcher._reduce_call(ctx, world, bound[name], ctx.recv_channel.barriers,
+                                                                 ctx.sent_channel.barriers, parity),
+                                          ("out_ptr", "tlk_epoch"))
+                             for parity in (2, 1))  # a call number of each parity (0 is the dry run's)
 
     def __call__(self, *tensors) -> bool:
         launcher, ctx, world = self.launcher, self.ctx, self.world
@@ -575,22 +629,23 @@ class ScatterLaunch:
             return False
         ctx.streams.follow_caller(self.device)
         epoch = ctx.channel.epoch + 1
+        out = tensors[self.out]
+        reduce = self.reduces[epoch % 2]
         found = self.run.find(*(tensors[i] for i in self.others), epoch)
-        if found is None:
+        reduction = reduce.find(out, epoch) if found is not None else None
+        if reduction is None:  # a kernel to compile or load first: the launch path does it before enqueueing
             return False
         ctx.channel.advance()
         ctx.recv_channel.advance()
-        out = tensors[self.out]
-        on_side = functools.partial(torch.cuda.stream, side) if side is not None else contextlib.nullcontext
         try:
             if side is not None:
                 ctx.streams.fork()  # the handshake on the side stream, behind the call's start (_launch_hybrid)
-            with on_side():
+            with on_stream(side):
                 launcher.handshake(ctx, ctx.ready, world, epoch)
             self.run.launch(found)  # the GEMM keeps every SM
-            with on_side():
-                launcher._scatter(ctx, world, epoch)
-                launcher._reduce(ctx, world, out, ctx.recv_channel.barriers, ctx.sent_channel.barriers, epoch)
+            launcher._scatter(ctx, world, epoch)  # names the side stream to each copy, flag and wait
+            with on_stream(side):
+                reduce.launch(reduction)
             launcher.finish(ctx)
         except WaitTimeout as exc:  # later calls refuse to run (OverlappedKernel's launch)
             launcher.timed_out = exc

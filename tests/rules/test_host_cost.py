@@ -97,3 +97,47 @@ def test_a_call_like_an_earlier_one_reuses_its_context() -> None:
     (seen,) = tilelink.spawn(_contexts_are_reused, 1)
     assert seen[:2] == ["1 1 True", "2 2"]
     assert "must be contiguous" in seen[2]
+
+
+def test_on_stream_sets_the_stream_by_id_and_restores_the_callers(monkeypatch) -> None:
+    """``on_stream`` (what a reduce-scatter's side-stream blocks enter, cheaper than ``torch.cuda.stream``): a stream
+    of the current device is set by id and the caller's stream set back on leaving, also when the block raises; a
+    stream of another device takes ``torch.cuda.stream``, which switches the device too; ``None`` changes nothing."""
+    from tilelink.rules import launch
+
+    current = {0: (7, 0, 1), 1: (9, 1, 1)}  # device -> (stream id, device index, device type)
+    entered = []
+
+    def set_stream(stream_id, device_index, device_type):
+        current[device_index] = (stream_id, device_index, device_type)
+
+    class TorchStream:  # torch.cuda.stream's context manager
+        def __init__(self, stream):
+            self.stream = stream
+
+        def __enter__(self):
+            entered.append(("enter", self.stream.stream_id))
+
+        def __exit__(self, *exc):
+            entered.append(("exit", self.stream.stream_id))
+
+    monkeypatch.setattr(launch, "_cuda_set_stream", set_stream)
+    monkeypatch.setattr(launch, "_cuda_current_stream", lambda index: current[index])
+    monkeypatch.setattr(launch, "_cuda_get_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "stream", TorchStream)
+    side = types.SimpleNamespace(stream_id=42, device_index=0, device_type=1)
+    with launch.on_stream(side):
+        assert current[0] == (42, 0, 1)
+    assert current[0] == (7, 0, 1)
+    with pytest.raises(RuntimeError), launch.on_stream(side):
+        assert current[0] == (42, 0, 1)
+        raise RuntimeError("the block failed")
+    assert current[0] == (7, 0, 1)
+    assert not entered
+    other = types.SimpleNamespace(stream_id=43, device_index=1, device_type=1)
+    with launch.on_stream(other):
+        assert entered == [("enter", 43)]
+    assert entered == [("enter", 43), ("exit", 43)] and current == {0: (7, 0, 1), 1: (9, 1, 1)}
+    with launch.on_stream(None):
+        pass
+    assert current == {0: (7, 0, 1), 1: (9, 1, 1)}
