@@ -157,8 +157,9 @@ class ReduceScatterLauncher(Launcher):
                 def fresh(channel: Channel | None) -> Channel | None:
                     return None if channel is None else Channel(channel.num_channels)
 
+                # the twin's scatter steps address its own channels' words: a cache of its own
                 self.make_twin(ctx, world, channel=fresh(ctx.channel), recv_channel=fresh(ctx.recv_channel),
-                               reduced_channel=fresh(ctx.reduced_channel), ready=fresh(ctx.ready))
+                               reduced_channel=fresh(ctx.reduced_channel), ready=fresh(ctx.ready), scatter_plans={})
         return ctx
 
     def topk_param(self) -> str | None:
@@ -291,6 +292,7 @@ class ReduceScatterLauncher(Launcher):
         stream = ctx.streams.side
         chained = False  # the first wait's budget starts when the stream reaches it; the next ones', as the last passed
         if not ctx.captured:  # the host goes on enqueueing; a stuck wait is released and raised by finish()
+            ctx.sent_channel.word_address(0, world.rank, "reduce-scatter")  # raises for a channel freed since
             impl, budget = world.impl, wait_timeout_s(world.backend == "emulated")
             for kind, address, other, n in self._scatter_steps(ctx, world, epoch % 2):
                 if kind is _WAIT:  # other: the channel
@@ -617,7 +619,8 @@ class ScatterLaunch:
         self.run = bound_launch(launcher.kernel, grid, {**launcher.kernel_call(bound, ctx), **channels},
                                 (*(names[i] for i in self.others), "tlk_epoch"))
         # the reduction of each parity's receive slots: only the output and the call's number change
-        self.reduces = tuple(bound_launch(*launcher._reduce_call(ctx, world, bound[name], ctx.recv_channel.barriers,
+        # (the context's partial sums stand in for the output: a call's own is read at each find)
+        self.reduces = tuple(bound_launch(*launcher._reduce_call(ctx, world, ctx.partial, ctx.recv_channel.barriers,
                                                                  ctx.sent_channel.barriers, parity),
                                           ("out_ptr", "tlk_epoch"))
                              for parity in (2, 1))  # a call number of each parity (0 is the dry run's)
