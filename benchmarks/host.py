@@ -9,7 +9,9 @@ paper's Table 4 (:mod:`tilelink.benchmarks.common`), side by side with a warm ``
 ``torch.distributed`` collective of the same bytes (``all_gather_into_tensor`` before it,
 ``reduce_scatter_tensor`` after it, on an NCCL group). ``cpu_us`` is the launching thread's CPU time per call (on a
 shared machine ``host_us`` also counts the time other work took the core); ``wall_us`` the time per call including
-the GPU's (the clock stops after a synchronisation): when ``host_us`` is as long, the host sets the pace. A round
+the GPU's (the clock stops after a synchronisation): when ``host_us`` is as long, the host sets the pace. The table
+gives each method's host time over ``torch.matmul``'s too: a shared host's speed moves every method alike between
+runs (by up to 1.7x on the same kind of machine), which the ratio cancels. A round
 runs every method once, the first rotating, so that a drift of the host's speed falls on all of them alike; each
 operator's result is checked against an fp32 reference after its first call and after the timed ones.
 
@@ -282,17 +284,21 @@ def run(worlds: tuple[int, ...] = (1, 2), shape: str = "MLP-1", out: Path = Path
 
 def summarize(record: dict) -> str:
     """The table: per world and part, each method's host, CPU and wall µs per call (the slowest rank's median
-    round), then rank 0's profile of the operator by own time."""
-    lines = [f"{'world':>5} {'part':8} {'method':28} {'host us':>9} {'cpu us':>9} {'wall us':>9}"]
+    round) and its host time over ``torch.matmul``'s in the same run (on a shared host, whose speed moves every
+    method alike from run to run, the steadier number), then rank 0's profile of the operator by own time."""
+    lines = [f"{'world':>5} {'part':8} {'method':28} {'host us':>9} {'cpu us':>9} {'wall us':>9} {'/ matmul':>9}"]
     profiles = []
     for w in record["worlds"]:
         ranks = w["ranks"]
         for part in ranks[0]["parts"]:
             per = [r["parts"][part] for r in ranks]
-            for name in per[0]["host_us"]:
-                host, cpu, wall = (max(statistics.median(p[k][name]) for p in per if name in p[k])
-                                   for k in ("host_us", "cpu_us", "wall_us"))
-                lines.append(f"{w['world']:5d} {part:8} {name:28} {host:9.1f} {cpu:9.1f} {wall:9.1f}")
+            rows = {name: tuple(max(statistics.median(p[k][name]) for p in per if name in p[k])
+                                for k in ("host_us", "cpu_us", "wall_us"))
+                    for name in per[0]["host_us"]}
+            matmul = rows.get("torch.matmul", (0.0,))[0]
+            for name, (host, cpu, wall) in rows.items():
+                ratio = f"{host / matmul:8.1f}x" if matmul > 0 else f"{'-':>9}"
+                lines.append(f"{w['world']:5d} {part:8} {name:28} {host:9.1f} {cpu:9.1f} {wall:9.1f} {ratio}")
             for p in per:
                 for name, e in p["errors"].items():
                     lines.append(f"      error rank {ranks[per.index(p)]['rank']} {name}: {e}")

@@ -83,6 +83,27 @@ def test_the_record_holds_every_method_round_and_profile(tmp_path, monkeypatch) 
     assert "world 1 gemm_rs: rank 0's profile" in text
 
 
+def test_the_summary_gives_each_method_over_torch_matmul_of_the_same_run() -> None:
+    """The slowest rank's median round of each method, and its host time over ``torch.matmul``'s (the steadier number
+    on a host whose speed moves from run to run); no ratio where a part has no ``torch.matmul``."""
+
+    def part(tilelink: list[float], matmul: list[float] | None) -> dict:
+        times = {"tilelink": tilelink, **({"torch.matmul": matmul} if matmul else {})}
+        return {"host_us": times, "cpu_us": times, "wall_us": {k: [v * 10 for v in t] for k, t in times.items()},
+                "errors": {}}
+
+    record = {"worlds": [{"world": 2, "ranks": [
+        {"rank": 0, "parts": {"gemm_rs": part([100.0, 120.0], [20.0, 20.0]), "ag_gemm": part([50.0, 50.0], None)}},
+        {"rank": 1, "parts": {"gemm_rs": part([130.0, 150.0], [19.0, 21.0]), "ag_gemm": part([60.0, 70.0], None)}},
+    ]}]}
+    lines = summarize(record).splitlines()
+    assert lines[0].split()[-2:] == ["/", "matmul"]
+    rows = {tuple(line.split()[1:3]): line.split()[3:] for line in lines[1:]}
+    assert rows[("gemm_rs", "tilelink")] == ["140.0", "140.0", "1400.0", "7.0x"]
+    assert rows[("gemm_rs", "torch.matmul")] == ["20.0", "20.0", "200.0", "1.0x"]
+    assert rows[("ag_gemm", "tilelink")] == ["65.0", "65.0", "650.0", "-"]
+
+
 def test_worlds_must_be_sizes() -> None:
     for bad in ("0", "1,x", ""):
         result = CliRunner().invoke(main, ["bench", "host", "--worlds", bad])
