@@ -41,7 +41,9 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import ctypes
 import io
+import logging
 import os
 import sys
 import threading
@@ -58,6 +60,8 @@ _WAIT_GEQ_FALLBACK = 0x0
 _WRITE_DEFAULT_FALLBACK = 0x0
 # cuStreamCreate flag: no implicit synchronisation with the legacy default stream
 _STREAM_NON_BLOCKING_FALLBACK = 0x1
+
+log = logging.getLogger("tilelink.nvshmem")
 
 _POLL_FIRST_S = 20e-6
 _POLL_MAX_S = 2e-3
@@ -113,6 +117,114 @@ def _check(result, what: str):
     if not values:
         return None
     return values[0] if len(values) == 1 else tuple(values)
+
+
+def _entry_point(driver, name: str, argtypes: tuple):
+    """The driver's entry point ``name`` as a ctypes function of plain integers returning its ``CUresult`` as an
+    int, or ``None`` where the driver does not give it (``cuGetProcAddress``). A ``CFUNCTYPE``: the call releases
+    the GIL, as the bindings' calls do (a driver call blocked on a full queue must let the wait watcher run)."""
+    get = getattr(driver, "cuGetProcAddress", None)
+    if get is None:
+        return None
+    try:
+        # the ABI of these entry points as of CUDA 12 (cuStreamWriteValue64 and cuStreamWaitValue64 are its _v2)
+        result = get(name.encode(), 12000, 0)
+        err, pfn = result[0], result[1]
+        if int(err) != 0 or not int(pfn):
+            return None
+        return ctypes.CFUNCTYPE(ctypes.c_int, *argtypes)(int(pfn))
+    except Exception:  # noqa: BLE001 - the bindings' path serves where the entry point cannot be had
+        return None
+
+
+class _StreamOps:
+    """The driver calls on the operators' host path, a few per call and peer: a copy between two addresses, a word's
+    write (release order after the stream's earlier work) and a stream's wait for a word (``>=``), on a stream given
+    by its handle (an int, ``torch.cuda.Stream.cuda_stream``).
+
+    They go through the driver's entry points called with plain integers where the driver gives them: the
+    bindings' wrappers made a pointer and a stream object of the arguments and an enum of the result for each call,
+    and the operators make up to three such calls per peer and channel. Otherwise, and for the 32-bit flags of an
+    older driver, through ``cuda.bindings`` (the pointers and streams made once per address)."""
+
+    def __init__(self, driver, write_flags: int, wait_flags: int, use_32bit: bool) -> None:
+        self._driver = driver
+        self._write_flags, self._wait_flags = int(write_flags), int(wait_flags)
+        width = "32" if use_32bit else "64"
+        self._write_bound = getattr(driver, f"cuStreamWriteValue{width}")
+        self._wait_bound = getattr(driver, f"cuStreamWaitValue{width}")
+        self._streams: dict[int, object] = {}
+        self._pointers: dict[int, object] = {}
+        u64, value = ctypes.c_uint64, ctypes.c_uint32 if use_32bit else ctypes.c_uint64
+        entries = (_entry_point(driver, "cuMemcpyAsync", (u64, u64, ctypes.c_size_t, ctypes.c_void_p)),
+                   _entry_point(driver, f"cuStreamWriteValue{width}", (ctypes.c_void_p, u64, value, ctypes.c_uint)),
+                   _entry_point(driver, f"cuStreamWaitValue{width}", (ctypes.c_void_p, u64, value, ctypes.c_uint)))
+        # all three or none: one path for every call
+        self.direct = all(e is not None for e in entries)
+        self._copy, self._write, self._wait = entries if self.direct else (None, None, None)
+        if not self.direct:
+            log.debug("the driver's stream operations go through cuda.bindings (cuGetProcAddress gave no entry "
+                      "point for all of cuMemcpyAsync, cuStreamWriteValue%s, cuStreamWaitValue%s)", width, width)
+        # ctypes would wrap a value out of the word's range silently (a wait for 2**32 + 5 on a 32-bit word passing
+        # at 5): the bindings refused it, so do these
+        self._limit = 1 << (32 if use_32bit else 64)
+
+    def copy(self, dst: int, src: int, nbytes: int, stream: int) -> None:
+        if self._copy is not None:
+            err = self._copy(dst, src, nbytes, stream)
+            if err:
+                raise self._failed("cuMemcpyAsync", err)
+            return
+        _check(self._driver.cuMemcpyAsync(self._pointer(dst), self._pointer(src), nbytes, self._stream(stream)),
+               "cuMemcpyAsync")
+
+    def _out_of_range(self, what: str, value: int) -> TileLinkError:
+        return TileLinkError(f"{what}: {value} does not fit the flag's {self._limit.bit_length() - 1} bits")
+
+    def write(self, stream: int, address: int, value: int) -> None:
+        if not 0 <= value < self._limit:
+            raise self._out_of_range("cuStreamWriteValue", value)
+        if self._write is not None:
+            err = self._write(stream, address, value, self._write_flags)
+            if err:
+                raise self._failed("cuStreamWriteValue", err)
+            return
+        _check(self._write_bound(self._stream(stream), self._pointer(address), int(value), self._write_flags),
+               "cuStreamWriteValue")
+
+    def wait(self, stream: int, address: int, value: int) -> None:
+        if not 0 <= value < self._limit:
+            raise self._out_of_range("cuStreamWaitValue", value)
+        if self._wait is not None:
+            err = self._wait(stream, address, value, self._wait_flags)
+            if err:
+                raise self._failed("cuStreamWaitValue", err)
+            return
+        _check(self._wait_bound(self._stream(stream), self._pointer(address), int(value), self._wait_flags),
+               "cuStreamWaitValue")
+
+    def _failed(self, what: str, err: int) -> TileLinkError:
+        try:
+            name = repr(self._driver.CUresult(err))
+        except Exception:  # noqa: BLE001 - a code the bindings do not know is still reported
+            name = f"CUresult {err}"
+        return TileLinkError(f"{what} failed: {name}")
+
+    def _stream(self, handle: int):
+        stream = self._streams.get(handle)
+        if stream is None:
+            stream = self._streams[handle] = self._driver.CUstream(handle)
+        return stream
+
+    def _pointer(self, address: int):
+        """The bindings' ``CUdeviceptr`` of ``address``, made once: the operators notify, wait on and copy between
+        the same few words and buffers every call."""
+        pointer = self._pointers.get(address)
+        if pointer is None:
+            if len(self._pointers) > 4096:  # addresses of buffers long freed
+                self._pointers.clear()
+            pointer = self._pointers[address] = self._driver.CUdeviceptr(address)
+        return pointer
 
 
 def _base_address(t: torch.Tensor) -> int:
@@ -338,16 +450,11 @@ class NvshmemBackend:
         self._write_flags = self._flag("CUstreamWriteValue_flags", "CU_STREAM_WRITE_VALUE_DEFAULT",
                                        _WRITE_DEFAULT_FALLBACK)
         self._wait_flags = self._flag("CUstreamWaitValue_flags", "CU_STREAM_WAIT_VALUE_GEQ", _WAIT_GEQ_FALLBACK)
-        self._handles: dict[int, object] = {}  # torch stream's cuda_stream -> its CUstream
-        self._pointers: dict[int, object] = {}  # address -> its CUdeviceptr (_pointer)
         self._spare_events: list[torch.cuda.Event] = []  # see _event (appended to by the watcher thread too)
-        self._write64 = getattr(self._driver, "cuStreamWriteValue64", None)
-        self._wait64 = getattr(self._driver, "cuStreamWaitValue64", None)
-        self.uses_32bit_flags = self._write64 is None or self._wait64 is None
-        if self.uses_32bit_flags:
-            # only the low word of each int64 flag is compared; values must stay below 2**32
-            self._write64 = self._driver.cuStreamWriteValue32
-            self._wait64 = self._driver.cuStreamWaitValue32
+        # only the low word of each int64 flag is compared with 32-bit flags; values must then stay below 2**32
+        self.uses_32bit_flags = not (hasattr(self._driver, "cuStreamWriteValue64")
+                                     and hasattr(self._driver, "cuStreamWaitValue64"))
+        self._ops = _StreamOps(self._driver, self._write_flags, self._wait_flags, self.uses_32bit_flags)
 
         from tilelink.runtime import nvshmem_device  # noqa: PLC0415
 
@@ -375,13 +482,6 @@ class NvshmemBackend:
         if word.device.type != "cuda":
             raise TileLinkError(f"{what}: the barrier word must be on the GPU, got {word.device}")
         return word.data_ptr()
-
-    def _stream_handle(self, stream: torch.cuda.Stream):
-        raw = stream.cuda_stream
-        handle = self._handles.get(raw)
-        if handle is None:
-            handle = self._handles[raw] = self._driver.CUstream(raw)
-        return handle
 
     # ------------------------------------------------------------------ Backend
 
@@ -441,19 +541,7 @@ class NvshmemBackend:
     def write_value_at(self, address: int, value: int, stream: torch.cuda.Stream | None) -> None:
         """:meth:`write_value` on the word at ``address`` (checked by the caller: a barrier word's, of this
         rank's or a peer's copy)."""
-        stream = self._stream(stream)
-        _check(self._write64(self._stream_handle(stream), self._pointer(address), int(value), self._write_flags),
-               "cuStreamWriteValue64")
-
-    def _pointer(self, address: int):
-        """The driver's ``CUdeviceptr`` of ``address``, made once: the operators notify, wait on and copy between
-        the same few words and buffers every call."""
-        pointer = self._pointers.get(address)
-        if pointer is None:
-            if len(self._pointers) > 4096:  # addresses of buffers long freed
-                self._pointers.clear()
-            pointer = self._pointers[address] = self._driver.CUdeviceptr(address)
-        return pointer
+        self._ops.write(self._stream(stream).cuda_stream, address, value)
 
     def wait_value(self, word: torch.Tensor, value: int, stream: torch.cuda.Stream | None,
                    timeout_s: float, block: bool = True, index: int = -1) -> None:
@@ -494,8 +582,7 @@ class NvshmemBackend:
 
     def _enqueue_wait(self, stream: torch.cuda.Stream, address: int, value: int) -> torch.cuda.Event:
         """``cuStreamWaitValue64(GEQ)`` on ``stream``, and an event past it (complete once the stream passed)."""
-        _check(self._wait64(self._stream_handle(stream), self._pointer(address), int(value), self._wait_flags),
-               "cuStreamWaitValue64")
+        self._ops.wait(stream.cuda_stream, address, value)
         passed = self._event()
         passed.record(stream)
         return passed
@@ -534,8 +621,7 @@ class NvshmemBackend:
         return int(host.item())
 
     def _release_wait(self, address: int, value: int) -> None:
-        _check(self._write64(self._side_stream, self._driver.CUdeviceptr(address), value, self._write_flags),
-               "cuStreamWriteValue64")
+        self._ops.write(int(self._side_stream), address, value)
         _check(self._driver.cuStreamSynchronize(self._side_stream), "cuStreamSynchronize")
 
     def copy(self, src: torch.Tensor, dst: torch.Tensor, stream: torch.cuda.Stream | None) -> None:
@@ -550,15 +636,13 @@ class NvshmemBackend:
         if not (src.is_contiguous() and dst.is_contiguous()):
             raise TileLinkError("copy: the copy engine moves contiguous bytes; pass contiguous views")
         if nbytes:
-            _check(self._driver.cuMemcpyAsync(self._pointer(dst.data_ptr()), self._pointer(src.data_ptr()), nbytes,
-                                              self._stream_handle(stream)), "cuMemcpyAsync")
+            self._ops.copy(dst.data_ptr(), src.data_ptr(), nbytes, stream.cuda_stream)
 
     def copy_at(self, dst: int, src: int, nbytes: int, stream: torch.cuda.Stream | None) -> None:
         """:meth:`copy` between two addresses (contiguous views of symmetric buffers, read once per context by the
         caller): the copy engine's channels move the same rows every call."""
         if nbytes:
-            _check(self._driver.cuMemcpyAsync(self._pointer(dst), self._pointer(src), nbytes,
-                                              self._stream_handle(self._stream(stream))), "cuMemcpyAsync")
+            self._ops.copy(dst, src, nbytes, self._stream(stream).cuda_stream)
 
     def finalize(self) -> None:
         """Free what the heap left, ``nvshmem.core.finalize``. Idempotent."""

@@ -288,7 +288,6 @@ class ReduceScatterLauncher(Launcher):
         receive slot of the rank that owns them and tell it (ring order: the next rank first). This
         rank's own rows stay where they were written (the reduction reads them there); the stream only
         waits for them, so that the reduction, launched next, starts after the GEMM's last tile."""
-        sh, row_elems = ctx.sharding, ctx.row_elems
         stream = ctx.streams.side
         chained = False  # the first wait's budget starts when the stream reaches it; the next ones', as the last passed
         if not ctx.captured:  # the host goes on enqueueing; a stuck wait is released and raised by finish()
@@ -303,6 +302,7 @@ class ReduceScatterLauncher(Launcher):
                 else:
                     impl.write_value_at(address, epoch, stream)
             return
+        sh, row_elems = ctx.sharding, ctx.row_elems
         for dst, remote, channels in self._scatter_plan(ctx, world, epoch % 2):
             for j, ch, rows, views in channels:
                 if rows > 0:

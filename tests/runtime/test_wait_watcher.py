@@ -9,7 +9,6 @@ import threading
 import time
 from types import SimpleNamespace
 
-import tilelink.runtime.nvshmem as nvshmem
 from tilelink.errors import WaitTimeout
 from tilelink.runtime.nvshmem import NvshmemBackend, _WaitWatcher
 
@@ -94,7 +93,7 @@ def test_a_chained_waits_budget_starts_once_the_wait_before_it_is_over() -> None
     assert backend._spare_events == [reached, passed]  # the released one's event is not reused: it may be pending
 
 
-def test_threads_waiting_on_one_stream_are_watched_in_the_streams_order(monkeypatch) -> None:
+def test_threads_waiting_on_one_stream_are_watched_in_the_streams_order() -> None:
     # two threads enqueue waits on one stream: the watcher must take them in the order the stream runs them
     enqueued: list[int] = []
     rng = random.Random(5)
@@ -103,19 +102,16 @@ def test_threads_waiting_on_one_stream_are_watched_in_the_streams_order(monkeypa
         def record(self, stream) -> None:
             time.sleep(rng.random() * 1e-4)  # a thread may lose the core between its driver calls
 
-    def wait64(handle, pointer, value, flags) -> int:
+    def wait(stream, address, value) -> None:
         time.sleep(rng.random() * 1e-4)
         enqueued.append(value)
-        return 0
 
     backend = NvshmemBackend.__new__(NvshmemBackend)
     watcher = _WaitWatcher(_backend(), thread=False)
     stream = SimpleNamespace(cuda_stream=7)
     backend.__dict__.update(
-        _enqueue_order=threading.Lock(), _spare_events=[], _wait64=wait64, _wait_flags=0, _finalized=False,
-        _stream=lambda s: s, _stream_handle=lambda s: s.cuda_stream, _pointer=lambda a: a,
-        _event=_Recorded, _watcher=lambda: watcher)
-    monkeypatch.setattr(nvshmem, "_check", lambda result, what: None)  # the fake driver's calls all succeed
+        _enqueue_order=threading.Lock(), _spare_events=[], _ops=SimpleNamespace(wait=wait), _finalized=False,
+        _stream=lambda s: s, _event=_Recorded, _watcher=lambda: watcher)
 
     def enqueue(first: int) -> None:
         for value in range(first, first + 200, 2):
