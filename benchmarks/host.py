@@ -21,7 +21,9 @@ top 20 functions by their own time and by their cumulative time, per call.
 Ranks are started with :func:`tilelink.spawn`, one world per ``--worlds`` entry: NVSHMEM on a GPU (rank r on
 GPU r when there are GPUs enough, else every rank on GPU 0: the ranks then time-slice one GPU, which leaves
 their host time meaningful but not the wall time, and NCCL refuses them, so the collective baseline is left
-out), emulated CPU ranks without one (a smoke test: kernels run in Triton's interpreter, inside the host time).
+out; keep ``--calls`` at its default there, since eight ranks' calls queued on one GPU can fill its queue, after
+which the host waits for the device: 50 calls of ``gemm_rs`` at world 8 took 5 ms of host time a call, 20 took
+0.46), emulated CPU ranks without one (a smoke test: kernels run in Triton's interpreter, inside the host time).
 
 ``tlxform bench host`` or ``python -m tilelink.benchmarks.host``; writes ``host_<shape>_<dtype>.json``.
 """

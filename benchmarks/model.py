@@ -79,6 +79,38 @@ def fit_collective(samples: list[tuple[int, float, float]]) -> tuple[float, floa
     return 1.0 / b, a * 1e3
 
 
+def fit_host_per_peer(worlds: dict[int, list[float]]) -> tuple[float, str]:
+    """What each rank past two adds to a call's host time (ms), and its source: the least-squares slope, through
+    world 2's median, of the medians of the larger worlds (``worlds``: world size -> ms per call); never below 0
+    (a host's noise must not make more peers cheaper)."""
+    if 2 not in worlds:
+        return 0.0, "no host record of two ranks"
+    if not any(R > 2 for R in worlds):
+        return 0.0, "no host record of more than two ranks"
+    base = _median(worlds[2])
+    points = [(R - 2, _median(ms) - base) for R, ms in sorted(worlds.items()) if R > 2]
+    slope = sum(x * y for x, y in points) / sum(x * x for x, _ in points)
+    sizes = ", ".join(str(R) for R in sorted(worlds))
+    return max(slope, 0.0), f"least squares over the host record's medians at worlds {sizes}"
+
+
+def host_record(rec: dict) -> dict[str, dict[int, list[float]]]:
+    """A host-benchmark record's host times per call (ms): operator (``plain``: ``torch.matmul`` and the collective;
+    ``matmul``: ``torch.matmul`` alone) -> world size -> every rank's rounds. A rank whose result was wrong is left
+    out."""
+    out: dict[str, dict[int, list[float]]] = {}
+    for w in rec["worlds"]:
+        for rank in w["ranks"]:
+            for part, got in rank["parts"].items():
+                if "tilelink" in got.get("errors", {}):
+                    continue
+                for method, values in got["host_us"].items():
+                    name = {"tilelink": part, "torch.matmul": "matmul"}.get(method, "plain" if "+" in method else None)
+                    if name is not None and values and (w["world"] > 1 or name != part):
+                        out.setdefault(name, {}).setdefault(w["world"], []).extend(us / 1e3 for us in values)
+    return out
+
+
 def calibration_from_records(folder: Path = RECORDS) -> cost.Calibration:
     """The H200's parts from the records in ``folder`` (see each part's source)."""
     recs = _records(folder)
@@ -88,6 +120,7 @@ def calibration_from_records(folder: Path = RECORDS) -> cost.Calibration:
     ratio = {"ag_gemm": [], "gemm_rs": [], "ag_moe": [], "moe_rs": [], "sp_attention": [], "gemm_ar": []}
     attention, pulls = [], {}
     host = {k: [] for k in ("ag_gemm", "gemm_rs", "ag_moe", "moe_rs", "plain", "plain_moe")}
+    hosts: list[tuple[str, dict[str, dict[int, list[float]]]]] = []  # host records: name, op -> world -> ms
     names = []
     for path, rec in recs:
         kind, rows = rec.get("benchmark"), rec.get("results") or rec.get("rows") or []
@@ -128,6 +161,10 @@ def calibration_from_records(folder: Path = RECORDS) -> cost.Calibration:
                 base = r["ms"][r["baseline"]]
                 attention.append(4 * r["q_rows"] * r["S"] * r["heads"] * r["head_dim"] / (base * 1e9))
                 ratio["sp_attention"].append((base / r["ms"]["rewritten"], base))
+        elif kind == "host" and not str(rec.get("device", "")).startswith("cpu"):
+            # benchmarks.host on a GPU: the operators' host time per call, per world size. One record serves, the
+            # latest: hosts differ in speed from run to run, and the paths are compared within one run
+            hosts.append((path.name, host_record(rec)))
         elif kind == "pull_bandwidth":
             names.append(path.name)
             for r in rows:
@@ -182,10 +219,44 @@ def calibration_from_records(folder: Path = RECORDS) -> cost.Calibration:
     for k, values in host.items():
         parts[f"host_ms.{k}"] = _median(values)
         src[f"host_ms.{k}"] = f"median host_ms of {len(values)} dist measurements"
-    parts["host_ms.gemm_ar"] = parts["host_ms.gemm_rs"]
-    src["host_ms.gemm_ar"] = "gemm_rs's (no record of gemm_ar yet)"
-    parts["host_ms.sp_attention"] = parts["host_ms.ag_gemm"]
-    src["host_ms.sp_attention"] = "ag_gemm's (no dist record of sp_attention)"
+    for op in ("ag_gemm", "gemm_rs", "ag_moe", "moe_rs"):
+        parts[f"host_peer_ms.{op}"] = 0.0
+        src[f"host_peer_ms.{op}"] = "no host record"
+    host_worlds: dict[str, dict[int, list[float]]] = {}
+    if hosts:  # the operators from the latest host record
+        host_name, host_worlds = hosts[-1]
+        host_worlds = dict(host_worlds)
+        names.append(host_name)
+        matmul = _median(v for values in host_worlds.pop("matmul", {}).values() for v in values)
+        host_worlds.pop("plain", None)
+        # the plain path (torch.matmul and the collective: NCCL needs a GPU per rank, so a world of one on a single
+        # GPU) from the latest record that has it, as a multiple of torch.matmul's host time in that run, applied
+        # to torch.matmul's in the operators' run: a host's speed moves every method of a run alike
+        plain = next(((name, rec) for name, rec in reversed(hosts) if 1 in rec.get("plain", {})), None)
+        if plain is not None:
+            name, rec = plain
+            ratio = _median(rec["plain"][1]) / _median(rec["matmul"][1])
+            parts["host_ms.plain"] = ratio * matmul
+            src["host_ms.plain"] = (f"torch.matmul + the collective at world 1 over torch.matmul in {name} "
+                                    f"({ratio:.2f}x), times torch.matmul's host time in {host_name}")
+            if name != host_name:
+                names.append(name)
+    for op, worlds in host_worlds.items():
+        # the host benchmark measures the operators as they are now: its times replace the dist records' (which
+        # timed the code of their day), and its larger worlds give what each further peer adds
+        if 2 in worlds:
+            parts[f"host_ms.{op}"] = _median(worlds[2])
+            src[f"host_ms.{op}"] = f"median of the host record's {len(worlds[2])} rounds (ranks x rounds) at world 2"
+        parts[f"host_peer_ms.{op}"], src[f"host_peer_ms.{op}"] = fit_host_per_peer(worlds)
+    for op, like in (("ag_moe", "ag_gemm"), ("moe_rs", "gemm_rs")):
+        if op not in host_worlds and like in host_worlds:  # the same launchers move their rows
+            parts[f"host_peer_ms.{op}"] = parts[f"host_peer_ms.{like}"]
+            src[f"host_peer_ms.{op}"] = f"{like}'s (the same launcher; no host record of {op})"
+    for op, like, why in (("gemm_ar", "gemm_rs", "no record of gemm_ar yet"),
+                          ("sp_attention", "ag_gemm", "no host record of sp_attention")):
+        for kind in ("host_ms", "host_peer_ms"):
+            parts[f"{kind}.{op}"] = parts[f"{kind}.{like}"]
+            src[f"{kind}.{op}"] = f"{like}'s ({why})"
     parts["choice_margin"] = 0.02
     src["choice_margin"] = "a choice within 2% goes to the plain path (no symmetric memory, less host work)"
     device = next((rec.get("device") for _, rec in recs if rec.get("device")), "NVIDIA H200")

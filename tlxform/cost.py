@@ -68,8 +68,19 @@ PARTS = {
     "host_ms.sp_attention": "host time per sp_attention call, ms",
     "host_ms.plain": "host time per plain call (a torch.distributed collective + a cuBLAS GEMM), ms",
     "host_ms.plain_moe": "host time per plain MoE call (the grouped GEMM + a torch.distributed collective), ms",
+    "host_peer_ms.ag_gemm": "host time each rank past two adds to an ag_gemm call (its copies and flags), ms",
+    "host_peer_ms.gemm_rs": "host time each rank past two adds to a gemm_rs call (its waits, copies, flags), ms",
+    "host_peer_ms.gemm_ar": "host time each rank past two adds to a gemm_ar call, ms",
+    "host_peer_ms.ag_moe": "host time each rank past two adds to an ag_moe call, ms",
+    "host_peer_ms.moe_rs": "host time each rank past two adds to a moe_rs call, ms",
+    "host_peer_ms.sp_attention": "host time each rank past two adds to an sp_attention call, ms",
     "choice_margin": "auto takes the overlapped path only when it is predicted this fraction faster",
 }
+
+
+#: parts a calibration file may leave out, and the value they then take: the host's time per peer came later
+#: than the files of some machines (0: the host time of two ranks at every world size)
+OPTIONAL_PARTS = {name: 0.0 for name in PARTS if name.startswith("host_peer_ms.")}
 
 
 @dataclasses.dataclass
@@ -94,12 +105,15 @@ class Calibration:
     def from_json(cls, data: dict, where: str = "the calibration") -> Calibration:
         if not isinstance(data, dict) or not isinstance(data.get("parts"), dict):
             raise ValueError(f"{where}: not a TileLink calibration (a JSON object with 'machine' and 'parts')")
-        missing = sorted(set(PARTS) - set(data["parts"]))
+        missing = sorted(set(PARTS) - set(data["parts"]) - set(OPTIONAL_PARTS))
         if missing:
             raise ValueError(f"{where}: missing parts {', '.join(missing)}; recalibrate with tlxform bench model "
                              f"--calibrate")
-        return cls(dict(data.get("machine", {})), {k: float(v) for k, v in data["parts"].items()},
-                   dict(data.get("sources", {})))
+        parts = {**OPTIONAL_PARTS, **{k: float(v) for k, v in data["parts"].items()}}
+        sources = dict(data.get("sources", {}))
+        for name in set(OPTIONAL_PARTS) - set(data["parts"]):
+            sources[name] = f"not in this file: {OPTIONAL_PARTS[name]:g}"
+        return cls(dict(data.get("machine", {})), parts, sources)
 
 
 def load(path: str | os.PathLike | None = None) -> Calibration:
@@ -234,7 +248,9 @@ def _finish(op: str, shape: dict, R: int, p: _Parts, compute: float, comm: float
             host_op: str, host_plain: str, plain_extra: float = 0.0) -> Prediction:
     plain_gpu = compute + comm + plain_extra
     cal = p.cal
-    h_over = cal[f"host_ms.{host_op}"] if R > 1 else 0.0
+    # the host's time of a call with peers: that of two ranks, plus what each further peer's copies, flags and
+    # waits add (the plain path's collective is one call whatever the world)
+    h_over = cal[f"host_ms.{host_op}"] + cal[f"host_peer_ms.{host_op}"] * (R - 2) if R > 1 else 0.0
     h_plain = cal[f"host_ms.{host_plain}"] if R > 1 else 0.0
     return Prediction(op=op, shape=dict(shape), world=R, plain=max(plain_gpu, h_plain),
                       overlap=max(overlap_gpu, h_over), ideal=max(compute + plain_extra, comm), compute=compute,
@@ -242,12 +258,21 @@ def _finish(op: str, shape: dict, R: int, p: _Parts, compute: float, comm: float
                       host_plain=h_plain)
 
 
+#: a GEMM of at most this many rows is a decode step's: the tile kernels' rate there is the decode records' (the
+#: GEMM+AR ratio, 0.36-1.01 of cuBLAS at 1-256 tokens), not the large shapes' (0.98-0.99)
+DECODE_ROWS = 256
+
+
+def _tile_ratio(p: _Parts, op: str, M: int) -> float:
+    return p.cal["tile_ratio.gemm_ar"] if M <= DECODE_ROWS else p.cal[f"tile_ratio.{op}"]
+
+
 def _ag_gemm(p: _Parts, R: int, M: int, N: int, K: int, e: int, via: str = "copy_engine") -> Prediction:
     """AllGather(A) @ B: per rank (M, K) @ (K, N), each rank holding ceil(M/R) rows of A."""
     shard = _shard(M, R) * K * e
     compute = p.gemm(M, N, K, e)
     comm = p.nccl("all_gather", shard, R)
-    tile = p.launch() + (compute - p.launch()) / p.cal["tile_ratio.ag_gemm"]
+    tile = p.launch() + (compute - p.launch()) / _tile_ratio(p, "ag_gemm", M)
     if via == "sm":  # the pull partner keeps 16 SMs: the GEMM runs on the rest
         tile *= p.cal.machine.get("sms", 132) / (p.cal.machine.get("sms", 132) - 16)
     own_copy = p.memory(2 * shard) if R > 1 else 0.0  # the shard into this rank's symmetric set
@@ -260,7 +285,7 @@ def _gemm_rs(p: _Parts, R: int, M: int, N: int, K: int, e: int, via: str = "copy
     block = _shard(M, R) * N * e
     compute = p.gemm(M, N, K, e)
     comm = p.nccl("reduce_scatter", block, R)
-    tile = p.launch() + (compute - p.launch()) / p.cal["tile_ratio.gemm_rs"]
+    tile = p.launch() + (compute - p.launch()) / _tile_ratio(p, "gemm_rs", M)
     if R == 1:
         return _finish("gemm_rs", dict(M=M, N=N, K=K), R, p, compute, comm, tile, "gemm_rs", "plain")
     reduce = p.launch() + p.memory((R + 1) * block)  # every rank's block read, the sum written

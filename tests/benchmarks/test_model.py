@@ -135,6 +135,75 @@ def test_fits_recover_their_parameters() -> None:
     assert model.fit_collective(ring) == pytest.approx((300, 20))
 
 
+def test_the_host_time_per_peer() -> None:
+    """What each rank past two adds to a call's host time: the slope through world 2's median, never negative,
+    and nothing without a world of two and a larger one."""
+    slope, source = model.fit_host_per_peer({2: [0.2, 0.1, 0.3], 4: [0.3], 8: [0.5, 0.4, 0.6]})
+    assert slope == pytest.approx((2 * 0.1 + 6 * 0.3) / (2**2 + 6**2)) and "worlds 2, 4, 8" in source
+    assert model.fit_host_per_peer({2: [0.3], 4: [0.2]})[0] == 0.0
+    assert model.fit_host_per_peer({2: [0.3]}) == (0.0, "no host record of more than two ranks")
+    assert model.fit_host_per_peer({1: [0.05], 2: [0.3]}) == (0.0, "no host record of more than two ranks")
+    assert model.fit_host_per_peer({4: [0.3], 8: [0.5]}) == (0.0, "no host record of two ranks")
+    cal = cost.load(cost.SHIPPED)
+    parts = {**cal.parts, "host_ms.gemm_rs": 5.0, "host_peer_ms.gemm_rs": 0.5}
+    steep = cost.Calibration(cal.machine, parts, cal.sources)
+    shape = dict(M=64, N=64, K=64)  # device time far below the host's: the host sets the pace
+    for R, host in ((1, 0.0), (2, 5.0), (4, 6.0), (8, 8.0)):
+        p = cost.predict("gemm_rs", shape, R, calibration=steep)
+        assert p.host_overlap == pytest.approx(host) and p.host_plain == (cal["host_ms.plain"] if R > 1 else 0)
+        assert p.overlap == pytest.approx(max(host, p.overlap_gpu))
+
+
+def test_host_records_set_the_host_times(tmp_path) -> None:
+    """A host-benchmark record's world-2 medians replace the dist records' host times, its larger worlds give the
+    time per peer, which the MoE operators take from the launcher they share; a calibration file without the
+    per-peer parts still loads (0 each)."""
+    import shutil
+
+    folder = tmp_path / "perf"
+    shutil.copytree(model.RECORDS, folder, ignore=lambda d, names: [n for n in names if "host" in n])
+
+    def world(R, ag, rs, plain=None, matmul=20.0):
+        def part(us, collective):
+            host = {"tilelink": us, "torch.matmul": [matmul]}
+            return {"host_us": host | ({f"torch.matmul+{collective}": plain} if plain else {})}
+
+        return {"world": R, "ranks": [{"parts": {"ag_gemm": part(ag, "all_gather"),
+                                                 "gemm_rs": part(rs, "reduce_scatter")}} for _ in range(R)]}
+
+    # an earlier run on a slower host: its plain path (world 1) at 3.25x its torch.matmul
+    earlier = {"benchmark": "host", "worlds": [world(1, [50.0], [40.0], plain=[60.0, 70.0]),
+                                               world(2, [900.0], [900.0])]}
+    record = {"benchmark": "host", "worlds": [world(R, ag, rs, matmul=10.0) for R, ag, rs in
+                                              ((2, [200.0, 220.0], [150.0]), (4, [260.0], [350.0]))]}
+    wrong = world(4, [1.0] * 9, [350.0])["ranks"][0]
+    wrong["parts"]["ag_gemm"]["errors"] = {"tilelink": "relative error 0.5 against the fp32 reference"}
+    record["worlds"][1]["ranks"].append(wrong)  # a rank whose ag_gemm was wrong: its times are left out
+    emulated = {"benchmark": "host", "device": "cpu", "worlds": [world(2, [5.0], [5.0])]}  # a smoke test's
+    for day, rec in ((1, earlier), (2, record), (3, emulated)):
+        (folder / f"2030-01-0{day}-host.json").write_text(json.dumps(rec))
+    cal = model.calibration_from_records(folder)
+    # the operators from the latest record alone (another run, another host speed); the plain path from the earlier
+    # one's world 1, as a multiple of torch.matmul there, times torch.matmul in the latest
+    assert cal["host_ms.ag_gemm"] == pytest.approx(0.21) and cal["host_ms.gemm_rs"] == pytest.approx(0.15)
+    assert cal["host_ms.plain"] == pytest.approx(3.25 * 0.010) and "(3.25x)" in cal.sources["host_ms.plain"]
+    assert cal["host_peer_ms.ag_gemm"] == pytest.approx(0.025) and cal["host_peer_ms.gemm_rs"] == pytest.approx(0.1)
+    assert cal["host_peer_ms.moe_rs"] == cal["host_peer_ms.gemm_rs"]
+    assert "gemm_rs's" in cal.sources["host_peer_ms.moe_rs"]
+    assert cal["host_ms.sp_attention"] == cal["host_ms.ag_gemm"]
+    # no host record of MoE: its base host time stays the dist records'
+    assert cal["host_ms.ag_moe"] == model.calibration_from_records().parts["host_ms.ag_moe"]
+    assert "dist measurements" in cal.sources["host_ms.ag_moe"]
+    assert {"2030-01-01-host.json", "2030-01-02-host.json"} <= set(cal.machine["records"])
+    assert "2030-01-03-host.json" not in cal.machine["records"]
+    older = tmp_path / "older.json"
+    data = cal.to_json()
+    data["parts"] = {k: v for k, v in data["parts"].items() if not k.startswith("host_peer_ms.")}
+    older.write_text(json.dumps(data))
+    loaded = cost.load(older)
+    assert loaded["host_peer_ms.gemm_rs"] == 0.0 and loaded.sources["host_peer_ms.gemm_rs"] == "not in this file: 0"
+
+
 def test_the_command(tmp_path, monkeypatch) -> None:
     from tilelink.cli.main import main
 
