@@ -223,22 +223,26 @@ def calibration_from_records(folder: Path = RECORDS) -> cost.Calibration:
         parts[f"host_peer_ms.{op}"] = 0.0
         src[f"host_peer_ms.{op}"] = "no host record"
     host_worlds: dict[str, dict[int, list[float]]] = {}
-    if hosts:  # the operators from the latest host record
-        host_name, host_worlds = hosts[-1]
-        host_worlds = dict(host_worlds)
+    # the operators from the latest host record that timed one with peers (a run of world 1 alone times none)
+    ops_run = next(((name, rec) for name, rec in reversed(hosts)
+                    if any(R >= 2 for op, worlds in rec.items() if op not in ("matmul", "plain") for R in worlds)),
+                   None)
+    if ops_run is not None:
+        host_name, host_worlds = ops_run
+        host_worlds = {op: worlds for op, worlds in host_worlds.items() if op not in ("matmul", "plain")}
         names.append(host_name)
-        matmul = _median(v for values in host_worlds.pop("matmul", {}).values() for v in values)
-        host_worlds.pop("plain", None)
+        matmul_run = [v for values in ops_run[1].get("matmul", {}).values() for v in values]
         # the plain path (torch.matmul and the collective: NCCL needs a GPU per rank, so a world of one on a single
-        # GPU) from the latest record that has it, as a multiple of torch.matmul's host time in that run, applied
-        # to torch.matmul's in the operators' run: a host's speed moves every method of a run alike
-        plain = next(((name, rec) for name, rec in reversed(hosts) if 1 in rec.get("plain", {})), None)
-        if plain is not None:
+        # GPU) from the latest record that has both at world 1, as a multiple of torch.matmul's host time in that
+        # run, applied to torch.matmul's in the operators' run: a host's speed moves every method of a run alike
+        plain = next(((name, rec) for name, rec in reversed(hosts)
+                      if rec.get("plain", {}).get(1) and rec.get("matmul", {}).get(1)), None)
+        if plain is not None and matmul_run:
             name, rec = plain
-            ratio = _median(rec["plain"][1]) / _median(rec["matmul"][1])
-            parts["host_ms.plain"] = ratio * matmul
+            over_matmul = _median(rec["plain"][1]) / _median(rec["matmul"][1])
+            parts["host_ms.plain"] = over_matmul * _median(matmul_run)
             src["host_ms.plain"] = (f"torch.matmul + the collective at world 1 over torch.matmul in {name} "
-                                    f"({ratio:.2f}x), times torch.matmul's host time in {host_name}")
+                                    f"({over_matmul:.2f}x), times torch.matmul's host time in {host_name}")
             if name != host_name:
                 names.append(name)
     for op, worlds in host_worlds.items():

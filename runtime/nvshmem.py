@@ -182,26 +182,22 @@ class _StreamOps:
         return TileLinkError(f"{what}: {value} does not fit the flag's {self._limit.bit_length() - 1} bits")
 
     def write(self, stream: int, address: int, value: int) -> None:
-        if not 0 <= value < self._limit:
-            raise self._out_of_range("cuStreamWriteValue", value)
-        if self._write is not None:
-            err = self._write(stream, address, value, self._write_flags)
-            if err:
-                raise self._failed("cuStreamWriteValue", err)
-            return
-        _check(self._write_bound(self._stream(stream), self._pointer(address), int(value), self._write_flags),
-               "cuStreamWriteValue")
+        self._flag_op(self._write, self._write_bound, self._write_flags, "cuStreamWriteValue", stream, address, value)
 
     def wait(self, stream: int, address: int, value: int) -> None:
+        self._flag_op(self._wait, self._wait_bound, self._wait_flags, "cuStreamWaitValue", stream, address, value)
+
+    def _flag_op(self, direct, bound, flags: int, what: str, stream: int, address: int, value: int) -> None:
+        """A word's write or a stream's wait for it: the entry point ``direct`` with plain integers, else the
+        bindings' ``bound``."""
         if not 0 <= value < self._limit:
-            raise self._out_of_range("cuStreamWaitValue", value)
-        if self._wait is not None:
-            err = self._wait(stream, address, value, self._wait_flags)
+            raise self._out_of_range(what, value)
+        if direct is not None:
+            err = direct(stream, address, value, flags)
             if err:
-                raise self._failed("cuStreamWaitValue", err)
+                raise self._failed(what, err)
             return
-        _check(self._wait_bound(self._stream(stream), self._pointer(address), int(value), self._wait_flags),
-               "cuStreamWaitValue")
+        _check(bound(self._stream(stream), self._pointer(address), int(value), flags), what)
 
     def _failed(self, what: str, err: int) -> TileLinkError:
         try:

@@ -196,6 +196,20 @@ def test_host_records_set_the_host_times(tmp_path) -> None:
     assert "dist measurements" in cal.sources["host_ms.ag_moe"]
     assert {"2030-01-01-host.json", "2030-01-02-host.json"} <= set(cal.machine["records"])
     assert "2030-01-03-host.json" not in cal.machine["records"]
+    # later runs that time no operator with peers leave the operators' times as they were: one of world 1 alone
+    # (its plain path is the latest: 2x its torch.matmul), one whose every operator failed
+    alone = {"benchmark": "host", "worlds": [world(1, [30.0], [30.0], plain=[40.0], matmul=20.0)]}
+    failed = {"benchmark": "host", "worlds": [world(2, [1.0], [1.0])]}
+    for rank in failed["worlds"][0]["ranks"]:
+        for got in rank["parts"].values():
+            got["errors"] = {"tilelink": "relative error 0.5 against the fp32 reference"}
+        del rank["parts"]["ag_gemm"]["host_us"]["torch.matmul"]
+    for day, rec in ((4, alone), (5, failed)):
+        (folder / f"2030-01-0{day}-host.json").write_text(json.dumps(rec))
+    later = model.calibration_from_records(folder)
+    assert later["host_ms.ag_gemm"] == pytest.approx(0.21) and later["host_peer_ms.gemm_rs"] == pytest.approx(0.1)
+    assert later["host_ms.plain"] == pytest.approx(2.0 * 0.010) and "2030-01-04-host.json" in later.sources[
+        "host_ms.plain"]
     older = tmp_path / "older.json"
     data = cal.to_json()
     data["parts"] = {k: v for k, v in data["parts"].items() if not k.startswith("host_peer_ms.")}
