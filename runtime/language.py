@@ -319,7 +319,9 @@ EPOCH_WORD: tl.constexpr = tl.constexpr(5)
 def call_target(target, diag_ptr):
     """``target`` for this call: times the call count in word ``EPOCH_WORD`` of the diagnostics array when a
     captured call (a CUDA graph's replay) advanced it on the device, else ``target`` itself (the word is 0 and
-    the host passed the count in ``target``). One scalar load per wait."""
+    the host passed the count in ``target``). One scalar load; the word is fixed for the length of a launch, so
+    a program may read it once and pass the result to its waits with ``scaled=True`` (what generated code does:
+    a load before each wait delays that wait's first poll)."""
     return target * tl.maximum(tl.load(diag_ptr + EPOCH_WORD), 1)
 
 
@@ -367,11 +369,13 @@ def peer_ptr_aligned(peer_table, like_ptr, rank):
 
 
 @triton.jit
-def consumer_tile_wait(barrier_ptr, first, count, target, diag_ptr, budget):
+def consumer_tile_wait(barrier_ptr, first, count, target, diag_ptr, budget, scaled: tl.constexpr = False):
     """A consumer tile waits until channels ``first .. first+count-1`` of the local barrier array
-    are each ``>= target`` (acquire). Returns the token."""
+    are each ``>= target`` (acquire). Returns the token. ``scaled``: ``target`` is this call's already
+    (:func:`call_target`); otherwise it is scaled here."""
     token = tl.full((), 0, tl.int32)
-    target = call_target(target, diag_ptr)
+    if not scaled:
+        target = call_target(target, diag_ptr)
     for channel in range(first, first + count):
         token += _spin(barrier_ptr + channel, target, diag_ptr, budget, KIND_CONSUMER_TILE_WAIT,
                        channel)
@@ -419,7 +423,7 @@ SCALAR_SPAN: tl.constexpr = tl.constexpr(4)
 
 
 @triton.jit
-def consumer_tile_wait_channels(barrier_ptr, channels, target, diag_ptr, budget):
+def consumer_tile_wait_channels(barrier_ptr, channels, target, diag_ptr, budget, scaled: tl.constexpr = False):
     """Dynamic mapping: a consumer tile whose rows come from a run-time index (the MoE gather) waits
     for every distinct channel in the vector ``channels`` (entries < 0, e.g. padding, are ignored),
     each ``>= target``. Returns the token.
@@ -428,9 +432,10 @@ def consumer_tile_wait_channels(barrier_ptr, channels, target, diag_ptr, budget)
     is polled with one scalar acquire (a channel of the span that no row needs is waited for too: an
     all-gather's channels arrive whatever its consumers do). Otherwise each 32-channel word is polled
     once with one vector of acquire reads (the lanes a program's threads hold run in parallel) and only
-    the channels not there yet are spun on one by one."""
+    the channels not there yet are spun on one by one. ``scaled`` as for :func:`consumer_tile_wait`."""
     token = tl.full((), 0, tl.int32)
-    target = call_target(target, diag_ptr)
+    if not scaled:
+        target = call_target(target, diag_ptr)
     valid, first, last = _channel_span(channels)
     if last - first < SCALAR_SPAN:
         for c in range(first, last + 1):

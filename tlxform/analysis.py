@@ -180,6 +180,9 @@ class KernelAnalysis:
     # each `while` loop: where it starts and ends (a store inside one runs as often as the loop does, which TileLink
     # cannot count)
     while_loops: tuple[tuple[Where, Where], ...] = ()
+    # the body's first statement after the docstring: what runs once per program before anything else (a value
+    # fixed for the launch that every wait needs is read there once)
+    body_first: Where | None = None
 
     def accesses_of(self, tensor: str, kind: str) -> list[Access]:
         return [a for a in self.accesses if a.tensor == tensor and a.kind == kind]
@@ -3374,6 +3377,14 @@ def _branch_sides(an: _Analyzer) -> dict[Where, tuple[BranchSide, ...]]:
     return sides
 
 
+def _body_first(an: _Analyzer, fn: cst.FunctionDef) -> Where | None:
+    """Where the kernel's first statement after its docstring starts (None: the body is only a docstring)."""
+    body = list(fn.body.body) if isinstance(fn.body, cst.IndentedBlock) else []
+    if body and fn.get_docstring(clean=False) is not None:
+        body = body[1:]
+    return an.where(body[0]) if body else None
+
+
 def _returns(an: _Analyzer) -> tuple[tuple[Where, tuple[str, ...]], ...]:
     """Each ``return`` of the kernel and the tests of the branches and loops that hold it."""
     found: list[tuple[Where, tuple[str, ...]]] = []
@@ -3506,5 +3517,6 @@ def analyse(module: cst.Module, file: str, kernel: str,
                                       if ref.blocks},
                               written_out=lambda source, at: launch_value(an, source, at),
                               while_loops=tuple((an.where(loop), _end(an, loop))
-                                                for loop in m.findall(fn.body, m.While())))
+                                                for loop in m.findall(fn.body, m.While())),
+                              body_first=_body_first(an, fn))
     return analysis

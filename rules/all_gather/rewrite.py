@@ -125,24 +125,24 @@ def rewrite(an: KernelAnalysis, spec: AllGatherSpec, options: Options) -> Rewrit
                 f"# tilelink: wait for the channels holding the rows {t.start} this tile gathers from "
                 f"{', '.join(spec.tensors)} (all_gather, dynamic mapping through {spec.index})",
                 *channels_of_row_vector(t.start),
-                "tlk_token = tll.consumer_tile_wait_channels(tlk_barriers, tlk_channel, tlk_epoch, tlk_diag, "
-                "tlk_budget)",
+                "tlk_token = tll.consumer_tile_wait_channels(\n    tlk_barriers, tlk_channel, tlk_target, tlk_diag, "
+                "tlk_budget, scaled=True)",
             ]
         else:
             lines = [
                 f"# tilelink: wait until rows [{t.start}, {t.start} + {t.size}) of "
                 f"{', '.join(spec.tensors)} have arrived (all_gather, dim {spec.dim})",
                 channels_of_tile(t),
-                "tlk_token = tll.consumer_tile_wait(tlk_barriers, tlk_first, tlk_count, tlk_epoch, tlk_diag, "
-                "tlk_budget)",
+                "tlk_token = tll.consumer_tile_wait(\n    tlk_barriers, tlk_first, tlk_count, tlk_target, tlk_diag, "
+                "tlk_budget, scaled=True)",
             ]
             if t.wraps:  # the rows past the end read the first rows again: wait for those too
                 lines += [
                     "# tilelink: and for the rows its offsets wrap to, at the start",
                     f"tlk_first, tlk_count = tlm.tl_channels_of_rows(\n    0, {tile_end(t)} - tlk_rows,\n"
                     f"    {MAPPING_ARGS})",
-                    "tlk_token += tll.consumer_tile_wait(tlk_barriers, tlk_first, tlk_count, tlk_epoch, tlk_diag, "
-                    "tlk_budget)",
+                    "tlk_token += tll.consumer_tile_wait(\n"
+                    "    tlk_barriers, tlk_first, tlk_count, tlk_target, tlk_diag, tlk_budget, scaled=True)",
                 ]
         tokens += _loop_targets(an, group, a.anchor, tokens)
         lines += [f"{n} = {n} + tlk_token" for n in tokens]
@@ -157,6 +157,12 @@ def rewrite(an: KernelAnalysis, spec: AllGatherSpec, options: Options) -> Rewrit
             f"consumer_tile_wait before line {a.anchor.line} (guards the reads of "
             f"{', '.join(sorted({x.tensor for x in group}))} at line(s) "
             f"{', '.join(str(x.where.line) for x in group)}; {rows})", a.anchor))
+    # every wait's target read once, at the program's start: a captured call's count (a word the graph advances
+    # before the launch) is fixed for the launch, and a load before each wait delayed its first poll
+    assert an.body_first is not None  # the body loads from the gathered tensor
+    insertions.insert(0, Insertion(an.body_first, "before", (
+        "# tilelink: this call's barrier target (fixed for the launch: read once)",
+        "tlk_target = tll.call_target(tlk_epoch, tlk_diag)")))
     shift = f"(tlk_rank * tlk_rows_per_rank) // ({tile.size})"
     if tile.dynamic:
         report.append(ReportEntry(an.name, RULE, "note", f"dynamic mapping through {spec.index}: each tile "

@@ -34,8 +34,8 @@ def test_the_loop_target_a_descriptor_load_reads_carries_the_token() -> None:
     generated = _generated()
     lines = [line.strip() for line in generated.rewritten["block_sums"].splitlines()]
     wait = next(i for i, line in enumerate(lines) if line.startswith("tlk_token = tll.consumer_tile_wait("))
-    assert lines[wait + 1] == "start = start + tlk_token", lines[wait:wait + 3]
-    assert lines[wait + 2] == "acc += desc.load([start, 0])", lines[wait:wait + 3]
+    assert lines[wait + 2] == "start = start + tlk_token", lines[wait:wait + 4]  # after the call's second line
+    assert lines[wait + 3] == "acc += desc.load([start, 0])", lines[wait:wait + 4]
     assert not [e for e in generated.report.entries if "no token carried" in str(e)]
 
 

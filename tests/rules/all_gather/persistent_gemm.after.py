@@ -23,6 +23,8 @@ def persistent_matmul_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak,
                              BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,  # added by TileLink:
                              tlk_barriers, tlk_epoch, tlk_rank, tlk_world, tlk_rows,
                              tlk_rows_per_rank, tlk_rows_per_channel, tlk_channels_per_rank, tlk_diag, tlk_budget):
+    # tilelink: this call's barrier target (fixed for the launch: read once)
+    tlk_target = tll.call_target(tlk_epoch, tlk_diag)
     pid = tl.program_id(0)
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
@@ -40,7 +42,8 @@ def persistent_matmul_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak,
         tlk_first, tlk_count = tlm.tl_channels_of_rows(
             pid_m * BLOCK_M, pid_m * BLOCK_M + BLOCK_M,
             tlk_rows, tlk_rows_per_rank, tlk_rows_per_channel, tlk_channels_per_rank)
-        tlk_token = tll.consumer_tile_wait(tlk_barriers, tlk_first, tlk_count, tlk_epoch, tlk_diag, tlk_budget)
+        tlk_token = tll.consumer_tile_wait(
+            tlk_barriers, tlk_first, tlk_count, tlk_target, tlk_diag, tlk_budget, scaled=True)
         a_ptr = a_ptr + tlk_token
         for k in range(0, tl.cdiv(K, BLOCK_K)):
             offs_kk = k * BLOCK_K + offs_k

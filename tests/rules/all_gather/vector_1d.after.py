@@ -21,12 +21,15 @@ import tilelink.mapping as tlm
 def scale_kernel(x_ptr, w_ptr, y_ptr, N, BLOCK: tl.constexpr,  # added by TileLink:
                  tlk_barriers, tlk_epoch, tlk_rank, tlk_world, tlk_rows,
                  tlk_rows_per_rank, tlk_rows_per_channel, tlk_channels_per_rank, tlk_diag, tlk_budget):
+    # tilelink: this call's barrier target (fixed for the launch: read once)
+    tlk_target = tll.call_target(tlk_epoch, tlk_diag)
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     # tilelink: wait until rows [tl.program_id(0) * BLOCK, tl.program_id(0) * BLOCK + BLOCK) of x_ptr have arrived (all_gather, dim 0)
     tlk_first, tlk_count = tlm.tl_channels_of_rows(
         tl.program_id(0) * BLOCK, tl.program_id(0) * BLOCK + BLOCK,
         tlk_rows, tlk_rows_per_rank, tlk_rows_per_channel, tlk_channels_per_rank)
-    tlk_token = tll.consumer_tile_wait(tlk_barriers, tlk_first, tlk_count, tlk_epoch, tlk_diag, tlk_budget)
+    tlk_token = tll.consumer_tile_wait(
+        tlk_barriers, tlk_first, tlk_count, tlk_target, tlk_diag, tlk_budget, scaled=True)
     x_ptr = x_ptr + tlk_token
     x = tl.load(x_ptr + offs, mask=offs < N, other=0.0)
     w = tl.load(w_ptr + offs, mask=offs < N, other=0.0)

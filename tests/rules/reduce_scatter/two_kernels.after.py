@@ -28,6 +28,8 @@ def tile_of(pid, N, BLOCK_N: tl.constexpr):
 def up_kernel(x_ptr, w_ptr, h_ptr, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,  # added by TileLink:
               tlk_barriers, tlk_epoch, tlk_rank, tlk_world, tlk_rows,
               tlk_rows_per_rank, tlk_rows_per_channel, tlk_channels_per_rank, tlk_diag, tlk_budget):
+    # tilelink: this call's barrier target (fixed for the launch: read once)
+    tlk_target = tll.call_target(tlk_epoch, tlk_diag)
     pid_m, pid_n = tile_of(tl.program_id(0), N, BLOCK_N)
     # tilelink: visit tiles in local_first order (all_gather)
     pid_m = tlm.tl_remap_tile(
@@ -40,7 +42,8 @@ def up_kernel(x_ptr, w_ptr, h_ptr, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.c
     tlk_first, tlk_count = tlm.tl_channels_of_rows(
         pid_m * BLOCK_M, pid_m * BLOCK_M + BLOCK_M,
         tlk_rows, tlk_rows_per_rank, tlk_rows_per_channel, tlk_channels_per_rank)
-    tlk_token = tll.consumer_tile_wait(tlk_barriers, tlk_first, tlk_count, tlk_epoch, tlk_diag, tlk_budget)
+    tlk_token = tll.consumer_tile_wait(
+        tlk_barriers, tlk_first, tlk_count, tlk_target, tlk_diag, tlk_budget, scaled=True)
     x_ptr = x_ptr + tlk_token
     for k in range(0, tl.cdiv(K, BLOCK_K)):
         kk = k * BLOCK_K + offs_k
