@@ -162,8 +162,9 @@ def calibration_from_records(folder: Path = RECORDS) -> cost.Calibration:
                 attention.append(4 * r["q_rows"] * r["S"] * r["heads"] * r["head_dim"] / (base * 1e9))
                 ratio["sp_attention"].append((base / r["ms"]["rewritten"], base))
         elif kind == "host" and not str(rec.get("device", "")).startswith("cpu"):
-            # benchmarks.host on a GPU: the operators' host time per call, per world size. One record serves, the
-            # latest: hosts differ in speed from run to run, and the paths are compared within one run
+            # benchmarks.host on a GPU: the operators' host time per call, per world size. One record serves the
+            # operators, the latest that timed one with peers: hosts differ in speed from run to run, and the paths
+            # are compared within one run
             hosts.append((path.name, host_record(rec)))
         elif kind == "pull_bandwidth":
             names.append(path.name)

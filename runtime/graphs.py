@@ -9,7 +9,8 @@ and its call count on the device, in word :data:`EPOCH_WORD` of that array. A ca
 - advances that word with a one-element add at its start (a node of the graph, so every replay advances it);
 - passes the kernels the per-call multiples only (``tlk_epoch`` = 1, or ``k`` for an all-gather of ``k``
   tensors): every wait of :mod:`tilelink.language` scales its target by the word (:func:`call_target`, one
-  scalar load; the word is 0 on an uncaptured context's array, where the host passes the count itself);
+  scalar load, which a generated kernel makes once at its start and passes to its waits scaled; the word is 0 on
+  an uncaptured context's array, where the host passes the count itself);
 - replaces the host-side primitives whose values the host computes per call (``cuStreamWriteValue64`` /
   ``cuStreamWaitValue64`` of the copy engine and the handshake) by the small kernels below, which read the
   word: :func:`signal_kernel` stores ``count * mul - sub`` into a word of a rank's copy, :func:`wait_kernel`

@@ -3378,8 +3378,9 @@ def _branch_sides(an: _Analyzer) -> dict[Where, tuple[BranchSide, ...]]:
 
 
 def _body_first(an: _Analyzer, fn: cst.FunctionDef) -> Where | None:
-    """Where the kernel's first statement after its docstring starts (None: the body is only a docstring)."""
-    body = list(fn.body.body) if isinstance(fn.body, cst.IndentedBlock) else []
+    """Where the kernel's first statement after its docstring starts (None: the body is only a docstring). A body
+    on the ``def`` line (``def k(...): a = 1; b = 2``) starts at its first small statement."""
+    body = list(fn.body.body)
     if body and fn.get_docstring(clean=False) is not None:
         body = body[1:]
     return an.where(body[0]) if body else None
@@ -3491,6 +3492,12 @@ def analyse(module: cst.Module, file: str, kernel: str,
         op = code(node.operator).rstrip("=").strip()
         updates.setdefault(node.target.value, []).append(f"{node.target.value} {op} ({code(node.value)})")
         update_sites.setdefault(node.target.value, []).append(an.where(node))
+    reserved = sorted((n, an.where(defs[0][0].node)) for n, defs in an.assignments.items() if n.startswith("tlk_"))
+    if reserved:
+        name, at = reserved[0]
+        raise AnnotationError(f"kernel {kernel!r} assigns {name!r}: TileLink's inserted names start with tlk_",
+                              file=at.file, line=at.line, column=at.column,
+                              hint=f"rename {name!r} (the tlk_ prefix is reserved for the code TileLink inserts)")
     analysis = KernelAnalysis(kernel, file, an.params, an.constexpr, aliases,
                               tuple(sorted(accesses, key=lambda a: (a.where.line, a.where.column))),
                               fn_where,

@@ -520,10 +520,13 @@ def _dedent(line: str, column: int) -> str:
 
 
 def _fresh(name: str, taken: set[str], local_names: set[str]) -> str:
-    """``name``, or ``name_2``, ``name_3``, ... : a name neither the kernel nor the helper uses yet."""
-    out, k = name, 2
+    """``name``, or ``name_2``, ``name_3``, ... : a name neither the kernel nor the helper uses yet; a helper's
+    ``tlk_`` name becomes ``user_tlk_...`` (the rewrite's inserted names start with ``tlk_``, and one the kernel
+    sets at its start is read long after)."""
+    base = f"user_{name}" if name.startswith("tlk_") else name
+    out, k = base, 2
     while out in taken or (out != name and out in local_names):
-        out, k = f"{name}_{k}", k + 1
+        out, k = f"{base}_{k}", k + 1
     taken.add(out)
     return out
 
