@@ -1,6 +1,6 @@
 """``tilelink.spawn``: run a function on every rank of a fresh world of local processes.
 
-Each rank is a process started with the ``spawn`` method, given the torchrun variables (``RANK``,
+Each rank is a fresh process (see :func:`_start_context`), given the torchrun variables (``RANK``,
 ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``), initialised with
 ``tilelink.init(backend)``; it runs ``fn(*args, **kwargs)`` and sends back the result or its
 exception. No silent hangs: a failing rank fails the whole call (the others are stopped after a
@@ -24,10 +24,13 @@ import queue as queue_module
 import random
 import signal
 import socket
+import sys
 import threading
 import time
 import traceback
 import uuid
+from multiprocessing import reduction
+from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 from tilelink.errors import TileLinkError
@@ -166,13 +169,28 @@ def _leave_groups() -> None:
         dist.destroy_process_group()
 
 
-def _rank_main(fn, rank: int, env: dict[str, str], backend: str, args: tuple, kwargs: dict,
-               results, deadline: float | None = None, groups: tuple[tuple[int, ...], ...] | None = None) -> None:
-    """Body of one rank's process. A rank still running shortly before the parent gives up on it
-    (``deadline``, wall-clock seconds) prints every thread's Python stack to stderr, so a hang says
-    where it is. ``groups``: TileLink's worlds are these groups of the job's ranks (see :func:`spawn`)."""
+def _rank_main(rank: int, environ: dict[str, str], backend: str, work: bytes, results,
+               deadline: float | None = None, groups: tuple[tuple[int, ...], ...] | None = None,
+               stdio: tuple[int, ...] = ()) -> None:
+    """Body of one rank's process. ``environ`` is the caller's environment with the rank's variables: a rank
+    forked by the server inherits the server's, from when it started. ``work`` is ``(fn, args, kwargs)``
+    pickled, loaded only once the environment is the caller's (loading imports ``fn``'s module, whose kernels
+    read ``TRITON_INTERPRET`` when they are defined). A rank still running shortly before the parent gives up
+    on it (``deadline``, wall-clock seconds) prints every thread's Python stack to stderr, so a hang says
+    where it is. ``groups``: TileLink's worlds are these groups of the job's ranks (see :func:`spawn`). ``stdio``:
+    descriptors to take as stdout and stderr (see :class:`_ParentFd`)."""
+    for target, fd in zip((1, 2)[:len(stdio)], stdio, strict=True):
+        os.dup2(fd, target)
+        os.close(fd)
+    os.environ.clear()
+    os.environ.update(environ)
+    try:
+        fn, args, kwargs = pickle.loads(work)
+    except BaseException:  # noqa: BLE001 - the parent names this rank as one that could not start
+        traceback.print_exc()
+        sys.stderr.flush()
+        os._exit(1)
     results.put((rank, "started", None, time.time()))  # fn and its arguments were unpickled: importable here
-    os.environ.update(env)
     if deadline is not None:
         faulthandler.dump_traceback_later(max(deadline - time.time() - STACK_DUMP_MARGIN_S, 1.0), exit=False)
     import torch
@@ -185,12 +203,12 @@ def _rank_main(fn, rank: int, env: dict[str, str], backend: str, args: tuple, kw
         if backend == "nvshmem" and torch.cuda.is_available():
             from tilelink.runtime.nvshmem import rank_device_index
 
-            torch.cuda.set_device(rank_device_index(int(env["LOCAL_RANK"]), int(env["LOCAL_WORLD_SIZE"]),
+            torch.cuda.set_device(rank_device_index(int(environ["LOCAL_RANK"]), int(environ["LOCAL_WORLD_SIZE"]),
                                                     torch.cuda.device_count()))
         if groups is None:
             world.init(backend)
         else:
-            _join_groups(backend, rank, int(env["WORLD_SIZE"]), groups)
+            _join_groups(backend, rank, int(environ["WORLD_SIZE"]), groups)
         result = fn(*args, **kwargs)
         payload = pickle.dumps(result)
     except BaseException as exc:  # noqa: BLE001 - every failure goes back to the parent
@@ -212,8 +230,9 @@ def _rank_main(fn, rank: int, env: dict[str, str], backend: str, args: tuple, kw
 
 
 def _check_target(fn) -> None:
-    """Refuse, before starting anything, a ``fn`` the ranks could not import: they are fresh processes (the
-    spawn start method) that find ``fn`` by its module and name."""
+    """Refuse, before starting anything, a ``fn`` the ranks could not import: they are fresh processes (a new
+    interpreter, or a fork of a server that has imported only torch and Triton) that find ``fn`` by its module and
+    name."""
     import __main__
 
     name = getattr(fn, "__qualname__", repr(fn))
@@ -230,6 +249,56 @@ def _check_target(fn) -> None:
         raise TileLinkError(
             f"spawn: {name} cannot be sent to the ranks ({type(exc).__name__}: {exc}): it must be a module-level "
             f"function of an importable .py file (not a lambda or a nested function)") from None
+
+
+#: what the emulated ranks' fork server imports once, so that each rank starts in a fraction of a second
+#: instead of importing torch and Triton again (seconds a rank, on every call)
+_FORKSERVER_PRELOAD = ["torch", "triton", "triton.language"]
+
+
+def _start_context(backend: str):
+    """How the ranks start. Emulated ranks fork from multiprocessing's fork server, which has imported torch and
+    Triton once (and nothing of TileLink or the caller's, which each rank imports afresh, as with ``spawn``);
+    this sets the server's preload list, which the process's own use of the fork server shares. NVSHMEM ranks,
+    and every rank where there is no fork server (Windows), start with ``spawn``: a new interpreter each."""
+    if backend == "emulated" and "forkserver" in mp.get_all_start_methods():
+        ctx = mp.get_context("forkserver")
+        ctx.set_forkserver_preload(_FORKSERVER_PRELOAD)
+        return ctx
+    return mp.get_context("spawn")
+
+
+class _ParentFd:
+    """The caller's file descriptor ``fd``, received by a forked rank as a descriptor of its own. A fork server's
+    ranks write where the server's stdout and stderr went when it started (in a test, an earlier test's
+    capture); each rank points its own at the caller's current ones instead, as a new interpreter would."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def __reduce__(self):
+        return _received_fd, (reduction.DupFd(self.fd),)
+
+
+def _received_fd(dup) -> int:
+    return dup.detach()
+
+
+def _parent_stdio(ctx) -> tuple:
+    """``(stdout, stderr)`` for the ranks to take over, where they do not inherit them (see :class:`_ParentFd`)."""
+    if ctx.get_start_method() != "forkserver":
+        return ()
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+        sys.stderr.flush()
+    fds = []
+    for fd in (1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:  # closed here: the rank keeps the server's
+            return ()
+        fds.append(_ParentFd(fd))
+    return tuple(fds)
 
 
 @contextlib.contextmanager
@@ -290,7 +359,13 @@ def spawn(fn, world_size: int, *args, backend: str = "emulated", groups=None, ti
         groups = _check_groups(groups, world_size)
     session = f"{uuid.uuid4().hex[:12]}-{os.getpid()}"
     port = free_port()
-    ctx = mp.get_context("spawn")
+    try:
+        work = bytes(ForkingPickler.dumps((fn, args, kwargs)))
+    except Exception as exc:  # noqa: BLE001 - reported with what to do
+        raise TileLinkError(f"spawn: the arguments of {getattr(fn, '__qualname__', repr(fn))} cannot be sent to the "
+                            f"ranks ({type(exc).__name__}: {exc}): pass picklable values") from None
+    ctx = _start_context(backend)
+    stdio = _parent_stdio(ctx)
     results = ctx.Queue()
     processes = []
     child_environ = {"TRITON_INTERPRET": "1" if backend == "emulated" else None}
@@ -304,13 +379,13 @@ def spawn(fn, world_size: int, *args, backend: str = "emulated", groups=None, ti
                     else:
                         os.environ[key] = value
                 for rank in range(world_size):
-                    env = {"RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank),
+                    environ = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank),
                            "LOCAL_WORLD_SIZE": str(world_size), "MASTER_ADDR": "127.0.0.1",
                            "MASTER_PORT": str(port), "TILELINK_SESSION": session,
                            "TILELINK_BACKEND": backend}
                     process = ctx.Process(target=_rank_main, name=f"tilelink-rank-{rank}",
-                                          args=(fn, rank, env, backend, args, kwargs, results, time.time() + timeout,
-                                                groups),
+                                          args=(rank, environ, backend, work, results, time.time() + timeout, groups,
+                                                stdio),
                                           daemon=True)
                     process.start()
                     processes.append(process)

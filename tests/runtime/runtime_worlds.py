@@ -394,3 +394,19 @@ def timed_out_operator_refuses() -> dict:
         return out
     finally:
         diagnostics.Diagnostics.check = real
+
+
+def say(word: str) -> int:
+    """Print ``word`` and the rank on stdout and on stderr, from Python and from the interpreter's own stream."""
+    import os
+    import sys
+
+    print(f"{word} from rank {tilelink.rank()} on stdout", flush=True)
+    print(f"{word} from rank {tilelink.rank()} on stderr", file=sys.stderr, flush=True)
+    return os.getppid()
+
+
+def environ_value(name: str) -> str | None:
+    import os
+
+    return os.environ.get(name)
