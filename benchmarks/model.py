@@ -224,13 +224,14 @@ def calibration_from_records(folder: Path = RECORDS) -> cost.Calibration:
         parts[f"host_peer_ms.{op}"] = 0.0
         src[f"host_peer_ms.{op}"] = "no host record"
     host_worlds: dict[str, dict[int, list[float]]] = {}
+    baselines = ("matmul", "plain")  # the host record's methods that are not operators
     # the operators from the latest host record that timed one with peers (a run of world 1 alone times none)
     ops_run = next(((name, rec) for name, rec in reversed(hosts)
-                    if any(R >= 2 for op, worlds in rec.items() if op not in ("matmul", "plain") for R in worlds)),
+                    if any(R >= 2 for op, worlds in rec.items() if op not in baselines for R in worlds)),
                    None)
     if ops_run is not None:
         host_name, host_worlds = ops_run
-        host_worlds = {op: worlds for op, worlds in host_worlds.items() if op not in ("matmul", "plain")}
+        host_worlds = {op: worlds for op, worlds in host_worlds.items() if op not in baselines}
         names.append(host_name)
         matmul_run = [v for values in ops_run[1].get("matmul", {}).values() for v in values]
         # the plain path (torch.matmul and the collective: NCCL needs a GPU per rank, so a world of one on a single
