@@ -10,7 +10,7 @@ the user's source again except through what is recorded here.
 from __future__ import annotations
 
 import textwrap
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import libcst as cst
@@ -19,6 +19,7 @@ from libcst.metadata import MetadataWrapper, PositionProvider
 
 from tilelink.errors import AnnotationError
 from tilelink.helper_sources import imported_helpers
+from tilelink.node_index import NodeIndex
 
 
 # ----------------------------------------------------------------------------- small data types
@@ -420,6 +421,7 @@ class _Analyzer:
         # the divisibility facts the `tile=` proofs took, with their loads (`KernelAnalysis.row_multiples`)
         self.row_multiples: list[tuple[tuple[str, ...], str, Where]] = []
         self.positions = wrapper.resolve(PositionProvider)
+        self.index = NodeIndex(module)  # the searches below, and the analysis's hundreds more, read this one walk
         self.params = tuple(p.name.value for p in fn.params.params)
         self.constexpr = tuple(
             p.name.value for p in fn.params.params
@@ -441,17 +443,17 @@ class _Analyzer:
                     self.assignments.setdefault(small.target.value, []).append((ref, small.value))
             # so does a named expression (`(p := x_ptr + offs)`), in a statement or a loop's or branch's header
             for node in [*small_statements(ref), *header_expressions(ref)]:
-                for named in m.findall(node, m.NamedExpr(target=m.Name())):
+                for named in self.findall(node, m.NamedExpr(target=m.Name())):
                     self.assignments.setdefault(named.target.value, []).append((ref, named.value))
-        self.rebound = {node.target.value for node in m.findall(
+        self.rebound = {node.target.value for node in self.findall(
             fn.body, m.AugAssign(target=m.Name()) | m.AnnAssign(target=m.Name()) | m.NamedExpr(target=m.Name()))}
-        for loop in m.findall(fn.body, m.For()):
+        for loop in self.findall(fn.body, m.For()):
             self.rebound |= names_in(loop.target)
-        withs = m.findall(fn.body, m.WithItem(asname=m.AsName()))
+        withs = self.findall(fn.body, m.WithItem(asname=m.AsName()))
         for item in withs:  # `with ... as x` binds x too
             self.rebound |= names_in(item.asname.name)
         self.bindings: dict[str, list[tuple[Where, Where | None]]] = {}
-        for node in m.findall(fn.body, m.Assign() | m.AugAssign() | m.AnnAssign() | m.NamedExpr() | m.For()) + withs:
+        for node in self.findall(fn.body, m.Assign() | m.AugAssign() | m.AnnAssign() | m.NamedExpr() | m.For()) + withs:
             targets = [t.target for t in node.targets] if isinstance(node, cst.Assign) else [
                 node.asname.name if isinstance(node, cst.WithItem) else node.target]
             end = self.positions[node].end if isinstance(node, cst.For) else None
@@ -460,6 +462,10 @@ class _Analyzer:
                 self.bindings.setdefault(name, []).append(span)
         for spans in self.bindings.values():
             spans.sort(key=lambda b: (b[0].line, b[0].column))
+
+    def findall(self, root: cst.CSTNode, matcher) -> Sequence[cst.CSTNode]:
+        """``m.findall(root, matcher)``, from the module's one walk where ``root`` is one of its nodes."""
+        return self.index.findall(root, matcher)
 
     def where(self, node: cst.CSTNode) -> Where:
         pos = self.positions[node].start
@@ -490,7 +496,7 @@ class _Analyzer:
                         (descriptors if refs & descriptors and not refs & pointers else pointers).add(name)
                         changed = True
                         break
-            for node in m.findall(self.fn.body, m.AugAssign(target=m.Name())):
+            for node in self.findall(self.fn.body, m.AugAssign(target=m.Name())):
                 # offsets the tensor is added to in place (`ptrs = offs * stride; ptrs += x_ptr`) become a pointer
                 name = node.target.value
                 if name not in pointers and name not in descriptors and names_outside_loads(node.value) & (
@@ -592,7 +598,7 @@ class _Analyzer:
 
     def _size_param(self, offsets: str) -> str | None:
         """``offs_am[:, None] < M`` or ``offs_am < M`` anywhere in the kernel -> ``"M"``."""
-        for cmp in m.findall(self.fn.body, m.Comparison()):
+        for cmp in self.findall(self.fn.body, m.Comparison()):
             left = cmp.left
             if isinstance(left, cst.Subscript):
                 left = left.value
@@ -647,7 +653,7 @@ class _Analyzer:
         if not (isinstance(expr, cst.BinaryOperation) and isinstance(expr.operator, cst.Multiply)):
             return None
         heights = {code(side) for side in (expr.left, expr.right)}
-        found = {code(a) for call in m.findall(self.fn.body, m.Call(func=m.Attribute(value=m.Name("tl"),
+        found = {code(a) for call in self.findall(self.fn.body, m.Call(func=m.Attribute(value=m.Name("tl"),
                                                                                  attr=m.Name("cdiv"))))
                  if len(call.args) == 2 and code(call.args[1].value) in heights
                  and isinstance(a := call.args[0].value, cst.Name) and a.value in self.params
@@ -872,7 +878,7 @@ def _through_branches(an: _Analyzer, stmt: StmtRef, where: Where) -> StmtRef:
 
 def _is_branch_block(an: _Analyzer, block: cst.BaseSuite) -> bool:
     """Whether ``block`` is the body of an ``if``, ``elif`` or ``else`` (not of a loop or a ``with``)."""
-    for node in m.findall(an.fn.body, m.If() | m.Else()):
+    for node in an.findall(an.fn.body, m.If() | m.Else()):
         if node.body is block:
             return True
     return False
@@ -1089,7 +1095,7 @@ def _bound_twice(an: _Analyzer, node: cst.BaseExpression, depth: int = 0) -> boo
 def _varies(an: _Analyzer, node: cst.BaseExpression, depth: int = 0) -> bool:
     """``node`` reads a name that changes from one step of a loop to the next (a loop variable, a name updated in
     place or assigned inside a loop), directly or through locals bound once: the advance and sweep checks judge it."""
-    loops = m.findall(an.fn.body, m.For() | m.While())
+    loops = an.findall(an.fn.body, m.For() | m.While())
     for name in names_in(node) - set(an.params):
         defs = an.assignments.get(name, [])
         if _bound_again(an, name) or any(_contains(an, loop, where) for loop in loops for where in (
@@ -1152,7 +1158,7 @@ def _loop_term(an: _Analyzer, acc: Access, term: cst.BaseExpression, negative: b
         factors += found
     if len(an.bindings.get(var.value, [])) != 1:
         return None  # bound again besides its loop: its value is not the loop's
-    for loop in m.findall(an.fn.body, m.For(target=m.Name(var.value))):
+    for loop in an.findall(an.fn.body, m.For(target=m.Name(var.value))):
         read = _range_args(loop)
         if read is None or not _contains(an, loop, acc.where):
             return None
@@ -1196,7 +1202,7 @@ def _nonnegative_value(an: _Analyzer, node: cst.BaseExpression, depth: int = 0) 
         # again in its tail, `col += BLOCK` in a loop) holds one of its values wherever it is read: non-negative when
         # each of them is, every binding an assignment of a value (also annotated) or an in-place `+=` / `*=` of one
         # (not a loop's target beside them, nor an unpacking)
-        augs = m.findall(an.fn.body, m.AugAssign(target=m.Name(node.value)))
+        augs = an.findall(an.fn.body, m.AugAssign(target=m.Name(node.value)))
         bindings = len(an.bindings.get(node.value, ()))
         if not defs and not augs and bindings == 1:
             return _loop_target_sign(an, node.value, depth)  # bound by its loop alone
@@ -1274,7 +1280,7 @@ def _loop_target_sign(an: _Analyzer, name: str, depth: int) -> set[str] | None:
     """The parameters whose signs make the target of a ``for name in range(a, b[, step])`` loop (``tl.range``,
     ``tl.static_range``) non-negative: those of ``a`` and of ``step``, counting up from a non-negative start. ``None``
     for any other loop, or a start or step whose sign TileLink cannot tell."""
-    loops = m.findall(an.fn.body, m.For(target=m.Name(name)))
+    loops = an.findall(an.fn.body, m.For(target=m.Name(name)))
     found = _range_args(loops[0]) if len(loops) == 1 else None
     if found is None:
         return None
@@ -1349,7 +1355,7 @@ def program_value(an: _Analyzer, source: str, loops: bool = False, at: Where | N
                 return updated
             if loops and self.at is not None and any(
                     any(lp.body is b for b in defs[0][0].blocks) and not _contains(an, lp.body, self.at)
-                    for lp in m.findall(an.fn.body, m.For() | m.While())):
+                    for lp in an.findall(an.fn.body, m.For() | m.While())):
                 return updated  # bound in a loop, read after it: its last step's value, not any step's
             slot = _unpacked_slot(defs[0][0], defs[0][1], original.value)
             if slot is None and any(
@@ -1402,8 +1408,8 @@ def _loop_range(an: _Analyzer, name: str, at: Where | None = None) -> tuple[cst.
     the loop reads its bounds; read at ``at``, of the loop whose body holds ``at`` (where several loops bind the name,
     nothing else binding it inside that loop: two tile loops on the two sides of an ``if``). ``None`` for any other
     name or place (read after the loop, the target holds its last value only)."""
-    found = m.findall(an.fn.body, m.For(target=m.Name(name)))
-    if m.findall(an.fn.body, m.AugAssign(target=m.Name(name)) | m.NamedExpr(target=m.Name(name))):
+    found = an.findall(an.fn.body, m.For(target=m.Name(name)))
+    if an.findall(an.fn.body, m.AugAssign(target=m.Name(name)) | m.NamedExpr(target=m.Name(name))):
         return None
     if len(found) > 1 and at is not None:
         holding = [lp for lp in found if _contains(an, lp.body, at)]
@@ -1477,7 +1483,7 @@ def _reaching(an: _Analyzer, name: str, at: Where) -> tuple[StmtRef, cst.BaseExp
 def _bound_in_a_loop(an: _Analyzer, name: str) -> bool:
     """Some binding of ``name`` (an assignment, ``+=``, ``:=``, a loop's target) lies in a ``for`` or ``while`` loop:
     its value may move from one step to the next."""
-    loops = m.findall(an.fn.body, m.For() | m.While())
+    loops = an.findall(an.fn.body, m.For() | m.While())
     return any(_contains(an, loop, at) for at, _ in an.bindings.get(name, []) for loop in loops)
 
 
@@ -1488,7 +1494,7 @@ def _reaching_every_read(an: _Analyzer, name: str, at: Where) -> tuple[StmtRef, 
     if reach is None:
         return None
     start, targets = an.where(reach[0].node), _target_names(an, name)
-    for node in m.findall(an.fn.body, m.Name(name)):
+    for node in an.findall(an.fn.body, m.Name(name)):
         if id(node) in targets:
             continue
         where = an.where(node)
@@ -1500,7 +1506,7 @@ def _reaching_every_read(an: _Analyzer, name: str, at: Where) -> tuple[StmtRef, 
 def _target_names(an: _Analyzer, name: str) -> set[int]:
     """The ``Name`` nodes that bind ``name`` (assignment, loop and ``with`` targets), not reads of it."""
     found: set[int] = set()
-    for node in m.findall(an.fn.body, m.Assign() | m.AnnAssign() | m.For() | m.NamedExpr() | m.WithItem()):
+    for node in an.findall(an.fn.body, m.Assign() | m.AnnAssign() | m.For() | m.NamedExpr() | m.WithItem()):
         if isinstance(node, cst.Assign):
             roots = [t.target for t in node.targets]
         elif isinstance(node, cst.WithItem):
@@ -1523,7 +1529,7 @@ def _counter_target(an: _Analyzer, name: str, at: Where) -> cst.BaseExpression |
     place."""
     bindings = an.bindings.get(name, [])
     defs = an.assignments.get(name, [])
-    augs = m.findall(an.fn.body, m.AugAssign(target=m.Name(name)))
+    augs = an.findall(an.fn.body, m.AugAssign(target=m.Name(name)))
     if len(bindings) != 2 or len(defs) != 1 or len(augs) != 1 or not isinstance(augs[0].operator, cst.AddAssign):
         return None
     (init_ref, init), update = defs[0], augs[0]
@@ -1533,7 +1539,7 @@ def _counter_target(an: _Analyzer, name: str, at: Where) -> cst.BaseExpression |
     update_ref = next((r for r in an.statements if update in small_statements(r)), None)
     if update_ref is None or not update_ref.blocks:
         return None
-    loop = next((lp for lp in m.findall(an.fn.body, m.For()) if lp.body is update_ref.blocks[-1]), None)
+    loop = next((lp for lp in an.findall(an.fn.body, m.For()) if lp.body is update_ref.blocks[-1]), None)
     read = _range_args(loop) if loop is not None else None
     if read is None or not isinstance(loop.target, cst.Name) or len(an.bindings.get(loop.target.value, [])) != 1:
         return None
@@ -1599,7 +1605,7 @@ def _helper_value(an: _Analyzer, call: cst.Call) -> cst.BaseExpression | None:
               if name in _top_level_names(small)]
     # bound anywhere else in the module too (`try: from lib import f` / `except ImportError: def f(...)`, a
     # definition under `if`): the one that runs is not known here
-    anywhere = len(m.findall(an.module, m.FunctionDef(name=m.Name(name)) | m.ClassDef(name=m.Name(name)))) + sum(
+    anywhere = len(an.findall(an.module, m.FunctionDef(name=m.Name(name)) | m.ClassDef(name=m.Name(name)))) + sum(
         name in _top_level_names(small) for small in m.findall(
             an.module, m.Import() | m.ImportFrom() | m.Assign() | m.AnnAssign() | m.AugAssign()))
     if anywhere != 1:
@@ -2154,13 +2160,13 @@ def _advanced(an: _Analyzer, acc: Access, offsets: str) -> list[tuple[bool, tupl
     tensor = acc.tensor
     if not an.bindings.get(tensor):
         return []
-    nodes = m.findall(an.fn.body, m.AugAssign(target=m.Name(tensor)) | m.Assign(
+    nodes = an.findall(an.fn.body, m.AugAssign(target=m.Name(tensor)) | m.Assign(
         targets=[m.AssignTarget(target=m.Name(tensor))]))
     if len(an.bindings[tensor]) != 1 or len(nodes) != 1:
         return None
     node = nodes[0]
     if any(any(n is node for n in m.findall(loop.body, m.AugAssign() | m.Assign()))
-           for loop in m.findall(an.fn.body, m.For() | m.While())):
+           for loop in an.findall(an.fn.body, m.For() | m.While())):
         return None
     if isinstance(node, cst.AugAssign):
         if not isinstance(node.operator, (cst.AddAssign, cst.SubtractAssign)):
@@ -2379,8 +2385,8 @@ def _access_row_scales(an: _Analyzer, acc: Access, pointers: set[str]) -> tuple[
             found = [walk(v, seen | {name}) for v in defs]
             n += max(k for k, _ in found)
             moved = [an.where(ref.node) for ref, v in an.assignments.get(name, []) if name in names_in(v)] + [
-                an.where(node) for node in m.findall(an.fn.body, m.AugAssign(target=m.Name(name)))]
-            loops = m.findall(an.fn.body, m.For() | m.While())
+                an.where(node) for node in an.findall(an.fn.body, m.AugAssign(target=m.Name(name)))]
+            loops = an.findall(an.fn.body, m.For() | m.While())
             if along and moved and not any(_contains(an, lp, w) for lp in loops for w in moved):
                 # advanced once, with no loop: the advance's terms are not read, and along the columns (`x_ptrs += D
                 # * stride_xd`) they start the columns a mask bounds from the row's first column further along
@@ -2521,7 +2527,7 @@ def _check_pointer_advances(an: _Analyzer, acc: Access, tile: Tile, pointers: se
             _check_advance_in_loop(an, acc, tile, name, step, exprs, an.where(ref.node),
                                    isinstance(value, cst.BinaryOperation) and isinstance(value.operator, cst.Subtract),
                                    pointers)
-        for node in m.findall(an.fn.body, m.AugAssign(target=m.Name(name))):
+        for node in an.findall(an.fn.body, m.AugAssign(target=m.Name(name))):
             step = node.value if isinstance(node.operator, (cst.AddAssign, cst.SubtractAssign)) else None
             _judge_step(an, acc, tile, name, step, rows, an.where(node))
             _check_advance_in_loop(an, acc, tile, name, step, exprs, an.where(node),
@@ -2548,7 +2554,7 @@ def _check_advance_in_loop(an: _Analyzer, acc: Access, tile: Tile, name: str, st
     ``x_ptrs -= BLOCK_K * stride_ak``; two advances; a factor the kernel binds; no such mask; an access after the
     loop; an outer loop that does not bind the pointer afresh; a ``while`` loop) is refused: TileLink cannot bound
     the rows it touches."""
-    loops = [lp for lp in m.findall(an.fn.body, m.For() | m.While()) if _contains(an, lp, at)]
+    loops = [lp for lp in an.findall(an.fn.body, m.For() | m.While()) if _contains(an, lp, at)]
     if not loops:
         return  # advanced once: its terms are the row shift check's
     loop = min(loops, key=lambda lp: (an.positions[lp].end.line - an.positions[lp].start.line,
@@ -2568,7 +2574,7 @@ def _check_advance_in_loop(an: _Analyzer, acc: Access, tile: Tile, name: str, st
     # every in-place advance of the pointer: two in one loop move it by both steps on each iteration, which a mask
     # for one step does not bound
     sites = [an.where(ref.node) for ref, value in an.assignments.get(name, []) if name in names_in(value)] + [
-        an.where(node) for node in m.findall(an.fn.body, m.AugAssign(target=m.Name(name)))]
+        an.where(node) for node in an.findall(an.fn.body, m.AugAssign(target=m.Name(name)))]
     inside = sorted({s.line for s in sites if _contains(an, loop, s)})
     if len(inside) > 1:
         raise refuse(f"once for each of its advances in that loop (lines {', '.join(map(str, inside))}) on every "
@@ -2682,7 +2688,7 @@ def _check_advance_in_loop(an: _Analyzer, acc: Access, tile: Tile, name: str, st
                              f"last steps read the next row", fix)
     for alias in sorted(chain):
         moved = [an.where(ref.node) for ref, value in an.assignments.get(alias, []) if alias in names_in(value)] + [
-            an.where(node) for node in m.findall(an.fn.body, m.AugAssign(target=m.Name(alias)))]
+            an.where(node) for node in an.findall(an.fn.body, m.AugAssign(target=m.Name(alias)))]
         outside = sorted({w.line for w in moved if not _contains(an, loop, w)})
         if outside:
             raise refuse(f"along `{stride}` once more on every iteration, and `{alias}` is moved outside that loop "
@@ -2975,7 +2981,8 @@ def _host_descriptor(an: _Analyzer, tensor: str, descriptors: set[str]) -> bool:
     ``tl.make_tensor_descriptor`` is refused (TileLink could not tell what it describes)."""
     if tensor in descriptors:
         return False
-    calls = m.findall(an.fn.body, m.Call(func=m.Attribute(value=m.Name(tensor), attr=m.Name("load") | m.Name("store"))))
+    calls = an.findall(an.fn.body, m.Call(func=m.Attribute(value=m.Name(tensor),
+                                                           attr=m.Name("load") | m.Name("store"))))
     if not calls:
         return False
     if tensor in an.assignments or tensor in an.rebound:
@@ -3008,8 +3015,8 @@ def _check_other_uses(an: _Analyzer, tensor: str, pointers: set[str], descriptor
                "broadcast_to", "expand_dims", "reshape", "view"}
     aliases = pointers | descriptors
     # an atomic_add whose old values the kernel does not use (a statement of its own) only writes
-    atomic_statements = {e.value for e in m.findall(an.fn.body, m.Expr(value=m.Call()))}
-    for call in m.findall(an.fn.body, m.Call()):
+    atomic_statements = {e.value for e in an.findall(an.fn.body, m.Expr(value=m.Call()))}
+    for call in an.findall(an.fn.body, m.Call()):
         func = call.func
         name = code(func)
         is_tl = isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value == "tl"
@@ -3301,7 +3308,7 @@ def _compile_time_names(an: _Analyzer) -> set[str]:
     """The names Triton knows at compile time: the constexpr parameters, and the locals bound once as
     ``ACT: tl.constexpr = "relu"`` to a compile-time value."""
     names = set(an.constexpr)
-    for node in m.findall(an.fn.body, m.AnnAssign(target=m.Name())):
+    for node in an.findall(an.fn.body, m.AnnAssign(target=m.Name())):
         name = node.target.value
         if "constexpr" in code(node.annotation.annotation) and node.value is not None and \
                 _compile_time(node.value, names) and len(an.bindings.get(name, ())) == 1:
@@ -3315,7 +3322,7 @@ def _static_test(an: _Analyzer, at: Where) -> str:
     constexpr locals replaced by their values; "" where no such side is around it."""
     names = _compile_time_names(an)
     tests = []
-    for node in m.findall(an.fn.body, m.If()):
+    for node in an.findall(an.fn.body, m.If()):
         if not _compile_time(node.test, names):
             continue
         if _contains(an, node.body, at):
@@ -3488,7 +3495,7 @@ def analyse(module: cst.Module, file: str, kernel: str,
     _check_sweeps_disjoint(an, accesses)
     updates: dict[str, list[str]] = {}
     update_sites: dict[str, list[Where]] = {}
-    for node in m.findall(fn.body, m.AugAssign(target=m.Name())):
+    for node in an.findall(fn.body, m.AugAssign(target=m.Name())):
         op = code(node.operator).rstrip("=").strip()
         updates.setdefault(node.target.value, []).append(f"{node.target.value} {op} ({code(node.value)})")
         update_sites.setdefault(node.target.value, []).append(an.where(node))
@@ -3524,6 +3531,6 @@ def analyse(module: cst.Module, file: str, kernel: str,
                                       if ref.blocks},
                               written_out=lambda source, at: launch_value(an, source, at),
                               while_loops=tuple((an.where(loop), _end(an, loop))
-                                                for loop in m.findall(fn.body, m.While())),
+                                                for loop in an.findall(fn.body, m.While())),
                               body_first=_body_first(an, fn))
     return analysis
