@@ -171,20 +171,25 @@ def _leave_groups() -> None:
 
 def _rank_main(rank: int, environ: dict[str, str], backend: str, work: bytes, results,
                deadline: float | None = None, groups: tuple[tuple[int, ...], ...] | None = None,
-               stdio: tuple[int, ...] = ()) -> None:
+               stdio: tuple[int, ...] = (), main: dict[str, str] | None = None) -> None:
     """Body of one rank's process. ``environ`` is the caller's environment with the rank's variables: a rank
     forked by the server inherits the server's, from when it started. ``work`` is ``(fn, args, kwargs)``
     pickled, loaded only once the environment is the caller's (loading imports ``fn``'s module, whose kernels
     read ``TRITON_INTERPRET`` when they are defined). A rank still running shortly before the parent gives up
     on it (``deadline``, wall-clock seconds) prints every thread's Python stack to stderr, so a hang says
     where it is. ``groups``: TileLink's worlds are these groups of the job's ranks (see :func:`spawn`). ``stdio``:
-    descriptors to take as stdout and stderr (see :class:`_ParentFd`)."""
+    descriptors to take as stdout and stderr (see :class:`_ParentFd`); ``main``: the caller's ``__main__`` to import
+    here (see :func:`_startable_main`)."""
     for target, fd in zip((1, 2)[:len(stdio)], stdio, strict=True):
         os.dup2(fd, target)
         os.close(fd)
     os.environ.clear()
     os.environ.update(environ)
     try:
+        if main:  # the caller's __main__, left to this point by the start (see _startable_main)
+            from multiprocessing import spawn as mp_spawn
+
+            mp_spawn.prepare(main)
         fn, args, kwargs = pickle.loads(work)
     except BaseException:  # noqa: BLE001 - the parent names this rank as one that could not start
         traceback.print_exc()
@@ -254,18 +259,44 @@ def _check_target(fn) -> None:
 #: what the emulated ranks' fork server imports once, so that each rank starts in a fraction of a second
 #: instead of importing torch and Triton again (seconds a rank, on every call)
 _FORKSERVER_PRELOAD = ["torch", "triton", "triton.language"]
+_server_lock = threading.Lock()
+_own_fork_server = False  # the fork server runs because TileLink started it
 
 
 def _start_context(backend: str):
-    """How the ranks start. Emulated ranks fork from multiprocessing's fork server, which has imported torch and
-    Triton once (and nothing of TileLink or the caller's, which each rank imports afresh, as with ``spawn``);
-    this sets the server's preload list, which the process's own use of the fork server shares. NVSHMEM ranks,
-    and every rank where there is no fork server (Windows), start with ``spawn``: a new interpreter each."""
-    if backend == "emulated" and "forkserver" in mp.get_all_start_methods():
+    """How the ranks start. On Linux, emulated ranks fork from multiprocessing's fork server, which TileLink starts
+    with torch and Triton imported (and nothing of TileLink or the caller's, which each rank imports afresh, as
+    with ``spawn``), in the caller's environment of then; the process's own later use of the fork server shares
+    it. Where the fork server already runs, started by someone else (its imports and environment unknown), where
+    forking after such imports is not safe (macOS) or there is none (Windows), and for NVSHMEM ranks, each rank
+    starts with ``spawn``: a new interpreter."""
+    global _own_fork_server
+    if backend != "emulated" or not sys.platform.startswith("linux"):
+        return mp.get_context("spawn")
+    from multiprocessing import forkserver
+
+    with _server_lock:
+        running = getattr(getattr(forkserver, "_forkserver", None), "_forkserver_pid", None) is not None
+        if running and not _own_fork_server:
+            return mp.get_context("spawn")
         ctx = mp.get_context("forkserver")
-        ctx.set_forkserver_preload(_FORKSERVER_PRELOAD)
+        if not running:
+            ctx.set_forkserver_preload(_FORKSERVER_PRELOAD)
+            forkserver.ensure_running()  # now, before the ranks' TRITON_INTERPRET is set here: each rank sets it
+            _own_fork_server = True
         return ctx
-    return mp.get_context("spawn")
+
+
+class _Pickled:
+    """``(fn, args, kwargs)``, pickled as each rank starts (so that a tensor's descriptor or a queue travels with
+    that start, as the process's own arguments would) and loaded by the rank only once its environment and
+    ``__main__`` are the caller's (:func:`_rank_main`)."""
+
+    def __init__(self, work: tuple) -> None:
+        self.work = work
+
+    def __reduce__(self):
+        return bytes, (bytes(ForkingPickler.dumps(self.work)),)
 
 
 class _ParentFd:
@@ -302,20 +333,33 @@ def _parent_stdio(ctx) -> tuple:
 
 
 @contextlib.contextmanager
-def _startable_main():
+def _startable_main(deferred: bool = False):
     """While the ranks start: a ``__main__`` whose ``__file__`` is not a file (a script read from stdin) is
-    not re-run by them (multiprocessing's spawn would, and fail with FileNotFoundError)."""
+    not re-run by them (multiprocessing's spawn would, and fail with FileNotFoundError). With ``deferred`` (ranks
+    forked from the fork server), ``__main__`` is hidden from the start too and yielded as what each rank imports
+    itself once its environment is the caller's (:func:`_rank_main`): a script's kernels read ``TRITON_INTERPRET``
+    as they are defined, and the server's environment is not the caller's. Yields ``{}`` otherwise."""
+    from multiprocessing import spawn as mp_spawn
+
     import __main__
 
     main_file = getattr(__main__, "__file__", None)
-    hide = main_file is not None and getattr(__main__, "__spec__", None) is None and not os.path.isfile(main_file)
-    if hide:
-        del __main__.__file__
+    unreadable = main_file is not None and getattr(__main__, "__spec__", None) is None and not os.path.isfile(main_file)
+    main: dict[str, str] = {}
+    if deferred and not unreadable:
+        data = mp_spawn.get_preparation_data("tilelink-rank")
+        main = {key: data[key] for key in ("init_main_from_name", "init_main_from_path") if key in data}
+    saved = {key: getattr(__main__, key) for key in ("__file__", "__spec__") if hasattr(__main__, key)}
+    if unreadable or main:
+        if "__file__" in saved:
+            del __main__.__file__
+        if "__spec__" in saved:
+            __main__.__spec__ = None
     try:
-        yield
+        yield main
     finally:
-        if hide:
-            __main__.__file__ = main_file
+        for key, value in saved.items():
+            setattr(__main__, key, value)
 
 
 def _check_groups(groups, world_size: int) -> tuple[tuple[int, ...], ...]:
@@ -359,18 +403,14 @@ def spawn(fn, world_size: int, *args, backend: str = "emulated", groups=None, ti
         groups = _check_groups(groups, world_size)
     session = f"{uuid.uuid4().hex[:12]}-{os.getpid()}"
     port = free_port()
-    try:
-        work = bytes(ForkingPickler.dumps((fn, args, kwargs)))
-    except Exception as exc:  # noqa: BLE001 - reported with what to do
-        raise TileLinkError(f"spawn: the arguments of {getattr(fn, '__qualname__', repr(fn))} cannot be sent to the "
-                            f"ranks ({type(exc).__name__}: {exc}): pass picklable values") from None
+    work = _Pickled((fn, args, kwargs))
     ctx = _start_context(backend)
     stdio = _parent_stdio(ctx)
     results = ctx.Queue()
     processes = []
     child_environ = {"TRITON_INTERPRET": "1" if backend == "emulated" else None}
     try:
-        with _environ_lock, _startable_main():
+        with _environ_lock, _startable_main(deferred=ctx.get_start_method() == "forkserver") as main:
             saved = {key: os.environ.get(key) for key in child_environ}
             try:
                 for key, value in child_environ.items():
@@ -385,7 +425,7 @@ def spawn(fn, world_size: int, *args, backend: str = "emulated", groups=None, ti
                            "TILELINK_BACKEND": backend}
                     process = ctx.Process(target=_rank_main, name=f"tilelink-rank-{rank}",
                                           args=(rank, environ, backend, work, results, time.time() + timeout, groups,
-                                                stdio),
+                                                stdio, main),
                                           daemon=True)
                     process.start()
                     processes.append(process)

@@ -64,15 +64,14 @@ class NodeIndex:
         span = self.spans.get(id(root))
         if span is None or id(root) in self.shared or self.nodes[span[0]] is not root:
             return m.findall(root, matcher)
-        first, end = span
         kinds = _kinds(matcher)
-        if kinds is None:
-            candidates: Sequence[int] = range(first, end)
-        else:
-            candidates = []
-            for kind in dict.fromkeys(kinds):
-                places = self.places.get(kind, [])
-                candidates.extend(places[bisect.bisect_left(places, first):bisect.bisect_left(places, end)])
-            if len(kinds) > 1:
-                candidates.sort()
+        if kinds is None:  # any kind (and a bare `m.MatchIfTrue`, which `m.matches` refuses but `findall` takes)
+            return m.findall(root, matcher)
+        first, end = span
+        candidates: list[int] = []
+        for kind in dict.fromkeys(kinds):
+            places = self.places.get(kind, [])
+            candidates.extend(places[bisect.bisect_left(places, first):bisect.bisect_left(places, end)])
+        if len(kinds) > 1:
+            candidates.sort()
         return [self.nodes[i] for i in candidates if m.matches(self.nodes[i], matcher)]

@@ -410,3 +410,7 @@ def environ_value(name: str) -> str | None:
     import os
 
     return os.environ.get(name)
+
+
+def total(tensor: torch.Tensor) -> float:
+    return float(tensor.sum())

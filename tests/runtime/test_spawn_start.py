@@ -4,6 +4,11 @@ fresh process of the caller's, with the caller's environment and output streams 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+
+import pytest
+import torch
 
 import tilelink
 from tests.runtime import runtime_worlds
@@ -41,3 +46,56 @@ def test_ranks_see_the_environment_of_the_call(monkeypatch):
     monkeypatch.delenv("TILELINK_TEST_SPAWN_MARK")
     assert tilelink.spawn(runtime_worlds.environ_value, 1, "TILELINK_TEST_SPAWN_MARK") == [None]
     assert tilelink.spawn(runtime_worlds.environ_value, 1, "TRITON_INTERPRET") == ["1"]
+
+
+def test_tensor_arguments_reach_every_rank():
+    assert tilelink.spawn(runtime_worlds.total, 3, torch.arange(6.0)) == [15.0] * 3
+
+
+SCRIPT = '''
+import multiprocessing, multiprocessing.forkserver, os, sys
+
+import tilelink
+
+
+def mark():
+    return MARK
+
+
+def interpret_flag(queue):
+    queue.put(os.environ.get("TRITON_INTERPRET"))
+
+
+MARK = os.environ.get("TILELINK_TEST_SPAWN_MARK")
+
+if __name__ == "__main__":
+    if sys.argv[1] == "theirs":  # a fork server the program started itself, before TileLink's first call
+        multiprocessing.forkserver.ensure_running()
+    first = tilelink.spawn(mark, 1)
+    os.environ["TILELINK_TEST_SPAWN_MARK"] = "at the call"
+    print("marks", first + tilelink.spawn(mark, 2))
+    print("ours", tilelink.spawn(os.getppid, 1)[0] != os.getpid())
+    ctx = multiprocessing.get_context("forkserver")  # the program's own use of the fork server, after TileLink's
+    queue = ctx.Queue()
+    process = ctx.Process(target=interpret_flag, args=(queue,))
+    process.start()
+    print("interpret", queue.get(timeout=60))
+    process.join()
+'''
+
+
+@pytest.mark.parametrize("server", ["ours", "theirs"])
+def test_a_scripts_module_level_reads_the_environment_of_the_call(server, tmp_path):
+    """A script's own module, which each rank imports again (its kernels read TRITON_INTERPRET as they are
+    defined), sees the caller's environment at the call; the program's own fork-server children do not see the
+    emulated ranks' TRITON_INTERPRET; a fork server the program started itself is left alone (new interpreters)."""
+    script = tmp_path / "script.py"
+    script.write_text(SCRIPT)
+    env = {k: v for k, v in os.environ.items() if k not in ("TILELINK_TEST_SPAWN_MARK", "TRITON_INTERPRET")}
+    done = subprocess.run([sys.executable, str(script), server], capture_output=True, text=True, timeout=600,
+                          env=env, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = dict(line.split(" ", 1) for line in done.stdout.splitlines() if " " in line)
+    assert lines["marks"] == "[None, 'at the call', 'at the call']", done.stdout
+    assert lines["ours"] == str(server == "ours"), done.stdout
+    assert lines["interpret"] == "None", done.stdout
