@@ -189,7 +189,11 @@ def _rank_main(rank: int, environ: dict[str, str], backend: str, work: bytes, re
         if main:  # the caller's __main__, left to this point by the start (see _startable_main)
             from multiprocessing import spawn as mp_spawn
 
-            mp_spawn.prepare(main)
+            mp.current_process()._inheriting = True  # as multiprocessing imports it: a spawn there is refused
+            try:
+                mp_spawn.prepare(main)
+            finally:
+                del mp.current_process()._inheriting
         fn, args, kwargs = pickle.loads(work)
     except BaseException:  # noqa: BLE001 - the parent names this rank as one that could not start
         traceback.print_exc()
@@ -282,8 +286,11 @@ def _start_context(backend: str):
         ctx = mp.get_context("forkserver")
         if not running:
             ctx.set_forkserver_preload(_FORKSERVER_PRELOAD)
-            forkserver.ensure_running()  # now, before the ranks' TRITON_INTERPRET is set here: each rank sets it
-            _own_fork_server = True
+        with _environ_lock:
+            # (re)started here, in the caller's environment: not inside a start, with the ranks' TRITON_INTERPRET
+            # set (each rank sets its own), nor while another thread's start has it set
+            forkserver.ensure_running()
+        _own_fork_server = True
         return ctx
 
 
@@ -296,7 +303,13 @@ class _Pickled:
         self.work = work
 
     def __reduce__(self):
-        return bytes, (bytes(ForkingPickler.dumps(self.work)),)
+        try:
+            blob = bytes(ForkingPickler.dumps(self.work))
+        except Exception as exc:  # noqa: BLE001 - reported with what to do
+            fn = self.work[0]
+            raise TileLinkError(f"spawn: the arguments of {getattr(fn, '__qualname__', repr(fn))} cannot be sent to "
+                                f"the ranks ({type(exc).__name__}: {exc}): pass picklable values") from exc
+        return bytes, (blob,)
 
 
 class _ParentFd:
@@ -392,6 +405,9 @@ def spawn(fn, world_size: int, *args, backend: str = "emulated", groups=None, ti
     types are mixed with :class:`RankFailedError`) naming the rank and carrying its traceback.
     ``timeout`` (default ``TILELINK_SPAWN_TIMEOUT`` or 300 s) bounds the whole run.
     """
+    if getattr(mp.current_process(), "_inheriting", False):
+        raise TileLinkError("spawn: called while a rank imports the caller's script, which calls spawn as it is "
+                            "imported: put the call under `if __name__ == \"__main__\":`")
     if world_size < 1:
         raise TileLinkError(f"spawn: world_size must be at least 1, got {world_size}")
     if backend not in ("emulated", "nvshmem"):

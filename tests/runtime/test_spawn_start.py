@@ -99,3 +99,20 @@ def test_a_scripts_module_level_reads_the_environment_of_the_call(server, tmp_pa
     assert lines["marks"] == "[None, 'at the call', 'at the call']", done.stdout
     assert lines["ours"] == str(server == "ours"), done.stdout
     assert lines["interpret"] == "None", done.stdout
+
+
+def test_an_argument_that_cannot_be_sent_is_named():
+    import threading
+
+    with pytest.raises(tilelink.TileLinkError, match="arguments of total cannot be sent to the ranks"):
+        tilelink.spawn(runtime_worlds.total, 2, threading.Lock())
+
+
+def test_a_script_calling_spawn_as_it_is_imported_is_refused_in_the_rank(tmp_path):
+    """Each rank imports the caller's script: one whose spawn is not under the `__main__` guard would start worlds
+    without end; the rank refuses it, and the caller names the rank that could not start."""
+    script = tmp_path / "unguarded.py"
+    script.write_text("import tilelink\n\n\ndef one():\n    return 1\n\n\nprint(tilelink.spawn(one, 1))\n")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode != 0
+    assert "if __name__" in done.stderr and "could not start" in done.stderr, done.stderr[-3000:]
