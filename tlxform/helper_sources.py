@@ -12,6 +12,9 @@ names).
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import hashlib
 import importlib.util
 import os
 import sys
@@ -35,13 +38,15 @@ def imported_helpers(module: cst.Module, file: str, is_jit) -> dict[str, str]:
                     _local(alias) in called for alias in small.names):
                 continue
             dotted = cst.Module(body=[]).code_for_node(small.module).strip() if small.module is not None else ""
-            path = _module_file(dotted, len(small.relative), file)
-            if path is None:
+            path, text = _module_text(dotted, len(small.relative), file)
+            lookups = _lookups.get()
+            if lookups is not None:
+                lookups.append(_lookup(dotted, len(small.relative), file, path, text))
+            if text is None:
                 continue
             try:
-                with open(path, encoding="utf-8") as f:
-                    parsed = cst.parse_module(f.read())
-            except (OSError, UnicodeDecodeError, cst.ParserSyntaxError):
+                parsed = cst.parse_module(text)
+            except cst.ParserSyntaxError:
                 continue
             jitted = {f.name.value: f for f in parsed.body
                       if isinstance(f, cst.FunctionDef) and any(is_jit(d) for d in f.decorators)}
@@ -50,6 +55,45 @@ def imported_helpers(module: cst.Module, file: str, is_jit) -> dict[str, str]:
                     continue
                 out[_local(alias)] = cst.Module(body=[]).code_for_node(jitted[alias.name.value]).strip()
     return out
+
+
+#: while a rewrite is being kept (``tilelink.rewrite_cache``): each module looked up for helpers, and what was found
+_lookups: contextvars.ContextVar[list | None] = contextvars.ContextVar("tilelink_helper_lookups", default=None)
+
+
+@contextlib.contextmanager
+def recording():
+    """Within the block, ``imported_helpers`` adds each module it looks up to the list yielded, as ``look_up``
+    describes it."""
+    found: list[tuple] = []
+    token = _lookups.set(found)
+    try:
+        yield found
+    finally:
+        _lookups.reset(token)
+
+
+def look_up(dotted: str, level: int, file: str) -> tuple:
+    """The module ``dotted``, imported ``level`` packages up from ``file``, as found now: ``(dotted, level, file,
+    its file or None, the sha256 of its text or None)``."""
+    return _lookup(dotted, level, file, *_module_text(dotted, level, file))
+
+
+def _lookup(dotted: str, level: int, file: str, path: str | None, text: str | None) -> tuple:
+    digest = None if text is None else hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+    return (dotted, level, file, path, digest)
+
+
+def _module_text(dotted: str, level: int, file: str) -> tuple[str | None, str | None]:
+    """The file of the module and its text (``None`` for what is not found or not read)."""
+    path = _module_file(dotted, level, file)
+    if path is None:
+        return None, None
+    try:
+        with open(path, encoding="utf-8") as f:
+            return path, f.read()
+    except (OSError, UnicodeDecodeError):
+        return path, None
 
 
 def _local(alias: cst.ImportAlias) -> str:

@@ -26,13 +26,13 @@ from typing import Any
 from tilelink.codegen import GeneratedModule, Request, generate
 from tilelink.errors import AnnotationError, LaunchError, WaitTimeout
 from tilelink.plan import Report
+from tilelink.rewrite_cache import cache_dir, generate_kept
 from tilelink.spec import AllGatherSpec, AllReduceSpec, ReduceScatterSpec, make_options
 
 
-def cache_dir() -> Path:
-    """Where generated modules are written: ``$TILELINK_CACHE_DIR`` or ``~/.cache/tilelink``."""
-    root = os.environ.get("TILELINK_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "tilelink")
-    path = Path(root) / "generated"
+def generated_dir() -> Path:
+    """Where generated modules are written: ``generated/`` of TileLink's cache."""
+    path = cache_dir() / "generated"
     path.mkdir(parents=True, exist_ok=True)
     return path
 
@@ -56,7 +56,7 @@ def load_generated(generated: GeneratedModule, stem: str) -> ModuleType:
     name = f"tilelink_generated_{stem}_{generated.source_hash[:12]}"
     if name in sys.modules:
         return sys.modules[name]
-    path = cache_dir() / f"{name}.py"
+    path = generated_dir() / f"{name}.py"
     if not path.exists() or path.read_text() != generated.text:
         fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
         with os.fdopen(fd, "w") as f:
@@ -92,7 +92,7 @@ class OverlappedKernel:
                                   hint="define kernels in a .py file") from None
         self.specs = specs
         self.options = options
-        self.generated = generate(text, _display_path(self.file), [Request(self.name, specs, options)])
+        self.generated = generate_kept(text, _display_path(self.file), [Request(self.name, specs, options)])
         self.plan = self.generated.plans[0]
         self.check_waits = os.environ.get("TILELINK_CHECK_WAITS", "1") != "0"
         self._module: ModuleType | None = None
