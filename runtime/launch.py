@@ -261,15 +261,16 @@ def _check_target(fn) -> None:
 
 
 #: what the emulated ranks' fork server imports once, so that each rank starts in a fraction of a second
-#: instead of importing torch and Triton again (seconds a rank, on every call)
-_FORKSERVER_PRELOAD = ["torch", "triton", "triton.language"]
+#: instead of importing torch and Triton again (seconds a rank, on every call), and libcst, which a rank's
+#: decorated kernels import with the rewriter even where they read their rewrites back (a second)
+_FORKSERVER_PRELOAD = ["torch", "triton", "triton.language", "libcst", "libcst.matchers", "libcst.metadata"]
 _server_lock = threading.Lock()
 _own_fork_server = False  # the fork server runs because TileLink started it
 
 
 def _start_context(backend: str):
     """How the ranks start. On Linux, emulated ranks fork from multiprocessing's fork server, which TileLink starts
-    with torch and Triton imported (and nothing of TileLink or the caller's, which each rank imports afresh, as
+    with torch, Triton and libcst imported (and nothing of TileLink or the caller's, which each rank imports afresh, as
     with ``spawn``), in the caller's environment of then; the process's own later use of the fork server shares
     it. Where the fork server already runs, started by someone else (its imports and environment unknown), where
     forking after such imports is not safe (macOS) or there is none (Windows), and for NVSHMEM ranks, each rank
@@ -328,10 +329,9 @@ def _received_fd(dup) -> int:
     return dup.detach()
 
 
-def _parent_stdio(ctx) -> tuple:
-    """``(stdout, stderr)`` for the ranks to take over, where they do not inherit them (see :class:`_ParentFd`)."""
-    if ctx.get_start_method() != "forkserver":
-        return ()
+def _parent_stdio() -> tuple:
+    """``(stdout, stderr)`` for ranks forked from the fork server to take over: they do not inherit the caller's
+    (see :class:`_ParentFd`)."""
     with contextlib.suppress(Exception):
         sys.stdout.flush()
         sys.stderr.flush()
@@ -421,12 +421,13 @@ def spawn(fn, world_size: int, *args, backend: str = "emulated", groups=None, ti
     port = free_port()
     work = _Pickled((fn, args, kwargs))
     ctx = _start_context(backend)
-    stdio = _parent_stdio(ctx)
+    forked = ctx.get_start_method() == "forkserver"
+    stdio = _parent_stdio() if forked else ()
     results = ctx.Queue()
     processes = []
     child_environ = {"TRITON_INTERPRET": "1" if backend == "emulated" else None}
     try:
-        with _environ_lock, _startable_main(deferred=ctx.get_start_method() == "forkserver") as main:
+        with _environ_lock, _startable_main(deferred=forked) as main:
             saved = {key: os.environ.get(key) for key in child_environ}
             try:
                 for key, value in child_environ.items():
@@ -435,10 +436,10 @@ def spawn(fn, world_size: int, *args, backend: str = "emulated", groups=None, ti
                     else:
                         os.environ[key] = value
                 for rank in range(world_size):
-                    environ = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank),
-                           "LOCAL_WORLD_SIZE": str(world_size), "MASTER_ADDR": "127.0.0.1",
-                           "MASTER_PORT": str(port), "TILELINK_SESSION": session,
-                           "TILELINK_BACKEND": backend}
+                    environ = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world_size),
+                               "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(world_size),
+                               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "TILELINK_SESSION": session,
+                               "TILELINK_BACKEND": backend}
                     process = ctx.Process(target=_rank_main, name=f"tilelink-rank-{rank}",
                                           args=(rank, environ, backend, work, results, time.time() + timeout, groups,
                                                 stdio, main),
