@@ -15,6 +15,7 @@ Public API::
 from __future__ import annotations
 
 import importlib
+import time as _time
 
 from tilelink.errors import (
     AnnotationError,
@@ -27,6 +28,9 @@ from tilelink.errors import (
 )
 
 __version__ = "0.1.0"
+
+#: when this process imported TileLink: a source file of it changed later may not be the code that runs
+_IMPORTED_NS = _time.time_ns()
 
 # name -> module that defines it; imported on first use so that `import tilelink` stays cheap and
 # the runtime (torch, triton) is only loaded when asked for.

@@ -6,20 +6,23 @@ of what it reads, so it is kept under a key made of all of it:
 
 - the kernel file's text and the name it is shown by (errors and the generated header carry it);
 - the request: the kernel, its specs and options;
-- TileLink's own code (the files of its ``tilelink``, ``tilelink.rules`` and ``tilelink.runtime`` packages), the
-  Python, libcst and Triton it runs on;
+- the code that rewrites: the files of TileLink's ``tilelink``, ``tilelink.rules`` and ``tilelink.runtime``
+  packages as this process loaded them, the Triton source the rewrite reads (``triton/language/standard.py``: the
+  helpers a kernel may call, ``tl.swizzle2d``) and the Python and libcst it runs on;
 - the modules the file imports helpers from (``tilelink.helper_sources``): where a name's module was found, if at
   all, and that file's text. These are looked up again when the entry is read: the same import, resolved from the
   same kernel file, must find the same file with the same text, or the kernel is rewritten again.
 
-A kernel the rewriter refuses is not kept: it is analysed again and says why. An entry that cannot be read (cut
-short, or written by another version) counts as absent. ``$TILELINK_CACHE_DIR`` moves the cache (default
-``~/.cache/tilelink``); ``TILELINK_REWRITE_CACHE=0`` turns the keeping off.
+The code's part is read when this module is imported, with the rewriter's; a file of it that changes afterwards (an
+edit while a notebook or a test session runs) may not be the code that runs, so from then on this process rewrites
+without the cache, neither reading nor writing it. A kernel the rewriter refuses is not kept: it is analysed again
+and says why. An entry that cannot be read (cut short, written by another version, or not the user's own) counts as
+absent. ``$TILELINK_CACHE_DIR`` moves the cache (default ``~/.cache/tilelink``); ``TILELINK_REWRITE_CACHE=0`` turns
+the keeping off.
 """
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import importlib.util
 import os
@@ -29,11 +32,15 @@ import tempfile
 from importlib import metadata
 from pathlib import Path
 
+import tilelink
 from tilelink import helper_sources
 from tilelink.codegen import GeneratedModule, Request, generate
 
 #: bumped when an entry's layout changes
 FORMAT = 1
+
+#: the packages whose files make the rewriting code
+PACKAGES = ("tilelink", "tilelink.rules", "tilelink.runtime")
 
 
 def cache_dir() -> Path:
@@ -44,10 +51,11 @@ def cache_dir() -> Path:
 def generate_kept(source: str, file: str, requests: list[Request]) -> GeneratedModule:
     """``generate(source, file, requests)``, read from the cache when an entry for the same inputs is there,
     else generated and written there."""
-    if os.environ.get("TILELINK_REWRITE_CACHE", "1") == "0":
+    code = CODE.current() if os.environ.get("TILELINK_REWRITE_CACHE", "1") != "0" else None
+    if code is None:
         return generate(source, file, requests)
-    path = cache_dir() / "rewrites" / f"{_key(source, file, requests)}.pickle"
-    kept = _read(path, file)
+    path = cache_dir() / "rewrites" / f"{_key(code, source, file, requests)}.pickle"
+    kept = _read(path)
     if kept is not None:
         return kept
     with helper_sources.recording() as lookups:
@@ -56,26 +64,97 @@ def generate_kept(source: str, file: str, requests: list[Request]) -> GeneratedM
     return generated
 
 
-def _key(source: str, file: str, requests: list[Request]) -> str:
+class CodeState:
+    """The fingerprint of the rewriting code, read from ``files`` once, and what each file was (modification time
+    and size) then."""
+
+    def __init__(self, files: list[tuple[str, Path]], loaded_ns: int) -> None:
+        self.files = files
+        self.fingerprint: str | None = None
+        self.stats: tuple | None = None
+        try:
+            stats = self._stats()
+            # one changed since the rewriter was imported: what runs may be the file before
+            if files and all(mtime < loaded_ns for mtime, _ in stats):
+                self.fingerprint, self.stats = fingerprint(files), stats
+        except OSError:
+            pass
+
+    def _stats(self) -> tuple:
+        return tuple((st.st_mtime_ns, st.st_size) for st in (os.stat(path) for _, path in self.files))
+
+    def current(self) -> str | None:
+        """The fingerprint, while every file is as it was read; ``None`` once one changed (or could not be read)."""
+        if self.fingerprint is None:
+            return None
+        try:
+            same = self._stats() == self.stats
+        except OSError:
+            same = False
+        if not same:
+            self.fingerprint = None
+        return self.fingerprint
+
+
+def fingerprint(files: list[tuple[str, Path]]) -> str:
+    """The hash of the files' names and bytes and of the Python and libcst versions."""
     h = hashlib.sha256()
-    for part in (str(FORMAT), _tilelink_fingerprint(), file, source, repr(list(requests))):
-        h.update(part.encode("utf-8", "surrogatepass"))
-        h.update(b"\0")
+    try:
+        libcst = metadata.version("libcst")
+    except metadata.PackageNotFoundError:
+        libcst = "-"
+    _add(h, f"libcst {libcst}", f"{sys.implementation.cache_tag} {sys.version}")
+    for name, path in files:
+        _add(h, name, path.read_bytes())
     return h.hexdigest()
 
 
-def _read(path: Path, file: str) -> GeneratedModule | None:
+def code_files() -> list[tuple[str, Path]]:
+    """``(name, path)`` of every file of the rewriting code: each source file of TileLink's rewriting packages
+    (``tilelink/codegen.py``, ``tilelink.rules/all_gather/rewrite.py``, ...), and Triton's helpers the rewrite
+    reads. Empty where a package's files are not found (a zipped install): the cache is not used then."""
+    out: list[tuple[str, Path]] = []
+    for package in PACKAGES:
+        spec = importlib.util.find_spec(package)
+        found = [(f"{package}/{p.relative_to(Path(folder)).as_posix()}", p)
+                 for folder in ((spec.submodule_search_locations or ()) if spec is not None else ())
+                 for p in sorted(Path(folder).rglob("*")) if p.suffix in (".py", ".json") and p.is_file()]
+        if not found:
+            return []
+        out.extend(found)
+    triton = importlib.util.find_spec("triton")
+    for folder in (triton.submodule_search_locations or ()) if triton is not None else ():
+        standard = Path(folder) / "language" / "standard.py"
+        if standard.is_file():
+            out.append(("triton/language/standard.py", standard))
+    return out
+
+
+def _add(h, *parts: str | bytes) -> None:
+    for part in parts:
+        data = part if isinstance(part, bytes) else part.encode("utf-8", "surrogatepass")
+        h.update(len(data).to_bytes(8, "little"))
+        h.update(data)
+
+
+def _key(code: str, source: str, file: str, requests: list[Request]) -> str:
+    h = hashlib.sha256()
+    _add(h, str(FORMAT), code, file, source, repr(list(requests)))
+    return h.hexdigest()
+
+
+def _read(path: Path) -> GeneratedModule | None:
     try:
         with open(path, "rb") as f:
+            if hasattr(os, "getuid") and os.fstat(f.fileno()).st_uid != os.getuid():
+                return None  # unpickling runs code: only the user's own entries
             entry = pickle.load(f)
-    except FileNotFoundError:
-        return None
-    except Exception:  # cut short, or classes of another version: generated again and written over
+    except Exception:  # absent, cut short, or classes of another version: generated again and written over
         return None
     if not isinstance(entry, dict) or entry.get("format") != FORMAT \
             or not isinstance(entry.get("generated"), GeneratedModule):
         return None
-    for lookup in entry["lookups"]:
+    for lookup in entry.get("lookups", ()):
         if helper_sources.look_up(*lookup[:3]) != lookup:
             return None
     return entry["generated"]
@@ -85,7 +164,7 @@ def _write(path: Path, entry: dict) -> None:
     """Written whole or not at all (ranks of one world write the same entry at once); a cache that cannot be
     written only costs the next process the rewrite."""
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
         try:
             with os.fdopen(fd, "wb") as f:
@@ -94,34 +173,9 @@ def _write(path: Path, entry: dict) -> None:
         except BaseException:
             os.unlink(tmp)
             raise
-    except OSError:
+    except Exception:
         pass
 
 
-@functools.lru_cache(maxsize=1)
-def _tilelink_fingerprint() -> str:
-    """The code that rewrites: every source file of TileLink's rewriting packages, and the versions of what it
-    runs on."""
-    h = hashlib.sha256()
-    for dist in ("libcst", "triton"):
-        try:
-            h.update(f"{dist} {metadata.version(dist)}\0".encode())
-        except metadata.PackageNotFoundError:
-            h.update(f"{dist} -\0".encode())
-    h.update(f"{sys.implementation.cache_tag} {sys.version}\0".encode())
-    for package, name, path in fingerprinted_files():
-        h.update(f"{package}/{name}\0".encode())
-        h.update(path.read_bytes())
-    return h.hexdigest()
-
-
-def fingerprinted_files() -> list[tuple[str, str, Path]]:
-    """``(package, file name under its folder, path)`` of every source file of TileLink's rewriting packages."""
-    out = []
-    for package in ("tilelink", "tilelink.rules", "tilelink.runtime"):
-        spec = importlib.util.find_spec(package)
-        for folder in (spec.submodule_search_locations or ()) if spec is not None else ():
-            root = Path(folder)
-            out.extend((package, p.relative_to(root).as_posix(), p) for p in sorted(root.rglob("*"))
-                       if p.suffix in (".py", ".json") and p.is_file())
-    return out
+#: the code this process rewrites with, read as the rewriter is imported
+CODE = CodeState(code_files(), tilelink._IMPORTED_NS)

@@ -9,14 +9,17 @@ import importlib.util
 import itertools
 import pickle
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from tests.rules.test_tile_mapping_pairs import _form, _imported
 from tilelink import rewrite_cache
-from tilelink.annotations import requests_in
+from tilelink.codegen import Request
 from tilelink.errors import AnnotationError
+from tilelink.overlapped import _display_path, build
+from tilelink.spec import make_options
 
 _names = itertools.count()
 HELPERS = "tile_helpers_kept"
@@ -54,6 +57,11 @@ def _order(kernel) -> str:
     return entry
 
 
+def _request(kernel) -> list[Request]:
+    """The request the decorator made for ``kernel``."""
+    return [Request(kernel.name, kernel.specs, kernel.options)]
+
+
 def _entries(tmp_path: Path) -> list[Path]:
     return sorted((tmp_path / "cache" / "rewrites").glob("*.pickle"))
 
@@ -88,13 +96,14 @@ def test_a_changed_helper_module_is_read_again(tmp_path, generations, monkeypatc
     path.write_text(kernel)
     helper = tmp_path / f"{HELPERS}.py"  # beside the kernel: its folder is not a package
     helper.write_text(pair)
-    assert _order(_decorate(path)).startswith("[applied]")
+    decorated = _decorate(path)
+    assert _order(decorated).startswith("[applied]")
     helper.write_text(whole)
     assert _order(_decorate(path)).startswith("[not applied]"), "a stale rewrite was read back"
     _decorate(path)
     assert generations == ["parity_kernel"] * 2  # the same helper again: read back
-    helper.unlink()  # not found now (the module would not import: asked of the cache directly)
-    entry = _order(rewrite_cache.generate_kept(kernel, str(path), requests_in(kernel, str(path))))
+    helper.unlink()  # not found now (the module would not import: asked of the cache as the decorator asks it)
+    entry = _order(rewrite_cache.generate_kept(kernel, _display_path(str(path)), _request(decorated)))
     assert entry.startswith("[not applied]") and "which TileLink cannot read" in entry, entry
     helper.write_text(pair)  # found again where it was not
     assert _order(_decorate(path)).startswith("[applied]")
@@ -132,9 +141,56 @@ def test_keeping_can_be_turned_off(tmp_path, generations, monkeypatch) -> None:
     assert generations == ["parity_kernel"] * 2 and _entries(tmp_path) == []
 
 
-def test_the_key_covers_the_rewriters_own_code() -> None:
-    files = {f"{package}/{name}" for package, name, _ in rewrite_cache.fingerprinted_files()}
+def test_another_request_of_the_same_file_is_another_entry(tmp_path, generations) -> None:
+    path = tmp_path / "parity.py"
+    path.write_text(_form("helper_pair"))
+    kernel = _decorate(path)
+    (request,) = _request(kernel)
+    ring = [Request(request.kernel, request.specs, make_options(None, None, "ring", None, None, None))]
+    assert "order='ring'" in rewrite_cache.generate_kept(path.read_text(), _display_path(str(path)), ring).text
+    rewrite_cache.generate_kept(path.read_text(), str(path), [request])  # shown by another name
+    assert generations == ["parity_kernel"] * 3 and len(_entries(tmp_path)) == 3
+
+
+def test_tlxform_build_always_rewrites(tmp_path, generations) -> None:
+    path = tmp_path / "parity.py"
+    path.write_text(_form("helper_pair"))
+    assert "parity_kernel" in build(path).text
+    assert _entries(tmp_path) == []
+
+
+def test_the_key_covers_the_rewriters_own_code(tmp_path) -> None:
+    files = {name for name, _ in rewrite_cache.code_files()}
     for needed in ("tilelink/codegen.py", "tilelink/analysis.py", "tilelink/helper_sources.py",
                    "tilelink.rules/all_gather/rewrite.py", "tilelink.rules/all_gather/kernels.py",
-                   "tilelink.rules/reduce_scatter/rewrite.py", "tilelink.runtime/language.py"):
+                   "tilelink.rules/reduce_scatter/rewrite.py", "tilelink.runtime/language.py",
+                   "triton/language/standard.py"):
         assert needed in files, needed
+    code = tmp_path / "rewrite.py"
+    code.write_text("x = 1\n")
+    before = rewrite_cache.fingerprint([("tilelink/rewrite.py", code)])
+    code.write_text("x = 2\n")
+    assert rewrite_cache.fingerprint([("tilelink/rewrite.py", code)]) != before
+
+
+def test_code_changed_while_the_process_runs_turns_the_cache_off(tmp_path, generations, monkeypatch) -> None:
+    """The rewriter's files are read as it is imported; one changed since may not be the code that runs (an edit
+    while a session goes on), so the process neither reads nor writes entries from then on."""
+    code = tmp_path / "rewrite.py"
+    code.write_text("x = 1\n")
+    state = rewrite_cache.CodeState([("tilelink/rewrite.py", code)], loaded_ns=time.time_ns() + 10**12)
+    assert state.current() is not None
+    monkeypatch.setattr(rewrite_cache, "CODE", state)
+    path = tmp_path / "parity.py"
+    path.write_text(_form("helper_pair"))
+    _decorate(path)
+    _decorate(path)
+    assert generations == ["parity_kernel"] and len(_entries(tmp_path)) == 1
+    code.write_text("x = 22\n")
+    assert state.current() is None
+    _decorate(path)
+    code.write_text("x = 1\n")  # as it was: still not known to be the code that was loaded
+    _decorate(path)
+    assert generations == ["parity_kernel"] * 3 and len(_entries(tmp_path)) == 1
+    # changed after the rewriter was imported, before it was read: never used
+    assert rewrite_cache.CodeState([("tilelink/rewrite.py", code)], loaded_ns=0).current() is None
