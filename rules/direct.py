@@ -232,8 +232,11 @@ class Bound:
     __slots__ = ("call", "compiled", "direct", "grid", "names", "read")
 
     def __init__(self, direct: DirectKernel, grid, call: dict, names: tuple[str, ...]) -> None:
-        self.direct, self.grid, self.call, self.names = direct, grid, dict(call), tuple(names)
-        self.read = _bound_reader(direct.kernel, self.call, self.names)
+        self.direct, self.grid, self.names = direct, grid, tuple(names)
+        self.read = _bound_reader(direct.kernel, call, self.names)
+        # not the first call's values of ``names``: every call gives its own, and the first call's tensors (an
+        # activation, a buffer of a CUDA graph's pool) must not be kept alive by the launch
+        self.call = emptied(call, self.names)
         #: (device, settings, the tensors' variant) -> the compiled kernel a call of them launched
         self.compiled: dict[tuple, object] = {}
 
@@ -282,6 +285,12 @@ class Bound:
     def launch(self, found: tuple) -> None:
         """Launch what :meth:`find` found, on the current stream."""
         launch(found[0], self.grid, found[1], self.direct.names)
+
+
+def emptied(call: dict, names: tuple[str, ...]) -> dict:
+    """``call`` with ``None`` for the values of ``names``, in its order: ``{**emptied, **given}`` is a call of the
+    same form (the order of its arguments, which the direct launch's reader is made for) with the values given."""
+    return {k: None if k in names else v for k, v in call.items()}
 
 
 def _bound_reader(kernel, call: dict, names: tuple[str, ...]):

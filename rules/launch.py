@@ -20,7 +20,7 @@ import torch
 from tilelink.errors import LaunchError, WaitTimeout
 from tilelink.mapping import RowSharding
 from tilelink.plan import LaunchPlan
-from tilelink.rules.direct import DirectKernel, direct
+from tilelink.rules.direct import DirectKernel, direct, emptied
 from tilelink.runtime.world import current_world
 
 
@@ -730,13 +730,17 @@ class TritonLaunch:
     __slots__ = ("call", "grid", "kernel", "names")
 
     def __init__(self, kernel, grid, call: dict, names: tuple[str, ...]) -> None:
-        self.kernel, self.grid, self.call, self.names = kernel, grid, dict(call), tuple(names)
+        self.kernel, self.grid, self.names = kernel, grid, tuple(names)
+        self.call = emptied(call, self.names)  # as Bound keeps it
 
     def find(self, *values) -> dict:
         return dict(zip(self.names, values, strict=True))
 
     def launch(self, found: dict) -> None:
         self.kernel[self.grid](**{**self.call, **found})
+
+    def __call__(self, *values) -> None:  # as a Bound is called
+        self.launch(self.find(*values))
 
 
 class AloneLaunch:
@@ -758,16 +762,7 @@ class AloneLaunch:
         self.capturing = graphs.capturing
         self.name = launcher.okernel.name
         call = {**bound, **launcher.satisfied_channels(ctx, world)}
-        kernel = launcher.kernel
-        if type(kernel) is DirectKernel:
-            self.run = kernel.bound(grid, call, names)
-        else:  # Triton's own launch (the interpreter)
-            launch = kernel[grid]
-
-            def run(*tensors) -> None:
-                launch(**{**call, **dict(zip(names, tensors, strict=True))})
-
-            self.run = run
+        self.run = bound_launch(launcher.kernel, grid, call, names)
 
     def __call__(self, *tensors) -> bool:
         launcher = self.launcher

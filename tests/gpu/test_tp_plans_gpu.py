@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import tilelink
-from tests.ops.plan_worlds import kept_plans_compute_the_same, refused_after_kept_calls
+from tests.ops.plan_worlds import kept_forms_hold_no_call_tensor, kept_plans_compute_the_same, refused_after_kept_calls
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
                                                   reason="needs an NVIDIA GPU (run tests/gpu/run.sh on the device)")]
@@ -29,3 +29,13 @@ def test_a_bad_call_after_kept_calls_is_refused_with_the_same_message_on_the_gpu
     ((fresh, after),) = tilelink.spawn(refused_after_kept_calls, 1, backend="nvshmem")
     assert "NO ERROR" not in fresh.values(), fresh
     assert after == fresh
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_kept_forms_let_go_of_each_calls_tensors_on_the_gpu(world: int, heap_for_ranks) -> None:
+    """The bound launches (a world of one's, the all-gather's and the hybrid reduce-scatter's with a peer) keep no
+    operand or result of the call they were made from."""
+    heap_for_ranks(world)
+    for out in tilelink.spawn(kept_forms_hold_no_call_tensor, world, backend="nvshmem"):
+        assert out["prepared"] >= 1, out
+        assert not any(any(step) for step in out["alive"]), out

@@ -283,3 +283,33 @@ def prepared_launches(capture: bool = True, new_world: bool = True) -> dict:
         both("new world")
         both("new world again")
     return {"errors": errors, "seen": seen, "messages": messages, "raised": raised, "kinds": kinds}
+
+
+def kept_forms_hold_no_call_tensor(calls: int = 3) -> dict:
+    """``calls`` calls of ``ag_gemm`` then ``gemm_rs`` of one form (their launches prepared after the first): whether
+    each call's operand, result and reduced rows are still alive once the caller drops them, and how many
+    prepared launches the plans keep. A kept launch must not keep a call's tensors: an activation would stay
+    allocated, and under ``torch.compile(mode="reduce-overhead")`` a tensor of the CUDA graphs' pool kept past its
+    call fails their check."""
+    import gc
+    import weakref
+
+    from tilelink.ops import TPContext, ag_gemm, gemm_rs, tp
+
+    device = tilelink.runtime.current_world().device
+    rank, world = tilelink.rank(), tilelink.world_size()
+    M, K, N = 16, 32, 24
+    lo, hi = bounds(M, rank, world)
+    g = torch.Generator().manual_seed(0)
+    w_up, w_down = torch.randn(K, N, generator=g).to(device), torch.randn(N, K, generator=g).to(device)
+    refs = []
+    for _ in range(calls):
+        x = torch.randn(M, K, generator=g)[lo:hi].contiguous().to(device)
+        h = ag_gemm(x, w_up, TPContext(M=M), path="overlap")
+        y = gemm_rs(h, w_down, path="overlap")
+        refs.append([weakref.ref(t) for t in (x, h, y)])
+        del x, h, y
+    gc.collect()
+    launches = [launch for plans in (tp._AG_PLANS, tp._RS_PLANS) for plan in plans.plans.values()
+                for launch in plan.launches.values() if launch is not tp._checked]
+    return {"alive": [[r() is not None for r in step] for step in refs], "prepared": len(launches)}

@@ -7,6 +7,7 @@ import pytest
 
 import tilelink
 from tests.ops.plan_worlds import (
+    kept_forms_hold_no_call_tensor,
     kept_plans_compute_the_same,
     one_row_views_of_wider_rows,
     prepared_launches,
@@ -65,4 +66,13 @@ def test_a_world_of_one_launches_a_kept_form_without_the_launch_path() -> None:
     assert all("must be contiguous" in m for m in out["messages"].values()), out["messages"]
     assert "consumer_tile_wait on channel/tile 1" in out["raised"]["ag timeout"], out["raised"]
     assert "an earlier call on this rank had a wait time out" in out["raised"]["ag after"], out["raised"]
-    assert out["kinds"] == [("function", 0)], out["kinds"]  # the interpreter: Triton's own launch, prepared
+    assert out["kinds"] == [("TritonLaunch", 0)], out["kinds"]  # the interpreter: Triton's own launch, prepared
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_kept_forms_let_go_of_each_calls_tensors(world: int) -> None:
+    """The launches kept for a form of call (a world of one's, and with peers the all-gather's and the hybrid
+    reduce-scatter's) do not keep the operands and results of the call they were made from."""
+    for out in tilelink.spawn(kept_forms_hold_no_call_tensor, world):
+        assert out["prepared"] >= 1, out  # the calls after the first ran through kept launches
+        assert not any(any(step) for step in out["alive"]), out
