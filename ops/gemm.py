@@ -110,7 +110,10 @@ def _alloc_scratch(size: int, alignment: int, stream):
     key = (torch.cuda.current_device(), stream)
     buffer = _SCRATCH.get(key)
     if buffer is None or buffer.numel() < size:
-        buffer = _SCRATCH[key] = torch.empty(size, dtype=torch.int8, device="cuda")
+        from tilelink.runtime import graphs
+
+        with graphs.kept(torch.device("cuda", key[0])):
+            buffer = _SCRATCH[key] = torch.empty(size, dtype=torch.int8, device="cuda")
     return buffer
 
 

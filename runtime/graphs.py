@@ -33,6 +33,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import sys
+import threading
 from collections.abc import Callable
 
 import torch
@@ -45,7 +47,7 @@ from tilelink.errors import LaunchError
 from tilelink.runtime.diagnostics import COUNT_WORD, EPOCH_WORD
 from tilelink.runtime.language import _spin, peer_ptr
 
-__all__ = ["COUNT_WORD", "EPOCH_WORD", "EmulatedGraph", "capturing", "enqueue", "signal", "wait", "warm_up"]
+__all__ = ["COUNT_WORD", "EPOCH_WORD", "EmulatedGraph", "capturing", "enqueue", "kept", "signal", "wait", "warm_up"]
 
 #: diagnostics kinds of the waits below (``tilelink.runtime.diagnostics.KIND_NAMES``)
 KIND_RANK_WAIT = 4
@@ -130,6 +132,52 @@ def capturing(device: torch.device) -> bool:
     if _recording is not None:
         return True
     return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
+def _warming_pool(device: torch.device):
+    """The pool of Inductor's CUDA graphs (``torch.compile(mode="reduce-overhead")``, CUDA graph trees) that this
+    thread's allocations go to while the trees warm a compiled function up, or None. The trees run a compiled
+    function's first call eagerly, on a stream of their own, with every allocation of the thread routed to their
+    graphs' pool; that pool may hold only what the function returns."""
+    trees = sys.modules.get("torch._inductor.cudagraph_trees")
+    if trees is None or device.type != "cuda":
+        return None
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    try:
+        manager = trees.get_manager(index, create_if_none_exists=False)
+        # the warm-up runs on the trees' own stream: after it, the manager stays in its warm-up state until the
+        # next compiled call, while the thread's allocations go to torch's pools again
+        if manager is None or not manager.in_warmup or torch.cuda.current_stream(index) != manager.stream:
+            return None
+        return index, manager.cuda_graphs_thread_pool
+    except Exception:  # noqa: BLE001 - another torch's trees: nothing of theirs to step out of
+        return None
+
+
+@contextlib.contextmanager
+def kept(device: torch.device):
+    """Allocations made inside are kept past the call (a context's buffers and tables, the scratch of a launch, a
+    prepared launch): they come from torch's own pools, also while Inductor's CUDA graph trees warm a compiled
+    function up (:func:`_warming_pool`). Kept in the graphs' pool, such a buffer would fail the trees' check ("tensor(s)
+    in the cudagraph pool not tracked as outputs") or have its memory handed to a graph's outputs."""
+    warming = None if getattr(_kept, "out", False) else _warming_pool(device)  # nested: already out
+    if warming is None:
+        yield
+        return
+    index, pool = warming
+    torch._C._cuda_endAllocateToPool(index, pool)
+    _kept.out = True
+    try:
+        yield
+    finally:
+        _kept.out = False
+        torch._C._cuda_beginAllocateCurrentThreadToPool(index, pool)
+        # that begin took a reference on the pool, which the trees' own end of the warm-up does not return
+        torch._C._cuda_releasePool(index, pool)
+
+
+#: ``out``: this thread's allocations were taken out of the trees' pool by an enclosing :func:`kept`
+_kept = threading.local()
 
 
 def enqueue(fn: Callable[[], None]) -> None:

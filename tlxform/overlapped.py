@@ -155,13 +155,18 @@ class OverlappedKernel:
         ``None`` where every call does (:meth:`tilelink.rules.launch.Launcher.prepared`: a world of one). Make it after
         ``self[grid](*args, **kwargs)`` has run, and keep it for calls whose tensors have the same shapes, strides,
         dtypes and devices as ``args``'s (the caller's own key): nothing else of the call is checked again."""
+        from tilelink.runtime import graphs
+
         names = tuple(self.params[i] for i in tensors)
-        return self.launcher.prepared(grid, self.bind(args, kwargs), names)
+        with graphs.kept(self.launcher.world().device):  # what it makes is kept for later calls
+            return self.launcher.prepared(grid, self.bind(args, kwargs), names)
 
     def __getitem__(self, grid):
         def launch(*args: Any, **kwargs: Any):
+            from tilelink.runtime import graphs
+
             launcher = self.launcher
-            launcher.world()  # a new world starts clean
+            world = launcher.world()  # a new world starts clean
             if launcher.timed_out is not None:
                 raise LaunchError(
                     f"{self.name}: an earlier call on this rank had a wait time out ({launcher.timed_out}). That "
@@ -171,7 +176,8 @@ class OverlappedKernel:
             bound = self.bind(args, kwargs)
             self._check_row_scales(bound, launcher, grid)
             self._check_stored_once(bound, launcher, grid)
-            with self._remember_timeout():
+            # a call may make its context, tables and prepared steps, kept for the later calls
+            with self._remember_timeout(), graphs.kept(world.device):
                 return launcher.launch(grid, bound)
 
         return launch

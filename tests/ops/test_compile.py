@@ -306,3 +306,41 @@ def test_inductor_compiles_the_moe_decoder_on_cpu() -> None:
     """The default backend (Inductor, CPU code around the custom ops) over the decoder with every op in it."""
     for r, result in enumerate(tilelink.spawn(compiled_follows_new_sizes, 2, "moe_decoder", "inductor", (5,))):
         assert result["graphs"] == 1 and result["errs"][0] < 1e-5, (r, result)
+
+
+def graphed_matches_eager(kind: str, tokens: int, calls: int, dtype: str = "bfloat16") -> dict:
+    """``torch.compile(mode="reduce-overhead", fullgraph=True)``: Inductor's code with its CUDA graphs (CUDA graph
+    trees) around the layer, called ``calls`` times with new inputs of ``tokens`` tokens; each call's largest
+    difference from eager (relative to its largest value), the CUDA graphs Inductor skipped (with why), and the
+    launching thread's time per call (µs, ``calls`` back-to-back calls, eager and compiled). Inductor skips its CUDA
+    graphs where it cannot record them (a CPU tensor, a dynamic shape) and partitions the graph around what it cannot
+    record (a size only known at run time: a layer without a ``TPContext`` in a world of several ranks)."""
+    import time
+
+    import torch._inductor.config as inductor_config
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    inductor_config.triton.cudagraph_trees_history_recording = True  # a leak's message says where it was made
+    dt = getattr(torch, dtype)
+    layer = _layer(kind, dt)
+    compiled = torch.compile(layer, mode="reduce-overhead", fullgraph=True)
+    base = _args(kind, tokens, dt)
+    errs = []
+    for i in range(calls):  # new data in the same shapes: the graph's inputs are copied in at each replay
+        args = tuple(a * (1.0 + 0.05 * i) if isinstance(a, torch.Tensor) else a for a in base)
+        out = compiled(*args)  # first: the warm-up makes the operators' contexts, as in a program that only compiles
+        eager = layer(*args)
+        errs.append((out.float() - eager.float()).abs().max().item() / max(eager.float().abs().max().item(), 1e-30))
+    host = {}
+    for name, fn in (("eager", layer), ("compiled", compiled)):
+        fn(*base)
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn(*base)
+        host[name] = (time.perf_counter() - start) / calls * 1e6
+        torch.cuda.synchronize()
+    return {"errs": errs, "skips": counters["inductor"]["cudagraph_skips"], "host_us": host,
+            "partitions": counters["inductor"]["cudagraph_partitions"], "graphs": counters["stats"]["unique_graphs"]}
