@@ -7,13 +7,14 @@ mean host time of ``--calls`` back-to-back calls enqueued without a synchronisat
 after the clock stops), for ``tilelink.ops.ag_gemm`` and ``gemm_rs`` on the per-rank shape of an MLP of the
 paper's Table 4 (:mod:`tilelink.benchmarks.common`), side by side with a warm ``torch.matmul`` alone and with a
 ``torch.distributed`` collective of the same bytes (``all_gather_into_tensor`` before it,
-``reduce_scatter_tensor`` after it, on an NCCL group). ``cpu_us`` is the launching thread's CPU time per call (on a
-shared machine ``host_us`` also counts the time other work took the core); ``wall_us`` the time per call including
-the GPU's (the clock stops after a synchronisation): when ``host_us`` is as long, the host sets the pace. The table
-gives each method's host time over ``torch.matmul``'s too: a shared host's speed moves every method alike between
-runs (by up to 1.7x on the same kind of machine), which the ratio cancels. A round
-runs every method once, the first rotating, so that a drift of the host's speed falls on all of them alike; each
-operator's result is checked against an fp32 reference after its first call and after the timed ones.
+``reduce_scatter_tensor`` after it, on an NCCL group), and on a GPU the operator's call captured in a CUDA graph and
+replayed (what a captured call costs the host: one replay). ``cpu_us`` is the launching thread's CPU time per call
+(on a shared machine ``host_us`` also counts the time other work took the core); ``wall_us`` the time per call
+including the GPU's (the clock stops after a synchronisation): when ``host_us`` is as long, the host sets the pace.
+The table gives each method's host time over ``torch.matmul``'s too: a shared host's speed moves every method alike
+between runs (by up to 1.7x on the same kind of machine), which the ratio cancels. A round runs every method once,
+the first rotating, so that a drift of the host's speed falls on all of them alike; each operator's result is
+checked against an fp32 reference after its first call and after the timed ones.
 
 Then each operator runs ``--calls`` more calls under ``cProfile`` on every rank; the record keeps rank 0's
 top 20 functions by their own time and by their cumulative time, per call.
@@ -108,7 +109,27 @@ def _methods(part: str, t: dict, g, world, persistent: bool | None, group) -> di
         if group is not None:
             fns["torch.matmul+reduce_scatter"] = lambda: (torch.matmul(a, b_shard, out=c),
                                                           dist.reduce_scatter_tensor(c_shard, c, group=group))
+    if c.device.type == "cuda":
+        fns["tilelink, CUDA graph replay"] = _graphed(fns["tilelink"])
     return fns
+
+
+def _graphed(fn):
+    """``fn`` captured in a CUDA graph at its first call (``fn`` must have run once uncaptured: that call made its
+    context and loaded its kernels), then replayed at every call: the host's cost of a captured call."""
+    import torch
+
+    graphs = []
+
+    def call() -> None:
+        if not graphs:
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                fn()
+            graphs.append(graph)
+        graphs[0].replay()
+
+    return call
 
 
 def _check(fn, ref, out: dict) -> None:
