@@ -14,7 +14,7 @@ including the GPU's (the clock stops after a synchronisation): when ``host_us`` 
 The table gives each method's host time over ``torch.matmul``'s too: a shared host's speed moves every method alike
 between runs (by up to 1.7x on the same kind of machine), which the ratio cancels. A round runs every method once,
 the first rotating, so that a drift of the host's speed falls on all of them alike; each operator's result is
-checked against an fp32 reference after its first call and after the timed ones.
+checked against an fp32 reference after its first call and after the timed ones (a replay's after them).
 
 Then each operator runs ``--calls`` more calls under ``cProfile`` on every rank; the record keeps rank 0's
 top 20 functions by their own time and by their cumulative time, per call.
@@ -110,35 +110,42 @@ def _methods(part: str, t: dict, g, world, persistent: bool | None, group) -> di
             fns["torch.matmul+reduce_scatter"] = lambda: (torch.matmul(a, b_shard, out=c),
                                                           dist.reduce_scatter_tensor(c_shard, c, group=group))
     if c.device.type == "cuda":
-        fns["tilelink, CUDA graph replay"] = _graphed(fns["tilelink"])
+        fns[GRAPHED] = _graphed(fns["tilelink"])
     return fns
+
+
+#: the method of the operator's call captured in a CUDA graph and replayed
+GRAPHED = "tilelink, CUDA graph replay"
 
 
 def _graphed(fn):
     """``fn`` captured in a CUDA graph at its first call (``fn`` must have run once uncaptured: that call made its
-    context and loaded its kernels), then replayed at every call: the host's cost of a captured call."""
+    context and loaded its kernels), then replayed at every call, which returns the captured call's result (written
+    by the replay): the host's cost of a captured call."""
     import torch
 
-    graphs = []
+    captured = []
 
-    def call() -> None:
-        if not graphs:
+    def call():
+        if not captured:
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
-                fn()
-            graphs.append(graph)
-        graphs[0].replay()
+                result = fn()
+            captured.append((graph, result))
+        graph, result = captured[0]
+        graph.replay()
+        return result
 
     return call
 
 
-def _check(fn, ref, out: dict) -> None:
-    """Call the operator and compare with the reference: ``out["rel_err"]`` is the largest relative error of the
-    calls checked, and one past 2e-2 (or NaN: rows never written) is recorded as an error."""
+def _check(fn, ref, out: dict, name: str = "tilelink") -> None:
+    """Call the operator (the method ``name``) and compare with the reference: ``out["rel_err"]`` is the largest
+    relative error of the calls checked, and one past 2e-2 (or NaN: rows never written) is recorded as an error."""
     err = float((fn().float() - ref).norm() / ref.norm().clamp_min(1e-30))
     out["rel_err"] = max(out.get("rel_err", 0.0), err) if err == err else err
     if not err < 2e-2:
-        out["errors"]["tilelink"] = f"relative error {err:.3g} against the fp32 reference"
+        out["errors"][name] = f"relative error {err:.3g} against the fp32 reference"
 
 
 def _sync(device) -> None:
@@ -253,6 +260,8 @@ def measure_rank(shape: MLPShape, dtype: str, calls: int, rounds: int, kernel: s
         out["host_us"], out["cpu_us"], out["wall_us"], failed = host_times(fns, calls, rounds, device, world.barrier)
         out["errors"].update(failed)
         _check(fns["tilelink"], t["ref"], out)  # a call like the timed ones, on what the first one set up
+        if GRAPHED in fns:  # a replay writes the captured call's result
+            _check(fns[GRAPHED], t["ref"], out, GRAPHED)
         if profile:
             out["profile"] = profile_calls(fns["tilelink"], calls, device)
         row["parts"][part] = out

@@ -209,7 +209,8 @@ def _range_word(device: torch.device) -> torch.Tensor:
             raise LaunchError("an MoE routing cannot start being captured before one has run outside the capture "
                               "on this device (it keeps a device record of the ids that replays route): call the "
                               "MoE operator or layer once outside the capture with the same shapes first")
-        _ranges[key] = torch.zeros(2, dtype=torch.int64, device=device)
+        with graphs.kept(device):
+            _ranges[key] = torch.zeros(2, dtype=torch.int64, device=device)
     return _ranges[key]
 
 

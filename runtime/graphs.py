@@ -139,7 +139,7 @@ def _warming_pool(device: torch.device):
     thread's allocations go to while the trees warm a compiled function up, or None. The trees run a compiled
     function's first call eagerly, on a stream of their own, with every allocation of the thread routed to their
     graphs' pool; that pool may hold only what the function returns."""
-    trees = sys.modules.get("torch._inductor.cudagraph_trees")
+    trees = sys.modules.get(_TREES)
     if trees is None or device.type != "cuda":
         return None
     index = device.index if device.index is not None else torch.cuda.current_device()
@@ -154,28 +154,39 @@ def _warming_pool(device: torch.device):
         return None
 
 
-@contextlib.contextmanager
-def kept(device: torch.device):
+class kept:  # noqa: N801 - used as a function: ``with graphs.kept(device):``
     """Allocations made inside are kept past the call (a context's buffers and tables, the scratch of a launch, a
     prepared launch): they come from torch's own pools, also while Inductor's CUDA graph trees warm a compiled
     function up (:func:`_warming_pool`). Kept in the graphs' pool, such a buffer would fail the trees' check ("tensor(s)
-    in the cudagraph pool not tracked as outputs") or have its memory handed to a graph's outputs."""
-    warming = None if getattr(_kept, "out", False) else _warming_pool(device)  # nested: already out
-    if warming is None:
-        yield
-        return
-    index, pool = warming
-    torch._C._cuda_endAllocateToPool(index, pool)
-    _kept.out = True
-    try:
-        yield
-    finally:
+    in the cudagraph pool not tracked as outputs") or have its memory handed to a graph's outputs. Nested, an inner
+    one does nothing. A class, not a generator: it is entered on every call of the launch path."""
+
+    __slots__ = ("device", "warming")
+
+    def __init__(self, device: torch.device) -> None:
+        self.device, self.warming = device, None
+
+    def __enter__(self) -> kept:
+        if _TREES not in sys.modules or getattr(_kept, "out", False):  # no trees; or already out of their pool
+            return self
+        warming = _warming_pool(self.device)
+        if warming is not None:
+            index, pool = warming
+            torch._C._cuda_endAllocateToPool(index, pool)  # raises where the thread was not routed there
+            _kept.out, self.warming = True, warming
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.warming is None:
+            return
+        (index, pool), self.warming = self.warming, None
         _kept.out = False
         torch._C._cuda_beginAllocateCurrentThreadToPool(index, pool)
         # that begin took a reference on the pool, which the trees' own end of the warm-up does not return
         torch._C._cuda_releasePool(index, pool)
 
 
+_TREES = "torch._inductor.cudagraph_trees"
 #: ``out``: this thread's allocations were taken out of the trees' pool by an enclosing :func:`kept`
 _kept = threading.local()
 

@@ -186,7 +186,10 @@ class OverlappedKernel:
         """Compile and load, on a GPU, the variant of the rewritten kernel that ``kernel[grid](*args, **kwargs)``
         launches, running nothing (a form of call that only a later capture takes: a capture cannot load a
         kernel). A call with the same shapes must have run before."""
-        self.launcher.load(grid, self.bind(args, kwargs))
+        from tilelink.runtime import graphs
+
+        with graphs.kept(self.launcher.world().device):  # it may make the context, kept for later calls
+            self.launcher.load(grid, self.bind(args, kwargs))
 
     @functools.cached_property
     def defaults(self) -> dict[str, Any]:

@@ -286,9 +286,11 @@ def prepared_launches(capture: bool = True, new_world: bool = True) -> dict:
 
 
 def kept_forms_hold_no_call_tensor(calls: int = 3) -> dict:
-    """``calls`` calls of ``ag_gemm`` then ``gemm_rs`` of one form (their launches prepared after the first): whether
-    each call's operand, result and reduced rows are still alive once the caller drops them, and how many
-    prepared launches the plans keep. A kept launch must not keep a call's tensors: an activation would stay
+    """``calls`` calls of ``ag_gemm`` then ``gemm_rs`` of one form, their persistent kernels (the copy engine's
+    gather, the hybrid reduce-scatter: their launches prepared after the first call): whether each call's operand,
+    result and reduced rows are still alive once the caller drops them, and the kinds of the prepared launches the
+    plans keep (on the race-exposing schedule a world of several ranks makes them but runs every call through the
+    launch path). A kept launch must not keep a call's tensors: an activation would stay
     allocated, and under ``torch.compile(mode="reduce-overhead")`` a tensor of the CUDA graphs' pool kept past its
     call fails their check."""
     import gc
@@ -305,11 +307,12 @@ def kept_forms_hold_no_call_tensor(calls: int = 3) -> dict:
     refs = []
     for _ in range(calls):
         x = torch.randn(M, K, generator=g)[lo:hi].contiguous().to(device)
-        h = ag_gemm(x, w_up, TPContext(M=M), path="overlap")
-        y = gemm_rs(h, w_down, path="overlap")
+        h = ag_gemm(x, w_up, TPContext(M=M), persistent=True, path="overlap")
+        y = gemm_rs(h, w_down, persistent=True, path="overlap")
         refs.append([weakref.ref(t) for t in (x, h, y)])
         del x, h, y
     gc.collect()
     launches = [launch for plans in (tp._AG_PLANS, tp._RS_PLANS) for plan in plans.plans.values()
                 for launch in plan.launches.values() if launch is not tp._checked]
-    return {"alive": [[r() is not None for r in step] for step in refs], "prepared": len(launches)}
+    return {"alive": [[r() is not None for r in step] for step in refs],
+            "prepared": sorted(type(launch).__name__ for launch in launches)}
