@@ -167,6 +167,8 @@ class kept:  # noqa: N801 - used as a function: ``with graphs.kept(device):``
         self.device, self.warming = device, None
 
     def __enter__(self) -> kept:
+        if self.warming is not None:
+            raise RuntimeError("graphs.kept is entered again inside itself: make one per with-statement")
         if _TREES not in sys.modules or getattr(_kept, "out", False):  # no trees; or already out of their pool
             return self
         warming = _warming_pool(self.device)

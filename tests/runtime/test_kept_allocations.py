@@ -61,6 +61,13 @@ def test_a_warm_up_is_stepped_out_of_and_back_into(trees) -> None:
     assert trees.calls == [("end", 0, POOL), ("begin", 0, POOL), ("release", 0, POOL)]
 
 
+def test_one_kept_is_entered_once(trees) -> None:
+    step = graphs.kept(GPU)
+    with step, pytest.raises(RuntimeError, match="entered again"), step:
+        pass
+    assert trees.routed and [c[0] for c in trees.calls] == ["end", "begin", "release"]
+
+
 def test_an_error_inside_still_routes_back(trees) -> None:
     with pytest.raises(ValueError, match="inside"), graphs.kept(GPU):
         raise ValueError("inside")
