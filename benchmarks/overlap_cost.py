@@ -6,8 +6,9 @@ For each per-rank shape of the paper's MLP-1..6 at world size W, side by side in
 - ``torch``: ``torch.matmul`` (cuBLAS);
 - ``plain``: the operator's kernel as written (``OverlappedKernel.kernel``, no TileLink code), all SMs,
   with the operator's launch parameters (AG+GEMM cuts its last wave's tiles in ``TAIL_SPLIT`` pieces);
-- ``rewritten``: the generated kernel with every channel already satisfied (waits pass at once,
-  notifies land in a scratch array), on the programs the operator gives it (all SMs but ``comm_sms``);
+- ``rewritten``: the generated kernel with every channel already satisfied (waits pass at once: an
+  AG+GEMM program that finds every channel there at its start polls at none; notifies land in a scratch
+  array), on the programs the operator gives it (all SMs but ``comm_sms``);
 - ``rewritten_all``: the generated kernel on all SMs, so ``rewritten_all / plain`` is the cost of
   the inserted code alone (the ``rewritten`` time itself when the operator gives it all SMs);
 

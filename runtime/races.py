@@ -8,7 +8,11 @@ right data. With ``TILELINK_RACES=1`` (the default in the test suite) the launch
   and deliver a channel's rows only at the moment a wait of the consumer asks for that channel; when the
   interpreter starts the next program, every delivered channel is poison again, so that each program reads only
   the channels it waited for itself (on a GPU the programs run at once: another program's wait orders nothing).
-  A read that no wait of its program covers finds poison on every run, not on an unlucky one;
+  A read that no wait of its program covers finds poison on every run, not on an unlucky one. A program's read of
+  every channel at its start (``channels_ready``, which lets its waits pass without polling when they are all
+  there) finds none here, so that each program takes its waits; with ``TILELINK_RACES_START_READ=1`` it finds
+  every channel, each delivered then, and the program's reads must find only those (a read that counted fewer
+  channels than the program reads finds poison);
 - reduce-scatter: take each channel's rows at the moment the producer's notifies complete it (what a
   consumer polling that channel would read) and hand those to the consumer. A store after the notify that
   should publish it, or a notify that counts too much, changes the result.
@@ -29,6 +33,9 @@ import numpy as np
 import torch
 
 ENV = "TILELINK_RACES"
+#: on the race-exposing schedule, each program's read of every channel at its start finds them (see
+#: start_read_finds_channels)
+START_READ_ENV = "TILELINK_RACES_START_READ"
 
 
 def enabled() -> bool:
@@ -116,6 +123,18 @@ def waiting(flag_ptr) -> None:
         for w, i in _words(flag_ptr):
             if w.on_wait is not None:
                 w.on_wait(i)
+
+
+def start_read_finds_channels() -> bool:
+    """Called by an interpreted ``channels_ready`` at the start of a program: whether its read of every channel may
+    find them. Outside this schedule, always: it reads the words as they are. On it, by default never: each program
+    takes each of its waits, which deliver its channels one at a time (the waits are what the schedule checks). With
+    ``TILELINK_RACES_START_READ=1``, always, each channel delivered first, as a wait would have it delivered: the
+    schedule of programs that start after every channel arrived, whose reads must find only what their read at the
+    start was given (the channels it counted)."""
+    if not _WATCHES:
+        return True
+    return os.environ.get(START_READ_ENV, "0") not in ("", "0")
 
 
 def released(flag_ptr, mask=None) -> None:

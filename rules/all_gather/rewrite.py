@@ -126,7 +126,7 @@ def rewrite(an: KernelAnalysis, spec: AllGatherSpec, options: Options) -> Rewrit
                 f"{', '.join(spec.tensors)} (all_gather, dynamic mapping through {spec.index})",
                 *channels_of_row_vector(t.start),
                 "tlk_token = tll.consumer_tile_wait_channels(\n    tlk_barriers, tlk_channel, tlk_target, tlk_diag, "
-                "tlk_budget, scaled=True)",
+                "tlk_budget, scaled=True, ready=tlk_ready)",
             ]
         else:
             lines = [
@@ -134,7 +134,7 @@ def rewrite(an: KernelAnalysis, spec: AllGatherSpec, options: Options) -> Rewrit
                 f"{', '.join(spec.tensors)} have arrived (all_gather, dim {spec.dim})",
                 channels_of_tile(t),
                 "tlk_token = tll.consumer_tile_wait(\n    tlk_barriers, tlk_first, tlk_count, tlk_target, tlk_diag, "
-                "tlk_budget, scaled=True)",
+                "tlk_budget, scaled=True, ready=tlk_ready)",
             ]
             if t.wraps:  # the rows past the end read the first rows again: wait for those too
                 lines += [
@@ -142,7 +142,8 @@ def rewrite(an: KernelAnalysis, spec: AllGatherSpec, options: Options) -> Rewrit
                     f"tlk_first, tlk_count = tlm.tl_channels_of_rows(\n    0, {tile_end(t)} - tlk_rows,\n"
                     f"    {MAPPING_ARGS})",
                     "tlk_token += tll.consumer_tile_wait(\n"
-                    "    tlk_barriers, tlk_first, tlk_count, tlk_target, tlk_diag, tlk_budget, scaled=True)",
+                    "    tlk_barriers, tlk_first, tlk_count, tlk_target, tlk_diag, tlk_budget, scaled=True, "
+                    "ready=tlk_ready)",
                 ]
         tokens += _loop_targets(an, group, a.anchor, tokens)
         lines += [f"{n} = {n} + tlk_token" for n in tokens]
@@ -161,8 +162,10 @@ def rewrite(an: KernelAnalysis, spec: AllGatherSpec, options: Options) -> Rewrit
     # before the launch) is fixed for the launch, and a load before each wait delayed its first poll
     assert an.body_first is not None  # the body loads from the gathered tensor
     insertions.insert(0, Insertion(an.body_first, "before", (
-        "# tilelink: this call's barrier target (fixed for the launch: read once)",
-        "tlk_target = tll.call_target(tlk_epoch, tlk_diag)")))
+        "# tilelink: this call's barrier target (fixed for the launch: read once), and whether every channel has",
+        "# arrived already (one read of them all: then each wait below passes without polling)",
+        "tlk_target = tll.call_target(tlk_epoch, tlk_diag)",
+        "tlk_ready = tll.channels_ready(tlk_barriers, tlk_world * tlk_channels_per_rank, tlk_target)")))
     shift = f"(tlk_rank * tlk_rows_per_rank) // ({tile.size})"
     if tile.dynamic:
         report.append(ReportEntry(an.name, RULE, "note", f"dynamic mapping through {spec.index}: each tile "

@@ -1,9 +1,10 @@
-"""Mutants of a rewritten kernel: the same generated module with ONE inserted wait or notify taken out.
+"""Mutants of a rewritten kernel: the same generated module with ONE inserted wait or notify taken out, or its
+program-start read of every channel (``channels_ready``) answering "all there" without reading.
 
 On the race-exposing schedule (``TILELINK_RACES=1``) every mutant of every golden case must fail: a missing
 wait reads poison, a missing notify leaves a channel short (its consumer's wait times out, or a channel
-completed early hands the consumer rows stored after it). A mutant that still passes is a wait or notify the
-tests cannot see, or one that is not needed.
+completed early hands the consumer rows stored after it), and a program that skips its waits on a read it did not
+make reads poison. A mutant that still passes is a wait or notify the tests cannot see, or one that is not needed.
 """
 
 from __future__ import annotations
@@ -22,12 +23,14 @@ from tilelink.overlapped import OverlappedKernel
 WAITS = ("consumer_tile_wait", "consumer_tile_wait_rows", "consumer_tile_wait_channels")
 NOTIFIES = ("producer_tile_notify", "producer_tile_notify_rows", "producer_tile_notify_rows_grouped",
             "producer_tile_notify_channels", "producer_tile_notify_flush")
+#: the read at a program's start that lets its waits pass; a mutant makes it say every channel is there
+READS = ("channels_ready",)
 
 
 def _primitive(node: cst.CSTNode) -> str | None:
     if m.matches(node, m.Call(func=m.Attribute(value=m.Name("tll")))):
         name = node.func.attr.value  # type: ignore[attr-defined]
-        if name in WAITS + NOTIFIES:
+        if name in WAITS + NOTIFIES + READS:
             return name
     return None
 
@@ -35,7 +38,7 @@ def _primitive(node: cst.CSTNode) -> str | None:
 class _Drop(cst.CSTTransformer):
     """Replace the ``index``-th inserted primitive call of ``kernel`` by what leaves the kernel as if it had not
     been made: a wait's token by ``0``, a notify by nothing (a grouped notify returns its held adds as they
-    were)."""
+    were), the read of every channel by ``1`` (every wait then passes without polling)."""
 
     def __init__(self, kernel: str, index: int | None):
         self.kernel, self.index, self.seen, self.inside, self.dropped = kernel, index, 0, 0, None
@@ -59,13 +62,15 @@ class _Drop(cst.CSTTransformer):
         self.dropped = name
         if name in WAITS:
             return cst.Integer("0")
+        if name in READS:
+            return cst.Integer("1")
         if name == "producer_tile_notify_rows_grouped":
             return original.args[1].value  # the held adds, unchanged
         return cst.parse_expression("None")
 
 
 def mutation_points(generated: GeneratedModule, kernel: str) -> int:
-    """How many inserted waits and notifies the rewritten ``kernel`` has."""
+    """How many inserted waits, notifies and reads of every channel the rewritten ``kernel`` has."""
     drop = _Drop(kernel, None)
     cst.parse_module(generated.text).visit(drop)
     return drop.seen
@@ -201,3 +206,34 @@ def run_store_after_notify(case: str) -> list[tuple[str, str]]:
         return [("store after its notify", _outcome(lambda: cases.CASES[case](tilelink.rank(), tilelink.world_size())))]
     finally:
         patch(None)
+
+
+#: the read of every channel at a program's start, as the rewrite emits it, and a mutant that counts one fewer
+START_READ = "tll.channels_ready(tlk_barriers, tlk_world * tlk_channels_per_rank, tlk_target)"
+START_READ_SHORT = "tll.channels_ready(tlk_barriers, tlk_world * tlk_channels_per_rank - 1, tlk_target)"
+
+
+def run_start_read(case: str) -> list[tuple[str, str]]:
+    """Golden ``case`` as generated and with its programs' read at the start counting one channel fewer, on this
+    rank (run with ``TILELINK_RACES_START_READ=1``: every program's read finds the channels it counts, delivered
+    then, and its waits pass without polling)."""
+    import tests.rules.cases as cases
+    import tilelink
+    from tilelink.rules import RULES
+
+    rule = next(kind for kind in RULES if case.startswith(f"{kind}_"))
+    real, patch = _patcher(cases, "load_case")
+    outcomes = []
+    try:
+        for what, short in (("as generated", False), ("its read at the start one channel short", True)):
+            module = real(rule, case[len(rule) + 1:])
+            for k in vars(module).values():
+                if isinstance(k, OverlappedKernel) and START_READ in k.generated.text:
+                    if short:
+                        k.generated = _with_text(k.generated, k.generated.text.replace(START_READ, START_READ_SHORT))
+                        k._module = None
+            patch(lambda *_a, _module=module: _module)
+            outcomes.append((what, _outcome(lambda: cases.CASES[case](tilelink.rank(), tilelink.world_size()))))
+    finally:
+        patch(None)
+    return outcomes

@@ -1,7 +1,9 @@
 """The call's barrier target in a rewritten kernel: read once, before anything else in the kernel's body
-(``tlk_target = tll.call_target(tlk_epoch, tlk_diag)``), and taken as it is by every wait (``scaled=True``). It is
-read long before the waits use it, so nothing in between may rebind it: a kernel's own ``tlk_`` name is refused,
-and an inlined helper's is renamed."""
+(``tlk_target = tll.call_target(tlk_epoch, tlk_diag)``), and taken as it is by every wait (``scaled=True``); with it,
+one read of every channel (``tlk_ready = tll.channels_ready(...)``) that every wait takes (``ready=tlk_ready``: a
+program that found every channel there passes its waits without polling). Both are read long before the waits use
+them, so nothing in between may rebind them: a kernel's own ``tlk_`` name is refused, and an inlined helper's is
+renamed."""
 
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from tilelink.errors import AnnotationError
 
 HEAD = "import triton\nimport triton.language as tl\nimport tilelink\n\n"
 HOIST = "tlk_target = tll.call_target(tlk_epoch, tlk_diag)"
+READY = "tlk_ready = tll.channels_ready(tlk_barriers, tlk_world * tlk_channels_per_rank, tlk_target)"
 
 #: a 1-D kernel written on its `def` line
 ONE_LINE = (
@@ -84,10 +87,12 @@ def test_the_target_is_read_once_before_every_wait(source: str, kernel: str) -> 
     cst.parse_module(body)  # it is Python
     assert body.count(HOIST) == 1, body
     waits = [i for i in range(len(body)) if body.startswith("tll.consumer_tile_wait", i)]
-    assert waits and all(body.index(HOIST) < i for i in waits), body
-    assert body.count("tlk_target, tlk_diag, tlk_budget, scaled=True)") == len(waits), body
-    # nothing else binds it
-    assert sum(line.lstrip().startswith("tlk_target =") for line in body.splitlines()) == 1, body
+    assert body.count(READY) == 1 and body.index(HOIST) < body.index(READY), body
+    assert waits and all(body.index(READY) < i for i in waits), body
+    assert body.count("tlk_target, tlk_diag, tlk_budget, scaled=True, ready=tlk_ready)") == len(waits), body
+    # nothing else binds them
+    for name in ("tlk_target", "tlk_ready"):
+        assert sum(line.lstrip().startswith(f"{name} =") for line in body.splitlines()) == 1, body
 
 
 def test_a_kernel_that_binds_a_tlk_name_is_refused_at_its_line() -> None:

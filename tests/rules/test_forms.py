@@ -36,14 +36,15 @@ def test_followed_forms_equal_torch_on_the_race_exposing_schedule(world: int, mo
 
 #: mutants that are harmless to these kernels: K and V are gathered together, and a channel is notified once both
 #: tensors' rows of it are in, so the wait before the keys of a block also covers its values; a GEMM never stores
-#: the rows its offsets wrap to (`% M`), so the wait for them guards only values that are dropped
-COVERED = {"attention_descriptor_advance": {"attn_fwd#1 (consumer_tile_wait)"},
-           "attention_helper_inner": {"attn_fwd#1 (consumer_tile_wait)", "attn_fwd#3 (consumer_tile_wait)"},
-           "attention_flat_heads": {"attn_fwd_flat#1 (consumer_tile_wait)"},
-           "attention_batched_rows": {"attn_fwd_batched#1 (consumer_tile_wait)"},
-           "gemm_row_wrap": {"matmul_wrap#1 (consumer_tile_wait)"},
-           "gemm_row_wrap_hints": {"matmul_wrap_hints#1 (consumer_tile_wait)"},
-           "gemm_row_clamp": {"matmul_clamp#1 (consumer_tile_wait)"}}
+#: the rows its offsets wrap to (`% M`), so the wait for them guards only values that are dropped (#0 of each kernel is
+#: its read of every channel at the start, `channels_ready`)
+COVERED = {"attention_descriptor_advance": {"attn_fwd#2 (consumer_tile_wait)"},
+           "attention_helper_inner": {"attn_fwd#2 (consumer_tile_wait)", "attn_fwd#4 (consumer_tile_wait)"},
+           "attention_flat_heads": {"attn_fwd_flat#2 (consumer_tile_wait)"},
+           "attention_batched_rows": {"attn_fwd_batched#2 (consumer_tile_wait)"},
+           "gemm_row_wrap": {"matmul_wrap#2 (consumer_tile_wait)"},
+           "gemm_row_wrap_hints": {"matmul_wrap_hints#2 (consumer_tile_wait)"},
+           "gemm_row_clamp": {"matmul_clamp#2 (consumer_tile_wait)"}}
 
 
 @pytest.mark.slow

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import tilelink
-from tests.rules.mutations import run_mutants, run_store_after_notify
+from tests.rules.mutations import run_mutants, run_start_read, run_store_after_notify
 
 HERE = Path(__file__).parent
 GOLDEN = sorted(f"{p.parent.name}_{p.name.removesuffix('.before.py')}" for p in HERE.glob("*/*.before.py"))
@@ -38,3 +38,17 @@ def test_a_store_after_its_notify_is_caught(case: str, monkeypatch) -> None:
     monkeypatch.setenv("TILELINK_WAIT_TIMEOUT", "2")
     results = tilelink.spawn(run_store_after_notify, 2, case)
     assert any(outcome.startswith("failed") for outcomes in results for _, outcome in outcomes), results
+
+
+@pytest.mark.parametrize("case", [c for c in GOLDEN if c.startswith("all_gather_")])
+def test_reads_after_the_start_read_are_checked_on_its_schedule(case: str, monkeypatch) -> None:
+    """On the schedule where every program's read at its start finds its channels (each delivered then), the
+    programs pass their waits without polling: the rewrite is still correct, and a read that counts one channel
+    fewer than the gather has leaves a program reading poison."""
+    monkeypatch.setenv("TILELINK_RACES", "1")
+    monkeypatch.setenv("TILELINK_RACES_START_READ", "1")
+    monkeypatch.setenv("TILELINK_WAIT_TIMEOUT", "2")
+    results = tilelink.spawn(run_start_read, 2, case)
+    for rank, outcomes in enumerate(results):
+        assert outcomes[0] == ("as generated", "passed"), (rank, outcomes)
+    assert any(outcomes[1][1].startswith("failed") for outcomes in results), results

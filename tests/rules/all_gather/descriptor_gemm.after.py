@@ -23,8 +23,10 @@ def matmul_descriptor_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak,
                              BLOCK_K: tl.constexpr,  # added by TileLink:
                              tlk_barriers, tlk_epoch, tlk_rank, tlk_world, tlk_rows,
                              tlk_rows_per_rank, tlk_rows_per_channel, tlk_channels_per_rank, tlk_diag, tlk_budget):
-    # tilelink: this call's barrier target (fixed for the launch: read once)
+    # tilelink: this call's barrier target (fixed for the launch: read once), and whether every channel has
+    # arrived already (one read of them all: then each wait below passes without polling)
     tlk_target = tll.call_target(tlk_epoch, tlk_diag)
+    tlk_ready = tll.channels_ready(tlk_barriers, tlk_world * tlk_channels_per_rank, tlk_target)
     pid_m = tl.program_id(0)
     # tilelink: visit tiles in local_first order (all_gather)
     pid_m = tlm.tl_remap_tile(
@@ -41,7 +43,7 @@ def matmul_descriptor_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak,
         pid_m * BLOCK_M, pid_m * BLOCK_M + BLOCK_M,
         tlk_rows, tlk_rows_per_rank, tlk_rows_per_channel, tlk_channels_per_rank)
     tlk_token = tll.consumer_tile_wait(
-        tlk_barriers, tlk_first, tlk_count, tlk_target, tlk_diag, tlk_budget, scaled=True)
+        tlk_barriers, tlk_first, tlk_count, tlk_target, tlk_diag, tlk_budget, scaled=True, ready=tlk_ready)
     pid_m = pid_m + tlk_token
     for k in range(0, tl.cdiv(K, BLOCK_K)):
         a = a_desc.load([pid_m * BLOCK_M, k * BLOCK_K])

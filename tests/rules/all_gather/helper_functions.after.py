@@ -41,8 +41,10 @@ def matmul_relu_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, strid
                        BLOCK_K: tl.constexpr,  # added by TileLink:
                        tlk_barriers, tlk_epoch, tlk_rank, tlk_world, tlk_rows,
                        tlk_rows_per_rank, tlk_rows_per_channel, tlk_channels_per_rank, tlk_diag, tlk_budget):
-    # tilelink: this call's barrier target (fixed for the launch: read once)
+    # tilelink: this call's barrier target (fixed for the launch: read once), and whether every channel has
+    # arrived already (one read of them all: then each wait below passes without polling)
     tlk_target = tll.call_target(tlk_epoch, tlk_diag)
+    tlk_ready = tll.channels_ready(tlk_barriers, tlk_world * tlk_channels_per_rank, tlk_target)
     pid_m, pid_n = swizzle(tl.program_id(0), M, N, BLOCK_M, BLOCK_N)
     # tilelink: visit tiles in local_first order (all_gather)
     pid_m = tlm.tl_remap_tile(
@@ -58,7 +60,7 @@ def matmul_relu_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, strid
         pid_m * BLOCK_M, pid_m * BLOCK_M + BLOCK_M,
         tlk_rows, tlk_rows_per_rank, tlk_rows_per_channel, tlk_channels_per_rank)
     tlk_token = tll.consumer_tile_wait(
-        tlk_barriers, tlk_first, tlk_count, tlk_target, tlk_diag, tlk_budget, scaled=True)
+        tlk_barriers, tlk_first, tlk_count, tlk_target, tlk_diag, tlk_budget, scaled=True, ready=tlk_ready)
     a_ptrs = a_ptrs + tlk_token
     for k in range(0, tl.cdiv(K, BLOCK_K)):
         a = tl.load(a_ptrs, mask=(rm[:, None] < M) & (rk[None, :] < K - k * BLOCK_K), other=0.0)

@@ -21,8 +21,10 @@ import tilelink.mapping as tlm
 def row_sum_kernel(x_ptr, y_ptr, S, D, stride_xb, stride_xs, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,  # added by TileLink:
                    tlk_barriers, tlk_epoch, tlk_rank, tlk_world, tlk_rows,
                    tlk_rows_per_rank, tlk_rows_per_channel, tlk_channels_per_rank, tlk_diag, tlk_budget):
-    # tilelink: this call's barrier target (fixed for the launch: read once)
+    # tilelink: this call's barrier target (fixed for the launch: read once), and whether every channel has
+    # arrived already (one read of them all: then each wait below passes without polling)
     tlk_target = tll.call_target(tlk_epoch, tlk_diag)
+    tlk_ready = tll.channels_ready(tlk_barriers, tlk_world * tlk_channels_per_rank, tlk_target)
     b = tl.program_id(1)
     s0 = tl.program_id(0) * BLOCK_S
     offs_s = s0 + tl.arange(0, BLOCK_S)
@@ -32,7 +34,7 @@ def row_sum_kernel(x_ptr, y_ptr, S, D, stride_xb, stride_xs, BLOCK_S: tl.constex
         s0, s0 + BLOCK_S,
         tlk_rows, tlk_rows_per_rank, tlk_rows_per_channel, tlk_channels_per_rank)
     tlk_token = tll.consumer_tile_wait(
-        tlk_barriers, tlk_first, tlk_count, tlk_target, tlk_diag, tlk_budget, scaled=True)
+        tlk_barriers, tlk_first, tlk_count, tlk_target, tlk_diag, tlk_budget, scaled=True, ready=tlk_ready)
     x_ptr = x_ptr + tlk_token
     x = tl.load(x_ptr + b * stride_xb + offs_s[:, None] * stride_xs + offs_d[None, :],
                 mask=(offs_s[:, None] < S) & (offs_d[None, :] < D), other=0.0)

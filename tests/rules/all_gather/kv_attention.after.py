@@ -22,8 +22,10 @@ def attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, SEQ_Q, SEQ_KV, stride_qm, strid
                      sm_scale, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,  # added by TileLink:
                      tlk_barriers, tlk_epoch, tlk_rank, tlk_world, tlk_rows,
                      tlk_rows_per_rank, tlk_rows_per_channel, tlk_channels_per_rank, tlk_diag, tlk_budget):
-    # tilelink: this call's barrier target (fixed for the launch: read once)
+    # tilelink: this call's barrier target (fixed for the launch: read once), and whether every channel has
+    # arrived already (one read of them all: then each wait below passes without polling)
     tlk_target = tll.call_target(tlk_epoch, tlk_diag)
+    tlk_ready = tll.channels_ready(tlk_barriers, tlk_world * tlk_channels_per_rank, tlk_target)
     pid_m = tl.program_id(0)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
@@ -38,7 +40,7 @@ def attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, SEQ_Q, SEQ_KV, stride_qm, strid
             start_n, start_n + BLOCK_N,
             tlk_rows, tlk_rows_per_rank, tlk_rows_per_channel, tlk_channels_per_rank)
         tlk_token = tll.consumer_tile_wait(
-            tlk_barriers, tlk_first, tlk_count, tlk_target, tlk_diag, tlk_budget, scaled=True)
+            tlk_barriers, tlk_first, tlk_count, tlk_target, tlk_diag, tlk_budget, scaled=True, ready=tlk_ready)
         k_ptr = k_ptr + tlk_token
         v_ptr = v_ptr + tlk_token
         k = tl.load(k_ptr + offs_n[:, None] * stride_kn + offs_d[None, :], mask=offs_n[:, None] < SEQ_KV, other=0.0)

@@ -23,8 +23,10 @@ def fused_moe_kernel(a_ptr, b_ptr, c_ptr, sorted_token_ids_ptr, expert_ids_ptr, 
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,  # added by TileLink:
                      tlk_barriers, tlk_epoch, tlk_rank, tlk_world, tlk_rows,
                      tlk_rows_per_rank, tlk_rows_per_channel, tlk_channels_per_rank, tlk_diag, tlk_budget):
-    # tilelink: this call's barrier target (fixed for the launch: read once)
+    # tilelink: this call's barrier target (fixed for the launch: read once), and whether every channel has
+    # arrived already (one read of them all: then each wait below passes without polling)
     tlk_target = tll.call_target(tlk_epoch, tlk_diag)
+    tlk_ready = tll.channels_ready(tlk_barriers, tlk_world * tlk_channels_per_rank, tlk_target)
     pid = tl.program_id(0)
     num_pid_n = tl.cdiv(N, BLOCK_N)
     pid_m = pid // num_pid_n
@@ -42,7 +44,7 @@ def fused_moe_kernel(a_ptr, b_ptr, c_ptr, sorted_token_ids_ptr, expert_ids_ptr, 
     tlk_src = offs_token // top_k
     tlk_channel = tl.where((tlk_src >= 0) & (tlk_src < tlk_rows), tlm.tl_channel_of_row(tlk_src, tlk_rows_per_rank, tlk_rows_per_channel, tlk_channels_per_rank), -1)
     tlk_token = tll.consumer_tile_wait_channels(
-        tlk_barriers, tlk_channel, tlk_target, tlk_diag, tlk_budget, scaled=True)
+        tlk_barriers, tlk_channel, tlk_target, tlk_diag, tlk_budget, scaled=True, ready=tlk_ready)
     a_ptrs = a_ptrs + tlk_token
     for k in range(0, tl.cdiv(K, BLOCK_K)):
         a = tl.load(a_ptrs, mask=token_mask[:, None] & (offs_k[None, :] < K - k * BLOCK_K), other=0.0)

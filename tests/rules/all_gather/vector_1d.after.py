@@ -21,15 +21,17 @@ import tilelink.mapping as tlm
 def scale_kernel(x_ptr, w_ptr, y_ptr, N, BLOCK: tl.constexpr,  # added by TileLink:
                  tlk_barriers, tlk_epoch, tlk_rank, tlk_world, tlk_rows,
                  tlk_rows_per_rank, tlk_rows_per_channel, tlk_channels_per_rank, tlk_diag, tlk_budget):
-    # tilelink: this call's barrier target (fixed for the launch: read once)
+    # tilelink: this call's barrier target (fixed for the launch: read once), and whether every channel has
+    # arrived already (one read of them all: then each wait below passes without polling)
     tlk_target = tll.call_target(tlk_epoch, tlk_diag)
+    tlk_ready = tll.channels_ready(tlk_barriers, tlk_world * tlk_channels_per_rank, tlk_target)
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     # tilelink: wait until rows [tl.program_id(0) * BLOCK, tl.program_id(0) * BLOCK + BLOCK) of x_ptr have arrived (all_gather, dim 0)
     tlk_first, tlk_count = tlm.tl_channels_of_rows(
         tl.program_id(0) * BLOCK, tl.program_id(0) * BLOCK + BLOCK,
         tlk_rows, tlk_rows_per_rank, tlk_rows_per_channel, tlk_channels_per_rank)
     tlk_token = tll.consumer_tile_wait(
-        tlk_barriers, tlk_first, tlk_count, tlk_target, tlk_diag, tlk_budget, scaled=True)
+        tlk_barriers, tlk_first, tlk_count, tlk_target, tlk_diag, tlk_budget, scaled=True, ready=tlk_ready)
     x_ptr = x_ptr + tlk_token
     x = tl.load(x_ptr + offs, mask=offs < N, other=0.0)
     w = tl.load(w_ptr + offs, mask=offs < N, other=0.0)

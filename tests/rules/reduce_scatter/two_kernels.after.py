@@ -28,8 +28,10 @@ def tile_of(pid, N, BLOCK_N: tl.constexpr):
 def up_kernel(x_ptr, w_ptr, h_ptr, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,  # added by TileLink:
               tlk_barriers, tlk_epoch, tlk_rank, tlk_world, tlk_rows,
               tlk_rows_per_rank, tlk_rows_per_channel, tlk_channels_per_rank, tlk_diag, tlk_budget):
-    # tilelink: this call's barrier target (fixed for the launch: read once)
+    # tilelink: this call's barrier target (fixed for the launch: read once), and whether every channel has
+    # arrived already (one read of them all: then each wait below passes without polling)
     tlk_target = tll.call_target(tlk_epoch, tlk_diag)
+    tlk_ready = tll.channels_ready(tlk_barriers, tlk_world * tlk_channels_per_rank, tlk_target)
     pid_m, pid_n = tile_of(tl.program_id(0), N, BLOCK_N)
     # tilelink: visit tiles in local_first order (all_gather)
     pid_m = tlm.tl_remap_tile(
@@ -43,7 +45,7 @@ def up_kernel(x_ptr, w_ptr, h_ptr, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.c
         pid_m * BLOCK_M, pid_m * BLOCK_M + BLOCK_M,
         tlk_rows, tlk_rows_per_rank, tlk_rows_per_channel, tlk_channels_per_rank)
     tlk_token = tll.consumer_tile_wait(
-        tlk_barriers, tlk_first, tlk_count, tlk_target, tlk_diag, tlk_budget, scaled=True)
+        tlk_barriers, tlk_first, tlk_count, tlk_target, tlk_diag, tlk_budget, scaled=True, ready=tlk_ready)
     x_ptr = x_ptr + tlk_token
     for k in range(0, tl.cdiv(K, BLOCK_K)):
         kk = k * BLOCK_K + offs_k
