@@ -898,7 +898,8 @@ def _evaluate(source: str, values: dict[str, Any], dom: _Interval, wraps: list[s
     """The kernel's expression ``source`` over the grid, in the values of ``dom``: int literals, int arguments,
     ``tl.program_id`` / ``tl.num_programs``, ``+``, ``-``, ``*``, ``//`` and ``%`` of a non-negative value by a positive
     one (where Triton's and Python's agree), ``tl.cdiv`` of such, ``tl.minimum`` / ``tl.maximum`` / ``min`` / ``max``,
-    ``tl.range(a, b, step)`` (where ``dom`` reads it) and casts to 32- or 64-bit ints of values that fit.
+    ``tl.range(a, b, step)`` (where ``dom`` reads it), casts to 32- or 64-bit ints of values that fit, and ``a if test
+    else b`` whose test (:func:`_holds`) is the same for every program.
 
     Every value is held as Triton holds it. Literals and constexpr arguments are constants, folded among themselves
     as Python ints; a constant beside a tensor takes the tensor's width, which it must fit. Program ids are 32-bit
@@ -963,6 +964,16 @@ def _evaluate(source: str, values: dict[str, Any], dom: _Interval, wraps: list[s
             except (TypeError, IndexError):
                 return None
             return (v, _CONST) if isinstance(v, int) and not isinstance(v, bool) else None
+        if isinstance(node, ast.IfExp):
+            # `BLOCK_N if not SUBTILE else BLOCK_N // 2`: the side its test takes, a test alike for every program
+            # (constexpr flags, comparisons of what is read here); one that differs between programs is not read
+            import numpy as np
+
+            test = _holds(ast.unparse(node.test), values, dom)
+            taken = None if test is None else np.asarray(test)
+            if taken is None or taken.size == 0 or (taken.any() and not taken.all()):
+                return None
+            return walk(node.body if bool(taken.all()) else node.orelse)
         if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
             inner = walk(node.operand)
             if inner is None or inner[1] == _CONST:

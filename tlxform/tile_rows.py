@@ -85,6 +85,25 @@ def show(p: Poly) -> str:
     return text[2:] if text.startswith("+ ") else "-" + text[2:]
 
 
+def _grouped(atom: str) -> str:
+    """``atom`` as an operand of ``*``, ``+`` and ``-``: in parentheses unless it is a name, an attribute, a
+    subscript, a call or a number (``BLOCK_N if not SUB else BLOCK_N // 2`` or ``BLOCK_N // 2`` would otherwise
+    bind to its neighbours)."""
+    try:
+        node = cst.parse_expression(atom)
+    except cst.ParserSyntaxError:
+        return f"({atom})"
+    if isinstance(node, (cst.Name, cst.Attribute, cst.Subscript, cst.Call, cst.Integer)) or getattr(node, "lpar", ()):
+        return atom
+    return f"({atom})"
+
+
+def code(p: Poly) -> str:
+    """``p`` as Triton source that evaluates to it (each compound atom in parentheses), for generated code such as
+    a ``tl.static_assert``; :func:`show` writes the same terms for a message."""
+    return show({tuple(_grouped(a) for a in k): v for k, v in p.items()})
+
+
 class _Rows:
     """Reads the expressions of one kernel as :data:`Poly` s."""
 

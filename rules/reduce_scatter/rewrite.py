@@ -26,6 +26,7 @@ from tilelink.spec import Options, ReduceScatterSpec
 from tilelink.tile_rows import Poly
 from tilelink.tile_rows import _add as poly_add
 from tilelink.tile_rows import _mul as poly_mul
+from tilelink.tile_rows import code as poly_code
 from tilelink.tile_rows import show as poly_show
 
 RULE = "reduce_scatter"
@@ -851,11 +852,11 @@ def _stored_once(an: KernelAnalysis, stores, rule: str) -> tuple[list[Insertion]
                 inserts.append(Insertion(b.anchor, "before", (
                     f"# tilelink: the stores at lines {a.where.line}, {b.where.line} write disjoint columns "
                     f"(each element is counted once in its channel's notifies)",
-                    f"tl.static_assert({poly_show(gap)} >= 0, {message!r})")))
+                    f"tl.static_assert({poly_code(gap)} >= 0, {message!r})")))
                 notes.append(ReportEntry(an.name, rule, "note", f"the stores at lines {a.where.line}, "
                                          f"{b.where.line} write the same rows; a tl.static_assert before the second "
                                          f"checks at compile time that their columns do not overlap "
-                                         f"(`{poly_show(gap)} >= 0`)", b.where))
+                                         f"(`{poly_code(gap)} >= 0`)", b.where))
                 continue
             raise AnnotationError(
                 f"the stores to {a.tensor!r} at lines {a.where.line}, {b.where.line} may both write the same "

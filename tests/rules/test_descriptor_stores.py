@@ -13,6 +13,7 @@ import pytest
 import torch
 import triton
 
+import tilelink
 from tilelink.annotations import requests_in
 from tilelink.codegen import generate
 from tilelink.errors import AnnotationError
@@ -364,3 +365,86 @@ def test_two_tile_loops_hold_their_adds_apart(tmp_path: Path) -> None:
     # and a flushed rest), the second the other 12 on programs 1 and 3; the last row tile and column tile are partial
     M, N, BM, BN = 100, 40, 16, 16
     _fills_with_ones(module, (4,), M, N, 2, 3, SPLIT=9, BM=BM, BN=BN, PROGRAMS=4)
+
+
+def test_a_conditional_block_width_is_checked_as_a_whole(tmp_path: Path) -> None:
+    """The compile-time check that two descriptor stores write disjoint columns takes a block width written as a
+    conditional expression whole: pasted into `a - b >= 0` without parentheses, `BLOCK_N if not SUB else BLOCK_N // 2`
+    would have made the check `(a - BLOCK_N) if not SUB else (BLOCK_N // 2 >= 0)`, true for every subtiled launch."""
+    module, gen = _build(tmp_path, "conditional_width", '''
+        @tilelink.overlap(tilelink.reduce_scatter("c_ptr", dim=0))
+        @triton.jit
+        def k(c_ptr, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SUB: tl.constexpr):
+            c_desc = tl.make_tensor_descriptor(c_ptr, shape=[M, N], strides=[N, 1],
+                                               block_shape=[BLOCK_M, BLOCK_N if not SUB else BLOCK_N // 2])
+            offs_m = tl.program_id(0) * BLOCK_M
+            offs_n = tl.program_id(1) * BLOCK_N
+            half = tl.full((BLOCK_M, BLOCK_N // 2), 1.0, tl.float32)
+            if SUB:
+                c_desc.store([offs_m, offs_n + BLOCK_N // 4], half)
+                c_desc.store([offs_m, offs_n], half)
+            else:
+                c_desc.store([offs_m, offs_n], tl.full((BLOCK_M, BLOCK_N), 1.0, tl.float32))
+    ''')
+    asserts = [line.strip() for line in gen.text.splitlines() if line.strip().startswith("tl.static_assert(")]
+    assert asserts, gen.text
+    check = asserts[0][len("tl.static_assert("):].split(", ", 1)[0]
+    assert "(BLOCK_N if not SUB else BLOCK_N // 2)" in check, check
+    # the stores overlap when subtiled (a quarter apart, half a block wide): the check fails for every width
+    for block_n in (16, 32, 64):
+        assert eval(check, {"BLOCK_N": block_n, "SUB": True}) is False, check  # noqa: S307 - generated arithmetic
+    sh, chan = _channels(16, 2, 1)
+    with pytest.raises(Exception, match="overlapping columns"):
+        module.k[(1, 1)](torch.zeros(16, 16), 16, 16, BLOCK_M=8, BLOCK_N=16, SUB=True,
+                         tlk_barriers=torch.zeros(sh.num_channels, dtype=torch.int64), **chan)
+
+
+#: the tutorials' persistent GEMM epilogue: the output descriptor's block as wide as the tile, or half as wide with
+#: the tile stored in two halves (`EPILOGUE_SUBTILE`), its width a conditional expression of the constexpr flag
+SUBTILED = '''
+@tilelink.overlap(tilelink.reduce_scatter("c_ptr", dim=0))
+@triton.jit
+def matmul_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SUB: tl.constexpr):
+    c_desc = tl.make_tensor_descriptor(c_ptr, shape=[M, N], strides=[stride_cm, stride_cn],
+                                       block_shape=[BLOCK_M, BLOCK_N if not SUB else BLOCK_N // 2])
+    pid = tl.program_id(0)
+    pid_m = pid // tl.cdiv(N, BLOCK_N)
+    pid_n = pid % tl.cdiv(N, BLOCK_N)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BLOCK_K)):
+        a = tl.load(a_ptr + offs_m[:, None] * stride_am + (k * BLOCK_K + offs_k)[None, :] * stride_ak,
+                    mask=(offs_m[:, None] < M) & ((k * BLOCK_K + offs_k)[None, :] < K), other=0.0)
+        b = tl.load(b_ptr + (k * BLOCK_K + offs_k)[:, None] * stride_bk + offs_n[None, :] * stride_bn,
+                    mask=((k * BLOCK_K + offs_k)[:, None] < K) & (offs_n[None, :] < N), other=0.0)
+        acc = tl.dot(a, b, acc)
+    if SUB:
+        halves = tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1))
+        left, right = tl.split(halves)
+        c_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], left)
+        c_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N + BLOCK_N // 2], right)
+    else:
+        c_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], acc)
+'''
+
+
+def _subtiled(path: str, sub: bool) -> float:
+    from tests.rules import cases
+
+    kernel = cases.module_at(path).matmul_kernel
+    return cases._rs_gemm(kernel, tilelink.rank(), tilelink.world_size(), M=48, N=32, K=40, BLOCK_M=16,
+                          BLOCK_N=16, BLOCK_K=16, SUB=sub)
+
+
+@pytest.mark.parametrize("sub", [False, True])
+def test_a_block_width_chosen_by_a_constexpr_flag_launches(tmp_path: Path, sub: bool, monkeypatch) -> None:
+    """The launch checks that no two programs store the same elements by evaluating each store's tile over the grid;
+    a block width written `BLOCK_N if not SUB else BLOCK_N // 2` takes the side its flag picks for the launch."""
+    monkeypatch.setenv("TILELINK_RACES", "1")
+    path = tmp_path / "subtiled.py"
+    path.write_text(HEAD + textwrap.dedent(SUBTILED))
+    errors = tilelink.spawn(_subtiled, 2, str(path), sub)
+    assert all(e < 1e-4 for e in errors), errors

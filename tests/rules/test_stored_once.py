@@ -105,7 +105,7 @@ def test_a_host_descriptors_block_width_is_asserted_at_compile_time() -> None:
     text = path.read_text()
     generated = generate(text, str(path), requests_in(text, str(path)))
     kernel = generated.rewritten["matmul_descriptor_persistent_rs"]
-    assert "tl.static_assert(BLOCK_N // 2 - c_desc.block_shape[1] >= 0" in kernel, kernel
+    assert "tl.static_assert((BLOCK_N // 2) - c_desc.block_shape[1] >= 0" in kernel, kernel
     notes = [str(e) for e in generated.report.entries if "checks at compile time" in str(e)]
     assert len(notes) == 1 and "stores at lines 48, 49" in notes[0], notes
 
