@@ -487,7 +487,9 @@ class _Analyzer:
                 if name in pointers or name in descriptors:
                     continue
                 for _, value in defs:
-                    refs = names_outside_loads(value)  # data loaded through a pointer is not a pointer
+                    # data loaded through a pointer is not a pointer, nor is a value cast to its element type
+                    # (`acc = acc.to(c_ptr.dtype.element_ty)`: a type, not memory)
+                    refs = names_outside_loads(_without_dtypes(value))
                     if _is_tl_call(value, "make_tensor_descriptor") and refs & pointers:
                         descriptors.add(name)
                         changed = True
@@ -499,8 +501,8 @@ class _Analyzer:
             for node in self.findall(self.fn.body, m.AugAssign(target=m.Name())):
                 # offsets the tensor is added to in place (`ptrs = offs * stride; ptrs += x_ptr`) become a pointer
                 name = node.target.value
-                if name not in pointers and name not in descriptors and names_outside_loads(node.value) & (
-                        pointers | descriptors):
+                if name not in pointers and name not in descriptors and names_outside_loads(
+                        _without_dtypes(node.value)) & (pointers | descriptors):
                     pointers.add(name)
                     changed = True
         return pointers, descriptors
@@ -2021,7 +2023,9 @@ def _position_params(an: _Analyzer, name: str, depth: int = 0) -> set[str]:
 
 
 def _conjuncts(mask: str) -> list[cst.BaseExpression]:
-    """The terms of a mask joined by ``&`` / ``and`` (parentheses dropped), in no particular order."""
+    """The terms of a mask joined by ``&`` / ``and`` (parentheses dropped), in no particular order; a comparison of a
+    vector made a row or a column afterwards (``(cols < N)[None, :]``, as ``triton.ops.matmul`` masks) is read as the
+    same comparison of the vector made one first (``cols[None, :] < N``)."""
     conjuncts, todo = [], [cst.parse_expression(mask)]
     while todo:
         node = todo.pop()
@@ -2031,8 +2035,35 @@ def _conjuncts(mask: str) -> list[cst.BaseExpression]:
                 node, cst.BooleanOperation) and isinstance(node.operator, cst.And):
             todo += [node.left, node.right]
         else:
-            conjuncts.append(node)
+            conjuncts.append(_broadcast_inside(node))
     return conjuncts
+
+
+def _broadcast_inside(node: cst.BaseExpression) -> cst.BaseExpression:
+    """``(x < N)[None, :]`` as ``x[None, :] < N`` (and ``[:, None]`` alike), where neither side is a block or a call
+    (the broadcast of a comparison with a scalar is the comparison of the broadcast); anything else as it is."""
+    if not isinstance(node, cst.Subscript) or not isinstance(node.value, cst.Comparison) or len(node.slice) != 2:
+        return node
+    kinds = [isinstance(el.slice, cst.Slice) for el in node.slice]
+    if kinds.count(True) != 1 or not all(s or m.matches(el.slice, m.Index(value=m.Name("None")))
+                                         for s, el in zip(kinds, node.slice, strict=True)):
+        return node
+    comparison = node.value.with_changes(lpar=[], rpar=[])
+    if len(comparison.comparisons) != 1:
+        return node
+    left, right = comparison.left, comparison.comparisons[0].comparator
+
+    def block(side: cst.BaseExpression) -> cst.Subscript:
+        whole = side if isinstance(side, cst.Name) or side.lpar else side.with_changes(
+            lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+        return cst.Subscript(value=whole, slice=node.slice)
+
+    plain = [not m.findall(x, m.Subscript() | m.Call()) for x in (left, right)]
+    if not all(plain):  # a side that is a block or a call already: read as written
+        return node
+    # the vector on the left, as masks write it (`rm < M`); where it is on the right (`M > rm`), the left side made a
+    # block reads as no bound of `rm`, and the access is refused as unmasked: never a bound that is not there
+    return comparison.with_changes(left=block(left))
 
 
 def _vector_last(an: _Analyzer, name: str, offsets: str, depth: int = 0) -> _Terms | None:
@@ -3062,7 +3093,7 @@ def _check_other_uses(an: _Analyzer, tensor: str, pointers: set[str], descriptor
             continue  # an access (a store that adds: a split-K write-back), which the rule judges
         used = set()
         for arg in call.args:
-            used |= names_outside_loads(arg.value) & aliases
+            used |= names_outside_loads(_without_dtypes(arg.value)) & aliases
         if not used:
             continue
         at = an.where(call)

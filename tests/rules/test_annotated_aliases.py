@@ -143,3 +143,72 @@ def test_a_host_descriptor_read_under_another_name_is_refused() -> None:
     err = info.value
     assert err.line == 15 and "`d.load`" in str(err) and "from the annotated 'a_desc'" in str(err), err
     assert "by its own name" in err.hint, err
+
+
+#: GEMMs that cast a value to the element type of an annotated tensor (`acc.to(c_ptr.dtype.element_ty)`, as the
+#: tutorials' epilogues and split-K kernels do): the value reads the tensor's type, not its memory, so it is no alias
+CAST_TO_ELEMENT_TYPE = {
+    "reduce_scatter": '''
+@tilelink.overlap(tilelink.reduce_scatter("c_ptr", dim=0))
+@triton.jit
+def matmul_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    pid = tl.program_id(0)
+    pid_m = pid // tl.cdiv(N, BLOCK_N)
+    pid_n = pid % tl.cdiv(N, BLOCK_N)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BLOCK_K)):
+        a = tl.load(a_ptr + offs_m[:, None] * stride_am + (k * BLOCK_K + offs_k)[None, :] * stride_ak,
+                    mask=(offs_m[:, None] < M) & ((k * BLOCK_K + offs_k)[None, :] < K), other=0.0)
+        b = tl.load(b_ptr + (k * BLOCK_K + offs_k)[:, None] * stride_bk + offs_n[None, :] * stride_bn,
+                    mask=((k * BLOCK_K + offs_k)[:, None] < K) & (offs_n[None, :] < N), other=0.0)
+        acc = tl.dot(a, b, acc)
+    acc = acc.to(c_ptr.dtype.element_ty)
+    c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
+    tl.store(c_ptrs, acc, mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+''',
+    "all_gather": '''
+@tilelink.overlap(tilelink.all_gather("a_ptr", dim=0))
+@triton.jit
+def matmul_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    pid = tl.program_id(0)
+    pid_m = pid // tl.cdiv(N, BLOCK_N)
+    pid_n = pid % tl.cdiv(N, BLOCK_N)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BLOCK_K)):
+        a = tl.load(a_ptr + offs_m[:, None] * stride_am + (k * BLOCK_K + offs_k)[None, :] * stride_ak,
+                    mask=(offs_m[:, None] < M) & ((k * BLOCK_K + offs_k)[None, :] < K), other=0.0)
+        b = tl.load(b_ptr + (k * BLOCK_K + offs_k)[:, None] * stride_bk + offs_n[None, :] * stride_bn,
+                    mask=((k * BLOCK_K + offs_k)[:, None] < K) & (offs_n[None, :] < N), other=0.0)
+        b = b.to(a_ptr.dtype.element_ty)
+        acc = tl.dot(a, b, acc)
+    tl.store(c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn, acc,
+             mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+''',
+}
+
+
+def _cast_gemm(rule: str, path: str) -> float:
+    from tests.rules import cases
+
+    kernel = cases.module_at(path).matmul_kernel
+    run = cases._rs_gemm if rule == "reduce_scatter" else cases._ag_gemm
+    return run(kernel, tilelink.rank(), tilelink.world_size(), BLOCK_M=16, BLOCK_N=16, BLOCK_K=16)
+
+
+@pytest.mark.parametrize("rule", sorted(CAST_TO_ELEMENT_TYPE))
+def test_a_value_cast_to_the_annotated_tensors_element_type_is_no_alias(rule: str, tmp_path, monkeypatch) -> None:
+    body = _generated(CAST_TO_ELEMENT_TYPE[rule]).rewritten["matmul_kernel"]
+    assert ("producer_tile_notify" if rule == "reduce_scatter" else "consumer_tile_wait") in body, body
+    monkeypatch.setenv("TILELINK_RACES", "1")
+    path = tmp_path / f"cast_{rule}.py"
+    path.write_text(HEAD + textwrap.dedent(CAST_TO_ELEMENT_TYPE[rule]))
+    errors = tilelink.spawn(_cast_gemm, 2, rule, str(path))
+    assert all(e < 1e-4 for e in errors), errors
