@@ -1983,7 +1983,7 @@ def _mask_locals(an: _Analyzer, acc: Access) -> Access:
     (rows[:, None] < M) & (cols[None, :] < N)``, then ``mask=y_mask``), for the conjuncts to be read."""
     if acc.mask is None:
         return acc
-    out, todo = [], _conjuncts(acc.mask)
+    out, todo = [], _conjuncts(acc.mask, an.params)
     while todo and len(out) < 64:
         node = todo.pop()
         defs = an.assignments.get(node.value, []) if isinstance(node, cst.Name) else []
@@ -1995,7 +1995,7 @@ def _mask_locals(an: _Analyzer, acc: Access) -> Access:
                 not _bound_again(an, n) or _loop_range(an, n) is not None) for n in names_in(defs[0][1]))
         if len(defs) == 1 and len(an.bindings.get(node.value, ())) == 1 and not _bound_again(an, node.value) and (
                 not _varies(an, node) or steady):
-            todo += _conjuncts(code(defs[0][1]))
+            todo += _conjuncts(code(defs[0][1]), an.params)
         else:
             out.append(f"({code(_name_columns(an, acc, node, register=False))})")
     from dataclasses import replace
@@ -2007,7 +2007,7 @@ def _mask_varies(an: _Analyzer, acc: Access, name: str) -> bool:
     """Whether a conjunct of the access's mask that bounds the column vector ``name`` reads a name that changes from
     one step of a loop to the next (``cols[None, :] < D - j``)."""
     return any(name in names_in(node) and _varies(an, node) for node in (
-        _conjuncts(acc.mask) if acc.mask is not None else ()))
+        _conjuncts(acc.mask, an.params) if acc.mask is not None else ()))
 
 
 def _position_params(an: _Analyzer, name: str, depth: int = 0) -> set[str]:
@@ -2022,10 +2022,11 @@ def _position_params(an: _Analyzer, name: str, depth: int = 0) -> set[str]:
     return found
 
 
-def _conjuncts(mask: str) -> list[cst.BaseExpression]:
+def _conjuncts(mask: str, scalars: frozenset[str] | set[str] = frozenset()) -> list[cst.BaseExpression]:
     """The terms of a mask joined by ``&`` / ``and`` (parentheses dropped), in no particular order; a comparison of a
-    vector made a row or a column afterwards (``(cols < N)[None, :]``, as ``triton.ops.matmul`` masks) is read as the
-    same comparison of the vector made one first (``cols[None, :] < N``)."""
+    vector with a scalar (int literals and ``scalars``, the kernel's parameters) made a row or a column afterwards
+    (``(cols < N)[None, :]``, as ``triton.ops.matmul`` masks) is read as the same comparison of the vector made one
+    first (``cols[None, :] < N``)."""
     conjuncts, todo = [], [cst.parse_expression(mask)]
     while todo:
         node = todo.pop()
@@ -2035,13 +2036,15 @@ def _conjuncts(mask: str) -> list[cst.BaseExpression]:
                 node, cst.BooleanOperation) and isinstance(node.operator, cst.And):
             todo += [node.left, node.right]
         else:
-            conjuncts.append(_broadcast_inside(node))
+            conjuncts.append(_broadcast_inside(node, scalars))
     return conjuncts
 
 
-def _broadcast_inside(node: cst.BaseExpression) -> cst.BaseExpression:
-    """``(x < N)[None, :]`` as ``x[None, :] < N`` (and ``[:, None]`` alike), where neither side is a block or a call
-    (the broadcast of a comparison with a scalar is the comparison of the broadcast); anything else as it is."""
+def _broadcast_inside(node: cst.BaseExpression, scalars: frozenset[str] | set[str]) -> cst.BaseExpression:
+    """``(x < N)[None, :]`` as ``x[None, :] < N`` (and ``[:, None]`` alike), where ``x`` has no block or call in it
+    and ``N`` is a scalar: int literals and ``scalars`` with ``+``, ``-``, ``*`` (the broadcast of a comparison with a
+    scalar is the comparison of the broadcast); anything else as it is (``(x < y)[None, :]`` of two vectors is an
+    outer comparison, not a bound of ``x``)."""
     if not isinstance(node, cst.Subscript) or not isinstance(node.value, cst.Comparison) or len(node.slice) != 2:
         return node
     kinds = [isinstance(el.slice, cst.Slice) for el in node.slice]
@@ -2052,18 +2055,23 @@ def _broadcast_inside(node: cst.BaseExpression) -> cst.BaseExpression:
     if len(comparison.comparisons) != 1:
         return node
     left, right = comparison.left, comparison.comparisons[0].comparator
-
-    def block(side: cst.BaseExpression) -> cst.Subscript:
-        whole = side if isinstance(side, cst.Name) or side.lpar else side.with_changes(
-            lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
-        return cst.Subscript(value=whole, slice=node.slice)
-
-    plain = [not m.findall(x, m.Subscript() | m.Call()) for x in (left, right)]
-    if not all(plain):  # a side that is a block or a call already: read as written
+    if m.findall(left, m.Subscript() | m.Call()) or not _scalar(right, scalars):
         return node
-    # the vector on the left, as masks write it (`rm < M`); where it is on the right (`M > rm`), the left side made a
-    # block reads as no bound of `rm`, and the access is refused as unmasked: never a bound that is not there
-    return comparison.with_changes(left=block(left))
+    whole = left if isinstance(left, cst.Name) or left.lpar else left.with_changes(
+        lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+    return comparison.with_changes(left=cst.Subscript(value=whole, slice=node.slice))
+
+
+def _scalar(node: cst.BaseExpression, scalars: frozenset[str] | set[str]) -> bool:
+    """``node`` is int literals and names of ``scalars`` joined by ``+``, ``-`` and ``*``."""
+    node = node.with_changes(lpar=[], rpar=[]) if getattr(node, "lpar", None) else node
+    if isinstance(node, cst.Integer):
+        return True
+    if isinstance(node, cst.Name):
+        return node.value in scalars
+    if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, (cst.Add, cst.Subtract, cst.Multiply)):
+        return _scalar(node.left, scalars) and _scalar(node.right, scalars)
+    return False
 
 
 def _vector_last(an: _Analyzer, name: str, offsets: str, depth: int = 0) -> _Terms | None:
@@ -2090,10 +2098,17 @@ def _vector_last(an: _Analyzer, name: str, offsets: str, depth: int = 0) -> _Ter
     return out
 
 
+def _as_column(name: str):
+    """A matcher of the column vector ``name`` in a mask: the vector itself (a 1-D mask broadcasts along the columns)
+    or made a column (``name[None, :]``); not made a row (``name[:, None]`` bounds no column)."""
+    return m.Name(name) | m.Subscript(value=m.Name(name), slice=[
+        m.SubscriptElement(slice=m.Index(value=m.Name("None"))), m.SubscriptElement(slice=m.Slice())])
+
+
 def _masked(acc: Access, name: str) -> bool:
     """Whether a conjunct of the access's mask bounds the column vector ``name`` from above (``cols[None, :] < X``,
     ``X > cols``), whatever ``X`` is."""
-    column = m.Name(name) | m.Subscript(value=m.Name(name))
+    column = _as_column(name)
     for node in _conjuncts(acc.mask) if acc.mask is not None else ():
         if isinstance(node, cst.Comparison) and len(node.comparisons) == 1:
             op, right = node.comparisons[0].operator, node.comparisons[0].comparator
@@ -2108,7 +2123,7 @@ def _mask_bound(an: _Analyzer, acc: Access, name: str, offsets: str) -> _Terms |
     ``D - 1`` for a conjunct ``cols[None, :] < D`` (``cols <= D``: ``D``); ``None`` when the mask bounds it by none."""
     if acc.mask is None:
         return None
-    column = m.Name(name) | m.Subscript(value=m.Name(name))
+    column = _as_column(name)
     for node in _conjuncts(acc.mask):
         if not isinstance(node, cst.Comparison) or len(node.comparisons) != 1:
             continue
@@ -2119,6 +2134,8 @@ def _mask_bound(an: _Analyzer, acc: Access, name: str, offsets: str) -> _Terms |
             bound, below = node.left, isinstance(op, cst.GreaterThan)
         else:
             continue
+        if offsets in names_in(bound) or name in names_in(bound):
+            continue  # a vector, not a bound the launch reads (`cols[None, :] < rows`: an outer comparison)
         terms: _Terms = []
         for term, negative in _terms(bound):
             factors = None if m.findall(term, m.Call() | m.Subscript()) else _factors(an, term, offsets)
@@ -2152,7 +2169,10 @@ def _related_bound(an: _Analyzer, acc: Access, name: str) -> _Terms | None:
     def same(node: cst.BaseExpression) -> bool:
         """``node`` (a conjunct's vector, `[None, :]` dropped) is the other vector: the same name, or a name bound
         once to the same `tl.arange` (``offs_k_for_mask = tl.arange(0, BLOCK_K)``)."""
-        node = node.value if isinstance(node, cst.Subscript) else node
+        if isinstance(node, cst.Subscript):  # made a column (`[None, :]`); made a row, it bounds no column
+            if not isinstance(node.value, cst.Name) or not m.matches(node, _as_column(node.value.value)):
+                return False
+            node = node.value
         if not isinstance(node, cst.Name):
             return False
         if isinstance(others[0], cst.Name) and node.value == others[0].value:
@@ -2788,8 +2808,8 @@ def _check_advance_in_loop(an: _Analyzer, acc: Access, tile: Tile, name: str, st
                 parts.append(code(node.with_changes(lpar=[], rpar=[]) if getattr(node, "lpar", None) else node))
         return k in parts and sorted(p for p in parts if p != k) == rest and parts.count(k) == 1
 
-    column = m.Name(vector) | m.Subscript(value=m.Name(vector))
-    conjuncts = _conjuncts(acc.mask) if acc.mask is not None else []
+    column = _as_column(vector)
+    conjuncts = _conjuncts(acc.mask, an.params) if acc.mask is not None else []
     def launch_factors(term: cst.BaseExpression, negative: bool) -> tuple[bool, tuple[str, ...]] | None:
         """A term of ``X`` as (subtracted, its factors), each an int literal or a parameter the kernel leaves as
         passed, which the launch reads; ``None`` for anything else."""

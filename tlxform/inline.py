@@ -32,7 +32,7 @@ import libcst as cst
 import libcst.matchers as m
 from libcst.metadata import MetadataWrapper, PositionProvider
 
-from tilelink.analysis import find_kernel, is_triton_jit, names_in, names_outside_loads
+from tilelink.analysis import _without_dtypes, find_kernel, is_triton_jit, names_in, names_outside_loads
 from tilelink.errors import AnnotationError
 
 #: how many calls one kernel may have inlined (a bound on helpers that call helpers)
@@ -145,7 +145,8 @@ def _aliases(fn: cst.FunctionDef, tensors: Iterable[str]) -> set[str]:
         changed = False
         for target, value in assigns:
             new = names_in(target) - names
-            if new and names_outside_loads(value) & names:
+            # a value cast to a tensor's element type (`acc.to(c_ptr.dtype.element_ty)`) reads its type, not memory
+            if new and names_outside_loads(_without_dtypes(value)) & names:
                 names |= new
                 changed = True
     return names

@@ -894,12 +894,52 @@ class _PerStep(_PerProgram):
 _CONST = 0
 
 
+def _constant_test(node: ast.AST, values: dict[str, Any]) -> bool | None:
+    """The truth of a test made of the call's constants alone (bool and int literals, the values of arguments in
+    ``values``, a constexpr's too, ``not``, ``and``, ``or``, comparisons, ``+``, ``-``, ``*``, ``//``, ``%``), as
+    Python reads it; ``None`` for anything else (a program id, a loop target, a call), which may differ between
+    programs."""
+    compare = {ast.Eq: operator.eq, ast.NotEq: operator.ne, ast.Lt: operator.lt, ast.LtE: operator.le,
+               ast.Gt: operator.gt, ast.GtE: operator.ge}
+    arith = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.FloorDiv: operator.floordiv,
+             ast.Mod: operator.mod}
+
+    def value(n: ast.AST):
+        if isinstance(n, ast.Constant) and isinstance(n.value, (bool, int)):
+            return n.value
+        if isinstance(n, ast.Name) and n.id in values:
+            v = getattr(values[n.id], "value", values[n.id])
+            return v if isinstance(v, (bool, int)) else None
+        if isinstance(n, ast.UnaryOp) and isinstance(n.op, ast.Not):
+            inner = value(n.operand)
+            return None if inner is None else not inner
+        if isinstance(n, ast.BoolOp):
+            parts = [value(v) for v in n.values]
+            if any(p is None for p in parts):
+                return None
+            return all(parts) if isinstance(n.op, ast.And) else any(parts)
+        if isinstance(n, ast.Compare) and all(type(op) in compare for op in n.ops):
+            sides = [value(x) for x in (n.left, *n.comparators)]
+            if any(x is None for x in sides):
+                return None
+            return all(compare[type(op)](a, b) for op, a, b in zip(n.ops, sides, sides[1:], strict=False))
+        if isinstance(n, ast.BinOp) and type(n.op) in arith:
+            a, b = value(n.left), value(n.right)
+            if a is None or b is None or isinstance(n.op, (ast.FloorDiv, ast.Mod)) and b == 0:
+                return None
+            return arith[type(n.op)](a, b)
+        return None
+
+    found = value(node)
+    return None if found is None else bool(found)
+
+
 def _evaluate(source: str, values: dict[str, Any], dom: _Interval, wraps: list[str] | None = None):
     """The kernel's expression ``source`` over the grid, in the values of ``dom``: int literals, int arguments,
     ``tl.program_id`` / ``tl.num_programs``, ``+``, ``-``, ``*``, ``//`` and ``%`` of a non-negative value by a positive
     one (where Triton's and Python's agree), ``tl.cdiv`` of such, ``tl.minimum`` / ``tl.maximum`` / ``min`` / ``max``,
     ``tl.range(a, b, step)`` (where ``dom`` reads it), casts to 32- or 64-bit ints of values that fit, and ``a if test
-    else b`` whose test (:func:`_holds`) is the same for every program.
+    else b`` whose test reads the call's constants alone (:func:`_constant_test`).
 
     Every value is held as Triton holds it. Literals and constexpr arguments are constants, folded among themselves
     as Python ints; a constant beside a tensor takes the tensor's width, which it must fit. Program ids are 32-bit
@@ -965,15 +1005,10 @@ def _evaluate(source: str, values: dict[str, Any], dom: _Interval, wraps: list[s
                 return None
             return (v, _CONST) if isinstance(v, int) and not isinstance(v, bool) else None
         if isinstance(node, ast.IfExp):
-            # `BLOCK_N if not SUBTILE else BLOCK_N // 2`: the side its test takes, a test alike for every program
-            # (constexpr flags, comparisons of what is read here); one that differs between programs is not read
-            import numpy as np
-
-            test = _holds(ast.unparse(node.test), values, dom)
-            taken = None if test is None else np.asarray(test)
-            if taken is None or taken.size == 0 or (taken.any() and not taken.all()):
-                return None
-            return walk(node.body if bool(taken.all()) else node.orelse)
+            # `BLOCK_N if not SUBTILE else BLOCK_N // 2`: the side its test takes, a test of the call's constants
+            # only (no program id, no loop): one that may differ between programs is not read
+            taken = _constant_test(node.test, values)
+            return None if taken is None else walk(node.body if taken else node.orelse)
         if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
             inner = walk(node.operand)
             if inner is None or inner[1] == _CONST:

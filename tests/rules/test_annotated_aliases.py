@@ -147,9 +147,8 @@ def test_a_host_descriptor_read_under_another_name_is_refused() -> None:
 
 #: GEMMs that cast a value to the element type of an annotated tensor (`acc.to(c_ptr.dtype.element_ty)`, as the
 #: tutorials' epilogues and split-K kernels do): the value reads the tensor's type, not its memory, so it is no alias
-CAST_TO_ELEMENT_TYPE = {
-    "reduce_scatter": '''
-@tilelink.overlap(tilelink.reduce_scatter("c_ptr", dim=0))
+CAST_GEMM = '''
+@tilelink.overlap({annotation})
 @triton.jit
 def matmul_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
@@ -165,33 +164,17 @@ def matmul_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk,
                     mask=(offs_m[:, None] < M) & ((k * BLOCK_K + offs_k)[None, :] < K), other=0.0)
         b = tl.load(b_ptr + (k * BLOCK_K + offs_k)[:, None] * stride_bk + offs_n[None, :] * stride_bn,
                     mask=((k * BLOCK_K + offs_k)[:, None] < K) & (offs_n[None, :] < N), other=0.0)
+        b = {cast_b}
         acc = tl.dot(a, b, acc)
-    acc = acc.to(c_ptr.dtype.element_ty)
+    acc = {cast_acc}
     c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
     tl.store(c_ptrs, acc, mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
-''',
-    "all_gather": '''
-@tilelink.overlap(tilelink.all_gather("a_ptr", dim=0))
-@triton.jit
-def matmul_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
-                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    pid = tl.program_id(0)
-    pid_m = pid // tl.cdiv(N, BLOCK_N)
-    pid_n = pid % tl.cdiv(N, BLOCK_N)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_k = tl.arange(0, BLOCK_K)
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k in range(0, tl.cdiv(K, BLOCK_K)):
-        a = tl.load(a_ptr + offs_m[:, None] * stride_am + (k * BLOCK_K + offs_k)[None, :] * stride_ak,
-                    mask=(offs_m[:, None] < M) & ((k * BLOCK_K + offs_k)[None, :] < K), other=0.0)
-        b = tl.load(b_ptr + (k * BLOCK_K + offs_k)[:, None] * stride_bk + offs_n[None, :] * stride_bn,
-                    mask=((k * BLOCK_K + offs_k)[:, None] < K) & (offs_n[None, :] < N), other=0.0)
-        b = b.to(a_ptr.dtype.element_ty)
-        acc = tl.dot(a, b, acc)
-    tl.store(c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn, acc,
-             mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
-''',
+'''
+CAST_TO_ELEMENT_TYPE = {
+    "reduce_scatter": CAST_GEMM.format(annotation='tilelink.reduce_scatter("c_ptr", dim=0)', cast_b="b",
+                                       cast_acc="acc.to(c_ptr.dtype.element_ty)"),
+    "all_gather": CAST_GEMM.format(annotation='tilelink.all_gather("a_ptr", dim=0)',
+                                   cast_b="b.to(a_ptr.dtype.element_ty)", cast_acc="acc"),
 }
 
 

@@ -128,3 +128,52 @@ def test_a_gathered_gemm_with_broadcast_masks_equals_torch_on_the_race_exposing_
     path.write_text(HEAD + textwrap.dedent(GATHERED))
     errors = tilelink.spawn(_gathered, 2, str(path))
     assert all(e < 1e-4 for e in errors), errors
+
+
+#: a gathered GEMM whose mask on A's columns is a comparison with another vector (an outer comparison), spelled
+#: both ways, or a comparison made a row (`[:, None]`), which bounds no column: none of them bounds the columns, so a
+#: block of columns wider than A's rows reads the next rows, which the call must refuse rather than read unwaited
+UNBOUNDED = '''
+@tilelink.overlap(tilelink.all_gather("A", dim=0))
+@triton.jit
+def matmul(A, B, C, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    pid = tl.program_id(0)
+    grid_n = tl.cdiv(N, BLOCK_N)
+    pid_m = pid // grid_n
+    pid_n = pid % grid_n
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    a = tl.load(A + rm[:, None] * stride_am + rk[None, :] * stride_ak, mask=(rm < M)[:, None] & {columns},
+                other=0.0)
+    b = tl.load(B + rk[:, None] * stride_bk + rn[None, :] * stride_bn, mask=(rk < K)[:, None] & (rn < N)[None, :],
+                other=0.0)
+    tl.store(C + rm[:, None] * stride_cm + rn[None, :] * stride_cn, tl.dot(a, b),
+             mask=(rm < M)[:, None] & (rn < N)[None, :])
+'''
+
+
+def _unbounded(path: str) -> str:
+    kernel = _module(path).matmul
+    rank, world = tilelink.rank(), tilelink.world_size()
+    M, N, K = 64, 16, 8  # rows of 8 elements, a block of 16 columns
+    a, b = torch.randn(M, K), torch.randn(K, N)
+    lo, hi = rows_of(rank, world, M)
+    c = torch.zeros(M, N)
+    try:
+        kernel[(triton.cdiv(M, 16) * triton.cdiv(N, 16),)](a[lo:hi].contiguous(), b, c, M, N, K, K, 1, N, 1, N, 1,
+                                                            BLOCK_M=16, BLOCK_N=16, BLOCK_K=16)
+    except tilelink.LaunchError as exc:
+        return str(exc)
+    return f"ran: {int(torch.isnan(c).sum())} NaN"
+
+
+@pytest.mark.parametrize("columns", ["(rk < rm)[None, :]", "(rk[None, :] < rm)", "(rk < K)[:, None]"],
+                         ids=["broadcast_vectors", "outer_comparison", "row_made"])
+def test_a_mask_that_bounds_no_column_is_not_read_as_a_bound(columns: str, tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("TILELINK_RACES", "1")
+    path = tmp_path / "unbounded.py"
+    path.write_text(HEAD + textwrap.dedent(UNBOUNDED.format(columns=columns)))
+    outcomes = tilelink.spawn(_unbounded, 2, str(path))
+    assert all("touches other rows than those its wait or notify covers" in o for o in outcomes), outcomes

@@ -133,3 +133,48 @@ def test_columns_bound_twice_are_as_signed_as_their_values(again: str, builds: b
     with pytest.raises(AnnotationError) as info:
         _generated(source)
     assert "its columns `offs_d` may start before the row's first column" in str(info.value), str(info.value)
+
+
+#: a column start chosen per program by a conditional expression (`a if pid_m < 1 else b`): the launch cannot take
+#: one side for every program, and one side may be negative
+PER_PROGRAM_START = '''
+import triton
+import triton.language as tl
+import tilelink
+
+
+@tilelink.overlap(tilelink.all_gather("A", dim=0))
+@triton.jit
+def copy_rows(A, C, M, D, stride_am, stride_cm, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    start = pid_n * BLOCK_D if pid_m < 1 else pid_n * BLOCK_D - 3
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = start + tl.arange(0, BLOCK_D)
+    x = tl.load(A + rm[:, None] * stride_am + cols[None, :], mask=(rm[:, None] < M) & (cols[None, :] < D), other=0.0)
+    tl.store(C + rm[:, None] * stride_cm + cols[None, :], x, mask=(rm[:, None] < M) & (cols[None, :] < D))
+'''
+
+
+def _per_program_start(path: str) -> str:
+    spec = importlib.util.spec_from_file_location("per_program_start", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    rank, world = tilelink.rank(), tilelink.world_size()
+    rows, d = 64, 8
+    a = torch.arange(rows * d, dtype=torch.float32).reshape(rows, d)
+    lo, hi = rows_of(rank, world, rows)
+    c = torch.zeros(rows, d)
+    try:
+        module.copy_rows[(rows // 16, d // 2)](a[lo:hi].contiguous(), c, rows, d, d, d, BLOCK_M=16, BLOCK_D=2)
+    except LaunchError as exc:
+        return str(exc)
+    return f"ran: {int(torch.isnan(c).sum())} NaN"
+
+
+def test_a_column_start_chosen_per_program_is_refused_at_the_call(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("TILELINK_RACES", "1")
+    path = tmp_path / "per_program_start.py"
+    path.write_text(PER_PROGRAM_START)
+    outcomes = tilelink.spawn(_per_program_start, 2, str(path))
+    assert all("cannot bound over the grid of this call" in o for o in outcomes), outcomes
