@@ -2134,8 +2134,8 @@ def _mask_bound(an: _Analyzer, acc: Access, name: str, offsets: str) -> _Terms |
             bound, below = node.left, isinstance(op, cst.GreaterThan)
         else:
             continue
-        if offsets in names_in(bound) or name in names_in(bound):
-            continue  # a vector, not a bound the launch reads (`cols[None, :] < rows`: an outer comparison)
+        if offsets in names_in(bound) or name in names_in(bound) or _is_vector(an, bound):
+            continue  # a vector, also through a local, not a bound the launch reads (`cols[None, :] < rows`)
         terms: _Terms = []
         for term, negative in _terms(bound):
             factors = None if m.findall(term, m.Call() | m.Subscript()) else _factors(an, term, offsets)

@@ -896,9 +896,9 @@ _CONST = 0
 
 def _constant_test(node: ast.AST, values: dict[str, Any]) -> bool | None:
     """The truth of a test made of the call's constants alone (bool and int literals, the values of arguments in
-    ``values``, a constexpr's too, ``not``, ``and``, ``or``, comparisons, ``+``, ``-``, ``*``, ``//``, ``%``), as
-    Python reads it; ``None`` for anything else (a program id, a loop target, a call), which may differ between
-    programs."""
+    ``values``, a constexpr's too, ``not``, ``and``, ``or``, comparisons, ``+``, ``-``, ``*``, ``//``, ``%``) where
+    Python reads it as Triton does (no ``//`` or ``%`` of a negative value, every value inside 32 bits); ``None`` for
+    anything else (a program id, a loop target, a call), which may differ between programs."""
     compare = {ast.Eq: operator.eq, ast.NotEq: operator.ne, ast.Lt: operator.lt, ast.LtE: operator.le,
                ast.Gt: operator.gt, ast.GtE: operator.ge}
     arith = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.FloorDiv: operator.floordiv,
@@ -925,9 +925,12 @@ def _constant_test(node: ast.AST, values: dict[str, Any]) -> bool | None:
             return all(compare[type(op)](a, b) for op, a, b in zip(n.ops, sides, sides[1:], strict=False))
         if isinstance(n, ast.BinOp) and type(n.op) in arith:
             a, b = value(n.left), value(n.right)
-            if a is None or b is None or isinstance(n.op, (ast.FloorDiv, ast.Mod)) and b == 0:
+            # where Python's and Triton's arithmetic agree: `//` and `%` of a non-negative value by a positive one
+            # (Triton truncates), and results inside 32 bits (Triton's wrap)
+            if a is None or b is None or isinstance(n.op, (ast.FloorDiv, ast.Mod)) and not (a >= 0 and b > 0):
                 return None
-            return arith[type(n.op)](a, b)
+            out = arith[type(n.op)](a, b)
+            return out if -(1 << 31) <= out < 1 << 31 else None
         return None
 
     found = value(node)

@@ -598,8 +598,9 @@ def _pointer_rows(an: _Analyzer, acc: Access, pointers: set[str], dim: int, rows
         return ", which may start before the tile"
     ends = [_add(shift, height)]
     bounds = []
+    blocks = bool(m.findall(rows.expand(expr), m.Call(func=m.Name(_ROWS) | m.Name(_COLS))))
     for conjunct in _conjuncts(acc.mask):
-        comparison = _row_bound(rows, conjunct)
+        comparison = _row_bound(rows, conjunct, blocks)
         if comparison is None:
             continue
         masked, bound = comparison
@@ -632,14 +633,18 @@ def _conjuncts(mask: str | None) -> list[cst.BaseExpression]:
     return out
 
 
-def _row_bound(rows: _Rows, conjunct: cst.BaseExpression) -> tuple[Poly, Poly] | None:
-    """``vector < U`` (or ``vector <= U``) over the rows -> (the vector, the exclusive bound)."""
+def _row_bound(rows: _Rows, conjunct: cst.BaseExpression, blocks: bool = False) -> tuple[Poly, Poly] | None:
+    """``vector < U`` (or ``vector <= U``) over the rows -> (the vector, the exclusive bound). ``blocks``: the access
+    is a block of rows and columns, where only a vector made rows (``offs[:, None] < M``) bounds its rows (a 1-D
+    ``offs < M`` broadcasts along the columns)."""
     if not (isinstance(conjunct, cst.Comparison) and len(conjunct.comparisons) == 1):
         return None
     op = conjunct.comparisons[0].operator
     left = rows.read(conjunct.left)
     right = rows.read(conjunct.comparisons[0].comparator)
     if any(_COLS in k for k in left) or any(any(a.startswith(_ARANGE) for a in k) for k in right):
+        return None
+    if blocks and not m.findall(rows.expand(conjunct.left), m.Call(func=m.Name(_ROWS))):
         return None
     if isinstance(op, cst.LessThan):
         return left, right

@@ -131,7 +131,7 @@ def test_a_gathered_gemm_with_broadcast_masks_equals_torch_on_the_race_exposing_
 
 
 #: a gathered GEMM whose mask on A's columns is a comparison with another vector (an outer comparison), spelled
-#: both ways, or a comparison made a row (`[:, None]`), which bounds no column: none of them bounds the columns, so a
+#: both ways or through a local, or a comparison made a row (`[:, None]`): none of them bounds the columns, so a
 #: block of columns wider than A's rows reads the next rows, which the call must refuse rather than read unwaited
 UNBOUNDED = '''
 @tilelink.overlap(tilelink.all_gather("A", dim=0))
@@ -145,6 +145,7 @@ def matmul(A, B, C, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rk = tl.arange(0, BLOCK_K)
+    lim = rm
     a = tl.load(A + rm[:, None] * stride_am + rk[None, :] * stride_ak, mask=(rm < M)[:, None] & {columns},
                 other=0.0)
     b = tl.load(B + rk[:, None] * stride_bk + rn[None, :] * stride_bn, mask=(rk < K)[:, None] & (rn < N)[None, :],
@@ -169,11 +170,28 @@ def _unbounded(path: str) -> str:
     return f"ran: {int(torch.isnan(c).sum())} NaN"
 
 
-@pytest.mark.parametrize("columns", ["(rk < rm)[None, :]", "(rk[None, :] < rm)", "(rk < K)[:, None]"],
-                         ids=["broadcast_vectors", "outer_comparison", "row_made"])
+@pytest.mark.parametrize("columns", ["(rk < rm)[None, :]", "(rk[None, :] < rm)", "(rk < K)[:, None]",
+                                     "(rk[None, :] < lim)"],
+                         ids=["broadcast_vectors", "outer_comparison", "row_made", "vector_through_a_local"])
 def test_a_mask_that_bounds_no_column_is_not_read_as_a_bound(columns: str, tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("TILELINK_RACES", "1")
     path = tmp_path / "unbounded.py"
     path.write_text(HEAD + textwrap.dedent(UNBOUNDED.format(columns=columns)))
     outcomes = tilelink.spawn(_unbounded, 2, str(path))
     assert all("touches other rows than those its wait or notify covers" in o for o in outcomes), outcomes
+
+
+def test_a_one_dimensional_row_comparison_in_a_block_mask_bounds_no_row() -> None:
+    """In a load of a block of rows and columns, `offs_s < s_hi` (1-D) broadcasts along the columns: it bounds no
+    row, so a tile whose rows only it would keep inside is refused at the build, as one with no row mask is."""
+    from pathlib import Path
+
+    from tilelink.errors import AnnotationError
+
+    path = Path(__file__).parent / "forms" / "chunked_rows_pointer.py"
+    text = path.read_text()
+    assert "mask=(offs_s[:, None] < s_hi)" in text
+    generate(text, str(path), requests_in(text, str(path)))  # as written: rewritten
+    changed = text.replace("mask=(offs_s[:, None] < s_hi)", "mask=(offs_s < s_hi)")
+    with pytest.raises(AnnotationError, match="may run past the tile's end"):
+        generate(changed, str(path), requests_in(changed, str(path)))

@@ -13,6 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+import triton.language as tl
 
 import tilelink
 from tests.rules.cases import rows_of
@@ -178,3 +179,21 @@ def test_a_column_start_chosen_per_program_is_refused_at_the_call(tmp_path, monk
     path.write_text(PER_PROGRAM_START)
     outcomes = tilelink.spawn(_per_program_start, 2, str(path))
     assert all("cannot bound over the grid of this call" in o for o in outcomes), outcomes
+
+
+@pytest.mark.parametrize("test, values, taken", [
+    ("not F", {"F": tl.constexpr(False)}, True),
+    ("X < 100 and F", {"X": 4, "F": tl.constexpr(True)}, True),
+    ("X - 5 < 0", {"X": 4}, True),
+    ("(X - 5) // 2 < 0", {"X": 4}, None),  # Triton truncates -1 // 2 to 0; Python floors it to -1
+    ("(X - 5) % 2 == 1", {"X": 4}, None),  # Triton: -1; Python: 1
+    ("X * X > 0", {"X": 65536}, None),  # 2**32 wraps to 0 in 32 bits
+    ("tl.program_id(0) < 1", {}, None),  # differs between programs
+    ("pid_m < 1", {}, None),  # a local: not a constant of the call
+])
+def test_a_conditional_position_takes_a_side_only_where_its_test_reads_as_triton_reads_it(test, values, taken) -> None:
+    import ast
+
+    from tilelink.overlapped import _constant_test
+
+    assert _constant_test(ast.parse(test, mode="eval").body, values) is taken
