@@ -213,7 +213,7 @@ def _channels_ready_compiled(barrier_ptr, count, target):
     seen = tl.atomic_add(barrier_ptr + lane, tl.zeros((READY_CHANNELS,), tl.int64), mask=live, sem="acquire",
                          scope="sys")
     ready = tl.min(tl.where(live & (seen < target), 0, 1)) & fits.to(tl.int32)
-    tl.debug_barrier()
+    _after_acquire_compiled()
     return ready
 
 

@@ -2022,6 +2022,11 @@ def _position_params(an: _Analyzer, name: str, depth: int = 0) -> set[str]:
     return found
 
 
+#: the slices that make a 1-D vector the rows (``x[:, None]``) or the columns (``x[None, :]``) of a 2-D block
+_AS_ROWS = [m.SubscriptElement(slice=m.Slice()), m.SubscriptElement(slice=m.Index(value=m.Name("None")))]
+_AS_COLUMNS = [m.SubscriptElement(slice=m.Index(value=m.Name("None"))), m.SubscriptElement(slice=m.Slice())]
+
+
 def _conjuncts(mask: str, scalars: frozenset[str] | set[str] = frozenset()) -> list[cst.BaseExpression]:
     """The terms of a mask joined by ``&`` / ``and`` (parentheses dropped), in no particular order; a comparison of a
     vector with a scalar (int literals and ``scalars``, the kernel's parameters) made a row or a column afterwards
@@ -2045,11 +2050,8 @@ def _broadcast_inside(node: cst.BaseExpression, scalars: frozenset[str] | set[st
     and ``N`` is a scalar: int literals and ``scalars`` with ``+``, ``-``, ``*`` (the broadcast of a comparison with a
     scalar is the comparison of the broadcast); anything else as it is (``(x < y)[None, :]`` of two vectors is an
     outer comparison, not a bound of ``x``)."""
-    if not isinstance(node, cst.Subscript) or not isinstance(node.value, cst.Comparison) or len(node.slice) != 2:
-        return node
-    kinds = [isinstance(el.slice, cst.Slice) for el in node.slice]
-    if kinds.count(True) != 1 or not all(s or m.matches(el.slice, m.Index(value=m.Name("None")))
-                                         for s, el in zip(kinds, node.slice, strict=True)):
+    if not m.matches(node, m.Subscript(value=m.Comparison(), slice=_AS_ROWS)
+                     | m.Subscript(value=m.Comparison(), slice=_AS_COLUMNS)):
         return node
     comparison = node.value.with_changes(lpar=[], rpar=[])
     if len(comparison.comparisons) != 1:
@@ -2101,8 +2103,7 @@ def _vector_last(an: _Analyzer, name: str, offsets: str, depth: int = 0) -> _Ter
 def _as_column(name: str):
     """A matcher of the column vector ``name`` in a mask: the vector itself (a 1-D mask broadcasts along the columns)
     or made a column (``name[None, :]``); not made a row (``name[:, None]`` bounds no column)."""
-    return m.Name(name) | m.Subscript(value=m.Name(name), slice=[
-        m.SubscriptElement(slice=m.Index(value=m.Name("None"))), m.SubscriptElement(slice=m.Slice())])
+    return m.Name(name) | m.Subscript(value=m.Name(name), slice=_AS_COLUMNS)
 
 
 def _masked(acc: Access, name: str) -> bool:
@@ -2479,13 +2480,11 @@ def _inner_columns(an: _Analyzer, acc: Access, pointers: set[str], shifts: list[
     if expr is None or an.bindings.get(acc.tensor):
         return shifts  # an address the inner terms do not read either: the advance check's
     # the rows are the vector indexed `[:, None]` (as `inner_terms` reads them); the columns, those indexed `[None, :]`
-    rows = {n.value.value for n in m.findall(expr, m.Subscript(value=m.Name(), slice=[
-        m.SubscriptElement(slice=m.Slice()), m.SubscriptElement(slice=m.Index(value=m.Name("None")))]))}
+    rows = {n.value.value for n in m.findall(expr, m.Subscript(value=m.Name(), slice=_AS_ROWS))}
     if len(rows) != 1:
         return shifts
     (offsets,) = rows
-    column = m.Subscript(value=m.Name(), slice=[m.SubscriptElement(slice=m.Index(value=m.Name("None"))),
-                                                m.SubscriptElement(slice=m.Slice())])
+    column = m.Subscript(value=m.Name(), slice=_AS_COLUMNS)
     base = tuple(shifts[0]) if shifts else ()
     masks = _mask_locals(an, acc)
     ends: list[_Terms] = []

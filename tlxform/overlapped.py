@@ -894,13 +894,17 @@ class _PerStep(_PerProgram):
 _CONST = 0
 
 
+#: the comparisons a test of the launch's checks reads, as Python's operators
+_COMPARE = {ast.Eq: operator.eq, ast.NotEq: operator.ne, ast.Lt: operator.lt, ast.LtE: operator.le, ast.Gt: operator.gt,
+            ast.GtE: operator.ge}
+
+
 def _constant_test(node: ast.AST, values: dict[str, Any]) -> bool | None:
     """The truth of a test made of the call's constants alone (bool and int literals, the values of arguments in
     ``values``, a constexpr's too, ``not``, ``and``, ``or``, comparisons, ``+``, ``-``, ``*``, ``//``, ``%``) where
     Python reads it as Triton does (no ``//`` or ``%`` of a negative value, every value inside 32 bits); ``None`` for
     anything else (a program id, a loop target, a call), which may differ between programs."""
-    compare = {ast.Eq: operator.eq, ast.NotEq: operator.ne, ast.Lt: operator.lt, ast.LtE: operator.le,
-               ast.Gt: operator.gt, ast.GtE: operator.ge}
+    compare = _COMPARE
     arith = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.FloorDiv: operator.floordiv,
              ast.Mod: operator.mod}
 
@@ -1131,8 +1135,7 @@ def _holds(source: str, values: dict[str, Any], dom: _Interval):
     """Where the kernel's test ``source`` holds over the grid, in the values of ``dom`` (booleans): comparisons of
     what :func:`_evaluate` reads, ``and``, ``or``, ``not`` and ``True`` / ``False``; ``None`` where it cannot read
     it."""
-    compare = {ast.Eq: operator.eq, ast.NotEq: operator.ne, ast.Lt: operator.lt, ast.LtE: operator.le,
-               ast.Gt: operator.gt, ast.GtE: operator.ge}
+    compare = _COMPARE
 
     def walk(node: ast.AST):
         if isinstance(node, ast.Constant) and isinstance(node.value, bool):
