@@ -573,13 +573,20 @@ class _Analyzer:
     def _offsets_definition(self, name: str, at: Where | None = None) -> tuple[StmtRef, str, str] | None:
         """``name = start + tl.arange(0, size)``: the assignment that reaches ``at`` (the last one before it in a
         block that holds it), else the first such assignment of the kernel."""
-        def single(n: str) -> cst.BaseExpression | None:
-            defs = self.assignments.get(n, [])
-            return defs[0][1] if len(defs) == 1 and n not in self.rebound else None
+        def reaching(at: Where):
+            def value_of(n: str) -> cst.BaseExpression | None:
+                # bound once; or, bound again (`rm` made again after the K loop, as `triton.ops.matmul` does), the
+                # assignment every run reaching the one being read last made
+                defs = self.assignments.get(n, [])
+                if len(defs) == 1 and n not in self.rebound:
+                    return defs[0][1]
+                found = _reaching(self, n, at)
+                return found[1] if found is not None else None
+            return value_of
 
         found = []
         for ref, value in self.assignments.get(name, []):
-            parsed = parse_offsets(value, single)
+            parsed = parse_offsets(value, reaching(self.where(ref.node)))
             if parsed is not None:
                 found.append((ref, parsed[0], parsed[1]))
         if at is not None:
@@ -1489,15 +1496,35 @@ def _bound_in_a_loop(an: _Analyzer, name: str) -> bool:
     return any(_contains(an, loop, at) for at, _ in an.bindings.get(name, []) for loop in loops)
 
 
-def _reaching_every_read(an: _Analyzer, name: str, at: Where) -> tuple[StmtRef, cst.BaseExpression] | None:
-    """The assignment of ``name`` that reaches ``at`` (:func:`_reaching`) where every read of the name before ``at``
-    comes after it too: a pointer built from the name before it was bound again reads another binding."""
+def _reaching_every_read(an: _Analyzer, name: str, acc: Access) -> tuple[StmtRef, cst.BaseExpression] | None:
+    """The assignment of ``name`` that reaches ``acc`` (:func:`_reaching`) where every read of the name before the
+    access that may flow into it comes after it too: a pointer built from the name before it was bound again reads
+    another binding. A read in the value of an assignment to a name the access's address and mask do not rest on
+    (``rbn = rn % N`` for another operand's pointer, before ``rn`` is made again for the output's) reads the name for
+    something else, and is left out."""
+    at = acc.where
     reach = _reaching(an, name, at)
     if reach is None:
         return None
+    used, todo = set(), [acc.pointer] + ([acc.mask] if acc.mask else [])
+    while todo:
+        for n in names_in(cst.parse_expression(todo.pop())) - used:
+            used.add(n)
+            todo.extend(code(v) for _, v in an.assignments.get(n, []))
+    elsewhere: set[int] = set()
+    for n, defs in an.assignments.items():
+        if n in used:
+            continue
+        for ref, value in defs:
+            # the value of a plain assignment to a name the access does not rest on (a tuple unpacking or a named
+            # expression may bind others too: its reads stay)
+            if any(isinstance(small, cst.Assign) and small.value is value and len(small.targets) == 1
+                   and m.matches(small.targets[0].target, m.Name(n)) for small in small_statements(ref)):
+                elsewhere |= {id(x) for x in m.findall(value, m.Name(name))} | (
+                    {id(value)} if m.matches(value, m.Name(name)) else set())
     start, targets = an.where(reach[0].node), _target_names(an, name)
     for node in an.findall(an.fn.body, m.Name(name)):
-        if id(node) in targets:
+        if id(node) in targets or id(node) in elsewhere:
             continue
         where = an.where(node)
         if _before(where, at) and _before(where, start):
@@ -1756,7 +1783,7 @@ def _vector_start(an: _Analyzer, acc: Access, name: str, offsets: str,
     defs = an.assignments.get(name, [])
     if len(defs) != 1 or name in an.rebound:
         moves = _bound_in_a_loop(an, name)
-        reach = _reaching_every_read(an, name, acc.where) if depth == 0 and not moves else None
+        reach = _reaching_every_read(an, name, acc) if depth == 0 and not moves else None
         if reach is not None:
             defs = [reach]  # the one binding every read of it up to the access sees
         elif depth == 0 and not moves:

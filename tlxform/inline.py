@@ -175,7 +175,7 @@ def inline_helpers(module: cst.Module, file: str, kernel: str, tensors: Iterable
     a pointer or descriptor made from it; refuse what cannot be inlined. Returns ``module`` itself when there is
     nothing to inline."""
     tensors = tuple(tensors)
-    current, origins = module, None
+    current, origins = rename_rebound(module, kernel, tensors), None
     for _ in range(MAX_INLINED + 1):
         fn = find_kernel(current, kernel)
         if fn is None:
@@ -189,6 +189,49 @@ def inline_helpers(module: cst.Module, file: str, kernel: str, tensors: Iterable
         raise AnnotationError(f"kernel {kernel!r} calls more than {MAX_INLINED} helpers with the annotated tensors",
                               file=file, line=None, hint="make the accesses in the kernel itself")
     return Inlined(current, file, origins)
+
+
+def rename_rebound(module: cst.Module, kernel: str, tensors: tuple[str, ...]) -> cst.Module:
+    """``kernel`` with each annotated parameter that its body binds again at the top level by pointer arithmetic on
+    itself (``A = A + (ram[:, None] * stride_am + rk[None, :] * stride_ak)``, as ``triton.ops.matmul`` writes its
+    pointers; a descriptor made from it is the tensor's own descriptor, read as it is) read under
+    a name of its own from that statement on: ``A_ptrs = A + (...)``, and ``A_ptrs`` wherever the body names ``A``
+    after it. The statement runs once, before every later statement of the body, so each later ``A`` is the alias
+    and each earlier one the parameter; the analysis then follows ``A_ptrs`` as any pointer alias (its advances
+    included), and the rewrite hands the parameter the gathered buffer or the partial sums. A binding inside a loop
+    or a branch, or one not made from the parameter, is left as written (the analysis refuses it, saying where)."""
+    fn = find_kernel(module, kernel)
+    if fn is None or not isinstance(fn.body, cst.IndentedBlock):
+        return module
+    body = list(fn.body.body)
+    taken = {n.value for n in m.findall(module, m.Name())}
+    changed = False
+    for tensor in tensors:
+        at = next((i for i, stmt in enumerate(body) if isinstance(stmt, cst.SimpleStatementLine) and any(
+            tensor in _bound(small) for small in stmt.body)), None)
+        if at is None:
+            continue
+        stmt = body[at]
+        first = stmt.body[0] if len(stmt.body) == 1 else None
+        # pointer arithmetic on the parameter: a descriptor made from it (`desc_k = tl.make_tensor_descriptor(desc_k,
+        # ...)`, a helper's `desc = _maybe_make_desc(desc, ...)`) is read as the tensor's own descriptor already
+        if not (isinstance(first, cst.Assign) and len(first.targets) == 1
+                and m.matches(first.targets[0].target, m.Name(tensor))
+                and m.matches(first.value, m.BinaryOperation(operator=m.Add() | m.Subtract()))
+                and tensor in {n.value for n in m.findall(first.value, m.Name())}):
+            continue
+        if any(tensor in _bound(other) for other in body[:at]):
+            continue  # bound before, in a loop or a branch: not the parameter at this statement
+        alias = _fresh(f"{tensor}_ptrs", taken, set())
+        rename = _Rename({tensor: cst.Name(alias)})
+        body[at] = stmt.with_changes(body=[first.with_changes(targets=[first.targets[0].with_changes(
+            target=cst.Name(alias))])])
+        body[at + 1:] = [later.visit(rename) for later in body[at + 1:]]
+        changed = True
+    if not changed:
+        return module
+    new_fn = fn.with_changes(body=fn.body.with_changes(body=body))
+    return cst.parse_module(module.with_changes(body=[new_fn if node is fn else node for node in module.body]).code)
 
 
 @dataclass(frozen=True)

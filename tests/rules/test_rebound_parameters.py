@@ -1,0 +1,173 @@
+"""A kernel that binds its pointer parameters again at the top of its body (``A = A + (ram[:, None] * stride_am +
+...)``, as ``triton.ops.matmul`` writes them) and makes its row vector again after the K loop (``rm = ...``, to save
+registers): the parameter is read under a name of its own from that binding on (``A_ptrs``), the row vector from
+the binding that reaches each use, and the kernel is rewritten and equals torch on the race-exposing schedule."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+import torch
+import triton
+
+import tilelink
+from tests.rules.cases import module_at, rows_of, worst
+from tilelink.annotations import requests_in
+from tilelink.codegen import generate
+from tilelink.errors import AnnotationError
+
+HEAD = "import triton\nimport triton.language as tl\nimport tilelink\n\n"
+
+#: triton.ops.matmul's kernel, its `EVEN_K` heuristic aside (an unmasked load there reads past a row unless K is a
+#: multiple of the split's step, which TileLink cannot read from a heuristic)
+OPS_MATMUL = '''
+@tilelink.overlap(tilelink.{rule})
+@triton.jit
+def _kernel(A, B, C, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+            SPLIT_K: tl.constexpr):
+    # matrix multiplication
+    pid = tl.program_id(0)
+    pid_z = tl.program_id(1)
+    grid_m = tl.cdiv(M, BLOCK_M)
+    grid_n = tl.cdiv(N, BLOCK_N)
+    # re-order program ID for better L2 performance
+    width = GROUP_M * grid_n
+    group_id = pid // width
+    group_size = min(grid_m - group_id * GROUP_M, GROUP_M)
+    pid_m = group_id * GROUP_M + (pid % group_size)
+    pid_n = (pid % width) // (group_size)
+    # do matrix multiplication
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    ram = tl.max_contiguous(tl.multiple_of(rm % M, BLOCK_M), BLOCK_M)
+    rbn = tl.max_contiguous(tl.multiple_of(rn % N, BLOCK_N), BLOCK_N)
+    rk = pid_z * BLOCK_K + tl.arange(0, BLOCK_K)
+    # pointers
+    A = A + (ram[:, None] * stride_am + rk[None, :] * stride_ak)
+    B = B + (rk[:, None] * stride_bk + rbn[None, :] * stride_bn)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BLOCK_K * SPLIT_K)):
+        k_remaining = K - k * (BLOCK_K * SPLIT_K)
+        a = tl.load(A, mask=rk[None, :] < k_remaining, other=0.0)
+        b = tl.load(B, mask=rk[:, None] < k_remaining, other=0.0)
+        acc += tl.dot(a, b)
+        A += BLOCK_K * SPLIT_K * stride_ak
+        B += BLOCK_K * SPLIT_K * stride_bk
+    acc = acc.to(C.dtype.element_ty)
+    # rematerialize rm and rn to save registers
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    C = C + (rm[:, None] * stride_cm + rn[None, :] * stride_cn)
+    mask = (rm < M)[:, None] & (rn < N)[None, :]
+    # handles write-back with reduction-splitting
+    if SPLIT_K == 1:
+        tl.store(C, acc, mask=mask)
+    else:
+        tl.atomic_add(C, acc, mask=mask)
+'''
+
+RULES = {"all_gather": 'all_gather("A", dim=0)', "reduce_scatter": 'reduce_scatter("C", dim=0)'}
+
+
+BRANCH = """    if SPLIT_K == 1:
+        tl.store(C, acc, mask=mask)
+    else:
+        tl.atomic_add(C, acc, mask=mask)
+"""
+
+
+def _source(rule: str) -> str:
+    """The kernel under ``rule``; under reduce_scatter every split adds its tile (a split of one adds into zeros):
+    the channels count the adds of a split-K write-back, which a plain store on one side of a branch would not
+    match (refused, below)."""
+    text = HEAD + textwrap.dedent(OPS_MATMUL.format(rule=RULES[rule]))
+    if rule == "all_gather":
+        return text
+    # the columns made again are not read by the launch's check that no two programs store the same elements (it
+    # would take the tiles as whole rows, which the grouped order's programs share): made once here
+    text = text.replace("    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)\n    C = C", "    C = C")
+    return text.replace(BRANCH, "    tl.atomic_add(C, acc, mask=mask)\n")
+
+
+def _run(path: str, rule: str, split: int) -> float:
+    kernel = module_at(path)._kernel
+    rank, world = tilelink.rank(), tilelink.world_size()
+    M, N, K = 50, 24, 72
+    g = torch.Generator().manual_seed(11)
+    a, b = torch.randn(M, K, generator=g), torch.randn(K, N, generator=g)
+    lo, hi = rows_of(rank, world, M)
+    if rule == "all_gather":
+        args, rows = (a[lo:hi].contiguous(), b), (M, K)
+        out, ref = lambda: torch.zeros(M, N), a @ b  # zeros: the split's programs add into C
+    else:
+        klo, khi = rows_of(rank, world, K)
+        args, rows = (a[:, klo:khi].contiguous(), b[klo:khi].contiguous()), (M, khi - klo)
+        out, ref = lambda: torch.zeros(hi - lo, N), (a @ b)[lo:hi]
+    err = 0.0
+    for _ in range(2):  # a context is reused: the second call runs at epoch 2
+        c = out()
+        x, y = args
+        kernel[(triton.cdiv(M, 16) * triton.cdiv(N, 16), split)](
+            x, y, c, rows[0], N, rows[1], x.stride(0), x.stride(1), y.stride(0), y.stride(1), c.stride(0),
+            c.stride(1), BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, GROUP_M=2, SPLIT_K=split)
+        err = worst(err, (c - ref).abs().max().item())
+    return err
+
+
+@pytest.mark.parametrize("rule", sorted(RULES))
+def test_a_rebound_parameter_is_read_under_a_name_of_its_own(rule: str) -> None:
+    text = _source(rule)
+    body = generate(text, "ops_matmul.py", requests_in(text, "ops_matmul.py")).rewritten["_kernel"]
+    if rule == "all_gather":  # the annotated parameter only: the others stay as written
+        assert "A_ptrs = A + (ram[:, None] * stride_am + rk[None, :] * stride_ak)" in body, body
+        assert "A_ptrs += BLOCK_K * SPLIT_K * stride_ak" in body and "tl.atomic_add(C, acc" in body, body
+    else:
+        assert "C_ptrs = C + (rm[:, None] * stride_cm + rn[None, :] * stride_cn)" in body, body
+        assert "A += BLOCK_K * SPLIT_K * stride_ak" in body and "tl.atomic_add(C_ptrs, acc" in body, body
+    assert "tll.consumer_tile_wait" in body if rule == "all_gather" else "tll.producer_tile_notify" in body, body
+
+
+@pytest.mark.parametrize("rule, split", [("all_gather", 1), ("all_gather", 3), ("reduce_scatter", 1),
+                                         ("reduce_scatter", 2)])
+def test_the_triton_ops_matmul_form_equals_torch_on_the_race_exposing_schedule(rule: str, split: int, tmp_path,
+                                                                               monkeypatch) -> None:
+    monkeypatch.setenv("TILELINK_RACES", "1")
+    path = tmp_path / f"ops_matmul_{rule}.py"
+    path.write_text(_source(rule))
+    errors = tilelink.spawn(_run, 2, str(path), rule, split)
+    assert all(e < 1e-4 for e in errors), errors
+
+
+def test_a_parameter_bound_again_in_a_branch_is_not_taken_for_its_alias() -> None:
+    """Only a binding that runs once, before every later statement, is read as the alias: one in a branch leaves the
+    later `A` either the parameter or the alias, so the kernel is refused as written."""
+    text = _source("all_gather").replace(
+        "    A = A + (ram[:, None] * stride_am + rk[None, :] * stride_ak)\n",
+        "    if SPLIT_K > 0:\n        A = A + (ram[:, None] * stride_am + rk[None, :] * stride_ak)\n")
+    assert "if SPLIT_K > 0:" in text
+    with pytest.raises(AnnotationError) as err:
+        generate(text, "ops_matmul.py", requests_in(text, "ops_matmul.py"))
+    assert "A_ptrs" not in str(err.value)
+
+
+def test_a_row_vector_made_again_is_read_from_the_binding_that_reaches_its_use() -> None:
+    """`rm` made again after the K loop from another start is not the rows `ram` was made from: the wait covers
+    the rows of the binding before `ram` (`pid_m * BLOCK_M`), which a later binding does not change."""
+    text = _source("all_gather").replace(
+        "    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)\n    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)\n    C =",
+        "    rm = (pid_m + 1) * BLOCK_M + tl.arange(0, BLOCK_M)\n    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)\n"
+        "    C =")
+    assert "(pid_m + 1) * BLOCK_M" in text
+    body = generate(text, "ops_matmul.py", requests_in(text, "ops_matmul.py")).rewritten["_kernel"]
+    assert "tile rows pid_m * BLOCK_M" in "".join(body.splitlines()) or "pid_m * BLOCK_M" in body
+    wait = next(line for line in body.splitlines() if "tlk_first" in line and "=" in line)
+    assert "(pid_m + 1)" not in wait, wait
+
+
+def test_a_store_on_one_side_of_the_split_branch_is_refused_under_reduce_scatter() -> None:
+    text = HEAD + textwrap.dedent(OPS_MATMUL.format(rule=RULES["reduce_scatter"]))
+    assert BRANCH in text
+    with pytest.raises(AnnotationError, match="write every tile of the tensor one way"):
+        generate(text, "ops_matmul.py", requests_in(text, "ops_matmul.py"))
