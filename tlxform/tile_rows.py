@@ -557,6 +557,26 @@ def _outside_terms(an: _Analyzer, acc: Access, rest: Poly) -> tuple[list[tuple],
     return ([tuple(shift)] if shift else []), steps
 
 
+def _bound_again(an: _Analyzer, acc: Access, pointers: set[str]) -> str:
+    """Which alias of the load's address is bound more than once, and where (the reason no ``tile=`` proof reads
+    it): an address advanced in place (``a_ptrs += BLOCK_K * stride_ak``) is not one expression to bound."""
+    from tilelink.analysis import code, names_in
+
+    todo, seen = [acc.pointer], set()
+    while todo:
+        for name in sorted(names_in(cst.parse_expression(todo.pop())) & pointers - seen - {acc.tensor}):
+            seen.add(name)
+            defs = an.assignments.get(name, [])
+            lines = sorted({at.line for at, _ in an.bindings.get(name, ())})
+            if len(defs) != 1 or name in an.rebound:
+                return (f"`{name}` is bound more than once (line{'s' if len(lines) > 1 else ''} "
+                        f"{', '.join(map(str, lines))}), and with tile= TileLink bounds the rows of an address made "
+                        f"once: compute it where it is read, from the loop's variable (`ks = k * BLOCK_K + offs_k`, "
+                        f"`{acc.tensor} + ... + ks[None, :] * stride`), rather than advancing it in place")
+            todo.extend(code(v) for _, v in defs)
+    return "its pointer is bound more than once"
+
+
 def _other_slab(term: tuple[str, ...], size_param: str | None, dim: int) -> bool:
     """A row term that is a multiple of the gathered dimension's full size picks another slab of a flat view (the head
     ``off_hz * N_CTX`` of a ``(Z * H * N_CTX, D)`` matrix gathered along dim 1), not rows of this one."""
@@ -570,7 +590,7 @@ def _pointer_rows(an: _Analyzer, acc: Access, pointers: set[str], dim: int, rows
     may leave the tile. The divisibility facts the proof takes are added to ``multiples``."""
     expr = _pointer_expression(an, acc, pointers)
     if expr is None:
-        return "that TileLink cannot follow: its pointer is bound more than once"
+        return "that TileLink cannot follow: " + _bound_again(an, acc, pointers)
     address = rows.read(expr)
     vectors = {k: v for k, v in address.items() if any(a.startswith(_ARANGE) for a in k) and _COLS not in k}
     strides = set()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import libcst as cst
 import libcst.matchers as m
 
-from tilelink.analysis import Access, KernelAnalysis, Where, code, names_in
+from tilelink.analysis import Access, KernelAnalysis, Where, code, names_in, parse_offsets
 from tilelink.errors import AnnotationError
 from tilelink.plan import AllGatherLaunch, Insertion, ReportEntry, RewritePlan
 from tilelink.rules.emit import (
@@ -36,6 +36,47 @@ def _flat_hint(access: Access) -> str | None:
             f"its (Z * H, S_r, D) view and annotate dim=1 with the key block's start along S, e.g. all_gather("
             f"{access.tensor!r}, dim=1, tile=(\"start_n\", \"BLOCK_N\"), size=\"S\"); else index the rows with "
             f"`offs[:, None]` for `offs = start + tl.arange(0, BLOCK)`")
+
+
+def _axis_hint(an: KernelAnalysis, access: Access, dim: int, size: str | None) -> str | None:
+    """For a gather along an inner dim whose load indexes its rows at another axis of the block (a batched
+    ``x_ptr + pid_b * stride_xb + offs_s[:, None] * stride_xs + offs_d[None, :]`` over a (B, S, D) tensor gathered
+    along S, dim=1): the ``tile=`` that names those rows, and, where the pointer is advanced in place, the address
+    to compute instead. Without ``tile=`` the rows along dim ``d`` are read from the vector at axis ``d`` of the
+    block (``offs[None, :]`` for dim 1), which this load does not index as rows."""
+    if dim == 0:
+        return None
+    exprs, names, todo = [], set(), [access.pointer]
+    while todo and len(exprs) < 32:
+        source = todo.pop()
+        exprs.append(cst.parse_expression(source))
+        for name in names_in(exprs[-1]) - names:
+            names.add(name)
+            if name in an.values and name not in an.params:
+                todo.extend(v for v in an.values[name] if name not in names_in(cst.parse_expression(v)))
+    found = []
+    for e in exprs:
+        for sub in m.findall(e, m.Subscript(value=m.Name())):
+            kinds = ["slice" if isinstance(el.slice, cst.Slice) else "none" if m.matches(
+                el.slice, m.Index(value=m.Name("None"))) else "other" for el in sub.slice]
+            if kinds.count("slice") != 1 or "other" in kinds or kinds.index("slice") == dim:
+                continue
+            values = an.values.get(sub.value.value, ())
+            parsed = parse_offsets(cst.parse_expression(values[0])) if len(values) == 1 else None
+            if parsed is not None and parsed[0] != "0" and (sub.value.value, *parsed) not in found:
+                found.append((sub.value.value, *parsed))
+    if len(found) != 1:
+        return None
+    vector, start, block = found[0]
+    advanced = sorted(n for n in names if n in an.rebound and n in an.values and n != access.tensor)
+    hint = (f"TileLink reads the rows along dim {dim} from the vector at axis {dim} of the block, which this load "
+            f"does not index as rows; if `{vector}` are its rows along dim {dim}, name them: all_gather("
+            f"{access.tensor!r}, dim={dim}, tile=(\"{start}\", \"{block}\"), size=\"{size or f'<the full size of dim {dim}>'}\")")
+    if advanced:
+        hint += (f", and compute the address in the loop from the loop variable (`ks = k * BLOCK_K + offs_k`, "
+                 f"`{access.tensor} + ... + ks[None, :] * stride`) instead of advancing `{advanced[0]}` in place: "
+                 f"with tile= TileLink bounds the rows of an address bound once")
+    return hint
 
 
 def _loop_targets(an: KernelAnalysis, group: list[Access], anchor: Where, tokens: list[str]) -> list[str]:
@@ -83,7 +124,8 @@ def rewrite(an: KernelAnalysis, spec: AllGatherSpec, options: Options) -> Rewrit
             f"cannot tell which rows along dim {spec.dim} of {a.tensor!r} this load reads "
             f"(pointer `{a.pointer}`)", file=a.where.file, line=a.where.line, column=a.where.column,
             hint=f"the rows come from `{indexed[0]}`, loaded from {indexed[1]!r}: pass index=\"{indexed[1]}\" and "
-                 f"size=\"<the full row count>\" to all_gather(...)" if indexed else _flat_hint(a) or
+                 f"size=\"<the full row count>\" to all_gather(...)" if indexed else _flat_hint(a) or _axis_hint(
+                an, a, spec.dim, spec.size) or
                  "compute the offsets as `offs = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)` and index "
                  "with offs[:, None], or pass tile=(\"<start>\", \"<size>\") to all_gather(...)")
     # in the order they run: a group's wait goes before its first load, whichever tensor that load reads (a row

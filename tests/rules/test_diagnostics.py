@@ -405,3 +405,39 @@ def test_the_tile_order_is_kept_when_the_start_does_not_step_by_the_height() -> 
     generated = generate(text, "user_kernels.py", requests_in(text, "user_kernels.py"))
     assert "tl_remap_tile" not in generated.rewritten["kernel"]
     assert any("does not step by the tile height BLOCK" in e.message for e in generated.report.entries)
+
+
+BATCHED = """\
+@tilelink.overlap(tilelink.all_gather("a_ptr", dim=1{extra}))
+@triton.jit
+def bmm(a_ptr, b_ptr, c_ptr, M, N, K, stride_ab, stride_am, stride_ak, stride_bk, stride_bn, stride_cb, stride_cm,
+        stride_cn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    pid_m = tl.program_id(0)
+    pid_b = tl.program_id(1)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    a_ptrs = a_ptr + pid_b * stride_ab + offs_m[:, None] * stride_am + offs_k[None, :] * stride_ak
+    b_ptrs = b_ptr + offs_k[:, None] * stride_bk + offs_n[None, :] * stride_bn
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BLOCK_K)):
+        a = tl.load(a_ptrs, mask=(offs_m[:, None] < M) & (offs_k[None, :] < K - k * BLOCK_K), other=0.0)
+        b = tl.load(b_ptrs, mask=offs_k[:, None] < K - k * BLOCK_K, other=0.0)
+        acc += tl.dot(a, b)
+        a_ptrs += BLOCK_K * stride_ak
+        b_ptrs += BLOCK_K * stride_bk
+    tl.store(c_ptr + pid_b * stride_cb + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn, acc,
+             mask=offs_m[:, None] < M)
+"""
+
+
+def test_a_gather_along_an_inner_dim_indexed_as_the_block_s_rows_is_told_the_tile_to_name() -> None:
+    """Along dim 1 the rows are read from the block's axis 1: a batched kernel that indexes dim 1 as its block's rows
+    (`offs_m[:, None]`) is told the tile= that names them, with the size it passed, and that its advanced pointer
+    must be made where it is read."""
+    err = _error(BATCHED.format(extra=', size="M"'))
+    assert "cannot tell which rows along dim 1 of 'a_ptr'" in err.reason
+    assert ("all_gather('a_ptr', dim=1, tile=(\"pid_m * BLOCK_M\", \"BLOCK_M\"), size=\"M\")" in err.hint
+            and "instead of advancing `a_ptrs` in place" in err.hint), err.hint
+    err = _error(BATCHED.format(extra=', tile=("pid_m * BLOCK_M", "BLOCK_M"), size="M"'))
+    assert "`a_ptrs` is bound more than once (lines 14, 21)" in err.reason, err.reason
