@@ -250,13 +250,13 @@ class ReduceScatterLaunch(LaunchPlan):
 @dataclass(frozen=True, kw_only=True)
 class AllReduceLaunch(ReduceScatterLaunch):
     """The all-reduce's plan (``rules/all_reduce``): its launcher is the reduce-scatter's, on the SM pull, with no
-    dynamic mapping and no split-K write-back."""
+    dynamic mapping."""
 
     rule: ClassVar[str] = "all_reduce"
 
     index: None = field(default=None, init=False)
     topk: None = field(default=None, init=False)
-    atomic_axes: None = field(default=None, init=False)
+    atomic_axes: tuple[int, ...] | None = None  # a split-K write-back's, as the reduce-scatter's
     algorithm: str | None  # "one_shot" | "two_shot", or None: chosen by the message's size per shape
 
     def __post_init__(self) -> None:

@@ -135,6 +135,8 @@ class AllReduceLauncher(ReduceScatterLauncher):
         ctx = self.context(bound)
         ctx.streams.follow_caller(world.device)
         if world.world_size == 1:  # the output is the whole result (captured too: every wait passes)
+            if self.plan.atomic_axes is not None:  # a split-K write-back adds into it: from zero
+                described(bound[self.plan.tensors[0]]).zero_()
             self.alone(grid, dict(bound), ctx, world)
             return
         (name,) = self.plan.tensors
@@ -153,4 +155,5 @@ class AllReduceLauncher(ReduceScatterLauncher):
         epoch = ctx.channel.advance()
         # every rank is done reading the previous call's partial sums and shared rows
         world.stream_barrier(ctx.streams.main)
+        self.start_sums(ctx, grid, call)
         self.produce_and_pull(grid, call, ctx, world, out, epoch)

@@ -1054,10 +1054,6 @@ def notify_stores(an: KernelAnalysis, spec, opts: Options,
     report += notes
     refused: dict[BranchSide, _Epilogue] = {}  # branches whose epilogue is not linear, refused when compiled
     for a in stores:
-        if a.atomic and rule != RULE:  # the rule's launcher zeroes the partial sums and counts the K splits
-            raise AnnotationError(f"{rule} does not follow a tl.atomic_add write-back into {a.tensor!r}",
-                                  file=a.where.file, line=a.where.line, column=a.where.column,
-                                  hint="store with tl.store, or use reduce_scatter for a split-K write-back")
         indexed = None if a.tile is not None or getattr(spec, "index", None) else an.index_behind(a)
         if indexed is not None:
             # rows read from a run-time index (an MoE kernel's sorted slots) are found only through index=; the
@@ -1208,7 +1204,7 @@ def _program_axes(an: KernelAnalysis, sources: list[str]) -> set[int]:
     return axes
 
 
-def _split_k(an: KernelAnalysis, spec: ReduceScatterSpec) -> list[int] | None:
+def split_k(an: KernelAnalysis, spec) -> list[int] | None:
     """For a split-K write-back (``tl.atomic_add(c_ptrs, acc, mask=...)``: the programs along the split axis add
     into the same tile): the grid axes its address tells programs apart by. Every other axis of the grid holds the
     K splits: each element is added once per program along them, which the launcher counts from the grid (the
@@ -1228,7 +1224,7 @@ def _split_k(an: KernelAnalysis, spec: ReduceScatterSpec) -> list[int] | None:
                                f"{a.where.line}: the channels count the adds of a split-K write-back, which a plain "
                                f"store would not match", "write every tile of the tensor one way: all with "
                                                           "tl.atomic_add (split-K) or all with tl.store")
-    if spec.index or spec.topk or a.tile is None or a.tile.dynamic:
+    if getattr(spec, "index", None) or getattr(spec, "topk", None) or a.tile is None or a.tile.dynamic:
         raise refuse(a, f"the tl.atomic_add into {a.tensor!r} writes rows from an index: TileLink follows an "
                         f"atomic_add only as a split-K GEMM's write-back of whole tiles",
                      "store with tl.store (the reduce-scatter sums the ranks' partial results)")
@@ -1291,7 +1287,7 @@ def rewrite(an: KernelAnalysis, spec: ReduceScatterSpec, options: Options) -> Re
         report.append(ReportEntry(an.name, RULE, "note",
                                   f"consumer: SM mesh pull on {opts.comm_sms} programs, comm tile "
                                   + (f"{opts.comm_block} rows" if opts.comm_block else "128 rows")))
-    addressed = _split_k(an, spec)
+    addressed = split_k(an, spec)
     if addressed is not None:
         report.append(ReportEntry(an.name, RULE, "note",
                                   f"split-K write-back (tl.atomic_add): the partial sums start at zero each call and "

@@ -49,6 +49,9 @@ FORMS = {
     "gemm_rs_split_k": ("matmul_split_k", {"a_ptr": PTR, "b_ptr": PTR, "c_ptr": "*fp32"},
                         {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "SPLIT_K": 4, "GROUP_M": 8, "stride_ak": 1,
                          "stride_bn": 1, "stride_cn": 1}),
+    "gemm_ar_split_k": ("_kernel", {"A": PTR, "B": PTR, "C": "*fp32"},
+                        {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "SPLIT_K": 4, "GROUP_M": 8, "stride_ak": 1,
+                         "stride_bn": 1, "stride_cn": 1}),
     # descriptors made on the host: their type carries the block shape
     "gemm_host_descriptor_ag": ("matmul_descriptor_persistent",
                                 {"a_desc": "tensordesc<fp16[128, 64]>", "b_desc": "tensordesc<fp16[128, 64]>",

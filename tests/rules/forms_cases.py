@@ -252,6 +252,26 @@ def gemm_rs_split_k(calls: int = 2, M: int = 50, N: int = 40, K: int = 90, block
     return err
 
 
+def gemm_ar_split_k(calls: int = 2, M: int = 50, N: int = 40, K: int = 90,
+                    blocks: tuple[int, int, int] = (16, 16, 16), split: int = 3) -> float:
+    rank, world = tilelink.rank(), tilelink.world_size()
+    kernel = load_form("gemm_ar_split_k")._kernel
+    bm, bn, bk = blocks
+    g = torch.Generator().manual_seed(15)
+    a, b = _exact(torch.randn(M, K, generator=g), torch.randn(K, N, generator=g))
+    klo, khi = rows_of(rank, world, K)  # each rank holds a slice of K, which its programs split again
+    ar, br = _placed(a[:, klo:khi].contiguous(), b[klo:khi].contiguous())
+    err = 0.0
+    for _ in range(calls):
+        # every rank passes the whole output; NaN to start: the rule zeroes its partial sums itself
+        out = torch.full((M, N), float("nan"), dtype=torch.float32, device=ar.device)
+        kernel[lambda meta: (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]), meta["SPLIT_K"])](
+            ar, br, out, M, N, khi - klo, ar.stride(0), ar.stride(1), br.stride(0), br.stride(1), N, 1,
+            BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=2, SPLIT_K=split)
+        err = worst(err, _error(out, a @ b))
+    return err
+
+
 def _descriptor(t: torch.Tensor, block: list[int]):
     """A tensor descriptor made on the host over all of ``t``, as the persistent-matmul tutorial passes them."""
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -346,6 +366,7 @@ RUNS = {"attention_descriptor_advance": attention_descriptor_advance, "attention
         "gemm_row_wrap_hints": gemm_row_wrap_hints, "gemm_row_clamp": gemm_row_clamp,
         "gemm_row_scales": gemm_row_scales,
         "gemm_rs_epilogue_branch": gemm_rs_epilogue_branch, "gemm_rs_split_k": gemm_rs_split_k,
+        "gemm_ar_split_k": gemm_ar_split_k,
         "gemm_host_descriptor_ag": gemm_host_descriptor_ag, "gemm_host_descriptor_rs": gemm_host_descriptor_rs,
         "moe_rs_expert_zeros": moe_rs_expert_zeros, "gemm_rs_persistent_grouped": gemm_rs_persistent_grouped,
         "gemm_persistent_counter": gemm_persistent_counter}
