@@ -68,10 +68,11 @@ def _axis_hint(an: KernelAnalysis, access: Access, dim: int, size: str | None) -
     if len(found) != 1:
         return None
     vector, start, block = found[0]
+    full = size or f"<the full size of dim {dim}>"
     advanced = sorted(n for n in names if n in an.rebound and n in an.values and n != access.tensor)
     hint = (f"TileLink reads the rows along dim {dim} from the vector at axis {dim} of the block, which this load "
             f"does not index as rows; if `{vector}` are its rows along dim {dim}, name them: all_gather("
-            f"{access.tensor!r}, dim={dim}, tile=(\"{start}\", \"{block}\"), size=\"{size or f'<the full size of dim {dim}>'}\")")
+            f"{access.tensor!r}, dim={dim}, tile=(\"{start}\", \"{block}\"), size=\"{full}\")")
     if advanced:
         hint += (f", and compute the address in the loop from the loop variable (`ks = k * BLOCK_K + offs_k`, "
                  f"`{access.tensor} + ... + ks[None, :] * stride`) instead of advancing `{advanced[0]}` in place: "
