@@ -574,15 +574,7 @@ class _Analyzer:
         """``name = start + tl.arange(0, size)``: the assignment that reaches ``at`` (the last one before it in a
         block that holds it), else the first such assignment of the kernel."""
         def reaching(at: Where):
-            def value_of(n: str) -> cst.BaseExpression | None:
-                # bound once; or, bound again (`rm` made again after the K loop, as `triton.ops.matmul` does), the
-                # assignment every run reaching the one being read last made
-                defs = self.assignments.get(n, [])
-                if len(defs) == 1 and n not in self.rebound:
-                    return defs[0][1]
-                found = _reaching(self, n, at)
-                return found[1] if found is not None else None
-            return value_of
+            return lambda n: self._resolved(n, at)
 
         found = []
         for ref, value in self.assignments.get(name, []):
@@ -595,6 +587,46 @@ class _Analyzer:
             if reaching:
                 return reaching[-1]
         return found[0] if found else None
+
+    def _resolved(self, n: str, at: Where) -> cst.BaseExpression | None:
+        """The value of ``n`` that an offsets vector made at ``at`` from it reads (``ram = tl.multiple_of(rm % M, B)``
+        reads ``rm``): its one assignment, or, bound again (``rm`` made again after the K loop, as
+        ``triton.ops.matmul`` does), the one every run reaching ``at`` last made. ``None`` when a name that value
+        reads is bound between it and ``at`` (``start = pid_n * BLOCK_N`` after ``rm = start + ...``): the wait,
+        written at the access from the value's start, would read the later binding."""
+        defs = self.assignments.get(n, [])
+        if len(defs) == 1 and n not in self.rebound:
+            found = defs[0]
+        else:
+            found = _reaching(self, n, at)
+        if found is None:
+            return None
+        ref, value = found
+        made = self.where(ref.node)
+        for name in names_in(value):
+            for bound, _ in self.bindings.get(name, ()):
+                if _before(made, bound) and _before(bound, at):
+                    return None
+        return value
+
+    def _resolved_values(self, name: str, at: Where | None) -> list[cst.BaseExpression]:
+        """Every value of ``name``, and the value of the vector its offsets definition reaching ``at`` is made from
+        (``ram = tl.max_contiguous(tl.multiple_of(offs_am, B), B)`` with ``offs_am = (... + tl.arange(0, B)) % M``):
+        where the rows wrap or are clamped, whichever name does it."""
+        values = [v for _, v in self.assignments.get(name, [])]
+        definition = self._offsets_definition(name, at)
+        if definition is None:
+            return values
+        value = definition[0]
+        made = next((v for ref, v in self.assignments.get(name, []) if ref is value), None)
+        inner = _unhinted(made) if made is not None else None
+        while isinstance(inner, cst.BinaryOperation) and isinstance(inner.operator, cst.Modulo):
+            inner = _unhinted(inner.left)
+        if isinstance(inner, cst.Name) and inner.value != name:
+            resolved = self._resolved(inner.value, self.where(value.node))
+            if resolved is not None:
+                values.append(resolved)
+        return values
 
     def _wrap_bound(self, offsets: str) -> str | None:
         """``offs_am = (... + tl.arange(0, B)) % M`` (also inside ``tl.multiple_of``) -> ``"M"``: rows that wrap
@@ -684,6 +716,12 @@ class _Analyzer:
                         if [isinstance(el.slice, cst.Slice) for el in sub.slice].index(True) != dim:
                             continue
                         rows = code(side.deep_replace(sub, cst.Name(sub.value.value)))
+                        # the wait computes its channels from these names at the access: one bound again after
+                        # the pointer was made from it (`rows` reused for other values) would name other rows
+                        if any(len(self.bindings.get(n, ())) > 1 or n in self.rebound
+                               or (n in self.params and self.bindings.get(n)) for n in names_in(
+                                   cst.parse_expression(rows))):
+                            return None
                         ref = self.assignments[sub.value.value][0][0]
                         return Tile(rows, "", sub.value.value, None, None, self.where(ref.node), 2, True)
         return None
@@ -747,7 +785,7 @@ class _Analyzer:
                 return Tile(start, size, name, size_param or self._size_param(name) or self._wrap_bound(name),
                             self._pid_of(start), self.where(ref.node), ndim,
                             wraps=any(m.findall(v, m.BinaryOperation(operator=m.Modulo())) or _is_clamp(
-                                _unhinted(v), name) for _, v in self.assignments.get(name, [])))
+                                _unhinted(v)) for v in self._resolved_values(name, access.where)))
         return None
 
 
@@ -851,13 +889,22 @@ def _same_rows_or_clamped(value: cst.BaseExpression, name: str) -> bool:
     return _is_clamp(value, name)
 
 
-def _is_clamp(value: cst.BaseExpression, name: str) -> bool:
+def _is_clamp(value: cst.BaseExpression, name: str | None = None) -> bool:
+    """``tl.where(name < M, name, 0)`` (any name where ``name`` is ``None``)."""
+    return _clamp_bound(value, name) is not None
+
+
+def _clamp_bound(value: cst.BaseExpression, name: str | None = None) -> str | None:
+    """The bound ``M`` of a clamp ``tl.where(name < M, name, 0)``, in source; ``None`` for anything else."""
     if not (_is_tl_call(value, "where") and len(value.args) == 3):  # type: ignore[attr-defined]
-        return False
+        return None
     cond, keep, other = (a.value for a in value.args)  # type: ignore[attr-defined]
-    return (m.matches(keep, m.Name(name)) and m.matches(other, m.Integer("0"))
-            and m.matches(cond, m.Comparison(left=m.Name(name), comparisons=[m.ComparisonTarget(
-                operator=m.LessThan())])))
+    if not isinstance(keep, cst.Name) or name is not None and keep.value != name:
+        return None
+    if m.matches(other, m.Integer("0")) and m.matches(cond, m.Comparison(left=m.Name(keep.value), comparisons=[
+            m.ComparisonTarget(operator=m.LessThan())])):
+        return code(cond.comparisons[0].comparator)  # type: ignore[attr-defined]
+    return None
 
 
 def _bindings_inside(an: _Analyzer, node: cst.CSTNode, names: set[str]) -> list[tuple[str, Where]]:
@@ -1016,14 +1063,18 @@ def _check_row_terms(an: _Analyzer, acc: Access, tile: Tile, pointers: set[str],
         if any(name in names_in(e) and tile.offsets not in names_in(e) for e in exprs):
             raise _refuse(acc, f"a pointer of this {acc.kind} is also made from the rows `{name}`, not only from the "
                                f"tile's `{tile.offsets}`", hint)
-    definition = an._offsets_definition(tile.offsets, acc.where)
-    values = [v for ref, v in an.assignments.get(tile.offsets, []) if definition is not None and ref is definition[0]]
-    for value in values:
-        for mod in m.findall(value, m.BinaryOperation(operator=m.Modulo())):
-            if tile.size_param is not None and code(mod.right) != tile.size_param:
-                raise _refuse(acc, f"the rows `{tile.offsets}` wrap at `{code(mod.right)}`, not at the size of "
-                                   f"{acc.tensor!r} ({tile.size_param})", f"wrap the rows at {tile.size_param}, or "
-                                                                           "mask them instead")
+    # rows that wrap (`% M`) or are clamped (`tl.where(offs < M, offs, 0)`) read the first rows again: the wait
+    # covers those only for a bound that is the tensor's size (`M_VALID < M` sends rows [M_VALID, end) to row 0)
+    for value in an._resolved_values(tile.offsets, acc.where):
+        bounds = [("wrap at", code(mod.right)) for mod in m.findall(value, m.BinaryOperation(operator=m.Modulo()))]
+        clamp = _clamp_bound(_unhinted(value))
+        bounds += [("are clamped to row 0 at", clamp)] if clamp is not None else []
+        for what, bound in bounds:
+            if tile.size_param is not None and bound != tile.size_param:
+                raise _refuse(acc, f"the rows `{tile.offsets}` {what} `{bound}`, not at the size of {acc.tensor!r} "
+                                   f"({tile.size_param}): the rows past it read the first rows, which the wait or "
+                                   f"notify covers only at the size",
+                              f"{what.split()[0]} the rows at {tile.size_param}, or mask them instead")
 
 
 def _factors(an: _Analyzer, node: cst.BaseExpression, offsets: str, depth: int = 0) -> list[str] | None:

@@ -1,0 +1,129 @@
+"""Row vectors read through a second name (``ram = tl.max_contiguous(tl.multiple_of(rm % M, B), B)``, as
+``triton.ops.matmul`` hints them): the wait reads what that name was made from, so a wrap there is waited for, a
+start changed between the two is refused, and so is a clamp or an index the wait could not follow."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+import torch
+import triton
+
+import tilelink
+from tests.rules.cases import module_at, rows_of, worst
+from tilelink.annotations import requests_in
+from tilelink.codegen import generate
+from tilelink.errors import AnnotationError
+
+HEAD = "import triton\nimport triton.language as tl\nimport tilelink\n\n"
+
+#: each tile reads the rows of the next tile, wrapped at M, through a hinted second name
+ROLLED = '''
+@tilelink.overlap(tilelink.all_gather("a_ptr", dim=0, size="M"), comm_block=8)
+@triton.jit
+def matmul(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    pid = tl.program_id(0)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    pid_m = pid // num_pid_n
+    pid_n = pid % num_pid_n
+    {rows}
+    offs_bn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BLOCK_K)):
+        kk = k * BLOCK_K + tl.arange(0, BLOCK_K)
+        a = tl.load(a_ptr + ram[:, None] * stride_am + kk[None, :] * stride_ak, mask=kk[None, :] < K, other=0.0)
+        b = tl.load(b_ptr + kk[:, None] * stride_bk + offs_bn[None, :] * stride_bn,
+                    mask=(kk[:, None] < K) & (offs_bn[None, :] < N), other=0.0)
+        acc = tl.dot(a, b, acc)
+    offs_cm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    tl.store(c_ptr + offs_cm[:, None] * stride_cm + offs_bn[None, :] * stride_cn, acc,
+             mask=(offs_cm[:, None] < M) & (offs_bn[None, :] < N))
+'''
+WRAPPED = """offs_am = ((pid_m + 1) * BLOCK_M + tl.arange(0, BLOCK_M)) % M
+    ram = tl.max_contiguous(tl.multiple_of(offs_am, BLOCK_M), BLOCK_M)"""
+
+
+def _source(rows: str) -> str:
+    return HEAD + textwrap.dedent(ROLLED).replace("{rows}", rows)
+
+
+def _error(text: str) -> str:
+    with pytest.raises(AnnotationError) as err:
+        generate(text, "user_kernels.py", requests_in(text, "user_kernels.py"))
+    return str(err.value)
+
+
+def _rolled(path: str) -> float:
+    kernel = module_at(path).matmul
+    rank, world = tilelink.rank(), tilelink.world_size()
+    M, N, K = 50, 24, 40
+    g = torch.Generator().manual_seed(5)
+    a, b = torch.randn(M, K, generator=g), torch.randn(K, N, generator=g)
+    lo, hi = rows_of(rank, world, M)
+    ref = a[(torch.arange(M) + 16) % M] @ b  # row r of C is row (r + BLOCK_M) % M of A times B
+    err = 0.0
+    for _ in range(2):
+        c = torch.full((M, N), float("nan"))
+        kernel[(triton.cdiv(M, 16) * triton.cdiv(N, 16),)](
+            a[lo:hi].contiguous(), b, c, M, N, K, K, 1, N, 1, N, 1, BLOCK_M=16, BLOCK_N=16, BLOCK_K=16)
+        err = worst(err, (c - ref).abs().max().item())
+    return err
+
+
+def test_rows_wrapped_under_another_name_wait_for_the_rows_they_wrap_to(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("TILELINK_RACES", "1")
+    path = tmp_path / "rolled.py"
+    path.write_text(_source(WRAPPED))
+    errors = tilelink.spawn(_rolled, 3, str(path))
+    assert all(e < 1e-4 for e in errors), errors
+
+
+def test_a_start_changed_between_the_rows_and_their_hinted_name_is_refused() -> None:
+    rows = """start = pid_m * BLOCK_M
+    rm = start + tl.arange(0, BLOCK_M)
+    start = pid_n * BLOCK_N
+    ram = tl.max_contiguous(tl.multiple_of(rm % M, BLOCK_M), BLOCK_M)"""
+    assert "cannot tell which rows along dim 0 of 'a_ptr'" in _error(_source(rows))
+    # the start bound once: the wait reads it
+    body = generate(_source(rows.replace("    start = pid_n * BLOCK_N\n", "")), "user_kernels.py", requests_in(
+        _source(rows.replace("    start = pid_n * BLOCK_N\n", "")), "user_kernels.py")).rewritten["matmul"]
+    assert "tll.consumer_tile_wait" in body, body
+
+
+def test_rows_clamped_at_another_bound_than_the_size_are_refused() -> None:
+    rows = """ram = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    ram = tl.where(ram < {bound}, ram, 0)"""
+    assert "the rows `ram` are clamped to row 0 at `M_VALID`, not at the size of 'a_ptr' (M)" in _error(
+        _source(rows.format(bound="M_VALID")).replace("stride_cm, stride_cn,", "stride_cm, stride_cn, M_VALID,"))
+    generate(text := _source(rows.format(bound="M")), "user_kernels.py", requests_in(text, "user_kernels.py"))
+
+
+INDEXED = '''
+@tilelink.overlap(tilelink.all_gather("a_ptr", dim=0, index="src_ptr", size="M"))
+@triton.jit
+def gather_mm(a_ptr, b_ptr, c_ptr, src_ptr, dst_ptr, L, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
+              stride_cm, stride_cn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    pid_m = tl.program_id(0)
+    offs_i = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_bn = tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    rows = tl.load(src_ptr + offs_i, mask=offs_i < L, other=0)
+    a_ptrs = a_ptr + rows[:, None] * stride_am + offs_k[None, :] * stride_ak
+    {again}
+    a = tl.load(a_ptrs, mask=(offs_i[:, None] < L) & (offs_k[None, :] < K), other=0.0)
+    b = tl.load(b_ptr + offs_k[:, None] * stride_bk + offs_bn[None, :] * stride_bn)
+    tl.store(c_ptr + rows[:, None] * stride_cm + offs_bn[None, :] * stride_cn, tl.dot(a, b),
+             mask=offs_i[:, None] < L)
+'''
+
+
+def test_index_rows_bound_again_after_the_pointer_is_made_are_refused() -> None:
+    """The wait computes its channels from the rows' name at the access: bound again after the pointer was made
+    from it, the name holds other rows than the load reads."""
+    text = HEAD + textwrap.dedent(INDEXED).replace("{again}", "rows = tl.load(dst_ptr + offs_i, mask=offs_i < L)")
+    assert "cannot tell which rows along dim 0 of 'a_ptr'" in _error(text)
+    text = HEAD + textwrap.dedent(INDEXED).replace("{again}", "")
+    body = generate(text, "user_kernels.py", requests_in(text, "user_kernels.py")).rewritten["gather_mm"]
+    assert "tll.consumer_tile_wait_channels" in body, body
