@@ -386,8 +386,10 @@ def _classify(an: KernelAnalysis, node: cst.BaseExpression, visiting: dict[str, 
         return joined(_SUM) if kind == _SUM else kind
     if isinstance(node, (cst.Integer, cst.Float)):
         return _ZERO if float(node.value.replace("_", "")) == 0 else _CONST
+    if isinstance(node, cst.Attribute) and node.attr.value == "T":  # `acc.T`: the values, transposed
+        return _classify(an, node.value, visiting, skip)
     if isinstance(node, (cst.SimpleString, cst.Attribute)) and not isinstance(node, cst.Call):
-        return _CONST
+        return _CONST  # a string, a type (`c_ptr.dtype.element_ty`), a shape
     if isinstance(node, cst.Subscript):
         return _classify(an, node.value, visiting, skip)
     if isinstance(node, cst.UnaryOperation):
@@ -435,7 +437,10 @@ def _classify(an: KernelAnalysis, node: cst.BaseExpression, visiting: dict[str, 
         if name in _SHAPE:
             first = func.value if isinstance(func, cst.Attribute) and not (
                 isinstance(func.value, cst.Name) and func.value.value == "tl") else (args[0] if args else None)
-            return _classify(an, first, visiting, skip) if first is not None else _CONST
+            kind = _classify(an, first, visiting, skip) if first is not None else _CONST
+            # a sum over an axis of this rank's data (`tl.sum(w * x[None, :], axis=1)`, a GEMV's K slice) is its
+            # partial sums, as a tl.dot of them is: a function applied to it afterwards is judged as on a dot's
+            return _SUM if name in ("sum", "cumsum") and kind == _DATA else kind
         kinds = [_classify(an, a, visiting, skip) for a in args]
         if isinstance(func, cst.Attribute) and not (isinstance(func.value, cst.Name) and func.value.value == "tl"):
             kinds.append(_classify(an, func.value, visiting, skip))

@@ -1,0 +1,64 @@
+"""What a reduce-scatter or all-reduce kernel stores is summed over the ranks: a function applied to its partial
+sums must be refused however they are written. A GEMV's `tl.sum` over its slice of K is partial sums as a `tl.dot`
+is, and a transpose (`.T`) carries the values it transposes."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from tilelink.annotations import requests_in
+from tilelink.codegen import generate
+from tilelink.errors import AnnotationError
+
+HEAD = "import triton\nimport triton.language as tl\nimport tilelink\n\n"
+
+GEMV = '''
+@tilelink.overlap(tilelink.{rule}("y_ptr"))
+@triton.jit
+def gemv(w_ptr, x_ptr, y_ptr, M, K, stride_wm, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    acc = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BLOCK_K)):
+        offs_k = k * BLOCK_K + tl.arange(0, BLOCK_K)
+        w = tl.load(w_ptr + offs_m[:, None] * stride_wm + offs_k[None, :],
+                    mask=(offs_m[:, None] < M) & (offs_k[None, :] < K), other=0.0)
+        x = tl.load(x_ptr + offs_k, mask=offs_k < K, other=0.0)
+        acc += tl.sum(w * x[None, :], axis=1)
+    tl.store(y_ptr + offs_m, {value}, mask=offs_m < M)
+'''
+
+GEMM = '''
+@tilelink.overlap(tilelink.reduce_scatter("c_ptr"))
+@triton.jit
+def matmul(a_ptr, b_ptr, c_ptr, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    acc = tl.dot(tl.load(a_ptr + offs_m[:, None] * K + offs_k[None, :], mask=offs_m[:, None] < M),
+                 tl.load(b_ptr + offs_k[:, None] * N + offs_n[None, :]))
+    {epilogue}
+    tl.store(c_ptr + offs_m[:, None] * N + offs_n[None, :], out, mask=offs_m[:, None] < M)
+'''
+
+
+def _generate(text: str):
+    return generate(text, "user_kernels.py", requests_in(text, "user_kernels.py"))
+
+
+@pytest.mark.parametrize("rule", ["reduce_scatter", "all_reduce"])
+def test_a_function_of_a_gemv_s_sums_is_refused_and_the_sums_themselves_are_rewritten(rule: str) -> None:
+    with pytest.raises(AnnotationError, match="goes through `maximum` applied to the partial sums"):
+        _generate(HEAD + textwrap.dedent(GEMV.format(rule=rule, value="tl.maximum(acc, 0.0)")))
+    body = _generate(HEAD + textwrap.dedent(GEMV.format(rule=rule, value="acc * 2.0"))).rewritten["gemv"]
+    assert "tll.producer_tile_notify" in body, body
+
+
+@pytest.mark.parametrize("epilogue", ["out = tl.maximum(acc, 0.0).T.T",
+                                      "act = tl.maximum(acc, 0.0)\n    out = act.T.T"])
+def test_a_function_of_the_sums_through_a_transpose_is_refused(epilogue: str) -> None:
+    with pytest.raises(AnnotationError, match="goes through `maximum` applied to the partial sums"):
+        _generate(HEAD + textwrap.dedent(GEMM).replace("{epilogue}", epilogue))
+    body = _generate(HEAD + textwrap.dedent(GEMM).replace("{epilogue}", "out = acc.T.T")).rewritten["matmul"]
+    assert "tll.producer_tile_notify" in body, body
