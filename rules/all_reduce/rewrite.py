@@ -12,7 +12,7 @@ from tilelink.analysis import KernelAnalysis
 from tilelink.errors import AnnotationError
 from tilelink.plan import AllReduceLaunch, Insertion, ReportEntry, RewritePlan
 from tilelink.rules.emit import CHANNEL_PARAMS
-from tilelink.rules.reduce_scatter.rewrite import notify_stores, split_k, stored_tiles
+from tilelink.rules.reduce_scatter.rewrite import notify_stores, split_k, split_k_note, stored_tiles
 from tilelink.spec import AllReduceSpec, Options
 
 RULE = "all_reduce"
@@ -43,11 +43,7 @@ def rewrite(an: KernelAnalysis, spec: AllReduceSpec, options: Options) -> Rewrit
     report.append(ReportEntry(an.name, RULE, "note", f"consumer: SM mesh pull on {opts.comm_sms} programs, "
                                                      f"{algorithm[spec.mode]}"))
     addressed = split_k(an, spec)
-    if addressed is not None:
-        report.append(ReportEntry(an.name, RULE, "note",
-                                  f"split-K write-back (tl.atomic_add): the partial sums start at zero each call and "
-                                  f"each element is added once per program along the grid axes other than "
-                                  f"{', '.join(map(str, addressed))}"))
+    report += split_k_note(an, addressed, RULE)
     launch = AllReduceLaunch(tensors=spec.tensors, dim=spec.dim, size_param=size_param, algorithm=spec.mode,
                              atomic_axes=None if addressed is None else tuple(addressed),
                              via=opts.via, mode=opts.mode, order=opts.order, comm_block=opts.comm_block,

@@ -1209,6 +1209,15 @@ def _program_axes(an: KernelAnalysis, sources: list[str]) -> set[int]:
     return axes
 
 
+def split_k_note(an: KernelAnalysis, addressed: list[int] | None, rule: str) -> list[ReportEntry]:
+    """The report's note on a split-K write-back (:func:`split_k`'s axes), none without one."""
+    if addressed is None:
+        return []
+    return [ReportEntry(an.name, rule, "note", f"split-K write-back (tl.atomic_add): the partial sums start at zero "
+                                               f"each call and each element is added once per program along the "
+                                               f"grid axes other than {', '.join(map(str, addressed))}")]
+
+
 def split_k(an: KernelAnalysis, spec) -> list[int] | None:
     """For a split-K write-back (``tl.atomic_add(c_ptrs, acc, mask=...)``: the programs along the split axis add
     into the same tile): the grid axes its address tells programs apart by. Every other axis of the grid holds the
@@ -1293,11 +1302,7 @@ def rewrite(an: KernelAnalysis, spec: ReduceScatterSpec, options: Options) -> Re
                                   f"consumer: SM mesh pull on {opts.comm_sms} programs, comm tile "
                                   + (f"{opts.comm_block} rows" if opts.comm_block else "128 rows")))
     addressed = split_k(an, spec)
-    if addressed is not None:
-        report.append(ReportEntry(an.name, RULE, "note",
-                                  f"split-K write-back (tl.atomic_add): the partial sums start at zero each call and "
-                                  f"each element is added once per program along the grid axes other than "
-                                  f"{', '.join(map(str, addressed))}"))
+    report += split_k_note(an, addressed, RULE)
     launch = ReduceScatterLaunch(tensors=spec.tensors, dim=spec.dim, size_param=size_param, index=spec.index,
                                  topk=spec.topk, via=opts.via, mode=opts.mode, order=opts.order,
                                  comm_block=opts.comm_block, comm_sms=opts.comm_sms,

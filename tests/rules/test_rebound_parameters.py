@@ -5,7 +5,7 @@ the binding that reaches each use, and the kernel is rewritten and equals torch 
 
 from __future__ import annotations
 
-import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -17,78 +17,25 @@ from tilelink.annotations import requests_in
 from tilelink.codegen import generate
 from tilelink.errors import AnnotationError
 
-HEAD = "import triton\nimport triton.language as tl\nimport tilelink\n\n"
-
-#: triton.ops.matmul's kernel, its `EVEN_K` heuristic aside (an unmasked load there reads past a row unless K is a
-#: multiple of the split's step, which TileLink cannot read from a heuristic)
-OPS_MATMUL = '''
-@tilelink.overlap(tilelink.{rule})
-@triton.jit
-def _kernel(A, B, C, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
-            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-            SPLIT_K: tl.constexpr):
-    # matrix multiplication
-    pid = tl.program_id(0)
-    pid_z = tl.program_id(1)
-    grid_m = tl.cdiv(M, BLOCK_M)
-    grid_n = tl.cdiv(N, BLOCK_N)
-    # re-order program ID for better L2 performance
-    width = GROUP_M * grid_n
-    group_id = pid // width
-    group_size = min(grid_m - group_id * GROUP_M, GROUP_M)
-    pid_m = group_id * GROUP_M + (pid % group_size)
-    pid_n = (pid % width) // (group_size)
-    # do matrix multiplication
-    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    ram = tl.max_contiguous(tl.multiple_of(rm % M, BLOCK_M), BLOCK_M)
-    rbn = tl.max_contiguous(tl.multiple_of(rn % N, BLOCK_N), BLOCK_N)
-    rk = pid_z * BLOCK_K + tl.arange(0, BLOCK_K)
-    # pointers
-    A = A + (ram[:, None] * stride_am + rk[None, :] * stride_ak)
-    B = B + (rk[:, None] * stride_bk + rbn[None, :] * stride_bn)
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k in range(0, tl.cdiv(K, BLOCK_K * SPLIT_K)):
-        k_remaining = K - k * (BLOCK_K * SPLIT_K)
-        a = tl.load(A, mask=rk[None, :] < k_remaining, other=0.0)
-        b = tl.load(B, mask=rk[:, None] < k_remaining, other=0.0)
-        acc += tl.dot(a, b)
-        A += BLOCK_K * SPLIT_K * stride_ak
-        B += BLOCK_K * SPLIT_K * stride_bk
-    acc = acc.to(C.dtype.element_ty)
-    # rematerialize rm and rn to save registers
-    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    C = C + (rm[:, None] * stride_cm + rn[None, :] * stride_cn)
-    mask = (rm < M)[:, None] & (rn < N)[None, :]
-    # handles write-back with reduction-splitting
-    if SPLIT_K == 1:
-        tl.store(C, acc, mask=mask)
-    else:
-        tl.atomic_add(C, acc, mask=mask)
-'''
-
+#: triton.ops.matmul's kernel (tests/rules/forms/gemm_ar_split_k.py), its `EVEN_K` heuristic aside (an unmasked load
+#: there reads past a row unless K is a multiple of the split's step, which TileLink cannot read from a heuristic)
+OPS_MATMUL = (Path(__file__).parent / "forms" / "gemm_ar_split_k.py").read_text()
+ANNOTATION = '@tilelink.overlap(tilelink.all_reduce("C"))'
 RULES = {"all_gather": 'all_gather("A", dim=0)', "reduce_scatter": 'reduce_scatter("C", dim=0)'}
-
-
 BRANCH = """    if SPLIT_K == 1:
         tl.store(C, acc, mask=mask)
     else:
         tl.atomic_add(C, acc, mask=mask)
 """
+ADD = "    tl.atomic_add(C, acc, mask=mask)\n"
 
 
-def _source(rule: str) -> str:
-    """The kernel under ``rule``; under reduce_scatter every split adds its tile (a split of one adds into zeros):
-    the channels count the adds of a split-K write-back, which a plain store on one side of a branch would not
-    match (refused, below)."""
-    text = HEAD + textwrap.dedent(OPS_MATMUL.format(rule=RULES[rule]))
-    if rule == "all_gather":
-        return text
-    # the columns made again are not read by the launch's check that no two programs store the same elements (it
-    # would take the tiles as whole rows, which the grouped order's programs share): made once here
-    text = text.replace("    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)\n    C = C", "    C = C")
-    return text.replace(BRANCH, "    tl.atomic_add(C, acc, mask=mask)\n")
+def _source(rule: str, branch: bool = False) -> str:
+    """The kernel under ``rule``; ``branch``: the store of a split of one on its own side of the branch, as
+    triton.ops.matmul writes it (a gathered kernel takes it; a reduce-scatter refuses it, below)."""
+    assert ANNOTATION in OPS_MATMUL and ADD in OPS_MATMUL
+    text = OPS_MATMUL.replace(ANNOTATION, f"@tilelink.overlap(tilelink.{RULES[rule]})")
+    return text.replace(ADD, BRANCH) if branch else text
 
 
 def _run(path: str, rule: str, split: int) -> float:
@@ -143,7 +90,7 @@ def test_the_triton_ops_matmul_form_equals_torch_on_the_race_exposing_schedule(r
 def test_a_parameter_bound_again_in_a_branch_is_not_taken_for_its_alias() -> None:
     """Only a binding that runs once, before every later statement, is read as the alias: one in a branch leaves the
     later `A` either the parameter or the alias, so the kernel is refused as written."""
-    text = _source("all_gather").replace(
+    text = _source("all_gather", branch=True).replace(
         "    A = A + (ram[:, None] * stride_am + rk[None, :] * stride_ak)\n",
         "    if SPLIT_K > 0:\n        A = A + (ram[:, None] * stride_am + rk[None, :] * stride_ak)\n")
     assert "if SPLIT_K > 0:" in text
@@ -155,10 +102,9 @@ def test_a_parameter_bound_again_in_a_branch_is_not_taken_for_its_alias() -> Non
 def test_a_row_vector_made_again_is_read_from_the_binding_that_reaches_its_use() -> None:
     """`rm` made again after the K loop from another start is not the rows `ram` was made from: the wait covers
     the rows of the binding before `ram` (`pid_m * BLOCK_M`), which a later binding does not change."""
-    text = _source("all_gather").replace(
-        "    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)\n    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)\n    C =",
-        "    rm = (pid_m + 1) * BLOCK_M + tl.arange(0, BLOCK_M)\n    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)\n"
-        "    C =")
+    text = _source("all_gather", branch=True).replace(
+        "    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)\n    C =",
+        "    rm = (pid_m + 1) * BLOCK_M + tl.arange(0, BLOCK_M)\n    C =")
     assert "(pid_m + 1) * BLOCK_M" in text
     body = generate(text, "ops_matmul.py", requests_in(text, "ops_matmul.py")).rewritten["_kernel"]
     assert "tile rows pid_m * BLOCK_M" in "".join(body.splitlines()) or "pid_m * BLOCK_M" in body
@@ -167,7 +113,7 @@ def test_a_row_vector_made_again_is_read_from_the_binding_that_reaches_its_use()
 
 
 def test_a_store_on_one_side_of_the_split_branch_is_refused_under_reduce_scatter() -> None:
-    text = HEAD + textwrap.dedent(OPS_MATMUL.format(rule=RULES["reduce_scatter"]))
+    text = _source("reduce_scatter", branch=True)
     assert BRANCH in text
     with pytest.raises(AnnotationError, match="write every tile of the tensor one way"):
         generate(text, "ops_matmul.py", requests_in(text, "ops_matmul.py"))
