@@ -603,9 +603,12 @@ class _Analyzer:
             return None
         ref, value = found
         made = self.where(ref.node)
+        # a loop that holds `at` but not the value's statement runs a later binding before `at` again
+        loops = [lp for lp in self.findall(self.fn.body, m.For() | m.While())
+                 if _contains(self, lp, at) and not _contains(self, lp, made)]
         for name in names_in(value):
             for bound, _ in self.bindings.get(name, ()):
-                if _before(made, bound) and _before(bound, at):
+                if _before(made, bound) and _before(bound, at) or any(_contains(self, lp, bound) for lp in loops):
                     return None
         return value
 
@@ -1569,8 +1572,10 @@ def _reaching_every_read(an: _Analyzer, name: str, acc: Access) -> tuple[StmtRef
         for ref, value in defs:
             # the value of a plain assignment to a name the access does not rest on (a tuple unpacking or a named
             # expression may bind others too: its reads stay)
-            if any(isinstance(small, cst.Assign) and small.value is value and len(small.targets) == 1
-                   and m.matches(small.targets[0].target, m.Name(n)) for small in small_statements(ref)):
+            # (a named expression inside the value binds a name of its own, which the address may rest on)
+            if not m.findall(value, m.NamedExpr()) and any(
+                    isinstance(small, cst.Assign) and small.value is value and len(small.targets) == 1
+                    and m.matches(small.targets[0].target, m.Name(n)) for small in small_statements(ref)):
                 elsewhere |= {id(x) for x in m.findall(value, m.Name(name))} | (
                     {id(value)} if m.matches(value, m.Name(name)) else set())
     start, targets = an.where(reach[0].node), _target_names(an, name)

@@ -127,3 +127,55 @@ def test_index_rows_bound_again_after_the_pointer_is_made_are_refused() -> None:
     text = HEAD + textwrap.dedent(INDEXED).replace("{again}", "")
     body = generate(text, "user_kernels.py", requests_in(text, "user_kernels.py")).rewritten["gather_mm"]
     assert "tll.consumer_tile_wait_channels" in body, body
+
+
+LOOPED = '''
+@tilelink.overlap(tilelink.all_gather("a_ptr", dim=0))
+@triton.jit
+def matmul(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    start = tl.program_id(0) * BLOCK_M
+    rm = tl.arange(0, BLOCK_M)
+    rm = start + tl.arange(0, BLOCK_M)
+    rn = tl.arange(0, BLOCK_N)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BLOCK_K)):
+        kk = k * BLOCK_K + tl.arange(0, BLOCK_K)
+        a = tl.zeros((BLOCK_M, BLOCK_K), dtype=tl.float32)
+        if k == 1:
+            ram = tl.max_contiguous(tl.multiple_of(rm % M, BLOCK_M), BLOCK_M)
+            a = tl.load(a_ptr + ram[:, None] * stride_am + kk[None, :] * stride_ak, mask=kk[None, :] < K, other=0.0)
+        acc = tl.dot(a, tl.load(b_ptr + kk[:, None] * stride_bk + rn[None, :] * stride_bn), acc)
+        {step}
+    tl.store(c_ptr + rm[:, None] * stride_cm + rn[None, :] * stride_cn, acc, mask=rm[:, None] < M)
+'''
+
+
+def test_a_start_changed_later_in_a_loop_that_reads_the_rows_again_is_refused() -> None:
+    """`start` moves at the end of each pass of the loop that reads `ram`, made before the loop: on the pass that
+    first reads it the wait would compute the moved start, not the rows `rm` holds."""
+    text = HEAD + textwrap.dedent(LOOPED).replace("{step}", "start = start + BLOCK_M")
+    assert "cannot tell which rows along dim 0 of 'a_ptr'" in _error(text)
+    text = HEAD + textwrap.dedent(LOOPED).replace("{step}", "")
+    generate(text, "user_kernels.py", requests_in(text, "user_kernels.py"))
+
+
+WALRUS = '''
+@tilelink.overlap(tilelink.all_gather("a_ptr", dim=0))
+@triton.jit
+def matmul(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+    rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rk = -4 + tl.arange(0, BLOCK_K)
+    {made}
+    rk = tl.arange(0, BLOCK_K)
+    a = tl.load(a_ptrs, mask=(rm[:, None] < M) & (rk[None, :] < K), other=0.0)
+    tl.store(c_ptr + rm[:, None] * BLOCK_K + rk[None, :], a, mask=rm[:, None] < M)
+'''
+
+
+def test_columns_bound_again_after_a_named_expression_made_the_pointer_are_refused() -> None:
+    """A pointer made by a named expression inside another assignment's value reads the columns bound before it:
+    the mask bounds the later ones, so the first columns read the row before."""
+    for made in ("junk = (a_ptrs := a_ptr + rm[:, None] * stride_am + rk[None, :] * stride_ak)",
+                 "a_ptrs = a_ptr + rm[:, None] * stride_am + rk[None, :] * stride_ak"):
+        assert "the columns `rk` of the load" in _error(HEAD + textwrap.dedent(WALRUS).replace("{made}", made))
