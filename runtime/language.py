@@ -116,6 +116,12 @@ def _spin_interpreted(flag_ptr, target, diag_ptr, budget, kind, index):
 
 
 @triton.jit
+def _poll_lanes_interpreted(ptrs, need):
+    _races.waiting(ptrs, need)  # as each lane's own wait would: the race-exposing world delivers them only now
+    return tl.atomic_add(ptrs, tl.zeros((32,), tl.int64), mask=need, sem="acquire", scope="sys")
+
+
+@triton.jit
 def _channels_ready_interpreted(barrier_ptr, count, target):
     # as compiled (no read past READY_CHANNELS); the race-exposing schedule decides whether the read finds the
     # channels (each delivered now, as a wait of the program would have it) or none (the program takes its waits)
@@ -316,6 +322,12 @@ def _bulk_store_wait_compiled():
 
 
 @triton.jit
+def _poll_lanes_compiled(ptrs, need):
+    # one vector of acquire reads: the lanes a program's threads hold run in parallel
+    return tl.atomic_add(ptrs, tl.zeros((32,), tl.int64), mask=need, sem="acquire", scope="sys")
+
+
+@triton.jit
 def _after_acquire_compiled():
     # the threads that did not poll read after this point only once the acquires are done
     tl.debug_barrier()
@@ -323,6 +335,7 @@ def _after_acquire_compiled():
 
 if INTERPRETED:
     _spin = _spin_interpreted
+    _poll_lanes = _poll_lanes_interpreted
     _channels_ready = _channels_ready_interpreted
     _add_release = _add_release_interpreted
     _add_release_lanes = _add_release_interpreted
@@ -334,6 +347,7 @@ if INTERPRETED:
     _add_release_group = _add_release_group_interpreted
 else:
     _spin = _spin_compiled
+    _poll_lanes = _poll_lanes_compiled
     _channels_ready = _channels_ready_compiled
     _add_release = _add_release_compiled
     _add_release_lanes = _add_release_lanes_compiled
@@ -502,8 +516,7 @@ def consumer_tile_wait_channels(barrier_ptr, channels, target, diag_ptr, budget,
         lane = tl.arange(0, 32)
         for word in range(first // 32, last // 32 + 1):
             need = tl.max(_channel_lanes(channels, valid, word).to(tl.int32), axis=0) > 0
-            seen = tl.atomic_add(barrier_ptr + word * 32 + lane, tl.zeros((32,), tl.int64), mask=need,
-                                 sem="acquire", scope="sys")
+            seen = _poll_lanes(barrier_ptr + word * 32 + lane, need)
             seen = tl.where(need, seen, target)
             token += _zero_token(tl.min(seen))
             late = tl.reduce(tl.where(seen < target, 1 << lane, 0), 0, _bit_or)

@@ -117,10 +117,10 @@ def _words(ptr, mask=None) -> list[tuple[_Watch, int]]:
     return found
 
 
-def waiting(flag_ptr) -> None:
-    """Called by an interpreted wait before it polls ``flag_ptr``."""
+def waiting(flag_ptr, mask=None) -> None:
+    """Called by an interpreted wait before it polls ``flag_ptr`` (the lanes of ``mask``)."""
     if _WATCHES:
-        for w, i in _words(flag_ptr):
+        for w, i in _words(flag_ptr, mask):
             if w.on_wait is not None:
                 w.on_wait(i)
 

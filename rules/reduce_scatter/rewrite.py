@@ -302,7 +302,9 @@ _NONLINEAR = {"maximum", "minimum", "exp", "exp2", "log", "log2", "log1p", "sqrt
               "where", "gelu", "silu", "relu"}
 #: calls whose value is their first argument's, reshaped or converted (linear)
 _SHAPE = {"to", "cast", "reshape", "view", "trans", "permute", "broadcast_to", "expand_dims", "sum", "cumsum",
-          "flip", "join", "split", "interleave", "T"}
+          "flip", "split", "T"}
+#: calls whose value holds each of their arguments' (their elements side by side)
+_PAIRS = {"join", "interleave", "cat"}
 #: calls whose value does not depend on data (index arithmetic, constructors)
 _INDEX = {"arange", "program_id", "num_programs", "cdiv", "multiple_of", "max_contiguous", "static_range", "range",
           "full", "zeros", "zeros_like", "full_like"}
@@ -362,8 +364,13 @@ def _classify(an: KernelAnalysis, node: cst.BaseExpression, visiting: dict[str, 
         def joined(own: str) -> str:
             kind = _ZERO
             for src, site in sources:
+                value = cst.parse_expression(src)
+                targets = an.unpacked.get(site, ()) if site is not None else ()
+                if isinstance(value, (cst.Tuple, cst.List)) and node.value in targets and len(targets) == len(
+                        value.elements) and targets.count(node.value) == 1:
+                    value = value.elements[targets.index(node.value)].value  # `out, rest = f(acc), acc`: `f(acc)`
                 try:
-                    this = _classify(an, cst.parse_expression(src), {**visiting, node.value: own}, skip)
+                    this = _classify(an, value, {**visiting, node.value: own}, skip)
                 except _Epilogue as exc:
                     exc.site = exc.site or site  # the innermost binding the failure is in
                     raise
@@ -434,6 +441,11 @@ def _classify(an: KernelAnalysis, node: cst.BaseExpression, visiting: dict[str, 
             if _SUM in (_classify(an, args[0], visiting, skip),):
                 raise _Epilogue(node, "a choice by the values of the partial sums")
             return _join(_classify(an, args[1], visiting, skip), _classify(an, args[2], visiting, skip), node)
+        if name in _PAIRS:  # `tl.join(acc, bias)`: the stored elements are each argument's
+            kind = _ZERO
+            for arg in args:
+                kind = _join(kind, _classify(an, arg, visiting, skip), node)
+            return kind
         if name in _SHAPE:
             first = func.value if isinstance(func, cst.Attribute) and not (
                 isinstance(func.value, cst.Name) and func.value.value == "tl") else (args[0] if args else None)
@@ -448,6 +460,11 @@ def _classify(an: KernelAnalysis, node: cst.BaseExpression, visiting: dict[str, 
             what = f"`{name}`" if name in _NONLINEAR or code(func).startswith("tl.") else \
                 f"the helper `{name}` (TileLink does not read its body)"
             raise _Epilogue(node, f"{what} applied to the partial sums")
+    if isinstance(node, (cst.Tuple, cst.List)):  # a tuple unpacked into names, each taken as the whole of it
+        kind = _ZERO
+        for element in node.elements:
+            kind = _join(kind, _classify(an, element.value, visiting, skip), node)
+        return kind
     if isinstance(node, cst.Comparison):
         kinds = [_classify(an, node.left, visiting, skip)] + [_classify(an, c.comparator, visiting, skip)
                                                         for c in node.comparisons]
@@ -459,6 +476,25 @@ def _classify(an: KernelAnalysis, node: cst.BaseExpression, visiting: dict[str, 
     if _SUM in kinds:
         raise _Epilogue(node, "an expression TileLink cannot follow, on the partial sums")
     return _DATA if _DATA in kinds else _CONST
+
+
+def _check_mask_by_position(an: KernelAnalysis, a, rule: str) -> None:
+    """A store's mask that reads data (``c_mask & (acc > 0)``, a loaded flag) leaves elements of the tile unstored on
+    some calls: their channels, which count every element of their rows, would never complete, and the reduction
+    would wait for them until its timeout. Refused: the mask must bound the tile by position (program ids, the
+    arguments, ``tl.arange``). Rows from an ``index=`` count what they store and are not concerned."""
+    try:
+        kind = _classify(an, cst.parse_expression(a.mask), {})
+    except _Epilogue:
+        kind = _SUM
+    if kind in (_DATA, _SUM):
+        raise AnnotationError(
+            f"the mask of the store to {a.tensor!r} reads {'the partial sums' if kind == _SUM else 'loaded data'} "
+            f"(`{a.mask}`): the elements it leaves out are never stored, while {rule} waits for every element of "
+            f"a finished tile's rows, so the reduction would wait for them until its timeout",
+            file=a.where.file, line=a.where.line, column=a.where.column,
+            hint="mask the store by position only (`(offs_m[:, None] < M) & (offs_n[None, :] < N)`), and choose the "
+                 "value with tl.where where it depends on data")
 
 
 def _nonlinear_epilogue(an: KernelAnalysis, a, skip: frozenset[BranchSide] = frozenset()) -> _Epilogue | None:
@@ -1094,6 +1130,8 @@ def notify_stores(an: KernelAnalysis, spec, opts: Options,
         assert t is not None and a.anchor is not None and a.value is not None
         if not spec.linear_epilogue:
             _epilogue_branches(an, a, rule, refused)
+        if a.mask is not None and not t.dynamic:
+            _check_mask_by_position(an, a, rule)
         if a.branch is not None:
             report.append(ReportEntry(an.name, rule, "note",
                                       f"the store at line {a.where.line} is in a branch of the `if` at line "

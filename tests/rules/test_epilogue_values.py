@@ -62,3 +62,30 @@ def test_a_function_of_the_sums_through_a_transpose_is_refused(epilogue: str) ->
         _generate(HEAD + textwrap.dedent(GEMM).replace("{epilogue}", epilogue))
     body = _generate(HEAD + textwrap.dedent(GEMM).replace("{epilogue}", "out = acc.T.T")).rewritten["matmul"]
     assert "tll.producer_tile_notify" in body, body
+
+
+@pytest.mark.parametrize("epilogue, says", [
+    ("out, unused = tl.maximum(acc, 0.0), acc", "goes through `maximum` applied to the partial sums"),
+    ("out = tl.reshape(tl.join(acc, tl.load(b_ptr + offs_n[None, :] + offs_m[:, None] * 0)), (BLOCK_M, BLOCK_N * 2))"
+     "\n    out = tl.reshape(out, (BLOCK_M * 2, BLOCK_N))",
+     "a value that is the partial sums on one path and not on another"),
+])
+def test_values_unpacked_or_joined_are_classified_by_what_they_hold(epilogue: str, says: str) -> None:
+    with pytest.raises(AnnotationError, match=says):
+        _generate(HEAD + textwrap.dedent(GEMM).replace("{epilogue}", epilogue))
+    body = _generate(HEAD + textwrap.dedent(GEMM).replace("{epilogue}", "out, unused = acc * 2.0, tl.maximum(acc, 0.0)")
+                     ).rewritten["matmul"]
+    assert "tll.producer_tile_notify" in body, body
+
+
+@pytest.mark.parametrize("mask, says", [
+    ("(offs_m[:, None] < M) & (out > 0)", "reads the partial sums"),
+    ("(offs_m[:, None] < M) & (tl.load(b_ptr + offs_n)[None, :] != 0)", "reads loaded data"),
+])
+def test_a_store_mask_that_reads_data_is_refused(mask: str, says: str) -> None:
+    """The elements such a mask leaves out are never stored: their channels would wait for them until a timeout."""
+    text = HEAD + textwrap.dedent(GEMM).replace("{epilogue}", "out = acc").replace("mask=offs_m[:, None] < M)",
+                                                                                  f"mask={mask})")
+    with pytest.raises(AnnotationError, match=says) as err:
+        _generate(text)
+    assert "mask the store by position only" in err.value.hint
