@@ -329,6 +329,14 @@ def _arange_size(node: cst.BaseExpression) -> str | None:
     return None
 
 
+def _is_widening(value: cst.BaseExpression) -> bool:
+    """``x.to(tl.int64)``: a cast that keeps every value of an int32 vector (row offsets made 64-bit so that their
+    products with strides do not wrap, as kernels over large tensors write them)."""
+    return (isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and value.func.attr.value == "to"
+            and len(value.args) == 1 and value.args[0].keyword is None
+            and m.matches(value.args[0].value, m.Attribute(value=m.Name("tl"), attr=m.Name("int64"))))
+
+
 def parse_offsets(value: cst.BaseExpression, resolve=None) -> tuple[str, str] | None:
     """Recognise ``start + tl.arange(0, size)`` (either order, optionally ``(...) % bound``, inside
     ``tl.multiple_of`` / ``tl.max_contiguous``).
@@ -340,6 +348,8 @@ def parse_offsets(value: cst.BaseExpression, resolve=None) -> tuple[str, str] | 
             value = value.left  # rows that wrap (`% M`) past the end, never stored
         elif (_is_tl_call(value, "multiple_of") or _is_tl_call(value, "max_contiguous")) and value.args:
             value = value.args[0].value  # a compiler hint: the same values
+        elif _is_widening(value):
+            value = value.func.value  # type: ignore[attr-defined]  # `(...).to(tl.int64)`: the same values
         elif isinstance(value, cst.Name) and resolve is not None and resolve(value.value) is not None:
             value = resolve(value.value)  # `rm = pid_m * BLOCK_M + tl.arange(...)`, then `tl.multiple_of(rm % M, ..)`
             resolve = None
@@ -1013,7 +1023,10 @@ def _terms(node: cst.BaseExpression, negative: bool = False) -> list[tuple[cst.B
 
 
 def _is_rows(node: cst.BaseExpression, offsets: str) -> bool:
-    """``offs``, ``offs[:, None]`` (any expansion), or ``offs[...] * stride`` with no other use of ``offs``."""
+    """``offs``, ``offs[:, None]`` (any expansion, also widened: ``offs[:, None].to(tl.int64)``), or ``offs[...] *
+    stride`` with no other use of ``offs``."""
+    if _is_widening(node):
+        return _is_rows(node.func.value, offsets)  # type: ignore[attr-defined]
     if m.matches(node, m.Name(offsets)) or (isinstance(node, cst.Subscript) and m.matches(node.value, m.Name(offsets))
                                             and all(isinstance(e.slice, cst.Slice) or m.matches(
                                                 e.slice, m.Index(value=m.Name("None"))) for e in node.slice)):
