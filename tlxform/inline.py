@@ -56,6 +56,8 @@ class Inlined:
     module: cst.Module
     file: str
     origins: list[Origin] | None = None  # None: nothing was inlined, the positions are the user's
+    #: the parameters read under a name of their own (``rename_rebound``): the name -> (the parameter, its line)
+    renamed: dict[str, tuple[str, int]] = dataclasses.field(default_factory=dict)
 
     def origin(self, line: int | None) -> Origin | None:
         if self.origins is None or line is None or not 1 <= line <= len(self.origins):
@@ -74,7 +76,13 @@ class Inlined:
         return re.sub(r"\b(lines?|line\(s\)) (\d+(?:, \d+)*)", one, text)
 
     def user_error(self, err: AnnotationError) -> AnnotationError:
-        """``err`` with the user's line, column and line references; an error inside an inlined helper says so."""
+        """``err`` with the user's line, column and line references; an error inside an inlined helper says so, and
+        one that names a parameter's own name for its rebinding says what it is."""
+        named = [f"`{alias}` is `{param}` as bound again at line {line}" for alias, (param, line) in
+                 self.renamed.items() if f"`{alias}" in err.reason or alias in (err.hint or "")]
+        if named and err.file == self.file:
+            err = AnnotationError(f"{err.reason} ({'; '.join(named)})", file=err.file, line=err.line,
+                                  column=err.column, hint=err.hint)
         if self.origins is None or err.file != self.file:
             return err
         found = self.origin(err.line)
@@ -175,7 +183,8 @@ def inline_helpers(module: cst.Module, file: str, kernel: str, tensors: Iterable
     a pointer or descriptor made from it; refuse what cannot be inlined. Returns ``module`` itself when there is
     nothing to inline."""
     tensors = tuple(tensors)
-    current, origins = rename_rebound(module, kernel, tensors), None
+    renamed: dict[str, tuple[str, int]] = {}
+    current, origins = rename_rebound(module, kernel, tensors, renamed), None
     for _ in range(MAX_INLINED + 1):
         fn = find_kernel(current, kernel)
         if fn is None:
@@ -188,10 +197,11 @@ def inline_helpers(module: cst.Module, file: str, kernel: str, tensors: Iterable
     else:
         raise AnnotationError(f"kernel {kernel!r} calls more than {MAX_INLINED} helpers with the annotated tensors",
                               file=file, line=None, hint="make the accesses in the kernel itself")
-    return Inlined(current, file, origins)
+    return Inlined(current, file, origins, renamed)
 
 
-def rename_rebound(module: cst.Module, kernel: str, tensors: tuple[str, ...]) -> cst.Module:
+def rename_rebound(module: cst.Module, kernel: str, tensors: tuple[str, ...],
+                   renamed: dict[str, tuple[str, int]] | None = None) -> cst.Module:
     """``kernel`` with each annotated parameter that its body binds again at the top level by pointer arithmetic on
     itself (``A = A + (ram[:, None] * stride_am + rk[None, :] * stride_ak)``, as ``triton.ops.matmul`` writes its
     pointers; a descriptor made from it is the tensor's own descriptor, read as it is) read under
@@ -223,6 +233,9 @@ def rename_rebound(module: cst.Module, kernel: str, tensors: tuple[str, ...]) ->
         if any(tensor in _bound(other) for other in body[:at]):
             continue  # bound before, in a loop or a branch: not the parameter at this statement
         alias = _fresh(f"{tensor}_ptrs", taken, set())
+        if renamed is not None:
+            renamed[alias] = (tensor, MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider)[
+                fn.body.body[at]].start.line)
         rename = _Rename({tensor: cst.Name(alias)})
         body[at] = stmt.with_changes(body=[first.with_changes(targets=[first.targets[0].with_changes(
             target=cst.Name(alias))])])

@@ -117,3 +117,14 @@ def test_a_store_on_one_side_of_the_split_branch_is_refused_under_reduce_scatter
     assert BRANCH in text
     with pytest.raises(AnnotationError, match="write every tile of the tensor one way"):
         generate(text, "ops_matmul.py", requests_in(text, "ops_matmul.py"))
+
+
+def test_a_refusal_that_names_the_parameter_s_own_name_says_what_it_is() -> None:
+    """An unmasked load (triton.ops.matmul's `EVEN_K` side) through the renamed parameter: the message names
+    `A_ptrs` and says it is `A` as bound again, at that line of the user's file."""
+    text = _source("all_gather").replace("a = tl.load(A, mask=rk[None, :] < k_remaining, other=0.0)",
+                                         "a = tl.load(A)")
+    line = next(i for i, s in enumerate(text.splitlines(), 1) if s.strip().startswith("A = A + ("))
+    with pytest.raises(AnnotationError) as err:
+        generate(text, "ops_matmul.py", requests_in(text, "ops_matmul.py"))
+    assert f"(`A_ptrs` is `A` as bound again at line {line})" in str(err.value), err.value
