@@ -184,6 +184,10 @@ class KernelAnalysis:
     # the body's first statement after the docstring: what runs once per program before anything else (a value
     # fixed for the launch that every wait needs is read there once)
     body_first: Where | None = None
+    # each name bound more than once that a store's address or mask reads, at that store: the assignment that reaches
+    # it where every read of the name the address rests on follows it (``_reaching_every_read``), as (its value in
+    # source, where it is): `rn` made again after the K loop, for the output's columns
+    reaching_at_stores: dict[tuple[str, Where], tuple[str, Where]] = field(default_factory=dict)
 
     def accesses_of(self, tensor: str, kind: str) -> list[Access]:
         return [a for a in self.accesses if a.tensor == tensor and a.kind == kind]
@@ -1599,6 +1603,29 @@ def _reaching_every_read(an: _Analyzer, name: str, acc: Access) -> tuple[StmtRef
         if _before(where, at) and _before(where, start):
             return None
     return reach
+
+
+def _reaching_at_stores(an: _Analyzer, accesses: list[Access],
+                        aliases: dict[str, tuple[str, ...]]) -> dict[tuple[str, Where], tuple[str, Where]]:
+    """``KernelAnalysis.reaching_at_stores``: for each pointer store, the names bound more than once that its address
+    or mask reads through plain assignments, each with the assignment :func:`_reaching_every_read` finds."""
+    found: dict[tuple[str, Where], tuple[str, Where]] = {}
+    for acc in accesses:
+        if acc.kind != "store" or acc.descriptor:
+            continue
+        pointers = set(aliases.get(acc.tensor, ()))
+        names: set[str] = set()
+        for e in an._pointer_definitions(acc.pointer, pointers):
+            names |= names_in(e)
+        if acc.mask:
+            names |= names_in(cst.parse_expression(acc.mask))
+        for name in sorted(names - pointers):
+            if len(an.bindings.get(name, ())) < 2:
+                continue
+            reach = _reaching_every_read(an, name, acc)
+            if reach is not None:
+                found[(name, acc.where)] = (code(reach[1]), an.where(reach[0].node))
+    return found
 
 
 def _target_names(an: _Analyzer, name: str) -> set[int]:
@@ -3678,5 +3705,6 @@ def analyse(module: cst.Module, file: str, kernel: str,
                               written_out=lambda source, at: launch_value(an, source, at),
                               while_loops=tuple((an.where(loop), _end(an, loop))
                                                 for loop in an.findall(fn.body, m.While())),
-                              body_first=_body_first(an, fn))
+                              body_first=_body_first(an, fn),
+                              reaching_at_stores=_reaching_at_stores(an, accesses, aliases))
     return analysis

@@ -68,6 +68,9 @@ def _column_range(an: KernelAnalysis, access, cols: str) -> tuple[str, str] | No
     after the store in a loop) and is not the target of a loop that ends before the store: ``start`` then
     means at the store what it meant there."""
     values, binds = an.values.get(cols, ()), an.bindings.get(cols, ())
+    reaching = an.reaching_at_stores.get((cols, access.where))
+    if reaching is not None:  # bound again (made anew before the store): the binding the store's address reads
+        values, binds = (reaching[0],), ((reaching[1], None),)
     if len(values) != 1 or len(binds) != 1:
         return None
     node = cst.parse_expression(values[0])

@@ -103,8 +103,8 @@ def test_a_row_vector_made_again_is_read_from_the_binding_that_reaches_its_use()
     """`rm` made again after the K loop from another start is not the rows `ram` was made from: the wait covers
     the rows of the binding before `ram` (`pid_m * BLOCK_M`), which a later binding does not change."""
     text = _source("all_gather", branch=True).replace(
-        "    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)\n    C =",
-        "    rm = (pid_m + 1) * BLOCK_M + tl.arange(0, BLOCK_M)\n    C =")
+        "registers\n    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)\n",
+        "registers\n    rm = (pid_m + 1) * BLOCK_M + tl.arange(0, BLOCK_M)\n")
     assert "(pid_m + 1) * BLOCK_M" in text
     body = generate(text, "ops_matmul.py", requests_in(text, "ops_matmul.py")).rewritten["_kernel"]
     assert "tile rows pid_m * BLOCK_M" in "".join(body.splitlines()) or "pid_m * BLOCK_M" in body

@@ -1,7 +1,7 @@
 """A split-K GEMM in the form of `triton.ops.matmul`: the pointer parameters bound again to the tile's pointers at
-the top of the body (`A = A + ...`), the row vector made again after the K loop, the programs along the grid's
-second axis each multiplying one slice of K for their tile and adding the product into C with `tl.atomic_add`;
-C's partial sums are all-reduced, every rank getting the whole product."""
+the top of the body (`A = A + ...`), the row and column vectors made again after the K loop, the programs along the
+grid's second axis each multiplying one slice of K for their tile and adding the product into C with
+`tl.atomic_add`; C's partial sums are all-reduced, every rank getting the whole product."""
 
 import triton
 import triton.language as tl
@@ -43,8 +43,9 @@ def _kernel(A, B, C, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride
         A += BLOCK_K * SPLIT_K * stride_ak
         B += BLOCK_K * SPLIT_K * stride_bk
     acc = acc.to(C.dtype.element_ty)
-    # rematerialize rm to save registers
+    # rematerialize rm and rn to save registers
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     C = C + (rm[:, None] * stride_cm + rn[None, :] * stride_cn)
     mask = (rm < M)[:, None] & (rn < N)[None, :]
     # handles write-back with reduction-splitting
