@@ -3065,6 +3065,18 @@ def _check_size(an: _Analyzer, tensor: str, size: str | None, at: Where) -> None
                  f"e.g. size=\"M\"")
 
 
+def _renamed(source: str, names: dict[str, str]) -> str:
+    """``source`` with its names renamed by ``names`` (attributes and keywords as written)."""
+    class _T(cst.CSTTransformer):
+        def leave_Name(self, original: cst.Name, updated: cst.Name) -> cst.Name:
+            return updated.with_changes(value=names.get(updated.value, updated.value))
+
+        def leave_Attribute(self, original: cst.Attribute, updated: cst.Attribute) -> cst.Attribute:
+            return updated.with_changes(attr=original.attr)
+
+    return code(cst.parse_expression(source).visit(_T()))
+
+
 def _check_tile_names(an: _Analyzer, tensor: str, override: tuple[str, str], at: Where) -> None:
     """``tile=(start, size)`` must be expressions of names the kernel has."""
     known = set(an.params) | set(an.bindings) | {"tl", "triton"}
@@ -3599,7 +3611,8 @@ def find_kernel(module: cst.Module, name: str) -> cst.FunctionDef | None:
 
 
 def analyse(module: cst.Module, file: str, kernel: str,
-            tensors: dict[str, tuple[int, tuple[str, str] | None, str | None, str | None]]) -> KernelAnalysis:
+            tensors: dict[str, tuple[int, tuple[str, str] | None, str | None, str | None]],
+            names_at: Callable[[int], dict[str, str]] | None = None) -> KernelAnalysis:
     """Analyse ``kernel`` of the parsed ``module`` (:func:`parse_source`) for the annotated ``tensors``.
 
     ``tensors`` maps each annotated parameter to ``(dim, tile override, size parameter, index
@@ -3651,9 +3664,12 @@ def analyse(module: cst.Module, file: str, kernel: str,
             _check_tile_names(an, tensor, override, where)
         aliases[tensor] = tuple(sorted(pointers))
         for acc in an.accesses(tensor, pointers, descriptors):
-            tile = an.tile(acc, dim, pointers, override, size_param, index)
-            if override is not None and index is None and tile is not None:
-                found = _check_tile_agrees(an, acc, dim, pointers, override, size_param)
+            # in a helper's copy that renamed the names tile= reads (its second call's `start_n_2`), those names
+            renamed = names_at(acc.where.line) if names_at is not None and override is not None else {}
+            named = tuple(_renamed(x, renamed) for x in override) if renamed else override
+            tile = an.tile(acc, dim, pointers, named, size_param, index)
+            if named is not None and index is None and tile is not None:
+                found = _check_tile_agrees(an, acc, dim, pointers, named, size_param)
                 if tile.size_param is None and found is not None:  # the rows' bound, read from their mask
                     tile = Tile(tile.start, tile.size, tile.offsets, found, tile.pid, tile.defined_at, tile.ndim)
             _check_descriptor_size(an, acc, dim, size_param)

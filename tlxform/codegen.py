@@ -50,8 +50,9 @@ class GeneratedModule:
     rewritten: dict[str, str]  # kernel -> generated source of the function
 
 
-def plan_kernel(module: cst.Module, file: str, request: Request) -> RewritePlan:
-    """Analyse one kernel of the parsed ``module`` and ask its rule for a plan."""
+def plan_kernel(module: cst.Module, file: str, request: Request, names_at=None) -> RewritePlan:
+    """Analyse one kernel of the parsed ``module`` and ask its rule for a plan (``names_at``: the names an inlined
+    helper's copy renamed, by line, for ``tile=``)."""
     if len(request.specs) != 1:
         raise AnnotationError(
             f"kernel {request.kernel!r} has {len(request.specs)} specs; this version rewrites one spec "
@@ -60,7 +61,7 @@ def plan_kernel(module: cst.Module, file: str, request: Request) -> RewritePlan:
                  "kernel")
     spec = request.specs[0]
     tensors = {t: (spec.dim, spec.tile, spec.size, spec.index) for t in spec.tensors}
-    an = analyse(module, file, request.kernel, tensors)
+    an = analyse(module, file, request.kernel, tensors, names_at)
     plan = rule_of(spec.kind).rewrite_module().rewrite(an, spec, request.options)
     # the row facts the launch checks at each call with more than one rank, from the analysis the rule read
     plan = dataclasses.replace(plan, launch=dataclasses.replace(

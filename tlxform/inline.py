@@ -47,6 +47,9 @@ class Origin:
     shift: int  # the user's column = this module's column + shift
     helper: str | None = None  # the helper whose body holds the line
     call: int | None = None  # the user's line of the call the helper was inlined at
+    #: the helper's names this copy of it renamed (`start_n` -> `start_n_2` in its second copy): a `tile=` naming the
+    #: helper's loop variable means this copy's
+    names: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass
@@ -63,6 +66,11 @@ class Inlined:
         if self.origins is None or line is None or not 1 <= line <= len(self.origins):
             return None
         return self.origins[line - 1]
+
+    def names_at(self, line: int | None) -> dict[str, str]:
+        """The helper's names renamed in the copy that holds ``line`` (empty outside one)."""
+        found = self.origin(line)
+        return dict(found.names) if found is not None else {}
 
     def user_line(self, line: int) -> int:
         found = self.origin(line)
@@ -94,9 +102,10 @@ class Inlined:
                                column=column, hint=self._text(err.hint) if err.hint else err.hint)
 
     def planned(self, planner: Callable, file: str, request) -> object:
-        """``planner(module, file, request)`` on the inlined module, errors and report in the user's positions."""
+        """``planner(module, file, request, names_at)`` on the inlined module, errors and report in the user's
+        positions."""
         try:
-            plan = planner(self.module, file, request)
+            plan = planner(self.module, file, request, self.names_at)
         except AnnotationError as err:
             raise self.user_error(err) from None
         if self.origins is None:
@@ -452,6 +461,7 @@ def _inline(module: cst.Module, file: str, fn: cst.FunctionDef, site: _Site,
         if local != n:
             renames[n] = cst.Name(local)
 
+    copy_names = tuple(sorted((k, v.value) for k, v in renames.items() if isinstance(v, cst.Name) and v.value != k))
     # the body, renamed; its final `return` becomes the call's assignment
     out_lines: list[str] = []
     out_origins: list[Origin] = []
@@ -489,7 +499,7 @@ def _inline(module: cst.Module, file: str, fn: cst.FunctionDef, site: _Site,
             src_origin = origins[min(first + i, len(origins)) - 1]
             out_lines.append(indent + text if text.strip() else text)
             shift = src_origin.shift + column - len(indent) + extra.get(i + 1, 0)
-            out_origins.append(Origin(src_origin.line, shift, name, call_line))
+            out_origins.append(Origin(src_origin.line, shift, name, call_line, copy_names))
     new_lines = lines[:start.line - 1] + out_lines + lines[end.line:]
     new_origins = origins[:start.line - 1] + out_origins + origins[end.line:]
     return "".join(new_lines), new_origins

@@ -87,6 +87,28 @@ def attention_helper_inner(calls: int = 2) -> float:
     return err
 
 
+def attention_stages_tile(calls: int = 2) -> float:
+    """Every query row against the whole sequence of keys, heads (H, S, D); K and V sharded along S."""
+    rank, world = tilelink.rank(), tilelink.world_size()
+    kernel = load_form("attention_stages_tile").attn_fwd
+    H, S, D = 2, 37, 16
+    g = torch.Generator().manual_seed(16)
+    q, k, v = _exact(*(torch.randn(H, S, D, generator=g) for _ in range(3)))
+    lo, hi = rows_of(rank, world, S)
+    scale = D ** -0.5
+    qd, kd, vd = _placed(q, k[:, lo:hi].contiguous(), v[:, lo:hi].contiguous())
+    err = 0.0
+    for causal in (False, True):
+        ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
+        for _ in range(calls):
+            o = torch.full((H, S, D), float("nan"), dtype=qd.dtype, device=qd.device)
+            # the full tensor's strides: the rewritten kernel reads the gathered (H, S, D) buffer
+            kernel[(triton.cdiv(S, 16), H)](qd, kd, vd, o, scale, S * D, D, S * D, D, S * D, D, S * D, D, S,
+                                            BLOCK_M=16, BLOCK_N=16, HEAD_DIM=D, IS_CAUSAL=causal)
+            err = worst(err, _error(o, ref))
+    return err
+
+
 def moe_rs_expert_zeros(calls: int = 2) -> float:
     """Expert parallel: each rank holds a run of the experts (the ids of the others map to -1) and the full
     intermediate activations; the blocks of another rank's expert store zeros."""
@@ -361,6 +383,7 @@ def _persistent_rs(kernel, a: torch.Tensor, b: torch.Tensor, calls: int, blocks:
 
 
 RUNS = {"attention_descriptor_advance": attention_descriptor_advance, "attention_helper_inner": attention_helper_inner,
+        "attention_stages_tile": attention_stages_tile,
         "attention_flat_heads": attention_flat_heads, "attention_batched_rows": attention_batched_rows,
         "gemm_row_wrap": gemm_row_wrap,
         "gemm_row_wrap_hints": gemm_row_wrap_hints, "gemm_row_clamp": gemm_row_clamp,

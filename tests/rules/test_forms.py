@@ -41,6 +41,8 @@ def test_followed_forms_equal_torch_on_the_race_exposing_schedule(world: int, mo
 COVERED = {"attention_descriptor_advance": {"attn_fwd#2 (consumer_tile_wait)"},
            "attention_helper_inner": {"attn_fwd#2 (consumer_tile_wait)", "attn_fwd#4 (consumer_tile_wait)"},
            "attention_flat_heads": {"attn_fwd_flat#2 (consumer_tile_wait)"},
+           "attention_stages_tile": {"attn_fwd#2 (consumer_tile_wait)", "attn_fwd#4 (consumer_tile_wait)",
+                                     "attn_fwd#6 (consumer_tile_wait)"},
            "attention_batched_rows": {"attn_fwd_batched#2 (consumer_tile_wait)"},
            "gemm_row_wrap": {"matmul_wrap#2 (consumer_tile_wait)"},
            "gemm_row_wrap_hints": {"matmul_wrap_hints#2 (consumer_tile_wait)"},
