@@ -637,8 +637,10 @@ class _Analyzer:
         value = definition[0]
         made = next((v for ref, v in self.assignments.get(name, []) if ref is value), None)
         inner = _unhinted(made) if made is not None else None
-        while isinstance(inner, cst.BinaryOperation) and isinstance(inner.operator, cst.Modulo):
-            inner = _unhinted(inner.left)
+        while isinstance(inner, cst.BinaryOperation) and isinstance(inner.operator, cst.Modulo) or (
+                inner is not None and _is_widening(inner)):
+            # what parse_offsets reads through: `% M`, hints, `.to(tl.int64)` (`ram = offs_am.to(tl.int64)`)
+            inner = _unhinted(inner.left if isinstance(inner, cst.BinaryOperation) else inner.func.value)
         if isinstance(inner, cst.Name) and inner.value != name:
             resolved = self._resolved(inner.value, self.where(value.node))
             if resolved is not None:
@@ -721,27 +723,22 @@ class _Analyzer:
     def _indexed_rows(self, access: Access, dim: int, pointers: set[str], index: str) -> Tile | None:
         """Dynamic mapping: the rows come from values loaded through the ``index`` parameter, e.g.
         ``offs_token = tl.load(sorted_token_ids_ptr + ...)`` then ``a_ptr + offs_token[:, None] // top_k
-        * stride_am``: the source rows are ``offs_token // top_k`` (the factor next to the stride)."""
-        loaded = {name for name, defs in self.assignments.items()
-                  if any(_is_tl_call(v, "load") and index in names_in(v) for _, v in defs)}
-        for e in self._pointer_definitions(access.pointer, pointers):
-            for mul in m.findall(e, m.BinaryOperation(operator=m.Multiply())):
-                for side in (mul.left, mul.right):
-                    for sub in m.findall(side, m.Subscript(value=m.Name())):
-                        if sub.value.value not in loaded or len(sub.slice) < 2:
-                            continue
-                        if [isinstance(el.slice, cst.Slice) for el in sub.slice].index(True) != dim:
-                            continue
-                        rows = code(side.deep_replace(sub, cst.Name(sub.value.value)))
-                        # the wait computes its channels from these names at the access: one bound again after
-                        # the pointer was made from it (`rows` reused for other values) would name other rows
-                        if any(len(self.bindings.get(n, ())) > 1 or n in self.rebound
-                               or (n in self.params and self.bindings.get(n)) for n in names_in(
-                                   cst.parse_expression(rows))):
-                            return None
-                        ref = self.assignments[sub.value.value][0][0]
-                        return Tile(rows, "", sub.value.value, None, None, self.where(ref.node), 2, True)
-        return None
+        * stride_am``: the source rows are ``offs_token // top_k`` (the factor of the product that holds the index).
+        ``None`` (refused: "cannot tell which rows") unless the address is that one rows term, each other factor of
+        its product an int literal or a parameter the kernel leaves as passed, plus column terms (a vector indexed
+        along another axis, times such factors): any other term (``+ stride_am``, ``+ row0 * stride_am``) could move
+        the rows off those the wait or notify covers."""
+        found = _index_term(self, access, dim, pointers, index)
+        if found is None:
+            return None
+        rows, name, _ = found
+        # the wait computes its channels from these names at the access: one bound again after the pointer was made
+        # from it (`rows` reused for other values) would name other rows
+        if any(len(self.bindings.get(n, ())) > 1 or n in self.rebound or (n in self.params and self.bindings.get(n))
+               for n in names_in(cst.parse_expression(rows))):
+            return None
+        ref = self.assignments[name][0][0]
+        return Tile(rows, "", name, None, None, self.where(ref.node), 2, True)
 
     def tile(self, access: Access, dim: int, pointers: set[str], override: tuple[str, str] | None,
              size_param: str | None, index: str | None = None) -> Tile | None:
@@ -2068,6 +2065,47 @@ def _uncast(node: cst.BaseExpression) -> cst.BaseExpression:
     return node
 
 
+def _index_term(an: _Analyzer, access: Access, dim: int, pointers: set[str],
+                index: str) -> tuple[str, str, tuple[str, ...]] | None:
+    """The rows term of an address whose rows come from a loaded index (:meth:`_Analyzer._indexed_rows`): ``(the
+    rows in source, the loaded name, the other factors)``, or ``None`` where the address is not that term plus
+    column terms."""
+    loaded = {name for name, defs in an.assignments.items()
+              if any(_is_tl_call(v, "load") and index in names_in(v) for _, v in defs)}
+    params = set(an.params) - set(an.assignments) - an.rebound
+    found = None
+    for e in an._pointer_definitions(access.pointer, pointers):
+        for term, negative in _terms(_bare(e)):
+            term = _bare(term)
+            if isinstance(term, cst.Name) and term.value in pointers | {access.tensor}:
+                continue  # the tensor, or an alias the definitions write out
+            subs = [x for x in m.findall(term, m.Subscript()) if len(x.slice) >= 2]
+            axes = [[isinstance(el.slice, cst.Slice) for el in x.slice] for x in subs]
+            if not subs or any(a.count(True) != 1 for a in axes):
+                return None  # a term with no block of rows or columns: it moves the rows
+            along = [x for x, a in zip(subs, axes, strict=True) if a.index(True) == dim]
+            if not along:
+                continue  # a column term (its vector along another axis)
+            if found is not None or negative or len(subs) != 1 or not isinstance(along[0].value, cst.Name) or \
+                    along[0].value.value not in loaded:
+                return None
+            sub = along[0]
+            factors = _product_factors(term)
+            holding = [f for f in factors if sub in m.findall(f, m.Subscript(value=m.Name()))]
+            rest = [f for f in factors if f not in holding]
+            if len(holding) != 1 or not all(isinstance(f, cst.Integer) or (isinstance(f, cst.Name) and f.value in
+                                                                            params) for f in rest):
+                return None
+            rows = _bare(holding[0])
+            if not (rows is sub or (isinstance(rows, cst.BinaryOperation) and isinstance(rows.operator, cst.FloorDivide)
+                                    and _bare(rows.left) is sub and (isinstance(rows.right, cst.Integer) or (
+                                        isinstance(rows.right, cst.Name) and rows.right.value in params)))):
+                return None  # the index itself, or divided by a parameter (`offs_token // top_k`)
+            found = (code(rows.deep_replace(sub, cst.Name(sub.value.value))) if rows is not sub else sub.value.value,
+                     sub.value.value, tuple(code(f) for f in rest))
+    return found
+
+
 def _product_factors(term: cst.BaseExpression) -> list[cst.BaseExpression]:
     """The factors of a product (``cols[None, :] * stride_xd * 2``), parentheses and casts to 64-bit ints stripped, the
     last factor first; a term that is no product is its own one factor."""
@@ -2447,6 +2485,12 @@ def _access_row_scales(an: _Analyzer, acc: Access, pointers: set[str]) -> tuple[
 
         shifts, steps, scales = descriptor_inner_terms(an, acc)
         return scales, shifts, steps
+    if tile is not None and tile.dynamic and not acc.descriptor:
+        # rows from an index: its term's other factors are the rows' scale, which the launch compares with the row
+        # stride of the buffer it passes (`offs_token[:, None] * stride_am * 2` reads other rows than it waits for)
+        dim, _, _, index = an.tensors[acc.tensor]
+        found = _index_term(an, acc, dim, pointers, index) if index is not None else None
+        return ({found[2]} if found is not None and found[2] else set()), shifts, steps
     if acc.descriptor or tile is None or tile.offsets is None or tile.dynamic:
         return set(), shifts, steps
     offsets = tile.offsets

@@ -364,10 +364,15 @@ def _classify(an: KernelAnalysis, node: cst.BaseExpression, visiting: dict[str, 
         if not sources:
             return _ZERO  # bound only in branches no compiled launch takes
 
-        def joined(own: str) -> str:
+        def joined(own: str, accumulated: bool = False) -> str:
             kind = _ZERO
             for src, site in sources:
                 value = cst.parse_expression(src)
+                if accumulated and _adds_to(value, node.value):
+                    # an add of this rank's data into the accumulator: what it adds, partial sums too
+                    added = _classify(an, value.right, {**visiting, node.value: own}, skip)  # type: ignore[attr-defined]
+                    kind = _join(kind, _SUM if added in (_DATA, _SUM) else added, node)
+                    continue
                 targets = an.unpacked.get(site, ()) if site is not None else ()
                 if isinstance(value, (cst.Tuple, cst.List)) and node.value in targets and len(targets) == len(
                         value.elements) and targets.count(node.value) == 1:
@@ -393,6 +398,11 @@ def _classify(an: KernelAnalysis, node: cst.BaseExpression, visiting: dict[str, 
             except _Epilogue:
                 raise
             raise neutral from None
+        if kind == _DATA and any(_adds_to(cst.parse_expression(src), node.value) for src, _ in sources):
+            # this rank's data summed into an accumulator (`acc += a[:, None] * b[None, :]`, a rank-1 update over
+            # its slice of K) is its partial sums, as a tl.dot's are: its other bindings are read again with it so
+            # (`acc = tl.maximum(acc, 0.0)` after the loop applies a function to them)
+            return joined(_SUM, accumulated=True)
         return joined(_SUM) if kind == _SUM else kind
     if isinstance(node, (cst.Integer, cst.Float)):
         return _ZERO if float(node.value.replace("_", "")) == 0 else _CONST
@@ -498,6 +508,16 @@ def _check_mask_by_position(an: KernelAnalysis, a, rule: str) -> None:
             file=a.where.file, line=a.where.line, column=a.where.column,
             hint="mask the store by position only (`(offs_m[:, None] < M) & (offs_n[None, :] < N)`), and choose the "
                  "value with tl.where where it depends on data")
+
+
+def _adds_to(value: cst.BaseExpression, name: str) -> bool:
+    """``name + x`` or ``name - x`` (an update ``name += x`` reads so): an add into an accumulator."""
+    return isinstance(value, cst.BinaryOperation) and isinstance(value.operator, (cst.Add, cst.Subtract)) and \
+        m.matches(_unparenthesised(value.left), m.Name(name))
+
+
+def _unparenthesised(node: cst.BaseExpression) -> cst.BaseExpression:
+    return node.with_changes(lpar=[], rpar=[]) if getattr(node, "lpar", None) else node
 
 
 def _nonlinear_epilogue(an: KernelAnalysis, a, skip: frozenset[BranchSide] = frozenset()) -> _Epilogue | None:

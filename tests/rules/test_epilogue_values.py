@@ -89,3 +89,30 @@ def test_a_store_mask_that_reads_data_is_refused(mask: str, says: str) -> None:
     with pytest.raises(AnnotationError, match=says) as err:
         _generate(text)
     assert "mask the store by position only" in err.value.hint
+
+
+RANK_ONE = '''
+@tilelink.overlap(tilelink.{rule}("c_ptr"))
+@triton.jit
+def outer_mm(a_ptr, b_ptr, c_ptr, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, K):
+        a = tl.load(a_ptr + offs_m * K + k, mask=offs_m < M, other=0.0)
+        b = tl.load(b_ptr + k * N + offs_n)
+        {update}
+    {epilogue}
+    tl.store(c_ptr + offs_m[:, None] * N + offs_n[None, :], acc, mask=offs_m[:, None] < M)
+'''
+
+
+@pytest.mark.parametrize("update", ["acc += a[:, None] * b[None, :]", "acc = acc + a[:, None] * b[None, :]"])
+@pytest.mark.parametrize("rule", ["reduce_scatter", "all_reduce"])
+def test_data_accumulated_over_the_loop_is_partial_sums(rule: str, update: str) -> None:
+    """A GEMM by rank-1 updates (no tl.dot, no tl.sum): a function applied to its accumulator is refused."""
+    source = HEAD + textwrap.dedent(RANK_ONE).replace("{rule}", rule).replace("{update}", update)
+    with pytest.raises(AnnotationError, match="goes through `maximum` applied to the partial sums"):
+        _generate(source.replace("{epilogue}", "acc = tl.maximum(acc, 0.0)"))
+    body = _generate(source.replace("{epilogue}", "acc = acc * 0.5")).rewritten["outer_mm"]
+    assert "tll.producer_tile_notify" in body, body

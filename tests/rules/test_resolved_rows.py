@@ -179,3 +179,57 @@ def test_columns_bound_again_after_a_named_expression_made_the_pointer_are_refus
     for made in ("junk = (a_ptrs := a_ptr + rm[:, None] * stride_am + rk[None, :] * stride_ak)",
                  "a_ptrs = a_ptr + rm[:, None] * stride_am + rk[None, :] * stride_ak"):
         assert "the columns `rk` of the load" in _error(HEAD + textwrap.dedent(WALRUS).replace("{made}", made))
+
+
+def test_rows_wrapped_then_widened_under_another_name_wait_for_the_rows_they_wrap_to(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("TILELINK_RACES", "1")
+    path = tmp_path / "rolled_wide.py"
+    path.write_text(_source(WRAPPED.replace("ram = tl.max_contiguous(tl.multiple_of(offs_am, BLOCK_M), BLOCK_M)",
+                                            "ram = offs_am.to(tl.int64)")))
+    assert "offs_am.to(tl.int64)" in path.read_text()
+    errors = tilelink.spawn(_rolled, 3, str(path))
+    assert all(e < 1e-4 for e in errors), errors
+
+
+@pytest.mark.parametrize("address", ["a_ptr + stride_am + rows[:, None] * stride_am + offs_k[None, :] * stride_ak",
+                                     "a_ptr + L * stride_am + rows[:, None] * stride_am + offs_k[None, :] * stride_ak",
+                                     "a_ptr + rows[:, None] * stride_am + rows[:, None] + offs_k[None, :] * stride_ak",
+                                     "a_ptr + (rows[:, None] + 1) * stride_am + offs_k[None, :] * stride_ak"])
+def test_index_rows_moved_by_another_term_are_refused(address: str) -> None:
+    """The wait covers the channels of the index's rows: any other term along the rows reads other rows."""
+    text = HEAD + textwrap.dedent(INDEXED).replace("{again}", "").replace(
+        "a_ptr + rows[:, None] * stride_am + offs_k[None, :] * stride_ak", address)
+    assert address in text
+    assert "cannot tell which rows along dim 0 of 'a_ptr'" in _error(text)
+
+
+def _indexed(path: str, factor: int) -> float | str:
+    kernel = module_at(path).gather_mm
+    rank, world = tilelink.rank(), tilelink.world_size()
+    M, N, K, L = 40, 16, 16, 32
+    g = torch.Generator().manual_seed(6)
+    a, b = torch.randn(M, K, generator=g), torch.randn(K, N, generator=g)
+    src, dst = torch.randperm(M, generator=g)[:L].to(torch.int32), torch.arange(L, dtype=torch.int32)
+    lo, hi = rows_of(rank, world, M)
+    c = torch.full((M, N), float("nan"))  # the kernel stores row r of the product at row r
+    try:
+        kernel[(triton.cdiv(L, 16),)](a[lo:hi].contiguous(), b, c, src, dst, L, M, N, K, K, 1, N, 1, N, 1,
+                                      BLOCK_M=16, BLOCK_N=16, BLOCK_K=16)
+    except tilelink.LaunchError as exc:
+        return str(exc)
+    return worst(0.0, (c[src.long()] - a[src.long()] @ b).abs().max().item())
+
+
+@pytest.mark.parametrize("factor", [1, 2])
+def test_index_rows_are_scaled_by_the_gathered_buffer_s_row_stride(factor: int, tmp_path, monkeypatch) -> None:
+    """`rows[:, None] * stride_am * 2` with the row stride passed reads every other row: the rows the index names
+    are read only where the product is the gathered buffer's row stride, which each call compares."""
+    monkeypatch.setenv("TILELINK_RACES", "1")
+    path = tmp_path / f"indexed_{factor}.py"
+    path.write_text(HEAD + textwrap.dedent(INDEXED).replace("{again}", "").replace(
+        "rows[:, None] * stride_am", f"rows[:, None] * stride_am * {factor}"))
+    outcomes = tilelink.spawn(_indexed, 2, str(path), factor)
+    if factor == 1:
+        assert all(isinstance(e, float) and e < 1e-4 for e in outcomes), outcomes
+    else:
+        assert all("addressed 32 elements apart" in str(o) for o in outcomes), outcomes
