@@ -733,10 +733,18 @@ class _Analyzer:
             return None
         rows, name, _ = found
         # the wait computes its channels from these names at the access: one bound again after the pointer was made
-        # from it (`rows` reused for other values) would name other rows
-        if any(len(self.bindings.get(n, ())) > 1 or n in self.rebound or (n in self.params and self.bindings.get(n))
-               for n in names_in(cst.parse_expression(rows))):
-            return None
+        # from it (`rows` reused for other values) would name other rows; bound again to the same values
+        # (`offs_token = offs_token.to(tl.int64)`, as vLLM's MoE kernel widens them) is the same rows
+        def same_values(n: str, value: cst.BaseExpression) -> bool:
+            value = _unhinted(value)
+            return _is_widening(value) and m.matches(_unhinted(value.func.value), m.Name(n))  # type: ignore[attr-defined]
+
+        for n in names_in(cst.parse_expression(rows)):
+            defs = self.assignments.get(n, [])
+            again = [v for _, v in defs if not same_values(n, v)]
+            if (n in self.params and self.bindings.get(n)) or len(self.bindings.get(n, ())) != len(defs) or (
+                    n not in self.params and len(again) != 1):
+                return None
         ref = self.assignments[name][0][0]
         return Tile(rows, "", name, None, None, self.where(ref.node), 2, True)
 
@@ -2074,6 +2082,7 @@ def _index_term(an: _Analyzer, access: Access, dim: int, pointers: set[str],
               if any(_is_tl_call(v, "load") and index in names_in(v) for _, v in defs)}
     params = set(an.params) - set(an.assignments) - an.rebound
     found = None
+    columns: list[cst.BaseExpression] = []
     for e in an._pointer_definitions(access.pointer, pointers):
         for term, negative in _terms(_bare(e)):
             term = _bare(term)
@@ -2085,7 +2094,8 @@ def _index_term(an: _Analyzer, access: Access, dim: int, pointers: set[str],
                 return None  # a term with no block of rows or columns: it moves the rows
             along = [x for x, a in zip(subs, axes, strict=True) if a.index(True) == dim]
             if not along:
-                continue  # a column term (its vector along another axis)
+                columns.append(term)  # a column term (its vector along another axis), checked below
+                continue
             if found is not None or negative or len(subs) != 1 or not isinstance(along[0].value, cst.Name) or \
                     along[0].value.value not in loaded:
                 return None
@@ -2103,6 +2113,34 @@ def _index_term(an: _Analyzer, access: Access, dim: int, pointers: set[str],
                 return None  # the index itself, or divided by a parameter (`offs_token // top_k`)
             found = (code(rows.deep_replace(sub, cst.Name(sub.value.value))) if rows is not sub else sub.value.value,
                      sub.value.value, tuple(code(f) for f in rest))
+    if found is None:
+        return None
+    # each column term: one block of columns `cols[None, :]` (or `(k * BLOCK_K + offs_k)[None, :]`) times int
+    # literals and parameters other than the rows' own factors, its values made without them and without a load: a
+    # row stride in it (`(stride_am + offs_k)[None, :]`, `cols[None, :] * stride_am`) moves the rows
+    def clean(node: cst.BaseExpression) -> bool:
+        todo, seen = [node], set()
+        while todo:
+            value = todo.pop()
+            if m.findall(value, m.Call(func=m.Attribute(attr=m.Name("load")))):
+                return False
+            for n in names_in(value) - seen:
+                seen.add(n)
+                looped = any(end is not None for _, end in an.bindings.get(n, ()))  # a loop's target
+                if n in found[2] or (n in an.rebound and not looped):
+                    return False
+                todo += [v for _, v in an.assignments.get(n, ())]  # every value it is bound to
+        return True
+
+    for term in columns:
+        factors = _product_factors(term)
+        blocks = [f for f in factors if isinstance(f, cst.Subscript)]
+        others = [f for f in factors if not isinstance(f, cst.Subscript)]
+        if len(blocks) != 1 or not all(isinstance(f, cst.Integer) or (isinstance(f, cst.Name) and f.value in params
+                                                                      and f.value not in found[2]) for f in others):
+            return None
+        if not clean(_bare(blocks[0].value)):
+            return None
     return found
 
 
@@ -3757,7 +3795,9 @@ def analyse(module: cst.Module, file: str, kernel: str,
                                   and f.name.value != kernel and any(is_triton_jit(d) for d in f.decorators)}},
                               unpacked={an.where(ref.node): tuple(e.value.value for e in t.target.elements)
                                         for ref in an.statements for small in small_statements(ref)
-                                        if isinstance(small, cst.Assign) for t in small.targets
+                                        # keyed by the statement: one of several on its line is left out
+                                        if isinstance(small, cst.Assign) and len(small_statements(ref)) == 1
+                                        for t in small.targets
                                         if isinstance(t.target, (cst.Tuple, cst.List)) and all(
                                             isinstance(e.value, cst.Name) for e in t.target.elements)},
                               blocks={an.where(ref.node): _span(an, ref.blocks[-1]) for ref in an.statements

@@ -368,10 +368,9 @@ def _classify(an: KernelAnalysis, node: cst.BaseExpression, visiting: dict[str, 
             kind = _ZERO
             for src, site in sources:
                 value = cst.parse_expression(src)
-                if accumulated and _adds_to(value, node.value):
-                    # an add of this rank's data into the accumulator: what it adds, partial sums too
-                    added = _classify(an, value.right, {**visiting, node.value: own}, skip)  # type: ignore[attr-defined]
-                    kind = _join(kind, _SUM if added in (_DATA, _SUM) else added, node)
+                added = _added(value, node.value) if accumulated else None
+                if added is not None and _data_product(an, added, {**visiting, node.value: own}, skip):
+                    kind = _join(kind, _SUM, node)  # a product of this rank's data added: partial sums too
                     continue
                 targets = an.unpacked.get(site, ()) if site is not None else ()
                 if isinstance(value, (cst.Tuple, cst.List)) and node.value in targets and len(targets) == len(
@@ -398,7 +397,8 @@ def _classify(an: KernelAnalysis, node: cst.BaseExpression, visiting: dict[str, 
             except _Epilogue:
                 raise
             raise neutral from None
-        if kind == _DATA and any(_adds_to(cst.parse_expression(src), node.value) for src, _ in sources):
+        if kind == _DATA and any(_data_product(an, _added(cst.parse_expression(src), node.value),
+                                               {**visiting, node.value: _ZERO}, skip) for src, _ in sources):
             # this rank's data summed into an accumulator (`acc += a[:, None] * b[None, :]`, a rank-1 update over
             # its slice of K) is its partial sums, as a tl.dot's are: its other bindings are read again with it so
             # (`acc = tl.maximum(acc, 0.0)` after the loop applies a function to them)
@@ -442,6 +442,10 @@ def _classify(an: KernelAnalysis, node: cst.BaseExpression, visiting: dict[str, 
         args = [a.value for a in node.args if a.keyword is None or a.keyword.value in ("acc", "input", "x")]
         if name == "load" or (isinstance(func, cst.Attribute) and name in ("load", "gather")):
             return _DATA
+        if name in ("multiple_of", "max_contiguous") and args:  # a compiler hint: its argument's values
+            return _classify(an, args[0], visiting, skip)
+        if name in ("full", "full_like") and len(args) > 1:  # every element the fill value
+            return _classify(an, args[1], visiting, skip)
         if name in _INDEX:
             return _ZERO if name in ("zeros", "zeros_like") or (
                 name == "full" and len(args) > 1 and _classify(an, args[1], visiting, skip) == _ZERO) else _CONST
@@ -500,6 +504,8 @@ def _check_mask_by_position(an: KernelAnalysis, a, rule: str) -> None:
         kind = _classify(an, cst.parse_expression(a.mask), {})
     except _Epilogue:
         kind = _SUM
+    if kind not in (_DATA, _SUM) and _reads_a_load(an, a.mask):
+        kind = _DATA  # through a value the classification takes as a constant (`tl.where(flag > 0, True, False)`)
     if kind in (_DATA, _SUM):
         raise AnnotationError(
             f"the mask of the store to {a.tensor!r} reads {'the partial sums' if kind == _SUM else 'loaded data'} "
@@ -510,14 +516,43 @@ def _check_mask_by_position(an: KernelAnalysis, a, rule: str) -> None:
                  "value with tl.where where it depends on data")
 
 
-def _adds_to(value: cst.BaseExpression, name: str) -> bool:
-    """``name + x`` or ``name - x`` (an update ``name += x`` reads so): an add into an accumulator."""
-    return isinstance(value, cst.BinaryOperation) and isinstance(value.operator, (cst.Add, cst.Subtract)) and \
-        m.matches(_unparenthesised(value.left), m.Name(name))
+def _added(value: cst.BaseExpression, name: str) -> cst.BaseExpression | None:
+    """What ``name + x``, ``x + name`` or ``name - x`` adds to the accumulator ``name`` (an update ``name += x``
+    reads so); ``None`` for any other value."""
+    if not isinstance(value, cst.BinaryOperation) or not isinstance(value.operator, (cst.Add, cst.Subtract)):
+        return None
+    if m.matches(_unparenthesised(value.left), m.Name(name)):
+        return value.right
+    if isinstance(value.operator, cst.Add) and m.matches(_unparenthesised(value.right), m.Name(name)):
+        return value.left
+    return None
+
+
+def _data_product(an: KernelAnalysis, node: cst.BaseExpression | None, visiting: dict[str, str],
+                  skip: frozenset[BranchSide]) -> bool:
+    """``a[:, None] * b[None, :]`` of two values of this rank's data: a rank-1 update over its slice of K, which
+    summed into an accumulator makes its partial sums (a sum of loaded values alone, a bias, does not)."""
+    node = _unparenthesised(node) if node is not None else None
+    return isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Multiply) and all(
+        _classify(an, side, visiting, skip) == _DATA for side in (node.left, node.right))
 
 
 def _unparenthesised(node: cst.BaseExpression) -> cst.BaseExpression:
     return node.with_changes(lpar=[], rpar=[]) if getattr(node, "lpar", None) else node
+
+
+def _reads_a_load(an: KernelAnalysis, source: str) -> bool:
+    """Whether ``source`` reads, through the values of the names it reads, anything loaded (``tl.load``, a
+    descriptor's ``.load``)."""
+    todo, seen = [source], set()
+    while todo:
+        node = cst.parse_expression(todo.pop())
+        if m.findall(node, m.Call(func=m.Attribute(attr=m.Name("load") | m.Name("gather")))):
+            return True
+        for name in names_in(node) - seen:
+            seen.add(name)
+            todo += list(an.values.get(name, ())) + list(an.updates.get(name, ()))
+    return False
 
 
 def _nonlinear_epilogue(an: KernelAnalysis, a, skip: frozenset[BranchSide] = frozenset()) -> _Epilogue | None:

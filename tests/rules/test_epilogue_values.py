@@ -116,3 +116,31 @@ def test_data_accumulated_over_the_loop_is_partial_sums(rule: str, update: str) 
         _generate(source.replace("{epilogue}", "acc = tl.maximum(acc, 0.0)"))
     body = _generate(source.replace("{epilogue}", "acc = acc * 0.5")).rewritten["outer_mm"]
     assert "tll.producer_tile_notify" in body, body
+
+
+@pytest.mark.parametrize("epilogue, says", [
+    ("out, z = tl.maximum(acc, 0.0), acc; y = out; z, out = acc, acc\n    out = y",
+     "goes through `maximum` applied to the partial sums"),
+    ("bacc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)\n    bacc += tl.load(b_ptr + offs_n[None, :] + "
+     "offs_m[:, None] * 0)\n    out = acc + bacc", "a data term added to the partial sums"),
+    ("out = tl.max_contiguous(tl.maximum(acc, 0.0), 1)", "goes through `maximum` applied to the partial sums"),
+])
+def test_values_a_first_reading_took_for_constants_are_classified(epilogue: str, says: str) -> None:
+    with pytest.raises(AnnotationError, match=says):
+        _generate(HEAD + textwrap.dedent(GEMM).replace("{epilogue}", epilogue))
+
+
+@pytest.mark.parametrize("flag", ["tl.full((BLOCK_M, BLOCK_N), tl.load(a_ptr), tl.float32) >= 100.0",
+                                  "tl.where(tl.load(b_ptr + offs_n)[None, :] > 100.0, True, False)"])
+def test_a_store_mask_that_reads_a_load_through_a_constructor_is_refused(flag: str) -> None:
+    text = HEAD + textwrap.dedent(GEMM).replace("{epilogue}", "out = acc").replace(
+        "mask=offs_m[:, None] < M)", f"mask=(offs_m[:, None] < M) & ({flag}))")
+    with pytest.raises(AnnotationError, match="reads loaded data"):
+        _generate(text)
+
+
+def test_data_accumulated_with_the_accumulator_on_the_right_is_partial_sums() -> None:
+    source = HEAD + textwrap.dedent(RANK_ONE).replace("{rule}", "reduce_scatter").replace(
+        "{update}", "acc = a[:, None] * b[None, :] + acc")
+    with pytest.raises(AnnotationError, match="goes through `maximum` applied to the partial sums"):
+        _generate(source.replace("{epilogue}", "acc = tl.maximum(acc, 0.0)"))

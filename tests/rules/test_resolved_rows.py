@@ -233,3 +233,20 @@ def test_index_rows_are_scaled_by_the_gathered_buffer_s_row_stride(factor: int, 
         assert all(isinstance(e, float) and e < 1e-4 for e in outcomes), outcomes
     else:
         assert all("addressed 32 elements apart" in str(o) for o in outcomes), outcomes
+
+
+def test_index_rows_widened_in_place_are_the_same_rows() -> None:
+    """vLLM's MoE kernel widens its token ids in place (`offs_token = offs_token.to(tl.int64)`): the same rows."""
+    text = HEAD + textwrap.dedent(INDEXED).replace("{again}", "rows = rows.to(tl.int64)")
+    body = generate(text, "user_kernels.py", requests_in(text, "user_kernels.py")).rewritten["gather_mm"]
+    assert "tll.consumer_tile_wait_channels" in body, body
+
+
+@pytest.mark.parametrize("columns", ["(stride_am + offs_k)[None, :] * stride_ak", "offs_k[None, :] * stride_am",
+                                     "tl.load(src_ptr + offs_k)[None, :] * stride_ak"])
+def test_index_rows_beside_columns_that_move_them_are_refused(columns: str) -> None:
+    text = HEAD + textwrap.dedent(INDEXED).replace("{again}", "").replace(
+        "a_ptr + rows[:, None] * stride_am + offs_k[None, :] * stride_ak",
+        f"a_ptr + rows[:, None] * stride_am + {columns}")
+    assert columns in text
+    assert "cannot tell which rows along dim 0 of 'a_ptr'" in _error(text)
