@@ -2066,10 +2066,8 @@ def _uncast(node: cst.BaseExpression) -> cst.BaseExpression:
     """``node`` without the casts to a 64-bit int around it (``offs[None, :].to(tl.int64)``, which
     keep the value), parentheses stripped."""
     node = _bare(node)
-    while isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value == "to" \
-            and len(node.args) == 1 and node.args[0].keyword is None and m.matches(node.args[0].value, m.Attribute(
-                value=m.Name("tl"), attr=m.Name("int64"))):
-        node = _bare(node.func.value)
+    while _is_widening(node):
+        node = _bare(node.func.value)  # type: ignore[attr-defined]
     return node
 
 

@@ -469,8 +469,7 @@ class ReduceScatterLauncher(Launcher):
         ctx = self.context(bound)
         ctx.streams.follow_caller(world.device)
         if self.alone_call(bound, world):  # the output shard is the whole result
-            if self.plan.atomic_axes is not None:  # a split-K write-back adds into it: from zero
-                described(bound[self.plan.tensors[0]]).zero_()
+            self.start_output(bound)
             self.alone(grid, dict(bound), ctx, world)
             return
         out = described(bound[self.plan.tensors[0]])
@@ -545,6 +544,11 @@ class ReduceScatterLauncher(Launcher):
             if axis not in self.plan.atomic_axes:
                 count *= int(n)
         return count
+
+    def start_output(self, bound: dict) -> None:
+        """Alone (the kernel writes the output itself): a split-K write-back adds into it, so it starts at zero."""
+        if self.plan.atomic_axes is not None:
+            described(bound[self.plan.tensors[0]]).zero_()
 
     def start_sums(self, ctx: ReduceScatterContext, grid, bound: dict) -> None:
         """Before the producer of a split-K write-back (``tl.atomic_add``), on its stream: the partial sums start at

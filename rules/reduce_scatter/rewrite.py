@@ -7,7 +7,7 @@ import re
 import libcst as cst
 import libcst.matchers as m
 
-from tilelink.analysis import BranchSide, KernelAnalysis, Where, code, expanded, names_in, parse_offsets
+from tilelink.analysis import BranchSide, KernelAnalysis, Where, _bare, code, expanded, names_in, parse_offsets
 from tilelink.errors import AnnotationError
 from tilelink.plan import Insertion, ReduceScatterLaunch, ReportEntry, RewritePlan
 from tilelink.rules.emit import (
@@ -521,9 +521,9 @@ def _added(value: cst.BaseExpression, name: str) -> cst.BaseExpression | None:
     reads so); ``None`` for any other value."""
     if not isinstance(value, cst.BinaryOperation) or not isinstance(value.operator, (cst.Add, cst.Subtract)):
         return None
-    if m.matches(_unparenthesised(value.left), m.Name(name)):
+    if m.matches(_bare(value.left), m.Name(name)):
         return value.right
-    if isinstance(value.operator, cst.Add) and m.matches(_unparenthesised(value.right), m.Name(name)):
+    if isinstance(value.operator, cst.Add) and m.matches(_bare(value.right), m.Name(name)):
         return value.left
     return None
 
@@ -532,13 +532,9 @@ def _data_product(an: KernelAnalysis, node: cst.BaseExpression | None, visiting:
                   skip: frozenset[BranchSide]) -> bool:
     """``a[:, None] * b[None, :]`` of two values of this rank's data: a rank-1 update over its slice of K, which
     summed into an accumulator makes its partial sums (a sum of loaded values alone, a bias, does not)."""
-    node = _unparenthesised(node) if node is not None else None
+    node = _bare(node) if node is not None else None
     return isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Multiply) and all(
         _classify(an, side, visiting, skip) == _DATA for side in (node.left, node.right))
-
-
-def _unparenthesised(node: cst.BaseExpression) -> cst.BaseExpression:
-    return node.with_changes(lpar=[], rpar=[]) if getattr(node, "lpar", None) else node
 
 
 def _reads_a_load(an: KernelAnalysis, source: str) -> bool:
@@ -785,7 +781,7 @@ class _Columns:
 
     def read(self, node: cst.BaseExpression, depth: int = 0) -> Poly | None:
         an = self.an
-        node = node.with_changes(lpar=[], rpar=[]) if getattr(node, "lpar", None) else node
+        node = _bare(node)
         if isinstance(node, cst.Integer):
             value = int(node.evaluated_value)
             return {(): value} if value else {}
@@ -854,7 +850,7 @@ class _Columns:
         terms: list[cst.BaseExpression] = []
 
         def flatten(node: cst.BaseExpression) -> None:
-            node = node.with_changes(lpar=[], rpar=[]) if getattr(node, "lpar", None) else node
+            node = _bare(node)
             if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Add):
                 flatten(node.left)
                 flatten(node.right)
@@ -985,7 +981,7 @@ def _store_columns(an: KernelAnalysis, a) -> tuple[str, str] | None:
     shift: list[str] = []
     vector = term[0]
     for _ in range(8):
-        vector = vector.with_changes(lpar=[], rpar=[]) if getattr(vector, "lpar", None) else vector
+        vector = _bare(vector)
         if isinstance(vector, cst.Name):
             found = _column_range(an, a, vector.value)
             if found is not None:
@@ -995,7 +991,7 @@ def _store_columns(an: KernelAnalysis, a) -> tuple[str, str] | None:
             if len(values) != 1 or len(binds) != 1 or not _before(binds[0][0], a.where):
                 return None
             value = cst.parse_expression(values[0])
-            value = value.with_changes(lpar=[], rpar=[]) if getattr(value, "lpar", None) else value
+            value = _bare(value)
             if not (isinstance(value, cst.BinaryOperation) and isinstance(value.operator, cst.Add)):
                 return None
             scalar = [x for x in (value.left, value.right) if not _is_vector_source(an, x)]

@@ -8,11 +8,9 @@ from __future__ import annotations
 import textwrap
 
 import pytest
-import torch
-import triton
 
 import tilelink
-from tests.rules.cases import _ag_gemm, module_at, rows_of, worst
+from tests.rules.cases import _ag_gemm, _rs_gemm, module_at
 
 HEAD = "import triton\nimport triton.language as tl\nimport tilelink\n\n"
 
@@ -43,22 +41,8 @@ RULES = {"all_gather": 'all_gather("a_ptr", dim=0)', "reduce_scatter": 'reduce_s
 
 
 def _scattered(path: str) -> float:
-    kernel = module_at(path).matmul
-    rank, world = tilelink.rank(), tilelink.world_size()
-    M, N, K = 50, 24, 40
-    g = torch.Generator().manual_seed(2)
-    a, b = torch.randn(M, K, generator=g), torch.randn(K, N, generator=g)
-    klo, khi = rows_of(rank, world, K)
-    ar, br = a[:, klo:khi].contiguous(), b[klo:khi].contiguous()
-    lo, hi = rows_of(rank, world, M)
-    err = 0.0
-    for _ in range(2):
-        c = torch.full((hi - lo, N), float("nan"))
-        kernel[(triton.cdiv(M, 16) * triton.cdiv(N, 16),)](ar, br, c, M, N, khi - klo, ar.stride(0), ar.stride(1),
-                                                           br.stride(0), br.stride(1), c.stride(0), c.stride(1),
-                                                           BLOCK_M=16, BLOCK_N=16, BLOCK_K=16)
-        err = worst(err, (c - (a @ b)[lo:hi]).abs().max().item())
-    return err
+    return _rs_gemm(module_at(path).matmul, tilelink.rank(), tilelink.world_size(), BLOCK_M=16, BLOCK_N=16,
+                    BLOCK_K=16)
 
 
 def _gathered(path: str) -> float:
