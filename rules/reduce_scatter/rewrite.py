@@ -323,6 +323,7 @@ class _Epilogue(Exception):
         self.source, self.why = code(node), why
         self.site: Where | None = None  # the statement (an assignment, an update, the store) that does it
         self.tensor = ""  # the annotated tensor of the store whose value it is
+        self.carried = False  # the accumulator is scaled within the loop that sums it (see `_check_carried`)
 
 
 def _bindings(an: KernelAnalysis, name: str) -> list[tuple[str, Where | None]]:
@@ -402,8 +403,12 @@ def _classify(an: KernelAnalysis, node: cst.BaseExpression, visiting: dict[str, 
             # this rank's data summed into an accumulator (`acc += a[:, None] * b[None, :]`, a rank-1 update over
             # its slice of K) is its partial sums, as a tl.dot's are: its other bindings are read again with it so
             # (`acc = tl.maximum(acc, 0.0)` after the loop applies a function to them)
-            return joined(_SUM, accumulated=True)
-        return joined(_SUM) if kind == _SUM else kind
+            kind = joined(_SUM, accumulated=True)
+        elif kind == _SUM:
+            kind = joined(_SUM)
+        if kind == _SUM:
+            _check_carried(an, node.value, sources)
+        return kind
     if isinstance(node, (cst.Integer, cst.Float)):
         return _ZERO if float(node.value.replace("_", "")) == 0 else _CONST
     if isinstance(node, cst.Attribute) and node.attr.value == "T":  # `acc.T`: the values, transposed
@@ -528,6 +533,102 @@ def _added(value: cst.BaseExpression, name: str) -> cst.BaseExpression | None:
     return None
 
 
+def _cast_of(node: cst.BaseExpression, name: str) -> bool:
+    """``name`` itself or converted (``name.to(tl.float32)``, ``tl.cast(name, ...)``): the same values."""
+    node = _bare(node)
+    if m.matches(node, m.Name(name)):
+        return True
+    if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.args:
+        if node.func.attr.value == "to":
+            return _cast_of(node.func.value, name)
+        if node.func.attr.value == "cast" and m.matches(node.func.value, m.Name("tl")):
+            return _cast_of(node.args[0].value, name)
+    return False
+
+
+def _carried_slot(value: cst.BaseExpression, name: str) -> list[cst.BaseExpression] | None:
+    """What an update that carries the accumulator ``name`` unscaled adds to it (``acc + x``, ``x + acc``,
+    ``acc - x``, ``tl.dot(a, b, acc)``, the accumulator converted), or ``None`` where ``value`` holds it otherwise."""
+    value = _bare(value)
+    if _cast_of(value, name):
+        return []
+    if isinstance(value, cst.BinaryOperation) and isinstance(value.operator, (cst.Add, cst.Subtract)):
+        if _cast_of(value.left, name):
+            return [value.right]
+        if isinstance(value.operator, cst.Add) and _cast_of(value.right, name):
+            return [value.left]
+    if isinstance(value, cst.Call) and m.matches(value.func, m.Attribute(attr=m.Name("dot"))):
+        positional = [a for a in value.args if a.keyword is None]
+        acc = next((a for a in value.args if a.keyword is not None and a.keyword.value == "acc"), None)
+        acc = acc or (positional[2] if len(positional) > 2 else None)
+        if acc is not None and _cast_of(acc.value, name):
+            return [a.value for a in value.args if a is not acc]
+    return None
+
+
+def _check_carried(an: KernelAnalysis, name: str, sources: list[tuple[str, Where | None]]) -> None:
+    """The partial sums ``name`` must be carried through the loop that sums them unscaled: each rank runs that loop
+    over its own slice of K, so ``acc = tl.dot(a, b, acc * 0.5)`` weighs a term by its place in the rank's slice,
+    not in the full loop, and the ranks' sum is not the full problem's. In the innermost loop around each binding
+    that reads ``name`` (unless a binding of it that does not read it runs first on every pass: a persistent kernel's
+    `acc = tl.zeros(...)` per tile), every binding of ``name`` that reads it must add to it (``acc += x``,
+    ``tl.dot(a, b, acc)``) values that do not read it, or convert it."""
+    loops = {(b, e) for binds in an.bindings.values() for b, e in binds if e is not None} | set(an.while_loops)
+
+    def pos(w: Where) -> tuple[int, int]:
+        return (w.line, w.column)
+
+    def inside(site: Where, loop: tuple[Where, Where]) -> bool:
+        return pos(loop[0]) < pos(site) <= pos(loop[1])
+
+    def reads(node: cst.BaseExpression) -> bool:  # reads `name`, through the values of the names it reads
+        todo, seen = [node], set()
+        while todo:
+            for other in names_in(todo.pop()) - seen:
+                if other == name:
+                    return True
+                seen.add(other)
+                todo += [cst.parse_expression(src) for src, _ in _bindings(an, other)]
+        return False
+
+    parsed = [(cst.parse_expression(src), site) for src, site in sources if site is not None]
+    own = [(value, site) for value, site in parsed if name in names_in(value) or reads(value)]
+    for _value, site in own:
+        around = [loop for loop in loops if inside(site, loop)]
+        if not around:
+            continue
+        loop = max(around, key=lambda lp: pos(lp[0]))  # the innermost
+
+        # the `if` sides within `loop` around each binding that starts the accumulator again before this one, outside
+        # the loops in `loop`: on every pass one of them runs when they cover each side of an `if` (`if ONE_K: acc =
+        # tl.dot(...)` / `else: acc = tl.zeros(...)`)
+        starts = [tuple(side for side in an.branch_sides.get(s, ()) if inside(side.where, loop))
+                  for v, s in parsed if (v, s) not in own and inside(s, loop) and pos(s) < pos(site)
+                  and not any(inside(s, inner) for inner in loops if inner != loop and inside(inner[0], loop))]
+        if _every_pass(starts):
+            continue  # started again on every pass before it: nothing is carried from pass to pass
+        for other, there in own:
+            if not inside(there, loop):
+                continue
+            added = _carried_slot(other, name)
+            if added is not None and not any(reads(x) for x in added):
+                continue
+            bad = _Epilogue(other, f"the accumulator `{name}` carried through its loop at line {loop[0].line} other "
+                                   f"than by adding to it")
+            bad.site = there
+            bad.carried = True
+            raise bad
+
+
+def _every_pass(paths: list[tuple[BranchSide, ...]]) -> bool:
+    """Whether, of statements each under the `if` sides of its path (outermost first), one runs whichever sides are
+    taken: one is under none, or some `if` has each of its two sides covered so by the statements under it."""
+    if any(not path for path in paths):
+        return True
+    return any(all(_every_pass([p[1:] for p in paths if p[0].where == where and p[0].body == body])
+                   for body in (True, False)) for where in {p[0].where for p in paths})
+
+
 def _data_product(an: KernelAnalysis, node: cst.BaseExpression | None, visiting: dict[str, str],
                   skip: frozenset[BranchSide]) -> bool:
     """``a[:, None] * b[None, :]`` of two values of this rank's data: a rank-1 update over its slice of K, which
@@ -564,9 +665,14 @@ def _nonlinear_epilogue(an: KernelAnalysis, a, skip: frozenset[BranchSide] = fro
     return None
 
 
-def _refused_message(tensor: str, rule: str, bad: _Epilogue) -> str:
-    return (f"the value stored to {tensor!r} goes through {bad.why} (`{bad.source}`): {rule} sums what every rank "
-            f"stores, and that sum would not be the full problem's value (the sum of f(partial sums) is not f of "
+def _refused_message(tensor: str, rule: str, bad: _Epilogue, where: str = "") -> str:
+    """``where``: where the value is made, when not at the store (" at line 12")."""
+    if bad.carried:
+        return (f"the value stored to {tensor!r} goes through {bad.why} (`{bad.source}`{where.replace(' at', ',', 1)}"
+                f"): each rank runs that loop over its own slice of K, so a scale there weighs each term by its place "
+                f"in the rank's slice, and the sum {rule} makes over the ranks would not be the full problem's value")
+    return (f"the value stored to {tensor!r} goes through {bad.why} (`{bad.source}`){where}: {rule} sums what every "
+            f"rank stores, and that sum would not be the full problem's value (the sum of f(partial sums) is not f of "
             f"their sum)")
 
 
@@ -624,6 +730,9 @@ def _epilogue_branches(an: KernelAnalysis, a, rule: str, refused: dict[BranchSid
         site = bad.site or a.where
         hint = ("store the partial sums themselves and apply the function after the reduction (on the reduced rows), "
                 f"or pass {rule}(..., linear_epilogue=True) if what is stored is linear in the partial sums after all")
+        if bad.carried:
+            hint = ("add the terms to the accumulator unscaled in the loop (`acc += tl.dot(a, b)`, or "
+                    "`acc += tl.dot(a, b) * s` to scale a term) and scale the sum once after the loop")
         if runtime is not None:
             hint = (f"the `if {runtime.test}:` at line {runtime.where.line} is decided at run time: make its test "
                     f"compile-time (tl.constexpr parameters and literals, as `if ACTIVATION == \"leaky_relu\":`) and "
@@ -637,7 +746,7 @@ def _epilogue_branches(an: KernelAnalysis, a, rule: str, refused: dict[BranchSid
         if runtime is not None:
             where += (f", in the `if {runtime.test}:` at line {runtime.where.line}, which is decided at run time (with "
                       f"a compile-time test, {rule} would build and refuse only the launches that take the branch)")
-        raise AnnotationError(_refused_message(a.tensor, rule, bad) + where, file=a.where.file, line=a.where.line,
+        raise AnnotationError(_refused_message(a.tensor, rule, bad, where), file=a.where.file, line=a.where.line,
                               column=a.where.column, hint=hint)
 
 
@@ -710,7 +819,7 @@ def _refuse_in_branches(an: KernelAnalysis, refused: dict[BranchSide, _Epilogue]
         site, tensor = bad.site or side.where, bad.tensor
         if all_refused(chain := head(side.where)):
             raise AnnotationError(
-                f"{_refused_message(tensor, rule, bad)} at line {site.line}, and every side of the `if "
+                f"{_refused_message(tensor, rule, bad, f' at line {site.line}')}, and every side of the `if "
                 f"{ifs[chain][0].test}:` at line {chain.line} stores a function of the partial sums that is not "
                 "linear: no launch of the kernel would store their sum", file=site.file, line=site.line,
                 column=site.column,
