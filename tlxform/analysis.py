@@ -2521,20 +2521,24 @@ def _access_row_scales(an: _Analyzer, acc: Access, pointers: set[str]) -> tuple[
 
         shifts, steps, scales = descriptor_inner_terms(an, acc)
         return scales, shifts, steps
+    indexed: tuple[str, str, tuple[str, ...]] | None = None
     if tile is not None and tile.dynamic and not acc.descriptor:
         # rows from an index: its term's other factors are the rows' scale, which the launch compares with the row
-        # stride of the buffer it passes (`offs_token[:, None] * stride_am * 2` reads other rows than it waits for)
+        # stride of the buffer it passes (`offs_token[:, None] * stride_am * 2` reads other rows than it waits for);
+        # along dim 0 its columns are read below as a tile's are (unmasked, `offs_k[None, :]` past the row's end reads
+        # the next row, which the wait does not cover)
         dim, _, _, index = an.tensors[acc.tensor]
-        found = _index_term(an, acc, dim, pointers, index) if index is not None else None
-        return ({found[2]} if found is not None and found[2] else set()), shifts, steps
-    if acc.descriptor or tile is None or tile.offsets is None or tile.dynamic:
+        indexed = _index_term(an, acc, dim, pointers, index) if index is not None else None
+        if indexed is None or not along:
+            return ({indexed[2]} if indexed is not None and indexed[2] else set()), shifts, steps
+    elif acc.descriptor or tile is None or tile.offsets is None or tile.dynamic:
         return set(), shifts, steps
-    offsets = tile.offsets
+    offsets = indexed[1] if indexed is not None else tile.offsets
     # the pointer itself advanced before the access (`x_ptr += D`) moves it along the rows too
     first = _advanced(an, acc, offsets) if along else None
     hint = (f"index the rows once, with the offsets vector times the row stride parameter (`{offsets}[:, None] * "
             f"stride_m`) or a literal (`{offsets} * 64`), in one alias of the pointer")
-    scales: set[tuple[str, ...]] = set()
+    scales: set[tuple[str, ...]] = {indexed[2]} if indexed is not None and indexed[2] else set()
 
     def plus(ways: list[_Terms] | None, more: list[_Terms] | None) -> list[_Terms] | None:
         """Each way of ``ways`` with each of ``more`` added."""
@@ -2552,7 +2556,9 @@ def _access_row_scales(an: _Analyzer, acc: Access, pointers: set[str]) -> tuple[
         ways: list[_Terms] | None = [[]]
         for term, negative in _terms(expr):
             term = _name_columns(an, acc, term)
-            if offsets in names_in(term):
+            if offsets in names_in(term) and indexed is not None:
+                n += 1  # the index's rows term, read by `_index_term`
+            elif offsets in names_in(term):
                 factors = _factors(an, term, offsets)
                 if factors is None:
                     again = sorted(n for n in names_in(term) if n in an.params and (n in an.assignments or

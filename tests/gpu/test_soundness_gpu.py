@@ -3,7 +3,8 @@ write-back (two configurations of one split count, benchmarked in the warm-up ag
 reading it with `META.get("SPLIT_K", 1)`; configurations that split differently refused before anything is
 launched; an untuned split count left to its constexpr default), rows scaled by the row stride of a view (and a
 scale that is not, refused at the call, also when it is a constexpr default), and a kernel that reads its position
-directly, run in its own tile order."""
+directly, run in its own tile order; rows gathered through an index whose columns pass the row's end, refused at
+the call."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import torch
 
 import tilelink
 from tests.rules import test_row_scales as scales
+from tests.rules import test_scattered_index_rows as index_rows
 from tests.rules import test_tile_order_bypass as bypass
 from tests.rules.test_split_k_autotuned import _multiply, _written, written_with_a_default
 from tilelink.errors import LaunchError
@@ -59,3 +61,13 @@ def test_a_kernel_reading_its_position_directly_on_the_gpu(form: str, tmp_path) 
     path.write_text(bypass.HEAD + bypass.textwrap.dedent(bypass.FORMS[form]))
     errors = tilelink.spawn(bypass._double, 2, str(path), form, backend="nvshmem")
     assert all(e < 1e-3 for e in errors), errors
+
+
+def test_gathered_rows_whose_columns_pass_the_row_s_end_are_refused_on_the_gpu(tmp_path) -> None:
+    masked, unmasked = tmp_path / "masked.py", tmp_path / "unmasked.py"
+    masked.write_text(index_rows.textwrap.dedent(index_rows.ONE_STEP).replace("{columns}", " & (offs_k[None, :] < K)"))
+    unmasked.write_text(index_rows.textwrap.dedent(index_rows.ONE_STEP).replace("{columns}", ""))
+    errors = tilelink.spawn(index_rows._run, 2, str(masked), 64, backend="nvshmem")
+    assert all(e < 5e-2 for e in errors), errors  # tf32 products on the GPU
+    with pytest.raises(LaunchError, match=r"adds 63 elements .* whose rows are 40 elements long"):
+        tilelink.spawn(index_rows._run, 2, str(unmasked), 64, backend="nvshmem")

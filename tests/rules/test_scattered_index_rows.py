@@ -1,17 +1,21 @@
 """Rows gathered through an index in no order (a random permutation, not MoE's sorted slots): a tile's rows span more
 channels than the scalar polls take, and its wait reads each 32-channel word with one vector of acquires. On the
 race-exposing schedule that read delivers the channels it needs, as each scalar wait does, and the result equals
-torch."""
+torch. The columns of each gathered row are bounded at the launch as a tile's are: unmasked past the row's end,
+they read the next row, which no wait covers."""
 
 from __future__ import annotations
 
 import textwrap
 
+import pytest
 import torch
 import triton
 
 import tilelink
 from tests.rules.cases import module_at, rows_of, worst
+from tilelink.errors import LaunchError
+from tilelink.runtime import current_world
 
 KERNEL = '''
 import triton
@@ -52,7 +56,7 @@ def _indices() -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randperm(M, generator=g)[:L].to(torch.int32), torch.randperm(L, generator=g).to(torch.int32)
 
 
-def _run(path: str) -> float:
+def _run(path: str, block_k: int = 16) -> float:
     kernel = module_at(path).gather_mm
     rank, world = tilelink.rank(), tilelink.world_size()
     g = torch.Generator().manual_seed(4)
@@ -61,12 +65,14 @@ def _run(path: str) -> float:
     lo, hi = rows_of(rank, world, M)
     ref = torch.empty(L, N)
     ref[dst.long()] = a[src.long()] @ b
+    device = current_world().device  # the CPU in the emulated world, this rank's GPU with NVSHMEM
+    shard, b, src, dst = (t.to(device) for t in (a[lo:hi].contiguous(), b, src, dst))
     err = 0.0
     for _ in range(2):
-        c = torch.full((L, N), float("nan"))
-        kernel[(triton.cdiv(L, 16) * triton.cdiv(N, 16),)](a[lo:hi].contiguous(), b, c, src, dst, L, M, N, K,
-                                                           K, 1, N, 1, N, 1, BLOCK_M=16, BLOCK_N=16, BLOCK_K=16)
-        err = worst(err, (c - ref).abs().max().item())
+        c = torch.full((L, N), float("nan"), device=device)
+        kernel[(triton.cdiv(L, 16) * triton.cdiv(N, 16),)](shard, b, c, src, dst, L, M, N, K, K, 1, N, 1, N, 1,
+                                                           BLOCK_M=16, BLOCK_N=16, BLOCK_K=block_k)
+        err = worst(err, (c.cpu() - ref).abs().max().item())
     return err
 
 
@@ -83,3 +89,25 @@ def test_rows_of_an_unsorted_index_equal_torch_on_the_race_exposing_schedule(tmp
     for world in (2, 3):
         errors = tilelink.spawn(_run, world, str(path))
         assert all(e < 1e-4 for e in errors), (world, errors)
+
+
+ONE_STEP = KERNEL.split("    acc = tl.zeros")[0] + '''\
+    a = tl.load(a_ptrs, mask=(offs_i[:, None] < L){columns}, other=0.0)
+    b = tl.load(b_ptr + offs_k[:, None] * stride_bk + offs_bn[None, :] * stride_bn,
+                mask=(offs_k[:, None] < K) & (offs_bn[None, :] < N), other=0.0)
+    tl.store(c_ptr + out_rows[:, None] * stride_cm + offs_bn[None, :] * stride_cn, tl.dot(a, b),
+             mask=(offs_i[:, None] < L) & (offs_bn[None, :] < N))
+'''
+
+
+def test_gathered_rows_whose_columns_pass_the_row_s_end_are_refused_at_the_launch(tmp_path, monkeypatch) -> None:
+    """One block of 64 columns over rows of 40: masked by the row's length, the kernel equals torch; unmasked, its
+    last 24 columns are the next row's first, and each call is refused."""
+    monkeypatch.setenv("TILELINK_RACES", "1")
+    masked, unmasked = tmp_path / "masked.py", tmp_path / "unmasked.py"
+    masked.write_text(textwrap.dedent(ONE_STEP).replace("{columns}", " & (offs_k[None, :] < K)"))
+    unmasked.write_text(textwrap.dedent(ONE_STEP).replace("{columns}", ""))
+    errors = tilelink.spawn(_run, 2, str(masked), 64)
+    assert all(e < 1e-4 for e in errors), errors
+    with pytest.raises(LaunchError, match=r"adds 63 elements .* whose rows are 40 elements long"):
+        tilelink.spawn(_run, 2, str(unmasked), 64)
