@@ -2623,6 +2623,8 @@ def _access_row_scales(an: _Analyzer, acc: Access, pointers: set[str]) -> tuple[
             elif not m.findall(term, m.Subscript()):
                 # a loop variable's term: checked at the loop's first and last values
                 ends = _loop_term(an, acc, term, negative, offsets) if _varies(an, term) else None
+                if ends is None and _varies(an, term) and _column_step(an, acc, pointers, term, negative, offsets):
+                    continue  # `k * BLOCK_K * stride_ak` beside the columns it moves: 0 on the first step
                 if ends is None and _varies(an, term):
                     # what it adds over the loop is not bounded: a `while` counter (`j += 1`), a loop of a step of
                     # unknown sign or of bounds the kernel computes moves the address into the next rows
@@ -2633,7 +2635,10 @@ def _access_row_scales(an: _Analyzer, acc: Access, pointers: set[str]) -> tuple[
                                   "take the term from a `for j in range(a, b)` loop (bounds of literals and "
                                   "parameters, a literal step), which the launch checks at both ends; or add it to a "
                                   "column vector masked by the row's length (`cols = j * BLOCK_D + tl.arange(0, "
-                                  "BLOCK_D)`, `mask=... & (cols[None, :] < D)`)")
+                                  "BLOCK_D)`, `mask=... & (cols[None, :] < D)`); or, in a loop counting from 0 by 1, "
+                                  "mask the column vector the term moves by what is left of the row (`+ j * BLOCK_D * "
+                                  "stride_d` beside `cols[None, :] * stride_d`, `mask=... & (cols[None, :] < D - j * "
+                                  "BLOCK_D)`)")
                 found_term = None if ends is not None else _scalar_term(an, acc, term, negative, offsets)
                 ways = plus(ways, ends) if ends is not None else None if found_term is None else plus(
                     ways, [[found_term]])
@@ -2983,6 +2988,83 @@ def _check_advance_in_loop(an: _Analyzer, acc: Access, tile: Tile, name: str, st
                      f"`start` a parameter, a literal or a program's position), not below it")
     signs |= {code(f) for f in factors if f is not strides[0] and isinstance(f, cst.Name)}
 
+    found, unread = _left_of_row(an, acc, loop, k, vector, rest)
+    if found is not None:
+        an.row_bounds.append((acc.tensor, found, stride, acc.where))
+        an.row_signs.extend((n, acc.where) for n in sorted(signs))
+        return
+    if unread is not None:
+        raise refuse(f"along `{stride}` once more on every iteration, and the mask bounds the columns `{vector}` by "
+                     f"`{unread}`, which is not a sum of products of int literals and parameters the kernel leaves "
+                     f"as passed: the launch cannot check that those columns lie in one row",
+                     f"bound the columns by the row's length, a parameter (`{vector}[None, :] < K - {k} * "
+                     f"{' * '.join(rest) or '1'}`), which each call checks against the row of {acc.tensor!r}")
+    raise refuse(f"along `{stride}` once more on every iteration, and the mask does not bound the columns "
+                 f"`{vector}` by what is left of the row on each step (`{vector}[None, :] < K - {k} * "
+                 f"{' * '.join(rest) or '1'}`, also through a local bound in the loop before the access, of names the "
+                 f"loop does not bind)")
+
+
+def _column_step(an: _Analyzer, acc: Access, pointers: set[str], term: cst.BaseExpression, negative: bool,
+                 offsets: str) -> bool:
+    """The address made afresh on each step of the matmul's K loop (``a_ptr + ... + offs_k[None, :] * stride_ak + k *
+    BLOCK_K * stride_ak`` for ``k in range(0, tl.cdiv(K, BLOCK_K))``): ``term`` is the loop variable times factors
+    ``F`` (int literals, parameters the kernel leaves as passed) times the stride parameter of a column vector of the
+    address (through its aliases, each bound once), the loop counts up from 0 by 1, and the mask bounds that vector
+    by what is left of the row (``offs_k[None, :] < K - k * BLOCK_K``, :func:`_left_of_row`). The columns touched on
+    step ``k`` are ``offs_k + k * F``, below ``X``, which each call compares with the row
+    (``KernelAnalysis.row_bounds``), as for the advance in place (:func:`_check_advance_in_loop`); the term is 0 on
+    the first step. Records the bound and returns True when so; False for anything else (the term's ends are then
+    what the launch must read)."""
+    parts = _product_factors(term)
+    targets = [p for p in parts if isinstance(p, cst.Name) and p.value not in an.params]
+    if negative or len(targets) != 1:
+        return False
+    k = targets[0].value
+    loops = [lp for lp in an.findall(an.fn.body, m.For(target=m.Name(k))) if _contains(an, lp, acc.where)]
+    read = _range_args(loops[0]) if len(loops) == 1 else None
+    if read is None or not (m.matches(read[0], m.Integer("0")) and m.matches(read[2], m.Integer("1"))) or len(
+            an.bindings.get(k, ())) != 1:
+        return False  # a loop of another start or step, or its variable bound again
+    definitions = an._pointer_definitions(acc.pointer, pointers)
+    if any(len(an.bindings.get(alias, ())) != 1 for e in definitions for alias in names_in(e) & pointers
+           if alias != acc.tensor):
+        return False  # an alias bound more than one way, or advanced: its columns are not one vector's
+    columns: dict[str, set[str]] = {}  # stride parameter -> the column vectors it scales in the address
+    for expr in definitions:
+        for t, subtracted in _terms(_bare(expr)):
+            vector, stride_of = _column_term(an, t, offsets)
+            if vector is not None and stride_of is not None and not subtracted:
+                columns.setdefault(stride_of, set()).add(vector)
+    strides = [p for p in parts if isinstance(p, cst.Name) and len(columns.get(p.value, ())) == 1]
+    if len(strides) != 1:
+        return False
+    stride = strides[0].value
+    rest = [p for p in parts if p is not strides[0] and p is not targets[0]]
+    if not all(isinstance(f, cst.Integer) or (isinstance(f, cst.Name) and f.value in an.params
+                                              and not an.bindings.get(f.value)) for f in rest):
+        return False  # a factor that may change from step to step, or be negative
+    (vector,) = columns[stride]
+    signs = _nonnegative_value(an, cst.Name(vector)) if len(an.bindings.get(vector, ())) == 1 else None
+    if signs is None:
+        return False  # columns that may start before the row's first, or bound more than once
+    found, _ = _left_of_row(an, acc, loops[0], k, vector, sorted(code(f) for f in rest))
+    if found is None:
+        return False
+    an.row_bounds.append((acc.tensor, found, stride, acc.where))
+    an.row_signs.extend((n, acc.where) for n in sorted(signs | {code(f) for f in rest if isinstance(f, cst.Name)}))
+    return True
+
+
+def _left_of_row(an: _Analyzer, acc: Access, loop: cst.For, k: str, vector: str,
+                 rest: list[str]) -> tuple[tuple[tuple[bool, tuple[str, ...]], ...] | None, str | None]:
+    """A conjunct of the access's mask that bounds the columns ``vector`` by what is left of the row on step ``k`` of
+    ``loop``: ``vector[None, :] < X - k * F`` (``F`` the factors ``rest``; also through a local bound once in the loop
+    before the access, ``k_remaining = K - k * BLOCK_K``, of names the loop does not bind). ``(X's terms as
+    (subtracted, factors), None)`` when ``X`` is a sum of products of int literals and parameters the kernel leaves as
+    passed, which each call compares with the row (``KernelAnalysis.row_bounds``); ``(None, X in source)`` when such a
+    conjunct bounds them by anything else; ``(None, None)`` when none does."""
+
     def in_loop(ref: StmtRef) -> bool:
         """``ref`` runs on every iteration before the access: in the loop, in a block that holds the access."""
         where = an.where(ref.node)
@@ -3051,20 +3133,9 @@ def _check_advance_in_loop(an: _Analyzer, acc: Access, tile: Tile, name: str, st
                 bound = [(t, negative) for t, negative in terms if not (negative and per_step(t))]
                 read = [launch_factors(t, negative) for t, negative in bound]
                 if bound and None not in read:
-                    an.row_bounds.append((acc.tensor, tuple(read), stride, acc.where))  # type: ignore[arg-type]
-                    an.row_signs.extend((n, acc.where) for n in sorted(signs))
-                    return
+                    return tuple(read), None  # type: ignore[arg-type]
                 unread = " + ".join(code(t) for t, _ in bound) or "0"
-    if unread is not None:
-        raise refuse(f"along `{stride}` once more on every iteration, and the mask bounds the columns `{vector}` by "
-                     f"`{unread}`, which is not a sum of products of int literals and parameters the kernel leaves "
-                     f"as passed: the launch cannot check that those columns lie in one row",
-                     f"bound the columns by the row's length, a parameter (`{vector}[None, :] < K - {k} * "
-                     f"{' * '.join(rest) or '1'}`), which each call checks against the row of {acc.tensor!r}")
-    raise refuse(f"along `{stride}` once more on every iteration, and the mask does not bound the columns "
-                 f"`{vector}` by what is left of the row on each step (`{vector}[None, :] < K - {k} * "
-                 f"{' * '.join(rest) or '1'}`, also through a local bound in the loop before the access, of names the "
-                 f"loop does not bind)")
+    return None, unread
 
 
 def _bare(node: cst.BaseExpression) -> cst.BaseExpression:

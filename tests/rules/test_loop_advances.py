@@ -399,3 +399,34 @@ def test_columns_started_in_the_vector_equal_torch_on_the_race_exposing_schedule
     # the mask stops each step at the row's end, two columns earlier than the unshifted sweep's
     errors = tilelink.spawn(_shifted_strips, 2, str(path), 3)
     assert all(e < 1e-5 for e in errors), errors
+
+
+# the address made afresh on each step, the columns moved by the loop variable (`+ j * BLOCK_D * stride_xd`) under a
+# loop whose bound the kernel computes: read as the advance in place is, the mask's bound kept for the launch
+REBUILT = STRIDED.replace(LOOP, "    for j in range(0, tl.cdiv(NSTEP, 1)):\n").replace(ADVANCE, "").replace(
+    "tl.load(x_ptrs,", "tl.load(x_ptrs + j * BLOCK_D * stride_xd,")
+
+
+@pytest.mark.parametrize("change, says", [
+    ((" & (cols[None, :] < D - j * BLOCK_D)", ""), "which changes from one step of a loop to the next"),
+    (("j * BLOCK_D * stride_xd,", "j * 2 * BLOCK_D * stride_xd,"), "which changes from one step of a loop to the next"),
+    (("range(0, tl.cdiv", "range(1, tl.cdiv"), "which changes from one step of a loop to the next"),
+], ids=["unmasked", "two_blocks_a_step", "counting_from_one"])
+def test_an_address_made_afresh_each_step_builds_only_under_a_mask_for_its_step(change, says: str) -> None:
+    assert "x_ptrs +=" not in REBUILT and "j * BLOCK_D * stride_xd" in REBUILT
+    plan = _launch_plan(REBUILT)
+    assert plan.row_bounds == (("x_ptr", ((False, ("D",)),), "stride_xd", LOAD_LINE),), plan.row_bounds
+    with pytest.raises(AnnotationError, match=says):
+        _generated(REBUILT.replace(*change))
+
+
+def test_an_address_made_afresh_each_step_equals_torch_and_a_bound_past_the_row_is_refused(tmp_path,
+                                                                                           monkeypatch) -> None:
+    monkeypatch.setenv("TILELINK_RACES", "1")
+    path, past = tmp_path / "strip_sum_rebuilt.py", tmp_path / "strip_sum_rebuilt_past.py"
+    path.write_text(REBUILT)
+    past.write_text(REBUILT.replace("D - j * BLOCK_D", "D + BLOCK_D - j * BLOCK_D"))
+    errors = tilelink.spawn(_strips, 2, str(path), 4)
+    assert all(e < 1e-5 for e in errors), errors
+    with pytest.raises(LaunchError, match=r"up to the mask's bound D=8 \+ BLOCK_D=4 = 12"):
+        tilelink.spawn(_strips, 2, str(past), 4)
