@@ -548,6 +548,8 @@ class OverlappedKernel:
                     f"launch fewer programs: larger tiles, or a persistent grid (`grid = (NUM_SMS,)`) whose programs "
                     f"loop over the tiles")
             atomic = getattr(self.plan.launch, "atomic_axes", None)
+            if atomic is not None and not self.plan.launch.adds(values):
+                atomic = None  # this configuration stores (`if SPLIT_K == 1: tl.store(...)`)
             splits = () if atomic is None else tuple(a for a in range(3) if a not in atomic)
             found = _stored_twice(tiles, values, programs, size, splits)
             if found is not None and found[0]:

@@ -220,6 +220,9 @@ class ReduceScatterLaunch(LaunchPlan):
     #: a split-K write-back (``tl.atomic_add``): the grid axes its address reads (the others are the K splits,
     #: counted from the grid at launch); None for stores
     atomic_axes: tuple[int, ...] | None
+    #: where the kernel adds on some launches and stores on others (`if SPLIT_K == 1: tl.store(...)` / `else:
+    #: tl.atomic_add(...)`): the test, in its constexpr parameters, of the launches that add; "": every launch adds
+    atomic_when: str = ""
     #: the launches a non-linear epilogue refuses, ``(test, message)``: the test, in the kernel's constexpr parameters,
     #: of a compile-time side holding a ``tl.static_assert(False, message)``; the launcher raises the message before
     #: anything of a call whose arguments pass it is enqueued (the interpreter meets the assert mid-call)
@@ -229,6 +232,15 @@ class ReduceScatterLaunch(LaunchPlan):
     #: rows; ``test``: the ``if`` tests under which it runs, ``""``: always): each call with more than one rank checks
     #: over its grid that no element is stored by two programs or two steps
     stored_tiles: tuple[tuple[str, str, str, str, str, int], ...] = ()
+
+    def adds(self, values: Mapping[str, Any]) -> bool:
+        """Whether a launch with the constexpr arguments ``values`` takes the split-K write-back (``tl.atomic_add``):
+        always with one and ``atomic_when`` empty, never without one. Raises ``NameError`` (a parameter the values
+        leave out) or the test's own error where it cannot be evaluated."""
+        if self.atomic_axes is None or not self.atomic_when:
+            return self.atomic_axes is not None
+        env = {n: getattr(v, "value", v) for n, v in values.items()}  # tl.constexpr(x): x
+        return bool(eval(self.atomic_when, {"__builtins__": {}}, env))  # noqa: S307 - the kernel's own test
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -241,6 +253,8 @@ class ReduceScatterLaunch(LaunchPlan):
             "a tuple of (test, message)")
         for name in ("index", "topk"):
             self._check(name, getattr(self, name) is None or _name(getattr(self, name)), "None or a parameter name")
+        self._check("atomic_when", isinstance(self.atomic_when, str) and (
+            not self.atomic_when or self.atomic_axes is not None), "a str, empty without a split-K write-back")
         axes = self.atomic_axes
         self._check("atomic_axes", axes is None or (isinstance(axes, tuple) and bool(axes) and all(
             type(a) is int and 0 <= a <= 2 for a in axes) and list(axes) == sorted(set(axes))),

@@ -42,10 +42,11 @@ def rewrite(an: KernelAnalysis, spec: AllReduceSpec, options: Options) -> Rewrit
                  None: "one-shot or two-shot, chosen by the message's size at the first call of each shape"}
     report.append(ReportEntry(an.name, RULE, "note", f"consumer: SM mesh pull on {opts.comm_sms} programs, "
                                                      f"{algorithm[spec.mode]}"))
-    addressed = split_k(an, spec)
-    report += split_k_note(an, addressed, RULE)
+    found = split_k(an, spec)
+    report += split_k_note(an, found, RULE)
     launch = AllReduceLaunch(tensors=spec.tensors, dim=spec.dim, size_param=size_param, algorithm=spec.mode,
-                             atomic_axes=None if addressed is None else tuple(addressed),
+                             atomic_axes=None if found is None else tuple(found[0]),
+                             atomic_when="" if found is None else found[1],
                              via=opts.via, mode=opts.mode, order=opts.order, comm_block=opts.comm_block,
                              comm_sms=opts.comm_sms, channels_per_rank=opts.channels_per_rank, refused=refused,
                              stored_tiles=stored_tiles(an, spec))

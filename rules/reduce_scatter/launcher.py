@@ -364,7 +364,7 @@ class ReduceScatterLauncher(Launcher):
         barrier; so does the all-reduce (``AllReduceLauncher``), whose ``_consumer`` this calls."""
         from tilelink.runtime import graphs
 
-        if self.plan.atomic_axes is not None:
+        if self.adds(call):
             raise LaunchError(f"{self.okernel.name}: a split-K write-back (tl.atomic_add into the reduced tensor) "
                               f"cannot be captured in a CUDA graph: its per-call start (start_sums: the zeroed sums "
                               f"and the channels lowered by the split count) is host work of each call; call it "
@@ -507,6 +507,29 @@ class ReduceScatterLauncher(Launcher):
             self._consumer(ctx, world, out, ctx.channel.barriers, ctx.channel.peer_table, epoch)
         self.finish(ctx)
 
+    def adds(self, bound: dict) -> bool:
+        """Whether this call takes the kernel's split-K write-back (``ReduceScatterLaunch.atomic_when``): with each
+        autotuning configuration's and the heuristics' values, which must agree (the configuration is chosen at the
+        launch, after the partial sums are started for one way of writing them)."""
+        if self.plan.atomic_axes is None or not self.plan.atomic_when:
+            return self.plan.atomic_axes is not None
+        found: dict[bool, list[str]] = {}
+        for meta, config in metas(self.kernel, bound):
+            try:
+                taken = self.plan.adds({**self.okernel.defaults, **meta})
+            except Exception as exc:  # noqa: BLE001 - reported with the test
+                raise LaunchError(f"{self.okernel.name}: cannot tell from the arguments whether this call adds its "
+                                  f"tiles with tl.atomic_add or stores them (`{self.plan.atomic_when}`: {exc}); pass "
+                                  f"the parameters the test reads to the call") from None
+            found.setdefault(taken, []).append(config)
+        if len(found) > 1:
+            raise LaunchError(f"{self.okernel.name}: the autotuning configurations {'; '.join(found[True])} add their "
+                              f"tiles with tl.atomic_add and {'; '.join(found[False])} store them "
+                              f"(`{self.plan.atomic_when}`): TileLink starts the partial sums for one of the two "
+                              f"before the launch, and the autotuner chooses at the launch; give every configuration "
+                              f"the same split count, or pass it as an argument of the call")
+        return next(iter(found))
+
     def splits(self, grid, bound: dict) -> int:
         """The adds each element of a split-K write-back gets per call: the programs along the grid axes its
         address does not tell apart (the K splits), counted from the launch's grid. A grid function is evaluated as
@@ -547,7 +570,7 @@ class ReduceScatterLauncher(Launcher):
 
     def start_output(self, bound: dict) -> None:
         """Alone (the kernel writes the output itself): a split-K write-back adds into it, so it starts at zero."""
-        if self.plan.atomic_axes is not None:
+        if self.adds(bound):
             described(bound[self.plan.tensors[0]]).zero_()
 
     def start_sums(self, ctx: ReduceScatterContext, grid, bound: dict) -> None:
@@ -558,7 +581,7 @@ class ReduceScatterLauncher(Launcher):
         else writes these words meanwhile: the previous call's adds are behind on the same stream, and its consumers
         are done (the barrier before the pull's producer; the hybrid reads its own channels on a stream joined into
         this one)."""
-        if self.plan.atomic_axes is None:
+        if not self.adds(bound):
             return
         splits = self.splits(grid, bound)
         ctx.partial.zero_()
@@ -579,7 +602,7 @@ class ReduceScatterLauncher(Launcher):
             return
         sh, topk, row_elems, partial = ctx.sharding, ctx.topk, ctx.row_elems, ctx.partial
         barriers = args["tlk_barriers"]
-        if self.plan.atomic_axes is None:  # a split-K write-back adds into zeroed sums (start_sums)
+        if not self.adds(call):  # a split-K write-back adds into zeroed sums (start_sums)
             races.poison_(partial)
         taken: dict[int, torch.Tensor] = {}
 

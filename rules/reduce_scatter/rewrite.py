@@ -1410,20 +1410,33 @@ def _program_axes(an: KernelAnalysis, sources: list[str]) -> set[int]:
     return axes
 
 
-def split_k_note(an: KernelAnalysis, addressed: list[int] | None, rule: str) -> list[ReportEntry]:
-    """The report's note on a split-K write-back (:func:`split_k`'s axes), none without one."""
-    if addressed is None:
+def split_k_note(an: KernelAnalysis, found: tuple[list[int], str] | None, rule: str) -> list[ReportEntry]:
+    """The report's note on a split-K write-back (:func:`split_k`'s axes and test), none without one."""
+    if found is None:
         return []
-    return [ReportEntry(an.name, rule, "note", f"split-K write-back (tl.atomic_add): the partial sums start at zero "
-                                               f"each call and each element is added once per program along the "
-                                               f"grid axes other than {', '.join(map(str, addressed))}")]
+    addressed, when = found
+    on = f" on the launches where {when} (the others store)" if when else ""
+    return [ReportEntry(an.name, rule, "note", f"split-K write-back (tl.atomic_add){on}: the partial sums start at "
+                                               f"zero each call and each element is added once per program along "
+                                               f"the grid axes other than {', '.join(map(str, addressed))}")]
 
 
-def split_k(an: KernelAnalysis, spec) -> list[int] | None:
+def _sides_of(an: KernelAnalysis, acc) -> tuple[BranchSide, ...]:
+    """The `if` sides around an access's statement, outermost first."""
+    found = an.branch_sides.get(acc.where)
+    if found is None:
+        found = next((v for w, v in an.branch_sides.items() if w.line == acc.where.line), ())
+    return found
+
+
+def split_k(an: KernelAnalysis, spec) -> tuple[list[int], str] | None:
     """For a split-K write-back (``tl.atomic_add(c_ptrs, acc, mask=...)``: the programs along the split axis add
-    into the same tile): the grid axes its address tells programs apart by. Every other axis of the grid holds the
-    K splits: each element is added once per program along them, which the launcher counts from the grid (the
-    product of the grid's other axes) for the channels' targets. ``None`` without an atomic_add."""
+    into the same tile): the grid axes its address tells programs apart by, and the test in the constexpr
+    parameters of the launches that add ("" for every launch). Every other axis of the grid holds the K splits:
+    each element is added once per program along them, which the launcher counts from the grid (the product of the
+    grid's other axes) for the channels' targets. A kernel that stores on some launches and adds on others chooses
+    by a compile-time `if` (`if SPLIT_K == 1: tl.store(...)` / `else: tl.atomic_add(...)`, as triton.ops.matmul
+    does): each launch writes one way, which the launcher tells from the test. ``None`` without an atomic_add."""
     stores = [a for t in spec.tensors for a in an.accesses_of(t, "store")]
     atomics = [a for a in stores if a.atomic]
     if not atomics:
@@ -1434,17 +1447,29 @@ def split_k(an: KernelAnalysis, spec) -> list[int] | None:
         return AnnotationError(message, file=acc.where.file, line=acc.where.line, column=acc.where.column, hint=hint)
 
     plain = [s for s in stores if not s.atomic]
+    when = ""
     if plain:
-        raise refuse(plain[0], f"the kernel stores to {a.tensor!r} here and adds to it with tl.atomic_add at line "
-                               f"{a.where.line}: the channels count the adds of a split-K write-back, which a plain "
-                               f"store would not match", "write every tile of the tensor one way: all with "
-                                                          "tl.atomic_add (split-K) or all with tl.store")
+        # a compile-time `if` with every plain store on one side and every add on the other
+        chooser = next((side for side in _sides_of(an, a) if side.static and all(
+            any(x.where == side.where and x.body == side.body for x in _sides_of(an, acc)) for acc in atomics)
+            and all(any(x.where == side.where and x.body != side.body for x in _sides_of(an, st)) for st in plain)),
+            None)
+        if chooser is None:
+            raise refuse(plain[0], f"the kernel stores to {a.tensor!r} here and adds to it with tl.atomic_add at "
+                                   f"line {a.where.line}: the channels count the adds of a split-K write-back, which "
+                                   f"a plain store would not match",
+                         "write every tile of the tensor one way: all with tl.atomic_add (split-K) or all with "
+                         "tl.store, or choose between the two by a compile-time test (`if SPLIT_K == 1: tl.store("
+                         "...)` / `else: tl.atomic_add(...)`, SPLIT_K a tl.constexpr parameter)")
+        when = _launch_test(an, chooser)
     if getattr(spec, "index", None) or getattr(spec, "topk", None) or a.tile is None or a.tile.dynamic:
         raise refuse(a, f"the tl.atomic_add into {a.tensor!r} writes rows from an index: TileLink follows an "
                         f"atomic_add only as a split-K GEMM's write-back of whole tiles",
                      "store with tl.store (the reduce-scatter sums the ranks' partial results)")
     for acc in atomics:
-        if acc.loop is not None or acc.swept or acc.branch is not None:
+        # a compile-time `if` runs the add in every program of a launch that takes it, or in none
+        if acc.loop is not None or acc.swept or (acc.branch is not None and not all(
+                side.static for side in _sides_of(an, acc))):
             raise refuse(acc, f"the tl.atomic_add into {acc.tensor!r} is in a loop or a branch: the reduction counts "
                               f"one add per element from each program along the split axis, which it cannot tell "
                               f"here", "add each program's tile once, as a statement of the kernel's body after its "
@@ -1481,7 +1506,7 @@ def split_k(an: KernelAnalysis, spec) -> list[int] | None:
             raise refuse(acc, f"the mask of the tl.atomic_add into {acc.tensor!r} reads the split index: the "
                               f"channels count one add per element from every program along the split axes, and "
                               f"would wait for the adds it skips", every)
-    return sorted(addressed[0])
+    return sorted(addressed[0]), when
 
 
 def rewrite(an: KernelAnalysis, spec: ReduceScatterSpec, options: Options) -> RewritePlan:
@@ -1502,14 +1527,15 @@ def rewrite(an: KernelAnalysis, spec: ReduceScatterSpec, options: Options) -> Re
         report.append(ReportEntry(an.name, RULE, "note",
                                   f"consumer: SM mesh pull on {opts.comm_sms} programs, comm tile "
                                   + (f"{opts.comm_block} rows" if opts.comm_block else "128 rows")))
-    addressed = split_k(an, spec)
-    report += split_k_note(an, addressed, RULE)
+    found = split_k(an, spec)
+    report += split_k_note(an, found, RULE)
     launch = ReduceScatterLaunch(tensors=spec.tensors, dim=spec.dim, size_param=size_param, index=spec.index,
                                  topk=spec.topk, via=opts.via, mode=opts.mode, order=opts.order,
                                  comm_block=opts.comm_block, comm_sms=opts.comm_sms,
                                  channels_per_rank=opts.channels_per_rank,
                                  # a split-K write-back: the grid axes its address reads (the others are the splits)
-                                 atomic_axes=None if addressed is None else tuple(addressed), refused=refused,
+                                 atomic_axes=None if found is None else tuple(found[0]),
+                                 atomic_when="" if found is None else found[1], refused=refused,
                                  stored_tiles=stored_tiles(an, spec))
     if opts.via == "sm" and opts.mode == "push" and spec.topk:
         raise AnnotationError("reduce_scatter with topk= reduces by pulling", file=an.file, line=an.where.line,

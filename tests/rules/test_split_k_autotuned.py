@@ -58,7 +58,9 @@ def _load(path: str):
     return module
 
 
-def _multiply(path: str) -> float:
+def _multiply(path: str, name: str = "matmul_tuned_split_k", whole: bool = False, **meta) -> float:
+    """The kernel ``name`` of ``path`` over this rank's slice of K, against torch: its rows of the product (an
+    all-reduce's: ``whole``, all of them). ``meta``: further arguments of the call (``SPLIT_K=3``)."""
     module = _load(path)
     rank, world = tilelink.rank(), tilelink.world_size()
     M, N, K = 40, 24, 64
@@ -69,14 +71,14 @@ def _multiply(path: str) -> float:
     device = current_world().device
     dtype = torch.float16 if device.type == "cuda" else torch.float32
     ar, br = (t.to(device=device, dtype=dtype) for t in (a[:, klo:khi].contiguous(), b[klo:khi].contiguous()))
-    lo, hi = rows_of(rank, world, M)
+    lo, hi = (0, M) if whole else rows_of(rank, world, M)
     err = 0.0
     for _ in range(2):
         out = torch.full((hi - lo, N), float("nan"), device=device)
         grid = lambda META: (triton.cdiv(M, META["BLOCK_M"]), triton.cdiv(N, META["BLOCK_N"]),  # noqa: E731
                              META.get("SPLIT_K", 1))
-        module.matmul_tuned_split_k[grid](ar, br, out, M, N, khi - klo, ar.stride(0), ar.stride(1), br.stride(0),
-                                          br.stride(1), N, 1, BLOCK_M=16, BLOCK_N=16, BLOCK_K=16)
+        getattr(module, name)[grid](ar, br, out, M, N, khi - klo, ar.stride(0), ar.stride(1), br.stride(0),
+                                    br.stride(1), N, 1, BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, **meta)
         got = out.cpu() - (a @ b)[lo:hi]
         err = max(err, float("inf") if got.isnan().any() else got.abs().max().item())
     return err

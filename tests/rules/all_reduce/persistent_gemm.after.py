@@ -55,6 +55,7 @@ def persistent_matmul_kernel(a_ptr, b_ptr, c_ptr, M, N, K, BLOCK_M: tl.constexpr
 
 TILELINK_PLAN = {'persistent_matmul_kernel': {'algorithm': None,
                               'atomic_axes': None,
+                              'atomic_when': '',
                               'channels_per_rank': None,
                               'comm_block': None,
                               'comm_sms': 16,

@@ -54,6 +54,7 @@ def row_parallel_kernel(x_ptr, w_ptr, y_ptr, M, N, K, stride_xm, stride_xk, stri
 
 TILELINK_PLAN = {'row_parallel_kernel': {'algorithm': 'one_shot',
                          'atomic_axes': None,
+                         'atomic_when': '',
                          'channels_per_rank': None,
                          'comm_block': None,
                          'comm_sms': 16,

@@ -46,6 +46,7 @@ def partial_product_kernel(x_ptr, w_ptr, y_ptr, N, BLOCK: tl.constexpr,  # added
 
 TILELINK_PLAN = {'partial_product_kernel': {'algorithm': 'two_shot',
                             'atomic_axes': None,
+                            'atomic_when': '',
                             'channels_per_rank': None,
                             'comm_block': None,
                             'comm_sms': 16,

@@ -64,6 +64,7 @@ def matmul_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk,
 
 
 TILELINK_PLAN = {'matmul_kernel': {'atomic_axes': None,
+                   'atomic_when': '',
                    'channels_per_rank': None,
                    'comm_block': None,
                    'comm_sms': 16,

@@ -87,6 +87,7 @@ def down_kernel(h_ptr, w_ptr, y_ptr, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl
 
 
 TILELINK_PLAN = {'down_kernel': {'atomic_axes': None,
+                 'atomic_when': '',
                  'channels_per_rank': None,
                  'comm_block': None,
                  'comm_sms': 16,
