@@ -1295,7 +1295,7 @@ def notify_stores(an: KernelAnalysis, spec, opts: Options,
             _epilogue_branches(an, a, rule, refused)
         if a.mask is not None and not t.dynamic:
             _check_mask_by_position(an, a, rule)
-        if a.branch is not None:
+        if a.branch is not None and not _stored_on_every_side(an, spec, a):
             report.append(ReportEntry(an.name, rule, "note",
                                       f"the store at line {a.where.line} is in a branch of the `if` at line "
                                       f"{a.branch.line}: a tile that takes no storing branch leaves its rows "
@@ -1427,6 +1427,16 @@ def _sides_of(an: KernelAnalysis, acc) -> tuple[BranchSide, ...]:
     if found is None:
         found = next((v for w, v in an.branch_sides.items() if w.line == acc.where.line), ())
     return found
+
+
+def _stored_on_every_side(an: KernelAnalysis, spec, a) -> bool:
+    """Whether the `if` the store ``a`` is in (its ``branch``) is decided at compile time and stores the tensor on
+    each of its sides (`if SPLIT_K == 1: tl.store(...)` / `else: tl.atomic_add(...)`): every launch takes a storing
+    side."""
+    side = next((x for x in _sides_of(an, a) if x.where == a.branch), None)
+    stores = [x for t in spec.tensors for x in an.accesses_of(t, "store")]
+    return side is not None and side.static and all(any(
+        y.where == side.where and y.body == body for x in stores for y in _sides_of(an, x)) for body in (True, False))
 
 
 def split_k(an: KernelAnalysis, spec) -> tuple[list[int], str] | None:

@@ -67,3 +67,12 @@ def test_configurations_that_write_two_ways_are_refused_before_the_launch(tmp_pa
     path = _written(tmp_path, _source(configs='triton.Config({"SPLIT_K": 1}), triton.Config({"SPLIT_K": 2})'))
     with pytest.raises(LaunchError, match=r"SPLIT_K=2 add their tiles with tl.atomic_add and SPLIT_K=1 store them"):
         tilelink.spawn(_multiply, 2, path)
+
+
+def test_the_report_does_not_warn_of_tiles_left_unstored() -> None:
+    """Every launch takes a storing side of the compile-time `if`: no tile goes unnotified. One side alone does."""
+    for branch, warned in ((BRANCH, False), (BRANCH.replace("    else:\n    " + ADD, ""), True)):
+        source = _source(branch=branch).replace("tl.atomic_add(", "tl.store(")
+        notes = [e.message for e in generate(source, "split_k_branch.py",
+                                             requests_in(source, "split_k_branch.py")).report.entries]
+        assert any("takes no storing branch" in n for n in notes) == warned, notes
