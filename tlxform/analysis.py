@@ -449,8 +449,10 @@ class _Analyzer:
                         if isinstance(t.target, cst.Name):
                             self.assignments.setdefault(t.target.value, []).append((ref, small.value))
                         elif isinstance(t.target, (cst.Tuple, cst.List)):  # nested ones too: `a, (p, q) = ...`
+                            elements = _elementwise(t.target, small.value)
                             for name in names_in(t.target):
-                                self.assignments.setdefault(name, []).append((ref, small.value))
+                                value = elements.get(name, small.value)
+                                self.assignments.setdefault(name, []).append((ref, value))
                 elif isinstance(small, cst.AnnAssign) and small.value is not None and isinstance(small.target,
                                                                                                  cst.Name):
                     # Triton runs `p: tl.tensor = x_ptr + offs` as an assignment: an alias like any other
@@ -1700,6 +1702,22 @@ def _counter_target(an: _Analyzer, name: str, at: Where) -> cst.BaseExpression |
             return cst.Name(loop.target.value)
     steps = f"(({loop.target.value}) - ({code(start)})) // ({code(step)})" + (" + 1" if before else "")
     return cst.parse_expression(f"({code(init)}) + ({steps}) * ({code(update.value)})")
+
+
+def _elementwise(target: cst.Tuple | cst.List, value: cst.BaseExpression) -> dict[str, cst.BaseExpression]:
+    """``a_ptrs, b_ptrs = (a_ptr + ..., b_ptr + ...)``: each name of a flat tuple of names with the element of a
+    tuple of as many values that it takes, as if bound by an assignment of its own (`a_ptrs, b_ptrs = a_ptrs + da,
+    b_ptrs + db` too). Empty for any other unpacking, and where an element reads another name the statement binds
+    (`a, b = b, a` takes the values from before it)."""
+    value = _bare(value)
+    names = [e.value.value if isinstance(e.value, cst.Name) else None for e in target.elements]
+    if not isinstance(value, (cst.Tuple, cst.List)) or None in names or len(set(names)) != len(names) or len(
+            names) != len(value.elements) or any(isinstance(e, cst.StarredElement) for e in
+                                                 (*target.elements, *value.elements)):
+        return {}
+    if any(names_in(e.value) & (set(names) - {n}) for n, e in zip(names, value.elements, strict=True)):
+        return {}
+    return {n: e.value for n, e in zip(names, value.elements, strict=True)}  # type: ignore[misc]
 
 
 def _unpacked_slot(ref: StmtRef, value: cst.BaseExpression, name: str) -> int | None:
@@ -3874,7 +3892,9 @@ def analyse(module: cst.Module, file: str, kernel: str,
                                         if isinstance(small, cst.Assign) and len(small_statements(ref)) == 1
                                         for t in small.targets
                                         if isinstance(t.target, (cst.Tuple, cst.List)) and all(
-                                            isinstance(e.value, cst.Name) for e in t.target.elements)},
+                                            isinstance(e.value, cst.Name) for e in t.target.elements)
+                                        # each name bound to its element, as by an assignment of its own
+                                        and not _elementwise(t.target, small.value)},
                               blocks={an.where(ref.node): _span(an, ref.blocks[-1]) for ref in an.statements
                                       if ref.blocks},
                               written_out=lambda source, at: launch_value(an, source, at),
