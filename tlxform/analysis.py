@@ -2614,8 +2614,25 @@ def _access_row_scales(an: _Analyzer, acc: Access, pointers: set[str]) -> tuple[
                 last = None if bound is not None or position else _vector_last(an, vector, offsets)
                 if bound is None and _mask_varies(an, masks, vector):
                     # bounded by what is left of the row on each step of a loop (`cols[None, :] < D - j` beside
-                    # `+ j`): the loop's terms are checked at both ends, the columns from their start
-                    ways = None if position else plus(ways, [low])
+                    # `+ j`): the loop's terms are checked at both ends, the columns from their start, and `D`
+                    # against the row (`row_bounds`), where the address moves the columns by the step the mask
+                    # takes off; otherwise by the vector's own end, as unmasked
+                    if position or _walked_bound(an, acc, pointers, vector, scale, offsets) or not _stepped_by_mask(
+                            an, acc, pointers, vector, offsets):
+                        # (a pointer advanced in place has its walk checked as an advance, `row_bounds` too)
+                        ways = None if position else plus(ways, [low])
+                        continue
+                    last = _vector_last(an, vector, offsets)
+                    if last is None:
+                        raise _refuse(acc, f"the columns `{vector}` of the {acc.kind} at line {acc.where.line} are "
+                                           f"bounded by a mask that changes from one step of a loop to the next, "
+                                           f"which TileLink cannot read as what is left of the row, and their end "
+                                           f"is not known either: it cannot check that they stay within the rows "
+                                           f"of {acc.tensor!r} its {_waits(acc)} covers",
+                                      f"bound the columns by what is left of the row as the address moves them (`"
+                                      f"{vector}[None, :] < D - j * BLOCK_D` beside `+ j * BLOCK_D`, D a parameter), "
+                                      f"or by the row's length (`{vector}[None, :] < D`)")
+                    ways = plus(ways, [low, low + [(negative != sub, f + scale) for sub, f in last]])
                     continue
                 if bound is not None:
                     high = [(negative != sub, f + scale) for sub, f in bound]
@@ -2639,10 +2656,10 @@ def _access_row_scales(an: _Analyzer, acc: Access, pointers: set[str]) -> tuple[
                               "`cols[None, :]` (times stride parameters and literals), and mask them by the row's "
                               "length (`cols[None, :] < D`)")
             elif not m.findall(term, m.Subscript()):
+                if _varies(an, term) and _column_step(an, acc, pointers, term, negative, offsets):
+                    continue  # `k * BLOCK_K * stride_ak` beside the columns it moves: 0 on the first step
                 # a loop variable's term: checked at the loop's first and last values
                 ends = _loop_term(an, acc, term, negative, offsets) if _varies(an, term) else None
-                if ends is None and _varies(an, term) and _column_step(an, acc, pointers, term, negative, offsets):
-                    continue  # `k * BLOCK_K * stride_ak` beside the columns it moves: 0 on the first step
                 if ends is None and _varies(an, term):
                     # what it adds over the loop is not bounded: a `while` counter (`j += 1`), a loop of a step of
                     # unknown sign or of bounds the kernel computes moves the address into the next rows
@@ -3048,21 +3065,28 @@ def _column_step(an: _Analyzer, acc: Access, pointers: set[str], term: cst.BaseE
     if any(len(an.bindings.get(alias, ())) != 1 for e in definitions for alias in names_in(e) & pointers
            if alias != acc.tensor):
         return False  # an alias bound more than one way, or advanced: its columns are not one vector's
-    columns: dict[str, set[str]] = {}  # stride parameter -> the column vectors it scales in the address
+    columns: dict[str, set[str]] = {}  # stride parameter ("1": none) -> the column vectors it scales in the address
     for expr in definitions:
         for t, subtracted in _terms(_bare(expr)):
             vector, stride_of = _column_term(an, t, offsets)
+            if vector is not None and stride_of is None and m.matches(_bare(t), m.Subscript(value=m.Name(vector))):
+                stride_of = "1"  # `cols[None, :]` as it is
             if vector is not None and stride_of is not None and not subtracted:
                 columns.setdefault(stride_of, set()).add(vector)
     strides = [p for p in parts if isinstance(p, cst.Name) and len(columns.get(p.value, ())) == 1]
-    if len(strides) != 1:
+    if not strides and len(columns.get("1", ())) == 1 and len(columns) == 1:
+        stride = "1"  # the columns added as they are: the step is the term itself
+    elif len(strides) == 1:
+        stride = strides[0].value
+    else:
         return False
-    stride = strides[0].value
-    rest = [p for p in parts if p is not strides[0] and p is not targets[0]]
+    rest = [p for p in parts if not any(p is x for x in strides) and p is not targets[0]]
     if not all(isinstance(f, cst.Integer) or (isinstance(f, cst.Name) and f.value in an.params
                                               and not an.bindings.get(f.value)) for f in rest):
         return False  # a factor that may change from step to step, or be negative
     (vector,) = columns[stride]
+    if not _walk_alone(an, definitions, pointers | {acc.tensor}, offsets, vector, k):
+        return False
     signs = _nonnegative_value(an, cst.Name(vector)) if len(an.bindings.get(vector, ())) == 1 else None
     if signs is None:
         return False  # columns that may start before the row's first, or bound more than once
@@ -3072,6 +3096,74 @@ def _column_step(an: _Analyzer, acc: Access, pointers: set[str], term: cst.BaseE
     an.row_bounds.append((acc.tensor, found, stride, acc.where))
     an.row_signs.extend((n, acc.where) for n in sorted(signs | {code(f) for f in rest if isinstance(f, cst.Name)}))
     return True
+
+
+def _stepped_by_mask(an: _Analyzer, acc: Access, pointers: set[str], vector: str, offsets: str) -> bool:
+    """Whether a scalar term of the address reads the variable of a ``for`` loop around the access that a conjunct
+    of its mask bounding ``vector`` reads too (``+ j * BLOCK_D`` beside ``cols[None, :] < X - j * BLOCK_D``): the
+    mask then says where the walk stops, and ``X`` must be read, or the columns' own end."""
+    loops = {lp.target.value for lp in an.findall(an.fn.body, m.For(target=m.Name())) if _contains(an, lp, acc.where)}
+    masked = set().union(*(names_in(node) for node in (_conjuncts(acc.mask, an.params) if acc.mask else ())
+                           if vector in names_in(node))) & loops
+    return any(names_in(t) & masked and not names_in(t) & ({offsets, vector} | pointers)
+               for e in an._pointer_definitions(acc.pointer, pointers) for t, _ in _terms(_bare(e)))
+
+
+def _walk_alone(an: _Analyzer, definitions: list[cst.BaseExpression], pointers: set[str], offsets: str, vector: str,
+                k: str) -> bool:
+    """Whether the address's terms, through its aliases, are the pointers, the rows (``offsets``), the columns
+    ``vector`` and the loop variable ``k``'s term only: another term (`+ D`) starts the walk further along the row
+    than the mask's bound counts from."""
+    for e in definitions:
+        for t, _ in _terms(_bare(e)):
+            names = names_in(t)
+            if isinstance(t, cst.Name) and t.value in pointers or offsets in names:
+                continue
+            if k in names and vector not in names or vector in names and k not in names and not names & pointers:
+                continue
+            return False
+    return True
+
+
+def _walked_bound(an: _Analyzer, acc: Access, pointers: set[str], vector: str, scale: tuple[str, ...],
+                  offsets: str) -> bool:
+    """Columns ``vector[None, :]`` (times the factors ``scale``) masked by what is left of the row on each step of a
+    loop around the access (``vector[None, :] < X - j * F``, :func:`_left_of_row`) beside the one term of the address
+    that reads the loop's variable, ``j * F`` times ``scale`` (``+ j * BLOCK_D`` beside ``cols[None, :]``): the columns
+    touched are ``vector + j * F`` times ``scale``, below ``X`` times it, which each call compares with the row
+    (``KernelAnalysis.row_bounds``; the loop's term itself is checked at its ends). Records that and returns True; False
+    where the mask or the address is not so (a step the address takes other than the mask's reads past ``X``)."""
+    if len(scale) > 1 or (scale and not (scale[0].isdigit() or (scale[0] in an.params and not an.bindings.get(
+            scale[0])))):
+        return False
+    stride = scale[0] if scale else "1"
+    definitions = an._pointer_definitions(acc.pointer, pointers)
+    terms = [(t, negative) for e in definitions for t, negative in _terms(_bare(e))]
+    for loop in an.findall(an.fn.body, m.For(target=m.Name())):
+        k = loop.target.value
+        if not _contains(an, loop, acc.where) or len(an.bindings.get(k, ())) != 1:
+            continue
+        moving = [(t, negative) for t, negative in terms if k in names_in(t)]
+        if len(moving) != 1 or moving[0][1]:
+            continue
+        parts = _product_factors(moving[0][0])
+        if sum(1 for p in parts if m.matches(p, m.Name(k))) != 1 or not all(
+                isinstance(p, cst.Integer) or (isinstance(p, cst.Name) and (p.value == k or (
+                    p.value in an.params and not an.bindings.get(p.value)))) for p in parts):
+            continue
+        rest = sorted(code(p) for p in parts if not m.matches(p, m.Name(k)))
+        if not _walk_alone(an, definitions, pointers | {acc.tensor}, offsets, vector, k):
+            return False
+        for factor in scale:  # the step the address takes is the mask's times the columns' scale
+            if factor not in rest:
+                break
+            rest.remove(factor)
+        else:
+            found, _ = _left_of_row(an, acc, loop, k, vector, rest)
+            if found is not None:
+                an.row_bounds.append((acc.tensor, found, stride, acc.where))
+                return True
+    return False
 
 
 def _left_of_row(an: _Analyzer, acc: Access, loop: cst.For, k: str, vector: str,

@@ -317,7 +317,7 @@ class OverlappedKernel:
                     continue
                 rows = _product(tuple(str(int(n)) for n in t.shape[dim + 1:]), {})
                 known = [_product(factors, values) for _, factors in terms]
-                step = values.get(stride)
+                step = int(stride) if stride.isdigit() else values.get(stride)  # `cols[None, :]`: a stride of 1
                 if None in known or not isinstance(step, int) or isinstance(step, bool):
                     continue  # a parameter that is not an int at this call: Triton refuses the call itself
                 if step <= 0:
@@ -333,15 +333,17 @@ class OverlappedKernel:
                 last = sum(-v if negative else v for (negative, _), v in zip(terms, known, strict=True))
                 if last * step > rows:
                     said = " + ".join(("-" if neg else "") + _said(factors, values) for neg, factors in terms)
+                    literal = stride.isdigit()  # columns the address adds as they are (`cols[None, :]`)
                     raise LaunchError(
                         f"{self.name}: the load or store at {_display_path(self.file)}:{line} walks the columns of "
                         f"{tensor!r} in its loop up to the mask's bound {said} = {last}{said_config}, {last * step} "
-                        f"elements at argument {stride!r} = {step} elements a column, but the rows of the buffer "
+                        + ("elements" if literal else f"elements at argument {stride!r} = {step} elements a column")
+                        + ", but the rows of the buffer "
                         f"TileLink passes as {tensor!r} (contiguous, of the shape of the argument along its other "
                         f"dims, {tuple(t.shape)}) are {rows} elements long: the last steps touch the next rows, "
                         f"which its wait or notify does not cover; pass arguments that make the mask's bound at most "
                         f"{rows // step} (the row's length, `K` for a matmul's `a` of shape "
-                        f"(M, K)), and {stride!r} the stride of the columns in the row")
+                        f"(M, K))" + ("" if literal else f", and {stride!r} the stride of the columns in the row"))
             for tensor, terms, line in plan.row_shifts:
                 t = bound.get(tensor)
                 if not hasattr(t, "shape") or len(t.shape) <= dim or dim > 0 and full is None:

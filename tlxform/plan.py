@@ -145,8 +145,9 @@ class LaunchPlan:
         self._check("row_bounds", isinstance(self.row_bounds, tuple) and all(
             isinstance(e, tuple) and len(e) == 4 and _name(e[0]) and isinstance(e[1], tuple) and bool(e[1]) and all(
                 isinstance(t, tuple) and len(t) == 2 and isinstance(t[0], bool) and _factors(t[1]) for t in e[1])
-            and _name(e[2]) and _positive(e[3]) for e in self.row_bounds),
-            "a tuple of (tensor, ((subtracted, factors), ...), stride parameter, line)")
+            and (_name(e[2]) or (isinstance(e[2], str) and e[2].isdigit() and int(e[2]) > 0)) and _positive(e[3])
+            for e in self.row_bounds),
+            "a tuple of (tensor, ((subtracted, factors), ...), stride parameter or positive literal, line)")
         self._check("row_multiples", isinstance(self.row_multiples, tuple) and all(
             isinstance(e, tuple) and len(e) == 4 and _factors(e[0]) and bool(e[0]) and _factors((e[1],))
             and isinstance(e[2], str) and _positive(e[3]) for e in self.row_multiples),

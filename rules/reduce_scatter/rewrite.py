@@ -605,8 +605,11 @@ def _check_carried(an: KernelAnalysis, name: str, sources: list[tuple[str, Where
         starts = [tuple(side for side in an.branch_sides.get(s, ()) if inside(side.where, loop))
                   for v, s in parsed if (v, s) not in own and inside(s, loop) and pos(s) < pos(site)
                   and not any(inside(s, inner) for inner in loops if inner != loop and inside(inner[0], loop))]
-        if _every_pass(starts):
-            continue  # started again on every pass before it: nothing is carried from pass to pass
+        here = tuple(side for side in an.branch_sides.get(site, ()) if inside(side.where, loop))
+        if _every_pass(starts) or any(path == here[:len(path)] for path in starts):
+            # started again on every pass before it, or before it in a block that holds it (`acc =
+            # tl.reshape(accumulator, ...)` then `acc = tl.permute(acc, ...)` under one `if`): nothing is carried
+            continue
         for other, there in own:
             if not inside(there, loop):
                 continue

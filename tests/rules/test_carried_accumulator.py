@@ -141,3 +141,28 @@ def test_an_accumulator_started_again_on_each_side_of_a_branch_is_not_carried() 
     with pytest.raises(AnnotationError, match="carried through its loop at line 12"):
         _generate(both.replace("        else:\n            acc = tl.full((BLOCK_M, BLOCK_N), 0.0, dtype=tl.float32)\n",
                                ""))
+
+
+def test_a_value_made_again_from_the_sums_before_its_own_update_is_not_carried(tmp_path, monkeypatch) -> None:
+    """The persistent tutorial's subtiled epilogue: `out = tl.reshape(acc, ...)` then `out = tl.permute(out, ...)`
+    in one block of the tile loop. The first starts `out` on every pass that runs the second: built without a
+    refusal, and equal to torch."""
+    monkeypatch.setenv("TILELINK_RACES", "1")
+    store = "        tl.store(c_ptr + rm[:, None] * stride_cm + rn[None, :] * stride_cn, acc * 2.0,\n"
+    assert store in PERSISTENT
+    source = HEAD + textwrap.dedent(PERSISTENT.replace(
+        "        acc = acc * 0.5\n" + store,
+        "        if BLOCK_N > 1:\n"
+        "            out = tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2))\n"
+        "            out = tl.permute(out, (0, 2, 1))\n"
+        "            out = tl.reshape(tl.permute(out, (0, 2, 1)), (BLOCK_M, BLOCK_N))\n"
+        "        else:\n"
+        "            out = acc\n"
+        "        tl.store(c_ptr + rm[:, None] * stride_cm + rn[None, :] * stride_cn, out,\n"))
+    assert "tl.permute(out" in source
+    body = _generate(source).rewritten["matmul"]
+    assert "tl.static_assert" not in body and "tll.producer_tile_notify" in body, body
+    path = tmp_path / "persistent_subtiled.py"
+    path.write_text(source)
+    errors = tilelink.spawn(_scattered, 2, str(path))
+    assert all(e < 1e-4 for e in errors), errors

@@ -430,3 +430,35 @@ def test_an_address_made_afresh_each_step_equals_torch_and_a_bound_past_the_row_
     assert all(e < 1e-5 for e in errors), errors
     with pytest.raises(LaunchError, match=r"up to the mask's bound D=8 \+ BLOCK_D=4 = 12"):
         tilelink.spawn(_strips, 2, str(past), 4)
+
+
+# the same walk with a loop bound the launch reads, and with the columns added as they are (`cols[None, :] + j *
+# BLOCK_D`): the mask's bound is what the launch checks, not the loop's last step, which the mask may stop short
+READABLE = REBUILT.replace("    for j in range(0, tl.cdiv(NSTEP, 1)):\n", LOOP)
+UNSTRIDED = READABLE.replace("tl.load(x_ptrs + j * BLOCK_D * stride_xd,",
+                             "tl.load(x_ptr + offs_m[:, None] * stride_xm + cols[None, :] + j * BLOCK_D,")
+
+
+@pytest.mark.parametrize("source", [READABLE, UNSTRIDED], ids=["readable_bound", "unstrided"])
+def test_a_walk_the_mask_bounds_is_checked_by_the_mask_s_bound(source: str, tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("TILELINK_RACES", "1")
+    assert LOOP in source and "j * BLOCK_D" in source
+    stride = "stride_xd" if source is READABLE else "1"
+    plan = _launch_plan(source)
+    assert plan.row_bounds == (("x_ptr", ((False, ("D",)),), stride, LOAD_LINE),), plan.row_bounds
+    assert not plan.row_shifts, plan.row_shifts  # the loop's last step is the mask's to stop
+    path, past = tmp_path / "strip_sum_walk.py", tmp_path / "strip_sum_walk_past.py"
+    path.write_text(source)
+    past.write_text(source.replace("D - j * BLOCK_D", "D + BLOCK_D - j * BLOCK_D"))
+    # four steps over a row of two blocks: the mask stops the last two at the row's end
+    errors = tilelink.spawn(_strips, 2, str(path), 4)
+    assert all(e < 1e-5 for e in errors), errors
+    with pytest.raises(LaunchError, match=r"up to the mask's bound D=8 \+ BLOCK_D=4 = 12"):
+        tilelink.spawn(_strips, 2, str(past), 4)
+
+
+def test_a_walk_that_starts_past_the_row_s_first_column_is_checked_at_its_ends() -> None:
+    """`+ 2` beside the walk: the mask's bound counts from the row's first column, so the columns' own ends and the
+    loop's are checked instead (conservatively, at every step)."""
+    plan = _launch_plan(UNSTRIDED.replace("+ j * BLOCK_D,", "+ j * BLOCK_D + 2,"))
+    assert not plan.row_bounds and plan.row_shifts, plan

@@ -1,6 +1,8 @@
-"""A scalar term along dim 0 that a loop variable makes (`+ j` for `j in range(0, SPAN)`, directly or through an alias
+"""A scalar term along dim 0 that a loop variable makes (`+ j` for `j in range(SPAN - 1, -1, -1)`, through an alias
 bound in the loop) is checked at the launch at both ends of the loop's range: `SPAN` past the row's length reads the
-next row at its last step and is refused, naming the load; within the row the kernel runs and equals torch."""
+next row at its last step and is refused, naming the load; within the row the kernel runs and equals torch. Counting
+from 0 by 1 beside columns masked by what is left of the row (`cols[None, :] < D - j`), the mask stops the walk: its
+bound `D` is what the launch checks, and a `SPAN` past the row runs and equals torch."""
 
 from __future__ import annotations
 
@@ -75,7 +77,8 @@ def _args(span: int) -> dict:
 
 def test_the_loop_variables_term_is_kept_at_both_ends_of_its_range() -> None:
     plan = generate(WINDOWS, "window_sum.py", requests_in(WINDOWS, "window_sum.py")).plans[0].launch
-    assert plan.row_shifts == (("x_ptr", ((True, ("1",)), (False, ("SPAN",))), LOAD_LINE),), plan.row_shifts
+    # counting from 0 beside the mask `cols[None, :] < D - j`: the mask's bound, not the loop's ends
+    assert plan.row_bounds == (("x_ptr", ((False, ("D",)),), "1", LOAD_LINE),) and not plan.row_shifts, plan
     aliased = generate(ALIASED, "window_sum.py", requests_in(ALIASED, "window_sum.py")).plans[0].launch
     # from SPAN - 1 down to 0, the stop -1 plus one
     assert set(aliased.row_shifts) == {("x_ptr", ((False, ("SPAN",)), (True, ("1",))), LOAD_LINE + 1),
@@ -83,17 +86,27 @@ def test_the_loop_variables_term_is_kept_at_both_ends_of_its_range() -> None:
         aliased.row_shifts
 
 
-@pytest.mark.parametrize("source", [WINDOWS, ALIASED], ids=["direct", "aliased"])
-def test_a_loop_running_past_the_row_is_refused_at_the_launch(source: str, tmp_path) -> None:
-    kernel = _kernel(_written(tmp_path, source, "window_sum"))
+def test_a_loop_running_past_the_row_is_refused_at_the_launch(tmp_path) -> None:
+    kernel = _kernel(_written(tmp_path, ALIASED, "window_sum"))
     for span in (1, D):
         kernel._check_row_scales(_args(span), _Launcher())
     with pytest.raises(LaunchError) as info:
         kernel._check_row_scales(_args(D + 1), _Launcher())
     said = str(info.value)
-    line = LOAD_LINE + (1 if source is ALIASED else 0)
-    assert f"window_sum.py:{line} adds {D} elements" in said and "SPAN=5" in said, said
+    assert f"window_sum.py:{LOAD_LINE + 1} adds {D} elements" in said and "SPAN=5" in said, said
     assert "to the rows of 'x_ptr', whose rows are 4 elements long" in said, said
+
+
+def test_a_walk_the_mask_stops_is_bounded_by_the_mask(tmp_path) -> None:
+    """Past the row, the mask stops the steps of the loop counting from 0: a longer loop passes, a mask bound past
+    the row does not."""
+    kernel = _kernel(_written(tmp_path, WINDOWS, "window_sum"))
+    for span in (1, D, D + 1, 3 * D):
+        kernel._check_row_scales(_args(span), _Launcher())
+    past = _kernel(_written(tmp_path, WINDOWS.replace("cols[None, :] < D - j", "cols[None, :] < D + 1 - j"),
+                            "window_sum_past"))
+    with pytest.raises(LaunchError, match="up to the mask's bound D=4 \\+ 1 = 5"):
+        past._check_row_scales(_args(1), _Launcher())
 
 
 def _windows(path: str, span: int) -> float:
@@ -111,8 +124,9 @@ def _windows(path: str, span: int) -> float:
 @pytest.mark.slow
 def test_the_loops_within_the_row_equal_torch_and_one_past_it_is_refused(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("TILELINK_RACES", "1")
-    for source, name in ((WINDOWS, "window_sum"), (ALIASED, "window_sum_aliased")):
-        path = _written(tmp_path, source, name)
-        assert all(e < 1e-5 for e in tilelink.spawn(_windows, 2, path, 3)), name
-        with pytest.raises(LaunchError, match="SPAN=5"):
-            tilelink.spawn(_windows, 2, path, D + 1)
+    path = _written(tmp_path, ALIASED, "window_sum_aliased")
+    assert all(e < 1e-5 for e in tilelink.spawn(_windows, 2, path, 3))
+    with pytest.raises(LaunchError, match="SPAN=5"):
+        tilelink.spawn(_windows, 2, path, D + 1)
+    # counting from 0, the mask stops the steps past the row
+    assert all(e < 1e-5 for e in tilelink.spawn(_windows, 2, _written(tmp_path, WINDOWS, "window_sum"), D + 1))
