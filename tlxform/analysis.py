@@ -2099,6 +2099,7 @@ def _index_term(an: _Analyzer, access: Access, dim: int, pointers: set[str],
     params = set(an.params) - set(an.assignments) - an.rebound
     found = None
     columns: list[cst.BaseExpression] = []
+    scalars: list[cst.BaseExpression] = []
     for e in an._pointer_definitions(access.pointer, pointers):
         for term, negative in _terms(_bare(e)):
             term = _bare(term)
@@ -2106,6 +2107,9 @@ def _index_term(an: _Analyzer, access: Access, dim: int, pointers: set[str],
                 continue  # the tensor, or an alias the definitions write out
             subs = [x for x in m.findall(term, m.Subscript()) if len(x.slice) >= 2]
             axes = [[isinstance(el.slice, cst.Slice) for el in x.slice] for x in subs]
+            if not subs and not m.findall(term, m.Subscript()):
+                scalars.append(term)  # `k * BLOCK_K * stride_ak`: checked below, and bounded by the launch's walk
+                continue
             if not subs or any(a.count(True) != 1 for a in axes):
                 return None  # a term with no block of rows or columns: it moves the rows
             along = [x for x, a in zip(subs, axes, strict=True) if a.index(True) == dim]
@@ -2148,6 +2152,12 @@ def _index_term(an: _Analyzer, access: Access, dim: int, pointers: set[str],
                 todo += [v for _, v in an.assignments.get(n, ())]  # every value it is bound to
         return True
 
+    for term in scalars:
+        # a scalar term of literals, parameters other than the rows' factors and the kernel's own values (a loop's
+        # step): one reading the rows' factors or a load moves the rows; the walk of the address bounds the rest
+        # within the row at the launch (`_access_row_scales`)
+        if any(isinstance(f, cst.Name) and f.value in found[2] for f in _product_factors(term)) or not clean(term):
+            return None
     for term in columns:
         factors = _product_factors(term)
         blocks = [f for f in factors if isinstance(f, cst.Subscript)]
@@ -3065,14 +3075,14 @@ def _column_step(an: _Analyzer, acc: Access, pointers: set[str], term: cst.BaseE
     if any(len(an.bindings.get(alias, ())) != 1 for e in definitions for alias in names_in(e) & pointers
            if alias != acc.tensor):
         return False  # an alias bound more than one way, or advanced: its columns are not one vector's
-    columns: dict[str, set[str]] = {}  # stride parameter ("1": none) -> the column vectors it scales in the address
+    columns: dict[str, list[str]] = {}  # stride parameter ("1": none) -> the column vectors it scales in the address
     for expr in definitions:
         for t, subtracted in _terms(_bare(expr)):
             vector, stride_of = _column_term(an, t, offsets)
             if vector is not None and stride_of is None and m.matches(_bare(t), m.Subscript(value=m.Name(vector))):
                 stride_of = "1"  # `cols[None, :]` as it is
             if vector is not None and stride_of is not None and not subtracted:
-                columns.setdefault(stride_of, set()).add(vector)
+                columns.setdefault(stride_of, []).append(vector)
     strides = [p for p in parts if isinstance(p, cst.Name) and len(columns.get(p.value, ())) == 1]
     if not strides and len(columns.get("1", ())) == 1 and len(columns) == 1:
         stride = "1"  # the columns added as they are: the step is the term itself
@@ -3099,14 +3109,16 @@ def _column_step(an: _Analyzer, acc: Access, pointers: set[str], term: cst.BaseE
 
 
 def _stepped_by_mask(an: _Analyzer, acc: Access, pointers: set[str], vector: str, offsets: str) -> bool:
-    """Whether a scalar term of the address reads the variable of a ``for`` loop around the access that a conjunct
-    of its mask bounding ``vector`` reads too (``+ j * BLOCK_D`` beside ``cols[None, :] < X - j * BLOCK_D``): the
-    mask then says where the walk stops, and ``X`` must be read, or the columns' own end."""
+    """Whether a conjunct of the mask bounding ``vector`` reads the variable of a ``for`` loop around the access
+    (``cols[None, :] < X - j * BLOCK_D``) while no alias of the pointer is advanced in place (which the advance check
+    bounds by the same mask): the columns are then bounded by ``X`` (:func:`_walked_bound`, with the term that moves
+    them) or by their own end, never by the mask's start alone (`X` past the row reads the next row)."""
     loops = {lp.target.value for lp in an.findall(an.fn.body, m.For(target=m.Name())) if _contains(an, lp, acc.where)}
     masked = set().union(*(names_in(node) for node in (_conjuncts(acc.mask, an.params) if acc.mask else ())
                            if vector in names_in(node))) & loops
-    return any(names_in(t) & masked and not names_in(t) & ({offsets, vector} | pointers)
-               for e in an._pointer_definitions(acc.pointer, pointers) for t, _ in _terms(_bare(e)))
+    aliases = {n for e in an._pointer_definitions(acc.pointer, pointers) for n in names_in(e) & pointers}
+    advanced = any(n in an.rebound or any(n in names_in(v) for _, v in an.assignments.get(n, ())) for n in aliases)
+    return bool(masked) and not advanced
 
 
 def _walk_alone(an: _Analyzer, definitions: list[cst.BaseExpression], pointers: set[str], offsets: str, vector: str,
@@ -3114,15 +3126,19 @@ def _walk_alone(an: _Analyzer, definitions: list[cst.BaseExpression], pointers: 
     """Whether the address's terms, through its aliases, are the pointers, the rows (``offsets``), the columns
     ``vector`` and the loop variable ``k``'s term only: another term (`+ D`) starts the walk further along the row
     than the mask's bound counts from."""
+    moving = columns = 0
     for e in definitions:
         for t, _ in _terms(_bare(e)):
             names = names_in(t)
             if isinstance(t, cst.Name) and t.value in pointers or offsets in names:
                 continue
-            if k in names and vector not in names or vector in names and k not in names and not names & pointers:
-                continue
-            return False
-    return True
+            if k in names and vector not in names:
+                moving += 1
+            elif vector in names and k not in names and not names & pointers:
+                columns += 1
+            else:
+                return False
+    return moving == 1 and columns == 1  # each once: two of either walk twice as far as the mask counts
 
 
 def _walked_bound(an: _Analyzer, acc: Access, pointers: set[str], vector: str, scale: tuple[str, ...],

@@ -472,9 +472,27 @@ def _classify(an: KernelAnalysis, node: cst.BaseExpression, visiting: dict[str, 
             first = func.value if isinstance(func, cst.Attribute) and not (
                 isinstance(func.value, cst.Name) and func.value.value == "tl") else (args[0] if args else None)
             kind = _classify(an, first, visiting, skip) if first is not None else _CONST
+            if kind == _SUM and name in ("to", "cast") and _to_integer(node):
+                raise _Epilogue(node, "a conversion of the partial sums to an integer type, which truncates them")
             # a sum over an axis of this rank's data (`tl.sum(w * x[None, :], axis=1)`, a GEMV's K slice) is its
             # partial sums, as a tl.dot of them is: a function applied to it afterwards is judged as on a dot's
             return _SUM if name in ("sum", "cumsum") and kind == _DATA else kind
+        if isinstance(func, cst.Name) and name in an.helpers:
+            # a helper of the kernel's file: what it returns, written out over the arguments, where TileLink reads
+            # its body (straight-line, one return); otherwise its value is unknown, and may be partial sums (a
+            # helper returning `tl.dot(a, b, acc)`) if it reads this rank's data
+            returned = _helper_return(an, node)
+            if returned is not None:
+                try:
+                    return _classify(an, returned, visiting, skip)
+                except _Epilogue as inner:  # said of the call the user wrote, with what its return does
+                    raise _Epilogue(node, f"the helper `{name}` applied to the partial sums, whose return goes "
+                                          f"through {inner.why} (`{inner.source}`)") from None
+            every = [_classify(an, a.value, visiting, skip) for a in node.args]
+            if _SUM in every or _DATA in every:
+                said = "the partial sums" if _SUM in every else "this rank's data, whose value may be partial sums"
+                raise _Epilogue(node, f"the helper `{name}` (TileLink does not read its body) applied to {said}")
+            return _CONST
         kinds = [_classify(an, a, visiting, skip) for a in args]
         if isinstance(func, cst.Attribute) and not (isinstance(func.value, cst.Name) and func.value.value == "tl"):
             kinds.append(_classify(an, func.value, visiting, skip))
@@ -482,6 +500,10 @@ def _classify(an: KernelAnalysis, node: cst.BaseExpression, visiting: dict[str, 
             what = f"`{name}`" if name in _NONLINEAR or code(func).startswith("tl.") else \
                 f"the helper `{name}` (TileLink does not read its body)"
             raise _Epilogue(node, f"{what} applied to the partial sums")
+        if isinstance(func, cst.Name) and _DATA in kinds:
+            raise _Epilogue(node, f"`{name}` (TileLink does not know it) applied to this rank's data, whose value "
+                                  f"may be partial sums")
+        return _DATA if _DATA in kinds else _CONST
     if isinstance(node, (cst.Tuple, cst.List)):  # a tuple unpacked into names, each taken as the whole of it
         kind = _ZERO
         for element in node.elements:
@@ -498,6 +520,16 @@ def _classify(an: KernelAnalysis, node: cst.BaseExpression, visiting: dict[str, 
     if _SUM in kinds:
         raise _Epilogue(node, "an expression TileLink cannot follow, on the partial sums")
     return _DATA if _DATA in kinds else _CONST
+
+
+def _helper_return(an: KernelAnalysis, call: cst.Call) -> cst.BaseExpression | None:
+    """What the helper ``call`` calls returns, written out over its arguments (straight-line helpers of one
+    ``return``, ``analysis._returned_value``); ``None`` where TileLink does not read it."""
+    from tilelink.analysis import _returned_value
+
+    found = cst.parse_module(an.helpers[call.func.value]).body  # type: ignore[attr-defined]
+    fn = found[0] if len(found) == 1 and isinstance(found[0], cst.FunctionDef) else None
+    return None if fn is None else _returned_value(fn, call)
 
 
 def _check_mask_by_position(an: KernelAnalysis, a, rule: str) -> None:
@@ -534,16 +566,27 @@ def _added(value: cst.BaseExpression, name: str) -> cst.BaseExpression | None:
 
 
 def _cast_of(node: cst.BaseExpression, name: str) -> bool:
-    """``name`` itself or converted (``name.to(tl.float32)``, ``tl.cast(name, ...)``): the same values."""
+    """``name`` itself or converted to a float type (``name.to(tl.float32)``, ``tl.cast(name, ...)``): the same
+    values, rounded (a conversion to an integer type truncates them)."""
     node = _bare(node)
     if m.matches(node, m.Name(name)):
         return True
-    if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.args:
+    if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.args and not _to_integer(node):
         if node.func.attr.value == "to":
             return _cast_of(node.func.value, name)
         if node.func.attr.value == "cast" and m.matches(node.func.value, m.Name("tl")):
             return _cast_of(node.args[0].value, name)
     return False
+
+
+def _to_integer(call: cst.Call) -> bool:
+    """A conversion (``x.to(tl.int32)``, ``tl.cast(x, tl.uint8)``) to an integer type, which truncates."""
+    func = call.func
+    which = 1 if m.matches(func, m.Attribute(value=m.Name("tl"), attr=m.Name("cast"))) else 0
+    dtype = next((a.value for a in call.args if a.keyword is not None and a.keyword.value == "dtype"), None)
+    positional = [a.value for a in call.args if a.keyword is None]
+    dtype = dtype or (positional[which] if len(positional) > which else None)
+    return dtype is not None and re.fullmatch(r"(tl\.)?u?int\d+", code(dtype).strip()) is not None
 
 
 def _carried_slot(value: cst.BaseExpression, name: str) -> list[cst.BaseExpression] | None:
@@ -572,8 +615,13 @@ def _check_carried(an: KernelAnalysis, name: str, sources: list[tuple[str, Where
     not in the full loop, and the ranks' sum is not the full problem's. In the innermost loop around each binding
     that reads ``name`` (unless a binding of it that does not read it runs first on every pass: a persistent kernel's
     `acc = tl.zeros(...)` per tile), every binding of ``name`` that reads it must add to it (``acc += x``,
-    ``tl.dot(a, b, acc)``) values that do not read it, or convert it."""
+    ``tl.dot(a, b, acc)``) values that do not read it, or convert it to another float type; what it adds may not
+    depend on the step's place in the loop other than through what it loads (``* (k + 1)``, ``* w`` with ``w``
+    halved on each step); and it may not be started again on some steps only (``if k % 2 == 0: acc = 0``) unless
+    the loop stores the tensor itself. A loop around that loop whose passes store the tensor (a persistent kernel's
+    tile loop) runs alike on every rank: a scale across its passes is left to the linearity check."""
     loops = {(b, e) for binds in an.bindings.values() for b, e in binds if e is not None} | set(an.while_loops)
+    targets = {(b, e): n for n, binds in an.bindings.items() for b, e in binds if e is not None}
 
     def pos(w: Where) -> tuple[int, int]:
         return (w.line, w.column)
@@ -591,36 +639,111 @@ def _check_carried(an: KernelAnalysis, name: str, sources: list[tuple[str, Where
                 todo += [cst.parse_expression(src) for src, _ in _bindings(an, other)]
         return False
 
+    def placed(node: cst.BaseExpression, loop: tuple[Where, Where]) -> str | None:
+        """A name ``node`` reads, other than through what it loads, whose value depends on the step of ``loop``
+        (its variable, a loop's in it, or a name bound in it from one of them or from its own earlier value)."""
+        todo, seen = [node], set()
+        while todo:
+            value = todo.pop()
+            loads = m.findall(value, m.Call(func=m.Attribute(attr=m.Name("load") | m.Name("gather"))))
+            for call in loads:  # what a load reads is where this step's data is, not a weight
+                value = value.deep_replace(call, cst.Name("_loaded")) if value is not call else cst.Name("_loaded")
+            for other in names_in(value) - seen:
+                seen.add(other)
+                if any(inside(lp[0], loop) or lp == loop for lp, n in targets.items() if n == other and (
+                        lp == loop or inside(lp[0], loop))):
+                    return other
+                there = [(src, w) for src, w in _bindings(an, other) if w is not None and inside(w, loop)]
+                if there and all(other in names_in(cst.parse_expression(src)) for src, _ in there):
+                    return other  # carried from step to step (`w = w * 0.5`; not `b = tl.load(...)`, `b = b.to(...)`)
+                todo += [cst.parse_expression(src) for src, _ in there]
+        return None
+
+    stores = [a.where for a in an.accesses if a.kind == "store"]
     parsed = [(cst.parse_expression(src), site) for src, site in sources if site is not None]
     own = [(value, site) for value, site in parsed if name in names_in(value) or reads(value)]
-    for _value, site in own:
+    adding = {id(v) for v, _ in own if _carried_slot(_written_helper(an, v), name)}
+    for value, site in own:
         around = [loop for loop in loops if inside(site, loop)]
         if not around:
             continue
         loop = max(around, key=lambda lp: pos(lp[0]))  # the innermost
+        if id(value) not in adding and any(inside(st, loop) for st in stores) and not any(
+                inside(s, loop) and max((lp for lp in loops if inside(s, lp)), key=lambda lp: pos(lp[0])) == loop
+                for v, s in own if id(v) in adding):
+            continue  # a pass of a tile loop: every rank runs it alike, and stores what it made
 
         # the `if` sides within `loop` around each binding that starts the accumulator again before this one, outside
         # the loops in `loop`: on every pass one of them runs when they cover each side of an `if` (`if ONE_K: acc =
         # tl.dot(...)` / `else: acc = tl.zeros(...)`)
+        fresh = [(v, s) for v, s in parsed if all(v is not o for o, _ in own) and inside(s, loop)
+                 and not any(inside(s, inner) for inner in loops if inner != loop and inside(inner[0], loop))]
         starts = [tuple(side for side in an.branch_sides.get(s, ()) if inside(side.where, loop))
-                  for v, s in parsed if (v, s) not in own and inside(s, loop) and pos(s) < pos(site)
-                  and not any(inside(s, inner) for inner in loops if inner != loop and inside(inner[0], loop))]
+                  for _, s in fresh if pos(s) < pos(site)]
         here = tuple(side for side in an.branch_sides.get(site, ()) if inside(side.where, loop))
+
+        def refuse(node: cst.BaseExpression, at: Where, why: str) -> _Epilogue:
+            bad = _Epilogue(node, why)
+            bad.site, bad.carried = at, True
+            return bad
+
         if _every_pass(starts) or any(path == here[:len(path)] for path in starts):
             # started again on every pass before it, or before it in a block that holds it (`acc =
-            # tl.reshape(accumulator, ...)` then `acc = tl.permute(acc, ...)` under one `if`): nothing is carried
-            continue
+            # tl.reshape(accumulator, ...)` then `acc = tl.permute(acc, ...)` under one `if`): nothing is carried;
+            # but sums added on each step of a loop that stores nothing keep the last step's only
+            if id(value) not in adding or any(inside(st, loop) for st in stores):
+                continue
+            v, s = fresh[0]
+            raise refuse(v, s, f"the accumulator `{name}` started again on every step of its loop at line "
+                               f"{loop[0].line}, which stores nothing: the sum it keeps is of the last step only")
+        if fresh and not any(inside(st, loop) for st in stores):
+            v, s = fresh[0]
+            raise refuse(v, s, f"the accumulator `{name}` started again on some steps only of its loop at line "
+                               f"{loop[0].line}, which stores nothing: the sum it keeps is of the steps after that")
         for other, there in own:
             if not inside(there, loop):
                 continue
-            added = _carried_slot(other, name)
+            added = _carried_slot(_written_helper(an, other), name)
             if added is not None and not any(reads(x) for x in added):
-                continue
-            bad = _Epilogue(other, f"the accumulator `{name}` carried through its loop at line {loop[0].line} other "
-                                   f"than by adding to it")
-            bad.site = there
-            bad.carried = True
-            raise bad
+                weight = next((w for x in added if (w := placed(x, loop)) is not None), None)
+                if weight is None:
+                    continue
+                raise refuse(other, there, f"a term added to the accumulator `{name}` that depends on the step of its "
+                                           f"loop at line {loop[0].line} through `{weight}`, not only through what "
+                                           f"it loads")
+            raise refuse(other, there, f"the accumulator `{name}` carried through its loop at line {loop[0].line} "
+                                       f"other than by adding to it")
+
+
+def _check_accumulators(an: KernelAnalysis, a, rule: str) -> None:
+    """:func:`_check_carried` for every name the kernel adds to in place inside a loop (``acc += x``, ``acc =
+    tl.dot(a, b, acc)``), where ``linear_epilogue=True`` leaves the rest of the classification out."""
+    loops = [(b, e) for binds in an.bindings.values() for b, e in binds if e is not None] + list(an.while_loops)
+    sums = m.Call(func=m.Attribute(attr=m.Name("dot") | m.Name("sum")) | m.Name("dot"))
+    for name in sorted(set(an.values) | set(an.updates)):
+        every = _bindings(an, name)
+        # bound from itself inside a loop, and from a tl.dot or a tl.sum somewhere: an accumulator of sums
+        if not any(site is not None and any((lp[0].line, lp[0].column) < (site.line, site.column) <= (
+                lp[1].line, lp[1].column) for lp in loops) and name in names_in(cst.parse_expression(src))
+                for src, site in every) or not any(m.findall(cst.parse_expression(src), sums) for src, _ in every):
+            continue
+        try:
+            _check_carried(an, name, every)
+        except _Epilogue as bad:
+            site = bad.site or a.where
+            raise AnnotationError(_refused_message(a.tensor, rule, bad, f" at line {site.line}"), file=a.where.file,
+                                  line=a.where.line, column=a.where.column,
+                                  hint="add the terms to the accumulator unscaled in the loop (`acc += tl.dot(a, b)`, "
+                                       "or `acc += tl.dot(a, b) * s` to scale a term) and scale the sum once after "
+                                       "the loop") from None
+
+
+def _written_helper(an: KernelAnalysis, value: cst.BaseExpression) -> cst.BaseExpression:
+    """``value``, a call of a helper TileLink reads written out as what it returns (`acc = step(a, b, acc)`)."""
+    bare = _bare(value)
+    if isinstance(bare, cst.Call) and isinstance(bare.func, cst.Name) and bare.func.value in an.helpers:
+        return _helper_return(an, bare) or value
+    return value
 
 
 def _every_pass(paths: list[tuple[BranchSide, ...]]) -> bool:
@@ -1296,6 +1419,8 @@ def notify_stores(an: KernelAnalysis, spec, opts: Options,
         assert t is not None and a.anchor is not None and a.value is not None
         if not spec.linear_epilogue:
             _epilogue_branches(an, a, rule, refused)
+        else:  # the flag vouches for the epilogue, not for how the K loop sums its terms
+            _check_accumulators(an, a, rule)
         if a.mask is not None and not t.dynamic:
             _check_mask_by_position(an, a, rule)
         if a.branch is not None and not _stored_on_every_side(an, spec, a):
@@ -1436,10 +1561,12 @@ def _stored_on_every_side(an: KernelAnalysis, spec, a) -> bool:
     """Whether the `if` the store ``a`` is in (its ``branch``) is decided at compile time and stores the tensor on
     each of its sides (`if SPLIT_K == 1: tl.store(...)` / `else: tl.atomic_add(...)`): every launch takes a storing
     side."""
-    side = next((x for x in _sides_of(an, a) if x.where == a.branch), None)
+    sides = _sides_of(an, a)
     stores = [x for t in spec.tensors for x in an.accesses_of(t, "store")]
-    return side is not None and side.static and all(any(
-        y.where == side.where and y.body == body for x in stores for y in _sides_of(an, x)) for body in (True, False))
+    # under that `if` alone: one inside it under another `if` (`if EVEN_K: tl.store(...)`) may store nothing
+    alone = [x for x in map(lambda st: _sides_of(an, st), stores) if len(x) == 1 and x[0].where == sides[0].where] \
+        if len(sides) == 1 else []
+    return bool(alone) and sides[0].static and {x[0].body for x in alone} == {True, False}
 
 
 def split_k(an: KernelAnalysis, spec) -> tuple[list[int], str] | None:
@@ -1460,7 +1587,7 @@ def split_k(an: KernelAnalysis, spec) -> tuple[list[int], str] | None:
         return AnnotationError(message, file=acc.where.file, line=acc.where.line, column=acc.where.column, hint=hint)
 
     plain = [s for s in stores if not s.atomic]
-    when = ""
+    when, chooser = "", None
     if plain:
         # a compile-time `if` with every plain store on one side and every add on the other
         chooser = next((side for side in _sides_of(an, a) if side.static and all(
@@ -1480,13 +1607,16 @@ def split_k(an: KernelAnalysis, spec) -> tuple[list[int], str] | None:
                         f"atomic_add only as a split-K GEMM's write-back of whole tiles",
                      "store with tl.store (the reduce-scatter sums the ranks' partial results)")
     for acc in atomics:
-        # a compile-time `if` runs the add in every program of a launch that takes it, or in none
-        if acc.loop is not None or acc.swept or (acc.branch is not None and not all(
-                side.static for side in _sides_of(an, acc))):
+        # the adds on the one side of the compile-time `if` that chooses them, under no other `if`: every program of
+        # a launch that takes that side adds its tile (a launch that takes no adding or storing side would leave the
+        # channels waiting)
+        if acc.loop is not None or acc.swept or (acc.branch is not None and _sides_of(an, acc) != (
+                (chooser,) if plain else ())):
             raise refuse(acc, f"the tl.atomic_add into {acc.tensor!r} is in a loop or a branch: the reduction counts "
                               f"one add per element from each program along the split axis, which it cannot tell "
                               f"here", "add each program's tile once, as a statement of the kernel's body after its "
-                                      "K loop")
+                                      "K loop, or on one side of an `if` decided at compile time whose other side "
+                                      "stores it (`if SPLIT_K == 1: tl.store(...)` / `else: tl.atomic_add(...)`)")
     addressed = [_program_axes(an, [acc.pointer]) for acc in atomics]
     if len({frozenset(x) for x in addressed}) > 1 or -1 in addressed[0]:
         raise refuse(a, f"the tl.atomic_add stores into {a.tensor!r} take their rows and columns from different "

@@ -11,7 +11,7 @@ import textwrap
 import pytest
 
 import tilelink
-from tests.rules.cases import _rs_gemm, module_at
+from tests.rules.cases import _rs_gemm, module_at, rows_of, worst
 from tilelink.annotations import requests_in
 from tilelink.codegen import generate
 from tilelink.errors import AnnotationError
@@ -120,27 +120,81 @@ def test_a_persistent_kernel_scaling_after_its_k_loop_equals_torch(tmp_path, mon
     assert all(e < 1e-4 for e in errors), errors
 
 
-def test_a_scale_carried_from_the_previous_tile_is_refused() -> None:
-    """Without the start at the top of the tile loop, the scale after the K loop reaches the next tile's sums."""
+def _original(path: str):
+    """The kernel of ``path`` without its annotation: what the rewrite must equal, run on the full problem."""
+    text = "\n".join(line for line in open(path).read().splitlines() if "@tilelink.overlap" not in line)
+    plain = path.replace(".py", "_plain.py")
+    with open(plain, "w") as f:
+        f.write(text)
+    return module_at(plain).matmul
+
+
+def _scattered_on(path: str, programs: int) -> float:
+    """The rewritten kernel at this rank's slice of K on a grid of ``programs``, against the plain kernel on the
+    whole of K on the same grid (a persistent kernel whose programs take several tiles each)."""
+    import torch
+
+    rank, world = tilelink.rank(), tilelink.world_size()
+    M, N, K = 50, 24, 40
+    g = torch.Generator().manual_seed(5)
+    a, b = torch.randn(M, K, generator=g), torch.randn(K, N, generator=g)
+    want = torch.full((M, N), float("nan"))
+    meta = dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16)
+    _original(path)[(programs,)](a, b, want, M, N, K, K, 1, N, 1, N, 1, **meta)
+    klo, khi = rows_of(rank, world, K)
+    lo, hi = rows_of(rank, world, M)
+    ar, br = a[:, klo:khi].contiguous(), b[klo:khi].contiguous()
+    got = torch.full((hi - lo, N), float("nan"))
+    module_at(path).matmul[(programs,)](ar, br, got, M, N, khi - klo, khi - klo, 1, N, 1, N, 1, **meta)
+    return worst((got - want[lo:hi]).abs().max().item())
+
+
+def test_a_scale_carried_across_the_tiles_of_a_tile_loop_equals_the_kernel(tmp_path, monkeypatch) -> None:
+    """Without the start at the top of the tile loop, the scale after the K loop reaches the next tile's sums: every
+    rank runs the tile loop alike, so what each stores is its share of what the kernel stores on the full K."""
+    monkeypatch.setenv("TILELINK_RACES", "1")
     source = HEAD + textwrap.dedent(PERSISTENT).replace(
         "        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)\n        for k", "        for k").replace(
         "    for tile in", "    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)\n    for tile in")
-    with pytest.raises(AnnotationError, match="carried through its loop at line 13"):
+    path = tmp_path / "carried_tiles.py"
+    path.write_text(source)
+    errors = tilelink.spawn(_scattered_on, 2, str(path), 3)  # 3 programs over 8 tiles: carried from tile to tile
+    assert all(e < 1e-4 for e in errors), errors
+
+
+@pytest.mark.parametrize("start, says", [
+    ("            if k % 2 == 0:\n                acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)\n",
+     "started again on some steps only of its loop at line 17"),
+    ("            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)\n",
+     "started again on every step of its loop at line 17"),
+])
+def test_an_accumulator_started_again_inside_the_k_loop_is_refused(start: str, says: str) -> None:
+    """The sum kept after the K loop is of the steps after the last start: each rank's last steps, not the full
+    problem's."""
+    source = HEAD + textwrap.dedent(PERSISTENT).replace("            acc += tl.dot(a, b)\n",
+                                                        start + "            acc += tl.dot(a, b)\n")
+    with pytest.raises(AnnotationError, match=says):
         _generate(source)
 
 
-def test_an_accumulator_started_again_on_each_side_of_a_branch_is_not_carried() -> None:
-    """Each side of the `if` at the top of the tile loop starts the accumulator again: the scale after the K loop
-    reaches no later tile. With one side only, it does."""
-    both = HEAD + textwrap.dedent(PERSISTENT).replace(
-        "        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)\n",
-        "        if BLOCK_K > 1:\n            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)\n"
-        "        else:\n            acc = tl.full((BLOCK_M, BLOCK_N), 0.0, dtype=tl.float32)\n")
-    body = _generate(both).rewritten["matmul"]
+@pytest.mark.parametrize("update, says", [
+    ("acc += tl.dot(a, b) * (k + 1)", "depends on the step of its loop at line 17 through `k`"),
+    ("acc += tl.dot(a, b) * w\n        w = w * 0.5", "depends on the step of its loop at line 17 through `w`"),
+    ("acc = tl.dot(a, b, acc.to(tl.int32).to(tl.float32))", "a conversion of the partial sums to an integer type"),
+])
+def test_a_term_weighed_by_its_step_is_refused(update: str, says: str) -> None:
+    source = _source(update).replace("    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)\n",
+                                     "    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)\n    w = 1.0\n")
+    with pytest.raises(AnnotationError, match=says):
+        _generate(source)
+    # weights read from memory at the step's place are this rank's data: rewritten
+    body = _generate(_source("acc += tl.dot(a, b) * tl.load(a_ptr + k)")).rewritten["matmul"]
     assert "tll.producer_tile_notify" in body, body
-    with pytest.raises(AnnotationError, match="carried through its loop at line 12"):
-        _generate(both.replace("        else:\n            acc = tl.full((BLOCK_M, BLOCK_N), 0.0, dtype=tl.float32)\n",
-                               ""))
+
+
+def test_a_conversion_of_the_sums_to_an_integer_type_is_refused() -> None:
+    with pytest.raises(AnnotationError, match="a conversion of the partial sums to an integer type"):
+        _generate(_source("acc += tl.dot(a, b)", "acc = acc.to(tl.int32).to(tl.float32)"))
 
 
 def test_a_value_made_again_from_the_sums_before_its_own_update_is_not_carried(tmp_path, monkeypatch) -> None:
@@ -166,3 +220,43 @@ def test_a_value_made_again_from_the_sums_before_its_own_update_is_not_carried(t
     path.write_text(source)
     errors = tilelink.spawn(_scattered, 2, str(path))
     assert all(e < 1e-4 for e in errors), errors
+
+
+def test_the_linear_epilogue_flag_does_not_vouch_for_the_k_loop() -> None:
+    source = _source("acc = tl.dot(a, b, acc * 0.5)").replace('reduce_scatter("c_ptr")',
+                                                               'reduce_scatter("c_ptr", linear_epilogue=True)')
+    with pytest.raises(AnnotationError, match="carried through its loop at line 16 other than by adding"):
+        _generate(source)
+    body = _generate(_source("acc += tl.dot(a, b)", "acc = tl.maximum(acc, 0.0)").replace(
+        'reduce_scatter("c_ptr")', 'reduce_scatter("c_ptr", linear_epilogue=True)')).rewritten["matmul"]
+    assert "tll.producer_tile_notify" in body, body
+
+
+STEP = '''
+@triton.jit
+def step(a, b, x):
+    return tl.dot(a, b, x)
+
+
+@triton.jit
+def opaque(a, b, x):
+    if a.dtype == tl.float32:
+        return tl.dot(a, b, x)
+    return x
+'''
+
+
+def test_a_helper_s_sums_are_read_through_its_return(tmp_path, monkeypatch) -> None:
+    """`acc = step(a, b, acc)`, `step` returning `tl.dot(a, b, x)`: partial sums, carried by adding; a function of
+    them after the loop is refused, and a helper whose body TileLink does not read, applied to this rank's data,
+    is refused too (its value may be partial sums)."""
+    monkeypatch.setenv("TILELINK_RACES", "1")
+    source = _source("acc = step(a, b, acc)").replace(HEAD, HEAD + textwrap.dedent(STEP))
+    path = tmp_path / "helper_step.py"
+    path.write_text(source)
+    errors = tilelink.spawn(_scattered, 2, str(path))
+    assert all(e < 1e-4 for e in errors), errors
+    with pytest.raises(AnnotationError, match="goes through `maximum` applied to the partial sums"):
+        _generate(source.replace("    pass\n", "    acc = tl.maximum(acc, 0.0)\n"))
+    with pytest.raises(AnnotationError, match="the helper `opaque` .TileLink does not read its body. applied to"):
+        _generate(source.replace("acc = step(a, b, acc)", "acc = opaque(a, b, acc)"))

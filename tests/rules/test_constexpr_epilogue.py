@@ -134,7 +134,7 @@ def kernel(a_ptr, b_ptr, c_ptr, M, N, activation, BLOCK_M: tl.constexpr, BLOCK_N
 
 def test_an_activation_under_a_run_time_test_is_refused_saying_the_test_can_be_made_compile_time() -> None:
     err = _error(RUNTIME.format(epilogue="if activation == 1:\n        acc = leaky_relu(acc)"))
-    assert "goes through the helper `leaky_relu` (TileLink does not read its body) applied to the partial sums" \
+    assert "goes through the helper `leaky_relu` applied to the partial sums, whose return goes through" \
         in str(err), err
     assert "at line 20, in the `if activation == 1:` at line 19, which is decided at run time" in str(err), err
     assert err.line == 21, err
