@@ -462,3 +462,25 @@ def test_a_walk_that_starts_past_the_row_s_first_column_is_checked_at_its_ends()
     loop's are checked instead (conservatively, at every step)."""
     plan = _launch_plan(UNSTRIDED.replace("+ j * BLOCK_D,", "+ j * BLOCK_D + 2,"))
     assert not plan.row_bounds and plan.row_shifts, plan
+
+
+@pytest.mark.parametrize("change, says", [
+    # the step twice: the columns walk twice as far as the mask counts
+    (("j * BLOCK_D * stride_xd,", "j * BLOCK_D * stride_xd + j * BLOCK_D * stride_xd,"),
+     "which changes from one step of a loop to the next"),
+    # a shift beside the walk: it starts past the row's first column the mask counts from
+    (("j * BLOCK_D * stride_xd,", "j * BLOCK_D * stride_xd + 2 * stride_xd,"),
+     "which changes from one step of a loop to the next"),
+], ids=["two_steps", "shifted"])
+def test_a_walk_beside_other_terms_is_refused_where_its_ends_are_unknown(change, says: str) -> None:
+    with pytest.raises(AnnotationError, match=says):
+        _generated(REBUILT.replace(*change))
+
+
+def test_columns_a_varying_mask_does_not_move_are_bounded_by_their_own_end() -> None:
+    """No advance and no term of the loop's variable: the mask `cols[None, :] < D - j * BLOCK_D` bounds nothing the
+    address moves, so the columns' own end (`BLOCK_D - 1`) is what the launch checks."""
+    plan = _launch_plan(STRIDED.replace(ADVANCE, ""))
+    assert not plan.row_bounds, plan.row_bounds
+    assert ("x_ptr", ((False, ("BLOCK_D", "stride_xd")), (True, ("1", "stride_xd"))), LOAD_LINE) in plan.row_shifts, \
+        plan.row_shifts

@@ -111,3 +111,16 @@ def test_gathered_rows_whose_columns_pass_the_row_s_end_are_refused_at_the_launc
     assert all(e < 1e-4 for e in errors), errors
     with pytest.raises(LaunchError, match=r"adds 63 elements .* whose rows are 40 elements long"):
         tilelink.spawn(_run, 2, str(unmasked), 64)
+
+
+def test_gathered_rows_addressed_afresh_on_each_step_equal_torch(tmp_path, monkeypatch) -> None:
+    """`a_ptrs + k * BLOCK_K * stride_ak` instead of the advance: a scalar term of the address the launch bounds
+    with the columns, as for a tile."""
+    monkeypatch.setenv("TILELINK_RACES", "1")
+    source = textwrap.dedent(KERNEL).replace("        a_ptrs += BLOCK_K * stride_ak\n", "").replace(
+        "a = tl.load(a_ptrs,", "a = tl.load(a_ptrs + k * BLOCK_K * stride_ak,")
+    assert "a_ptrs +=" not in source and "k * BLOCK_K * stride_ak" in source
+    path = tmp_path / "gather_mm_afresh.py"
+    path.write_text(source)
+    errors = tilelink.spawn(_run, 2, str(path))
+    assert all(e < 1e-4 for e in errors), errors

@@ -76,3 +76,14 @@ def test_the_report_does_not_warn_of_tiles_left_unstored() -> None:
         notes = [e.message for e in generate(source, "split_k_branch.py",
                                              requests_in(source, "split_k_branch.py")).report.entries]
         assert any("takes no storing branch" in n for n in notes) == warned, notes
+
+
+@pytest.mark.parametrize("branch", [
+    "    if SPLIT_K > 1:\n    " + ADD,  # no side stores: a launch with one split writes nothing
+    BRANCH.replace("    else:\n    " + ADD, "    else:\n        if BLOCK_K > 8:\n        " + ADD),  # under a further if
+])
+def test_adds_a_launch_may_skip_are_refused(branch: str) -> None:
+    source = _source(branch=branch)
+    with pytest.raises(AnnotationError, match="is in a loop or a branch") as info:
+        generate(source, "split_k_branch.py", requests_in(source, "split_k_branch.py"))
+    assert "`if SPLIT_K == 1: tl.store(...)`" in info.value.hint, info.value.hint
