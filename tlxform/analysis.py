@@ -2961,10 +2961,20 @@ def _check_advance_in_loop(an: _Analyzer, acc: Access, tile: Tile, name: str, st
                          f"{start.line} (`a_ptrs = a_ptr + offs_m[:, None] * stride_am + offs_k[None, :] * "
                          f"stride_ak`, as a persistent matmul does for each tile)")
     read = _range_args(loop) if isinstance(loop, cst.For) else None
-    if not isinstance(loop, cst.For) or not isinstance(loop.target, cst.Name) or read is None or not (
-            m.matches(read[0], m.Integer("0")) and m.matches(read[2], m.Integer("1"))):
-        raise refuse("once more on every iteration of a loop that does not count up from 0 by 1")
+    per_value = _step_factors(an, read[2]) if read is not None else None
+    if not isinstance(loop, cst.For) or not isinstance(loop.target, cst.Name) or read is None or not m.matches(
+            read[0], m.Integer("0")) or per_value is None:
+        raise refuse("once more on every iteration of a loop that does not count up from 0 by a literal or a "
+                     "parameter")
     k = loop.target.value
+    # the loop's variable goes up by `S` a step while the pointer moves by `F`: the mask takes off `k * F / S`
+    # (`range(0, K, BLOCK_K)` beside `+= BLOCK_K * stride_ak` masks `offs_k[None, :] < K - k`)
+    for factor in per_value:
+        if factor not in rest:
+            raise refuse(f"by `{code(step)}` on every iteration of a loop whose variable goes up by `{code(read[2])}`, "
+                         f"which does not divide the step: TileLink cannot tell which columns the mask bounds")
+        rest = sorted(rest[:rest.index(factor)] + rest[rest.index(factor) + 1:])
+    step_signs = {f for f in per_value if not f.isdigit()}  # the loop's step, taken as positive
     if any(b != an.where(loop) and _contains(an, loop, b) for b, _ in an.bindings.get(k, [])):
         raise refuse(f"once more on every iteration, and the loop variable `{k}` is bound again in the loop")
     vector = columns[stride]
@@ -3031,7 +3041,7 @@ def _check_advance_in_loop(an: _Analyzer, acc: Access, tile: Tile, name: str, st
                      f"bounds them from above only, and a negative column reads the row before",
                      f"start the columns at 0 or a non-negative offset (`{vector} = start + tl.arange(0, BLOCK_K)`, "
                      f"`start` a parameter, a literal or a program's position), not below it")
-    signs |= {code(f) for f in factors if f is not strides[0] and isinstance(f, cst.Name)}
+    signs |= {code(f) for f in factors if f is not strides[0] and isinstance(f, cst.Name)} | step_signs
 
     found, unread = _left_of_row(an, acc, loop, k, vector, rest)
     if found is not None:
@@ -3048,6 +3058,21 @@ def _check_advance_in_loop(an: _Analyzer, acc: Access, tile: Tile, name: str, st
                  f"`{vector}` by what is left of the row on each step (`{vector}[None, :] < K - {k} * "
                  f"{' * '.join(rest) or '1'}`, also through a local bound in the loop before the access, of names the "
                  f"loop does not bind)")
+
+
+def _step_factors(an: _Analyzer, step: cst.BaseExpression) -> list[str] | None:
+    """A loop's step as factors: ``[]`` for 1, the int literals (at least 1) and parameters the kernel leaves as
+    passed of a product (taken as positive: the parameters are sign facts); ``None`` for anything else."""
+    factors = []
+    for f in _product_factors(step):
+        if isinstance(f, cst.Integer) and int(f.value) >= 1:
+            if int(f.value) > 1:
+                factors.append(f.value)
+        elif isinstance(f, cst.Name) and f.value in an.params and not an.bindings.get(f.value):
+            factors.append(f.value)
+        else:
+            return None
+    return sorted(factors)
 
 
 def _column_step(an: _Analyzer, acc: Access, pointers: set[str], term: cst.BaseExpression, negative: bool,
@@ -3068,9 +3093,10 @@ def _column_step(an: _Analyzer, acc: Access, pointers: set[str], term: cst.BaseE
     k = targets[0].value
     loops = [lp for lp in an.findall(an.fn.body, m.For(target=m.Name(k))) if _contains(an, lp, acc.where)]
     read = _range_args(loops[0]) if len(loops) == 1 else None
-    if read is None or not (m.matches(read[0], m.Integer("0")) and m.matches(read[2], m.Integer("1"))) or len(
+    per_value = _step_factors(an, read[2]) if read is not None else None
+    if read is None or not m.matches(read[0], m.Integer("0")) or per_value is None or len(
             an.bindings.get(k, ())) != 1:
-        return False  # a loop of another start or step, or its variable bound again
+        return False  # a loop of another start or a step of unknown sign, or its variable bound again
     definitions = an._pointer_definitions(acc.pointer, pointers)
     if any(len(an.bindings.get(alias, ())) != 1 for e in definitions for alias in names_in(e) & pointers
            if alias != acc.tensor):
@@ -3104,7 +3130,8 @@ def _column_step(an: _Analyzer, acc: Access, pointers: set[str], term: cst.BaseE
     if found is None:
         return False
     an.row_bounds.append((acc.tensor, found, stride, acc.where))
-    an.row_signs.extend((n, acc.where) for n in sorted(signs | {code(f) for f in rest if isinstance(f, cst.Name)}))
+    an.row_signs.extend((n, acc.where) for n in sorted(signs | {code(f) for f in rest if isinstance(f, cst.Name)}
+                                                         | {f for f in per_value if not f.isdigit()}))
     return True
 
 
@@ -3248,9 +3275,17 @@ def _left_of_row(an: _Analyzer, acc: Access, loop: cst.For, k: str, vector: str,
 
     unread = None
     for node in conjuncts:
-        if isinstance(node, cst.Comparison) and len(node.comparisons) == 1 and m.matches(node.left, column) \
-                and isinstance(node.comparisons[0].operator, cst.LessThan):
-            terms = bound_terms(node.comparisons[0].comparator)
+        if not (isinstance(node, cst.Comparison) and len(node.comparisons) == 1
+                and isinstance(node.comparisons[0].operator, cst.LessThan)):
+            continue
+        left, moved = _bare(node.left), []
+        if isinstance(left, cst.BinaryOperation) and isinstance(left.operator, cst.Add):
+            # `offs_k[None, :] + k * BLOCK_K < K`: the columns below `K - k * BLOCK_K`
+            for mine, other in ((left.left, left.right), (left.right, left.left)):
+                if m.matches(_bare(mine), column) and per_step(_bare(other)):
+                    left, moved = _bare(mine), [(_bare(other), True)]
+        if m.matches(left, column):
+            terms = moved + bound_terms(node.comparisons[0].comparator)
             if sum(1 for t, negative in terms if negative and per_step(t)) == 1 and not any(
                     k in names_in(t) for t, negative in terms if not (negative and per_step(t))) and not any(
                     varies(t) for t, _ in terms):

@@ -73,11 +73,12 @@ REFUSED = {
         "    tl.store(", LOAD.replace("        acc += ", "    acc += ") + "    tl.store("),
         "the access is not in that loop before"),
     # a loop that does not count from 0
-    "offset_loop": (STRIDED.replace(LOOP, "    for j in range(1, NSTEP):\n"), "does not count up from 0 by 1"),
+    "offset_loop": (STRIDED.replace(LOOP, "    for j in range(1, NSTEP):\n"),
+                    "does not count up from 0 by a literal or a parameter"),
     "keyword_step": (STRIDED.replace(LOOP, "    for j in tl.range(0, NSTEP, step=2):\n"),
-                     "does not count up from 0 by 1"),
+                     "whose variable goes up by `2`, which does not divide the step"),
     "while_loop": (STRIDED.replace(LOOP, "    j = 0\n    while j < NSTEP:\n").replace(
-        ADVANCE, ADVANCE + "        j += 1\n"), "does not count up from 0 by 1"),
+        ADVANCE, ADVANCE + "        j += 1\n"), "does not count up from 0 by a literal or a parameter"),
 }
 
 
@@ -484,3 +485,27 @@ def test_columns_a_varying_mask_does_not_move_are_bounded_by_their_own_end() -> 
     assert not plan.row_bounds, plan.row_bounds
     assert ("x_ptr", ((False, ("BLOCK_D", "stride_xd")), (True, ("1", "stride_xd"))), LOAD_LINE) in plan.row_shifts, \
         plan.row_shifts
+
+
+# the loop's variable stepping by the block (`range(0, NSTEP * BLOCK_D, BLOCK_D)`, mask `cols < D - j`), and the
+# mask written with the step on the columns' side (`cols[None, :] + j * BLOCK_D < D`): the same walk
+STEPPED = STRIDED.replace(LOOP, "    for j in range(0, NSTEP * BLOCK_D, BLOCK_D):\n").replace(
+    "D - j * BLOCK_D", "D - j")
+PLUS_MASK = STRIDED.replace("(cols[None, :] < D - j * BLOCK_D)", "(cols[None, :] + j * BLOCK_D < D)")
+
+
+@pytest.mark.parametrize("source", [STEPPED, PLUS_MASK], ids=["stepped_loop", "step_beside_the_columns"])
+def test_other_spellings_of_the_matmul_walk_build_and_equal_torch(source: str, tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("TILELINK_RACES", "1")
+    assert source != STRIDED
+    plan = _launch_plan(source)
+    assert plan.row_bounds == (("x_ptr", ((False, ("D",)),), "stride_xd", LOAD_LINE),), plan.row_bounds
+    path = tmp_path / "strip_sum_spelled.py"
+    path.write_text(source)
+    errors = tilelink.spawn(_strips, 2, str(path), 4)
+    assert all(e < 1e-5 for e in errors), errors
+
+
+def test_a_loop_step_that_does_not_divide_the_advance_is_refused() -> None:
+    with pytest.raises(AnnotationError, match="whose variable goes up by `2 \\* BLOCK_D`, which does not divide"):
+        _generated(STEPPED.replace("range(0, NSTEP * BLOCK_D, BLOCK_D)", "range(0, NSTEP * BLOCK_D, 2 * BLOCK_D)"))
