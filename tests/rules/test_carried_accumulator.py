@@ -18,6 +18,15 @@ from tilelink.errors import AnnotationError
 
 HEAD = "import triton\nimport triton.language as tl\nimport tilelink\n\n"
 
+#: the K loop both kernels sum over, up to the update
+K_LOOP = '''\
+for k in range(0, tl.cdiv(K, BLOCK_K)):
+    a = tl.load(a_ptr + rm[:, None] * stride_am + (k * BLOCK_K + rk)[None, :] * stride_ak,
+                mask=(rm[:, None] < M) & ((k * BLOCK_K + rk)[None, :] < K), other=0.0)
+    b = tl.load(b_ptr + (k * BLOCK_K + rk)[:, None] * stride_bk + rn[None, :] * stride_bn,
+                mask=((k * BLOCK_K + rk)[:, None] < K) & (rn[None, :] < N), other=0.0)
+'''
+
 KERNEL = '''
 @tilelink.overlap(tilelink.{rule}("c_ptr"))
 @triton.jit
@@ -29,12 +38,7 @@ def matmul(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride
     rn = (pid % grid_n) * BLOCK_N + tl.arange(0, BLOCK_N)
     rk = tl.arange(0, BLOCK_K)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k in range(0, tl.cdiv(K, BLOCK_K)):
-        a = tl.load(a_ptr + rm[:, None] * stride_am + (k * BLOCK_K + rk)[None, :] * stride_ak,
-                    mask=(rm[:, None] < M) & ((k * BLOCK_K + rk)[None, :] < K), other=0.0)
-        b = tl.load(b_ptr + (k * BLOCK_K + rk)[:, None] * stride_bk + rn[None, :] * stride_bn,
-                    mask=((k * BLOCK_K + rk)[:, None] < K) & (rn[None, :] < N), other=0.0)
-        {update}
+{k_loop}        {update}
     {after}
     tl.store(c_ptr + rm[:, None] * stride_cm + rn[None, :] * stride_cn, acc, mask=(rm[:, None] < M) & (rn[None, :] < N))
 '''
@@ -51,16 +55,14 @@ def matmul(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride
         rn = (tile % grid_n) * BLOCK_N + tl.arange(0, BLOCK_N)
         rk = tl.arange(0, BLOCK_K)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for k in range(0, tl.cdiv(K, BLOCK_K)):
-            a = tl.load(a_ptr + rm[:, None] * stride_am + (k * BLOCK_K + rk)[None, :] * stride_ak,
-                        mask=(rm[:, None] < M) & ((k * BLOCK_K + rk)[None, :] < K), other=0.0)
-            b = tl.load(b_ptr + (k * BLOCK_K + rk)[:, None] * stride_bk + rn[None, :] * stride_bn,
-                        mask=((k * BLOCK_K + rk)[:, None] < K) & (rn[None, :] < N), other=0.0)
-            acc += tl.dot(a, b)
+{k_loop}            acc += tl.dot(a, b)
         acc = acc * 0.5
         tl.store(c_ptr + rm[:, None] * stride_cm + rn[None, :] * stride_cn, acc * 2.0,
                  mask=(rm[:, None] < M) & (rn[None, :] < N))
 '''
+
+KERNEL = KERNEL.replace("{k_loop}", textwrap.indent(K_LOOP, "    "))
+PERSISTENT = PERSISTENT.replace("{k_loop}", textwrap.indent(K_LOOP, "        "))
 
 
 def _generate(text: str):

@@ -421,18 +421,6 @@ def test_an_address_made_afresh_each_step_builds_only_under_a_mask_for_its_step(
         _generated(REBUILT.replace(*change))
 
 
-def test_an_address_made_afresh_each_step_equals_torch_and_a_bound_past_the_row_is_refused(tmp_path,
-                                                                                           monkeypatch) -> None:
-    monkeypatch.setenv("TILELINK_RACES", "1")
-    path, past = tmp_path / "strip_sum_rebuilt.py", tmp_path / "strip_sum_rebuilt_past.py"
-    path.write_text(REBUILT)
-    past.write_text(REBUILT.replace("D - j * BLOCK_D", "D + BLOCK_D - j * BLOCK_D"))
-    errors = tilelink.spawn(_strips, 2, str(path), 4)
-    assert all(e < 1e-5 for e in errors), errors
-    with pytest.raises(LaunchError, match=r"up to the mask's bound D=8 \+ BLOCK_D=4 = 12"):
-        tilelink.spawn(_strips, 2, str(past), 4)
-
-
 # the same walk with a loop bound the launch reads, and with the columns added as they are (`cols[None, :] + j *
 # BLOCK_D`): the mask's bound is what the launch checks, not the loop's last step, which the mask may stop short
 READABLE = REBUILT.replace("    for j in range(0, tl.cdiv(NSTEP, 1)):\n", LOOP)
@@ -440,11 +428,12 @@ UNSTRIDED = READABLE.replace("tl.load(x_ptrs + j * BLOCK_D * stride_xd,",
                              "tl.load(x_ptr + offs_m[:, None] * stride_xm + cols[None, :] + j * BLOCK_D,")
 
 
-@pytest.mark.parametrize("source", [READABLE, UNSTRIDED], ids=["readable_bound", "unstrided"])
+@pytest.mark.parametrize("source", [REBUILT, READABLE, UNSTRIDED], ids=["computed_bound", "readable_bound",
+                                                                         "unstrided"])
 def test_a_walk_the_mask_bounds_is_checked_by_the_mask_s_bound(source: str, tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("TILELINK_RACES", "1")
-    assert LOOP in source and "j * BLOCK_D" in source
-    stride = "stride_xd" if source is READABLE else "1"
+    assert "j * BLOCK_D" in source and "x_ptrs +=" not in source
+    stride = "1" if source is UNSTRIDED else "stride_xd"
     plan = _launch_plan(source)
     assert plan.row_bounds == (("x_ptr", ((False, ("D",)),), stride, LOAD_LINE),), plan.row_bounds
     assert not plan.row_shifts, plan.row_shifts  # the loop's last step is the mask's to stop
