@@ -2986,6 +2986,16 @@ def _check_advance_in_loop(an: _Analyzer, acc: Access, tile: Tile, name: str, st
            f"{vector}[None, :] * {stride}`) and advance it only in the loop at line {an.where(loop).line}; start the "
            f"columns further along through the vector itself (`{vector} = start + tl.arange(0, BLOCK_K)`) and mask "
            f"them by the row (`{vector}[None, :] < K - {k} * {' * '.join(rest) or '1'}`)")
+    # the access's own address adds nothing past the pointer either (`tl.load(a_ptrs + D * stride_ak, ...)`)
+    for term, negative in _terms(_bare(cst.parse_expression(acc.pointer))):
+        if isinstance(term, cst.Name) and term.value in (pointers or {acc.tensor}) | {name}:
+            continue
+        if tile.offsets is not None and tile.offsets in names_in(term) or not negative and _column_term(
+                an, term, tile.offsets) == (vector, stride):
+            continue
+        raise refuse(f"along `{stride}` once more on every iteration, and the {acc.kind} at line {acc.where.line} "
+                     f"adds `{'-' if negative else ''}{code(term)}` to it: the mask bounds the columns from the row's "
+                     f"first column, and the last steps read the next row", fix)
     chain, todo_aliases = {name, acc.tensor}, [name]
     while todo_aliases:
         alias = todo_aliases.pop()

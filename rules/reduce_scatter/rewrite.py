@@ -654,24 +654,42 @@ def _check_carried(an: KernelAnalysis, name: str, sources: list[tuple[str, Where
                         lp == loop or inside(lp[0], loop))):
                     return other
                 there = [(src, w) for src, w in _bindings(an, other) if w is not None and inside(w, loop)]
-                if there and all(other in names_in(cst.parse_expression(src)) for src, _ in there):
+                if there and all(carries(other, src, loop) for src, _ in there):
                     return other  # carried from step to step (`w = w * 0.5`; not `b = tl.load(...)`, `b = b.to(...)`)
                 todo += [cst.parse_expression(src) for src, _ in there]
+                # a value chosen by a test the step decides (`if k == 0: w = 3.0`)
+                todo += [cst.parse_expression(side.test) for _, w in there for side in an.branch_sides.get(w, ())
+                         if inside(side.where, loop)]
         return None
+
+    def carries(other: str, src: str, loop: tuple[Where, Where]) -> bool:
+        """``src``, a value of ``other`` bound in ``loop``, reads ``other`` itself, directly or through names bound
+        in the loop (`w_prev = w; w = w_prev * 0.5`)."""
+        todo, seen = [cst.parse_expression(src)], set()
+        while todo:
+            for n in names_in(todo.pop()) - seen:
+                if n == other:
+                    return True
+                seen.add(n)
+                todo += [cst.parse_expression(v) for v, w in _bindings(an, n) if w is not None and inside(w, loop)]
+        return False
 
     stores = [a.where for a in an.accesses if a.kind == "store"]
     parsed = [(cst.parse_expression(src), site) for src, site in sources if site is not None]
     own = [(value, site) for value, site in parsed if name in names_in(value) or reads(value)]
     adding = {id(v) for v, _ in own if _carried_slot(_written_helper(an, v), name)}
-    for value, site in own:
-        around = [loop for loop in loops if inside(site, loop)]
-        if not around:
+    def innermost(at: Where) -> tuple[Where, Where] | None:
+        return max((lp for lp in loops if inside(at, lp)), key=lambda lp: pos(lp[0]), default=None)
+
+    for value, site, loop in [(v, w, lp) for v, w in own for lp in loops if inside(w, lp)]:
+        # a tile loop: it stores the tensor on its passes, and sums in a loop inside it (the K loop); every rank
+        # runs its passes alike, so what it carries from one to the next is left to the linearity check. The loop
+        # that sums (also a persistent kernel's flattened one, which stores too) is checked
+        if any(inside(st, loop) for st in stores) and any(
+                id(v) in adding and inside(w, loop) and innermost(w) != loop for v, w in own) and not any(
+                id(v) in adding and innermost(w) == loop for v, w in own) and (
+                id(value) not in adding or innermost(site) != loop):
             continue
-        loop = max(around, key=lambda lp: pos(lp[0]))  # the innermost
-        if id(value) not in adding and any(inside(st, loop) for st in stores) and not any(
-                inside(s, loop) and max((lp for lp in loops if inside(s, lp)), key=lambda lp: pos(lp[0])) == loop
-                for v, s in own if id(v) in adding):
-            continue  # a pass of a tile loop: every rank runs it alike, and stores what it made
 
         # the `if` sides within `loop` around each binding that starts the accumulator again before this one, outside
         # the loops in `loop`: on every pass one of them runs when they cover each side of an `if` (`if ONE_K: acc =
@@ -700,6 +718,21 @@ def _check_carried(an: KernelAnalysis, name: str, sources: list[tuple[str, Where
             v, s = fresh[0]
             raise refuse(v, s, f"the accumulator `{name}` started again on some steps only of its loop at line "
                                f"{loop[0].line}, which stores nothing: the sum it keeps is of the steps after that")
+
+        def sides(at: Where, loop: tuple[Where, Where] = loop) -> tuple[BranchSide, ...]:
+            found = an.branch_sides.get(at)
+            if found is None:
+                found = next((v for w, v in an.branch_sides.items() if w.line == at.line), ())
+            return tuple(side for side in found if inside(side.where, loop))
+
+        # in a loop that stores (a persistent kernel's flattened loop), started again right after a store of the
+        # sums, under the same tests (`if ki == k_tiles - 1: tl.store(...); acc = tl.zeros(...)`): what it kept is
+        # stored first. Started again otherwise (`if ki % 2 == 1: acc = 0`), it drops terms of the tile
+        for v, s in fresh:
+            if not any(inside(st, loop) and pos(st) < pos(s) and sides(st) == sides(s) for st in stores):
+                raise refuse(v, s, f"the accumulator `{name}` started again at line {s.line} on some steps only of "
+                                   f"its loop at line {loop[0].line}, not right after a store of it: the sum it "
+                                   f"keeps is of the steps after that")
         for other, there in own:
             if not inside(there, loop):
                 continue
@@ -725,7 +758,8 @@ def _check_accumulators(an: KernelAnalysis, a, rule: str) -> None:
         # bound from itself inside a loop, and from a tl.dot or a tl.sum somewhere: an accumulator of sums
         if not any(site is not None and any((lp[0].line, lp[0].column) < (site.line, site.column) <= (
                 lp[1].line, lp[1].column) for lp in loops) and name in names_in(cst.parse_expression(src))
-                for src, site in every) or not any(m.findall(cst.parse_expression(src), sums) for src, _ in every):
+                for src, site in every) or not any(m.findall(_written_helper(an, cst.parse_expression(src)), sums)
+                                                   for src, _ in every):
             continue
         try:
             _check_carried(an, name, every)

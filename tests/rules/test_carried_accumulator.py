@@ -262,3 +262,77 @@ def test_a_helper_s_sums_are_read_through_its_return(tmp_path, monkeypatch) -> N
         _generate(source.replace("    pass\n", "    acc = tl.maximum(acc, 0.0)\n"))
     with pytest.raises(AnnotationError, match="the helper `opaque` .TileLink does not read its body. applied to"):
         _generate(source.replace("acc = step(a, b, acc)", "acc = opaque(a, b, acc)"))
+
+
+FLATTENED = '''
+@tilelink.overlap(tilelink.reduce_scatter("c_ptr"))
+@triton.jit
+def matmul(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    first = tl.program_id(0)
+    grid_n = tl.cdiv(N, BLOCK_N)
+    tiles = tl.cdiv(M, BLOCK_M) * grid_n
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    mine = tl.cdiv(tiles - first, tl.num_programs(0))
+    rk = tl.arange(0, BLOCK_K)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for step in range(0, k_tiles * mine):
+        tile = first + (step // k_tiles) * tl.num_programs(0)
+        k = step % k_tiles
+        rm = (tile // grid_n) * BLOCK_M + tl.arange(0, BLOCK_M)
+        rn = (tile % grid_n) * BLOCK_N + tl.arange(0, BLOCK_N)
+        a = tl.load(a_ptr + rm[:, None] * stride_am + (k * BLOCK_K + rk)[None, :] * stride_ak,
+                    mask=(rm[:, None] < M) & ((k * BLOCK_K + rk)[None, :] < K), other=0.0)
+        b = tl.load(b_ptr + (k * BLOCK_K + rk)[:, None] * stride_bk + rn[None, :] * stride_bn,
+                    mask=((k * BLOCK_K + rk)[:, None] < K) & (rn[None, :] < N), other=0.0)
+        acc = tl.dot(a, b, acc)
+        if k == k_tiles - 1:
+            tl.store(c_ptr + rm[:, None] * stride_cm + rn[None, :] * stride_cn, acc,
+                     mask=(rm[:, None] < M) & (rn[None, :] < N))
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+'''
+
+
+def test_the_flattened_persistent_loop_equals_the_kernel_and_its_variants_that_drop_terms_are_refused(
+        tmp_path, monkeypatch) -> None:
+    """The persistent tutorial's flattened loop sums and stores in one loop, starting the sums again right after
+    each store: it equals the kernel. Scaled on each step, weighed by its step, or started again elsewhere, it is
+    refused, though the loop stores."""
+    monkeypatch.setenv("TILELINK_RACES", "1")
+    source = HEAD + textwrap.dedent(FLATTENED)
+    path = tmp_path / "flattened.py"
+    path.write_text(source)
+    errors = tilelink.spawn(_scattered_on, 2, str(path), 3)
+    assert all(e < 1e-4 for e in errors), errors
+    for change, says in ((("acc = tl.dot(a, b, acc)", "acc = tl.dot(a, b, acc * 0.5)"), "other than by adding"),
+                         (("acc = tl.dot(a, b, acc)", "acc += tl.dot(a, b) * (k + 1)"), "through `step`"),
+                         (("        acc = tl.dot(a, b, acc)\n",
+                           "        if k % 2 == 1:\n            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)\n"
+                           "        acc = tl.dot(a, b, acc)\n"), "not right after a store of it")):
+        assert change[0] in source
+        with pytest.raises(AnnotationError, match=says):
+            _generate(source.replace(*change))
+
+
+@pytest.mark.parametrize("update, says", [
+    # a weight chosen by a test of the step
+    ("if k == 0:\n            w = 3.0\n        else:\n            w = 1.0\n        acc += tl.dot(a, b) * w",
+     "through `k`"),
+    # carried through a second name
+    ("acc += tl.dot(a, b) * w\n        w_prev = w\n        w = w_prev * 0.5", "through `w`"),
+    # the step of an outer K loop, inside an inner one
+    ("for s in range(0, 1):\n            acc += tl.dot(a, b) * (k + 1)", "through `k`"),
+])
+def test_a_weight_of_the_step_is_found_through_tests_names_and_inner_loops(update: str, says: str) -> None:
+    source = _source(update).replace("    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)\n",
+                                     "    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)\n    w = 1.0\n")
+    with pytest.raises(AnnotationError, match=says):
+        _generate(source)
+
+
+def test_a_helper_s_scaled_sums_are_refused_under_the_linear_epilogue_flag() -> None:
+    scaled = textwrap.dedent(STEP).replace("return tl.dot(a, b, x)\n", "return tl.dot(a, b, x * 0.5)\n", 1)
+    source = _source("acc = step(a, b, acc)").replace(HEAD, HEAD + scaled).replace(
+        'reduce_scatter("c_ptr")', 'reduce_scatter("c_ptr", linear_epilogue=True)')
+    with pytest.raises(AnnotationError, match="other than by adding"):
+        _generate(source)

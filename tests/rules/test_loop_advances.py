@@ -498,3 +498,10 @@ def test_other_spellings_of_the_matmul_walk_build_and_equal_torch(source: str, t
 def test_a_loop_step_that_does_not_divide_the_advance_is_refused() -> None:
     with pytest.raises(AnnotationError, match="whose variable goes up by `2 \\* BLOCK_D`, which does not divide"):
         _generated(STEPPED.replace("range(0, NSTEP * BLOCK_D, BLOCK_D)", "range(0, NSTEP * BLOCK_D, 2 * BLOCK_D)"))
+
+
+def test_a_term_the_access_adds_beside_an_advance_is_refused() -> None:
+    """`tl.load(x_ptrs + D * stride_xd, ...)`: the mask bounds the columns from the row's first column, and the access
+    starts them `D` further along."""
+    with pytest.raises(AnnotationError, match="adds `2 \\* stride_xd` to it"):
+        _generated(STRIDED.replace("tl.load(x_ptrs,", "tl.load(x_ptrs + 2 * stride_xd,"))
