@@ -12,6 +12,7 @@ import pytest
 
 import tilelink
 from tests.rules.cases import HERE, moe_down_from_file
+from tilelink.errors import AnnotationError
 
 SEPARABLE = "mask=token_mask[:, None] & (offs_bn[None, :] < N))"
 # the same elements, in a form the rewriter cannot split into rows x columns (acc == acc holds: no NaN)
@@ -48,13 +49,12 @@ def test_separable_dynamic_mask_counts_rows_times_columns(tmp_path: Path) -> Non
     assert "tlk_stored = tl.sum(" not in text and "tl.sum((offs_bn" not in text
 
 
-@pytest.mark.slow
-def test_separable_mask_with_a_low_precedence_bound_keeps_it_whole(tmp_path: Path) -> None:
-    path = _variant(tmp_path, LOW_PRECEDENCE_BOUND)
-    assert ("tlk_stored = tl.where(token_mask, tl.minimum(tl.maximum((N & 65535) - (pid_n * BLOCK_N), 0), BLOCK_N), 0)"
-            in _generated(path))
-    for err in tilelink.spawn(moe_down_from_file, 2, str(path)):
-        assert err < 1e-3, err
+def test_a_column_bound_the_launch_cannot_read_is_refused_for_rows_from_an_index(tmp_path: Path) -> None:
+    """Rows from an index have their columns bounded at the launch as a tile's are: a bound of lower precedence
+    than a sum of products (`N & 65535`) is not read, and columns starting at a program's position have no end
+    TileLink knows either, so the store could write past the row."""
+    with pytest.raises(AnnotationError, match="bounded by a mask TileLink cannot read at the launch"):
+        _generated(_variant(tmp_path, LOW_PRECEDENCE_BOUND))
 
 
 COLUMNS = "    offs_bn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)\n"
@@ -62,8 +62,6 @@ COLUMNS = "    offs_bn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)\n"
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("change", "why"), [
-    # the column vector wraps: its values are not start + 0..SIZE-1
-    ("    offs_bn = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % (N + BLOCK_N)\n", "modulo"),
     # the start's name is bound again after the column vector is made: at the store it means something else
     (COLUMNS + "    pid_n = pid_n + 1000\n", "rebound"),
 ])
@@ -76,9 +74,18 @@ def test_column_count_falls_back_to_the_vector_when_its_definition_does_not_hold
     text = _generated(path)
     assert "tlk_stored = tl.where(token_mask, tl.sum((offs_bn < (N)).to(tl.int32)), 0)" in text, text
     assert "tl.maximum((N) - (pid_n" not in text
-    if why == "modulo":  # the wrapped columns reload the same elements: the kernel still computes the product
-        for err in tilelink.spawn(moe_down_from_file, 2, str(path)):
-            assert err < 1e-3, err
+    for err in tilelink.spawn(moe_down_from_file, 2, str(path)):
+        assert err < 1e-3, err
+
+
+def test_columns_that_wrap_are_refused_for_rows_from_an_index(tmp_path: Path) -> None:
+    """`(start + tl.arange(0, BLOCK_N)) % (N + BLOCK_N)`: columns TileLink cannot bound within the row."""
+    source = (HERE / "reduce_scatter" / "moe_scatter_topk.before.py").read_text()
+    path = tmp_path / "moe_down_modulo.py"
+    wrapped = "    offs_bn = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % (N + BLOCK_N)\n"
+    path.write_text(source.replace(COLUMNS, wrapped))
+    with pytest.raises(AnnotationError, match="which TileLink cannot"):
+        _generated(path)
 
 
 @pytest.mark.slow
