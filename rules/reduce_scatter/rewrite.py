@@ -7,7 +7,17 @@ import re
 import libcst as cst
 import libcst.matchers as m
 
-from tilelink.analysis import BranchSide, KernelAnalysis, Where, _bare, code, expanded, names_in, parse_offsets
+from tilelink.analysis import (
+    BranchSide,
+    KernelAnalysis,
+    Where,
+    _bare,
+    _returned_value,
+    code,
+    expanded,
+    names_in,
+    parse_offsets,
+)
 from tilelink.errors import AnnotationError
 from tilelink.plan import Insertion, ReduceScatterLaunch, ReportEntry, RewritePlan
 from tilelink.rules.emit import (
@@ -525,8 +535,6 @@ def _classify(an: KernelAnalysis, node: cst.BaseExpression, visiting: dict[str, 
 def _helper_return(an: KernelAnalysis, call: cst.Call) -> cst.BaseExpression | None:
     """What the helper ``call`` calls returns, written out over its arguments (straight-line helpers of one
     ``return``, ``analysis._returned_value``); ``None`` where TileLink does not read it."""
-    from tilelink.analysis import _returned_value
-
     found = cst.parse_module(an.helpers[call.func.value]).body  # type: ignore[attr-defined]
     fn = found[0] if len(found) == 1 and isinstance(found[0], cst.FunctionDef) else None
     return None if fn is None else _returned_value(fn, call)
@@ -609,25 +617,38 @@ def _carried_slot(value: cst.BaseExpression, name: str) -> list[cst.BaseExpressi
     return None
 
 
+#: what to write instead of an accumulator carried other than by adding its terms (`_check_carried`)
+_CARRIED_HINT = ("add the terms to the accumulator unscaled in the loop (`acc += tl.dot(a, b)`, or `acc += "
+                 "tl.dot(a, b) * s` to scale a term) and scale the sum once after the loop")
+
+
+def _loops(an: KernelAnalysis) -> set[tuple[Where, Where]]:
+    """Where each loop of the kernel starts and ends (`for` loops through their targets' bindings, `while` loops)."""
+    return {(b, e) for binds in an.bindings.values() for b, e in binds if e is not None} | set(an.while_loops)
+
+
+def _inside(site: Where, loop: tuple[Where, Where]) -> bool:
+    return (loop[0].line, loop[0].column) < (site.line, site.column) <= (loop[1].line, loop[1].column)
+
+
 def _check_carried(an: KernelAnalysis, name: str, sources: list[tuple[str, Where | None]]) -> None:
     """The partial sums ``name`` must be carried through the loop that sums them unscaled: each rank runs that loop
     over its own slice of K, so ``acc = tl.dot(a, b, acc * 0.5)`` weighs a term by its place in the rank's slice,
-    not in the full loop, and the ranks' sum is not the full problem's. In the innermost loop around each binding
-    that reads ``name`` (unless a binding of it that does not read it runs first on every pass: a persistent kernel's
+    not in the full loop, and the ranks' sum is not the full problem's. In every loop around each binding that
+    reads ``name`` (unless a binding of it that does not read it runs first on every pass: a persistent kernel's
     `acc = tl.zeros(...)` per tile), every binding of ``name`` that reads it must add to it (``acc += x``,
     ``tl.dot(a, b, acc)``) values that do not read it, or convert it to another float type; what it adds may not
     depend on the step's place in the loop other than through what it loads (``* (k + 1)``, ``* w`` with ``w``
-    halved on each step); and it may not be started again on some steps only (``if k % 2 == 0: acc = 0``) unless
-    the loop stores the tensor itself. A loop around that loop whose passes store the tensor (a persistent kernel's
-    tile loop) runs alike on every rank: a scale across its passes is left to the linearity check."""
-    loops = {(b, e) for binds in an.bindings.values() for b, e in binds if e is not None} | set(an.while_loops)
+    halved on each step); and it may not be started again inside the loop, unless the loop stores the tensor and
+    starts it right after a store of it (a persistent kernel's flattened loop). A loop whose passes store the tensor
+    and sum in a loop inside it (a persistent kernel's tile loop) runs alike on every rank: a scale across its
+    passes is left to the linearity check."""
+    loops = _loops(an)
     targets = {(b, e): n for n, binds in an.bindings.items() for b, e in binds if e is not None}
+    inside = _inside
 
     def pos(w: Where) -> tuple[int, int]:
         return (w.line, w.column)
-
-    def inside(site: Where, loop: tuple[Where, Where]) -> bool:
-        return pos(loop[0]) < pos(site) <= pos(loop[1])
 
     def reads(node: cst.BaseExpression) -> bool:  # reads `name`, through the values of the names it reads
         todo, seen = [node], set()
@@ -720,10 +741,7 @@ def _check_carried(an: KernelAnalysis, name: str, sources: list[tuple[str, Where
                                f"{loop[0].line}, which stores nothing: the sum it keeps is of the steps after that")
 
         def sides(at: Where, loop: tuple[Where, Where] = loop) -> tuple[BranchSide, ...]:
-            found = an.branch_sides.get(at)
-            if found is None:
-                found = next((v for w, v in an.branch_sides.items() if w.line == at.line), ())
-            return tuple(side for side in found if inside(side.where, loop))
+            return tuple(side for side in _sides_of(an, at) if inside(side.where, loop))
 
         # in a loop that stores (a persistent kernel's flattened loop), started again right after a store of the
         # sums, under the same tests (`if ki == k_tiles - 1: tl.store(...); acc = tl.zeros(...)`): what it kept is
@@ -751,15 +769,14 @@ def _check_carried(an: KernelAnalysis, name: str, sources: list[tuple[str, Where
 def _check_accumulators(an: KernelAnalysis, a, rule: str) -> None:
     """:func:`_check_carried` for every name the kernel adds to in place inside a loop (``acc += x``, ``acc =
     tl.dot(a, b, acc)``), where ``linear_epilogue=True`` leaves the rest of the classification out."""
-    loops = [(b, e) for binds in an.bindings.values() for b, e in binds if e is not None] + list(an.while_loops)
+    loops = _loops(an)
     sums = m.Call(func=m.Attribute(attr=m.Name("dot") | m.Name("sum")) | m.Name("dot"))
     for name in sorted(set(an.values) | set(an.updates)):
         every = _bindings(an, name)
         # bound from itself inside a loop, and from a tl.dot or a tl.sum somewhere: an accumulator of sums
-        if not any(site is not None and any((lp[0].line, lp[0].column) < (site.line, site.column) <= (
-                lp[1].line, lp[1].column) for lp in loops) and name in names_in(cst.parse_expression(src))
-                for src, site in every) or not any(m.findall(_written_helper(an, cst.parse_expression(src)), sums)
-                                                   for src, _ in every):
+        looped = any(site is not None and any(_inside(site, lp) for lp in loops)
+                     and name in names_in(cst.parse_expression(src)) for src, site in every)
+        if not looped or not any(m.findall(_written_helper(an, cst.parse_expression(src)), sums) for src, _ in every):
             continue
         try:
             _check_carried(an, name, every)
@@ -767,9 +784,7 @@ def _check_accumulators(an: KernelAnalysis, a, rule: str) -> None:
             site = bad.site or a.where
             raise AnnotationError(_refused_message(a.tensor, rule, bad, f" at line {site.line}"), file=a.where.file,
                                   line=a.where.line, column=a.where.column,
-                                  hint="add the terms to the accumulator unscaled in the loop (`acc += tl.dot(a, b)`, "
-                                       "or `acc += tl.dot(a, b) * s` to scale a term) and scale the sum once after "
-                                       "the loop") from None
+                                  hint=_CARRIED_HINT) from None
 
 
 def _written_helper(an: KernelAnalysis, value: cst.BaseExpression) -> cst.BaseExpression:
@@ -891,8 +906,7 @@ def _epilogue_branches(an: KernelAnalysis, a, rule: str, refused: dict[BranchSid
         hint = ("store the partial sums themselves and apply the function after the reduction (on the reduced rows), "
                 f"or pass {rule}(..., linear_epilogue=True) if what is stored is linear in the partial sums after all")
         if bad.carried:
-            hint = ("add the terms to the accumulator unscaled in the loop (`acc += tl.dot(a, b)`, or "
-                    "`acc += tl.dot(a, b) * s` to scale a term) and scale the sum once after the loop")
+            hint = _CARRIED_HINT
         if runtime is not None:
             hint = (f"the `if {runtime.test}:` at line {runtime.where.line} is decided at run time: make its test "
                     f"compile-time (tl.constexpr parameters and literals, as `if ACTIVATION == \"leaky_relu\":`) and "
@@ -1583,11 +1597,12 @@ def split_k_note(an: KernelAnalysis, found: tuple[list[int], str] | None, rule: 
                                                f"the grid axes other than {', '.join(map(str, addressed))}")]
 
 
-def _sides_of(an: KernelAnalysis, acc) -> tuple[BranchSide, ...]:
-    """The `if` sides around an access's statement, outermost first."""
-    found = an.branch_sides.get(acc.where)
+def _sides_of(an: KernelAnalysis, at: Where) -> tuple[BranchSide, ...]:
+    """The `if` sides around the statement at ``at`` (an access's, whose position may be inside its line), outermost
+    first."""
+    found = an.branch_sides.get(at)
     if found is None:
-        found = next((v for w, v in an.branch_sides.items() if w.line == acc.where.line), ())
+        found = next((v for w, v in an.branch_sides.items() if w.line == at.line), ())
     return found
 
 
@@ -1595,11 +1610,11 @@ def _stored_on_every_side(an: KernelAnalysis, spec, a) -> bool:
     """Whether the `if` the store ``a`` is in (its ``branch``) is decided at compile time and stores the tensor on
     each of its sides (`if SPLIT_K == 1: tl.store(...)` / `else: tl.atomic_add(...)`): every launch takes a storing
     side."""
-    sides = _sides_of(an, a)
+    sides = _sides_of(an, a.where)
     stores = [x for t in spec.tensors for x in an.accesses_of(t, "store")]
     # under that `if` alone: one inside it under another `if` (`if EVEN_K: tl.store(...)`) may store nothing
-    alone = [x for x in map(lambda st: _sides_of(an, st), stores) if len(x) == 1 and x[0].where == sides[0].where] \
-        if len(sides) == 1 else []
+    alone = [x for x in (_sides_of(an, st.where) for st in stores) if len(x) == 1
+             and x[0].where == sides[0].where] if len(sides) == 1 else []
     return bool(alone) and sides[0].static and {x[0].body for x in alone} == {True, False}
 
 
@@ -1624,10 +1639,12 @@ def split_k(an: KernelAnalysis, spec) -> tuple[list[int], str] | None:
     when, chooser = "", None
     if plain:
         # a compile-time `if` with every plain store on one side and every add on the other
-        chooser = next((side for side in _sides_of(an, a) if side.static and all(
-            any(x.where == side.where and x.body == side.body for x in _sides_of(an, acc)) for acc in atomics)
-            and all(any(x.where == side.where and x.body != side.body for x in _sides_of(an, st)) for st in plain)),
-            None)
+        def on(side: BranchSide, acc, body: bool) -> bool:  # the access is on that side (`body`) of `side`'s if
+            return any(x.where == side.where and x.body == body for x in _sides_of(an, acc.where))
+
+        chooser = next((side for side in _sides_of(an, a.where) if side.static
+                        and all(on(side, acc, side.body) for acc in atomics)
+                        and all(on(side, st, not side.body) for st in plain)), None)
         if chooser is None:
             raise refuse(plain[0], f"the kernel stores to {a.tensor!r} here and adds to it with tl.atomic_add at "
                                    f"line {a.where.line}: the channels count the adds of a split-K write-back, which "
@@ -1644,7 +1661,7 @@ def split_k(an: KernelAnalysis, spec) -> tuple[list[int], str] | None:
         # the adds on the one side of the compile-time `if` that chooses them, under no other `if`: every program of
         # a launch that takes that side adds its tile (a launch that takes no adding or storing side would leave the
         # channels waiting)
-        if acc.loop is not None or acc.swept or (acc.branch is not None and _sides_of(an, acc) != (
+        if acc.loop is not None or acc.swept or (acc.branch is not None and _sides_of(an, acc.where) != (
                 (chooser,) if plain else ())):
             raise refuse(acc, f"the tl.atomic_add into {acc.tensor!r} is in a loop or a branch: the reduction counts "
                               f"one add per element from each program along the split axis, which it cannot tell "
