@@ -6,6 +6,7 @@ carries the sums unscaled: rewritten, and equal to torch on the race-exposing sc
 
 from __future__ import annotations
 
+import os
 import textwrap
 
 import pytest
@@ -125,7 +126,8 @@ def test_a_persistent_kernel_scaling_after_its_k_loop_equals_torch(tmp_path, mon
 def _original(path: str):
     """The kernel of ``path`` without its annotation: what the rewrite must equal, run on the full problem."""
     text = "\n".join(line for line in open(path).read().splitlines() if "@tilelink.overlap" not in line)
-    plain = path.replace(".py", "_plain.py")
+    # one copy per rank: the ranks run this at once, and one must not import a copy another is still writing
+    plain = path.replace(".py", f"_plain_{os.getpid()}.py")
     with open(plain, "w") as f:
         f.write(text)
     return module_at(plain).matmul
