@@ -233,6 +233,10 @@ class ReduceScatterLaunch(LaunchPlan):
     #: rows; ``test``: the ``if`` tests under which it runs, ``""``: always): each call with more than one rank checks
     #: over its grid that no element is stored by two programs or two steps
     stored_tiles: tuple[tuple[str, str, str, str, str, int], ...] = ()
+    #: the types the stored partial sums are started with, in source over literals and the constexpr parameters
+    #: (``rules.reduce_scatter.rewrite.sums_dtypes``): a call reducing into an integer tensor is refused unless each
+    #: is an integer type, since a rank's float sums are truncated when stored there, before the ranks add them
+    sums_dtypes: tuple[str, ...] = ()
 
     def adds(self, values: Mapping[str, Any]) -> bool:
         """Whether a launch with the constexpr arguments ``values`` takes the split-K write-back (``tl.atomic_add``):
@@ -249,6 +253,8 @@ class ReduceScatterLaunch(LaunchPlan):
             isinstance(e, tuple) and len(e) == 6 and all(isinstance(x, str) for x in e[:5]) and all(e[:2])
             and bool(e[2]) == bool(e[3]) and _positive(e[5]) for e in self.stored_tiles),
             "a tuple of (row start, rows, column start, columns, test, line)")
+        self._check("sums_dtypes", isinstance(self.sums_dtypes, tuple) and all(
+            isinstance(e, str) and e for e in self.sums_dtypes), "a tuple of type sources")
         self._check("refused", isinstance(self.refused, tuple) and all(
             isinstance(e, tuple) and len(e) == 2 and all(isinstance(x, str) and x for x in e) for e in self.refused),
             "a tuple of (test, message)")

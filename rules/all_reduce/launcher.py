@@ -62,6 +62,7 @@ class AllReduceLauncher(ReduceScatterLauncher):
         sharding = self.sharding(world, size)
         (name,) = self.plan.tensors
         out = self.tensor_arg(bound, name, world)
+        self.check_sums_type(name, out, bound)
         if out.dim() < 1 or out.shape[0] != size:
             raise LaunchError(
                 f"{self.okernel.name}: every rank passes the whole output as {name} ({size} rows, for "

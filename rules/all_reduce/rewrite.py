@@ -12,7 +12,7 @@ from tilelink.analysis import KernelAnalysis
 from tilelink.errors import AnnotationError
 from tilelink.plan import AllReduceLaunch, Insertion, ReportEntry, RewritePlan
 from tilelink.rules.emit import CHANNEL_PARAMS
-from tilelink.rules.reduce_scatter.rewrite import notify_stores, split_k, split_k_note, stored_tiles
+from tilelink.rules.reduce_scatter.rewrite import notify_stores, split_k, split_k_note, stored_tiles, sums_dtypes
 from tilelink.spec import AllReduceSpec, Options
 
 RULE = "all_reduce"
@@ -49,7 +49,7 @@ def rewrite(an: KernelAnalysis, spec: AllReduceSpec, options: Options) -> Rewrit
                              atomic_when="" if found is None else found[1],
                              via=opts.via, mode=opts.mode, order=opts.order, comm_block=opts.comm_block,
                              comm_sms=opts.comm_sms, channels_per_rank=opts.channels_per_rank, refused=refused,
-                             stored_tiles=stored_tiles(an, spec))
+                             stored_tiles=stored_tiles(an, spec), sums_dtypes=sums_dtypes(an, spec))
     partners = ("ar_pull_reduce",) if spec.mode == "one_shot" else ("ar_pull_reduce", "ar_gather_rows")
     return RewritePlan(an.name, RULE, spec, opts, CHANNEL_PARAMS, tuple(_named(i) for i in insertions), partners,
                        launch, tuple(report))

@@ -114,6 +114,7 @@ class ReduceScatterLauncher(Launcher):
         sharding = self.sharding(world, size)
         (name,) = self.plan.tensors
         out = self.tensor_arg(bound, name, world)
+        self.check_sums_type(name, out, bound)
         lo, hi = sharding.rank_range(world.rank)
         if out.dim() < 1 or out.shape[0] != hi - lo:
             raise LaunchError(
@@ -506,6 +507,36 @@ class ReduceScatterLauncher(Launcher):
             self._produce(grid, call, args, ctx, epoch)
             self._consumer(ctx, world, out, ctx.channel.barriers, ctx.channel.peer_table, epoch)
         self.finish(ctx)
+
+    def check_sums_type(self, name: str, out: torch.Tensor, bound: dict) -> None:
+        """Into an integer tensor, only integer sums (``ReduceScatterLaunch.sums_dtypes``, an int8 GEMM summing in
+        int32): a rank's float partial sums stored there are truncated before the ranks add them, and the sum of the
+        truncated parts is not the truncated full sum."""
+        if out.dtype.is_floating_point or out.dtype.is_complex:
+            return
+        import triton.language as tl
+
+        found = []
+        for meta, _ in metas(self.kernel, bound):
+            env = {n: getattr(v, "value", v) for n, v in {**self.okernel.defaults, **meta}.items()}
+            for source in self.plan.sums_dtypes:
+                try:
+                    found.append(eval(source, {"__builtins__": {}, "tl": tl}, env))  # noqa: S307 - the kernel's own
+                except Exception:  # noqa: BLE001 - a type the arguments do not give: not known to be an integer
+                    found.append(None)
+        if self.plan.sums_dtypes and all(
+                (isinstance(d, tl.dtype) and d.is_int()) or (isinstance(d, torch.dtype) and not d.is_floating_point
+                                                             and not d.is_complex) for d in found):
+            return
+        started = (f"the partial sums stored into it are started as "
+                   f"{', '.join(f'`{s}`' for s in self.plan.sums_dtypes)}" if self.plan.sums_dtypes else
+                   "TileLink cannot tell the type of the partial sums stored into it (they are not started with "
+                   "`tl.zeros(..., dtype=...)`)")
+        raise LaunchError(f"{self.okernel.name}: {name} is {out.dtype}, an integer type, and {started}: if they are "
+                          f"float, each rank's sums would be truncated where it stores "
+                          f"them, before {self.plan.rule} adds them over the ranks, and the sum of truncated parts "
+                          f"is not the full problem's value; reduce into a float tensor, or sum in an integer type "
+                          f"(`tl.zeros(..., dtype=tl.int32)` for an int8 GEMM)")
 
     def adds(self, bound: dict) -> bool:
         """Whether this call takes the kernel's split-K write-back (``ReduceScatterLaunch.atomic_when``): with each

@@ -699,8 +699,38 @@ def _check_carried(an: KernelAnalysis, name: str, sources: list[tuple[str, Where
     parsed = [(cst.parse_expression(src), site) for src, site in sources if site is not None]
     own = [(value, site) for value, site in parsed if name in names_in(value) or reads(value)]
     adding = {id(v) for v, _ in own if _carried_slot(_written_helper(an, v), name)}
+    uses = list(an.effects) + [(src, w) for n in set(an.values) | set(an.updates) for src, w in _bindings(an, n)
+                               if w is not None]
+
+    def read_outside(loop: tuple[Where, Where]) -> bool:
+        """``name`` is read outside ``loop`` (after it, or before it on a later pass of a loop around it): there
+        it holds what the loop's last step left."""
+        return any(not inside(w, loop) and name in names_in(cst.parse_expression(src)) for src, w in uses)
+
     def innermost(at: Where) -> tuple[Where, Where] | None:
         return max((lp for lp in loops if inside(at, lp)), key=lambda lp: pos(lp[0]), default=None)
+
+    def refuse(node: cst.BaseExpression, at: Where, why: str) -> _Epilogue:
+        bad = _Epilogue(node, why)
+        bad.site, bad.carried = at, True
+        return bad
+
+    def zero(value: cst.BaseExpression) -> bool:
+        try:
+            return _classify(an, value, {name: _ZERO}) == _ZERO
+        except _Epilogue:
+            return False
+
+    # bound anew from this step's values (`acc = tl.dot(a, b)`, not `acc += ...`) in a loop that stores nothing, and
+    # read after it: what is read is the last step's sum, of a different step on each rank
+    for value, site in parsed:
+        if any(value is o for o, _ in own) or zero(value):
+            continue
+        for loop in sorted((lp for lp in loops if inside(site, lp)), key=lambda lp: pos(lp[0])):
+            if not any(inside(st, loop) for st in stores) and read_outside(loop):
+                raise refuse(value, site, f"the partial sums `{name}` bound anew on each step of the loop at line "
+                                          f"{loop[0].line}, which stores nothing, without adding to what the steps "
+                                          f"before left: after the loop they hold the last step's sum only")
 
     for value, site, loop in [(v, w, lp) for v, w in own for lp in loops if inside(w, lp)]:
         # a tile loop: it stores the tensor on its passes, and sums in a loop inside it (the K loop); every rank
@@ -721,16 +751,12 @@ def _check_carried(an: KernelAnalysis, name: str, sources: list[tuple[str, Where
                   for _, s in fresh if pos(s) < pos(site)]
         here = tuple(side for side in an.branch_sides.get(site, ()) if inside(side.where, loop))
 
-        def refuse(node: cst.BaseExpression, at: Where, why: str) -> _Epilogue:
-            bad = _Epilogue(node, why)
-            bad.site, bad.carried = at, True
-            return bad
-
         if _every_pass(starts) or any(path == here[:len(path)] for path in starts):
             # started again on every pass before it, or before it in a block that holds it (`acc =
             # tl.reshape(accumulator, ...)` then `acc = tl.permute(acc, ...)` under one `if`): nothing is carried;
-            # but sums added on each step of a loop that stores nothing keep the last step's only
-            if id(value) not in adding or any(inside(st, loop) for st in stores):
+            # but sums added on each step of a loop that stores nothing keep the last step's only, which matters
+            # where they are read after it (not where each pass's sum is added to another accumulator in the loop)
+            if id(value) not in adding or any(inside(st, loop) for st in stores) or not read_outside(loop):
                 continue
             v, s = fresh[0]
             raise refuse(v, s, f"the accumulator `{name}` started again on every step of its loop at line "
@@ -844,8 +870,8 @@ def _refused_message(tensor: str, rule: str, bad: _Epilogue, where: str = "") ->
     """``where``: where the value is made, when not at the store (" at line 12")."""
     if bad.carried:
         return (f"the value stored to {tensor!r} goes through {bad.why} (`{bad.source}`{where.replace(' at', ',', 1)}"
-                f"): each rank runs that loop over its own slice of K, so a scale there weighs each term by its place "
-                f"in the rank's slice, and the sum {rule} makes over the ranks would not be the full problem's value")
+                f"): each rank runs that loop over its own slice of K, and the sum {rule} makes over the ranks would "
+                f"not be the full problem's value")
     return (f"the value stored to {tensor!r} goes through {bad.why} (`{bad.source}`){where}: {rule} sums what every "
             f"rank stores, and that sum would not be the full problem's value (the sum of f(partial sums) is not f of "
             f"their sum)")
@@ -1385,6 +1411,37 @@ def stored_tiles(an: KernelAnalysis, spec) -> tuple[tuple[str, str, str, str, st
     return tuple(dict.fromkeys(found))
 
 
+def sums_dtypes(an: KernelAnalysis, spec) -> tuple[str, ...]:
+    """The types the partial sums stored into the reduced tensors are started with (``tl.zeros(..., dtype=X)``,
+    ``tl.full(..., dtype=X)``, ``tl.dot(..., out_dtype=X)``), in source over literals and the constexpr parameters:
+    a rank's float sums stored into an integer tensor are truncated before they are added, so the launch reduces
+    into an integer tensor only where every one of these is an integer type (an int8 GEMM summing into int32). Empty
+    where a value is started otherwise: the launch then takes the sums as float."""
+    found: list[str] = []
+    todo, seen = [a.value for t in spec.tensors for a in an.accesses_of(t, "store") if a.value], set()
+    while todo:
+        node = cst.parse_expression(todo.pop())
+        for call in m.findall(node, m.Call()):
+            func = code(call.func).strip()
+            name = func.rsplit(".", 1)[-1]
+            keyword = {"zeros": "dtype", "full": "dtype", "dot": "out_dtype"}.get(name)
+            if keyword is None or not (func.startswith("tl.") or name == "dot"):
+                continue
+            chosen = next((a.value for a in call.args if a.keyword is not None and a.keyword.value == keyword), None)
+            positional = [a.value for a in call.args if a.keyword is None]
+            at = {"zeros": 1, "full": 2}.get(name)
+            if chosen is None and at is not None and len(positional) > at:
+                chosen = positional[at]
+            if chosen is not None:
+                found.append(code(chosen).strip())
+            elif name in ("zeros", "full") and len(positional) > 1:
+                found.append("tl.float32")  # their default type
+        for other in names_in(node) - seen:
+            seen.add(other)
+            todo += [src for src, _ in _bindings(an, other)]
+    return tuple(dict.fromkeys(found))
+
+
 def _compile_time(an: KernelAnalysis, p: Poly) -> bool:
     """Whether every atom of ``p`` is a constexpr parameter, a descriptor's ``block_shape[i]`` or made of them with
     ``//``: a ``tl.static_assert`` can evaluate it."""
@@ -1730,7 +1787,7 @@ def rewrite(an: KernelAnalysis, spec: ReduceScatterSpec, options: Options) -> Re
                                  # a split-K write-back: the grid axes its address reads (the others are the splits)
                                  atomic_axes=None if found is None else tuple(found[0]),
                                  atomic_when="" if found is None else found[1], refused=refused,
-                                 stored_tiles=stored_tiles(an, spec))
+                                 stored_tiles=stored_tiles(an, spec), sums_dtypes=sums_dtypes(an, spec))
     if opts.via == "sm" and opts.mode == "push" and spec.topk:
         raise AnnotationError("reduce_scatter with topk= reduces by pulling", file=an.file, line=an.where.line,
                               column=an.where.column, hint="drop mode='push' for the MoE reduction")

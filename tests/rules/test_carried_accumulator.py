@@ -338,3 +338,51 @@ def test_a_helper_s_scaled_sums_are_refused_under_the_linear_epilogue_flag() -> 
         'reduce_scatter("c_ptr")', 'reduce_scatter("c_ptr", linear_epilogue=True)')
     with pytest.raises(AnnotationError, match="other than by adding"):
         _generate(source)
+
+
+@pytest.mark.parametrize("update, after, says", [
+    ("acc = tl.dot(a, b)", "", "the partial sums `acc` bound anew on each step of the loop at line 16"),
+    ("p = tl.dot(a, b)\n        acc += p", "acc = acc + p", "the partial sums `p` bound anew on each step"),
+])
+def test_sums_bound_anew_on_each_step_and_read_after_the_loop_are_refused(update: str, after: str,
+                                                                          says: str) -> None:
+    """After the K loop such a value is the last step's product: each rank's last block of its own slice, whose sum
+    over the ranks is not the full problem's."""
+    with pytest.raises(AnnotationError, match=says) as err:
+        _generate(_source(update, after))
+    assert "holds the last step's sum only" in str(err.value) or "hold the last step's sum only" in str(err.value)
+
+
+REPEATED = '''
+@tilelink.overlap(tilelink.reduce_scatter("c_ptr"))
+@triton.jit
+def matmul(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    pid = tl.program_id(0)
+    grid_n = tl.cdiv(N, BLOCK_N)
+    rm = (pid // grid_n) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = (pid % grid_n) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for half in range(0, 2):
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+{k_loop}            p = tl.dot(a, b)
+            acc += p
+        total += acc * 0.5
+    tl.store(c_ptr + rm[:, None] * stride_cm + rn[None, :] * stride_cn, total,
+             mask=(rm[:, None] < M) & (rn[None, :] < N))
+'''.replace("{k_loop}", textwrap.indent(K_LOOP, "        "))
+
+
+def test_sums_started_on_each_pass_and_added_up_in_the_loop_equal_torch(tmp_path, monkeypatch) -> None:
+    """A per-step product (`p`) added to the accumulator in the K loop, and an accumulator started on each pass of
+    an outer loop that adds it to another: each value is used within the loop that makes it, nothing of one step
+    is lost, and the rewrite equals torch."""
+    monkeypatch.setenv("TILELINK_RACES", "1")
+    source = HEAD + textwrap.dedent(REPEATED)
+    body = _generate(source).rewritten["matmul"]
+    assert "tl.static_assert" not in body and "tll.producer_tile_notify" in body, body
+    path = tmp_path / "repeated.py"
+    path.write_text(source)
+    errors = tilelink.spawn(_scattered, 2, str(path))
+    assert all(e < 1e-4 for e in errors), errors

@@ -93,5 +93,6 @@ TILELINK_PLAN = {'persistent_matmul_kernel': {'algorithm': None,
                                                 'BLOCK_N',
                                                 '',
                                                 25]],
+                              'sums_dtypes': ['tl.float32'],
                               'tensors': ['c_ptr'],
                               'via': 'sm'}}

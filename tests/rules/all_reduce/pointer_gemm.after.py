@@ -90,5 +90,6 @@ TILELINK_PLAN = {'row_parallel_kernel': {'algorithm': 'one_shot',
                                            'BLOCK_N',
                                            '',
                                            27]],
+                         'sums_dtypes': ['tl.float32'],
                          'tensors': ['y_ptr'],
                          'via': 'sm'}}

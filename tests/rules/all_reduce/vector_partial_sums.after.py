@@ -75,5 +75,6 @@ TILELINK_PLAN = {'partial_product_kernel': {'algorithm': 'two_shot',
                             'rule': 'all_reduce',
                             'size_param': 'N',
                             'stored_tiles': [['tl.program_id(0) * BLOCK', 'BLOCK', '', '', '', 17]],
+                            'sums_dtypes': [],
                             'tensors': ['y_ptr'],
                             'via': 'sm'}}

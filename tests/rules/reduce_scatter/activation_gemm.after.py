@@ -149,6 +149,7 @@ TILELINK_PLAN = {'matmul_kernel': {'atomic_axes': None,
                                      'BLOCK_N',
                                      '',
                                      51]],
+                   'sums_dtypes': ['tl.float32'],
                    'tensors': ['c_ptr'],
                    'topk': None,
                    'via': 'sm'}}

@@ -100,6 +100,7 @@ TILELINK_PLAN = {'matmul_kernel': {'atomic_axes': None,
                                      'BLOCK_N',
                                      '',
                                      31]],
+                   'sums_dtypes': ['tl.float32'],
                    'tensors': ['c_ptr'],
                    'topk': None,
                    'via': 'copy_engine'}}

@@ -115,6 +115,7 @@ TILELINK_PLAN = {'matmul_kernel': {'atomic_axes': None,
                                      'BLOCK_N',
                                      '',
                                      40]],
+                   'sums_dtypes': ['tl.float32'],
                    'tensors': ['c_ptr'],
                    'topk': None,
                    'via': 'copy_engine'}}

@@ -87,6 +87,7 @@ TILELINK_PLAN = {'matmul_kernel': {'atomic_axes': None,
                    'rule': 'reduce_scatter',
                    'size_param': 'M',
                    'stored_tiles': [['(tl.program_id(0)) * BLOCK_M', 'BLOCK_M', '', '', '', 27]],
+                   'sums_dtypes': ['tl.float32'],
                    'tensors': ['c_ptr'],
                    'topk': None,
                    'via': 'sm'}}

@@ -75,6 +75,7 @@ TILELINK_PLAN = {'partial_scale_kernel': {'atomic_axes': None,
                           'rule': 'reduce_scatter',
                           'size_param': 'N',
                           'stored_tiles': [['tl.program_id(0) * BLOCK', 'BLOCK', '', '', '', 17]],
+                          'sums_dtypes': [],
                           'tensors': ['y_ptr'],
                           'topk': None,
                           'via': 'sm'}}
