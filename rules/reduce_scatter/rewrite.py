@@ -813,6 +813,122 @@ def _check_accumulators(an: KernelAnalysis, a, rule: str) -> None:
                                   hint=_CARRIED_HINT) from None
 
 
+def _position_facts(an: KernelAnalysis, node: cst.BaseExpression) -> tuple[set[str], set[str], bool, bool, bool]:
+    """What ``node`` is made of, through the values of the names it reads: (the parameters, the other names that
+    have no value of their own (loop targets), whether it reads a ``tl.arange``, a program id, loaded data). What a
+    load reads is where its data is, not part of the value."""
+    params, atoms, arange, program, loaded = set(), set(), False, False, False
+    todo, seen = [node], set()
+    while todo:
+        value = todo.pop()
+        loads = m.findall(value, m.Call(func=m.Attribute(attr=m.Name("load") | m.Name("gather"))))
+        for call in loads:
+            loaded = True
+            value = value.deep_replace(call, cst.Name("_loaded")) if value is not call else cst.Name("_loaded")
+        for call in m.findall(value, m.Call(func=m.Attribute(attr=m.Name())) | m.Call(func=m.Name())):
+            called = call.func.attr.value if isinstance(call.func, cst.Attribute) else call.func.value
+            arange = arange or called == "arange"
+            program = program or called in ("program_id", "num_programs")
+        for name in names_in(value) - seen - {"_loaded", "tl", "None", "True", "False"}:
+            seen.add(name)
+            if name in an.params:
+                params.add(name)
+                continue
+            sources = _bindings(an, name)
+            if not sources:
+                atoms.add(name)
+            todo += [cst.parse_expression(src) for src, _ in sources]
+    return params, atoms, arange, program, loaded
+
+
+def _conjuncts(an: KernelAnalysis, node: cst.BaseExpression) -> list[cst.BaseExpression]:
+    """The terms of a mask joined by ``&``, through names bound once (`mask = a_mask & k_mask`) and broadcasts
+    (`(offs_k < K)[None, :]`)."""
+    node = _bare(node)
+    while isinstance(node, cst.Subscript) and all(isinstance(e.slice, cst.Slice) or (
+            isinstance(e.slice, cst.Index) and m.matches(e.slice.value, m.Name("None"))) for e in node.slice):
+        node = _bare(node.value)
+    if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.BitAnd):
+        return _conjuncts(an, node.left) + _conjuncts(an, node.right)
+    if isinstance(node, cst.Name) and len(_bindings(an, node.value)) == 1:
+        return _conjuncts(an, cst.parse_expression(_bindings(an, node.value)[0][0]))
+    return [node]
+
+
+def _bounds_k(an: KernelAnalysis, node: cst.BaseExpression, target: str | None) -> bool:
+    """``node`` compares offsets along K (a ``tl.arange``) with a bound of parameters (and the loop's target):
+    `offs_k[None, :] < K - k * BLOCK_K`, `(k * BLOCK_K + rk)[None, :] < K`, `rk[None, :] < k` counting down from
+    K. A bound that reads other offsets (`<= rm[:, None]`), program ids or data, or a comparison of the step with a
+    literal (`k < 1`), is not one."""
+    if not isinstance(node, cst.Comparison) or len(node.comparisons) != 1 or not isinstance(
+            node.comparisons[0].operator, (cst.LessThan, cst.LessThanEqual, cst.GreaterThan, cst.GreaterThanEqual)):
+        return False
+    left = _position_facts(an, node.left)
+    right = _position_facts(an, node.comparisons[0].comparator)
+    for position, bound in ((left, right), (right, left)):
+        params, atoms, arange, program, loaded = bound
+        if position[2] and not (arange or program or loaded) and (params or (target is not None and target in atoms)):
+            return True
+    return False
+
+
+def _check_k_masks(an: KernelAnalysis, a, rule: str) -> None:
+    """Each rank runs the loop that sums over its own slice of K, counting from its start: a load's mask that reads
+    the loop's step must bound the offsets along K by the K extent the call passes (`offs_k[None, :] < K - k *
+    BLOCK_K`). One that relates the step to other offsets (a triangular `(k * BLOCK_K + rk)[None, :] <=
+    rm[:, None]`), to a literal (`k < 1`) or to loaded data picks, on each rank, terms by their place in the rank's
+    slice, not in the full K: the ranks' sum is not the full problem's value. Refused."""
+    loops = _loops(an)
+    targets = {(b, e): n for n, binds in an.bindings.items() for b, e in binds if e is not None}
+    sums = m.Call(func=m.Attribute(attr=m.Name("dot") | m.Name("sum")) | m.Name("dot"))
+    summing: set[tuple[Where, Where]] = set()
+    for name in set(an.values) | set(an.updates):
+        for src, site in _bindings(an, name):
+            value = _written_helper(an, cst.parse_expression(src))
+            if site is None or name not in names_in(value) or not m.findall(value, sums):
+                continue
+            inner = max((lp for lp in loops if _inside(site, lp)), key=lambda lp: (lp[0].line, lp[0].column),
+                        default=None)
+            if inner is not None and _carried_slot(value, name) is not None:
+                summing.add(inner)
+    every = [(src, site) for n in set(an.values) | set(an.updates) for src, site in _bindings(an, n)
+             if site is not None] + list(an.effects)
+    for loop in sorted(summing, key=lambda lp: (lp[0].line, lp[0].column)):
+        target = targets.get(loop)
+        # the names whose value changes from one step of the loop to the next: its target, what it carries, and
+        # what is bound in it from them
+        varying = {target} if target else set()
+        inside = [(n, src) for n in set(an.values) | set(an.updates) for src, site in _bindings(an, n)
+                  if site is not None and _inside(site, loop)]
+        varying |= {n for n, src in inside if n in names_in(cst.parse_expression(src))}
+        grown = True
+        while grown:
+            more = {n for n, src in inside if names_in(cst.parse_expression(src)) & varying} - varying
+            varying |= more
+            grown = bool(more)
+        for src, site in every:
+            if not _inside(site, loop):
+                continue
+            for call in m.findall(cst.parse_expression(src), m.Call(func=m.Attribute(attr=m.Name("load")))):
+                mask = next((x.value for x in call.args if x.keyword is not None and x.keyword.value == "mask"), None)
+                positional = [x.value for x in call.args if x.keyword is None]
+                mask = mask if mask is not None else (positional[1] if len(positional) > 1 else None)
+                if mask is None:
+                    continue
+                for term in _conjuncts(an, mask):
+                    if not (names_in(term) & varying) or _bounds_k(an, term, target):
+                        continue
+                    raise AnnotationError(
+                        f"the mask of the load at line {site.line} reads the step of the loop at line "
+                        f"{loop[0].line}, which sums the partial sums of {a.tensor!r}, other than by bounding the "
+                        f"offsets along K by the parameters (`{code(term).strip()}`): each rank runs that loop over "
+                        f"its own slice of K, counting from its start, so such a mask picks terms by their place in "
+                        f"the rank's slice, and the sum {rule} makes over the ranks would not be the full problem's "
+                        f"value", file=site.file, line=site.line, column=site.column,
+                        hint="bound the K offsets by the K extent alone (`mask=... & (offs_k[None, :] < K - k * "
+                             "BLOCK_K)`), and apply a condition on rows or data to the reduced result instead")
+
+
 def _written_helper(an: KernelAnalysis, value: cst.BaseExpression) -> cst.BaseExpression:
     """``value``, a call of a helper TileLink reads written out as what it returns (`acc = step(a, b, acc)`)."""
     bare = _bare(value)
@@ -1526,6 +1642,7 @@ def notify_stores(an: KernelAnalysis, spec, opts: Options,
             _epilogue_branches(an, a, rule, refused)
         else:  # the flag vouches for the epilogue, not for how the K loop sums its terms
             _check_accumulators(an, a, rule)
+        _check_k_masks(an, a, rule)
         if a.mask is not None and not t.dynamic:
             _check_mask_by_position(an, a, rule)
         if a.branch is not None and not _stored_on_every_side(an, spec, a):

@@ -1,0 +1,105 @@
+"""A kernel that walks the columns of the gathered rows without a column mask where the launch says the blocks are
+whole (`if EVEN_K: a = tl.load(A)`, as triton.ops.matmul and the kernels written after it do, `EVEN_K` set by a
+heuristic `K % BLOCK_K == 0`): its columns are `tl.arange(0, BLOCK_K)` and its loop takes `tl.cdiv(K, BLOCK_K)`
+steps of BLOCK_K, so where BLOCK_K divides K the last step ends at the row's last column. It builds; each call where
+the unmasked side is compiled checks that K is a multiple of BLOCK_K and that K columns lie in a row, and one where
+it is not is refused before it runs. It equals torch on the race-exposing schedule with whole and partial blocks.
+Walks that could pass the row's end without a mask stay refused: columns that do not start at 0, a loop whose count
+the launch cannot relate to the columns."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+import tilelink
+from tests.rules.cases import _ag_gemm, module_at
+from tilelink.annotations import requests_in
+from tilelink.codegen import generate
+from tilelink.errors import AnnotationError, LaunchError
+
+KERNEL = textwrap.dedent('''
+    import triton
+    import triton.language as tl
+
+    import tilelink
+
+
+    @tilelink.overlap(tilelink.all_gather("a_ptr", dim=0))
+    @triton.heuristics({"EVEN_K": lambda args: args["K"] % args["BLOCK_K"] == 0})
+    @triton.jit
+    def mm(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
+        pid = tl.program_id(0)
+        grid_n = tl.cdiv(N, BLOCK_N)
+        rm = (pid // grid_n) * BLOCK_M + tl.arange(0, BLOCK_M)
+        rn = (pid % grid_n) * BLOCK_N + tl.arange(0, BLOCK_N)
+        ram = tl.max_contiguous(tl.multiple_of(rm % M, BLOCK_M), BLOCK_M)
+        rbn = tl.max_contiguous(tl.multiple_of(rn % N, BLOCK_N), BLOCK_N)
+        rk = tl.arange(0, BLOCK_K)
+        A = a_ptr + (ram[:, None] * stride_am + rk[None, :] * stride_ak)
+        B = b_ptr + (rk[:, None] * stride_bk + rbn[None, :] * stride_bn)
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k in range(0, tl.cdiv(K, BLOCK_K)):
+            if EVEN_K:
+                a = tl.load(A)
+                b = tl.load(B)
+            else:
+                k_remaining = K - k * BLOCK_K
+                a = tl.load(A, mask=rk[None, :] < k_remaining, other=0.0)
+                b = tl.load(B, mask=rk[:, None] < k_remaining, other=0.0)
+            acc += tl.dot(a, b)
+            A += BLOCK_K * stride_ak
+            B += BLOCK_K * stride_bk
+        mask = (rm < M)[:, None] & (rn < N)[None, :]
+        tl.store(c_ptr + rm[:, None] * stride_cm + rn[None, :] * stride_cn, acc, mask=mask)
+''')
+HEURISTIC = '    @triton.heuristics({"EVEN_K": lambda args: args["K"] % args["BLOCK_K"] == 0})\n'.lstrip()
+
+
+def _build(source: str):
+    return generate(source, "whole_blocks.py", requests_in(source, "whole_blocks.py"))
+
+
+def _multiply(path: str, K: int, **meta) -> float:
+    kernel = module_at(path).mm
+    return _ag_gemm(kernel, tilelink.rank(), tilelink.world_size(), K=K, BLOCK_M=16, BLOCK_N=8, BLOCK_K=8, **meta)
+
+
+def test_the_whole_block_side_is_checked_at_the_call_and_equals_torch(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("TILELINK_RACES", "1")
+    gen = _build(KERNEL)
+    launch = gen.plans["mm"].launch
+    assert (("K",), "BLOCK_K", "(EVEN_K)") in {f[:3] for f in launch.row_multiples}, launch.row_multiples
+    assert any(b[1] == ((False, ("K",)),) for b in launch.row_bounds), launch.row_bounds
+    path = tmp_path / "whole_blocks.py"
+    path.write_text(KERNEL)
+    for K in (48, 44):  # whole blocks (the unmasked side), then a partial last block (the masked side)
+        errors = tilelink.spawn(_multiply, 2, str(path), K)
+        assert all(e < 1e-4 for e in errors), (K, errors)
+
+
+def test_a_call_that_takes_the_unmasked_side_with_a_partial_block_is_refused(tmp_path, monkeypatch) -> None:
+    """Without the heuristic the caller passes EVEN_K: with K = 44 and BLOCK_K = 8 the unmasked loads would read
+    4 columns past each gathered row, into the next row, which the tile's wait does not cover."""
+    monkeypatch.setenv("TILELINK_RACES", "1")
+    assert HEURISTIC in KERNEL
+    path = tmp_path / "whole_blocks_passed.py"
+    path.write_text(KERNEL.replace(HEURISTIC, ""))
+    with pytest.raises(LaunchError, match=r"K a multiple of BLOCK_K \(the load is compiled where `\(EVEN_K\)` "
+                                          r"holds, as it does here\)"):
+        tilelink.spawn(_multiply, 2, str(path), 44, EVEN_K=True)
+    errors = tilelink.spawn(_multiply, 2, str(path), 44, EVEN_K=False)
+    assert all(e < 1e-4 for e in errors), errors
+
+
+@pytest.mark.parametrize("old, new", [
+    ("rk = tl.arange(0, BLOCK_K)", "rk = 1 + tl.arange(0, BLOCK_K)"),  # starts past the row's first column
+    ("for k in range(0, tl.cdiv(K, BLOCK_K)):", "for k in range(0, tl.cdiv(K + 1, BLOCK_K)):"),  # a step too many
+    ("for k in range(0, tl.cdiv(K, BLOCK_K)):", "for k in range(0, N):"),  # a count the columns do not set
+])
+def test_unmasked_walks_that_may_pass_the_row_are_refused(old: str, new: str) -> None:
+    assert old in KERNEL
+    with pytest.raises(AnnotationError, match="the load at line 26 may touch rows of 'a_ptr' its wait does not cover"):
+        _build(KERNEL.replace(old, new))
