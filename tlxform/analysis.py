@@ -3058,6 +3058,12 @@ def _check_advance_in_loop(an: _Analyzer, acc: Access, tile: Tile, name: str, st
         an.row_bounds.append((acc.tensor, found, stride, acc.where))
         an.row_signs.extend((n, acc.where) for n in sorted(signs))
         return
+    whole = _whole_blocks(an, acc, loop, read, vector, rest, per_value) if unread is None else None
+    if whole is not None:  # no mask, whole blocks where the launch says so: checked at each call that compiles it
+        an.row_bounds.append((acc.tensor, ((False, whole[0]),), stride, acc.where))
+        an.row_multiples.append((whole[0], whole[1], acc.where))
+        an.row_signs.extend((n, acc.where) for n in sorted(signs))
+        return
     if unread is not None:
         raise refuse(f"along `{stride}` once more on every iteration, and the mask bounds the columns `{vector}` by "
                      f"`{unread}`, which is not a sum of products of int literals and parameters the kernel leaves "
@@ -3067,7 +3073,53 @@ def _check_advance_in_loop(an: _Analyzer, acc: Access, tile: Tile, name: str, st
     raise refuse(f"along `{stride}` once more on every iteration, and the mask does not bound the columns "
                  f"`{vector}` by what is left of the row on each step (`{vector}[None, :] < K - {k} * "
                  f"{' * '.join(rest) or '1'}`, also through a local bound in the loop before the access, of names the "
-                 f"loop does not bind)")
+                 f"loop does not bind), nor do the loop's steps take whole blocks of the row (columns `tl.arange(0, "
+                 f"BLOCK_K)` over `range(0, tl.cdiv(K, BLOCK_K))`, which each call checks for K a multiple of "
+                 f"BLOCK_K)")
+
+
+def _whole_blocks(an: _Analyzer, acc: Access, loop: cst.For, read, vector: str, rest: list[str],
+                  per_value: list[str]) -> tuple[tuple[str, ...], str] | None:
+    """An access without a column mask that walks whole blocks of a row (``if EVEN_K: a = tl.load(a_ptrs)``, the
+    ``EVEN_K`` side of triton.ops.matmul's form): the columns are ``tl.arange(0, F)`` and the loop takes
+    ``tl.cdiv(X, F)`` steps of ``F`` (``range(0, tl.cdiv(K, BLOCK_K))`` with ``a_ptrs += BLOCK_K * stride_ak``, or
+    ``range(0, K, BLOCK_K)`` with the pointer moved by the loop's step), so where ``F`` divides ``X`` the last step
+    ends at column ``X``. ``(X's factors, F)``, each an int literal or a parameter the kernel leaves as passed: each
+    call where the access is compiled checks that ``X`` is a multiple of ``F`` and that ``X`` columns lie in one row
+    (``KernelAnalysis.row_multiples``, ``row_bounds``); ``None`` for any other form."""
+
+    def launch_name(node: cst.BaseExpression) -> str | None:
+        node = _bare(node)
+        if isinstance(node, cst.Integer) or isinstance(node, cst.Name) and node.value in an.params \
+                and not an.bindings.get(node.value):
+            return code(node)
+        return None
+
+    def product(node: cst.BaseExpression) -> tuple[str, ...] | None:
+        parts = [launch_name(f) for f in _product_factors(_bare(node))]
+        return None if any(p is None for p in parts) else tuple(sorted(parts))  # type: ignore[arg-type]
+
+    stop = _bare(read[1])
+    if per_value:  # `range(0, X, F)`: the pointer moves by the loop's step, and the columns start at `k`
+        if rest or len(per_value) != 1:
+            return None
+        total, block = product(stop), per_value[0]
+    else:  # `range(0, tl.cdiv(X, F))`
+        if len(rest) != 1 or not (isinstance(stop, cst.Call) and m.matches(
+                stop.func, m.Attribute(attr=m.Name("cdiv"))) and len(stop.args) == 2):
+            return None
+        total, block = product(stop.args[0].value), rest[0]
+        if launch_name(stop.args[1].value) != block:
+            return None
+    values = an.assignments.get(vector, [])
+    if total is None or len(values) != 1 or len(an.bindings.get(vector, ())) != 1:
+        return None
+    made = _bare(values[0][1])
+    if not (isinstance(made, cst.Call) and m.matches(made.func, m.Attribute(value=m.Name("tl"), attr=m.Name("arange")))
+            and len(made.args) == 2 and m.matches(made.args[0].value, m.Integer("0"))
+            and launch_name(made.args[1].value) == block):
+        return None
+    return total, block
 
 
 def _step_factors(an: _Analyzer, step: cst.BaseExpression) -> list[str] | None:

@@ -585,9 +585,10 @@ class OverlappedKernel:
 
     def _check_multiple(self, factors: tuple[str, ...], divisor: str, test: str, line: int, values: dict,
                         said_config: str) -> None:
-        """A divisibility fact of a ``tile=`` proof (``row_multiples``): the product of ``factors`` must be a multiple
-        of ``divisor`` where the call's arguments make the compile-time ``test`` hold (the load is compiled only
-        then). A test the host cannot evaluate is taken as held."""
+        """A divisibility fact of a ``tile=`` proof or of a walk along a row without a column mask
+        (``row_multiples``): the product of ``factors`` must be a multiple of ``divisor`` where the call's arguments
+        make the compile-time ``test`` hold (the load is compiled only then). A test the host cannot evaluate is taken
+        as held."""
         if test:
             compiled = self._tests.get(test)
             if compiled is None:
@@ -607,11 +608,11 @@ class OverlappedKernel:
         under = f" (the load is compiled where `{test}` holds, as it does here)" if test else ""
         said = _said(factors, values) + (f" = {dividend}" if len(factors) > 1 else "")
         raise LaunchError(
-            f"{self.name}: the rows the load at {_display_path(self.file)}:{line} reads were proven inside its tile= "
-            f"with {product} a multiple of {divisor}{under}: its loop steps by {divisor} rows from the tile's first "
-            f"row, and its last block ends inside the tile only then; here {said} and {_said((divisor,), values)}"
-            f"{said_config}, so its last block can read rows past the tile, which its wait does not cover; pass "
-            f"arguments that make {product} a multiple of {divisor}" +
+            f"{self.name}: the rows the load at {_display_path(self.file)}:{line} reads were proven to be those its "
+            f"wait covers with {product} a multiple of {divisor}{under}: its loop steps by {divisor} (rows from its "
+            f"tile='s first row, or columns of a row it reads without a mask), and its last block ends inside them "
+            f"only then; here {said} and {_said((divisor,), values)}{said_config}, so its last block can read past "
+            f"them, rows its wait does not cover; pass arguments that make {product} a multiple of {divisor}" +
             (f", or ones under which `{test}` does not hold" if test else ""))
 
     @functools.cached_property

@@ -12,6 +12,7 @@ from tilelink.analysis import (
     KernelAnalysis,
     Where,
     _bare,
+    _conjuncts,
     _returned_value,
     code,
     expanded,
@@ -841,18 +842,21 @@ def _position_facts(an: KernelAnalysis, node: cst.BaseExpression) -> tuple[set[s
     return params, atoms, arange, program, loaded
 
 
-def _conjuncts(an: KernelAnalysis, node: cst.BaseExpression) -> list[cst.BaseExpression]:
-    """The terms of a mask joined by ``&``, through names bound once (`mask = a_mask & k_mask`) and broadcasts
-    (`(offs_k < K)[None, :]`)."""
-    node = _bare(node)
-    while isinstance(node, cst.Subscript) and all(isinstance(e.slice, cst.Slice) or (
-            isinstance(e.slice, cst.Index) and m.matches(e.slice.value, m.Name("None"))) for e in node.slice):
-        node = _bare(node.value)
-    if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.BitAnd):
-        return _conjuncts(an, node.left) + _conjuncts(an, node.right)
-    if isinstance(node, cst.Name) and len(_bindings(an, node.value)) == 1:
-        return _conjuncts(an, cst.parse_expression(_bindings(an, node.value)[0][0]))
-    return [node]
+def _mask_terms(an: KernelAnalysis, source: str, depth: int = 0) -> list[cst.BaseExpression]:
+    """The terms of a mask joined by ``&`` (``analysis._conjuncts``), read through names bound once (`mask =
+    a_mask & k_mask`) and broadcasts (`k_mask[None, :]`, `(rk < left)[None, :]`)."""
+    found = []
+    for term in _conjuncts(source, set(an.params)):
+        node = _bare(term)
+        while isinstance(node, cst.Subscript) and all(isinstance(e.slice, cst.Slice) or (
+                isinstance(e.slice, cst.Index) and m.matches(e.slice.value, m.Name("None"))) for e in node.slice):
+            node = _bare(node.value)
+        sources = _bindings(an, node.value) if isinstance(node, cst.Name) else []
+        if len(sources) == 1 and depth < 8:
+            found += _mask_terms(an, sources[0][0], depth + 1)
+        else:
+            found.append(node)
+    return found
 
 
 def _bounds_k(an: KernelAnalysis, node: cst.BaseExpression, target: str | None) -> bool:
@@ -915,7 +919,7 @@ def _check_k_masks(an: KernelAnalysis, a, rule: str) -> None:
                 mask = mask if mask is not None else (positional[1] if len(positional) > 1 else None)
                 if mask is None:
                     continue
-                for term in _conjuncts(an, mask):
+                for term in _mask_terms(an, code(mask)):
                     if not (names_in(term) & varying) or _bounds_k(an, term, target):
                         continue
                     raise AnnotationError(
