@@ -163,6 +163,11 @@ class KernelAnalysis:
     # may, the load). Blocks of `BLOCK_N` rows stepping from a chunk's first row stay in the chunk only when
     # `KV_CHUNK % BLOCK_N == 0`: the launcher checks the fact on each call that takes the test
     row_multiples: tuple[tuple[tuple[str, ...], str, str, Where], ...] = ()
+    # each unmasked walk of whole blocks whose columns start past 0 (`rk = pid_z * BLOCK_K + tl.arange(0, BLOCK_K)`,
+    # stepping by `BLOCK_K * SPLIT_K`): (the start in source over program ids and parameters, the block's factors,
+    # the step's factors, the compile-time test under which the load runs, "" when it always may, the load). The
+    # launch checks `start + block <= step` over the grid
+    column_ends: tuple[tuple[str, tuple[str, ...], tuple[str, ...], str, Where], ...] = ()
     # each top-level @triton.jit function of the kernel's file other than the kernel, and each one the file imports by
     # name from a module TileLink finds (`tilelink/helper_sources.py`) -> its source: what a helper the kernel calls
     # computes (the tile-order rotation reads a tile mapping's helper)
@@ -434,6 +439,8 @@ class _Analyzer:
         self.row_bounds: list[tuple[str, tuple[tuple[bool, tuple[str, ...]], ...], str, Where]] = []
         # the divisibility facts the `tile=` proofs took, with their loads (`KernelAnalysis.row_multiples`)
         self.row_multiples: list[tuple[tuple[str, ...], str, Where]] = []
+        # where the columns of each unmasked walk of whole blocks start (`KernelAnalysis.column_ends`)
+        self.column_ends: list[tuple[str, tuple[str, ...], tuple[str, ...], Where]] = []
         self.positions = wrapper.resolve(PositionProvider)
         self.index = NodeIndex(module)  # the searches below, and the analysis's hundreds more, read this one walk
         self.params = tuple(p.name.value for p in fn.params.params)
@@ -2648,6 +2655,11 @@ def _access_row_scales(an: _Analyzer, acc: Access, pointers: set[str]) -> tuple[
                     high = [(negative != sub, f + scale) for sub, f in bound]
                 elif last is not None:
                     high = low + [(negative != sub, f + scale) for sub, f in last]
+                elif position and any(w == acc.where for *_, w in an.column_ends):
+                    # an unmasked walk of whole blocks from a program's position (`pid_z * BLOCK_K + tl.arange(0,
+                    # BLOCK_K)`, `_whole_blocks`): the launch checks where its columns start and end over the grid
+                    ways = None
+                    continue
                 else:
                     how = "are bounded by a mask TileLink cannot read at the launch" if _masked(masks, vector) else \
                         "are not bounded by the mask"
@@ -3058,10 +3070,13 @@ def _check_advance_in_loop(an: _Analyzer, acc: Access, tile: Tile, name: str, st
         an.row_bounds.append((acc.tensor, found, stride, acc.where))
         an.row_signs.extend((n, acc.where) for n in sorted(signs))
         return
-    whole = _whole_blocks(an, acc, loop, read, vector, rest, per_value) if unread is None else None
+    whole = _whole_blocks(an, loop, read, vector, rest, per_value) if unread is None else None
     if whole is not None:  # no mask, whole blocks where the launch says so: checked at each call that compiles it
-        an.row_bounds.append((acc.tensor, ((False, whole[0]),), stride, acc.where))
-        an.row_multiples.append((whole[0], whole[1], acc.where))
+        total, step_of, start_at, block = whole
+        an.row_bounds.append((acc.tensor, ((False, total),), stride, acc.where))
+        an.row_multiples.append((total, " * ".join(step_of), acc.where))
+        if start_at is not None or block != step_of:
+            an.column_ends.append((start_at or "0", block, step_of, acc.where))
         an.row_signs.extend((n, acc.where) for n in sorted(signs))
         return
     if unread is not None:
@@ -3078,15 +3093,17 @@ def _check_advance_in_loop(an: _Analyzer, acc: Access, tile: Tile, name: str, st
                  f"BLOCK_K)")
 
 
-def _whole_blocks(an: _Analyzer, acc: Access, loop: cst.For, read, vector: str, rest: list[str],
-                  per_value: list[str]) -> tuple[tuple[str, ...], str] | None:
+def _whole_blocks(an: _Analyzer, loop: cst.For, read, vector: str, rest: list[str], per_value: list[str]
+                  ) -> tuple[tuple[str, ...], tuple[str, ...], str | None, tuple[str, ...]] | None:
     """An access without a column mask that walks whole blocks of a row (``if EVEN_K: a = tl.load(a_ptrs)``, the
-    ``EVEN_K`` side of triton.ops.matmul's form): the columns are ``tl.arange(0, F)`` and the loop takes
-    ``tl.cdiv(X, F)`` steps of ``F`` (``range(0, tl.cdiv(K, BLOCK_K))`` with ``a_ptrs += BLOCK_K * stride_ak``, or
-    ``range(0, K, BLOCK_K)`` with the pointer moved by the loop's step), so where ``F`` divides ``X`` the last step
-    ends at column ``X``. ``(X's factors, F)``, each an int literal or a parameter the kernel leaves as passed: each
-    call where the access is compiled checks that ``X`` is a multiple of ``F`` and that ``X`` columns lie in one row
-    (``KernelAnalysis.row_multiples``, ``row_bounds``); ``None`` for any other form."""
+    ``EVEN_K`` side of triton.ops.matmul's form): the columns are ``S + tl.arange(0, B)`` and the loop takes
+    ``tl.cdiv(X, F)`` steps of ``F`` (``range(0, tl.cdiv(K, BLOCK_K * SPLIT_K))`` with ``a_ptrs += BLOCK_K * SPLIT_K
+    * stride_ak``, or ``range(0, K, BLOCK_K)`` with the pointer moved by the loop's step), so where ``F`` divides ``X``
+    and ``S + B <= F`` the last step ends at column ``X`` at the latest. ``(X's factors, F's factors, S written out
+    over program ids and parameters or None for 0, B's factors)``, each factor an int literal or a parameter the
+    kernel leaves as passed: each call where the access is compiled checks that ``X`` is a multiple of ``F``, that
+    ``X`` columns lie in one row and that ``S + B <= F`` over its grid (``KernelAnalysis.row_multiples``,
+    ``row_bounds``, ``column_ends``); ``None`` for any other form."""
 
     def launch_name(node: cst.BaseExpression) -> str | None:
         node = _bare(node)
@@ -3100,26 +3117,36 @@ def _whole_blocks(an: _Analyzer, acc: Access, loop: cst.For, read, vector: str, 
         return None if any(p is None for p in parts) else tuple(sorted(parts))  # type: ignore[arg-type]
 
     stop = _bare(read[1])
-    if per_value:  # `range(0, X, F)`: the pointer moves by the loop's step, and the columns start at `k`
-        if rest or len(per_value) != 1:
+    if per_value:  # `range(0, X, F)`: the pointer moves by the loop's step
+        if rest:
             return None
-        total, block = product(stop), per_value[0]
+        total, step = product(stop), tuple(sorted(per_value))
     else:  # `range(0, tl.cdiv(X, F))`
-        if len(rest) != 1 or not (isinstance(stop, cst.Call) and m.matches(
-                stop.func, m.Attribute(attr=m.Name("cdiv"))) and len(stop.args) == 2):
+        if not rest or not (isinstance(stop, cst.Call) and m.matches(stop.func, m.Attribute(attr=m.Name("cdiv")))
+                            and len(stop.args) == 2):
             return None
-        total, block = product(stop.args[0].value), rest[0]
-        if launch_name(stop.args[1].value) != block:
+        total, step = product(stop.args[0].value), product(stop.args[1].value)
+        if step != tuple(sorted(rest)):
             return None
     values = an.assignments.get(vector, [])
     if total is None or len(values) != 1 or len(an.bindings.get(vector, ())) != 1:
         return None
-    made = _bare(values[0][1])
-    if not (isinstance(made, cst.Call) and m.matches(made.func, m.Attribute(value=m.Name("tl"), attr=m.Name("arange")))
-            and len(made.args) == 2 and m.matches(made.args[0].value, m.Integer("0"))
-            and launch_name(made.args[1].value) == block):
+    made, start = _bare(values[0][1]), None
+    if isinstance(made, cst.BinaryOperation) and isinstance(made.operator, cst.Add):  # `pid_z * BLOCK_K + arange`
+        made, start = (made.right, made.left) if m.matches(_bare(made.right), m.Call()) else (made.left, made.right)
+        made = _bare(made)
+    arange = m.Call(func=m.Attribute(value=m.Name("tl"), attr=m.Name("arange")))
+    if not (m.matches(made, arange) and len(made.args) == 2 and m.matches(made.args[0].value, m.Integer("0"))):
         return None
-    return total, block
+    block = product(made.args[1].value)
+    if block is None or len(block) != 1:
+        return None
+    written = None
+    if start is not None:
+        written = launch_value(an, code(start), an.where(values[0][0].node))
+        if written is None:
+            return None
+    return total, step, written, block
 
 
 def _step_factors(an: _Analyzer, step: cst.BaseExpression) -> list[str] | None:
@@ -4088,6 +4115,8 @@ def analyse(module: cst.Module, file: str, kernel: str,
                               row_bounds=tuple(dict.fromkeys(an.row_bounds)),
                               row_multiples=tuple(dict.fromkeys((factors, divisor, _static_test(an, at), at)
                                                                 for factors, divisor, at in an.row_multiples)),
+                              column_ends=tuple(dict.fromkeys((v, b, f, _static_test(an, at), at)
+                                                              for v, b, f, at in an.column_ends)),
                               helpers={**imported_helpers(module, file, is_triton_jit), **{
                                   f.name.value: code(f) for f in module.body if isinstance(f, cst.FunctionDef)
                                   and f.name.value != kernel and any(is_triton_jit(d) for d in f.decorators)}},

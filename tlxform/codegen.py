@@ -71,7 +71,8 @@ def plan_kernel(module: cst.Module, file: str, request: Request, names_at=None) 
         row_steps=tuple(sorted({(t, f, v, at.line) for t, f, v, at in an.row_steps})),
         row_starts=tuple(dict.fromkeys((v, at.line) for v, at in an.row_starts)),
         row_bounds=tuple(sorted({(t, terms, s, at.line) for t, terms, s, at in an.row_bounds})),
-        row_multiples=tuple(dict.fromkeys((f, d, test, at.line) for f, d, test, at in an.row_multiples))))
+        row_multiples=tuple(dict.fromkeys((f, d, test, at.line) for f, d, test, at in an.row_multiples)),
+        column_ends=tuple(dict.fromkeys((v, b, s, test, at.line) for v, b, s, test, at in an.column_ends))))
     notes = tuple(ReportEntry(
         an.name, plan.rule, "note", f"the loop at line {at.line} runs without warp specialisation: its partitions "
         "would run different code, while TileLink's waits and notifies synchronise every thread of the program "
@@ -305,6 +306,8 @@ def generate(source: str, file: str, requests: list[Request]) -> GeneratedModule
                                      for t, terms, s, line in launch.row_bounds})),
             row_multiples=tuple(dict.fromkeys((f, d, test, inlined.user_line(line))
                                               for f, d, test, line in launch.row_multiples)),
+            column_ends=tuple(dict.fromkeys((v, b, s, test, inlined.user_line(line))
+                                            for v, b, s, test, line in launch.column_ends)),
             **({"stored_tiles": tuple(dict.fromkeys((*e[:5], inlined.user_line(e[5])) for e in launch.stored_tiles))}
                if hasattr(launch, "stored_tiles") else {})))
         plans.append(plan)

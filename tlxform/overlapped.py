@@ -218,12 +218,12 @@ class OverlappedKernel:
         a row's elements."""
         plan = self.plan.launch
         if not (plan.row_scales or plan.row_shifts or plan.row_signs or plan.row_steps or plan.row_bounds
-                or plan.row_multiples or plan.row_starts) or launcher.world().world_size == 1:
+                or plan.row_multiples or plan.row_starts or plan.column_ends) or launcher.world().world_size == 1:
             return
         # a kernel with only sign facts is checked once per form of call: the values of the parameters they name
         key = None
         if not (plan.row_scales or plan.row_shifts or plan.row_steps or plan.row_bounds or plan.row_multiples
-                or plan.row_starts) and self._sign_names is not None:
+                or plan.row_starts or plan.column_ends) and self._sign_names is not None:
             key = tuple(bound.get(n) for n in self._sign_names)
             if not all(v is None or isinstance(v, (int, float)) for v in key):
                 key = None  # a tensor or another object (kept out of the record): checked every call
@@ -260,6 +260,9 @@ class OverlappedKernel:
             programs = _grid_of(grid, values)
             for value, line in plan.row_starts:
                 self._check_start(value, line, values, programs, said_config, access, waits)
+            for start, block, step, test, line in plan.column_ends:
+                if self._holds(test, values):
+                    self._check_column_end(start, block, step, line, values, programs, said_config)
             for tensor, factors, line in plan.row_scales:
                 t = bound.get(tensor)
                 if not (hasattr(t, "shape") and hasattr(t, "stride")) or len(t.shape) <= plan.dim:
@@ -583,23 +586,45 @@ class OverlappedKernel:
         bounded and passed."""
         return set()
 
+    def _check_column_end(self, start: str, block: tuple[str, ...], step: tuple[str, ...], line: int, values: dict,
+                          programs: tuple[int, int, int] | None, said_config: str) -> None:
+        """An unmasked walk of whole blocks (``column_ends``) reads ``block`` columns from ``start`` plus a multiple of
+        ``step`` on each step of its loop: refuse the call unless ``start + block <= step`` on every program of the
+        grid, so that the last step ends at the row's last column at the latest (``triton.ops.matmul``'s ``pid_z *
+        BLOCK_K`` over a grid of ``SPLIT_K`` along its split axis)."""
+        width, moves = _product(block, values), _product(step, values)
+        if width is None or moves is None or (programs is not None and 0 in programs):
+            return  # a parameter that is not an int at this call (Triton refuses it), or no program runs
+        exact = None if programs is None else _least_program(start, values, programs)
+        bounds = None if programs is None or exact is not None else _value_bounds(start, values, programs)
+        high = exact[2] if exact is not None else bounds[1] if bounds is not None else None
+        if high is not None and high + width <= moves:
+            return
+        where = f"{_display_path(self.file)}:{line}"
+        said = f"reads {_said(block, values)} columns a step from `{start}` without a mask, moving by " \
+               f"{_said(step, values)}{said_config}"
+        if high is None:
+            raise LaunchError(
+                f"{self.name}: the load at {where} {said}; TileLink cannot bound that start over the grid of this call"
+                + ("" if programs is not None else " (a grid it cannot evaluate: pass it as a tuple or a function of "
+                   "the arguments)") + ": a start past the step's end reads past the row, into rows the wait does not "
+                   "cover; compute the start from tl.program_id and the arguments as passed")
+        grid = "(" + ", ".join(map(str, programs or ())) + ")"
+        raise LaunchError(
+            f"{self.name}: the load at {where} {said}: over the grid {grid} the start reaches {high}, so that "
+            f"program's columns end at {high + width}, past the {moves} columns a step moves, and its last step reads "
+            f"past the row, into rows its wait does not cover; launch a grid under which every program's columns "
+            f"start at {moves - width} at most (as many programs along the split axis as the split count)")
+
     def _check_multiple(self, factors: tuple[str, ...], divisor: str, test: str, line: int, values: dict,
                         said_config: str) -> None:
         """A divisibility fact of a ``tile=`` proof or of a walk along a row without a column mask
         (``row_multiples``): the product of ``factors`` must be a multiple of ``divisor`` where the call's arguments
         make the compile-time ``test`` hold (the load is compiled only then). A test the host cannot evaluate is taken
         as held."""
-        if test:
-            compiled = self._tests.get(test)
-            if compiled is None:
-                compiled = self._tests[test] = compile(test, "<test>", "eval")
-            env = {n: getattr(values[n], "value", values[n]) for n in compiled.co_names if n in values}
-            try:
-                if not eval(compiled, {"__builtins__": {}}, env):  # noqa: S307 - the kernel's own test
-                    return
-            except Exception:  # noqa: BLE001, S110 - not decided here: the fact is checked
-                pass
-        dividend, by = _product(factors, values), _product((divisor,), values)
+        if not self._holds(test, values):
+            return
+        dividend, by = _product(factors, values), _product(tuple(divisor.split(" * ")), values)
         if dividend is None or by is None:
             return  # a parameter that is not an int at this call: Triton refuses the call itself
         if by > 0 and dividend % by == 0:
@@ -611,9 +636,24 @@ class OverlappedKernel:
             f"{self.name}: the rows the load at {_display_path(self.file)}:{line} reads were proven to be those its "
             f"wait covers with {product} a multiple of {divisor}{under}: its loop steps by {divisor} (rows from its "
             f"tile='s first row, or columns of a row it reads without a mask), and its last block ends inside them "
-            f"only then; here {said} and {_said((divisor,), values)}{said_config}, so its last block can read past "
+            f"only then; here {said} and {_said(tuple(divisor.split(' * ')), values)}{said_config}, so its last "
+            f"block can read past "
             f"them, rows its wait does not cover; pass arguments that make {product} a multiple of {divisor}" +
             (f", or ones under which `{test}` does not hold" if test else ""))
+
+    def _holds(self, test: str, values: dict) -> bool:
+        """Whether the call's arguments ``values`` make the compile-time ``test`` of a row fact hold (the access is
+        compiled only then); "" always holds, and so does a test the host cannot evaluate (the fact is checked)."""
+        if not test:
+            return True
+        compiled = self._tests.get(test)
+        if compiled is None:
+            compiled = self._tests[test] = compile(test, "<test>", "eval")
+        env = {n: getattr(values[n], "value", values[n]) for n in compiled.co_names if n in values}
+        try:
+            return bool(eval(compiled, {"__builtins__": {}}, env))  # noqa: S307 - the kernel's own test
+        except Exception:  # noqa: BLE001 - not decided here: the fact is checked
+            return True
 
     @functools.cached_property
     def _tests(self) -> dict:

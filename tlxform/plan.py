@@ -104,11 +104,18 @@ class LaunchPlan:
     #: (``KernelAnalysis.row_bounds``): ``X`` times the column stride must be at most the row stride of the buffer the
     #: launcher passes; each call with more than one rank checks it
     row_bounds: tuple[tuple[str, tuple[tuple[bool, tuple[str, ...]], ...], str, int], ...] = ()
-    #: the divisibility facts a ``tile=`` proof took, ``(factors, divisor, test, line of the load)``
-    #: (``KernelAnalysis.row_multiples``): the product of the factors (parameters) must be a multiple of the divisor (a
-    #: parameter or an int literal) on each call with more than one rank whose arguments make the compile-time
-    #: ``test`` hold ("": every call), as ``KV_CHUNK % BLOCK_N == 0`` under ``EVEN_N``
+    #: the divisibility facts a ``tile=`` proof or an unmasked walk of whole blocks took, ``(factors, divisor, test,
+    #: line of the load)`` (``KernelAnalysis.row_multiples``): the product of the factors (parameters) must be a
+    #: multiple of the divisor (a parameter, an int literal, or a product of them joined by `` * ``) on each call with
+    #: more than one rank whose arguments make the compile-time ``test`` hold ("": every call), as ``KV_CHUNK %
+    #: BLOCK_N == 0`` under ``EVEN_N``, or ``K % BLOCK_K == 0`` under ``EVEN_K``
     row_multiples: tuple[tuple[tuple[str, ...], str, str, int], ...] = ()
+    #: where the columns of each unmasked walk of whole blocks start, ``(start, block factors, step factors, test,
+    #: line)`` (``KernelAnalysis.column_ends``; ``start`` in source over program ids and parameters,
+    #: ``triton.ops.matmul``'s ``pid_z * BLOCK_K``): each step reads ``block`` columns from ``start`` plus a multiple
+    #: of ``step``, so the columns stay in the row only where ``start + block <= step`` on every program of the call's
+    #: grid, checked on each call whose arguments make the compile-time ``test`` hold ("": every call)
+    column_ends: tuple[tuple[str, tuple[str, ...], tuple[str, ...], str, int], ...] = ()
 
     def __post_init__(self) -> None:
         if not self.rule or type(self) is LaunchPlan:
@@ -149,9 +156,13 @@ class LaunchPlan:
             for e in self.row_bounds),
             "a tuple of (tensor, ((subtracted, factors), ...), stride parameter or positive literal, line)")
         self._check("row_multiples", isinstance(self.row_multiples, tuple) and all(
-            isinstance(e, tuple) and len(e) == 4 and _factors(e[0]) and bool(e[0]) and _factors((e[1],))
-            and isinstance(e[2], str) and _positive(e[3]) for e in self.row_multiples),
-            "a tuple of (factors, divisor, compile-time test, line)")
+            isinstance(e, tuple) and len(e) == 4 and _factors(e[0]) and bool(e[0]) and isinstance(e[1], str)
+            and _factors(tuple(e[1].split(" * "))) and isinstance(e[2], str) and _positive(e[3])
+            for e in self.row_multiples), "a tuple of (factors, divisor, compile-time test, line)")
+        self._check("column_ends", isinstance(self.column_ends, tuple) and all(
+            isinstance(e, tuple) and len(e) == 5 and isinstance(e[0], str) and bool(e[0]) and _factors(e[1])
+            and bool(e[1]) and _factors(e[2]) and bool(e[2]) and isinstance(e[3], str) and _positive(e[4])
+            for e in self.column_ends), "a tuple of (start, block factors, step factors, compile-time test, line)")
 
     def _check(self, name: str, ok: bool, wanted: str) -> None:
         if not ok:

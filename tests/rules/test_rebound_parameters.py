@@ -17,8 +17,8 @@ from tilelink.annotations import requests_in
 from tilelink.codegen import generate
 from tilelink.errors import AnnotationError
 
-#: triton.ops.matmul's kernel (tests/rules/forms/gemm_ar_split_k.py), its `EVEN_K` heuristic aside (an unmasked load
-#: there reads past a row unless K is a multiple of the split's step, which TileLink cannot read from a heuristic)
+#: triton.ops.matmul's kernel (tests/rules/forms/gemm_ar_split_k.py), its `EVEN_K` heuristic aside (its unmasked side
+#: is tests/rules/test_whole_blocks.py's)
 OPS_MATMUL = (Path(__file__).parent / "forms" / "gemm_ar_split_k.py").read_text()
 ANNOTATION = '@tilelink.overlap(tilelink.all_reduce("C"))'
 RULES = {"all_gather": 'all_gather("A", dim=0)', "reduce_scatter": 'reduce_scatter("C", dim=0)'}
@@ -114,10 +114,11 @@ def test_a_row_vector_made_again_is_read_from_the_binding_that_reaches_its_use()
 
 
 def test_a_refusal_that_names_the_parameter_s_own_name_says_what_it_is() -> None:
-    """An unmasked load (triton.ops.matmul's `EVEN_K` side) through the renamed parameter: the message names
-    `A_ptrs` and says it is `A` as bound again, at that line of the user's file."""
+    """A load that adds a column to the walked pointer (`tl.load(A + 1, ...)`, reading the next row's first column
+    on the last step) through the renamed parameter: the message names `A_ptrs` and says it is `A` as bound again,
+    at that line of the user's file."""
     text = _source("all_gather").replace("a = tl.load(A, mask=rk[None, :] < k_remaining, other=0.0)",
-                                         "a = tl.load(A)")
+                                         "a = tl.load(A + 1, mask=rk[None, :] < k_remaining, other=0.0)")
     line = next(i for i, s in enumerate(text.splitlines(), 1) if s.strip().startswith("A = A + ("))
     with pytest.raises(AnnotationError) as err:
         generate(text, "ops_matmul.py", requests_in(text, "ops_matmul.py"))

@@ -4,8 +4,8 @@ heuristic `K % BLOCK_K == 0`): its columns are `tl.arange(0, BLOCK_K)` and its l
 steps of BLOCK_K, so where BLOCK_K divides K the last step ends at the row's last column. It builds; each call where
 the unmasked side is compiled checks that K is a multiple of BLOCK_K and that K columns lie in a row, and one where
 it is not is refused before it runs. It equals torch on the race-exposing schedule with whole and partial blocks.
-Walks that could pass the row's end without a mask stay refused: columns that do not start at 0, a loop whose count
-the launch cannot relate to the columns."""
+Columns that start past 0 (triton.ops.matmul's split-K `pid_z * BLOCK_K + tl.arange(0, BLOCK_K)`) are checked over
+each call's grid to end within a step. Walks whose loop count the launch cannot relate to the columns stay refused."""
 
 from __future__ import annotations
 
@@ -92,10 +92,17 @@ def test_a_call_that_takes_the_unmasked_side_with_a_partial_block_is_refused(tmp
         tilelink.spawn(_multiply, 2, str(path), 44, EVEN_K=True)
     errors = tilelink.spawn(_multiply, 2, str(path), 44, EVEN_K=False)
     assert all(e < 1e-4 for e in errors), errors
+    # columns started one past the row's first: each unmasked step reads one column past its block, so the last reads
+    # the next row's first column
+    shifted = tmp_path / "whole_blocks_shifted.py"
+    shifted.write_text(KERNEL.replace("rk = tl.arange(0, BLOCK_K)", "rk = 1 + tl.arange(0, BLOCK_K)"))
+    with pytest.raises(LaunchError, match=r"reads BLOCK_K=8 columns a step from `1` without a mask, moving by "
+                                          r"BLOCK_K=8: over the grid \(12, 1, 1\) the start reaches 1, so that "
+                                          r"program's columns end at 9"):
+        tilelink.spawn(_multiply, 2, str(shifted), 48)
 
 
 @pytest.mark.parametrize("old, new", [
-    ("rk = tl.arange(0, BLOCK_K)", "rk = 1 + tl.arange(0, BLOCK_K)"),  # starts past the row's first column
     ("for k in range(0, tl.cdiv(K, BLOCK_K)):", "for k in range(0, tl.cdiv(K + 1, BLOCK_K)):"),  # a step too many
     ("for k in range(0, tl.cdiv(K, BLOCK_K)):", "for k in range(0, N):"),  # a count the columns do not set
 ])
@@ -105,3 +112,61 @@ def test_unmasked_walks_that_may_pass_the_row_are_refused(old: str, new: str) ->
         _build(KERNEL.replace(old, new))
     assert "the load at line 25 may touch rows of 'a_ptr' its wait does not cover" in str(err.value), err.value
 
+
+#: triton.ops.matmul's split-K form: program `pid_z` of SPLIT_K along grid axis 1 starts its columns at
+#: `pid_z * BLOCK_K` and steps by `BLOCK_K * SPLIT_K`, adding its partial product into C
+SPLIT = KERNEL.replace(HEURISTIC, HEURISTIC.replace('args["BLOCK_K"]', 'args["BLOCK_K"] * args["SPLIT_K"]')).replace(
+    "EVEN_K: tl.constexpr):", "SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr):").replace(
+    "    rk = tl.arange(0, BLOCK_K)\n", "    rk = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)\n").replace(
+    "range(0, tl.cdiv(K, BLOCK_K))", "range(0, tl.cdiv(K, BLOCK_K * SPLIT_K))").replace(
+    "k_remaining = K - k * BLOCK_K", "k_remaining = K - k * (BLOCK_K * SPLIT_K)").replace(
+    "A += BLOCK_K * stride_ak", "A += BLOCK_K * SPLIT_K * stride_ak").replace(
+    "B += BLOCK_K * stride_bk", "B += BLOCK_K * SPLIT_K * stride_bk").replace(
+    "    tl.store(c_ptr + rm[:, None] * stride_cm + rn[None, :] * stride_cn, acc, mask=mask)\n",
+    "    if SPLIT_K == 1:\n"
+    "        tl.store(c_ptr + rm[:, None] * stride_cm + rn[None, :] * stride_cn, acc, mask=mask)\n"
+    "    else:\n"
+    "        tl.atomic_add(c_ptr + rm[:, None] * stride_cm + rn[None, :] * stride_cn, acc, mask=mask)\n")
+
+
+def _split(path: str, K: int, split: int, programs_z: int) -> float:
+    import torch
+    import triton
+
+    from tests.rules.cases import rows_of
+
+    rank, world = tilelink.rank(), tilelink.world_size()
+    M, N = 50, 24
+    g = torch.Generator().manual_seed(2)
+    a, b = torch.randn(M, K, generator=g), torch.randn(K, N, generator=g)
+    lo, hi = rows_of(rank, world, M)
+    worst = 0.0
+    for _ in range(2):
+        c = torch.zeros(M, N)
+        grid = (triton.cdiv(M, 16) * triton.cdiv(N, 8), programs_z)
+        module_at(path).mm[grid](a[lo:hi].contiguous(), b, c, M, N, K, K, 1, N, 1, N, 1, BLOCK_M=16, BLOCK_N=8,
+                                 BLOCK_K=8, SPLIT_K=split)
+        worst = max(worst, (c - a @ b).abs().max().item())
+    return worst
+
+
+def test_triton_ops_split_k_form_is_checked_over_the_grid_and_equals_torch(tmp_path, monkeypatch) -> None:
+    """Two splits over whole blocks (K = 48) and over a partial last block (K = 44) equal torch. A grid of three
+    programs along the split axis with SPLIT_K = 2 would start the third's columns at 16, and its last unmasked step
+    would read 8 columns past the row: refused at the call."""
+    monkeypatch.setenv("TILELINK_RACES", "1")
+    assert "tl.program_id(1) * BLOCK_K" in SPLIT and "BLOCK_K * SPLIT_K * stride_ak" in SPLIT
+    launch = _build(SPLIT).plans[0].launch
+    assert [e[:4] for e in launch.column_ends] == [("tl.program_id(1) * BLOCK_K", ("BLOCK_K",), ("BLOCK_K", "SPLIT_K"),
+                                                    "(EVEN_K)")], launch.column_ends
+    path = tmp_path / "split_whole_blocks.py"
+    path.write_text(SPLIT)
+    for K in (48, 44):
+        errors = tilelink.spawn(_split, 2, str(path), K, 2, 2)
+        assert all(e < 1e-4 for e in errors), (K, errors)
+    with pytest.raises(LaunchError, match=r"reads BLOCK_K=8 columns a step from `tl.program_id\(1\) \* BLOCK_K` "
+                                          r"without a mask, moving by BLOCK_K=8 \* SPLIT_K=2: over the grid "
+                                          r"\(12, 3, 1\) the start reaches 16"):
+        tilelink.spawn(_split, 2, str(path), 48, 2, 3)
+    errors = tilelink.spawn(_split, 2, str(path), 44, 2, 3)  # the masked side: the columns stay in the row
+    assert all(e == e for e in errors), errors

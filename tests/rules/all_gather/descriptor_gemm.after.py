@@ -61,6 +61,7 @@ def matmul_descriptor_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak,
 
 
 TILELINK_PLAN = {'matmul_descriptor_kernel': {'channels_per_rank': None,
+                              'column_ends': [],
                               'comm_block': None,
                               'comm_sms': 16,
                               'dim': 0,

@@ -79,6 +79,7 @@ def matmul_relu_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, strid
 
 
 TILELINK_PLAN = {'matmul_relu_kernel': {'channels_per_rank': None,
+                        'column_ends': [],
                         'comm_block': None,
                         'comm_sms': 16,
                         'dim': 0,

@@ -42,6 +42,7 @@ def row_sum_kernel(x_ptr, y_ptr, S, D, stride_xb, stride_xs, BLOCK_S: tl.constex
 
 
 TILELINK_PLAN = {'row_sum_kernel': {'channels_per_rank': None,
+                    'column_ends': [],
                     'comm_block': None,
                     'comm_sms': 16,
                     'dim': 1,

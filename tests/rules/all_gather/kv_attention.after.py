@@ -59,6 +59,7 @@ def attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, SEQ_Q, SEQ_KV, stride_qm, strid
 
 
 TILELINK_PLAN = {'attention_kernel': {'channels_per_rank': None,
+                      'column_ends': [],
                       'comm_block': None,
                       'comm_sms': 16,
                       'dim': 0,

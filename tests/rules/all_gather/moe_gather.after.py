@@ -62,6 +62,7 @@ def fused_moe_kernel(a_ptr, b_ptr, c_ptr, sorted_token_ids_ptr, expert_ids_ptr, 
 
 
 TILELINK_PLAN = {'fused_moe_kernel': {'channels_per_rank': None,
+                      'column_ends': [],
                       'comm_block': None,
                       'comm_sms': 16,
                       'dim': 0,

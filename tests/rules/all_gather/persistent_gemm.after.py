@@ -64,6 +64,7 @@ def persistent_matmul_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak,
 
 
 TILELINK_PLAN = {'persistent_matmul_kernel': {'channels_per_rank': None,
+                              'column_ends': [],
                               'comm_block': None,
                               'comm_sms': 16,
                               'dim': 0,

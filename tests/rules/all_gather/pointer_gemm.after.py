@@ -71,6 +71,7 @@ def matmul_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk,
 
 
 TILELINK_PLAN = {'matmul_kernel': {'channels_per_rank': None,
+                   'column_ends': [],
                    'comm_block': None,
                    'comm_sms': 16,
                    'dim': 0,

@@ -44,6 +44,7 @@ def scale_kernel(x_ptr, w_ptr, y_ptr, N, BLOCK: tl.constexpr,  # added by TileLi
 
 
 TILELINK_PLAN = {'scale_kernel': {'channels_per_rank': None,
+                  'column_ends': [],
                   'comm_block': None,
                   'comm_sms': 16,
                   'dim': 0,

@@ -61,6 +61,7 @@ def fused_moe_down_kernel(a_ptr, b_ptr, c_ptr, topk_weights_ptr, sorted_token_id
 TILELINK_PLAN = {'fused_moe_down_kernel': {'atomic_axes': None,
                            'atomic_when': '',
                            'channels_per_rank': None,
+                           'column_ends': [],
                            'comm_block': None,
                            'comm_sms': 16,
                            'dim': 0,

@@ -47,6 +47,7 @@ def partial_scale_kernel(x_ptr, w_ptr, y_ptr, N, BLOCK: tl.constexpr,  # added b
 TILELINK_PLAN = {'partial_scale_kernel': {'atomic_axes': None,
                           'atomic_when': '',
                           'channels_per_rank': None,
+                          'column_ends': [],
                           'comm_block': None,
                           'comm_sms': 16,
                           'dim': 0,
