@@ -4,7 +4,7 @@ reading it with `META.get("SPLIT_K", 1)`; configurations that split differently 
 launched; an untuned split count left to its constexpr default), rows scaled by the row stride of a view (and a
 scale that is not, refused at the call, also when it is a constexpr default), and a kernel that reads its position
 directly, run in its own tile order; rows gathered through an index whose columns pass the row's end, refused at
-the call."""
+the call; triton.ops.matmul's split-K walk of whole blocks without a column mask, checked over the grid."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import tilelink
 from tests.rules import test_row_scales as scales
 from tests.rules import test_scattered_index_rows as index_rows
 from tests.rules import test_tile_order_bypass as bypass
+from tests.rules import test_whole_blocks as whole
 from tests.rules.test_split_k_autotuned import _multiply, _written, written_with_a_default
 from tilelink.errors import LaunchError
 
@@ -71,3 +72,17 @@ def test_gathered_rows_whose_columns_pass_the_row_s_end_are_refused_on_the_gpu(t
     assert all(e < 5e-2 for e in errors), errors  # tf32 products on the GPU
     with pytest.raises(LaunchError, match=r"adds 63 elements .* whose rows are 40 elements long"):
         tilelink.spawn(index_rows._run, 2, str(unmasked), 64, backend="nvshmem")
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_triton_ops_split_k_walks_whole_blocks_on_the_gpu(world: int, tmp_path) -> None:
+    """triton.ops.matmul's split-K kernel under all_gather: its unmasked `EVEN_K` side (K = 128, two splits of
+    BLOCK_K = 16) and its masked side (K = 120) equal torch; three programs along the split axis for two splits would
+    read past the row on the unmasked side, and are refused before the launch."""
+    path = tmp_path / "split_whole_blocks.py"
+    path.write_text(whole.SPLIT)
+    for K in (128, 120):
+        errors = tilelink.spawn(whole._split, world, str(path), K, 2, 2, backend="nvshmem")
+        assert all(e < 1e-2 for e in errors), (K, errors)
+    with pytest.raises(LaunchError, match="the start reaches 32, so that program's columns end at 48"):
+        tilelink.spawn(whole._split, world, str(path), 128, 2, 3, backend="nvshmem")

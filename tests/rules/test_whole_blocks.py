@@ -130,23 +130,31 @@ SPLIT = KERNEL.replace(HEURISTIC, HEURISTIC.replace('args["BLOCK_K"]', 'args["BL
 
 
 def _split(path: str, K: int, split: int, programs_z: int) -> float:
+    """C = A @ B by the split-K kernel on ``programs_z`` programs along the split axis, A's rows gathered: the worst
+    error over two calls against torch on the same (on a GPU, half-precision) inputs."""
     import torch
     import triton
 
     from tests.rules.cases import rows_of
+    from tilelink.runtime import current_world
 
     rank, world = tilelink.rank(), tilelink.world_size()
-    M, N = 50, 24
+    device = current_world().device
+    gpu = device.type == "cuda"  # tl.dot takes blocks of 16 and half-precision inputs there
+    M, N, block_n, block_k = 50, 24, 16 if gpu else 8, 16 if gpu else 8
     g = torch.Generator().manual_seed(2)
     a, b = torch.randn(M, K, generator=g), torch.randn(K, N, generator=g)
+    if gpu:
+        a, b = a.half(), b.half()
+    want = (a.float() @ b.float()).to(device)
     lo, hi = rows_of(rank, world, M)
     worst = 0.0
     for _ in range(2):
-        c = torch.zeros(M, N)
-        grid = (triton.cdiv(M, 16) * triton.cdiv(N, 8), programs_z)
-        module_at(path).mm[grid](a[lo:hi].contiguous(), b, c, M, N, K, K, 1, N, 1, N, 1, BLOCK_M=16, BLOCK_N=8,
-                                 BLOCK_K=8, SPLIT_K=split)
-        worst = max(worst, (c - a @ b).abs().max().item())
+        c = torch.zeros(M, N, device=device)
+        grid = (triton.cdiv(M, 16) * triton.cdiv(N, block_n), programs_z)
+        module_at(path).mm[grid](a[lo:hi].contiguous().to(device), b.to(device), c, M, N, K, K, 1, N, 1, N, 1,
+                                 BLOCK_M=16, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split)
+        worst = max(worst, (c - want).abs().max().item())
     return worst
 
 
