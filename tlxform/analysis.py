@@ -2974,10 +2974,20 @@ def _check_advance_in_loop(an: _Analyzer, acc: Access, tile: Tile, name: str, st
                          f"stride_ak`, as a persistent matmul does for each tile)")
     read = _range_args(loop) if isinstance(loop, cst.For) else None
     per_value = _step_factors(an, read[2]) if read is not None else None
-    if not isinstance(loop, cst.For) or not isinstance(loop.target, cst.Name) or read is None or not m.matches(
-            read[0], m.Integer("0")) or per_value is None:
+    # counting down from X to 0 by the advance's own factors (triton.ops.matmul before Triton 2.2: `for k in range(K,
+    # 0, -BLOCK_K * SPLIT_K)`, masking `rk[None, :] < k`): on its i-th step `k` is what is left of the row, `X - i * F`
+    down = None
+    if read is not None and per_value is None and m.matches(read[1], m.Integer("0")):
+        parts = _product_factors(read[2])  # `-BLOCK_K * SPLIT_K` is `(-BLOCK_K) * SPLIT_K`
+        negated = [p for p in parts if m.matches(p, m.UnaryOperation(operator=m.Minus()))]
+        found = [_step_factors(an, p.expression if any(p is n for n in negated) else p) for p in parts]
+        if len(negated) == 1 and None not in found and sorted(f for fs in found for f in fs) == rest:  # type: ignore
+            down = read[0]
+    if not isinstance(loop, cst.For) or not isinstance(loop.target, cst.Name) or read is None or (
+            not m.matches(read[0], m.Integer("0")) or per_value is None) and down is None:
         raise refuse("once more on every iteration of a loop that does not count up from 0 by a literal or a "
-                     "parameter")
+                     "parameter, nor down to 0 by the advance's own step")
+    per_value = per_value if down is None else []
     k = loop.target.value
     # the loop's variable goes up by `S` a step while the pointer moves by `F`: the mask takes off `k * F / S`
     # (`range(0, K, BLOCK_K)` beside `+= BLOCK_K * stride_ak` masks `offs_k[None, :] < K - k`)
@@ -3065,12 +3075,12 @@ def _check_advance_in_loop(an: _Analyzer, acc: Access, tile: Tile, name: str, st
                      f"`start` a parameter, a literal or a program's position), not below it")
     signs |= {code(f) for f in factors if f is not strides[0] and isinstance(f, cst.Name)} | step_signs
 
-    found, unread = _left_of_row(an, acc, loop, k, vector, rest)
+    found, unread = _left_of_row(an, acc, loop, k, vector, rest, down)
     if found is not None:
         an.row_bounds.append((acc.tensor, found, stride, acc.where))
         an.row_signs.extend((n, acc.where) for n in sorted(signs))
         return
-    whole = _whole_blocks(an, loop, read, vector, rest, per_value) if unread is None else None
+    whole = _whole_blocks(an, loop, read, vector, rest, per_value, down) if unread is None else None
     if whole is not None:  # no mask, whole blocks where the launch says so: checked at each call that compiles it
         total, step_of, start_at, block = whole
         an.row_bounds.append((acc.tensor, ((False, total),), stride, acc.where))
@@ -3093,12 +3103,14 @@ def _check_advance_in_loop(an: _Analyzer, acc: Access, tile: Tile, name: str, st
                  f"BLOCK_K)")
 
 
-def _whole_blocks(an: _Analyzer, loop: cst.For, read, vector: str, rest: list[str], per_value: list[str]
+def _whole_blocks(an: _Analyzer, loop: cst.For, read, vector: str, rest: list[str], per_value: list[str],
+                  down: cst.BaseExpression | None = None
                   ) -> tuple[tuple[str, ...], tuple[str, ...], str | None, tuple[str, ...]] | None:
     """An access without a column mask that walks whole blocks of a row (``if EVEN_K: a = tl.load(a_ptrs)``, the
     ``EVEN_K`` side of triton.ops.matmul's form): the columns are ``S + tl.arange(0, B)`` and the loop takes
     ``tl.cdiv(X, F)`` steps of ``F`` (``range(0, tl.cdiv(K, BLOCK_K * SPLIT_K))`` with ``a_ptrs += BLOCK_K * SPLIT_K
-    * stride_ak``, or ``range(0, K, BLOCK_K)`` with the pointer moved by the loop's step), so where ``F`` divides ``X``
+    * stride_ak``, or ``range(0, K, BLOCK_K)`` with the pointer moved by the loop's step, or ``down``, the start
+    ``X`` of a loop counting down to 0 by ``F``, ``range(K, 0, -BLOCK_K * SPLIT_K)``), so where ``F`` divides ``X``
     and ``S + B <= F`` the last step ends at column ``X`` at the latest. ``(X's factors, F's factors, S written out
     over program ids and parameters or None for 0, B's factors)``, each factor an int literal or a parameter the
     kernel leaves as passed: each call where the access is compiled checks that ``X`` is a multiple of ``F``, that
@@ -3117,7 +3129,9 @@ def _whole_blocks(an: _Analyzer, loop: cst.For, read, vector: str, rest: list[st
         return None if any(p is None for p in parts) else tuple(sorted(parts))  # type: ignore[arg-type]
 
     stop = _bare(read[1])
-    if per_value:  # `range(0, X, F)`: the pointer moves by the loop's step
+    if down is not None:  # `range(X, 0, -F)`: as many steps as `range(0, tl.cdiv(X, F))`
+        total, step = product(down), tuple(sorted(rest))
+    elif per_value:  # `range(0, X, F)`: the pointer moves by the loop's step
         if rest:
             return None
         total, step = product(stop), tuple(sorted(per_value))
@@ -3298,8 +3312,9 @@ def _walked_bound(an: _Analyzer, acc: Access, pointers: set[str], vector: str, s
     return False
 
 
-def _left_of_row(an: _Analyzer, acc: Access, loop: cst.For, k: str, vector: str,
-                 rest: list[str]) -> tuple[tuple[tuple[bool, tuple[str, ...]], ...] | None, str | None]:
+def _left_of_row(an: _Analyzer, acc: Access, loop: cst.For, k: str, vector: str, rest: list[str],
+                 down: cst.BaseExpression | None = None
+                 ) -> tuple[tuple[tuple[bool, tuple[str, ...]], ...] | None, str | None]:
     """A conjunct of the access's mask that bounds the columns ``vector`` by what is left of the row on step ``k`` of
     ``loop``: ``vector[None, :] < X - k * F`` (``F`` the factors ``rest``; also through a local bound once in the loop
     before the access, ``k_remaining = K - k * BLOCK_K``, of names the loop does not bind). ``(X's terms as
@@ -3373,6 +3388,15 @@ def _left_of_row(an: _Analyzer, acc: Access, loop: cst.For, k: str, vector: str,
             for mine, other in ((left.left, left.right), (left.right, left.left)):
                 if m.matches(_bare(mine), column) and per_step(_bare(other)):
                     left, moved = _bare(mine), [(_bare(other), True)]
+        if m.matches(left, column) and down is not None and not moved:
+            # a loop counting down from X by F: `k` itself is what is left of the row (`rk[None, :] < k`)
+            terms = bound_terms(node.comparisons[0].comparator)
+            if len(terms) == 1 and not terms[0][1] and m.matches(_bare(terms[0][0]), m.Name(k)):
+                read = [launch_factors(t, negative) for t, negative in _terms(_bare(down))]
+                if None not in read:
+                    return tuple(read), None  # type: ignore[arg-type]
+                unread = code(down)
+                continue
         if m.matches(left, column):
             terms = moved + bound_terms(node.comparisons[0].comparator)
             if sum(1 for t, negative in terms if negative and per_step(t)) == 1 and not any(

@@ -178,3 +178,31 @@ def test_triton_ops_split_k_form_is_checked_over_the_grid_and_equals_torch(tmp_p
         tilelink.spawn(_split, 2, str(path), 48, 2, 3)
     errors = tilelink.spawn(_split, 2, str(path), 44, 2, 3)  # the masked side: the columns stay in the row
     assert all(e == e for e in errors), errors
+
+
+#: the same before Triton 2.2: the loop counts down what is left of K (`rk[None, :] < k` masks the partial block)
+DOWN = SPLIT.replace("range(0, tl.cdiv(K, BLOCK_K * SPLIT_K))", "range(K, 0, -BLOCK_K * SPLIT_K)").replace(
+    "            k_remaining = K - k * (BLOCK_K * SPLIT_K)\n", "").replace(
+    "mask=rk[None, :] < k_remaining", "mask=rk[None, :] < k").replace("mask=rk[:, None] < k_remaining",
+                                                                      "mask=rk[:, None] < k")
+
+
+def test_a_loop_counting_down_what_is_left_of_k_equals_torch(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("TILELINK_RACES", "1")
+    assert "range(K, 0, -BLOCK_K * SPLIT_K)" in DOWN and "k_remaining" not in DOWN
+    launch = _build(DOWN).plans[0].launch
+    assert any(b[1] == ((False, ("K",)),) for b in launch.row_bounds), launch.row_bounds
+    path = tmp_path / "counting_down.py"
+    path.write_text(DOWN)
+    for K, split in ((48, 2), (44, 2), (44, 1)):
+        errors = tilelink.spawn(_split, 2, str(path), K, split, split)
+        assert all(e < 1e-4 for e in errors), (K, split, errors)
+
+
+def test_a_loop_counting_down_by_less_than_the_pointer_moves_is_refused() -> None:
+    """`range(K, 0, -BLOCK_K)` beside `A += BLOCK_K * SPLIT_K * stride_ak`: the loop takes a step for each BLOCK_K
+    of K while the pointer moves SPLIT_K blocks a step, past the row's end."""
+    source = DOWN.replace("range(K, 0, -BLOCK_K * SPLIT_K)", "range(K, 0, -BLOCK_K)")
+    with pytest.raises(AnnotationError, match="nor down to 0 by the advance's own step") as err:
+        _build(source)
+    assert "may touch rows of 'a_ptr' its wait does not cover" in str(err.value), err.value
