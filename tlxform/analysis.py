@@ -766,7 +766,12 @@ class _Analyzer:
             return None
         if override is not None:
             start, size = override
-            return Tile(start, size, None, size_param, self._pid_of(start), access.where)
+            # a pointer with no block of columns (`y_ptr + row`, a GEMV storing one scalar per program) stores one
+            # element per row, as a 1-D tile does
+            flat = not access.descriptor and not any(m.findall(e, m.Subscript(slice=[
+                m.ZeroOrMore(), m.SubscriptElement(m.Slice()), m.ZeroOrMore()]))
+                for e in self._pointer_definitions(access.pointer, pointers))
+            return Tile(start, size, None, size_param, self._pid_of(start), access.where, 1 if flat else 2)
         if access.descriptor:
             offsets = cst.parse_expression(access.offsets) if access.offsets is not None else None
             desc_defs = self.assignments.get(access.pointer, [])

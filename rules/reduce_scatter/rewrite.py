@@ -842,6 +842,15 @@ def _position_facts(an: KernelAnalysis, node: cst.BaseExpression) -> tuple[set[s
     return params, atoms, arange, program, loaded
 
 
+def _scalar_row(an: KernelAnalysis, a) -> str | None:
+    """The one scalar term of a store's address besides the tensor (`y_ptr + row`, `row = tl.program_id(0)`): the row
+    a program stores, which the annotation can name as its tile; ``None`` for any other address."""
+    terms = [t for t in re.split(r"\s*\+\s*", a.pointer.strip()) if t != a.tensor]
+    if len(terms) != 1 or not re.fullmatch(r"[A-Za-z_]\w*", terms[0]):
+        return None
+    return None if _position_facts(an, cst.Name(terms[0]))[2] else terms[0]
+
+
 def _mask_terms(an: KernelAnalysis, source: str, depth: int = 0) -> list[cst.BaseExpression]:
     """The terms of a mask joined by ``&`` (``analysis._conjuncts``), read through names bound once (`mask =
     a_mask & k_mask`) and broadcasts (`k_mask[None, :]`, `(rk < left)[None, :]`)."""
@@ -1622,6 +1631,7 @@ def notify_stores(an: KernelAnalysis, spec, opts: Options,
                      f"token, reduced together) and size=\"<the full row count of the output>\" (e.g. "
                      f"\"num_valid_tokens // {topk or 'top_k'}\") to {rule}(...)")
         if a.tile is None:
+            scalar = _scalar_row(an, a)
             raise AnnotationError(
                 f"cannot tell which rows of {a.tensor!r} this store writes "
                 f"({'descriptor' if a.descriptor else 'pointer'} `{a.pointer}`)",
@@ -1629,6 +1639,9 @@ def notify_stores(an: KernelAnalysis, spec, opts: Options,
                 hint="store with a literal offsets list, `desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], acc)`, "
                      "to a descriptor made once by tl.make_tensor_descriptor(..., block_shape=[...])"
                 if a.descriptor else
+                f"it stores one row per program, at `{scalar}`: name that tile and the full row count, "
+                f"{rule}(\"{a.tensor}\", tile=(\"{scalar}\", \"1\"), size=\"<the rows of the output>\")"
+                if scalar is not None else
                 "compute the offsets as `offs_cm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)` and "
                 "index with offs_cm[:, None], or pass tile=(\"<start>\", \"<size>\")")
         if not a.anchor_is_access and not a.swept:
