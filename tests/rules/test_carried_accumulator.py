@@ -28,7 +28,8 @@ for k in range(0, tl.cdiv(K, BLOCK_K)):
                 mask=((k * BLOCK_K + rk)[:, None] < K) & (rn[None, :] < N), other=0.0)
 '''
 
-KERNEL = '''
+#: the kernels' signature and tile, up to the accumulator
+PROLOGUE = '''
 @tilelink.overlap(tilelink.{rule}("c_ptr"))
 @triton.jit
 def matmul(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
@@ -38,7 +39,9 @@ def matmul(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride
     rm = (pid // grid_n) * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = (pid % grid_n) * BLOCK_N + tl.arange(0, BLOCK_N)
     rk = tl.arange(0, BLOCK_K)
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+'''
+
+KERNEL = PROLOGUE + '''    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
 {k_loop}        {update}
     {after}
     tl.store(c_ptr + rm[:, None] * stride_cm + rn[None, :] * stride_cn, acc, mask=(rm[:, None] < M) & (rn[None, :] < N))
@@ -353,17 +356,7 @@ def test_sums_bound_anew_on_each_step_and_read_after_the_loop_are_refused(update
     assert "holds the last step's sum only" in str(err.value) or "hold the last step's sum only" in str(err.value)
 
 
-REPEATED = '''
-@tilelink.overlap(tilelink.reduce_scatter("c_ptr"))
-@triton.jit
-def matmul(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
-           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    pid = tl.program_id(0)
-    grid_n = tl.cdiv(N, BLOCK_N)
-    rm = (pid // grid_n) * BLOCK_M + tl.arange(0, BLOCK_M)
-    rn = (pid % grid_n) * BLOCK_N + tl.arange(0, BLOCK_N)
-    rk = tl.arange(0, BLOCK_K)
-    total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+REPEATED = PROLOGUE.replace("{rule}", "reduce_scatter") + '''    total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for half in range(0, 2):
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
 {k_loop}            p = tl.dot(a, b)
