@@ -3013,12 +3013,16 @@ def _check_advance_in_loop(an: _Analyzer, acc: Access, tile: Tile, name: str, st
            f"{vector}[None, :] * {stride}`) and advance it only in the loop at line {an.where(loop).line}; start the "
            f"columns further along through the vector itself (`{vector} = start + tl.arange(0, BLOCK_K)`) and mask "
            f"them by the row (`{vector}[None, :] < K - {k} * {' * '.join(rest) or '1'}`)")
-    # the access's own address adds nothing past the pointer either (`tl.load(a_ptrs + D * stride_ak, ...)`)
+    # the access's own address adds nothing past the pointer either (`tl.load(a_ptrs + D * stride_ak, ...)`); and
+    # the column term is added once along the pointer's bindings (`rk[None, :] * stride_ak` twice reads `2 * rk`)
+    added = 0
     for term, negative in _terms(_bare(cst.parse_expression(acc.pointer))):
         if isinstance(term, cst.Name) and term.value in (pointers or {acc.tensor}) | {name}:
             continue
-        if tile.offsets is not None and tile.offsets in names_in(term) or not negative and _column_term(
-                an, term, tile.offsets) == (vector, stride):
+        if not negative and _column_term(an, term, tile.offsets) == (vector, stride):
+            added += 1
+            continue
+        if tile.offsets is not None and tile.offsets in names_in(term):
             continue
         raise refuse(f"along `{stride}` once more on every iteration, and the {acc.kind} at line {acc.where.line} "
                      f"adds `{'-' if negative else ''}{code(term)}` to it: the mask bounds the columns from the row's "
@@ -3026,22 +3030,32 @@ def _check_advance_in_loop(an: _Analyzer, acc: Access, tile: Tile, name: str, st
     chain, todo_aliases = {name, acc.tensor}, [name]
     while todo_aliases:
         alias = todo_aliases.pop()
+        most = 0  # the column terms of the binding of `alias` that adds the most of them
         for ref, value in an.assignments.get(alias, []):
             if alias in names_in(value):
                 continue
+            here = 0
             for term, negative in _terms(_bare(value)):
                 if isinstance(term, cst.Name) and term.value in (pointers or {acc.tensor}):
                     if term.value not in chain and len(chain) < 16:
                         chain.add(term.value)
                         todo_aliases.append(term.value)
                     continue
-                if tile.offsets is not None and tile.offsets in names_in(term) or not negative and _column_term(
-                        an, term, tile.offsets) == (vector, stride):
-                    continue  # the rows (the row scale check's), or the columns the mask bounds
+                if not negative and _column_term(an, term, tile.offsets) == (vector, stride):
+                    here += 1
+                    continue  # the columns the mask bounds
+                if tile.offsets is not None and tile.offsets in names_in(term):
+                    continue  # the rows (the row scale check's)
                 raise refuse(f"along `{stride}` once more on every iteration from where `{alias}` is bound at line "
                              f"{an.where(ref.node).line}, which adds `{'-' if negative else ''}{code(term)}` to the "
                              f"row's first column: the mask bounds the columns from the row's first column, and the "
                              f"last steps read the next row", fix)
+            most = max(most, here)
+        added += most
+    if added > 1:
+        raise refuse(f"along `{stride}` once more on every iteration, and its address adds the columns `{vector}[None, "
+                     f":] * {stride}` {added} times: it reads `{added} * {vector}`, past the columns the mask or the "
+                     f"steps bound, and the last steps read the next row", fix)
     for alias in sorted(chain):
         moved = [an.where(ref.node) for ref, value in an.assignments.get(alias, []) if alias in names_in(value)] + [
             an.where(node) for node in an.findall(an.fn.body, m.AugAssign(target=m.Name(alias)))]

@@ -14,6 +14,7 @@ from tilelink.analysis import (
     _bare,
     _conjuncts,
     _returned_value,
+    _terms,
     code,
     expanded,
     names_in,
@@ -782,6 +783,14 @@ def _check_carried(an: KernelAnalysis, name: str, sources: list[tuple[str, Where
             if not inside(there, loop):
                 continue
             added = _carried_slot(_written_helper(an, other), name)
+            # added on the steps a test of the step picks (`if k == tl.cdiv(K, BLOCK_K) - 1: acc += ...`): each rank
+            # picks by the step's place in its own slice
+            chosen = next((side for side in an.branch_sides.get(there, ()) if inside(side.where, loop)
+                           and placed(cst.parse_expression(side.test), loop) is not None), None)
+            if added and chosen is not None:
+                raise refuse(other, there, f"a term added to the accumulator `{name}` only on the steps of its loop "
+                                           f"at line {loop[0].line} that the test `{chosen.test}` at line "
+                                           f"{chosen.where.line} picks by the step")
             if added is not None and not any(reads(x) for x in added):
                 weight = next((w for x in added if (w := placed(x, loop)) is not None), None)
                 if weight is None:
@@ -814,11 +823,12 @@ def _check_accumulators(an: KernelAnalysis, a, rule: str) -> None:
                                   hint=_CARRIED_HINT) from None
 
 
-def _position_facts(an: KernelAnalysis, node: cst.BaseExpression) -> tuple[set[str], set[str], bool, bool, bool]:
+def _position_facts(an: KernelAnalysis, node: cst.BaseExpression) -> tuple[set[str], set[str], int, bool, bool]:
     """What ``node`` is made of, through the values of the names it reads: (the parameters, the other names that
-    have no value of their own (loop targets), whether it reads a ``tl.arange``, a program id, loaded data). What a
-    load reads is where its data is, not part of the value."""
-    params, atoms, arange, program, loaded = set(), set(), False, False, False
+    have no value of their own (loop targets), how many ``tl.arange`` it reads (one for the K offsets, two where the
+    rows' offsets join them), whether it reads a program id, loaded data). What a load reads is where its data is,
+    not part of the value."""
+    params, atoms, aranges, program, loaded = set(), set(), 0, False, False
     todo, seen = [node], set()
     while todo:
         value = todo.pop()
@@ -828,7 +838,7 @@ def _position_facts(an: KernelAnalysis, node: cst.BaseExpression) -> tuple[set[s
             value = value.deep_replace(call, cst.Name("_loaded")) if value is not call else cst.Name("_loaded")
         for call in m.findall(value, m.Call(func=m.Attribute(attr=m.Name())) | m.Call(func=m.Name())):
             called = call.func.attr.value if isinstance(call.func, cst.Attribute) else call.func.value
-            arange = arange or called == "arange"
+            aranges += called == "arange"
             program = program or called in ("program_id", "num_programs")
         for name in names_in(value) - seen - {"_loaded", "tl", "None", "True", "False"}:
             seen.add(name)
@@ -839,7 +849,7 @@ def _position_facts(an: KernelAnalysis, node: cst.BaseExpression) -> tuple[set[s
             if not sources:
                 atoms.add(name)
             todo += [cst.parse_expression(src) for src, _ in sources]
-    return params, atoms, arange, program, loaded
+    return params, atoms, aranges, program, loaded
 
 
 def _scalar_row(an: KernelAnalysis, a) -> str | None:
@@ -852,8 +862,9 @@ def _scalar_row(an: KernelAnalysis, a) -> str | None:
 
 
 def _mask_terms(an: KernelAnalysis, source: str, depth: int = 0) -> list[cst.BaseExpression]:
-    """The terms of a mask joined by ``&`` (``analysis._conjuncts``), read through names bound once (`mask =
-    a_mask & k_mask`) and broadcasts (`k_mask[None, :]`, `(rk < left)[None, :]`)."""
+    """The terms of a mask joined by ``&`` (``analysis._conjuncts``), read through the names it reads (`mask =
+    a_mask & k_mask`; each value of a name bound more than once) and broadcasts (`k_mask[None, :]`, `(rk <
+    left)[None, :]`)."""
     found = []
     for term in _conjuncts(source, set(an.params)):
         node = _bare(term)
@@ -861,28 +872,73 @@ def _mask_terms(an: KernelAnalysis, source: str, depth: int = 0) -> list[cst.Bas
                 isinstance(e.slice, cst.Index) and m.matches(e.slice.value, m.Name("None"))) for e in node.slice):
             node = _bare(node.value)
         sources = _bindings(an, node.value) if isinstance(node, cst.Name) else []
-        if len(sources) == 1 and depth < 8:
-            found += _mask_terms(an, sources[0][0], depth + 1)
+        if sources and depth < 8:  # each value the name may hold (`msk` bound again for another load)
+            for source, _ in sources:
+                found += _mask_terms(an, source, depth + 1)
         else:
             found.append(node)
     return found
 
 
-def _bounds_k(an: KernelAnalysis, node: cst.BaseExpression, target: str | None) -> bool:
-    """``node`` compares offsets along K (a ``tl.arange``) with a bound of parameters (and the loop's target):
-    `offs_k[None, :] < K - k * BLOCK_K`, `(k * BLOCK_K + rk)[None, :] < K`, `rk[None, :] < k` counting down from
-    K. A bound that reads other offsets (`<= rm[:, None]`), program ids or data, or a comparison of the step with a
-    literal (`k < 1`), is not one."""
+def _loop_extent(an: KernelAnalysis, loop: tuple[Where, Where], target: str | None
+                 ) -> tuple[cst.BaseExpression | None, bool]:
+    """The K extent ``X`` a loop runs over, read from its range (``range(0, tl.cdiv(X, F))``, ``range(0, X, F)``,
+    ``range(k_tiles)`` with ``k_tiles = tl.cdiv(X, F)`` bound once), and whether it counts down from it to 0
+    (``range(X, 0, -F)``); ``(None, False)`` where TileLink does not read it."""
+    header = next((src for src, w in an.effects if w == loop[0] and target and src.startswith(f"({target} :=")), None)
+    parsed = cst.parse_expression(header) if header else None
+    call = _bare(parsed.value) if isinstance(_bare(parsed), cst.NamedExpr) else None  # type: ignore[union-attr]
+    if not isinstance(call, cst.Call):
+        return None, False
+    args = [a.value for a in call.args if a.keyword is None]
+    if len(args) == 3 and m.matches(args[1], m.Integer("0")) and m.matches(
+            _bare(args[2]), m.UnaryOperation(operator=m.Minus()) | m.BinaryOperation(
+                left=m.UnaryOperation(operator=m.Minus()))):
+        return args[0], True
+    stop = args[0] if len(args) == 1 else args[1] if len(args) > 1 and m.matches(args[0], m.Integer("0")) else None
+    for _ in range(4):  # through a name bound once (`k_tiles = tl.cdiv(K, BLOCK_SIZE_K)`)
+        if isinstance(stop, cst.Name) and stop.value not in an.params and len(_bindings(an, stop.value)) == 1:
+            stop = cst.parse_expression(_bindings(an, stop.value)[0][0])
+    stop = _bare(stop) if stop is not None else None
+    if isinstance(stop, cst.Call) and m.matches(stop.func, m.Attribute(attr=m.Name("cdiv"))) and stop.args:
+        return _bare(stop.args[0].value), False
+    if len(args) == 3 and stop is not None:
+        return stop, False
+    return None, False
+
+
+def _bounds_k(an: KernelAnalysis, node: cst.BaseExpression, target: str | None,
+              extent: tuple[cst.BaseExpression | None, bool]) -> bool:
+    """``node`` compares the offsets along K (one ``tl.arange``) with what is left of the loop's K extent ``X``
+    (``extent``, :func:`_loop_extent`): `offs_k[None, :] < X - k * BLOCK_K`, `(k * BLOCK_K + rk)[None, :] < X`, or
+    `rk[None, :] < k` in a loop counting down from X. A bound that reads other offsets (`<= rm[:, None]`), program
+    ids, data, a literal (`k < 1`, `X - k * BLOCK_K - 8`) or another parameter (`< BLOCK_K`), or offsets that join
+    the rows' (`(k * BLOCK_K + rk)[None, :] - rm[:, None]`), is not one. Where the loop's extent is not read, a bound
+    of parameters and the loop's target passes."""
     if not isinstance(node, cst.Comparison) or len(node.comparisons) != 1 or not isinstance(
             node.comparisons[0].operator, (cst.LessThan, cst.LessThanEqual, cst.GreaterThan, cst.GreaterThanEqual)):
         return False
-    left = _position_facts(an, node.left)
-    right = _position_facts(an, node.comparisons[0].comparator)
-    for position, bound in ((left, right), (right, left)):
-        params, atoms, arange, program, loaded = bound
-        if position[2] and not (arange or program or loaded) and (params or (target is not None and target in atoms)):
-            return True
-    return False
+    sides = (node.left, node.comparisons[0].comparator)
+    if isinstance(node.comparisons[0].operator, (cst.GreaterThan, cst.GreaterThanEqual)):
+        sides = sides[::-1]
+    position, bound = _position_facts(an, sides[0]), _position_facts(an, sides[1])
+    if position[2] != 1 or bound[2] or bound[3] or bound[4]:
+        return False
+    X, down = extent
+    terms = []
+    for term, negative in _terms(_bare(sides[1])):  # through locals of the loop (`k_remaining = K - k * BLOCK_K`)
+        binds = _bindings(an, term.value) if isinstance(term, cst.Name) and term.value != target else []
+        terms += [(t, n != negative) for t, n in _terms(_bare(cst.parse_expression(binds[0][0])))] \
+            if len(binds) == 1 else [(term, negative)]
+    if down:
+        return len(terms) == 1 and not terms[0][1] and m.matches(terms[0][0], m.Name(target or ""))
+    fixed = sorted((n, code(_bare(t)).replace(" ", "")) for t, n in terms if target not in names_in(t))
+    moving = [(t, n) for t, n in terms if target in names_in(t)]
+    if X is None:  # the loop's extent unread: one parameter the launch passes, less the steps taken
+        return all(n for _, n in moving) and len(fixed) == 1 and not fixed[0][0] and fixed[0][1] in set(
+            an.params) - set(an.constexpr_params)
+    return all(n for _, n in moving) and fixed == sorted(
+        (n, code(_bare(t)).replace(" ", "")) for t, n in _terms(X))
 
 
 def _check_k_masks(an: KernelAnalysis, a, rule: str) -> None:
@@ -898,16 +954,20 @@ def _check_k_masks(an: KernelAnalysis, a, rule: str) -> None:
     for name in set(an.values) | set(an.updates):
         for src, site in _bindings(an, name):
             value = _written_helper(an, cst.parse_expression(src))
-            if site is None or name not in names_in(value) or not m.findall(value, sums):
+            added = _carried_slot(value, name) if site is not None and name in names_in(value) else None
+            # an accumulator adding a product (`tl.dot(a, b, acc)`) or this step's data (`acc += a * x[None, :]`,
+            # a GEMV summed after the loop): not a counter or a pointer's advance
+            if not added or not (m.findall(value, sums) or any(_reads_a_load(an, code(x)) for x in added)):
                 continue
             inner = max((lp for lp in loops if _inside(site, lp)), key=lambda lp: (lp[0].line, lp[0].column),
                         default=None)
-            if inner is not None and _carried_slot(value, name) is not None:
+            if inner is not None:
                 summing.add(inner)
     every = [(src, site) for n in set(an.values) | set(an.updates) for src, site in _bindings(an, n)
              if site is not None] + list(an.effects)
     for loop in sorted(summing, key=lambda lp: (lp[0].line, lp[0].column)):
         target = targets.get(loop)
+        extent = _loop_extent(an, loop, target)
         # the names whose value changes from one step of the loop to the next: its target, what it carries, and
         # what is bound in it from them
         varying = {target} if target else set()
@@ -929,7 +989,7 @@ def _check_k_masks(an: KernelAnalysis, a, rule: str) -> None:
                 if mask is None:
                     continue
                 for term in _mask_terms(an, code(mask)):
-                    if not (names_in(term) & varying) or _bounds_k(an, term, target):
+                    if not (names_in(term) & varying) or _bounds_k(an, term, target, extent):
                         continue
                     raise AnnotationError(
                         f"the mask of the load at line {site.line} reads the step of the loop at line "
@@ -1540,16 +1600,37 @@ def stored_tiles(an: KernelAnalysis, spec) -> tuple[tuple[str, str, str, str, st
     return tuple(dict.fromkeys(found))
 
 
+class _Operands(cst.CSTTransformer):
+    """A value with what it reads of this rank's data left out: each load, and the two operands of each ``tl.dot``,
+    as a name of their own (the type of the sums is the dot's, not its operands')."""
+
+    def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
+        name = code(updated.func).strip().rsplit(".", 1)[-1]
+        if name in ("load", "gather"):
+            return cst.Name("_loaded")
+        if name == "dot":
+            args = [a.with_changes(value=cst.Name("_operand")) if i < 2 and a.keyword is None else a
+                    for i, a in enumerate(updated.args)]
+            return updated.with_changes(args=args)
+        return updated
+
+
 def sums_dtypes(an: KernelAnalysis, spec) -> tuple[str, ...]:
     """The types the partial sums stored into the reduced tensors are started with (``tl.zeros(..., dtype=X)``,
     ``tl.full(..., dtype=X)``, ``tl.dot(..., out_dtype=X)``), in source over literals and the constexpr parameters:
     a rank's float sums stored into an integer tensor are truncated before they are added, so the launch reduces
     into an integer tensor only where every one of these is an integer type (an int8 GEMM summing into int32). Empty
-    where a value is started otherwise: the launch then takes the sums as float."""
+    where the stored value may be float whatever they are (a float literal, `/`, a conversion to a float type, a
+    loaded value other than a dot's operands: `acc * 0.5` is float) or is not started so: the launch then takes the
+    sums as float."""
     found: list[str] = []
     todo, seen = [a.value for t in spec.tensors for a in an.accesses_of(t, "store") if a.value], set()
     while todo:
-        node = cst.parse_expression(todo.pop())
+        node = cst.parse_expression(todo.pop()).visit(_Operands())
+        if m.findall(node, m.Float() | m.BinaryOperation(operator=m.Divide()) | m.Name("_loaded")) or any(
+                code(c.func).strip().rsplit(".", 1)[-1] in ("to", "cast") and not _to_integer(c)
+                and re.search(r"\b(b?float|fp)\w*", code(c)) for c in m.findall(node, m.Call())):
+            return ()
         for call in m.findall(node, m.Call()):
             func = code(call.func).strip()
             name = func.rsplit(".", 1)[-1]
@@ -1565,7 +1646,7 @@ def sums_dtypes(an: KernelAnalysis, spec) -> tuple[str, ...]:
                 found.append(code(chosen).strip())
             elif name in ("zeros", "full") and len(positional) > 1:
                 found.append("tl.float32")  # their default type
-        for other in names_in(node) - seen:
+        for other in names_in(node) - seen - {"_loaded", "_operand"}:
             seen.add(other)
             todo += [src for src, _ in _bindings(an, other)]
     return tuple(dict.fromkeys(found))

@@ -379,3 +379,10 @@ def test_sums_started_on_each_pass_and_added_up_in_the_loop_equal_torch(tmp_path
     path.write_text(source)
     errors = tilelink.spawn(_scattered, 2, str(path))
     assert all(e < 1e-4 for e in errors), errors
+
+
+def test_a_term_added_only_on_steps_a_test_of_the_step_picks_is_refused() -> None:
+    """`if k == tl.cdiv(K, BLOCK_K) - 1: acc += tl.dot(a, b)` adds each rank's own last block, not the full K's."""
+    with pytest.raises(AnnotationError, match="only on the steps of its loop at line 16 that the test "
+                                              r"`k == tl.cdiv\(K, BLOCK_K\) - 1` at line 21 picks by the step"):
+        _generate(_source("if k == tl.cdiv(K, BLOCK_K) - 1:\n            acc += tl.dot(a, b)"))

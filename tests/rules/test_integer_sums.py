@@ -77,3 +77,15 @@ def test_integer_sums_reduce_exactly_and_float_sums_into_integers_are_refused(ru
                                           r"it are started as `ACC`: if they are float, each rank.s sums would be "
                                           r"truncated"):
         tilelink.spawn(_multiply, 2, str(path), rule == "all_reduce", False)
+
+
+@pytest.mark.parametrize("stored", ["acc * 0.5", "acc / 2", "acc.to(tl.float32)"])
+def test_integer_sums_made_float_before_the_store_are_refused(stored: str, tmp_path, monkeypatch) -> None:
+    """`acc * 0.5` of int32 sums is float: each rank's half is truncated where it stores it (1 + 1 for 1.5 + 1.5)."""
+    monkeypatch.setenv("TILELINK_RACES", "1")
+    path = tmp_path / "made_float.py"
+    source = textwrap.dedent(KERNEL).format(rule="reduce_scatter")
+    assert "acc.to(c_ptr.dtype.element_ty)" in source
+    path.write_text(source.replace("acc.to(c_ptr.dtype.element_ty)", f"({stored}).to(c_ptr.dtype.element_ty)"))
+    with pytest.raises(LaunchError, match="TileLink cannot tell the type of the partial sums stored into it"):
+        tilelink.spawn(_multiply, 2, str(path), False, True)

@@ -20,6 +20,12 @@ A_MASK = "mask=(rm[:, None] < M) & ((k * BLOCK_K + rk)[None, :] < K)"
      "(k * BLOCK_K + rk)[None, :] <= rm[:, None]"),
     ("mask=(rm[:, None] < M) & ((k * BLOCK_K + rk)[None, :] < K) & (k < 1)", "k < 1"),
     ("mask=(rm[:, None] < M) & (tl.load(a_ptr + k) > 0.0)", "tl.load(a_ptr + k) > 0.0"),
+    # the rows joined to the K offsets, a bound other than the loop's K, less a literal, the step in a loop counting up
+    ("mask=(rm[:, None] < M) & ((k * BLOCK_K + rk)[None, :] - rm[:, None] < BLOCK_K)",
+     "(k * BLOCK_K + rk)[None, :] - rm[:, None] < BLOCK_K"),
+    ("mask=(rm[:, None] < M) & ((k * BLOCK_K + rk)[None, :] < BLOCK_K)", "(k * BLOCK_K + rk)[None, :] < BLOCK_K"),
+    ("mask=(rm[:, None] < M) & (rk[None, :] < K - k * BLOCK_K - 8)", "rk[None, :] < K - k * BLOCK_K - 8"),
+    ("mask=(rm[:, None] < M) & (rk[None, :] < k)", "rk[None, :] < k"),
 ])
 @pytest.mark.parametrize("rule", ["reduce_scatter", "all_reduce"])
 def test_a_mask_relating_the_step_to_other_than_the_k_extent_is_refused(rule: str, mask: str, term: str) -> None:
@@ -36,16 +42,69 @@ def test_a_mask_relating_the_step_to_other_than_the_k_extent_is_refused(rule: st
     "mask=(rm[:, None] < M) & (rk[None, :] < K - k * BLOCK_K)",  # what is left of K
     "mask=(rm[:, None] < M) & (rk[None, :] < left)",  # through a local of the loop (triton.ops' `k_remaining`)
     "mask=a_ok",  # a mask bound once, its terms read through it
+    "mask=ok",  # a mask bound again for the other load, each of its values read
 ])
 def test_a_mask_bounding_the_k_offsets_by_the_k_extent_equals_torch(mask: str, tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("TILELINK_RACES", "1")
     source = _source("acc += tl.dot(a, b)").replace(A_MASK, mask).replace(
         "        a = tl.load(", "        left = K - k * BLOCK_K\n"
                                "        a_ok = (rm[:, None] < M) & ((k * BLOCK_K + rk)[None, :] < K)\n"
-                               "        a = tl.load(")
+                               "        ok = a_ok\n"
+                               "        a = tl.load(").replace(
+        "        b = tl.load(",
+        "        ok = ((k * BLOCK_K + rk)[:, None] < K) & (rn[None, :] < N)\n        b = tl.load(")
     body = _generate(source).rewritten["matmul"]
     assert "tll.producer_tile_notify" in body, body
     path = tmp_path / "k_mask.py"
     path.write_text(source)
     errors = tilelink.spawn(_scattered, 2, str(path))
     assert all(e < 1e-4 for e in errors), errors
+
+
+GEMV = '''
+import triton
+import triton.language as tl
+import tilelink
+
+
+@tilelink.overlap(tilelink.reduce_scatter("y_ptr"))
+@triton.jit
+def gemv(a_ptr, x_ptr, y_ptr, M, K, stride_am, stride_ak, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+    rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rk = tl.arange(0, BLOCK_K)
+    acc = tl.zeros((BLOCK_M, BLOCK_K), dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BLOCK_K)):
+        a = tl.load(a_ptr + rm[:, None] * stride_am + (k * BLOCK_K + rk)[None, :] * stride_ak,
+                    mask=(rm[:, None] < M) & {columns}, other=0.0)
+        x = tl.load(x_ptr + k * BLOCK_K + rk, mask=k * BLOCK_K + rk < K, other=0.0)
+        acc += a * x[None, :]
+    tl.store(y_ptr + rm, tl.sum(acc, axis=1), mask=rm < M)
+'''
+
+
+@pytest.mark.parametrize("columns, refused", [
+    ("((k * BLOCK_K + rk)[None, :] < K)", False),
+    ("((k * BLOCK_K + rk)[None, :] <= rm[:, None])", True),
+    ("((k * BLOCK_K + rk)[None, :] < K) & (k < 1)", True),
+])
+def test_a_gemv_summing_its_data_after_the_loop_has_its_masks_checked_too(columns: str, refused: bool) -> None:
+    """The K loop adds this step's data (`acc += a * x[None, :]`, summed over K after the loop), not a product: it
+    is the loop that sums all the same."""
+    source = GEMV.replace("{columns}", columns)
+    if not refused:
+        assert "tll.producer_tile_notify" in _generate(source).rewritten["gemv"]
+        return
+    with pytest.raises(AnnotationError, match="the mask of the load at line 14 reads the step of the loop at line 13"):
+        _generate(source)
+
+
+def test_a_mask_in_a_loop_whose_extent_is_not_read_must_bound_by_a_parameter_the_call_passes() -> None:
+    """`range(0, tl.cdiv(K, BLOCK_K) * 1)`: TileLink does not read the loop's K, so the bound must be one parameter
+    the call passes, less the steps (`K - k * BLOCK_K`); a constexpr or the step alone is refused."""
+    source = _source("acc += tl.dot(a, b)").replace("range(0, tl.cdiv(K, BLOCK_K))",
+                                                    "range(0, tl.cdiv(K, BLOCK_K) * 1)")
+    assert "tll.producer_tile_notify" in _generate(source.replace(A_MASK, "mask=rk[None, :] < K - k * BLOCK_K"))\
+        .rewritten["matmul"]
+    for mask in ("mask=rk[None, :] < k", "mask=(k * BLOCK_K + rk)[None, :] < BLOCK_K"):
+        with pytest.raises(AnnotationError, match="reads the step of the loop at line 16"):
+            _generate(source.replace(A_MASK, mask))

@@ -206,3 +206,14 @@ def test_a_loop_counting_down_by_less_than_the_pointer_moves_is_refused() -> Non
     with pytest.raises(AnnotationError, match="nor down to 0 by the advance's own step") as err:
         _build(source)
     assert "may touch rows of 'a_ptr' its wait does not cover" in str(err.value), err.value
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_columns_added_twice_to_the_address_are_refused(masked: bool) -> None:
+    """`rk[None, :] * stride_ak` twice reads the columns `2 * rk`: past what the steps or the mask bound."""
+    source = KERNEL.replace("rk[None, :] * stride_ak)", "rk[None, :] * stride_ak + rk[None, :] * stride_ak)")
+    if masked:
+        source = source.replace("            a = tl.load(A)\n", "            a = tl.load(A, mask=rk[None, :] < K - k * "
+                                                                   "BLOCK_K, other=0.0)\n")
+    with pytest.raises(AnnotationError, match=r"its address adds the columns `rk\[None, :\] \* stride_ak` 2 times"):
+        _build(source)

@@ -93,7 +93,7 @@ TILELINK_PLAN = {'fused_moe_down_kernel': {'atomic_axes': None,
                            'rule': 'reduce_scatter',
                            'size_param': 'num_valid_tokens // top_k',
                            'stored_tiles': [],
-                           'sums_dtypes': ['tl.float32'],
+                           'sums_dtypes': [],
                            'tensors': ['c_ptr'],
                            'topk': 'top_k',
                            'via': 'sm'}}
