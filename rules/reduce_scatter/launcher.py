@@ -532,7 +532,7 @@ class ReduceScatterLauncher(Launcher):
                    f"{', '.join(f'`{s}`' for s in self.plan.sums_dtypes)}" if self.plan.sums_dtypes else
                    "TileLink cannot tell the type of the partial sums stored into it (it reads it only from an "
                    "accumulator started with `tl.zeros(..., dtype=...)` and stored with no float literal, `/`, "
-                   "float conversion or loaded factor on the way)")
+                   "float conversion, loaded factor or argument on the way)")
         raise LaunchError(f"{self.okernel.name}: {name} is {out.dtype}, an integer type, and {started}: if they are "
                           f"float, each rank's sums would be truncated where it stores "
                           f"them, before {self.plan.rule} adds them over the ranks, and the sum of truncated parts "

@@ -861,7 +861,8 @@ def _scalar_row(an: KernelAnalysis, a) -> str | None:
     return None if _position_facts(an, cst.Name(terms[0]))[2] else terms[0]
 
 
-def _mask_terms(an: KernelAnalysis, source: str, depth: int = 0) -> list[cst.BaseExpression]:
+def _mask_terms(an: KernelAnalysis, source: str, depth: int = 0,
+                within: frozenset[str] = frozenset()) -> list[cst.BaseExpression]:
     """The terms of a mask joined by ``&`` (``analysis._conjuncts``), read through the names it reads (`mask =
     a_mask & k_mask`; each value of a name bound more than once) and broadcasts (`k_mask[None, :]`, `(rk <
     left)[None, :]`)."""
@@ -871,50 +872,98 @@ def _mask_terms(an: KernelAnalysis, source: str, depth: int = 0) -> list[cst.Bas
         while isinstance(node, cst.Subscript) and all(isinstance(e.slice, cst.Slice) or (
                 isinstance(e.slice, cst.Index) and m.matches(e.slice.value, m.Name("None"))) for e in node.slice):
             node = _bare(node.value)
-        sources = _bindings(an, node.value) if isinstance(node, cst.Name) else []
+        sources = _bindings(an, node.value) if isinstance(node, cst.Name) and node.value not in within else []
         if sources and depth < 8:  # each value the name may hold (`msk` bound again for another load)
-            for source, _ in sources:
-                found += _mask_terms(an, source, depth + 1)
-        else:
+            for source, _ in sources:  # its earlier value in its own update (`ka = ka[None, :]`) is its other values
+                found += _mask_terms(an, source, depth + 1, within | {node.value})
+        elif not (isinstance(node, cst.Name) and node.value in within):
             found.append(node)
     return found
 
 
 def _loop_extent(an: KernelAnalysis, loop: tuple[Where, Where], target: str | None
-                 ) -> tuple[cst.BaseExpression | None, bool]:
-    """The K extent ``X`` a loop runs over, read from its range (``range(0, tl.cdiv(X, F))``, ``range(0, X, F)``,
-    ``range(k_tiles)`` with ``k_tiles = tl.cdiv(X, F)`` bound once), and whether it counts down from it to 0
-    (``range(X, 0, -F)``); ``(None, False)`` where TileLink does not read it."""
+                 ) -> tuple[cst.BaseExpression | None, tuple[str, ...], bool]:
+    """The K extent ``X`` a loop runs over, read from its range, with the factors of what the step adds to the
+    columns on each step, and whether it counts down from ``X`` to 0: ``range(0, tl.cdiv(X, F))`` (``k * F``;
+    also ``range(k_tiles)`` with ``k_tiles = tl.cdiv(X, F)`` bound once), ``range(0, X, F)`` (``k`` itself, the
+    factors ``()``), ``range(X, 0, -F)`` (``k`` is what is left). ``(None, (), False)`` where TileLink does not read
+    it: a literal count, a loop target, a count the kernel computes otherwise."""
     header = next((src for src, w in an.effects if w == loop[0] and target and src.startswith(f"({target} :=")), None)
     parsed = cst.parse_expression(header) if header else None
     call = _bare(parsed.value) if isinstance(_bare(parsed), cst.NamedExpr) else None  # type: ignore[union-attr]
     if not isinstance(call, cst.Call):
-        return None, False
+        return None, (), False
     args = [a.value for a in call.args if a.keyword is None]
     if len(args) == 3 and m.matches(args[1], m.Integer("0")) and m.matches(
             _bare(args[2]), m.UnaryOperation(operator=m.Minus()) | m.BinaryOperation(
                 left=m.UnaryOperation(operator=m.Minus()))):
-        return args[0], True
+        return args[0], (), True
+    if len(args) == 3 and m.matches(_bare(args[2]), m.Integer("1")):
+        args = args[:2]  # `range(0, n, 1)` is `range(0, n)`
+    if len(args) == 3 and not m.matches(_bare(args[2]), m.UnaryOperation()):
+        return args[1], (), False  # `range(start, X, F)`: `k` is the column the step starts at (a split's too)
     stop = args[0] if len(args) == 1 else args[1] if len(args) > 1 and m.matches(args[0], m.Integer("0")) else None
     for _ in range(4):  # through a name bound once (`k_tiles = tl.cdiv(K, BLOCK_SIZE_K)`)
         if isinstance(stop, cst.Name) and stop.value not in an.params and len(_bindings(an, stop.value)) == 1:
             stop = cst.parse_expression(_bindings(an, stop.value)[0][0])
+        # a count chosen against none at all (`tl.where(expert >= 0, tl.cdiv(K, BLOCK_K), 0)`): the steps it runs are
+        # those of the other side
+        if isinstance(stop, cst.Call) and m.matches(stop.func, m.Attribute(attr=m.Name("where"))) and len(
+                stop.args) == 3:
+            sides = [a.value for a in stop.args[1:]]
+            if m.matches(_bare(sides[1]), m.Integer("0")):
+                stop = sides[0]
+            elif m.matches(_bare(sides[0]), m.Integer("0")):
+                stop = sides[1]
     stop = _bare(stop) if stop is not None else None
-    if isinstance(stop, cst.Call) and m.matches(stop.func, m.Attribute(attr=m.Name("cdiv"))) and stop.args:
-        return _bare(stop.args[0].value), False
-    if len(args) == 3 and stop is not None:
-        return stop, False
-    return None, False
+    if isinstance(stop, cst.Call) and m.matches(stop.func, m.Attribute(attr=m.Name("cdiv"))) and len(stop.args) == 2:
+        return _bare(stop.args[0].value), _factor_codes(stop.args[1].value), False
+    return None, (), False
+
+
+def _factor_codes(node: cst.BaseExpression) -> tuple[str, ...]:
+    """The factors of a product, each in source, sorted (``k * (BLOCK_K * SPLIT_K)`` -> ``BLOCK_K, SPLIT_K, k``)."""
+    parts, todo = [], [_bare(node)]
+    while todo:
+        item = _bare(todo.pop())
+        if isinstance(item, cst.BinaryOperation) and isinstance(item.operator, cst.Multiply):
+            todo += [item.left, item.right]
+        else:
+            parts.append(code(item).strip())
+    return tuple(sorted(parts))
+
+
+def _sum_terms(an: KernelAnalysis, node: cst.BaseExpression, keep: str | None,
+               depth: int = 0) -> list[tuple[cst.BaseExpression, bool]]:
+    """The terms of a sum, through broadcasts (`offs_k[None, :]`) and locals bound once (`offs_k = k * BLOCK_K +
+    tl.arange(0, BLOCK_K)`, `k_remaining = K - k * BLOCK_K`), each with whether it is subtracted; ``keep`` (the loop's
+    target) and parameters are left as they are."""
+    found = []
+    for term, negative in _terms(_bare(node)):
+        term = _bare(term)
+        while isinstance(term, cst.Subscript) and all(isinstance(e.slice, cst.Slice) or (
+                isinstance(e.slice, cst.Index) and m.matches(e.slice.value, m.Name("None"))) for e in term.slice):
+            term = _bare(term.value)
+        binds = _bindings(an, term.value) if isinstance(term, cst.Name) and term.value != keep else []
+        if len(binds) == 1 and depth < 8:
+            found += [(t, n != negative) for t, n in _sum_terms(an, cst.parse_expression(binds[0][0]), keep,
+                                                                 depth + 1)]
+        elif isinstance(term, cst.BinaryOperation) and isinstance(term.operator, (cst.Add, cst.Subtract)):
+            found += [(t, n != negative) for t, n in _sum_terms(an, term, keep, depth + 1)]
+        else:
+            found.append((term, negative))
+    return found
 
 
 def _bounds_k(an: KernelAnalysis, node: cst.BaseExpression, target: str | None,
-              extent: tuple[cst.BaseExpression | None, bool]) -> bool:
-    """``node`` compares the offsets along K (one ``tl.arange``) with what is left of the loop's K extent ``X``
-    (``extent``, :func:`_loop_extent`): `offs_k[None, :] < X - k * BLOCK_K`, `(k * BLOCK_K + rk)[None, :] < X`, or
-    `rk[None, :] < k` in a loop counting down from X. A bound that reads other offsets (`<= rm[:, None]`), program
-    ids, data, a literal (`k < 1`, `X - k * BLOCK_K - 8`) or another parameter (`< BLOCK_K`), or offsets that join
-    the rows' (`(k * BLOCK_K + rk)[None, :] - rm[:, None]`), is not one. Where the loop's extent is not read, a bound
-    of parameters and the loop's target passes."""
+              extent: tuple[cst.BaseExpression | None, tuple[str, ...], bool]) -> bool:
+    """``node`` compares the columns of this step along K with the loop's K extent ``X`` (``extent``,
+    :func:`_loop_extent`): the offsets (one ``tl.arange``) plus the step's ``k * F`` on one side, ``X`` on the other,
+    the step's term on either (`offs_k[None, :] < X - k * BLOCK_K`, `(k * BLOCK_K + rk)[None, :] < X`), or `rk[None,
+    :] < k` in a loop counting down from X. A bound that reads other offsets (`<= rm[:, None]`), program ids, data, a
+    literal (`k < 1`, `X - k * BLOCK_K - 8`) or another parameter (`< BLOCK_K`), a step term of another size (`2 * k *
+    BLOCK_K`, `k * BLOCK_N`), offsets that join the rows' (`(k * BLOCK_K + rk)[None, :] - rm[:, None]`), or a loop whose
+    extent TileLink does not read, is not one."""
     if not isinstance(node, cst.Comparison) or len(node.comparisons) != 1 or not isinstance(
             node.comparisons[0].operator, (cst.LessThan, cst.LessThanEqual, cst.GreaterThan, cst.GreaterThanEqual)):
         return False
@@ -922,23 +971,27 @@ def _bounds_k(an: KernelAnalysis, node: cst.BaseExpression, target: str | None,
     if isinstance(node.comparisons[0].operator, (cst.GreaterThan, cst.GreaterThanEqual)):
         sides = sides[::-1]
     position, bound = _position_facts(an, sides[0]), _position_facts(an, sides[1])
-    if position[2] != 1 or bound[2] or bound[3] or bound[4]:
+    X, step, down = extent
+    if target is None or position[2] != 1 or bound[2] or bound[3] or bound[4]:
         return False
-    X, down = extent
-    terms = []
-    for term, negative in _terms(_bare(sides[1])):  # through locals of the loop (`k_remaining = K - k * BLOCK_K`)
-        binds = _bindings(an, term.value) if isinstance(term, cst.Name) and term.value != target else []
-        terms += [(t, n != negative) for t, n in _terms(_bare(cst.parse_expression(binds[0][0])))] \
-            if len(binds) == 1 else [(term, negative)]
-    if down:
-        return len(terms) == 1 and not terms[0][1] and m.matches(terms[0][0], m.Name(target or ""))
-    fixed = sorted((n, code(_bare(t)).replace(" ", "")) for t, n in terms if target not in names_in(t))
-    moving = [(t, n) for t, n in terms if target in names_in(t)]
-    if X is None:  # the loop's extent unread: one parameter the launch passes, less the steps taken
-        return all(n for _, n in moving) and len(fixed) == 1 and not fixed[0][0] and fixed[0][1] in set(
-            an.params) - set(an.constexpr_params)
-    return all(n for _, n in moving) and fixed == sorted(
-        (n, code(_bare(t)).replace(" ", "")) for t, n in _terms(X))
+    # the step's terms on one side, the columns (`P`) less the bound (`B`): `P - B < 0`; the bound's other terms are
+    # the extent (the columns may start at a split's position, `pid_z * BLOCK_K + tl.arange(0, BLOCK_K)`)
+    columns, limit = _sum_terms(an, sides[0], target), _sum_terms(an, sides[1], target)
+    moving = [(t, n) for t, n in columns if target in names_in(t)] + [
+        (t, not n) for t, n in limit if target in names_in(t)]
+    fixed = sorted((n, code(t).replace(" ", "")) for t, n in limit if target not in names_in(t))
+    if not moving and len(fixed) == 1 and not fixed[0][0] and fixed[0][1] in set(an.params) - set(
+            an.constexpr_params):
+        # offsets that move with the step through names of their own (a tile's rows in a flattened persistent
+        # loop, `rn[None, :] < N`; columns advanced in place, `offs_k += BLOCK_K`), bounded by one passed parameter
+        return True
+    if X is None:
+        return False
+    if down:  # `P - k < 0`: the step's own value is what is left
+        return len(moving) == 1 and moving[0][1] and m.matches(moving[0][0], m.Name(target)) and not fixed
+    # `P + k * F - X < 0`, with F what the range steps by
+    return len(moving) == 1 and not moving[0][1] and _factor_codes(moving[0][0]) == tuple(sorted(
+        (target, *step))) and fixed == sorted((n, code(_bare(t)).replace(" ", "")) for t, n in _terms(X))
 
 
 def _check_k_masks(an: KernelAnalysis, a, rule: str) -> None:
@@ -1600,6 +1653,12 @@ def stored_tiles(an: KernelAnalysis, spec) -> tuple[tuple[str, str, str, str, st
     return tuple(dict.fromkeys(found))
 
 
+#: calls whose value has the type of their operands, or the one they are told (`dtype=`, `out_dtype=`, `.to(T)`)
+_INTEGER_KEEPING = frozenset({"zeros", "full", "dot", "to", "cast", "sum", "reshape", "trans", "permute",
+                              "expand_dims", "broadcast_to", "where", "maximum", "minimum", "multiple_of",
+                              "max_contiguous", "arange", "program_id", "num_programs", "cdiv"})
+
+
 class _Operands(cst.CSTTransformer):
     """A value with what it reads of this rank's data left out: each load, and the two operands of each ``tl.dot``,
     as a name of their own (the type of the sums is the dot's, not its operands')."""
@@ -1614,6 +1673,10 @@ class _Operands(cst.CSTTransformer):
             return updated.with_changes(args=args)
         return updated
 
+    def leave_Attribute(self, original: cst.Attribute, updated: cst.Attribute) -> cst.BaseExpression:
+        # a tensor's type (`c_ptr.dtype.element_ty`), read at compile time: not a value of the sums
+        return cst.Name("_type") if updated.attr.value == "dtype" else updated
+
 
 def sums_dtypes(an: KernelAnalysis, spec) -> tuple[str, ...]:
     """The types the partial sums stored into the reduced tensors are started with (``tl.zeros(..., dtype=X)``,
@@ -1627,10 +1690,13 @@ def sums_dtypes(an: KernelAnalysis, spec) -> tuple[str, ...]:
     todo, seen = [a.value for t in spec.tensors for a in an.accesses_of(t, "store") if a.value], set()
     while todo:
         node = cst.parse_expression(todo.pop()).visit(_Operands())
-        if m.findall(node, m.Float() | m.BinaryOperation(operator=m.Divide()) | m.Name("_loaded")) or any(
+        calls = [code(c.func).strip().rsplit(".", 1)[-1] for c in m.findall(node, m.Call())]
+        if m.findall(node, m.Float() | m.BinaryOperation(operator=m.Divide() | m.Power()) | m.Name("_loaded")) or any(
                 code(c.func).strip().rsplit(".", 1)[-1] in ("to", "cast") and not _to_integer(c)
-                and re.search(r"\b(b?float|fp)\w*", code(c)) for c in m.findall(node, m.Call())):
-            return ()
+                and re.search(r"\b(b?float|fp)\w*", code(c)) for c in m.findall(node, m.Call())) or any(
+                n not in _INTEGER_KEEPING for n in calls) or (names_in(node) & (
+                set(an.params) - set(an.constexpr_params))):
+            return ()  # float, or of a type TileLink does not read (`acc * alpha`, `tl.fdiv(acc, 2)`)
         for call in m.findall(node, m.Call()):
             func = code(call.func).strip()
             name = func.rsplit(".", 1)[-1]
@@ -1646,7 +1712,7 @@ def sums_dtypes(an: KernelAnalysis, spec) -> tuple[str, ...]:
                 found.append(code(chosen).strip())
             elif name in ("zeros", "full") and len(positional) > 1:
                 found.append("tl.float32")  # their default type
-        for other in names_in(node) - seen - {"_loaded", "_operand"}:
+        for other in names_in(node) - seen - {"_loaded", "_operand", "_type"}:
             seen.add(other)
             todo += [src for src, _ in _bindings(an, other)]
     return tuple(dict.fromkeys(found))

@@ -79,9 +79,11 @@ def test_integer_sums_reduce_exactly_and_float_sums_into_integers_are_refused(ru
         tilelink.spawn(_multiply, 2, str(path), rule == "all_reduce", False)
 
 
-@pytest.mark.parametrize("stored", ["acc * 0.5", "acc / 2", "acc.to(tl.float32)"])
+@pytest.mark.parametrize("stored", ["acc * 0.5", "acc / 2", "acc.to(tl.float32)", "acc * M"])
 def test_integer_sums_made_float_before_the_store_are_refused(stored: str, tmp_path, monkeypatch) -> None:
-    """`acc * 0.5` of int32 sums is float: each rank's half is truncated where it stores it (1 + 1 for 1.5 + 1.5)."""
+    """`acc * 0.5` of int32 sums is float: each rank's half is truncated where it stores it (1 + 1 for 1.5 + 1.5).
+    A factor the call passes (`acc * M`, an int here, a float `alpha` elsewhere) is of a type TileLink does not
+    read at the build: refused too."""
     monkeypatch.setenv("TILELINK_RACES", "1")
     path = tmp_path / "made_float.py"
     source = textwrap.dedent(KERNEL).format(rule="reduce_scatter")

@@ -43,6 +43,7 @@ def test_a_mask_relating_the_step_to_other_than_the_k_extent_is_refused(rule: st
     "mask=(rm[:, None] < M) & (rk[None, :] < left)",  # through a local of the loop (triton.ops' `k_remaining`)
     "mask=a_ok",  # a mask bound once, its terms read through it
     "mask=ok",  # a mask bound again for the other load, each of its values read
+    "mask=ka",  # a mask made a row in an update of itself (`ka = ka[None, :]`)
 ])
 def test_a_mask_bounding_the_k_offsets_by_the_k_extent_equals_torch(mask: str, tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("TILELINK_RACES", "1")
@@ -50,6 +51,8 @@ def test_a_mask_bounding_the_k_offsets_by_the_k_extent_equals_torch(mask: str, t
         "        a = tl.load(", "        left = K - k * BLOCK_K\n"
                                "        a_ok = (rm[:, None] < M) & ((k * BLOCK_K + rk)[None, :] < K)\n"
                                "        ok = a_ok\n"
+                               "        ka = (k * BLOCK_K + rk) < K\n"
+                               "        ka = (rm[:, None] < M) & ka[None, :]\n"
                                "        a = tl.load(").replace(
         "        b = tl.load(",
         "        ok = ((k * BLOCK_K + rk)[:, None] < K) & (rn[None, :] < N)\n        b = tl.load(")
@@ -98,13 +101,30 @@ def test_a_gemv_summing_its_data_after_the_loop_has_its_masks_checked_too(column
         _generate(source)
 
 
-def test_a_mask_in_a_loop_whose_extent_is_not_read_must_bound_by_a_parameter_the_call_passes() -> None:
-    """`range(0, tl.cdiv(K, BLOCK_K) * 1)`: TileLink does not read the loop's K, so the bound must be one parameter
-    the call passes, less the steps (`K - k * BLOCK_K`); a constexpr or the step alone is refused."""
-    source = _source("acc += tl.dot(a, b)").replace("range(0, tl.cdiv(K, BLOCK_K))",
-                                                    "range(0, tl.cdiv(K, BLOCK_K) * 1)")
-    assert "tll.producer_tile_notify" in _generate(source.replace(A_MASK, "mask=rk[None, :] < K - k * BLOCK_K"))\
-        .rewritten["matmul"]
-    for mask in ("mask=rk[None, :] < k", "mask=(k * BLOCK_K + rk)[None, :] < BLOCK_K"):
-        with pytest.raises(AnnotationError, match="reads the step of the loop at line 16"):
-            _generate(source.replace(A_MASK, mask))
+@pytest.mark.parametrize("loop", ["range(0, tl.cdiv(K, BLOCK_K) * 1)", "range(0, 4)", "tl.static_range(4)"])
+def test_a_masked_loop_whose_extent_is_not_read_is_refused(loop: str) -> None:
+    """TileLink reads the K a loop runs over from its range: a literal count, or one it does not read, could stop
+    each rank at other columns of its slice than the mask (`range(0, 4)` sums four blocks of each rank's slice)."""
+    source = _source("acc += tl.dot(a, b)").replace("range(0, tl.cdiv(K, BLOCK_K))", loop)
+    assert loop in source
+    with pytest.raises(AnnotationError, match="reads the step of the loop at line 16"):
+        _generate(source)
+
+
+@pytest.mark.parametrize("mask", ["rk[None, :] < K - 2 * k * BLOCK_K", "rk[None, :] < K - k * BLOCK_N",
+                                  "rk[None, :] < K - k * k", "(2 * k * BLOCK_K + rk)[None, :] < K"])
+def test_a_step_term_of_another_size_than_the_loop_s_is_refused(mask: str) -> None:
+    with pytest.raises(AnnotationError, match="reads the step of the loop at line 16"):
+        _generate(_source("acc += tl.dot(a, b)").replace(A_MASK, f"mask={mask}"))
+
+
+@pytest.mark.parametrize("loop, before", [
+    ("range(0, tl.cdiv(K, BLOCK_K), 1)", ""),
+    ("tl.range(0, tl.cdiv(K, BLOCK_K), num_stages=2)", ""),
+    ("range(k_tiles)", "    k_tiles = tl.cdiv(K, BLOCK_K)\n"),  # the persistent tutorial's count, bound once
+])
+def test_the_loop_s_extent_is_read_through_its_spellings(loop: str, before: str) -> None:
+    source = _source("acc += tl.dot(a, b)").replace("    for k in range(0, tl.cdiv(K, BLOCK_K)):\n",
+                                                    f"{before}    for k in {loop}:\n")
+    assert loop in source
+    assert "tll.producer_tile_notify" in _generate(source).rewritten["matmul"]

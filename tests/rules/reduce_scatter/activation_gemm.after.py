@@ -150,7 +150,7 @@ TILELINK_PLAN = {'matmul_kernel': {'atomic_axes': None,
                                      'BLOCK_N',
                                      '',
                                      51]],
-                   'sums_dtypes': ['tl.float32'],
+                   'sums_dtypes': [],
                    'tensors': ['c_ptr'],
                    'topk': None,
                    'via': 'sm'}}
