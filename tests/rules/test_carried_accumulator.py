@@ -111,6 +111,15 @@ def test_a_scale_in_a_compile_time_branch_refuses_only_the_launches_that_take_it
     assert "tl.static_assert(False" in body and "carried through its loop" in body, body
 
 
+def _built_and_equal_to_torch(path, source: str) -> None:
+    """``source`` builds with no refused branch, and its rewrite at two ranks equals torch."""
+    body = _generate(source).rewritten["matmul"]
+    assert "tl.static_assert" not in body and "tll.producer_tile_notify" in body, body
+    path.write_text(source)
+    errors = tilelink.spawn(_scattered, 2, str(path))
+    assert all(e < 1e-4 for e in errors), errors
+
+
 def _scattered(path: str) -> float:
     return _rs_gemm(module_at(path).matmul, tilelink.rank(), tilelink.world_size(), BLOCK_M=16, BLOCK_N=16,
                     BLOCK_K=16)
@@ -221,12 +230,7 @@ def test_a_value_made_again_from_the_sums_before_its_own_update_is_not_carried(t
         "            out = acc\n"
         "        tl.store(c_ptr + rm[:, None] * stride_cm + rn[None, :] * stride_cn, out,\n"))
     assert "tl.permute(out" in source
-    body = _generate(source).rewritten["matmul"]
-    assert "tl.static_assert" not in body and "tll.producer_tile_notify" in body, body
-    path = tmp_path / "persistent_subtiled.py"
-    path.write_text(source)
-    errors = tilelink.spawn(_scattered, 2, str(path))
-    assert all(e < 1e-4 for e in errors), errors
+    _built_and_equal_to_torch(tmp_path / "persistent_subtiled.py", source)
 
 
 def test_the_linear_epilogue_flag_does_not_vouch_for_the_k_loop() -> None:
@@ -372,13 +376,7 @@ def test_sums_started_on_each_pass_and_added_up_in_the_loop_equal_torch(tmp_path
     an outer loop that adds it to another: each value is used within the loop that makes it, nothing of one step
     is lost, and the rewrite equals torch."""
     monkeypatch.setenv("TILELINK_RACES", "1")
-    source = HEAD + textwrap.dedent(REPEATED)
-    body = _generate(source).rewritten["matmul"]
-    assert "tl.static_assert" not in body and "tll.producer_tile_notify" in body, body
-    path = tmp_path / "repeated.py"
-    path.write_text(source)
-    errors = tilelink.spawn(_scattered, 2, str(path))
-    assert all(e < 1e-4 for e in errors), errors
+    _built_and_equal_to_torch(tmp_path / "repeated.py", HEAD + textwrap.dedent(REPEATED))
 
 
 def test_a_term_added_only_on_steps_a_test_of_the_step_picks_is_refused() -> None:
