@@ -321,6 +321,11 @@ def _is_tl_call(node: cst.CSTNode, name: str) -> bool:
     return m.matches(node, m.Call(func=m.Attribute(value=m.Name("tl"), attr=m.Name(name))))
 
 
+def _passed(an: _Analyzer, node: cst.BaseExpression) -> bool:
+    """``node`` is a parameter the kernel leaves as passed (never bound again): the launch reads its value."""
+    return isinstance(node, cst.Name) and node.value in an.params and not an.bindings.get(node.value)
+
+
 def _arg(call: cst.Call, position: int, keyword: str) -> cst.BaseExpression | None:
     for a in call.args:
         if a.keyword is not None and a.keyword.value == keyword:
@@ -2951,8 +2956,7 @@ def _check_advance_in_loop(an: _Analyzer, acc: Access, tile: Tile, name: str, st
                      f"variable (`x_ptr + ... + k * {forward} * {stride}` for `k in range(n - 1, -1, -1)`), which the "
                      f"launch checks at both ends of the loop")
     for f in factors:
-        if f is not strides[0] and not isinstance(f, cst.Integer) and not (
-                isinstance(f, cst.Name) and f.value in an.params and not an.bindings.get(f.value)):
+        if f is not strides[0] and not isinstance(f, cst.Integer) and not _passed(an, f):
             # a local may change from one iteration to the next (`s = k % 2`), or be negative
             raise refuse(f"by `{code(f)}` times `{stride}` on every iteration, a factor that is not a parameter "
                          f"the kernel leaves as passed nor an int literal: TileLink cannot tell that it is the same, "
@@ -3138,10 +3142,7 @@ def _whole_blocks(an: _Analyzer, loop: cst.For, read, vector: str, rest: list[st
 
     def launch_name(node: cst.BaseExpression) -> str | None:
         node = _bare(node)
-        if isinstance(node, cst.Integer) or isinstance(node, cst.Name) and node.value in an.params \
-                and not an.bindings.get(node.value):
-            return code(node)
-        return None
+        return code(node) if isinstance(node, cst.Integer) or _passed(an, node) else None
 
     def product(node: cst.BaseExpression) -> tuple[str, ...] | None:
         parts = [launch_name(f) for f in _product_factors(_bare(node))]
@@ -3168,10 +3169,8 @@ def _whole_blocks(an: _Analyzer, loop: cst.For, read, vector: str, rest: list[st
     if isinstance(made, cst.BinaryOperation) and isinstance(made.operator, cst.Add):  # `pid_z * BLOCK_K + arange`
         made, start = (made.right, made.left) if m.matches(_bare(made.right), m.Call()) else (made.left, made.right)
         made = _bare(made)
-    arange = m.Call(func=m.Attribute(value=m.Name("tl"), attr=m.Name("arange")))
-    if not (m.matches(made, arange) and len(made.args) == 2 and m.matches(made.args[0].value, m.Integer("0"))):
-        return None
-    block = product(made.args[1].value)
+    width = _arange_size(made)
+    block = product(cst.parse_expression(width)) if width is not None else None
     if block is None or len(block) != 1:
         return None
     written = None
@@ -3190,8 +3189,8 @@ def _step_factors(an: _Analyzer, step: cst.BaseExpression) -> list[str] | None:
         if isinstance(f, cst.Integer) and int(f.value) >= 1:
             if int(f.value) > 1:
                 factors.append(f.value)
-        elif isinstance(f, cst.Name) and f.value in an.params and not an.bindings.get(f.value):
-            factors.append(f.value)
+        elif _passed(an, f):
+            factors.append(f.value)  # type: ignore[attr-defined]
         else:
             return None
     return sorted(factors)
@@ -3389,8 +3388,7 @@ def _left_of_row(an: _Analyzer, acc: Access, loop: cst.For, k: str, vector: str,
             elif isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Minus):
                 negative = not negative
                 todo.append(node.expression)
-            elif isinstance(node, cst.Integer) or isinstance(node, cst.Name) and node.value in an.params \
-                    and not an.bindings.get(node.value):
+            elif isinstance(node, cst.Integer) or _passed(an, node):
                 parts.append(code(node))
             else:
                 return None

@@ -471,9 +471,8 @@ class OverlappedKernel:
         if key is not None and key in self._starts_passed:
             return
         where = f"{_display_path(self.file)}:{line}"
-        exact = None if programs is None else _least_program(value, values, programs)
         wraps: list[str] = []
-        bounds = None if programs is None or exact is not None else _value_bounds(value, values, programs, wraps)
+        exact, bounds = _over_grid(value, values, programs, wraps)
         if exact is None and bounds is None and wraps:
             raise LaunchError(
                 f"{self.name}: the columns of the {access} at {where} start at `{value}`{said_config}, whose step "
@@ -595,8 +594,7 @@ class OverlappedKernel:
         width, moves = _product(block, values), _product(step, values)
         if width is None or moves is None or (programs is not None and 0 in programs):
             return  # a parameter that is not an int at this call (Triton refuses it), or no program runs
-        exact = None if programs is None else _least_program(start, values, programs)
-        bounds = None if programs is None or exact is not None else _value_bounds(start, values, programs)
+        exact, bounds = _over_grid(start, values, programs)
         high = exact[2] if exact is not None else bounds[1] if bounds is not None else None
         if high is not None and high + width <= moves:
             return
@@ -624,7 +622,8 @@ class OverlappedKernel:
         as held."""
         if not self._holds(test, values):
             return
-        dividend, by = _product(factors, values), _product(tuple(divisor.split(" * ")), values)
+        divisors = tuple(divisor.split(" * "))
+        dividend, by = _product(factors, values), _product(divisors, values)
         if dividend is None or by is None:
             return  # a parameter that is not an int at this call: Triton refuses the call itself
         if by > 0 and dividend % by == 0:
@@ -636,7 +635,7 @@ class OverlappedKernel:
             f"{self.name}: the rows the load at {_display_path(self.file)}:{line} reads were proven to be those its "
             f"wait covers with {product} a multiple of {divisor}{under}: its loop steps by {divisor} (rows from its "
             f"tile='s first row, or columns of a row it reads without a mask), and its last block ends inside them "
-            f"only then; here {said} and {_said(tuple(divisor.split(' * ')), values)}{said_config}, so its last "
+            f"only then; here {said} and {_said(divisors, values)}{said_config}, so its last "
             f"block can read past "
             f"them, rows its wait does not cover; pass arguments that make {product} a multiple of {divisor}" +
             (f", or ones under which `{test}` does not hold" if test else ""))
@@ -733,6 +732,17 @@ def _value_range(source: str, values: dict[str, Any], programs: tuple[int, int, 
 
 #: the most programs whose values :func:`_least_program` evaluates one by one (as one array)
 _EXACT_PROGRAMS = 1 << 20
+
+
+def _over_grid(source: str, values: dict[str, Any], programs: tuple[int, int, int] | None,
+               wraps: list[str] | None = None) -> tuple[tuple[int, tuple[int, int, int], int] | None,
+                                                        tuple[int, int] | None]:
+    """The values of the kernel's expression ``source`` over a launch of ``programs`` programs: exactly, computed for
+    each program (:func:`_least_program`), or else bounded operand by operand (:func:`_value_bounds`, ``wraps`` as
+    there); each ``None`` where not known (no grid to evaluate)."""
+    exact = None if programs is None else _least_program(source, values, programs)
+    bounds = None if programs is None or exact is not None else _value_bounds(source, values, programs, wraps)
+    return exact, bounds
 
 
 def _least_program(source: str, values: dict[str, Any],

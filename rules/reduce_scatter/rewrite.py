@@ -11,6 +11,7 @@ from tilelink.analysis import (
     BranchSide,
     KernelAnalysis,
     Where,
+    _arg,
     _bare,
     _conjuncts,
     _returned_value,
@@ -633,6 +634,33 @@ def _inside(site: Where, loop: tuple[Where, Where]) -> bool:
     return (loop[0].line, loop[0].column) < (site.line, site.column) <= (loop[1].line, loop[1].column)
 
 
+def _innermost(loops, at: Where) -> tuple[Where, Where] | None:
+    """The innermost of ``loops`` around ``at``."""
+    return max((lp for lp in loops if _inside(at, lp)), key=lambda lp: (lp[0].line, lp[0].column), default=None)
+
+
+#: a product or a sum of this rank's data: what makes a binding an accumulator of partial sums
+_SUMS = m.Call(func=m.Attribute(attr=m.Name("dot") | m.Name("sum")) | m.Name("dot"))
+
+
+def _without_loads(value: cst.BaseExpression) -> tuple[cst.BaseExpression, bool]:
+    """``value`` with each load (``tl.load``, a descriptor's ``.load``, ``gather``) as the name ``_loaded``, and
+    whether it had one: what a load reads is where this step's data is, not part of the value."""
+    loads = m.findall(value, m.Call(func=m.Attribute(attr=m.Name("load") | m.Name("gather"))))
+    for call in loads:
+        value = value.deep_replace(call, cst.Name("_loaded")) if value is not call else cst.Name("_loaded")
+    return value, bool(loads)
+
+
+def _unbroadcast(node: cst.BaseExpression) -> cst.BaseExpression:
+    """``node`` without its parentheses and broadcasts (``offs_k[None, :]`` -> ``offs_k``)."""
+    node = _bare(node)
+    while isinstance(node, cst.Subscript) and all(isinstance(e.slice, cst.Slice) or (
+            isinstance(e.slice, cst.Index) and m.matches(e.slice.value, m.Name("None"))) for e in node.slice):
+        node = _bare(node.value)
+    return node
+
+
 def _check_carried(an: KernelAnalysis, name: str, sources: list[tuple[str, Where | None]]) -> None:
     """The partial sums ``name`` must be carried through the loop that sums them unscaled: each rank runs that loop
     over its own slice of K, so ``acc = tl.dot(a, b, acc * 0.5)`` weighs a term by its place in the rank's slice,
@@ -667,10 +695,7 @@ def _check_carried(an: KernelAnalysis, name: str, sources: list[tuple[str, Where
         (its variable, a loop's in it, or a name bound in it from one of them or from its own earlier value)."""
         todo, seen = [node], set()
         while todo:
-            value = todo.pop()
-            loads = m.findall(value, m.Call(func=m.Attribute(attr=m.Name("load") | m.Name("gather"))))
-            for call in loads:  # what a load reads is where this step's data is, not a weight
-                value = value.deep_replace(call, cst.Name("_loaded")) if value is not call else cst.Name("_loaded")
+            value, _ = _without_loads(todo.pop())  # what a load reads is where this step's data is, not a weight
             for other in names_in(value) - seen:
                 seen.add(other)
                 if any(inside(lp[0], loop) or lp == loop for lp, n in targets.items() if n == other and (
@@ -701,16 +726,18 @@ def _check_carried(an: KernelAnalysis, name: str, sources: list[tuple[str, Where
     parsed = [(cst.parse_expression(src), site) for src, site in sources if site is not None]
     own = [(value, site) for value, site in parsed if name in names_in(value) or reads(value)]
     adding = {id(v) for v, _ in own if _carried_slot(_written_helper(an, v), name)}
-    uses = list(an.effects) + [(src, w) for n in set(an.values) | set(an.updates) for src, w in _bindings(an, n)
-                               if w is not None]
+    # where `name` is read: each expression the kernel evaluates that reads it
+    uses = [w for src, w in list(an.effects) + [(src, w) for n in set(an.values) | set(an.updates)
+                                                for src, w in _bindings(an, n) if w is not None]
+            if name in names_in(cst.parse_expression(src))]
 
     def read_outside(loop: tuple[Where, Where]) -> bool:
         """``name`` is read outside ``loop`` (after it, or before it on a later pass of a loop around it): there
         it holds what the loop's last step left."""
-        return any(not inside(w, loop) and name in names_in(cst.parse_expression(src)) for src, w in uses)
+        return any(not inside(w, loop) for w in uses)
 
     def innermost(at: Where) -> tuple[Where, Where] | None:
-        return max((lp for lp in loops if inside(at, lp)), key=lambda lp: pos(lp[0]), default=None)
+        return _innermost(loops, at)
 
     def refuse(node: cst.BaseExpression, at: Where, why: str) -> _Epilogue:
         bad = _Epilogue(node, why)
@@ -806,13 +833,12 @@ def _check_accumulators(an: KernelAnalysis, a, rule: str) -> None:
     """:func:`_check_carried` for every name the kernel adds to in place inside a loop (``acc += x``, ``acc =
     tl.dot(a, b, acc)``), where ``linear_epilogue=True`` leaves the rest of the classification out."""
     loops = _loops(an)
-    sums = m.Call(func=m.Attribute(attr=m.Name("dot") | m.Name("sum")) | m.Name("dot"))
     for name in sorted(set(an.values) | set(an.updates)):
         every = _bindings(an, name)
         # bound from itself inside a loop, and from a tl.dot or a tl.sum somewhere: an accumulator of sums
         looped = any(site is not None and any(_inside(site, lp) for lp in loops)
                      and name in names_in(cst.parse_expression(src)) for src, site in every)
-        if not looped or not any(m.findall(_written_helper(an, cst.parse_expression(src)), sums) for src, _ in every):
+        if not looped or not any(m.findall(_written_helper(an, cst.parse_expression(src)), _SUMS) for src, _ in every):
             continue
         try:
             _check_carried(an, name, every)
@@ -831,11 +857,8 @@ def _position_facts(an: KernelAnalysis, node: cst.BaseExpression) -> tuple[set[s
     params, atoms, aranges, program, loaded = set(), set(), 0, False, False
     todo, seen = [node], set()
     while todo:
-        value = todo.pop()
-        loads = m.findall(value, m.Call(func=m.Attribute(attr=m.Name("load") | m.Name("gather"))))
-        for call in loads:
-            loaded = True
-            value = value.deep_replace(call, cst.Name("_loaded")) if value is not call else cst.Name("_loaded")
+        value, read = _without_loads(todo.pop())
+        loaded = loaded or read
         for call in m.findall(value, m.Call(func=m.Attribute(attr=m.Name())) | m.Call(func=m.Name())):
             called = call.func.attr.value if isinstance(call.func, cst.Attribute) else call.func.value
             aranges += called == "arange"
@@ -868,10 +891,7 @@ def _mask_terms(an: KernelAnalysis, source: str, depth: int = 0,
     left)[None, :]`)."""
     found = []
     for term in _conjuncts(source, set(an.params)):
-        node = _bare(term)
-        while isinstance(node, cst.Subscript) and all(isinstance(e.slice, cst.Slice) or (
-                isinstance(e.slice, cst.Index) and m.matches(e.slice.value, m.Name("None"))) for e in node.slice):
-            node = _bare(node.value)
+        node = _unbroadcast(term)
         sources = _bindings(an, node.value) if isinstance(node, cst.Name) and node.value not in within else []
         if sources and depth < 8:  # each value the name may hold (`msk` bound again for another load)
             for source, _ in sources:  # its earlier value in its own update (`ka = ka[None, :]`) is its other values
@@ -940,10 +960,7 @@ def _sum_terms(an: KernelAnalysis, node: cst.BaseExpression, keep: str | None,
     target) and parameters are left as they are."""
     found = []
     for term, negative in _terms(_bare(node)):
-        term = _bare(term)
-        while isinstance(term, cst.Subscript) and all(isinstance(e.slice, cst.Slice) or (
-                isinstance(e.slice, cst.Index) and m.matches(e.slice.value, m.Name("None"))) for e in term.slice):
-            term = _bare(term.value)
+        term = _unbroadcast(term)
         binds = _bindings(an, term.value) if isinstance(term, cst.Name) and term.value != keep else []
         if len(binds) == 1 and depth < 8:
             found += [(t, n != negative) for t, n in _sum_terms(an, cst.parse_expression(binds[0][0]), keep,
@@ -1002,7 +1019,6 @@ def _check_k_masks(an: KernelAnalysis, a, rule: str) -> None:
     slice, not in the full K: the ranks' sum is not the full problem's value. Refused."""
     loops = _loops(an)
     targets = {(b, e): n for n, binds in an.bindings.items() for b, e in binds if e is not None}
-    sums = m.Call(func=m.Attribute(attr=m.Name("dot") | m.Name("sum")) | m.Name("dot"))
     summing: set[tuple[Where, Where]] = set()
     for name in set(an.values) | set(an.updates):
         for src, site in _bindings(an, name):
@@ -1010,10 +1026,9 @@ def _check_k_masks(an: KernelAnalysis, a, rule: str) -> None:
             added = _carried_slot(value, name) if site is not None and name in names_in(value) else None
             # an accumulator adding a product (`tl.dot(a, b, acc)`) or this step's data (`acc += a * x[None, :]`,
             # a GEMV summed after the loop): not a counter or a pointer's advance
-            if not added or not (m.findall(value, sums) or any(_reads_a_load(an, code(x)) for x in added)):
+            if not added or not (m.findall(value, _SUMS) or any(_reads_a_load(an, code(x)) for x in added)):
                 continue
-            inner = max((lp for lp in loops if _inside(site, lp)), key=lambda lp: (lp[0].line, lp[0].column),
-                        default=None)
+            inner = _innermost(loops, site)
             if inner is not None:
                 summing.add(inner)
     every = [(src, site) for n in set(an.values) | set(an.updates) for src, site in _bindings(an, n)
@@ -1024,21 +1039,19 @@ def _check_k_masks(an: KernelAnalysis, a, rule: str) -> None:
         # the names whose value changes from one step of the loop to the next: its target, what it carries, and
         # what is bound in it from them
         varying = {target} if target else set()
-        inside = [(n, src) for n in set(an.values) | set(an.updates) for src, site in _bindings(an, n)
-                  if site is not None and _inside(site, loop)]
-        varying |= {n for n, src in inside if n in names_in(cst.parse_expression(src))}
+        bound_in = [(n, names_in(cst.parse_expression(src))) for n in set(an.values) | set(an.updates)
+                    for src, site in _bindings(an, n) if site is not None and _inside(site, loop)]
+        varying |= {n for n, read in bound_in if n in read}
         grown = True
         while grown:
-            more = {n for n, src in inside if names_in(cst.parse_expression(src)) & varying} - varying
+            more = {n for n, read in bound_in if read & varying} - varying
             varying |= more
             grown = bool(more)
         for src, site in every:
             if not _inside(site, loop):
                 continue
             for call in m.findall(cst.parse_expression(src), m.Call(func=m.Attribute(attr=m.Name("load")))):
-                mask = next((x.value for x in call.args if x.keyword is not None and x.keyword.value == "mask"), None)
-                positional = [x.value for x in call.args if x.keyword is None]
-                mask = mask if mask is not None else (positional[1] if len(positional) > 1 else None)
+                mask = _arg(call, 1, "mask")
                 if mask is None:
                     continue
                 for term in _mask_terms(an, code(mask)):
@@ -1690,15 +1703,14 @@ def sums_dtypes(an: KernelAnalysis, spec) -> tuple[str, ...]:
     todo, seen = [a.value for t in spec.tensors for a in an.accesses_of(t, "store") if a.value], set()
     while todo:
         node = cst.parse_expression(todo.pop()).visit(_Operands())
-        calls = [code(c.func).strip().rsplit(".", 1)[-1] for c in m.findall(node, m.Call())]
+        calls = [(call, code(call.func).strip()) for call in m.findall(node, m.Call())]
         if m.findall(node, m.Float() | m.BinaryOperation(operator=m.Divide() | m.Power()) | m.Name("_loaded")) or any(
-                code(c.func).strip().rsplit(".", 1)[-1] in ("to", "cast") and not _to_integer(c)
-                and re.search(r"\b(b?float|fp)\w*", code(c)) for c in m.findall(node, m.Call())) or any(
-                n not in _INTEGER_KEEPING for n in calls) or (names_in(node) & (
+                func.rsplit(".", 1)[-1] in ("to", "cast") and not _to_integer(call)
+                and re.search(r"\b(b?float|fp)\w*", code(call)) for call, func in calls) or any(
+                func.rsplit(".", 1)[-1] not in _INTEGER_KEEPING for _, func in calls) or (names_in(node) & (
                 set(an.params) - set(an.constexpr_params))):
             return ()  # float, or of a type TileLink does not read (`acc * alpha`, `tl.fdiv(acc, 2)`)
-        for call in m.findall(node, m.Call()):
-            func = code(call.func).strip()
+        for call, func in calls:
             name = func.rsplit(".", 1)[-1]
             keyword = {"zeros": "dtype", "full": "dtype", "dot": "out_dtype"}.get(name)
             if keyword is None or not (func.startswith("tl.") or name == "dot"):
