@@ -1031,8 +1031,9 @@ def _check_k_masks(an: KernelAnalysis, a, rule: str) -> None:
             inner = _innermost(loops, site)
             if inner is not None:
                 summing.add(inner)
-    every = [(src, site) for n in set(an.values) | set(an.updates) for src, site in _bindings(an, n)
-             if site is not None] + list(an.effects)
+    # in source order, so that the first load refused is the one reported, on every build
+    every = sorted([(src, site) for n in set(an.values) | set(an.updates) for src, site in _bindings(an, n)
+                    if site is not None] + list(an.effects), key=lambda e: (e[1].line, e[1].column, e[0]))
     for loop in sorted(summing, key=lambda lp: (lp[0].line, lp[0].column)):
         target = targets.get(loop)
         extent = _loop_extent(an, loop, target)

@@ -128,3 +128,22 @@ def test_the_loop_s_extent_is_read_through_its_spellings(loop: str, before: str)
                                                     f"{before}    for k in {loop}:\n")
     assert loop in source
     assert "tll.producer_tile_notify" in _generate(source).rewritten["matmul"]
+
+
+def test_the_first_load_refused_is_the_one_reported_on_every_build() -> None:
+    """Both loads of the kernel read the step through a triangular mask: each build (a process of its own, its sets
+    ordered by another hash seed) names the first, at line 17."""
+    import os
+    import subprocess
+    import sys
+
+    source = _source("acc += tl.dot(a, b)").replace(A_MASK, "mask=(k * BLOCK_K + rk)[None, :] <= rm[:, None]")
+    source = source.replace("mask=((k * BLOCK_K + rk)[:, None] < K) & (rn[None, :] < N)",
+                            "mask=(k * BLOCK_K + rk)[:, None] <= rn[None, :]")
+    script = ("import sys\nfrom tilelink.annotations import requests_in\nfrom tilelink.codegen import generate\n"
+              "text = sys.stdin.read()\ntry:\n    generate(text, 'k.py', requests_in(text, 'k.py'))\n"
+              "except Exception as e:\n    print(str(e).split(':')[1])\n")
+    lines = {subprocess.run([sys.executable, "-c", script], input=source, capture_output=True, text=True,
+                            env={**os.environ, "PYTHONHASHSEED": str(seed)}).stdout.strip()
+             for seed in range(4)}
+    assert lines == {"17"}, lines
