@@ -1725,7 +1725,7 @@ def sums_dtypes(an: KernelAnalysis, spec) -> tuple[str, ...]:
                 found.append(code(chosen).strip())
             elif name in ("zeros", "full") and len(positional) > 1:
                 found.append("tl.float32")  # their default type
-        for other in names_in(node) - seen - {"_loaded", "_operand", "_type"}:
+        for other in sorted(names_in(node) - seen - {"_loaded", "_operand", "_type"}):  # the same order on every build
             seen.add(other)
             todo += [src for src, _ in _bindings(an, other)]
     return tuple(dict.fromkeys(found))
