@@ -980,7 +980,8 @@ def _bounds_k(an: KernelAnalysis, node: cst.BaseExpression, target: str | None,
     :] < k` in a loop counting down from X. A bound that reads other offsets (`<= rm[:, None]`), program ids, data, a
     literal (`k < 1`, `X - k * BLOCK_K - 8`) or another parameter (`< BLOCK_K`), a step term of another size (`2 * k *
     BLOCK_K`, `k * BLOCK_N`), offsets that join the rows' (`(k * BLOCK_K + rk)[None, :] - rm[:, None]`), or a loop whose
-    extent TileLink does not read, is not one."""
+    extent TileLink does not read, is not one. Offsets that move through names of their own (`offs_k += BLOCK_K`)
+    are bounded by ``X`` alone, or by one passed parameter where the extent is not read."""
     if not isinstance(node, cst.Comparison) or len(node.comparisons) != 1 or not isinstance(
             node.comparisons[0].operator, (cst.LessThan, cst.LessThanEqual, cst.GreaterThan, cst.GreaterThanEqual)):
         return False
@@ -997,18 +998,21 @@ def _bounds_k(an: KernelAnalysis, node: cst.BaseExpression, target: str | None,
     moving = [(t, n) for t, n in columns if target in names_in(t)] + [
         (t, not n) for t, n in limit if target in names_in(t)]
     fixed = sorted((n, code(t).replace(" ", "")) for t, n in limit if target not in names_in(t))
+    extent_terms = sorted((n, code(_bare(t)).replace(" ", "")) for t, n in _terms(X)) if X is not None else None
     if not moving and len(fixed) == 1 and not fixed[0][0] and fixed[0][1] in set(an.params) - set(
             an.constexpr_params):
-        # offsets that move with the step through names of their own (a tile's rows in a flattened persistent
-        # loop, `rn[None, :] < N`; columns advanced in place, `offs_k += BLOCK_K`), bounded by one passed parameter
-        return True
+        # offsets that move with the step through names of their own (columns advanced in place, `offs_k +=
+        # BLOCK_K`; a tile's rows in a flattened persistent loop, `rn[None, :] < N`), bounded by one passed
+        # parameter: the loop's own extent where its range says it (`offs_k < N` in a loop over `tl.cdiv(K,
+        # BLOCK_K)` would read past the rank's slice of K), any one where the range does not
+        return extent_terms is None or fixed == extent_terms
     if X is None:
         return False
     if down:  # `P - k < 0`: the step's own value is what is left
         return len(moving) == 1 and moving[0][1] and m.matches(moving[0][0], m.Name(target)) and not fixed
     # `P + k * F - X < 0`, with F what the range steps by
     return len(moving) == 1 and not moving[0][1] and _factor_codes(moving[0][0]) == tuple(sorted(
-        (target, *step))) and fixed == sorted((n, code(_bare(t)).replace(" ", "")) for t, n in _terms(X))
+        (target, *step))) and fixed == extent_terms
 
 
 def _check_k_masks(an: KernelAnalysis, a, rule: str) -> None:

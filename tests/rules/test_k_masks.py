@@ -147,3 +147,42 @@ def test_the_first_load_refused_is_the_one_reported_on_every_build() -> None:
                             env={**os.environ, "PYTHONHASHSEED": str(seed)}).stdout.strip()
              for seed in range(4)}
     assert lines == {"17"}, lines
+
+
+#: columns advanced in place (`offs_k += BLOCK_K`), bounded by {bound}
+IN_PLACE = '''    offs_k = tl.arange(0, BLOCK_K)
+    for k in range(0, tl.cdiv(K, BLOCK_K)):
+        a = tl.load(a_ptr + rm[:, None] * stride_am + offs_k[None, :] * stride_ak,
+                    mask=(rm[:, None] < M) & (offs_k[None, :] < {bound}), other=0.0)
+        b = tl.load(b_ptr + offs_k[:, None] * stride_bk + rn[None, :] * stride_bn,
+                    mask=(offs_k[:, None] < {bound}) & (rn[None, :] < N), other=0.0)
+        acc += tl.dot(a, b)
+        offs_k += BLOCK_K
+'''
+
+
+def _in_place(bound: str, rule: str = "reduce_scatter") -> str:
+    source = _source("acc += tl.dot(a, b)", rule=rule)
+    start = source.index("    for k in range(")
+    end = source.index("        acc += tl.dot(a, b)\n") + len("        acc += tl.dot(a, b)\n")
+    return source[:start] + IN_PLACE.format(bound=bound) + source[end:]
+
+
+@pytest.mark.parametrize("rule", ["reduce_scatter", "all_reduce"])
+def test_columns_advanced_in_place_bounded_by_another_parameter_are_refused(rule: str) -> None:
+    """`offs_k < N` in a loop over `tl.cdiv(K, BLOCK_K)`: with N = K on the full problem the plain kernel is right,
+    but a rank's K is its slice, and the mask would let its loads run past the slice's end."""
+    with pytest.raises(AnnotationError, match="the mask of the load at line 18 reads the step of the loop at line 17") \
+            as err:
+        _generate(_in_place("N", rule))
+    assert "(`offs_k[None, :] < N`)" in str(err.value), err.value
+
+
+def test_columns_advanced_in_place_bounded_by_the_loop_s_extent_equal_torch(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("TILELINK_RACES", "1")
+    source = _in_place("K")
+    assert "tll.producer_tile_notify" in _generate(source).rewritten["matmul"]
+    path = tmp_path / "in_place.py"
+    path.write_text(source)
+    errors = tilelink.spawn(_scattered, 2, str(path))
+    assert all(e < 1e-4 for e in errors), errors
