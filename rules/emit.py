@@ -10,7 +10,19 @@ from collections.abc import Callable
 import libcst as cst
 import libcst.matchers as m
 
-from tilelink.analysis import Access, KernelAnalysis, Tile, Where, code, names_in, parse_offsets
+from tilelink.analysis import (
+    Access,
+    KernelAnalysis,
+    Tile,
+    Where,
+    axes_meet,
+    call_position,
+    code,
+    names_in,
+    parse_offsets,
+    position_helpers,
+    position_reads,
+)
 from tilelink.plan import Insertion, ReportEntry
 
 #: parameters added to every rewritten kernel: the channel (paper's BlockChannel), flattened.
@@ -182,10 +194,10 @@ def remap_order(an: KernelAnalysis, access: Access, rule: str, order: str,
                                 f"{lines}", assigned[0])
 
 
-def _program_ids(node: cst.CSTNode) -> set[str]:
-    """The axes of the ``tl.program_id(axis)`` calls in ``node``, in source."""
-    return {code(call.args[0].value) for call in m.findall(node, m.Call(func=m.Attribute(
-        value=m.Name("tl"), attr=m.Name("program_id")))) if call.args}
+def _program_ids(node: cst.CSTNode, reading: frozenset[str] = frozenset()) -> set[str]:
+    """The axes of the program-id reads in ``node`` (:func:`tilelink.analysis.position_reads`: ``tl.program_id(axis)``
+    in any spelling; a call of a helper of ``reading``, which reads the position itself: any axis)."""
+    return position_reads(node, reading)
 
 
 def _program_id_bypass(an: KernelAnalysis, pid: str) -> str | None:
@@ -204,8 +216,9 @@ def _program_id_bypass(an: KernelAnalysis, pid: str) -> str | None:
     from the same call of a helper (``pid_m, pid_n = tile_coordinates(tl.program_id(0), ...)``)."""
     chain = _made_from(an, pid)
     headers = _loop_ranges(an)
+    reading = position_helpers(an.helpers)  # helpers that read the position themselves: any axis
     axes = {axis for name in chain for v in an.values.get(name, ()) + headers.get(name, ())
-            for axis in _program_ids(cst.parse_expression(v))}
+            for axis in _program_ids(cst.parse_expression(v), reading)}
     if not axes:
         return None
     pairs_at = _mapping_pairs(an, pid, chain, headers, axes)
@@ -219,14 +232,14 @@ def _program_id_bypass(an: KernelAnalysis, pid: str) -> str | None:
                 continue
             values = an.values.get(name, ()) + headers.get(name, ())
             if name in chain:  # what pid is made from: a position wherever else it is read (`pid` of `pid_m = pid`)
-                if any(_reads_position(cst.parse_expression(v), axes, ids) for v in values):
+                if any(_reads_position(cst.parse_expression(v), axes, ids, None, reading) for v in values):
                     more.add(name)
                 continue
             # each value where it is bound (a loop's range: anywhere), with the pairs of the values of pid it may see
             wheres = an.assignments.get(name, ())
             at = [wheres[i] if len(wheres) == len(an.values.get(name, ())) and i < len(wheres) else None
                   for i in range(len(values))]
-            if any(_reads_position(cst.parse_expression(v), axes, ids, _paired(pairs_at(w)))
+            if any(_reads_position(cst.parse_expression(v), axes, ids, _paired(pairs_at(w)), reading)
                    for v, w in zip(values, at, strict=True)):
                 more.add(name)
         if not more:
@@ -238,13 +251,13 @@ def _program_id_bypass(an: KernelAnalysis, pid: str) -> str | None:
         for v in values:
             parsed = parse_offsets(cst.parse_expression(v))
             start = cst.parse_expression(parsed[0]) if parsed is not None else None
-            if start is not None and (_program_ids(start) & axes or names_in(start) & ids):
+            if start is not None and (axes_meet(_program_ids(start, reading), axes) or names_in(start) & ids):
                 return f"the offsets `{name} = {v}` start from the program id"
     for text, where in an.effects:
         node = cst.parse_expression(text)
         if isinstance(node, cst.NamedExpr) and names_in(node.target) & chain:
             continue  # a loop over the rotated variable's tiles (`for tile_id in tl.range(start_pid, ...)`)
-        if _program_ids(node) & axes or names_in(node) & ids:
+        if axes_meet(_program_ids(node, reading), axes) or names_in(node) & ids:
             return f"line {where.line} reads the program id (`{text}`)"
     # a value other values read, or a call's (`old = tl.atomic_add(count_ptr + blk, 1)`); a copy nothing reads
     # (`blk = tl.program_id(0)` left unused) moves nothing
@@ -485,18 +498,20 @@ def _paired(pairs: set[str]) -> Callable[[cst.BaseExpression], bool]:
 
 
 def _reads_position(node: cst.CSTNode, axes: set[str], ids: set[str],
-                    skip: Callable[[cst.BaseExpression], bool] | None = None) -> bool:
+                    skip: Callable[[cst.BaseExpression], bool] | None = None,
+                    reading: frozenset[str] = frozenset()) -> bool:
     """``node`` reads ``tl.program_id`` of one of ``axes`` or a variable of ``ids``, outside the nodes ``skip`` holds
     (:func:`_paired`: a mapping's other coordinate; :func:`_value_pairs`: the inside of a ``%`` / ``//``)."""
     if skip is not None and isinstance(node, cst.BaseExpression) and skip(node):
         return False
-    if isinstance(node, cst.Call) and m.matches(node.func, m.Attribute(value=m.Name("tl"), attr=m.Name("program_id"))):
-        return bool(node.args) and code(node.args[0].value) in axes
+    if isinstance(node, cst.Call) and (axis := call_position(node, reading)) is not None:
+        return axes_meet({axis}, axes) or any(_reads_position(a, axes, ids, skip, reading) for a in node.args)
     if isinstance(node, cst.Name):
         return node.value in ids
     if isinstance(node, (cst.Attribute, cst.Arg)):
-        return _reads_position(node.value, axes, ids, skip)  # not the attribute's name, nor the keyword of `mask=`
-    return any(_reads_position(child, axes, ids, skip) for child in node.children)
+        # not the attribute's name, nor the keyword of `mask=`
+        return _reads_position(node.value, axes, ids, skip, reading)
+    return any(_reads_position(child, axes, ids, skip, reading) for child in node.children)
 
 
 def _depends_on(an: KernelAnalysis, values: tuple[str, ...]) -> set[str]:

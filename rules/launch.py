@@ -174,6 +174,31 @@ def rebuilt(value, buffer: torch.Tensor):
     return dataclasses.replace(value, base=buffer, shape=list(buffer.shape), strides=list(buffer.stride()))
 
 
+#: zeros of each layout passed in place of an argument read by the first rank only, made once: a captured call
+#: replays with the same one
+_ZEROS: dict[tuple, torch.Tensor] = {}
+
+
+def zeros_in_layout(value, kernel: str, name: str):
+    """What to pass in place of ``value`` so that the kernel reads zeros wherever it would read ``value``: a tensor of
+    its shape, strides, type and device over zeros (a host descriptor: the same descriptor over them). Made once per
+    layout and kept; the kernel only reads it (``ReduceScatterLaunch.first_rank_only``)."""
+    tensor = described(value)
+    if not isinstance(tensor, torch.Tensor):
+        raise LaunchError(f"{kernel}: {f'argument {name!r}' if name else 'an argument'} is read only in terms the "
+                          f"kernel adds to its partial sums, which every rank but the first reads as zeros: pass a "
+                          f"torch.Tensor or a host tensor descriptor (got {type(value).__name__})")
+    key = (tensor.device, tensor.dtype, tuple(tensor.shape), tuple(tensor.stride()))
+    zeros = _ZEROS.get(key)
+    if zeros is None:
+        steps = zip(tensor.shape, tensor.stride(), strict=True)
+        extent = 1 + sum((n - 1) * st for n, st in steps) if tensor.numel() else 0
+        zeros = torch.zeros(extent, dtype=tensor.dtype, device=tensor.device).as_strided(
+            tuple(tensor.shape), tuple(tensor.stride()))
+        _ZEROS[key] = zeros
+    return rebuilt(value, zeros)
+
+
 @functools.lru_cache(maxsize=64)
 def _size_code(expression: str):
     """A ``size=`` expression compiled once (it is evaluated at every launch)."""

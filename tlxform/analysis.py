@@ -9,6 +9,7 @@ the user's source again except through what is recorded here.
 
 from __future__ import annotations
 
+import re
 import textwrap
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -276,6 +277,44 @@ def _names(node: cst.CSTNode, *, skip_loads: bool) -> set[str]:
 def names_in(node: cst.CSTNode) -> set[str]:
     """Every plain name referenced in ``node`` (attribute bases included, attribute names not)."""
     return _names(node, skip_loads=False)
+
+
+#: the axis :func:`position_reads` gives a program id whose axis it does not read (any axis)
+ANY_AXIS = "*"
+
+
+def position_reads(node: cst.CSTNode, reading: frozenset[str] = frozenset()) -> set[str]:
+    """The grid axes, each an int literal in source, that the program-id reads in ``node`` name: `tl.program_id(0)`
+    and every other spelling of it (`triton.language.program_id(axis=0)`) give their axis; one whose axis is not an
+    int literal (`tl.program_id(AXIS)`) and a call of a helper of ``reading`` (:func:`position_helpers`: those that
+    read the program's position themselves, at any depth) give :data:`ANY_AXIS`: the rewrite cannot tell which axis
+    they read."""
+    return {axis for call in m.findall(node, m.Call()) if (axis := call_position(call, reading)) is not None}
+
+
+def call_position(call: cst.Call, reading: frozenset[str] = frozenset()) -> str | None:
+    """The axis the call ``call`` itself reads the program id of (:func:`position_reads`; ``reading``: the helpers
+    that read the position), ``None`` where it is not such a read."""
+    func = call.func
+    name = func.attr.value if isinstance(func, cst.Attribute) else func.value if isinstance(func, cst.Name) else ""
+    if name == "program_id":
+        axis = _arg(call, 0, "axis")
+        return str(int(axis.value)) if isinstance(axis, cst.Integer) else ANY_AXIS
+    return ANY_AXIS if isinstance(func, cst.Name) and name in reading else None
+
+
+def axes_meet(found: set[str], axes: set[str]) -> bool:
+    """Whether program-id reads of the axes ``found`` may read one of ``axes`` (:data:`ANY_AXIS` meets every axis)."""
+    return bool(found & axes) or bool(found and axes and ANY_AXIS in found | axes)
+
+
+def position_helpers(helpers: dict[str, str]) -> frozenset[str]:
+    """The helpers that read the program's position themselves: a program id, or a call of such a helper."""
+    reading = {n for n, src in helpers.items() if re.search(r"\bprogram_id\b", src)}
+    while more := {n for n, src in helpers.items() if n not in reading and any(
+            re.search(rf"\b{re.escape(r)}\s*\(", src) for r in reading)}:
+        reading |= more
+    return frozenset(reading)
 
 
 def names_outside_loads(node: cst.CSTNode) -> set[str]:

@@ -98,8 +98,14 @@ class _Rewriter(cst.CSTTransformer):
         self.kernel, self.plan = kernel, plan
         self.before: dict[tuple[int, int], list[cst.BaseStatement]] = {}
         self.after: dict[tuple[int, int], list[cst.BaseStatement]] = {}
+        # comment lines inserted alone before a statement: they lead the first statement put there
+        self.notes: dict[tuple[int, int], list[cst.EmptyLine]] = {}
         for ins in plan.insertions:
             key = (ins.anchor.line, ins.anchor.column)
+            if ins.position == "before" and all(line.lstrip().startswith("#") for line in ins.lines):
+                self.notes.setdefault(key, []).extend(
+                    cst.EmptyLine(indent=True, comment=cst.Comment(line.strip())) for line in ins.lines)
+                continue
             target = self.before if ins.position == "before" else self.after
             target.setdefault(key, []).extend(_statements(ins))
         self.inside = 0
@@ -167,6 +173,9 @@ class _Rewriter(cst.CSTTransformer):
         for orig, upd in zip(original_body, updated_body, strict=True):
             pos = self.get_metadata(PositionProvider, orig).start
             key = (pos.line, pos.column + 1)
+            if key in self.notes:
+                self.used.add(key)
+                upd = upd.with_changes(leading_lines=[*upd.leading_lines, *self.notes[key]])
             if key in self.before:
                 stmts = self.before[key]
                 # keep the user's comments above their statement, ours go between
@@ -198,14 +207,15 @@ class _Rewriter(cst.CSTTransformer):
         # a line of its own cannot go inside `if ACT: acc = f(acc)`: a suite with an insertion becomes an
         # indented block of one statement a line
         if not self.inside or not any(self._key(s) in self.before or self._key(s) in self.after
-                                      for s in original.body):
+                                      or self._key(s) in self.notes for s in original.body):
             return updated
         lines = [cst.SimpleStatementLine([s.with_changes(semicolon=cst.MaybeSentinel.DEFAULT)]) for s in updated.body]
         body = []
         for orig, line in zip(original.body, lines, strict=True):
             key = self._key(orig)
+            line = line.with_changes(leading_lines=self.notes.get(key, []))
             body += self.before.get(key, []) + [line] + self.after.get(key, [])
-            if key in self.before or key in self.after:
+            if key in self.before or key in self.after or key in self.notes:
                 self.used.add(key)
         return cst.IndentedBlock(body=body, header=updated.trailing_whitespace)
 

@@ -248,6 +248,11 @@ class ReduceScatterLaunch(LaunchPlan):
     #: (``rules.reduce_scatter.rewrite.sums_dtypes``): a call reducing into an integer tensor is refused unless each
     #: is an integer type, since a rank's float sums are truncated when stored there, before the ranks add them
     sums_dtypes: tuple[str, ...] = ()
+    #: pointer parameters read only in terms added to the stored partial sums once (a bias, `acc + bias[None, :]`,
+    #: or an accumulator started from one): every rank would add them, so every rank but the first is launched with
+    #: zeros of the same layout in their place (``rules.reduce_scatter.rewrite.first_rank_terms``), and the sum
+    #: over the ranks adds them once, as vLLM's row-parallel linear adds its bias on rank 0 only
+    first_rank_only: tuple[str, ...] = ()
 
     def adds(self, values: Mapping[str, Any]) -> bool:
         """Whether a launch with the constexpr arguments ``values`` takes the split-K write-back (``tl.atomic_add``):
@@ -264,6 +269,8 @@ class ReduceScatterLaunch(LaunchPlan):
             isinstance(e, tuple) and len(e) == 6 and all(isinstance(x, str) for x in e[:5]) and all(e[:2])
             and bool(e[2]) == bool(e[3]) and _positive(e[5]) for e in self.stored_tiles),
             "a tuple of (row start, rows, column start, columns, test, line)")
+        self._check("first_rank_only", isinstance(self.first_rank_only, tuple) and all(
+            _name(e) for e in self.first_rank_only), "a tuple of parameter names")
         self._check("sums_dtypes", isinstance(self.sums_dtypes, tuple) and all(
             isinstance(e, str) and e for e in self.sums_dtypes), "a tuple of type sources")
         self._check("refused", isinstance(self.refused, tuple) and all(

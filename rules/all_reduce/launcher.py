@@ -10,7 +10,7 @@ import triton
 
 from tilelink.errors import LaunchError
 from tilelink.plan import AllReduceLaunch
-from tilelink.rules.launch import Streams, cdiv, described, rebuilt, vector_peer_table
+from tilelink.rules.launch import Streams, cdiv, described, vector_peer_table
 from tilelink.rules.reduce_scatter.launcher import ReduceScatterContext, ReduceScatterLauncher
 from tilelink.runtime import Channel, Diagnostics, symmetric_empty
 
@@ -142,7 +142,7 @@ class AllReduceLauncher(ReduceScatterLauncher):
         (name,) = self.plan.tensors
         out = described(bound[name])
         # the kernel writes its partial sums to the symmetric buffer (a host descriptor: the same one over it)
-        call = {**bound, name: rebuilt(bound[name], ctx.partial)}
+        call = self.kernel_call(bound, ctx)
         from tilelink.runtime import graphs
 
         if graphs.capturing(world.device):

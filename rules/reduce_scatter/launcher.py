@@ -24,6 +24,7 @@ from tilelink.rules.launch import (
     on_stream,
     rebuilt,
     vector_peer_table,
+    zeros_in_layout,
 )
 from tilelink.runtime import (
     Channel,
@@ -447,9 +448,19 @@ class ReduceScatterLauncher(Launcher):
         return world.world_size == 1 and not self.plan.topk  # the output shard is the whole result
 
     def kernel_call(self, bound: dict, ctx: ReduceScatterContext) -> dict:
-        """The partial sums into the symmetric buffer (a host descriptor: the same one over it)."""
+        """The partial sums into the symmetric buffer (a host descriptor: the same one over it), and, on every rank
+        but the first, zeros in place of what the kernel adds to them once (``first_rank_only``)."""
         (name,) = self.plan.tensors
-        return {**bound, name: rebuilt(bound[name], ctx.partial)}
+        return self.first_rank_zeros({**bound, name: rebuilt(bound[name], ctx.partial)})
+
+    def first_rank_zeros(self, call: dict) -> dict:
+        """``call`` with zeros of the same layout in place of each ``first_rank_only`` argument, on every rank but the
+        first: each rank adds what the kernel loads from them to its partial sums, and the sum over the ranks must
+        add it once (a bias, as a row-parallel linear adds it on rank 0 only)."""
+        if not self.plan.first_rank_only or self.world().rank == 0:
+            return call
+        return {**call, **{name: zeros_in_layout(call[name], self.okernel.name, name)
+                           for name in self.plan.first_rank_only}}
 
     def prepared_with_peers(self, world, grid, bound: dict, names: tuple[str, ...]) -> ScatterLaunch | None:
         """A hybrid call with peers made ready to launch again (:class:`ScatterLaunch`), where the output is a plain
@@ -663,7 +674,7 @@ class ScatterLaunch:
     race-exposing schedule (``launch`` runs it). The caller keeps what else decides the call (its tensors' shapes,
     strides, dtypes and devices) in its own key."""
 
-    __slots__ = ("capturing", "ctx", "device", "launcher", "others", "out", "reduces", "run", "world")
+    __slots__ = ("capturing", "ctx", "device", "launcher", "others", "out", "reduces", "run", "world", "zeroed")
 
     def __init__(self, launcher: ReduceScatterLauncher, world, ctx: ReduceScatterContext, grid, bound: dict,
                  names: tuple[str, ...]) -> None:
@@ -677,6 +688,9 @@ class ScatterLaunch:
         channels = launcher.channel_args(ctx.channel.barriers, 1, world, ctx.sharding, ctx.diag)
         self.run = bound_launch(launcher.kernel, grid, {**launcher.kernel_call(bound, ctx), **channels},
                                 (*(names[i] for i in self.others), "tlk_epoch"))
+        # the arguments read by the first rank only (``first_rank_only``), passed as zeros on the others
+        self.zeroed = frozenset(i for i, n in enumerate(names) if n in launcher.plan.first_rank_only
+                                and world.rank != 0)
         # the reduction of each parity's receive slots: only the output and the call's number change
         # (the context's partial sums stand in for the output: a call's own is read at each find)
         self.reduces = tuple(bound_launch(*launcher._reduce_call(ctx, world, ctx.partial, ctx.recv_channel.barriers,
@@ -693,7 +707,9 @@ class ScatterLaunch:
         epoch = ctx.channel.epoch + 1
         out = tensors[self.out]
         reduce = self.reduces[epoch % 2]
-        found = self.run.find(*(tensors[i] for i in self.others), epoch)
+        name = launcher.okernel.name
+        found = self.run.find(*(zeros_in_layout(tensors[i], name, "") if i in self.zeroed else tensors[i]
+                                for i in self.others), epoch)
         reduction = reduce.find(out, epoch) if found is not None else None
         if reduction is None:  # a kernel to compile or load first: the launch path does it before enqueueing
             return False

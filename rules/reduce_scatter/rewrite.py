@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextvars
+import itertools
 import re
 
 import libcst as cst
 import libcst.matchers as m
 
 from tilelink.analysis import (
+    ANY_AXIS,
     BranchSide,
     KernelAnalysis,
     Where,
@@ -20,6 +23,8 @@ from tilelink.analysis import (
     expanded,
     names_in,
     parse_offsets,
+    position_helpers,
+    position_reads,
 )
 from tilelink.errors import AnnotationError
 from tilelink.plan import Insertion, ReduceScatterLaunch, ReportEntry, RewritePlan
@@ -328,6 +333,17 @@ _INDEX = {"arange", "program_id", "num_programs", "cdiv", "multiple_of", "max_co
 # what a value is, as far as the reduction is concerned: the partial sums (a tl.dot, an accumulator of them),
 # data read by this rank (a load), a constant, or zero
 _ZERO, _CONST, _DATA, _SUM = "zero", "constant", "data", "partial sums"
+# a term read by the first rank only (`first_rank_terms`: zeros on the others): summed over the ranks it is itself,
+# as the partial sums are the full problem's; it may be added to them, scaled by a constant, chosen or reshaped, but
+# not multiply this rank's data (a dot operand, `a * bias`: the other ranks' products would be lost) nor be an
+# argument of a non-linear function, as the partial sums may not
+_ONCE = "a term read by the first rank only"
+_SUMMED = (_SUM, _ONCE)
+
+
+#: the names holding addresses made from the pointer parameters the launcher replaces by zeros on every rank but
+#: the first (:func:`first_rank_terms`), while the stored values are classified
+_FIRST_RANK: contextvars.ContextVar[frozenset[str]] = contextvars.ContextVar("first_rank", default=frozenset())
 
 
 class _Epilogue(Exception):
@@ -354,9 +370,9 @@ def _skipped(an: KernelAnalysis, site: Where | None, skip: frozenset[BranchSide]
 
 def _join(a: str, b: str, node: cst.CSTNode) -> str:
     kinds = {a, b} - {_ZERO}
-    if _SUM in kinds and kinds & {_CONST, _DATA}:  # `out = acc` on one path, `out = 1.0` on another
+    if kinds & set(_SUMMED) and kinds & {_CONST, _DATA}:  # `out = acc` on one path, `out = 1.0` on another
         raise _Epilogue(node, "a value that is the partial sums on one path and not on another")
-    for kind in (_SUM, _DATA, _CONST):
+    for kind in (_SUM, _ONCE, _DATA, _CONST):
         if kind in kinds:
             return kind
     return _ZERO
@@ -417,8 +433,8 @@ def _classify(an: KernelAnalysis, node: cst.BaseExpression, visiting: dict[str, 
             # its slice of K) is its partial sums, as a tl.dot's are: its other bindings are read again with it so
             # (`acc = tl.maximum(acc, 0.0)` after the loop applies a function to them)
             kind = joined(_SUM, accumulated=True)
-        elif kind == _SUM:
-            kind = joined(_SUM)
+        elif kind in _SUMMED:
+            kind = joined(kind)
         if kind == _SUM:
             _check_carried(an, node.value, sources)
         return kind
@@ -432,26 +448,29 @@ def _classify(an: KernelAnalysis, node: cst.BaseExpression, visiting: dict[str, 
         return _classify(an, node.value, visiting, skip)
     if isinstance(node, cst.UnaryOperation):
         kind = _classify(an, node.expression, visiting, skip)
-        if kind == _SUM and not isinstance(node.operator, (cst.Minus, cst.Plus)):
+        if kind in _SUMMED and not isinstance(node.operator, (cst.Minus, cst.Plus)):
             raise _Epilogue(node, f"`{code(node.operator)}` of the partial sums")
         return kind
     if isinstance(node, cst.BinaryOperation):
         left, right = _classify(an, node.left, visiting, skip), _classify(an, node.right, visiting, skip)
         op = node.operator
-        if _SUM not in (left, right):
+        if left not in _SUMMED and right not in _SUMMED:
             return _join(left, right, node) if _ZERO not in (left, right) or not isinstance(op, cst.Multiply) \
                 else _ZERO
+        summed, other = (left, right) if left in _SUMMED else (right, left)
         if isinstance(op, (cst.Add, cst.Subtract)):
-            other = right if left == _SUM else left
-            if other in (_SUM, _ZERO):
-                return _SUM
+            if other in (*_SUMMED, _ZERO):
+                return _SUM if _SUM in (left, right) else summed
             raise _Epilogue(node, f"a {other} term added to the partial sums, which every rank would add")
         if isinstance(op, cst.Multiply):
-            if left == right == _SUM:
+            if other in _SUMMED:
                 raise _Epilogue(node, "a product of partial sums")
-            return _ZERO if _ZERO in (left, right) else _SUM
-        if isinstance(op, cst.Divide) and left == _SUM and right != _SUM:
-            return _SUM
+            if summed == _ONCE and other == _DATA:
+                raise _Epilogue(node, f"{_ONCE} multiplying this rank's data")
+            return _ZERO if other == _ZERO else summed
+        if isinstance(op, cst.Divide) and left in _SUMMED and right not in _SUMMED and not (
+                left == _ONCE and right == _DATA):
+            return left
         raise _Epilogue(node, f"`{code(op).strip()}` with the partial sums")
     if isinstance(node, cst.Call):
         func = node.func
@@ -459,7 +478,11 @@ def _classify(an: KernelAnalysis, node: cst.BaseExpression, visiting: dict[str, 
             else ""
         args = [a.value for a in node.args if a.keyword is None or a.keyword.value in ("acc", "input", "x")]
         if name == "load" or (isinstance(func, cst.Attribute) and name in ("load", "gather")):
-            return _DATA
+            first = _FIRST_RANK.get()
+            pointer = _arg(node, 0, "pointer") if m.matches(func, m.Attribute(value=m.Name("tl"))) else (
+                func.value if isinstance(func, cst.Attribute) else None)
+            # zeros on every rank but the first: summed over the ranks, the value once, as the partial sums are
+            return _ONCE if first and pointer is not None and names_in(pointer) & first else _DATA
         if name in ("multiple_of", "max_contiguous") and args:  # a compiler hint: its argument's values
             return _classify(an, args[0], visiting, skip)
         if name in ("full", "full_like") and len(args) > 1:  # every element the fill value
@@ -471,9 +494,11 @@ def _classify(an: KernelAnalysis, node: cst.BaseExpression, visiting: dict[str, 
             kinds = [_classify(an, a, visiting, skip) for a in args]
             if kinds[:2].count(_SUM) == 2:
                 raise _Epilogue(node, "a product of partial sums")
+            if _ONCE in kinds[:2]:
+                raise _Epilogue(node, f"{_ONCE} multiplying this rank's data")
             return _SUM if len(kinds) < 3 or kinds[2] in (_SUM, _ZERO) else _join(_SUM, kinds[2], node)
         if name == "where" and len(args) == 3:
-            if _SUM in (_classify(an, args[0], visiting, skip),):
+            if _classify(an, args[0], visiting, skip) in _SUMMED:
                 raise _Epilogue(node, "a choice by the values of the partial sums")
             return _join(_classify(an, args[1], visiting, skip), _classify(an, args[2], visiting, skip), node)
         if name in _PAIRS:  # `tl.join(acc, bias)`: the stored elements are each argument's
@@ -485,7 +510,7 @@ def _classify(an: KernelAnalysis, node: cst.BaseExpression, visiting: dict[str, 
             first = func.value if isinstance(func, cst.Attribute) and not (
                 isinstance(func.value, cst.Name) and func.value.value == "tl") else (args[0] if args else None)
             kind = _classify(an, first, visiting, skip) if first is not None else _CONST
-            if kind == _SUM and name in ("to", "cast") and _to_integer(node):
+            if kind in _SUMMED and name in ("to", "cast") and _to_integer(node):
                 raise _Epilogue(node, "a conversion of the partial sums to an integer type, which truncates them")
             # a sum over an axis of this rank's data (`tl.sum(w * x[None, :], axis=1)`, a GEMV's K slice) is its
             # partial sums, as a tl.dot of them is: a function applied to it afterwards is judged as on a dot's
@@ -502,14 +527,15 @@ def _classify(an: KernelAnalysis, node: cst.BaseExpression, visiting: dict[str, 
                     raise _Epilogue(node, f"the helper `{name}` applied to the partial sums, whose return goes "
                                           f"through {inner.why} (`{inner.source}`)") from None
             every = [_classify(an, a.value, visiting, skip) for a in node.args]
-            if _SUM in every or _DATA in every:
-                said = "the partial sums" if _SUM in every else "this rank's data, whose value may be partial sums"
+            if set(every) & {*_SUMMED, _DATA}:
+                said = "the partial sums" if set(every) & set(_SUMMED) else \
+                    "this rank's data, whose value may be partial sums"
                 raise _Epilogue(node, f"the helper `{name}` (TileLink does not read its body) applied to {said}")
             return _CONST
         kinds = [_classify(an, a, visiting, skip) for a in args]
         if isinstance(func, cst.Attribute) and not (isinstance(func.value, cst.Name) and func.value.value == "tl"):
             kinds.append(_classify(an, func.value, visiting, skip))
-        if _SUM in kinds:
+        if set(kinds) & set(_SUMMED):
             what = f"`{name}`" if name in _NONLINEAR or code(func).startswith("tl.") else \
                 f"the helper `{name}` (TileLink does not read its body)"
             raise _Epilogue(node, f"{what} applied to the partial sums")
@@ -525,12 +551,12 @@ def _classify(an: KernelAnalysis, node: cst.BaseExpression, visiting: dict[str, 
     if isinstance(node, cst.Comparison):
         kinds = [_classify(an, node.left, visiting, skip)] + [_classify(an, c.comparator, visiting, skip)
                                                         for c in node.comparisons]
-        if _SUM in kinds:
+        if set(kinds) & set(_SUMMED):
             raise _Epilogue(node, "a comparison of the partial sums")
         return _DATA if _DATA in kinds else _CONST
         return _DATA if _DATA in kinds else _CONST
     kinds = [_classify(an, child, visiting, skip) for child in node.children if isinstance(child, cst.BaseExpression)]
-    if _SUM in kinds:
+    if set(kinds) & set(_SUMMED):
         raise _Epilogue(node, "an expression TileLink cannot follow, on the partial sums")
     return _DATA if _DATA in kinds else _CONST
 
@@ -552,9 +578,9 @@ def _check_mask_by_position(an: KernelAnalysis, a, rule: str) -> None:
         kind = _classify(an, cst.parse_expression(a.mask), {})
     except _Epilogue:
         kind = _SUM
-    if kind not in (_DATA, _SUM) and _reads_a_load(an, a.mask):
+    if kind not in (_DATA, *_SUMMED) and _reads_a_load(an, a.mask):
         kind = _DATA  # through a value the classification takes as a constant (`tl.where(flag > 0, True, False)`)
-    if kind in (_DATA, _SUM):
+    if kind in (_DATA, *_SUMMED):
         raise AnnotationError(
             f"the mask of the store to {a.tensor!r} reads {'the partial sums' if kind == _SUM else 'loaded data'} "
             f"(`{a.mask}`): the elements it leaves out are never stored, while {rule} waits for every element of "
@@ -1015,26 +1041,181 @@ def _bounds_k(an: KernelAnalysis, node: cst.BaseExpression, target: str | None,
         (target, *step))) and fixed == extent_terms
 
 
+def _summing_loops(an: KernelAnalysis) -> set[tuple[Where, Where]]:
+    """The loops that sum: the innermost loop around each update of an accumulator that adds a product (`tl.dot(a,
+    b, acc)`) or this step's data (`acc += a * x[None, :]`, a GEMV summed after the loop), not a counter or a
+    pointer's advance. Each rank runs them over its own slice of K."""
+    loops = _loops(an)
+    summing: set[tuple[Where, Where]] = set()
+    for name in set(an.values) | set(an.updates):
+        for src, site in _bindings(an, name):
+            value = _written_helper(an, cst.parse_expression(src))
+            added = _carried_slot(value, name) if site is not None and name in names_in(value) else None
+            if not added or not (m.findall(value, _SUMS) or any(_reads_a_load(an, code(x)) for x in added)):
+                continue
+            inner = _innermost(loops, site)
+            if inner is not None:
+                summing.add(inner)
+    return summing
+
+
+#: a load through a pointer the launcher zeroes on every rank but the first, in :func:`_first_rank_reads`
+_ONCE_NAME = "tlk_first_rank_value"
+#: what makes an address from a pointer other than adding offsets to it: its first argument is the pointer
+_ADDRESSING = m.Call(func=m.Attribute(attr=m.Name("make_tensor_descriptor") | m.Name("make_block_ptr")
+                                      | m.Name("advance")))
+
+
+def _address_of(node: cst.BaseExpression, pointers: set[str]) -> bool | None:
+    """Whether ``node`` is an address made from one of ``pointers``: the pointer plus offsets that do not read
+    them (`bias_ptr + offs_n`, `ptrs + BLOCK_N`), or a descriptor or block pointer made from one (True); reads none of
+    them (False); reads them otherwise (`bias_ptr * 2`, `q_ptr + bias_ptr`): None."""
+    node = _bare(node)
+    if not names_in(node) & pointers:
+        return False
+    if m.matches(node, _ADDRESSING):
+        base = _arg(node, 0, "base")
+        rest = [a.value for a in node.args if a.value is not base]
+        return None if base is None or any(names_in(x) & pointers for x in rest) else _address_of(base, pointers)
+    terms = [(_unbroadcast(t), negative) for t, negative in _terms(node)]
+    bases = [t for t, negative in terms if not negative and isinstance(t, cst.Name) and t.value in pointers]
+    others = [t for t, _ in terms if not any(t is b for b in bases)]
+    return True if len(bases) == 1 and not any(names_in(t) & pointers for t in others) else None
+
+
+class _OnceLoads(cst.CSTTransformer):
+    """A value with each load through ``pointers`` as the name ``_ONCE_NAME`` and each tensor's type (`bias_ptr.dtype`,
+    the same for zeros in its place) as ``_type``; ``clean`` turns false where such a load's address reads them
+    otherwise than as its base, or its mask or other arguments read ``pointers``, ``values`` or another such load
+    (what zeros in the pointer's place would change there)."""
+
+    def __init__(self, pointers: set[str], values: set[str]):
+        super().__init__()
+        self.pointers, self.values, self.clean = pointers, values, True
+
+    def leave_Attribute(self, original: cst.Attribute, updated: cst.Attribute) -> cst.BaseExpression:
+        return cst.Name("_type") if updated.attr.value == "dtype" else updated
+
+    def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
+        func = updated.func
+        if not (isinstance(func, cst.Attribute) and func.attr.value == "load"):
+            return updated
+        pointer = _arg(updated, 0, "pointer") if m.matches(func.value, m.Name("tl")) else func.value
+        address = _address_of(pointer, self.pointers) if pointer is not None else False
+        if not address:
+            self.clean = self.clean and address is not None
+            return updated
+        rest = [a.value for a in updated.args if a.value is not pointer]
+        if any(names_in(x) & (self.pointers | self.values | {_ONCE_NAME}) for x in rest):
+            self.clean = False
+        return cst.Name(_ONCE_NAME)
+
+
+def _once_loads(node: cst.BaseExpression, pointers: set[str], values: set[str]) -> tuple[cst.BaseExpression, bool]:
+    visitor = _OnceLoads(pointers, values)
+    out = cst.Module([cst.SimpleStatementLine([cst.Expr(node)])]).visit(visitor)
+    return out.body[0].body[0].value, visitor.clean  # type: ignore[attr-defined]
+
+
+def _first_rank_reads(an: KernelAnalysis, param: str, stores, summing: set[tuple[Where, Where]]) -> set[str] | None:
+    """The names that hold addresses made from the pointer parameter ``param`` (itself among them), where what is
+    loaded through them goes only into the values the reduced stores store, so that zeros in its place on every rank
+    but the first change nothing else: no mask, address, test, loop range or other store reads it, no helper that
+    stores gets it, and the loops that sum over K (whose steps differ between a rank's slice and the full K)
+    neither load it nor add it to anything but carry it (`acc = bias; ...: acc += tl.dot(a, b)`). ``None`` where
+    ``param`` is read otherwise, or never loaded through."""
+    pointers: set[str] = {param}
+    values: set[str] = set()
+    bindings = [(n, src, site) for n in set(an.values) | set(an.updates) for src, site in _bindings(an, n)]
+    grown = True
+    while grown:
+        grown = False
+        for name, src, _ in bindings:
+            node, clean = _once_loads(cst.parse_expression(src), pointers, values)
+            address = _address_of(node, pointers)
+            if not clean or address is None:
+                return None
+            if address and name not in pointers:
+                pointers.add(name)
+                grown = True
+            if names_in(node) & (values | {_ONCE_NAME}) and name not in values:
+                values.add(name)
+                grown = True
+    if pointers & values:
+        return None
+    held = values | {_ONCE_NAME}
+    updates = {w for sites in an.update_sites.values() for w in sites}
+    stored = {a.where: a for a in stores}
+    loaded = False
+    for name, src, site in [*bindings, *((None, src, site) for src, site in an.effects if site not in updates)]:
+        node, clean = _once_loads(cst.parse_expression(src), pointers, values)
+        if not clean:
+            return None
+        loaded = loaded or _ONCE_NAME in names_in(node)
+        for call in m.findall(node, m.Call(func=m.Name())):
+            if code(call.func) in an.helpers and re.search(r"\b(store|atomic_\w+)\s*\(", an.helpers[code(
+                    call.func)]) and names_in(call) & (pointers | held):
+                return None  # handed to a helper that may write it elsewhere
+        if site is not None and names_in(node) & held and any(_inside(site, lp) for lp in summing):
+            # in a loop that sums over K, it may only be carried (its steps are a rank's, not the full K's)
+            added = _carried_slot(node, name) if name is not None and name in names_in(node) else None
+            if added is None or any(names_in(x) & held for x in added):
+                return None
+        if name is not None:
+            continue  # a binding: what it binds was followed above
+        store = stored.get(site)
+        value = _arg(node, 1, "value") if store is not None and isinstance(node, cst.Call) else None
+        rest = node.deep_replace(value, cst.Name("_value")) if value is not None else node
+        if names_in(rest) & (pointers | held) or value is not None and names_in(value) & pointers:
+            return None  # a test, a loop's range, an address or mask, another store, or the type of a pointer
+    return pointers if loaded else None
+
+
+def first_rank_terms(an: KernelAnalysis, spec, stores, rule: str) -> tuple[tuple[str, ...], frozenset[str]]:
+    """The pointer parameters to pass as zeros on every rank but the first (``ReduceScatterLaunch.first_rank_only``),
+    with the names holding their addresses: those read only in terms added to the stored partial sums (a bias,
+    `acc * alpha + bias * beta`, an accumulator started from one), which every rank would add. With them zero on the
+    other ranks, the sum over the ranks adds them once. Chosen only where the stores are refused without them (a
+    kernel that builds as it is keeps every argument), as the fewest that refuse the fewest launches. Rows from an
+    index (``index=``: an expert's rows are computed on one rank only) and ``linear_epilogue=True`` take none."""
+    if spec.linear_epilogue or getattr(spec, "index", None) or any(a.tile is None or not a.value for a in stores):
+        return (), frozenset()
+
+    def outcome(pointers: frozenset[str]) -> tuple[int, int]:
+        token = _FIRST_RANK.set(pointers)
+        try:
+            refused: dict[BranchSide, _Epilogue] = {}
+            for a in stores:
+                _epilogue_branches(an, a, rule, refused)
+            return 0, len(refused)
+        except AnnotationError:
+            return 1, 0
+        finally:
+            _FIRST_RANK.reset(token)
+
+    best = outcome(frozenset())
+    if best == (0, 0):
+        return (), frozenset()
+    summing = _summing_loops(an)
+    reads = {p: r for p in an.params if p not in spec.tensors and p not in an.constexpr_params
+             and (r := _first_rank_reads(an, p, stores, summing)) is not None}
+    chosen: tuple[str, ...] = ()
+    for size in range(1, min(len(reads), 3) + 1):
+        for subset in itertools.combinations(reads, size):
+            result = outcome(frozenset().union(*(reads[p] for p in subset)))
+            if result < best:
+                best, chosen = result, subset
+    return chosen, frozenset().union(*(reads[p] for p in chosen))
+
+
 def _check_k_masks(an: KernelAnalysis, a, rule: str) -> None:
     """Each rank runs the loop that sums over its own slice of K, counting from its start: a load's mask that reads
     the loop's step must bound the offsets along K by the K extent the call passes (`offs_k[None, :] < K - k *
     BLOCK_K`). One that relates the step to other offsets (a triangular `(k * BLOCK_K + rk)[None, :] <=
     rm[:, None]`), to a literal (`k < 1`) or to loaded data picks, on each rank, terms by their place in the rank's
     slice, not in the full K: the ranks' sum is not the full problem's value. Refused."""
-    loops = _loops(an)
     targets = {(b, e): n for n, binds in an.bindings.items() for b, e in binds if e is not None}
-    summing: set[tuple[Where, Where]] = set()
-    for name in set(an.values) | set(an.updates):
-        for src, site in _bindings(an, name):
-            value = _written_helper(an, cst.parse_expression(src))
-            added = _carried_slot(value, name) if site is not None and name in names_in(value) else None
-            # an accumulator adding a product (`tl.dot(a, b, acc)`) or this step's data (`acc += a * x[None, :]`,
-            # a GEMV summed after the loop): not a counter or a pointer's advance
-            if not added or not (m.findall(value, _SUMS) or any(_reads_a_load(an, code(x)) for x in added)):
-                continue
-            inner = _innermost(loops, site)
-            if inner is not None:
-                summing.add(inner)
+    summing = _summing_loops(an)
     # in source order, so that the first load refused is the one reported, on every build
     every = sorted([(src, site) for n in set(an.values) | set(an.updates) for src, site in _bindings(an, n)
                     if site is not None] + list(an.effects), key=lambda e: (e[1].line, e[1].column, e[0]))
@@ -1749,13 +1930,14 @@ def _compile_time(an: KernelAnalysis, p: Poly) -> bool:
     return True
 
 
-def notify_stores(an: KernelAnalysis, spec, opts: Options,
-                  rule: str = RULE) -> tuple[list[Insertion], list[ReportEntry], str, tuple[tuple[str, str], ...]]:
+def notify_stores(an: KernelAnalysis, spec, opts: Options, rule: str = RULE
+                  ) -> tuple[list[Insertion], list[ReportEntry], str, tuple[tuple[str, str], ...], tuple[str, ...]]:
     """The producer side of a reduction over ranks, shared by the rules whose kernel stores partial sums
     (``reduce_scatter``, ``all_reduce``): the soundness checks of the stores, a notify after each (the count of
     what it stored in each channel it overlaps) and the tile order. Returns the insertions, the report (its
-    entries under ``rule``), the full size of the reduced dimension, in source, and the launches refused for a
-    non-linear epilogue (``ReduceScatterLaunch.refused``). ``opts``: resolved."""
+    entries under ``rule``), the full size of the reduced dimension, in source, the launches refused for a
+    non-linear epilogue (``ReduceScatterLaunch.refused``) and the pointers read by the first rank only
+    (``ReduceScatterLaunch.first_rank_only``). ``opts``: resolved."""
     if spec.dim != 0:
         raise AnnotationError(f"{rule} over dim {spec.dim} is not supported yet", file=an.file,
                               line=an.where.line, column=an.where.column,
@@ -1780,6 +1962,28 @@ def notify_stores(an: KernelAnalysis, spec, opts: Options,
     asserts, notes = _stored_once(an, stores, rule)
     insertions += asserts
     report += notes
+    first_rank, pointers = first_rank_terms(an, spec, stores, rule)
+    if first_rank:
+        said = ", ".join(f"'{p}'" for p in first_rank)
+        insertions.append(Insertion(min((a.anchor for a in stores if a.anchor is not None),
+                                        key=lambda w: (w.line, w.column)), "before", (
+            f"# tilelink: every rank would add what it loads through {said} to its partial sums: the ranks",
+            f"# but the first are launched with zeros in its place, so that the sum over them adds it once ({rule})")))
+        report.append(ReportEntry(an.name, rule, "applied",
+                                  f"{said} is read only in terms added to the partial sums (a bias): every rank but "
+                                  f"the first is launched with zeros of the same layout in its place, so that the sum "
+                                  f"over the ranks adds those terms once", stores[0].where))
+    token = _FIRST_RANK.set(pointers)  # loads through them are summed over the ranks, as the partial sums are
+    try:
+        return (*_notify_each(an, spec, opts, rule, stores, insertions, report), first_rank)
+    finally:
+        _FIRST_RANK.reset(token)
+
+
+def _notify_each(an: KernelAnalysis, spec, opts: Options, rule: str, stores, insertions: list[Insertion],
+                 report: list[ReportEntry]
+                 ) -> tuple[list[Insertion], list[ReportEntry], str, tuple[tuple[str, str], ...]]:
+    """:func:`notify_stores` from the epilogue check of each store on."""
     refused: dict[BranchSide, _Epilogue] = {}  # branches whose epilogue is not linear, refused when compiled
     for a in stores:
         indexed = None if a.tile is not None or getattr(spec, "index", None) else an.index_behind(a)
@@ -1930,11 +2134,11 @@ def _program_axes(an: KernelAnalysis, sources: list[str]) -> set[int]:
     axes: set[int] = set()
     seen: set[str] = set()
     todo = list(sources)
+    reading = position_helpers(an.helpers)
     while todo:
         node = cst.parse_expression(todo.pop())
-        for call in m.findall(node, m.Call(func=m.Attribute(value=m.Name("tl"), attr=m.Name("program_id")))):
-            axis = next((a.value for a in call.args if a.keyword is None or a.keyword.value == "axis"), None)
-            axes.add(int(code(axis)) if isinstance(axis, cst.Integer) else -1)
+        # -1: an axis TileLink cannot read (`tl.program_id(AXIS)`, a helper that reads the position itself)
+        axes |= {-1 if axis == ANY_AXIS else int(axis) for axis in position_reads(node, reading)}
         for name in names_in(node) - seen:
             seen.add(name)
             todo += an.values.get(name, ()) + an.updates.get(name, ())
@@ -2024,10 +2228,11 @@ def split_k(an: KernelAnalysis, spec) -> tuple[list[int], str] | None:
                                       "K loop, or on one side of an `if` decided at compile time whose other side "
                                       "stores it (`if SPLIT_K == 1: tl.store(...)` / `else: tl.atomic_add(...)`)")
     addressed = [_program_axes(an, [acc.pointer]) for acc in atomics]
-    if len({frozenset(x) for x in addressed}) > 1 or -1 in addressed[0]:
+    if len({frozenset(x) for x in addressed}) > 1 or -1 in addressed[0] or not addressed[0]:
         raise refuse(a, f"the tl.atomic_add stores into {a.tensor!r} take their rows and columns from different "
-                        f"grid axes (or an axis TileLink cannot read)", "take every tile's address from the same "
-                                                                        "tl.program_id axes, with literal axes")
+                        f"grid axes, from none, or from an axis TileLink cannot read (`tl.program_id(AXIS)`, a helper "
+                        f"that reads the program id itself)", "take every tile's address from the same "
+                                                              "tl.program_id axes, with literal axes, in the kernel")
     read = _program_axes(an, [v for values in an.values.values() for v in values])
     if not read - addressed[0]:
         axes = ", ".join(str(x) for x in sorted(addressed[0])) or "none"
@@ -2061,7 +2266,7 @@ def split_k(an: KernelAnalysis, spec) -> tuple[list[int], str] | None:
 def rewrite(an: KernelAnalysis, spec: ReduceScatterSpec, options: Options) -> RewritePlan:
     """Plan the producer-side rewrite of ``an`` for ``spec``."""
     opts = options.resolved(**DEFAULTS)
-    insertions, report, size_param, refused = notify_stores(an, spec, opts)
+    insertions, report, size_param, refused, first_rank = notify_stores(an, spec, opts)
     if opts.via == "copy_engine":
         report.append(ReportEntry(an.name, RULE, "note",
                                   ("consumer: hybrid - after the GEMM an SM kernel sums each token's top-k slots, "
@@ -2085,7 +2290,8 @@ def rewrite(an: KernelAnalysis, spec: ReduceScatterSpec, options: Options) -> Re
                                  # a split-K write-back: the grid axes its address reads (the others are the splits)
                                  atomic_axes=None if found is None else tuple(found[0]),
                                  atomic_when="" if found is None else found[1], refused=refused,
-                                 stored_tiles=stored_tiles(an, spec), sums_dtypes=sums_dtypes(an, spec))
+                                 stored_tiles=stored_tiles(an, spec), sums_dtypes=sums_dtypes(an, spec),
+                                 first_rank_only=first_rank)
     if opts.via == "sm" and opts.mode == "push" and spec.topk:
         raise AnnotationError("reduce_scatter with topk= reduces by pulling", file=an.file, line=an.where.line,
                               column=an.where.column, hint="drop mode='push' for the MoE reduction")

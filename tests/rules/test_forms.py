@@ -438,8 +438,9 @@ def kernel(a_ptr, b_ptr, c_ptr, bias_ptr, M, N, BLOCK_M: tl.constexpr, BLOCK_N: 
     ("act = tl.exp(acc)\n    out = act * 2.0", "goes through `exp` applied to the partial sums"),
     ("out = act(acc)", "goes through the helper `act` (TileLink does not read its body) applied to the partial"),
     ("out = tl.where(acc > 0, acc, 0.0)", "goes through a comparison of the partial sums"),
-    ("out = acc + tl.load(bias_ptr + offs_n)[None, :]", "goes through a data term added to the partial sums, "
-                                                         "which every rank would add"),
+    # a bias made from this rank's data (`b_ptr`, an operand of the dot): the ranks' biases differ
+    ("out = acc + tl.load(b_ptr + offs_n)[None, :]", "goes through a data term added to the partial sums, "
+                                                      "which every rank would add"),
     ("out = acc + 1.0", "goes through a constant term added to the partial sums"),
     ("out = acc * acc", "goes through a product of partial sums"),
     ("out = acc / tl.sum(acc, 1)[:, None]", "goes through `/` with the partial sums"),
@@ -464,6 +465,8 @@ def test_a_non_linear_epilogue_before_a_reduce_scatter_store_is_refused(epilogue
     "out = tl.where(offs_n[None, :] < tl.minimum(N, 64), acc, 0.0)",  # masking: the condition is index arithmetic
     "out = acc",
     "acc = acc * tl.load(bias_ptr + offs_m)[:, None]\n    out = acc.to(tl.float16)",  # in place, as vLLM's MoE
+    # a bias the first rank alone reads (the others get zeros in its place): added once over the ranks
+    "out = acc + tl.load(bias_ptr + offs_n)[None, :]",
 ])
 def test_a_linear_epilogue_is_accepted(epilogue: str) -> None:
     text = HEAD + RS_EPILOGUE.format(extra="", epilogue=epilogue)

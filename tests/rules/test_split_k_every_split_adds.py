@@ -32,3 +32,35 @@ def test_a_guard_on_the_tiles_own_axes_stays_followed() -> None:
     split = f"{SPLIT}\n    if pid >= tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N):\n        return"
     generated = _generated(SPLIT_K.format(rule="reduce_scatter", split=split, write=ADD))
     assert generated.plans[0].launch.atomic_axes == (0,)
+
+
+#: a helper of the kernel's file that reads the program's position itself
+SPLIT_START = '''
+@triton.jit
+def k_start(BLOCK_K: tl.constexpr):
+    return tl.program_id(axis=1) * BLOCK_K
+'''
+
+
+@pytest.mark.parametrize("split", [
+    f"{SPLIT}\n    if k_start(BLOCK_K) >= K:\n        return",
+    f"{SPLIT}\n    if tl.program_id(axis=SPLIT_AXIS) * BLOCK_K >= K:\n        return",
+], ids=["helper", "named-axis"])
+def test_a_split_that_returns_on_its_index_read_through_a_helper_or_a_named_axis_is_refused(split: str) -> None:
+    """The split index read inside a helper, or through an axis that is not an int literal, is still a split
+    index: a program along the split that returns skips its add, and the consumers would wait for it."""
+    source = SPLIT_START + SPLIT_K.format(rule="reduce_scatter", split=split, write=ADD).replace(
+        "    pid = tl.program_id(0)\n", "    SPLIT_AXIS: tl.constexpr = 1\n    pid = tl.program_id(0)\n")
+    err = _error(source)
+    assert "returns here on a condition that reads its split index" in str(err), err
+
+
+def test_a_tile_address_read_through_a_helper_is_refused_with_a_message() -> None:
+    """Which grid axes the write-back's address reads decides which are the K splits: through a helper that reads
+    the program id itself, TileLink cannot tell, and says so (not an internal error)."""
+    source = SPLIT_START.replace("k_start(BLOCK_K: tl.constexpr)", "tile_index()").replace(
+        "tl.program_id(axis=1) * BLOCK_K", "tl.program_id(axis=0)") + SPLIT_K.format(
+        rule="reduce_scatter", split=SPLIT, write=ADD).replace("    pid = tl.program_id(0)\n",
+                                                               "    pid = tile_index()\n")
+    err = _error(source)
+    assert "an axis TileLink cannot read" in str(err) and "a helper that reads the program id" in str(err), err

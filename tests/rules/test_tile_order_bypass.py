@@ -206,3 +206,34 @@ def test_reduce_scatter_positions_read_another_way_keep_their_order_and_equal_to
     path.write_text(HEAD + textwrap.dedent(source))
     errors = tilelink.spawn(_partial_scale, 2, str(path), form)
     assert all(e < 1e-5 for e in errors), errors
+
+
+#: the rows' start read through a helper of the kernel's file that reads the program id itself, through another
+#: spelling of `tl.program_id`, and through an axis that is not an int literal
+HELPER = '''
+@triton.jit
+def block_start(BLOCK: tl.constexpr):
+    return tl.program_id(0) * BLOCK
+''' + OWN_ROWS.replace("    o = tl.program_id(0) * BLOCK", "    o = block_start(BLOCK)")
+SPELLED = {
+    "helper": HELPER,
+    "module": OWN_ROWS.replace("    o = tl.program_id(0) * BLOCK", "    o = triton.language.program_id(0) * BLOCK"),
+    "named_axis": OWN_ROWS.replace("    o = tl.program_id(0) * BLOCK",
+                                   "    AXIS: tl.constexpr = 0\n    o = tl.program_id(AXIS) * BLOCK"),
+}
+
+
+@pytest.mark.parametrize("form", sorted(SPELLED))
+def test_a_position_read_through_a_helper_or_spelled_otherwise_keeps_its_order(form: str) -> None:
+    (entry,) = _report(SPELLED[form])
+    assert entry.startswith("[not applied]") and "start from the program id, not through pid" in entry, entry
+
+
+@pytest.mark.parametrize("form", ["helper", pytest.param("module", marks=pytest.mark.slow),
+                                  pytest.param("named_axis", marks=pytest.mark.slow)])
+def test_positions_read_through_a_helper_or_spelled_otherwise_equal_torch(form: str, tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("TILELINK_RACES", "1")
+    path = tmp_path / f"bypass_{form}.py"
+    path.write_text(HEAD + textwrap.dedent(SPELLED[form]))
+    errors = tilelink.spawn(_double, 2, str(path), form)
+    assert all(e < 1e-5 for e in errors), errors
