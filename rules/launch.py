@@ -174,9 +174,13 @@ def rebuilt(value, buffer: torch.Tensor):
     return dataclasses.replace(value, base=buffer, shape=list(buffer.shape), strides=list(buffer.stride()))
 
 
-#: zeros of each layout passed in place of an argument read by the first rank only, made once: a captured call
-#: replays with the same one
+#: zeros of each layout passed in place of an argument read by the first rank only, made once (the latest
+#: ``_ZEROS_KEPT`` layouts): a call of the same layout passes the same one
 _ZEROS: dict[tuple, torch.Tensor] = {}
+_ZEROS_KEPT = 16
+#: those made while a CUDA graph was being captured: the graph's replays zero them (their fill is captured too), and
+#: they live as long as the process, since the graph reads them on every replay
+_CAPTURED_ZEROS: list[torch.Tensor] = []
 
 
 def zeros_in_layout(value, kernel: str, name: str):
@@ -189,13 +193,21 @@ def zeros_in_layout(value, kernel: str, name: str):
                           f"kernel adds to its partial sums, which every rank but the first reads as zeros: pass a "
                           f"torch.Tensor or a host tensor descriptor (got {type(value).__name__})")
     key = (tensor.device, tensor.dtype, tuple(tensor.shape), tuple(tensor.stride()))
-    zeros = _ZEROS.get(key)
+    capturing = tensor.is_cuda and torch.cuda.is_current_stream_capturing()
+    zeros = None if capturing else _ZEROS.pop(key, None)
     if zeros is None:
+        # made during a capture, a tensor's fill runs only when the graph replays: an uncaptured call must not take
+        # it, and the captured call must not take one whose fill the graph does not hold
         steps = zip(tensor.shape, tensor.stride(), strict=True)
         extent = 1 + sum((n - 1) * st for n, st in steps) if tensor.numel() else 0
         zeros = torch.zeros(extent, dtype=tensor.dtype, device=tensor.device).as_strided(
             tuple(tensor.shape), tuple(tensor.stride()))
-        _ZEROS[key] = zeros
+    if capturing:
+        _CAPTURED_ZEROS.append(zeros)
+    else:
+        _ZEROS[key] = zeros  # the latest used last
+        while len(_ZEROS) > _ZEROS_KEPT:
+            del _ZEROS[next(iter(_ZEROS))]
     return rebuilt(value, zeros)
 
 

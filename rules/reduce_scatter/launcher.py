@@ -459,8 +459,9 @@ class ReduceScatterLauncher(Launcher):
         add it once (a bias, as a row-parallel linear adds it on rank 0 only)."""
         if not self.plan.first_rank_only or self.world().rank == 0:
             return call
+        # `None` (an optional bias a launch does not load, `HAS_BIAS=False`) stays as it is
         return {**call, **{name: zeros_in_layout(call[name], self.okernel.name, name)
-                           for name in self.plan.first_rank_only}}
+                           for name in self.plan.first_rank_only if call.get(name) is not None}}
 
     def prepared_with_peers(self, world, grid, bound: dict, names: tuple[str, ...]) -> ScatterLaunch | None:
         """A hybrid call with peers made ready to launch again (:class:`ScatterLaunch`), where the output is a plain
@@ -708,8 +709,8 @@ class ScatterLaunch:
         out = tensors[self.out]
         reduce = self.reduces[epoch % 2]
         name = launcher.okernel.name
-        found = self.run.find(*(zeros_in_layout(tensors[i], name, "") if i in self.zeroed else tensors[i]
-                                for i in self.others), epoch)
+        found = self.run.find(*(zeros_in_layout(tensors[i], name, "") if i in self.zeroed and tensors[i] is not None
+                                else tensors[i] for i in self.others), epoch)
         reduction = reduce.find(out, epoch) if found is not None else None
         if reduction is None:  # a kernel to compile or load first: the launch path does it before enqueueing
             return False

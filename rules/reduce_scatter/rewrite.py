@@ -999,7 +999,7 @@ def _sum_terms(an: KernelAnalysis, node: cst.BaseExpression, keep: str | None,
 
 
 def _bounds_k(an: KernelAnalysis, node: cst.BaseExpression, target: str | None,
-              extent: tuple[cst.BaseExpression | None, tuple[str, ...], bool]) -> bool:
+              extent: tuple[cst.BaseExpression | None, tuple[str, ...], bool], stored: set[str]) -> bool:
     """``node`` compares the columns of this step along K with the loop's K extent ``X`` (``extent``,
     :func:`_loop_extent`): the offsets (one ``tl.arange``) plus the step's ``k * F`` on one side, ``X`` on the other,
     the step's term on either (`offs_k[None, :] < X - k * BLOCK_K`, `(k * BLOCK_K + rk)[None, :] < X`), or `rk[None,
@@ -1007,7 +1007,9 @@ def _bounds_k(an: KernelAnalysis, node: cst.BaseExpression, target: str | None,
     literal (`k < 1`, `X - k * BLOCK_K - 8`) or another parameter (`< BLOCK_K`), a step term of another size (`2 * k *
     BLOCK_K`, `k * BLOCK_N`), offsets that join the rows' (`(k * BLOCK_K + rk)[None, :] - rm[:, None]`), or a loop whose
     extent TileLink does not read, is not one. Offsets that move through names of their own (`offs_k += BLOCK_K`)
-    are bounded by ``X`` alone, or by one passed parameter where the extent is not read."""
+    are bounded by ``X`` alone, or, where the extent is not read, by one passed parameter if they are the output's
+    own (``stored``: the names the reduced store's address reads; a flattened persistent loop's `rn[None, :] < N`):
+    K offsets bounded so (`offs_k < N` in a loop over a passed count) may run past a rank's slice."""
     if not isinstance(node, cst.Comparison) or len(node.comparisons) != 1 or not isinstance(
             node.comparisons[0].operator, (cst.LessThan, cst.LessThanEqual, cst.GreaterThan, cst.GreaterThanEqual)):
         return False
@@ -1031,7 +1033,9 @@ def _bounds_k(an: KernelAnalysis, node: cst.BaseExpression, target: str | None,
         # BLOCK_K`; a tile's rows in a flattened persistent loop, `rn[None, :] < N`), bounded by one passed
         # parameter: the loop's own extent where its range says it (`offs_k < N` in a loop over `tl.cdiv(K,
         # BLOCK_K)` would read past the rank's slice of K), any one where the range does not
-        return extent_terms is None or fixed == extent_terms
+        if extent_terms is None:
+            return bool(columns) and all(names_in(t) <= stored for t, _ in columns)
+        return fixed == extent_terms
     if X is None:
         return False
     if down:  # `P - k < 0`: the step's own value is what is left
@@ -1108,6 +1112,13 @@ class _OnceLoads(cst.CSTTransformer):
         rest = [a.value for a in updated.args if a.value is not pointer]
         if any(names_in(x) & (self.pointers | self.values | {_ONCE_NAME}) for x in rest):
             self.clean = False
+        # what a masked-out lane reads stays on every rank: only zero (or nothing) there is added once
+        other = _arg(updated, 2, "other") if m.matches(func.value, m.Name("tl")) else None
+        padding = _arg(updated, 4, "padding_option") if m.matches(func.value, m.Name("tl")) else None
+        if other is not None and not (isinstance(_bare(other), (cst.Integer, cst.Float)) and float(
+                _bare(other).value.replace("_", "")) == 0) or padding is not None and not m.matches(
+                padding, m.SimpleString('"zero"') | m.SimpleString("'zero'") | m.SimpleString('""')):
+            self.clean = False
         return cst.Name(_ONCE_NAME)
 
 
@@ -1115,6 +1126,15 @@ def _once_loads(node: cst.BaseExpression, pointers: set[str], values: set[str]) 
     visitor = _OnceLoads(pointers, values)
     out = cst.Module([cst.SimpleStatementLine([cst.Expr(node)])]).visit(visitor)
     return out.body[0].body[0].value, visitor.clean  # type: ignore[attr-defined]
+
+
+def _storing_helpers(helpers: dict[str, str]) -> frozenset[str]:
+    """The helpers that store or add into memory: themselves, or through a helper that does."""
+    found = {n for n, src in helpers.items() if re.search(r"\b(store|atomic_\w+)\s*\(", src)}
+    while more := {n for n, src in helpers.items() if n not in found and any(
+            re.search(rf"\b{re.escape(f)}\s*\(", src) for f in found)}:
+        found |= more
+    return frozenset(found)
 
 
 def _first_rank_reads(an: KernelAnalysis, param: str, stores, summing: set[tuple[Where, Where]]) -> set[str] | None:
@@ -1143,7 +1163,13 @@ def _first_rank_reads(an: KernelAnalysis, param: str, stores, summing: set[tuple
                 grown = True
     if pointers & values:
         return None
+    for name, src, _ in bindings:
+        # a name holding the pointer's addresses on one path and another tensor's on another: a load through it
+        # would be taken for the pointer's, which the other ranks would not read as zeros
+        if name in pointers and not _address_of(_once_loads(cst.parse_expression(src), pointers, values)[0], pointers):
+            return None
     held = values | {_ONCE_NAME}
+    storing = _storing_helpers(an.helpers)
     updates = {w for sites in an.update_sites.values() for w in sites}
     stored = {a.where: a for a in stores}
     loaded = False
@@ -1152,10 +1178,17 @@ def _first_rank_reads(an: KernelAnalysis, param: str, stores, summing: set[tuple
         if not clean:
             return None
         loaded = loaded or _ONCE_NAME in names_in(node)
-        for call in m.findall(node, m.Call(func=m.Name())):
-            if code(call.func) in an.helpers and re.search(r"\b(store|atomic_\w+)\s*\(", an.helpers[code(
-                    call.func)]) and names_in(call) & (pointers | held):
-                return None  # handed to a helper that may write it elsewhere
+        for call in m.findall(node, m.Call()):
+            func = call.func
+            base = func
+            while isinstance(base, cst.Attribute):
+                base = base.value
+            # a helper that stores (itself or through another), or a function of a module (`mod.save(...)`), which
+            # TileLink does not read: it may write it elsewhere
+            foreign = isinstance(func, cst.Attribute) and isinstance(base, cst.Name) and base.value not in (
+                "tl", "triton", *an.params, *pointers, *held) and not _bindings(an, base.value)
+            if (code(func) in storing or foreign) and names_in(call) & (pointers | held):
+                return None
         if site is not None and names_in(node) & held and any(_inside(site, lp) for lp in summing):
             # in a loop that sums over K, it may only be carried (its steps are a rank's, not the full K's)
             added = _carried_slot(node, name) if name is not None and name in names_in(node) else None
@@ -1216,6 +1249,13 @@ def _check_k_masks(an: KernelAnalysis, a, rule: str) -> None:
     slice, not in the full K: the ranks' sum is not the full problem's value. Refused."""
     targets = {(b, e): n for n, binds in an.bindings.items() for b, e in binds if e is not None}
     summing = _summing_loops(an)
+    # the names the store's address reads, through their values: the output's own offsets
+    stored: set[str] = set()
+    todo = [a.pointer]
+    while todo:
+        for name in names_in(cst.parse_expression(todo.pop())) - stored:
+            stored.add(name)
+            todo += [src for src, _ in _bindings(an, name)]
     # in source order, so that the first load refused is the one reported, on every build
     every = sorted([(src, site) for n in set(an.values) | set(an.updates) for src, site in _bindings(an, n)
                     if site is not None] + list(an.effects), key=lambda e: (e[1].line, e[1].column, e[0]))
@@ -1241,7 +1281,7 @@ def _check_k_masks(an: KernelAnalysis, a, rule: str) -> None:
                 if mask is None:
                     continue
                 for term in _mask_terms(an, code(mask)):
-                    if not (names_in(term) & varying) or _bounds_k(an, term, target, extent):
+                    if not (names_in(term) & varying) or _bounds_k(an, term, target, extent, stored):
                         continue
                     raise AnnotationError(
                         f"the mask of the load at line {site.line} reads the step of the loop at line "

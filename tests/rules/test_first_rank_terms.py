@@ -164,3 +164,52 @@ def test_a_bias_also_stored_elsewhere_stays_refused() -> None:
                                "    out = acc + bias")
     with pytest.raises(AnnotationError, match="a data term added to the partial sums"):
         _generate(text)
+
+
+@pytest.mark.parametrize("change", [
+    # a masked-out lane reads `other`, which every rank would still add
+    (f"out = acc + {BIAS}", "out = acc + tl.load(bias_ptrs, mask=c_mask, other=1.0)"),
+    # a name holding the bias's addresses on one path and another tensor's on another
+    (f"out = acc + {BIAS}", "p = bias_ptrs\n    if alpha > 0:\n        p = a_ptr + rm[:, None] * stride_am\n"
+                            "    out = acc + tl.load(p, mask=c_mask, other=0.0)"),
+    # handed to a helper that stores it through another helper
+    (f"out = acc + {BIAS}", f"bias = {BIAS}\n    kept = save(a_ptr + rm[:, None] * stride_am, bias, c_mask)\n"
+                            "    out = acc + bias"),
+], ids=["other", "rebound", "nested-helper"])
+def test_a_bias_read_where_zeros_would_differ_stays_refused(change: tuple[str, str]) -> None:
+    helpers = ("@triton.jit\ndef put(p, v, m):\n    tl.store(p, v, mask=m)\n\n\n"
+               "@triton.jit\ndef save(p, v, m):\n    put(p, v, m)\n    return v\n\n")
+    text = _source("epilogue").replace(*change).replace(HEAD, HEAD + helpers)
+    assert change[1] in text
+    with pytest.raises(AnnotationError, match="a data term added to the partial sums"):
+        _generate(text)
+
+
+def _optional(path: str) -> float:
+    """A launch that does not load the bias (`HAS_BIAS=False`) may pass `None` for it, on every rank."""
+    rank, world = tilelink.rank(), tilelink.world_size()
+    M, N, K = 50, 24, 40
+    g = torch.Generator().manual_seed(7)
+    a, b = torch.randn(M, K, generator=g), torch.randn(K, N, generator=g)
+    klo, khi = rows_of(rank, world, K)
+    ar, br = a[:, klo:khi].contiguous(), b[klo:khi].contiguous()
+    lo, hi = rows_of(rank, world, M)
+    out = torch.full((hi - lo, N), float("nan"))
+    module_at(path).linear[(triton_cdiv(M, 16) * triton_cdiv(N, 16),)](
+        ar, br, None, out, M, N, khi - klo, 1.0, 1.0, ar.stride(0), ar.stride(1), br.stride(0), br.stride(1), 0, 0,
+        out.stride(0), out.stride(1), BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, HAS_BIAS=False)
+    return (out - (a @ b)[lo:hi]).abs().max().item()
+
+
+def test_an_optional_bias_left_out_passes_none_on_every_rank(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("TILELINK_RACES", "1")
+    text = _source("epilogue").replace("BLOCK_K: tl.constexpr):", "BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr):")
+    made = "    bias_ptrs = bias_ptr + rm[:, None] * stride_biasm + rn[None, :] * stride_biasn\n"
+    assert made in text
+    text = text.replace(made, "").replace(
+        f"    out = acc + {BIAS}", f"    out = acc\n    if HAS_BIAS:\n    {made}        out = acc + {BIAS}")
+    assert _generate(text).plans[0].launch.first_rank_only == ("bias_ptr",)
+    path = tmp_path / "optional_bias.py"
+    path.write_text(text)
+    errors = tilelink.spawn(_optional, 2, str(path))
+    assert all(e < 1e-4 for e in errors), errors
