@@ -119,12 +119,34 @@ def _pid_times_size(an, tile) -> bool:
 
 
 def remap_order(an: KernelAnalysis, access: Access, rule: str, order: str,
-                shift: str) -> tuple[list[Insertion], ReportEntry]:
+                shift: str) -> tuple[list[Insertion], ReportEntry, tuple[tuple[str, str, int], ...]]:
     """Rotate the tile index so that tiles are visited in ``order`` (paper §3.1, tile order).
 
     ``shift`` is the tile index, in source, that should come first. Applies to tiles of the form
-    ``pid * SIZE`` whose ``pid`` variable is assigned in the kernel; otherwise says why not.
+    ``pid * SIZE`` whose ``pid`` variable is assigned in the kernel; otherwise says why not. Returns the insertions,
+    the report's entry, and what each call checks of the rotation (``LaunchPlan.rotations``).
     """
+    inserts, entry = _remap_order(an, access, rule, order, shift)
+    tile = access.tile
+    if not inserts or tile is None or tile.pid is None:
+        return inserts, entry, ()
+    if any("tl.num_programs(" in line for ins in inserts for line in ins.lines):
+        return inserts, entry, ()  # the program id itself, rotated among the programs the grid launches
+    # a value made from the program id (`pid // num_pid_n`, a grouped ordering): the grid must give it every tile
+    tiles = f"tl.cdiv({tile.size_param}, {tile.size})"
+    facts = []
+    for value, at in zip(an.values.get(tile.pid, ()), an.assignments.get(tile.pid, ()), strict=False):
+        written = an.written_out(value, at) if an.written_out is not None else None
+        count = an.written_out(tiles, at) if an.written_out is not None else None
+        if written is not None and count is not None:
+            # one TileLink cannot write out (a helper's return, `pid_m, pid_n = swizzle(tl.program_id(0), ...)`)
+            # is rotated unchecked, as a grid that covers every tile is the kernel's own contract
+            facts.append((written, count, at.line))
+    return inserts, entry, tuple(dict.fromkeys(facts))
+
+
+def _remap_order(an: KernelAnalysis, access: Access, rule: str, order: str,
+                 shift: str) -> tuple[list[Insertion], ReportEntry]:
     tile = access.tile
     assert tile is not None
     if order == "mesh":

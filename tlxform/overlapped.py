@@ -218,12 +218,13 @@ class OverlappedKernel:
         a row's elements."""
         plan = self.plan.launch
         if not (plan.row_scales or plan.row_shifts or plan.row_signs or plan.row_steps or plan.row_bounds
-                or plan.row_multiples or plan.row_starts or plan.column_ends) or launcher.world().world_size == 1:
+                or plan.row_multiples or plan.row_starts or plan.column_ends or plan.rotations) \
+                or launcher.world().world_size == 1:
             return
         # a kernel with only sign facts is checked once per form of call: the values of the parameters they name
         key = None
         if not (plan.row_scales or plan.row_shifts or plan.row_steps or plan.row_bounds or plan.row_multiples
-                or plan.row_starts or plan.column_ends) and self._sign_names is not None:
+                or plan.row_starts or plan.column_ends or plan.rotations) and self._sign_names is not None:
             key = tuple(bound.get(n) for n in self._sign_names)
             if not all(v is None or isinstance(v, (int, float)) for v in key):
                 key = None  # a tensor or another object (kept out of the record): checked every call
@@ -263,6 +264,8 @@ class OverlappedKernel:
             for start, block, step, test, line in plan.column_ends:
                 if self._holds(test, values):
                     self._check_column_end(start, block, step, line, values, programs, said_config)
+            for index, tiles, line in plan.rotations:
+                self._check_rotation(index, tiles, line, values, programs, said_config)
             for tensor, factors, line in plan.row_scales:
                 t = bound.get(tensor)
                 if not (hasattr(t, "shape") and hasattr(t, "stride")) or len(t.shape) <= plan.dim:
@@ -639,6 +642,48 @@ class OverlappedKernel:
             f"block can read past "
             f"them, rows its wait does not cover; pass arguments that make {product} a multiple of {divisor}" +
             (f", or ones under which `{test}` does not hold" if test else ""))
+
+    def _check_rotation(self, index: str, tiles: str, line: int, values: dict,
+                        programs: tuple[int, int, int] | None, said_config: str) -> None:
+        """The tile order rotates the tile index bound at ``line`` (``index`` its value, over program ids and the
+        arguments) among ``tiles`` tiles: each program then computes another of them. The programs compute the
+        kernel's own tiles only where the grid gives the index every tile of ``[0, tiles)``: refuse a call whose grid
+        leaves one out (a grid shorter than the tiles). A grid too large to evaluate program by program, or a value
+        TileLink does not evaluate (a loop's target), is not checked."""
+        import numpy as np
+
+        if programs is None or 0 in programs or math.prod(programs) > _EXACT_PROGRAMS:
+            return
+        names = sorted({n.id for source in (index, tiles) for n in ast.walk(ast.parse(source))
+                        if isinstance(n, ast.Name)})
+        key = (index, tiles, programs, tuple(getattr(values.get(n), "value", values.get(n)) for n in names))
+        try:
+            if key in self._rotations_passed:
+                return  # the same grid and the same values: checked already
+        except TypeError:  # a value that is not hashable: checked every call
+            key = None
+        count = _evaluate(tiles, values, _PerProgram(programs))
+        found = _evaluate(index, values, _PerProgram(programs))
+        if count is None or found is None:
+            return
+        n = int(np.max(count))
+        seen = np.unique(np.broadcast_to(found, programs))
+        missing = np.setdiff1d(np.arange(n), seen)
+        if not missing.size:
+            if key is not None:
+                self._rotations_passed.add(key)
+            return
+        grid = "(" + ", ".join(map(str, programs)) + ")"
+        raise LaunchError(
+            f"{self.name}: the tile order rotates the tile index bound at {_display_path(self.file)}:{line} "
+            f"(`{index}`) among its {n} tiles{said_config}, but the grid {grid} gives it {n - missing.size} of them "
+            f"(not tile {int(missing[0])}): rotated, its programs would compute other tiles than the kernel as "
+            f"written; launch a grid that covers every tile, or pass order=\"mesh\" to keep the kernel's own order")
+
+    @functools.cached_property
+    def _rotations_passed(self) -> set:
+        """The rotations, grids and values :meth:`_check_rotation` found covering every tile."""
+        return set()
 
     def _holds(self, test: str, values: dict) -> bool:
         """Whether the call's arguments ``values`` make the compile-time ``test`` of a row fact hold (the access is

@@ -210,11 +210,12 @@ def rewrite(an: KernelAnalysis, spec: AllGatherSpec, options: Options) -> Rewrit
         "tlk_target = tll.call_target(tlk_epoch, tlk_diag)",
         "tlk_ready = tll.channels_ready(tlk_barriers, tlk_world * tlk_channels_per_rank, tlk_target)")))
     shift = f"(tlk_rank * tlk_rows_per_rank) // ({tile.size})"
+    rotations: tuple[tuple[str, str, int], ...] = ()
     if tile.dynamic:
         report.append(ReportEntry(an.name, RULE, "note", f"dynamic mapping through {spec.index}: each tile "
                                   "waits for the channels of the rows it gathers; tiles keep the kernel's order"))
     elif opts.order in ("local_first", "ring"):
-        more, entry = remap_order(an, first, RULE, opts.order, shift)
+        more, entry, rotations = remap_order(an, first, RULE, opts.order, shift)
         insertions += more
         report.append(entry)
     else:
@@ -223,7 +224,7 @@ def rewrite(an: KernelAnalysis, spec: AllGatherSpec, options: Options) -> Rewrit
     launch = AllGatherLaunch(
         tensors=spec.tensors, dim=spec.dim, size_param=size_param, index=spec.index,
         via=opts.via, mode=opts.mode, order=opts.order, comm_block=opts.comm_block,
-        comm_sms=opts.comm_sms, channels_per_rank=opts.channels_per_rank,
+        comm_sms=opts.comm_sms, channels_per_rank=opts.channels_per_rank, rotations=rotations,
     )
     report.append(ReportEntry(an.name, RULE, "note",
                               f"producer: {opts.via}" + (f" {opts.mode}" if opts.via == "sm" else "")

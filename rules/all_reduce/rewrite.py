@@ -35,7 +35,7 @@ def rewrite(an: KernelAnalysis, spec: AllReduceSpec, options: Options) -> Rewrit
             f"all_reduce runs on SMs and pulls the peers' partial sums; {chosen} is not one of its options",
             file=an.file, line=an.where.line, column=an.where.column,
             hint="drop the option; all_reduce(..., mode=\"one_shot\") or mode=\"two_shot\" picks the algorithm")
-    insertions, report, size_param, refused, first_rank = notify_stores(an, spec, opts, RULE)
+    insertions, report, size_param, refused, rotations, first_rank = notify_stores(an, spec, opts, RULE)
     algorithm = {"one_shot": "one-shot: every rank pulls every peer's partial rows of every channel and sums them",
                  "two_shot": "two-shot: each rank sums its rows' channels from every peer (reduce-scatter), then "
                              "pulls the other ranks' summed rows (all-gather)",
@@ -50,7 +50,7 @@ def rewrite(an: KernelAnalysis, spec: AllReduceSpec, options: Options) -> Rewrit
                              via=opts.via, mode=opts.mode, order=opts.order, comm_block=opts.comm_block,
                              comm_sms=opts.comm_sms, channels_per_rank=opts.channels_per_rank, refused=refused,
                              stored_tiles=stored_tiles(an, spec), sums_dtypes=sums_dtypes(an, spec),
-                             first_rank_only=first_rank)
+                             first_rank_only=first_rank, rotations=rotations)
     partners = ("ar_pull_reduce",) if spec.mode == "one_shot" else ("ar_pull_reduce", "ar_gather_rows")
     return RewritePlan(an.name, RULE, spec, opts, CHANNEL_PARAMS, tuple(_named(i) for i in insertions), partners,
                        launch, tuple(report))

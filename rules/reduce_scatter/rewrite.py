@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextvars
 import itertools
 import re
+from typing import NamedTuple
 
 import libcst as cst
 import libcst.matchers as m
@@ -1970,14 +1971,22 @@ def _compile_time(an: KernelAnalysis, p: Poly) -> bool:
     return True
 
 
-def notify_stores(an: KernelAnalysis, spec, opts: Options, rule: str = RULE
-                  ) -> tuple[list[Insertion], list[ReportEntry], str, tuple[tuple[str, str], ...], tuple[str, ...]]:
+class Producer(NamedTuple):
+    """What :func:`notify_stores` makes of a reduction's stores."""
+
+    insertions: list[Insertion]
+    report: list[ReportEntry]
+    size_param: str  # the full size of the reduced dimension, in source
+    refused: tuple[tuple[str, str], ...]  # ``ReduceScatterLaunch.refused``
+    rotations: tuple[tuple[str, str, int], ...]  # ``LaunchPlan.rotations``
+    first_rank_only: tuple[str, ...]  # ``ReduceScatterLaunch.first_rank_only``
+
+
+def notify_stores(an: KernelAnalysis, spec, opts: Options, rule: str = RULE) -> Producer:
     """The producer side of a reduction over ranks, shared by the rules whose kernel stores partial sums
     (``reduce_scatter``, ``all_reduce``): the soundness checks of the stores, a notify after each (the count of
-    what it stored in each channel it overlaps) and the tile order. Returns the insertions, the report (its
-    entries under ``rule``), the full size of the reduced dimension, in source, the launches refused for a
-    non-linear epilogue (``ReduceScatterLaunch.refused``) and the pointers read by the first rank only
-    (``ReduceScatterLaunch.first_rank_only``). ``opts``: resolved."""
+    what it stored in each channel it overlaps) and the tile order (:class:`Producer`, its report's entries under
+    ``rule``). ``opts``: resolved."""
     if spec.dim != 0:
         raise AnnotationError(f"{rule} over dim {spec.dim} is not supported yet", file=an.file,
                               line=an.where.line, column=an.where.column,
@@ -2015,14 +2024,15 @@ def notify_stores(an: KernelAnalysis, spec, opts: Options, rule: str = RULE
                                   f"over the ranks adds those terms once", stores[0].where))
     token = _FIRST_RANK.set(pointers)  # loads through them are summed over the ranks, as the partial sums are
     try:
-        return (*_notify_each(an, spec, opts, rule, stores, insertions, report), first_rank)
+        return Producer(*_notify_each(an, spec, opts, rule, stores, insertions, report), first_rank)
     finally:
         _FIRST_RANK.reset(token)
 
 
 def _notify_each(an: KernelAnalysis, spec, opts: Options, rule: str, stores, insertions: list[Insertion],
                  report: list[ReportEntry]
-                 ) -> tuple[list[Insertion], list[ReportEntry], str, tuple[tuple[str, str], ...]]:
+                 ) -> tuple[list[Insertion], list[ReportEntry], str, tuple[tuple[str, str], ...],
+                            tuple[tuple[str, str, int], ...]]:
     """:func:`notify_stores` from the epilogue check of each store on."""
     refused: dict[BranchSide, _Epilogue] = {}  # branches whose epilogue is not linear, refused when compiled
     for a in stores:
@@ -2155,6 +2165,7 @@ def _notify_each(an: KernelAnalysis, spec, opts: Options, rule: str, stores, ins
             f"cannot find the parameter holding the full size of dim 0 of {first.tensor!r}",
             file=first.where.file, line=first.where.line, column=first.where.column,
             hint=f"mask the store with `{tile.offsets or 'offs'}[:, None] < M`, or pass size=\"M\"")
+    rotations: tuple[tuple[str, str, int], ...] = ()
     shift = f"(((tlk_rank + 1) % tlk_world) * tlk_rows_per_rank) // ({tile.size})"
     if tile.dynamic:
         report.append(ReportEntry(an.name, rule, "note", f"dynamic mapping through {spec.index}"
@@ -2162,10 +2173,10 @@ def _notify_each(an: KernelAnalysis, spec, opts: Options, rule: str, stores, ins
                                   + ("" if opts.via == "copy_engine" and spec.topk
                                      else ": each tile notifies the channels of the rows it stored")))
     else:
-        more, entry = remap_order(an, first, rule, opts.order, shift)
+        more, entry, rotations = remap_order(an, first, rule, opts.order, shift)
         insertions += more
         report.append(entry)
-    return insertions, report, size_param, tuple(guards)
+    return insertions, report, size_param, tuple(guards), rotations
 
 
 def _program_axes(an: KernelAnalysis, sources: list[str]) -> set[int]:
@@ -2306,7 +2317,7 @@ def split_k(an: KernelAnalysis, spec) -> tuple[list[int], str] | None:
 def rewrite(an: KernelAnalysis, spec: ReduceScatterSpec, options: Options) -> RewritePlan:
     """Plan the producer-side rewrite of ``an`` for ``spec``."""
     opts = options.resolved(**DEFAULTS)
-    insertions, report, size_param, refused, first_rank = notify_stores(an, spec, opts)
+    insertions, report, size_param, refused, rotations, first_rank = notify_stores(an, spec, opts)
     if opts.via == "copy_engine":
         report.append(ReportEntry(an.name, RULE, "note",
                                   ("consumer: hybrid - after the GEMM an SM kernel sums each token's top-k slots, "
@@ -2331,7 +2342,7 @@ def rewrite(an: KernelAnalysis, spec: ReduceScatterSpec, options: Options) -> Re
                                  atomic_axes=None if found is None else tuple(found[0]),
                                  atomic_when="" if found is None else found[1], refused=refused,
                                  stored_tiles=stored_tiles(an, spec), sums_dtypes=sums_dtypes(an, spec),
-                                 first_rank_only=first_rank)
+                                 first_rank_only=first_rank, rotations=rotations)
     if opts.via == "sm" and opts.mode == "push" and spec.topk:
         raise AnnotationError("reduce_scatter with topk= reduces by pulling", file=an.file, line=an.where.line,
                               column=an.where.column, hint="drop mode='push' for the MoE reduction")

@@ -82,6 +82,11 @@ TILELINK_PLAN = {'persistent_matmul_kernel': {'channels_per_rank': None,
                               'mode': 'pull',
                               'order': 'local_first',
                               'partner_kernels': ['ag_pull_producer'],
+                              'rotations': [['tl.range((tl.program_id(0)), (tl.cdiv(M, BLOCK_M)) * '
+                                             '(tl.cdiv(N, BLOCK_N)), NUM_PROGRAMS, loop=18) // '
+                                             '(tl.cdiv(N, BLOCK_N))',
+                                             'tl.cdiv(M, BLOCK_M)',
+                                             19]],
                               'row_bounds': [],
                               'row_multiples': [],
                               'row_scales': [['a_ptr', ['stride_am'], 26]],

@@ -89,6 +89,12 @@ TILELINK_PLAN = {'matmul_kernel': {'channels_per_rank': None,
                    'mode': 'pull',
                    'order': 'local_first',
                    'partner_kernels': ['ag_pull_producer'],
+                   'rotations': [['(((tl.program_id(0)) // (GROUP_M * (tl.cdiv(N, BLOCK_N)))) * '
+                                  'GROUP_M) + (((tl.program_id(0)) % (GROUP_M * (tl.cdiv(N, '
+                                  'BLOCK_N)))) % (min((tl.cdiv(M, BLOCK_M)) - (((tl.program_id(0)) '
+                                  '// (GROUP_M * (tl.cdiv(N, BLOCK_N)))) * GROUP_M), GROUP_M)))',
+                                  'tl.cdiv(M, BLOCK_M)',
+                                  21]],
                    'row_bounds': [['a_ptr', [[False, ['K']]], 'stride_ak', 30]],
                    'row_multiples': [],
                    'row_scales': [['a_ptr', ['stride_am'], 30]],

@@ -89,6 +89,12 @@ TILELINK_PLAN = {'matmul_kernel': {'channels_per_rank': 2,
                    'mode': 'push',
                    'order': 'local_first',
                    'partner_kernels': ['ag_push_producer'],
+                   'rotations': [['(((tl.program_id(0)) // (GROUP_M * (tl.cdiv(N, BLOCK_N)))) * '
+                                  'GROUP_M) + (((tl.program_id(0)) % (GROUP_M * (tl.cdiv(N, '
+                                  'BLOCK_N)))) % (min((tl.cdiv(M, BLOCK_M)) - (((tl.program_id(0)) '
+                                  '// (GROUP_M * (tl.cdiv(N, BLOCK_N)))) * GROUP_M), GROUP_M)))',
+                                  'tl.cdiv(M, BLOCK_M)',
+                                  22]],
                    'row_bounds': [['a_ptr', [[False, ['K']]], 'stride_ak', 31]],
                    'row_multiples': [],
                    'row_scales': [['a_ptr', ['stride_am'], 31]],

@@ -76,6 +76,11 @@ TILELINK_PLAN = {'persistent_matmul_kernel': {'algorithm': None,
                               'order': 'ring',
                               'partner_kernels': ['ar_pull_reduce', 'ar_gather_rows'],
                               'refused': [],
+                              'rotations': [['tl.range(tl.program_id(0), tl.cdiv(M, BLOCK_M) * '
+                                             '(tl.cdiv(N, BLOCK_N)), NUM_PROGRAMS, loop=18) // '
+                                             '(tl.cdiv(N, BLOCK_N))',
+                                             'tl.cdiv(M, BLOCK_M)',
+                                             19]],
                               'row_bounds': [],
                               'row_multiples': [],
                               'row_scales': [['c_ptr', ['N'], 25]],

@@ -120,6 +120,12 @@ TILELINK_PLAN = {'matmul_kernel': {'atomic_axes': None,
                                 'takes the `elif ACTIVATION == "silu":` at line 45 cannot be '
                                 'reduced over ranks: launch the kernel so that it takes another '
                                 'side, or apply the function to the reduced rows']],
+                   'rotations': [['(((tl.program_id(0)) // (GROUP_M * (tl.cdiv(N, BLOCK_N)))) * '
+                                  'GROUP_M) + (((tl.program_id(0)) % (GROUP_M * (tl.cdiv(N, '
+                                  'BLOCK_N)))) % (min((tl.cdiv(M, BLOCK_M)) - (((tl.program_id(0)) '
+                                  '// (GROUP_M * (tl.cdiv(N, BLOCK_N)))) * GROUP_M), GROUP_M)))',
+                                  'tl.cdiv(M, BLOCK_M)',
+                                  29]],
                    'row_bounds': [],
                    'row_multiples': [],
                    'row_scales': [['c_ptr', ['stride_cm'], 51]],

@@ -86,6 +86,12 @@ TILELINK_PLAN = {'matmul_kernel': {'atomic_axes': None,
                    'order': 'ring',
                    'partner_kernels': ['rs_ring_consumer'],
                    'refused': [],
+                   'rotations': [['(((tl.program_id(0)) // (GROUP_M * (tl.cdiv(N, BLOCK_N)))) * '
+                                  'GROUP_M) + (((tl.program_id(0)) % (GROUP_M * (tl.cdiv(N, '
+                                  'BLOCK_N)))) % (min((tl.cdiv(M, BLOCK_M)) - (((tl.program_id(0)) '
+                                  '// (GROUP_M * (tl.cdiv(N, BLOCK_N)))) * GROUP_M), GROUP_M)))',
+                                  'tl.cdiv(M, BLOCK_M)',
+                                  22]],
                    'row_bounds': [],
                    'row_multiples': [],
                    'row_scales': [['c_ptr', ['stride_cm'], 40]],

@@ -1,0 +1,79 @@
+"""The tile order rotates the tile index a kernel computes from its program id (`pid_m = pid // num_pid_n`) among
+the `tl.cdiv(M, BLOCK_M)` row tiles, so that each rank starts on its own rows. The programs then compute the kernel's
+own tiles only where the grid gives that index every tile: a shorter grid (a kernel launched for the first rows only)
+would compute others once rotated. Each call with peers checks the grid, and refuses one that leaves a tile out;
+`order="mesh"` keeps the kernel's own order."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import tilelink
+from tests.rules.cases import module_at, rows_of
+from tilelink.errors import LaunchError
+
+KERNEL = '''import triton
+import triton.language as tl
+import tilelink
+
+
+@tilelink.overlap(tilelink.all_gather("a_ptr"){options})
+@triton.jit
+def matmul(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    pid = tl.program_id(0)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    pid_m = pid // num_pid_n
+    pid_n = pid % num_pid_n
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BLOCK_K)):
+        a = tl.load(a_ptr + rm[:, None] * stride_am + (k * BLOCK_K + rk)[None, :] * stride_ak,
+                    mask=(rm[:, None] < M) & ((k * BLOCK_K + rk)[None, :] < K), other=0.0)
+        b = tl.load(b_ptr + (k * BLOCK_K + rk)[:, None] * stride_bk + rn[None, :] * stride_bn,
+                    mask=((k * BLOCK_K + rk)[:, None] < K) & (rn[None, :] < N), other=0.0)
+        acc += tl.dot(a, b)
+    tl.store(c_ptr + rm[:, None] * stride_cm + rn[None, :] * stride_cn, acc, mask=(rm[:, None] < M) & (rn[None, :] < N))
+'''
+
+
+def _first_rows(path: str, tiles: int) -> float:
+    """The kernel on a grid of the first ``tiles`` row tiles (every column tile of each), against torch on those
+    rows."""
+    rank, world = tilelink.rank(), tilelink.world_size()
+    M, N, K = 64, 32, 40
+    g = torch.Generator().manual_seed(3)
+    a, b = torch.randn(M, K, generator=g), torch.randn(K, N, generator=g)
+    lo, hi = rows_of(rank, world, M)
+    c = torch.full((M, N), float("nan"))
+    module_at(path).matmul[(tiles * 2,)](a[lo:hi].contiguous(), b, c, M, N, K, K, 1, N, 1, N, 1, BLOCK_M=16,
+                                         BLOCK_N=16, BLOCK_K=16)
+    return (c[:tiles * 16] - (a @ b)[:tiles * 16]).abs().max().item()
+
+
+def test_a_grid_that_covers_every_tile_equals_torch(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("TILELINK_RACES", "1")
+    path = tmp_path / "rotated.py"
+    path.write_text(KERNEL.format(options=""))
+    errors = tilelink.spawn(_first_rows, 2, str(path), 4)
+    assert all(e < 1e-4 for e in errors), errors
+
+
+def test_a_grid_shorter_than_the_tiles_is_refused_before_the_launch(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("TILELINK_RACES", "1")
+    path = tmp_path / "short.py"
+    path.write_text(KERNEL.format(options=""))
+    with pytest.raises(LaunchError, match=r"rotates the tile index bound at .*short.py:12 .* among its 4 tiles, but "
+                                          r"the grid \(4, 1, 1\) gives it 2 of them \(not tile 2\)"):
+        tilelink.spawn(_first_rows, 2, str(path), 2)
+
+
+def test_the_kernel_s_own_order_runs_a_shorter_grid(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("TILELINK_RACES", "1")
+    path = tmp_path / "mesh.py"
+    path.write_text(KERNEL.format(options=', order="mesh"'))
+    errors = tilelink.spawn(_first_rows, 2, str(path), 2)
+    assert all(e < 1e-4 for e in errors), errors
