@@ -1000,7 +1000,8 @@ def _sum_terms(an: KernelAnalysis, node: cst.BaseExpression, keep: str | None,
 
 
 def _bounds_k(an: KernelAnalysis, node: cst.BaseExpression, target: str | None,
-              extent: tuple[cst.BaseExpression | None, tuple[str, ...], bool], stored: set[str]) -> bool:
+              extent: tuple[cst.BaseExpression | None, tuple[str, ...], bool], stored: set[str],
+              shape_only: bool = False) -> bool:
     """``node`` compares the columns of this step along K with the loop's K extent ``X`` (``extent``,
     :func:`_loop_extent`): the offsets (one ``tl.arange``) plus the step's ``k * F`` on one side, ``X`` on the other,
     the step's term on either (`offs_k[None, :] < X - k * BLOCK_K`, `(k * BLOCK_K + rk)[None, :] < X`), or `rk[None,
@@ -1035,10 +1036,12 @@ def _bounds_k(an: KernelAnalysis, node: cst.BaseExpression, target: str | None,
         # parameter: the loop's own extent where its range says it (`offs_k < N` in a loop over `tl.cdiv(K,
         # BLOCK_K)` would read past the rank's slice of K), any one where the range does not
         if extent_terms is None:
-            return bool(columns) and all(names_in(t) <= stored for t, _ in columns)
+            return shape_only or bool(columns) and all(names_in(t) <= stored for t, _ in columns)
         return fixed == extent_terms
     if X is None:
-        return False
+        # ``shape_only``: whether the term has the form of a bound by the extent (`offs + k * F < X`), X passed
+        return shape_only and len(moving) == 1 and not moving[0][1] and bool(fixed) and all(
+            not n and f in set(an.params) - set(an.constexpr_params) for n, f in fixed)
     if down:  # `P - k < 0`: the step's own value is what is left
         return len(moving) == 1 and moving[0][1] and m.matches(moving[0][0], m.Name(target)) and not fixed
     # `P + k * F - X < 0`, with F what the range steps by
@@ -1284,6 +1287,20 @@ def _check_k_masks(an: KernelAnalysis, a, rule: str) -> None:
                 for term in _mask_terms(an, code(mask)):
                     if not (names_in(term) & varying) or _bounds_k(an, term, target, extent, stored):
                         continue
+                    if extent[0] is None and _bounds_k(an, term, target, extent, stored, shape_only=True):
+                        # the form of a bound by the loop's extent, which is not known
+                        header = next((src for src, w in an.effects if w == loop[0]), "")
+                        header = header.split(":=", 1)[-1].strip().removesuffix(")").strip() if header else ""
+                        raise AnnotationError(
+                            f"the mask of the load at line {site.line} bounds the offsets along K in the loop at "
+                            f"line {loop[0].line}, which sums the partial sums of {a.tensor!r}, but TileLink does not "
+                            f"read that loop's K extent from its range{f' (`{header}`)' if header else ''}: each rank "
+                            f"runs the loop over its own slice of K, and TileLink can check neither that the loop "
+                            f"covers the slice nor that the mask's bound (`{code(term).strip()}`) is the slice's end",
+                            file=site.file, line=site.line, column=site.column,
+                            hint="loop over `range(0, tl.cdiv(K, BLOCK_K))` (or `range(0, K, BLOCK_K)`, a count "
+                                 "bound once to `tl.cdiv(K, BLOCK_K)`) with the mask `offs_k[None, :] < K - k * "
+                                 "BLOCK_K`")
                     raise AnnotationError(
                         f"the mask of the load at line {site.line} reads the step of the loop at line "
                         f"{loop[0].line}, which sums the partial sums of {a.tensor!r}, other than by bounding the "

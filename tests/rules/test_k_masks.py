@@ -107,8 +107,10 @@ def test_a_masked_loop_whose_extent_is_not_read_is_refused(loop: str) -> None:
     each rank at other columns of its slice than the mask (`range(0, 4)` sums four blocks of each rank's slice)."""
     source = _source("acc += tl.dot(a, b)").replace("range(0, tl.cdiv(K, BLOCK_K))", loop)
     assert loop in source
-    with pytest.raises(AnnotationError, match="reads the step of the loop at line 16"):
+    with pytest.raises(AnnotationError, match="the loop at line 16, .* does not read that loop's K extent from its "
+                                              "range") as err:
         _generate(source)
+    assert f"(`{loop}`)" in str(err.value) and "range(0, tl.cdiv(K, BLOCK_K))" in err.value.hint, err.value
 
 
 @pytest.mark.parametrize("mask", ["rk[None, :] < K - 2 * k * BLOCK_K", "rk[None, :] < K - k * BLOCK_N",
@@ -194,5 +196,5 @@ def test_k_offsets_in_a_loop_over_a_passed_count_bounded_by_another_parameter_ar
     source = _in_place("N").replace("for k in range(0, tl.cdiv(K, BLOCK_K)):", "for k in range(0, NB):").replace(
         "M, N, K,", "M, N, K, NB,")
     assert "range(0, NB)" in source and "K, NB," in source
-    with pytest.raises(AnnotationError, match="reads the step of the loop"):
+    with pytest.raises(AnnotationError, match="does not read that loop's K extent from its range"):
         _generate(source)
