@@ -9,7 +9,7 @@ the user's source again except through what is recorded here.
 
 from __future__ import annotations
 
-import re
+import functools
 import textwrap
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -300,7 +300,9 @@ def call_position(call: cst.Call, reading: frozenset[str] = frozenset()) -> str 
     if name == "program_id":
         axis = _arg(call, 0, "axis")
         return str(int(axis.value)) if isinstance(axis, cst.Integer) else ANY_AXIS
-    return ANY_AXIS if isinstance(func, cst.Name) and name in reading else None
+    if isinstance(func, cst.Name) and name in reading or isinstance(func, cst.Attribute) and code(func) in reading:
+        return ANY_AXIS  # a helper that reads the position itself (`block_start(...)`, `helpers.block_start(...)`)
+    return None
 
 
 def axes_meet(found: set[str], axes: set[str]) -> bool:
@@ -310,11 +312,29 @@ def axes_meet(found: set[str], axes: set[str]) -> bool:
 
 def position_helpers(helpers: dict[str, str]) -> frozenset[str]:
     """The helpers that read the program's position themselves: a program id, or a call of such a helper."""
-    reading = {n for n, src in helpers.items() if re.search(r"\bprogram_id\b", src)}
-    while more := {n for n, src in helpers.items() if n not in reading and any(
-            re.search(rf"\b{re.escape(r)}\s*\(", src) for r in reading)}:
+    calls = {n: _called(src) for n, src in helpers.items()}
+    reading = {n for n, called in calls.items() if "program_id" in called}
+    while more := {n for n, called in calls.items() if n not in reading and called & reading}:
         reading |= more
     return frozenset(reading)
+
+
+@functools.lru_cache(maxsize=256)
+def _called(source: str) -> frozenset[str]:
+    """What the function ``source`` calls, by name (``program_id`` for ``tl.program_id``, ``helpers.block_start`` for
+    a module's function); its comments and strings are not calls."""
+    try:
+        parsed = cst.parse_module(source)
+    except cst.ParserSyntaxError:
+        return frozenset({"program_id"})  # not read: taken as reading anything
+    found: set[str] = set()
+    for call in m.findall(parsed, m.Call()):
+        func = call.func
+        if isinstance(func, cst.Attribute):
+            found |= {func.attr.value, code(func)}
+        elif isinstance(func, cst.Name):
+            found.add(func.value)
+    return frozenset(found)
 
 
 def names_outside_loads(node: cst.CSTNode) -> set[str]:

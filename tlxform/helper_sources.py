@@ -3,8 +3,9 @@
 The tile-order rotation reads a helper that returns a tile mapping's coordinates (``pid_m, pid_n =
 tile_coordinates(...)``) to tell that they are the mapping's pair; a helper it cannot read keeps the kernel's own
 order. A helper of the kernel's file is read from that file; one imported by name (``from tilelink.ops.gemm_kernels
-import tile_coordinates``, also ``as`` another name, or relative to the kernel's package) is read from its module's
-file, found without running any module: next to the kernel's file where its folder is not a package (a script's
+import tile_coordinates``, also ``as`` another name, or relative to the kernel's package), or called as a function of
+an imported module (``import helpers`` ... ``helpers.block_start(...)``, known as ``helpers.block_start``), is read
+from its module's file, found without running any module: next to the kernel's file where its folder is not a package (a script's
 folder, first on the import path), else through Python's import system from the deepest package above it whose parent
 is imported (``tilelink.ops`` under ``tilelink``: an editable install maps TileLink's packages to folders of other
 names).
@@ -30,10 +31,16 @@ def imported_helpers(module: cst.Module, file: str, is_jit) -> dict[str, str]:
     out: dict[str, str] = {}
     # only names the file calls: `from __future__ import annotations` and the like are not read
     called = {c.func.value for c in m.findall(module, m.Call(func=m.Name()))}
+    # the modules the file calls functions of (`import helpers` ... `helpers.block_start(...)`), by the name it binds
+    through = {cst.Module(body=[]).code_for_node(c.func.value).strip()
+               for c in m.findall(module, m.Call(func=m.Attribute(value=m.Name() | m.Attribute())))}
     for stmt in module.body:
         if not isinstance(stmt, cst.SimpleStatementLine):
             continue
         for small in stmt.body:
+            if isinstance(small, cst.Import):
+                out.update(_module_helpers(small, through, file, is_jit))
+                continue
             if not isinstance(small, cst.ImportFrom) or isinstance(small.names, cst.ImportStar) or not any(
                     _local(alias) in called for alias in small.names):
                 continue
@@ -54,6 +61,36 @@ def imported_helpers(module: cst.Module, file: str, is_jit) -> dict[str, str]:
                 if not isinstance(alias.name, cst.Name) or alias.name.value not in jitted:
                     continue
                 out[_local(alias)] = cst.Module(body=[]).code_for_node(jitted[alias.name.value]).strip()
+    return out
+
+
+#: modules whose functions a kernel calls that are not its helpers (Triton's, torch's): not looked up
+_NOT_HELPERS = ("triton", "torch", "numpy", "math")
+
+
+def _module_helpers(stmt: cst.Import, through: set[str], file: str, is_jit) -> dict[str, str]:
+    """The ``@triton.jit`` functions of each module ``stmt`` imports whose functions the file calls (``through``),
+    by the name the file calls them (``helpers.block_start``, ``h.block_start`` of ``import helpers as h``)."""
+    out: dict[str, str] = {}
+    for alias in stmt.names:
+        dotted = cst.Module(body=[]).code_for_node(alias.name).strip()
+        local = alias.asname.name.value if alias.asname is not None and isinstance(alias.asname.name, cst.Name) \
+            else dotted
+        if local not in through or dotted.split(".")[0] in _NOT_HELPERS:
+            continue
+        path, text = _module_text(dotted, 0, file)
+        lookups = _lookups.get()
+        if lookups is not None:
+            lookups.append(_lookup(dotted, 0, file, path, text))
+        if text is None:
+            continue
+        try:
+            parsed = cst.parse_module(text)
+        except cst.ParserSyntaxError:
+            continue
+        for f in parsed.body:
+            if isinstance(f, cst.FunctionDef) and any(is_jit(d) for d in f.decorators):
+                out[f"{local}.{f.name.value}"] = cst.Module(body=[]).code_for_node(f).strip()
     return out
 
 

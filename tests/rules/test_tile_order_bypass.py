@@ -237,3 +237,31 @@ def test_positions_read_through_a_helper_or_spelled_otherwise_equal_torch(form: 
     path.write_text(HEAD + textwrap.dedent(SPELLED[form]))
     errors = tilelink.spawn(_double, 2, str(path), form)
     assert all(e < 1e-5 for e in errors), errors
+
+
+def test_a_position_read_through_a_function_of_an_imported_module_keeps_its_order(tmp_path, monkeypatch) -> None:
+    """`import tile_helpers` ... `tile_helpers.block_start(BLOCK)`: the module's file, found beside the kernel's, is
+    read for what the function reads."""
+    (tmp_path / "tile_helpers.py").write_text(HEAD + textwrap.dedent(HELPER.split("@tilelink.overlap")[0]))
+    source = ("import tile_helpers\n" + HEAD + textwrap.dedent(OWN_ROWS).replace(
+        "    o = tl.program_id(0) * BLOCK", "    o = tile_helpers.block_start(BLOCK)"))
+    path = tmp_path / "module_helper.py"
+    path.write_text(source)
+    (entry,) = [str(e) for e in generate(source, str(path), requests_in(source, str(path))).report.entries
+                if "order" in e.message]
+    assert entry.startswith("[not applied]") and "tile_helpers.block_start(BLOCK)" in entry, entry
+    monkeypatch.setenv("TILELINK_RACES", "1")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    errors = tilelink.spawn(_double, 2, str(path), "module_helper")
+    assert all(e < 1e-5 for e in errors), errors
+
+
+def test_a_helper_that_only_mentions_the_program_id_in_a_comment_keeps_the_rotation() -> None:
+    source = '''
+@triton.jit
+def start_of(p, BLOCK: tl.constexpr):
+    # p is tl.program_id(0), rotated by the caller
+    return p * BLOCK
+''' + OWN_ROWS.replace("    o = tl.program_id(0) * BLOCK", "    o = start_of(pid, BLOCK)")
+    (entry,) = _report(source)
+    assert entry.startswith("[applied]") and "pid rotated" in entry, entry
