@@ -884,8 +884,8 @@ class _Analyzer:
                 ref, start, size = definition
                 return Tile(start, size, name, size_param or self._size_param(name) or self._wrap_bound(name),
                             self._pid_of(start), self.where(ref.node), ndim,
-                            wraps=any(m.findall(v, m.BinaryOperation(operator=m.Modulo())) or _is_clamp(
-                                _unhinted(v)) for v in self._resolved_values(name, access.where)))
+                            wraps=any(_row_wraps(v, start) or _is_clamp(_unhinted(v))
+                                      for v in self._resolved_values(name, access.where)))
         return None
 
 
@@ -978,6 +978,14 @@ def _unhinted(value: cst.BaseExpression) -> cst.BaseExpression:
     while (_is_tl_call(value, "multiple_of") or _is_tl_call(value, "max_contiguous")) and value.args:
         value = value.args[0].value  # type: ignore[attr-defined]
     return value
+
+
+def _row_wraps(value: cst.BaseExpression, start: str) -> list[cst.BinaryOperation]:
+    """The ``%`` operations of an offsets vector's value that wrap its rows (`(pid_m * B + tl.arange(0, B)) % M`): not
+    one of the tile's start ``start``, in source, which picks the tile (`(pid % num_pid_m) * B + tl.arange(0, B)`)."""
+    picks = code(cst.parse_expression(start)).replace(" ", "") if start else ""
+    return [mod for mod in m.findall(value, m.BinaryOperation(operator=m.Modulo()))
+            if not (picks and code(mod).replace(" ", "") in picks)]
 
 
 def _same_rows_or_clamped(value: cst.BaseExpression, name: str) -> bool:
@@ -1169,7 +1177,7 @@ def _check_row_terms(an: _Analyzer, acc: Access, tile: Tile, pointers: set[str],
     # rows that wrap (`% M`) or are clamped (`tl.where(offs < M, offs, 0)`) read the first rows again: the wait
     # covers those only for a bound that is the tensor's size (`M_VALID < M` sends rows [M_VALID, end) to row 0)
     for value in an._resolved_values(tile.offsets, acc.where):
-        bounds = [("wrap at", code(mod.right)) for mod in m.findall(value, m.BinaryOperation(operator=m.Modulo()))]
+        bounds = [("wrap at", code(mod.right)) for mod in _row_wraps(value, tile.start)]
         clamp = _clamp_bound(_unhinted(value))
         bounds += [("are clamped to row 0 at", clamp)] if clamp is not None else []
         for what, bound in bounds:

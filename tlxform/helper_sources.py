@@ -3,12 +3,12 @@
 The tile-order rotation reads a helper that returns a tile mapping's coordinates (``pid_m, pid_n =
 tile_coordinates(...)``) to tell that they are the mapping's pair; a helper it cannot read keeps the kernel's own
 order. A helper of the kernel's file is read from that file; one imported by name (``from tilelink.ops.gemm_kernels
-import tile_coordinates``, also ``as`` another name, or relative to the kernel's package), or called as a function of
-an imported module (``import helpers`` ... ``helpers.block_start(...)``, known as ``helpers.block_start``), is read
-from its module's file, found without running any module: next to the kernel's file where its folder is not a package (a script's
-folder, first on the import path), else through Python's import system from the deepest package above it whose parent
-is imported (``tilelink.ops`` under ``tilelink``: an editable install maps TileLink's packages to folders of other
-names).
+import tile_coordinates``, also ``as`` another name, or relative to the kernel's package), or called as a function
+of an imported module (``import helpers`` ... ``helpers.block_start(...)``, known as ``helpers.block_start``), is
+read from its module's file, found without running any module: next to the kernel's file where its folder is not a
+package (a script's folder, first on the import path), else through Python's import system from the deepest package
+above it whose parent is imported (``tilelink.ops`` under ``tilelink``: an editable install maps TileLink's packages
+to folders of other names).
 """
 
 from __future__ import annotations

@@ -55,10 +55,10 @@ def _error(text: str) -> str:
     return str(err.value)
 
 
-def _rolled(path: str) -> float:
+def _rolled(path: str, M: int = 50) -> float:
     kernel = module_at(path).matmul
     rank, world = tilelink.rank(), tilelink.world_size()
-    M, N, K = 50, 24, 40
+    N, K = 24, 40
     g = torch.Generator().manual_seed(5)
     a, b = torch.randn(M, K, generator=g), torch.randn(K, N, generator=g)
     lo, hi = rows_of(rank, world, M)
@@ -250,3 +250,16 @@ def test_index_rows_beside_columns_that_move_them_are_refused(columns: str) -> N
         f"a_ptr + rows[:, None] * stride_am + {columns}")
     assert columns in text
     assert "cannot tell which rows along dim 0 of 'a_ptr'" in _error(text)
+
+
+def test_a_tile_index_wrapped_inside_the_rows_start_is_not_a_wrap_of_the_rows(tmp_path, monkeypatch) -> None:
+    """`((pid_m + 1) % num_pid_m) * BLOCK_M + tl.arange(0, BLOCK_M)`: the `%` picks the next tile, whose rows are
+    whole; only a `%` of the rows themselves (`(... + tl.arange(0, B)) % M`) wraps them, at a bound that must be the
+    size."""
+    rows = ("num_pid_m = tl.cdiv(M, BLOCK_M)\n    offs_am = ((pid_m + 1) % num_pid_m) * BLOCK_M + tl.arange(0, BLOCK_M)"
+            "\n    ram = offs_am")
+    monkeypatch.setenv("TILELINK_RACES", "1")
+    path = tmp_path / "next_tile.py"
+    path.write_text(_source(rows))
+    errors = tilelink.spawn(_rolled, 2, str(path), 64)
+    assert all(e < 1e-4 for e in errors), errors
