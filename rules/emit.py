@@ -119,7 +119,7 @@ def _pid_times_size(an, tile) -> bool:
 
 
 def remap_order(an: KernelAnalysis, access: Access, rule: str, order: str,
-                shift: str) -> tuple[list[Insertion], ReportEntry, tuple[tuple[str, str, int], ...]]:
+                shift: str) -> tuple[list[Insertion], ReportEntry, tuple[tuple[str, str, str, str, int], ...]]:
     """Rotate the tile index so that tiles are visited in ``order`` (paper §3.1, tile order).
 
     ``shift`` is the tile index, in source, that should come first. Applies to tiles of the form
@@ -132,16 +132,44 @@ def remap_order(an: KernelAnalysis, access: Access, rule: str, order: str,
         return inserts, entry, ()
     if any("tl.num_programs(" in line for ins in inserts for line in ins.lines):
         return inserts, entry, ()  # the program id itself, rotated among the programs the grid launches
-    # a value made from the program id (`pid // num_pid_n`, a grouped ordering): the grid must give it every tile
+    # a value made from the program id (`pid // num_pid_n`, a grouped ordering): at each of the program's other
+    # coordinates (`pid_n`, the other axes), the grid must give it every tile or none
     tiles = f"tl.cdiv({tile.size_param}, {tile.size})"
+    chain, reading = _made_from(an, tile.pid), position_helpers(an.helpers)
+    headers = _loop_ranges(an)
+    position: set[str] = set()  # every name whose value reads the program's position
+    while more := {n for n in (set(an.values) | set(headers)) - position if any(
+            _program_ids(cst.parse_expression(v), reading) or names_in(cst.parse_expression(v)) & position
+            for v in an.values.get(n, ()) + headers.get(n, ()))}:
+        position |= more
+    # the other coordinates: scalars made from the position, not from the rotated index (`pid_n`; not `rn`, a vector
+    # of it, nor `b`, data loaded at it)
+    after = {tile.pid}
+    while more := {n for n in set(an.values) - after if any(
+            names_in(cst.parse_expression(v)) & after for v in an.values.get(n, ()))}:
+        after |= more
+    carriers = {n for n in position - chain - after if not any(
+        m.findall(cst.parse_expression(v), m.Call(func=m.Attribute(attr=m.Name("arange") | m.Name("load"))))
+        for v in _value_closure(an, n))}
     facts = []
     for value, at in zip(an.values.get(tile.pid, ()), an.assignments.get(tile.pid, ()), strict=False):
         written = an.written_out(value, at) if an.written_out is not None else None
         count = an.written_out(tiles, at) if an.written_out is not None else None
-        if written is not None and count is not None:
+        sides = [side for side in an.branch_sides.get(at, ()) if side.static]
+        # the other coordinates' values a launch that compiles this binding may compile too (not those of the other
+        # side of a compile-time `if` around it)
+        others = [an.written_out(v, w) if an.written_out is not None else None for n in sorted(carriers)
+                  for v, w in zip(an.values.get(n, ()), an.assignments.get(n, ()), strict=False)
+                  if not any(o.where == side.where and o.body != side.body
+                             for o in an.branch_sides.get(w, ()) for side in sides)]
+        if written is None or count is None or None in others:
             # one TileLink cannot write out (a helper's return, `pid_m, pid_n = swizzle(tl.program_id(0), ...)`)
             # is rotated unchecked, as a grid that covers every tile is the kernel's own contract
-            facts.append((written, count, at.line))
+            continue
+        axes = _program_ids(cst.parse_expression(written))
+        others += [f"tl.program_id({axis})" for axis in ("0", "1", "2") if axis not in axes]
+        test = " and ".join(f"({side.test})" if side.body else f"not ({side.test})" for side in sides)
+        facts.append((written, count, " ; ".join(dict.fromkeys(others)), test, at.line))
     return inserts, entry, tuple(dict.fromkeys(facts))
 
 
@@ -390,6 +418,18 @@ def _loop_ranges(an: KernelAnalysis) -> dict[str, tuple[str, ...]]:
         if isinstance(node, cst.NamedExpr) and isinstance(node.target, cst.Name):
             ranges[node.target.value] = ranges.get(node.target.value, ()) + (code(node.value),)
     return ranges
+
+
+def _value_closure(an: KernelAnalysis, name: str) -> list[str]:
+    """Every value of ``name`` and of the names they read, in turn."""
+    out, seen, todo = [], {name}, [name]
+    while todo:
+        for v in an.values.get(todo.pop(), ()):
+            out.append(v)
+            for read in names_in(cst.parse_expression(v)) - seen:
+                seen.add(read)
+                todo.append(read)
+    return out
 
 
 def _made_from(an: KernelAnalysis, pid: str) -> set[str]:

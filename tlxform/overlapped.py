@@ -264,8 +264,9 @@ class OverlappedKernel:
             for start, block, step, test, line in plan.column_ends:
                 if self._holds(test, values):
                     self._check_column_end(start, block, step, line, values, programs, said_config)
-            for index, tiles, line in plan.rotations:
-                self._check_rotation(index, tiles, line, values, programs, said_config)
+            for index, tiles, others, test, line in plan.rotations:
+                if self._holds(test, values):
+                    self._check_rotation(index, tiles, others, line, values, programs, said_config)
             for tensor, factors, line in plan.row_scales:
                 t = bound.get(tensor)
                 if not (hasattr(t, "shape") and hasattr(t, "stride")) or len(t.shape) <= plan.dim:
@@ -643,42 +644,50 @@ class OverlappedKernel:
             f"them, rows its wait does not cover; pass arguments that make {product} a multiple of {divisor}" +
             (f", or ones under which `{test}` does not hold" if test else ""))
 
-    def _check_rotation(self, index: str, tiles: str, line: int, values: dict,
+    def _check_rotation(self, index: str, tiles: str, others: str, line: int, values: dict,
                         programs: tuple[int, int, int] | None, said_config: str) -> None:
         """The tile order rotates the tile index bound at ``line`` (``index`` its value, over program ids and the
-        arguments) among ``tiles`` tiles: each program then computes another of them. The programs compute the
-        kernel's own tiles only where the grid gives the index every tile of ``[0, tiles)``: refuse a call whose grid
-        leaves one out (a grid shorter than the tiles). A grid too large to evaluate program by program, or a value
-        TileLink does not evaluate (a loop's target), is not checked."""
+        arguments) among ``tiles`` tiles, at the program's other coordinates (``others``, joined by " ; "): each
+        program then computes another tile of the same others. The programs compute the kernel's own tiles only where,
+        at each of the others the grid gives, the index takes every tile of ``[0, tiles)`` or none: refuse a call
+        whose grid takes some and not all (a grid shorter than the tiles, by rows or by part of one). A grid larger
+        than ``_EXACT_PROGRAMS`` programs, or a value TileLink does not evaluate (a loop's target), is not checked."""
         import numpy as np
 
         if programs is None or 0 in programs or math.prod(programs) > _EXACT_PROGRAMS:
             return
-        names = sorted({n.id for source in (index, tiles) for n in ast.walk(ast.parse(source))
-                        if isinstance(n, ast.Name)})
-        key = (index, tiles, programs, tuple(getattr(values.get(n), "value", values.get(n)) for n in names))
-        try:
-            if key in self._rotations_passed:
-                return  # the same grid and the same values: checked already
-        except TypeError:  # a value that is not hashable: checked every call
-            key = None
-        count = _evaluate(tiles, values, _PerProgram(programs))
-        found = _evaluate(index, values, _PerProgram(programs))
-        if count is None or found is None:
+        key = (index, tiles, others, programs, tuple(sorted(
+            (n, getattr(v, "value", v)) for n, v in values.items() if isinstance(getattr(v, "value", v), int))))
+        if key in self._rotations_passed:
+            return  # the same grid and the same values: checked already
+        dom = _PerProgram(programs)
+        count = _evaluate(tiles, values, dom)
+        found = _evaluate(index, values, dom)
+        coords = [_evaluate(o, values, dom) for o in others.split(" ; ") if o]
+        if count is None or found is None or any(c is None for c in coords):
             return
         n = int(np.max(count))
-        seen = np.unique(np.broadcast_to(found, programs))
-        missing = np.setdiff1d(np.arange(n), seen)
-        if not missing.size:
-            if key is not None:
-                self._rotations_passed.add(key)
+        table = np.stack([np.broadcast_to(x, programs).ravel() for x in (*coords, found)], axis=1)
+        table = np.unique(table[(table[:, -1] >= 0) & (table[:, -1] < n)], axis=0)
+        groups, taken = np.unique(table[:, :-1], axis=0, return_counts=True)
+        short = np.flatnonzero(taken != n)
+        if not short.size:
+            self._rotations_passed.add(key)
+            if len(self._rotations_passed) > 64:
+                self._rotations_passed.pop()
             return
+        where = groups[short[0]]
+        taken_there = table[(table[:, :-1] == where).all(axis=1), -1]
+        missing = int(np.setdiff1d(np.arange(n), taken_there)[0])
+        at = ", ".join(f"`{o}` = {int(v)}" for o, v in zip(others.split(" ; "), where, strict=True)
+                       if not (o.startswith("tl.program_id(") and programs[int(o[14])] == 1))  # an axis of one
         grid = "(" + ", ".join(map(str, programs)) + ")"
         raise LaunchError(
             f"{self.name}: the tile order rotates the tile index bound at {_display_path(self.file)}:{line} "
-            f"(`{index}`) among its {n} tiles{said_config}, but the grid {grid} gives it {n - missing.size} of them "
-            f"(not tile {int(missing[0])}): rotated, its programs would compute other tiles than the kernel as "
-            f"written; launch a grid that covers every tile, or pass order=\"mesh\" to keep the kernel's own order")
+            f"(`{index}`) among its {n} tiles{said_config}, but the grid {grid} gives it {taken_there.size} of them"
+            f"{f' where {at}' if at else ''} (not tile {missing}): rotated, its programs would compute other tiles "
+            f"than the kernel as written; launch a grid that covers every tile, or pass order=\"mesh\" to keep the "
+            f"kernel's own order")
 
     @functools.cached_property
     def _rotations_passed(self) -> set:

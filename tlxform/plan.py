@@ -116,12 +116,14 @@ class LaunchPlan:
     #: of ``step``, so the columns stay in the row only where ``start + block <= step`` on every program of the call's
     #: grid, checked on each call whose arguments make the compile-time ``test`` hold ("": every call)
     column_ends: tuple[tuple[str, tuple[str, ...], tuple[str, ...], str, int], ...] = ()
-    #: each rotation of a tile index the tile order inserted, ``(index, tiles, line)``: the index's value where the
-    #: kernel binds it and the count of tiles it is rotated among, in source over program ids and the arguments, and
-    #: the line of the binding. The rotation gives each program another of the tiles ``[0, tiles)``; it computes the
-    #: kernel's own tiles only where the call's grid gives the index every one of them, which each call with more
-    #: than one rank checks (a grid shorter than the tiles would compute others)
-    rotations: tuple[tuple[str, str, int], ...] = ()
+    #: each rotation of a tile index the tile order inserted, ``(index, tiles, others, test, line)``: the index's value
+    #: where the kernel binds it, the count of tiles it is rotated among, and the program's other coordinates (the
+    #: values of the other names that read its position, and the program ids of the axes the index does not read,
+    #: joined by " ; "), in source over program ids and the arguments; the compile-time test under which the binding
+    #: is compiled ("" always) and its line. The rotation gives each program another of the tiles ``[0, tiles)`` at
+    #: the same other coordinates: it computes the kernel's own tiles only where, at each of those, the call's grid
+    #: gives the index every tile or none, which each call with more than one rank that takes the test checks
+    rotations: tuple[tuple[str, str, str, str, int], ...] = ()
 
     def __post_init__(self) -> None:
         if not self.rule or type(self) is LaunchPlan:
@@ -170,8 +172,8 @@ class LaunchPlan:
             and bool(e[1]) and _factors(e[2]) and bool(e[2]) and isinstance(e[3], str) and _positive(e[4])
             for e in self.column_ends), "a tuple of (start, block factors, step factors, compile-time test, line)")
         self._check("rotations", isinstance(self.rotations, tuple) and all(
-            isinstance(e, tuple) and len(e) == 3 and all(isinstance(x, str) and x for x in e[:2]) and _positive(e[2])
-            for e in self.rotations), "a tuple of (index, tiles, line)")
+            isinstance(e, tuple) and len(e) == 5 and all(isinstance(x, str) for x in e[:4]) and all(e[:2])
+            and _positive(e[4]) for e in self.rotations), "a tuple of (index, tiles, others, test, line)")
 
     def _check(self, name: str, ok: bool, wanted: str) -> None:
         if not ok:

@@ -345,6 +345,9 @@ _SUMMED = (_SUM, _ONCE)
 #: the names holding addresses made from the pointer parameters the launcher replaces by zeros on every rank but
 #: the first (:func:`first_rank_terms`), while the stored values are classified
 _FIRST_RANK: contextvars.ContextVar[frozenset[str]] = contextvars.ContextVar("first_rank", default=frozenset())
+#: the parameters that hold the K extent of a loop that sums (`K` of `range(0, tl.cdiv(K, BLOCK_K))`): each rank
+#: passes its own slice's, so a value scaled by one differs between the ranks (`acc / K`, `bias * K`)
+_SLICED: contextvars.ContextVar[frozenset[str]] = contextvars.ContextVar("sliced", default=frozenset())
 
 
 class _Epilogue(Exception):
@@ -459,6 +462,10 @@ def _classify(an: KernelAnalysis, node: cst.BaseExpression, visiting: dict[str, 
             return _join(left, right, node) if _ZERO not in (left, right) or not isinstance(op, cst.Multiply) \
                 else _ZERO
         summed, other = (left, right) if left in _SUMMED else (right, left)
+        sliced = _SLICED.get() & _names_through(an, node.right if left in _SUMMED else node.left)
+        if sliced and isinstance(op, (cst.Multiply, cst.Divide)):
+            raise _Epilogue(node, f"the partial sums scaled by `{sorted(sliced)[0]}`, the K extent of the loop that "
+                                  f"sums them, which each rank passes as its own slice's")
         if isinstance(op, (cst.Add, cst.Subtract)):
             if other in (*_SUMMED, _ZERO):
                 return _SUM if _SUM in (left, right) else summed
@@ -560,6 +567,18 @@ def _classify(an: KernelAnalysis, node: cst.BaseExpression, visiting: dict[str, 
     if set(kinds) & set(_SUMMED):
         raise _Epilogue(node, "an expression TileLink cannot follow, on the partial sums")
     return _DATA if _DATA in kinds else _CONST
+
+
+def _names_through(an: KernelAnalysis, node: cst.BaseExpression) -> set[str]:
+    """The names ``node`` reads, and those their values read, in turn."""
+    seen, todo = set(), list(names_in(node))
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        todo += [n for src, _ in _bindings(an, name) for n in names_in(cst.parse_expression(src))]
+    return seen
 
 
 def _helper_return(an: KernelAnalysis, call: cst.Call) -> cst.BaseExpression | None:
@@ -1995,7 +2014,7 @@ class Producer(NamedTuple):
     report: list[ReportEntry]
     size_param: str  # the full size of the reduced dimension, in source
     refused: tuple[tuple[str, str], ...]  # ``ReduceScatterLaunch.refused``
-    rotations: tuple[tuple[str, str, int], ...]  # ``LaunchPlan.rotations``
+    rotations: tuple[tuple[str, str, str, str, int], ...]  # ``LaunchPlan.rotations``
     first_rank_only: tuple[str, ...]  # ``ReduceScatterLaunch.first_rank_only``
 
 
@@ -2028,6 +2047,19 @@ def notify_stores(an: KernelAnalysis, spec, opts: Options, rule: str = RULE) -> 
     asserts, notes = _stored_once(an, stores, rule)
     insertions += asserts
     report += notes
+    sliced = frozenset(n for lp in _summing_loops(an) for x in [_loop_extent(an, lp, next(
+        (t for t, binds in an.bindings.items() for b, e in binds if (b, e) == lp), None))[0]] if x is not None
+        for n in names_in(x) if n in an.params and n not in an.constexpr_params)
+    sliced_token = _SLICED.set(sliced)
+    try:
+        return _notify_stores(an, spec, opts, rule, stores, insertions, report)
+    finally:
+        _SLICED.reset(sliced_token)
+
+
+def _notify_stores(an: KernelAnalysis, spec, opts: Options, rule: str, stores, insertions: list[Insertion],
+                   report: list[ReportEntry]) -> Producer:
+    """:func:`notify_stores` from the choice of what the first rank alone reads on."""
     first_rank, pointers = first_rank_terms(an, spec, stores, rule)
     if first_rank:
         said = ", ".join(f"'{p}'" for p in first_rank)
@@ -2049,7 +2081,7 @@ def notify_stores(an: KernelAnalysis, spec, opts: Options, rule: str = RULE) -> 
 def _notify_each(an: KernelAnalysis, spec, opts: Options, rule: str, stores, insertions: list[Insertion],
                  report: list[ReportEntry]
                  ) -> tuple[list[Insertion], list[ReportEntry], str, tuple[tuple[str, str], ...],
-                            tuple[tuple[str, str, int], ...]]:
+                            tuple[tuple[str, str, str, str, int], ...]]:
     """:func:`notify_stores` from the epilogue check of each store on."""
     refused: dict[BranchSide, _Epilogue] = {}  # branches whose epilogue is not linear, refused when compiled
     for a in stores:
@@ -2182,7 +2214,7 @@ def _notify_each(an: KernelAnalysis, spec, opts: Options, rule: str, stores, ins
             f"cannot find the parameter holding the full size of dim 0 of {first.tensor!r}",
             file=first.where.file, line=first.where.line, column=first.where.column,
             hint=f"mask the store with `{tile.offsets or 'offs'}[:, None] < M`, or pass size=\"M\"")
-    rotations: tuple[tuple[str, str, int], ...] = ()
+    rotations: tuple[tuple[str, str, str, str, int], ...] = ()
     shift = f"(((tlk_rank + 1) % tlk_world) * tlk_rows_per_rank) // ({tile.size})"
     if tile.dynamic:
         report.append(ReportEntry(an.name, rule, "note", f"dynamic mapping through {spec.index}"

@@ -213,3 +213,16 @@ def test_an_optional_bias_left_out_passes_none_on_every_rank(tmp_path, monkeypat
     path.write_text(text)
     errors = tilelink.spawn(_optional, 2, str(path))
     assert all(e < 1e-4 for e in errors), errors
+
+
+@pytest.mark.parametrize("epilogue, says", [
+    (f"out = acc + {BIAS} * K", "a data term added to the partial sums"),
+    ("out = acc / K", "scaled by `K`, the K extent of the loop that sums them"),
+    ("out = acc * (1.0 / K)", "scaled by `K`, the K extent of the loop that sums them"),
+])
+def test_a_value_scaled_by_the_k_extent_is_refused(epilogue: str, says: str) -> None:
+    """`K`, the extent of the loop that sums, is each rank's own slice's: scaled by it, the ranks' terms are not the
+    full problem's (the first rank's bias times its K, each rank's sums over its own K)."""
+    text = _source("epilogue").replace(f"out = acc + {BIAS}", epilogue)
+    with pytest.raises(AnnotationError, match=says):
+        _generate(text)

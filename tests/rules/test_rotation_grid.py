@@ -67,8 +67,62 @@ def test_a_grid_shorter_than_the_tiles_is_refused_before_the_launch(tmp_path, mo
     path = tmp_path / "short.py"
     path.write_text(KERNEL.format(options=""))
     with pytest.raises(LaunchError, match=r"rotates the tile index bound at .*short.py:12 .* among its 4 tiles, but "
-                                          r"the grid \(4, 1, 1\) gives it 2 of them \(not tile 2\)"):
+                                          r"the grid \(4, 1, 1\) gives it 2 of them where `\(tl.program_id\(0\)\) % "
+                                          r"\(tl.cdiv\(N, BLOCK_N\)\)` = 0 \(not tile 2\)"):
         tilelink.spawn(_first_rows, 2, str(path), 2)
+
+
+def test_a_grid_short_by_part_of_a_row_of_tiles_is_refused(tmp_path, monkeypatch) -> None:
+    """Every row tile is there, but not at every column tile: rotated, tile (1, 1) would be computed in place of
+    tile (3, 1)."""
+    monkeypatch.setenv("TILELINK_RACES", "1")
+    path = tmp_path / "part_row.py"
+    path.write_text(KERNEL.format(options=""))
+    with pytest.raises(LaunchError, match=r"the grid \(7, 1, 1\) gives it 3 of them where `\(tl.program_id\(0\)\) % "
+                                          r"\(tl.cdiv\(N, BLOCK_N\)\)` = 1 \(not tile 3\)"):
+        tilelink.spawn(_programs, 2, str(path), 7)
+
+
+def _programs(path: str, programs: int) -> float:
+    rank, world = tilelink.rank(), tilelink.world_size()
+    M, N, K = 64, 32, 40
+    a, b = torch.randn(M, K), torch.randn(K, N)
+    lo, hi = rows_of(rank, world, M)
+    c = torch.zeros((M, N))
+    module_at(path).matmul[(programs,)](a[lo:hi].contiguous(), b, c, M, N, K, K, 1, N, 1, N, 1, BLOCK_M=16,
+                                        BLOCK_N=16, BLOCK_K=16)
+    return 0.0
+
+
+def test_a_rotation_under_a_side_the_launch_does_not_compile_is_not_checked(tmp_path, monkeypatch) -> None:
+    """`if TWO_D:` takes the program id itself on a 2-D grid (rotated among the launched programs), `else:` a value
+    made from it on a 1-D grid: a 2-D launch is checked by the side it compiles."""
+    monkeypatch.setenv("TILELINK_RACES", "1")
+    source = KERNEL.format(options="").replace("BLOCK_K: tl.constexpr):",
+                                               "BLOCK_K: tl.constexpr, TWO_D: tl.constexpr):")
+    source = source.replace(
+        "    pid = tl.program_id(0)\n    num_pid_n = tl.cdiv(N, BLOCK_N)\n    pid_m = pid // num_pid_n\n"
+        "    pid_n = pid % num_pid_n\n",
+        "    num_pid_n = tl.cdiv(N, BLOCK_N)\n    if TWO_D:\n        pid_m = tl.program_id(0)\n"
+        "        pid_n = tl.program_id(1)\n    else:\n        pid_m = tl.program_id(0) // num_pid_n\n"
+        "        pid_n = tl.program_id(0) % num_pid_n\n")
+    assert "if TWO_D:" in source
+    path = tmp_path / "two_d.py"
+    path.write_text(source)
+    errors = tilelink.spawn(_two_d, 2, str(path))
+    assert all(e < 1e-4 for e in errors), errors
+
+
+def _two_d(path: str) -> float:
+    rank, world = tilelink.rank(), tilelink.world_size()
+    M, N, K = 64, 32, 40
+    g = torch.Generator().manual_seed(3)
+    a, b = torch.randn(M, K, generator=g), torch.randn(K, N, generator=g)
+    lo, hi = rows_of(rank, world, M)
+    c = torch.full((M, N), float("nan"))
+    module_at(path).matmul[(4, 2)](a[lo:hi].contiguous(), b, c, M, N, K, K, 1, N, 1, N, 1, BLOCK_M=16, BLOCK_N=16,
+                                   BLOCK_K=16, TWO_D=True)
+    return (c - a @ b).abs().max().item()
 
 
 def test_the_kernel_s_own_order_runs_a_shorter_grid(tmp_path, monkeypatch) -> None:

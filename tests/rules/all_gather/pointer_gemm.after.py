@@ -94,6 +94,11 @@ TILELINK_PLAN = {'matmul_kernel': {'channels_per_rank': None,
                                   'BLOCK_N)))) % (min((tl.cdiv(M, BLOCK_M)) - (((tl.program_id(0)) '
                                   '// (GROUP_M * (tl.cdiv(N, BLOCK_N)))) * GROUP_M), GROUP_M)))',
                                   'tl.cdiv(M, BLOCK_M)',
+                                  '((tl.program_id(0)) % (GROUP_M * (tl.cdiv(N, BLOCK_N)))) // '
+                                  '(min((tl.cdiv(M, BLOCK_M)) - (((tl.program_id(0)) // (GROUP_M * '
+                                  '(tl.cdiv(N, BLOCK_N)))) * GROUP_M), GROUP_M)) ; '
+                                  'tl.program_id(1) ; tl.program_id(2)',
+                                  '',
                                   21]],
                    'row_bounds': [['a_ptr', [[False, ['K']]], 'stride_ak', 30]],
                    'row_multiples': [],

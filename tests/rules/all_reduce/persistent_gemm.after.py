@@ -80,6 +80,11 @@ TILELINK_PLAN = {'persistent_matmul_kernel': {'algorithm': None,
                                              '(tl.cdiv(N, BLOCK_N)), NUM_PROGRAMS, loop=18) // '
                                              '(tl.cdiv(N, BLOCK_N))',
                                              'tl.cdiv(M, BLOCK_M)',
+                                             'tl.range(tl.program_id(0), tl.cdiv(M, BLOCK_M) * '
+                                             '(tl.cdiv(N, BLOCK_N)), NUM_PROGRAMS, loop=18) % '
+                                             '(tl.cdiv(N, BLOCK_N)) ; tl.program_id(1) ; '
+                                             'tl.program_id(2)',
+                                             '',
                                              19]],
                               'row_bounds': [],
                               'row_multiples': [],

@@ -84,6 +84,10 @@ TILELINK_PLAN = {'matmul_kernel': {'atomic_axes': None,
                    'rotations': [['tl.range(tl.program_id(0), (tl.cdiv(M, BLOCK_M) * (tl.cdiv(N, '
                                   'BLOCK_N))), NUM_SMS, loop=23) // (tl.cdiv(N, BLOCK_N))',
                                   'tl.cdiv(M, BLOCK_M)',
+                                  'tl.range(tl.program_id(0), (tl.cdiv(M, BLOCK_M) * (tl.cdiv(N, '
+                                  'BLOCK_N))), NUM_SMS, loop=23) % (tl.cdiv(N, BLOCK_N)) ; '
+                                  'tl.program_id(1) ; tl.program_id(2)',
+                                  '',
                                   24]],
                    'row_bounds': [],
                    'row_multiples': [],

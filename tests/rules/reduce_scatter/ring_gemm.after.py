@@ -91,6 +91,11 @@ TILELINK_PLAN = {'matmul_kernel': {'atomic_axes': None,
                                   'BLOCK_N)))) % (min((tl.cdiv(M, BLOCK_M)) - (((tl.program_id(0)) '
                                   '// (GROUP_M * (tl.cdiv(N, BLOCK_N)))) * GROUP_M), GROUP_M)))',
                                   'tl.cdiv(M, BLOCK_M)',
+                                  '((tl.program_id(0)) % (GROUP_M * (tl.cdiv(N, BLOCK_N)))) // '
+                                  '(min((tl.cdiv(M, BLOCK_M)) - (((tl.program_id(0)) // (GROUP_M * '
+                                  '(tl.cdiv(N, BLOCK_N)))) * GROUP_M), GROUP_M)) ; '
+                                  'tl.program_id(1) ; tl.program_id(2)',
+                                  '',
                                   22]],
                    'row_bounds': [],
                    'row_multiples': [],
