@@ -1055,6 +1055,11 @@ def _bounds_k(an: KernelAnalysis, node: cst.BaseExpression, target: str | None,
         # parameter: the loop's own extent where its range says it (`offs_k < N` in a loop over `tl.cdiv(K,
         # BLOCK_K)` would read past the rank's slice of K), any one where the range does not
         if extent_terms is None:
+            # a step counted by a name of its own (a flattened loop's `k = step % k_tiles`, `k_tiles = tl.cdiv(K,
+            # BLOCK_K)`): its cycle is the extent
+            cycles = {c for t, _ in columns for n in names_in(t) if (c := _cycle_extent(an, n)) is not None}
+            if len(cycles) == 1:
+                return fixed == list(next(iter(cycles)))
             return shape_only or bool(columns) and all(names_in(t) <= stored for t, _ in columns)
         return fixed == extent_terms
     if X is None:
@@ -1066,6 +1071,22 @@ def _bounds_k(an: KernelAnalysis, node: cst.BaseExpression, target: str | None,
     # `P + k * F - X < 0`, with F what the range steps by
     return len(moving) == 1 and not moving[0][1] and _factor_codes(moving[0][0]) == tuple(sorted(
         (target, *step))) and fixed == extent_terms
+
+
+def _cycle_extent(an: KernelAnalysis, name: str) -> tuple[tuple[bool, str], ...] | None:
+    """The terms of ``X`` where ``name`` is bound once to ``s % C`` and ``C`` to ``tl.cdiv(X, F)`` (through a name
+    bound once): a step of K counted in a flattened loop, over the blocks of ``X``."""
+    binds = _bindings(an, name)
+    value = _bare(cst.parse_expression(binds[0][0])) if len(binds) == 1 else None
+    if not (isinstance(value, cst.BinaryOperation) and isinstance(value.operator, cst.Modulo)):
+        return None
+    count = _bare(value.right)
+    if isinstance(count, cst.Name) and count.value not in an.params and len(_bindings(an, count.value)) == 1:
+        count = _bare(cst.parse_expression(_bindings(an, count.value)[0][0]))
+    if isinstance(count, cst.Call) and m.matches(count.func, m.Attribute(attr=m.Name("cdiv"))) and len(
+            count.args) == 2:
+        return tuple(sorted((n, code(_bare(t)).replace(" ", "")) for t, n in _terms(_bare(count.args[0].value))))
+    return None
 
 
 def _summing_loops(an: KernelAnalysis) -> set[tuple[Where, Where]]:

@@ -6,6 +6,8 @@ place in the rank's slice, not in the full K: refused at the build, at the load.
 
 from __future__ import annotations
 
+import textwrap
+
 import pytest
 
 import tilelink
@@ -198,3 +200,17 @@ def test_k_offsets_in_a_loop_over_a_passed_count_bounded_by_another_parameter_ar
     assert "range(0, NB)" in source and "K, NB," in source
     with pytest.raises(AnnotationError, match="does not read that loop's K extent from its range"):
         _generate(source)
+
+
+def test_a_flattened_loop_s_k_step_is_bounded_by_the_extent_it_cycles_over() -> None:
+    """A flattened persistent loop counts its K step by a name of its own (`k = step % k_tiles`, `k_tiles =
+    tl.cdiv(K, BLOCK_K)`): its K offsets are bounded by that K, not by another parameter (`< N`)."""
+    from tests.rules.test_carried_accumulator import FLATTENED, HEAD
+
+    source = HEAD + textwrap.dedent(FLATTENED)
+    assert "tll.producer_tile_notify" in _generate(source).rewritten["matmul"]
+    wrong = source.replace("mask=(rm[:, None] < M) & ((k * BLOCK_K + rk)[None, :] < K)",
+                           "mask=(rm[:, None] < M) & ((k * BLOCK_K + rk)[None, :] < N)")
+    assert wrong != source
+    with pytest.raises(AnnotationError, match=r"\(`\(k \* BLOCK_K \+ rk\)\[None, :\] < N`\)"):
+        _generate(wrong)
