@@ -45,23 +45,28 @@ def imported_helpers(module: cst.Module, file: str, is_jit) -> dict[str, str]:
                     _local(alias) in called for alias in small.names):
                 continue
             dotted = cst.Module(body=[]).code_for_node(small.module).strip() if small.module is not None else ""
-            path, text = _module_text(dotted, len(small.relative), file)
-            lookups = _lookups.get()
-            if lookups is not None:
-                lookups.append(_lookup(dotted, len(small.relative), file, path, text))
-            if text is None:
-                continue
-            try:
-                parsed = cst.parse_module(text)
-            except cst.ParserSyntaxError:
-                continue
-            jitted = {f.name.value: f for f in parsed.body
-                      if isinstance(f, cst.FunctionDef) and any(is_jit(d) for d in f.decorators)}
+            jitted = _jitted_in(dotted, len(small.relative), file, is_jit)
             for alias in small.names:
-                if not isinstance(alias.name, cst.Name) or alias.name.value not in jitted:
-                    continue
-                out[_local(alias)] = cst.Module(body=[]).code_for_node(jitted[alias.name.value]).strip()
+                if isinstance(alias.name, cst.Name) and alias.name.value in jitted:
+                    out[_local(alias)] = jitted[alias.name.value]
     return out
+
+
+def _jitted_in(dotted: str, level: int, file: str, is_jit) -> dict[str, str]:
+    """The ``@triton.jit`` functions of the module ``dotted`` (imported ``level`` packages up from ``file``), by name,
+    -> their source; none where TileLink does not find or read it. The lookup is recorded (``recording``)."""
+    path, text = _module_text(dotted, level, file)
+    lookups = _lookups.get()
+    if lookups is not None:
+        lookups.append(_lookup(dotted, level, file, path, text))
+    if text is None:
+        return {}
+    try:
+        parsed = cst.parse_module(text)
+    except cst.ParserSyntaxError:
+        return {}
+    return {f.name.value: cst.Module(body=[]).code_for_node(f).strip() for f in parsed.body
+            if isinstance(f, cst.FunctionDef) and any(is_jit(d) for d in f.decorators)}
 
 
 #: modules whose functions a kernel calls that are not its helpers (Triton's, torch's): not looked up
@@ -78,19 +83,7 @@ def _module_helpers(stmt: cst.Import, through: set[str], file: str, is_jit) -> d
             else dotted
         if local not in through or dotted.split(".")[0] in _NOT_HELPERS:
             continue
-        path, text = _module_text(dotted, 0, file)
-        lookups = _lookups.get()
-        if lookups is not None:
-            lookups.append(_lookup(dotted, 0, file, path, text))
-        if text is None:
-            continue
-        try:
-            parsed = cst.parse_module(text)
-        except cst.ParserSyntaxError:
-            continue
-        for f in parsed.body:
-            if isinstance(f, cst.FunctionDef) and any(is_jit(d) for d in f.decorators):
-                out[f"{local}.{f.name.value}"] = cst.Module(body=[]).code_for_node(f).strip()
+        out.update({f"{local}.{name}": source for name, source in _jitted_in(dotted, 0, file, is_jit).items()})
     return out
 
 

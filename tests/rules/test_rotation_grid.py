@@ -40,18 +40,24 @@ def matmul(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride
 '''
 
 
-def _first_rows(path: str, tiles: int) -> float:
-    """The kernel on a grid of the first ``tiles`` row tiles (every column tile of each), against torch on those
-    rows."""
+def _multiplied(path: str, grid: tuple, **meta) -> tuple[torch.Tensor, torch.Tensor]:
+    """The kernel of ``path`` on ``grid`` (C at NaN where no program stores) and torch's product, on 64 x 32 x 40."""
     rank, world = tilelink.rank(), tilelink.world_size()
     M, N, K = 64, 32, 40
     g = torch.Generator().manual_seed(3)
     a, b = torch.randn(M, K, generator=g), torch.randn(K, N, generator=g)
     lo, hi = rows_of(rank, world, M)
     c = torch.full((M, N), float("nan"))
-    module_at(path).matmul[(tiles * 2,)](a[lo:hi].contiguous(), b, c, M, N, K, K, 1, N, 1, N, 1, BLOCK_M=16,
-                                         BLOCK_N=16, BLOCK_K=16)
-    return (c[:tiles * 16] - (a @ b)[:tiles * 16]).abs().max().item()
+    module_at(path).matmul[grid](a[lo:hi].contiguous(), b, c, M, N, K, K, 1, N, 1, N, 1, BLOCK_M=16, BLOCK_N=16,
+                                 BLOCK_K=16, **meta)
+    return c, a @ b
+
+
+def _first_rows(path: str, tiles: int) -> float:
+    """The kernel on a grid of the first ``tiles`` row tiles (every column tile of each), against torch on those
+    rows."""
+    c, want = _multiplied(path, (tiles * 2,))
+    return (c[:tiles * 16] - want[:tiles * 16]).abs().max().item()
 
 
 def test_a_grid_that_covers_every_tile_equals_torch(tmp_path, monkeypatch) -> None:
@@ -84,13 +90,7 @@ def test_a_grid_short_by_part_of_a_row_of_tiles_is_refused(tmp_path, monkeypatch
 
 
 def _programs(path: str, programs: int) -> float:
-    rank, world = tilelink.rank(), tilelink.world_size()
-    M, N, K = 64, 32, 40
-    a, b = torch.randn(M, K), torch.randn(K, N)
-    lo, hi = rows_of(rank, world, M)
-    c = torch.zeros((M, N))
-    module_at(path).matmul[(programs,)](a[lo:hi].contiguous(), b, c, M, N, K, K, 1, N, 1, N, 1, BLOCK_M=16,
-                                        BLOCK_N=16, BLOCK_K=16)
+    _multiplied(path, (programs,))
     return 0.0
 
 
@@ -114,15 +114,8 @@ def test_a_rotation_under_a_side_the_launch_does_not_compile_is_not_checked(tmp_
 
 
 def _two_d(path: str) -> float:
-    rank, world = tilelink.rank(), tilelink.world_size()
-    M, N, K = 64, 32, 40
-    g = torch.Generator().manual_seed(3)
-    a, b = torch.randn(M, K, generator=g), torch.randn(K, N, generator=g)
-    lo, hi = rows_of(rank, world, M)
-    c = torch.full((M, N), float("nan"))
-    module_at(path).matmul[(4, 2)](a[lo:hi].contiguous(), b, c, M, N, K, K, 1, N, 1, N, 1, BLOCK_M=16, BLOCK_N=16,
-                                   BLOCK_K=16, TWO_D=True)
-    return (c - a @ b).abs().max().item()
+    c, want = _multiplied(path, (4, 2), TWO_D=True)
+    return (c - want).abs().max().item()
 
 
 def test_the_kernel_s_own_order_runs_a_shorter_grid(tmp_path, monkeypatch) -> None:
