@@ -175,8 +175,9 @@ def rebuilt(value, buffer: torch.Tensor):
 
 
 #: zeros of each layout passed in place of an argument read by the first rank only, made once (the latest
-#: ``_ZEROS_KEPT`` layouts): a call of the same layout passes the same one
-_ZEROS: dict[tuple, torch.Tensor] = {}
+#: ``_ZEROS_KEPT`` layouts), with the CUDA streams each is recorded as read on: a call of the same layout passes the
+#: same one
+_ZEROS: dict[tuple, tuple[torch.Tensor, set[int]]] = {}
 _ZEROS_KEPT = 16
 #: those made while a CUDA graph was being captured: the graph's replays zero them (their fill is captured too), and
 #: they live as long as the process, since the graph reads them on every replay
@@ -194,20 +195,28 @@ def zeros_in_layout(value, kernel: str, name: str):
                           f"torch.Tensor or a host tensor descriptor (got {type(value).__name__})")
     key = (tensor.device, tensor.dtype, tuple(tensor.shape), tuple(tensor.stride()))
     capturing = tensor.is_cuda and torch.cuda.is_current_stream_capturing()
-    zeros = None if capturing else _ZEROS.pop(key, None)
-    if zeros is None:
+    kept = None if capturing else _ZEROS.pop(key, None)
+    if kept is None:
         # made during a capture, a tensor's fill runs only when the graph replays: an uncaptured call must not take
         # it, and the captured call must not take one whose fill the graph does not hold
         steps = zip(tensor.shape, tensor.stride(), strict=True)
         extent = 1 + sum((n - 1) * st for n, st in steps) if tensor.numel() else 0
-        zeros = torch.zeros(extent, dtype=tensor.dtype, device=tensor.device).as_strided(
-            tuple(tensor.shape), tuple(tensor.stride()))
+        kept = (torch.zeros(extent, dtype=tensor.dtype, device=tensor.device).as_strided(
+            tuple(tensor.shape), tuple(tensor.stride())), set())
+    zeros, streams = kept
     if capturing:
         _CAPTURED_ZEROS.append(zeros)
-    else:
-        _ZEROS[key] = zeros  # the latest used last
-        while len(_ZEROS) > _ZEROS_KEPT:
-            del _ZEROS[next(iter(_ZEROS))]
+        return rebuilt(value, zeros)
+    _ZEROS[key] = kept  # the latest used last
+    while len(_ZEROS) > _ZEROS_KEPT:
+        del _ZEROS[next(iter(_ZEROS))]
+    if zeros.is_cuda:
+        # read on a stream other than the one it was made on: once it leaves the cache, its memory must not go to
+        # another tensor before what that stream has queued has run
+        stream = torch.cuda.current_stream(zeros.device)
+        if stream.stream_id not in streams:
+            zeros.record_stream(stream)
+            streams.add(stream.stream_id)
     return rebuilt(value, zeros)
 
 

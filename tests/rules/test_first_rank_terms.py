@@ -226,3 +226,22 @@ def test_a_value_scaled_by_the_k_extent_is_refused(epilogue: str, says: str) -> 
     text = _source("epilogue").replace(f"out = acc + {BIAS}", epilogue)
     with pytest.raises(AnnotationError, match=says):
         _generate(text)
+
+
+def test_zeros_keep_the_layout_of_what_they_stand_for_and_are_made_once() -> None:
+    from tilelink.rules import launch
+
+    wide = torch.randn(24)[None, :].expand(50, 24)  # a broadcast bias: stride 0 along the rows
+    seen = torch.randn(8, 6).t()  # a transposed view
+    for t in (wide, seen):
+        z = launch.zeros_in_layout(t, "linear", "bias_ptr")
+        assert z.shape == t.shape and z.stride() == t.stride() and z.dtype == t.dtype, (z.stride(), t.stride())
+        assert not z.any() and z.untyped_storage().nbytes() == (1 + sum(
+            (n - 1) * s for n, s in zip(t.shape, t.stride(), strict=True))) * t.element_size()
+    again = launch.zeros_in_layout(wide, "linear", "bias_ptr")
+    assert again is launch.zeros_in_layout(wide, "linear", "bias_ptr")
+    for n in range(1, launch._ZEROS_KEPT + 2):  # other layouts push the oldest out
+        launch.zeros_in_layout(torch.zeros(n, 3), "linear", "bias_ptr")
+    assert len(launch._ZEROS) == launch._ZEROS_KEPT
+    with pytest.raises(Exception, match="argument 'bias_ptr' is read only in terms the kernel adds"):
+        launch.zeros_in_layout(3, "linear", "bias_ptr")
