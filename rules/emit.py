@@ -167,6 +167,17 @@ def remap_order(an: KernelAnalysis, access: Access, rule: str, order: str,
             # is rotated unchecked, as a grid that covers every tile is the kernel's own contract
             continue
         axes = _program_ids(cst.parse_expression(written))
+        # the mapping's other coordinate where no scalar holds it (`(pid % num_pid_n) * BLOCK_N + tl.arange(...)`
+        # written into a vector or an address): the other of each of the index's paired `%` / `//`
+        pairs = _mapping_pairs(an, tile.pid, chain, headers, axes)(at)
+        for name in sorted(chain):
+            for v, w in zip(an.values.get(name, ()), an.assignments.get(name, ()), strict=False):
+                for op in m.findall(cst.parse_expression(v), m.BinaryOperation(operator=m.Modulo() | m.FloorDivide())):
+                    if _canonical(op) in pairs:
+                        pair = an.written_out(code(_swapped(op)), w) if an.written_out is not None else None
+                        if pair is None:
+                            break
+                        others.append(pair)
         others += [f"tl.program_id({axis})" for axis in ("0", "1", "2") if axis not in axes]
         test = " and ".join(f"({side.test})" if side.body else f"not ({side.test})" for side in sides)
         facts.append((written, count, " ; ".join(dict.fromkeys(others)), test, at.line))

@@ -312,11 +312,25 @@ def axes_meet(found: set[str], axes: set[str]) -> bool:
 
 def position_helpers(helpers: dict[str, str]) -> frozenset[str]:
     """The helpers that read the program's position themselves: a program id, or a call of such a helper."""
-    calls = {n: _called(src) for n, src in helpers.items()}
-    reading = {n for n, called in calls.items() if "program_id" in called}
+    def resolved(name: str, called: frozenset[str]) -> set[str]:
+        # a module's function calls its module's others by their own names (`_here()` in `helpers.block_start`)
+        module = name.rpartition(".")[0]
+        return set(called) | {f"{module}.{c}" for c in called if module}
+
+    calls = {n: resolved(n, _called(src)) for n, src in helpers.items()}
+    # a function a helper calls that TileLink does not read (not Triton's, not a builtin, not a helper it found)
+    # may read the position too
+    reading = {n for n, called in calls.items() if "program_id" in called or any(
+        "." not in c and c not in _BUILTINS and c not in helpers and f"{n.rpartition('.')[0]}.{c}" not in helpers
+        for c in called)}
     while more := {n for n, called in calls.items() if n not in reading and called & reading}:
         reading |= more
     return frozenset(reading)
+
+
+#: functions a helper may call that are not helpers (Python's builtins a Triton function may use)
+_BUILTINS = frozenset({"min", "max", "range", "len", "int", "float", "bool", "abs", "isinstance", "print",
+                       "static_range", "tuple", "list", "zip", "enumerate"})
 
 
 @functools.lru_cache(maxsize=256)
@@ -331,7 +345,9 @@ def _called(source: str) -> frozenset[str]:
     for call in m.findall(parsed, m.Call()):
         func = call.func
         if isinstance(func, cst.Attribute):
-            found |= {func.attr.value, code(func)}
+            found.add(code(func))
+            if func.attr.value == "program_id":
+                found.add("program_id")
         elif isinstance(func, cst.Name):
             found.add(func.value)
     return frozenset(found)
@@ -983,9 +999,10 @@ def _unhinted(value: cst.BaseExpression) -> cst.BaseExpression:
 def _row_wraps(value: cst.BaseExpression, start: str) -> list[cst.BinaryOperation]:
     """The ``%`` operations of an offsets vector's value that wrap its rows (`(pid_m * B + tl.arange(0, B)) % M`): not
     one of the tile's start ``start``, in source, which picks the tile (`(pid % num_pid_m) * B + tl.arange(0, B)`)."""
-    picks = code(cst.parse_expression(start)).replace(" ", "") if start else ""
+    picks = {code(mod).replace(" ", "") for mod in m.findall(cst.parse_expression(start), m.BinaryOperation(
+        operator=m.Modulo()))} if start else set()
     return [mod for mod in m.findall(value, m.BinaryOperation(operator=m.Modulo()))
-            if not (picks and code(mod).replace(" ", "") in picks)]
+            if code(mod).replace(" ", "") not in picks]
 
 
 def _same_rows_or_clamped(value: cst.BaseExpression, name: str) -> bool:

@@ -17,6 +17,7 @@ import inspect
 import math
 import operator
 import os
+import re
 import sys
 import tempfile
 from pathlib import Path
@@ -679,8 +680,9 @@ class OverlappedKernel:
         where = groups[short[0]]
         taken_there = table[(table[:, :-1] == where).all(axis=1), -1]
         missing = int(np.setdiff1d(np.arange(n), taken_there)[0])
-        at = ", ".join(f"`{o}` = {int(v)}" for o, v in zip(others.split(" ; "), where, strict=True)
-                       if not (o.startswith("tl.program_id(") and programs[int(o[14])] == 1))  # an axis of one
+        names = [o for o in others.split(" ; ") if o]
+        at = ", ".join(f"`{o}` = {int(v)}" for o, v in zip(names, where, strict=True)
+                       if not ((axis := re.fullmatch(r"tl\.program_id\((\d)\)", o)) and programs[int(axis[1])] == 1))
         grid = "(" + ", ".join(map(str, programs)) + ")"
         raise LaunchError(
             f"{self.name}: the tile order rotates the tile index bound at {_display_path(self.file)}:{line} "

@@ -570,14 +570,17 @@ def _classify(an: KernelAnalysis, node: cst.BaseExpression, visiting: dict[str, 
 
 
 def _names_through(an: KernelAnalysis, node: cst.BaseExpression) -> set[str]:
-    """The names ``node`` reads, and those their values read, in turn."""
+    """The names ``node`` reads, and those the values of the names bound outside every loop read, in turn (`inv = 1.0
+    / K`; not a loop's step, `k = step % k_tiles`, which is no scale by the extent)."""
+    loops = _loops(an)
     seen, todo = set(), list(names_in(node))
     while todo:
         name = todo.pop()
         if name in seen:
             continue
         seen.add(name)
-        todo += [n for src, _ in _bindings(an, name) for n in names_in(cst.parse_expression(src))]
+        todo += [n for src, w in _bindings(an, name) if w is None or not any(_inside(w, lp) for lp in loops)
+                 for n in names_in(cst.parse_expression(src))]
     return seen
 
 
@@ -2070,7 +2073,11 @@ def notify_stores(an: KernelAnalysis, spec, opts: Options, rule: str = RULE) -> 
     report += notes
     sliced = frozenset(n for lp in _summing_loops(an) for x in [_loop_extent(an, lp, next(
         (t for t, binds in an.bindings.items() for b, e in binds if (b, e) == lp), None))[0]] if x is not None
-        for n in names_in(x) if n in an.params and n not in an.constexpr_params)
+        for n in names_in(x) if n in an.params and n not in an.constexpr_params) | frozenset(
+        # a flattened loop's K extent, counted by a name of its own bound in the loop (`k = step % k_tiles`)
+        f for lp in _summing_loops(an) for n in set(an.values)
+        if any(w is not None and _inside(w, lp) for _, w in _bindings(an, n))
+        and (c := _cycle_extent(an, n)) is not None for _, f in c if f in an.params and f not in an.constexpr_params)
     sliced_token = _SLICED.set(sliced)
     try:
         return _notify_stores(an, spec, opts, rule, stores, insertions, report)

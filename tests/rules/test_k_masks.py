@@ -214,3 +214,14 @@ def test_a_flattened_loop_s_k_step_is_bounded_by_the_extent_it_cycles_over() -> 
     assert wrong != source
     with pytest.raises(AnnotationError, match=r"\(`\(k \* BLOCK_K \+ rk\)\[None, :\] < N`\)"):
         _generate(wrong)
+
+
+def test_a_flattened_loop_s_sums_scaled_by_its_k_extent_are_refused() -> None:
+    from tests.rules.test_carried_accumulator import FLATTENED, HEAD
+
+    source = HEAD + textwrap.dedent(FLATTENED).replace("acc, \n", "acc, \n")
+    scaled = source.replace("tl.store(c_ptr + rm[:, None] * stride_cm + rn[None, :] * stride_cn, acc,",
+                            "tl.store(c_ptr + rm[:, None] * stride_cm + rn[None, :] * stride_cn, acc / K,")
+    assert scaled != source
+    with pytest.raises(AnnotationError, match="scaled by `K`, the K extent of the loop that sums them"):
+        _generate(scaled)

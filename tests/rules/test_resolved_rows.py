@@ -263,3 +263,20 @@ def test_a_tile_index_wrapped_inside_the_rows_start_is_not_a_wrap_of_the_rows(tm
     path.write_text(_source(rows))
     errors = tilelink.spawn(_rolled, 2, str(path), 64)
     assert all(e < 1e-4 for e in errors), errors
+
+
+def test_a_wrap_of_the_rows_that_reads_like_part_of_the_start_is_still_a_wrap() -> None:
+    """`rows = id % R` with `id = (pid % R) * BLOCK + ...`: the text `id%R` is inside `(pid%R)*BLOCK`, but only a `%`
+    of the start itself picks the tile."""
+    text = HEAD + textwrap.dedent('''
+        @tilelink.overlap(tilelink.all_gather("x_ptr", size="N"))
+        @triton.jit
+        def wrap_kernel(x_ptr, y_ptr, N, R, BLOCK: tl.constexpr):
+            pid = tl.program_id(0)
+            id = (pid % R) * BLOCK + tl.arange(0, BLOCK)
+            rows = id % R
+            x = tl.load(x_ptr + rows, mask=rows < N, other=0.0)
+            o = pid * BLOCK + tl.arange(0, BLOCK)
+            tl.store(y_ptr + o, 2 * x, mask=o < N)
+        ''')
+    assert "the rows `rows` wrap at `R`, not at the size of 'x_ptr' (N)" in _error(text)

@@ -6,6 +6,8 @@ would compute others once rotated. Each call with peers checks the grid, and ref
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -124,3 +126,17 @@ def test_the_kernel_s_own_order_runs_a_shorter_grid(tmp_path, monkeypatch) -> No
     path.write_text(KERNEL.format(options=', order="mesh"'))
     errors = tilelink.spawn(_first_rows, 2, str(path), 2)
     assert all(e < 1e-4 for e in errors), errors
+
+
+def test_the_other_coordinate_written_only_into_addresses_still_groups_the_check(tmp_path, monkeypatch) -> None:
+    """`pid_n` never named: `(pid % num_pid_n) * BLOCK_N + tl.arange(...)` written into the addresses. The other of
+    the index's `//` is its other coordinate, and a grid short by part of a row of tiles is refused."""
+    monkeypatch.setenv("TILELINK_RACES", "1")
+    source = KERNEL.format(options="").replace("    pid_n = pid % num_pid_n\n", "").replace(
+        "    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)\n",
+        "    rn = ((pid % num_pid_n) * BLOCK_N + tl.arange(0, BLOCK_N)) * 1\n")
+    assert not re.search(r"\bpid_n\b", source)
+    path = tmp_path / "inline_n.py"
+    path.write_text(source)
+    with pytest.raises(LaunchError, match=r"the grid \(7, 1, 1\) gives it 3 of them"):
+        tilelink.spawn(_programs, 2, str(path), 7)

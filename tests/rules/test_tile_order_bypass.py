@@ -265,3 +265,24 @@ def start_of(p, BLOCK: tl.constexpr):
 ''' + OWN_ROWS.replace("    o = tl.program_id(0) * BLOCK", "    o = start_of(pid, BLOCK)")
     (entry,) = _report(source)
     assert entry.startswith("[applied]") and "pid rotated" in entry, entry
+
+
+def test_a_module_function_reading_the_position_through_another_keeps_its_order(tmp_path) -> None:
+    """`helpers.block_start` calls the module's `_here`, which reads `tl.program_id`: a read of the position too."""
+    (tmp_path / "nested_helpers.py").write_text(HEAD + textwrap.dedent('''
+        @triton.jit
+        def _here():
+            return tl.program_id(0)
+
+
+        @triton.jit
+        def block_start(BLOCK: tl.constexpr):
+            return _here() * BLOCK
+        '''))
+    source = ("import nested_helpers\n" + HEAD + textwrap.dedent(OWN_ROWS).replace(
+        "    o = tl.program_id(0) * BLOCK", "    o = nested_helpers.block_start(BLOCK)"))
+    path = tmp_path / "nested.py"
+    path.write_text(source)
+    (entry,) = [str(e) for e in generate(source, str(path), requests_in(source, str(path))).report.entries
+                if "order" in e.message]
+    assert entry.startswith("[not applied]") and "nested_helpers.block_start(BLOCK)" in entry, entry

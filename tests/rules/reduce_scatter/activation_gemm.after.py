@@ -56,7 +56,7 @@ def matmul_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk,
         b_ptrs += BLOCK_K * stride_bk
     if ACTIVATION == "gelu":
         # tilelink: a launch that takes this branch does not compile (reduce_scatter: not linear in the partial sums)
-        tl.static_assert(False, 'tests/rules/reduce_scatter/activation_gemm.before.py:44: the value stored to \'c_ptr\' goes through the helper `gelu_tanh` applied to the partial sums, whose return goes through the partial sums scaled by `K`, the K extent of the loop that sums them, which each rank passes as its own slice\'s (`0.044715 * (acc) * (acc)`) (`gelu_tanh(acc)`): reduce_scatter sums what every rank stores, and that sum would not be the full problem\'s value (the sum of f(partial sums) is not f of their sum). A launch that takes the `if ACTIVATION == "gelu":` at line 43 cannot be reduced over ranks: launch the kernel so that it takes another side, or apply the function to the reduced rows')
+        tl.static_assert(False, 'tests/rules/reduce_scatter/activation_gemm.before.py:44: the value stored to \'c_ptr\' goes through the helper `gelu_tanh` applied to the partial sums, whose return goes through a product of partial sums (`0.044715 * (acc) * (acc)`) (`gelu_tanh(acc)`): reduce_scatter sums what every rank stores, and that sum would not be the full problem\'s value (the sum of f(partial sums) is not f of their sum). A launch that takes the `if ACTIVATION == "gelu":` at line 43 cannot be reduced over ranks: launch the kernel so that it takes another side, or apply the function to the reduced rows')
         acc = gelu_tanh(acc)
     elif ACTIVATION == "silu":
         # tilelink: a launch that takes this branch does not compile (reduce_scatter: not linear in the partial sums)
@@ -103,15 +103,14 @@ TILELINK_PLAN = {'matmul_kernel': {'atomic_axes': None,
                    'refused': [['(ACTIVATION == "gelu")',
                                 'tests/rules/reduce_scatter/activation_gemm.before.py:44: the '
                                 "value stored to 'c_ptr' goes through the helper `gelu_tanh` "
-                                'applied to the partial sums, whose return goes through the '
-                                'partial sums scaled by `K`, the K extent of the loop that sums '
-                                "them, which each rank passes as its own slice's (`0.044715 * "
-                                '(acc) * (acc)`) (`gelu_tanh(acc)`): reduce_scatter sums what '
-                                "every rank stores, and that sum would not be the full problem's "
-                                'value (the sum of f(partial sums) is not f of their sum). A '
-                                'launch that takes the `if ACTIVATION == "gelu":` at line 43 '
-                                'cannot be reduced over ranks: launch the kernel so that it takes '
-                                'another side, or apply the function to the reduced rows'],
+                                'applied to the partial sums, whose return goes through a product '
+                                'of partial sums (`0.044715 * (acc) * (acc)`) (`gelu_tanh(acc)`): '
+                                'reduce_scatter sums what every rank stores, and that sum would '
+                                "not be the full problem's value (the sum of f(partial sums) is "
+                                'not f of their sum). A launch that takes the `if ACTIVATION == '
+                                '"gelu":` at line 43 cannot be reduced over ranks: launch the '
+                                'kernel so that it takes another side, or apply the function to '
+                                'the reduced rows'],
                                ['not (ACTIVATION == "gelu") and (ACTIVATION == "silu")',
                                 'tests/rules/reduce_scatter/activation_gemm.before.py:46: the '
                                 "value stored to 'c_ptr' goes through `sigmoid` applied to the "
@@ -129,6 +128,9 @@ TILELINK_PLAN = {'matmul_kernel': {'atomic_axes': None,
                                   '((tl.program_id(0)) % (GROUP_M * (tl.cdiv(N, BLOCK_N)))) // '
                                   '(min((tl.cdiv(M, BLOCK_M)) - (((tl.program_id(0)) // (GROUP_M * '
                                   '(tl.cdiv(N, BLOCK_N)))) * GROUP_M), GROUP_M)) ; '
+                                  '(((tl.program_id(0)) % (GROUP_M * (tl.cdiv(N, BLOCK_N)))) // '
+                                  '(min((tl.cdiv(M, BLOCK_M)) - (((tl.program_id(0)) // (GROUP_M * '
+                                  '(tl.cdiv(N, BLOCK_N)))) * GROUP_M), GROUP_M))) ; '
                                   'tl.program_id(1) ; tl.program_id(2)',
                                   '',
                                   29]],

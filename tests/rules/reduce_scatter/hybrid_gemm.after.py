@@ -94,6 +94,9 @@ TILELINK_PLAN = {'matmul_kernel': {'atomic_axes': None,
                                   '((tl.program_id(0)) % (GROUP_M * (tl.cdiv(N, BLOCK_N)))) // '
                                   '(min((tl.cdiv(M, BLOCK_M)) - (((tl.program_id(0)) // (GROUP_M * '
                                   '(tl.cdiv(N, BLOCK_N)))) * GROUP_M), GROUP_M)) ; '
+                                  '(((tl.program_id(0)) % (GROUP_M * (tl.cdiv(N, BLOCK_N)))) // '
+                                  '(min((tl.cdiv(M, BLOCK_M)) - (((tl.program_id(0)) // (GROUP_M * '
+                                  '(tl.cdiv(N, BLOCK_N)))) * GROUP_M), GROUP_M))) ; '
                                   'tl.program_id(1) ; tl.program_id(2)',
                                   '',
                                   22]],
