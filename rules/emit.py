@@ -139,7 +139,7 @@ def remap_order(an: KernelAnalysis, access: Access, rule: str, order: str,
     headers = _loop_ranges(an)
     position: set[str] = set()  # every name whose value reads the program's position
     while more := {n for n in (set(an.values) | set(headers)) - position if any(
-            _program_ids(cst.parse_expression(v), reading) or names_in(cst.parse_expression(v)) & position
+            position_reads(cst.parse_expression(v), reading) or names_in(cst.parse_expression(v)) & position
             for v in an.values.get(n, ()) + headers.get(n, ()))}:
         position |= more
     # the other coordinates: scalars made from the position, not from the rotated index (`pid_n`; not `rn`, a vector
@@ -150,7 +150,7 @@ def remap_order(an: KernelAnalysis, access: Access, rule: str, order: str,
         after |= more
     carriers = {n for n in position - chain - after if not any(
         m.findall(cst.parse_expression(v), m.Call(func=m.Attribute(attr=m.Name("arange") | m.Name("load"))))
-        for v in _value_closure(an, n))}
+        for x in {n} | _depends_on(an, an.values.get(n, ())) for v in an.values.get(x, ()))}
     facts = []
     for value, at in zip(an.values.get(tile.pid, ()), an.assignments.get(tile.pid, ()), strict=False):
         written = an.written_out(value, at) if an.written_out is not None else None
@@ -166,7 +166,7 @@ def remap_order(an: KernelAnalysis, access: Access, rule: str, order: str,
             # one TileLink cannot write out (a helper's return, `pid_m, pid_n = swizzle(tl.program_id(0), ...)`)
             # is rotated unchecked, as a grid that covers every tile is the kernel's own contract
             continue
-        axes = _program_ids(cst.parse_expression(written))
+        axes = position_reads(cst.parse_expression(written))
         # the mapping's other coordinate where no scalar holds it (`(pid % num_pid_n) * BLOCK_N + tl.arange(...)`
         # written into a vector or an address): the other of each of the index's paired `%` / `//`
         pairs = _mapping_pairs(an, tile.pid, chain, headers, axes)(at)
@@ -240,7 +240,7 @@ def _remap_order(an: KernelAnalysis, access: Access, rule: str, order: str,
                                access.where)
     args = [tile.pid, f"tl.cdiv({tile.size_param}, {tile.size})", shift]
     values = an.values.get(tile.pid, ())
-    axes = _program_ids(cst.parse_expression(values[0])) if len(values) == 1 else set()
+    axes = position_reads(cst.parse_expression(values[0])) if len(values) == 1 else set()
     if len(axes) == 1 and m.matches(cst.parse_expression(values[0]), m.Call(func=m.Attribute(
             value=m.Name("tl"), attr=m.Name("program_id")))):
         # the program id itself: a grid shorter than the tiles rotates among the programs it launches, so that it
@@ -253,12 +253,6 @@ def _remap_order(an: KernelAnalysis, access: Access, rule: str, order: str,
     return inserts, ReportEntry(an.name, rule, "applied",
                                 f"tile order {order}: {tile.pid} rotated after line{'s' if len(assigned) > 1 else ''} "
                                 f"{lines}", assigned[0])
-
-
-def _program_ids(node: cst.CSTNode, reading: frozenset[str] = frozenset()) -> set[str]:
-    """The axes of the program-id reads in ``node`` (:func:`tilelink.analysis.position_reads`: ``tl.program_id(axis)``
-    in any spelling; a call of a helper of ``reading``, which reads the position itself: any axis)."""
-    return position_reads(node, reading)
 
 
 def _program_id_bypass(an: KernelAnalysis, pid: str) -> str | None:
@@ -279,7 +273,7 @@ def _program_id_bypass(an: KernelAnalysis, pid: str) -> str | None:
     headers = _loop_ranges(an)
     reading = position_helpers(an.helpers)  # helpers that read the position themselves: any axis
     axes = {axis for name in chain for v in an.values.get(name, ()) + headers.get(name, ())
-            for axis in _program_ids(cst.parse_expression(v), reading)}
+            for axis in position_reads(cst.parse_expression(v), reading)}
     if not axes:
         return None
     pairs_at = _mapping_pairs(an, pid, chain, headers, axes)
@@ -312,13 +306,13 @@ def _program_id_bypass(an: KernelAnalysis, pid: str) -> str | None:
         for v in values:
             parsed = parse_offsets(cst.parse_expression(v))
             start = cst.parse_expression(parsed[0]) if parsed is not None else None
-            if start is not None and (axes_meet(_program_ids(start, reading), axes) or names_in(start) & ids):
+            if start is not None and (axes_meet(position_reads(start, reading), axes) or names_in(start) & ids):
                 return f"the offsets `{name} = {v}` start from the program id"
     for text, where in an.effects:
         node = cst.parse_expression(text)
         if isinstance(node, cst.NamedExpr) and names_in(node.target) & chain:
             continue  # a loop over the rotated variable's tiles (`for tile_id in tl.range(start_pid, ...)`)
-        if axes_meet(_program_ids(node, reading), axes) or names_in(node) & ids:
+        if axes_meet(position_reads(node, reading), axes) or names_in(node) & ids:
             return f"line {where.line} reads the program id (`{text}`)"
     # a value other values read, or a call's (`old = tl.atomic_add(count_ptr + blk, 1)`); a copy nothing reads
     # (`blk = tl.program_id(0)` left unused) moves nothing
@@ -431,18 +425,6 @@ def _loop_ranges(an: KernelAnalysis) -> dict[str, tuple[str, ...]]:
     return ranges
 
 
-def _value_closure(an: KernelAnalysis, name: str) -> list[str]:
-    """Every value of ``name`` and of the names they read, in turn."""
-    out, seen, todo = [], {name}, [name]
-    while todo:
-        for v in an.values.get(todo.pop(), ()):
-            out.append(v)
-            for read in names_in(cst.parse_expression(v)) - seen:
-                seen.add(read)
-                todo.append(read)
-    return out
-
-
 def _made_from(an: KernelAnalysis, pid: str) -> set[str]:
     """``pid`` and every variable its values read, directly or in turn, loop targets' ranges included (a
     persistent kernel's ``tile_id`` is made from ``start_pid = tl.program_id(0)``)."""
@@ -508,12 +490,12 @@ def _helper_pairs(an: KernelAnalysis, pid: str, other: str, value: str) -> bool:
     carriers: set[str] = set()
     while True:
         more = {n for n in set(an.values) | set(headers) if n not in carriers and any(
-            _program_ids(e) or names_in(e) & carriers for e in map(
+            position_reads(e) or names_in(e) & carriers for e in map(
                 cst.parse_expression, an.values.get(n, ()) + headers.get(n, ())))}
         if not more:
             break
         carriers |= more
-    position = {p for p, a in zip(params, args, strict=False) if _program_ids(a) or names_in(a) & carriers}
+    position = {p for p, a in zip(params, args, strict=False) if position_reads(a) or names_in(a) & carriers}
     locals_: dict[str, list[cst.BaseExpression]] = {}
     counts: dict[str, int] = {}
     for node in m.findall(fn.body, m.Assign() | m.AugAssign() | m.AnnAssign() | m.NamedExpr() | m.For()):

@@ -311,21 +311,26 @@ def axes_meet(found: set[str], axes: set[str]) -> bool:
 
 
 def position_helpers(helpers: dict[str, str]) -> frozenset[str]:
-    """The helpers that read the program's position themselves: a program id, or a call of such a helper."""
+    """The helpers that read the program's position themselves: a program id, a function TileLink does not read (not
+    Triton's, not a builtin, not a helper it found: it may read the position too), or a call of such a helper."""
+    return helpers_that(helpers, lambda name, source, called: "program_id" in called or any(
+        "." not in c and c not in _BUILTINS and c not in helpers and f"{name.rpartition('.')[0]}.{c}" not in helpers
+        for c in called))
+
+
+def helpers_that(helpers: dict[str, str], does: Callable[[str, str, frozenset[str]], bool]) -> frozenset[str]:
+    """The helpers (name -> source) that do something themselves, ``does(name, source, what it calls)``, or call a
+    helper that does, at any depth. A module's function calls its module's others by their own names (`_here()` in
+    `helpers.block_start`)."""
     def resolved(name: str, called: frozenset[str]) -> set[str]:
-        # a module's function calls its module's others by their own names (`_here()` in `helpers.block_start`)
         module = name.rpartition(".")[0]
         return set(called) | {f"{module}.{c}" for c in called if module}
 
     calls = {n: resolved(n, _called(src)) for n, src in helpers.items()}
-    # a function a helper calls that TileLink does not read (not Triton's, not a builtin, not a helper it found)
-    # may read the position too
-    reading = {n for n, called in calls.items() if "program_id" in called or any(
-        "." not in c and c not in _BUILTINS and c not in helpers and f"{n.rpartition('.')[0]}.{c}" not in helpers
-        for c in called)}
-    while more := {n for n, called in calls.items() if n not in reading and called & reading}:
-        reading |= more
-    return frozenset(reading)
+    found = {n for n, src in helpers.items() if does(n, src, _called(src))}
+    while more := {n for n, called in calls.items() if n not in found and called & found}:
+        found |= more
+    return frozenset(found)
 
 
 #: functions a helper may call that are not helpers (Python's builtins a Triton function may use)

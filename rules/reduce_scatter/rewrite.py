@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import itertools
 import re
@@ -22,6 +23,7 @@ from tilelink.analysis import (
     _terms,
     code,
     expanded,
+    helpers_that,
     names_in,
     parse_offsets,
     position_helpers,
@@ -350,6 +352,21 @@ _FIRST_RANK: contextvars.ContextVar[frozenset[str]] = contextvars.ContextVar("fi
 _SLICED: contextvars.ContextVar[frozenset[str]] = contextvars.ContextVar("sliced", default=frozenset())
 
 
+@contextlib.contextmanager
+def _holding(var: contextvars.ContextVar, value):
+    """``var`` set to ``value`` within the block."""
+    token = var.set(value)
+    try:
+        yield
+    finally:
+        var.reset(token)
+
+
+def _loop_targets(an: KernelAnalysis) -> dict[tuple[Where, Where], str]:
+    """Each `for` loop (where it starts and ends) -> its target."""
+    return {(b, e): n for n, binds in an.bindings.items() for b, e in binds if e is not None}
+
+
 class _Epilogue(Exception):
     def __init__(self, node: cst.CSTNode, why: str):
         super().__init__(why)
@@ -569,10 +586,11 @@ def _classify(an: KernelAnalysis, node: cst.BaseExpression, visiting: dict[str, 
     return _DATA if _DATA in kinds else _CONST
 
 
-def _names_through(an: KernelAnalysis, node: cst.BaseExpression) -> set[str]:
-    """The names ``node`` reads, and those the values of the names bound outside every loop read, in turn (`inv = 1.0
-    / K`; not a loop's step, `k = step % k_tiles`, which is no scale by the extent)."""
-    loops = _loops(an)
+def _names_through(an: KernelAnalysis, node: cst.BaseExpression, outside_loops: bool = True) -> set[str]:
+    """The names ``node`` reads, and those the values of those names read, in turn; with ``outside_loops``, only
+    through the values bound outside every loop (`inv = 1.0 / K`; not a loop's step, `k = step % k_tiles`, which is no
+    scale by the extent)."""
+    loops = _loops(an) if outside_loops else set()
     seen, todo = set(), list(names_in(node))
     while todo:
         name = todo.pop()
@@ -723,7 +741,7 @@ def _check_carried(an: KernelAnalysis, name: str, sources: list[tuple[str, Where
     and sum in a loop inside it (a persistent kernel's tile loop) runs alike on every rank: a scale across its
     passes is left to the linearity check."""
     loops = _loops(an)
-    targets = {(b, e): n for n, binds in an.bindings.items() for b, e in binds if e is not None}
+    targets = _loop_targets(an)
     inside = _inside
 
     def pos(w: Where) -> tuple[int, int]:
@@ -1177,11 +1195,7 @@ def _once_loads(node: cst.BaseExpression, pointers: set[str], values: set[str]) 
 
 def _storing_helpers(helpers: dict[str, str]) -> frozenset[str]:
     """The helpers that store or add into memory: themselves, or through a helper that does."""
-    found = {n for n, src in helpers.items() if re.search(r"\b(store|atomic_\w+)\s*\(", src)}
-    while more := {n for n, src in helpers.items() if n not in found and any(
-            re.search(rf"\b{re.escape(f)}\s*\(", src) for f in found)}:
-        found |= more
-    return frozenset(found)
+    return helpers_that(helpers, lambda name, source, called: bool(re.search(r"\b(store|atomic_\w+)\s*\(", source)))
 
 
 def _first_rank_reads(an: KernelAnalysis, param: str, stores, summing: set[tuple[Where, Where]]) -> set[str] | None:
@@ -1262,16 +1276,14 @@ def first_rank_terms(an: KernelAnalysis, spec, stores, rule: str) -> tuple[tuple
         return (), frozenset()
 
     def outcome(pointers: frozenset[str]) -> tuple[int, int]:
-        token = _FIRST_RANK.set(pointers)
-        try:
+        with _holding(_FIRST_RANK, pointers):
             refused: dict[BranchSide, _Epilogue] = {}
-            for a in stores:
-                _epilogue_branches(an, a, rule, refused)
+            try:
+                for a in stores:
+                    _epilogue_branches(an, a, rule, refused)
+            except AnnotationError:
+                return 1, 0
             return 0, len(refused)
-        except AnnotationError:
-            return 1, 0
-        finally:
-            _FIRST_RANK.reset(token)
 
     best = outcome(frozenset())
     if best == (0, 0):
@@ -1294,15 +1306,10 @@ def _check_k_masks(an: KernelAnalysis, a, rule: str) -> None:
     BLOCK_K`). One that relates the step to other offsets (a triangular `(k * BLOCK_K + rk)[None, :] <=
     rm[:, None]`), to a literal (`k < 1`) or to loaded data picks, on each rank, terms by their place in the rank's
     slice, not in the full K: the ranks' sum is not the full problem's value. Refused."""
-    targets = {(b, e): n for n, binds in an.bindings.items() for b, e in binds if e is not None}
+    targets = _loop_targets(an)
     summing = _summing_loops(an)
     # the names the store's address reads, through their values: the output's own offsets
-    stored: set[str] = set()
-    todo = [a.pointer]
-    while todo:
-        for name in names_in(cst.parse_expression(todo.pop())) - stored:
-            stored.add(name)
-            todo += [src for src, _ in _bindings(an, name)]
+    stored = _names_through(an, cst.parse_expression(a.pointer), outside_loops=False)
     # in source order, so that the first load refused is the one reported, on every build
     every = sorted([(src, site) for n in set(an.values) | set(an.updates) for src, site in _bindings(an, n)
                     if site is not None] + list(an.effects), key=lambda e: (e[1].line, e[1].column, e[0]))
@@ -2071,39 +2078,33 @@ def notify_stores(an: KernelAnalysis, spec, opts: Options, rule: str = RULE) -> 
     asserts, notes = _stored_once(an, stores, rule)
     insertions += asserts
     report += notes
-    sliced = frozenset(n for lp in _summing_loops(an) for x in [_loop_extent(an, lp, next(
-        (t for t, binds in an.bindings.items() for b, e in binds if (b, e) == lp), None))[0]] if x is not None
-        for n in names_in(x) if n in an.params and n not in an.constexpr_params) | frozenset(
-        # a flattened loop's K extent, counted by a name of its own bound in the loop (`k = step % k_tiles`)
-        f for lp in _summing_loops(an) for n in set(an.values)
-        if any(w is not None and _inside(w, lp) for _, w in _bindings(an, n))
-        and (c := _cycle_extent(an, n)) is not None for _, f in c if f in an.params and f not in an.constexpr_params)
-    sliced_token = _SLICED.set(sliced)
-    try:
-        return _notify_stores(an, spec, opts, rule, stores, insertions, report)
-    finally:
-        _SLICED.reset(sliced_token)
+    with _holding(_SLICED, _sliced(an)):
+        first_rank, pointers = first_rank_terms(an, spec, stores, rule)
+        if first_rank:
+            said = ", ".join(f"'{p}'" for p in first_rank)
+            insertions.append(Insertion(min((a.anchor for a in stores if a.anchor is not None),
+                                            key=lambda w: (w.line, w.column)), "before", (
+                f"# tilelink: every rank would add what it loads through {said} to its partial sums: the ranks",
+                f"# but the first are launched with zeros in its place, so that the sum over them adds it once "
+                f"({rule})")))
+            report.append(ReportEntry(an.name, rule, "applied",
+                                      f"{said} is read only in terms added to the partial sums (a bias): every rank "
+                                      f"but the first is launched with zeros of the same layout in its place, so that "
+                                      f"the sum over the ranks adds those terms once", stores[0].where))
+        with _holding(_FIRST_RANK, pointers):  # loads through them are summed over the ranks, as partial sums are
+            return Producer(*_notify_each(an, spec, opts, rule, stores, insertions, report), first_rank)
 
 
-def _notify_stores(an: KernelAnalysis, spec, opts: Options, rule: str, stores, insertions: list[Insertion],
-                   report: list[ReportEntry]) -> Producer:
-    """:func:`notify_stores` from the choice of what the first rank alone reads on."""
-    first_rank, pointers = first_rank_terms(an, spec, stores, rule)
-    if first_rank:
-        said = ", ".join(f"'{p}'" for p in first_rank)
-        insertions.append(Insertion(min((a.anchor for a in stores if a.anchor is not None),
-                                        key=lambda w: (w.line, w.column)), "before", (
-            f"# tilelink: every rank would add what it loads through {said} to its partial sums: the ranks",
-            f"# but the first are launched with zeros in its place, so that the sum over them adds it once ({rule})")))
-        report.append(ReportEntry(an.name, rule, "applied",
-                                  f"{said} is read only in terms added to the partial sums (a bias): every rank but "
-                                  f"the first is launched with zeros of the same layout in its place, so that the sum "
-                                  f"over the ranks adds those terms once", stores[0].where))
-    token = _FIRST_RANK.set(pointers)  # loads through them are summed over the ranks, as the partial sums are
-    try:
-        return Producer(*_notify_each(an, spec, opts, rule, stores, insertions, report), first_rank)
-    finally:
-        _FIRST_RANK.reset(token)
+def _sliced(an: KernelAnalysis) -> frozenset[str]:
+    """The parameters holding the K extent of a loop that sums (``_SLICED``): read from its range, or, in a flattened
+    loop, from the cycle of a name of its own bound in it (`k = step % k_tiles`)."""
+    summing, targets = _summing_loops(an), _loop_targets(an)
+    passed = set(an.params) - set(an.constexpr_params)
+    found = {n for lp in summing if (x := _loop_extent(an, lp, targets.get(lp))[0]) is not None
+             for n in names_in(x) & passed}
+    return frozenset(found | {f for lp in summing for n in set(an.values)
+                              if any(w is not None and _inside(w, lp) for _, w in _bindings(an, n))
+                              and (c := _cycle_extent(an, n)) is not None for _, f in c if f in passed})
 
 
 def _notify_each(an: KernelAnalysis, spec, opts: Options, rule: str, stores, insertions: list[Insertion],
