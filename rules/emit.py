@@ -162,10 +162,14 @@ def remap_order(an: KernelAnalysis, access: Access, rule: str, order: str,
                   for v, w in zip(an.values.get(n, ()), an.assignments.get(n, ()), strict=False)
                   if not any(o.where == side.where and o.body != side.body
                              for o in an.branch_sides.get(w, ()) for side in sides)]
-        if written is None or count is None or None in others:
-            # one TileLink cannot write out (a helper's return, `pid_m, pid_n = swizzle(tl.program_id(0), ...)`)
+        if written is None or count is None:
+            # an index TileLink cannot write out (a helper's return, `pid_m, pid_n = swizzle(tl.program_id(0), ...)`)
             # is rotated unchecked, as a grid that covers every tile is the kernel's own contract
             continue
+        # a coordinate it cannot write out is left out of the grouping: a grid that gives the index every tile or none
+        # at each value of every coordinate does so at each value of fewer of them, so the coarser check refuses no
+        # launch the full one passes, and still catches a grid short of whole tiles
+        others = [o for o in others if o is not None]
         axes = position_reads(cst.parse_expression(written))
         # the mapping's other coordinate where no scalar holds it (`(pid % num_pid_n) * BLOCK_N + tl.arange(...)`
         # written into a vector or an address): the other of each of the index's paired `%` / `//`
@@ -175,9 +179,8 @@ def remap_order(an: KernelAnalysis, access: Access, rule: str, order: str,
                 for op in m.findall(cst.parse_expression(v), m.BinaryOperation(operator=m.Modulo() | m.FloorDivide())):
                     if _canonical(op) in pairs:
                         pair = an.written_out(code(_swapped(op)), w) if an.written_out is not None else None
-                        if pair is None:
-                            break
-                        others.append(pair)
+                        if pair is not None:  # one it cannot write out is left out, as above
+                            others.append(pair)
         others += [f"tl.program_id({axis})" for axis in ("0", "1", "2") if axis not in axes]
         test = " and ".join(f"({side.test})" if side.body else f"not ({side.test})" for side in sides)
         facts.append((written, count, " ; ".join(dict.fromkeys(others)), test, at.line))

@@ -4140,6 +4140,37 @@ def _returns(an: _Analyzer) -> tuple[tuple[Where, tuple[str, ...]], ...]:
     return tuple(found)
 
 
+_POSITION_FUNCTIONS = ("program_id", "num_programs")
+
+
+def _check_position_calls(an: _Analyzer, module: cst.Module, fn: cst.FunctionDef) -> None:
+    """Refuse Triton's position functions used otherwise than called by their own name (`pf = tl.program_id` then
+    `pf(0)`, `from triton.language import program_id as pf`): the tile order and split-K read the program's position
+    where `tl.program_id(...)` is called, and would miss a read through another name."""
+    called = {id(c.func) for c in m.findall(fn.body, m.Call())}
+    attrs = {id(a.attr) for a in m.findall(fn.body, m.Attribute())}  # the `program_id` of `tl.program_id`
+    for ref in m.findall(fn.body, m.Attribute(attr=m.Name(value=m.MatchIfTrue(lambda v: v in _POSITION_FUNCTIONS)))
+                         | m.Name(value=m.MatchIfTrue(lambda v: v in _POSITION_FUNCTIONS))):
+        if id(ref) in called or id(ref) in attrs:
+            continue
+        at = an.where(ref)
+        raise AnnotationError(
+            f"`{code(ref)}` at line {at.line} is used without being called: TileLink reads the program's position "
+            f"where `tl.{code(ref).rpartition('.')[2]}(...)` is called, and cannot follow it through another name",
+            file=at.file, line=at.line, column=at.column,
+            hint=f"call `tl.{code(ref).rpartition('.')[2]}(axis)` where the position is read")
+    for imp in m.findall(module, m.ImportFrom()):
+        for alias in imp.names if isinstance(imp.names, Sequence) else ():
+            if code(alias.name) in _POSITION_FUNCTIONS and alias.asname is not None and m.findall(
+                    fn.body, m.Name(code(alias.asname.name))):
+                at = an.where(imp)
+                raise AnnotationError(
+                    f"`{code(imp)}` names `{code(alias.name)}` otherwise: TileLink reads the program's position "
+                    f"where `tl.{code(alias.name)}(...)` is called, and cannot follow it through another name",
+                    file=at.file, line=at.line, column=at.column,
+                    hint=f"import triton.language as tl and call `tl.{code(alias.name)}(axis)`")
+
+
 def find_kernel(module: cst.Module, name: str) -> cst.FunctionDef | None:
     for stmt in module.body:
         if isinstance(stmt, cst.FunctionDef) and stmt.name.value == name:
@@ -4225,6 +4256,7 @@ def analyse(module: cst.Module, file: str, kernel: str,
         op = code(node.operator).rstrip("=").strip()
         updates.setdefault(node.target.value, []).append(f"{node.target.value} {op} ({code(node.value)})")
         update_sites.setdefault(node.target.value, []).append(an.where(node))
+    _check_position_calls(an, module, fn)
     reserved = sorted((n, an.where(defs[0][0].node)) for n, defs in an.assignments.items() if n.startswith("tlk_"))
     if reserved:
         name, at = reserved[0]

@@ -13,7 +13,7 @@ import torch
 
 import tilelink
 from tests.rules.cases import module_at, rows_of
-from tilelink.errors import LaunchError
+from tilelink.errors import AnnotationError, LaunchError
 
 KERNEL = '''import triton
 import triton.language as tl
@@ -140,3 +140,19 @@ def test_the_other_coordinate_written_only_into_addresses_still_groups_the_check
     path.write_text(source)
     with pytest.raises(LaunchError, match=r"the grid \(7, 1, 1\) gives it 3 of them"):
         tilelink.spawn(_programs, 2, str(path), 7)
+
+
+@pytest.mark.parametrize("alias, says", [
+    ("    pf = tl.program_id\n    pid = pf(0)\n", r"`tl.program_id` at line \d+ is used without being called"),
+    ("    pid = pf(0)\n", r"`from triton.language import program_id as pf` names `program_id` otherwise"),
+])
+def test_the_position_read_through_another_name_is_refused(tmp_path, alias: str, says: str) -> None:
+    """The rotation and split-K read the position where `tl.program_id(...)` is called: through another name they
+    would miss it, so the kernel is refused and told to call it."""
+    source = KERNEL.format(options="").replace("    pid = tl.program_id(0)\n", alias)
+    if "pf = " not in alias:
+        source = source.replace("import tilelink\n", "import tilelink\nfrom triton.language import program_id as pf\n")
+    path = tmp_path / "alias.py"
+    path.write_text(source)
+    with pytest.raises(AnnotationError, match=says):
+        module_at(str(path))
