@@ -3627,10 +3627,11 @@ def _check_tile_names(an: _Analyzer, tensor: str, override: tuple[str, str], at:
 
 
 def _check_tile_agrees(an: _Analyzer, acc: Access, dim: int, pointers: set[str], override: tuple[str, str],
-                       size_param: str | None) -> str | None:
+                       size_param: str | None) -> Tile | None:
     """Where the rows of the access can be read from its offsets, ``tile=`` must name the same rows: a tile that
-    moves with another dimension (``pid_n * BLOCK_N`` on a row gather) would wait for the wrong channels. Elsewhere
-    the rows the access may read are bounded and must lie in the tile (:mod:`tilelink.tile_rows`)."""
+    moves with another dimension (``pid_n * BLOCK_N`` on a row gather) would wait for the wrong channels; the tile
+    read from them is returned. Elsewhere the rows the access may read are bounded and must lie in the tile
+    (:mod:`tilelink.tile_rows`), and ``None`` is returned."""
     try:
         inferred = an.tile(acc, dim, pointers, None, size_param)
     except AnnotationError:
@@ -3658,7 +3659,7 @@ def _check_tile_agrees(an: _Analyzer, acc: Access, dim: int, pointers: set[str],
                        "sequence of every head, read it through pointers and annotate dim 1 of the (Z * H, N_CTX, "
                        "HEAD_DIM) view" if fixed else
                        f"drop tile= (these rows are found without it), or make it tile=({found[0]!r}, {found[1]!r})"))
-    return inferred.size_param
+    return inferred
 
 
 def _check_descriptor_size(an: _Analyzer, acc: Access, dim: int, size: str | None) -> None:
@@ -4237,9 +4238,13 @@ def analyse(module: cst.Module, file: str, kernel: str,
             named = tuple(_renamed(x, renamed) for x in override) if renamed else override
             tile = an.tile(acc, dim, pointers, named, size_param, index)
             if named is not None and index is None and tile is not None:
-                found = _check_tile_agrees(an, acc, dim, pointers, named, size_param)
-                if tile.size_param is None and found is not None:  # the rows' bound, read from their mask
-                    tile = Tile(tile.start, tile.size, tile.offsets, found, tile.pid, tile.defined_at, tile.ndim)
+                inferred = _check_tile_agrees(an, acc, dim, pointers, named, size_param)
+                if inferred is not None:
+                    # tile= names the rows its offsets give: the access is the one TileLink reads without it, and its
+                    # address is checked as that one's is (the rows' scale, the terms beside them), or a term such as
+                    # `row * stride` beside the named rows would move the access off the rows its wait covers
+                    tile = Tile(inferred.start, inferred.size, inferred.offsets, tile.size_param or inferred.size_param,
+                                inferred.pid, inferred.defined_at, inferred.ndim, inferred.dynamic, inferred.wraps)
             _check_descriptor_size(an, acc, dim, size_param)
             accesses.append(_anchor(an, acc, tile, pointers))
             scales, shifts, steps = _row_scales(an, accesses[-1], pointers)
