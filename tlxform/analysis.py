@@ -1313,12 +1313,24 @@ def _scalar_term(an: _Analyzer, acc: Access, term: cst.BaseExpression, negative:
         return negative, tuple(factors)
     if not _computed(an, term) or _varies(an, term):
         return None
+    columns = (f"add that offset to a column vector and mask the vector by the row's length, which the launch "
+               f"checks: `cols = {code(term)} + tl.arange(0, BLOCK_D)`, the address `... + cols[None, :]` and "
+               f"`mask=... & (cols[None, :] < D)`; or pass the offset as an argument")
+    sides = (term.left, term.right) if m.matches(term, m.BinaryOperation(operator=m.Multiply())) else ()
+    stride = next((s for s in sides if isinstance(s, cst.Name) and s.value in an.params
+                   and s.value not in an.constexpr), None)
+    if stride is not None:
+        # `row * stride_wn`: a program reading one row of the tensor (a GEMV's row per program), whose rows TileLink
+        # reads from a vector of them
+        row = code(sides[1] if stride is sides[0] else sides[0])
+        columns = (f"if `{row}` is the row this program reads, read it as a tile of one row: `rows = {row} + "
+                   f"tl.arange(0, 1)`, the address `{acc.tensor} + rows[:, None] * {stride.value} + ...[None, :]` and "
+                   f"`mask=(rows[:, None] < <rows of {acc.tensor}>) & ...`; if it is an offset within the row, "
+                   + columns)
     raise _refuse(acc, f"the address of the {acc.kind} at line {acc.where.line} adds `{code(term)}` along the rows of "
                        f"{acc.tensor!r}, a value the kernel computes (through a call or a program id), which TileLink "
                        f"cannot bound at the launch: the {acc.kind} may touch other rows than those its {_waits(acc)} "
-                       f"covers", "add that offset to a column vector and mask the vector by the row's length, which "
-                       f"the launch checks: `cols = {code(term)} + tl.arange(0, BLOCK_D)`, the address `... + "
-                       f"cols[None, :]` and `mask=... & (cols[None, :] < D)`; or pass the offset as an argument")
+                       f"covers", columns)
 
 
 def _loop_term(an: _Analyzer, acc: Access, term: cst.BaseExpression, negative: bool,

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import libcst as cst
 import pytest
+import torch
 
 import tilelink
 from tests.rules.forms_cases import FORMS, RUNS, run_forms
@@ -434,10 +435,43 @@ def gemv(w_ptr, x_ptr, y_ptr, N, K, stride_wn, stride_wk, BLOCK_K: tl.constexpr)
 def test_a_tile_naming_a_column_vector_beside_computed_rows_is_refused(tile: str) -> None:
     """With or without tile=, `row * stride_wn` moves the read onto rows its wait does not cover: a tile= that names
     the offsets TileLink finds does not skip the checks of the address around them."""
-    text = "import triton\nimport triton.language as tl\nimport tilelink\n\n" + ROW_PER_PROGRAM.format(tile=tile)
+    text = HEAD + ROW_PER_PROGRAM.format(tile=tile)
     with pytest.raises(AnnotationError, match=r"adds `row \* stride_wn` along the rows of 'w_ptr', a value the "
-                                              r"kernel computes"):
+                                              r"kernel computes") as info:
         generate(text, "gemv.py", requests_in(text, "gemv.py"))
+    assert "if `row` is the row this program reads, read it as a tile of one row: `rows = row + tl.arange(0, 1)`, " \
+           "the address `w_ptr + rows[:, None] * stride_wn + ...[None, :]`" in info.value.hint, info.value.hint
+
+
+def _row_per_program(path: str) -> float:
+    """The hint's one-row tile: each rank passes its rows of W, and every row of W @ x is computed."""
+    from tests.rules.cases import module_at, rows_of
+
+    rank, world = tilelink.rank(), tilelink.world_size()
+    N, K = 13, 40
+    g = torch.Generator().manual_seed(5)
+    w, x = torch.randn(N, K, generator=g), torch.randn(K, generator=g)
+    lo, hi = rows_of(rank, world, N)
+    y = torch.full((N,), float("nan"))
+    module_at(path).gemv[(N,)](w[lo:hi].contiguous(), x, y, N, K, K, 1, BLOCK_K=16)
+    return (y - w @ x).abs().max().item()
+
+
+def test_the_one_row_tile_the_hint_gives_equals_torch(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("TILELINK_RACES", "1")
+    source = ROW_PER_PROGRAM.format(tile="").replace(
+        "    row = tl.program_id(0)\n    acc = tl.zeros((BLOCK_K,), dtype=tl.float32)\n",
+        "    rows = tl.program_id(0) + tl.arange(0, 1)\n    acc = tl.zeros((1, BLOCK_K), dtype=tl.float32)\n").replace(
+        "tl.load(w_ptr + row * stride_wn + offs_k * stride_wk, mask=offs_k < K, other=0.0)",
+        "tl.load(w_ptr + rows[:, None] * stride_wn + offs_k[None, :] * stride_wk,\n"
+        "                       mask=(rows[:, None] < N) & (offs_k[None, :] < K), other=0.0)").replace(
+        "x_ptr + offs_k, mask=offs_k < K, other=0.0)", "x_ptr + offs_k, mask=offs_k < K, other=0.0)[None, :]").replace(
+        "tl.store(y_ptr + row, tl.sum(acc, axis=0))", "tl.store(y_ptr + rows, tl.sum(acc, axis=1), mask=rows < N)")
+    assert "row * stride_wn" not in source and "rows[:, None] < N" in source
+    path = tmp_path / "one_row.py"
+    path.write_text(HEAD + source)
+    errors = tilelink.spawn(_row_per_program, 3, str(path))
+    assert all(e < 1e-4 for e in errors), errors
 
 
 RS_EPILOGUE = '''
