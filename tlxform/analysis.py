@@ -3810,6 +3810,13 @@ def _check_other_uses(an: _Analyzer, tensor: str, pointers: set[str], descriptor
             hint="store the result with `tl.store`; a split-K write-back into a reduce_scatter tensor may add with "
                  "`tl.atomic_add(ptrs, value, mask=...)` as a statement of its own (its old values unused)"
             if name.startswith("tl.atomic") else
+            # block pointers are gone from newer Triton (its interpreter refuses them): their successor, which TileLink
+            # follows
+            f"make the block a tensor descriptor, `desc = tl.make_tensor_descriptor({tensor}, shape=[...], "
+            f"strides=[...], block_shape=[...])` read with `desc.load([row_offset, col_offset])` and written with "
+            f"`desc.store([...], value)` (the offsets moving through those lists instead of `tl.advance`), or make "
+            f"pointers by arithmetic (`ptrs = base + offs[:, None] * stride + ...`)"
+            if name in ("tl.make_block_ptr", "tl.advance") else
             f"make pointers by arithmetic (`ptrs = base + offs[:, None] * stride + ...`), not with `{name}`"
             if is_tl else
             "make that access a `tl.load` / `tl.store` (or a descriptor's `.load` / `.store`) in the annotated "

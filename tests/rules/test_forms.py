@@ -581,3 +581,33 @@ def test_a_tensor_gathered_with_another_is_waited_for_before_its_first_load() ->
     wait = next(i for i, line in enumerate(lines) if "consumer_tile_wait(" in line)
     scale_load = next(i for i, line in enumerate(lines) if "a_scale = tl.load(" in line)
     assert wait < scale_load and sum("consumer_tile_wait(" in line for line in lines) == 1, text
+
+
+BLOCK_POINTER = '''
+@tilelink.overlap(tilelink.all_gather("a_ptr"))
+@triton.jit
+def matmul(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    a_blocks = tl.make_block_ptr(base=a_ptr, shape=(M, K), strides=(stride_am, stride_ak),
+                                 offsets=(pid_m * BLOCK_M, 0), block_shape=(BLOCK_M, BLOCK_K), order=(1, 0))
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, K, BLOCK_K):
+        rk = k + tl.arange(0, BLOCK_K)
+        acc += tl.dot(tl.load(a_blocks, boundary_check=(0, 1), padding_option="zero"),
+                      tl.load(b_ptr + rk[:, None] * stride_bk + rn[None, :] * stride_bn, mask=rk[:, None] < K))
+        a_blocks = tl.advance(a_blocks, (0, BLOCK_K))
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    tl.store(c_ptr + rm[:, None] * stride_cm + rn[None, :] * stride_cn, acc, mask=rm[:, None] < M)
+'''
+
+
+def test_a_block_pointer_is_refused_with_the_descriptor_to_write() -> None:
+    text = HEAD + BLOCK_POINTER
+    with pytest.raises(AnnotationError, match=r"a_ptr \(from the annotated 'a_ptr'\) is passed to `tl.make_block_ptr`"
+                                              r" at line 12") as info:
+        generate(text, "blocks.py", requests_in(text, "blocks.py"))
+    assert info.value.hint.startswith("make the block a tensor descriptor, `desc = tl.make_tensor_descriptor(a_ptr, "
+                                      "shape=[...], strides=[...], block_shape=[...])`"), info.value.hint
