@@ -135,22 +135,8 @@ def remap_order(an: KernelAnalysis, access: Access, rule: str, order: str,
     # a value made from the program id (`pid // num_pid_n`, a grouped ordering): at each of the program's other
     # coordinates (`pid_n`, the other axes), the grid must give it every tile or none
     tiles = f"tl.cdiv({tile.size_param}, {tile.size})"
-    chain, reading = _made_from(an, tile.pid), position_helpers(an.helpers)
-    headers = _loop_ranges(an)
-    position: set[str] = set()  # every name whose value reads the program's position
-    while more := {n for n in (set(an.values) | set(headers)) - position if any(
-            position_reads(cst.parse_expression(v), reading) or names_in(cst.parse_expression(v)) & position
-            for v in an.values.get(n, ()) + headers.get(n, ()))}:
-        position |= more
-    # the other coordinates: scalars made from the position, not from the rotated index (`pid_n`; not `rn`, a vector
-    # of it, nor `b`, data loaded at it)
-    after = {tile.pid}
-    while more := {n for n in set(an.values) - after if any(
-            names_in(cst.parse_expression(v)) & after for v in an.values.get(n, ()))}:
-        after |= more
-    carriers = {n for n in position - chain - after if not any(
-        m.findall(cst.parse_expression(v), m.Call(func=m.Attribute(attr=m.Name("arange") | m.Name("load"))))
-        for x in {n} | _depends_on(an, an.values.get(n, ())) for v in an.values.get(x, ()))}
+    chain, headers = _made_from(an, tile.pid), _loop_ranges(an)
+    carriers = _other_coordinates(an, tile.pid)
     facts = []
     for value, at in zip(an.values.get(tile.pid, ()), an.assignments.get(tile.pid, ()), strict=False):
         written = an.written_out(value, at) if an.written_out is not None else None
@@ -185,6 +171,84 @@ def remap_order(an: KernelAnalysis, access: Access, rule: str, order: str,
         test = " and ".join(f"({side.test})" if side.body else f"not ({side.test})" for side in sides)
         facts.append((written, count, " ; ".join(dict.fromkeys(others)), test, at.line))
     return inserts, entry, tuple(dict.fromkeys(facts))
+
+
+def _other_coordinates(an: KernelAnalysis, pid: str) -> set[str]:
+    """The program's other coordinates beside the rotated index ``pid``: scalars made from the position, not from
+    ``pid`` nor from what ``pid`` is made from (`pid_n`; not `rn`, a vector of it, nor `b`, data loaded at it). The
+    rotation's check at each call groups the grid by their values (:func:`remap_order`)."""
+    chain, position = _made_from(an, pid), _positions(an)
+    after = {pid}
+    while more := {n for n in set(an.values) - after if any(
+            names_in(cst.parse_expression(v)) & after for v in an.values.get(n, ()))}:
+        after |= more
+    return {n for n in position - chain - after if not any(
+        m.findall(cst.parse_expression(v), m.Call(func=m.Attribute(attr=m.Name("arange") | m.Name("load"))))
+        for x in {n} | _depends_on(an, an.values.get(n, ())) for v in an.values.get(x, ()))}
+
+
+def _positions(an: KernelAnalysis) -> set[str]:
+    """Every name whose value reads the program's position, directly or through other names."""
+    reading, headers = position_helpers(an.helpers), _loop_ranges(an)
+    position: set[str] = set()
+    while more := {n for n in (set(an.values) | set(headers)) - position if any(
+            position_reads(cst.parse_expression(v), reading) or names_in(cst.parse_expression(v)) & position
+            for v in an.values.get(n, ()) + headers.get(n, ()))}:
+        position |= more
+    return position
+
+
+def _checked_coordinates(an: KernelAnalysis, tile) -> frozenset[str]:
+    """The other coordinates (:func:`_other_coordinates`) that each call's check of the rotation writes out and groups
+    the grid by: every value of each of them, and every value of the rotated index and its tile count, can be
+    written at the launch (none where one of those cannot); each reads the position only inside `%` and `//` (a part
+    of it, as a column of tiles is); and the index neither holds the position whole nor any of their `%` / `//`.
+    Such a coordinate need not be the exact other half of a `%` / `//` that the index holds (triton.ops' grouped
+    ordering takes `pid % group_size` for the row and `(pid % width) // group_size` for the column): wherever it
+    does not partner the index one tile each, the check finds a coordinate at which the index misses a tile, and
+    refuses the call. One that holds the position whole (`blk = tl.program_id(0)`, `row = tl.program_id(0) << 3`)
+    is the program's own tile, which the check would refuse on every grid of more than one tile: the rotation is not
+    applied there (:func:`_program_id_bypass`)."""
+    if an.written_out is None or tile.size_param is None:
+        return frozenset()
+    pid, tiles = tile.pid, f"tl.cdiv({tile.size_param}, {tile.size})"
+    for value, at in zip(an.values.get(pid, ()), an.assignments.get(pid, ()), strict=False):
+        if an.written_out(value, at) is None or an.written_out(tiles, at) is None:
+            return frozenset()
+    position, reading, chain, headers = _positions(an), position_helpers(an.helpers), _made_from(an, pid), \
+        _loop_ranges(an)
+    axes = {"0", "1", "2"}
+
+    def split(node: cst.BaseExpression) -> bool:  # a part of the position (`x // 1` is all of it)
+        return m.matches(node, m.BinaryOperation(operator=m.Modulo() | m.FloorDivide())) and not m.matches(
+            node, m.BinaryOperation(operator=m.FloorDivide(), right=m.Integer("1")))
+
+    # the index must hold a part of the position too: one that holds it whole (`pid_m = pid`, on any side of a
+    # branch) leaves no other coordinate; nor may it hold a coordinate's own `%` / `//`, nor read a name bound twice
+    chain_values = {n: [cst.parse_expression(v) for v in an.values.get(n, ()) + headers.get(n, ())] for n in chain}
+    whole: set[str] = set()
+    while more := {n for n, nodes in chain_values.items() if n not in whole and any(
+            _reads_position(e, axes, whole, split, reading) for e in nodes)}:
+        whole |= more
+    if pid in whole:
+        return frozenset()
+    held = {_canonical(op) for nodes in chain_values.values() for e in nodes for op in m.findall(e, m.BinaryOperation(
+        operator=m.Modulo() | m.FloorDivide()))}
+
+    def other(name: str) -> bool:
+        values, wheres = an.values.get(name, ()), an.assignments.get(name, ())
+        if len(values) != len(wheres):
+            return False
+        for value, where in zip(values, wheres, strict=True):
+            node = cst.parse_expression(value)
+            ops = m.findall(node, m.BinaryOperation(operator=m.Modulo() | m.FloorDivide()))
+            if an.written_out(value, where) is None or _reads_position(node, axes, position, split, reading) or any(
+                    _canonical(op) in held or any(len(an.bindings.get(x, ())) > 1 for x in names_in(op) - {"tl"})
+                    for op in ops):
+                return False
+        return True
+
+    return frozenset(n for n in _other_coordinates(an, pid) if other(n))
 
 
 def _remap_order(an: KernelAnalysis, access: Access, rule: str, order: str,
@@ -225,7 +289,7 @@ def _remap_order(an: KernelAnalysis, access: Access, rule: str, order: str,
         return [], ReportEntry(an.name, rule, "not applied",
                                f"order={order!r} not applied: {tile.pid} indexes tiles of different sizes or forms "
                                f"({where}); tiles keep the kernel's own order", access.where)
-    bypass = _program_id_bypass(an, tile.pid)
+    bypass = _program_id_bypass(an, tile.pid, _checked_coordinates(an, tile))
     if bypass is not None:
         unread = _unread_helpers(an, tile.pid)
         said = (f" ({tile.pid} is unpacked from {', '.join(f'`{h}`' for h in unread)}, which TileLink cannot read: it "
@@ -258,7 +322,7 @@ def _remap_order(an: KernelAnalysis, access: Access, rule: str, order: str,
                                 f"{lines}", assigned[0])
 
 
-def _program_id_bypass(an: KernelAnalysis, pid: str) -> str | None:
+def _program_id_bypass(an: KernelAnalysis, pid: str, checked: frozenset[str] = frozenset()) -> str | None:
     """What reads the program's position other than through ``pid`` (the variable the rotation rotates), said for
     the report; ``None`` when nothing does. The rotation gives a program another tile: a row index, an offsets
     vector's start or an address computed from ``tl.program_id`` itself, or from any variable made from it other
@@ -270,8 +334,9 @@ def _program_id_bypass(an: KernelAnalysis, pid: str) -> str | None:
     such a position, with two exceptions, the tile mapping's other coordinate, which pairs with the rotated ``pid``
     as before, one tile each: a value that reads the position only inside ``a % b`` or ``a // b`` where the values
     ``pid`` is made from hold the other of the two (``pid_n = pid % num_pid_n`` beside ``pid_m = pid // num_pid_n``;
-    ``pid_n = (pid % num_pid_in_group) // group_size_m`` of a grouped ordering), and a variable unpacked with ``pid``
-    from the same call of a helper (``pid_m, pid_n = tile_coordinates(tl.program_id(0), ...)``)."""
+    ``pid_n = (pid % num_pid_in_group) // group_size_m`` of a grouped ordering), a variable unpacked with ``pid``
+    from the same call of a helper (``pid_m, pid_n = tile_coordinates(tl.program_id(0), ...)``), and a coordinate of
+    ``checked``, which each call's check of the rotation groups the grid by (:func:`_checked_coordinates`)."""
     chain = _made_from(an, pid)
     headers = _loop_ranges(an)
     reading = position_helpers(an.helpers)  # helpers that read the position themselves: any axis
@@ -286,7 +351,7 @@ def _program_id_bypass(an: KernelAnalysis, pid: str) -> str | None:
     while True:
         more = set()
         for name in set(an.values) | set(headers):
-            if name == pid or name in ids or name in siblings:
+            if name == pid or name in ids or name in siblings or name in checked:
                 continue
             values = an.values.get(name, ()) + headers.get(name, ())
             if name in chain:  # what pid is made from: a position wherever else it is read (`pid` of `pid_m = pid`)

@@ -156,3 +156,42 @@ def test_the_position_read_through_another_name_is_refused(tmp_path, alias: str,
     path.write_text(source)
     with pytest.raises(AnnotationError, match=says):
         module_at(str(path))
+
+
+#: triton.ops' grouped ordering: the row takes `pid % group_size`, the column `(pid % width) // group_size`, not the
+#: exact other half of the row's `%`; in a last group of 2 rows after a group of 3 on 3 column tiles (width 9), `pid %
+#: 2` is not `(pid % width) % 2`, and each column still gets every row tile once
+OPS_GROUPED = KERNEL.format(options="").replace(
+    "BLOCK_K: tl.constexpr):", "BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):").replace(
+    "    num_pid_n = tl.cdiv(N, BLOCK_N)\n    pid_m = pid // num_pid_n\n    pid_n = pid % num_pid_n\n",
+    "    grid_m = tl.cdiv(M, BLOCK_M)\n    grid_n = tl.cdiv(N, BLOCK_N)\n    width = GROUP_M * grid_n\n"
+    "    group_id = pid // width\n    group_size = min(grid_m - group_id * GROUP_M, GROUP_M)\n"
+    "    pid_m = group_id * GROUP_M + (pid % group_size)\n    pid_n = (pid % width) // (group_size)\n")
+
+
+def _ops_grouped(path: str, programs: int) -> float:
+    rank, world = tilelink.rank(), tilelink.world_size()
+    M, N, K = 80, 48, 40
+    g = torch.Generator().manual_seed(4)
+    a, b = torch.randn(M, K, generator=g), torch.randn(K, N, generator=g)
+    lo, hi = rows_of(rank, world, M)
+    c = torch.full((M, N), float("nan"))
+    module_at(path).matmul[(programs,)](a[lo:hi].contiguous(), b, c, M, N, K, K, 1, N, 1, N, 1, BLOCK_M=16,
+                                        BLOCK_N=16, BLOCK_K=16, GROUP_M=3)
+    return (c - a @ b).abs().max().item()
+
+
+def test_a_grouped_ordering_whose_column_is_not_the_rows_exact_pair_is_rotated_and_checked(tmp_path,
+                                                                                           monkeypatch) -> None:
+    monkeypatch.setenv("TILELINK_RACES", "1")
+    assert "pid_m = group_id * GROUP_M + (pid % group_size)" in OPS_GROUPED
+    path = tmp_path / "ops_grouped.py"
+    path.write_text(OPS_GROUPED)
+    (entry,) = [str(e) for e in module_at(str(path)).matmul.report.entries if "order" in e.message]
+    assert entry.startswith("[applied]") and "pid_m rotated" in entry, entry
+    for world in (2, 3):
+        errors = tilelink.spawn(_ops_grouped, world, str(path), 15)
+        assert all(e < 1e-4 for e in errors), (world, errors)
+    # the first group only (3 row tiles of 5, every column): the check groups the grid by the column
+    with pytest.raises(LaunchError, match=r"gives it 3 of them where `.*` = 0 \(not tile 3\)"):
+        tilelink.spawn(_ops_grouped, 2, str(path), 9)
