@@ -480,6 +480,24 @@ def _value_pairs(bindings: dict[str, tuple], pid: str, values: dict[str, tuple[s
 
         if not any(_reads_position(n, axes, carriers, inside) for n in made):
             pairs.add(mine)
+            continue
+        if not isinstance(op.operator, cst.Modulo):
+            continue
+        # the group's place taken from the position itself (`t % gs` beside the group `t // W`, as triton.ops and
+        # Triton's persistent tutorial write it) rather than from the place in the group (`(t % W) % gs`): the
+        # column `(t % W) // gs` is its other all the same, as the group, `t % gs` and `(t % W) // gs` give `t` back
+        # (`t % gs` is the place in the group shifted by the group's first `t`, within the group); `t // gs`, the
+        # exact other of `t % gs`, is not, as it is no column of the group
+        groups = [e for n in made for e in m.findall(n, m.BinaryOperation(operator=m.FloorDivide()))
+                  if _canonical(e.left) == numerator and _canonical(e) != _canonical(_swapped(op))]
+
+        def grouped(e: cst.BaseExpression, mine=mine, groups=groups) -> bool:
+            return m.matches(e, split) and (_canonical(e) == mine or any(_canonical(e) == _canonical(g)
+                                                                         for g in groups))
+
+        if groups and not any(_reads_position(n, axes, carriers, grouped) for n in made):
+            pairs |= {_canonical(cst.BinaryOperation(cst.BinaryOperation(op.left, cst.Modulo(), g.right), cst.Modulo(),
+                                                     op.right)) for g in groups}
     return pairs
 
 

@@ -23,6 +23,7 @@ import tilelink
 from tests.rules.cases import rows_of
 from tilelink.annotations import requests_in
 from tilelink.codegen import generate
+from tilelink.errors import LaunchError
 from tilelink.runtime import current_world
 
 HEAD = "import triton\nimport triton.language as tl\nimport tilelink\n\n"
@@ -56,6 +57,11 @@ RIGHT = {
                "    pid_m = first_pid_m + (pid % num_pid_in_group) % 2\n    col = (pid % num_pid_in_group) // 2 + 1",
     # bound again before the other: only the second value reaches it
     "bound_again_before": "pid_m = pid\n    pid_m = pid // 1\n    col = pid % 1 + 1",
+    # triton.ops' grouped ordering: the place in the group taken from the position itself (`pid % group_size`, not
+    # `(pid % num_pid_in_group) % group_size`), groups of 4 over 6 tiles (the last of 2)
+    "group_place": "num_pid_in_group = 4\n    group_id = pid // num_pid_in_group\n"
+                   "    group_size = min(6 - group_id * 4, 4)\n    pid_m = group_id * 4 + pid % group_size\n"
+                   "    col = (pid % num_pid_in_group) // group_size + 1",
 }
 
 
@@ -84,7 +90,16 @@ HELPERS = {
     "helper_grouped": ("group_id = p // (2 * W)\n    first_pid_m = group_id * 2\n"
                        "    pid_m = first_pid_m + (p % (2 * W)) % 2\n    pid_n = (p % (2 * W)) // 2\n"
                        "    return pid_m, pid_n", 1),
+    # Triton's persistent matmul tutorial's `_compute_pid`: the place in the group from the tile id itself
+    "helper_group_place": ("group_id = p // (4 * W)\n    first_pid_m = group_id * 4\n"
+                           "    group_size_m = min(6 - first_pid_m, 4)\n    pid_m = first_pid_m + (p % group_size_m)\n"
+                           "    pid_n = (p % (4 * W)) // group_size_m\n    return pid_m, pid_n", 1),
 }
+
+#: the place in the group from the position, but a column that is no column of the group: `pid // 2`, the exact
+#: other of `pid % 2`, steps through the groups' rows, not their columns
+NOT_A_COLUMN = ("num_pid_in_group = 4\n    group_id = pid // num_pid_in_group\n    pid_m = group_id * 4 + pid % 2\n"
+                "    col = pid // 2 + 1")
 
 
 def _form(mapping: str) -> str:
@@ -110,6 +125,19 @@ def test_a_pair_that_prints_alike_but_is_not_the_mappings_keeps_the_order(form: 
 def test_the_mappings_pairs_keep_the_rotation(form: str) -> None:
     entry = _order(_form(RIGHT[form]))
     assert entry.startswith("[applied]") and "pid_m rotated" in entry, entry
+
+
+def test_the_group_place_taken_from_the_position_pairs_with_the_groups_column(tmp_path, monkeypatch) -> None:
+    entry = _order(_form("helper_group_place"))
+    assert entry.startswith("[applied]") and "pid_m rotated" in entry, entry
+    # `pid // 2` is no pair of it: rotated only as a coordinate the call checks, and the check refuses the grid, on
+    # which each of its values gets 2 of the 6 row tiles
+    monkeypatch.setenv("TILELINK_RACES", "1")
+    path = tmp_path / "not_a_column.py"
+    path.write_text(_form(NOT_A_COLUMN))
+    with pytest.raises(LaunchError, match=r"gives it 2 of them where `\(tl.program_id\(0\)\) // 2 \+ 1` = 1 "
+                                          r"\(not tile 2\)"):
+        tilelink.spawn(_parity, 2, str(path), "not_a_column")
 
 
 def test_a_helpers_pair_is_read_from_its_body() -> None:
