@@ -119,7 +119,7 @@ def _pid_times_size(an, tile) -> bool:
 
 
 def remap_order(an: KernelAnalysis, access: Access, rule: str, order: str,
-                shift: str) -> tuple[list[Insertion], ReportEntry, tuple[tuple[str, str, str, str, int], ...]]:
+                shift: str) -> tuple[list[Insertion], ReportEntry, tuple[tuple[str, str, str, str, int, bool], ...]]:
     """Rotate the tile index so that tiles are visited in ``order`` (paper §3.1, tile order).
 
     ``shift`` is the tile index, in source, that should come first. Applies to tiles of the form
@@ -137,6 +137,14 @@ def remap_order(an: KernelAnalysis, access: Access, rule: str, order: str,
     tiles = f"tl.cdiv({tile.size_param}, {tile.size})"
     chain, headers = _made_from(an, tile.pid), _loop_ranges(an)
     carriers = _other_coordinates(an, tile.pid)
+    # the rotation stands on each call's check where a coordinate of the check, no exact pair of the index's, is all
+    # that keeps it from reading the position apart from the index: a call whose grid the check cannot read is refused
+    required = _program_id_bypass(an, tile.pid) is not None
+    # every `%` / `//` the kernel computes apart from the index's own values
+    computed = {_canonical(op) for text in [v for n, vs in an.values.items() if n not in chain for v in vs]
+                + [text for text, _ in an.effects] + [a.pointer for a in an.accesses]
+                for op in m.findall(cst.parse_expression(text), m.BinaryOperation(operator=m.Modulo()
+                                                                                  | m.FloorDivide()))}
     facts = []
     for value, at in zip(an.values.get(tile.pid, ()), an.assignments.get(tile.pid, ()), strict=False):
         written = an.written_out(value, at) if an.written_out is not None else None
@@ -162,14 +170,26 @@ def remap_order(an: KernelAnalysis, access: Access, rule: str, order: str,
         pairs = _mapping_pairs(an, tile.pid, chain, headers, axes)(at)
         for name in sorted(chain):
             for v, w in zip(an.values.get(name, ()), an.assignments.get(name, ()), strict=False):
-                for op in m.findall(cst.parse_expression(v), m.BinaryOperation(operator=m.Modulo() | m.FloorDivide())):
-                    if _canonical(op) in pairs:
-                        pair = an.written_out(code(_swapped(op)), w) if an.written_out is not None else None
-                        if pair is not None:  # one it cannot write out is left out, as above
-                            others.append(pair)
+                ops = m.findall(cst.parse_expression(v), m.BinaryOperation(operator=m.Modulo() | m.FloorDivide()))
+                # the other of an exact pair, and the group's column beside a place taken from the position itself
+                # (`(t % W) // gs` beside `t % gs` and the group `t // W`), where the kernel computes it: one it never
+                # computes (`(pid + 1) // T` beside `pid_m = (pid + 1) % T`) is no coordinate of its tiles
+                found = [_swapped(op) for op in ops if _canonical(op) in pairs] + [
+                    cst.BinaryOperation(cst.BinaryOperation(op.left, cst.Modulo(), g.right), cst.FloorDivide(),
+                                        op.right)
+                    for op in ops if isinstance(op.operator, cst.Modulo) for g in ops
+                    if isinstance(g.operator, cst.FloorDivide) and _canonical(g.left) == _canonical(op.left)
+                    and _canonical(cst.BinaryOperation(cst.BinaryOperation(op.left, cst.Modulo(), g.right),
+                                                       cst.Modulo(), op.right)) in pairs]
+                for other in found:
+                    if _canonical(other) not in computed:
+                        continue
+                    pair = an.written_out(code(other), w) if an.written_out is not None else None
+                    if pair is not None:  # one it cannot write out is left out, as above
+                        others.append(pair)
         others += [f"tl.program_id({axis})" for axis in ("0", "1", "2") if axis not in axes]
         test = " and ".join(f"({side.test})" if side.body else f"not ({side.test})" for side in sides)
-        facts.append((written, count, " ; ".join(dict.fromkeys(others)), test, at.line))
+        facts.append((written, count, " ; ".join(dict.fromkeys(others)), test, at.line, required))
     return inserts, entry, tuple(dict.fromkeys(facts))
 
 
@@ -184,7 +204,45 @@ def _other_coordinates(an: KernelAnalysis, pid: str) -> set[str]:
         after |= more
     return {n for n in position - chain - after if not any(
         m.findall(cst.parse_expression(v), m.Call(func=m.Attribute(attr=m.Name("arange") | m.Name("load"))))
-        for x in {n} | _depends_on(an, an.values.get(n, ())) for v in an.values.get(x, ()))}
+        for x in {n} | _depends_on(an, an.values.get(n, ())) for v in an.values.get(x, ())) and all(
+        an.written_out is not None and (w := an.written_out(v, at)) is not None and _evaluable(w)
+        for v, at in zip(an.values.get(n, ()), an.assignments.get(n, ()), strict=False))}
+
+
+#: what each call's check evaluates (``tlxform.overlapped._evaluate``): ints and names, `+ - * // %`, a negation, and
+#: Triton's integer functions of them
+_EVALUATED_CALLS = {"program_id", "num_programs", "cdiv", "minimum", "maximum", "min", "max"}
+
+
+def _evaluable(source: str) -> bool:
+    """Whether each call's check can evaluate ``source`` (a value written out over program ids and the arguments): a
+    scalar of ints, names, ``+``, ``-``, ``*``, ``//``, ``%`` and ``tl.program_id`` / ``tl.cdiv`` / ``min`` and the
+    like; not a tensor (``tl.zeros``), a comparison, ``&``, ``>>`` or ``tl.where``, which it cannot read."""
+    import ast
+
+    try:
+        tree = ast.parse(source, mode="eval")
+    except SyntaxError:
+        return False
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            func = node.func
+            name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
+            if name not in _EVALUATED_CALLS:
+                return False
+        elif isinstance(node, ast.BinOp):
+            if not isinstance(node.op, (ast.Add, ast.Sub, ast.Mult, ast.FloorDiv, ast.Mod)):
+                return False
+        elif isinstance(node, ast.UnaryOp):
+            if not isinstance(node.op, ast.USub):
+                return False
+        elif isinstance(node, ast.Constant):
+            if not isinstance(node.value, int) or isinstance(node.value, bool):
+                return False
+        elif not isinstance(node, (ast.Expression, ast.Name, ast.Attribute, ast.keyword, ast.Load, ast.operator,
+                                   ast.unaryop)):
+            return False
+    return True
 
 
 def _positions(an: KernelAnalysis) -> set[str]:

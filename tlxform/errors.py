@@ -61,10 +61,17 @@ class WaitTimeout(TileLinkError):
         self.rank, self.primitive, self.index = rank, primitive, index
         self.expected, self.seen, self.budget_s, self.kernel = expected, seen, budget_s, kernel
         where = f" in kernel {kernel}" if kernel else ""
+        # part of the count came: the producers ran, and stored fewer elements than the channel's rows hold
+        short = (" It saw part of the count: if every rank launched, their stores cover less than the channel's "
+                 "rows. Under reduce_scatter or all_reduce a channel completes when every element of its rows is "
+                 "stored on every rank, so an output wider than the columns the kernel stores (a padded row), a "
+                 "store mask narrower than the row, a `return` before the store or a grid short of the tiles "
+                 "never completes it: store every element of the output's rows (zeros where need be), or pass an "
+                 "output exactly as wide as what is stored." if 0 < seen < expected else "")
         super().__init__(
             f"rank {rank}: {primitive} on channel/tile {index}{where} waited {budget_s:g} s for value "
             f">= {expected} but saw {seen}. A producer never notified it: check that every rank "
-            f"launched the same operator with the same shapes, and that no rank failed earlier. "
+            f"launched the same operator with the same shapes, and that no rank failed earlier.{short} "
             f"Raise the budget with TILELINK_WAIT_TIMEOUT=<seconds> if the producer is just slow."
         )
         self.spoiled_calls = 0

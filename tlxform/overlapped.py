@@ -265,9 +265,9 @@ class OverlappedKernel:
             for start, block, step, test, line in plan.column_ends:
                 if self._holds(test, values):
                     self._check_column_end(start, block, step, line, values, programs, said_config)
-            for index, tiles, others, test, line in plan.rotations:
+            for index, tiles, others, test, line, required in plan.rotations:
                 if self._holds(test, values):
-                    self._check_rotation(index, tiles, others, line, values, programs, said_config)
+                    self._check_rotation(index, tiles, others, line, values, programs, said_config, required)
             for tensor, factors, line in plan.row_scales:
                 t = bound.get(tensor)
                 if not (hasattr(t, "shape") and hasattr(t, "stride")) or len(t.shape) <= plan.dim:
@@ -646,16 +646,28 @@ class OverlappedKernel:
             (f", or ones under which `{test}` does not hold" if test else ""))
 
     def _check_rotation(self, index: str, tiles: str, others: str, line: int, values: dict,
-                        programs: tuple[int, int, int] | None, said_config: str) -> None:
+                        programs: tuple[int, int, int] | None, said_config: str, required: bool = False) -> None:
         """The tile order rotates the tile index bound at ``line`` (``index`` its value, over program ids and the
         arguments) among ``tiles`` tiles, at the program's other coordinates (``others``, joined by " ; "): each
         program then computes another tile of the same others. The programs compute the kernel's own tiles only where,
         at each of the others the grid gives, the index takes every tile of ``[0, tiles)`` or none: refuse a call
         whose grid takes some and not all (a grid shorter than the tiles, by rows or by part of one). A grid larger
-        than ``_EXACT_PROGRAMS`` programs, or a value TileLink does not evaluate (a loop's target), is not checked."""
+        than ``_EXACT_PROGRAMS`` programs, or a value TileLink does not evaluate (a loop's target), is not checked,
+        unless the rotation stands on the check (``required``: a coordinate it groups by is no exact pair of the
+        index's), which refuses such a call."""
         import numpy as np
 
+        def unread(why: str) -> None:
+            if required:
+                raise LaunchError(
+                    f"{self.name}: the tile order rotates the tile index bound at {_display_path(self.file)}:{line} "
+                    f"(`{index}`) at the program's other coordinates `{others}`, which it takes for the mapping's "
+                    f"only where each call's grid gives the index every tile at each of them, but {why}"
+                    f"{said_config}: pass order=\"mesh\" to keep the kernel's own order")
+
         if programs is None or 0 in programs or math.prod(programs) > _EXACT_PROGRAMS:
+            unread("this call's grid cannot be read" if programs is None or 0 in programs else
+                   f"this call's grid of {math.prod(programs)} programs is more than the {_EXACT_PROGRAMS} it reads")
             return
         key = (index, tiles, others, programs, tuple(sorted(
             (n, getattr(v, "value", v)) for n, v in values.items() if isinstance(getattr(v, "value", v), int))))
@@ -666,6 +678,8 @@ class OverlappedKernel:
         found = _evaluate(index, values, dom)
         coords = [_evaluate(o, values, dom) for o in others.split(" ; ") if o]
         if count is None or found is None or any(c is None for c in coords):
+            unread("TileLink cannot evaluate them over this call's grid and arguments (a value past its type, or a "
+                   "`//` or `%` of a negative one)")
             return
         n = int(np.max(count))
         table = np.stack([np.broadcast_to(x, programs).ravel() for x in (*coords, found)], axis=1)

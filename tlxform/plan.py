@@ -122,8 +122,10 @@ class LaunchPlan:
     #: joined by " ; "), in source over program ids and the arguments; the compile-time test under which the binding
     #: is compiled ("" always) and its line. The rotation gives each program another of the tiles ``[0, tiles)`` at
     #: the same other coordinates: it computes the kernel's own tiles only where, at each of those, the call's grid
-    #: gives the index every tile or none, which each call with more than one rank that takes the test checks
-    rotations: tuple[tuple[str, str, str, str, int], ...] = ()
+    #: gives the index every tile or none, which each call with more than one rank that takes the test checks. The last
+    #: field says whether the rotation stands on that check (a coordinate it groups by is no exact pair of the index's,
+    #: ``rules.emit._checked_coordinates``): a call whose grid the check cannot read is then refused, not passed
+    rotations: tuple[tuple[str, str, str, str, int, bool], ...] = ()
 
     def __post_init__(self) -> None:
         if not self.rule or type(self) is LaunchPlan:
@@ -172,8 +174,9 @@ class LaunchPlan:
             and bool(e[1]) and _factors(e[2]) and bool(e[2]) and isinstance(e[3], str) and _positive(e[4])
             for e in self.column_ends), "a tuple of (start, block factors, step factors, compile-time test, line)")
         self._check("rotations", isinstance(self.rotations, tuple) and all(
-            isinstance(e, tuple) and len(e) == 5 and all(isinstance(x, str) for x in e[:4]) and all(e[:2])
-            and _positive(e[4]) for e in self.rotations), "a tuple of (index, tiles, others, test, line)")
+            isinstance(e, tuple) and len(e) == 6 and all(isinstance(x, str) for x in e[:4]) and all(e[:2])
+            and _positive(e[4]) and isinstance(e[5], bool) for e in self.rotations),
+            "a tuple of (index, tiles, others, test, line, whether it stands on the check)")
 
     def _check(self, name: str, ok: bool, wanted: str) -> None:
         if not ok:

@@ -210,7 +210,7 @@ def rewrite(an: KernelAnalysis, spec: AllGatherSpec, options: Options) -> Rewrit
         "tlk_target = tll.call_target(tlk_epoch, tlk_diag)",
         "tlk_ready = tll.channels_ready(tlk_barriers, tlk_world * tlk_channels_per_rank, tlk_target)")))
     shift = f"(tlk_rank * tlk_rows_per_rank) // ({tile.size})"
-    rotations: tuple[tuple[str, str, str, str, int], ...] = ()
+    rotations: tuple[tuple[str, str, str, str, int, bool], ...] = ()
     if tile.dynamic:
         report.append(ReportEntry(an.name, RULE, "note", f"dynamic mapping through {spec.index}: each tile "
                                   "waits for the channels of the rows it gathers; tiles keep the kernel's order"))

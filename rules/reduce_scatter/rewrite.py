@@ -2045,7 +2045,7 @@ class Producer(NamedTuple):
     report: list[ReportEntry]
     size_param: str  # the full size of the reduced dimension, in source
     refused: tuple[tuple[str, str], ...]  # ``ReduceScatterLaunch.refused``
-    rotations: tuple[tuple[str, str, str, str, int], ...]  # ``LaunchPlan.rotations``
+    rotations: tuple[tuple[str, str, str, str, int, bool], ...]  # ``LaunchPlan.rotations``
     first_rank_only: tuple[str, ...]  # ``ReduceScatterLaunch.first_rank_only``
 
 
@@ -2092,7 +2092,78 @@ def notify_stores(an: KernelAnalysis, spec, opts: Options, rule: str = RULE) -> 
                                       f"but the first is launched with zeros of the same layout in its place, so that "
                                       f"the sum over the ranks adds those terms once", stores[0].where))
         with _holding(_FIRST_RANK, pointers):  # loads through them are summed over the ranks, as partial sums are
-            return Producer(*_notify_each(an, spec, opts, rule, stores, insertions, report), first_rank)
+            produced = Producer(*_notify_each(an, spec, opts, rule, stores, insertions, report), first_rank)
+        _check_sliced_reads(an, stores, rule)  # after the epilogue's own checks, which say more (`acc / K`)
+        return produced
+
+
+def _check_sliced_reads(an: KernelAnalysis, stores, rule: str) -> None:
+    """Each rank passes its own slice's K extent (``_SLICED``), so outside the loop that sums, whatever reads it differs
+    from rank to rank: a store's value, mask or address (`tl.where(K > 20, acc * 2, acc)`, `offs_n < K`), an `if` around
+    the store or around a binding of what it stores (`if K > 20: acc = acc * 2`), or a `return` before it (`if K < 16:
+    return`) would each rank take on its own slice's extent, not the full problem's, and the sum would not be the full
+    problem's value (or a rank would leave its rows unstored). Refused, naming the read."""
+    sliced = _SLICED.get()
+    if not sliced:
+        return
+    loops = _loops(an)
+
+    def outside(where: Where | None) -> bool:
+        return where is None or not any(_inside(where, lp) for lp in loops)
+
+    def refuse(a, what: str, text: str, names: set[str]) -> AnnotationError:
+        return AnnotationError(
+            f"{what} (`{text}`) reads `{sorted(names)[0]}`, the K extent of the loop that sums, which each rank "
+            f"passes as its own slice's: outside that loop it differs from rank to rank, and the sum of the ranks' "
+            f"stores to {a.tensor!r} would not be the full problem's value", file=a.where.file, line=a.where.line,
+            column=a.where.column, hint=f"read `{sorted(names)[0]}` only in the loop that sums over it and in its "
+                                        f"range; pass what the epilogue needs as a parameter of its own, the same on "
+                                        f"every rank")
+
+    def reading(text: str) -> str:
+        """``text``, or the binding outside the loops through which it reads the extent (`acc = tl.where(K > 20,
+        ...)`)."""
+        todo, seen = list(names_in(cst.parse_expression(text))), set()
+        while todo:
+            name = todo.pop()
+            if name in seen:
+                continue
+            seen.add(name)
+            for src, w in _bindings(an, name):
+                if outside(w) and names_in(cst.parse_expression(src)) & sliced:
+                    return f"{name} = {src}` at line {w.line if w is not None else '?'}, in `{text}"
+                if outside(w):
+                    todo += names_in(cst.parse_expression(src))
+        return text
+
+    for a in stores:
+        for what, text in (("the value stored", a.value), ("the store's mask", a.mask), ("the store's address",
+                                                                                         a.pointer)):
+            if text and (names := _names_through(an, cst.parse_expression(text)) & sliced):
+                raise refuse(a, f"{what} at line {a.where.line}", reading(text), names)
+        # the sides taken to the store, and to each binding outside the loops of what it stores
+        sites = {a.where, a.anchor} - {None}
+        todo, seen = list(names_in(cst.parse_expression(a.value))) if a.value else [], set()
+        while todo:
+            name = todo.pop()
+            if name in seen:
+                continue
+            seen.add(name)
+            for src, w in _bindings(an, name):
+                if outside(w):
+                    sites.add(w)
+                    todo += names_in(cst.parse_expression(src))
+        for site in sorted(sites - {None}, key=lambda w: (w.line, w.column)):
+            for side in an.branch_sides.get(site, ()):
+                # an `if` inside the loop that sums takes its step on each rank's own slice (a flattened loop's `if
+                # ki == k_tiles - 1:` stores once the slice is summed)
+                if outside(side.where) and (names := _names_through(an, cst.parse_expression(side.test)) & sliced):
+                    raise refuse(a, f"the `if` at line {side.where.line} around line {site.line}", side.test, names)
+        for where, tests in an.returns:
+            if _before(where, a.where) and outside(where) and (names := {
+                    n for t in tests for n in _names_through(an, cst.parse_expression(t))} & sliced):
+                raise refuse(a, f"the `return` at line {where.line}, before the store at line {a.where.line},",
+                             " and ".join(tests), names)
 
 
 def _sliced(an: KernelAnalysis) -> frozenset[str]:
@@ -2110,7 +2181,7 @@ def _sliced(an: KernelAnalysis) -> frozenset[str]:
 def _notify_each(an: KernelAnalysis, spec, opts: Options, rule: str, stores, insertions: list[Insertion],
                  report: list[ReportEntry]
                  ) -> tuple[list[Insertion], list[ReportEntry], str, tuple[tuple[str, str], ...],
-                            tuple[tuple[str, str, str, str, int], ...]]:
+                            tuple[tuple[str, str, str, str, int, bool], ...]]:
     """:func:`notify_stores` from the epilogue check of each store on."""
     refused: dict[BranchSide, _Epilogue] = {}  # branches whose epilogue is not linear, refused when compiled
     for a in stores:
@@ -2243,7 +2314,7 @@ def _notify_each(an: KernelAnalysis, spec, opts: Options, rule: str, stores, ins
             f"cannot find the parameter holding the full size of dim 0 of {first.tensor!r}",
             file=first.where.file, line=first.where.line, column=first.where.column,
             hint=f"mask the store with `{tile.offsets or 'offs'}[:, None] < M`, or pass size=\"M\"")
-    rotations: tuple[tuple[str, str, str, str, int], ...] = ()
+    rotations: tuple[tuple[str, str, str, str, int, bool], ...] = ()
     shift = f"(((tlk_rank + 1) % tlk_world) * tlk_rows_per_rank) // ({tile.size})"
     if tile.dynamic:
         report.append(ReportEntry(an.name, rule, "note", f"dynamic mapping through {spec.index}"

@@ -225,3 +225,27 @@ def test_a_flattened_loop_s_sums_scaled_by_its_k_extent_are_refused() -> None:
     assert scaled != source
     with pytest.raises(AnnotationError, match="scaled by `K`, the K extent of the loop that sums them"):
         _generate(scaled)
+
+
+STORE = ("tl.store(c_ptr + rm[:, None] * stride_cm + rn[None, :] * stride_cn, acc, "
+         "mask=(rm[:, None] < M) & (rn[None, :] < N))")
+
+
+@pytest.mark.parametrize("after, store, says", [
+    ("if K > 20:\n        acc = acc * 2", STORE, r"the `if` at line 22 around line 23 \(`K > 20`\) reads `K`"),
+    ("acc = tl.where(K > 20, acc * 2, acc)", STORE,
+     r"the value stored at line 23 \(`acc = tl.where\(K > 20, acc \* 2, acc\)` at line 22, in `acc`\) reads `K`"),
+    ("pass", STORE.replace("(rn[None, :] < N))", "(rn[None, :] < K))"), r"the store's mask at line 23 .* reads `K`"),
+    ("if K < 16:\n        return", STORE,
+     r"the `return` at line 23, before the store at line 24, \(`K < 16`\) reads `K`"),
+])
+@pytest.mark.parametrize("rule", ["reduce_scatter", "all_reduce"])
+def test_the_k_extent_read_after_the_loop_that_sums_is_refused(rule: str, after: str, store: str, says: str) -> None:
+    """Each rank passes its own slice's K: after the loop, a test, a value or a mask reading it would differ from rank
+    to rank (`if K > 20: acc = acc * 2` doubled the sums on the ranks whose slice is longer)."""
+    source = _source("acc += tl.dot(a, b)", after=after, rule=rule).replace(STORE, store)
+    assert store in source
+    with pytest.raises(AnnotationError, match=says) as err:
+        _generate(source)
+    assert "the K extent of the loop that sums, which each rank passes as its own slice's" in str(err.value)
+    assert err.value.hint.startswith("read `K` only in the loop that sums over it"), err.value.hint

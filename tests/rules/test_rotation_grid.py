@@ -195,3 +195,90 @@ def test_a_grouped_ordering_whose_column_is_not_the_rows_exact_pair_is_rotated_a
     # the first group only (3 row tiles of 5, every column): the check groups the grid by the column
     with pytest.raises(LaunchError, match=r"gives it 3 of them where `.*` = 0 \(not tile 3\)"):
         tilelink.spawn(_ops_grouped, 2, str(path), 9)
+
+
+def _report_entry(path: str) -> str:
+    (entry,) = [str(e) for e in module_at(path).matmul.report.entries if "order" in e.message]
+    return entry
+
+
+def _parity_source(parity: str) -> str:
+    source = KERNEL.format(options="").replace("    rm = pid_m", parity + "    rm = pid_m").replace(
+        "    tl.store(", "    acc = acc * (1 + par)\n    tl.store(")
+    assert "par = " in source and "acc = acc * (1 + par)" in source
+    return source
+
+
+def test_a_position_the_check_cannot_evaluate_keeps_the_order(tmp_path) -> None:
+    """The row tile's parity scaling the sums: only a check grouping the grid by it could tell that the rotation
+    keeps each program's parity; it cannot evaluate `& 1`, so the kernel keeps its order (rotated, world 3 moved
+    rows to a tile of the other parity)."""
+    path = tmp_path / "parity.py"
+    path.write_text(_parity_source("    par = ((pid % (2 * num_pid_n)) // num_pid_n) & 1\n"))
+    entry = _report_entry(str(path))
+    assert entry.startswith("[not applied]") and "reads the program id" in entry, entry
+
+
+def test_a_tensor_made_from_a_coordinate_does_not_switch_the_check_off(tmp_path, monkeypatch) -> None:
+    """The same parity written so that the check evaluates it: `acc = acc * (1 + par)`, a tensor the check cannot
+    evaluate, is no coordinate of it, and the parity groups the grid, at each of whose values the rotated index
+    gets 2 of its 4 tiles: refused (it used to switch the whole check off, and world 3 was wrong)."""
+    monkeypatch.setenv("TILELINK_RACES", "1")
+    path = tmp_path / "parity.py"
+    path.write_text(_parity_source("    par = (pid % (2 * num_pid_n)) // num_pid_n\n"))
+    assert _report_entry(str(path)).startswith("[applied]")
+    with pytest.raises(LaunchError, match=r"among its 4 tiles, but the grid \(8, 1, 1\) gives it 2 of them"):
+        tilelink.spawn(_programs, 3, str(path), 8)
+
+
+def test_a_mask_made_from_the_column_does_not_switch_the_check_off(tmp_path, monkeypatch) -> None:
+    """`n_lim = tl.where(pid_n < grid_n, N, 0)`, a value the check cannot evaluate, is no coordinate of it: the
+    column still groups the grid, and the first group's grid is refused."""
+    monkeypatch.setenv("TILELINK_RACES", "1")
+    source = OPS_GROUPED.replace("    pid_n = (pid % width) // (group_size)\n",
+                                 "    pid_n = (pid % width) // (group_size)\n"
+                                 "    n_lim = tl.where(pid_n < grid_n, N, 0)\n").replace(
+        "(rn[None, :] < N))\n", "(rn[None, :] < n_lim))\n")
+    assert "< n_lim))" in source
+    path = tmp_path / "n_lim.py"
+    path.write_text(source)
+    assert _report_entry(str(path)).startswith("[applied]")
+    with pytest.raises(LaunchError, match=r"gives it 3 of them"):
+        tilelink.spawn(_ops_grouped, 2, str(path), 9)
+    errors = tilelink.spawn(_ops_grouped, 3, str(path), 15)
+    assert all(e < 1e-4 for e in errors), errors
+
+
+def test_a_rotation_that_stands_on_the_check_refuses_a_grid_it_cannot_read(tmp_path, monkeypatch) -> None:
+    """`pid_n = (pid - 1) % num_pid_n` is no exact pair of `pid // num_pid_n`: the rotation stands on the check, which
+    cannot evaluate a `%` of the negative `pid - 1` of the first program, so the call is refused rather than passed
+    unchecked."""
+    monkeypatch.setenv("TILELINK_RACES", "1")
+    source = KERNEL.format(options="").replace("    pid_n = pid % num_pid_n\n", "    pid_n = (pid - 1) % num_pid_n\n")
+    path = tmp_path / "shifted_column.py"
+    path.write_text(source)
+    assert _report_entry(str(path)).startswith("[applied]")
+    with pytest.raises(LaunchError, match=r"which it takes for the mapping's only where each call's grid gives the "
+                                          r"index every tile at each of them, but TileLink cannot evaluate them"):
+        tilelink.spawn(_programs, 2, str(path), 8)
+
+
+def test_a_pairs_other_the_kernel_never_computes_is_no_coordinate(tmp_path, monkeypatch) -> None:
+    """`pid_m = (tl.program_id(0) + 1) % tiles` holds a `%` whose other, `(tl.program_id(0) + 1) // tiles`, the kernel
+    never computes: the grid is not grouped by it (it was, and the full grid was refused as short)."""
+    monkeypatch.setenv("TILELINK_RACES", "1")
+    source = KERNEL.format(options="").replace(
+        "    pid = tl.program_id(0)\n    num_pid_n = tl.cdiv(N, BLOCK_N)\n    pid_m = pid // num_pid_n\n"
+        "    pid_n = pid % num_pid_n\n",
+        "    pid_m = (tl.program_id(0) + 1) % tl.cdiv(M, BLOCK_M)\n    pid_n = tl.program_id(1)\n")
+    assert "(tl.program_id(0) + 1) %" in source
+    path = tmp_path / "shifted_rows.py"
+    path.write_text(source)
+    assert _report_entry(str(path)).startswith("[applied]")
+    errors = tilelink.spawn(_two_d_grid, 3, str(path))
+    assert all(e < 1e-4 for e in errors), errors
+
+
+def _two_d_grid(path: str) -> float:
+    c, want = _multiplied(path, (4, 2))
+    return (c - want).abs().max().item()

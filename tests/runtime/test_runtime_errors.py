@@ -138,3 +138,12 @@ def test_master_ports_come_from_outside_the_ephemeral_range():
     assert len(ports) > 1  # not one fixed port for every world
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", ports.pop()))  # and free
+
+
+def test_a_wait_that_saw_part_of_its_count_says_what_leaves_a_channel_short():
+    short = tilelink.WaitTimeout(rank=1, primitive="consumer_tile_wait", index=2, expected=1200, seen=1000,
+                                 budget_s=20.0)
+    assert "saw 1000" in str(short) and "It saw part of the count" in str(short), short
+    assert "an output wider than the columns the kernel stores (a padded row)" in str(short), short
+    none = tilelink.WaitTimeout(rank=1, primitive="consumer_tile_wait", index=2, expected=1200, seen=0, budget_s=20.0)
+    assert "It saw part of the count" not in str(none), none

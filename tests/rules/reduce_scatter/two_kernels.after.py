@@ -151,11 +151,10 @@ TILELINK_PLAN = {'down_kernel': {'atomic_axes': None,
                'rotations': [['((tl.program_id(0)) // (tl.cdiv((N), (BLOCK_N))), '
                               '(tl.program_id(0)) % (tl.cdiv((N), (BLOCK_N))))',
                               'tl.cdiv(M, BLOCK_M)',
-                              '((tl.program_id(0)) // (tl.cdiv((N), (BLOCK_N))), '
-                              '(tl.program_id(0)) % (tl.cdiv((N), (BLOCK_N)))) ; tl.program_id(1) '
-                              '; tl.program_id(2)',
+                              'tl.program_id(1) ; tl.program_id(2)',
                               '',
-                              19]],
+                              19,
+                              False]],
                'row_bounds': [],
                'row_multiples': [],
                'row_scales': [['x_ptr', ['K'], 26]],
