@@ -4167,28 +4167,26 @@ def _check_position_calls(an: _Analyzer, module: cst.Module, fn: cst.FunctionDef
     """Refuse Triton's position functions used otherwise than called by their own name (`pf = tl.program_id` then
     `pf(0)`, `from triton.language import program_id as pf`): the tile order and split-K read the program's position
     where `tl.program_id(...)` is called, and would miss a read through another name."""
+    def refuse(node: cst.CSTNode, said: str, function: str, hint: str) -> AnnotationError:
+        at = an.where(node)
+        return AnnotationError(f"{said}: TileLink reads the program's position where `tl.{function}(...)` is called, "
+                               f"and cannot follow it through another name", file=at.file, line=at.line,
+                               column=at.column, hint=hint)
+
     called = {id(c.func) for c in m.findall(fn.body, m.Call())}
     attrs = {id(a.attr) for a in m.findall(fn.body, m.Attribute())}  # the `program_id` of `tl.program_id`
     for ref in m.findall(fn.body, m.Attribute(attr=m.Name(value=m.MatchIfTrue(lambda v: v in _POSITION_FUNCTIONS)))
                          | m.Name(value=m.MatchIfTrue(lambda v: v in _POSITION_FUNCTIONS))):
-        if id(ref) in called or id(ref) in attrs:
-            continue
-        at = an.where(ref)
-        raise AnnotationError(
-            f"`{code(ref)}` at line {at.line} is used without being called: TileLink reads the program's position "
-            f"where `tl.{code(ref).rpartition('.')[2]}(...)` is called, and cannot follow it through another name",
-            file=at.file, line=at.line, column=at.column,
-            hint=f"call `tl.{code(ref).rpartition('.')[2]}(axis)` where the position is read")
+        if id(ref) not in called and id(ref) not in attrs:
+            function = code(ref).rpartition(".")[2]
+            raise refuse(ref, f"`{code(ref)}` at line {an.where(ref).line} is used without being called", function,
+                         f"call `tl.{function}(axis)` where the position is read")
     for imp in m.findall(module, m.ImportFrom()):
         for alias in imp.names if isinstance(imp.names, Sequence) else ():
             if code(alias.name) in _POSITION_FUNCTIONS and alias.asname is not None and m.findall(
                     fn.body, m.Name(code(alias.asname.name))):
-                at = an.where(imp)
-                raise AnnotationError(
-                    f"`{code(imp)}` names `{code(alias.name)}` otherwise: TileLink reads the program's position "
-                    f"where `tl.{code(alias.name)}(...)` is called, and cannot follow it through another name",
-                    file=at.file, line=at.line, column=at.column,
-                    hint=f"import triton.language as tl and call `tl.{code(alias.name)}(axis)`")
+                raise refuse(imp, f"`{code(imp)}` names `{code(alias.name)}` otherwise", code(alias.name),
+                             f"import triton.language as tl and call `tl.{code(alias.name)}(axis)`")
 
 
 def find_kernel(module: cst.Module, name: str) -> cst.FunctionDef | None:

@@ -12,7 +12,14 @@ from tilelink.analysis import KernelAnalysis
 from tilelink.errors import AnnotationError
 from tilelink.plan import AllReduceLaunch, Insertion, ReportEntry, RewritePlan
 from tilelink.rules.emit import CHANNEL_PARAMS
-from tilelink.rules.reduce_scatter.rewrite import notify_stores, split_k, split_k_note, stored_tiles, sums_dtypes
+from tilelink.rules.reduce_scatter.rewrite import (
+    check_sliced_reads,
+    notify_stores,
+    split_k,
+    split_k_note,
+    stored_tiles,
+    sums_dtypes,
+)
 from tilelink.spec import AllReduceSpec, Options
 
 RULE = "all_reduce"
@@ -43,6 +50,7 @@ def rewrite(an: KernelAnalysis, spec: AllReduceSpec, options: Options) -> Rewrit
     report.append(ReportEntry(an.name, RULE, "note", f"consumer: SM mesh pull on {opts.comm_sms} programs, "
                                                      f"{algorithm[spec.mode]}"))
     found = split_k(an, spec)
+    check_sliced_reads(an, spec)
     report += split_k_note(an, found, RULE)
     launch = AllReduceLaunch(tensors=spec.tensors, dim=spec.dim, size_param=size_param, algorithm=spec.mode,
                              atomic_axes=None if found is None else tuple(found[0]),

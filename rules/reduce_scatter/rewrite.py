@@ -2092,78 +2092,125 @@ def notify_stores(an: KernelAnalysis, spec, opts: Options, rule: str = RULE) -> 
                                       f"but the first is launched with zeros of the same layout in its place, so that "
                                       f"the sum over the ranks adds those terms once", stores[0].where))
         with _holding(_FIRST_RANK, pointers):  # loads through them are summed over the ranks, as partial sums are
-            produced = Producer(*_notify_each(an, spec, opts, rule, stores, insertions, report), first_rank)
-        _check_sliced_reads(an, stores, rule)  # after the epilogue's own checks, which say more (`acc / K`)
-        return produced
+            return Producer(*_notify_each(an, spec, opts, rule, stores, insertions, report), first_rank)
 
 
-def _check_sliced_reads(an: KernelAnalysis, stores, rule: str) -> None:
-    """Each rank passes its own slice's K extent (``_SLICED``), so outside the loop that sums, whatever reads it differs
-    from rank to rank: a store's value, mask or address (`tl.where(K > 20, acc * 2, acc)`, `offs_n < K`), an `if` around
-    the store or around a binding of what it stores (`if K > 20: acc = acc * 2`), or a `return` before it (`if K < 16:
-    return`) would each rank take on its own slice's extent, not the full problem's, and the sum would not be the full
-    problem's value (or a rank would leave its rows unstored). Refused, naming the read."""
-    sliced = _SLICED.get()
-    if not sliced:
-        return
-    loops = _loops(an)
-
-    def outside(where: Where | None) -> bool:
-        return where is None or not any(_inside(where, lp) for lp in loops)
-
-    def refuse(a, what: str, text: str, names: set[str]) -> AnnotationError:
-        return AnnotationError(
-            f"{what} (`{text}`) reads `{sorted(names)[0]}`, the K extent of the loop that sums, which each rank "
-            f"passes as its own slice's: outside that loop it differs from rank to rank, and the sum of the ranks' "
-            f"stores to {a.tensor!r} would not be the full problem's value", file=a.where.file, line=a.where.line,
-            column=a.where.column, hint=f"read `{sorted(names)[0]}` only in the loop that sums over it and in its "
-                                        f"range; pass what the epilogue needs as a parameter of its own, the same on "
-                                        f"every rank")
-
-    def reading(text: str) -> str:
-        """``text``, or the binding outside the loops through which it reads the extent (`acc = tl.where(K > 20,
-        ...)`)."""
-        todo, seen = list(names_in(cst.parse_expression(text))), set()
-        while todo:
-            name = todo.pop()
-            if name in seen:
+def _summing_updates(an: KernelAnalysis, summing: set[tuple[Where, Where]]) -> set[tuple[str, Where]]:
+    """The updates of an accumulator in the loops that sum (:func:`_summing_loops`): `(name, where)` of each binding
+    that adds a product or this step's data to the name's own value there."""
+    found = set()
+    for name in set(an.values) | set(an.updates):
+        for src, site in _bindings(an, name):
+            if site is None or not any(_inside(site, lp) for lp in summing):
                 continue
+            value = _written_helper(an, cst.parse_expression(src))
+            added = _carried_slot(value, name) if name in names_in(value) else None
+            if added and (m.findall(value, _SUMS) or any(_reads_a_load(an, code(x)) for x in added)):
+                found.add((name, site))
+    return found
+
+
+def check_sliced_reads(an: KernelAnalysis, spec) -> None:
+    """Each rank runs the loops that sum over its own slice of K: the K extent it passes (``_SLICED``), those loops'
+    targets, and whatever they bind other than the sums (a flag `big = K > 20`, a counter `n += 1`, the last step's
+    data), are the rank's own after them. A store outside those loops whose value, mask or address reads one (through
+    any binding: `acc = tl.where(K > 20, acc * 2, acc)`), or that an `if` outside those loops (around it, or around a
+    binding of what it stores: `if K > 20: acc = acc * 2`) or a `return` before it tests one on, would take each rank's
+    slice for the full problem, and the sum over the ranks would not be the full problem's value (or a rank would
+    leave its rows unstored). Refused, naming the read. A store inside a loop that sums (a flattened loop's `if ki ==
+    k_tiles - 1:`) steps with it on each rank's own slice: there only the extent itself, read outside every loop, is
+    refused. Checked after the stores' other checks, whose messages say more (`acc / K`, a write-back chosen at run
+    time)."""
+    def within(where: Where | None, among) -> bool:
+        return where is not None and any(_inside(where, lp) for lp in among)
+
+    stores = [a for t in spec.tensors for a in an.accesses_of(t, "store")]
+    sliced, summing = _sliced(an), _summing_loops(an)
+    # the sums' own bindings in those loops: their updates, and any other, which `_check_carried` judges (a scale in a
+    # compile-time branch refuses only the launches that take it)
+    sums = {name for name, _ in _summing_updates(an, summing)}
+    updates = {(name, w) for name in sums for _, w in _bindings(an, name) if within(w, summing)}
+
+    # why each name is the rank's own: the extent itself, a target or binding of a loop that sums, or a value read
+    why: dict[str, str] = {n: "the K extent of the loop that sums, which each rank passes as its own slice's"
+                           for n in sliced}
+    for name, binds in an.bindings.items():
+        for b, e in binds:
+            if e is not None and (b, e) in summing:
+                why.setdefault(name, f"the target of the loop that sums at line {b.line}, which runs over each "
+                                     f"rank's own slice")
+    for name in set(an.values) | set(an.updates):
+        for _, site in _bindings(an, name):
+            if within(site, summing) and (name, site) not in updates:
+                why.setdefault(name, f"bound at line {site.line} in the loop that sums, so that after it its value "
+                                     f"is the rank's own slice's")
+    while True:  # and the values read from those, through any binding but a sum's update
+        more = {}
+        for name in (set(an.values) | set(an.updates)) - set(why):
+            for src, site in _bindings(an, name):
+                if (name, site) in updates:
+                    continue
+                read = sorted(names_in(cst.parse_expression(src)) & set(why))
+                if read:
+                    more[name] = f"read from `{name} = {src}`" + (f" at line {site.line}" if site else "") + \
+                        f", which reads `{read[0]}`"
+                    break
+        if not more:
+            break
+        why.update(more)
+    if not why:
+        return
+
+    def root(name: str) -> str:
+        """The first name of the chain that makes ``name`` the rank's own (`K`, a flag bound in the loop)."""
+        seen = set()
+        while why[name].startswith("read from ") and name not in seen:
             seen.add(name)
-            for src, w in _bindings(an, name):
-                if outside(w) and names_in(cst.parse_expression(src)) & sliced:
-                    return f"{name} = {src}` at line {w.line if w is not None else '?'}, in `{text}"
-                if outside(w):
-                    todo += names_in(cst.parse_expression(src))
-        return text
+            name = why[name].rsplit("`", 2)[-2]
+        return name
+
+    def refuse(a, what: str, text: str, name: str) -> AnnotationError:
+        first = root(name)
+        via = f" (`{name}` is {why[name]})" if name != first else ""
+        return AnnotationError(
+            f"{what} (`{text}`) reads `{first}`, {why[first]}{via}: outside the loops that sum it differs from rank "
+            f"to rank, and the sum of the ranks' stores to {a.tensor!r} would not be the full problem's value",
+            file=a.where.file, line=a.where.line, column=a.where.column,
+            hint=f"read `{first}` only in the loop that sums and in its range; pass what the epilogue needs as a "
+                 f"parameter of its own, the same on every rank")
 
     for a in stores:
+        if within(a.where, summing):
+            # stepping with the loop that sums: the extent read outside every loop only
+            for what, text in (("the value stored", a.value), ("the store's mask", a.mask)):
+                if text and (names := _names_through(an, cst.parse_expression(text)) & sliced):
+                    raise refuse(a, f"{what} at line {a.where.line}", text, sorted(names)[0])
+            continue
         for what, text in (("the value stored", a.value), ("the store's mask", a.mask), ("the store's address",
                                                                                          a.pointer)):
-            if text and (names := _names_through(an, cst.parse_expression(text)) & sliced):
-                raise refuse(a, f"{what} at line {a.where.line}", reading(text), names)
-        # the sides taken to the store, and to each binding outside the loops of what it stores
-        sites = {a.where, a.anchor} - {None}
-        todo, seen = list(names_in(cst.parse_expression(a.value))) if a.value else [], set()
+            if text and (names := sorted(names_in(cst.parse_expression(text)) & set(why))):
+                raise refuse(a, f"{what} at line {a.where.line}", text, names[0])
+        # the `if`s outside the loops that sum around the store, and around each binding of what it stores
+        sites, todo, seen = {a.where, a.anchor} - {None}, list(names_in(cst.parse_expression(a.value or "0"))), set()
         while todo:
             name = todo.pop()
             if name in seen:
                 continue
             seen.add(name)
             for src, w in _bindings(an, name):
-                if outside(w):
+                if (name, w) not in updates:
                     sites.add(w)
                     todo += names_in(cst.parse_expression(src))
         for site in sorted(sites - {None}, key=lambda w: (w.line, w.column)):
             for side in an.branch_sides.get(site, ()):
-                # an `if` inside the loop that sums takes its step on each rank's own slice (a flattened loop's `if
-                # ki == k_tiles - 1:` stores once the slice is summed)
-                if outside(side.where) and (names := _names_through(an, cst.parse_expression(side.test)) & sliced):
-                    raise refuse(a, f"the `if` at line {side.where.line} around line {site.line}", side.test, names)
+                if not within(side.where, summing) and (
+                        names := sorted(names_in(cst.parse_expression(side.test)) & set(why))):
+                    raise refuse(a, f"the `if` at line {side.where.line} around line {site.line}", side.test, names[0])
         for where, tests in an.returns:
-            if _before(where, a.where) and outside(where) and (names := {
-                    n for t in tests for n in _names_through(an, cst.parse_expression(t))} & sliced):
+            if _before(where, a.where) and not within(where, summing) and (
+                    names := sorted({n for t in tests for n in names_in(cst.parse_expression(t))} & set(why))):
                 raise refuse(a, f"the `return` at line {where.line}, before the store at line {a.where.line},",
-                             " and ".join(tests), names)
+                             " and ".join(tests), names[0])
 
 
 def _sliced(an: KernelAnalysis) -> frozenset[str]:
@@ -2482,6 +2529,7 @@ def rewrite(an: KernelAnalysis, spec: ReduceScatterSpec, options: Options) -> Re
                                   f"consumer: SM mesh pull on {opts.comm_sms} programs, comm tile "
                                   + (f"{opts.comm_block} rows" if opts.comm_block else "128 rows")))
     found = split_k(an, spec)
+    check_sliced_reads(an, spec)
     report += split_k_note(an, found, RULE)
     launch = ReduceScatterLaunch(tensors=spec.tensors, dim=spec.dim, size_param=size_param, index=spec.index,
                                  topk=spec.topk, via=opts.via, mode=opts.mode, order=opts.order,

@@ -11,7 +11,7 @@ import textwrap
 import pytest
 
 import tilelink
-from tests.rules.test_carried_accumulator import _generate, _scattered, _source
+from tests.rules.test_carried_accumulator import HEAD, _generate, _scattered, _source
 from tilelink.errors import AnnotationError
 
 A_MASK = "mask=(rm[:, None] < M) & ((k * BLOCK_K + rk)[None, :] < K)"
@@ -234,7 +234,8 @@ STORE = ("tl.store(c_ptr + rm[:, None] * stride_cm + rn[None, :] * stride_cn, ac
 @pytest.mark.parametrize("after, store, says", [
     ("if K > 20:\n        acc = acc * 2", STORE, r"the `if` at line 22 around line 23 \(`K > 20`\) reads `K`"),
     ("acc = tl.where(K > 20, acc * 2, acc)", STORE,
-     r"the value stored at line 23 \(`acc = tl.where\(K > 20, acc \* 2, acc\)` at line 22, in `acc`\) reads `K`"),
+     r"the value stored at line 23 \(`acc`\) reads `K`, .* \(`acc` is read from `acc = tl.where\(K > 20, acc \* 2, "
+     r"acc\)` at line 22, which reads `K`\)"),
     ("pass", STORE.replace("(rn[None, :] < N))", "(rn[None, :] < K))"), r"the store's mask at line 23 .* reads `K`"),
     ("if K < 16:\n        return", STORE,
      r"the `return` at line 23, before the store at line 24, \(`K < 16`\) reads `K`"),
@@ -248,4 +249,31 @@ def test_the_k_extent_read_after_the_loop_that_sums_is_refused(rule: str, after:
     with pytest.raises(AnnotationError, match=says) as err:
         _generate(source)
     assert "the K extent of the loop that sums, which each rank passes as its own slice's" in str(err.value)
-    assert err.value.hint.startswith("read `K` only in the loop that sums over it"), err.value.hint
+    assert err.value.hint.startswith("read `K` only in the loop that sums and in its range"), err.value.hint
+
+
+@pytest.mark.parametrize("update, after, says", [
+    ("big = K > 20\n        acc += tl.dot(a, b)", "if big:\n        acc = acc * 2",
+     r"reads `big`, bound at line 22 in the loop that sums"),
+    ("n += 1\n        acc += tl.dot(a, b)", "if n > 2:\n        acc = acc * 2",
+     r"reads `n`, bound at line 22 in the loop that sums"),
+    ("acc += tl.dot(a, b)", "if k > 1:\n        acc = acc * 2", r"reads `k`, the target of the loop that sums"),
+])
+@pytest.mark.parametrize("rule", ["reduce_scatter", "all_reduce"])
+def test_what_the_loop_that_sums_binds_is_the_rank_s_own_after_it(rule: str, update: str, after: str,
+                                                                   says: str) -> None:
+    """A flag or a counter bound in the loop, or its target, carries the rank's slice out of the loop (doubled sums
+    on the ranks whose slice is longer, before)."""
+    source = _source(update, after=after, rule=rule).replace("    acc = tl.zeros(", "    n = 0\n    acc = tl.zeros(")
+    with pytest.raises(AnnotationError, match=says):
+        _generate(source)
+
+
+def test_a_persistent_kernel_s_epilogue_reading_the_k_extent_is_refused() -> None:
+    from tests.rules.test_carried_accumulator import PERSISTENT
+
+    source = HEAD + textwrap.dedent(PERSISTENT).replace("        acc = acc * 0.5\n",
+                                                        "        acc = tl.where(K < 30, acc * 0, acc)\n")
+    assert "K < 30" in source
+    with pytest.raises(AnnotationError, match=r"reads `K`, the K extent of the loop that sums"):
+        _generate(source)

@@ -42,10 +42,10 @@ def matmul(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride
 '''
 
 
-def _multiplied(path: str, grid: tuple, **meta) -> tuple[torch.Tensor, torch.Tensor]:
-    """The kernel of ``path`` on ``grid`` (C at NaN where no program stores) and torch's product, on 64 x 32 x 40."""
+def _multiplied(path: str, grid: tuple, M: int = 64, N: int = 32, **meta) -> tuple[torch.Tensor, torch.Tensor]:
+    """The kernel of ``path`` on ``grid`` (C at NaN where no program stores) and torch's product, on M x N x 40."""
     rank, world = tilelink.rank(), tilelink.world_size()
-    M, N, K = 64, 32, 40
+    K = 40
     g = torch.Generator().manual_seed(3)
     a, b = torch.randn(M, K, generator=g), torch.randn(K, N, generator=g)
     lo, hi = rows_of(rank, world, M)
@@ -170,15 +170,8 @@ OPS_GROUPED = KERNEL.format(options="").replace(
 
 
 def _ops_grouped(path: str, programs: int) -> float:
-    rank, world = tilelink.rank(), tilelink.world_size()
-    M, N, K = 80, 48, 40
-    g = torch.Generator().manual_seed(4)
-    a, b = torch.randn(M, K, generator=g), torch.randn(K, N, generator=g)
-    lo, hi = rows_of(rank, world, M)
-    c = torch.full((M, N), float("nan"))
-    module_at(path).matmul[(programs,)](a[lo:hi].contiguous(), b, c, M, N, K, K, 1, N, 1, N, 1, BLOCK_M=16,
-                                        BLOCK_N=16, BLOCK_K=16, GROUP_M=3)
-    return (c - a @ b).abs().max().item()
+    c, want = _multiplied(path, (programs,), M=80, N=48, GROUP_M=3)
+    return (c - want).abs().max().item()
 
 
 def test_a_grouped_ordering_whose_column_is_not_the_rows_exact_pair_is_rotated_and_checked(tmp_path,
