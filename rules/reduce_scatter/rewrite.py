@@ -25,6 +25,7 @@ from tilelink.analysis import (
     expanded,
     helpers_that,
     names_in,
+    names_outside_loads,
     parse_offsets,
     position_helpers,
     position_reads,
@@ -2150,7 +2151,12 @@ def check_sliced_reads(an: KernelAnalysis, spec) -> None:
             for src, site in _bindings(an, name):
                 if (name, site) in updates:
                     continue
-                read = sorted(names_in(cst.parse_expression(src)) & set(why))
+                # not through a load's mask: what it loads is the rank's slice of the summed data, bounded by the
+                # extent (`h = tl.load(..., mask=offs_k[None, :] < K)` summed by one `tl.dot` over the whole slice);
+                # where it loads from is read as any value
+                node = cst.parse_expression(src)
+                read = sorted((names_outside_loads(node) | {n for call in m.findall(node, m.Call(func=m.Attribute(
+                    attr=m.Name("load")))) for arg in call.args[:1] for n in names_in(arg.value)}) & set(why))
                 if read:
                     more[name] = f"read from `{name} = {src}`" + (f" at line {site.line}" if site else "") + \
                         f", which reads `{read[0]}`"
