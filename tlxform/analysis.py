@@ -194,6 +194,11 @@ class KernelAnalysis:
     # it where every read of the name the address rests on follows it (``_reaching_every_read``), as (its value in
     # source, where it is): `rn` made again after the K loop, for the output's columns
     reaching_at_stores: dict[tuple[str, Where], tuple[str, Where]] = field(default_factory=dict)
+    # each parameter a `@triton.heuristics` decorator computes at the launch -> (the decorator, the arguments its
+    # function reads by name, ``None`` where TileLink cannot tell which: a function it does not see, or `args` read
+    # otherwise than as `args['K']`). A parameter not in a dict literal is keyed ``"*"``: any constexpr may be one.
+    # A value computed from the rank's own K slice is the rank's own (a reduction's epilogue must not read it)
+    computed: dict[str, tuple[Where, frozenset[str] | None]] = field(default_factory=dict)
 
     def accesses_of(self, tensor: str, kind: str) -> list[Access]:
         return [a for a in self.accesses if a.tensor == tensor and a.kind == kind]
@@ -395,6 +400,52 @@ def is_triton_jit(decorator: cst.Decorator) -> bool:
     if isinstance(d, cst.Call):
         d = d.func
     return m.matches(d, m.Attribute(value=m.Name("triton"), attr=m.Name("jit")) | m.Name("jit"))
+
+
+def _is_triton_wrapper(decorator: cst.Decorator, name: str) -> bool:
+    """``decorator`` is ``@triton.<name>(...)`` (``heuristics``, ``autotune``) or the bare ``@<name>(...)``."""
+    d = decorator.decorator
+    if isinstance(d, cst.Call):
+        d = d.func
+    return m.matches(d, m.Attribute(value=m.Name("triton"), attr=m.Name(name)) | m.Name(name))
+
+
+def _heuristic_reads(value: cst.BaseExpression) -> frozenset[str] | None:
+    """The arguments a heuristic's function reads: ``lambda args: args['K'] > 20`` reads ``K``. ``None`` where that
+    cannot be read from the source: not a lambda, or its dict read otherwise than by a literal key."""
+    if not isinstance(value, cst.Lambda) or len(value.params.params) != 1 or value.params.star_arg not in (
+            None, cst.MaybeSentinel.DEFAULT) or value.params.star_kwarg is not None:
+        return None
+    arg = value.params.params[0].name.value
+    reads: set[str] = set()
+    uses = [n for n in m.findall(value.body, m.Name(arg))]
+    keyed = 0
+    for node in m.findall(value.body, m.Subscript(value=m.Name(arg)) | m.Call(
+            func=m.Attribute(value=m.Name(arg), attr=m.Name("get")))):
+        first = node.slice[0].slice if isinstance(node, cst.Subscript) else node.args[0] if node.args else None
+        key = first.value if isinstance(first, (cst.Index, cst.Arg)) else None
+        if not isinstance(key, cst.SimpleString) or (isinstance(node, cst.Subscript) and len(node.slice) != 1):
+            return None
+        reads.add(key.evaluated_value)
+        keyed += 1
+    return frozenset(reads) if keyed == len(uses) else None
+
+
+def _computed_params(an, fn: cst.FunctionDef) -> dict[str, tuple[Where, frozenset[str] | None]]:
+    """:attr:`KernelAnalysis.computed`: the parameters each ``@triton.heuristics`` above ``fn`` computes."""
+    found: dict[str, tuple[Where, frozenset[str] | None]] = {}
+    for d in fn.decorators:
+        if not _is_triton_wrapper(d, "heuristics") or not isinstance(d.decorator, cst.Call):
+            continue
+        at = an.where(d)
+        arg = next((a.value for a in d.decorator.args if a.keyword is None or a.keyword.value == "values"), None)
+        if not isinstance(arg, cst.Dict) or not all(isinstance(e, cst.DictElement) and isinstance(
+                e.key, cst.SimpleString) for e in arg.elements):
+            found["*"] = (at, None)
+            continue
+        for e in arg.elements:
+            found[e.key.evaluated_value] = (at, _heuristic_reads(e.value))
+    return found
 
 
 def _is_tl_call(node: cst.CSTNode, name: str) -> bool:
@@ -4222,6 +4273,19 @@ def analyse(module: cst.Module, file: str, kernel: str,
                               line=where.line, column=where.column,
                               hint="put @tilelink.overlap(...) directly above @triton.jit "
                                    "(and any @triton.autotune)")
+    if overlap is not None:
+        # a Triton wrapper above the overlapped kernel would launch it through Triton's own `run`, past every check
+        # and handshake of TileLink's launch
+        above = next((d for d in fn.decorators[:fn.decorators.index(overlap)] for w in ("heuristics", "autotune")
+                      if _is_triton_wrapper(d, w)), None)
+        if above is not None:
+            at = an.where(above)
+            raise AnnotationError(
+                f"`@{code(above.decorator.func if isinstance(above.decorator, cst.Call) else above.decorator)}` is "
+                f"above @tilelink.overlap on kernel {kernel!r}: it would wrap the overlapped kernel, which Triton's "
+                f"wrappers cannot launch", file=file, line=at.line, column=at.column,
+                hint="put @tilelink.overlap(...) above every Triton decorator: @tilelink.overlap, then "
+                     "@triton.autotune / @triton.heuristics, then @triton.jit")
     warp_specialized = tuple(an.where(loop) for loop in m.findall(
         fn.body, m.Call(func=m.Attribute(value=m.Name("tl"), attr=m.Name("range")))) if (
         ws := _arg(loop, 99, "warp_specialize")) is not None and not m.matches(ws, m.Name("False")))  # type: ignore
@@ -4319,5 +4383,6 @@ def analyse(module: cst.Module, file: str, kernel: str,
                               while_loops=tuple((an.where(loop), _end(an, loop))
                                                 for loop in an.findall(fn.body, m.While())),
                               body_first=_body_first(an, fn),
-                              reaching_at_stores=_reaching_at_stores(an, accesses, aliases))
+                              reaching_at_stores=_reaching_at_stores(an, accesses, aliases),
+                              computed=_computed_params(an, fn))
     return analysis

@@ -2140,6 +2140,22 @@ def check_sliced_reads(an: KernelAnalysis, spec) -> None:
             if e is not None and (b, e) in summing:
                 why.setdefault(name, f"the target of the loop that sums at line {b.line}, which runs over each "
                                      f"rank's own slice")
+    # a parameter a `@triton.heuristics` computes from the K extent at the launch (`BIG = args['K'] > 20`), or from
+    # arguments TileLink cannot tell
+    for name, (at, reads) in an.computed.items():
+        # from a dict TileLink cannot read, any constexpr but the block sizes (what the kernel's shapes read: a size
+        # that differs from rank to rank is no value of the epilogue's)
+        names = [p for p in an.constexpr_params if p not in an.computed and p not in _shape_names(an)] \
+            if name == "*" else [name]
+        if reads is None and sliced:
+            for p in names:
+                why.setdefault(p, f"a parameter that the `@triton.heuristics` at line {at.line} may compute from the K "
+                                  f"extent, which each rank passes as its own slice's (TileLink reads only a dict "
+                                  f"literal of `lambda args: ...` that reads `args['NAME']`)")
+        elif reads and (found := sorted(reads & sliced)):
+            for p in names:
+                why.setdefault(p, f"computed by the `@triton.heuristics` at line {at.line} from `{found[0]}`, the K "
+                                  f"extent of the loop that sums, which each rank passes as its own slice's")
     for name in set(an.values) | set(an.updates):
         for _, site in _bindings(an, name):
             if within(site, summing) and (name, site) not in updates:
@@ -2217,6 +2233,22 @@ def check_sliced_reads(an: KernelAnalysis, spec) -> None:
                     names := sorted({n for t in tests for n in names_in(cst.parse_expression(t))} & set(why))):
                 raise refuse(a, f"the `return` at line {where.line}, before the store at line {a.where.line},",
                              " and ".join(tests), names[0])
+
+
+def _shape_names(an: KernelAnalysis) -> frozenset[str]:
+    """The names the kernel's block shapes read: `tl.arange`'s bounds, the shapes of `tl.zeros` / `tl.full` and a
+    descriptor's `block_shape`."""
+    shaped = m.Call(func=m.Attribute(value=m.Name("tl"), attr=m.Name("arange") | m.Name("zeros") | m.Name("full")))
+    found: set[str] = set()
+    for sources in an.values.values():
+        for src in sources:
+            node = cst.parse_expression(src)
+            for call in m.findall(node, shaped):
+                args = call.args if call.func.attr.value == "arange" else call.args[:1]
+                found |= {n for arg in args for n in names_in(arg.value)}
+            for arg in m.findall(node, m.Arg(keyword=m.Name("block_shape"))):
+                found |= names_in(arg.value)
+    return frozenset(found)
 
 
 def _sliced(an: KernelAnalysis) -> frozenset[str]:

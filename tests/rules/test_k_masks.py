@@ -277,3 +277,63 @@ def test_a_persistent_kernel_s_epilogue_reading_the_k_extent_is_refused() -> Non
     assert "K < 30" in source
     with pytest.raises(AnnotationError, match=r"reads `K`, the K extent of the loop that sums"):
         _generate(source)
+
+
+def _heuristic(source: str, values: str, param: str) -> str:
+    """``source`` with ``@triton.heuristics(values)`` between the annotation and ``@triton.jit``, computing ``param``
+    (a line more above the kernel)."""
+    out = source.replace("@triton.jit\ndef matmul(", f"@triton.heuristics({values})\n@triton.jit\ndef matmul(") \
+        .replace("BLOCK_K: tl.constexpr):", f"BLOCK_K: tl.constexpr, {param}: tl.constexpr = 0):")
+    assert out.count("@triton.heuristics") == 1 and f"{param}: tl.constexpr" in out
+    return out
+
+
+@pytest.mark.parametrize("values, says", [
+    ("{'BIG': lambda args: args['K'] > 20}", r"reads `BIG`, computed by the `@triton.heuristics` at line 7 from `K`"),
+    ("{'BIG': lambda args: args.get('K', 0) > 20}", r"computed by the `@triton.heuristics` at line 7 from `K`"),
+    # what the function reads cannot be told: it may read K
+    ("{'BIG': big_k}", r"reads `BIG`, a parameter that the `@triton.heuristics` at line 7 may compute from the K"),
+    ("{'BIG': lambda args: sum(args.values()) > 20}", r"may compute from the K extent"),
+    ("HEURISTICS", r"reads `BIG`, a parameter that the `@triton.heuristics` at line 7 may compute"),
+])
+@pytest.mark.parametrize("rule", ["reduce_scatter", "all_reduce"])
+def test_a_heuristic_computed_from_the_k_extent_is_the_rank_s_own(rule: str, values: str, says: str) -> None:
+    """`@triton.heuristics` runs at each rank's launch on the K slice that rank passes: a flag computed from K and
+    tested after the loop doubled the sums on one rank only (an error of 27.75 at worlds 2 and 3, before)."""
+    source = _heuristic(_source("acc += tl.dot(a, b)", after="if BIG:\n        acc = acc * 2", rule=rule), values,
+                        "BIG")
+    with pytest.raises(AnnotationError, match=says) as err:
+        _generate(source)
+    assert "differs from rank to rank" in str(err.value) and err.value.hint.startswith("read `BIG` only")
+
+
+@pytest.mark.parametrize("rule", ["reduce_scatter", "all_reduce"])
+def test_a_heuristic_of_k_read_only_in_the_loop_that_sums_is_rewritten(rule: str) -> None:
+    """An `EVEN_K` flag picks the loads' masks in the loop: each rank's own slice is what it should see there."""
+    source = _heuristic(_source("acc += tl.dot(a, b)", rule=rule), "{'EVEN_K': lambda args: args['K'] % 16 == 0}",
+                        "EVEN_K").replace("other=0.0)\n        b =", "other=0.0)\n        if EVEN_K:\n"
+                                          "            a = a * 1.0\n        b =")
+    assert "if EVEN_K:" in source
+    assert "producer_tile_notify" in _generate(source).text
+
+
+@pytest.mark.parametrize("rule", ["reduce_scatter", "all_reduce"])
+def test_a_triton_wrapper_above_the_annotation_is_refused_where_it_is(rule: str) -> None:
+    """Triton's wrappers launch what they wrap through its `run`, which would pass over TileLink's launch."""
+    source = _source("acc += tl.dot(a, b)", rule=rule)
+    source = source.replace("\n@tilelink.overlap", "\n@triton.heuristics({'BIG': lambda args: 1})\n@tilelink.overlap")
+    with pytest.raises(AnnotationError, match=r"`@triton.heuristics` is above @tilelink.overlap") as err:
+        _generate(source)
+    assert err.value.line == 6 and "@tilelink.overlap, then @triton.autotune / @triton.heuristics" in err.value.hint
+
+
+def test_a_heuristic_of_other_arguments_in_the_epilogue_equals_torch(tmp_path, monkeypatch) -> None:
+    """A heuristic that reads no K extent is the same on every rank: the epilogue may read it, and the launch runs
+    the heuristic (its parameter is missing otherwise)."""
+    monkeypatch.setenv("TILELINK_RACES", "1")
+    source = _heuristic(_source("acc += tl.dot(a, b)", after="acc = acc * FACTOR"),
+                        "{'FACTOR': lambda args: 1.0 if args['N'] > 0 else 3.0}", "FACTOR")
+    path = tmp_path / "heuristic_epilogue.py"
+    path.write_text(source)
+    errors = tilelink.spawn(_scattered, 2, str(path))
+    assert all(e < 1e-4 for e in errors), errors
