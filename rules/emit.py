@@ -300,7 +300,8 @@ def _checked_coordinates(an: KernelAnalysis, tile) -> frozenset[str]:
         for value, where in zip(values, wheres, strict=True):
             node = cst.parse_expression(value)
             ops = m.findall(node, m.BinaryOperation(operator=m.Modulo() | m.FloorDivide()))
-            if an.written_out(value, where) is None or _reads_position(node, axes, position, split, reading) or any(
+            # (each value is written out and evaluable: `_other_coordinates` keeps no other)
+            if _reads_position(node, axes, position, split, reading) or any(
                     _canonical(op) in held or any(len(an.bindings.get(x, ())) > 1 for x in names_in(op) - {"tl"})
                     for op in ops):
                 return False
