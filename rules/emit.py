@@ -297,7 +297,7 @@ def _checked_coordinates(an: KernelAnalysis, tile) -> frozenset[str]:
         values, wheres = an.values.get(name, ()), an.assignments.get(name, ())
         if len(values) != len(wheres):
             return False
-        for value, where in zip(values, wheres, strict=True):
+        for value in values:
             node = cst.parse_expression(value)
             ops = m.findall(node, m.BinaryOperation(operator=m.Modulo() | m.FloorDivide()))
             # (each value is written out and evaluable: `_other_coordinates` keeps no other)

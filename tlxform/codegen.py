@@ -319,7 +319,8 @@ def generate(source: str, file: str, requests: list[Request]) -> GeneratedModule
             column_ends=tuple(dict.fromkeys((v, b, s, test, inlined.user_line(line))
                                             for v, b, s, test, line in launch.column_ends)),
             rotations=tuple(dict.fromkeys((*e[:4], inlined.user_line(e[4]), *e[5:]) for e in launch.rotations)),
-            **({"stored_tiles": tuple(dict.fromkeys((*e[:5], inlined.user_line(e[5])) for e in launch.stored_tiles))}
+            **({"stored_tiles": tuple(dict.fromkeys((*e[:5], inlined.user_line(e[5]), *e[6:])
+                                                    for e in launch.stored_tiles))}
                if hasattr(launch, "stored_tiles") else {})))
         plans.append(plan)
         rewriter = _Rewriter(req.kernel, plan)

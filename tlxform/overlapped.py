@@ -575,8 +575,26 @@ class OverlappedKernel:
                     f"element stored twice completes its channel early); compute the tile's position from "
                     f"tl.program_id, one tile loop's target and int arguments, with +, -, *, // and % of non-negative "
                     f"values, tl.cdiv, min / max, and tiles of one height")
+            width = self._row_width(bound, launcher) if atomic is None else None
+            short = _unstored(tiles, values, programs, size, width, tensor) if width is not None else None
+            if short is not None:
+                raise LaunchError(
+                    f"{self.name}: on the grid {programs}{said_config}, {short}: the reduction waits "
+                    f"for every element of each row, so this call's waits would run until they time out. "
+                    f"{_UNSTORED_HINT}")
             if key is not None and len(self._tiles_passed) < 4096:
                 self._tiles_passed.add(key)
+
+    def _row_width(self, bound: dict, launcher) -> int | None:
+        """The elements of a row of the reduced output, whose rows are its first dim (a 2-D tensor): what each
+        row's channel counts to; ``None`` otherwise (no check of the columns stored)."""
+        if getattr(self.specs[0], "dim", 0) != 0:
+            return None
+        from tilelink.rules.launch import described
+
+        out = described(bound.get(self.specs[0].tensors[0]))
+        shape = getattr(out, "shape", None)
+        return int(shape[1]) if shape is not None and len(shape) == 2 else None
 
     @functools.cached_property
     def _tiles_passed(self) -> set[tuple]:
@@ -1339,7 +1357,7 @@ def _stored_twice(tiles: tuple[tuple[str, str, str, str, str, int], ...], values
     found: list[tuple] = []  # each store's live tiles: rows, columns' start and end, pass, program, step, line
     passes: list[tuple] = []
     height = None
-    for row, rows, col, cols, test, line in tiles:
+    for row, rows, col, cols, test, line, *_ in tiles:
         sources = (row, rows, *((col, cols) if col else ()))
         dom, parts = _each_step(sources, values, programs)
         if dom.loops and dom.steps is None:
@@ -1456,6 +1474,81 @@ def _running_max(values, groups):
 
 #: the most programs whose tiles :func:`_stored_twice` evaluates one by one
 _TILES_CHECKED = 1 << 24
+
+
+_UNSTORED_HINT = ("Store every element of the output: launch one program per tile over all of its rows and "
+                  "columns (a persistent kernel: a tile loop over all of them), give the output the columns the "
+                  "store's mask bounds (not a wider, padded row), and return early only from programs past the "
+                  "last tile.")
+
+
+def _unstored(tiles: tuple[tuple, ...], values: dict[str, Any], programs: tuple[int, int, int], size: int,
+              width: int, tensor: str = "the output") -> str | None:
+    """What of an output of ``size`` rows of ``width`` elements the stores (``LaunchPlan.stored_tiles``) leave
+    unstored, or store past a row's end, on the grid ``programs``, in words; ``None`` where every element is stored
+    once, or where TileLink cannot tell (a store whose elements per row it cannot count, a test it cannot evaluate,
+    tiles not all of one height). Each row's channel counts its elements to ``width``: one short of them never
+    completes. Called after :func:`_stored_twice` found the tiles disjoint."""
+    import numpy as np
+
+    starts, counts, lines = [], [], []
+    height = None
+    for row, rows, _col, _cols, test, line, *rest in tiles:
+        live = rest[0] if rest else ""
+        if not live:
+            return None
+        dom, parts = _each_step((row, rows, live), values, programs)
+        if dom.loops and dom.steps is None:
+            continue  # loops that run no step: the store never runs
+        if any(p is None for p in parts):
+            return None
+        holds = _holds(test, values, dom) if test else None
+        if test and holds is None:
+            return None
+        shape = programs if dom.steps is None else dom.steps[0].shape
+
+        def spread(x, shape=shape):
+            return np.broadcast_to(np.asarray(x), shape).reshape(-1).astype(np.int64)
+
+        h = spread(parts[1])
+        if int(h.min()) != int(h.max()) or (height is not None and int(h.min()) != height) or int(h.min()) <= 0:
+            return None
+        height = int(h.min())
+        r, n = spread(parts[0]), np.maximum(spread(parts[2]), 0)
+        live_at = (r < size) & (r + height > 0) & (n > 0)
+        if holds is not None:
+            live_at &= spread(holds).astype(bool)
+        starts.append(r[live_at])
+        counts.append(n[live_at])
+        lines.append(np.full(int(live_at.sum()), line))
+    if height is None:
+        return None
+    r, n, at = np.concatenate(starts), np.concatenate(counts), np.concatenate(lines)
+    origin = int(r[0] % height) if r.size else 0
+    if r.size and np.unique(r % height).size > 1:
+        return None
+    expected = np.arange(origin - height if origin > 0 else origin, size, height)
+    expected = expected[expected + height > 0]
+    group, stored = np.unique(r, return_inverse=True)
+    per_group = np.bincount(stored.reshape(-1), weights=n, minlength=group.size).astype(np.int64) if r.size else \
+        np.zeros(0, dtype=np.int64)
+    have = dict(zip(group.tolist(), per_group.tolist(), strict=True))
+
+    def rows_of(start: int) -> str:
+        return f"rows [{max(start, 0)}, {min(start + height, size)})"
+
+    missing = [int(s) for s in expected if int(s) not in have]
+    if missing:
+        more = f" (nor {len(missing) - 1} more tile{'s' if len(missing) > 2 else ''} of rows)" if len(missing) > 1 \
+            else ""
+        return f"no program stores {rows_of(missing[0])} of {tensor!r}{more}"
+    for start, got in sorted(have.items()):
+        if got != width:
+            line = int(at[np.argmax(r == start)])
+            past = ", past the row's end" if got > width else ""
+            return (f"the stores write {got} of the {width} elements of each row of {tensor!r} in {rows_of(start)}"
+                    f"{past} (the store at line {line})")
+    return None
 
 
 @functools.lru_cache(maxsize=256)

@@ -253,11 +253,13 @@ class ReduceScatterLaunch(LaunchPlan):
     #: of a compile-time side holding a ``tl.static_assert(False, message)``; the launcher raises the message before
     #: anything of a call whose arguments pass it is enqueued (the interpreter meets the assert mid-call)
     refused: tuple[tuple[str, str], ...] = ()
-    #: what each store of the reduced tensors writes, ``(row start, rows, column start, columns, test, line)`` in
-    #: source over program ids and the arguments (``rules.reduce_scatter.rewrite.stored_tiles``; columns ``""``: whole
-    #: rows; ``test``: the ``if`` tests under which it runs, ``""``: always): each call with more than one rank checks
-    #: over its grid that no element is stored by two programs or two steps
-    stored_tiles: tuple[tuple[str, str, str, str, str, int], ...] = ()
+    #: what each store of the reduced tensors writes, ``(row start, rows, column start, columns, test, line, stored per
+    #: row)`` in source over program ids and the arguments (``rules.reduce_scatter.rewrite.stored_tiles``; columns
+    #: ``""``: whole rows; ``test``: the ``if`` tests under which it runs, ``""``: always; stored per row: the elements
+    #: of each of the tile's rows it writes, ``""`` where TileLink cannot tell): each call with more than one rank
+    #: checks over its grid that no element is stored by two programs or two steps, and that every element of the
+    #: output's rows is stored (a channel short of one never completes)
+    stored_tiles: tuple[tuple[str, str, str, str, str, int, str], ...] = ()
     #: the types the stored partial sums are started with, in source over literals and the constexpr parameters
     #: (``rules.reduce_scatter.rewrite.sums_dtypes``): a call reducing into an integer tensor is refused unless each
     #: is an integer type, since a rank's float sums are truncated when stored there, before the ranks add them
@@ -280,9 +282,9 @@ class ReduceScatterLaunch(LaunchPlan):
     def __post_init__(self) -> None:
         super().__post_init__()
         self._check("stored_tiles", isinstance(self.stored_tiles, tuple) and all(
-            isinstance(e, tuple) and len(e) == 6 and all(isinstance(x, str) for x in e[:5]) and all(e[:2])
+            isinstance(e, tuple) and len(e) == 7 and all(isinstance(x, str) for x in (*e[:5], e[6])) and all(e[:2])
             and bool(e[2]) == bool(e[3]) and _positive(e[5]) for e in self.stored_tiles),
-            "a tuple of (row start, rows, column start, columns, test, line)")
+            "a tuple of (row start, rows, column start, columns, test, line, stored per row)")
         self._check("first_rank_only", isinstance(self.first_rank_only, tuple) and all(
             _name(e) for e in self.first_rank_only), "a tuple of parameter names")
         self._check("sums_dtypes", isinstance(self.sums_dtypes, tuple) and all(

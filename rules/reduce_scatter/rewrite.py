@@ -1913,21 +1913,57 @@ def _moves_with_its_loops(an: KernelAnalysis, a, position: str) -> None:
                           "loop, `for tile_id in tl.range(start_pid, num_tiles, NUM_SMS)`)")
 
 
-def stored_tiles(an: KernelAnalysis, spec) -> tuple[tuple[str, str, str, str, str, int], ...]:
+def _live_per_row(an: KernelAnalysis, a, t, spec) -> str | None:
+    """The elements of each row of its tile that the store ``a`` writes, as its notify counts them, in the kernel's
+    source: the mask's columns of a pointer store ``(rows < M)[:, None] & (cols < N)[None, :]``, the box of a
+    descriptor store inside the tensor; ``None`` where the notify counts them otherwise."""
+    if a.descriptor:
+        try:
+            return _box_columns(an, a, t)
+        except AnnotationError:
+            return None
+    return separable_columns(an, a, t, spec.size or t.size_param)
+
+
+def _returned_before(an: KernelAnalysis, a) -> list[str] | None:
+    """For each `return` before the store ``a``, the test, written out, under which a program returns there (so does
+    not store): ``None`` where one cannot be written out or is inside a loop (it ends the program's later steps too)."""
+    loops = _loops(an)
+    found = []
+    for where, _ in an.returns:
+        if not _before(where, a.where):
+            continue
+        if any(_inside(where, lp) for lp in loops):
+            return None
+        parts = []
+        for side in an.branch_sides.get(where, ()):
+            test = an.written_out(side.test, side.where) if an.written_out is not None else None
+            if test is None:
+                return None
+            parts.append(f"({test})" if side.body else f"not ({test})")
+        found.append(" and ".join(parts) or "True")
+    return found
+
+
+def stored_tiles(an: KernelAnalysis, spec) -> tuple[tuple[str, str, str, str, str, int, str], ...]:
     """What each store of the reduced tensors writes, for the launch to check that no two programs (or two steps of
     a program's tile loop) store the same elements: a notify counts what its store wrote, so an element stored by two
-    programs completes its channel while other tiles of it are unstored. Each is ``(row start, rows, column start,
-    columns, test, line)`` in source over program ids and the arguments as passed (a loop's target as ``tl.range(a,
-    b, step)``), the columns ``""`` where the tile spans whole rows or they cannot be written out (then the launch
-    takes the tile as whole rows), ``test`` the ``if`` tests that hold where the store runs (``""``: always). A
-    split-K write-back's adds are such tiles too (the launch takes the programs along its split axes as one); rows
-    from an index are not. Raises where the rows' start cannot be written out: the launch could not tell the
-    programs' tiles apart."""
+    programs completes its channel while other tiles of it are unstored; and that they store every element of the
+    output's rows, for a channel whose elements are not all stored never completes. Each is ``(row start, rows,
+    column start, columns, test, line, stored per row)`` in source over program ids and the arguments as passed (a
+    loop's target as ``tl.range(a, b, step)``), the columns ``""`` where the tile spans whole rows or they cannot be
+    written out (then the launch takes the tile as whole rows), ``test`` the ``if`` tests that hold where the store
+    runs (``""``: always; a program that returns before it does not run it), ``stored per row`` the elements of each
+    of the tile's rows it writes (``""``: TileLink cannot tell). A split-K write-back's adds are such tiles too (the
+    launch takes the programs along its split axes as one); rows from an index are not. Raises where the rows' start
+    cannot be written out: the launch could not tell the programs' tiles apart."""
     found = []
     for a in (s for t in spec.tensors for s in an.accesses_of(t, "store")):
         t = a.tile
         if t is None or t.dynamic or an.written_out is None:
             continue
+        live = _live_per_row(an, a, t, spec)
+        live = an.written_out(live, a.where) or "" if live is not None else ""
         def written(source: str, a=a) -> str | None:
             host = a.descriptor and a.pointer in an.params and re.fullmatch(
                 rf"{re.escape(a.pointer)}\.block_shape\[\d\]", source.strip())
@@ -1957,7 +1993,15 @@ def stored_tiles(an: KernelAnalysis, spec) -> tuple[tuple[str, str, str, str, st
             test = an.written_out(side.test, side.where)
             if test is not None:
                 tests.append(f"({test})" if side.body else f"not ({test})")
-        found.append((row, rows, col, cols, " and ".join(tests), a.where.line))
+            else:
+                live = ""  # where the store runs is not known: what it leaves unstored is not either
+        # a program that returns before the store stores nothing (`if pid_n == 1: return`)
+        returned = _returned_before(an, a)
+        if returned is None:
+            live = ""
+        else:
+            tests += [f"not ({r})" for r in returned]
+        found.append((row, rows, col, cols, " and ".join(tests), a.where.line, live))
     return tuple(dict.fromkeys(found))
 
 

@@ -199,7 +199,7 @@ def test_the_persistent_forms_plans_hold_their_tiles_over_the_loop() -> None:
         source = (FORMS / f"{form}.py").read_text()
         plan = generate(source, f"{form}.py", requests_in(source, f"{form}.py")).plans[0].launch
         line = next(i for i, text in enumerate(source.splitlines(), 1) if kernel_line in text)
-        (row, rows, col, cols, test, at), = plan.stored_tiles
+        (row, rows, col, cols, test, at, _), = plan.stored_tiles
         assert at == line and test == "" and rows == "BLOCK_SIZE_M", plan.stored_tiles
         assert "tl.range(" in row and "tl.range(" in col, plan.stored_tiles
         values = dict(M=50, N=40, BLOCK_SIZE_M=16, BLOCK_SIZE_N=16, GROUP_SIZE_M=2, NUM_SMS=5)

@@ -105,7 +105,15 @@ TILELINK_PLAN = {'persistent_matmul_kernel': {'algorithm': None,
                                                 '(tl.cdiv(N, BLOCK_N))) * BLOCK_N',
                                                 'BLOCK_N',
                                                 '',
-                                                25]],
+                                                25,
+                                                'tl.maximum(tl.minimum((tl.range(tl.program_id(0), '
+                                                'tl.cdiv(M, BLOCK_M) * (tl.cdiv(N, BLOCK_N)), '
+                                                'NUM_PROGRAMS, loop=18) % (tl.cdiv(N, BLOCK_N))) * '
+                                                'BLOCK_N + BLOCK_N, N) - '
+                                                'tl.maximum((tl.range(tl.program_id(0), tl.cdiv(M, '
+                                                'BLOCK_M) * (tl.cdiv(N, BLOCK_N)), NUM_PROGRAMS, '
+                                                'loop=18) % (tl.cdiv(N, BLOCK_N))) * BLOCK_N, 0), '
+                                                '0)']],
                               'sums_dtypes': ['tl.float32'],
                               'tensors': ['c_ptr'],
                               'via': 'sm'}}

@@ -92,7 +92,9 @@ TILELINK_PLAN = {'row_parallel_kernel': {'algorithm': 'one_shot',
                                            '((tl.program_id(1)) * BLOCK_N)',
                                            'BLOCK_N',
                                            '',
-                                           27]],
+                                           27,
+                                           'tl.minimum(tl.maximum((N) - ((tl.program_id(1)) * '
+                                           'BLOCK_N), 0), BLOCK_N)']],
                          'sums_dtypes': ['tl.float32'],
                          'tensors': ['y_ptr'],
                          'via': 'sm'}}

@@ -110,7 +110,13 @@ TILELINK_PLAN = {'matmul_kernel': {'atomic_axes': None,
                                      'BLOCK_N))) * BLOCK_N',
                                      'BLOCK_N',
                                      '',
-                                     31]],
+                                     31,
+                                     'tl.maximum(tl.minimum((tl.range(tl.program_id(0), '
+                                     '(tl.cdiv(M, BLOCK_M) * (tl.cdiv(N, BLOCK_N))), NUM_SMS, '
+                                     'loop=23) % (tl.cdiv(N, BLOCK_N))) * BLOCK_N + BLOCK_N, N) - '
+                                     'tl.maximum((tl.range(tl.program_id(0), (tl.cdiv(M, BLOCK_M) '
+                                     '* (tl.cdiv(N, BLOCK_N))), NUM_SMS, loop=23) % (tl.cdiv(N, '
+                                     'BLOCK_N))) * BLOCK_N, 0), 0)']],
                    'sums_dtypes': ['tl.float32'],
                    'tensors': ['c_ptr'],
                    'topk': None,

@@ -131,7 +131,11 @@ TILELINK_PLAN = {'matmul_kernel': {'atomic_axes': None,
                                      'BLOCK_N)',
                                      'BLOCK_N',
                                      '',
-                                     39]],
+                                     39,
+                                     'tl.minimum(tl.maximum((N) - ((((tl.program_id(0)) % (GROUP_M '
+                                     '* (tl.cdiv(N, BLOCK_N)))) // (min((tl.cdiv(M, BLOCK_M)) - '
+                                     '(((tl.program_id(0)) // (GROUP_M * (tl.cdiv(N, BLOCK_N)))) * '
+                                     'GROUP_M), GROUP_M))) * BLOCK_N), 0), BLOCK_N)']],
                    'sums_dtypes': ['tl.float32'],
                    'tensors': ['c_ptr'],
                    'topk': None,
