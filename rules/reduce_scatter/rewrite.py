@@ -1006,7 +1006,32 @@ def _loop_extent(an: KernelAnalysis, loop: tuple[Where, Where], target: str | No
     stop = _bare(stop) if stop is not None else None
     if isinstance(stop, cst.Call) and m.matches(stop.func, m.Attribute(attr=m.Name("cdiv"))) and len(stop.args) == 2:
         return _bare(stop.args[0].value), _factor_codes(stop.args[1].value), False
+    divided = _ceil_divided(stop) if stop is not None else None
+    if divided is not None:
+        return divided[0], _factor_codes(divided[1]), False
     return None, (), False
+
+
+def _ceil_divided(node: cst.BaseExpression) -> tuple[cst.BaseExpression, cst.BaseExpression] | None:
+    """``(X, F)`` where ``node`` is the ceiling division ``tl.cdiv(X, F)`` written out: ``(X + F - 1) // F`` or
+    ``(X + (F - 1)) // F``."""
+    node = _bare(node)
+    if not m.matches(node, m.BinaryOperation(operator=m.FloorDivide())):
+        return None
+    total, f = _bare(node.left), code(_bare(node.right)).strip()
+
+    def less_one(x: cst.BaseExpression) -> bool:  # `F - 1`
+        x = _bare(x)
+        return m.matches(x, m.BinaryOperation(operator=m.Subtract(), right=m.Integer("1"))) and \
+            code(_bare(x.left)).strip() == f
+
+    if m.matches(total, m.BinaryOperation(operator=m.Subtract(), right=m.Integer("1"))):
+        inner = _bare(total.left)  # `X + F - 1`: `(X + F) - 1`
+        if m.matches(inner, m.BinaryOperation(operator=m.Add())) and code(_bare(inner.right)).strip() == f:
+            return _bare(inner.left), _bare(node.right)
+    if m.matches(total, m.BinaryOperation(operator=m.Add())) and less_one(total.right):
+        return _bare(total.left), _bare(node.right)
+    return None
 
 
 def _factor_codes(node: cst.BaseExpression) -> tuple[str, ...]:
@@ -1108,6 +1133,9 @@ def _cycle_extent(an: KernelAnalysis, name: str) -> tuple[tuple[bool, str], ...]
     if isinstance(count, cst.Call) and m.matches(count.func, m.Attribute(attr=m.Name("cdiv"))) and len(
             count.args) == 2:
         return tuple(sorted((n, code(_bare(t)).replace(" ", "")) for t, n in _terms(_bare(count.args[0].value))))
+    divided = _ceil_divided(count)
+    if divided is not None:
+        return tuple(sorted((n, code(_bare(t)).replace(" ", "")) for t, n in _terms(divided[0])))
     return None
 
 

@@ -126,6 +126,9 @@ def test_a_step_term_of_another_size_than_the_loop_s_is_refused(mask: str) -> No
     ("range(0, tl.cdiv(K, BLOCK_K), 1)", ""),
     ("tl.range(0, tl.cdiv(K, BLOCK_K), num_stages=2)", ""),
     ("range(k_tiles)", "    k_tiles = tl.cdiv(K, BLOCK_K)\n"),  # the persistent tutorial's count, bound once
+    ("range(0, (K + BLOCK_K - 1) // BLOCK_K)", ""),  # the ceiling division written out
+    ("range((K + (BLOCK_K - 1)) // BLOCK_K)", ""),
+    ("range(k_tiles)", "    k_tiles = (K + BLOCK_K - 1) // BLOCK_K\n"),
 ])
 def test_the_loop_s_extent_is_read_through_its_spellings(loop: str, before: str) -> None:
     source = _source("acc += tl.dot(a, b)").replace("    for k in range(0, tl.cdiv(K, BLOCK_K)):\n",
@@ -336,4 +339,22 @@ def test_a_heuristic_of_other_arguments_in_the_epilogue_equals_torch(tmp_path, m
     path = tmp_path / "heuristic_epilogue.py"
     path.write_text(source)
     errors = tilelink.spawn(_scattered, 2, str(path))
+    assert all(e < 1e-4 for e in errors), errors
+
+
+@pytest.mark.parametrize("loop", ["range(0, (K + BLOCK_K - 1) // BLOCK_K)", "range((K + (BLOCK_K - 1)) // BLOCK_K)"])
+def test_the_k_extent_of_a_ceiling_division_written_out_is_the_rank_s_own(loop: str) -> None:
+    source = _source("acc += tl.dot(a, b)", after="if K > 20:\n        acc = acc * 2").replace(
+        "range(0, tl.cdiv(K, BLOCK_K))", loop)
+    assert loop in source
+    with pytest.raises(AnnotationError, match=r"reads `K`, the K extent of the loop that sums"):
+        _generate(source)
+
+
+def test_a_ceiling_division_written_out_equals_torch(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("TILELINK_RACES", "1")
+    path = tmp_path / "ceiling_division.py"
+    path.write_text(_source("acc += tl.dot(a, b)").replace("range(0, tl.cdiv(K, BLOCK_K))",
+                                                           "range(0, (K + BLOCK_K - 1) // BLOCK_K)"))
+    errors = tilelink.spawn(_scattered, 3, str(path))
     assert all(e < 1e-4 for e in errors), errors
