@@ -2217,8 +2217,8 @@ def check_sliced_reads(an: KernelAnalysis, spec) -> None:
     for name, (at, reads) in an.computed.items():
         # from a dict TileLink cannot read, any constexpr but the block sizes (what the kernel's shapes read: a size
         # that differs from rank to rank is no value of the epilogue's)
-        names = [p for p in an.constexpr_params if p not in an.computed and p not in _shape_names(an)] \
-            if name == "*" else [name]
+        names = [p for p in an.constexpr_params if p not in an.computed and p not in shapes] \
+            if name == "*" and (shapes := _shape_names(an)) is not None else [name]
         if reads is None and sliced:
             for p in names:
                 why.setdefault(p, f"a parameter that the `@triton.heuristics` at line {at.line} may compute from the K "
