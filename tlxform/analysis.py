@@ -403,35 +403,63 @@ def is_triton_jit(decorator: cst.Decorator) -> bool:
 
 
 def _is_triton_wrapper(decorator: cst.Decorator, name: str) -> bool:
-    """``decorator`` is ``@triton.<name>(...)`` (``heuristics``, ``autotune``) or the bare ``@<name>(...)``."""
+    """``decorator`` is ``@triton.<name>(...)`` (``heuristics``, ``autotune``), under any module path
+    (``@triton.runtime.heuristics``), or the bare ``@<name>(...)``."""
     d = decorator.decorator
     if isinstance(d, cst.Call):
         d = d.func
-    return m.matches(d, m.Attribute(value=m.Name("triton"), attr=m.Name(name)) | m.Name(name))
+    return m.matches(d, m.Attribute(attr=m.Name(name)) | m.Name(name))
+
+
+#: what of an argument a heuristic may read and still be told by its key alone: its type, not its shape or strides
+#: (a tensor's shape along K is the rank's own slice's)
+_KEYED_ATTRIBUTES = frozenset({"dtype", "element_size", "is_cuda", "device"})
 
 
 def _heuristic_reads(value: cst.BaseExpression) -> frozenset[str] | None:
     """The arguments a heuristic's function reads: ``lambda args: args['K'] > 20`` reads ``K``. ``None`` where that
-    cannot be read from the source: not a lambda, or its dict read otherwise than by a literal key."""
+    cannot be read from the source: not a lambda, its dict read otherwise than by a literal key, or a tensor's
+    shape or strides read from it (``args['b_ptr'].shape[0]``)."""
     if not isinstance(value, cst.Lambda) or len(value.params.params) != 1 or value.params.star_arg not in (
             None, cst.MaybeSentinel.DEFAULT) or value.params.star_kwarg is not None:
         return None
     arg = value.params.params[0].name.value
     reads: set[str] = set()
     uses = [n for n in m.findall(value.body, m.Name(arg))]
-    keyed = 0
-    for node in m.findall(value.body, m.Subscript(value=m.Name(arg)) | m.Call(
-            func=m.Attribute(value=m.Name(arg), attr=m.Name("get")))):
+    keyed = m.Subscript(value=m.Name(arg)) | m.Call(func=m.Attribute(value=m.Name(arg), attr=m.Name("get")))
+    found = m.findall(value.body, keyed)
+    for node in found:
         first = node.slice[0].slice if isinstance(node, cst.Subscript) else node.args[0] if node.args else None
         key = first.value if isinstance(first, (cst.Index, cst.Arg)) else None
         if not isinstance(key, cst.SimpleString) or (isinstance(node, cst.Subscript) and len(node.slice) != 1):
             return None
         reads.add(key.evaluated_value)
-        keyed += 1
-    return frozenset(reads) if keyed == len(uses) else None
+    if any(not isinstance(x.attr, cst.Name) or x.attr.value not in _KEYED_ATTRIBUTES
+           for x in m.findall(value.body, m.Attribute(value=keyed))):
+        return None
+    return frozenset(reads) if len(found) == len(uses) else None
 
 
-def _computed_params(an, fn: cst.FunctionDef) -> dict[str, tuple[Where, frozenset[str] | None]]:
+def _heuristics_dict(module: cst.Module | None, node: cst.BaseExpression) -> cst.Dict | None:
+    """The dict literal a `@triton.heuristics` takes: written there, or bound once at the module's top level to a
+    name it passes (``HEURISTICS = {...}``)."""
+    if isinstance(node, cst.Dict):
+        return node
+    if not isinstance(node, cst.Name) or module is None:
+        return None
+    found = [small.value for stmt in module.body if isinstance(stmt, cst.SimpleStatementLine)
+             for small in stmt.body if isinstance(small, (cst.Assign, cst.AnnAssign)) and any(
+                 m.matches(t, m.Name(node.value)) for t in (
+                     [t.target for t in small.targets] if isinstance(small, cst.Assign) else [small.target]))]
+    named = m.Name(node.value)
+    # bound again, or changed in place (`HEURISTICS["BIG"] = ...`, `HEURISTICS.update(...)`): not read
+    rebound = [x for stmt in module.body for x in m.findall(stmt, m.AssignTarget(target=named | m.Subscript(
+        value=named)) | m.AugAssign(target=named) | m.Attribute(value=named) | m.Del())]
+    return found[0] if len(found) == 1 and len(rebound) <= 1 and isinstance(found[0], cst.Dict) else None
+
+
+def _computed_params(an, fn: cst.FunctionDef, module: cst.Module | None = None
+                     ) -> dict[str, tuple[Where, frozenset[str] | None]]:
     """:attr:`KernelAnalysis.computed`: the parameters each ``@triton.heuristics`` above ``fn`` computes."""
     found: dict[str, tuple[Where, frozenset[str] | None]] = {}
     for d in fn.decorators:
@@ -439,11 +467,12 @@ def _computed_params(an, fn: cst.FunctionDef) -> dict[str, tuple[Where, frozense
             continue
         at = an.where(d)
         arg = next((a.value for a in d.decorator.args if a.keyword is None or a.keyword.value == "values"), None)
-        if not isinstance(arg, cst.Dict) or not all(isinstance(e, cst.DictElement) and isinstance(
-                e.key, cst.SimpleString) for e in arg.elements):
+        values = _heuristics_dict(module, arg) if arg is not None else None
+        if values is None or not all(isinstance(e, cst.DictElement) and isinstance(e.key, cst.SimpleString)
+                                     for e in values.elements):
             found["*"] = (at, None)
             continue
-        for e in arg.elements:
+        for e in values.elements:
             found[e.key.evaluated_value] = (at, _heuristic_reads(e.value))
     return found
 
@@ -4384,5 +4413,5 @@ def analyse(module: cst.Module, file: str, kernel: str,
                                                 for loop in an.findall(fn.body, m.While())),
                               body_first=_body_first(an, fn),
                               reaching_at_stores=_reaching_at_stores(an, accesses, aliases),
-                              computed=_computed_params(an, fn))
+                              computed=_computed_params(an, fn, module))
     return analysis

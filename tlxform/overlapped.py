@@ -529,15 +529,17 @@ class OverlappedKernel:
             return
         from tilelink.rules.launch import metas
 
-        size = launcher.size_of(bound)
-        names = sorted({n for tile in tiles for x in tile[:5] for n in _names_read(x)})
+        size, width = launcher.size_of(bound), self._row_width(bound, launcher)
+        # every name a tile's fields read, the elements it stores per row too: a call passes again at no cost only
+        # where they and the output's row are as at a call that passed
+        names = sorted({n for tile in tiles for x in (*tile[:5], *tile[6:]) for n in _names_read(x)})
         for meta, config in metas(self.kernel, bound):
             values = {**self.defaults, **meta}
             said_config = "" if config == "the call's arguments" else f" under the autotuning configuration {config}"
             programs = _grid_of(grid, values)
             seen = tuple(tuple(v.block_shape) if hasattr(v, "block_shape") else getattr(v, "value", v)
                          for v in (values.get(n) for n in names))
-            key = _tiles_key(programs, size, seen)
+            key = _tiles_key(programs, (size, width), seen)
             if key is not None and key in self._tiles_passed:
                 continue
             tensor = self.specs[0].tensors[0]
@@ -575,8 +577,8 @@ class OverlappedKernel:
                     f"element stored twice completes its channel early); compute the tile's position from "
                     f"tl.program_id, one tile loop's target and int arguments, with +, -, *, // and % of non-negative "
                     f"values, tl.cdiv, min / max, and tiles of one height")
-            width = self._row_width(bound, launcher) if atomic is None else None
-            short = _unstored(tiles, values, programs, size, width, tensor) if width is not None else None
+            short = _unstored(tiles, values, programs, size, width, tensor) if width is not None and atomic is None \
+                else None
             if short is not None:
                 raise LaunchError(
                     f"{self.name}: on the grid {programs}{said_config}, {short}: the reduction waits "
@@ -1330,10 +1332,10 @@ def _each_step(sources: tuple[str, ...], values: dict[str, Any], programs: tuple
     return dom, [_evaluate(x, values, dom) for x in sources]
 
 
-def _tiles_key(programs: tuple | None, size: int, seen: tuple) -> tuple | None:
-    """What a call that passed :meth:`OverlappedKernel._check_stored_once` is remembered by: its grid, its size and
-    the values of the names the stored tiles read (ints, floats, strings, a descriptor's block shape); ``None``
-    (checked on every call) where a value is of another kind."""
+def _tiles_key(programs: tuple | None, size: tuple | int, seen: tuple) -> tuple | None:
+    """What a call that passed :meth:`OverlappedKernel._check_stored_once` is remembered by: its grid, its size (and
+    the output's row), and the values of the names the stored tiles read (ints, floats, strings, a descriptor's block
+    shape); ``None`` (checked on every call) where a value is of another kind."""
     if all(v is None or isinstance(v, (int, float, str, tuple)) for v in seen):
         return programs, size, tuple((type(v), v) for v in seen)  # 2, 2.0 and True are not one call
     return None

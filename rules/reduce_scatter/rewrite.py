@@ -2212,22 +2212,35 @@ def check_sliced_reads(an: KernelAnalysis, spec) -> None:
             if e is not None and (b, e) in summing:
                 why.setdefault(name, f"the target of the loop that sums at line {b.line}, which runs over each "
                                      f"rank's own slice")
-    # a parameter a `@triton.heuristics` computes from the K extent at the launch (`BIG = args['K'] > 20`), or from
-    # arguments TileLink cannot tell
-    for name, (at, reads) in an.computed.items():
-        # from a dict TileLink cannot read, any constexpr but the block sizes (what the kernel's shapes read: a size
-        # that differs from rank to rank is no value of the epilogue's)
-        names = [p for p in an.constexpr_params if p not in an.computed and p not in shapes] \
-            if name == "*" and (shapes := _shape_names(an)) is not None else [name]
-        if reads is None and sliced:
-            for p in names:
-                why.setdefault(p, f"a parameter that the `@triton.heuristics` at line {at.line} may compute from the K "
-                                  f"extent, which each rank passes as its own slice's (TileLink reads only a dict "
-                                  f"literal of `lambda args: ...` that reads `args['NAME']`)")
-        elif reads and (found := sorted(reads & sliced)):
-            for p in names:
-                why.setdefault(p, f"computed by the `@triton.heuristics` at line {at.line} from `{found[0]}`, the K "
-                                  f"extent of the loop that sums, which each rank passes as its own slice's")
+    # a parameter a `@triton.heuristics` computes from the K extent at the launch (`BIG = args['K'] > 20`), from
+    # another such parameter (Triton runs them in turn, each seeing those before), or from arguments TileLink cannot
+    # tell; a block size aside (what the kernel's shapes read: a tile of another size stores the same values)
+    shapes = _shape_names(an)
+    unknown: set[str] = set()
+    derived = {n: why[n] for n in sliced}  # what each value of the K extent, a block size's too, is
+    while True:
+        more = False
+        for name, (at, reads) in an.computed.items():
+            names = [p for p in an.constexpr_params if p not in an.computed] if name == "*" else [name]
+            names = [p for p in names if p not in derived]
+            if not names:
+                continue
+            if reads is None and sliced:
+                said = (f"a parameter that the `@triton.heuristics` at line {at.line} may compute from the K extent, "
+                        f"which each rank passes as its own slice's (TileLink reads a dict of `lambda args: ...` that "
+                        f"reads `args['NAME']`, written in the decorator or bound once at the module's top level)")
+                unknown.update(names)
+            elif reads and (found := sorted(reads & set(derived))):
+                said = (f"computed by the `@triton.heuristics` at line {at.line} from `{found[0]}`, "
+                        + ("the K extent of the loop that sums, which each rank passes as its own slice's"
+                           if found[0] in sliced else f"which is {derived[found[0]]}"))
+            else:
+                continue
+            derived.update((p, said) for p in names)
+            why.update((p, said) for p in names if p not in shapes)
+            more = True
+        if not more:
+            break
     for name in set(an.values) | set(an.updates):
         for _, site in _bindings(an, name):
             if within(site, summing) and (name, site) not in updates:
@@ -2270,8 +2283,11 @@ def check_sliced_reads(an: KernelAnalysis, spec) -> None:
             f"{what} (`{text}`) reads `{first}`, {why[first]}{via}: outside the loops that sum it differs from rank "
             f"to rank, and the sum of the ranks' stores to {a.tensor!r} would not be the full problem's value",
             file=a.where.file, line=a.where.line, column=a.where.column,
-            hint=f"read `{first}` only in the loop that sums and in its range; pass what the epilogue needs as a "
-                 f"parameter of its own, the same on every rank")
+            hint=(f"write the heuristics' dict in the decorator (or bind it once at the module's top level) as "
+                  f"`lambda args: ...` reading `args['NAME']`, so that TileLink reads what `{first}` is computed from"
+                  if first in unknown else
+                  f"read `{first}` only in the loop that sums and in its range; pass what the epilogue needs as a "
+                  f"parameter of its own, the same on every rank"))
 
     for a in stores:
         if within(a.where, summing):

@@ -307,7 +307,101 @@ def test_a_heuristic_computed_from_the_k_extent_is_the_rank_s_own(rule: str, val
                         "BIG")
     with pytest.raises(AnnotationError, match=says) as err:
         _generate(source)
-    assert "differs from rank to rank" in str(err.value) and err.value.hint.startswith("read `BIG` only")
+    assert "differs from rank to rank" in str(err.value)
+    assert err.value.hint.startswith("write the heuristics' dict in the decorator" if "may compute" in says else
+                                     "read `BIG` only"), err.value.hint
+
+
+@pytest.mark.parametrize("values, says", [
+    # Triton runs the heuristics in turn, each seeing the values of those before
+    ("{'KT': lambda args: args['K'] // 16, 'BIG': lambda args: args['KT'] > 1}",
+     r"reads `BIG`, computed by the `@triton.heuristics` at line 7 from `KT`, which is computed by the "
+     r"`@triton.heuristics` at line 7 from `K`"),
+    # through a block size, which itself may differ from rank to rank
+    ("{'BLOCK_K': lambda args: 32 if args['K'] > 15 else 16, 'BIG': lambda args: args['BLOCK_K'] > 16}",
+     r"reads `BIG`, computed by the `@triton.heuristics` at line 7 from `BLOCK_K`"),
+    # a tensor's shape along K is the rank's slice's
+    ("{'BIG': lambda args: args['b_ptr'].shape[0] > 20}", r"may compute from the K extent"),
+])
+def test_a_heuristic_read_from_the_k_extent_through_another_is_the_rank_s_own(values: str, says: str) -> None:
+    source = _heuristic(_source("acc += tl.dot(a, b)", after="if BIG:\n        acc = acc * 2"), values, "BIG")
+    source = source.replace("BIG: tl.constexpr = 0):", "BIG: tl.constexpr = 0, KT: tl.constexpr = 0):")
+    with pytest.raises(AnnotationError, match=says):
+        _generate(source)
+
+
+def test_a_heuristic_stacked_on_another_reads_its_values() -> None:
+    source = _heuristic(_source("acc += tl.dot(a, b)", after="if BIG:\n        acc = acc * 2"),
+                        "{'BIG': lambda args: args['KT'] > 1}", "BIG").replace(
+        "@triton.heuristics(", "@triton.heuristics({'KT': lambda args: args['K'] // 16})\n@triton.heuristics(", 1)
+    source = source.replace("BIG: tl.constexpr = 0):", "BIG: tl.constexpr = 0, KT: tl.constexpr = 0):")
+    with pytest.raises(AnnotationError, match=r"reads `BIG`, computed by the `@triton.heuristics` at line 8 from `KT`"):
+        _generate(source)
+
+
+def test_a_heuristics_dict_bound_at_the_module_s_top_level_is_read() -> None:
+    source = _heuristic(_source("acc += tl.dot(a, b)", after="acc = acc * scale"), "HEURISTICS", "scale")
+    source = source.replace("import tilelink\n", "import tilelink\n\nHEURISTICS = {'scale': lambda args: 2.0 if "
+                                                 "args['K'] > 25 else 1.0}\n", 1)
+    with pytest.raises(AnnotationError, match=r"reads `scale`, computed by the `@triton.heuristics` at line 9 from "
+                                              r"`K`") as err:
+        _generate(source)
+    assert err.value.hint.startswith("read `scale` only")
+    # changed after it is bound: not read, and so every constexpr it may compute is taken as the rank's own
+    changed = source.replace("HEURISTICS = {", "HEURISTICS = {}\nHEURISTICS.update({", 1).replace(
+        "1.0}\n", "1.0})\n", 1)
+    with pytest.raises(AnnotationError, match=r"may compute from the K extent"):
+        _generate(changed.replace("acc = acc * scale", "if scale:\n        acc = acc * 2"))
+
+
+def test_heuristics_under_another_module_path_are_read() -> None:
+    source = _heuristic(_source("acc += tl.dot(a, b)", after="if BIG:\n        acc = acc * 2"),
+                        "{'BIG': lambda args: args['K'] > 20}", "BIG").replace("@triton.heuristics(",
+                                                                               "@triton.runtime.heuristics(")
+    with pytest.raises(AnnotationError, match=r"computed by the `@triton.heuristics` at line 7 from `K`"):
+        _generate(source)
+    above = _source("acc += tl.dot(a, b)").replace("\n@tilelink.overlap",
+                                                   "\n@triton.runtime.autotune([], key=[])\n@tilelink.overlap")
+    with pytest.raises(AnnotationError, match=r"`@triton.runtime.autotune` is above @tilelink.overlap"):
+        _generate(above)
+
+
+def test_a_block_size_chosen_from_the_k_extent_equals_torch(tmp_path, monkeypatch) -> None:
+    """A tile of another size on each rank stores the same values: a block size computed from K is no value of the
+    epilogue's."""
+    monkeypatch.setenv("TILELINK_RACES", "1")
+    source = _heuristic(_source("acc += tl.dot(a, b)"), "{'BLOCK_M': lambda args: 32 if args['K'] > 15 else 16}",
+                        "TAG").replace("BLOCK_M: tl.constexpr, BLOCK_N", "BLOCK_N").replace(
+        "TAG: tl.constexpr = 0):", "BLOCK_M: tl.constexpr = 16):")
+    path = tmp_path / "block_from_k.py"
+    path.write_text(source)
+    errors = tilelink.spawn(_launch_with_m, 2, str(path))
+    assert all(e < 1e-4 for e in errors), errors
+
+
+def _launch_with_m(path: str) -> float:
+    import torch
+    import triton
+
+    from tests.rules.cases import module_at, rows_of
+
+    rank, world = tilelink.rank(), tilelink.world_size()
+    M, N, K = 50, 24, 31  # K slices of 16 and 15: the ranks take tiles of 32 and 16 rows
+    g = torch.Generator().manual_seed(5)
+    a, b = torch.randn(M, K, generator=g), torch.randn(K, N, generator=g)
+    klo, khi = rows_of(rank, world, K)
+    ar, br = a[:, klo:khi].contiguous(), b[klo:khi].contiguous()
+    lo, hi = rows_of(rank, world, M)
+    out = torch.full((hi - lo, N), float("nan"))
+    block_m = 32 if khi - klo > 15 else 16
+
+    def grid(meta):
+        return (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, 16),)
+
+    assert grid({"BLOCK_M": block_m})[0] == triton.cdiv(M, block_m) * 2
+    module_at(path).matmul[grid](ar, br, out, M, N, khi - klo, ar.stride(0), ar.stride(1), br.stride(0), br.stride(1),
+                                 N, 1, BLOCK_N=16, BLOCK_K=16)
+    return (out - (a @ b)[lo:hi]).abs().max().item()
 
 
 @pytest.mark.parametrize("rule", ["reduce_scatter", "all_reduce"])

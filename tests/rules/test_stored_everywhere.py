@@ -94,3 +94,17 @@ def test_a_call_leaving_elements_unstored_is_refused_before_it_waits(tmp_path, m
     assert "Store every element of the output" in str(err.value)
     if after == "pass":  # the same kernel, launched over all of its output, equals torch
         assert all(e < 1e-4 for e in tilelink.spawn(_launch, 2, path, rule, 0, None))
+
+
+def _twice(path: str, rule: str) -> float:
+    """A call over the whole output, then one whose output is 8 columns wider: the first passing the check must not
+    let the second by."""
+    _launch(path, rule, 0)
+    return _launch(path, rule, 8)
+
+
+@pytest.mark.parametrize("rule", ["reduce_scatter", "all_reduce"])
+def test_a_call_that_passed_does_not_pass_another_output_s_row(tmp_path, monkeypatch, rule: str) -> None:
+    monkeypatch.setenv("TILELINK_WAIT_TIMEOUT", "600")
+    with pytest.raises(LaunchError, match=r"the stores write 40 of the 48 elements"):
+        tilelink.spawn(_twice, 2, _kernel(tmp_path, rule), rule)
