@@ -2265,6 +2265,7 @@ def check_sliced_reads(an: KernelAnalysis, spec) -> None:
         if not more:
             break
         why.update(more)
+    _check_extent_tests(an, summing, derived)
     if not why:
         return
 
@@ -2321,6 +2322,46 @@ def check_sliced_reads(an: KernelAnalysis, spec) -> None:
                     names := sorted({n for t in tests for n in names_in(cst.parse_expression(t))} & set(why))):
                 raise refuse(a, f"the `return` at line {where.line}, before the store at line {a.where.line},",
                              " and ".join(tests), names[0])
+
+
+def _check_extent_tests(an: KernelAnalysis, summing, derived: dict[str, str]) -> None:
+    """Inside a loop that sums, an `if` whose test reads the K extent (or a value computed from it: a heuristic's
+    `BIG`, `big = K > 25` bound before the loop) around anything but a load (`if K > 25: a = a * 2`, `if BIG: acc +=
+    tl.dot(a, b)`) would treat each rank's slice by a test of its own slice, which differs from rank to rank: refused.
+    Around loads alone (`if EVEN_K: a = tl.load(a_ptrs)` / `else: a = tl.load(a_ptrs, mask=...)`) it picks how the
+    same data is read."""
+    # and what is bound from those outside the loops that sum (a step cycled over the extent, `k = s % k_tiles` in a
+    # flattened loop, is the step: its tests are judged as the step's)
+    def outside(site: Where | None) -> bool:
+        return site is not None and not any(_inside(site, lp) for lp in summing)
+
+    extent = set(derived)
+    while more := {name for name in (set(an.values) | set(an.updates)) - extent for src, site in _bindings(an, name)
+                   if outside(site) and names_outside_loads(cst.parse_expression(src)) & extent}:
+        extent |= more
+    loads = m.Call(func=m.Attribute(attr=m.Name("load")))
+    bound = set(an.values) | set(an.updates)
+    for name in sorted(bound):
+        for src, site in _bindings(an, name):
+            value = _bare(cst.parse_expression(src))
+            # a load, or a value of the parameters alone (`_0 = tl.zeros((1, 1), dtype=C.dtype.element_ty)`, what a
+            # masked load fills with): the same data either way
+            if site is None or outside(site) or m.matches(value, loads) or not names_outside_loads(value) & bound:
+                continue
+            for side in an.branch_sides.get(site, ()):
+                if not any(_inside(side.where, lp) for lp in summing):
+                    continue
+                read = sorted(names_in(cst.parse_expression(side.test)) & extent)
+                if read:
+                    said = derived.get(read[0], "read from the K extent of the loop that sums")
+                    raise AnnotationError(
+                        f"the `if` at line {side.where.line} in the loop that sums (`{side.test}`) reads `{read[0]}`, "
+                        f"{said}, and decides `{name} = {src}` at line {site.line}: each rank would treat its slice "
+                        f"of K by a test of its own slice, and the sum over the ranks would not be the full "
+                        f"problem's value", file=site.file, line=site.line, column=site.column,
+                        hint="test the K extent in the loop that sums only to choose how the same data is loaded "
+                             "(`if EVEN_K: a = tl.load(a_ptrs)` / `else: a = tl.load(a_ptrs, mask=...)`); pass a "
+                             "scale or a choice of the problem's as a parameter of its own, the same on every rank")
 
 
 def _shape_names(an: KernelAnalysis) -> frozenset[str]:

@@ -406,12 +406,34 @@ def _launch_with_m(path: str) -> float:
 
 @pytest.mark.parametrize("rule", ["reduce_scatter", "all_reduce"])
 def test_a_heuristic_of_k_read_only_in_the_loop_that_sums_is_rewritten(rule: str) -> None:
-    """An `EVEN_K` flag picks the loads' masks in the loop: each rank's own slice is what it should see there."""
+    """An `EVEN_K` flag picks how the loop loads the same data (triton.ops' form): each rank's own slice is what it
+    should see there."""
     source = _heuristic(_source("acc += tl.dot(a, b)", rule=rule), "{'EVEN_K': lambda args: args['K'] % 16 == 0}",
-                        "EVEN_K").replace("other=0.0)\n        b =", "other=0.0)\n        if EVEN_K:\n"
-                                          "            a = a * 1.0\n        b =")
+                        "EVEN_K")
+    unmasked = ("        if EVEN_K:\n            a = tl.load(a_ptr + rm[:, None] * stride_am + "
+                "(k * BLOCK_K + rk)[None, :] * stride_ak)\n        else:\n    ")
+    source = source.replace("        a = tl.load(a_ptr", unmasked + "        a = tl.load(a_ptr", 1).replace(
+        "mask=(rm[:, None] < M) & ((k * BLOCK_K + rk)[None, :] < K), other=0.0)",
+        "mask=(rm[:, None] < M) & ((k * BLOCK_K + rk)[None, :] < K), other=0.0)".replace("mask", "    mask"), 1)
     assert "if EVEN_K:" in source
     assert "producer_tile_notify" in _generate(source).text
+
+
+@pytest.mark.parametrize("body, says", [
+    ("if K > 25:\n            a = a * 2", r"the `if` at line 23 in the loop that sums \(`K > 25`\) reads `K`"),
+    ("if BIG:\n            a = a * 2", r"reads `BIG`, computed by the `@triton.heuristics` at line 7 from `K`"),
+    ("if big:\n            a = a * 2", r"reads `big`"),
+])
+@pytest.mark.parametrize("rule", ["reduce_scatter", "all_reduce"])
+def test_a_test_of_the_k_extent_deciding_the_summed_data_is_refused(rule: str, body: str, says: str) -> None:
+    """`if K > 25: a = a * 2` in the loop doubled the terms of the ranks whose slice is longer (an error of 27.75 at
+    world 2, before)."""
+    source = _heuristic(_source("acc += tl.dot(a, b)", rule=rule), "{'BIG': lambda args: args['K'] > 25}", "BIG")
+    source = source.replace("        acc += tl.dot(a, b)", f"        {body}\n        acc += tl.dot(a, b)", 1).replace(
+        "    acc = tl.zeros(", "    big = K > 25\n    acc = tl.zeros(", 1)
+    with pytest.raises(AnnotationError, match=says) as err:
+        _generate(source)
+    assert "EVEN_K" in err.value.hint
 
 
 @pytest.mark.parametrize("rule", ["reduce_scatter", "all_reduce"])
