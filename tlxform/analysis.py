@@ -437,33 +437,50 @@ def _heuristic_reads(value: cst.BaseExpression) -> frozenset[str] | None:
     if any(not isinstance(x.attr, cst.Name) or x.attr.value not in _KEYED_ATTRIBUTES
            for x in m.findall(value.body, m.Attribute(value=keyed))):
         return None
+    # handed to a function (`len(args['b_ptr'])`, `getattr(args['b_ptr'], 'shape')`): what it reads is not told
+    if any(m.matches(a.value, keyed) for call in m.findall(value.body, m.Call()) for a in call.args):
+        return None
     return frozenset(reads) if len(found) == len(uses) else None
 
 
 def _heuristics_dict(module: cst.Module | None, node: cst.BaseExpression) -> cst.Dict | None:
     """The dict literal a `@triton.heuristics` takes: written there, or bound once at the module's top level to a
-    name it passes (``HEURISTICS = {...}``)."""
+    name it passes (``HEURISTICS = {...}``) and used nowhere else but in decorators: no other binding, import, alias
+    or change in place, which could make the dict at the launch another than the one written."""
     if isinstance(node, cst.Dict):
         return node
     if not isinstance(node, cst.Name) or module is None:
         return None
-    found = [small.value for stmt in module.body if isinstance(stmt, cst.SimpleStatementLine)
-             for small in stmt.body if isinstance(small, (cst.Assign, cst.AnnAssign)) and any(
-                 m.matches(t, m.Name(node.value)) for t in (
-                     [t.target for t in small.targets] if isinstance(small, cst.Assign) else [small.target]))]
     named = m.Name(node.value)
-    # bound again, or changed in place (`HEURISTICS["BIG"] = ...`, `HEURISTICS.update(...)`): not read
-    rebound = [x for stmt in module.body for x in m.findall(stmt, m.AssignTarget(target=named | m.Subscript(
-        value=named)) | m.AugAssign(target=named) | m.Attribute(value=named) | m.Del())]
-    return found[0] if len(found) == 1 and len(rebound) <= 1 and isinstance(found[0], cst.Dict) else None
+    found = [small.value for stmt in module.body if isinstance(stmt, cst.SimpleStatementLine)
+             for small in stmt.body if isinstance(small, cst.Assign) and len(small.targets) == 1
+             and m.matches(small.targets[0].target, named)]
+    decorated = [d for stmt in module.body if isinstance(stmt, cst.FunctionDef) for d in stmt.decorators
+                 if isinstance(d.decorator, cst.Call) and any(m.matches(a.value, named) for a in d.decorator.args)]
+    uses = len(m.findall(module, named))
+    return found[0] if len(found) == 1 and isinstance(found[0], cst.Dict) and uses == 1 + len(decorated) else None
+
+
+def _imported_as(module: cst.Module | None, name: str) -> set[str]:
+    """The names a module binds to triton's ``name`` by import (``from triton import heuristics as H``)."""
+    if module is None:
+        return set()
+    return {(alias.asname.name.value if alias.asname is not None else alias.name.value)
+            for imp in m.findall(module, m.ImportFrom()) if imp.module is not None
+            and code(imp.module).split(".")[0] == "triton" and not isinstance(imp.names, cst.ImportStar)
+            for alias in imp.names if m.matches(alias.name, m.Name(name)) and (
+                alias.asname is None or isinstance(alias.asname.name, cst.Name))}
 
 
 def _computed_params(an, fn: cst.FunctionDef, module: cst.Module | None = None
                      ) -> dict[str, tuple[Where, frozenset[str] | None]]:
     """:attr:`KernelAnalysis.computed`: the parameters each ``@triton.heuristics`` above ``fn`` computes."""
     found: dict[str, tuple[Where, frozenset[str] | None]] = {}
+    aliases = _imported_as(module, "heuristics") - {"heuristics"}
     for d in fn.decorators:
-        if not _is_triton_wrapper(d, "heuristics") or not isinstance(d.decorator, cst.Call):
+        call = d.decorator.func if isinstance(d.decorator, cst.Call) else d.decorator
+        if not (_is_triton_wrapper(d, "heuristics") or (isinstance(call, cst.Name) and call.value in aliases)) or \
+                not isinstance(d.decorator, cst.Call):
             continue
         at = an.where(d)
         arg = next((a.value for a in d.decorator.args if a.keyword is None or a.keyword.value == "values"), None)

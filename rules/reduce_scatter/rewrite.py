@@ -2341,15 +2341,30 @@ def _check_extent_tests(an: KernelAnalysis, summing, derived: dict[str, str]) ->
         extent |= more
     loads = m.Call(func=m.Attribute(attr=m.Name("load")))
     bound = set(an.values) | set(an.updates)
+
+    def same_data(value: cst.BaseExpression) -> bool:
+        """A load, or a value that holds none of this rank's data (a mask `k_mask = offs_k < K - k * BLOCK_K`, the
+        fill `_0 = tl.zeros((1, 1), dtype=a_ptrs.dtype.element_ty)` of a masked load): how the same data is read."""
+        if m.matches(value, loads):
+            return True
+        try:
+            return _classify(an, value, {}) in (_ZERO, _CONST)
+        except _Epilogue:
+            return False
+
+    def on_both_sides(name: str, src: str, side: BranchSide) -> bool:
+        """The same binding on the other side of the same `if` (`acc = tl.dot(a, b, acc)` after either load)."""
+        return any(other == src and w is not None and any(
+            s.where == side.where and s.body != side.body for s in an.branch_sides.get(w, ()))
+            for other, w in _bindings(an, name))
+
     for name in sorted(bound):
         for src, site in _bindings(an, name):
             value = _bare(cst.parse_expression(src))
-            # a load, or a value of the parameters alone (`_0 = tl.zeros((1, 1), dtype=C.dtype.element_ty)`, what a
-            # masked load fills with): the same data either way
-            if site is None or outside(site) or m.matches(value, loads) or not names_outside_loads(value) & bound:
+            if site is None or outside(site) or same_data(value):
                 continue
             for side in an.branch_sides.get(site, ()):
-                if not any(_inside(side.where, lp) for lp in summing):
+                if not any(_inside(side.where, lp) for lp in summing) or on_both_sides(name, src, side):
                     continue
                 read = sorted(names_in(cst.parse_expression(side.test)) & extent)
                 if read:

@@ -474,3 +474,56 @@ def test_a_ceiling_division_written_out_equals_torch(tmp_path, monkeypatch) -> N
                                                            "range(0, (K + BLOCK_K - 1) // BLOCK_K)"))
     errors = tilelink.spawn(_scattered, 3, str(path))
     assert all(e < 1e-4 for e in errors), errors
+
+
+@pytest.mark.parametrize("branch", [
+    # a mask bound on one side, used by the load
+    "if EVEN_K:\n            a = tl.load(A_ADDR)\n        else:\n            a_mask = (rm[:, None] < M) & "
+    "((k * BLOCK_K + rk)[None, :] < K)\n            a = tl.load(A_ADDR, mask=a_mask, other=0.0)",
+    # the fill of the masked load, typed from the pointer
+    "if EVEN_K:\n            a = tl.load(A_ADDR)\n        else:\n            fill = tl.zeros((1, 1), dtype=a_ptr.dtype."
+    "element_ty)\n            a = tl.load(A_ADDR, mask=(rm[:, None] < M) & ((k * BLOCK_K + rk)[None, :] < K), "
+    "other=fill)",
+])
+def test_a_test_of_the_k_extent_choosing_how_the_data_is_loaded_is_rewritten(branch: str) -> None:
+    source = _heuristic(_source("acc += tl.dot(a, b)"), "{'EVEN_K': lambda args: args['K'] % 16 == 0}", "EVEN_K")
+    address = "a_ptr + rm[:, None] * stride_am + (k * BLOCK_K + rk)[None, :] * stride_ak"
+    first = ("        a = tl.load(a_ptr + rm[:, None] * stride_am + (k * BLOCK_K + rk)[None, :] * stride_ak,\n"
+             "                    mask=(rm[:, None] < M) & ((k * BLOCK_K + rk)[None, :] < K), other=0.0)\n")
+    assert first in source
+    source = source.replace(first, "        " + branch.replace("A_ADDR", address) + "\n", 1)
+    assert "producer_tile_notify" in _generate(source).text
+
+
+def test_the_same_update_on_both_sides_of_a_test_of_the_k_extent_is_rewritten() -> None:
+    source = _heuristic(_source("if EVEN_K:\n            acc += tl.dot(a, b)\n        else:\n            acc += "
+                                "tl.dot(a, b)"), "{'EVEN_K': lambda args: args['K'] % 16 == 0}", "EVEN_K")
+    assert "producer_tile_notify" in _generate(source).text
+
+
+@pytest.mark.parametrize("module_code", [
+    "HEURISTICS: dict = {'BIG': lambda args: args['K'] > 20}",  # annotated: another binding may follow
+    "HEURISTICS = {'BIG': lambda args: args['K'] > 20}\nALIAS = HEURISTICS",  # changed through an alias
+    "HEURISTICS = {'BIG': lambda args: args['K'] > 20}\nfrom math import pi as HEURISTICS",  # bound again
+])
+def test_a_module_level_dict_bound_more_than_once_is_not_read(module_code: str) -> None:
+    source = _heuristic(_source("acc += tl.dot(a, b)", after="if BIG:\n        acc = acc * 2"), "HEURISTICS", "BIG")
+    source = source.replace("import tilelink\n", f"import tilelink\n\n{module_code}\n", 1)
+    with pytest.raises(AnnotationError, match=r"may compute from the K extent"):
+        _generate(source)
+
+
+@pytest.mark.parametrize("values", ["{'BIG': lambda args: len(args['b_ptr']) > 20}",
+                                    "{'BIG': lambda args: getattr(args['b_ptr'], 'shape')[0] > 20}"])
+def test_an_argument_handed_to_a_function_by_a_heuristic_is_not_told(values: str) -> None:
+    source = _heuristic(_source("acc += tl.dot(a, b)", after="if BIG:\n        acc = acc * 2"), values, "BIG")
+    with pytest.raises(AnnotationError, match=r"may compute from the K extent"):
+        _generate(source)
+
+
+def test_heuristics_imported_under_another_name_are_read() -> None:
+    source = _heuristic(_source("acc += tl.dot(a, b)", after="if BIG:\n        acc = acc * 2"),
+                        "{'BIG': lambda args: args['K'] > 20}", "BIG").replace("@triton.heuristics(", "@H(")
+    source = source.replace("import tilelink\n", "import tilelink\nfrom triton import heuristics as H\n", 1)
+    with pytest.raises(AnnotationError, match=r"computed by the `@triton.heuristics` at line 8 from `K`"):
+        _generate(source)
