@@ -2330,14 +2330,19 @@ def _check_extent_tests(an: KernelAnalysis, summing, derived: dict[str, str]) ->
     tl.dot(a, b)`) would treat each rank's slice by a test of its own slice, which differs from rank to rank: refused.
     Around loads alone (`if EVEN_K: a = tl.load(a_ptrs)` / `else: a = tl.load(a_ptrs, mask=...)`) it picks how the
     same data is read."""
-    # and what is bound from those outside the loops that sum (a step cycled over the extent, `k = s % k_tiles` in a
-    # flattened loop, is the step: its tests are judged as the step's)
+    # and what is bound from those (`big = K > 25`, before the loop or in it); a step cycled over the extent, `k = s %
+    # k_tiles` in a flattened loop, is the step: a test of the step (`if k == k_tiles - 1:`, the last step of the
+    # rank's slice) is judged as the step's
     def outside(site: Where | None) -> bool:
         return site is not None and not any(_inside(site, lp) for lp in summing)
 
+    targets = _loop_targets(an)
+    steps = {targets[lp] for lp in summing if lp in targets} | {
+        n for n in an.values if _cycle_extent(an, n) is not None}
     extent = set(derived)
-    while more := {name for name in (set(an.values) | set(an.updates)) - extent for src, site in _bindings(an, name)
-                   if outside(site) and names_outside_loads(cst.parse_expression(src)) & extent}:
+    while more := {name for name in (set(an.values) | set(an.updates)) - extent - steps
+                   for src, site in _bindings(an, name)
+                   if names_outside_loads(cst.parse_expression(src)) & extent}:
         extent |= more
     loads = m.Call(func=m.Attribute(attr=m.Name("load")))
     bound = set(an.values) | set(an.updates)
@@ -2366,8 +2371,9 @@ def _check_extent_tests(an: KernelAnalysis, summing, derived: dict[str, str]) ->
             for side in an.branch_sides.get(site, ()):
                 if not any(_inside(side.where, lp) for lp in summing) or on_both_sides(name, src, side):
                     continue
-                read = sorted(names_in(cst.parse_expression(side.test)) & extent)
-                if read:
+                tested = names_in(cst.parse_expression(side.test))
+                read = sorted(tested & extent)
+                if read and not tested & steps:
                     said = derived.get(read[0], "read from the K extent of the loop that sums")
                     raise AnnotationError(
                         f"the `if` at line {side.where.line} in the loop that sums (`{side.test}`) reads `{read[0]}`, "

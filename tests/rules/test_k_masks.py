@@ -527,3 +527,22 @@ def test_heuristics_imported_under_another_name_are_read() -> None:
     source = source.replace("import tilelink\n", "import tilelink\nfrom triton import heuristics as H\n", 1)
     with pytest.raises(AnnotationError, match=r"computed by the `@triton.heuristics` at line 8 from `K`"):
         _generate(source)
+
+
+def test_a_flag_of_the_k_extent_bound_in_the_loop_that_sums_is_followed() -> None:
+    source = _source("big = K > 25\n        if big:\n            a = a * 2\n        acc += tl.dot(a, b)")
+    with pytest.raises(AnnotationError, match=r"the `if` at line 22 in the loop that sums \(`big`\) reads `big`"):
+        _generate(source)
+
+
+def test_a_test_of_the_step_binding_the_slice_s_sums_is_the_step_s() -> None:
+    """`if k == k_tiles - 1:` in a flattened loop is the last step of the rank's slice: what it binds from the sums
+    (`c = acc.to(...)`, stored there) is judged as a store of the sums, not as a test of the extent."""
+    from tests.rules.test_carried_accumulator import FLATTENED, HEAD
+
+    source = HEAD + textwrap.dedent(FLATTENED).replace(
+        "            tl.store(c_ptr + rm[:, None] * stride_cm + rn[None, :] * stride_cn, acc,",
+        "            c = acc.to(c_ptr.dtype.element_ty)\n"
+        "            tl.store(c_ptr + rm[:, None] * stride_cm + rn[None, :] * stride_cn, c,")
+    assert "c = acc.to(" in source
+    assert "tll.producer_tile_notify" in _generate(source).rewritten["matmul"]
