@@ -445,20 +445,28 @@ def _heuristic_reads(value: cst.BaseExpression) -> frozenset[str] | None:
 
 def _heuristics_dict(module: cst.Module | None, node: cst.BaseExpression) -> cst.Dict | None:
     """The dict literal a `@triton.heuristics` takes: written there, or bound once at the module's top level to a
-    name it passes (``HEURISTICS = {...}``) and used nowhere else but in decorators: no other binding, import, alias
-    or change in place, which could make the dict at the launch another than the one written."""
+    name it passes (``HEURISTICS = {...}``, :func:`_bound_once`)."""
     if isinstance(node, cst.Dict):
         return node
-    if not isinstance(node, cst.Name) or module is None:
+    value = _bound_once(module, node.value) if isinstance(node, cst.Name) else None
+    return value if isinstance(value, cst.Dict) else None
+
+
+def _bound_once(module: cst.Module | None, name: str) -> cst.BaseExpression | None:
+    """The value bound once at the module's top level to ``name``, used nowhere else but in decorators (``@NAME``, or
+    an argument of one): no other binding, import, alias or change in place, which could make the value at the
+    launch another than the one written. ``None`` otherwise."""
+    if module is None:
         return None
-    named = m.Name(node.value)
+    named = m.Name(name)
     found = [small.value for stmt in module.body if isinstance(stmt, cst.SimpleStatementLine)
              for small in stmt.body if isinstance(small, cst.Assign) and len(small.targets) == 1
              and m.matches(small.targets[0].target, named)]
     decorated = [d for stmt in module.body if isinstance(stmt, cst.FunctionDef) for d in stmt.decorators
-                 if isinstance(d.decorator, cst.Call) and any(m.matches(a.value, named) for a in d.decorator.args)]
+                 if m.matches(d.decorator, named) or (isinstance(d.decorator, cst.Call) and any(
+                     m.matches(a.value, named) for a in d.decorator.args))]
     uses = len(m.findall(module, named))
-    return found[0] if len(found) == 1 and isinstance(found[0], cst.Dict) and uses == 1 + len(decorated) else None
+    return found[0] if len(found) == 1 and uses == 1 + len(decorated) else None
 
 
 def _imported_as(module: cst.Module | None, name: str) -> set[str]:
@@ -477,12 +485,21 @@ def _computed_params(an, fn: cst.FunctionDef, module: cst.Module | None = None
     """:attr:`KernelAnalysis.computed`: the parameters each ``@triton.heuristics`` above ``fn`` computes."""
     found: dict[str, tuple[Where, frozenset[str] | None]] = {}
     aliases = _imported_as(module, "heuristics") - {"heuristics"}
+    below = False  # under @tilelink.overlap, where a wrapper runs at each rank's launch
     for d in fn.decorators:
+        at = an.where(d)
+        if m.matches(d.decorator.func if isinstance(d.decorator, cst.Call) else d.decorator,
+                     m.Attribute(attr=m.Name("overlap")) | m.Name("overlap")):
+            below = True
+            continue
+        if isinstance(d.decorator, cst.Name) and isinstance(named := _bound_once(module, d.decorator.value), cst.Call):
+            d = d.with_changes(decorator=named)  # `BIGK = triton.heuristics({...})`, then `@BIGK`
         call = d.decorator.func if isinstance(d.decorator, cst.Call) else d.decorator
         if not (_is_triton_wrapper(d, "heuristics") or (isinstance(call, cst.Name) and call.value in aliases)) or \
                 not isinstance(d.decorator, cst.Call):
+            if below and not (is_triton_jit(d) or _is_triton_wrapper(d, "autotune")):
+                found["*"] = (at, None)  # a wrapper TileLink cannot read may compute any argument
             continue
-        at = an.where(d)
         arg = next((a.value for a in d.decorator.args if a.keyword is None or a.keyword.value == "values"), None)
         values = _heuristics_dict(module, arg) if arg is not None else None
         if values is None or not all(isinstance(e, cst.DictElement) and isinstance(e.key, cst.SimpleString)

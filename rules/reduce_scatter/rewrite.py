@@ -2265,7 +2265,11 @@ def check_sliced_reads(an: KernelAnalysis, spec) -> None:
         if not more:
             break
         why.update(more)
-    _check_extent_tests(an, summing, derived)
+    targets = _loop_targets(an)
+    steps = frozenset({targets[lp] for lp in summing if lp in targets} | {
+        n for n in an.values if _cycle_extent(an, n) is not None})
+    _check_extent_tests(an, summing, derived, steps)
+    _check_extent_data(an, summing, _ExtentFacts(derived, sliced, shapes, steps, frozenset(sums)))
     if not why:
         return
 
@@ -2324,7 +2328,7 @@ def check_sliced_reads(an: KernelAnalysis, spec) -> None:
                              " and ".join(tests), names[0])
 
 
-def _check_extent_tests(an: KernelAnalysis, summing, derived: dict[str, str]) -> None:
+def _check_extent_tests(an: KernelAnalysis, summing, derived: dict[str, str], steps: frozenset[str]) -> None:
     """Inside a loop that sums, an `if` whose test reads the K extent (or a value computed from it: a heuristic's
     `BIG`, `big = K > 25` bound before the loop) around anything but a load (`if K > 25: a = a * 2`, `if BIG: acc +=
     tl.dot(a, b)`) would treat each rank's slice by a test of its own slice, which differs from rank to rank: refused.
@@ -2336,9 +2340,6 @@ def _check_extent_tests(an: KernelAnalysis, summing, derived: dict[str, str]) ->
     def outside(site: Where | None) -> bool:
         return site is not None and not any(_inside(site, lp) for lp in summing)
 
-    targets = _loop_targets(an)
-    steps = {targets[lp] for lp in summing if lp in targets} | {
-        n for n in an.values if _cycle_extent(an, n) is not None}
     extent = set(derived)
     while more := {name for name in (set(an.values) | set(an.updates)) - extent - steps
                    for src, site in _bindings(an, name)
@@ -2363,10 +2364,26 @@ def _check_extent_tests(an: KernelAnalysis, summing, derived: dict[str, str]) ->
             s.where == side.where and s.body != side.body for s in an.branch_sides.get(w, ()))
             for other, w in _bindings(an, name))
 
+    def loaded_from(value: cst.BaseExpression) -> str:
+        """Where a load reads: its address (`a_ptrs`), or a descriptor and its offsets."""
+        if m.matches(value.func, m.Attribute(value=m.Name("tl"))):
+            return code(_arg(value, 0, "pointer") or value)
+        return code(value.func.value) + "".join(f", {code(a.value)}" for a in value.args)
+
+    def other_data(name: str, value: cst.BaseExpression, site: Where) -> bool:
+        """Loads of ``name`` from other addresses in the same loop (`a = tl.load(p)` on one side, `tl.load(q)` on
+        the other): a choice of data, not of how the same data is read."""
+        if not m.matches(value, loads):
+            return False
+        loop = _innermost(summing, site)
+        found = {loaded_from(v) for src, w in _bindings(an, name) if w is not None and loop is not None
+                 and _inside(w, loop) and m.matches(v := _bare(cst.parse_expression(src)), loads)}
+        return len(found) > 1
+
     for name in sorted(bound):
         for src, site in _bindings(an, name):
             value = _bare(cst.parse_expression(src))
-            if site is None or outside(site) or same_data(value):
+            if site is None or outside(site) or (same_data(value) and not other_data(name, value, site)):
                 continue
             for side in an.branch_sides.get(site, ()):
                 if not any(_inside(side.where, lp) for lp in summing) or on_both_sides(name, src, side):
@@ -2383,6 +2400,171 @@ def _check_extent_tests(an: KernelAnalysis, summing, derived: dict[str, str]) ->
                         hint="test the K extent in the loop that sums only to choose how the same data is loaded "
                              "(`if EVEN_K: a = tl.load(a_ptrs)` / `else: a = tl.load(a_ptrs, mask=...)`); pass a "
                              "scale or a choice of the problem's as a parameter of its own, the same on every rank")
+
+
+class _ExtentFacts(NamedTuple):
+    """What :func:`_check_extent_data` reads the loop that sums with."""
+    derived: dict[str, str]  # the K extent and what a heuristic computes from it, each with why it is the rank's own
+    sliced: frozenset[str]  # the K extent itself (`K` of `range(0, tl.cdiv(K, BLOCK_K))`)
+    shapes: frozenset[str]  # the names block shapes read (a tile of another size stores the same values)
+    steps: frozenset[str]  # the loops' steps, which the step's own checks judge
+    sums: frozenset[str]  # the accumulators
+
+
+# how a value is used where the K extent is read in the loop that sums: as data, in an address, in a load's mask, or
+# in a test (an `if` expression's, a `tl.where`'s choice, a comparison used as a value)
+_AS_DATA, _AS_ADDRESS, _AS_MASK, _AS_TEST = "data", "address", "mask", "test"
+_ADDRESS_CALLS = ("make_block_ptr", "make_tensor_descriptor", "advance")
+
+
+class _ExtentRead(NamedTuple):
+    name: str  # the K extent, or a value computed from it
+    source: str  # the expression, or the binding, that reads it
+    site: Where | None  # where the binding that reads it is (None: the update itself, or a parameter's default)
+    bound: bool = False  # ``source`` is that binding
+
+
+def _extent_read(an: KernelAnalysis, node: cst.BaseExpression, use: str, facts: _ExtentFacts,
+                 seen: set[tuple[str, str]], site: Where | None = None) -> _ExtentRead | None:
+    """Where ``node``, used as ``use``, reads the K extent (or a value computed from it) other than as the loop that
+    sums may: in the address of a load (`a_ptr + rm[:, None] * K`: each rank's own tensor is laid out by its own
+    slice) and in a mask that bounds offsets (`offs_k[None, :] < K - k * BLOCK_K`). Read as data (`a * K`), in a
+    test (`2.0 if K > 25 else 1.0`, `tl.where(BIG, a * 2, a)`) or, for a value a heuristic computes, in an address,
+    it would weigh or choose each rank's terms by the rank's own slice. ``seen``: the names followed, by use."""
+    node = _bare(node)
+    here = code(node)
+
+    def inner(child: cst.BaseExpression | None, how: str) -> _ExtentRead | None:
+        return None if child is None else _extent_read(an, child, how, facts, seen, site)
+
+    def first(*found: _ExtentRead | None) -> _ExtentRead | None:
+        return next((f for f in found if f is not None), None)
+
+    if use == _AS_MASK:
+        if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, (cst.BitAnd, cst.BitOr)):
+            return first(inner(node.left, _AS_MASK), inner(node.right, _AS_MASK))
+        if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.BitInvert):
+            return inner(node.expression, _AS_MASK)
+        if isinstance(node, cst.Subscript):
+            return inner(node.value, _AS_MASK)
+        if isinstance(node, cst.Name) and _bindings(an, node.value):
+            return _through(an, node.value, _AS_MASK, facts, seen)
+        # a term of the mask: it may read the extent where it bounds offsets (what `tl.arange` makes)
+        found = inner(node, _AS_TEST)
+        return None if found is None or _reads_offsets(an, node) else found
+    if isinstance(node, cst.Name):
+        name = node.value
+        if name in facts.steps or name in facts.sums:
+            return None
+        if name in facts.derived and not _bindings(an, name):
+            allowed = use == _AS_ADDRESS and (name in facts.sliced or name in facts.shapes)
+            return None if allowed else _ExtentRead(name, here, site)
+        return _through(an, name, use, facts, seen)
+    if isinstance(node, cst.Attribute):
+        return inner(node.value, use) if node.attr.value == "T" else None  # a type, a shape: no value of the data
+    if isinstance(node, cst.Call):
+        func = node.func
+        called = func.attr.value if isinstance(func, cst.Attribute) else func.value if isinstance(func, cst.Name) \
+            else ""
+        on_tl = m.matches(func, m.Attribute(value=m.Name("tl")))
+        if called in ("load", "gather") and isinstance(func, cst.Attribute):
+            if not on_tl:  # a descriptor's load: where it reads
+                return first(inner(func.value, _AS_ADDRESS), *(inner(a.value, _AS_ADDRESS) for a in node.args))
+            return first(inner(_arg(node, 0, "pointer"), _AS_ADDRESS), inner(_arg(node, 1, "mask"), _AS_MASK),
+                         inner(_arg(node, 2, "other"), use))
+        if called in _ADDRESS_CALLS:
+            return first(*(inner(a.value, _AS_ADDRESS) for a in node.args))
+        if on_tl and called in ("arange", "zeros", "zeros_like"):
+            return None  # shapes
+        if on_tl and called in ("full", "full_like"):
+            return inner(_arg(node, 1, "value" if called == "full" else "fill_value"), use)
+        if on_tl and called in ("multiple_of", "max_contiguous", "max_constancy"):
+            return inner(_arg(node, 0, "input"), use)
+        if on_tl and called == "where" and len(node.args) == 3:
+            x, y = node.args[1].value, node.args[2].value
+            zero = any(_classify_quietly(an, v) == _ZERO for v in (x, y))
+            return first(inner(node.args[0].value, _AS_MASK if zero else _AS_TEST), inner(x, use), inner(y, use))
+        if isinstance(func, cst.Name) and called in an.helpers:
+            returned = _helper_return(an, node)
+            if returned is not None:
+                return inner(returned, use)
+            for arg in node.args:
+                if (found := inner(arg.value, _AS_TEST)) is not None:
+                    return _ExtentRead(found.name, here, site)  # what the helper does with it is not read
+            return None
+        receiver = inner(func.value, use) if isinstance(func, cst.Attribute) and not on_tl else None
+        return first(receiver, *(inner(a.value, use) for a in node.args))
+    if isinstance(node, cst.IfExp):
+        return first(inner(node.test, _AS_TEST), inner(node.body, use), inner(node.orelse, use))
+    if isinstance(node, cst.Comparison) and use != _AS_TEST:
+        return inner(node, _AS_TEST)  # a comparison's value is a choice
+    if isinstance(node, cst.Subscript):
+        return inner(node.value, use)
+    return first(*(inner(child, use) for child in node.children if isinstance(child, cst.BaseExpression)))
+
+
+def _through(an: KernelAnalysis, name: str, use: str, facts: _ExtentFacts, seen: set[tuple[str, str]]
+             ) -> _ExtentRead | None:
+    """:func:`_extent_read` of each value bound to ``name``."""
+    if (name, use) in seen:
+        return None
+    seen.add((name, use))
+    for src, site in _bindings(an, name):
+        if (found := _extent_read(an, cst.parse_expression(src), use, facts, seen, site)) is not None:
+            return found if found.bound else found._replace(source=f"{name} = {src}", site=site, bound=True)
+    return None
+
+
+def _reads_offsets(an: KernelAnalysis, node: cst.BaseExpression) -> bool:
+    """Whether ``node`` reads offsets: what `tl.arange` makes, through the values of the names it reads (not what
+    they load)."""
+    arange = m.Call(func=m.Attribute(value=m.Name("tl"), attr=m.Name("arange")))
+    todo, seen = [node], set()
+    while todo:
+        here = todo.pop()
+        if m.findall(here, arange):
+            return True
+        for name in names_outside_loads(here) - seen:
+            seen.add(name)
+            todo += [cst.parse_expression(src) for src, _ in _bindings(an, name)]
+    return False
+
+
+def _classify_quietly(an: KernelAnalysis, node: cst.BaseExpression) -> str | None:
+    """:func:`_classify` of ``node``, or ``None`` where it raises."""
+    try:
+        return _classify(an, node, {})
+    except _Epilogue:
+        return None
+
+
+def _check_extent_data(an: KernelAnalysis, summing, facts: _ExtentFacts) -> None:
+    """Inside a loop that sums, what is added to an accumulator may read the K extent (or a value computed from it)
+    only where it is read (a load's address, a mask bounding the K offsets): each rank passes its own slice's extent,
+    so a term weighed or chosen by it (`a * (2.0 if K > 25 else 1.0)`, `tl.where(K > 25, a * 2, a)`, `acc +=
+    tl.dot(a, b) * (1 + BIG)` with `BIG` a heuristic of K, a helper TileLink does not read handed `K`) differs from
+    rank to rank, and the sum over the ranks would not be the full problem's value. Refused at the update."""
+    if not facts.derived:
+        return
+    for name, at in sorted(_summing_updates(an, summing), key=lambda u: (u[1].line, u[1].column, u[0])):
+        for src, site in _bindings(an, name):
+            if site != at:
+                continue
+            added = _carried_slot(_written_helper(an, cst.parse_expression(src)), name) or []
+            for term in added:
+                found = _extent_read(an, term, _AS_DATA, facts, set())
+                if found is None:
+                    continue
+                said = facts.derived.get(found.name, "read from the K extent of the loop that sums")
+                via = f" through `{found.source}`" + (f" at line {found.site.line}" if found.site else "")
+                raise AnnotationError(
+                    f"what the update at line {at.line} adds to `{name}` (`{code(_bare(term))}`) reads `{found.name}`, "
+                    f"{said},{via}: each rank would weigh or choose the terms of its slice of K by its own slice, "
+                    f"and the sum over the ranks would not be the full problem's value",
+                    file=at.file, line=at.line, column=at.column,
+                    hint="in the loop that sums, read the K extent only in its range and in the loads' addresses "
+                         "and masks (`offs_k[None, :] < K - k * BLOCK_K`); pass a scale or a choice of the "
+                         "problem's as a parameter of its own, the same on every rank")
 
 
 def _shape_names(an: KernelAnalysis) -> frozenset[str]:
