@@ -598,7 +598,7 @@ def _names_through(an: KernelAnalysis, node: cst.BaseExpression, outside_loops: 
         if name in seen:
             continue
         seen.add(name)
-        todo += [n for src, w in _bindings(an, name) if w is None or not any(_inside(w, lp) for lp in loops)
+        todo += [n for src, w in _bindings(an, name) if not _within(w, loops)
                  for n in names_in(cst.parse_expression(src))]
     return seen
 
@@ -700,6 +700,11 @@ def _loops(an: KernelAnalysis) -> set[tuple[Where, Where]]:
 
 def _inside(site: Where, loop: tuple[Where, Where]) -> bool:
     return (loop[0].line, loop[0].column) < (site.line, site.column) <= (loop[1].line, loop[1].column)
+
+
+def _within(site: Where | None, loops) -> bool:
+    """Whether ``site`` is inside one of ``loops`` (``None``, a parameter's default, is in none)."""
+    return site is not None and any(_inside(site, lp) for lp in loops)
 
 
 def _innermost(loops, at: Where) -> tuple[Where, Where] | None:
@@ -904,8 +909,7 @@ def _check_accumulators(an: KernelAnalysis, a, rule: str) -> None:
     for name in sorted(set(an.values) | set(an.updates)):
         every = _bindings(an, name)
         # bound from itself inside a loop, and from a tl.dot or a tl.sum somewhere: an accumulator of sums
-        looped = any(site is not None and any(_inside(site, lp) for lp in loops)
-                     and name in names_in(cst.parse_expression(src)) for src, site in every)
+        looped = any(_within(site, loops) and name in names_in(cst.parse_expression(src)) for src, site in every)
         if not looped or not any(m.findall(_written_helper(an, cst.parse_expression(src)), _SUMS) for src, _ in every):
             continue
         try:
@@ -1279,7 +1283,7 @@ def _first_rank_reads(an: KernelAnalysis, param: str, stores, summing: set[tuple
                 "tl", "triton", *an.params, *pointers, *held) and not _bindings(an, base.value)
             if (code(func) in storing or foreign) and names_in(call) & (pointers | held):
                 return None
-        if site is not None and names_in(node) & held and any(_inside(site, lp) for lp in summing):
+        if names_in(node) & held and _within(site, summing):
             # in a loop that sums over K, it may only be carried (its steps are a rank's, not the full K's)
             added = _carried_slot(node, name) if name is not None and name in names_in(node) else None
             if added is None or any(names_in(x) & held for x in added):
@@ -1961,16 +1965,20 @@ def _returned_before(an: KernelAnalysis, a) -> list[str] | None:
     for where, _ in an.returns:
         if not _before(where, a.where):
             continue
-        if any(_inside(where, lp) for lp in loops):
+        if _within(where, loops):
             return None
-        parts = []
-        for side in an.branch_sides.get(where, ()):
-            test = an.written_out(side.test, side.where) if an.written_out is not None else None
-            if test is None:
-                return None
-            parts.append(f"({test})" if side.body else f"not ({test})")
+        parts = [_side_written(an, side) for side in an.branch_sides.get(where, ())]
+        if None in parts:
+            return None
         found.append(" and ".join(parts) or "True")
     return found
+
+
+def _side_written(an: KernelAnalysis, side: BranchSide) -> str | None:
+    """The test under which a program takes ``side`` of its `if`, written out over the launch's values (`(test)`, or
+    `not (test)` for an `else`); ``None`` where it cannot be."""
+    test = an.written_out(side.test, side.where) if an.written_out is not None else None
+    return None if test is None else f"({test})" if side.body else f"not ({test})"
 
 
 def stored_tiles(an: KernelAnalysis, spec) -> tuple[tuple[str, str, str, str, str, int, str], ...]:
@@ -2018,9 +2026,8 @@ def stored_tiles(an: KernelAnalysis, spec) -> tuple[tuple[str, str, str, str, st
         # constexpr `if EPILOGUE_SUBTILE:`); a test it cannot write out leaves the store run by every program
         tests = []
         for side in an.branch_sides.get(a.where) or an.branch_sides.get(a.anchor, ()):
-            test = an.written_out(side.test, side.where)
-            if test is not None:
-                tests.append(f"({test})" if side.body else f"not ({test})")
+            if (test := _side_written(an, side)) is not None:
+                tests.append(test)
             else:
                 live = ""  # where the store runs is not known: what it leaves unstored is not either
         # a program that returns before the store stores nothing (`if pid_n == 1: return`)
@@ -2174,7 +2181,7 @@ def _summing_updates(an: KernelAnalysis, summing: set[tuple[Where, Where]]) -> s
     found = set()
     for name in set(an.values) | set(an.updates):
         for src, site in _bindings(an, name):
-            if site is None or not any(_inside(site, lp) for lp in summing):
+            if not _within(site, summing):
                 continue
             value = _written_helper(an, cst.parse_expression(src))
             added = _carried_slot(value, name) if name in names_in(value) else None
@@ -2194,15 +2201,12 @@ def check_sliced_reads(an: KernelAnalysis, spec) -> None:
     k_tiles - 1:`) steps with it on each rank's own slice: there only the extent itself, read outside every loop, is
     refused. Checked after the stores' other checks, whose messages say more (`acc / K`, a write-back chosen at run
     time)."""
-    def within(where: Where | None, among) -> bool:
-        return where is not None and any(_inside(where, lp) for lp in among)
-
     stores = [a for t in spec.tensors for a in an.accesses_of(t, "store")]
     sliced, summing = _sliced(an), _summing_loops(an)
     # the sums' own bindings in those loops: their updates, and any other, which `_check_carried` judges (a scale in a
     # compile-time branch refuses only the launches that take it)
     sums = {name for name, _ in _summing_updates(an, summing)}
-    updates = {(name, w) for name in sums for _, w in _bindings(an, name) if within(w, summing)}
+    updates = {(name, w) for name in sums for _, w in _bindings(an, name) if _within(w, summing)}
 
     # why each name is the rank's own: the extent itself, a target or binding of a loop that sums, or a value read
     why: dict[str, str] = {n: "the K extent of the loop that sums, which each rank passes as its own slice's"
@@ -2243,7 +2247,7 @@ def check_sliced_reads(an: KernelAnalysis, spec) -> None:
             break
     for name in set(an.values) | set(an.updates):
         for _, site in _bindings(an, name):
-            if within(site, summing) and (name, site) not in updates:
+            if _within(site, summing) and (name, site) not in updates:
                 why.setdefault(name, f"bound at line {site.line} in the loop that sums, so that after it its value "
                                      f"is the rank's own slice's")
     while True:  # and the values read from those, through any binding but a sum's update
@@ -2295,7 +2299,7 @@ def check_sliced_reads(an: KernelAnalysis, spec) -> None:
                   f"parameter of its own, the same on every rank"))
 
     for a in stores:
-        if within(a.where, summing):
+        if _within(a.where, summing):
             # stepping with the loop that sums: the extent read outside every loop only
             for what, text in (("the value stored", a.value), ("the store's mask", a.mask)):
                 if text and (names := _names_through(an, cst.parse_expression(text)) & sliced):
@@ -2318,11 +2322,11 @@ def check_sliced_reads(an: KernelAnalysis, spec) -> None:
                     todo += names_in(cst.parse_expression(src))
         for site in sorted(sites - {None}, key=lambda w: (w.line, w.column)):
             for side in an.branch_sides.get(site, ()):
-                if not within(side.where, summing) and (
+                if not _within(side.where, summing) and (
                         names := sorted(names_in(cst.parse_expression(side.test)) & set(why))):
                     raise refuse(a, f"the `if` at line {side.where.line} around line {site.line}", side.test, names[0])
         for where, tests in an.returns:
-            if _before(where, a.where) and not within(where, summing) and (
+            if _before(where, a.where) and not _within(where, summing) and (
                     names := sorted({n for t in tests for n in names_in(cst.parse_expression(t))} & set(why))):
                 raise refuse(a, f"the `return` at line {where.line}, before the store at line {a.where.line},",
                              " and ".join(tests), names[0])
@@ -2337,9 +2341,6 @@ def _check_extent_tests(an: KernelAnalysis, summing, derived: dict[str, str], st
     # and what is bound from those (`big = K > 25`, before the loop or in it); a step cycled over the extent, `k = s %
     # k_tiles` in a flattened loop, is the step: a test of the step (`if k == k_tiles - 1:`, the last step of the
     # rank's slice) is judged as the step's
-    def outside(site: Where | None) -> bool:
-        return site is not None and not any(_inside(site, lp) for lp in summing)
-
     extent = set(derived)
     while more := {name for name in (set(an.values) | set(an.updates)) - extent - steps
                    for src, site in _bindings(an, name)
@@ -2383,10 +2384,10 @@ def _check_extent_tests(an: KernelAnalysis, summing, derived: dict[str, str], st
     for name in sorted(bound):
         for src, site in _bindings(an, name):
             value = _bare(cst.parse_expression(src))
-            if site is None or outside(site) or (same_data(value) and not other_data(name, value, site)):
+            if site is None or not _within(site, summing) or (same_data(value) and not other_data(name, value, site)):
                 continue
             for side in an.branch_sides.get(site, ()):
-                if not any(_inside(side.where, lp) for lp in summing) or on_both_sides(name, src, side):
+                if not _within(side.where, summing) or on_both_sides(name, src, side):
                     continue
                 tested = names_in(cst.parse_expression(side.test))
                 read = sorted(tested & extent)
