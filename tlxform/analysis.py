@@ -253,8 +253,16 @@ class KernelAnalysis:
 
 # ----------------------------------------------------------------------------- helpers
 def code(node: cst.CSTNode) -> str:
-    """Source text of a node (without surrounding whitespace)."""
-    return cst.Module(body=[]).code_for_node(node).strip()
+    """Source text of a node (without surrounding whitespace). An expression written over several lines inside the
+    brackets of what holds it (a call's argument, `mask=a &\n    b`) is put in parentheses of its own: TileLink parses
+    the text of an expression again, and without them it is not one."""
+    text = cst.Module(body=[]).code_for_node(node).strip()
+    if "\n" in text and isinstance(node, cst.BaseExpression):
+        try:
+            cst.parse_expression(text)
+        except cst.ParserSyntaxError:
+            return f"({text})"
+    return text
 
 
 def _names(node: cst.CSTNode, *, skip_loads: bool) -> set[str]:
