@@ -473,8 +473,27 @@ def _bound_once(module: cst.Module | None, name: str) -> cst.BaseExpression | No
     decorated = [d for stmt in module.body if isinstance(stmt, cst.FunctionDef) for d in stmt.decorators
                  if m.matches(d.decorator, named) or (isinstance(d.decorator, cst.Call) and any(
                      m.matches(a.value, named) for a in d.decorator.args))]
+    # or handed to a heuristics decorator bound to a name (`EVEN_K = triton.heuristics(HEURISTICS)`)
+    wrapped = [small for stmt in module.body if isinstance(stmt, cst.SimpleStatementLine) for small in stmt.body
+               if isinstance(small, cst.Assign) and m.matches(small.value, m.Call(
+                   func=m.Attribute(attr=m.Name("heuristics")) | m.Name("heuristics")))
+               and any(m.matches(a.value, named) for a in small.value.args)]
     uses = len(m.findall(module, named))
-    return found[0] if len(found) == 1 and uses == 1 + len(decorated) else None
+    return found[0] if len(found) == 1 and uses == 1 + len(decorated) + len(wrapped) else None
+
+
+def _names_heuristics(module: cst.Module | None, name: str, aliases: set[str]) -> bool:
+    """Whether the module binds ``name`` at its top level to a call of `triton.heuristics` (under any path or
+    imported name)."""
+    def heuristics(value: cst.BaseExpression) -> bool:
+        func = value.func if isinstance(value, cst.Call) else None
+        return isinstance(func, cst.Attribute) and func.attr.value == "heuristics" or isinstance(
+            func, cst.Name) and func.value in {"heuristics", *aliases}
+
+    return module is not None and any(
+        isinstance(small, cst.Assign) and heuristics(small.value) and any(
+            m.matches(t.target, m.Name(name)) for t in small.targets)
+        for stmt in module.body if isinstance(stmt, cst.SimpleStatementLine) for small in stmt.body)
 
 
 def _imported_as(module: cst.Module | None, name: str) -> set[str]:
@@ -493,20 +512,18 @@ def _computed_params(an, fn: cst.FunctionDef, module: cst.Module | None = None
     """:attr:`KernelAnalysis.computed`: the parameters each ``@triton.heuristics`` above ``fn`` computes."""
     found: dict[str, tuple[Where, frozenset[str] | None]] = {}
     aliases = _imported_as(module, "heuristics") - {"heuristics"}
-    below = False  # under @tilelink.overlap, where a wrapper runs at each rank's launch
     for d in fn.decorators:
         at = an.where(d)
-        if m.matches(d.decorator.func if isinstance(d.decorator, cst.Call) else d.decorator,
-                     m.Attribute(attr=m.Name("overlap")) | m.Name("overlap")):
-            below = True
-            continue
-        if isinstance(d.decorator, cst.Name) and isinstance(named := _bound_once(module, d.decorator.value), cst.Call):
-            d = d.with_changes(decorator=named)  # `BIGK = triton.heuristics({...})`, then `@BIGK`
+        if isinstance(d.decorator, cst.Name):  # `BIGK = triton.heuristics({...})`, then `@BIGK`
+            named = _bound_once(module, d.decorator.value)
+            if isinstance(named, cst.Call):
+                d = d.with_changes(decorator=named)
+            elif named is None and _names_heuristics(module, d.decorator.value, aliases):
+                found["*"] = (at, None)  # bound to heuristics more than once, or changed: which is not known
+                continue
         call = d.decorator.func if isinstance(d.decorator, cst.Call) else d.decorator
         if not (_is_triton_wrapper(d, "heuristics") or (isinstance(call, cst.Name) and call.value in aliases)) or \
                 not isinstance(d.decorator, cst.Call):
-            if below and not (is_triton_jit(d) or _is_triton_wrapper(d, "autotune")):
-                found["*"] = (at, None)  # a wrapper TileLink cannot read may compute any argument
             continue
         arg = next((a.value for a in d.decorator.args if a.keyword is None or a.keyword.value == "values"), None)
         values = _heuristics_dict(module, arg) if arg is not None else None
@@ -4348,7 +4365,9 @@ def analyse(module: cst.Module, file: str, kernel: str,
         # a Triton wrapper above the overlapped kernel would launch it through Triton's own `run`, past every check
         # and handshake of TileLink's launch
         above = next((d for d in fn.decorators[:fn.decorators.index(overlap)] for w in ("heuristics", "autotune")
-                      if _is_triton_wrapper(d, w)), None)
+                      if _is_triton_wrapper(d, w) or (isinstance(d.decorator, cst.Name) and isinstance(
+                          named := _bound_once(module, d.decorator.value), cst.Call)
+                          and _is_triton_wrapper(d.with_changes(decorator=named), w))), None)
         if above is not None:
             at = an.where(above)
             raise AnnotationError(

@@ -2245,14 +2245,21 @@ def check_sliced_reads(an: KernelAnalysis, spec) -> None:
             more = True
         if not more:
             break
+    # the compile-time tests under which each name is the rank's own, as alternatives (each a set of `if` sides): a
+    # binding in the loop that sums on one side of a compile-time `if` reaches a read after the loop only on launches
+    # that take that side too (vLLM's MoE kernel binds `b_scale` in the loop on its block-quantised path only, and
+    # reads it after the loop on the others)
+    when: dict[str, set[frozenset]] = {n: {frozenset()} for n in why}
     for name in set(an.values) | set(an.updates):
         for _, site in _bindings(an, name):
             if _within(site, summing) and (name, site) not in updates:
                 why.setdefault(name, f"bound at line {site.line} in the loop that sums, so that after it its value "
                                      f"is the rank's own slice's")
-    while True:  # and the values read from those, through any binding but a sum's update
-        more = {}
-        for name in (set(an.values) | set(an.updates)) - set(why):
+                when.setdefault(name, set()).add(_launch_sides(an, site))
+    changed = True
+    while changed:  # and the values read from those, through any binding but a sum's update
+        changed = False
+        for name in sorted(set(an.values) | set(an.updates)):
             for src, site in _bindings(an, name):
                 if (name, site) in updates:
                     continue
@@ -2261,14 +2268,25 @@ def check_sliced_reads(an: KernelAnalysis, spec) -> None:
                 # where it loads from is read as any value
                 node = cst.parse_expression(src)
                 read = sorted((names_outside_loads(node) | {n for call in m.findall(node, m.Call(func=m.Attribute(
-                    attr=m.Name("load")))) for arg in call.args[:1] for n in names_in(arg.value)}) & set(why))
-                if read:
-                    more[name] = f"read from `{name} = {src}`" + (f" at line {site.line}" if site else "") + \
-                        f", which reads `{read[0]}`"
-                    break
-        if not more:
-            break
-        why.update(more)
+                    attr=m.Name("load")))) for arg in call.args[:1] for n in names_in(arg.value)}) & set(when))
+                for other in read:
+                    for sides in list(when[other]):
+                        joined = _joined_sides(sides, _launch_sides(an, site))
+                        alternatives = when.setdefault(name, set())
+                        if joined is None or any(known <= joined for known in alternatives):
+                            continue
+                        alternatives.add(joined)
+                        if len(alternatives) > 32:  # too many to tell apart: on every launch
+                            alternatives.clear()
+                            alternatives.add(frozenset())
+                        changed = True
+                        why.setdefault(name, f"read from `{name} = {src}`" + (f" at line {site.line}" if site else "")
+                                       + f", which reads `{other}`")
+
+    def own(names: set[str], site: Where | None) -> list[str]:
+        """Of ``names``, those the rank's own on some launch that reaches ``site``."""
+        here = _launch_sides(an, site)
+        return sorted(n for n in names if any(_joined_sides(sides, here) is not None for sides in when.get(n, ())))
     targets = _loop_targets(an)
     steps = frozenset({targets[lp] for lp in summing if lp in targets} | {
         n for n in an.values if _cycle_extent(an, n) is not None})
@@ -2307,7 +2325,7 @@ def check_sliced_reads(an: KernelAnalysis, spec) -> None:
             continue
         for what, text in (("the value stored", a.value), ("the store's mask", a.mask), ("the store's address",
                                                                                          a.pointer)):
-            if text and (names := sorted(names_in(cst.parse_expression(text)) & set(why))):
+            if text and (names := own(names_in(cst.parse_expression(text)), a.where)):
                 raise refuse(a, f"{what} at line {a.where.line}", text, names[0])
         # the `if`s outside the loops that sum around the store, and around each binding of what it stores
         sites, todo, seen = {a.where, a.anchor} - {None}, list(names_in(cst.parse_expression(a.value or "0"))), set()
@@ -2323,13 +2341,37 @@ def check_sliced_reads(an: KernelAnalysis, spec) -> None:
         for site in sorted(sites - {None}, key=lambda w: (w.line, w.column)):
             for side in an.branch_sides.get(site, ()):
                 if not _within(side.where, summing) and (
-                        names := sorted(names_in(cst.parse_expression(side.test)) & set(why))):
+                        names := own(names_in(cst.parse_expression(side.test)), site)):
                     raise refuse(a, f"the `if` at line {side.where.line} around line {site.line}", side.test, names[0])
         for where, tests in an.returns:
             if _before(where, a.where) and not _within(where, summing) and (
-                    names := sorted({n for t in tests for n in names_in(cst.parse_expression(t))} & set(why))):
+                    names := own({n for t in tests for n in names_in(cst.parse_expression(t))}, where)):
                 raise refuse(a, f"the `return` at line {where.line}, before the store at line {a.where.line},",
                              " and ".join(tests), names[0])
+
+
+def _launch_sides(an: KernelAnalysis, site: Where | None) -> frozenset[tuple[str, bool]]:
+    """The sides of the compile-time `if`s around ``site`` (`(test, taken)`), of tests that have one value per launch
+    wherever they are written (of constexpr parameters never bound again, and locals bound once)."""
+    def fixed(test: str) -> bool:
+        return all((n in an.params and not an.bindings.get(n)) or (
+            len(an.values.get(n, ())) == 1 and len(an.bindings.get(n, ())) == 1)
+            for n in names_in(cst.parse_expression(test)) - {"True", "False", "None"})
+
+    def side(test: str, taken: bool) -> tuple[str, bool]:  # `not X` taken is `X` not taken
+        node = _bare(cst.parse_expression(test))
+        while isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Not):
+            node, taken = _bare(node.expression), not taken
+        return code(node), taken
+
+    return frozenset(side(s.test, s.body) for s in an.branch_sides.get(site, ()) if s.static and fixed(s.test)) \
+        if site is not None else frozenset()
+
+
+def _joined_sides(a: frozenset, b: frozenset) -> frozenset | None:
+    """The sides of both ``a`` and ``b``, or ``None`` where no launch takes them all (one test taken both ways)."""
+    both = a | b
+    return None if any((test, not taken) in both for test, taken in both) else both
 
 
 def _check_extent_tests(an: KernelAnalysis, summing, derived: dict[str, str], steps: frozenset[str]) -> None:
@@ -2372,13 +2414,14 @@ def _check_extent_tests(an: KernelAnalysis, summing, derived: dict[str, str], st
         return code(value.func.value) + "".join(f", {code(a.value)}" for a in value.args)
 
     def other_data(name: str, value: cst.BaseExpression, site: Where) -> bool:
-        """Loads of ``name`` from other addresses in the same loop (`a = tl.load(p)` on one side, `tl.load(q)` on
-        the other): a choice of data, not of how the same data is read."""
+        """Loads of ``name`` from other addresses on the sides of one `if` around ``site`` (`a = tl.load(p)` on one
+        side, `tl.load(q)` on the other): a choice of data, not of how the same data is read."""
         if not m.matches(value, loads):
             return False
-        loop = _innermost(summing, site)
-        found = {loaded_from(v) for src, w in _bindings(an, name) if w is not None and loop is not None
-                 and _inside(w, loop) and m.matches(v := _bare(cst.parse_expression(src)), loads)}
+        ifs = {side.where for side in an.branch_sides.get(site, ())}
+        found = {loaded_from(v) for src, w in _bindings(an, name) if w is not None
+                 and ifs & {side.where for side in an.branch_sides.get(w, ())}
+                 and m.matches(v := _bare(cst.parse_expression(src)), loads)}
         return len(found) > 1
 
     for name in sorted(bound):
@@ -2412,10 +2455,15 @@ class _ExtentFacts(NamedTuple):
     sums: frozenset[str]  # the accumulators
 
 
-# how a value is used where the K extent is read in the loop that sums: as data, in an address, in a load's mask, or
-# in a test (an `if` expression's, a `tl.where`'s choice, a comparison used as a value)
-_AS_DATA, _AS_ADDRESS, _AS_MASK, _AS_TEST = "data", "address", "mask", "test"
+# how a value is used where the K extent is read in the loop that sums: as data; in an address (`a_ptr + rm[:, None] *
+# K`, a row stride of the rank's own tensor; a flattened loop's tile `step // k_tiles`), where it and a block size
+# computed from it may be read as arithmetic; as the bound of offsets in a mask term (`K - k * BLOCK_K`); as a mask;
+# as the offsets a mask term bounds, where only a block size computed from it may be read (`rk * 0 + K > 25` is no
+# bound of offsets); or in a test (an `if` expression's, a `tl.where`'s choice, a comparison used as a value)
+_AS_DATA, _AS_ADDRESS, _AS_BOUND, _AS_OFFSETS, _AS_MASK, _AS_TEST = (
+    "data", "address", "bound", "offsets", "mask", "test")
 _ADDRESS_CALLS = ("make_block_ptr", "make_tensor_descriptor", "advance")
+_VISITING = object()
 
 
 class _ExtentRead(NamedTuple):
@@ -2425,42 +2473,58 @@ class _ExtentRead(NamedTuple):
     bound: bool = False  # ``source`` is that binding
 
 
+def _expressions(node: cst.CSTNode):
+    """The expressions right under ``node``, through what holds them (a comparison's targets, a list's elements, a
+    call's arguments, a subscript's indexes)."""
+    for child in node.children:
+        if isinstance(child, cst.BaseExpression):
+            yield child
+        else:
+            yield from _expressions(child)
+
+
 def _extent_read(an: KernelAnalysis, node: cst.BaseExpression, use: str, facts: _ExtentFacts,
-                 seen: set[tuple[str, str]], site: Where | None = None) -> _ExtentRead | None:
+                 memo: dict, site: Where | None = None) -> _ExtentRead | None:
     """Where ``node``, used as ``use``, reads the K extent (or a value computed from it) other than as the loop that
-    sums may: in the address of a load (`a_ptr + rm[:, None] * K`: each rank's own tensor is laid out by its own
-    slice) and in a mask that bounds offsets (`offs_k[None, :] < K - k * BLOCK_K`). Read as data (`a * K`), in a
-    test (`2.0 if K > 25 else 1.0`, `tl.where(BIG, a * 2, a)`) or, for a value a heuristic computes, in an address,
-    it would weigh or choose each rank's terms by the rank's own slice. ``seen``: the names followed, by use."""
+    sums may: as arithmetic of a load's address (`a_ptr + rm[:, None] * K`: each rank's own tensor is laid out by its
+    own slice), a descriptor's shape, or the bound of offsets in a mask term (`offs_k[None, :] < K - k * BLOCK_K`).
+    Read as data (`a * K`), in a test (`2.0 if K > 25 else 1.0`, `tl.where(BIG, a * 2, a)`, also in an address)
+    or, for a value a heuristic computes other than a block size, in an address at all, it weighs or chooses each
+    rank's terms by the rank's own slice. ``memo``: what each name read as each use reads."""
     node = _bare(node)
     here = code(node)
 
     def inner(child: cst.BaseExpression | None, how: str) -> _ExtentRead | None:
-        return None if child is None else _extent_read(an, child, how, facts, seen, site)
+        return None if child is None else _extent_read(an, child, how, facts, memo, site)
 
-    def first(*found: _ExtentRead | None) -> _ExtentRead | None:
+    def first(found) -> _ExtentRead | None:
         return next((f for f in found if f is not None), None)
 
     if use == _AS_MASK:
         if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, (cst.BitAnd, cst.BitOr)):
-            return first(inner(node.left, _AS_MASK), inner(node.right, _AS_MASK))
+            return first(inner(x, _AS_MASK) for x in (node.left, node.right))
         if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.BitInvert):
             return inner(node.expression, _AS_MASK)
         if isinstance(node, cst.Subscript):
             return inner(node.value, _AS_MASK)
         if isinstance(node, cst.Name) and _bindings(an, node.value):
-            return _through(an, node.value, _AS_MASK, facts, seen)
-        # a term of the mask: it may read the extent where it bounds offsets (what `tl.arange` makes)
-        found = inner(node, _AS_TEST)
-        return None if found is None or _reads_offsets(an, node) else found
+            return _through(an, node.value, _AS_MASK, facts, memo)
+        # a term of the mask: offsets that read no extent, compared with a bound that reads it only as arithmetic
+        if isinstance(node, cst.Comparison) and len(node.comparisons) == 1:
+            for offsets, bound in ((node.left, node.comparisons[0].comparator),
+                                   (node.comparisons[0].comparator, node.left)):
+                if _reads_offsets(an, offsets) and inner(offsets, _AS_OFFSETS) is None:
+                    return inner(bound, _AS_BOUND)
+        return inner(node, _AS_TEST)
     if isinstance(node, cst.Name):
         name = node.value
         if name in facts.steps or name in facts.sums:
             return None
         if name in facts.derived and not _bindings(an, name):
-            allowed = use == _AS_ADDRESS and (name in facts.sliced or name in facts.shapes)
+            allowed = (use in (_AS_ADDRESS, _AS_BOUND) and name in facts.sliced) or (
+                use in (_AS_ADDRESS, _AS_BOUND, _AS_OFFSETS) and name in facts.shapes)
             return None if allowed else _ExtentRead(name, here, site)
-        return _through(an, name, use, facts, seen)
+        return _through(an, name, use, facts, memo)
     if isinstance(node, cst.Attribute):
         return inner(node.value, use) if node.attr.value == "T" else None  # a type, a shape: no value of the data
     if isinstance(node, cst.Call):
@@ -2470,11 +2534,12 @@ def _extent_read(an: KernelAnalysis, node: cst.BaseExpression, use: str, facts: 
         on_tl = m.matches(func, m.Attribute(value=m.Name("tl")))
         if called in ("load", "gather") and isinstance(func, cst.Attribute):
             if not on_tl:  # a descriptor's load: where it reads
-                return first(inner(func.value, _AS_ADDRESS), *(inner(a.value, _AS_ADDRESS) for a in node.args))
-            return first(inner(_arg(node, 0, "pointer"), _AS_ADDRESS), inner(_arg(node, 1, "mask"), _AS_MASK),
-                         inner(_arg(node, 2, "other"), use))
-        if called in _ADDRESS_CALLS:
-            return first(*(inner(a.value, _AS_ADDRESS) for a in node.args))
+                return first([inner(func.value, _AS_ADDRESS), *(inner(a.value, _AS_ADDRESS) for a in node.args)])
+            return first([inner(_arg(node, 0, "pointer"), _AS_ADDRESS), inner(_arg(node, 1, "mask"), _AS_MASK),
+                          inner(_arg(node, 2, "other"), use)])
+        if called in _ADDRESS_CALLS:  # a block pointer or a descriptor: its base and offsets, its shape and strides
+            return first(inner(a.value, _AS_BOUND if a.keyword is not None and a.keyword.value in (
+                "shape", "strides", "block_shape", "order") else _AS_ADDRESS) for a in node.args)
         if on_tl and called in ("arange", "zeros", "zeros_like"):
             return None  # shapes
         if on_tl and called in ("full", "full_like"):
@@ -2484,7 +2549,7 @@ def _extent_read(an: KernelAnalysis, node: cst.BaseExpression, use: str, facts: 
         if on_tl and called == "where" and len(node.args) == 3:
             x, y = node.args[1].value, node.args[2].value
             zero = any(_classify_quietly(an, v) == _ZERO for v in (x, y))
-            return first(inner(node.args[0].value, _AS_MASK if zero else _AS_TEST), inner(x, use), inner(y, use))
+            return first([inner(node.args[0].value, _AS_MASK if zero else _AS_TEST), inner(x, use), inner(y, use)])
         if isinstance(func, cst.Name) and called in an.helpers:
             returned = _helper_return(an, node)
             if returned is not None:
@@ -2494,26 +2559,39 @@ def _extent_read(an: KernelAnalysis, node: cst.BaseExpression, use: str, facts: 
                     return _ExtentRead(found.name, here, site)  # what the helper does with it is not read
             return None
         receiver = inner(func.value, use) if isinstance(func, cst.Attribute) and not on_tl else None
-        return first(receiver, *(inner(a.value, use) for a in node.args))
+        return first([receiver, *(inner(a.value, use) for a in node.args)])
     if isinstance(node, cst.IfExp):
-        return first(inner(node.test, _AS_TEST), inner(node.body, use), inner(node.orelse, use))
+        return first([inner(node.test, _AS_TEST), inner(node.body, use), inner(node.orelse, use)])
+    if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, (cst.FloorDivide, cst.Modulo)) and \
+            names_in(node.left) & facts.steps:
+        return None  # the step taken apart over the extent (a flattened loop's `step // k_tiles`): the step's checks
     if isinstance(node, cst.Comparison) and use != _AS_TEST:
         return inner(node, _AS_TEST)  # a comparison's value is a choice
-    if isinstance(node, cst.Subscript):
-        return inner(node.value, use)
-    return first(*(inner(child, use) for child in node.children if isinstance(child, cst.BaseExpression)))
+    return first(inner(child, use) for child in _expressions(node))
 
 
-def _through(an: KernelAnalysis, name: str, use: str, facts: _ExtentFacts, seen: set[tuple[str, str]]
-             ) -> _ExtentRead | None:
-    """:func:`_extent_read` of each value bound to ``name``."""
-    if (name, use) in seen:
-        return None
-    seen.add((name, use))
+def _through(an: KernelAnalysis, name: str, use: str, facts: _ExtentFacts, memo: dict) -> _ExtentRead | None:
+    """:func:`_extent_read` of each value bound to ``name``, once per name and use. A name met again while its own
+    values are read (`offs_k += BLOCK_K`) reads nothing more there than its other values say; what is found with such
+    a turn left open is not kept for later reads."""
+    key = (name, use)
+    if key in memo:
+        found = memo[key]
+        if found is _VISITING:
+            memo[_VISITING] = memo.get(_VISITING, 0) + 1
+            return None
+        return found
+    memo[key], turns, found = _VISITING, memo.get(_VISITING, 0), None
     for src, site in _bindings(an, name):
-        if (found := _extent_read(an, cst.parse_expression(src), use, facts, seen, site)) is not None:
-            return found if found.bound else found._replace(source=f"{name} = {src}", site=site, bound=True)
-    return None
+        if (found := _extent_read(an, cst.parse_expression(src), use, facts, memo, site)) is not None:
+            if not found.bound:
+                found = found._replace(source=f"{name} = {src}", site=site, bound=True)
+            break
+    if found is None and memo.get(_VISITING, 0) != turns:
+        del memo[key]
+    else:
+        memo[key] = found
+    return found
 
 
 def _reads_offsets(an: KernelAnalysis, node: cst.BaseExpression) -> bool:
@@ -2553,7 +2631,7 @@ def _check_extent_data(an: KernelAnalysis, summing, facts: _ExtentFacts) -> None
                 continue
             added = _carried_slot(_written_helper(an, cst.parse_expression(src)), name) or []
             for term in added:
-                found = _extent_read(an, term, _AS_DATA, facts, set())
+                found = _extent_read(an, term, _AS_DATA, facts, {})
                 if found is None:
                     continue
                 said = facts.derived.get(found.name, "read from the K extent of the loop that sums")

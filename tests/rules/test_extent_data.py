@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 import tilelink
-from tests.rules.test_carried_accumulator import _generate, _scattered_on, _source
+from tests.rules.test_carried_accumulator import HEAD, _generate, _scattered_on, _source
 from tests.rules.test_k_masks import _heuristic
 from tilelink.errors import AnnotationError
 
@@ -44,13 +44,21 @@ def _with(body: str, rule: str = "reduce_scatter", heuristic: str | None = None,
     ("a = twice_if(a, K)", None, r"through `a = twice_if\(a, K\)` at line 28"),
     ("a = a * tl.full((1, 1), K, tl.float32)", None, r"reads `K`"),
     ("a = a * (K > 25)", None, r"reads `K`"),
+    # the extent on the right of a comparison, in a tuple, in a descriptor's offsets, beside offsets that it does not
+    # bound, and through a name read first where it bounds offsets
+    ("a = a * (25 < K)", None, r"reads `K`"),
+    ("s = (K > 25, 1)\n        a = a * s[0]", None, r"through `s = \(K > 25, 1\)`"),
+    ("a = tl.where(rk[None, :] * 0 + K > 25, a, 0.0)", None, r"reads `K`"),
+    (A_LOAD.replace("< K), other", "< K) & (rk[None, :] < 16 * (K > 25)), other"), None, r"reads `K`"),
+    ("kk = K\n        " + A_LOAD.replace("((k * BLOCK_K + rk)[None, :] < K)", "(kk > (k * BLOCK_K + rk)[None, :])")
+     + "\n        a = a * (kk > 25)", None, r"through `kk = K`"),
 ])
 @pytest.mark.parametrize("rule", ["reduce_scatter", "all_reduce"])
 def test_a_term_weighed_by_the_k_extent_is_refused(rule: str, body: str, heuristic: str | None, says: str) -> None:
     """Each of these built, and at world 2 (a slice of 20 of K = 40) weighed the ranks' terms as K = 20 would."""
     with pytest.raises(AnnotationError, match=says) as err:
         _generate(_with(body, rule, heuristic))
-    line = 29 + (heuristic is not None)  # the heuristic's decorator, a line more above
+    line = 29 + (heuristic is not None) + body.count("\n")  # the heuristic's decorator, a line more above
     assert f"what the update at line {line} adds to `acc` (`tl.dot(a, b)`)" in str(err.value), err.value
     assert err.value.line == line and "the same on every rank" in err.value.hint
 
@@ -82,15 +90,6 @@ def test_a_heuristics_decorator_bound_to_a_name_is_read(after: bool) -> None:
         _generate(source)
 
 
-def test_a_wrapper_tilelink_cannot_read_may_compute_any_argument() -> None:
-    source = _source("acc += tl.dot(a, b)", after="if BIG:\n        acc = acc * 2").replace(
-        "BLOCK_K: tl.constexpr):", "BLOCK_K: tl.constexpr, BIG: tl.constexpr = 0):").replace(
-        "@triton.jit\ndef matmul(", "@set_big\n@triton.jit\ndef matmul(").replace(
-        "\n\n@tilelink.overlap", "\nfrom somewhere import set_big\n\n\n@tilelink.overlap", 1)
-    with pytest.raises(AnnotationError, match=r"reads `BIG`, a parameter that the `@triton.heuristics` at line 9 may"):
-        _generate(source)
-
-
 ROW_STRIDE = ("a = tl.load(a_ptr + rm[:, None] * K + (k * BLOCK_K + rk)[None, :],\n"
               "                    mask=(rm[:, None] < M) & ((k * BLOCK_K + rk)[None, :] < K), other=0.0)")
 
@@ -111,3 +110,116 @@ def test_the_extent_read_where_the_data_is_read_equals_the_kernel(body: str, heu
     assert "tll.producer_tile_notify" in _generate(source).rewritten["matmul"]
     errors = tilelink.spawn(_scattered_on, 2, str(path), 8)
     assert all(e < 1e-4 for e in errors), errors
+
+
+FLATTENED = HEAD + """
+@tilelink.overlap(tilelink.reduce_scatter("c_ptr"))
+@triton.jit
+def matmul(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    first = tl.program_id(0)
+    grid_n = tl.cdiv(N, BLOCK_N)
+    tiles = tl.cdiv(M, BLOCK_M) * grid_n
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    mine = tl.cdiv(tiles - first, tl.num_programs(0))
+    rk = tl.arange(0, BLOCK_K)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for step in range(0, k_tiles * mine):
+        tile = first + (step // k_tiles) * tl.num_programs(0)
+        ki = step % k_tiles
+        rm = (tile // grid_n) * BLOCK_M + tl.arange(0, BLOCK_M)
+        rn = (tile % grid_n) * BLOCK_N + tl.arange(0, BLOCK_N)
+        a = tl.load(a_ptr + rm[:, None] * stride_am + (ki * BLOCK_K + rk)[None, :] * stride_ak,
+                    mask=(rm[:, None] < M) & ((ki * BLOCK_K + rk)[None, :] < K), other=0.0)
+        b = tl.load(b_ptr + (ki * BLOCK_K + rk)[:, None] * stride_bk + rn[None, :] * stride_bn,
+                    mask=((ki * BLOCK_K + rk)[:, None] < K) & (rn[None, :] < N), other=0.0)
+        acc = tl.dot(a, b, acc)
+        if ki == k_tiles - 1:
+            tl.store(c_ptr + rm[:, None] * stride_cm + rn[None, :] * stride_cn, acc,
+                     mask=(rm[:, None] < M) & (rn[None, :] < N))
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+"""
+EVEN_K = "{'EVEN_K': lambda args: args['K'] % args['BLOCK_K'] == 0}"
+
+
+def _two_products() -> str:
+    """`if EVEN_K:` choosing how B is read, then a second B read the same way on every step (A @ B + A @ B)."""
+    b = "tl.load(b_ptr + (k * BLOCK_K + rk)[:, None] * stride_bk + rn[None, :] * stride_bn"
+    masked = f"{b},\n                         mask=((k * BLOCK_K + rk)[:, None] < K) & (rn[None, :] < N), other=0.0)"
+    other = masked.replace("(k * BLOCK_K + rk)[:, None] * stride_bk + rn[None, :] * stride_bn",
+                           "rn[None, :] * stride_bn + (k * BLOCK_K + rk)[:, None] * stride_bk")  # another address
+    body = (f"if EVEN_K:\n            b2 = {b})\n        else:\n            b2 = {masked}\n"
+            f"        acc += tl.dot(a, b2)\n        b2 = {other}\n        acc += tl.dot(a, b2) - tl.dot(a, b)")
+    return _with(body, heuristic=EVEN_K, param="EVEN_K")
+
+
+def _named_dict() -> str:
+    """triton.ops' heuristics written as a dict bound to a name, handed to a decorator bound to another name."""
+    source = _with(A_LOAD.replace("a = tl.load(", "a2 = tl.load("), heuristic=EVEN_K, param="EVEN_K")
+    return source.replace(f"@triton.heuristics({EVEN_K})\n", "@EVENK\n").replace(
+        "\n\n@tilelink.overlap", f"\nHEURISTICS = {EVEN_K}\nEVENK = triton.heuristics(HEURISTICS)\n\n\n"
+                                  "@tilelink.overlap", 1)
+
+
+def _library_wrapper() -> str:
+    """A library's wrapper under the annotation that computes no argument (a cache in front of the JIT function)."""
+    source = _with("a = a + 0.0").replace("@triton.jit\ndef matmul(", "@libentry()\n@triton.jit\ndef matmul(")
+    return source.replace("\n\n@tilelink.overlap", "\ndef libentry():\n    return lambda fn: fn\n\n\n"
+                                                     "@tilelink.overlap", 1)
+
+
+@pytest.mark.parametrize("make, programs", [
+    (lambda: FLATTENED, 3),  # the tile taken from the step over the extent, `step // k_tiles`
+    (_two_products, 8),
+    (_named_dict, 8),
+    (_library_wrapper, 8),
+])
+def test_forms_reading_the_extent_where_they_may_equal_the_kernel(make, programs: int, tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("TILELINK_RACES", "1")
+    source = make()
+    path = tmp_path / "extent_form.py"
+    path.write_text(source)
+    assert "tll.producer_tile_notify" in _generate(source).rewritten["matmul"]
+    errors = tilelink.spawn(_scattered_on, 2, str(path), programs)
+    assert all(e < 1e-4 for e in errors), errors
+
+
+def test_a_heuristics_decorator_bound_to_a_name_above_the_annotation_is_refused_where_it_is() -> None:
+    source = _with("a = a + 0.0", heuristic=EVEN_K, param="EVEN_K")
+    source = source.replace(f"@triton.heuristics({EVEN_K})\n", "").replace(
+        "\n\n@tilelink.overlap", f"\nEVENK = triton.heuristics({EVEN_K})\n\n\n@EVENK\n@tilelink.overlap", 1)
+    with pytest.raises(AnnotationError, match=r"`@EVENK` is above @tilelink.overlap"):
+        _generate(source)
+
+
+def _sides(after_test: str) -> str:
+    """A value bound in the loop that sums on one side of a compile-time `if`, read after the loop under
+    ``after_test`` (vLLM's MoE kernel binds `b_scale` so on its block-quantised path, and reads it after the loop on
+    the others)."""
+    source = _source("acc += tl.dot(a, b)", after=f"if {after_test}:\n        acc = acc * w").replace(
+        "BLOCK_K: tl.constexpr):", "BLOCK_K: tl.constexpr, BLOCKWISE: tl.constexpr = False, "
+                                   "AFTER: tl.constexpr = False):").replace(
+        "    acc = tl.zeros(", "    w = 1.0\n    acc = tl.zeros(", 1)
+    return source.replace("        acc += tl.dot(a, b)", "        if BLOCKWISE:\n            w = k * 1.0\n"
+                                                        "        acc += tl.dot(a, b)", 1)
+
+
+def test_a_value_bound_in_the_loop_on_another_compile_time_side_equals_torch(tmp_path, monkeypatch) -> None:
+    """No launch takes both `if BLOCKWISE:` in the loop and `if not BLOCKWISE:` after it: the value read after the
+    loop is the one bound before it, the same on every rank."""
+    from tests.rules.test_carried_accumulator import _scattered
+
+    monkeypatch.setenv("TILELINK_RACES", "1")
+    source = _sides("not BLOCKWISE")
+    path = tmp_path / "sides.py"
+    path.write_text(source)
+    assert "tll.producer_tile_notify" in _generate(source).rewritten["matmul"]
+    errors = tilelink.spawn(_scattered, 2, str(path))
+    assert all(e < 1e-4 for e in errors), errors
+
+
+@pytest.mark.parametrize("after_test", ["BLOCKWISE", "AFTER", "K > 0"])
+def test_a_value_bound_in_the_loop_read_on_a_side_a_launch_may_take_with_it_is_refused(after_test: str) -> None:
+    """`BLOCKWISE` on both; `AFTER` (another test: a launch may take both) and a run-time test likewise."""
+    with pytest.raises(AnnotationError, match=r"reads `w`, bound at line 23 in the loop that sums"):
+        _generate(_sides(after_test))
