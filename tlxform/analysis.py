@@ -512,8 +512,26 @@ def _computed_params(an, fn: cst.FunctionDef, module: cst.Module | None = None
     """:attr:`KernelAnalysis.computed`: the parameters each ``@triton.heuristics`` above ``fn`` computes."""
     found: dict[str, tuple[Where, frozenset[str] | None]] = {}
     aliases = _imported_as(module, "heuristics") - {"heuristics"}
+    autotune = _imported_as(module, "autotune") | {"autotune"}
+    below = False  # between @tilelink.overlap and @triton.jit: a wrapper there runs at each rank's launch
     for d in fn.decorators:
         at = an.where(d)
+        call = d.decorator.func if isinstance(d.decorator, cst.Call) else d.decorator
+        if m.matches(call, m.Attribute(attr=m.Name("overlap")) | m.Name("overlap")):
+            below = True
+            continue
+        if is_triton_jit(d):
+            below = False  # under it, what it wraps is the Python function, not the launch
+            continue
+        if below and not (isinstance(call, cst.Name) and call.value in autotune or _is_triton_wrapper(d, "autotune")
+                          or _is_triton_wrapper(d, "heuristics") or isinstance(call, cst.Name) and (
+                              call.value in aliases or isinstance(_bound_once(module, call.value), cst.Call)
+                              and _is_triton_wrapper(cst.Decorator(decorator=_bound_once(module, call.value)),
+                                                     "heuristics"))):
+            # a wrapper TileLink does not read (`@libentry()`, a heuristics bound in another module or by a
+            # function): it may compute any argument at the launch, from the rank's own K too
+            found["*" + code(d.decorator)] = (at, None)
+            continue
         if isinstance(d.decorator, cst.Name):  # `BIGK = triton.heuristics({...})`, then `@BIGK`
             named = _bound_once(module, d.decorator.value)
             if isinstance(named, cst.Call):
@@ -3813,21 +3831,43 @@ def _check_tile_agrees(an: _Analyzer, acc: Access, dim: int, pointers: set[str],
     return inferred
 
 
+def _made_shape(an: _Analyzer, acc: Access) -> cst.List | cst.Tuple | None:
+    """The ``shape=`` of the one descriptor the kernel makes over the whole annotated tensor that ``acc`` reads
+    (``desc_k = tl.make_tensor_descriptor(desc_k, shape=[y_dim, HEAD_DIM], ...)``, or a helper taking the same
+    arguments); ``None`` for any other access."""
+    if not acc.descriptor:
+        return None
+    defs = an.assignments.get(acc.pointer, [])
+    if len({code(v) for _, v in defs}) != 1 or not isinstance(make := defs[0][1], cst.Call):
+        return None
+    base = _arg(make, 0, "base")
+    if not (isinstance(base, cst.Name) and base.value == acc.tensor):
+        return None  # made over a part of the tensor (`x_ptr + lo * stride`): its shape is that part's
+    shape = _arg(make, 1, "shape")
+    return shape if isinstance(shape, (cst.List, cst.Tuple)) else None
+
+
+def _check_descriptor_dims(an: _Analyzer, acc: Access, dim: int) -> None:
+    """An annotation's ``dim`` past the dims of the descriptor the kernel reads the tensor through (``dim=2`` of the
+    attention tutorial's flat ``(Z * H * N_CTX, HEAD_DIM)`` descriptors) names no rows of it."""
+    shape = _made_shape(an, acc)
+    if shape is None or dim < len(shape.elements):
+        return
+    written = ", ".join(code(e.value) for e in shape.elements)
+    raise _refuse(acc, f"{acc.tensor!r} is gathered along dim {dim}, but the kernel reads it through the descriptor "
+                       f"`{acc.pointer}`, made with {len(shape.elements)} dims (shape=[{written}]): it has no dim "
+                       f"{dim}",
+                  "gather the descriptor's rows with dim=0 (each rank passes a run of its rows), or make the "
+                  "descriptor with a dim for each dim of the tensor, the gathered one among them")
+
+
 def _check_descriptor_size(an: _Analyzer, acc: Access, dim: int, size: str | None) -> None:
     """A descriptor the kernel makes (``tl.make_tensor_descriptor(desc_k, shape=[y_dim, HEAD_DIM], ...)``) may be read
     at any row of its ``shape=``, and the gathered buffer holds ``size=`` rows: a ``size=`` other than the rows of the
     shape would let a block read rows past what was gathered (the attention tutorial's descriptors span every head,
     ``Z * H * N_CTX`` rows, not ``N_CTX``)."""
-    if size is None or not acc.descriptor:
-        return
-    defs = an.assignments.get(acc.pointer, [])
-    if len({code(v) for _, v in defs}) != 1 or not isinstance(make := defs[0][1], cst.Call):
-        return
-    base = _arg(make, 0, "base")
-    if not (isinstance(base, cst.Name) and base.value == acc.tensor):
-        return  # made over a part of the tensor (`x_ptr + lo * stride`): its shape is that part's, not the tensor's
-    shape = _arg(make, 1, "shape")
-    if not isinstance(shape, (cst.List, cst.Tuple)) or dim >= len(shape.elements):
+    shape = _made_shape(an, acc) if size is not None else None
+    if shape is None or dim >= len(shape.elements):
         return
     written = shape.elements[dim].value
     rows = an._launch_size(written)
@@ -4407,6 +4447,7 @@ def analyse(module: cst.Module, file: str, kernel: str,
             # in a helper's copy that renamed the names tile= reads (its second call's `start_n_2`), those names
             renamed = names_at(acc.where.line) if names_at is not None and override is not None else {}
             named = tuple(_renamed(x, renamed) for x in override) if renamed else override
+            _check_descriptor_dims(an, acc, dim)
             tile = an.tile(acc, dim, pointers, named, size_param, index)
             if named is not None and index is None and tile is not None:
                 inferred = _check_tile_agrees(an, acc, dim, pointers, named, size_param)

@@ -2221,15 +2221,21 @@ def check_sliced_reads(an: KernelAnalysis, spec) -> None:
     # tell; a block size aside (what the kernel's shapes read: a tile of another size stores the same values)
     shapes = _shape_names(an)
     unknown: set[str] = set()
+    wrapped: set[str] = set()  # computed by a wrapper TileLink does not read
     derived = {n: why[n] for n in sliced}  # what each value of the K extent, a block size's too, is
     while True:
         more = False
         for name, (at, reads) in an.computed.items():
-            names = [p for p in an.constexpr_params if p not in an.computed] if name == "*" else [name]
+            names = [p for p in an.constexpr_params if p not in an.computed] if name.startswith("*") else [name]
             names = [p for p in names if p not in derived]
             if not names:
                 continue
-            if reads is None and sliced:
+            if reads is None and sliced and name.startswith("*") and name[1:]:
+                said = (f"a parameter that the decorator `@{name[1:]}` at line {at.line} may compute at the launch "
+                        f"(TileLink does not read what it does), from the K extent too, which each rank passes as its "
+                        f"own slice's")
+                wrapped.update(names)
+            elif reads is None and sliced:
                 said = (f"a parameter that the `@triton.heuristics` at line {at.line} may compute from the K extent, "
                         f"which each rank passes as its own slice's (TileLink reads a dict of `lambda args: ...` that "
                         f"reads `args['NAME']`, written in the decorator or bound once at the module's top level)")
@@ -2283,17 +2289,20 @@ def check_sliced_reads(an: KernelAnalysis, spec) -> None:
                         why.setdefault(name, f"read from `{name} = {src}`" + (f" at line {site.line}" if site else "")
                                        + f", which reads `{other}`")
 
-    def own(names: set[str], site: Where | None) -> list[str]:
-        """Of ``names``, those the rank's own on some launch that reaches ``site``."""
+    def own(names: set[str], site: Where | None, tested: bool = False) -> list[str]:
+        """Of ``names``, those the rank's own on some launch that reaches ``site``; ``tested``: in a test, where a
+        block size computed from the extent is one too (`if BLOCK_K == 32:` picks by the rank's slice)."""
         here = _launch_sides(an, site)
-        return sorted(n for n in names if any(_joined_sides(sides, here) is not None for sides in when.get(n, ())))
+        return sorted(n for n in names if any(_joined_sides(sides, here) is not None for sides in when.get(n, ()))
+                      or tested and n in derived and n not in sliced)
     targets = _loop_targets(an)
     steps = frozenset({targets[lp] for lp in summing if lp in targets} | {
         n for n in an.values if _cycle_extent(an, n) is not None})
     _check_extent_tests(an, summing, derived, steps)
     _check_extent_data(an, summing, _ExtentFacts(derived, sliced, shapes, steps, frozenset(sums)))
-    if not why:
+    if not why and not set(derived) - sliced:
         return
+    why = {**derived, **why}  # a block size computed from the extent: said where a test reads it
 
     def root(name: str) -> str:
         """The first name of the chain that makes ``name`` the rank's own (`K`, a flag bound in the loop)."""
@@ -2313,6 +2322,9 @@ def check_sliced_reads(an: KernelAnalysis, spec) -> None:
             hint=(f"write the heuristics' dict in the decorator (or bind it once at the module's top level) as "
                   f"`lambda args: ...` reading `args['NAME']`, so that TileLink reads what `{first}` is computed from"
                   if first in unknown else
+                  "leave under @tilelink.overlap only the wrappers TileLink reads (@triton.autotune, "
+                  "@triton.heuristics with its dict written out) and @triton.jit"
+                  if first in wrapped else
                   f"read `{first}` only in the loop that sums and in its range; pass what the epilogue needs as a "
                   f"parameter of its own, the same on every rank"))
 
@@ -2341,22 +2353,22 @@ def check_sliced_reads(an: KernelAnalysis, spec) -> None:
         for site in sorted(sites - {None}, key=lambda w: (w.line, w.column)):
             for side in an.branch_sides.get(site, ()):
                 if not _within(side.where, summing) and (
-                        names := own(names_in(cst.parse_expression(side.test)), site)):
+                        names := own(names_in(cst.parse_expression(side.test)), site, tested=True)):
                     raise refuse(a, f"the `if` at line {side.where.line} around line {site.line}", side.test, names[0])
         for where, tests in an.returns:
             if _before(where, a.where) and not _within(where, summing) and (
-                    names := own({n for t in tests for n in names_in(cst.parse_expression(t))}, where)):
+                    names := own({n for t in tests for n in names_in(cst.parse_expression(t))}, where, tested=True)):
                 raise refuse(a, f"the `return` at line {where.line}, before the store at line {a.where.line},",
                              " and ".join(tests), names[0])
 
 
 def _launch_sides(an: KernelAnalysis, site: Where | None) -> frozenset[tuple[str, bool]]:
     """The sides of the compile-time `if`s around ``site`` (`(test, taken)`), of tests that have one value per launch
-    wherever they are written (of constexpr parameters never bound again, and locals bound once)."""
+    wherever they are written: of constexpr parameters never bound again (a local, or a parameter bound again, may
+    differ between two places that test it)."""
     def fixed(test: str) -> bool:
-        return all((n in an.params and not an.bindings.get(n)) or (
-            len(an.values.get(n, ())) == 1 and len(an.bindings.get(n, ())) == 1)
-            for n in names_in(cst.parse_expression(test)) - {"True", "False", "None"})
+        return all(n in an.params and not an.bindings.get(n)
+                   for n in names_in(cst.parse_expression(test)) - {"True", "False", "None"})
 
     def side(test: str, taken: bool) -> tuple[str, bool]:  # `not X` taken is `X` not taken
         node = _bare(cst.parse_expression(test))
@@ -2414,13 +2426,18 @@ def _check_extent_tests(an: KernelAnalysis, summing, derived: dict[str, str], st
         return code(value.func.value) + "".join(f", {code(a.value)}" for a in value.args)
 
     def other_data(name: str, value: cst.BaseExpression, site: Where) -> bool:
-        """Loads of ``name`` from other addresses on the sides of one `if` around ``site`` (`a = tl.load(p)` on one
-        side, `tl.load(q)` on the other): a choice of data, not of how the same data is read."""
+        """Loads of ``name`` from other addresses in the loop, on the sides of an `if` around ``site`` or before it
+        (`a = tl.load(p)` on one side, `tl.load(q)` on the other, or before the `if`): a choice of data, not of how
+        the same data is read. A load of the name after the `if` (a second operand read into the same name) is none
+        of its sides."""
         if not m.matches(value, loads):
             return False
-        ifs = {side.where for side in an.branch_sides.get(site, ())}
-        found = {loaded_from(v) for src, w in _bindings(an, name) if w is not None
-                 and ifs & {side.where for side in an.branch_sides.get(w, ())}
+        loop, sides = _innermost(summing, site), an.branch_sides.get(site, ())
+        ifs = {side.where for side in sides}
+        first = min(((w.line, w.column) for w in ifs), default=(site.line, site.column))
+        found = {loaded_from(v) for src, w in _bindings(an, name) if w is not None and loop is not None
+                 and _inside(w, loop) and (ifs & {side.where for side in an.branch_sides.get(w, ())}
+                                           or (w.line, w.column) < first)
                  and m.matches(v := _bare(cst.parse_expression(src)), loads)}
         return len(found) > 1
 
@@ -2560,6 +2577,14 @@ def _extent_read(an: KernelAnalysis, node: cst.BaseExpression, use: str, facts: 
             return None
         receiver = inner(func.value, use) if isinstance(func, cst.Attribute) and not on_tl else None
         return first([receiver, *(inner(a.value, use) for a in node.args)])
+    if isinstance(node, cst.BinaryOperation) and use == _AS_BOUND:
+        # what is left of the slice (`K - k * BLOCK_K`), or the slice's end (`K`): the extent as a term added, never
+        # scaled or divided (`rk < K // 4` would keep a part of each rank's slice, not of the whole K)
+        if isinstance(node.operator, cst.Add):
+            return first(inner(x, _AS_BOUND) for x in (node.left, node.right))
+        if isinstance(node.operator, cst.Subtract):
+            return first([inner(node.left, _AS_BOUND), inner(node.right, _AS_OFFSETS)])
+        return first(inner(x, _AS_OFFSETS) for x in (node.left, node.right))
     if isinstance(node, cst.IfExp):
         return first([inner(node.test, _AS_TEST), inner(node.body, use), inner(node.orelse, use)])
     if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, (cst.FloorDivide, cst.Modulo)) and \

@@ -223,3 +223,44 @@ def test_a_value_bound_in_the_loop_read_on_a_side_a_launch_may_take_with_it_is_r
     """`BLOCKWISE` on both; `AFTER` (another test: a launch may take both) and a run-time test likewise."""
     with pytest.raises(AnnotationError, match=r"reads `w`, bound at line 23 in the loop that sums"):
         _generate(_sides(after_test))
+
+
+@pytest.mark.parametrize("body, says", [
+    # a load of other data before a test of the extent that loads again
+    (A_LOAD.replace("tl.load(a_ptr + ", "tl.load(a_ptr + 1 + ") + "\n        if K > 25:\n            "
+     + A_LOAD.replace("\n                mask=", "\n                    mask="), r"the `if` at line \d+ in the loop"),
+    # a bound that is a part of the slice, not what is left of it
+    (A_LOAD.replace("((k * BLOCK_K + rk)[None, :] < K)", "((k * BLOCK_K + rk)[None, :] < K // 4)"), r"< K // 4"),
+    ("a = tl.where(rk[None, :] < K // 2, a, 0.0)", r"reads `K`"),
+])
+def test_other_data_or_a_part_of_the_slice_chosen_by_the_extent_is_refused(body: str, says: str) -> None:
+    with pytest.raises(AnnotationError, match=says):
+        _generate(_with(body))
+
+
+def test_a_constexpr_bound_again_is_no_compile_time_side() -> None:
+    """`FLAG = not FLAG` between the loop and the read: `if not FLAG:` after it is the loop's `if FLAG:` side."""
+    source = _sides("not BLOCKWISE").replace("    if not BLOCKWISE:\n", "    BLOCKWISE = not BLOCKWISE\n"
+                                                                      "    if not BLOCKWISE:\n")
+    assert "BLOCKWISE = not BLOCKWISE" in source
+    with pytest.raises(AnnotationError, match=r"reads `w`, bound at line 23 in the loop that sums"):
+        _generate(source)
+
+
+def test_a_wrapper_tilelink_does_not_read_may_compute_any_argument() -> None:
+    source = _source("acc += tl.dot(a, b)", after="if FLAG:\n        acc = acc * 2").replace(
+        "BLOCK_K: tl.constexpr):", "BLOCK_K: tl.constexpr, FLAG: tl.constexpr = False):").replace(
+        "@triton.jit\ndef matmul(", "@libentry()\n@triton.jit\ndef matmul(").replace(
+        "\n\n@tilelink.overlap", "\nfrom somewhere import libentry\n\n\n@tilelink.overlap", 1)
+    with pytest.raises(AnnotationError, match=r"reads `FLAG`, a parameter that the decorator `@libentry\(\)` at line "
+                                              r"9 may compute at the launch") as err:
+        _generate(source)
+    assert "@triton.autotune" in err.value.hint
+
+
+def test_a_test_of_a_block_size_computed_from_the_extent_after_the_loop_is_refused() -> None:
+    source = _heuristic(_source("acc += tl.dot(a, b)", after="if BK == 32:\n        acc = acc * 2"),
+                        "{'BK': lambda args: 32 if args['K'] > 25 else 16}", "BK").replace(
+        "rk = tl.arange(0, BLOCK_K)", "rk = tl.arange(0, BK)")
+    with pytest.raises(AnnotationError, match=r"\(`BK == 32`\) reads `BK`, computed by the `@triton.heuristics`"):
+        _generate(source)

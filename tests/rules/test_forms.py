@@ -611,3 +611,15 @@ def test_a_block_pointer_is_refused_with_the_descriptor_to_write() -> None:
         generate(text, "blocks.py", requests_in(text, "blocks.py"))
     assert info.value.hint.startswith("make the block a tensor descriptor, `desc = tl.make_tensor_descriptor(a_ptr, "
                                       "shape=[...], strides=[...], block_shape=[...])`"), info.value.hint
+
+
+def test_a_dim_the_kernel_s_descriptor_does_not_have_is_refused_saying_so() -> None:
+    """`dim=2` (the sequence of a (Z, H, N_CTX, D) tensor) on the attention tutorial's flat 2-D descriptors: it was
+    refused with a message about rows "along dim 2" that may start before the tile."""
+    path = FORMS / "attention_batched_rows.py"
+    text = path.read_text().replace('("desc_k", "desc_v"), dim=0)', '("desc_k", "desc_v"), dim=2)')
+    with pytest.raises(AnnotationError, match=r"'desc_k' is gathered along dim 2, but the kernel reads it through the "
+                                              r"descriptor `desc_k`, made with 2 dims \(shape=\[y_dim, HEAD_DIM\]\)"
+                       ) as err:
+        generate(text, str(path), requests_in(text, str(path)))
+    assert "dim=0" in err.value.hint
