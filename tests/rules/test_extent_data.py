@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 import tilelink
-from tests.rules.test_carried_accumulator import HEAD, _generate, _scattered_on, _source
+from tests.rules.test_carried_accumulator import FLATTENED, HEAD, _generate, _scattered_on, _source
 from tests.rules.test_k_masks import _heuristic
 from tilelink.errors import AnnotationError
 
@@ -112,33 +112,6 @@ def test_the_extent_read_where_the_data_is_read_equals_the_kernel(body: str, heu
     assert all(e < 1e-4 for e in errors), errors
 
 
-FLATTENED = HEAD + """
-@tilelink.overlap(tilelink.reduce_scatter("c_ptr"))
-@triton.jit
-def matmul(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
-           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    first = tl.program_id(0)
-    grid_n = tl.cdiv(N, BLOCK_N)
-    tiles = tl.cdiv(M, BLOCK_M) * grid_n
-    k_tiles = tl.cdiv(K, BLOCK_K)
-    mine = tl.cdiv(tiles - first, tl.num_programs(0))
-    rk = tl.arange(0, BLOCK_K)
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for step in range(0, k_tiles * mine):
-        tile = first + (step // k_tiles) * tl.num_programs(0)
-        ki = step % k_tiles
-        rm = (tile // grid_n) * BLOCK_M + tl.arange(0, BLOCK_M)
-        rn = (tile % grid_n) * BLOCK_N + tl.arange(0, BLOCK_N)
-        a = tl.load(a_ptr + rm[:, None] * stride_am + (ki * BLOCK_K + rk)[None, :] * stride_ak,
-                    mask=(rm[:, None] < M) & ((ki * BLOCK_K + rk)[None, :] < K), other=0.0)
-        b = tl.load(b_ptr + (ki * BLOCK_K + rk)[:, None] * stride_bk + rn[None, :] * stride_bn,
-                    mask=((ki * BLOCK_K + rk)[:, None] < K) & (rn[None, :] < N), other=0.0)
-        acc = tl.dot(a, b, acc)
-        if ki == k_tiles - 1:
-            tl.store(c_ptr + rm[:, None] * stride_cm + rn[None, :] * stride_cn, acc,
-                     mask=(rm[:, None] < M) & (rn[None, :] < N))
-            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-"""
 EVEN_K = "{'EVEN_K': lambda args: args['K'] % args['BLOCK_K'] == 0}"
 
 
@@ -169,7 +142,7 @@ def _library_wrapper() -> str:
 
 
 @pytest.mark.parametrize("make, programs", [
-    (lambda: FLATTENED, 3),  # the tile taken from the step over the extent, `step // k_tiles`
+    (lambda: HEAD + FLATTENED, 3),  # the tile taken from the step over the extent, `step // k_tiles`
     (_two_products, 8),
     (_named_dict, 8),
     (_library_wrapper, 8),
