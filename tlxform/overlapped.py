@@ -71,6 +71,15 @@ def load_generated(generated: GeneratedModule, stem: str) -> ModuleType:
     return module
 
 
+#: what Triton's wrappers (`Autotuner`, `Heuristics`) read of the kernel they wrap
+_TRITON_WRAPPED = frozenset({"arg_names", "params", "constexprs", "src", "signature", "cache", "repr"})
+
+
+class _WrappedAbove(AnnotationError, AttributeError):
+    """A Triton wrapper above @tilelink.overlap reading what only Triton's kernels have; an AttributeError too, so
+    that a probe (`hasattr`) still finds no such attribute."""
+
+
 class OverlappedKernel:
     """A Triton kernel rewritten for compute-communication overlap.
 
@@ -100,6 +109,19 @@ class OverlappedKernel:
         self._launcher = None
         self.__doc__ = self.fn.__doc__
         self.__name__ = self.name
+
+    def __getattr__(self, name: str) -> Any:
+        # what a Triton wrapper reads of the function it wraps (`arg_names`, `fn`'s `run`...): one above
+        # @tilelink.overlap that the build could not tell for one (imported from another module) lands here
+        if name in _TRITON_WRAPPED:
+            raise _WrappedAbove(
+                f"kernel {self.__dict__.get('name', '?')!r}: a Triton wrapper above @tilelink.overlap reads "
+                f"`{name}` of the overlapped kernel, which only Triton's own kernels have: it would launch the "
+                f"kernel past TileLink's launch", file=self.__dict__.get("file", "<unknown>"),
+                line=getattr(getattr(self.__dict__.get("fn"), "__code__", None), "co_firstlineno", None),
+                hint="put @tilelink.overlap(...) above every Triton decorator: @tilelink.overlap, then "
+                     "@triton.autotune / @triton.heuristics, then @triton.jit")
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     @property
     def source(self) -> str:

@@ -237,3 +237,21 @@ def test_a_test_of_a_block_size_computed_from_the_extent_after_the_loop_is_refus
         "rk = tl.arange(0, BLOCK_K)", "rk = tl.arange(0, BK)")
     with pytest.raises(AnnotationError, match=r"\(`BK == 32`\) reads `BK`, computed by the `@triton.heuristics`"):
         _generate(source)
+
+
+def test_a_triton_wrapper_imported_from_another_module_above_the_annotation_is_refused(tmp_path, monkeypatch) -> None:
+    """The build cannot tell `@SCALEK` (bound in another module) for a Triton wrapper; when it wraps the overlapped
+    kernel at the import, it is refused saying what to do (it failed with `'OverlappedKernel' object has no attribute
+    'arg_names'`)."""
+    from tests.rules.cases import module_at
+
+    (tmp_path / "wrappers_elsewhere.py").write_text(
+        "import triton\n\nSCALEK = triton.heuristics({'SCALE': lambda args: 2.0 if args['K'] > 25 else 1.0})\n")
+    source = _source("acc += tl.dot(a, b)").replace(
+        "\n\n@tilelink.overlap", "\nfrom wrappers_elsewhere import SCALEK\n\n\n@SCALEK\n@tilelink.overlap", 1)
+    path = tmp_path / "wrapped_above.py"
+    path.write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(AnnotationError, match=r"a Triton wrapper above @tilelink.overlap reads `arg_names`") as err:
+        module_at(path)
+    assert err.value.line is not None and "@tilelink.overlap, then @triton.autotune" in err.value.hint
