@@ -523,17 +523,17 @@ def _computed_params(an, fn: cst.FunctionDef, module: cst.Module | None = None
         if is_triton_jit(d):
             below = False  # under it, what it wraps is the Python function, not the launch
             continue
+        # `BIGK = triton.heuristics({...})`, then `@BIGK` (read once: each look walks the whole module)
+        named = _bound_once(module, d.decorator.value) if isinstance(d.decorator, cst.Name) else None
         if below and not (isinstance(call, cst.Name) and call.value in autotune or _is_triton_wrapper(d, "autotune")
-                          or _is_triton_wrapper(d, "heuristics") or isinstance(call, cst.Name) and (
-                              call.value in aliases or isinstance(_bound_once(module, call.value), cst.Call)
-                              and _is_triton_wrapper(cst.Decorator(decorator=_bound_once(module, call.value)),
-                                                     "heuristics"))):
+                          or _is_triton_wrapper(d, "heuristics") or isinstance(call, cst.Name) and call.value in aliases
+                          or isinstance(named, cst.Call)
+                          and _is_triton_wrapper(cst.Decorator(decorator=named), "heuristics")):
             # a wrapper TileLink does not read (`@libentry()`, a heuristics bound in another module or by a
             # function): it may compute any argument at the launch, from the rank's own K too
             found["*" + code(d.decorator)] = (at, None)
             continue
-        if isinstance(d.decorator, cst.Name):  # `BIGK = triton.heuristics({...})`, then `@BIGK`
-            named = _bound_once(module, d.decorator.value)
+        if isinstance(d.decorator, cst.Name):
             if isinstance(named, cst.Call):
                 d = d.with_changes(decorator=named)
             elif named is None and _names_heuristics(module, d.decorator.value, aliases):

@@ -2262,32 +2262,34 @@ def check_sliced_reads(an: KernelAnalysis, spec) -> None:
                 why.setdefault(name, f"bound at line {site.line} in the loop that sums, so that after it its value "
                                      f"is the rank's own slice's")
                 when.setdefault(name, set()).add(_launch_sides(an, site))
-    changed = True
-    while changed:  # and the values read from those, through any binding but a sum's update
-        changed = False
-        for name in sorted(set(an.values) | set(an.updates)):
-            for src, site in _bindings(an, name):
-                if (name, site) in updates:
-                    continue
-                # not through a load's mask: what it loads is the rank's slice of the summed data, bounded by the
-                # extent (`h = tl.load(..., mask=offs_k[None, :] < K)` summed by one `tl.dot` over the whole slice);
-                # where it loads from is read as any value
+    # each binding but a sum's update, with the names it reads and the compile-time sides it is on: not through a
+    # load's mask, for what it loads is the rank's slice of the summed data, bounded by the extent (`h = tl.load(...,
+    # mask=offs_k[None, :] < K)` summed by one `tl.dot` over the whole slice); where it loads from is read as any value
+    reading = []
+    for name in sorted(set(an.values) | set(an.updates)):
+        for src, site in _bindings(an, name):
+            if (name, site) not in updates:
                 node = cst.parse_expression(src)
-                read = sorted((names_outside_loads(node) | {n for call in m.findall(node, m.Call(func=m.Attribute(
-                    attr=m.Name("load")))) for arg in call.args[:1] for n in names_in(arg.value)}) & set(when))
-                for other in read:
-                    for sides in list(when[other]):
-                        joined = _joined_sides(sides, _launch_sides(an, site))
-                        alternatives = when.setdefault(name, set())
-                        if joined is None or any(known <= joined for known in alternatives):
-                            continue
-                        alternatives.add(joined)
-                        if len(alternatives) > 32:  # too many to tell apart: on every launch
-                            alternatives.clear()
-                            alternatives.add(frozenset())
-                        changed = True
-                        why.setdefault(name, f"read from `{name} = {src}`" + (f" at line {site.line}" if site else "")
-                                       + f", which reads `{other}`")
+                reads = names_outside_loads(node) | {n for call in m.findall(node, m.Call(func=m.Attribute(
+                    attr=m.Name("load")))) for arg in call.args[:1] for n in names_in(arg.value)}
+                reading.append((name, src, site, reads, _launch_sides(an, site)))
+    changed = True
+    while changed:  # and the values read from those
+        changed = False
+        for name, src, site, reads, on in reading:
+            for other in sorted(reads & set(when)):
+                for sides in list(when[other]):
+                    joined = _joined_sides(sides, on)
+                    alternatives = when.setdefault(name, set())
+                    if joined is None or any(known <= joined for known in alternatives):
+                        continue
+                    alternatives.add(joined)
+                    if len(alternatives) > 32:  # too many to tell apart: on every launch
+                        alternatives.clear()
+                        alternatives.add(frozenset())
+                    changed = True
+                    why.setdefault(name, f"read from `{name} = {src}`" + (f" at line {site.line}" if site else "")
+                                   + f", which reads `{other}`")
 
     def own(names: set[str], site: Where | None, tested: bool = False) -> list[str]:
         """Of ``names``, those the rank's own on some launch that reaches ``site``; ``tested``: in a test, where a
@@ -2406,12 +2408,7 @@ def _check_extent_tests(an: KernelAnalysis, summing, derived: dict[str, str], st
     def same_data(value: cst.BaseExpression) -> bool:
         """A load, or a value that holds none of this rank's data (a mask `k_mask = offs_k < K - k * BLOCK_K`, the
         fill `_0 = tl.zeros((1, 1), dtype=a_ptrs.dtype.element_ty)` of a masked load): how the same data is read."""
-        if m.matches(value, loads):
-            return True
-        try:
-            return _classify(an, value, {}) in (_ZERO, _CONST)
-        except _Epilogue:
-            return False
+        return m.matches(value, loads) or _classify_quietly(an, value) in (_ZERO, _CONST)
 
     def on_both_sides(name: str, src: str, side: BranchSide) -> bool:
         """The same binding on the other side of the same `if` (`acc = tl.dot(a, b, acc)` after either load)."""
@@ -2509,7 +2506,6 @@ def _extent_read(an: KernelAnalysis, node: cst.BaseExpression, use: str, facts: 
     or, for a value a heuristic computes other than a block size, in an address at all, it weighs or chooses each
     rank's terms by the rank's own slice. ``memo``: what each name read as each use reads."""
     node = _bare(node)
-    here = code(node)
 
     def inner(child: cst.BaseExpression | None, how: str) -> _ExtentRead | None:
         return None if child is None else _extent_read(an, child, how, facts, memo, site)
@@ -2540,7 +2536,7 @@ def _extent_read(an: KernelAnalysis, node: cst.BaseExpression, use: str, facts: 
         if name in facts.derived and not _bindings(an, name):
             allowed = (use in (_AS_ADDRESS, _AS_BOUND) and name in facts.sliced) or (
                 use in (_AS_ADDRESS, _AS_BOUND, _AS_OFFSETS) and name in facts.shapes)
-            return None if allowed else _ExtentRead(name, here, site)
+            return None if allowed else _ExtentRead(name, code(node), site)
         return _through(an, name, use, facts, memo)
     if isinstance(node, cst.Attribute):
         return inner(node.value, use) if node.attr.value == "T" else None  # a type, a shape: no value of the data
@@ -2573,7 +2569,7 @@ def _extent_read(an: KernelAnalysis, node: cst.BaseExpression, use: str, facts: 
                 return inner(returned, use)
             for arg in node.args:
                 if (found := inner(arg.value, _AS_TEST)) is not None:
-                    return _ExtentRead(found.name, here, site)  # what the helper does with it is not read
+                    return _ExtentRead(found.name, code(node), site)  # what the helper does with it is not read
             return None
         receiver = inner(func.value, use) if isinstance(func, cst.Attribute) and not on_tl else None
         return first([receiver, *(inner(a.value, use) for a in node.args)])
