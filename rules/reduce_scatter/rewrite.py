@@ -1146,8 +1146,11 @@ def _cycle_extent(an: KernelAnalysis, name: str) -> tuple[tuple[bool, str], ...]
 def _summing_loops(an: KernelAnalysis) -> set[tuple[Where, Where]]:
     """The loops that sum: the innermost loop around each update of an accumulator that adds a product (`tl.dot(a,
     b, acc)`) or this step's data (`acc += a * x[None, :]`, a GEMV summed after the loop), not a counter or a
-    pointer's advance. Each rank runs them over its own slice of K."""
+    pointer's advance. Each rank runs them over its own slice of K. An inner loop whose count TileLink does not read
+    as a K extent but which reads the K extent of a loop around it (`for r in range((K > 25) + 1): acc += ...`) is
+    not the loop over K: the loop around it is, and the inner loop is refused as one that the extent counts."""
     loops = _loops(an)
+    targets = _loop_targets(an)
     summing: set[tuple[Where, Where]] = set()
     for name in set(an.values) | set(an.updates):
         for src, site in _bindings(an, name):
@@ -1156,9 +1159,30 @@ def _summing_loops(an: KernelAnalysis) -> set[tuple[Where, Where]]:
             if not added or not (m.findall(value, _SUMS) or any(_reads_a_load(an, code(x)) for x in added)):
                 continue
             inner = _innermost(loops, site)
+            while inner is not None and _loop_extent(an, inner, targets.get(inner))[0] is None:
+                outer = _innermost(loops - {inner}, inner[0])
+                extent = None if outer is None else _loop_extent(an, outer, targets.get(outer))[0]
+                if extent is None or not (_counted_by(an, inner) & names_in(extent)):
+                    break
+                inner = outer
             if inner is not None:
                 summing.add(inner)
     return summing
+
+
+def _counted_by(an: KernelAnalysis, loop: tuple[Where, Where]) -> set[str]:
+    """The names the header of ``loop`` reads (its range, its `while` test), through the values of the names it
+    reads and what a `@triton.heuristics` computes a parameter from."""
+    read: set[str] = set()
+    for src, w in an.effects:
+        if w == loop[0]:
+            header = _bare(cst.parse_expression(src))
+            read |= _names_through(an, header.value if isinstance(header, cst.NamedExpr) else header,
+                                   outside_loops=False)
+    for name in list(read):
+        reads = an.computed.get(name, (None, None))[1]
+        read |= set(reads or ())
+    return read
 
 
 #: a load through a pointer the launcher zeroes on every rank but the first, in :func:`_first_rank_reads`
@@ -1333,6 +1357,27 @@ def first_rank_terms(an: KernelAnalysis, spec, stores, rule: str) -> tuple[tuple
     return chosen, frozenset().union(*(reads[p] for p in chosen))
 
 
+def _located(an: KernelAnalysis) -> list[tuple[str, Where]]:
+    """Every binding's value and every other expression the kernel evaluates, with where it is, in source order."""
+    return sorted([(src, site) for n in set(an.values) | set(an.updates) for src, site in _bindings(an, n)
+                   if site is not None] + list(an.effects), key=lambda e: (e[1].line, e[1].column, e[0]))
+
+
+def _varying(an: KernelAnalysis, loop: tuple[Where, Where], target: str | None) -> set[str]:
+    """The names whose value changes from one step of ``loop`` to the next: its target, what it carries (a pointer it
+    advances), and what is bound in it from them."""
+    varying = {target} if target else set()
+    bound_in = [(n, names_in(cst.parse_expression(src))) for n in set(an.values) | set(an.updates)
+                for src, site in _bindings(an, n) if site is not None and _inside(site, loop)]
+    varying |= {n for n, read in bound_in if n in read}
+    grown = True
+    while grown:
+        more = {n for n, read in bound_in if read & varying} - varying
+        varying |= more
+        grown = bool(more)
+    return varying
+
+
 def _check_k_masks(an: KernelAnalysis, a, rule: str) -> None:
     """Each rank runs the loop that sums over its own slice of K, counting from its start: a load's mask that reads
     the loop's step must bound the offsets along K by the K extent the call passes (`offs_k[None, :] < K - k *
@@ -1344,22 +1389,11 @@ def _check_k_masks(an: KernelAnalysis, a, rule: str) -> None:
     # the names the store's address reads, through their values: the output's own offsets
     stored = _names_through(an, cst.parse_expression(a.pointer), outside_loops=False)
     # in source order, so that the first load refused is the one reported, on every build
-    every = sorted([(src, site) for n in set(an.values) | set(an.updates) for src, site in _bindings(an, n)
-                    if site is not None] + list(an.effects), key=lambda e: (e[1].line, e[1].column, e[0]))
+    every = _located(an)
     for loop in sorted(summing, key=lambda lp: (lp[0].line, lp[0].column)):
         target = targets.get(loop)
         extent = _loop_extent(an, loop, target)
-        # the names whose value changes from one step of the loop to the next: its target, what it carries, and
-        # what is bound in it from them
-        varying = {target} if target else set()
-        bound_in = [(n, names_in(cst.parse_expression(src))) for n in set(an.values) | set(an.updates)
-                    for src, site in _bindings(an, n) if site is not None and _inside(site, loop)]
-        varying |= {n for n, read in bound_in if n in read}
-        grown = True
-        while grown:
-            more = {n for n, read in bound_in if read & varying} - varying
-            varying |= more
-            grown = bool(more)
+        varying = _varying(an, loop, target)
         for src, site in every:
             if not _inside(site, loop):
                 continue
@@ -2202,7 +2236,15 @@ def check_sliced_reads(an: KernelAnalysis, spec) -> None:
     refused. Checked after the stores' other checks, whose messages say more (`acc / K`, a write-back chosen at run
     time)."""
     stores = [a for t in spec.tensors for a in an.accesses_of(t, "store")]
+    for src, site in _located(an):
+        if m.findall(cst.parse_expression(src), m.Lambda()):
+            raise AnnotationError(
+                "the kernel calls a lambda, whose body TileLink does not read (and Triton does not compile): it "
+                "could read the K extent, which each rank passes as its own slice's",
+                file=site.file, line=site.line, column=site.column,
+                hint="write what the lambda computes inline, or as a @triton.jit helper")
     sliced, summing = _sliced(an), _summing_loops(an)
+    strides = {p: t for p, t in _row_strides(an, summing).items() if p not in sliced} if sliced else {}
     # the sums' own bindings in those loops: their updates, and any other, which `_check_carried` judges (a scale in a
     # compile-time branch refuses only the launches that take it)
     sums = {name for name, _ in _summing_updates(an, summing)}
@@ -2211,6 +2253,9 @@ def check_sliced_reads(an: KernelAnalysis, spec) -> None:
     # why each name is the rank's own: the extent itself, a target or binding of a loop that sums, or a value read
     why: dict[str, str] = {n: "the K extent of the loop that sums, which each rank passes as its own slice's"
                            for n in sliced}
+    why.update((p, f"the row stride of `{t}`, which the loop that sums steps along K: each rank's own slice of K, "
+                   f"contiguous, has its own K as that stride") for p, t in strides.items())
+    sliced = sliced | frozenset(strides)
     for name, binds in an.bindings.items():
         for b, e in binds:
             if e is not None and (b, e) in summing:
@@ -2243,7 +2288,7 @@ def check_sliced_reads(an: KernelAnalysis, spec) -> None:
             elif reads and (found := sorted(reads & set(derived))):
                 said = (f"computed by the `@triton.heuristics` at line {at.line} from `{found[0]}`, "
                         + ("the K extent of the loop that sums, which each rank passes as its own slice's"
-                           if found[0] in sliced else f"which is {derived[found[0]]}"))
+                           if found[0] in sliced and found[0] not in strides else f"which is {derived[found[0]]}"))
             else:
                 continue
             derived.update((p, said) for p in names)
@@ -2265,6 +2310,10 @@ def check_sliced_reads(an: KernelAnalysis, spec) -> None:
     # each binding but a sum's update, with the names it reads and the compile-time sides it is on: not through a
     # load's mask, for what it loads is the rank's slice of the summed data, bounded by the extent (`h = tl.load(...,
     # mask=offs_k[None, :] < K)` summed by one `tl.dot` over the whole slice); where it loads from is read as any value
+    # (a row stride read in a pointer a load or store adds its offsets to, `h_ptrs = h_ptr + offs[:, None] *
+    # stride_hm`, lays out the rank's own slice, as it does in the loop that sums)
+    pointers = {n for src, _ in _located(an) for call in m.findall(cst.parse_expression(src), m.Call(
+        func=m.Attribute(attr=m.Name("load") | m.Name("store")))) for arg in call.args[:1] for n in names_in(arg.value)}
     reading = []
     for name in sorted(set(an.values) | set(an.updates)):
         for src, site in _bindings(an, name):
@@ -2272,6 +2321,8 @@ def check_sliced_reads(an: KernelAnalysis, spec) -> None:
                 node = cst.parse_expression(src)
                 reads = names_outside_loads(node) | {n for call in m.findall(node, m.Call(func=m.Attribute(
                     attr=m.Name("load")))) for arg in call.args[:1] for n in names_in(arg.value)}
+                if name in pointers:
+                    reads -= set(strides)
                 reading.append((name, src, site, reads, _launch_sides(an, site)))
     changed = True
     while changed:  # and the values read from those
@@ -2302,6 +2353,9 @@ def check_sliced_reads(an: KernelAnalysis, spec) -> None:
         n for n in an.values if _cycle_extent(an, n) is not None})
     _check_extent_tests(an, summing, derived, steps)
     _check_extent_data(an, summing, _ExtentFacts(derived, sliced, shapes, steps, frozenset(sums)))
+    read_as_extent = frozenset((set(derived) - shapes) | sliced)
+    _check_extent_loops(an, summing, read_as_extent)
+    _check_k_offsets(an, summing, read_as_extent)
     if not why and not set(derived) - sliced:
         return
     why = {**derived, **why}  # a block size computed from the extent: said where a test reads it
@@ -2553,7 +2607,9 @@ def _extent_read(an: KernelAnalysis, node: cst.BaseExpression, use: str, facts: 
         if called in _ADDRESS_CALLS:  # a block pointer or a descriptor: its base and offsets, its shape and strides
             return first(inner(a.value, _AS_BOUND if a.keyword is not None and a.keyword.value in (
                 "shape", "strides", "block_shape", "order") else _AS_ADDRESS) for a in node.args)
-        if on_tl and called in ("arange", "zeros", "zeros_like"):
+        if on_tl and called == "arange" and node.args:
+            return inner(node.args[0].value, use)  # its values start at its start (`tl.arange(S, S + 16)`)
+        if on_tl and called in ("zeros", "zeros_like"):
             return None  # shapes
         if on_tl and called in ("full", "full_like"):
             return inner(_arg(node, 1, "value" if called == "full" else "fill_value"), use)
@@ -2667,6 +2723,260 @@ def _check_extent_data(an: KernelAnalysis, summing, facts: _ExtentFacts) -> None
                          "problem's as a parameter of its own, the same on every rank")
 
 
+class _Offsets(_Columns):
+    """Reads a load's address as sums of products (:class:`_Columns`' form): a broadcast (`rm[:, None]`) is its
+    vector, a hint (`tl.multiple_of(x, 16)`) its value, a load (a gathered offset) an atom of its own."""
+
+    def read(self, node: cst.BaseExpression, depth: int = 0) -> Poly | None:
+        node = _bare(node)
+        if isinstance(node, cst.Subscript) and all(
+                m.matches(e.slice, m.Index(value=m.Name("None")) | m.Slice(lower=None, upper=None, step=None))
+                for e in node.slice):
+            return self.read(node.value, depth)
+        if isinstance(node, cst.Call) and node.args and m.matches(node.func, m.Attribute(
+                value=m.Name("tl"), attr=m.Name("multiple_of") | m.Name("max_contiguous") | m.Name("max_constancy"))):
+            return self.read(node.args[0].value, depth)
+        if m.matches(node, m.Call(func=m.Attribute(attr=m.Name("load") | m.Name("gather")))):
+            return {(code(node),): 1}
+        return super().read(node, depth)
+
+
+#: what places a value among the rows, or gathers it: an offset that is not a scalar of the launch
+_PLACING = m.Call(func=m.Attribute(attr=m.Name("arange") | m.Name("program_id") | m.Name("load") | m.Name("gather")
+                                   | m.Name("num_programs")))
+
+
+def _placed(an: KernelAnalysis, atom: str) -> bool:
+    """Whether the atom ``atom`` of an address (:class:`_Offsets`) is an offset among rows or gathered, not a scalar
+    the launch passes: `tl.arange`'s, a program id's, a load's, through the values of the names it reads."""
+    if atom.startswith("arange:"):
+        return True
+    todo, seen = [cst.parse_expression(atom)], set()
+    while todo:
+        here = todo.pop()
+        if m.findall(here, _PLACING):
+            return True
+        for name in names_in(here) - seen:
+            seen.add(name)
+            todo += [cst.parse_expression(src) for src, _ in _bindings(an, name)]
+    return False
+
+
+def _address_root(an: KernelAnalysis, node: cst.BaseExpression) -> str | None:
+    """The name an address adds its offsets to (`a_ptr` of `a_ptr + offs`, of `a_ptrs` bound to it, of a descriptor's
+    `a_desc.load(...)`): the first term of the sum, through the first binding of a name the kernel binds."""
+    for _ in range(8):
+        node = _bare(node)
+        while isinstance(node, cst.BinaryOperation) and isinstance(node.operator, (cst.Add, cst.Subtract)):
+            node = _bare(node.left)
+        if not isinstance(node, cst.Name):
+            return None
+        binds = _bindings(an, node.value)
+        if node.value in an.params or not binds:
+            return node.value
+        node = cst.parse_expression(binds[0][0])
+        if m.matches(node, _ADDRESSING) and node.args:
+            node = node.args[0].value
+    return None
+
+
+class _Load(NamedTuple):
+    """A load in a loop that sums (:func:`_summing_loads`)."""
+    site: Where
+    offsets: tuple[cst.BaseExpression, ...]  # its pointer, or a descriptor's offsets
+    root: str | None  # what it adds its offsets to (:func:`_address_root`)
+    steps: bool  # whether where it reads changes with the loop's step
+
+
+def _summing_loads(an: KernelAnalysis, loop: tuple[Where, Where]) -> tuple[list[_Load], set[str], set[str]]:
+    """The loads in ``loop``, with the names that change from step to step (:func:`_varying`) and, of those, the ones
+    the loop carries (a pointer it advances, `offs_k += BLOCK_K`)."""
+    varying = _varying(an, loop, _loop_targets(an).get(loop))
+    carried = {n for n in varying if any(_inside(w, loop) and n in names_in(cst.parse_expression(src))
+                                         for src, w in _bindings(an, n) if w is not None)}
+    reader = _Offsets(an)
+    found = []
+    for src, site in _located(an):
+        if not _inside(site, loop):
+            continue
+        for call in m.findall(cst.parse_expression(src), m.Call(func=m.Attribute(attr=m.Name("load")))):
+            on_tl = m.matches(call.func, m.Attribute(value=m.Name("tl")))
+            given = _arg(call, 0, "pointer" if on_tl else "offsets")
+            if given is None:
+                continue
+            # a descriptor's `load([row, col])`: each offset
+            offsets = tuple(e.value for e in given.elements) if not on_tl and isinstance(
+                given, (cst.List, cst.Tuple)) else (given,)
+            root = _address_root(an, given if on_tl else call.func.value)
+            steps = root in varying or any(
+                names_in(n) & varying or any(not atom.startswith("arange:") and names_in(
+                    cst.parse_expression(atom)) & varying for t in (reader.read(n) or {}) for atom in t)
+                for n in offsets)
+            found.append(_Load(site, offsets, root, bool(steps)))
+    return found, varying, carried
+
+
+def _row_strides(an: KernelAnalysis, summing) -> dict[str, str]:
+    """The parameters that scale the row offsets of a tensor a loop that sums steps along K (`stride_am` of `a_ptr +
+    rm[:, None] * stride_am + ...`), each with that tensor: a rank's own slice of K, contiguous, has its own K as the
+    row stride, so outside an address they are the rank's own like the extent. Not one that scales the step (`k *
+    BLOCK_K * stride_ak`, a pointer advanced by `BLOCK_K * stride_ak`), a split-K program's offset along K too."""
+    reader = _Offsets(an)
+    passed = set(an.params) - set(an.constexpr_params)
+    rows: dict[str, str] = {}
+    along: set[str] = set()
+    for loop in summing:
+        loads, varying, carried = _summing_loads(an, loop)
+        for load in loads:
+            if not load.steps or load.root is None:
+                continue
+            nodes, seen = [(n, False) for n in load.offsets], set()
+            while nodes:  # the address, and the values of a pointer advanced on each step
+                node, advance = nodes.pop()
+                for monomial in reader.read(node) or {}:
+                    if set(monomial) & carried:
+                        for x in set(monomial) & carried - seen:
+                            seen.add(x)
+                            nodes += [(cst.parse_expression(src), w is not None and _inside(w, loop))
+                                      for src, w in _bindings(an, x)]
+                        continue
+                    params = set(monomial) & passed - {load.root}
+                    if advance or any(not x.startswith("arange:") and names_in(cst.parse_expression(x)) & varying
+                                      for x in monomial):
+                        along |= params  # what the step advances the columns by
+                    elif any(not x.startswith("arange:") and _placed(an, x) for x in monomial):
+                        # a program's rows (`pid_m * BLOCK_M`) or gathered ones; not the step's columns, whose
+                        # `tl.arange` TileLink does not tell from a row's here
+                        for x in sorted(params):
+                            rows.setdefault(x, load.root)
+    return {p: t for p, t in rows.items() if p not in along}
+
+
+def _extent_through(an: KernelAnalysis, node: cst.BaseExpression, extent: frozenset[str], varying: set[str],
+                    memo: dict[str, set[str]]) -> set[str]:
+    """The names of ``extent`` that ``node`` reads, through the values of the names it reads; not in the step taken
+    apart over the extent (a flattened loop's `tile = step // k_tiles`, `step % k_tiles`; ``varying``: the names that
+    change with the step)."""
+    node = _bare(node)
+    if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, (cst.FloorDivide, cst.Modulo)) \
+            and _names_through(an, node.left, outside_loops=False) & varying \
+            and not _extent_through(an, node.left, extent, varying, memo) and not _reads_offsets(an, node.left):
+        return set()
+    if isinstance(node, cst.Name):
+        if node.value not in memo:
+            memo[node.value] = read = {node.value} & extent  # also what a turn back to it reads
+            for src, _ in _bindings(an, node.value):
+                read |= _extent_through(an, cst.parse_expression(src), extent, varying, memo)
+        return memo[node.value]
+    return {n for child in _expressions(node) for n in _extent_through(an, child, extent, varying, memo)}
+
+
+def _misread(an: KernelAnalysis, node: cst.BaseExpression, extent: frozenset[str], varying: set[str],
+             carried: set[str], seen: set[str]) -> tuple[str, str] | None:
+    """(the extent read, the term) where ``node``, an address in a loop that sums, reads the extent other than as a
+    row stride (:func:`_check_k_offsets`); ``carried``: the names the loop carries (a pointer it advances)."""
+    bare = _bare(node)
+    if isinstance(bare, cst.Call) and m.matches(bare, _ADDRESSING):
+        # a block pointer or a descriptor: its base and its offsets (its shape and strides lay out the rank's own
+        # slice, as a row stride does)
+        called = bare.func.attr.value  # type: ignore[union-attr]
+        parts = [_arg(bare, 0, "base")] + ([_arg(bare, 3 if called == "make_block_ptr" else 1, "offsets")]
+                                            if called != "make_tensor_descriptor" else [])
+        for part in parts:
+            for x in (e.value for e in part.elements) if isinstance(part, (cst.Tuple, cst.List)) else [part]:
+                if x is not None and (found := _misread(an, x, extent, varying, carried, seen)) is not None:
+                    return found
+        return None
+    terms = _Offsets(an).read(node)
+    if terms is None:
+        return None
+    for monomial in terms:
+        for atom in monomial:
+            if atom.startswith("arange:") or atom in carried:
+                continue
+            if not (read := _extent_through(an, cst.parse_expression(atom), extent, varying, {})):
+                continue
+            term = poly_show({monomial: terms[monomial]})
+            if atom not in extent:
+                return sorted(read)[0], term
+            if not any(_placed(an, x) and (x.startswith("arange:") or not names_in(cst.parse_expression(x)) & varying)
+                       for x in monomial if x != atom):
+                return atom, term
+    root = _bare(node)
+    while isinstance(root, cst.BinaryOperation) and isinstance(root.operator, (cst.Add, cst.Subtract)):
+        root = _bare(root.left)
+    if isinstance(root, cst.Name) and root.value in carried and root.value not in seen:
+        seen.add(root.value)  # a pointer advanced on each step: where it starts, what each step adds
+        for src, _ in _bindings(an, root.value):
+            if (found := _misread(an, cst.parse_expression(src), extent, varying, carried, seen)) is not None:
+                return found
+    return None
+
+
+def _check_k_offsets(an: KernelAnalysis, summing, extent: frozenset[str]) -> None:
+    """In a loop that sums, each rank reads its own slice of K, whose columns start at 0 and end at its own extent:
+    a load's offsets along K may be what the step reads (`k * BLOCK_K + tl.arange(0, BLOCK_K)`, a pointer advanced
+    on each step), and the extent may be read in an address only as a row stride (`rm[:, None] * K`). An offset along
+    K computed from the extent (`(k * BLOCK_K + rk + K // 2) % K`, `(K - 1) * stride_ak`) reads other columns on each
+    rank than on the full problem, and a load of a tensor the loop steps along K at the same offsets on every step
+    (`a_ptr + rm[:, None] * stride_am`) reads the first columns of each rank's own slice. Refused at the load."""
+    for loop in sorted(summing, key=lambda lp: (lp[0].line, lp[0].column)):
+        loads, varying, carried = _summing_loads(an, loop)
+
+        stepping = {}
+        for load in loads:
+            for node in load.offsets:
+                if (found := _misread(an, node, extent, varying, carried, set())) is not None:
+                    site = load.site
+                    raise AnnotationError(
+                        f"the address of the load at line {site.line} reads `{found[0]}`, the K extent the loop at "
+                        f"line {loop[0].line} sums over or a value computed from it (through `{found[1]}`), other "
+                        f"than as a row stride: each rank runs that loop over its own slice of K, whose columns start "
+                        f"at 0 and end at its own extent, so an offset along K computed from the extent reads other "
+                        f"columns on each rank than the full problem does, and the sum over the ranks would not be "
+                        f"its value", file=site.file, line=site.line, column=site.column,
+                        hint="offset the K columns by the loop's step alone (`(k * BLOCK_K + tl.arange(0, "
+                             "BLOCK_K))[None, :] * stride_ak`, or a pointer advanced by `BLOCK_K * stride_ak` on each "
+                             "step); read the extent in an address only as a row stride (`rm[:, None] * K`)")
+            if load.steps and load.root is not None:
+                stepping.setdefault(load.root, load.site)
+        for load in loads:
+            if load.steps or load.root not in stepping:
+                continue
+            site, text = load.site, ", ".join(code(n) for n in load.offsets)
+            raise AnnotationError(
+                f"the load at line {site.line} reads `{load.root}` at the same offsets on every step of the loop at "
+                f"line {loop[0].line} that sums (`{text}`), while the load at line {stepping[load.root].line} steps "
+                f"along its K: each rank holds only its own slice of K of `{load.root}`, so this load reads other "
+                f"columns on each rank than the full problem does, and the sum over the ranks would not be its "
+                f"value", file=site.file, line=site.line, column=site.column,
+                hint=f"read `{load.root}` at each step's own columns (`k * BLOCK_K + tl.arange(0, BLOCK_K)`), or pass "
+                     f"what is read on every step as a tensor of its own, the same on every rank")
+
+
+def _check_extent_loops(an: KernelAnalysis, summing, extent: frozenset[str]) -> None:
+    """A loop other than the loops that sum whose passes the K extent counts (`for r in range((K > 25) + 1)`, `while
+    r < K // 16`, a heuristic of K in `tl.static_range`) runs a different number of times on each rank, which passes
+    its own slice's extent: what it adds or computes would be the rank's own. Refused at the loop."""
+    for loop in sorted(_loops(an) - set(summing), key=lambda lp: (lp[0].line, lp[0].column)):
+        for src, w in an.effects:
+            if w != loop[0]:
+                continue
+            header = _bare(cst.parse_expression(src))
+            if isinstance(header, cst.NamedExpr):  # `(r := range(...))`: the range
+                header = header.value
+            if read := sorted(_names_through(an, header, outside_loops=False) & extent):
+                raise AnnotationError(
+                    f"the loop at line {loop[0].line} runs a number of passes read from `{read[0]}` "
+                    f"(`{code(header)}`), the K extent of the loop that sums at line "
+                    f"{min(lp[0].line for lp in summing)} or a value computed from it: each rank passes its own "
+                    f"slice's extent, so the loop would run a different number of passes on each rank, and the sum "
+                    f"over the ranks would not be the full problem's value",
+                    file=w.file, line=w.line, column=w.column,
+                    hint="count such a loop by a parameter the same on every rank (a constexpr, or a literal); the "
+                         "loop over K itself is `range(0, tl.cdiv(K, BLOCK_K))`")
+
+
 def _shape_names(an: KernelAnalysis) -> frozenset[str]:
     """The names the kernel's block shapes read: `tl.arange`'s bounds, the shapes of `tl.zeros` / `tl.full` and a
     descriptor's `block_shape`."""
@@ -2676,7 +2986,9 @@ def _shape_names(an: KernelAnalysis) -> frozenset[str]:
         for src in sources:
             node = cst.parse_expression(src)
             for call in m.findall(node, shaped):
-                args = call.args if call.func.attr.value == "arange" else call.args[:1]
+                if call.func.attr.value == "arange" and not m.matches(call.args[0].value, m.Integer("0")):
+                    continue  # `tl.arange(S, S + 16)`: values from `S`, not a size
+                args = call.args[1:] if call.func.attr.value == "arange" else call.args[:1]
                 found |= {n for arg in args for n in names_in(arg.value)}
             for arg in m.findall(node, m.Arg(keyword=m.Name("block_shape"))):
                 found |= names_in(arg.value)

@@ -274,6 +274,25 @@ def gemm_rs_split_k(calls: int = 2, M: int = 50, N: int = 40, K: int = 90, block
     return err
 
 
+def gemm_rs_k_row_stride(calls: int = 2, M: int = 50, N: int = 40, K: int = 90,
+                         blocks: tuple[int, int, int] = (16, 16, 16)) -> float:
+    rank, world = tilelink.rank(), tilelink.world_size()
+    kernel = load_form("gemm_rs_k_row_stride").matmul_nt
+    bm, bn, bk = blocks
+    g = torch.Generator().manual_seed(15)
+    a, bt = _exact(torch.randn(M, K, generator=g), torch.randn(N, K, generator=g))
+    klo, khi = rows_of(rank, world, K)  # each rank holds a slice of K of both, contiguous: its own K is their stride
+    ar, btr = _placed(a[:, klo:khi].contiguous(), bt[:, klo:khi].contiguous())
+    lo, hi = rows_of(rank, world, M)
+    err = 0.0
+    for _ in range(calls):
+        out = torch.full((hi - lo, N), float("nan"), dtype=torch.float32, device=ar.device)
+        kernel[(triton.cdiv(M, bm) * triton.cdiv(N, bn),)](ar, btr, out, M, N, khi - klo,
+                                                            BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk)
+        err = worst(err, _error(out, (a @ bt.T)[lo:hi]) if hi > lo else 0.0)
+    return err
+
+
 def gemm_ar_split_k(calls: int = 2, M: int = 50, N: int = 40, K: int = 90,
                     blocks: tuple[int, int, int] = (16, 16, 16), split: int = 3) -> float:
     rank, world = tilelink.rank(), tilelink.world_size()
@@ -389,7 +408,7 @@ RUNS = {"attention_descriptor_advance": attention_descriptor_advance, "attention
         "gemm_row_wrap_hints": gemm_row_wrap_hints, "gemm_row_clamp": gemm_row_clamp,
         "gemm_row_scales": gemm_row_scales,
         "gemm_rs_epilogue_branch": gemm_rs_epilogue_branch, "gemm_rs_split_k": gemm_rs_split_k,
-        "gemm_ar_split_k": gemm_ar_split_k,
+        "gemm_rs_k_row_stride": gemm_rs_k_row_stride, "gemm_ar_split_k": gemm_ar_split_k,
         "gemm_host_descriptor_ag": gemm_host_descriptor_ag, "gemm_host_descriptor_rs": gemm_host_descriptor_rs,
         "moe_rs_expert_zeros": moe_rs_expert_zeros, "gemm_rs_persistent_grouped": gemm_rs_persistent_grouped,
         "gemm_persistent_counter": gemm_persistent_counter}

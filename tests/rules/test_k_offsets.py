@@ -1,0 +1,137 @@
+"""Under a reduction each rank runs the loop that sums over its own slice of K, whose columns start at 0 and end at its
+own extent. A load in that loop may offset the K columns by the step alone (`k * BLOCK_K + tl.arange(0, BLOCK_K)`, a
+pointer advanced on each step) and read the extent in an address only as a row stride (`rm[:, None] * K`); a loop
+other than the one over K may not count its passes by the extent. Each refused form below built before and gave the
+wrong sums at world 2 (errors of 19 to 32 against the kernel on the whole of K); what is allowed is checked against
+that kernel on the race-exposing schedule."""
+
+from __future__ import annotations
+
+import pytest
+
+import tilelink
+from tests.rules.test_carried_accumulator import _generate, _scattered_on, _source
+from tests.rules.test_extent_data import A_LOAD, _with
+from tilelink.errors import AnnotationError
+
+#: the update's line in the test GEMM, with one line of body before it (``_with``)
+UPDATE = 29
+BIG = "{'BIG': lambda args: args['K'] > 25}"
+
+
+@pytest.mark.parametrize("body, says", [
+    # the step's columns turned by half of the rank's own K
+    (A_LOAD.replace("(k * BLOCK_K + rk)[None, :] * stride_ak",
+                    "((k * BLOCK_K + rk + K // 2) % K)[None, :] * stride_ak"),
+     r"the address of the load at line 28 reads `K`, the K extent .* \(through `\(k \* BLOCK_K \+ rk \+ K // 2\) "
+           r"% K \* stride_ak`\), other than as a row stride"),
+    # the last column of the rank's slice, added on every step
+    ("a = a + tl.load(a_ptr + rm[:, None] * stride_am + (K - 1) * stride_ak + rk[None, :] * 0, mask=rm[:, None] < M)",
+     r"reads `K`, .* \(through `K \* stride_ak`\)"),
+    # the slice's first columns, on every step
+    ("a = a + tl.load(a_ptr + rm[:, None] * stride_am + rk[None, :] * 0, mask=rm[:, None] < M)",
+     r"the load at line 28 reads `a_ptr` at the same offsets on every step of the loop at line 23 that sums "
+     r"\(`a_ptr \+ rm\[:, None\] \* stride_am \+ rk\[None, :\] \* 0`\), while the load at line 24 steps along its K"),
+])
+@pytest.mark.parametrize("rule", ["reduce_scatter", "all_reduce"])
+def test_an_offset_along_k_read_from_the_extent_is_refused(rule: str, body: str, says: str) -> None:
+    with pytest.raises(AnnotationError, match=says) as err:
+        _generate(_with(body, rule))
+    assert err.value.line == 28, err.value
+    assert "step alone" in err.value.hint or "each step's own columns" in err.value.hint
+
+
+def test_a_pointer_advanced_by_the_extent_is_refused() -> None:
+    source = _source("acc += tl.dot(a, b)").replace(
+        "    acc = tl.zeros(", "    a_ptrs = a_ptr + rm[:, None] * stride_am + rk[None, :] * stride_ak\n"
+                              "    acc = tl.zeros(", 1).replace(
+        "        acc += tl.dot(a, b)",
+        "        a = tl.load(a_ptrs, mask=rm[:, None] < M)\n        acc += tl.dot(a, b)\n"
+        "        a_ptrs += BLOCK_K * stride_ak + K // 4", 1)
+    with pytest.raises(AnnotationError, match=r"reads `K`, .* \(through `K // 4`\), other than as a row stride"):
+        _generate(source)
+
+
+@pytest.mark.parametrize("loop, heuristic, says", [
+    ("for r in range(0, (K > 25) + 1):", None, r"the loop at line 28 runs a number of passes read from `K` "
+                                               r"\(`range\(0, \(K > 25\) \+ 1\)`\)"),
+    ("for r in range(0, 1 + BIG):", BIG, r"read from `BIG` \(`range\(0, 1 \+ BIG\)`\)"),
+    ("for r in tl.static_range(0, 1 + BIG):", BIG, r"read from `BIG` \(`tl.static_range\(0, 1 \+ BIG\)`\)"),
+])
+@pytest.mark.parametrize("rule", ["reduce_scatter", "all_reduce"])
+def test_an_inner_loop_counted_by_the_extent_is_refused(rule: str, loop: str, heuristic: str | None,
+                                                        says: str) -> None:
+    """The loop around the update counted by the extent ran twice on a rank whose slice is over 25 and once on the
+    other: the loop over K is the one around it, and this one is refused."""
+    source = _with("pass", rule, heuristic).replace("        pass\n        acc += tl.dot(a, b)",
+                                                    f"        {loop}\n            acc += tl.dot(a, b)", 1)
+    with pytest.raises(AnnotationError, match=says) as err:
+        _generate(source)
+    assert err.value.line == 28 + (heuristic is not None)
+
+
+def test_a_while_loop_counted_by_the_extent_is_refused() -> None:
+    source = _with("pass").replace("        pass\n        acc += tl.dot(a, b)",
+                                   "        r = 0\n        while r < (K > 25) + 1:\n            acc += tl.dot(a, b)\n"
+                                   "            r += 1", 1)
+    with pytest.raises(AnnotationError, match=r"the loop at line 29 runs a number of passes read from `K` "
+                                              r"\(`r < \(K > 25\) \+ 1`\)"):
+        _generate(source)
+
+
+def test_a_loop_counted_by_the_extent_computing_a_weight_is_refused() -> None:
+    body = "w = 0.0\n        for r in range(0, (K > 25) + 1):\n            w = w + 1.0\n        a = a * w"
+    with pytest.raises(AnnotationError, match=r"the loop at line 29 runs a number of passes read from `K`"):
+        _generate(_with(body))
+
+
+def test_a_lambda_in_the_kernel_is_refused() -> None:
+    with pytest.raises(AnnotationError, match=r"the kernel calls a lambda, whose body TileLink does not read") as err:
+        _generate(_with("a = a * (lambda: K > 25)()"))
+    assert err.value.line == 28 and "@triton.jit helper" in err.value.hint
+
+
+def test_a_heuristic_of_the_extent_starting_a_range_is_read_as_data() -> None:
+    """`tl.arange(S, S + BLOCK_K)` holds the values from `S`: `S` is no block size there."""
+    body = "a = a * (tl.arange(S, S + BLOCK_K) - tl.arange(0, BLOCK_K))[None, :]"
+    with pytest.raises(AnnotationError, match=r"reads `S`, computed by the `@triton.heuristics` at line 14 from `K`"):
+        _generate(_with(body, heuristic="{'S': lambda args: 1 if args['K'] > 25 else 0}", param="S"))
+
+
+def test_a_heuristic_of_a_row_stride_is_refused() -> None:
+    """A rank's own contiguous slice of K has its own K as the row stride of A."""
+    with pytest.raises(AnnotationError, match=r"reads `BIG`, computed by the `@triton.heuristics` at line 14 from "
+                                              r"`stride_am`, which is the row stride of `a_ptr`"):
+        _generate(_with("a = a * (1 + BIG)", heuristic="{'BIG': lambda args: args['stride_am'] > 25}"))
+
+
+ADVANCED = ("    a_ptrs = a_ptr + rm[:, None] * K + rk[None, :]\n"
+            "    b_ptrs = b_ptr + rk[:, None] * stride_bk + rn[None, :] * stride_bn\n")
+
+
+@pytest.mark.parametrize("name, edit", [
+    # the extent as A's row stride, and pointers advanced on each step
+    ("advanced", lambda s: s.replace("    acc = tl.zeros(", ADVANCED + "    acc = tl.zeros(", 1).replace(
+        "        acc += tl.dot(a, b)",
+        "        a = tl.load(a_ptrs, mask=(rm[:, None] < M) & (rk[None, :] < K - k * BLOCK_K), other=0.0)\n"
+        "        b = tl.load(b_ptrs, mask=(rk[:, None] < K - k * BLOCK_K) & (rn[None, :] < N), other=0.0)\n"
+        "        acc += tl.dot(a, b)\n"
+        "        a_ptrs += BLOCK_K\n"
+        "        b_ptrs += BLOCK_K * stride_bk", 1)),
+    # a fixed inner loop around the update, and the step's columns through a name with a hint
+    ("inner", lambda s: s.replace(
+        "        acc += tl.dot(a, b)",
+        "        offs_k = tl.multiple_of(k * BLOCK_K, BLOCK_K) + rk\n"
+        "        a = tl.load(a_ptr + rm[:, None] * stride_am + offs_k[None, :] * stride_ak,\n"
+        "                    mask=(rm[:, None] < M) & (offs_k[None, :] < K), other=0.0)\n"
+        "        for r in tl.static_range(0, 2):\n"
+        "            acc += tl.dot(a, b) * 0.5", 1)),
+])
+def test_offsets_along_k_read_from_the_step_equal_the_kernel(name: str, edit, tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("TILELINK_RACES", "1")
+    source = edit(_source("acc += tl.dot(a, b)"))
+    path = tmp_path / f"k_offsets_{name}.py"
+    path.write_text(source)
+    assert "tll.producer_tile_notify" in _generate(source).rewritten["matmul"]
+    errors = tilelink.spawn(_scattered_on, 2, str(path), 8)
+    assert all(e < 1e-4 for e in errors), errors
