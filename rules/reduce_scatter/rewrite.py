@@ -1064,9 +1064,17 @@ def _sum_terms(an: KernelAnalysis, node: cst.BaseExpression, keep: str | None,
                                                                  depth + 1)]
         elif isinstance(term, cst.BinaryOperation) and isinstance(term.operator, (cst.Add, cst.Subtract)):
             found += [(t, n != negative) for t, n in _sum_terms(an, term, keep, depth + 1)]
+        elif isinstance(term, cst.Call) and term.args and m.matches(term.func, _HINTS) and depth < 8:
+            # a hint to the compiler (`tl.multiple_of(k * BLOCK_K, BLOCK_K)`) has the value it is given
+            found += [(t, n != negative) for t, n in _sum_terms(an, term.args[0].value, keep, depth + 1)]
         else:
             found.append((term, negative))
     return found
+
+
+#: the compiler hints whose value is their first argument
+_HINTS = m.Attribute(value=m.Name("tl"),
+                     attr=m.Name("multiple_of") | m.Name("max_contiguous") | m.Name("max_constancy"))
 
 
 def _bounds_k(an: KernelAnalysis, node: cst.BaseExpression, target: str | None,
@@ -1144,45 +1152,42 @@ def _cycle_extent(an: KernelAnalysis, name: str) -> tuple[tuple[bool, str], ...]
 
 
 def _summing_loops(an: KernelAnalysis) -> set[tuple[Where, Where]]:
-    """The loops that sum: the innermost loop around each update of an accumulator that adds a product (`tl.dot(a,
-    b, acc)`) or this step's data (`acc += a * x[None, :]`, a GEMV summed after the loop), not a counter or a
-    pointer's advance. Each rank runs them over its own slice of K. An inner loop whose count TileLink does not read
-    as a K extent but which reads the K extent of a loop around it (`for r in range((K > 25) + 1): acc += ...`) is
-    not the loop over K: the loop around it is, and the inner loop is refused as one that the extent counts."""
+    """The loops that sum: for each update of an accumulator that adds a product (`tl.dot(a, b, acc)`) or this
+    step's data (`acc += a * x[None, :]`, a GEMV summed after the loop), not a counter or a pointer's advance, the
+    loop over K around it. Each rank runs them over its own slice of K. That is the innermost loop around the
+    update whose step moves where the loads read and whose K extent TileLink reads from its range, else the
+    innermost whose step moves the loads, else the innermost: an inner loop that does not move the loads (`for r
+    in tl.static_range(0, 2): acc += ...`, or one counted by the extent, refused then) is not the loop over K. The
+    loops looked at stop at one that stores or starts the accumulator again (a persistent kernel's tile loop)."""
     loops = _loops(an)
-    targets = _loop_targets(an)
+    located = _located(an)
     summing: set[tuple[Where, Where]] = set()
     for name in set(an.values) | set(an.updates):
-        for src, site in _bindings(an, name):
+        binds = _bindings(an, name)
+        for src, site in binds:
             value = _written_helper(an, cst.parse_expression(src))
             added = _carried_slot(value, name) if site is not None and name in names_in(value) else None
             if not added or not (m.findall(value, _SUMS) or any(_reads_a_load(an, code(x)) for x in added)):
                 continue
-            inner = _innermost(loops, site)
-            while inner is not None and _loop_extent(an, inner, targets.get(inner))[0] is None:
-                outer = _innermost(loops - {inner}, inner[0])
-                extent = None if outer is None else _loop_extent(an, outer, targets.get(outer))[0]
-                if extent is None or not (_counted_by(an, inner) & names_in(extent)):
+            around = sorted((lp for lp in loops if _inside(site, lp)), key=lambda lp: (lp[0].line, lp[0].column),
+                            reverse=True)
+            if not around:
+                continue
+            looked = [around[0]]
+            for lp in around[1:]:
+                if any(_inside(w, lp) and m.findall(cst.parse_expression(text), _STORES) for text, w in located) \
+                        or any(w is not None and _inside(w, lp) and name not in names_in(cst.parse_expression(v))
+                               for v, w in binds):
                     break
-                inner = outer
-            if inner is not None:
-                summing.add(inner)
+                looked.append(lp)
+            moving = [lp for lp in looked if any(load.steps for load in _summing_loads(an, lp)[0])]
+            read = [lp for lp in moving if _loop_extent(an, lp, _loop_targets(an).get(lp))[0] is not None]
+            summing.add((read or moving or around)[0])
     return summing
 
 
-def _counted_by(an: KernelAnalysis, loop: tuple[Where, Where]) -> set[str]:
-    """The names the header of ``loop`` reads (its range, its `while` test), through the values of the names it
-    reads and what a `@triton.heuristics` computes a parameter from."""
-    read: set[str] = set()
-    for src, w in an.effects:
-        if w == loop[0]:
-            header = _bare(cst.parse_expression(src))
-            read |= _names_through(an, header.value if isinstance(header, cst.NamedExpr) else header,
-                                   outside_loops=False)
-    for name in list(read):
-        reads = an.computed.get(name, (None, None))[1]
-        read |= set(reads or ())
-    return read
+#: a store of a tensor, through a pointer or a descriptor
+_STORES = m.Call(func=m.Attribute(attr=m.Name("store") | m.Name("atomic_add") | m.Name("store_tensor_descriptor")))
 
 
 #: a load through a pointer the launcher zeroes on every rank but the first, in :func:`_first_rank_reads`
@@ -2313,7 +2318,8 @@ def check_sliced_reads(an: KernelAnalysis, spec) -> None:
     # (a row stride read in a pointer a load or store adds its offsets to, `h_ptrs = h_ptr + offs[:, None] *
     # stride_hm`, lays out the rank's own slice, as it does in the loop that sums)
     pointers = {n for src, _ in _located(an) for call in m.findall(cst.parse_expression(src), m.Call(
-        func=m.Attribute(attr=m.Name("load") | m.Name("store")))) for arg in call.args[:1] for n in names_in(arg.value)}
+        func=m.Attribute(attr=m.Name("load") | m.Name("store")))) for arg in call.args[:1]
+        if (n := _leading_name(arg.value)) is not None}
     reading = []
     for name in sorted(set(an.values) | set(an.updates)):
         for src, site in _bindings(an, name):
@@ -2355,7 +2361,7 @@ def check_sliced_reads(an: KernelAnalysis, spec) -> None:
     _check_extent_data(an, summing, _ExtentFacts(derived, sliced, shapes, steps, frozenset(sums)))
     read_as_extent = frozenset((set(derived) - shapes) | sliced)
     _check_extent_loops(an, summing, read_as_extent)
-    _check_k_offsets(an, summing, read_as_extent)
+    _check_k_offsets(an, summing, read_as_extent, derived)
     if not why and not set(derived) - sliced:
         return
     why = {**derived, **why}  # a block size computed from the extent: said where a test reads it
@@ -2381,6 +2387,8 @@ def check_sliced_reads(an: KernelAnalysis, spec) -> None:
                   "leave under @tilelink.overlap only the wrappers TileLink reads (@triton.autotune, "
                   "@triton.heuristics with its dict written out) and @triton.jit"
                   if first in wrapped else
+                  f"read `{first}` only in the loads' addresses; pass what the epilogue needs as a parameter of its "
+                  f"own, the same on every rank" if first in strides else
                   f"read `{first}` only in the loop that sums and in its range; pass what the epilogue needs as a "
                   f"parameter of its own, the same on every rank"))
 
@@ -2725,7 +2733,8 @@ def _check_extent_data(an: KernelAnalysis, summing, facts: _ExtentFacts) -> None
 
 class _Offsets(_Columns):
     """Reads a load's address as sums of products (:class:`_Columns`' form): a broadcast (`rm[:, None]`) is its
-    vector, a hint (`tl.multiple_of(x, 16)`) its value, a load (a gathered offset) an atom of its own."""
+    vector, a hint (`tl.multiple_of(x, 16)`) its value, a load (a gathered offset) an atom of its own, and so is a
+    name bound to a block pointer or a descriptor (:func:`_misread` reads what it is made from)."""
 
     def read(self, node: cst.BaseExpression, depth: int = 0) -> Poly | None:
         node = _bare(node)
@@ -2733,12 +2742,32 @@ class _Offsets(_Columns):
                 m.matches(e.slice, m.Index(value=m.Name("None")) | m.Slice(lower=None, upper=None, step=None))
                 for e in node.slice):
             return self.read(node.value, depth)
-        if isinstance(node, cst.Call) and node.args and m.matches(node.func, m.Attribute(
-                value=m.Name("tl"), attr=m.Name("multiple_of") | m.Name("max_contiguous") | m.Name("max_constancy"))):
+        if isinstance(node, cst.Call) and node.args and m.matches(node.func, _HINTS):
             return self.read(node.args[0].value, depth)
         if m.matches(node, m.Call(func=m.Attribute(attr=m.Name("load") | m.Name("gather")))):
             return {(code(node),): 1}
+        if isinstance(node, cst.Name) and _made_address(self.an, node.value) is not None:
+            return {(node.value,): 1}
         return super().read(node, depth)
+
+
+def _made_address(an: KernelAnalysis, name: str) -> cst.Call | None:
+    """The call that makes ``name`` a block pointer or a descriptor (`tl.make_block_ptr(...)`, `tl.advance(...)`),
+    where its first binding is one."""
+    binds = _bindings(an, name)
+    if not binds or name in an.params:
+        return None
+    value = _bare(cst.parse_expression(binds[0][0]))
+    return value if isinstance(value, cst.Call) and m.matches(value, _ADDRESSING) else None
+
+
+def _show_term(terms: Poly, monomial: tuple[str, ...]) -> str:
+    """A term of :class:`_Offsets`' form as source: an atom written out whole is parenthesised."""
+    factors = [a[len("arange:"):].join(("tl.arange(0, ", ")")) if a.startswith("arange:") else
+               a if re.fullmatch(r"[\w.]+", a) or a.endswith(")") and not re.search(r"\) *[-+*/%<>]", a) else f"({a})"
+               for a in monomial]
+    coefficient = terms[monomial]
+    return " * ".join(([str(coefficient)] if coefficient != 1 else []) + factors) or str(coefficient)
 
 
 #: what places a value among the rows, or gathers it: an offset that is not a scalar of the launch
@@ -2748,13 +2777,15 @@ _PLACING = m.Call(func=m.Attribute(attr=m.Name("arange") | m.Name("program_id") 
 
 def _placed(an: KernelAnalysis, atom: str) -> bool:
     """Whether the atom ``atom`` of an address (:class:`_Offsets`) is an offset among rows or gathered, not a scalar
-    the launch passes: `tl.arange`'s, a program id's, a load's, through the values of the names it reads."""
+    the launch passes: `tl.arange`'s, a program id's, a load's, a loop's target (a persistent kernel's `tile_id`, a
+    sweep's `pid_n`), through the values of the names it reads."""
     if atom.startswith("arange:"):
         return True
+    targets = set(_loop_targets(an).values())
     todo, seen = [cst.parse_expression(atom)], set()
     while todo:
         here = todo.pop()
-        if m.findall(here, _PLACING):
+        if m.findall(here, _PLACING) or names_in(here) & targets:
             return True
         for name in names_in(here) - seen:
             seen.add(name)
@@ -2780,55 +2811,130 @@ def _address_root(an: KernelAnalysis, node: cst.BaseExpression) -> str | None:
     return None
 
 
+def _leading_name(node: cst.BaseExpression) -> str | None:
+    """The first term of a sum, where it is a name (`a_ptrs` of `a_ptrs + k * BLOCK_K`)."""
+    node = _bare(node)
+    while isinstance(node, cst.BinaryOperation) and isinstance(node.operator, (cst.Add, cst.Subtract)):
+        node = _bare(node.left)
+    return node.value if isinstance(node, cst.Name) else None
+
+
 class _Load(NamedTuple):
     """A load in a loop that sums (:func:`_summing_loads`)."""
     site: Where
     offsets: tuple[cst.BaseExpression, ...]  # its pointer, or a descriptor's offsets
     root: str | None  # what it adds its offsets to (:func:`_address_root`)
     steps: bool  # whether where it reads changes with the loop's step
+    pointers: frozenset[str] = frozenset()  # the names its address reads (through their values)
+    helper: str = ""  # a helper TileLink does not read, handed the pointer ``root``
+
+
+def _reads_varying(an: KernelAnalysis, node: cst.BaseExpression, varying: set[str]) -> bool:
+    """Whether an address moves with the loop's step: a term of it reads a name that changes from step to step
+    (a term multiplied by 0 is none)."""
+    terms = _Offsets(an).read(node)
+    if terms is None:
+        return bool(names_in(node) & varying)
+    return any(not atom.startswith("arange:") and names_in(cst.parse_expression(atom)) & varying
+               for monomial in terms for atom in monomial)
 
 
 def _summing_loads(an: KernelAnalysis, loop: tuple[Where, Where]) -> tuple[list[_Load], set[str], set[str]]:
-    """The loads in ``loop``, with the names that change from step to step (:func:`_varying`) and, of those, the ones
-    the loop carries (a pointer it advances, `offs_k += BLOCK_K`)."""
+    """The loads in ``loop`` (also those a helper it calls returns, and a helper TileLink does not read handed a
+    pointer), with the names that change from step to step (:func:`_varying`) and, of those, the ones the loop
+    carries (a pointer it advances, `offs_k += BLOCK_K`)."""
     varying = _varying(an, loop, _loop_targets(an).get(loop))
     carried = {n for n in varying if any(_inside(w, loop) and n in names_in(cst.parse_expression(src))
                                          for src, w in _bindings(an, n) if w is not None)}
-    reader = _Offsets(an)
     found = []
+    loads = m.Call(func=m.Attribute(attr=m.Name("load") | m.Name("load_tensor_descriptor")))
     for src, site in _located(an):
         if not _inside(site, loop):
             continue
-        for call in m.findall(cst.parse_expression(src), m.Call(func=m.Attribute(attr=m.Name("load")))):
-            on_tl = m.matches(call.func, m.Attribute(value=m.Name("tl")))
-            given = _arg(call, 0, "pointer" if on_tl else "offsets")
+        node = cst.parse_expression(src)
+        calls = list(m.findall(node, loads))
+        for call in m.findall(node, m.Call(func=m.Name())):
+            if call.func.value in an.helpers:  # type: ignore[attr-defined]
+                returned = _helper_return(an, call)
+                if returned is not None:
+                    calls += m.findall(returned, loads)
+                else:
+                    for arg in call.args:
+                        root = _address_root(an, arg.value)
+                        if root is not None and root in an.params:
+                            found.append(_Load(site, (arg.value,), root, False, frozenset(), call.func.value))
+        for call in calls:
+            function = m.matches(call.func, m.Attribute(value=m.Name("tl"), attr=m.Name("load_tensor_descriptor")))
+            pointer = m.matches(call.func, m.Attribute(value=m.Name("tl"), attr=m.Name("load")))
+            given = _arg(call, 1 if function else 0, "offsets" if not pointer else "pointer")
             if given is None:
                 continue
             # a descriptor's `load([row, col])`: each offset
-            offsets = tuple(e.value for e in given.elements) if not on_tl and isinstance(
+            offsets = tuple(e.value for e in given.elements) if not pointer and isinstance(
                 given, (cst.List, cst.Tuple)) else (given,)
-            root = _address_root(an, given if on_tl else call.func.value)
-            steps = root in varying or any(
-                names_in(n) & varying or any(not atom.startswith("arange:") and names_in(
-                    cst.parse_expression(atom)) & varying for t in (reader.read(n) or {}) for atom in t)
-                for n in offsets)
-            found.append(_Load(site, offsets, root, bool(steps)))
+            base = given if pointer else call.args[0].value if function else call.func.value  # type: ignore
+            steps = any(_reads_varying(an, n, varying) for n in offsets) or (not pointer and _reads_varying(
+                an, base, varying))
+            reads = frozenset(_names_through(an, base, outside_loops=False))
+            found.append(_Load(site, offsets, _address_root(an, base), steps, reads))
     return found, varying, carried
+
+
+def _taken_apart(an: KernelAnalysis, node: cst.BaseExpression, steps: set[str],
+                 operators=(cst.FloorDivide, cst.Modulo)) -> bool:
+    """Whether ``node`` is a flattened loop's step taken apart over its count of K blocks (`step // k_tiles`, `step %
+    k_tiles` with `k_tiles = tl.cdiv(K, BLOCK_K)`): the tile it is on and the block of K."""
+    if not (isinstance(node, cst.BinaryOperation) and isinstance(node.operator, operators)):
+        return False
+    if not (isinstance(_bare(node.left), cst.Name) and _bare(node.left).value in steps):  # type: ignore
+        return False
+    count = _bare(node.right)
+    if isinstance(count, cst.Name) and count.value not in an.params and len(_bindings(an, count.value)) == 1:
+        count = _bare(cst.parse_expression(_bindings(an, count.value)[0][0]))
+    return bool(m.matches(count, m.Call(func=m.Attribute(attr=m.Name("cdiv"))))) or _ceil_divided(count) is not None
+
+
+def _reads_through(an: KernelAnalysis, node: cst.BaseExpression, wanted: frozenset[str] | set[str], steps: set[str],
+             memo: dict[str, set[str]], operators=(cst.FloorDivide, cst.Modulo)) -> set[str]:
+    """The names of ``wanted`` that ``node`` reads, through the values of the names it reads; not in a flattened
+    loop's step taken apart by ``operators`` (:func:`_taken_apart`)."""
+    node = _bare(node)
+    if _taken_apart(an, node, steps, operators):
+        return set()
+    if isinstance(node, cst.Name):
+        if node.value not in memo:
+            memo[node.value] = read = {node.value} & set(wanted)  # also what a turn back to it reads
+            for src, _ in _bindings(an, node.value):
+                read |= _reads_through(an, cst.parse_expression(src), wanted, steps, memo, operators)
+        return memo[node.value]
+    return {n for child in _expressions(node) for n in _reads_through(an, child, wanted, steps, memo, operators)}
+
+
+def _moves_along(an: KernelAnalysis, atom: str, steps: set[str], carried: set[str]) -> bool:
+    """Whether the atom ``atom`` of an address (:class:`_Offsets`) moves along K with the loop's step: it reads the
+    step (``steps``) or what the loop carries, other than as the tile a flattened loop's step is on (`step //
+    k_tiles`)."""
+    return not atom.startswith("arange:") and bool(_reads_through(
+        an, cst.parse_expression(atom), steps | carried, steps, {}, (cst.FloorDivide,)))
 
 
 def _row_strides(an: KernelAnalysis, summing) -> dict[str, str]:
     """The parameters that scale the row offsets of a tensor a loop that sums steps along K (`stride_am` of `a_ptr +
     rm[:, None] * stride_am + ...`), each with that tensor: a rank's own slice of K, contiguous, has its own K as the
-    row stride, so outside an address they are the rank's own like the extent. Not one that scales the step (`k *
-    BLOCK_K * stride_ak`, a pointer advanced by `BLOCK_K * stride_ak`), a split-K program's offset along K too."""
+    row stride, so outside an address they are the rank's own like the extent. Not one that scales the step along K
+    (`k * BLOCK_K * stride_ak`, a pointer advanced by `BLOCK_K * stride_ak`), a split-K program's offset along K
+    too. (B's column stride, scaled by its columns, is taken as one: the same on every rank, so only a read of it
+    outside an address, which kernels do not make, is refused.)"""
     reader = _Offsets(an)
     passed = set(an.params) - set(an.constexpr_params)
     rows: dict[str, str] = {}
     along: set[str] = set()
+    targets = _loop_targets(an)
     for loop in summing:
         loads, varying, carried = _summing_loads(an, loop)
+        steps = {targets[loop]} if loop in targets else set()
         for load in loads:
-            if not load.steps or load.root is None:
+            if not load.steps or load.root is None or load.helper:
                 continue
             nodes, seen = [(n, False) for n in load.offsets], set()
             while nodes:  # the address, and the values of a pointer advanced on each step
@@ -2841,40 +2947,21 @@ def _row_strides(an: KernelAnalysis, summing) -> dict[str, str]:
                                       for src, w in _bindings(an, x)]
                         continue
                     params = set(monomial) & passed - {load.root}
-                    if advance or any(not x.startswith("arange:") and names_in(cst.parse_expression(x)) & varying
-                                      for x in monomial):
-                        along |= params  # what the step advances the columns by
-                    elif any(not x.startswith("arange:") and _placed(an, x) for x in monomial):
-                        # a program's rows (`pid_m * BLOCK_M`) or gathered ones; not the step's columns, whose
-                        # `tl.arange` TileLink does not tell from a row's here
+                    # what moves along K with the step: not the tile a flattened loop's step is on (`step // k_tiles`)
+                    moving = [x for x in monomial if _moves_along(an, x, steps, carried)]
+                    if advance or moving:
+                        along |= params
+                    elif any(_placed(an, x) for x in monomial):
                         for x in sorted(params):
                             rows.setdefault(x, load.root)
     return {p: t for p, t in rows.items() if p not in along}
 
 
-def _extent_through(an: KernelAnalysis, node: cst.BaseExpression, extent: frozenset[str], varying: set[str],
-                    memo: dict[str, set[str]]) -> set[str]:
-    """The names of ``extent`` that ``node`` reads, through the values of the names it reads; not in the step taken
-    apart over the extent (a flattened loop's `tile = step // k_tiles`, `step % k_tiles`; ``varying``: the names that
-    change with the step)."""
-    node = _bare(node)
-    if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, (cst.FloorDivide, cst.Modulo)) \
-            and _names_through(an, node.left, outside_loops=False) & varying \
-            and not _extent_through(an, node.left, extent, varying, memo) and not _reads_offsets(an, node.left):
-        return set()
-    if isinstance(node, cst.Name):
-        if node.value not in memo:
-            memo[node.value] = read = {node.value} & extent  # also what a turn back to it reads
-            for src, _ in _bindings(an, node.value):
-                read |= _extent_through(an, cst.parse_expression(src), extent, varying, memo)
-        return memo[node.value]
-    return {n for child in _expressions(node) for n in _extent_through(an, child, extent, varying, memo)}
-
-
 def _misread(an: KernelAnalysis, node: cst.BaseExpression, extent: frozenset[str], varying: set[str],
-             carried: set[str], seen: set[str]) -> tuple[str, str] | None:
+             carried: set[str], steps: set[str], seen: set[str]) -> tuple[str, str] | None:
     """(the extent read, the term) where ``node``, an address in a loop that sums, reads the extent other than as a
-    row stride (:func:`_check_k_offsets`); ``carried``: the names the loop carries (a pointer it advances)."""
+    row stride (:func:`_check_k_offsets`); ``carried``: the names the loop carries (a pointer it advances, whose
+    values are read in turn); ``steps``: the loop's target."""
     bare = _bare(node)
     if isinstance(bare, cst.Call) and m.matches(bare, _ADDRESSING):
         # a block pointer or a descriptor: its base and its offsets (its shape and strides lay out the rank's own
@@ -2884,7 +2971,7 @@ def _misread(an: KernelAnalysis, node: cst.BaseExpression, extent: frozenset[str
                                             if called != "make_tensor_descriptor" else [])
         for part in parts:
             for x in (e.value for e in part.elements) if isinstance(part, (cst.Tuple, cst.List)) else [part]:
-                if x is not None and (found := _misread(an, x, extent, varying, carried, seen)) is not None:
+                if x is not None and (found := _misread(an, x, extent, varying, carried, steps, seen)) is not None:
                     return found
         return None
     terms = _Offsets(an).read(node)
@@ -2892,65 +2979,80 @@ def _misread(an: KernelAnalysis, node: cst.BaseExpression, extent: frozenset[str
         return None
     for monomial in terms:
         for atom in monomial:
-            if atom.startswith("arange:") or atom in carried:
+            if atom.startswith("arange:"):
                 continue
-            if not (read := _extent_through(an, cst.parse_expression(atom), extent, varying, {})):
+            if atom in carried or _made_address(an, atom) is not None:
+                if atom not in seen:  # where it starts, what each step adds; what a block pointer is made from
+                    seen.add(atom)
+                    for src, _ in _bindings(an, atom):
+                        if (found := _misread(an, cst.parse_expression(src), extent, varying, carried, steps,
+                                              seen)) is not None:
+                            return found
                 continue
-            term = poly_show({monomial: terms[monomial]})
+            if not (read := _reads_through(an, cst.parse_expression(atom), extent, steps, {})):
+                continue
+            term = _show_term(terms, monomial)
             if atom not in extent:
                 return sorted(read)[0], term
-            if not any(_placed(an, x) and (x.startswith("arange:") or not names_in(cst.parse_expression(x)) & varying)
-                       for x in monomial if x != atom):
+            if not any(_placed(an, x) and not _moves_along(an, x, steps, carried) for x in monomial if x != atom):
                 return atom, term
-    root = _bare(node)
-    while isinstance(root, cst.BinaryOperation) and isinstance(root.operator, (cst.Add, cst.Subtract)):
-        root = _bare(root.left)
-    if isinstance(root, cst.Name) and root.value in carried and root.value not in seen:
-        seen.add(root.value)  # a pointer advanced on each step: where it starts, what each step adds
-        for src, _ in _bindings(an, root.value):
-            if (found := _misread(an, cst.parse_expression(src), extent, varying, carried, seen)) is not None:
-                return found
     return None
 
 
-def _check_k_offsets(an: KernelAnalysis, summing, extent: frozenset[str]) -> None:
+def _check_k_offsets(an: KernelAnalysis, summing, extent: frozenset[str], said: dict[str, str]) -> None:
     """In a loop that sums, each rank reads its own slice of K, whose columns start at 0 and end at its own extent:
     a load's offsets along K may be what the step reads (`k * BLOCK_K + tl.arange(0, BLOCK_K)`, a pointer advanced
     on each step), and the extent may be read in an address only as a row stride (`rm[:, None] * K`). An offset along
     K computed from the extent (`(k * BLOCK_K + rk + K // 2) % K`, `(K - 1) * stride_ak`) reads other columns on each
     rank than on the full problem, and a load of a tensor the loop steps along K at the same offsets on every step
     (`a_ptr + rm[:, None] * stride_am`) reads the first columns of each rank's own slice. Refused at the load."""
+    targets = _loop_targets(an)
     for loop in sorted(summing, key=lambda lp: (lp[0].line, lp[0].column)):
         loads, varying, carried = _summing_loads(an, loop)
-
-        stepping = {}
+        steps = {targets[loop]} if loop in targets else set()
         for load in loads:
-            for node in load.offsets:
-                if (found := _misread(an, node, extent, varying, carried, set())) is not None:
+            for node in load.offsets if not load.helper else ():
+                if (found := _misread(an, node, extent, varying, carried, steps, set())) is not None:
                     site = load.site
                     raise AnnotationError(
-                        f"the address of the load at line {site.line} reads `{found[0]}`, the K extent the loop at "
-                        f"line {loop[0].line} sums over or a value computed from it (through `{found[1]}`), other "
-                        f"than as a row stride: each rank runs that loop over its own slice of K, whose columns start "
-                        f"at 0 and end at its own extent, so an offset along K computed from the extent reads other "
-                        f"columns on each rank than the full problem does, and the sum over the ranks would not be "
-                        f"its value", file=site.file, line=site.line, column=site.column,
+                        f"the address of the load at line {site.line}, in the loop at line {loop[0].line} that sums, "
+                        f"reads `{found[0]}`, {said.get(found[0], 'computed from the K extent of that loop')} "
+                        f"(through `{found[1]}`), other than as a row stride: each rank runs that loop over its own "
+                        f"slice of K, whose columns start at 0 and end at its own extent, so an offset along K "
+                        f"computed from the extent reads other columns on each rank than the full problem does, and "
+                        f"the sum over the ranks would not be its value",
+                        file=site.file, line=site.line, column=site.column,
                         hint="offset the K columns by the loop's step alone (`(k * BLOCK_K + tl.arange(0, "
                              "BLOCK_K))[None, :] * stride_ak`, or a pointer advanced by `BLOCK_K * stride_ak` on each "
                              "step); read the extent in an address only as a row stride (`rm[:, None] * K`)")
+        stepping = {}
+        for load in loads:
             if load.steps and load.root is not None:
                 stepping.setdefault(load.root, load.site)
         for load in loads:
-            if load.steps or load.root not in stepping:
+            if load.steps:
                 continue
-            site, text = load.site, ", ".join(code(n) for n in load.offsets)
+            roots = {load.root} if load.root is not None else load.pointers
+            hit = sorted(r for r in roots if r in stepping)
+            if not hit:
+                continue
+            site, root = load.site, hit[0]
+            if load.helper:
+                raise AnnotationError(
+                    f"the call of `{load.helper}` at line {site.line}, in the loop at line {loop[0].line} that sums, "
+                    f"is handed `{root}`, which the load at line {stepping[root].line} steps along K, and TileLink "
+                    f"does not read what the helper loads: each rank holds only its own slice of K of `{root}`",
+                    file=site.file, line=site.line, column=site.column,
+                    hint=f"load `{root}` in the loop itself, or in a @triton.jit helper that only returns what it "
+                         f"computes (one `return` of an expression)")
+            text = ", ".join(code(n) for n in load.offsets)
             raise AnnotationError(
-                f"the load at line {site.line} reads `{load.root}` at the same offsets on every step of the loop at "
-                f"line {loop[0].line} that sums (`{text}`), while the load at line {stepping[load.root].line} steps "
-                f"along its K: each rank holds only its own slice of K of `{load.root}`, so this load reads other "
+                f"the load at line {site.line} reads `{root}` at the same offsets on every step of the loop at "
+                f"line {loop[0].line} that sums (`{text}`), while the load at line {stepping[root].line} steps "
+                f"along its K: each rank holds only its own slice of K of `{root}`, so this load reads other "
                 f"columns on each rank than the full problem does, and the sum over the ranks would not be its "
                 f"value", file=site.file, line=site.line, column=site.column,
-                hint=f"read `{load.root}` at each step's own columns (`k * BLOCK_K + tl.arange(0, BLOCK_K)`), or pass "
+                hint=f"read `{root}` at each step's own columns (`k * BLOCK_K + tl.arange(0, BLOCK_K)`), or pass "
                      f"what is read on every step as a tensor of its own, the same on every rank")
 
 

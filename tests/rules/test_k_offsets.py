@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 import tilelink
-from tests.rules.test_carried_accumulator import _generate, _scattered_on, _source
+from tests.rules.test_carried_accumulator import FLATTENED, HEAD, _generate, _scattered_on, _source
 from tests.rules.test_extent_data import A_LOAD, _with
 from tilelink.errors import AnnotationError
 
@@ -23,11 +23,18 @@ BIG = "{'BIG': lambda args: args['K'] > 25}"
     # the step's columns turned by half of the rank's own K
     (A_LOAD.replace("(k * BLOCK_K + rk)[None, :] * stride_ak",
                     "((k * BLOCK_K + rk + K // 2) % K)[None, :] * stride_ak"),
-     r"the address of the load at line 28 reads `K`, the K extent .* \(through `\(k \* BLOCK_K \+ rk \+ K // 2\) "
-           r"% K \* stride_ak`\), other than as a row stride"),
+     r"the address of the load at line 28, in the loop at line 23 that sums, reads `K`, the K extent .* \(through "
+     r"`\(\(k \* BLOCK_K \+ rk \+ K // 2\) % K\) \* stride_ak`\), other than as a row stride"),
     # the last column of the rank's slice, added on every step
     ("a = a + tl.load(a_ptr + rm[:, None] * stride_am + (K - 1) * stride_ak + rk[None, :] * 0, mask=rm[:, None] < M)",
      r"reads `K`, .* \(through `K \* stride_ak`\)"),
+    # the step's columns turned through a name bound twice, and wrapped at a part of the extent
+    ("offs = k * BLOCK_K + rk\n        offs = (offs + K // 2) % K\n        "
+     + A_LOAD.replace("(k * BLOCK_K + rk)[None, :] * stride_ak", "offs[None, :] * stride_ak"),
+     r"reads `K`, .* \(through `\(\(offs \+ K // 2\) % K\)"),
+    ("offs = (k * BLOCK_K) % (K // 2) + rk\n        "
+     + A_LOAD.replace("(k * BLOCK_K + rk)[None, :] * stride_ak", "offs[None, :] * stride_ak"),
+     r"reads `K`, .* \(through `\(\(k \* BLOCK_K\) % \(K // 2\)\) \* stride_ak`\)"),
     # the slice's first columns, on every step
     ("a = a + tl.load(a_ptr + rm[:, None] * stride_am + rk[None, :] * 0, mask=rm[:, None] < M)",
      r"the load at line 28 reads `a_ptr` at the same offsets on every step of the loop at line 23 that sums "
@@ -37,7 +44,7 @@ BIG = "{'BIG': lambda args: args['K'] > 25}"
 def test_an_offset_along_k_read_from_the_extent_is_refused(rule: str, body: str, says: str) -> None:
     with pytest.raises(AnnotationError, match=says) as err:
         _generate(_with(body, rule))
-    assert err.value.line == 28, err.value
+    assert err.value.line == 28 + body.split("tl.load(")[0].count("\n"), err.value
     assert "step alone" in err.value.hint or "each step's own columns" in err.value.hint
 
 
@@ -48,7 +55,59 @@ def test_a_pointer_advanced_by_the_extent_is_refused() -> None:
         "        acc += tl.dot(a, b)",
         "        a = tl.load(a_ptrs, mask=rm[:, None] < M)\n        acc += tl.dot(a, b)\n"
         "        a_ptrs += BLOCK_K * stride_ak + K // 4", 1)
-    with pytest.raises(AnnotationError, match=r"reads `K`, .* \(through `K // 4`\), other than as a row stride"):
+    with pytest.raises(AnnotationError, match=r"reads `K`, .* \(through `\(K // 4\)`\), other than as a row stride"):
+        _generate(source)
+    # the pointer advanced as the second term of the address
+    with pytest.raises(AnnotationError, match=r"reads `K`, .* \(through `\(K // 4\)`\), other than as a row stride"):
+        _generate(source.replace("tl.load(a_ptrs, mask", "tl.load(rm[:, None] * 0 + a_ptrs, mask"))
+
+
+FIXED = "a = a + {load}\n        acc += tl.dot(a, b)"
+
+
+@pytest.mark.parametrize("load, helper", [
+    # a term multiplied by 0 does not move the load
+    ("tl.load(a_ptr + rm[:, None] * stride_am + rk[None, :] + k * 0, mask=rm[:, None] < M, other=0.0)", None),
+    # the pointer chosen by a test, or by `tl.where`
+    ("tl.load((a_ptr if BLOCK_K > 0 else b_ptr) + rm[:, None] * stride_am + rk[None, :], mask=rm[:, None] < M, "
+     "other=0.0)", None),
+    ("tl.load(tl.where(rm[:, None] >= 0, a_ptr, b_ptr) + rm[:, None] * stride_am + rk[None, :], "
+     "mask=rm[:, None] < M, other=0.0)", None),
+    # a load a helper returns
+    ("ld(a_ptr + rm[:, None] * stride_am + rk[None, :], rm[:, None] < M)",
+     "@triton.jit\ndef ld(p, mask):\n    return tl.load(p, mask=mask, other=0.0)\n"),
+])
+@pytest.mark.parametrize("rule", ["reduce_scatter", "all_reduce"])
+def test_a_stepped_tensor_read_at_fixed_offsets_is_refused(rule: str, load: str, helper: str | None) -> None:
+    """Each built and read the first columns of each rank's slice on every step (an error of 21 at world 2)."""
+    source = _with("pass", rule).replace("        pass\n        acc += tl.dot(a, b)",
+                                         "        " + FIXED.format(load=load), 1)
+    if helper:
+        source = source.replace("\n\n@tilelink.overlap", f"\n\n{helper}\n\n@tilelink.overlap", 1)
+    with pytest.raises(AnnotationError, match=r"reads `a_ptr` at the same offsets on every step of the loop at line "
+                                              r"\d+ that sums .* while the load at line \d+ steps along its K"):
+        _generate(source)
+
+
+def test_a_helper_tilelink_does_not_read_handed_a_stepped_tensor_is_refused() -> None:
+    helper = ("@triton.jit\ndef ld(p, mask):\n    x = tl.load(p, mask=mask, other=0.0)\n    if x.dtype == tl.float32:"
+              "\n        x = x * 1.0\n    return x\n")
+    load = "ld(a_ptr + rm[:, None] * 0 + rk[None, :], rm[:, None] < M)"
+    source = _with("pass").replace("        pass\n        acc += tl.dot(a, b)", "        " + FIXED.format(load=load), 1)
+    source = source.replace("\n\n@tilelink.overlap", f"\n\n{helper}\n\n@tilelink.overlap", 1)
+    with pytest.raises(AnnotationError, match=r"the call of `ld` at line \d+, in the loop at line \d+ that sums, is "
+                                              r"handed `a_ptr`, which the load at line \d+ steps along K"):
+        _generate(source)
+
+
+@pytest.mark.parametrize("inner", ["tl.static_range(0, 1)", "tl.range(0, 1)", "range(0, 2)"])
+def test_a_fixed_loop_around_the_update_keeps_the_extent_checks(inner: str) -> None:
+    """A loop around the update that does not move the loads is not the loop over K: before, it was taken for it,
+    and none of the extent's checks looked at the loop over K (`a * (K > 25)` built, an error of 20 at world 2)."""
+    source = _with("a = a * (K > 25)").replace("        acc += tl.dot(a, b)",
+                                               f"        for _r in {inner}:\n            acc += tl.dot(a, b)", 1)
+    with pytest.raises(AnnotationError, match=r"what the update at line 30 adds to `acc` \(`tl.dot\(a, b\)`\) "
+                                              r"reads `K`"):
         _generate(source)
 
 
@@ -103,6 +162,29 @@ def test_a_heuristic_of_a_row_stride_is_refused() -> None:
     with pytest.raises(AnnotationError, match=r"reads `BIG`, computed by the `@triton.heuristics` at line 14 from "
                                               r"`stride_am`, which is the row stride of `a_ptr`"):
         _generate(_with("a = a * (1 + BIG)", heuristic="{'BIG': lambda args: args['stride_am'] > 25}"))
+
+
+@pytest.mark.parametrize("edit", [
+    # through a name of its own that the load's address reads too
+    lambda s: s.replace("    acc = tl.zeros(", "    s = stride_am\n    acc = tl.zeros(", 1).replace(
+        "rm[:, None] * stride_am + (k * BLOCK_K", "rm[:, None] * s + (k * BLOCK_K", 1).replace("    pass\n",
+                                                                                            "    acc = acc * s\n", 1),
+    # rows of a bare `tl.arange` (one row tile)
+    lambda s: s.replace("a_ptr + rm[:, None] * stride_am", "a_ptr + tl.arange(0, BLOCK_M)[:, None] * stride_am", 1
+                        ).replace("    pass\n", "    acc = acc * stride_am\n", 1),
+])
+def test_a_row_stride_read_as_data_after_the_loop_is_refused(edit) -> None:
+    with pytest.raises(AnnotationError, match=r"reads `stride_am`, the row stride of `a_ptr`") as err:
+        _generate(edit(_source("acc += tl.dot(a, b)")))
+    assert "only in the loads' addresses" in err.value.hint
+
+
+def test_a_row_stride_read_as_data_in_a_flattened_loop_is_refused() -> None:
+    """The rows of a flattened loop's tile read its step (`step // k_tiles`): they are still rows."""
+    source = HEAD + FLATTENED.replace("stride_cn, acc,\n", "stride_cn, acc * stride_am,\n", 1)
+    assert "acc * stride_am" in source
+    with pytest.raises(AnnotationError, match=r"reads `stride_am`, the row stride of `a_ptr`"):
+        _generate(source)
 
 
 ADVANCED = ("    a_ptrs = a_ptr + rm[:, None] * K + rk[None, :]\n"
