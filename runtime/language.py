@@ -157,14 +157,13 @@ def _add_release_span_interpreted(first_ptr, at_first, last_ptr, at_last, middle
 
 
 @triton.jit
-def _add_release_group_interpreted(sync, fire, whole, base, pending, first, at_first, last, at_last):
+def _add_release_group_interpreted(sync, fire, base, pending, first, at_first, last, at_last):
     if fire:
-        for i in tl.static_range(NOTIFY_EVERY):  # the group's held tiles and the one carried from the last group
+        for i in tl.static_range(NOTIFY_EVERY - 1):
             _add_release_interpreted(base + pending[1 + 4 * i], pending[2 + 4 * i])
             _add_release_interpreted(base + pending[3 + 4 * i], pending[4 + 4 * i])
-        if whole:
-            _add_release_interpreted(base + first, at_first)
-            _add_release_interpreted(base + last, at_last)
+        _add_release_interpreted(base + first, at_first)
+        _add_release_interpreted(base + last, at_last)
 
 
 @triton.jit
@@ -282,40 +281,34 @@ def _add_release_span_compiled(first_ptr, at_first, last_ptr, at_last, middle_pt
 
 
 def _group_release_asm(pairs: int) -> str:
-    # operands: $0 out, $1 sync, $2 fire, $3 whole, then (address, add) for each pair. With sync, the program's
-    # bulk stores but its last have written memory (`wait_group 1`: its last tile's store may still be in flight,
-    # and that tile's adds are held for the next group), and with whole every one of them (`wait_group 0`)
-    adds = " ".join(f"setp.ne.and.u64 %tlk_p, ${5 + 2 * i}, 0, %tlk_t0; "
-                    f"@%tlk_p red.relaxed.sys.global.add.u64 [${4 + 2 * i}], ${5 + 2 * i};" for i in range(pairs))
-    return ("{ .reg .pred %tlk_sync, %tlk_whole, %tlk_t0, %tlk_p; .reg .b32 %tlk_tid; setp.ne.u32 %tlk_sync, $1, 0; "
-            "setp.ne.u32 %tlk_whole, $3, 0; "
+    # operands: $0 out, $1 sync, $2 fire, then (address, add) for each pair
+    adds = " ".join(f"setp.ne.and.u64 %tlk_p, ${4 + 2 * i}, 0, %tlk_t0; "
+                    f"@%tlk_p red.relaxed.sys.global.add.u64 [${3 + 2 * i}], ${4 + 2 * i};" for i in range(pairs))
+    return ("{ .reg .pred %tlk_sync, %tlk_t0, %tlk_p; .reg .b32 %tlk_tid; setp.ne.u32 %tlk_sync, $1, 0; "
             "mov.u32 %tlk_tid, %tid.x; setp.eq.u32 %tlk_t0, %tlk_tid, 0; setp.ne.and.u32 %tlk_t0, $2, 0, %tlk_t0; "
-            "@%tlk_whole cp.async.bulk.wait_group 0; @%tlk_sync cp.async.bulk.wait_group 1; "
-            "@%tlk_sync fence.proxy.async.global; @%tlk_sync bar.sync 15; "
+            "@%tlk_sync cp.async.bulk.wait_group 0; @%tlk_sync fence.proxy.async.global; @%tlk_sync bar.sync 15; "
             f"@%tlk_t0 fence.acq_rel.sys; {adds} mov.u32 $0, 0; }}")
 
 
-#: a grouped notify releases two adds (first and last channel) per tile: the group's held tiles, the tile carried
-#: from the group before, and the group's last when it is released with them
-_GROUP_ASM: tl.constexpr = tl.constexpr(_group_release_asm(2 * (NOTIFY_EVERY + 1)))
-_GROUP_CONSTRAINTS: tl.constexpr = tl.constexpr("=r,r,r,r" + ",l,l" * (2 * (NOTIFY_EVERY + 1)))
+#: a grouped notify releases two adds (first and last channel) per tile of the group
+_GROUP_ASM: tl.constexpr = tl.constexpr(_group_release_asm(2 * NOTIFY_EVERY))
+_GROUP_CONSTRAINTS: tl.constexpr = tl.constexpr("=r,r,r" + ",l,l" * (2 * NOTIFY_EVERY))
 
 
 @triton.jit
-def _add_release_group_compiled(sync, fire, whole, base, pending, first, at_first, last, at_last):
+def _add_release_group_compiled(sync, fire, base, pending, first, at_first, last, at_last):
     # When ``sync`` (the same on every thread, so the predicated barrier is met by all or none): the
-    # program's bulk stores but its last (all of them when ``whole``) have written memory and every thread
-    # meets; when also ``fire``, thread 0 issues one release fence and the non-zero adds of the held tiles,
-    # and of this one when ``whole``. No loop, no branch: a flattened tile loop stays flattened.
+    # program's bulk stores have written memory and every thread meets; when also ``fire``, thread 0 issues
+    # one release fence and the non-zero adds of the pending tiles and of this one (first and last channel
+    # each). No loop, no branch: a flattened tile loop stays flattened.
     wide = tl.full((), 0, tl.int64)
     tl.inline_asm_elementwise(
         _GROUP_ASM, _GROUP_CONSTRAINTS,
-        [sync.to(tl.int32), fire.to(tl.int32), whole.to(tl.int32),
+        [sync.to(tl.int32), fire.to(tl.int32),
          base + pending[1], wide + pending[2], base + pending[3], wide + pending[4],
          base + pending[5], wide + pending[6], base + pending[7], wide + pending[8],
          base + pending[9], wide + pending[10], base + pending[11], wide + pending[12],
-         base + pending[13], wide + pending[14], base + pending[15], wide + pending[16],
-         base + first, wide + tl.where(whole, at_first, 0), base + last, wide + tl.where(whole, at_last, 0)],
+         base + first, wide + at_first, base + last, wide + at_last],
         dtype=tl.int32, is_pure=False, pack=1)
 
 
@@ -611,12 +604,11 @@ def producer_tile_notify_rows(barrier_ptr, row_lo, row_hi, row_elems, rows, rows
 @triton.jit
 def no_pending_tiles():
     """The state of :func:`producer_tile_notify_rows_grouped` before a tile loop's first tile: ``(step,
-    then for each of the ``NOTIFY_EVERY - 1`` tiles a group may hold back, and for the last tile of the group
-    before, whose store may still be in flight when its group goes out: first channel, its add, last channel,
-    its add)``, typed as the loop carries them (int32 channels and step, int64 adds)."""
+    then for each of the ``NOTIFY_EVERY - 1`` tiles a group may hold back: first channel, its add, last
+    channel, its add)``, typed as the loop carries them (int32 channels and step, int64 adds)."""
     z = tl.full((), 0, tl.int32)
     w = z.to(tl.int64)
-    return (z, z, w, z, w, z, w, z, w, z, w, z, w, z, w, z, w)
+    return (z, z, w, z, w, z, w, z, w, z, w, z, w)
 
 
 @triton.jit
@@ -626,27 +618,19 @@ def _held(send, here, value, kept):
 
 
 @triton.jit
-def _carried(send, carry, value, kept):
-    # the carried tile's field after this tile: replaced when a group went out (by this tile's, if it is carried)
-    return tl.where(send, tl.where(carry, value, 0), kept)
-
-
-@triton.jit
 def producer_tile_notify_rows_grouped(barrier_ptr, pending, row_lo, row_hi, row_elems, rows, rows_per_rank,
                                       rows_per_channel, channels_per_rank, MAX_ROWS: tl.constexpr):
     """:func:`producer_tile_notify_rows` for the tiles of a loop, ``NOTIFY_EVERY`` (4) at a time: a tile's
     first and last channel adds are held in ``pending`` until the group's last tile, then the group's adds
-    go out together after one wait for the program's bulk (TMA) stores, one barrier and one system fence. The
-    group's last tile, whose store was just issued, is not waited for: its adds are held for the next group
-    (the wait leaves the program's last bulk store in flight), unless the tile also releases channels between
-    its first and last. Returns the state for the next tile; before the first, :func:`no_pending_tiles`; after
-    the loop, :func:`producer_tile_notify_flush` sends what is still held. A tile's channels between its first
-    and last (channels shorter than the tile) are released at once, with a barrier of their own.
+    go out together after one wait for the program's bulk (TMA) stores, one barrier and one system fence.
+    Returns the state for the next tile; before the first, :func:`no_pending_tiles`; after the loop,
+    :func:`producer_tile_notify_flush` sends what is still held. A tile's channels between its first and
+    last (channels shorter than the tile) are released at once, with a barrier of their own.
 
-    Each channel's adds come at most four of the program's tiles late (a channel's tiles are spread over every
-    program, so it completes at most four tiles after its last tile). On an H200 the notify of every tile
-    cost a short-K GEMM+RS (K = 1376..1792) about 5% and one per two tiles 3-4%; one per four about 2%, most
-    of it the wait for the last store. Straight-line code, so a flattened loop stays flattened. The producer
+    Each channel's adds come at most three of the program's tiles late (a channel's tiles are spread over
+    every program, so it completes at most three tiles after its last tile). On an H200 the notify of
+    every tile cost a short-K GEMM+RS (K = 1376..1792) about 5% and one per two tiles 3-4%; one per four
+    about 2%. Straight-line code, so a flattened loop stays flattened. The producer
     must not wait for anything its consumer sends before the loop ends (adds still held)."""
     step = pending[0]
     slot = step % NOTIFY_EVERY
@@ -654,32 +638,28 @@ def producer_tile_notify_rows_grouped(barrier_ptr, pending, row_lo, row_hi, row_
     first, at_first, last, at_last, channel, at_middle, leads = _row_span(
         row_lo, row_hi, row_elems, rows, rows_per_rank, rows_per_channel, channels_per_rank, MAX_ROWS)
     middle = last > first + 1  # some channel may lie between the first and the last
-    _add_release_group(send | middle, send, middle, barrier_ptr, pending, first, at_first, last, at_last)
+    _add_release_group(send | middle, send, barrier_ptr, pending, first, at_first, last, at_last)
     # after the barrier above (taken whenever a lane leads a middle channel), each by its lane's thread
     _add_release_lanes_now(barrier_ptr + channel, at_middle, leads)
     c = first.to(tl.int32)
     d = last.to(tl.int32)
     a = at_first.to(tl.int64)
     b = at_last.to(tl.int64)
-    carry = send & ~middle  # the group's last tile, not waited for: held until the next group goes out
     return ((step + 1).to(tl.int32),
             _held(send, slot == 0, c, pending[1]), _held(send, slot == 0, a, pending[2]),
             _held(send, slot == 0, d, pending[3]), _held(send, slot == 0, b, pending[4]),
             _held(send, slot == 1, c, pending[5]), _held(send, slot == 1, a, pending[6]),
             _held(send, slot == 1, d, pending[7]), _held(send, slot == 1, b, pending[8]),
             _held(send, slot == 2, c, pending[9]), _held(send, slot == 2, a, pending[10]),
-            _held(send, slot == 2, d, pending[11]), _held(send, slot == 2, b, pending[12]),
-            _carried(send, carry, c, pending[13]), _carried(send, carry, a, pending[14]),
-            _carried(send, carry, d, pending[15]), _carried(send, carry, b, pending[16]))
+            _held(send, slot == 2, d, pending[11]), _held(send, slot == 2, b, pending[12]))
 
 
 @triton.jit
 def producer_tile_notify_flush(barrier_ptr, pending):
-    """After a loop of :func:`producer_tile_notify_rows_grouped`: wait for every bulk store of the program,
-    then send the adds still held (none, and nothing is done, when every held add is 0)."""
-    some = ((pending[2] | pending[4] | pending[6] | pending[8] | pending[10] | pending[12] | pending[14]
-             | pending[16]) != 0)
-    _add_release_group(some, some, some, barrier_ptr, pending, 0, 0, 0, 0)
+    """After a loop of :func:`producer_tile_notify_rows_grouped`: wait for the program's bulk stores, then
+    send the adds still held (none, and nothing is done, when every held add is 0)."""
+    some = ((pending[2] | pending[4] | pending[6] | pending[8] | pending[10] | pending[12]) != 0)
+    _add_release_group(some, some, barrier_ptr, pending, 0, 0, 0, 0)
 
 
 @triton.jit
