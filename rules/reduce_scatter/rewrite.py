@@ -2682,13 +2682,20 @@ def _through(an: KernelAnalysis, name: str, use: str, facts: _ExtentFacts, memo:
 def _reads_offsets(an: KernelAnalysis, node: cst.BaseExpression) -> bool:
     """Whether ``node`` reads offsets: what `tl.arange` makes, through the values of the names it reads (not what
     they load)."""
-    arange = m.Call(func=m.Attribute(value=m.Name("tl"), attr=m.Name("arange")))
+    return _found_through(an, node, m.Call(func=m.Attribute(value=m.Name("tl"), attr=m.Name("arange"))),
+                          past_loads=False)
+
+
+def _found_through(an: KernelAnalysis, node: cst.BaseExpression, pattern, names: frozenset[str] = frozenset(),
+                   past_loads: bool = True) -> bool:
+    """Whether ``node`` holds ``pattern`` or reads one of ``names``, or a value of a name it reads does, in turn
+    (without ``past_loads``, not through the names a load's arguments read)."""
     todo, seen = [node], set()
     while todo:
         here = todo.pop()
-        if m.findall(here, arange):
+        if m.findall(here, pattern) or names_in(here) & names:
             return True
-        for name in names_outside_loads(here) - seen:
+        for name in (names_in(here) if past_loads else names_outside_loads(here)) - seen:
             seen.add(name)
             todo += [cst.parse_expression(src) for src, _ in _bindings(an, name)]
     return False
@@ -2779,18 +2786,8 @@ def _placed(an: KernelAnalysis, atom: str) -> bool:
     """Whether the atom ``atom`` of an address (:class:`_Offsets`) is an offset among rows or gathered, not a scalar
     the launch passes: `tl.arange`'s, a program id's, a load's, a loop's target (a persistent kernel's `tile_id`, a
     sweep's `pid_n`), through the values of the names it reads."""
-    if atom.startswith("arange:"):
-        return True
-    targets = set(_loop_targets(an).values())
-    todo, seen = [cst.parse_expression(atom)], set()
-    while todo:
-        here = todo.pop()
-        if m.findall(here, _PLACING) or names_in(here) & targets:
-            return True
-        for name in names_in(here) - seen:
-            seen.add(name)
-            todo += [cst.parse_expression(src) for src, _ in _bindings(an, name)]
-    return False
+    return atom.startswith("arange:") or _found_through(an, cst.parse_expression(atom), _PLACING,
+                                                       frozenset(_loop_targets(an).values()))
 
 
 def _address_root(an: KernelAnalysis, node: cst.BaseExpression) -> str | None:
