@@ -2358,7 +2358,9 @@ def check_sliced_reads(an: KernelAnalysis, spec) -> None:
     steps = frozenset({targets[lp] for lp in summing if lp in targets} | {
         n for n in an.values if _cycle_extent(an, n) is not None})
     _check_extent_tests(an, summing, derived, steps)
-    _check_extent_data(an, summing, _ExtentFacts(derived, sliced, shapes, steps, frozenset(sums)))
+    flats = [_flat_steps(an, lp) for lp in summing]
+    flat = (frozenset().union(*(f[0] for f in flats)), frozenset().union(*(f[1] for f in flats)))
+    _check_extent_data(an, summing, _ExtentFacts(derived, sliced, shapes, steps, frozenset(sums), flat))
     read_as_extent = frozenset((set(derived) - shapes) | sliced)
     _check_extent_loops(an, summing, read_as_extent)
     _check_k_offsets(an, summing, read_as_extent, derived)
@@ -2529,6 +2531,7 @@ class _ExtentFacts(NamedTuple):
     shapes: frozenset[str]  # the names block shapes read (a tile of another size stores the same values)
     steps: frozenset[str]  # the loops' steps, which the step's own checks judge
     sums: frozenset[str]  # the accumulators
+    flat: tuple[frozenset[str], frozenset[str]] = (frozenset(), frozenset())  # :func:`_flat_steps` of those loops
 
 
 # how a value is used where the K extent is read in the loop that sums: as data; in an address (`a_ptr + rm[:, None] *
@@ -2647,8 +2650,7 @@ def _extent_read(an: KernelAnalysis, node: cst.BaseExpression, use: str, facts: 
         return first(inner(x, _AS_OFFSETS) for x in (node.left, node.right))
     if isinstance(node, cst.IfExp):
         return first([inner(node.test, _AS_TEST), inner(node.body, use), inner(node.orelse, use)])
-    if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, (cst.FloorDivide, cst.Modulo)) and \
-            names_in(node.left) & facts.steps:
+    if _taken_apart(an, node, facts.flat):
         return None  # the step taken apart over the extent (a flattened loop's `step // k_tiles`): the step's checks
     if isinstance(node, cst.Comparison) and use != _AS_TEST:
         return inner(node, _AS_TEST)  # a comparison's value is a choice
@@ -2745,6 +2747,8 @@ class _Offsets(_Columns):
 
     def read(self, node: cst.BaseExpression, depth: int = 0) -> Poly | None:
         node = _bare(node)
+        if isinstance(node, cst.NamedExpr):  # `(p := a_ptr)`: what it binds
+            return self.read(node.value, depth)
         if isinstance(node, cst.Subscript) and all(
                 m.matches(e.slice, m.Index(value=m.Name("None")) | m.Slice(lower=None, upper=None, step=None))
                 for e in node.slice):
@@ -2771,7 +2775,8 @@ def _made_address(an: KernelAnalysis, name: str) -> cst.Call | None:
 def _show_term(terms: Poly, monomial: tuple[str, ...]) -> str:
     """A term of :class:`_Offsets`' form as source: an atom written out whole is parenthesised."""
     factors = [a[len("arange:"):].join(("tl.arange(0, ", ")")) if a.startswith("arange:") else
-               a if re.fullmatch(r"[\w.]+", a) or a.endswith(")") and not re.search(r"\) *[-+*/%<>]", a) else f"({a})"
+               a if isinstance(_bare(cst.parse_expression(a)), (cst.Name, cst.Attribute, cst.Call, cst.Subscript,
+                                                                cst.Integer)) else f"({a})"
                for a in monomial]
     coefficient = terms[monomial]
     return " * ".join(([str(coefficient)] if coefficient != 1 else []) + factors) or str(coefficient)
@@ -2836,17 +2841,18 @@ def _reads_varying(an: KernelAnalysis, node: cst.BaseExpression, varying: set[st
                for monomial in terms for atom in monomial)
 
 
-def _summing_loads(an: KernelAnalysis, loop: tuple[Where, Where]) -> tuple[list[_Load], set[str], set[str]]:
+def _summing_loads(an: KernelAnalysis, loop: tuple[Where, Where], outside: bool = False
+                   ) -> tuple[list[_Load], set[str], set[str]]:
     """The loads in ``loop`` (also those a helper it calls returns, and a helper TileLink does not read handed a
     pointer), with the names that change from step to step (:func:`_varying`) and, of those, the ones the loop
-    carries (a pointer it advances, `offs_k += BLOCK_K`)."""
+    carries (a pointer it advances, `offs_k += BLOCK_K`); with ``outside``, the loads outside it instead."""
     varying = _varying(an, loop, _loop_targets(an).get(loop))
     carried = {n for n in varying if any(_inside(w, loop) and n in names_in(cst.parse_expression(src))
                                          for src, w in _bindings(an, n) if w is not None)}
     found = []
     loads = m.Call(func=m.Attribute(attr=m.Name("load") | m.Name("load_tensor_descriptor")))
     for src, site in _located(an):
-        if not _inside(site, loop):
+        if _inside(site, loop) == outside:
             continue
         node = cst.parse_expression(src)
         calls = list(m.findall(node, loads))
@@ -2877,10 +2883,24 @@ def _summing_loads(an: KernelAnalysis, loop: tuple[Where, Where]) -> tuple[list[
     return found, varying, carried
 
 
-def _taken_apart(an: KernelAnalysis, node: cst.BaseExpression, steps: set[str],
+def _flat_steps(an: KernelAnalysis, loop: tuple[Where, Where]) -> tuple[frozenset[str], frozenset[str]]:
+    """For a flattened loop that sums (its range is no K extent, a name bound in it cycles over `tl.cdiv(K, F)`):
+    its target and the extent its step is taken apart over (:func:`_taken_apart`); nothing for any other loop."""
+    target = _loop_targets(an).get(loop)
+    if target is None or _loop_extent(an, loop, target)[0] is not None:
+        return frozenset(), frozenset()
+    passed = set(an.params) - set(an.constexpr_params)
+    extent = {f for n in set(an.values) if any(w is not None and _inside(w, loop) for _, w in _bindings(an, n))
+              and (c := _cycle_extent(an, n)) is not None for _, f in c if f in passed}
+    return (frozenset({target}), frozenset(extent)) if extent else (frozenset(), frozenset())
+
+
+def _taken_apart(an: KernelAnalysis, node: cst.BaseExpression, flat: tuple[frozenset[str], frozenset[str]],
                  operators=(cst.FloorDivide, cst.Modulo)) -> bool:
     """Whether ``node`` is a flattened loop's step taken apart over its count of K blocks (`step // k_tiles`, `step %
-    k_tiles` with `k_tiles = tl.cdiv(K, BLOCK_K)`): the tile it is on and the block of K."""
+    k_tiles` with `k_tiles = tl.cdiv(K, BLOCK_K)`; ``flat``, :func:`_flat_steps`): the tile it is on and the block of
+    K. Another loop's step, or a count of anything else, is no such thing (`k % tl.cdiv(K, 2 * BLOCK_K)`)."""
+    steps, extent = flat
     if not (isinstance(node, cst.BinaryOperation) and isinstance(node.operator, operators)):
         return False
     if not (isinstance(_bare(node.left), cst.Name) and _bare(node.left).value in steps):  # type: ignore
@@ -2888,31 +2908,60 @@ def _taken_apart(an: KernelAnalysis, node: cst.BaseExpression, steps: set[str],
     count = _bare(node.right)
     if isinstance(count, cst.Name) and count.value not in an.params and len(_bindings(an, count.value)) == 1:
         count = _bare(cst.parse_expression(_bindings(an, count.value)[0][0]))
-    return bool(m.matches(count, m.Call(func=m.Attribute(attr=m.Name("cdiv"))))) or _ceil_divided(count) is not None
+    if m.matches(count, m.Call(func=m.Attribute(attr=m.Name("cdiv")))) and len(count.args) == 2:  # type: ignore
+        over = count.args[0].value  # type: ignore[union-attr]
+    elif (divided := _ceil_divided(count)) is not None:
+        over = divided[0]
+    else:
+        return False
+    return {n for t, _ in _terms(_bare(over)) for n in names_in(t)} <= set(extent) | set(an.constexpr_params)
 
 
-def _reads_through(an: KernelAnalysis, node: cst.BaseExpression, wanted: frozenset[str] | set[str], steps: set[str],
-             memo: dict[str, set[str]], operators=(cst.FloorDivide, cst.Modulo)) -> set[str]:
+def _reads_through(an: KernelAnalysis, node: cst.BaseExpression, wanted: frozenset[str] | set[str],
+                   flat: tuple[frozenset[str], frozenset[str]], memo: dict[str, set[str]],
+                   operators=(cst.FloorDivide, cst.Modulo)) -> set[str]:
     """The names of ``wanted`` that ``node`` reads, through the values of the names it reads; not in a flattened
     loop's step taken apart by ``operators`` (:func:`_taken_apart`)."""
     node = _bare(node)
-    if _taken_apart(an, node, steps, operators):
+    if _taken_apart(an, node, flat, operators):
         return set()
     if isinstance(node, cst.Name):
         if node.value not in memo:
             memo[node.value] = read = {node.value} & set(wanted)  # also what a turn back to it reads
             for src, _ in _bindings(an, node.value):
-                read |= _reads_through(an, cst.parse_expression(src), wanted, steps, memo, operators)
+                read |= _reads_through(an, cst.parse_expression(src), wanted, flat, memo, operators)
         return memo[node.value]
-    return {n for child in _expressions(node) for n in _reads_through(an, child, wanted, steps, memo, operators)}
+    return {n for child in _expressions(node) for n in _reads_through(an, child, wanted, flat, memo, operators)}
 
 
-def _moves_along(an: KernelAnalysis, atom: str, steps: set[str], carried: set[str]) -> bool:
-    """Whether the atom ``atom`` of an address (:class:`_Offsets`) moves along K with the loop's step: it reads the
-    step (``steps``) or what the loop carries, other than as the tile a flattened loop's step is on (`step //
-    k_tiles`)."""
+def _moves_along(an: KernelAnalysis, atom: str, flat: tuple[frozenset[str], frozenset[str]], moving: set[str]
+                 ) -> bool:
+    """Whether the atom ``atom`` of an address (:class:`_Offsets`) moves along K with the loop's step: it reads one
+    of ``moving`` (the loop's target, what it carries), other than as the tile a flattened loop's step is on (`step
+    // k_tiles`)."""
     return not atom.startswith("arange:") and bool(_reads_through(
-        an, cst.parse_expression(atom), steps | carried, steps, {}, (cst.FloorDivide,)))
+        an, cst.parse_expression(atom), moving, flat, {}, (cst.FloorDivide,)))
+
+
+def _step_misread(an: KernelAnalysis, atom: str, flat: tuple[frozenset[str], frozenset[str]],
+                  moving: set[str]) -> bool:
+    """Whether the atom ``atom`` of an address reads the loop's step other than as where the step's columns start:
+    an expression of it (`k % 2`, `tl.where(k > 0, ...)`, a load at an offset of it) other than a flattened loop's
+    step taken apart (:func:`_taken_apart`) or a group of the step's columns (`k * BLOCK_K // group_k`, a block
+    scale's index)."""
+    if atom.startswith("arange:") or not _reads_through(an, cst.parse_expression(atom), moving, flat, {}):
+        return False
+    node = _bare(cst.parse_expression(atom))
+    if isinstance(node, cst.Name):
+        return False  # a name the loop carries: its values are read in turn
+    if _taken_apart(an, node, flat):
+        return False
+    if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.FloorDivide) and not _reads_through(
+            an, node.right, moving, flat, {}):
+        left = _Offsets(an).read(node.left)
+        return left is None or any(_step_misread(an, x, flat, moving) for t in left for x in t) or any(
+            sum(1 for x in t if _moves_along(an, x, flat, moving)) > 1 for t in left)
+    return True
 
 
 def _row_strides(an: KernelAnalysis, summing) -> dict[str, str]:
@@ -2929,7 +2978,7 @@ def _row_strides(an: KernelAnalysis, summing) -> dict[str, str]:
     targets = _loop_targets(an)
     for loop in summing:
         loads, varying, carried = _summing_loads(an, loop)
-        steps = {targets[loop]} if loop in targets else set()
+        flat, moving_names = _flat_steps(an, loop), {targets[loop]} | carried if loop in targets else set(carried)
         for load in loads:
             if not load.steps or load.root is None or load.helper:
                 continue
@@ -2945,7 +2994,7 @@ def _row_strides(an: KernelAnalysis, summing) -> dict[str, str]:
                         continue
                     params = set(monomial) & passed - {load.root}
                     # what moves along K with the step: not the tile a flattened loop's step is on (`step // k_tiles`)
-                    moving = [x for x in monomial if _moves_along(an, x, steps, carried)]
+                    moving = [x for x in monomial if _moves_along(an, x, flat, moving_names)]
                     if advance or moving:
                         along |= params
                     elif any(_placed(an, x) for x in monomial):
@@ -2955,10 +3004,13 @@ def _row_strides(an: KernelAnalysis, summing) -> dict[str, str]:
 
 
 def _misread(an: KernelAnalysis, node: cst.BaseExpression, extent: frozenset[str], varying: set[str],
-             carried: set[str], steps: set[str], seen: set[str]) -> tuple[str, str] | None:
+             carried: set[str], moving: set[str], flat: tuple[frozenset[str], frozenset[str]], seen: set[str]
+             ) -> tuple[str, str] | None:
     """(the extent read, the term) where ``node``, an address in a loop that sums, reads the extent other than as a
     row stride (:func:`_check_k_offsets`); ``carried``: the names the loop carries (a pointer it advances, whose
-    values are read in turn); ``steps``: the loop's target."""
+    values are read in turn); ``moving``: the loop's target and what it carries; ``flat``: :func:`_flat_steps`. The
+    step may be read only as where the step's columns start (``k * BLOCK_K``, a pointer advanced on each step):
+    `(None, term)` where it is read otherwise (:func:`_step_misread`), or more than once in a term (`k * k`)."""
     bare = _bare(node)
     if isinstance(bare, cst.Call) and m.matches(bare, _ADDRESSING):
         # a block pointer or a descriptor: its base and its offsets (its shape and strides lay out the rank's own
@@ -2968,7 +3020,8 @@ def _misread(an: KernelAnalysis, node: cst.BaseExpression, extent: frozenset[str
                                             if called != "make_tensor_descriptor" else [])
         for part in parts:
             for x in (e.value for e in part.elements) if isinstance(part, (cst.Tuple, cst.List)) else [part]:
-                if x is not None and (found := _misread(an, x, extent, varying, carried, steps, seen)) is not None:
+                if x is not None and (found := _misread(an, x, extent, varying, carried, moving, flat,
+                                                        seen)) is not None:
                     return found
         return None
     terms = _Offsets(an).read(node)
@@ -2982,16 +3035,19 @@ def _misread(an: KernelAnalysis, node: cst.BaseExpression, extent: frozenset[str
                 if atom not in seen:  # where it starts, what each step adds; what a block pointer is made from
                     seen.add(atom)
                     for src, _ in _bindings(an, atom):
-                        if (found := _misread(an, cst.parse_expression(src), extent, varying, carried, steps,
-                                              seen)) is not None:
+                        if (found := _misread(an, cst.parse_expression(src), extent, varying, carried, moving,
+                                              flat, seen)) is not None:
                             return found
                 continue
-            if not (read := _reads_through(an, cst.parse_expression(atom), extent, steps, {})):
-                continue
+            read = _reads_through(an, cst.parse_expression(atom), extent, flat, {})
             term = _show_term(terms, monomial)
-            if atom not in extent:
+            if read and atom not in extent:
                 return sorted(read)[0], term
-            if not any(_placed(an, x) and not _moves_along(an, x, steps, carried) for x in monomial if x != atom):
+            if _step_misread(an, atom, flat, moving) or sum(_moves_along(an, x, flat, moving) for x in monomial) > 1:
+                return None, term
+            if not read:
+                continue
+            if not any(_placed(an, x) and not _moves_along(an, x, flat, moving) for x in monomial if x != atom):
                 return atom, term
     return None
 
@@ -3006,11 +3062,21 @@ def _check_k_offsets(an: KernelAnalysis, summing, extent: frozenset[str], said: 
     targets = _loop_targets(an)
     for loop in sorted(summing, key=lambda lp: (lp[0].line, lp[0].column)):
         loads, varying, carried = _summing_loads(an, loop)
-        steps = {targets[loop]} if loop in targets else set()
+        flat, moving = _flat_steps(an, loop), {targets[loop]} | carried if loop in targets else set(carried)
         for load in loads:
             for node in load.offsets if not load.helper else ():
-                if (found := _misread(an, node, extent, varying, carried, steps, set())) is not None:
+                if (found := _misread(an, node, extent, varying, carried, moving, flat, set())) is not None:
                     site = load.site
+                    if found[0] is None:
+                        raise AnnotationError(
+                            f"the address of the load at line {site.line} reads the step of the loop at line "
+                            f"{loop[0].line}, which sums, other than as where the step's columns start (`{found[1]}`): "
+                            f"each rank runs that loop over its own slice of K, so columns picked by the step's place "
+                            f"in the rank's slice are other columns on each rank than on the full problem, and the "
+                            f"sum over the ranks would not be its value",
+                            file=site.file, line=site.line, column=site.column,
+                            hint="offset the K columns by the step as `k * BLOCK_K + tl.arange(0, BLOCK_K)` (or a "
+                                 "pointer advanced by `BLOCK_K * stride_ak` on each step), nothing else of it")
                     raise AnnotationError(
                         f"the address of the load at line {site.line}, in the loop at line {loop[0].line} that sums, "
                         f"reads `{found[0]}`, {said.get(found[0], 'computed from the K extent of that loop')} "
@@ -3026,6 +3092,31 @@ def _check_k_offsets(an: KernelAnalysis, summing, extent: frozenset[str], said: 
         for load in loads:
             if load.steps and load.root is not None:
                 stepping.setdefault(load.root, load.site)
+        if stepping and _loop_extent(an, loop, targets.get(loop))[0] is None and not flat[0]:
+            header = next((src for src, w in an.effects if w == loop[0]), "")
+            header = header.split(":=", 1)[-1].strip().removesuffix(")").strip() if header else ""
+            raise AnnotationError(
+                f"TileLink does not read the K extent of the loop at line {loop[0].line}, which sums"
+                f"{f' (`{header}`)' if header else ''}: each rank runs it over its own slice of K, and TileLink can "
+                f"check neither that it covers the slice nor that nothing else reads the extent",
+                file=loop[0].file, line=loop[0].line, column=loop[0].column,
+                hint="loop over `range(0, tl.cdiv(K, BLOCK_K))` (or `range(0, K, BLOCK_K)`, a count bound once to "
+                     "`tl.cdiv(K, BLOCK_K)`)")
+        for load in _summing_loads(an, loop, outside=True)[0]:
+            # on a launch that also steps along it (vLLM's MoE kernel reads `b_scale_ptr` before the loop on one
+            # compile-time path and steps along it on another)
+            along = [other.site for other in loads if other.steps and other.root == load.root and _joined_sides(
+                _launch_sides(an, load.site), _launch_sides(an, other.site)) is not None]
+            if along and not load.helper:
+                site = load.site
+                raise AnnotationError(
+                    f"the load at line {site.line} reads `{load.root}` outside the loop at line {loop[0].line} that "
+                    f"sums, which steps along its K (the load at line {along[0].line}): each rank holds "
+                    f"only its own slice of K of `{load.root}`, so what this load reads differs from rank to rank, "
+                    f"and the sum over the ranks would not be the full problem's value",
+                    file=site.file, line=site.line, column=site.column,
+                    hint=f"read `{load.root}` only in the loop that sums, at each step's own columns (Triton "
+                         f"pipelines the loop's loads itself: no load before the loop is needed)")
         for load in loads:
             if load.steps:
                 continue

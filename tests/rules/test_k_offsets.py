@@ -7,6 +7,8 @@ that kernel on the race-exposing schedule."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 import tilelink
@@ -217,3 +219,54 @@ def test_offsets_along_k_read_from_the_step_equal_the_kernel(name: str, edit, tm
     assert "tll.producer_tile_notify" in _generate(source).rewritten["matmul"]
     errors = tilelink.spawn(_scattered_on, 2, str(path), 8)
     assert all(e < 1e-4 for e in errors), errors
+
+
+@pytest.mark.parametrize("offs, says", [
+    # the step wrapped, or divided, by a count: its place in the rank's slice, not its columns
+    ("(k % tl.cdiv(K, 2 * BLOCK_K)) * BLOCK_K + rk", r"reads `K`, .* \(through `BLOCK_K \* \(k % tl.cdiv\(K, 2 \* "
+                                                     r"BLOCK_K\)\) \* stride_ak`\)"),
+    ("(k % tl.cdiv(N, 32)) * BLOCK_K + rk", r"reads the step of the loop at line 23, which sums, other than as where "
+                                            r"the step's columns start \(`BLOCK_K \* \(k % tl.cdiv\(N, 32\)\)"),
+    ("(k // tl.cdiv(K, 2 * BLOCK_K)) * BLOCK_K + rk", r"reads `K`"),
+    ("(k * k) * BLOCK_K + rk", r"other than as where the step's columns start"),
+])
+def test_the_step_read_other_than_as_its_columns_is_refused(offs: str, says: str) -> None:
+    body = f"offs = {offs}\n        " + A_LOAD.replace("(k * BLOCK_K + rk)[None, :] * stride_ak",
+                                                        "offs[None, :] * stride_ak")
+    with pytest.raises(AnnotationError, match=says) as err:
+        _generate(_with(body))
+    assert err.value.line == 29
+
+
+@pytest.mark.parametrize("where", ["before", "after"])
+def test_a_stepped_tensor_read_outside_the_loop_that_sums_is_refused(where: str) -> None:
+    """`a0 = tl.load(a_ptr + ...)` before the loop, added on every step, read the first columns of each rank's
+    slice (an error of 24 at world 2); after the loop, the last ones."""
+    load = "a0 = tl.load(a_ptr + rm[:, None] * stride_am + rk[None, :] * stride_ak, mask=rm[:, None] < M, other=0.0)"
+    source = _source("acc += tl.dot(a, b)")
+    if where == "before":
+        source = source.replace("    acc = tl.zeros(", f"    {load}\n    acc = tl.zeros(", 1).replace(
+            "        acc += tl.dot(a, b)", "        acc += tl.dot(a + a0, b)", 1)
+    else:
+        source = source.replace("    pass\n", f"    {load}\n    acc += tl.sum(a0)\n", 1)
+    with pytest.raises(AnnotationError, match=r"the load at line \d+ reads `a_ptr` outside the loop at line \d+ that "
+                                              r"sums, which steps along its K"):
+        _generate(source)
+
+
+@pytest.mark.parametrize("count", ["K // BLOCK_K", "(K + 15) >> 4"])
+def test_a_loop_that_sums_over_a_count_tilelink_does_not_read_is_refused(count: str) -> None:
+    """Without a mask reading the step, nothing else would look at the extent of such a loop: `range(0, K //
+    BLOCK_K)` summed 16 of a rank's 20 columns (an error of 11 at world 2)."""
+    source = _source("acc += tl.dot(a, b)").replace("range(0, tl.cdiv(K, BLOCK_K))", f"range(0, {count})", 1)
+    source = re.sub(r",\s*mask=[^\n]*other=0\.0\)", ")", source)
+    assert "< K" not in source.split("for k in")[1].split("acc +=")[0], source
+    with pytest.raises(AnnotationError, match=r"TileLink does not read the K extent of the loop at line 16, which "
+                                              r"sums"):
+        _generate(source)
+
+
+def test_a_pointer_bound_by_a_walrus_in_the_address_is_read() -> None:
+    body = "a = a + tl.load((p := a_ptr) + rm[:, None] * stride_am + rk[None, :], mask=rm[:, None] < M, other=0.0)"
+    with pytest.raises(AnnotationError, match=r"reads `a_ptr` at the same offsets on every step"):
+        _generate(_with(body))
