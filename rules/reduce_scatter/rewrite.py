@@ -1383,6 +1383,12 @@ def _varying(an: KernelAnalysis, loop: tuple[Where, Where], target: str | None) 
     return varying
 
 
+def _loop_header(an: KernelAnalysis, loop: tuple[Where, Where]) -> str:
+    """The source of what ``loop`` runs over (its range, its `while` test), for a message; "" where none is kept."""
+    header = next((src for src, w in an.effects if w == loop[0]), "")
+    return header.split(":=", 1)[-1].strip().removesuffix(")").strip() if ":=" in header else header.strip()
+
+
 def _check_k_masks(an: KernelAnalysis, a, rule: str) -> None:
     """Each rank runs the loop that sums over its own slice of K, counting from its start: a load's mask that reads
     the loop's step must bound the offsets along K by the K extent the call passes (`offs_k[None, :] < K - k *
@@ -1411,8 +1417,7 @@ def _check_k_masks(an: KernelAnalysis, a, rule: str) -> None:
                         continue
                     if extent[0] is None and _bounds_k(an, term, target, extent, stored, shape_only=True):
                         # the form of a bound by the loop's extent, which is not known
-                        header = next((src for src, w in an.effects if w == loop[0]), "")
-                        header = header.split(":=", 1)[-1].strip().removesuffix(")").strip() if header else ""
+                        header = _loop_header(an, loop)
                         raise AnnotationError(
                             f"the mask of the load at line {site.line} bounds the offsets along K in the loop at "
                             f"line {loop[0].line}, which sums the partial sums of {a.tensor!r}, but TileLink does not "
@@ -3093,8 +3098,7 @@ def _check_k_offsets(an: KernelAnalysis, summing, extent: frozenset[str], said: 
             if load.steps and load.root is not None:
                 stepping.setdefault(load.root, load.site)
         if stepping and _loop_extent(an, loop, targets.get(loop))[0] is None and not flat[0]:
-            header = next((src for src, w in an.effects if w == loop[0]), "")
-            header = header.split(":=", 1)[-1].strip().removesuffix(")").strip() if header else ""
+            header = _loop_header(an, loop)
             raise AnnotationError(
                 f"TileLink does not read the K extent of the loop at line {loop[0].line}, which sums"
                 f"{f' (`{header}`)' if header else ''}: each rank runs it over its own slice of K, and TileLink can "
