@@ -995,6 +995,8 @@ def _loop_extent(an: KernelAnalysis, loop: tuple[Where, Where], target: str | No
     if len(args) == 3 and not m.matches(_bare(args[2]), m.UnaryOperation()):
         return args[1], (), False  # `range(start, X, F)`: `k` is the column the step starts at (a split's too)
     stop = args[0] if len(args) == 1 else args[1] if len(args) > 1 and m.matches(args[0], m.Integer("0")) else None
+    if isinstance(stop, cst.Name) and stop.value in set(an.params) - set(an.constexpr_params):
+        return stop, (), False  # `range(0, K)`: a column a step, `k` itself
     for _ in range(4):  # through a name bound once (`k_tiles = tl.cdiv(K, BLOCK_SIZE_K)`)
         if isinstance(stop, cst.Name) and stop.value not in an.params and len(_bindings(an, stop.value)) == 1:
             stop = cst.parse_expression(_bindings(an, stop.value)[0][0])
