@@ -196,12 +196,13 @@ def test_columns_advanced_in_place_bounded_by_the_loop_s_extent_equal_torch(tmp_
 
 
 def test_k_offsets_in_a_loop_over_a_passed_count_bounded_by_another_parameter_are_refused() -> None:
-    """The loop's extent is not read (`range(0, NB)`): offsets of the output's own (a flattened loop's `rn < N`) may
-    be bounded by a passed parameter, K offsets may not (`offs_k < N` reads past a rank's slice when N = K)."""
+    """A loop over a passed count (`range(0, NB)`, a column a step over the extent NB): K offsets bounded by another
+    parameter (`offs_k < N`, which reads past a rank's slice when N = K) are refused."""
     source = _in_place("N").replace("for k in range(0, tl.cdiv(K, BLOCK_K)):", "for k in range(0, NB):").replace(
         "M, N, K,", "M, N, K, NB,")
     assert "range(0, NB)" in source and "K, NB," in source
-    with pytest.raises(AnnotationError, match="does not read that loop's K extent from its range"):
+    with pytest.raises(AnnotationError, match=r"other than by bounding the offsets along K by the parameters "
+                                              r"\(`offs_k\[None, :\] < N`\)"):
         _generate(source)
 
 
