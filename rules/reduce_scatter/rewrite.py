@@ -2806,14 +2806,12 @@ def _address_root(an: KernelAnalysis, node: cst.BaseExpression) -> str | None:
     """The name an address adds its offsets to (`a_ptr` of `a_ptr + offs`, of `a_ptrs` bound to it, of a descriptor's
     `a_desc.load(...)`): the first term of the sum, through the first binding of a name the kernel binds."""
     for _ in range(8):
-        node = _bare(node)
-        while isinstance(node, cst.BinaryOperation) and isinstance(node.operator, (cst.Add, cst.Subtract)):
-            node = _bare(node.left)
-        if not isinstance(node, cst.Name):
+        name = _leading_name(node)
+        if name is None:
             return None
-        binds = _bindings(an, node.value)
-        if node.value in an.params or not binds:
-            return node.value
+        binds = _bindings(an, name)
+        if name in an.params or not binds:
+            return name
         node = cst.parse_expression(binds[0][0])
         if m.matches(node, _ADDRESSING) and node.args:
             node = node.args[0].value
