@@ -2850,7 +2850,17 @@ def _summing_loads(an: KernelAnalysis, loop: tuple[Where, Where], outside: bool 
                    ) -> tuple[list[_Load], set[str], set[str]]:
     """The loads in ``loop`` (also those a helper it calls returns, and a helper TileLink does not read handed a
     pointer), with the names that change from step to step (:func:`_varying`) and, of those, the ones the loop
-    carries (a pointer it advances, `offs_k += BLOCK_K`); with ``outside``, the loads outside it instead."""
+    carries (a pointer it advances, `offs_k += BLOCK_K`); with ``outside``, the loads outside it instead. Read once
+    per analysis: the checks ask for each loop several times."""
+    memo = an.__dict__.setdefault("_summing_loads", {})  # the analysis is frozen: its own dict holds the answers
+    if (loop, outside) not in memo:
+        memo[loop, outside] = _read_summing_loads(an, loop, outside)
+    return memo[loop, outside]
+
+
+def _read_summing_loads(an: KernelAnalysis, loop: tuple[Where, Where], outside: bool
+                        ) -> tuple[list[_Load], set[str], set[str]]:
+    """:func:`_summing_loads`, read."""
     varying = _varying(an, loop, _loop_targets(an).get(loop))
     carried = {n for n in varying if any(_inside(w, loop) and n in names_in(cst.parse_expression(src))
                                          for src, w in _bindings(an, n) if w is not None)}
