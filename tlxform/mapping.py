@@ -216,10 +216,13 @@ def tile_shift(rank, rpr, tile):
 
 def rotate_tile(t, num_tiles, shift):
     """The tile processed at step ``t``: ``(t + shift) % num_tiles`` (a bijection on ``[0, num_tiles)`` for ``shift >=
-    0``); a step past the tiles (``t >= num_tiles``: a program of a grid larger than the tiles, which the kernel's
-    masks leave idle) stays as it is, so that it is not sent onto a tile another program also computes."""
-    past = _min(t // num_tiles, 1)
-    return (1 - past) * ((t + shift) % num_tiles) + past * t
+    0``); a step outside the tiles (``t >= num_tiles`` or ``t < 0``: a program of a grid larger than the tiles, or one
+    the kernel places before the first, which its masks leave idle) stays as it is, so that it is not sent onto a tile
+    another program also computes. No division reads ``t`` itself, which may be negative."""
+    before = _min(_max(0 - t, 0), 1)
+    past = _min(_max(t - num_tiles + 1, 0), 1)
+    inside = _max(_min(t, num_tiles - 1), 0)
+    return (1 - before - past) * ((inside + shift) % num_tiles) + (before + past) * t
 
 
 # tl_ name -> Python form. Order = dependency order (a function only calls ones above it).

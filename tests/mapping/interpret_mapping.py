@@ -39,9 +39,9 @@ from tilelink.mapping import (  # noqa: E402
 )
 
 BLOCK = 256
-INPUTS = ("row", "ch", "rank", "lo", "hi", "t", "shift")
+INPUTS = ("row", "ch", "rank", "lo", "hi", "t", "shift", "step")
 OUTPUTS = ("channel_of_row", "channel_rank", "rank_lo", "rank_hi", "ch_lo", "ch_hi", "ch_rows",
-           "span_first", "span_count", "overlap", "tile_lo", "tile_hi", "tile_shift", "remap")
+           "span_first", "span_count", "overlap", "tile_lo", "tile_hi", "tile_shift", "remap", "remap_any")
 
 
 @triton.jit
@@ -54,6 +54,7 @@ def block_kernel(in_ptr, out_ptr, M, rpr, rpc, C, tile, num_tiles, BLOCK: tl.con
     hi = tl.load(in_ptr + 4 * BLOCK + i)
     t = tl.load(in_ptr + 5 * BLOCK + i)
     shift = tl.load(in_ptr + 6 * BLOCK + i)
+    step = tl.load(in_ptr + 7 * BLOCK + i)
     tl.store(out_ptr + 0 * BLOCK + i, tl_channel_of_row(row, rpr, rpc, C))
     tl.store(out_ptr + 1 * BLOCK + i, tl_channel_rank(ch, C))
     r_lo, r_hi = tl_rank_range(rank, M, rpr)
@@ -72,6 +73,8 @@ def block_kernel(in_ptr, out_ptr, M, rpr, rpc, C, tile, num_tiles, BLOCK: tl.con
     tl.store(out_ptr + 11 * BLOCK + i, t_hi)
     tl.store(out_ptr + 12 * BLOCK + i, tl_tile_shift(rank, rpr, tile))
     tl.store(out_ptr + 13 * BLOCK + i, tl_remap_tile(t, num_tiles, shift))
+    # a program before the first tile or past the last (an idle one of a larger grid) is left where it is
+    tl.store(out_ptr + 14 * BLOCK + i, tl_remap_tile(step, num_tiles, shift))
 
 
 @triton.jit
@@ -125,6 +128,7 @@ def check(cases: int, seed: int) -> list[str]:
             "hi": lo + rng.integers(-10, 3 * tile, size=BLOCK),
             "t": rng.integers(0, n, size=BLOCK),
             "shift": rng.integers(0, 10**6, size=BLOCK),
+            "step": rng.integers(-n - 3, 2 * n + 3, size=BLOCK),
         }
         x = torch.from_numpy(np.stack([inputs[k] for k in INPUTS]).astype(np.int64))
         out = torch.zeros((len(OUTPUTS), BLOCK), dtype=torch.int64)
@@ -145,6 +149,7 @@ def check(cases: int, seed: int) -> list[str]:
             "tile_hi": mp.tile_range(v["t"], tile, M)[1],
             "tile_shift": mp.tile_shift(v["rank"], rpr, tile),
             "remap": mp.rotate_tile(v["t"], n, v["shift"]),
+            "remap_any": mp.rotate_tile(v["step"], n, v["shift"]),
         }
         for k, name in enumerate(OUTPUTS):
             got = out[k].numpy()

@@ -152,6 +152,10 @@ def test_remap_tile_is_a_bijection(num_tiles: int, world: int, data, order: str)
     steps = np.arange(num_tiles)
     shift = data.draw(st.integers(0, 10**6))
     assert np.array_equal(np.sort(mp.rotate_tile(steps, num_tiles, shift)), steps)
+    # a program outside the tiles (before the first: a kernel whose grid starts at tile -1; past the last) stays idle
+    # where it is, never sent onto a tile another program computes
+    outside = np.concatenate([np.arange(-num_tiles - 2, 0), np.arange(num_tiles, 2 * num_tiles + 2)])
+    assert np.array_equal(mp.rotate_tile(outside, num_tiles, shift), outside)
     seen = [mp.remap_tile(t, num_tiles, rank, world, order) for t in range(min(num_tiles, 300))]
     assert len(set(seen)) == len(seen) and all(0 <= t < num_tiles for t in seen)
     if num_tiles <= 300:
