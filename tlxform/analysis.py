@@ -572,7 +572,9 @@ def _arg(call: cst.Call, position: int, keyword: str) -> cst.BaseExpression | No
 
 
 def _arange_size(node: cst.BaseExpression) -> str | None:
-    """``tl.arange(0, B)`` -> ``"B"``."""
+    """``tl.arange(0, B)`` -> ``"B"`` (also widened, ``tl.arange(0, B).to(tl.int64)``: the same values)."""
+    if _is_widening(node):
+        node = node.func.value  # type: ignore[attr-defined]
     if _is_tl_call(node, "arange") and len(node.args) == 2:  # type: ignore[attr-defined]
         lo, hi = node.args  # type: ignore[attr-defined]
         if m.matches(lo.value, m.Integer("0")):
@@ -662,6 +664,20 @@ def header_expressions(ref: StmtRef) -> list[cst.CSTNode]:
     return []
 
 
+class _Renamed(cst.CSTTransformer):
+    """Each read of the name ``old`` made a read of ``new`` (an attribute's own name, `x.dtype`'s `dtype`, is left)."""
+
+    def __init__(self, old: str, new: str) -> None:
+        super().__init__()
+        self.old, self.new = old, new
+
+    def leave_Name(self, original: cst.Name, updated: cst.Name) -> cst.BaseExpression:
+        return updated.with_changes(value=self.new) if original.value == self.old else updated
+
+    def leave_Attribute(self, original: cst.Attribute, updated: cst.Attribute) -> cst.BaseExpression:
+        return updated.with_changes(attr=original.attr)
+
+
 # ----------------------------------------------------------------------------- the analysis
 class _Analyzer:
     def __init__(self, module: cst.Module, wrapper: MetadataWrapper, fn: cst.FunctionDef, file: str,
@@ -727,6 +743,62 @@ class _Analyzer:
                 self.bindings.setdefault(name, []).append(span)
         for spans in self.bindings.values():
             spans.sort(key=lambda b: (b[0].line, b[0].column))
+        # the names bound on both sides of an `if` to one value, read as bound once at the `if`: their two values
+        self.twins: dict[str, tuple[cst.BaseExpression, cst.BaseExpression]] = {}
+        self._fold_constructions(fn)
+
+    def _fold_constructions(self, fn: cst.FunctionDef) -> None:
+        """A name bound at the kernel's top level to another name, and bound again there to itself plus offsets before
+        anything else reads it (torch Inductor's `A = arg_A`, then `A = A + (ram[:, None] * stride_am + ...)`), is read
+        as bound once, to the second value with the first written in: straight-line code, so the first value is read
+        nowhere else. The pointer is made in two steps, not advanced: its rows are the second step's offsets."""
+        top = [ref for ref in self.statements if ref.blocks == (fn.body,)]
+        order = {id(ref.node): i for i, ref in enumerate(top)}
+        for name, defs in list(self.assignments.items()):
+            if len(defs) < 2 or name in self.params:
+                continue
+            (first, value), (second, again) = defs[0], defs[1]
+            if id(first.node) not in order or id(second.node) not in order or first.node is second.node:
+                continue
+            plain = all(len(small_statements(r)) == 1 and isinstance(small_statements(r)[0], cst.Assign)
+                        and len(small_statements(r)[0].targets) == 1
+                        and m.matches(small_statements(r)[0].targets[0].target, m.Name(name)) for r in (first, second))
+            between = top[order[id(first.node)] + 1:order[id(second.node)]]
+            # only a pointer's two steps: a name, then offsets added to it (a value rebound otherwise, a clamp of rows
+            # or a tile index taken again, keeps its two bindings, which the checks read as such)
+            if not isinstance(value, cst.Name) or _step_of(_bare(again), name) is None or isinstance(
+                    _bare(again), cst.BinaryOperation) and isinstance(_bare(again).operator, cst.Subtract):
+                continue
+            if not plain or name in names_in(value) or name not in names_in(again) or any(
+                    name in names_in(ref.node) for ref in between) or len(self.bindings.get(name, [])) < 2:
+                continue
+            self.assignments[name] = [(second, again.visit(_Renamed(name, value.value))), *defs[2:]]
+            self.bindings[name] = self.bindings[name][1:]
+        self._fold_branch_twins()
+
+    def _fold_branch_twins(self) -> None:
+        """A name bound once on each side of an ``if``/``else`` to the same value up to compiler hints (Inductor's
+        `ram = tl.max_contiguous(tl.multiple_of(rm % M, BLOCK_M), BLOCK_M)` on a contiguous layout, `ram = rm % M`
+        otherwise) holds that value after the ``if`` on every run: it is read as bound once, at the ``if``."""
+        for name, defs in list(self.assignments.items()):
+            spans = self.bindings.get(name, [])
+            if len(defs) != 2 or len(spans) != 2 or name in self.rebound or name in self.params:
+                continue
+            (one, value), (other, twin) = defs
+            if code(_unhinted(value)) != code(_unhinted(twin)) or not all(
+                    len(small_statements(r)) == 1 and isinstance(small_statements(r)[0], cst.Assign)
+                    for r in (one, other)):
+                continue
+            branch = next((ref for ref in self.statements if isinstance(ref.node, cst.If) and isinstance(
+                ref.node.orelse, cst.Else) and one.blocks[-1] is ref.node.body and other.blocks[-1] is
+                           ref.node.orelse.body), None)
+            # each side's value reads what the `if` reached (a name bound again on one side gives it another value)
+            if branch is None or any(_contains(self, branch.node, at) for read in names_in(value) | names_in(twin)
+                                     for at, _ in self.bindings.get(read, [])):
+                continue
+            self.assignments[name] = [(branch, value)]
+            self.bindings[name] = [(self.where(branch.node), None)]
+            self.twins[name] = (value, twin)
 
     def findall(self, root: cst.CSTNode, matcher) -> Sequence[cst.CSTNode]:
         """``m.findall(root, matcher)``, from the module's one walk where ``root`` is one of its nodes."""
@@ -787,6 +859,11 @@ class _Analyzer:
                         atomic = f.attr.value == "atomic_add"  # type: ignore[attr-defined]
                         value = _arg(call, 1, "val" if atomic else "value") if kind == "store" else None
                         mask = _arg(call, 2 if kind == "store" else 1, "mask")
+                        if kind == "store" and not atomic:
+                            at = analyzer.where(call)
+                            ptr = analyzer.indices_written_out(ptr, at, pointers | descriptors)
+                            mask = analyzer.indices_written_out(mask, at, pointers | descriptors) \
+                                if mask is not None else None
                         found.append(Access(kind, tensor, code(ptr), False, analyzer.where(call),
                                             code(value) if value is not None else None,
                                             code(mask) if mask is not None else None, atomic=atomic))
@@ -800,6 +877,66 @@ class _Analyzer:
 
         self.fn.body.visit(_V())
         return found
+
+    def indices_written_out(self, node: cst.BaseExpression, at: Where, pointers: set[str]) -> cst.BaseExpression:
+        """``node`` (a store's address or mask) with each name bound once to a block of indices written in, and
+        ``tl.broadcast_to(x, shape)`` read as ``x``: torch Inductor's epilogue, `idx_m = rm[:, None]`, `idx_n =
+        rn[None, :]`, `mask = (idx_m < M) & (idx_n < N)`, `xindex = idx_n + N * idx_m`, `tl.store(out_ptr0 +
+        tl.broadcast_to(xindex, mask.shape), acc, mask)`, is the store to `out_ptr0 + (rn[None, :] + N * rm[:,
+        None])` under `(rm[:, None] < M) & (rn[None, :] < N)`. A name is written in where its one binding, a plain
+        assignment in a block holding the store, reads only names not bound again before the store, makes no call
+        but hints and broadcasts, and holds a row or column block (`x[:, None]`, `x[None, :]`): offsets vectors
+        themselves (`rm = start + tl.arange(0, B)`) stay the names the tile is read from."""
+        analyzer = self
+
+        def value_of(name: str, depth: int) -> cst.BaseExpression | None:
+            defs = analyzer.assignments.get(name, [])
+            if depth > 4 or name in analyzer.params or name in pointers or name in analyzer.rebound or len(
+                    defs) != 1 or len(analyzer.bindings.get(name, [])) != 1:
+                return None
+            ref, value = defs[0]
+            smalls = small_statements(ref)
+            bound_at = analyzer.where(ref.node)
+            if len(smalls) != 1 or not isinstance(smalls[0], cst.Assign) or (bound_at.line, bound_at.column) >= (
+                    at.line, at.column) or not (ref.blocks[-1] is analyzer.fn.body or _contains(
+                    analyzer, ref.blocks[-1], at)):
+                return None
+            if any(not (m.matches(c, m.Call(func=m.Attribute(value=m.Name("tl"), attr=m.Name("broadcast_to")
+                                                             | m.Name("multiple_of") | m.Name("max_contiguous")))))
+                   for c in m.findall(value, m.Call())):
+                return None
+            for read in names_in(value):  # read where it is bound, and at the store alike
+                if any((bound_at.line, bound_at.column) < (b.line, b.column) < (at.line, at.column)
+                       for b, _ in analyzer.bindings.get(read, [])):
+                    return None
+            written = write(value, depth + 1)
+            blocks = m.findall(written, m.Subscript(slice=[m.ZeroOrMore(), m.SubscriptElement(
+                m.Index(value=m.Name("None"))), m.ZeroOrMore()]))
+            return written if blocks else None
+
+        def write(node: cst.BaseExpression, depth: int) -> cst.BaseExpression:
+            class _T(cst.CSTTransformer):
+                def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
+                    if _is_tl_call(updated, "broadcast_to") and updated.args:
+                        inner = _bare(updated.args[0].value)
+                        return inner if isinstance(inner, (cst.Name, cst.Subscript, cst.Call)) else inner.with_changes(
+                            lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+                    return updated
+
+                def leave_Attribute(self, original: cst.Attribute, updated: cst.Attribute) -> cst.BaseExpression:
+                    return updated.with_changes(attr=original.attr)
+
+                def leave_Name(self, original: cst.Name, updated: cst.Name) -> cst.BaseExpression:
+                    value = value_of(original.value, depth)
+                    if value is None:
+                        return updated
+                    value = _bare(value)
+                    return value if isinstance(value, (cst.Name, cst.Subscript, cst.Call)) else value.with_changes(
+                        lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+
+            return node.visit(_T())  # type: ignore[return-value]
+
+        return write(node, 0)
 
     # -- tiles ---------------------------------------------------------------------------------
     def _pointer_definitions(self, expr: str, pointers: set[str]) -> list[cst.BaseExpression]:
@@ -827,8 +964,11 @@ class _Analyzer:
                          if m.matches(el.slice, m.Index(value=m.Name("None"))) else "other" for el in elements]
                 if kinds.count("slice") == 1 and kinds.count("other") == 0 and kinds.index("slice") == dim:
                     found.append(sub.value.value)
-        if not found and dim == 0:
-            # a 1-D tile: `a_ptr + offs` with offs = start + tl.arange(0, size)
+        two_d = any(m.findall(e, m.Subscript(slice=[m.ZeroOrMore(), m.SubscriptElement(
+            m.Index(value=m.Name("None"))), m.ZeroOrMore()])) for e in exprs)
+        if not found and dim == 0 and not two_d:
+            # a 1-D tile: `a_ptr + offs` with offs = start + tl.arange(0, size) (in a 2-D block, a vector indexed
+            # `[None, :]` is its columns, not its rows)
             for e in exprs:
                 for name in names_in(e):
                     if self._offsets_definition(name) is not None:
@@ -908,9 +1048,13 @@ class _Analyzer:
         return None
 
     def _size_param(self, offsets: str) -> str | None:
-        """``offs_am[:, None] < M`` or ``offs_am < M`` anywhere in the kernel -> ``"M"``."""
+        """``offs_am[:, None] < M`` or ``offs_am < M`` anywhere in the kernel -> ``"M"`` (also through a name bound
+        once to the block, Inductor's `idx_m = rm[:, None]` compared as `idx_m < M`)."""
         for cmp in self.findall(self.fn.body, m.Comparison()):
             left = cmp.left
+            if isinstance(left, cst.Name) and left.value not in self.rebound and len(
+                    defs := self.assignments.get(left.value, [])) == 1 and isinstance(defs[0][1], cst.Subscript):
+                left = defs[0][1]
             if isinstance(left, cst.Subscript):
                 left = left.value
             if m.matches(left, m.Name(offsets)) and len(cmp.comparisons) == 1:
@@ -1060,6 +1204,7 @@ class _Analyzer:
             definition = self._offsets_definition(name, access.where)
             if definition is not None:
                 ref, start, size = definition
+                _check_start_runs_again(access, start, name)
                 return Tile(start, size, name, size_param or self._size_param(name) or self._wrap_bound(name),
                             self._pid_of(start), self.where(ref.node), ndim,
                             wraps=any(_row_wraps(v, start) or _is_clamp(_unhinted(v))
@@ -1150,6 +1295,33 @@ def _anchor(an: _Analyzer, acc: Access, tile: Tile | None, pointers: set[str]) -
 # ----------------------------------------------------------------------------- soundness
 def _refuse(acc: Access, message: str, hint: str) -> AnnotationError:
     return AnnotationError(message, file=acc.where.file, line=acc.where.line, column=acc.where.column, hint=hint)
+
+
+#: calls that do more than compute a value (`tl.atomic_add(counter, 1)` takes the next tile of a work queue)
+_EFFECTS = m.Call(func=m.Attribute(attr=m.MatchIfTrue(lambda n: n.value.startswith("atomic_") or n.value in (
+    "store", "inline_asm_elementwise", "debug_barrier", "device_print", "device_assert"))))
+#: plain-named calls whose value is all they make
+_PURE_BUILTINS = frozenset({"min", "max", "abs", "int", "float", "bool", "len"})
+
+
+def _check_start_runs_again(acc: Access, start: str, offsets: str) -> None:
+    """The tile's start is written again where the wait or notify is placed (the channels it covers are computed from
+    it there): a start that calls something with an effect, or a function TileLink does not know, would run it a
+    second time (`tl.atomic_add(counter, 1) * BLOCK_M`: the next tile's rows, not these)."""
+    node = cst.parse_expression(start)
+    calls = [c for c in m.findall(node, m.Call()) if m.matches(c, _EFFECTS) or (
+        isinstance(c.func, cst.Name) and c.func.value not in _PURE_BUILTINS)]
+    if calls:
+        raise _refuse(acc, f"the rows `{offsets}` of the {acc.kind} at line {acc.where.line} start at `{start}`, "
+                           f"which calls `{code(calls[0].func)}`: TileLink computes the channels the "
+                           f"{_waits(acc)} covers from the start where it places it, so the call would run again "
+                           f"there and may give other rows",
+                      f"bind the call's value to a name of its own first (`tile_id = {code(calls[0])}`) and compute "
+                      f"the rows from that name (`{offsets} = tile_id * BLOCK_M + tl.arange(0, BLOCK_M)`)"
+                      if acc.kind == "load" else
+                      "compute the rows from tl.program_id (or a tile loop's target) and the arguments: the launch "
+                      "checks that no two programs store the same rows, which a tile taken at run time (from a queue) "
+                      "does not let it do")
 
 
 def _unhinted(value: cst.BaseExpression) -> cst.BaseExpression:
@@ -1877,6 +2049,9 @@ def _reaching_every_read(an: _Analyzer, name: str, acc: Access) -> tuple[StmtRef
                     and m.matches(small.targets[0].target, m.Name(n)) for small in small_statements(ref)):
                 elsewhere |= {id(x) for x in m.findall(value, m.Name(name))} | (
                     {id(value)} if m.matches(value, m.Name(name)) else set())
+        if n in an.twins:  # bound on both sides of an `if` (`rbn = rn % N` in each): each side reads it so
+            elsewhere |= {id(x) for value in an.twins[n] for x in m.findall(value, m.Name(name))} | {
+                id(value) for value in an.twins[n] if m.matches(value, m.Name(name))}
     start, targets = an.where(reach[0].node), _target_names(an, name)
     for node in an.findall(an.fn.body, m.Name(name)):
         if id(node) in targets or id(node) in elsewhere:

@@ -111,6 +111,15 @@ def _tensors(tensor: str | tuple[str, ...] | list[str], what: str) -> tuple[str,
     return names
 
 
+def _one_output(names: tuple[str, ...], what: str) -> tuple[str, ...]:
+    """A reduction's partial sums are one tensor: its channels, buffers and launch checks are that tensor's."""
+    if len(names) != 1:
+        raise ValueError(f"{what}: one output tensor per kernel, got {names!r}: the channels, the symmetric buffer of "
+                         f"the partial sums and the launch's checks are those of one tensor; reduce each output in a "
+                         f"kernel of its own, {what}({names[0]!r})")
+    return names
+
+
 def _tile(tile: object, what: str) -> tuple[str, str] | None:
     if tile is None:
         return None
@@ -148,7 +157,7 @@ def reduce_scatter(tensor: str | tuple[str, ...], dim: int = 0, *, tile: tuple[s
     """Reduce the partial sums the kernel stores to ``tensor`` and scatter them along ``dim``.
 
     Args:
-        tensor: name of the pointer parameter the kernel stores to; each rank passes its output shard.
+        tensor: name of the pointer parameter the kernel stores to (one); each rank passes its output shard.
         dim: the scattered dimension.
         tile: ``(start, size)`` source expressions of a tile along ``dim``; inferred when omitted.
         index: scatter-index parameter (MoE); topk: top-k parameter for the MoE reduction.
@@ -159,7 +168,8 @@ def reduce_scatter(tensor: str | tuple[str, ...], dim: int = 0, *, tile: tuple[s
     """
     if not isinstance(linear_epilogue, bool):
         raise ValueError(f"reduce_scatter: linear_epilogue= takes True or False, got {linear_epilogue!r}")
-    return ReduceScatterSpec(_tensors(tensor, "reduce_scatter"), _dim(dim, "reduce_scatter"),
+    return ReduceScatterSpec(_one_output(_tensors(tensor, "reduce_scatter"), "reduce_scatter"),
+                             _dim(dim, "reduce_scatter"),
                              _tile(tile, "reduce_scatter"), index, topk, size, linear_epilogue)
 
 
@@ -168,7 +178,7 @@ def all_reduce(tensor: str | tuple[str, ...], dim: int = 0, *, tile: tuple[str, 
     """Sum the partial sums the kernel stores to ``tensor`` over the ranks, onto every rank.
 
     Args:
-        tensor: name of the pointer parameter the kernel stores to; each rank passes the whole output.
+        tensor: name of the pointer parameter the kernel stores to (one); each rank passes the whole output.
         dim: the dimension the channels cut (rows); only 0.
         tile: ``(start, size)`` source expressions of a tile along ``dim``; inferred when omitted.
         size: name of the parameter holding the full size along ``dim``; inferred when omitted.
@@ -180,7 +190,8 @@ def all_reduce(tensor: str | tuple[str, ...], dim: int = 0, *, tile: tuple[str, 
     if mode is not None and mode not in ALL_REDUCE_MODES:
         raise ValueError(f"all_reduce: mode={mode!r} is not one of {', '.join(map(repr, ALL_REDUCE_MODES))} "
                          f"(or None: chosen by size)")
-    return AllReduceSpec(_tensors(tensor, "all_reduce"), _dim(dim, "all_reduce"), _tile(tile, "all_reduce"), size,
+    return AllReduceSpec(_one_output(_tensors(tensor, "all_reduce"), "all_reduce"), _dim(dim, "all_reduce"),
+                         _tile(tile, "all_reduce"), size,
                          linear_epilogue, mode)
 
 

@@ -115,6 +115,8 @@ class _Rows:
         # every name read in an atom (`S`, and the `S` of `tl.minimum(s_lo + CHUNK, S)`): the proof takes each as
         # non-negative, which the launch checks of the int arguments among them
         self.names: set[str] = set()
+        # every atom read (a name, or a sub-expression not opened: `x % n`, `tl.minimum(...)`, `tl.load(...)`)
+        self.atoms: set[str] = set()
 
     def expand(self, node: cst.BaseExpression, depth: int = 0) -> cst.BaseExpression:
         """``node`` with each name bound once by the kernel (not a parameter, loop variable or rebound) replaced by its
@@ -156,6 +158,7 @@ class _Rows:
             return {(): value} if value else {}
         if isinstance(node, cst.Name):
             self.names.add(node.value)
+            self.atoms.add(node.value)
             return {(node.value,): 1}
         if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Minus):
             return {k: -v for k, v in self.poly(node.expression).items()}
@@ -183,6 +186,7 @@ class _Rows:
             if m.matches(node.func, m.Attribute(attr=m.Name("to"))):  # `(off_hz // H).to(tl.int64)`: the same value
                 return self.poly(node.func.value)  # type: ignore[attr-defined]
         self.names |= {n.value for n in m.findall(node, m.Name()) if n.value not in ("tl", "triton")}
+        self.atoms.add(_code(node))
         return {(_code(node),): 1}
 
     def read(self, node: cst.BaseExpression) -> Poly:
@@ -375,7 +379,16 @@ def check_tile_covers(an: _Analyzer, acc: Access, dim: int, pointers: set[str], 
     product of the factors must be a multiple of the divisor (a parameter or an int literal), which the launch
     checks too (``KV_CHUNK % BLOCK_N == 0`` for blocks of ``BLOCK_N`` rows stepping through a chunk)."""
     if acc.kind != "load":
-        return (), ()
+        # a store's notify counts the rows tile= names as written: its own rows must be them, not merely inside them
+        if _store_rows_are_tile(an, acc, pointers, override):
+            return (), ()
+        raise AnnotationError(
+            f"tile=({override[0]!r}, {override[1]!r}) names the rows the notify after this store to {acc.tensor!r} "
+            f"announces, but TileLink cannot read the rows the store writes as those rows (an offsets vector, or "
+            f"the address itself): a store of other rows would complete a channel whose rows are not written",
+            file=acc.where.file, line=acc.where.line, column=acc.where.column,
+            hint="bind the rows to a name, `offs_m = start + tl.arange(0, BLOCK_M)`, and index the store with "
+                 "`offs_m[:, None]`: TileLink then reads the tile from them (tile= may be left out)")
     rows = _Rows(an)
     multiples: list[tuple[tuple[str, ...], str]] = []
     lo = rows.read(cst.parse_expression(override[0]))
@@ -391,12 +404,119 @@ def check_tile_covers(an: _Analyzer, acc: Access, dim: int, pointers: set[str], 
         else:
             said.append(_pointer_rows(an, acc, pointers, dim, reader, ranges, lo, end, size_param, proof, facts))
         if said[0] is None:
+            unsigned = _unsigned_atoms(an, rows, ranges)
+            if unsigned:
+                raise _refuse(acc, dim, override, f" rows from `{unsigned[0]}`, which the proof that they lie in the "
+                                                  f"tile takes as non-negative, but which TileLink cannot bound below "
+                                                  f"(a name bound more than once, a value loaded or chosen, a "
+                                                  f"difference)", _POINTER_HINT if not acc.descriptor else
+                              _DESCRIPTOR_HINT)
             return tuple(sorted(rows.names & set(an.params) - {acc.tensor})), tuple(dict.fromkeys(multiples))
     why, reads = said
     assert why is not None and reads is not None
     raise _refuse(acc, dim, override, f", along dim {dim}, rows {reads}{why}" if why.startswith(",") else
                   f", along dim {dim}, rows {why}",
                   _DESCRIPTOR_HINT if acc.descriptor else _POINTER_HINT)
+
+
+def _store_rows_are_tile(an: _Analyzer, acc: Access, pointers: set[str], override: tuple[str, str]) -> bool:
+    """Whether a pointer store writes exactly the rows ``tile=`` names, read from its address: one row (`tile=("row",
+    "1")`, a GEMV's `y_ptr + row`) is the address's terms other than its columns, or those over a row stride; a block
+    of rows is `(lo + tl.arange(0, len))` times the row stride (or alone on a 1-D tensor)."""
+    if acc.descriptor:
+        return False
+    expr = _pointer_expression(an, acc, pointers)
+    if expr is None:
+        return False
+    rows = _Rows(an)
+    address = {k: v for k, v in rows.read(expr).items() if k != (acc.tensor,)}
+    rest = {k: v for k, v in address.items() if _COLS not in k}
+    lo, size = (rows.read(cst.parse_expression(x)) for x in override)
+    want = lo if size == {(): 1} else _add(lo, {(_ARANGE + show(size),): 1})
+    if rest == want:
+        return True
+    for stride in sorted({a for k in rest for a in k} & passed_params(an)):
+        inside, other = _divide(rest, (stride,))
+        if not other and inside == want:
+            return True
+    return False
+
+
+def _unsigned_atoms(an: _Analyzer, rows: _Rows, ranges: _Ranges) -> list[str]:
+    """The atoms a proof read that it cannot take as non-negative, as it does every atom (:func:`_non_negative`): a
+    local bound to a negative value on one path (`d = 0`, then `d = -2`), a value loaded (`tl.load(d_ptr)`) or chosen
+    (`tl.where(c, -2, 0)`), a difference: rows shifted by it may start before the tile."""
+    known = passed_params(an) | set(ranges.bounds)
+    found = []
+    for atom in sorted(rows.atoms):
+        if atom.startswith(_ARANGE) or atom in known:
+            continue
+        try:
+            node = cst.parse_expression(atom)
+        except (cst.ParserSyntaxError, SyntaxError):
+            node = None
+        if node is None or not _non_negative(an, node, known, 0):
+            found.append(atom)
+    return found
+
+
+def _non_negative(an: _Analyzer, node: cst.BaseExpression, known: set[str], depth: int) -> bool:
+    """Whether ``node`` is non-negative on every run: a literal of at least 0; a parameter (the launch refuses a
+    negative int) or a loop's variable over a range it reads from a non-negative start; a local whose every binding
+    is; a sum, product or `//` of such values, a `%` of one (Triton's `%` takes the dividend's sign); a program's
+    position, a ceiling division, a bound (`tl.minimum` of such values, `tl.maximum` with one), a hint or cast of
+    one."""
+    from tilelink.analysis import _range_args
+
+    node = _bare(node)
+    if depth > 8:
+        return False
+    if isinstance(node, cst.Integer):
+        return int(node.evaluated_value) >= 0
+    if isinstance(node, cst.Name):
+        name = node.value
+        if name in known and name not in ranges_targets(an):
+            return True
+        if name in an.params:  # bound again in the kernel (`stride_xs = stride_xs * 2`): from its argument, which the
+            # launch takes as non-negative, through each value
+            return name not in an.rebound and all(_non_negative(an, v, known | {name}, depth + 1)
+                                                  for _, v in an.assignments.get(name, []))
+        loops = [lp for lp in m.findall(an.fn.body, m.For(target=m.Name(name)))]
+        if loops:
+            read = _range_args(loops[0]) if len(loops) == 1 and len(an.bindings.get(name, [])) == 1 else None
+            return read is not None and _non_negative(an, read[0], known, depth + 1) and _non_negative(
+                an, read[2], known, depth + 1)
+        values = an.assignments.get(name, [])
+        return bool(values) and name not in an.rebound and len(values) == len(an.bindings.get(name, [])) and all(
+            _non_negative(an, v, known, depth + 1) for _, v in values)
+    if isinstance(node, cst.BinaryOperation):
+        left, right = (_non_negative(an, x, known, depth) for x in (node.left, node.right))
+        if isinstance(node.operator, (cst.Add, cst.Multiply, cst.FloorDivide)):
+            return left and right
+        return isinstance(node.operator, cst.Modulo) and left
+    if isinstance(node, cst.Call):
+        args = [a.value for a in node.args]
+        func = node.func
+        if isinstance(func, cst.Name) and func.value in (_ROWS, _COLS) and args:
+            return _non_negative(an, args[0], known, depth)
+        name = func.attr.value if m.matches(func, m.Attribute(value=m.Name("tl"))) else (  # type: ignore[attr-defined]
+            func.value if isinstance(func, cst.Name) else None)
+        if m.matches(func, m.Attribute(attr=m.Name("to"))):  # a cast: the same value, widened
+            return _non_negative(an, func.value, known, depth)  # type: ignore[attr-defined]
+        if name in ("program_id", "num_programs"):
+            return True
+        if name in ("cdiv", "minimum", "min") and args:
+            return all(_non_negative(an, a, known, depth) for a in args)
+        if name in ("maximum", "max") and args:
+            return any(_non_negative(an, a, known, depth) for a in args)
+        if name in ("multiple_of", "max_contiguous", "arange") and args:
+            return _non_negative(an, args[0], known, depth)
+    return False
+
+
+def ranges_targets(an: _Analyzer) -> set[str]:
+    """The names a ``for`` loop binds: their values are read from their range, not taken as parameters."""
+    return {n.value for loop in m.findall(an.fn.body, m.For()) for n in m.findall(loop.target, m.Name())}
 
 
 def _pointer_expression(an: _Analyzer, acc: Access, pointers: set[str]) -> cst.BaseExpression | None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import libcst as cst
 import libcst.matchers as m
 
@@ -78,6 +80,22 @@ def _axis_hint(an: KernelAnalysis, access: Access, dim: int, size: str | None) -
                  f"`{access.tensor} + ... + ks[None, :] * stride`) instead of advancing `{advanced[0]}` in place: "
                  f"with tile= TileLink bounds the rows of an address bound once")
     return hint
+
+
+def _check_token_carriers(an: KernelAnalysis, tokens: list[str], a: Access) -> None:
+    """The wait's token is added to each pointer the tile's loads go through after it (`ptrs = ptrs + tlk_token`),
+    which keeps those loads after the wait: a name holding the pointer in a tuple or a list cannot carry it."""
+    for name in tokens:
+        for source, at in zip(an.values.get(name, ()), an.assignments.get(name, ()), strict=False):
+            held = cst.parse_expression(source)
+            if isinstance(held, (cst.Tuple, cst.List)):
+                kind = "tuple" if isinstance(held, cst.Tuple) else "list"
+                raise AnnotationError(
+                    f"`{name}` holds {a.tensor!r} in a {kind} (`{name} = {source}`), and the load at line "
+                    f"{a.where.line} reads through it: the wait's token, which keeps the load after the wait, is added "
+                    f"to the pointer the load goes through, and a {kind} cannot carry it",
+                    file=at.file, line=at.line, column=at.column,
+                    hint=f"bind each pointer to a name of its own (`{name}_0 = {a.tensor}`) and load through it")
 
 
 def _loop_targets(an: KernelAnalysis, group: list[Access], anchor: Where, tokens: list[str]) -> list[str]:
@@ -159,6 +177,8 @@ def rewrite(an: KernelAnalysis, spec: AllGatherSpec, options: Options) -> Rewrit
     for group in groups.values():
         a = group[0]
         t = a.tile
+        if any(x.tile.wraps for x in group):  # one load of the tile whose rows wrap to the start: the wait covers them
+            t = dataclasses.replace(t, wraps=True)
         # the names that exist at the wait: an alias assigned after it, before a later load of the group, is made
         # from names that already carry the token
         tokens = sorted({n for x in group for n in x.earlier_aliases if n in an.params or any(
@@ -189,6 +209,7 @@ def rewrite(an: KernelAnalysis, spec: AllGatherSpec, options: Options) -> Rewrit
                     "ready=tlk_ready)",
                 ]
         tokens += _loop_targets(an, group, a.anchor, tokens)
+        _check_token_carriers(an, tokens, a)
         lines += [f"{n} = {n} + tlk_token" for n in tokens]
         if any(x.descriptor for x in group) and not tokens:
             report.append(ReportEntry(an.name, RULE, "note",
