@@ -745,6 +745,8 @@ class _Analyzer:
             spans.sort(key=lambda b: (b[0].line, b[0].column))
         # the names bound on both sides of an `if` to one value, read as bound once at the `if`: their two values
         self.twins: dict[str, tuple[cst.BaseExpression, cst.BaseExpression]] = {}
+        # the values of the bindings that widen a name in place (`rn = rn.to(tl.int64)`), left out of its bindings
+        self.widened: dict[str, list[cst.BaseExpression]] = {}
         self._fold_constructions(fn)
 
     def _fold_constructions(self, fn: cst.FunctionDef) -> None:
@@ -775,6 +777,22 @@ class _Analyzer:
             self.assignments[name] = [(second, again.visit(_Renamed(name, value.value))), *defs[2:]]
             self.bindings[name] = self.bindings[name][1:]
         self._fold_branch_twins()
+        self._fold_widenings()
+
+    def _fold_widenings(self) -> None:
+        """A local widened in place (`offs_cn = offs_cn.to(tl.int64)`, also on one side of a compile-time `if
+        A_LARGE:`) keeps every value it held: the binding is left out, so that the name is read as the one binding
+        that made its values."""
+        for name, defs in list(self.assignments.items()):
+            if name in self.params or name in self.rebound:
+                continue
+            widened = [(ref, v) for ref, v in defs if _is_widening(v) and m.matches(v.func.value, m.Name(name))]  # type: ignore[attr-defined]
+            if not widened or len(widened) == len(defs):
+                continue
+            self.widened[name] = [v for _, v in widened]
+            sites = {(self.where(ref.node).line, self.where(ref.node).column) for ref, _ in widened}
+            self.assignments[name] = [d for d in defs if d not in widened]
+            self.bindings[name] = [b for b in self.bindings.get(name, []) if (b[0].line, b[0].column) not in sites]
 
     def _fold_branch_twins(self) -> None:
         """A name bound once on each side of an ``if``/``else`` to the same value up to compiler hints (Inductor's
@@ -2052,6 +2070,8 @@ def _reaching_every_read(an: _Analyzer, name: str, acc: Access) -> tuple[StmtRef
         if n in an.twins:  # bound on both sides of an `if` (`rbn = rn % N` in each): each side reads it so
             elsewhere |= {id(x) for value in an.twins[n] for x in m.findall(value, m.Name(name))} | {
                 id(value) for value in an.twins[n] if m.matches(value, m.Name(name))}
+    # a widening of the name in place (`rn = rn.to(tl.int64)`) reads it to make the same values again
+    elsewhere |= {id(x) for value in an.widened.get(name, []) for x in m.findall(value, m.Name(name))}
     start, targets = an.where(reach[0].node), _target_names(an, name)
     for node in an.findall(an.fn.body, m.Name(name)):
         if id(node) in targets or id(node) in elsewhere:
@@ -2367,7 +2387,7 @@ def _vector_start(an: _Analyzer, acc: Access, name: str, offsets: str,
             return None
     hint = ("build the columns as `cols = start + tl.arange(0, BLOCK_D)`, the start a literal, a parameter or a "
             "multiple of a program id, and mask them by the row's length (`cols[None, :] < D`)")
-    terms = _terms(defs[0][1])
+    terms = _terms(_uncast(defs[0][1]))  # `(pid_n * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)`: its terms
     start: _Terms = []
     position = vectors = 0
     for term, negative in terms:

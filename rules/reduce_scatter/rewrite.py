@@ -1171,8 +1171,11 @@ def _summing_loops(an: KernelAnalysis) -> set[tuple[Where, Where]]:
             added = _carried_slot(value, name) if site is not None and name in names_in(value) else None
             if not added or not (m.findall(value, _SUMS) or any(_reads_a_load(an, code(x)) for x in added)):
                 continue
-            around = sorted((lp for lp in loops if _inside(site, lp)), key=lambda lp: (lp[0].line, lp[0].column),
-                            reverse=True)
+            # a loop that starts the accumulator afresh before the update (a persistent kernel's tile loop, adding a
+            # bias after its K loop) runs one pass per tile: it does not sum over K
+            around = sorted((lp for lp in loops if _inside(site, lp) and not any(
+                w is not None and _inside(w, lp) and _before(w, site) and name not in names_in(cst.parse_expression(v))
+                for v, w in binds)), key=lambda lp: (lp[0].line, lp[0].column), reverse=True)
             if not around:
                 continue
             looked = [around[0]]
@@ -1321,6 +1324,12 @@ def _first_rank_reads(an: KernelAnalysis, param: str, stores, summing: set[tuple
                 return None
         if name is not None:
             continue  # a binding: what it binds was followed above
+        if m.matches(_bare(node), m.Name(param) | m.UnaryOperation(operator=m.Not(), expression=m.Name(param))
+                     | m.Comparison(left=m.Name(param), comparisons=[m.ComparisonTarget(
+                         operator=m.Is() | m.IsNot(), comparator=m.Name("None"))])):
+            # whether the pointer is given (vLLM's `if bias_ptr:`): the zeros passed in its place on the other ranks
+            # are given as the tensor is, and None stays None
+            continue
         store = stored.get(site)
         value = _arg(node, 1, "value") if store is not None and isinstance(node, cst.Call) else None
         rest = node.deep_replace(value, cst.Name("_value")) if value is not None else node
