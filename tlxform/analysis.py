@@ -1606,6 +1606,10 @@ def _position(an: _Analyzer, node: cst.BaseExpression, depth: int = 0) -> bool:
             lambda n: n.value.startswith("atomic"))))):
         return False
     called = {c.func.value for c in m.findall(node, m.Call(func=m.Name()))}  # a helper of the file: `tile_of(pid)`
+    # a module the file imports a helper from, called through it (FlagGems' `tle.program_id(0)`)
+    called |= {c.func.value.value for c in m.findall(node, m.Call(func=m.Attribute(value=m.Name())))  # type: ignore
+               if c.func.value.value not in an.assignments and f"{c.func.value.value}.{c.func.attr.value}"  # type: ignore
+               in _imported(an)}
     for name in names_in(node) - set(an.params) - called - {"tl"}:
         defs = an.assignments.get(name, [])
         if depth >= 8 or name in an.rebound or len(defs) != 1 or not _position(an, defs[0][1], depth + 1):
@@ -1735,12 +1739,16 @@ def _loop_term(an: _Analyzer, acc: Access, term: cst.BaseExpression, negative: b
     return None
 
 
-def _nonnegative_value(an: _Analyzer, node: cst.BaseExpression, depth: int = 0) -> set[str] | None:
+def _nonnegative_value(an: _Analyzer, node: cst.BaseExpression, depth: int = 0,
+                       passed: frozenset[str] = frozenset()) -> set[str] | None:
     """The parameters whose signs make ``node`` non-negative: it is built from ``tl.arange(0, B)``, int literals of
     at least 0, program ids and parameters the kernel leaves as passed, by ``+``, ``*``, ``//``, ``%``, ``tl.cdiv``
     and minima (whose operands are then non-negative too), maxima (one of them) and casts, through locals each of
     whose assigned values is such. ``None`` when it is anything else (``tl.arange(0, B) - 2``, a loaded value, a loop's
-    target, a local advanced with ``+=``), whose sign TileLink cannot tell."""
+    target, a local advanced with ``+=``), whose sign TileLink cannot tell. A parameter the kernel binds again by
+    assignments (`stride_xs = stride_xs * 2`) is read through them, its argument (``passed`` there) non-negative; a
+    straight-line helper's call (`tle.program_id(0)`, returning `tl.program_id(axis).to(tl.int64)`) through what it
+    returns."""
     node = _bare(node)
     if depth > 8:
         return None
@@ -1748,8 +1756,20 @@ def _nonnegative_value(an: _Analyzer, node: cst.BaseExpression, depth: int = 0) 
         return set() if int(node.evaluated_value) >= 0 else None
     if isinstance(node, cst.Name):
         defs = an.assignments.get(node.value, [])
+        if node.value in passed:
+            return {node.value}
         if node.value in an.params:
-            return {node.value} if not defs and node.value not in an.rebound else None
+            if not defs and node.value not in an.rebound:
+                return {node.value}
+            if node.value in an.rebound or len(defs) != len(an.bindings.get(node.value, ())):
+                return None
+            signs = {node.value}
+            for _, value in defs:
+                sign = _nonnegative_value(an, value, depth + 1, passed | {node.value})
+                if sign is None:
+                    return None
+                signs |= sign
+            return signs
         # a local bound more than once (`offs_k = tl.arange(0, BLOCK_K)` in a persistent kernel's body loop and
         # again in its tail, `col += BLOCK` in a loop) holds one of its values wherever it is read: non-negative when
         # each of them is, every binding an assignment of a value (also annotated) or an in-place `+=` / `*=` of one
@@ -1763,14 +1783,16 @@ def _nonnegative_value(an: _Analyzer, node: cst.BaseExpression, depth: int = 0) 
             return None
         signs: set[str] = set()
         for value in [v for _, v in defs] + [a.value for a in augs]:
-            sign = _nonnegative_value(an, value, depth + 1)
+            sign = _nonnegative_value(an, value, depth + 1, passed)
             if sign is None:
                 return None
             signs |= sign
         return signs
     if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, (cst.Add, cst.Multiply, cst.FloorDivide,
                                                                             cst.Modulo)):
-        left, right = _nonnegative_value(an, node.left, depth + 1), _nonnegative_value(an, node.right, depth + 1)
+        # (the depth counts the names and helpers read through: an expression's own nesting ends by itself)
+        left, right = (_nonnegative_value(an, node.left, depth, passed),
+                       _nonnegative_value(an, node.right, depth, passed))
         return None if left is None or right is None else left | right
     if isinstance(node, cst.Call):
         if m.matches(node.func, m.Attribute(value=m.Name("tl"), attr=m.Name("program_id") | m.Name("num_programs"))):
@@ -1783,20 +1805,23 @@ def _nonnegative_value(an: _Analyzer, node: cst.BaseExpression, depth: int = 0) 
             # negative value into a large one)
             if len(node.args) == 1 and node.args[0].keyword is None and m.matches(node.args[0].value, m.Attribute(
                     value=m.Name("tl"), attr=m.Name("int64"))):
-                return _nonnegative_value(an, node.func.value, depth + 1)  # type: ignore[attr-defined]
+                return _nonnegative_value(an, node.func.value, depth, passed)  # type: ignore[attr-defined]
             return None
         args = [a.value for a in node.args if a.keyword is None and not a.star]
         if len(args) == 2 == len(node.args) and m.matches(node.func, m.Attribute(
                 value=m.Name("tl") | m.Name("triton"), attr=m.Name("cdiv")) | m.Attribute(
                 value=m.Name("tl"), attr=m.Name("minimum") | m.Name("maximum")) | m.Name("min") | m.Name("max")):
-            signs = [_nonnegative_value(an, a, depth + 1) for a in args]
+            signs = [_nonnegative_value(an, a, depth, passed) for a in args]
             if m.matches(node.func, m.Attribute(attr=m.Name("maximum")) | m.Name("max")):
                 known = [s for s in signs if s is not None]  # at least the one of them that is non-negative
                 return min(known, key=len) if known else None
             return None if None in signs else signs[0] | signs[1]
         if m.matches(node.func, m.Attribute(value=m.Name("tl"), attr=m.Name("multiple_of") | m.Name(
                 "max_contiguous"))) and node.args:
-            return _nonnegative_value(an, node.args[0].value, depth + 1)
+            return _nonnegative_value(an, node.args[0].value, depth, passed)
+        returned = _helper_value(an, node)
+        if returned is not None:
+            return _nonnegative_value(an, returned, depth + 1, passed)
     return None
 
 
@@ -2215,6 +2240,12 @@ def _helper_value(an: _Analyzer, call: cst.Call) -> cst.BaseExpression | None:
     if m.matches(call.func, m.Attribute(value=m.Name("tl"), attr=m.Name("swizzle2d"))):
         fn = _triton_helper("swizzle2d")
         return None if fn is None else _returned_value(fn, call)
+    if m.matches(call.func, m.Attribute(value=m.Name())) and call.func.value.value not in an.assignments:  # type: ignore
+        # a helper of a module the file imports, called through it (`tle.program_id(0)`)
+        source = _imported(an).get(f"{call.func.value.value}.{call.func.attr.value}")  # type: ignore[attr-defined]
+        found = cst.parse_module(source).body if source is not None else ()
+        fn = found[0] if len(found) == 1 and isinstance(found[0], cst.FunctionDef) else None
+        return None if fn is None else _returned_value(fn, call)
     if not isinstance(call.func, cst.Name):
         return None
     name = call.func.value
@@ -2232,12 +2263,17 @@ def _helper_value(an: _Analyzer, call: cst.Call) -> cst.BaseExpression | None:
         is_triton_jit(d) for d in bound[0].decorators) else None
     if fn is None and len(bound) == 1 and isinstance(bound[0], (cst.Import, cst.ImportFrom)):
         # one the file imports by name (`from tilelink.ops.gemm_kernels import tile_coordinates`)
-        if an.imported is None:
-            an.imported = imported_helpers(an.module, an.file, is_triton_jit)
-        source = an.imported.get(name)
+        source = _imported(an).get(name)
         found = cst.parse_module(source).body if source is not None else ()
         fn = found[0] if len(found) == 1 and isinstance(found[0], cst.FunctionDef) else None
     return None if fn is None else _returned_value(fn, call)
+
+
+def _imported(an: _Analyzer) -> dict[str, str]:
+    """The ``@triton.jit`` helpers the kernel's file imports (:func:`imported_helpers`), read once."""
+    if an.imported is None:
+        an.imported = imported_helpers(an.module, an.file, is_triton_jit)
+    return an.imported
 
 
 def _triton_helper(name: str) -> cst.FunctionDef | None:

@@ -41,10 +41,19 @@ def imported_helpers(module: cst.Module, file: str, is_jit) -> dict[str, str]:
             if isinstance(small, cst.Import):
                 out.update(_module_helpers(small, through, file, is_jit))
                 continue
-            if not isinstance(small, cst.ImportFrom) or isinstance(small.names, cst.ImportStar) or not any(
-                    _local(alias) in called for alias in small.names):
+            if not isinstance(small, cst.ImportFrom) or isinstance(small.names, cst.ImportStar):
                 continue
             dotted = cst.Module(body=[]).code_for_node(small.module).strip() if small.module is not None else ""
+            for alias in small.names:
+                # a module imported from its package (FlagGems' `from flag_gems.utils import triton_lang_extension as
+                # tle`), whose functions the file calls (`tle.program_id(0)`)
+                if _local(alias) in through and isinstance(alias.name, cst.Name) and (
+                        dotted or small.relative) and dotted.split(".")[0] not in _NOT_HELPERS:
+                    inner = f"{dotted}.{alias.name.value}" if dotted else alias.name.value
+                    out.update({f"{_local(alias)}.{name}": source for name, source in _jitted_in(
+                        inner, len(small.relative), file, is_jit).items()})
+            if not any(_local(alias) in called for alias in small.names):
+                continue
             jitted = _jitted_in(dotted, len(small.relative), file, is_jit)
             for alias in small.names:
                 if isinstance(alias.name, cst.Name) and alias.name.value in jitted:

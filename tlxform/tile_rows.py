@@ -443,80 +443,35 @@ def _store_rows_are_tile(an: _Analyzer, acc: Access, pointers: set[str], overrid
 
 
 def _unsigned_atoms(an: _Analyzer, rows: _Rows, ranges: _Ranges) -> list[str]:
-    """The atoms a proof read that it cannot take as non-negative, as it does every atom (:func:`_non_negative`): a
-    local bound to a negative value on one path (`d = 0`, then `d = -2`), a value loaded (`tl.load(d_ptr)`) or chosen
-    (`tl.where(c, -2, 0)`), a difference: rows shifted by it may start before the tile."""
-    known = passed_params(an) | set(ranges.bounds)
+    """The atoms a proof read that it cannot take as non-negative, as it does every atom (``_nonnegative_value``:
+    parameters, program ids, loop variables from a non-negative start, and sums, products, `//`, `%`, bounds and casts
+    of those, through locals and helpers): a local bound to a negative value on one path (`d = 0`, then `d = -2`),
+    a value loaded (`tl.load(d_ptr)`) or chosen (`tl.where(c, -2, 0)`), a difference: rows shifted by it may start
+    before the tile."""
+    from tilelink.analysis import _nonnegative_value
+
     found = []
     for atom in sorted(rows.atoms):
-        if atom.startswith(_ARANGE) or atom in known:
+        if atom.startswith(_ARANGE) or atom in passed_params(an):
             continue
         try:
             node = cst.parse_expression(atom)
         except (cst.ParserSyntaxError, SyntaxError):
             node = None
-        if node is None or not _non_negative(an, node, known, 0):
+        if node is None or _nonnegative_value(an, _unmarked(node)) is None:
             found.append(atom)
     return found
 
 
-def _non_negative(an: _Analyzer, node: cst.BaseExpression, known: set[str], depth: int) -> bool:
-    """Whether ``node`` is non-negative on every run: a literal of at least 0; a parameter (the launch refuses a
-    negative int) or a loop's variable over a range it reads from a non-negative start; a local whose every binding
-    is; a sum, product or `//` of such values, a `%` of one (Triton's `%` takes the dividend's sign); a program's
-    position, a ceiling division, a bound (`tl.minimum` of such values, `tl.maximum` with one), a hint or cast of
-    one."""
-    from tilelink.analysis import _range_args
+def _unmarked(node: cst.BaseExpression) -> cst.BaseExpression:
+    """``node`` with the row and column marks of :meth:`_Rows.expand` taken off (`__tilelink_rows__(x)` is `x`)."""
+    class _T(cst.CSTTransformer):
+        def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
+            if isinstance(updated.func, cst.Name) and updated.func.value in (_ROWS, _COLS) and updated.args:
+                return updated.args[0].value
+            return updated
 
-    node = _bare(node)
-    if depth > 8:
-        return False
-    if isinstance(node, cst.Integer):
-        return int(node.evaluated_value) >= 0
-    if isinstance(node, cst.Name):
-        name = node.value
-        if name in known and name not in ranges_targets(an):
-            return True
-        if name in an.params:  # bound again in the kernel (`stride_xs = stride_xs * 2`): from its argument, which the
-            # launch takes as non-negative, through each value
-            return name not in an.rebound and all(_non_negative(an, v, known | {name}, depth + 1)
-                                                  for _, v in an.assignments.get(name, []))
-        loops = [lp for lp in m.findall(an.fn.body, m.For(target=m.Name(name)))]
-        if loops:
-            read = _range_args(loops[0]) if len(loops) == 1 and len(an.bindings.get(name, [])) == 1 else None
-            return read is not None and _non_negative(an, read[0], known, depth + 1) and _non_negative(
-                an, read[2], known, depth + 1)
-        values = an.assignments.get(name, [])
-        return bool(values) and name not in an.rebound and len(values) == len(an.bindings.get(name, [])) and all(
-            _non_negative(an, v, known, depth + 1) for _, v in values)
-    if isinstance(node, cst.BinaryOperation):
-        left, right = (_non_negative(an, x, known, depth) for x in (node.left, node.right))
-        if isinstance(node.operator, (cst.Add, cst.Multiply, cst.FloorDivide)):
-            return left and right
-        return isinstance(node.operator, cst.Modulo) and left
-    if isinstance(node, cst.Call):
-        args = [a.value for a in node.args]
-        func = node.func
-        if isinstance(func, cst.Name) and func.value in (_ROWS, _COLS) and args:
-            return _non_negative(an, args[0], known, depth)
-        name = func.attr.value if m.matches(func, m.Attribute(value=m.Name("tl"))) else (  # type: ignore[attr-defined]
-            func.value if isinstance(func, cst.Name) else None)
-        if m.matches(func, m.Attribute(attr=m.Name("to"))):  # a cast: the same value, widened
-            return _non_negative(an, func.value, known, depth)  # type: ignore[attr-defined]
-        if name in ("program_id", "num_programs"):
-            return True
-        if name in ("cdiv", "minimum", "min") and args:
-            return all(_non_negative(an, a, known, depth) for a in args)
-        if name in ("maximum", "max") and args:
-            return any(_non_negative(an, a, known, depth) for a in args)
-        if name in ("multiple_of", "max_contiguous", "arange") and args:
-            return _non_negative(an, args[0], known, depth)
-    return False
-
-
-def ranges_targets(an: _Analyzer) -> set[str]:
-    """The names a ``for`` loop binds: their values are read from their range, not taken as parameters."""
-    return {n.value for loop in m.findall(an.fn.body, m.For()) for n in m.findall(loop.target, m.Name())}
+    return node.visit(_T())  # type: ignore[return-value]
 
 
 def _pointer_expression(an: _Analyzer, acc: Access, pointers: set[str]) -> cst.BaseExpression | None:

@@ -186,3 +186,28 @@ def _against_plain(path: str, rule: str, programs: int) -> float:
                             n, 1, n, 1, **meta)
         error = worst(error, (got - (want[lo:hi] if rule == "reduce_scatter" else want)).abs().max().item())
     return error
+
+
+def test_a_position_read_through_a_module_imported_from_its_package_builds(tmp_path) -> None:
+    # FlagGems' `from flag_gems.utils import triton_lang_extension as tle`, `pid = tle.program_id(0)` (its program ids
+    # widened to int64): the helper's return is read, so the columns' start is a program's position
+    package = tmp_path / "kernelutils"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "lang.py").write_text(
+        "import triton\nimport triton.language as tl\n\n\n@triton.jit\ndef program_id(axis: tl.constexpr):\n"
+        "    return tl.program_id(axis).to(tl.int64)\n")
+    source = _source('reduce_scatter("c_ptr")').replace("import tilelink\n", "import tilelink\n"
+                                                         "from kernelutils import lang as tle\n", 1).replace(
+        "    pid = tl.program_id(0)\n", "    pid = tle.program_id(0)\n", 1)
+    path = tmp_path / "flaggems_form.py"
+    path.write_text(source)
+    from tilelink.annotations import requests_in
+    from tilelink.codegen import generate
+
+    generated = generate(source, str(path), requests_in(source, str(path)))
+    assert "producer_tile_notify" in generated.rewritten["matmul"]
+    # without the helper's module to read, its value is unknown: refused at the columns, as before
+    (package / "lang.py").unlink()
+    with pytest.raises(AnnotationError, match="the columns `rn` of the store at line"):
+        generate(source, str(path), requests_in(source, str(path)))
