@@ -30,6 +30,18 @@ def module_at(path, name: str | None = None):
     return module
 
 
+def plain_module(path: str):
+    """The module of the kernel file at ``path`` without its annotation: what a rewrite must equal, run on the full
+    problem. One copy per process: ranks run this at once, and one must not import a copy another is still writing."""
+    import os
+
+    text = "\n".join(line for line in open(path).read().splitlines() if "@tilelink.overlap" not in line)
+    plain = str(path).replace(".py", f"_plain_{os.getpid()}.py")
+    with open(plain, "w") as f:
+        f.write(text)
+    return module_at(plain)
+
+
 def worst(*errors: float) -> float:
     """The largest of ``errors``, NaN if any is (``max`` would pass a NaN over: ``max(0.0, nan)`` is 0.0)."""
     return float("nan") if any(e != e for e in errors) else max(errors)

@@ -6,13 +6,12 @@ carries the sums unscaled: rewritten, and equal to torch on the race-exposing sc
 
 from __future__ import annotations
 
-import os
 import textwrap
 
 import pytest
 
 import tilelink
-from tests.rules.cases import _rs_gemm, module_at, rows_of, worst
+from tests.rules.cases import _rs_gemm, module_at, plain_module, rows_of, worst
 from tilelink.annotations import requests_in
 from tilelink.codegen import generate
 from tilelink.errors import AnnotationError
@@ -137,12 +136,7 @@ def test_a_persistent_kernel_scaling_after_its_k_loop_equals_torch(tmp_path, mon
 
 def _original(path: str):
     """The kernel of ``path`` without its annotation: what the rewrite must equal, run on the full problem."""
-    text = "\n".join(line for line in open(path).read().splitlines() if "@tilelink.overlap" not in line)
-    # one copy per rank: the ranks run this at once, and one must not import a copy another is still writing
-    plain = path.replace(".py", f"_plain_{os.getpid()}.py")
-    with open(plain, "w") as f:
-        f.write(text)
-    return module_at(plain).matmul
+    return plain_module(path).matmul
 
 
 def _scattered_on(path: str, programs: int) -> float:

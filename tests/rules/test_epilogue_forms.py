@@ -6,13 +6,11 @@ compile-time `if C_LARGE:`). Each equals the plain kernel on the race-exposing s
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
 import tilelink
-from tests.rules.cases import module_at, rows_of, worst
+from tests.rules.cases import module_at, plain_module, rows_of, worst
 from tests.rules.test_carried_accumulator import _generate
 from tilelink.errors import AnnotationError
 
@@ -102,12 +100,8 @@ def _against_plain(path: str, rule: str, programs: int, with_bias: bool, large: 
     a, b = torch.randn(M, K, generator=g), torch.randn(K, N, generator=g)
     bias = torch.randn(N, generator=g) if with_bias else None
     scale = torch.rand(M, generator=g) + 0.5
-    text = "\n".join(line for line in open(path).read().splitlines() if "@tilelink.overlap" not in line)
-    plain = path.replace(".py", f"_plain_{os.getpid()}.py")
-    with open(plain, "w") as f:
-        f.write(text)
     want = torch.full((M, N), float("nan"))
-    _launch(module_at(plain).kernel, a, b, want, bias, scale, K, programs, large)
+    _launch(plain_module(path).kernel, a, b, want, bias, scale, K, programs, large)
     kernel = module_at(path).kernel
     lo, hi = rows_of(rank, world, M)
     klo, khi = rows_of(rank, world, K)

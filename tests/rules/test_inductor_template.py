@@ -7,13 +7,11 @@ acc, mask)`)."""
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
 import tilelink
-from tests.rules.cases import module_at, rows_of, worst
+from tests.rules.cases import module_at, plain_module, rows_of, worst
 from tests.rules.test_carried_accumulator import _generate
 from tilelink.errors import AnnotationError
 
@@ -106,12 +104,8 @@ def _against_plain(path: str, rule: str) -> float:
     rank, world = tilelink.rank(), tilelink.world_size()
     g = torch.Generator().manual_seed(3)
     a, b = torch.randn(M, K, generator=g), torch.randn(K, N, generator=g)
-    text = "\n".join(line for line in open(path).read().splitlines() if "@tilelink.overlap" not in line)
-    plain_path = path.replace(".py", f"_plain_{os.getpid()}.py")
-    with open(plain_path, "w") as f:
-        f.write(text)
     want = torch.full((M, N), float("nan"))
-    _launch(module_at(plain_path).mm_template, a, b, want, M, K)
+    _launch(plain_module(path).mm_template, a, b, want, M, K)
     kernel = module_at(path).mm_template
     lo, hi = rows_of(rank, world, M)
     if rule == "all_gather":

@@ -4,14 +4,13 @@ or failed at its first call; each is now refused at its line or built right."""
 
 from __future__ import annotations
 
-import os
 import textwrap
 
 import pytest
 import torch
 
 import tilelink
-from tests.rules.cases import module_at, rows_of, worst
+from tests.rules.cases import module_at, plain_module, rows_of, worst
 from tests.rules.test_carried_accumulator import _generate
 from tilelink.errors import AnnotationError
 
@@ -165,12 +164,8 @@ def _against_plain(path: str, rule: str, programs: int) -> float:
     meta = dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16)
     g = torch.Generator().manual_seed(9)
     a, b = torch.randn(m, k, generator=g), torch.randn(k, n, generator=g)
-    text = "\n".join(line for line in open(path).read().splitlines() if "@tilelink.overlap" not in line)
-    plain = path.replace(".py", f"_plain_{os.getpid()}.py")
-    with open(plain, "w") as f:
-        f.write(text)
     want = torch.full((m, n), float("nan"))
-    module_at(plain).matmul[(programs,)](a, b, want, m, n, k, k, 1, n, 1, n, 1, **meta)
+    plain_module(path).matmul[(programs,)](a, b, want, m, n, k, k, 1, n, 1, n, 1, **meta)
     kernel = module_at(path).matmul
     lo, hi = rows_of(rank, world, m)
     klo, khi = rows_of(rank, world, k)
