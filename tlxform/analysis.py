@@ -984,6 +984,16 @@ class _Analyzer:
                     found.append(sub.value.value)
         two_d = any(m.findall(e, m.Subscript(slice=[m.ZeroOrMore(), m.SubscriptElement(
             m.Index(value=m.Name("None"))), m.ZeroOrMore()])) for e in exprs)
+        if not found and two_d:
+            # the rows indexed out of an expression of an offsets vector (`(offs % 4)[:, None]`): that vector, which the
+            # row checks then compare with what the address reads
+            for e in exprs:
+                for sub in m.findall(e, m.Subscript()):
+                    kinds = ["slice" if isinstance(el.slice, cst.Slice) else "none" if m.matches(
+                        el.slice, m.Index(value=m.Name("None"))) else "other" for el in sub.slice]
+                    if not isinstance(sub.value, cst.Name) and len(kinds) >= 2 and kinds.count("slice") == 1 and \
+                            "other" not in kinds and kinds.index("slice") == dim:
+                        found += [n for n in sorted(names_in(sub.value)) if self._offsets_definition(n) is not None]
         if not found and dim == 0 and not two_d:
             # a 1-D tile: `a_ptr + offs` with offs = start + tl.arange(0, size) (in a 2-D block, a vector indexed
             # `[None, :]` is its columns, not its rows)
@@ -1222,7 +1232,7 @@ class _Analyzer:
             definition = self._offsets_definition(name, access.where)
             if definition is not None:
                 ref, start, size = definition
-                _check_start_runs_again(access, start, name)
+                _check_start_runs_again(self, access, start, name)
                 return Tile(start, size, name, size_param or self._size_param(name) or self._wrap_bound(name),
                             self._pid_of(start), self.where(ref.node), ndim,
                             wraps=any(_row_wraps(v, start) or _is_clamp(_unhinted(v))
@@ -1322,24 +1332,59 @@ _EFFECTS = m.Call(func=m.Attribute(attr=m.MatchIfTrue(lambda n: n.value.startswi
 _PURE_BUILTINS = frozenset({"min", "max", "abs", "int", "float", "bool", "len"})
 
 
-def _check_start_runs_again(acc: Access, start: str, offsets: str) -> None:
+def _check_start_runs_again(an: _Analyzer, acc: Access, start: str, offsets: str) -> None:
     """The tile's start is written again where the wait or notify is placed (the channels it covers are computed from
-    it there): a start that calls something with an effect, or a function TileLink does not know, would run it a
-    second time (`tl.atomic_add(counter, 1) * BLOCK_M`: the next tile's rows, not these)."""
+    it there): a start that calls something with an effect, a function TileLink does not know (a helper reached
+    through another name, `queue.next_tile(q)`), or that loads memory the kernel writes (`tl.load(perm_ptr + pid)`
+    with a `tl.store(perm_ptr + pid, 0)` before the wait) could give other rows the second time
+    (`tl.atomic_add(counter, 1) * BLOCK_M`: the next tile's rows, not these)."""
     node = cst.parse_expression(start)
+    written = _written_roots(an)
     calls = [c for c in m.findall(node, m.Call()) if m.matches(c, _EFFECTS) or (
-        isinstance(c.func, cst.Name) and c.func.value not in _PURE_BUILTINS)]
+        isinstance(c.func, cst.Name) and c.func.value not in _PURE_BUILTINS) or (
+        isinstance(c.func, cst.Attribute) and not m.matches(c.func, m.Attribute(value=m.Name("tl")))
+        and not _is_widening(c)) or (
+        _is_tl_call(c, "load") and c.args and _roots(an, c.args[0].value) & written)]
     if calls:
         raise _refuse(acc, f"the rows `{offsets}` of the {acc.kind} at line {acc.where.line} start at `{start}`, "
-                           f"which calls `{code(calls[0].func)}`: TileLink computes the channels the "
-                           f"{_waits(acc)} covers from the start where it places it, so the call would run again "
-                           f"there and may give other rows",
+                           f"which calls `{code(calls[0].func)}`"
+                           + (", reading memory the kernel also writes" if _is_tl_call(calls[0], "load") else "")
+                           + f": TileLink computes the channels the {_waits(acc)} covers from the start where it "
+                             f"places it, so the call would run again there and may give other rows",
                       f"bind the call's value to a name of its own first (`tile_id = {code(calls[0])}`) and compute "
                       f"the rows from that name (`{offsets} = tile_id * BLOCK_M + tl.arange(0, BLOCK_M)`)"
                       if acc.kind == "load" else
                       "compute the rows from tl.program_id (or a tile loop's target) and the arguments: the launch "
                       "checks that no two programs store the same rows, which a tile taken at run time (from a queue) "
                       "does not let it do")
+
+
+def _roots(an: _Analyzer, node: cst.BaseExpression) -> set[str]:
+    """The parameters ``node`` reads other than through a load (the pointers an address is made from), through the
+    values of the locals it reads."""
+    seen, todo, found = set(), list(names_outside_loads(node)), set()
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        if name in an.params:
+            found.add(name)
+        todo += [n for _, v in an.assignments.get(name, []) for n in names_outside_loads(v)]
+    return found
+
+
+def _written_roots(an: _Analyzer) -> set[str]:
+    """The parameters the kernel writes through: the pointers of its stores and atomics, the descriptors it stores
+    to."""
+    found: set[str] = set()
+    for call in an.findall(an.fn.body, m.Call(func=m.Attribute())):
+        attr = call.func.attr.value  # type: ignore[attr-defined]
+        if (attr == "store" or attr.startswith("atomic_")) and call.args:
+            target = call.func.value if not m.matches(call.func, m.Attribute(value=m.Name("tl"))) \
+                else call.args[0].value  # type: ignore[attr-defined]
+            found |= _roots(an, target)
+    return found
 
 
 def _unhinted(value: cst.BaseExpression) -> cst.BaseExpression:

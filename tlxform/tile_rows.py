@@ -183,7 +183,7 @@ class _Rows:
             if m.matches(node.func, m.Attribute(value=m.Name("tl"), attr=m.Name("multiple_of")
                                                 | m.Name("max_contiguous"))) and node.args:
                 return self.poly(node.args[0].value)
-            if m.matches(node.func, m.Attribute(attr=m.Name("to"))):  # `(off_hz // H).to(tl.int64)`: the same value
+            if _widening(node):  # `(off_hz // H).to(tl.int64)`: the same value (a narrowing cast may change it)
                 return self.poly(node.func.value)  # type: ignore[attr-defined]
         self.names |= {n.value for n in m.findall(node, m.Name()) if n.value not in ("tl", "triton")}
         self.atoms.add(_code(node))
@@ -191,6 +191,12 @@ class _Rows:
 
     def read(self, node: cst.BaseExpression) -> Poly:
         return self.poly(self.expand(node))
+
+
+def _widening(node: cst.Call) -> bool:
+    from tilelink.analysis import _is_widening
+
+    return _is_widening(node)
 
 
 def _is_descriptor(value: cst.BaseExpression) -> bool:
@@ -253,10 +259,13 @@ class _Ranges:
 
 
 def passed_params(an: _Analyzer) -> set[str]:
-    """The parameters the launch reads as the kernel uses them: bound nowhere in the kernel, or only cast
-    (``stride_xb = stride_xb.to(tl.int64)``)."""
-    return {p for p in an.params if p not in an.rebound and all(m.matches(v, m.Call(func=m.Attribute(
-        value=m.Name(p), attr=m.Name("to")))) for _, v in an.assignments.get(p, []))}
+    """The parameters the launch reads as the kernel uses them: bound nowhere in the kernel, or only widened
+    (``stride_xb = stride_xb.to(tl.int64)``; a narrowing cast, `d.to(tl.int8)`, may change the value)."""
+    from tilelink.analysis import _is_widening
+
+    return {p for p in an.params if p not in an.rebound and all(
+        _is_widening(v) and m.matches(v.func.value, m.Name(p))  # type: ignore[attr-defined]
+        for _, v in an.assignments.get(p, []))}
 
 
 def _minimum_atom(atom: str) -> list[cst.BaseExpression] | None:

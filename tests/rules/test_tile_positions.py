@@ -4,6 +4,7 @@ or failed at its first call; each is now refused at its line or built right."""
 
 from __future__ import annotations
 
+import re
 import textwrap
 
 import pytest
@@ -101,6 +102,22 @@ def test_loads_of_one_tile_whose_rows_wrap_share_a_wait_that_covers_the_wrap(tmp
     assert all(e < 1e-3 for e in errors), errors
 
 
+@pytest.mark.parametrize("rows, called", [
+    # a permutation loaded for the start, then written over before the wait reads it again
+    ("rm = tl.load(q_ptr + pid) * BLOCK_M + tl.arange(0, BLOCK_M)\n    tl.store(q_ptr + pid, 0)", "tl.load"),
+    # a helper that takes the next tile of a queue, reached through another name
+    ("rm = queue.next_tile(q_ptr) * BLOCK_M + tl.arange(0, BLOCK_M)", "queue.next_tile"),
+])
+def test_a_start_read_again_with_another_value_is_refused(rows: str, called: str) -> None:
+    source = _source('all_gather("a_ptr", dim=0)', rows=rows, extra=", q_ptr")
+    with pytest.raises(AnnotationError, match=rf"which calls `{re.escape(called)}`"):
+        _generate(source)
+    # a permutation the kernel only reads builds (MoE-style tile ids)
+    if called == "tl.load":
+        assert "consumer_tile_wait" in _generate(source.replace("    tl.store(q_ptr + pid, 0)\n", "")).rewritten[
+            "matmul"]
+
+
 TILE = 'all_gather("a_ptr", dim=0, tile=("lo", "BLOCK_M"), size="M")'
 SHIFTED = "lo = pid_m * BLOCK_M\n    {bind}\n    rm = lo + tl.arange(0, BLOCK_M)"
 #: rows no offsets vector names: bounded by the proof, not compared with tile=
@@ -111,10 +128,11 @@ SHIFTED_ROWS = "(lo + d + tl.arange(0, BLOCK_M))"
     ("d = 0\n    if pid_m == 2:\n        d = -8", "`d`"),  # a local bound to a negative value on one path
     ("d = tl.load(d_ptr + pid_m)", "`tl.load("),  # a value loaded from memory
     ("d = tl.where(pid_m == 2, -8, 0)", "`tl.where("),  # a value chosen
+    ("d = d_arg.to(tl.int8)", "`d_arg.to(tl.int8)`"),  # a parameter narrowed: 248 passed is -8 in the kernel
 ])
 def test_rows_under_tile_shifted_by_a_value_of_unknown_sign_are_refused(bind: str, atom: str) -> None:
     # the proof that the rows lie in the tile takes every atom as non-negative; these may not be
-    source = _source(TILE, rows=SHIFTED.format(bind=bind), a_rows=SHIFTED_ROWS, extra=", d_ptr").replace(
+    source = _source(TILE, rows=SHIFTED.format(bind=bind), a_rows=SHIFTED_ROWS, extra=", d_ptr, d_arg").replace(
         f"mask=({SHIFTED_ROWS}[:, None] < M)", f"mask=({SHIFTED_ROWS}[:, None] < lo + BLOCK_M)")
     with pytest.raises(AnnotationError, match="which the proof that they lie in the tile takes as non-negative") as e:
         _generate(source)
