@@ -768,11 +768,12 @@ class _Analyzer:
             between = top[order[id(first.node)] + 1:order[id(second.node)]]
             # only a pointer's two steps: a name, then offsets added to it (a value rebound otherwise, a clamp of rows
             # or a tile index taken again, keeps its two bindings, which the checks read as such)
-            if not isinstance(value, cst.Name) or _step_of(_bare(again), name) is None or isinstance(
-                    _bare(again), cst.BinaryOperation) and isinstance(_bare(again).operator, cst.Subtract):
+            step = _bare(again)
+            if not isinstance(value, cst.Name) or value.value == name or _step_of(step, name) is None or isinstance(
+                    step, cst.BinaryOperation) and isinstance(step.operator, cst.Subtract):
                 continue
-            if not plain or name in names_in(value) or name not in names_in(again) or any(
-                    name in names_in(ref.node) for ref in between) or len(self.bindings.get(name, [])) < 2:
+            if not plain or any(name in names_in(ref.node) for ref in between) or len(
+                    self.bindings.get(name, [])) < 2:
                 continue
             self.assignments[name] = [(second, again.visit(_Renamed(name, value.value))), *defs[2:]]
             self.bindings[name] = self.bindings[name][1:]
@@ -932,25 +933,24 @@ class _Analyzer:
                 m.Index(value=m.Name("None"))), m.ZeroOrMore()]))
             return written if blocks else None
 
+        def grouped(value: cst.BaseExpression) -> cst.BaseExpression:
+            """``value`` written in place of a name: parenthesised unless it is an atom already."""
+            value = _bare(value)
+            return value if isinstance(value, (cst.Name, cst.Subscript, cst.Call)) else value.with_changes(
+                lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+
         def write(node: cst.BaseExpression, depth: int) -> cst.BaseExpression:
             class _T(cst.CSTTransformer):
                 def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
-                    if _is_tl_call(updated, "broadcast_to") and updated.args:
-                        inner = _bare(updated.args[0].value)
-                        return inner if isinstance(inner, (cst.Name, cst.Subscript, cst.Call)) else inner.with_changes(
-                            lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
-                    return updated
+                    return grouped(updated.args[0].value) if _is_tl_call(updated, "broadcast_to") and updated.args \
+                        else updated
 
                 def leave_Attribute(self, original: cst.Attribute, updated: cst.Attribute) -> cst.BaseExpression:
                     return updated.with_changes(attr=original.attr)
 
                 def leave_Name(self, original: cst.Name, updated: cst.Name) -> cst.BaseExpression:
                     value = value_of(original.value, depth)
-                    if value is None:
-                        return updated
-                    value = _bare(value)
-                    return value if isinstance(value, (cst.Name, cst.Subscript, cst.Call)) else value.with_changes(
-                        lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+                    return updated if value is None else grouped(value)
 
             return node.visit(_T())  # type: ignore[return-value]
 
@@ -973,27 +973,25 @@ class _Analyzer:
     def _offsets_candidates(self, exprs: list[cst.BaseExpression], dim: int) -> list[str]:
         """Names indexed as the ``dim`` axis (``x[:, None]`` for dim 0 of a 2-D tile)."""
         found: list[str] = []
+        indexed: list[cst.BaseExpression] = []  # expressions indexed so (`(offs % 4)[:, None]`)
         for e in exprs:
-            for sub in m.findall(e, m.Subscript(value=m.Name())):
+            for sub in m.findall(e, m.Subscript()):
                 elements = sub.slice
                 if len(elements) < 2:
                     continue
                 kinds = ["slice" if isinstance(el.slice, cst.Slice) else "none"
                          if m.matches(el.slice, m.Index(value=m.Name("None"))) else "other" for el in elements]
                 if kinds.count("slice") == 1 and kinds.count("other") == 0 and kinds.index("slice") == dim:
-                    found.append(sub.value.value)
+                    if isinstance(sub.value, cst.Name):
+                        found.append(sub.value.value)
+                    else:
+                        indexed.append(sub.value)
+        if not found:
+            # the rows indexed out of an expression of an offsets vector: that vector, which the row checks then
+            # compare with what the address reads
+            found = [n for value in indexed for n in sorted(names_in(value)) if self._offsets_definition(n) is not None]
         two_d = any(m.findall(e, m.Subscript(slice=[m.ZeroOrMore(), m.SubscriptElement(
             m.Index(value=m.Name("None"))), m.ZeroOrMore()])) for e in exprs)
-        if not found and two_d:
-            # the rows indexed out of an expression of an offsets vector (`(offs % 4)[:, None]`): that vector, which the
-            # row checks then compare with what the address reads
-            for e in exprs:
-                for sub in m.findall(e, m.Subscript()):
-                    kinds = ["slice" if isinstance(el.slice, cst.Slice) else "none" if m.matches(
-                        el.slice, m.Index(value=m.Name("None"))) else "other" for el in sub.slice]
-                    if not isinstance(sub.value, cst.Name) and len(kinds) >= 2 and kinds.count("slice") == 1 and \
-                            "other" not in kinds and kinds.index("slice") == dim:
-                        found += [n for n in sorted(names_in(sub.value)) if self._offsets_definition(n) is not None]
         if not found and dim == 0 and not two_d:
             # a 1-D tile: `a_ptr + offs` with offs = start + tl.arange(0, size) (in a 2-D block, a vector indexed
             # `[None, :]` is its columns, not its rows)
@@ -1339,12 +1337,12 @@ def _check_start_runs_again(an: _Analyzer, acc: Access, start: str, offsets: str
     with a `tl.store(perm_ptr + pid, 0)` before the wait) could give other rows the second time
     (`tl.atomic_add(counter, 1) * BLOCK_M`: the next tile's rows, not these)."""
     node = cst.parse_expression(start)
-    written = _written_roots(an)
+    loads = [c for c in m.findall(node, m.Call()) if _is_tl_call(c, "load") and c.args]
+    written = _written_roots(an) if loads else set()  # (read only where the start loads: this runs for every access)
     calls = [c for c in m.findall(node, m.Call()) if m.matches(c, _EFFECTS) or (
         isinstance(c.func, cst.Name) and c.func.value not in _PURE_BUILTINS) or (
         isinstance(c.func, cst.Attribute) and not m.matches(c.func, m.Attribute(value=m.Name("tl")))
-        and not _is_widening(c)) or (
-        _is_tl_call(c, "load") and c.args and _roots(an, c.args[0].value) & written)]
+        and not _is_widening(c)) or (c in loads and _roots(an, c.args[0].value) & written)]
     if calls:
         raise _refuse(acc, f"the rows `{offsets}` of the {acc.kind} at line {acc.where.line} start at `{start}`, "
                            f"which calls `{code(calls[0].func)}`"
@@ -2287,9 +2285,7 @@ def _helper_value(an: _Analyzer, call: cst.Call) -> cst.BaseExpression | None:
         return None if fn is None else _returned_value(fn, call)
     if m.matches(call.func, m.Attribute(value=m.Name())) and call.func.value.value not in an.assignments:  # type: ignore
         # a helper of a module the file imports, called through it (`tle.program_id(0)`)
-        source = _imported(an).get(f"{call.func.value.value}.{call.func.attr.value}")  # type: ignore[attr-defined]
-        found = cst.parse_module(source).body if source is not None else ()
-        fn = found[0] if len(found) == 1 and isinstance(found[0], cst.FunctionDef) else None
+        fn = _defined(_imported(an).get(f"{call.func.value.value}.{call.func.attr.value}"))  # type: ignore
         return None if fn is None else _returned_value(fn, call)
     if not isinstance(call.func, cst.Name):
         return None
@@ -2308,10 +2304,14 @@ def _helper_value(an: _Analyzer, call: cst.Call) -> cst.BaseExpression | None:
         is_triton_jit(d) for d in bound[0].decorators) else None
     if fn is None and len(bound) == 1 and isinstance(bound[0], (cst.Import, cst.ImportFrom)):
         # one the file imports by name (`from tilelink.ops.gemm_kernels import tile_coordinates`)
-        source = _imported(an).get(name)
-        found = cst.parse_module(source).body if source is not None else ()
-        fn = found[0] if len(found) == 1 and isinstance(found[0], cst.FunctionDef) else None
+        fn = _defined(_imported(an).get(name))
     return None if fn is None else _returned_value(fn, call)
+
+
+def _defined(source: str | None) -> cst.FunctionDef | None:
+    """The one function a helper's source defines; ``None`` for no source or anything else."""
+    found = cst.parse_module(source).body if source is not None else ()
+    return found[0] if len(found) == 1 and isinstance(found[0], cst.FunctionDef) else None
 
 
 def _imported(an: _Analyzer) -> dict[str, str]:

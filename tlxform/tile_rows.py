@@ -261,10 +261,8 @@ class _Ranges:
 def passed_params(an: _Analyzer) -> set[str]:
     """The parameters the launch reads as the kernel uses them: bound nowhere in the kernel, or only widened
     (``stride_xb = stride_xb.to(tl.int64)``; a narrowing cast, `d.to(tl.int8)`, may change the value)."""
-    from tilelink.analysis import _is_widening
-
     return {p for p in an.params if p not in an.rebound and all(
-        _is_widening(v) and m.matches(v.func.value, m.Name(p))  # type: ignore[attr-defined]
+        _widening(v) and m.matches(v.func.value, m.Name(p))  # type: ignore[attr-defined]
         for _, v in an.assignments.get(p, []))}
 
 
@@ -413,7 +411,7 @@ def check_tile_covers(an: _Analyzer, acc: Access, dim: int, pointers: set[str], 
         else:
             said.append(_pointer_rows(an, acc, pointers, dim, reader, ranges, lo, end, size_param, proof, facts))
         if said[0] is None:
-            unsigned = _unsigned_atoms(an, rows, ranges)
+            unsigned = _unsigned_atoms(an, rows)
             if unsigned:
                 raise _refuse(acc, dim, override, f" rows from `{unsigned[0]}`, which the proof that they lie in the "
                                                   f"tile takes as non-negative, but which TileLink cannot bound below "
@@ -451,7 +449,7 @@ def _store_rows_are_tile(an: _Analyzer, acc: Access, pointers: set[str], overrid
     return False
 
 
-def _unsigned_atoms(an: _Analyzer, rows: _Rows, ranges: _Ranges) -> list[str]:
+def _unsigned_atoms(an: _Analyzer, rows: _Rows) -> list[str]:
     """The atoms a proof read that it cannot take as non-negative, as it does every atom (``_nonnegative_value``:
     parameters, program ids, loop variables from a non-negative start, and sums, products, `//`, `%`, bounds and casts
     of those, through locals and helpers): a local bound to a negative value on one path (`d = 0`, then `d = -2`),
@@ -459,9 +457,9 @@ def _unsigned_atoms(an: _Analyzer, rows: _Rows, ranges: _Ranges) -> list[str]:
     before the tile."""
     from tilelink.analysis import _nonnegative_value
 
-    found = []
+    found, passed = [], passed_params(an)
     for atom in sorted(rows.atoms):
-        if atom.startswith(_ARANGE) or atom in passed_params(an):
+        if atom.startswith(_ARANGE) or atom in passed:
             continue
         try:
             node = cst.parse_expression(atom)
