@@ -100,7 +100,8 @@ def channels_of_row_vector(rows: str) -> tuple[str, str]:
 
 
 def _pid_times_size(an, tile) -> bool:
-    """Whether the tile's start is exactly ``pid * SIZE`` (either order) with SIZE its height."""
+    """Whether the tile's start is exactly ``pid * SIZE`` (either order) with SIZE its height, or the pid itself for a
+    tile of one row."""
     import libcst as cst
 
     from tilelink.analysis import code
@@ -109,6 +110,8 @@ def _pid_times_size(an, tile) -> bool:
         start, size = cst.parse_expression(tile.start), code(cst.parse_expression(tile.size))
     except cst.ParserSyntaxError:
         return False
+    if isinstance(start, cst.Name) and start.value == tile.pid and size == "1":
+        return True  # one row a program, the program's id itself (`row = tl.program_id(0)`): `row * 1`
     if isinstance(start, cst.Name):  # `row = pid * SIZE`, assigned once: the analysis followed it to find the pid
         values = an.values.get(start.value, ())
         if len(values) != 1:

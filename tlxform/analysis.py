@@ -199,6 +199,8 @@ class KernelAnalysis:
     # otherwise than as `args['K']`). A parameter not in a dict literal is keyed ``"*"``: any constexpr may be one.
     # A value computed from the rank's own K slice is the rank's own (a reduction's epilogue must not read it)
     computed: dict[str, tuple[Where, frozenset[str] | None]] = field(default_factory=dict)
+    # each load read as one row a program's (`row * stride` beside a columns vector) that TileLink refused -> why
+    row_program_misses: dict[Where, str] = field(default_factory=dict)
 
     def accesses_of(self, tensor: str, kind: str) -> list[Access]:
         return [a for a in self.accesses if a.tensor == tensor and a.kind == kind]
@@ -678,6 +680,24 @@ class _Renamed(cst.CSTTransformer):
         return updated.with_changes(attr=original.attr)
 
 
+class _Inlined(cst.CSTTransformer):
+    """Each read of the name ``name`` replaced by ``value`` in parentheses (an attribute's own name and a keyword
+    argument's name are left)."""
+
+    def __init__(self, name: str, value: cst.BaseExpression) -> None:
+        super().__init__()
+        self.name, self.value = name, value.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+
+    def leave_Name(self, original: cst.Name, updated: cst.Name) -> cst.BaseExpression:
+        return self.value if original.value == self.name else updated
+
+    def leave_Attribute(self, original: cst.Attribute, updated: cst.Attribute) -> cst.BaseExpression:
+        return updated.with_changes(attr=original.attr)
+
+    def leave_Arg(self, original: cst.Arg, updated: cst.Arg) -> cst.Arg:
+        return updated.with_changes(keyword=original.keyword)
+
+
 # ----------------------------------------------------------------------------- the analysis
 class _Analyzer:
     def __init__(self, module: cst.Module, wrapper: MetadataWrapper, fn: cst.FunctionDef, file: str,
@@ -699,6 +719,9 @@ class _Analyzer:
         self.row_multiples: list[tuple[tuple[str, ...], str, Where]] = []
         # where the columns of each unmasked walk of whole blocks start (`KernelAnalysis.column_ends`)
         self.column_ends: list[tuple[str, tuple[str, ...], tuple[str, ...], Where]] = []
+        # the loads of one row a program (`_row_of_program`) -> (the row stride parameter, the columns' bound terms)
+        self.row_programs: dict[Where, tuple[str, tuple[tuple[bool, tuple[str, ...]], ...]]] = {}
+        self.row_program_misses: dict[Where, str] = {}  # `KernelAnalysis.row_program_misses`
         self.positions = wrapper.resolve(PositionProvider)
         self.index = NodeIndex(module)  # the searches below, and the analysis's hundreds more, read this one walk
         self.params = tuple(p.name.value for p in fn.params.params)
@@ -779,6 +802,35 @@ class _Analyzer:
             self.bindings[name] = self.bindings[name][1:]
         self._fold_branch_twins()
         self._fold_widenings()
+        self._fold_offset_grids()
+
+    def _fold_offset_grids(self) -> None:
+        """An offsets grid held in a local of its own and added to a pointer after it (vLLM's `offsets_a =
+        stride_am * offsets_am[:, None] + stride_ak * offsets_k[None, :]`, then `a_ptrs = a_ptr + offsets_a`) is read
+        as written out in that pointer's binding: the checks then see its rows and columns as they see a grid written
+        in place. Only where the grid is bound once, in the same block before the binding that reads it, with no name
+        it reads bound in between (so it holds, there, the value written out), and reads no memory."""
+        grid = m.Subscript(slice=[m.ZeroOrMore(), m.SubscriptElement(m.Index(value=m.Name("None"))), m.ZeroOrMore()])
+        for name, defs in list(self.assignments.items()):
+            if len(defs) != 1 or name in self.params or name in self.rebound or len(self.bindings.get(name, ())) != 1:
+                continue
+            ref, value = defs[0]
+            if not (len(small_statements(ref)) == 1 and isinstance(small_statements(ref)[0], cst.Assign)
+                    and len(small_statements(ref)[0].targets) == 1) or not m.findall(value, grid) or m.findall(
+                    value, m.Call(func=m.Attribute(attr=m.Name("load")) | m.Name("load"))):
+                continue
+            made, reads = self.where(ref.node), names_in(value)
+            for other, uses in list(self.assignments.items()):
+                if other == name:
+                    continue
+                for i, (use, used) in enumerate(uses):
+                    at = self.where(use.node)
+                    if name not in names_in(used) or not use.blocks or use.blocks[-1] is not ref.blocks[-1] or (
+                            at.line, at.column) <= (made.line, made.column) or any(
+                            (made.line, made.column) < (b.line, b.column) < (at.line, at.column)
+                            for n in reads for b, _ in self.bindings.get(n, ())):
+                        continue
+                    uses[i] = (use, used.visit(_Inlined(name, value)))
 
     def _fold_widenings(self) -> None:
         """A local widened in place (`offs_cn = offs_cn.to(tl.int64)`, also on one side of a compile-time `if
@@ -1223,6 +1275,21 @@ class _Analyzer:
                     return Tile(start, size, None, sp, self._pid_of(start), access.where)
             return None
         exprs = self._pointer_definitions(access.pointer, pointers)
+        row = _row_of_program(self, access, dim, pointers, exprs)
+        if row is not None:
+            start, stride, bound = row
+            self.row_programs[access.where] = (stride, bound)
+            # the rows a loop over them counts to (`for row_idx in tl.range(row_start, n_rows, row_step)`)
+            loops = self.findall(self.fn.body, m.For(target=m.Name(start)))
+            ends = [_range_args(loops[0])] if len(loops) == 1 else []
+            counted = code(ends[0][1]) if ends and ends[0] is not None and _passed(self, ends[0][1]) else None
+            # a row that is the program's id (`row = tl.program_id(0)`, also widened) is the tile's index: the tile
+            # order may rotate it, as it rotates `pid_m` of a block of rows
+            made = self.assignments.get(start, [])
+            own = len(made) == 1 and m.matches(_uncast(made[0][1]), m.Call(func=m.Attribute(
+                value=m.Name("tl"), attr=m.Name("program_id"))))
+            return Tile(start, "1", None, size_param or counted, start if own else self._pid_of(start),
+                        access.where, 1)
         candidates = self._offsets_candidates(exprs, dim)
         ndim = 2 if any(m.findall(e, m.Subscript(slice=[m.ZeroOrMore(), m.SubscriptElement(m.Slice()),
                                                        m.ZeroOrMore()])) for e in exprs) else 1
@@ -1469,7 +1536,8 @@ def _settle(an: _Analyzer, acc: Access, tile: Tile, stmt: StmtRef, pointers: set
     verb = "reads" if acc.kind == "load" else "writes"
     # the pointer expression and every alias definition it rests on, read by both checks
     exprs = [] if acc.descriptor else an._pointer_definitions(acc.pointer, pointers)
-    _check_pointer_advances(an, acc, tile, pointers, exprs)
+    if acc.where not in an.row_programs:  # one row a program: its one advance, the row's, was read with its address
+        _check_pointer_advances(an, acc, tile, pointers, exprs)
     _check_row_terms(an, acc, tile, pointers, exprs)
     moved = False
     if tile.offsets is not None and not tile.dynamic:
@@ -1819,13 +1887,18 @@ def _nonnegative_value(an: _Analyzer, node: cst.BaseExpression, depth: int = 0,
         # (not a loop's target beside them, nor an unpacking)
         augs = an.findall(an.fn.body, m.AugAssign(target=m.Name(node.value)))
         bindings = len(an.bindings.get(node.value, ()))
-        if not defs and not augs and bindings == 1:
-            return _loop_target_sign(an, node.value, depth)  # bound by its loop alone
+        if not defs and not augs and bindings == len(an.findall(an.fn.body, m.For(target=m.Name(node.value)))):
+            return _loop_target_sign(an, node.value, depth)  # bound by its loops alone
         if not defs or len(defs) + len(augs) != bindings or any(
                 not isinstance(a.operator, (cst.AddAssign, cst.MultiplyAssign)) for a in augs):
             return None
         signs: set[str] = set()
         for value in [v for _, v in defs] + [a.value for a in augs]:
+            # `col = col + d` adds to a value it held, as `col += d` does: non-negative where `d` is
+            step = _step_of(_bare(value), node.value)
+            if step is not None and not (isinstance(_bare(value), cst.BinaryOperation)
+                                         and isinstance(_bare(value).operator, cst.Subtract)):
+                value = step
             sign = _nonnegative_value(an, value, depth + 1, passed)
             if sign is None:
                 return None
@@ -1897,20 +1970,22 @@ def _range_args(loop: cst.For) -> tuple[cst.BaseExpression, cst.BaseExpression, 
 
 
 def _loop_target_sign(an: _Analyzer, name: str, depth: int) -> set[str] | None:
-    """The parameters whose signs make the target of a ``for name in range(a, b[, step])`` loop (``tl.range``,
-    ``tl.static_range``) non-negative: those of ``a`` and of ``step``, counting up from a non-negative start. ``None``
-    for any other loop, or a start or step whose sign TileLink cannot tell."""
+    """The parameters whose signs make the target of ``for name in range(a, b[, step])`` loops (``tl.range``,
+    ``tl.static_range``; one or several loops binding the same name, as the layer-norm tutorial's three `for off in
+    range(0, N, BLOCK_SIZE)`) non-negative: those of each ``a`` and ``step``, counting up from a non-negative start.
+    ``None`` for any other loop, or a start or step whose sign TileLink cannot tell."""
     loops = an.findall(an.fn.body, m.For(target=m.Name(name)))
-    found = _range_args(loops[0]) if len(loops) == 1 else None
-    if found is None:
-        return None
     signs: set[str] = set()
-    for part in (found[0], found[2]):
-        sign = _nonnegative_value(an, part, depth + 1)
-        if sign is None:
+    for loop in loops:
+        found = _range_args(loop)
+        if found is None:
             return None
-        signs |= sign
-    return signs
+        for part in (found[0], found[2]):
+            sign = _nonnegative_value(an, part, depth + 1)
+            if sign is None:
+                return None
+            signs |= sign
+    return signs if loops else None
 
 
 class _ValueNames(cst.CSTTransformer):
@@ -3162,6 +3237,8 @@ def _access_row_scales(an: _Analyzer, acc: Access, pointers: set[str]) -> tuple[
                 if scale is None:  # times a factor the launch cannot read (`cols[None, :] * (D // D)`)
                     _refuse_unread_columns(acc, term, offsets, always=True)
                 found = _vector_start(an, acc, vector, offsets) if scale is not None else None
+                if found is None and scale is not None:
+                    _check_carried_columns(an, acc, pointers, vector, scale, offsets)
                 if found is None or ways is None:
                     ways = None
                     continue
@@ -3496,6 +3573,7 @@ def _check_advance_in_loop(an: _Analyzer, acc: Access, tile: Tile, name: str, st
                          f"the kernel leaves as passed nor an int literal: TileLink cannot tell that it is the same, "
                          f"and not negative, on every step")
     rest = sorted(code(f) for f in factors if f is not strides[0])
+    whole_step = list(rest)  # what the pointer moves by along the row on each step, in columns
     if not _contains(an, loop, acc.where) or (acc.where.line, acc.where.column) > (at.line, at.column):
         raise refuse("once more on every iteration, and the access is not in that loop before the advance")
     around = [lp for lp in loops if lp is not loop]
@@ -3609,7 +3687,17 @@ def _check_advance_in_loop(an: _Analyzer, acc: Access, tile: Tile, name: str, st
             if any(v is e for e in exprs) and vector in names_in(v)
             and (an.where(ref.node).line, an.where(ref.node).column) < (start.line, start.column)]
     first = min(((w.line, w.column) for w in made), default=None)
+    beside = _advanced_beside(an, acc, loop, vector, whole_step) if down is None else None
+    if beside is not None and (not made or any(
+            vector in names_in(e) and not any(e is v for defs in an.assignments.values() for ref, v in defs
+                                              if (an.where(ref.node).line, an.where(ref.node).column)
+                                              < (start.line, start.column)) for e in exprs)):
+        # the vector moves with the pointer only where the address took it once, before the loop: read again by the
+        # access or by an alias bound in the loop, it adds its step a second time on every iteration
+        beside = None
     for b, _ in an.bindings.get(vector, []):
+        if b == beside:
+            continue
         if (b != start and _contains(an, loop, b)) or first is not None and first < (b.line, b.column) < (
                 start.line, start.column):
             raise refuse(f"along `{stride}` once more on every iteration, and the columns `{vector}` its mask bounds "
@@ -3617,7 +3705,9 @@ def _check_advance_in_loop(an: _Analyzer, acc: Access, tile: Tile, name: str, st
                          f"bound the columns the address reads",
                          f"bind `{vector}` once before the pointer is made from it, and not again before the loop or "
                          f"in it, so that the mask (`{vector}[None, :] < K - {k} * {' * '.join(rest) or '1'}`) bounds "
-                         f"the columns the address reads")
+                         f"the columns the address reads; or advance it with the pointer, once in the loop's body "
+                         f"after the {acc.kind} and by the same step along the row (`{vector} += "
+                         f"{' * '.join(whole_step) or '1'}`), and mask it by the row (`{vector}[None, :] < K`)")
 
     # the mask bounds the columns from above only: a vector that may hold a negative column (`tl.arange(0, BLOCK_K) -
     # 2`) reads the end of the row before, which no wait or notify of these rows covers. The parameters its sign
@@ -3632,7 +3722,7 @@ def _check_advance_in_loop(an: _Analyzer, acc: Access, tile: Tile, name: str, st
                      f"`start` a parameter, a literal or a program's position), not below it")
     signs |= {code(f) for f in factors if f is not strides[0] and isinstance(f, cst.Name)} | step_signs
 
-    found, unread = _left_of_row(an, acc, loop, k, vector, rest, down)
+    found, unread = _left_of_row(an, acc, loop, k, vector, rest, down, beside is not None)
     if found is not None:
         an.row_bounds.append((acc.tensor, found, stride, acc.where))
         an.row_signs.extend((n, acc.where) for n in sorted(signs))
@@ -3655,9 +3745,241 @@ def _check_advance_in_loop(an: _Analyzer, acc: Access, tile: Tile, name: str, st
     raise refuse(f"along `{stride}` once more on every iteration, and the mask does not bound the columns "
                  f"`{vector}` by what is left of the row on each step (`{vector}[None, :] < K - {k} * "
                  f"{' * '.join(rest) or '1'}`, also through a local bound in the loop before the access, of names the "
-                 f"loop does not bind), nor do the loop's steps take whole blocks of the row (columns `tl.arange(0, "
+                 f"loop does not bind; or `{vector}[None, :] < K`, made on each step, with `{vector}` advanced beside "
+                 f"the pointer), nor do the loop's steps take whole blocks of the row (columns `tl.arange(0, "
                  f"BLOCK_K)` over `range(0, tl.cdiv(K, BLOCK_K))`, which each call checks for K a multiple of "
                  f"BLOCK_K)")
+
+
+def _with_row_program_hint(an: _Analyzer, acc: Access, error: AnnotationError) -> AnnotationError:
+    """``error`` refusing a load whose address reads one row a program but was not taken as such
+    (:func:`_row_of_program`), with that reason added to its hint: the other readings' refusals speak of blocks of
+    rows, which is not what the kernel wrote."""
+    why = an.row_program_misses.get(acc.where)
+    if why is None or why in (error.hint or ""):
+        return error
+    return AnnotationError(error.reason, file=error.file, line=error.line, column=error.column,
+                           hint=f"{why}; {error.hint}" if error.hint else why)
+
+
+def _check_carried_columns(an: _Analyzer, acc: Access, pointers: set[str], vector: str, scale: tuple[str, ...],
+                           offsets: str) -> None:
+    """Columns ``vector`` carried from step to step of a loop (``offs_k += BLOCK_K``) that the address reads afresh
+    on each step (``a_ptr + rows[:, None] * stride_am + offs_k[None, :] * stride_ak``), where no alias of the pointer
+    is advanced in a loop (whose advance check reads them): only a conjunct of the mask made at the access from the
+    vector's value there bounds them (``offs_k[None, :] < K``, ``K`` what the launch reads), and they must not be
+    negative; then each call checks ``K`` against the row (``row_bounds``). A mask made before the vector moves, or
+    none, lets the last steps read the next row: refused."""
+    def carried(name: str) -> list[Where]:
+        loops = an.findall(an.fn.body, m.For() | m.While())
+        sites = [an.where(n) for n in an.findall(an.fn.body, m.AugAssign(target=m.Name(name)))] + [
+            an.where(ref.node) for ref, value in an.assignments.get(name, []) if name in names_in(value)]
+        return [w for w in sites if any(_contains(an, lp, w) for lp in loops)]
+
+    # the vector itself, or one it is made from (`(offs_k - BLOCK_K)[None, :]`, named for this access)
+    made = an.assignments.get(vector, [])
+    sources = [vector] + sorted(n for n in (names_in(made[0][1]) if len(made) == 1 else ()) if n != vector)
+    mover = next((n for n in sources if carried(n)), vector)
+    moves = [w for n in sources for w in carried(n)]
+    exprs = an._pointer_definitions(acc.pointer, pointers)
+    if not moves or any(carried(n) for n in set().union(*(names_in(e) for e in exprs)) & pointers):
+        return
+    stride = scale[0] if len(scale) == 1 else "1" if not scale else None
+    masks = _mask_locals(an, acc)
+    last = _mask_bound(an, masks, vector, offsets) if stride is not None else None
+    signs = _nonnegative_value(an, cst.Name(vector)) if last is not None else None
+    if last is None or signs is None:
+        made_of = "" if mover == vector else f", made from `{mover}`,"
+        raise _refuse(acc, f"the columns `{vector}`{made_of} of the {acc.kind} at line {acc.where.line} move from step "
+                           f"to step of a loop (line {', '.join(str(w.line) for w in moves)}) and the address reads "
+                           f"them afresh on each step, but "
+                           + ("the mask does not bound them where the access reads them" if last is None else
+                              "TileLink cannot tell that they are not negative")
+                           + f": its last steps may touch the next rows of {acc.tensor!r}, which its {_waits(acc)} "
+                             f"does not cover",
+                      f"mask the columns at the {acc.kind} by the row's length (`mask=... & ({vector}[None, :] < K)`, "
+                      f"made there, after `{mover}` moves), start them at 0 or a non-negative offset, or compute "
+                      f"`{mover}` from the loop's variable (`{mover} = k * BLOCK_K + tl.arange(0, BLOCK_K)`)")
+    # the largest column let through is X - 1 (`< X`) or X (`<= X`): the columns are [0, X)
+    bound = tuple(t for t in last if t != (True, ("1",))) if (True, ("1",)) in last else (*last, (False, ("1",)))
+    an.row_bounds.append((acc.tensor, bound, stride, acc.where))  # type: ignore[arg-type]
+    an.row_signs.extend((n, acc.where) for n in sorted(signs))
+
+
+def _row_of_program(an: _Analyzer, acc: Access, dim: int, pointers: set[str], exprs: list[cst.BaseExpression]
+                    ) -> tuple[str, str, tuple[tuple[bool, tuple[str, ...]], ...]] | None:
+    """A load of one row a program (Triton's softmax and layer-norm tutorials: `row_start_ptr = input_ptr + row_idx *
+    input_row_stride` then `tl.load(row_start_ptr + col_offsets, mask=col_offsets < n_cols)`, or `X += row * stride`
+    then `tl.load(X + cols, mask=cols < N)`): the address is the tensor, one row term `row * S` and one vector of
+    columns. ``(row, S, the columns' bound terms)`` when
+
+    - the load is 1-D and gathers dim 0; each alias of the pointer is bound once, in a block that holds the load and
+      before it, and the tensor itself is advanced in place at most once, at the kernel's top level before the load
+      (`X += row * stride`);
+    - ``row`` is a name bound once (an assignment of a value that calls nothing with an effect, or a loop's target),
+      non-negative, and ``S`` a parameter the kernel leaves as passed: each call checks that it is the length of a
+      row of the gathered buffer (``row_scales``);
+    - the columns are one name, non-negative, bounded by a conjunct `cols < X` of the load's mask (written in it, or
+      through a local bound once in the load's block before it, nothing it reads bound in between), ``X`` a sum of
+      products of int literals and parameters the kernel leaves as passed: each call checks that ``X`` is at most a
+      row (``row_bounds``).
+
+    Then the load reads row ``row`` only, and the tile is that row. ``None`` for any other form, which the other
+    readings take (or refuse)."""
+    if acc.descriptor or acc.kind != "load" or dim != 0 or any(
+            m.findall(e, m.Subscript(slice=[m.ZeroOrMore(), m.SubscriptElement(m.Index(value=m.Name("None"))),
+                                            m.ZeroOrMore()])) for e in exprs):
+        return None
+    before = (acc.where.line, acc.where.column)
+
+    def at(ref: StmtRef) -> tuple[int, int]:
+        w = an.where(ref.node)
+        return (w.line, w.column)
+
+    loops = an.findall(an.fn.body, m.For() | m.While())
+
+    def steady(names: set[str], since: tuple[int, int]) -> bool:
+        """Each of ``names`` holds at the load the value it held at ``since``: no binding of it in between, nor in a
+        loop that holds the load and not ``since`` (which would bind it again before the load's next step)."""
+        w = Where(acc.where.file, *since)
+        return not any(since < (b.line, b.column) < before or any(
+            _contains(an, lp, acc.where) and not _contains(an, lp, w) and _contains(an, lp, b) for lp in loops)
+            for n in names for b, _ in an.bindings.get(n, ()))
+
+    # the address's terms, each with where it was read: the load itself, or the binding of the alias that holds it
+    terms: list[tuple[cst.BaseExpression, tuple[int, int]]] = []
+    todo, seen = [(cst.parse_expression(acc.pointer), before)], set()
+    while todo:
+        expr, site = todo.pop()
+        for term, negative in _terms(_bare(expr)):
+            term = _bare(term)
+            if negative:
+                return None
+            if not (isinstance(term, cst.Name) and term.value in pointers):
+                terms.append((term, site))
+                continue
+            name = term.value
+            if name in seen or len(seen) > 8:
+                return None
+            seen.add(name)
+            defs = an.assignments.get(name, [])
+            if name == acc.tensor:
+                steps = an.findall(an.fn.body, m.AugAssign(target=m.Name(name)))
+                if defs or len(steps) > 1 or len(an.bindings.get(name, ())) != len(steps):
+                    return None
+                if steps:
+                    # advanced once at the top level, before whatever read the tensor on the way to the load
+                    ref = next((r for r in an.statements if r.node is not None and r.blocks == (an.fn.body,)
+                                and any(sm is steps[0] for sm in small_statements(r))), None)
+                    if ref is None or not isinstance(steps[0].operator, cst.AddAssign) or at(ref) >= site:
+                        return None
+                    todo.append((steps[0].value, at(ref)))
+                continue
+            if len(defs) != 1 or len(an.bindings.get(name, ())) != 1 or name in an.rebound:
+                return None
+            ref, value = defs[0]
+            # bound before what reads it, in a block that holds the load: the value of this pass, not a previous one
+            if not ref.blocks or not _contains(an, ref.blocks[-1], acc.where) or at(ref) >= site:
+                return None
+            todo.append((value, at(ref)))
+    rows = [t for t, _ in terms if isinstance(t, cst.BinaryOperation) and isinstance(t.operator, cst.Multiply)
+            and len(_product_factors(t)) == 2]
+    if len(rows) != 1 or len(terms) != 2:
+        return None
+    factors = [_bare(f) for f in _product_factors(rows[0])]
+    strides = [f for f in factors if _passed(an, f) and f.value not in an.constexpr]  # type: ignore[union-attr]
+    if len(strides) != 1:
+        return None
+    stride = strides[0]
+    row = next(f for f in factors if f is not stride)
+    cols = next(t for t, _ in terms if t is not rows[0])
+
+    def miss(why: str) -> None:
+        an.row_program_misses[acc.where] = (
+            f"this load reads one row a program, `{code(row)}` times `{code(stride)}`, beside the columns "
+            f"`{code(cols)}`, but {why}: TileLink waits for that one row when the row is a name bound once (the "
+            f"program's id or a loop's target), the stride a parameter, and the columns one non-negative vector "
+            f"masked by the row's length (`cols = tl.arange(0, BLOCK)`, `mask=cols < N`)")
+
+    if not isinstance(row, cst.Name) or not isinstance(cols, cst.Name) or row.value in an.params:
+        return miss("the row or the columns are not a name of their own")
+    if _is_vector(an, row):
+        return miss(f"the row `{row.value}` is a vector, not one row")
+    moved = [n for t, site in terms for n in sorted(names_in(t)) if not steady({n}, site)]
+    if moved:
+        return miss(f"`{moved[0]}` is bound again between where the address reads it and the load")
+    # the row: bound once, to a value that gives the same row where the wait computes it again
+    if len(an.bindings.get(row.value, ())) != 1 or row.value in an.rebound and not an.findall(
+            an.fn.body, m.For(target=m.Name(row.value))):
+        return miss(f"`{row.value}` is bound more than once")
+    for _, value in an.assignments.get(row.value, []):
+        _check_start_runs_again(an, acc, code(value), row.value)
+    row_signs = _nonnegative_value(an, row)
+    col_signs = _nonnegative_value(an, cols)
+    if row_signs is None or col_signs is None:
+        return miss(f"TileLink cannot tell that `{row.value if row_signs is None else cols.value}` is not negative")
+    # the columns' bound: a conjunct of the mask, through locals bound once in the load's block before it
+    conjuncts, pending = [], _conjuncts(acc.mask, an.params) if acc.mask is not None else []
+    while pending and len(conjuncts) < 32:
+        node = _bare(pending.pop())
+        defs = an.assignments.get(node.value, []) if isinstance(node, cst.Name) else []
+        if len(defs) == 1 and len(an.bindings.get(node.value, ())) == 1 and node.value not in an.params and \
+                defs[0][0].blocks and _contains(an, defs[0][0].blocks[-1], acc.where) and at(defs[0][0]) < before \
+                and steady(names_in(defs[0][1]), at(defs[0][0])):
+            pending += _conjuncts(code(defs[0][1]), an.params)
+        else:
+            conjuncts.append(node)
+    for node in conjuncts:
+        if not (isinstance(node, cst.Comparison) and len(node.comparisons) == 1 and isinstance(
+                node.comparisons[0].operator, cst.LessThan) and m.matches(_bare(node.left), m.Name(cols.value))):
+            continue
+        bound = []
+        for term, negative in _terms(_bare(node.comparisons[0].comparator)):
+            parts = [_bare(f) for f in _product_factors(_bare(term))]
+            if not all(isinstance(f, cst.Integer) or _passed(an, f) for f in parts):
+                bound = None
+                break
+            bound.append((negative, tuple(sorted(code(f) for f in parts))))
+        if bound:
+            an.row_signs.extend((n, acc.where) for n in sorted(row_signs | col_signs))
+            return row.value, stride.value, tuple(bound)  # type: ignore[union-attr]
+    return miss(f"its mask does not bound `{cols.value}` by the row's length (`{cols.value} < N`, `N` a parameter "
+                f"or a sum of products of parameters and int literals)")
+
+
+def _advanced_beside(an: _Analyzer, acc: Access, loop: cst.For, vector: str, step: list[str]) -> Where | None:
+    """Where the column vector ``vector`` is advanced with the pointer (vLLM's `offsets_k += BLOCK_SIZE_K` beside
+    `a_ptrs += BLOCK_SIZE_K * stride_ak`, masked by `offsets_k < K`): one `vector += F` in ``loop``'s own body (on every
+    step, outside any branch), after the access, ``F`` the factors ``step`` the pointer moves by along the row (int
+    literals and parameters the kernel leaves as passed, which the advance check read). On step ``k`` the vector is
+    then its first value plus ``k * F``, the columns the pointer reads: a mask ``vector < X`` bounds them by what is
+    left of the row, as ``first[None, :] < X - k * F`` does. ``None`` when the vector is bound in the loop otherwise,
+    or when a step of the loop may skip the advance (``continue``, ``break``)."""
+    inside = [b for b, _ in an.bindings.get(vector, []) if b != an.where(loop) and _contains(an, loop, b)]
+    if len(inside) != 1 or an.findall(loop.body, m.Continue() | m.Break()):  # a step that skips the advance
+        return None
+    at = inside[0]
+    ref = next((r for r in an.statements if isinstance(r.node, cst.SimpleStatementLine) and _contains(an, r.node, at)),
+               None)
+    if ref is None or not ref.blocks or ref.blocks[-1] is not loop.body or len(small_statements(ref)) != 1 or (
+            at.line, at.column) < (acc.where.line, acc.where.column):
+        return None
+    small = small_statements(ref)[0]
+    if isinstance(small, cst.AugAssign) and isinstance(small.operator, cst.AddAssign) and m.matches(
+            small.target, m.Name(vector)):
+        moved = small.value
+    elif isinstance(small, cst.Assign) and len(small.targets) == 1 and m.matches(small.targets[0].target,
+                                                                                 m.Name(vector)):
+        moved = _step_of(_bare(small.value), vector)
+        if moved is None or isinstance(_bare(small.value), cst.BinaryOperation) and isinstance(
+                _bare(small.value).operator, cst.Subtract):
+            return None
+    else:
+        return None
+    factors = [_bare(f) for f in _product_factors(_bare(moved))]
+    if not all(isinstance(f, cst.Integer) or _passed(an, f) for f in factors):
+        return None
+    return at if sorted(code(f) for f in factors) == sorted(step) else None
 
 
 def _whole_blocks(an: _Analyzer, loop: cst.For, read, vector: str, rest: list[str], per_value: list[str],
@@ -3865,11 +4187,13 @@ def _walked_bound(an: _Analyzer, acc: Access, pointers: set[str], vector: str, s
 
 
 def _left_of_row(an: _Analyzer, acc: Access, loop: cst.For, k: str, vector: str, rest: list[str],
-                 down: cst.BaseExpression | None = None
+                 down: cst.BaseExpression | None = None, beside: bool = False
                  ) -> tuple[tuple[tuple[bool, tuple[str, ...]], ...] | None, str | None]:
     """A conjunct of the access's mask that bounds the columns ``vector`` by what is left of the row on step ``k`` of
     ``loop``: ``vector[None, :] < X - k * F`` (``F`` the factors ``rest``; also through a local bound once in the loop
-    before the access, ``k_remaining = K - k * BLOCK_K``, of names the loop does not bind). ``(X's terms as
+    before the access, ``k_remaining = K - k * BLOCK_K``, of names the loop does not bind), or, with ``beside`` (the
+    vector advanced with the pointer, :func:`_advanced_beside`), ``vector[None, :] < X``. The mask itself may be such
+    a local too (``masks_k = offsets_k < K``, then ``mask=masks_am[:, None] & masks_k[None, :]``). ``(X's terms as
     (subtracted, factors), None)`` when ``X`` is a sum of products of int literals and parameters the kernel leaves as
     passed, which each call compares with the row (``KernelAnalysis.row_bounds``); ``(None, X in source)`` when such a
     conjunct bounds them by anything else; ``(None, None)`` when none does."""
@@ -3908,7 +4232,21 @@ def _left_of_row(an: _Analyzer, acc: Access, loop: cst.For, k: str, vector: str,
         return k in parts and sorted(p for p in parts if p != k) == rest and parts.count(k) == 1
 
     column = _as_column(vector)
-    conjuncts = _conjuncts(acc.mask, an.params) if acc.mask is not None else []
+    scalars = set(an.params) | {k}  # the step's number is one value on a step, as a parameter is
+    conjuncts, todo = [], _conjuncts(acc.mask, scalars) if acc.mask is not None else []
+    while todo and len(conjuncts) < 64:
+        # a mask local bound once in the loop before the access holds, at the access, the value of this step
+        node, wrap = _bare(todo.pop()), None
+        if m.matches(node, m.Subscript(value=m.Name(), slice=_AS_COLUMNS)):
+            node, wrap = node.value, node.slice
+        defs = an.assignments.get(node.value, []) if isinstance(node, cst.Name) else []
+        if len(defs) == 1 and len(an.bindings.get(node.value, ())) == 1 and node.value not in an.rebound \
+                and node.value not in an.params and in_loop(defs[0][0]):
+            for part in _conjuncts(code(defs[0][1]), scalars):
+                todo.append(part if wrap is None else _broadcast_inside(cst.Subscript(
+                    value=part.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()]), slice=wrap), scalars))
+        else:
+            conjuncts.append(node if wrap is None else cst.Subscript(value=node, slice=wrap))
     def launch_factors(term: cst.BaseExpression, negative: bool) -> tuple[bool, tuple[str, ...]] | None:
         """A term of ``X`` as (subtracted, its factors), each an int literal or a parameter the kernel leaves as
         passed, which the launch reads; ``None`` for anything else."""
@@ -3948,6 +4286,15 @@ def _left_of_row(an: _Analyzer, acc: Access, loop: cst.For, k: str, vector: str,
                     return tuple(read), None  # type: ignore[arg-type]
                 unread = code(down)
                 continue
+        if m.matches(left, column) and beside and not moved:
+            # the vector moves with the pointer: compared with X itself on each step, it bounds what is left of the row
+            terms = bound_terms(node.comparisons[0].comparator)
+            if not any(k in names_in(t) for t, _ in terms) and not any(varies(t) for t, _ in terms):
+                read = [launch_factors(t, negative) for t, negative in terms]
+                if terms and None not in read:
+                    return tuple(read), None  # type: ignore[arg-type]
+                unread = " + ".join(code(t) for t, _ in terms) or "0"
+            continue
         if m.matches(left, column):
             terms = moved + bound_terms(node.comparisons[0].comparator)
             if sum(1 for t, negative in terms if negative and per_step(t)) == 1 and not any(
@@ -4724,7 +5071,10 @@ def analyse(module: cst.Module, file: str, kernel: str,
             renamed = names_at(acc.where.line) if names_at is not None and override is not None else {}
             named = tuple(_renamed(x, renamed) for x in override) if renamed else override
             _check_descriptor_dims(an, acc, dim)
-            tile = an.tile(acc, dim, pointers, named, size_param, index)
+            try:
+                tile = an.tile(acc, dim, pointers, named, size_param, index)
+            except AnnotationError as error:
+                raise _with_row_program_hint(an, acc, error) from None
             if named is not None and index is None and tile is not None:
                 inferred = _check_tile_agrees(an, acc, dim, pointers, named, size_param)
                 if inferred is not None:
@@ -4734,8 +5084,17 @@ def analyse(module: cst.Module, file: str, kernel: str,
                     tile = Tile(inferred.start, inferred.size, inferred.offsets, tile.size_param or inferred.size_param,
                                 inferred.pid, inferred.defined_at, inferred.ndim, inferred.dynamic, inferred.wraps)
             _check_descriptor_size(an, acc, dim, size_param)
-            accesses.append(_anchor(an, acc, tile, pointers))
+            try:
+                accesses.append(_anchor(an, acc, tile, pointers))
+            except AnnotationError as error:
+                raise _with_row_program_hint(an, acc, error) from None
             scales, shifts, steps = _row_scales(an, accesses[-1], pointers)
+            if acc.where in an.row_programs:
+                # one row a program: the row stride parameter is a row of the gathered buffer, and the columns the
+                # mask lets through lie in it
+                stride, bound = an.row_programs[acc.where]
+                scales = {*scales, (stride,)}
+                an.row_bounds.append((tensor, bound, "1", acc.where))
             row_scales.extend((tensor, scale, acc.where) for scale in sorted(scales))
             row_shifts.extend((tensor, terms, acc.where) for terms in shifts)
             row_steps.extend((tensor, factors, value, acc.where) for factors, value in sorted(steps))
@@ -4791,5 +5150,6 @@ def analyse(module: cst.Module, file: str, kernel: str,
                                                 for loop in an.findall(fn.body, m.While())),
                               body_first=_body_first(an, fn),
                               reaching_at_stores=_reaching_at_stores(an, accesses, aliases),
-                              computed=_computed_params(an, fn, module))
+                              computed=_computed_params(an, fn, module),
+                              row_program_misses=dict(an.row_program_misses))
     return analysis

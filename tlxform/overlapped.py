@@ -346,6 +346,14 @@ class OverlappedKernel:
                 if not hasattr(t, "shape") or len(t.shape) <= dim:
                     continue
                 rows = _product(tuple(str(int(n)) for n in t.shape[dim + 1:]), {})
+                floats = [f for _, factors in terms for f in factors if isinstance(values.get(f), float)]
+                if floats:
+                    # a mask compares the columns with a float as Triton computes it, which the int bound below
+                    # would not read: `n_cols = 20.5` on rows of 20 lets column 20, the next row's first, through
+                    raise LaunchError(
+                        f"{self.name}: argument {floats[0]!r} is {values[floats[0]]!r}{said_config}, not an int, but "
+                        f"it bounds the columns of {tensor!r} the load or store at {_display_path(self.file)}:{line} "
+                        f"touches, which each call compares with a row: pass an int")
                 known = [_product(factors, values) for _, factors in terms]
                 step = int(stride) if stride.isdigit() else values.get(stride)  # `cols[None, :]`: a stride of 1
                 if None in known or not isinstance(step, int) or isinstance(step, bool):

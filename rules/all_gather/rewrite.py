@@ -143,7 +143,8 @@ def rewrite(an: KernelAnalysis, spec: AllGatherSpec, options: Options) -> Rewrit
             f"cannot tell which rows along dim {spec.dim} of {a.tensor!r} this load reads "
             f"(pointer `{a.pointer}`)", file=a.where.file, line=a.where.line, column=a.where.column,
             hint=f"the rows come from `{indexed[0]}`, loaded from {indexed[1]!r}: pass index=\"{indexed[1]}\" and "
-                 f"size=\"<the full row count>\" to all_gather(...)" if indexed else _flat_hint(a) or _axis_hint(
+                 f"size=\"<the full row count>\" to all_gather(...)" if indexed else an.row_program_misses.get(
+                a.where) or _flat_hint(a) or _axis_hint(
                 an, a, spec.dim, spec.size) or
                  "compute the offsets as `offs = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)` and index "
                  "with offs[:, None], or pass tile=(\"<start>\", \"<size>\") to all_gather(...)")
@@ -159,10 +160,16 @@ def rewrite(an: KernelAnalysis, spec: AllGatherSpec, options: Options) -> Rewrit
             file=first.where.file, line=first.where.line, column=first.where.column,
             hint="pass size=\"<parameter or expression of parameters>\", e.g. size=\"num_valid_tokens // top_k\"")
     if tile.size_param is None and spec.size is None:
+        one_row = tile.offsets is None and tile.size == "1" and tile.ndim == 1
         raise AnnotationError(
-            f"cannot find the parameter holding the full size of dim {spec.dim} of {first.tensor!r}",
+            f"cannot find the parameter holding the full size of dim {spec.dim} of {first.tensor!r}"
+            + (f": this load reads one row a program (`{tile.start}`), and nothing in the kernel counts the rows"
+               if one_row else ""),
             file=first.where.file, line=first.where.line, column=first.where.column,
-            hint=f"mask the load with `{tile.offsets or 'offs'}[:, None] < M`, or pass size=\"M\" to "
+            hint=(f"pass size=\"<the full row count>\" to all_gather(...), an int parameter of the kernel (add one, "
+                  f"`M`, passed the gathered tensor's rows, if it has none), or loop over the rows up to it (`for "
+                  f"{tile.start} in tl.range(start, M, step)`)") if one_row else
+                 f"mask the load with `{tile.offsets or 'offs'}[:, None] < M`, or pass size=\"M\" to "
                  f"all_gather(...)")
     size_param = spec.size or tile.size_param
     # one wait per tile: loads of the same tile (the same start defined by the same statement, so in the

@@ -30,7 +30,7 @@ TILE_SIZES = {"M": 1000, "N": 384, "K": 1536, "blocks": (128, 128, 64), "program
 @pytest.mark.parametrize("world", [2, 3])
 def test_split_k_and_host_descriptor_forms_at_tensor_core_tile_sizes(world: int) -> None:
     names = ["gemm_rs_split_k", "gemm_ar_split_k", "gemm_host_descriptor_ag", "gemm_host_descriptor_rs",
-             "gemm_rs_persistent_grouped", "gemm_persistent_counter"]
+             "gemm_rs_persistent_grouped", "gemm_persistent_counter", "gemm_columns_beside"]
     failures = [f"{name}, rank {rank}: {value}"
                 for rank, results in enumerate(tilelink.spawn(run_forms, world, names, TILE_SIZES, backend="nvshmem"))
                 for name, value in results.items() if not (isinstance(value, float) and value < 2e-2)]

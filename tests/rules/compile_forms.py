@@ -63,6 +63,9 @@ FORMS = {
                                 {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "EPILOGUE_SUBTILE": True,
                                  "NUM_SMS": 132}),
     # the persistent matmuls of the tutorials' form: a `tl.range(..., flatten=True)` tile loop, reduce-scattered
+    "gemm_columns_beside": ("scaled_mm_kernel", {"a_ptr": PTR, "b_ptr": PTR, "scale_a_ptr": "*fp32", "c_ptr": PTR},
+                            {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "stride_ak": 1, "stride_bn": 1,
+                             "stride_cn": 1}),
     "gemm_rs_persistent_grouped": ("persistent_mm", {"a_ptr": PTR, "b_ptr": PTR, "c_ptr": "*fp32"}, PERSISTENT),
     "gemm_persistent_counter": ("matmul_kernel_persistent", {"a_ptr": PTR, "b_ptr": PTR, "c_ptr": PTR}, PERSISTENT),
 }

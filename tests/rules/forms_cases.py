@@ -224,6 +224,61 @@ def gemm_row_scales(calls: int = 2) -> float:
     return err
 
 
+def gemm_columns_beside(calls: int = 2, M: int = 50, N: int = 24, K: int = 40, blocks=(16, 16, 16)) -> float:
+    rank, world = tilelink.rank(), tilelink.world_size()
+    kernel = load_form("gemm_columns_beside").scaled_mm_kernel
+    g = torch.Generator().manual_seed(23)
+    a, b, scale = _exact(torch.randn(M, K, generator=g), torch.randn(K, N, generator=g),
+                         torch.rand(M, generator=g) + 0.5)
+    lo, hi = rows_of(rank, world, M)
+    ad, bd, sd = _placed(a[lo:hi].contiguous(), b, scale)
+    sd = sd.float()
+    bm, bn, bk = blocks
+    err = 0.0
+    for _ in range(calls):
+        c = torch.full((M, N), float("nan"), dtype=ad.dtype, device=ad.device)
+        kernel[(triton.cdiv(M, bm) * triton.cdiv(N, bn),)](
+            ad, bd, sd, c, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
+            BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk)
+        err = worst(err, _error(c, (a @ b) * scale[:, None]))
+    return err
+
+
+def row_softmax(calls: int = 2) -> float:
+    rank, world = tilelink.rank(), tilelink.world_size()
+    kernel = load_form("row_softmax").softmax_kernel
+    rows, cols = 37, 20
+    (x,) = _exact(torch.randn(rows, cols, generator=torch.Generator().manual_seed(29)))
+    lo, hi = rows_of(rank, world, rows)
+    (xd,) = _placed(x[lo:hi].contiguous())
+    err = 0.0
+    for _ in range(calls):
+        y = torch.full((rows, cols), float("nan"), dtype=xd.dtype, device=xd.device)
+        kernel[(5,)](y, xd, cols, y.stride(0), rows, cols, BLOCK_SIZE=32, num_stages=1)
+        err = worst(err, _error(y, torch.softmax(x, dim=1)))
+    return err
+
+
+def row_layer_norm(calls: int = 2) -> float:
+    rank, world = tilelink.rank(), tilelink.world_size()
+    kernel = load_form("row_layer_norm")._layer_norm_fwd_fused
+    rows, cols = 37, 20
+    g = torch.Generator().manual_seed(31)
+    x, w, b = _exact(torch.randn(rows, cols, generator=g), torch.randn(cols, generator=g),
+                     torch.randn(cols, generator=g))
+    lo, hi = rows_of(rank, world, rows)
+    xd, wd, bd = _placed(x[lo:hi].contiguous(), w, b)
+    want = torch.nn.functional.layer_norm(x, (cols,), w, b, 1e-5)
+    err = 0.0
+    for _ in range(calls):
+        y = torch.full((rows, cols), float("nan"), dtype=xd.dtype, device=xd.device)
+        mean = torch.full((rows,), float("nan"), device=xd.device)
+        rstd = torch.full((rows,), float("nan"), device=xd.device)
+        kernel[(rows,)](xd, y, wd, bd, mean, rstd, cols, cols, rows, 1e-5, BLOCK_SIZE=8)
+        err = worst(err, _error(y, want), _error(mean, x.mean(dim=1)))
+    return err
+
+
 def gemm_rs_epilogue_branch(calls: int = 2) -> float:
     rank, world = tilelink.rank(), tilelink.world_size()
     kernel = load_form("gemm_rs_epilogue_branch").matmul_branch
@@ -406,7 +461,8 @@ RUNS = {"attention_descriptor_advance": attention_descriptor_advance, "attention
         "attention_flat_heads": attention_flat_heads, "attention_batched_rows": attention_batched_rows,
         "gemm_row_wrap": gemm_row_wrap,
         "gemm_row_wrap_hints": gemm_row_wrap_hints, "gemm_row_clamp": gemm_row_clamp,
-        "gemm_row_scales": gemm_row_scales,
+        "gemm_row_scales": gemm_row_scales, "gemm_columns_beside": gemm_columns_beside,
+        "row_softmax": row_softmax, "row_layer_norm": row_layer_norm,
         "gemm_rs_epilogue_branch": gemm_rs_epilogue_branch, "gemm_rs_split_k": gemm_rs_split_k,
         "gemm_rs_k_row_stride": gemm_rs_k_row_stride, "gemm_ar_split_k": gemm_ar_split_k,
         "gemm_host_descriptor_ag": gemm_host_descriptor_ag, "gemm_host_descriptor_rs": gemm_host_descriptor_rs,

@@ -548,7 +548,8 @@ def test_forms_compile_for_sm90_with_the_plain_kernels_loads() -> None:
         profiles[(name, variant)] = ast.literal_eval(rest)
     for name in ("gemm_row_wrap", "gemm_row_wrap_hints", "gemm_row_clamp", "gemm_rs_epilogue_branch",
                  "gemm_rs_split_k", "gemm_ar_split_k",
-                 "moe_rs_expert_zeros", "gemm_rs_persistent_grouped", "gemm_persistent_counter"):
+                 "moe_rs_expert_zeros", "gemm_rs_persistent_grouped", "gemm_persistent_counter",
+                 "gemm_columns_beside"):
         plain, rewritten = profiles[(name, "plain")], profiles[(name, "rewritten")]
         assert plain["cp.async 16B"] > 0 and rewritten == plain, (name, plain, rewritten)
     # on descriptors made on the host, the wait and notifies keep the bulk tensor copies of the pipelined K loop

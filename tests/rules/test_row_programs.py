@@ -1,0 +1,185 @@
+"""Kernels that read one row a program, as Triton's softmax and layer-norm tutorials do
+(tests/rules/forms/row_softmax.py and row_layer_norm.py), gathered along the rows: `row_start_ptr = input_ptr +
+row_idx * input_row_stride` then `tl.load(row_start_ptr + col_offsets, mask=col_offsets < n_cols)` (softmax, its rows
+counted by `tl.range(row_start, n_rows, row_step)`), and `X += row * stride` then `tl.load(X + cols, mask=cols < N)`
+in three column loops (layer norm; it counts no rows, so it takes size=). Each builds, waits for the one row the
+program reads, and equals the plain kernel on the race-exposing schedule at worlds 2 and 3 (each rank passing its
+rows; the row length checked at each call against the stride and the columns' bound). Columns that can leave the
+row, a row that is not the program's own, and an unbounded column vector are refused."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import tilelink
+from tests.rules.cases import module_at, plain_module, rows_of, worst
+from tests.rules.forms_cases import FORMS
+from tests.rules.test_carried_accumulator import _generate
+from tilelink.errors import AnnotationError, LaunchError
+
+SOFTMAX = (FORMS / "row_softmax.py").read_text()
+LAYER_NORM = (FORMS / "row_layer_norm.py").read_text()
+
+ROWS, COLS = 37, 20
+
+
+def _softmax(path: str, n_cols: int = COLS) -> float:
+    rank, world = tilelink.rank(), tilelink.world_size()
+    x = torch.randn(ROWS, COLS, generator=torch.Generator().manual_seed(3))
+    want = torch.full((ROWS, COLS), float("nan"))
+    plain_module(path).softmax_kernel[(5,)](want, x, x.stride(0), want.stride(0), ROWS, n_cols, BLOCK_SIZE=32,
+                                           num_stages=1)
+    kernel = module_at(path).softmax_kernel
+    lo, hi = rows_of(rank, world, ROWS)
+    error = 0.0
+    for _ in range(2):
+        got = torch.full((ROWS, COLS), float("nan"))
+        kernel[(5,)](got, x[lo:hi].contiguous(), x.stride(0), got.stride(0), ROWS, n_cols, BLOCK_SIZE=32,
+                     num_stages=1)
+        error = worst(error, (got - want).abs().max().item())
+    return error
+
+
+def _layer_norm(path: str) -> float:
+    rank, world = tilelink.rank(), tilelink.world_size()
+    g = torch.Generator().manual_seed(4)
+    x, w, b = torch.randn(ROWS, COLS, generator=g), torch.randn(COLS, generator=g), torch.randn(COLS, generator=g)
+
+    def run(kernel, xs):
+        y = torch.full((ROWS, COLS), float("nan"))
+        mean, rstd = torch.full((ROWS,), float("nan")), torch.full((ROWS,), float("nan"))
+        kernel[(ROWS,)](xs, y, w, b, mean, rstd, COLS, COLS, ROWS, 1e-5, BLOCK_SIZE=8)
+        return torch.cat([y.flatten(), mean, rstd])
+
+    want = run(plain_module(path)._layer_norm_fwd_fused, x)
+    kernel = module_at(path)._layer_norm_fwd_fused
+    lo, hi = rows_of(rank, world, ROWS)
+    error = 0.0
+    for _ in range(2):
+        error = worst(error, (run(kernel, x[lo:hi].contiguous()) - want).abs().max().item())
+    return error
+
+
+@pytest.mark.parametrize("source, run", [(SOFTMAX, _softmax), (LAYER_NORM, _layer_norm)],
+                         ids=["softmax", "layer-norm"])
+def test_one_row_a_program_waits_for_its_row_and_equals_the_plain_kernel(source, run, tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("TILELINK_RACES", "1")
+    generated = _generate(source)
+    (kernel,) = generated.rewritten.values()
+    assert "consumer_tile_wait" in kernel and ", row" in kernel and " + 1," in kernel, kernel
+    # a row that is the program's id is rotated as a block of rows is: this rank's rows first
+    rotated = [str(e) for e in generated.report.entries if "rotated" in e.message]
+    assert bool(rotated) == (source is LAYER_NORM), rotated
+    path = tmp_path / "rows.py"
+    path.write_text(source)
+    for world in (2, 3):
+        errors = tilelink.spawn(run, world, str(path))
+        assert errors == [0.0] * world, (world, errors)
+
+
+def _softmax_past_the_row(path: str) -> str:
+    try:
+        _softmax(path, n_cols=COLS + 1)  # the columns' bound past the row: the last column is the next row's first
+    except LaunchError as error:
+        return str(error)
+    return "ran"
+
+
+def test_a_column_bound_past_the_row_is_refused_at_the_call(tmp_path) -> None:
+    path = tmp_path / "rows.py"
+    path.write_text(SOFTMAX)
+    said = tilelink.spawn(_softmax_past_the_row, 2, str(path))
+    assert all("next rows" in s for s in said), said
+
+
+@pytest.mark.parametrize("old, new, message", [
+    # the columns may start before the row: the end of the row before
+    ("        col_offsets = tl.arange(0, BLOCK_SIZE)\n", "        col_offsets = tl.arange(0, BLOCK_SIZE) - 1\n",
+     "cannot tell which rows"),
+    # unmasked: the block of columns may run past the row
+    ("        row = tl.load(input_ptrs, mask=mask, other=-float('inf'))\n", "        row = tl.load(input_ptrs)\n",
+     "cannot tell which rows"),
+    # the bound is not what the launch reads: a vector
+    ("        mask = col_offsets < n_cols\n", "        mask = col_offsets < col_offsets + 1\n",
+     "cannot tell which rows"),
+    # the row is the next program's, not the one the loop counts
+    ("        row_start_ptr = input_ptr + row_idx * input_row_stride\n",
+     "        row_start_ptr = input_ptr + (row_idx + 1) * input_row_stride\n", "cannot tell which rows"),
+    # the stride is a value the kernel computes: the launch cannot compare it with the row
+    ("        row_start_ptr = input_ptr + row_idx * input_row_stride\n",
+     "        row_start_ptr = input_ptr + row_idx * (input_row_stride // 2)\n", "cannot tell which rows"),
+], ids=["negative-columns", "unmasked", "vector-bound", "next-row", "computed-stride"])
+def test_columns_or_rows_that_can_leave_the_programs_row_are_refused(old: str, new: str, message: str) -> None:
+    source = SOFTMAX.replace(old, new)
+    assert source != SOFTMAX
+    with pytest.raises(AnnotationError, match=message):
+        _generate(source)
+
+
+def test_a_layer_norm_without_a_row_count_says_what_to_pass() -> None:
+    source = LAYER_NORM.replace(', size="M"', "")
+    with pytest.raises(AnnotationError, match="one row a program") as info:
+        _generate(source)
+    assert 'size="<the full row count>"' in info.value.hint
+
+
+SMALL = """import triton
+import triton.language as tl
+import tilelink
+
+
+@tilelink.overlap(tilelink.all_gather("X", dim=0, size="M"))
+@triton.jit
+def kernel(X, Y, stride, N, M, SHIFT, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+{body}
+    tl.store(Y + row * BLOCK + tl.arange(0, BLOCK), v)
+"""
+
+
+@pytest.mark.parametrize("body", [
+    # the address took the columns shifted by SHIFT, the mask bounds the ones bound after it
+    """    cols = tl.arange(0, BLOCK) + SHIFT
+    p = X + row * stride + cols
+    cols = tl.arange(0, BLOCK)
+    v = tl.load(p, mask=cols < N, other=0.)""",
+    # the mask made once before the loop that moves the columns: the last steps read the next row
+    """    cols = tl.arange(0, 8)
+    mask = cols < N
+    acc = tl.zeros([8], dtype=tl.float32)
+    for off in range(0, N, 8):
+        acc += tl.load(X + row * stride + cols, mask=mask, other=0.)
+        cols = cols + 8
+    v = tl.sum(acc, axis=0) + tl.zeros([BLOCK], dtype=tl.float32)""",
+    # the alias made before the tensor is advanced to the row: it reads row 0
+    """    cols = tl.arange(0, BLOCK)
+    p = X + cols
+    X += row * stride
+    v = tl.load(p, mask=cols < N, other=0.)""",
+    # four rows, not one
+    """    rows = row * 4 + tl.arange(0, 4)
+    cols = tl.arange(0, 4) * 0
+    w = tl.load(X + rows * stride + cols, mask=cols < N, other=0.)
+    v = tl.sum(w, axis=0) + tl.zeros([BLOCK], dtype=tl.float32)""",
+], ids=["columns-rebound", "mask-before-loop", "alias-before-advance", "vector-row"])
+def test_a_row_or_columns_that_are_not_the_loads_own_are_refused(body: str) -> None:
+    with pytest.raises(AnnotationError) as info:
+        _generate(SMALL.format(body=body))
+    if "SHIFT" in body:  # the refusal says what moved
+        assert "`cols` is bound again between where the address reads it and the load" in info.value.hint
+
+
+def _softmax_float_bound(path: str) -> str:
+    try:
+        _softmax(path, n_cols=COLS + 0.5)  # compared as a float: column COLS, the next row's first, gets through
+    except LaunchError as error:
+        return str(error)
+    return "ran"
+
+
+def test_a_float_column_bound_is_refused_at_the_call(tmp_path) -> None:
+    path = tmp_path / "rows.py"
+    path.write_text(SOFTMAX)
+    said = tilelink.spawn(_softmax_float_bound, 2, str(path))
+    assert all("not an int" in s for s in said), said
