@@ -3930,16 +3930,24 @@ def _row_of_program(an: _Analyzer, acc: Access, dim: int, pointers: set[str], ex
         else:
             conjuncts.append(node)
     for node in conjuncts:
-        if not (isinstance(node, cst.Comparison) and len(node.comparisons) == 1 and isinstance(
-                node.comparisons[0].operator, cst.LessThan) and m.matches(_bare(node.left), m.Name(cols.value))):
+        if not (isinstance(node, cst.Comparison) and len(node.comparisons) == 1):
+            continue
+        # `cols < X`, `cols <= X` (X + 1), or the same written the other way round (`X > cols`, `X >= cols`)
+        op, left, right = node.comparisons[0].operator, _bare(node.left), _bare(node.comparisons[0].comparator)
+        if isinstance(op, (cst.GreaterThan, cst.GreaterThanEqual)):
+            left, right = right, left
+        if not (isinstance(op, (cst.LessThan, cst.LessThanEqual, cst.GreaterThan, cst.GreaterThanEqual))
+                and m.matches(left, m.Name(cols.value))):
             continue
         bound = []
-        for term, negative in _terms(_bare(node.comparisons[0].comparator)):
+        for term, negative in _terms(right):
             parts = [_bare(f) for f in _product_factors(_bare(term))]
             if not all(isinstance(f, cst.Integer) or _passed(an, f) for f in parts):
                 bound = None
                 break
             bound.append((negative, tuple(sorted(code(f) for f in parts))))
+        if bound and isinstance(op, (cst.LessThanEqual, cst.GreaterThanEqual)):
+            bound.append((False, ("1",)))  # the columns [0, X]: X + 1 of them
         if bound:
             an.row_signs.extend((n, acc.where) for n in sorted(row_signs | col_signs))
             return row.value, stride.value, tuple(bound)  # type: ignore[union-attr]

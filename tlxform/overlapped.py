@@ -374,7 +374,7 @@ class OverlappedKernel:
                     literal = stride.isdigit()  # columns the address adds as they are (`cols[None, :]`)
                     raise LaunchError(
                         f"{self.name}: the load or store at {_display_path(self.file)}:{line} walks the columns of "
-                        f"{tensor!r} in its loop up to the mask's bound {said} = {last}{said_config}, {last * step} "
+                        f"{tensor!r} up to the mask's bound {said} = {last}{said_config}, {last * step} "
                         + ("elements" if literal else f"elements at argument {stride!r} = {step} elements a column")
                         + ", but the rows of the buffer "
                         f"TileLink passes as {tensor!r} (contiguous, of the shape of the argument along its other "

@@ -183,3 +183,13 @@ def test_a_float_column_bound_is_refused_at_the_call(tmp_path) -> None:
     path.write_text(SOFTMAX)
     said = tilelink.spawn(_softmax_float_bound, 2, str(path))
     assert all("not an int" in s for s in said), said
+
+
+@pytest.mark.parametrize("mask", ["cols <= N - 1", "N > cols", "N - 1 >= cols"])
+def test_the_columns_bound_may_be_written_either_way(mask: str) -> None:
+    body = f"""    cols = tl.arange(0, BLOCK)
+    v = tl.load(X + row * stride + cols, mask={mask}, other=0.)"""
+    generated = _generate(SMALL.format(body=body))
+    (plan,) = generated.plans
+    bounds = {terms for _, terms, stride, _ in plan.launch.row_bounds if stride == "1"}
+    assert bounds == {((False, ("N",)),) if "- 1" not in mask else ((False, ("N",)), (True, ("1",)), (False, ("1",)))}
