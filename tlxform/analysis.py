@@ -4987,6 +4987,10 @@ def _check_position_calls(an: _Analyzer, module: cst.Module, fn: cst.FunctionDef
     attrs = {id(a.attr) for a in m.findall(fn.body, m.Attribute())}  # the `program_id` of `tl.program_id`
     for ref in m.findall(fn.body, m.Attribute(attr=m.Name(value=m.MatchIfTrue(lambda v: v in _POSITION_FUNCTIONS)))
                          | m.Name(value=m.MatchIfTrue(lambda v: v in _POSITION_FUNCTIONS))):
+        if isinstance(ref, cst.Name) and ref.value in an.bindings:
+            # a local of that name holds a value (Liger's `program_id = tl.program_id(0).to(tl.int64)`); the function
+            # bound to it uncalled (`program_id = tl.program_id`) is refused at that binding's value
+            continue
         if id(ref) not in called and id(ref) not in attrs:
             function = code(ref).rpartition(".")[2]
             raise refuse(ref, f"`{code(ref)}` at line {an.where(ref).line} is used without being called", function,

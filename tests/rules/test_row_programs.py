@@ -193,3 +193,39 @@ def test_the_columns_bound_may_be_written_either_way(mask: str) -> None:
     (plan,) = generated.plans
     bounds = {terms for _, terms, stride, _ in plan.launch.row_bounds if stride == "1"}
     assert bounds == {((False, ("N",)),) if "- 1" not in mask else ((False, ("N",)), (True, ("1",)), (False, ("1",)))}
+
+
+SWIGLU = '''import triton
+import triton.language as tl
+import tilelink
+
+
+@triton.jit
+def silu(x):
+    return x * tl.sigmoid(x)
+
+
+@tilelink.overlap(tilelink.all_gather(("a_ptr", "b_ptr"), dim=0, size="n_rows"))
+@triton.jit
+def _swiglu_forward_kernel(a_ptr, b_ptr, c_ptr, stride, n_rows, n_cols: tl.constexpr, BLOCK_SIZE: tl.constexpr):
+    program_id = tl.program_id(0).to(tl.int64)
+    a_ptr += program_id * stride
+    b_ptr += program_id * stride
+    c_ptr += program_id * stride
+    col_offsets = tl.arange(0, BLOCK_SIZE)
+    mask = col_offsets < n_cols
+    a_row = tl.load(a_ptr + col_offsets, mask=mask, other=0).to(tl.float32)
+    b_row = tl.load(b_ptr + col_offsets, mask=mask, other=0)
+    c_row = silu(a_row).cast(b_row.dtype) * b_row
+    tl.store(c_ptr + col_offsets, c_row, mask=mask)
+'''
+
+
+def test_a_local_named_program_id_holds_a_value() -> None:
+    # Liger's row kernels name the program's id `program_id`: a value, not the function read through another name
+    generated = _generate(SWIGLU)
+    assert "consumer_tile_wait" in generated.rewritten["_swiglu_forward_kernel"]
+    aliased = SWIGLU.replace("    program_id = tl.program_id(0).to(tl.int64)\n",
+                             "    pf = tl.program_id\n    program_id = pf(0).to(tl.int64)\n")
+    with pytest.raises(AnnotationError, match="`pf`"):  # the function through another name: still refused
+        _generate(aliased)
