@@ -3887,12 +3887,18 @@ def _row_of_program(an: _Analyzer, acc: Access, dim: int, pointers: set[str], ex
     if len(rows) != 1 or len(terms) != 2:
         return None
     factors = [_bare(f) for f in _product_factors(rows[0])]
-    strides = [f for f in factors if _passed(an, f) and f.value not in an.constexpr]  # type: ignore[union-attr]
+    cols = next(t for t, _ in terms if t is not rows[0])
+    # the stride: a parameter as passed, also a constexpr one (unsloth's `X_row_stride: tl.constexpr`, which each call
+    # reads as it reads the others), but not the block the columns are made of (`pid * BLOCK + tl.arange(0, BLOCK)`
+    # walks blocks of a flat tensor, which the other readings take)
+    blocks = {n for _, v in an.assignments.get(cols.value, []) for n in names_in(v)} if isinstance(
+        cols, cst.Name) else names_in(cols)
+    strides = [f for f in factors if _passed(an, f) and (  # type: ignore[union-attr]
+        f.value not in an.constexpr or f.value not in blocks)]  # type: ignore[union-attr]
     if len(strides) != 1:
         return None
     stride = strides[0]
     row = next(f for f in factors if f is not stride)
-    cols = next(t for t, _ in terms if t is not rows[0])
 
     def miss(why: str) -> None:
         an.row_program_misses[acc.where] = (

@@ -229,3 +229,30 @@ def test_a_local_named_program_id_holds_a_value() -> None:
                              "    pf = tl.program_id\n    program_id = pf(0).to(tl.int64)\n")
     with pytest.raises(AnnotationError, match="`pf`"):  # the function through another name: still refused
         _generate(aliased)
+
+
+CONSTEXPR_STRIDE = SOFTMAX.replace("def softmax_kernel(output_ptr, input_ptr, input_row_stride,",
+                                   "def softmax_kernel(output_ptr, input_ptr, input_row_stride: tl.constexpr,")
+
+
+def _softmax_wrong_stride(path: str) -> str:
+    rank, world = tilelink.rank(), tilelink.world_size()
+    x = torch.randn(ROWS, COLS + 4)[:, :COLS]  # a row stride of COLS + 4: not the gathered buffer's rows
+    lo, hi = rows_of(rank, world, ROWS)
+    y = torch.full((ROWS, COLS), float("nan"))
+    try:
+        module_at(path).softmax_kernel[(5,)](y, x[lo:hi], x.stride(0), y.stride(0), ROWS, COLS, BLOCK_SIZE=32,
+                                             num_stages=1)
+    except LaunchError as error:
+        return str(error)
+    return "ran"
+
+
+def test_a_constexpr_row_stride_is_read_and_checked_at_each_call(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("TILELINK_RACES", "1")
+    assert CONSTEXPR_STRIDE != SOFTMAX
+    path = tmp_path / "rows.py"
+    path.write_text(CONSTEXPR_STRIDE)
+    assert tilelink.spawn(_softmax, 2, str(path)) == [0.0, 0.0]
+    said = tilelink.spawn(_softmax_wrong_stride, 2, str(path))
+    assert all("apart" in s for s in said), said
