@@ -3924,15 +3924,18 @@ def _row_of_program(an: _Analyzer, acc: Access, dim: int, pointers: set[str], ex
     col_signs = _nonnegative_value(an, cols)
     if row_signs is None or col_signs is None:
         return miss(f"TileLink cannot tell that `{row.value if row_signs is None else cols.value}` is not negative")
-    # the columns' bound: a conjunct of the mask, through locals bound once in the load's block before it
+    # the columns' bound: a conjunct of the mask, through locals: the binding of one in a block that holds the load,
+    # the last before it (a two-pass norm binds `mask = cols < N` in each of its column loops), whose value holds at
+    # the load (neither the local nor a name it reads bound again in between)
     conjuncts, pending = [], _conjuncts(acc.mask, an.params) if acc.mask is not None else []
     while pending and len(conjuncts) < 32:
         node = _bare(pending.pop())
-        defs = an.assignments.get(node.value, []) if isinstance(node, cst.Name) else []
-        if len(defs) == 1 and len(an.bindings.get(node.value, ())) == 1 and node.value not in an.params and \
-                defs[0][0].blocks and _contains(an, defs[0][0].blocks[-1], acc.where) and at(defs[0][0]) < before \
-                and steady(names_in(defs[0][1]), at(defs[0][0])):
-            pending += _conjuncts(code(defs[0][1]), an.params)
+        defs = [(ref, v) for ref, v in (an.assignments.get(node.value, []) if isinstance(node, cst.Name) else [])
+                if ref.blocks and _contains(an, ref.blocks[-1], acc.where) and at(ref) < before]
+        last = max(defs, key=lambda d: at(d[0]), default=None)
+        if last is not None and node.value not in an.params and node.value not in an.rebound and steady(
+                names_in(last[1]) | {node.value}, at(last[0])):
+            pending += _conjuncts(code(last[1]), an.params)
         else:
             conjuncts.append(node)
     for node in conjuncts:

@@ -256,3 +256,41 @@ def test_a_constexpr_row_stride_is_read_and_checked_at_each_call(tmp_path, monke
     assert tilelink.spawn(_softmax, 2, str(path)) == [0.0, 0.0]
     said = tilelink.spawn(_softmax_wrong_stride, 2, str(path))
     assert all("apart" in s for s in said), said
+
+
+TWO_PASSES = """    acc = tl.zeros([8], dtype=tl.float32)
+    for off in range(0, N, 8):
+        cols = off + tl.arange(0, 8)
+        mask = cols < N
+        acc += tl.load(X + row * stride + cols, mask=mask, other=0.)
+    for off in range(0, N, 8):
+        cols = off + tl.arange(0, 8)
+        {second}
+        acc += tl.load(X + row * stride + cols, mask=mask, other=0.) * 2
+    v = tl.sum(acc, axis=0) + tl.zeros([BLOCK], dtype=tl.float32)"""
+
+
+def _two_passes(path: str) -> float:
+    rank, world = tilelink.rank(), tilelink.world_size()
+    x = torch.randn(ROWS, COLS, generator=torch.Generator().manual_seed(6))
+
+    def run(kernel, xs):
+        y = torch.full((ROWS, 32), float("nan"))
+        kernel[(ROWS,)](xs, y, COLS, COLS, ROWS, 0, BLOCK=32)
+        return y
+
+    want = run(plain_module(path).kernel, x)
+    lo, hi = rows_of(rank, world, ROWS)
+    return (run(module_at(path).kernel, x[lo:hi].contiguous()) - want).abs().max().item()
+
+
+def test_a_mask_bound_in_each_of_two_column_loops_is_read_in_each(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("TILELINK_RACES", "1")
+    source = SMALL.format(body=TWO_PASSES.format(second="mask = cols < N"))
+    assert "consumer_tile_wait" in _generate(source).rewritten["kernel"]
+    path = tmp_path / "two_passes.py"
+    path.write_text(source)
+    assert tilelink.spawn(_two_passes, 2, str(path)) == [0.0, 0.0]
+    # the second loop's columns under the first loop's mask: not bounded where they are read
+    with pytest.raises(AnnotationError):
+        _generate(SMALL.format(body=TWO_PASSES.format(second="pass")))
