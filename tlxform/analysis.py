@@ -4994,9 +4994,15 @@ def _check_position_calls(an: _Analyzer, module: cst.Module, fn: cst.FunctionDef
 
     called = {id(c.func) for c in m.findall(fn.body, m.Call())}
     attrs = {id(a.attr) for a in m.findall(fn.body, m.Attribute())}  # the `program_id` of `tl.program_id`
+    # the module's own names: an import of the function under its name, or any binding of that name at the top level
+    # (a read in the kernel before its local is bound would find that one)
+    module_names = {n for stmt in module.body for node in m.findall(stmt, m.ImportAlias() | m.AssignTarget())
+                    if not m.findall(stmt, m.FunctionDef() | m.ClassDef())
+                    for n in names_in(node.asname.name if isinstance(node, cst.ImportAlias) and node.asname
+                                      else node.name if isinstance(node, cst.ImportAlias) else node.target)}
     for ref in m.findall(fn.body, m.Attribute(attr=m.Name(value=m.MatchIfTrue(lambda v: v in _POSITION_FUNCTIONS)))
                          | m.Name(value=m.MatchIfTrue(lambda v: v in _POSITION_FUNCTIONS))):
-        if isinstance(ref, cst.Name) and ref.value in an.bindings:
+        if isinstance(ref, cst.Name) and ref.value in an.bindings and ref.value not in module_names:
             # a local of that name holds a value (Liger's `program_id = tl.program_id(0).to(tl.int64)`); the function
             # bound to it uncalled (`program_id = tl.program_id`) is refused at that binding's value
             continue
@@ -5004,6 +5010,19 @@ def _check_position_calls(an: _Analyzer, module: cst.Module, fn: cst.FunctionDef
             function = code(ref).rpartition(".")[2]
             raise refuse(ref, f"`{code(ref)}` at line {an.where(ref).line} is used without being called", function,
                          f"call `tl.{function}(axis)` where the position is read")
+    # a module-level name bound to the function (`PF = tl.program_id`) and read in the kernel
+    for stmt in module.body:
+        for small in stmt.body if isinstance(stmt, cst.SimpleStatementLine) else ():
+            if isinstance(small, cst.Assign) and m.matches(_bare(small.value), m.Attribute(attr=m.Name(
+                    value=m.MatchIfTrue(lambda v: v in _POSITION_FUNCTIONS))) | m.Name(
+                    value=m.MatchIfTrue(lambda v: v in _POSITION_FUNCTIONS))):
+                read = sorted(names_in(small) & {n.value for n in m.findall(fn.body, m.Name())}
+                              - {code(_bare(small.value)).rpartition(".")[2]} - set(an.bindings))
+                if read:
+                    function = code(_bare(small.value)).rpartition(".")[2]
+                    raise refuse(small, f"`{code(small).strip()}` at the module's top level names "
+                                        f"`{code(_bare(small.value))}` otherwise, and the kernel reads `{read[0]}`",
+                                 function, f"call `tl.{function}(axis)` in the kernel where the position is read")
     for imp in m.findall(module, m.ImportFrom()):
         for alias in imp.names if isinstance(imp.names, Sequence) else ():
             if code(alias.name) in _POSITION_FUNCTIONS and alias.asname is not None and m.findall(

@@ -813,11 +813,14 @@ class OverlappedKernel:
 
 def _product(factors: tuple[str, ...], values: dict[str, Any]) -> int | None:
     """The product of a row fact's ``factors`` (int literals and parameter names) with the parameters' ``values``;
-    ``None`` when one of them is not an int there."""
+    ``None`` when one of them is not an int there. A bool is its int, as the kernel computes with it (`row * True` is
+    `row`): Triton takes it as a 1-bit int, so it must be checked as one."""
     product = 1
     for f in factors:
         value = int(f) if f.isdigit() else values.get(f)
-        if not isinstance(value, int) or isinstance(value, bool):
+        if isinstance(value, bool):
+            value = int(value)
+        if not isinstance(value, int):
             return None
         product *= value
     return product

@@ -294,3 +294,35 @@ def test_a_mask_bound_in_each_of_two_column_loops_is_read_in_each(tmp_path, monk
     # the second loop's columns under the first loop's mask: not bounded where they are read
     with pytest.raises(AnnotationError):
         _generate(SMALL.format(body=TWO_PASSES.format(second="pass")))
+
+
+def test_the_position_function_read_through_a_module_name_is_refused() -> None:
+    # a module-level alias of the function, and the function imported under its name beside a local of that name
+    # (a read before the local is bound finds the module's)
+    aliased = SWIGLU.replace("import tilelink\n", "import tilelink\n\nPF = tl.program_id\n", 1).replace(
+        "    program_id = tl.program_id(0).to(tl.int64)\n", "    program_id = PF(0).to(tl.int64)\n")
+    with pytest.raises(AnnotationError, match="`PF"):
+        _generate(aliased)
+    imported = SWIGLU.replace("import tilelink\n", "import tilelink\nfrom triton.language import program_id\n", 1)
+    with pytest.raises(AnnotationError, match="used without being called"):
+        _generate(imported)
+
+
+def _softmax_bool_stride(path: str) -> str:
+    rank, world = tilelink.rank(), tilelink.world_size()
+    x = torch.randn(ROWS, COLS)
+    lo, hi = rows_of(rank, world, ROWS)
+    y = torch.full((ROWS, COLS), float("nan"))
+    try:  # `row_idx * True` is `row_idx`: one element apart, not a row
+        module_at(path).softmax_kernel[(5,)](y, x[lo:hi].contiguous(), True, y.stride(0), ROWS, COLS, BLOCK_SIZE=32,
+                                             num_stages=1)
+    except LaunchError as error:
+        return str(error)
+    return "ran"
+
+
+def test_a_bool_row_stride_is_read_as_its_int_at_the_call(tmp_path) -> None:
+    path = tmp_path / "rows.py"
+    path.write_text(SOFTMAX)
+    said = tilelink.spawn(_softmax_bool_stride, 2, str(path))
+    assert all("addressed 1 elements apart" in s for s in said), said
