@@ -78,19 +78,23 @@ def test_one_row_a_program_waits_for_its_row_and_equals_the_plain_kernel(source,
         assert errors == [0.0] * world, (world, errors)
 
 
-def _softmax_past_the_row(path: str) -> str:
+def _softmax_refused(path: str, n_cols) -> str:
     try:
-        _softmax(path, n_cols=COLS + 1)  # the columns' bound past the row: the last column is the next row's first
+        _softmax(path, n_cols=n_cols)
     except LaunchError as error:
         return str(error)
     return "ran"
 
 
-def test_a_column_bound_past_the_row_is_refused_at_the_call(tmp_path) -> None:
+@pytest.mark.parametrize("n_cols, said", [
+    (COLS + 1, "next rows"),  # the columns' bound past the row: the last column is the next row's first
+    (COLS + 0.5, "not an int"),  # compared as a float: column COLS, the next row's first, gets through
+], ids=["past-the-row", "float"])
+def test_a_column_bound_past_the_row_is_refused_at_the_call(tmp_path, n_cols, said: str) -> None:
     path = tmp_path / "rows.py"
     path.write_text(SOFTMAX)
-    said = tilelink.spawn(_softmax_past_the_row, 2, str(path))
-    assert all("next rows" in s for s in said), said
+    errors = tilelink.spawn(_softmax_refused, 2, str(path), n_cols)
+    assert all(said in e for e in errors), errors
 
 
 @pytest.mark.parametrize("old, new, message", [
@@ -168,21 +172,6 @@ def test_a_row_or_columns_that_are_not_the_loads_own_are_refused(body: str) -> N
         _generate(SMALL.format(body=body))
     if "SHIFT" in body:  # the refusal says what moved
         assert "`cols` is bound again between where the address reads it and the load" in info.value.hint
-
-
-def _softmax_float_bound(path: str) -> str:
-    try:
-        _softmax(path, n_cols=COLS + 0.5)  # compared as a float: column COLS, the next row's first, gets through
-    except LaunchError as error:
-        return str(error)
-    return "ran"
-
-
-def test_a_float_column_bound_is_refused_at_the_call(tmp_path) -> None:
-    path = tmp_path / "rows.py"
-    path.write_text(SOFTMAX)
-    said = tilelink.spawn(_softmax_float_bound, 2, str(path))
-    assert all("not an int" in s for s in said), said
 
 
 @pytest.mark.parametrize("mask", ["cols <= N - 1", "N > cols", "N - 1 >= cols"])
