@@ -356,7 +356,8 @@ class OverlappedKernel:
                         f"touches, which each call compares with a row: pass an int")
                 known = [_product(factors, values) for _, factors in terms]
                 step = int(stride) if stride.isdigit() else values.get(stride)  # `cols[None, :]`: a stride of 1
-                if None in known or not isinstance(step, int) or isinstance(step, bool):
+                step = int(step) if isinstance(step, bool) else step  # `* True` steps by 1, as the kernel computes
+                if None in known or not isinstance(step, int):
                     continue  # a parameter that is not an int at this call: Triton refuses the call itself
                 if step <= 0:
                     # the columns [0, X) walked backwards, or all at one place, lie before the row's first column or

@@ -17,7 +17,7 @@ import tilelink
 from tests.rules.cases import module_at, plain_module, rows_of, worst
 from tests.rules.forms_cases import FORMS
 from tests.rules.test_carried_accumulator import _generate
-from tilelink.errors import AnnotationError
+from tilelink.errors import AnnotationError, LaunchError
 
 KERNEL = (FORMS / "gemm_columns_beside.py").read_text()
 M, N, K = 50, 24, 40
@@ -114,3 +114,24 @@ def test_other_spellings_of_the_moving_columns_build(old: str, new: str) -> None
     source = KERNEL.replace(old, new)
     assert source != KERNEL
     assert "consumer_tile_wait" in _generate(source).rewritten["scaled_mm_kernel"]
+
+
+def _past_the_row_with_a_bool_stride(path: str) -> str:
+    rank, world = tilelink.rank(), tilelink.world_size()
+    a, b = torch.randn(M, K), torch.randn(K + 8, N)
+    scale, c = torch.ones(M), torch.full((M, N), float("nan"))
+    lo, hi = rows_of(rank, world, M)
+    try:  # K + 8 columns of rows of K, stepped by `stride_ak=True` (1): the last steps read the next row
+        module_at(path).scaled_mm_kernel[(triton.cdiv(M, 16) * triton.cdiv(N, 16),)](
+            a[lo:hi].contiguous(), b, scale, c, M, N, K + 8, K, True, b.stride(0), b.stride(1), c.stride(0),
+            c.stride(1), **META)
+    except LaunchError as error:
+        return str(error)
+    return "ran"
+
+
+def test_a_bool_column_stride_is_read_as_its_int_at_the_call(tmp_path) -> None:
+    path = tmp_path / "scaled_ag.py"
+    path.write_text(KERNEL)
+    said = tilelink.spawn(_past_the_row_with_a_bool_stride, 2, str(path))
+    assert all("walks the columns of 'a_ptr'" in s for s in said), said
