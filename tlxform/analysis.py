@@ -3688,10 +3688,10 @@ def _check_advance_in_loop(an: _Analyzer, acc: Access, tile: Tile, name: str, st
             and (an.where(ref.node).line, an.where(ref.node).column) < (start.line, start.column)]
     first = min(((w.line, w.column) for w in made), default=None)
     beside = _advanced_beside(an, acc, loop, vector, whole_step) if down is None else None
-    if beside is not None and (not made or any(
-            vector in names_in(e) and not any(e is v for defs in an.assignments.values() for ref, v in defs
-                                              if (an.where(ref.node).line, an.where(ref.node).column)
-                                              < (start.line, start.column)) for e in exprs)):
+    early = set() if beside is None else {id(v) for defs in an.assignments.values() for ref, v in defs
+                                          if (an.where(ref.node).line, an.where(ref.node).column)
+                                          < (start.line, start.column)}
+    if beside is not None and (not made or any(vector in names_in(e) and id(e) not in early for e in exprs)):
         # the vector moves with the pointer only where the address took it once, before the loop: read again by the
         # access or by an alias bound in the loop, it adds its step a second time on every iteration
         beside = None
@@ -3770,8 +3770,9 @@ def _check_carried_columns(an: _Analyzer, acc: Access, pointers: set[str], vecto
     vector's value there bounds them (``offs_k[None, :] < K``, ``K`` what the launch reads), and they must not be
     negative; then each call checks ``K`` against the row (``row_bounds``). A mask made before the vector moves, or
     none, lets the last steps read the next row: refused."""
+    loops = an.findall(an.fn.body, m.For() | m.While())
+
     def carried(name: str) -> list[Where]:
-        loops = an.findall(an.fn.body, m.For() | m.While())
         sites = [an.where(n) for n in an.findall(an.fn.body, m.AugAssign(target=m.Name(name)))] + [
             an.where(ref.node) for ref, value in an.assignments.get(name, []) if name in names_in(value)]
         return [w for w in sites if any(_contains(an, lp, w) for lp in loops)]

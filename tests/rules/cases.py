@@ -42,6 +42,17 @@ def plain_module(path: str):
     return module_at(plain)
 
 
+def launch_refusal(run) -> str:
+    """What the call ``run`` makes is refused with (its ``LaunchError``'s text), or ``"ran"`` where it runs."""
+    from tilelink.errors import LaunchError
+
+    try:
+        run()
+    except LaunchError as error:
+        return str(error)
+    return "ran"
+
+
 def worst(*errors: float) -> float:
     """The largest of ``errors``, NaN if any is (``max`` would pass a NaN over: ``max(0.0, nan)`` is 0.0)."""
     return float("nan") if any(e != e for e in errors) else max(errors)

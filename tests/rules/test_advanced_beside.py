@@ -14,10 +14,10 @@ import torch
 import triton
 
 import tilelink
-from tests.rules.cases import module_at, plain_module, rows_of, worst
+from tests.rules.cases import launch_refusal, module_at, plain_module, rows_of, worst
 from tests.rules.forms_cases import FORMS
 from tests.rules.test_carried_accumulator import _generate
-from tilelink.errors import AnnotationError, LaunchError
+from tilelink.errors import AnnotationError
 
 KERNEL = (FORMS / "gemm_columns_beside.py").read_text()
 M, N, K = 50, 24, 40
@@ -121,13 +121,10 @@ def _past_the_row_with_a_bool_stride(path: str) -> str:
     a, b = torch.randn(M, K), torch.randn(K + 8, N)
     scale, c = torch.ones(M), torch.full((M, N), float("nan"))
     lo, hi = rows_of(rank, world, M)
-    try:  # K + 8 columns of rows of K, stepped by `stride_ak=True` (1): the last steps read the next row
-        module_at(path).scaled_mm_kernel[(triton.cdiv(M, 16) * triton.cdiv(N, 16),)](
-            a[lo:hi].contiguous(), b, scale, c, M, N, K + 8, K, True, b.stride(0), b.stride(1), c.stride(0),
-            c.stride(1), **META)
-    except LaunchError as error:
-        return str(error)
-    return "ran"
+    # K + 8 columns of rows of K, stepped by `stride_ak=True` (1): the last steps read the next row
+    return launch_refusal(lambda: module_at(path).scaled_mm_kernel[(triton.cdiv(M, 16) * triton.cdiv(N, 16),)](
+        a[lo:hi].contiguous(), b, scale, c, M, N, K + 8, K, True, b.stride(0), b.stride(1), c.stride(0),
+        c.stride(1), **META))
 
 
 def test_a_bool_column_stride_is_read_as_its_int_at_the_call(tmp_path) -> None:

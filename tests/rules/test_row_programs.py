@@ -13,10 +13,10 @@ import pytest
 import torch
 
 import tilelink
-from tests.rules.cases import module_at, plain_module, rows_of, worst
+from tests.rules.cases import launch_refusal, module_at, plain_module, rows_of, worst
 from tests.rules.forms_cases import FORMS
 from tests.rules.test_carried_accumulator import _generate
-from tilelink.errors import AnnotationError, LaunchError
+from tilelink.errors import AnnotationError
 
 SOFTMAX = (FORMS / "row_softmax.py").read_text()
 LAYER_NORM = (FORMS / "row_layer_norm.py").read_text()
@@ -24,18 +24,18 @@ LAYER_NORM = (FORMS / "row_layer_norm.py").read_text()
 ROWS, COLS = 37, 20
 
 
-def _softmax(path: str, n_cols: int = COLS) -> float:
+def _softmax(path: str) -> float:
     rank, world = tilelink.rank(), tilelink.world_size()
     x = torch.randn(ROWS, COLS, generator=torch.Generator().manual_seed(3))
     want = torch.full((ROWS, COLS), float("nan"))
-    plain_module(path).softmax_kernel[(5,)](want, x, x.stride(0), want.stride(0), ROWS, n_cols, BLOCK_SIZE=32,
+    plain_module(path).softmax_kernel[(5,)](want, x, x.stride(0), want.stride(0), ROWS, COLS, BLOCK_SIZE=32,
                                            num_stages=1)
     kernel = module_at(path).softmax_kernel
     lo, hi = rows_of(rank, world, ROWS)
     error = 0.0
     for _ in range(2):
         got = torch.full((ROWS, COLS), float("nan"))
-        kernel[(5,)](got, x[lo:hi].contiguous(), x.stride(0), got.stride(0), ROWS, n_cols, BLOCK_SIZE=32,
+        kernel[(5,)](got, x[lo:hi].contiguous(), x.stride(0), got.stride(0), ROWS, COLS, BLOCK_SIZE=32,
                      num_stages=1)
         error = worst(error, (got - want).abs().max().item())
     return error
@@ -78,12 +78,16 @@ def test_one_row_a_program_waits_for_its_row_and_equals_the_plain_kernel(source,
         assert errors == [0.0] * world, (world, errors)
 
 
-def _softmax_refused(path: str, n_cols) -> str:
-    try:
-        _softmax(path, n_cols=n_cols)
-    except LaunchError as error:
-        return str(error)
-    return "ran"
+def _softmax_call(path: str, n_cols=COLS, stride=None, row_length: int = COLS) -> str:
+    """What the rewritten softmax's call on this rank's rows is refused with, or "ran": rows of ``row_length``
+    elements (of which the kernel reads ``COLS``), passed with ``stride`` (the rows' own by default)."""
+    rank, world = tilelink.rank(), tilelink.world_size()
+    x = torch.randn(ROWS, row_length)[:, :COLS]
+    lo, hi = rows_of(rank, world, ROWS)
+    y = torch.full((ROWS, COLS), float("nan"))
+    return launch_refusal(lambda: module_at(path).softmax_kernel[(5,)](
+        y, x[lo:hi], x.stride(0) if stride is None else stride, y.stride(0), ROWS, n_cols, BLOCK_SIZE=32,
+        num_stages=1))
 
 
 @pytest.mark.parametrize("n_cols, said", [
@@ -93,7 +97,7 @@ def _softmax_refused(path: str, n_cols) -> str:
 def test_a_column_bound_past_the_row_is_refused_at_the_call(tmp_path, n_cols, said: str) -> None:
     path = tmp_path / "rows.py"
     path.write_text(SOFTMAX)
-    errors = tilelink.spawn(_softmax_refused, 2, str(path), n_cols)
+    errors = tilelink.spawn(_softmax_call, 2, str(path), n_cols)
     assert all(said in e for e in errors), errors
 
 
@@ -224,26 +228,14 @@ CONSTEXPR_STRIDE = SOFTMAX.replace("def softmax_kernel(output_ptr, input_ptr, in
                                    "def softmax_kernel(output_ptr, input_ptr, input_row_stride: tl.constexpr,")
 
 
-def _softmax_wrong_stride(path: str) -> str:
-    rank, world = tilelink.rank(), tilelink.world_size()
-    x = torch.randn(ROWS, COLS + 4)[:, :COLS]  # a row stride of COLS + 4: not the gathered buffer's rows
-    lo, hi = rows_of(rank, world, ROWS)
-    y = torch.full((ROWS, COLS), float("nan"))
-    try:
-        module_at(path).softmax_kernel[(5,)](y, x[lo:hi], x.stride(0), y.stride(0), ROWS, COLS, BLOCK_SIZE=32,
-                                             num_stages=1)
-    except LaunchError as error:
-        return str(error)
-    return "ran"
-
-
 def test_a_constexpr_row_stride_is_read_and_checked_at_each_call(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("TILELINK_RACES", "1")
     assert CONSTEXPR_STRIDE != SOFTMAX
     path = tmp_path / "rows.py"
     path.write_text(CONSTEXPR_STRIDE)
     assert tilelink.spawn(_softmax, 2, str(path)) == [0.0, 0.0]
-    said = tilelink.spawn(_softmax_wrong_stride, 2, str(path))
+    # a row stride of COLS + 4: not the gathered buffer's rows
+    said = tilelink.spawn(_softmax_call, 2, str(path), COLS, None, COLS + 4)
     assert all("apart" in s for s in said), said
 
 
@@ -297,21 +289,8 @@ def test_the_position_function_read_through_a_module_name_is_refused() -> None:
         _generate(imported)
 
 
-def _softmax_bool_stride(path: str) -> str:
-    rank, world = tilelink.rank(), tilelink.world_size()
-    x = torch.randn(ROWS, COLS)
-    lo, hi = rows_of(rank, world, ROWS)
-    y = torch.full((ROWS, COLS), float("nan"))
-    try:  # `row_idx * True` is `row_idx`: one element apart, not a row
-        module_at(path).softmax_kernel[(5,)](y, x[lo:hi].contiguous(), True, y.stride(0), ROWS, COLS, BLOCK_SIZE=32,
-                                             num_stages=1)
-    except LaunchError as error:
-        return str(error)
-    return "ran"
-
-
 def test_a_bool_row_stride_is_read_as_its_int_at_the_call(tmp_path) -> None:
     path = tmp_path / "rows.py"
     path.write_text(SOFTMAX)
-    said = tilelink.spawn(_softmax_bool_stride, 2, str(path))
+    said = tilelink.spawn(_softmax_call, 2, str(path), COLS, True)  # `row_idx * True` is `row_idx`: not a row apart
     assert all("addressed 1 elements apart" in s for s in said), said
