@@ -367,14 +367,15 @@ def _remap_order(an: KernelAnalysis, access: Access, rule: str, order: str,
         return [], ReportEntry(an.name, rule, "not applied",
                                f"order={order!r} not applied: no assignment of {tile.pid} before its use",
                                access.where)
-    args = [tile.pid, f"tl.cdiv({tile.size_param}, {tile.size})", shift]
+    args = [tile.pid, tile.size_param if tile.size == "1" else f"tl.cdiv({tile.size_param}, {tile.size})", shift]
     values = an.values.get(tile.pid, ())
     axes = position_reads(cst.parse_expression(values[0])) if len(values) == 1 else set()
     if len(axes) == 1 and m.matches(cst.parse_expression(values[0]), m.Call(func=m.Attribute(
             value=m.Name("tl"), attr=m.Name("program_id")))):
         # the program id itself: a grid shorter than the tiles rotates among the programs it launches, so that it
-        # computes the tiles the kernel as written computes
-        args[1] = f"tl.minimum({args[1]}, tl.num_programs({axes.pop()}))"
+        # computes the tiles the kernel as written computes (the programs themselves where they count the tiles)
+        programs = f"tl.num_programs({axes.pop()})"
+        args[1] = programs if args[1] == programs else f"tl.minimum({args[1]}, {programs})"
     joined = ", ".join(args)
     line = f"{tile.pid} = tlm.tl_remap_tile(\n    " + (
         joined if len(joined) < 100 else f"{args[0]}, {args[1]},\n    {args[2]}") + ")"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import re
 from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import Any
@@ -220,6 +221,18 @@ def zeros_in_layout(value, kernel: str, name: str):
     return rebuilt(value, zeros)
 
 
+#: a size the launch reads from its grid (``tl.num_programs(0)``: one row a program, nothing in the kernel counting the
+#: rows): the programs along that axis
+_GRID_SIZE = re.compile(r"tl\.num_programs\(([012])\)")
+
+
+def grid_axis(size: str) -> int | None:
+    """The grid axis whose programs count the rows where the size ``size`` is read from the launch's grid, else
+    ``None`` (a parameter, or an expression of the integer arguments)."""
+    found = _GRID_SIZE.fullmatch(size)
+    return int(found.group(1)) if found else None
+
+
 @functools.lru_cache(maxsize=64)
 def _size_code(expression: str):
     """A ``size=`` expression compiled once (it is evaluated at every launch)."""
@@ -364,9 +377,14 @@ class Launcher:
             self._world = world  # held: a new world cannot reuse the identity of this one
         return world
 
-    def size_of(self, bound: dict) -> int:
+    def size_of(self, bound: dict, grid: Any = None) -> int:
+        """The full size of the communicated dimension for a call of ``bound`` launched on ``grid``: its ``size=``
+        argument, an expression of the integer arguments, or the grid's programs along one axis (:func:`grid_axis`)."""
         name = self.plan.size_param
-        if name.isidentifier():
+        axis = grid_axis(name)
+        if axis is not None:
+            value = self.okernel.grid_size(grid, bound, axis)
+        elif name.isidentifier():
             if name not in bound:
                 raise LaunchError(f"{self.okernel.name}: missing argument {name!r} (the full size of the "
                                   f"communicated dimension)")
@@ -381,34 +399,48 @@ class Launcher:
         if hasattr(value, "item"):
             value = value.item()
         if not isinstance(value, int) or value < 1:
-            raise LaunchError(f"{self.okernel.name}: {name}={value!r} must be a positive int")
+            raise LaunchError(f"{self.okernel.name}: {self.size_said(value)} must be a positive int")
         return value
 
-    def context(self, bound: dict):
+    def size_said(self, size: Any) -> str:
+        """The size of a call as its messages say it: ``M=64``, or the grid's programs that count the rows."""
+        axis = grid_axis(self.plan.size_param)
+        if axis is None:
+            return f"{self.plan.size_param}={size!r}"
+        return f"{size!r} rows (the grid's programs along axis {axis}, one row each)"
+
+    def context(self, bound: dict, grid: Any = None):
         """The context of a call's shapes (:meth:`checked_context`), found from :meth:`fast_key` when a call like
-        this one was seen before in this world."""
+        this one was seen before in this world. ``grid``: the call's, where the size is read from it."""
         self.world()  # a new world drops the old one's contexts first
-        fast = self.fast_key(bound)
+        fast = self.fast_key(bound, grid)
         ctx = self.fast_contexts.get(fast) if fast is not None else None
         if ctx is None:
-            ctx = self.checked_context(bound)
+            ctx = self.checked_context(bound, grid)
             if fast is not None:
                 self.fast_contexts[fast] = ctx
         return ctx
 
-    def checked_context(self, bound: dict):
-        """Check a call's arguments against the rule's contract and find (or collectively create) the context of
-        their shapes."""
+    def checked_context(self, bound: dict, grid: Any = None):
+        """Check a call's arguments (and, where the size is read from it, its ``grid``) against the rule's contract
+        and find (or collectively create) the context of their shapes."""
         raise NotImplementedError
 
-    def fast_key(self, bound: dict) -> tuple | None:
+    def fast_key(self, bound: dict, grid: Any = None) -> tuple | None:
         """What :meth:`context` decides a call's context from, read without a check: the size argument (every int
         argument for a size expression), the top-k, and each annotated tensor's shape, dtype and device. A call
         whose key was seen before gets that call's context: its checks passed for the same values. ``None`` (the
         checked way every time) when an annotated argument is not a contiguous plain tensor, or the size not an
-        int. The checks and the sharding cost the host more than the kernels' launch, every call."""
+        int. The checks and the sharding cost the host more than the kernels' launch, every call. A size read from
+        the grid is its programs along the axis where the grid is a tuple of ints (a function is evaluated by the
+        checked way)."""
         name = self.plan.size_param
-        if name.isidentifier():
+        axis = grid_axis(name)
+        if axis is not None:
+            if type(grid) not in (tuple, list) or not all(type(n) is int for n in grid):
+                return None
+            size = ("grid", grid[axis] if axis < len(grid) else 1)
+        elif name.isidentifier():
             size = bound.get(name)
             if type(size) is not int:
                 return None
@@ -513,7 +545,7 @@ class Launcher:
         world = self.world()
         if world.backend == "emulated":
             return
-        ctx = self.context(bound)
+        ctx = self.context(bound, grid)
         alone = self.alone_call(bound, world)
         if not alone and not ctx.variants:
             return  # its first call warms every kernel up (Launcher.warm_up)
@@ -745,7 +777,7 @@ class Launcher:
             return None
         if world.world_size != 1:
             return self.prepared_with_peers(world, grid, bound, names)
-        return AloneLaunch(self, world, self.context(bound), grid, bound, names)
+        return AloneLaunch(self, world, self.context(bound, grid), grid, bound, names)
 
     def prepared_with_peers(self, world, grid, bound: dict, names: tuple[str, ...]):
         """:meth:`prepared` in a world of several ranks: ``None`` (every call takes :meth:`launch`) unless the rule

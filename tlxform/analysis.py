@@ -1288,6 +1288,11 @@ class _Analyzer:
             made = self.assignments.get(start, [])
             own = len(made) == 1 and m.matches(_uncast(made[0][1]), m.Call(func=m.Attribute(
                 value=m.Name("tl"), attr=m.Name("program_id"))))
+            if own and not loops and size_param is None and counted is None:
+                # nothing counts the rows (`_layer_norm_fwd_fused[(M,)]`): the programs along the row's axis do, one
+                # row each, which each call reads from its grid (the launch checks every rank's shard against it)
+                axis = call_position(_uncast(made[0][1]))  # type: ignore[arg-type]
+                counted = f"tl.num_programs({axis})" if axis in ("0", "1", "2") else None
             return Tile(start, "1", None, size_param or counted, start if own else self._pid_of(start),
                         access.where, 1)
         candidates = self._offsets_candidates(exprs, dim)

@@ -160,6 +160,33 @@ class OverlappedKernel:
             with self._remember_timeout():
                 self._launcher.check()
 
+    def grid_size(self, grid: Any, bound: dict, axis: int) -> int:
+        """The rows of a kernel that reads one row a program and counts them nowhere: its grid's programs along
+        ``axis``, the same under every autotuning configuration the call may run."""
+        if grid is None:
+            raise LaunchError(
+                f"{self.name}: the gathered rows are counted by the grid (one row a program, along axis {axis}), "
+                f"which this call does not give: launch it as `{self.name}[grid](...)`, or pass size= to the "
+                f"annotation (an int parameter of the kernel holding the full row count)")
+        from tilelink.rules.launch import metas
+
+        counts: dict[int, str] = {}
+        for meta, config in metas(self.kernel, bound):
+            said = "" if config == "the call's arguments" else f" under the autotuning configuration {config}"
+            programs = _grid_of(grid, {**self.defaults, **meta})
+            if programs is None:
+                raise LaunchError(
+                    f"{self.name}: the gathered rows are counted by the grid (one row a program, along axis {axis}), "
+                    f"but TileLink cannot evaluate the grid {grid!r}{said}: pass it as a tuple of ints or a function "
+                    f"of the arguments, or pass size= to the annotation")
+            counts.setdefault(programs[axis], said)
+        if len(counts) > 1:
+            raise LaunchError(
+                f"{self.name}: the gathered rows are counted by the grid (one row a program, along axis {axis}), but "
+                f"the grid launches " + ", ".join(f"{n} programs{said or ' as called'}" for n, said in counts.items())
+                + ": pass size= to the annotation (an int parameter holding the full row count)")
+        return next(iter(counts))
+
     def bind(self, args: tuple, kwargs: dict) -> dict[str, Any]:
         """Bind a launch's arguments to the kernel's parameter names."""
         if len(args) > len(self.params):
@@ -259,7 +286,7 @@ class OverlappedKernel:
         if dim > 0 and (plan.row_shifts or plan.row_steps):
             # rows along an inner dim: a step of the dim before them is the full size along the rows times a row
             try:
-                full = launcher.size_of(bound)
+                full = launcher.size_of(bound, grid)
             except LaunchError:
                 pass  # the launcher refuses the call, saying why
         for meta, config in metas(self.kernel, bound):
@@ -560,7 +587,7 @@ class OverlappedKernel:
             return
         from tilelink.rules.launch import metas
 
-        size, width = launcher.size_of(bound), self._row_width(bound, launcher)
+        size, width = launcher.size_of(bound, grid), self._row_width(bound, launcher)
         # every name a tile's fields read, the elements it stores per row too: a call passes again at no cost only
         # where they and the output's row are as at a call that passed
         names = sorted({n for tile in tiles for x in (*tile[:5], *tile[6:]) for n in _names_read(x)})

@@ -69,9 +69,9 @@ class AllGatherLauncher(Launcher):
         consumer, launched first, keeps every SM while it waits for the flags (Launcher.begin_captured)."""
         return self.plan.via == "copy_engine"
 
-    def checked_context(self, bound: dict) -> AllGatherContext:
+    def checked_context(self, bound: dict, grid=None) -> AllGatherContext:
         world = self.world()
-        size = self.size_of(bound)
+        size = self.size_of(bound, grid)
         sharding = self.sharding(world, size)
         dim = self.plan.dim
         lo, hi = sharding.rank_range(world.rank)
@@ -87,7 +87,7 @@ class AllGatherLauncher(Launcher):
             if t.shape[dim] != hi - lo:
                 raise LaunchError(
                     f"{self.okernel.name}: rank {world.rank} must pass rows [{lo}, {hi}) of {name} along dim "
-                    f"{dim} ({hi - lo} rows, for {self.plan.size_param}={size} over {world.world_size} "
+                    f"{dim} ({hi - lo} rows, for {self.size_said(size)} over {world.world_size} "
                     f"ranks), got {t.shape[dim]}{flat}")
             shapes.append((*t.shape[:dim], size, *t.shape[dim + 1:]))
         key = (size, tuple(shapes), tuple(str(described(bound[n]).dtype) for n in self.plan.tensors))
@@ -289,14 +289,14 @@ class AllGatherLauncher(Launcher):
         if self.plan.index or (type(self.kernel) is not DirectKernel and world.backend != "emulated") or any(
                 name not in names or type(bound.get(name)) is not torch.Tensor for name in self.plan.tensors):
             return None
-        ctx = self.context(bound)
+        ctx = self.context(bound, grid)
         if not ctx.variants and world.backend != "emulated":  # no call of these shapes has run: its first call
             return None  # warms every kernel up (the interpreter has nothing to load)
         return GatherLaunch(self, world, ctx, grid, bound, names)
 
     def launch(self, grid, bound: dict) -> None:
         world = self.world()
-        ctx = self.context(bound)
+        ctx = self.context(bound, grid)
         ctx.streams.follow_caller(world.device)
         if world.world_size == 1:  # the shard is the whole tensor
             self.alone(grid, dict(bound), ctx, world)

@@ -237,7 +237,7 @@ def rewrite(an: KernelAnalysis, spec: AllGatherSpec, options: Options) -> Rewrit
         "# arrived already (one read of them all: then each wait below passes without polling)",
         "tlk_target = tll.call_target(tlk_epoch, tlk_diag)",
         "tlk_ready = tll.channels_ready(tlk_barriers, tlk_world * tlk_channels_per_rank, tlk_target)")))
-    shift = f"(tlk_rank * tlk_rows_per_rank) // ({tile.size})"
+    shift = "tlk_rank * tlk_rows_per_rank" if tile.size == "1" else f"(tlk_rank * tlk_rows_per_rank) // ({tile.size})"
     rotations: tuple[tuple[str, str, str, str, int, bool], ...] = ()
     if tile.dynamic:
         report.append(ReportEntry(an.name, RULE, "note", f"dynamic mapping through {spec.index}: each tile "

@@ -56,9 +56,9 @@ class AllReduceLauncher(ReduceScatterLauncher):
             meta = {"BLOCK": block, "num_warps": 4 if block <= 2048 else 8}
         return meta
 
-    def checked_context(self, bound: dict) -> AllReduceContext:
+    def checked_context(self, bound: dict, grid=None) -> AllReduceContext:
         world = self.world()
-        size = self.size_of(bound)
+        size = self.size_of(bound, grid)
         sharding = self.sharding(world, size)
         (name,) = self.plan.tensors
         out = self.tensor_arg(bound, name, world)
@@ -66,7 +66,7 @@ class AllReduceLauncher(ReduceScatterLauncher):
         if out.dim() < 1 or out.shape[0] != size:
             raise LaunchError(
                 f"{self.okernel.name}: every rank passes the whole output as {name} ({size} rows, for "
-                f"{self.plan.size_param}={size}): all_reduce writes the sum over the ranks on every rank; got shape "
+                f"{self.size_said(size)}): all_reduce writes the sum over the ranks on every rank; got shape "
                 f"{list(out.shape)}")
         shape = tuple(out.shape)
         if math.prod(shape) >= 2**31:  # the partner kernels index the partial sums with 32-bit offsets
@@ -133,7 +133,7 @@ class AllReduceLauncher(ReduceScatterLauncher):
     def launch(self, grid, bound: dict) -> None:
         self.refuse_epilogue(bound)
         world = self.world()
-        ctx = self.context(bound)
+        ctx = self.context(bound, grid)
         ctx.streams.follow_caller(world.device)
         if world.world_size == 1:  # the output is the whole result (captured too: every wait passes)
             self.start_output(bound)

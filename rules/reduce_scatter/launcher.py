@@ -109,9 +109,9 @@ class ReduceScatterLauncher(Launcher):
     #: warps, 8 per SM
     TOPK_REDUCE_GPU = {"BLOCK": 4096, "num_warps": 8, "per_sm": 4}
 
-    def checked_context(self, bound: dict) -> ReduceScatterContext:
+    def checked_context(self, bound: dict, grid=None) -> ReduceScatterContext:
         world = self.world()
-        size = self.size_of(bound)
+        size = self.size_of(bound, grid)
         sharding = self.sharding(world, size)
         (name,) = self.plan.tensors
         out = self.tensor_arg(bound, name, world)
@@ -120,7 +120,7 @@ class ReduceScatterLauncher(Launcher):
         if out.dim() < 1 or out.shape[0] != hi - lo:
             raise LaunchError(
                 f"{self.okernel.name}: rank {world.rank} must pass its output rows [{lo}, {hi}) as {name} "
-                f"({hi - lo} rows, for {self.plan.size_param}={size} over {world.world_size} ranks), "
+                f"({hi - lo} rows, for {self.size_said(size)} over {world.world_size} ranks), "
                 f"got shape {list(out.shape)}")
         topk = self.topk(bound)
         shape = (size * topk, *out.shape[1:])
@@ -471,7 +471,7 @@ class ReduceScatterLauncher(Launcher):
         if self.plan.via != "copy_engine" or (type(self.kernel) is not DirectKernel and world.backend != "emulated") \
                 or name not in names or type(bound.get(name)) is not torch.Tensor:
             return None
-        ctx = self.context(bound)
+        ctx = self.context(bound, grid)
         if not ctx.variants and world.backend != "emulated":  # no call of these shapes has run: its first call
             return None  # warms every kernel up (the interpreter has nothing to load)
         return ScatterLaunch(self, world, ctx, grid, bound, names)
@@ -479,7 +479,7 @@ class ReduceScatterLauncher(Launcher):
     def launch(self, grid, bound: dict) -> None:
         self.refuse_epilogue(bound)
         world = self.world()
-        ctx = self.context(bound)
+        ctx = self.context(bound, grid)
         ctx.streams.follow_caller(world.device)
         if self.alone_call(bound, world):  # the output shard is the whole result
             self.start_output(bound)

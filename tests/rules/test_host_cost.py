@@ -51,6 +51,19 @@ def test_a_size_expression_and_the_top_k_are_in_the_key() -> None:
     assert launcher.fast_key(dict(c_ptr=c, num_valid_tokens=32, top_k=4, N=8)) != key
 
 
+def test_a_size_the_grid_counts_is_in_the_key() -> None:
+    launcher = _launcher("tl.num_programs(0)")
+    a = torch.zeros(8, 4)
+    key = launcher.fast_key(dict(a_ptr=a, K=4), (16, 2))
+    assert launcher.fast_key(dict(a_ptr=a, K=4), [16, 3]) == key  # the other axes do not count the rows
+    assert launcher.fast_key(dict(a_ptr=a, K=4), (24, 2)) != key
+    # a grid function, or programs that are not plain ints, take the checked way (which evaluates the grid)
+    assert launcher.fast_key(dict(a_ptr=a, K=4), lambda meta: (16,)) is None
+    assert launcher.fast_key(dict(a_ptr=a, K=4), (torch.tensor(16),)) is None
+    assert _launcher("tl.num_programs(1)").fast_key(dict(a_ptr=a), (16,)) != _launcher("tl.num_programs(1)").fast_key(
+        dict(a_ptr=a), (16, 2))
+
+
 def _body(x_ptr, n, flag, tlk_epoch, scale, BLOCK: tl.constexpr):
     pass
 

@@ -2,10 +2,10 @@
 (tests/rules/forms/row_softmax.py and row_layer_norm.py), gathered along the rows: `row_start_ptr = input_ptr +
 row_idx * input_row_stride` then `tl.load(row_start_ptr + col_offsets, mask=col_offsets < n_cols)` (softmax, its rows
 counted by `tl.range(row_start, n_rows, row_step)`), and `X += row * stride` then `tl.load(X + cols, mask=cols < N)`
-in three column loops (layer norm; it counts no rows, so it takes size=). Each builds, waits for the one row the
-program reads, and equals the plain kernel on the race-exposing schedule at worlds 2 and 3 (each rank passing its
-rows; the row length checked at each call against the stride and the columns' bound). Columns that can leave the
-row, a row that is not the program's own, and an unbounded column vector are refused."""
+in three column loops (layer norm; it counts no rows: its grid does, one program a row). Each builds, waits for the
+one row the program reads, and equals the plain kernel on the race-exposing schedule at worlds 2 and 3 (each rank
+passing its rows; the row length checked at each call against the stride and the columns' bound). Columns that can
+leave the row, a row that is not the program's own, and an unbounded column vector are refused."""
 
 from __future__ import annotations
 
@@ -41,23 +41,28 @@ def _softmax(path: str) -> float:
     return error
 
 
-def _layer_norm(path: str) -> float:
+def _layer_norm(path: str, grid=(ROWS,)) -> float | str:
+    """The rewritten layer norm on this rank's rows launched on ``grid`` against the plain kernel launched on
+    ``(ROWS,)``: the largest difference, or what the call is refused with."""
     rank, world = tilelink.rank(), tilelink.world_size()
     g = torch.Generator().manual_seed(4)
     x, w, b = torch.randn(ROWS, COLS, generator=g), torch.randn(COLS, generator=g), torch.randn(COLS, generator=g)
 
-    def run(kernel, xs):
+    def run(launch, xs):
         y = torch.full((ROWS, COLS), float("nan"))
         mean, rstd = torch.full((ROWS,), float("nan")), torch.full((ROWS,), float("nan"))
-        kernel[(ROWS,)](xs, y, w, b, mean, rstd, COLS, COLS, ROWS, 1e-5, BLOCK_SIZE=8)
+        launch(xs, y, w, b, mean, rstd, COLS, COLS, 1e-5, BLOCK_SIZE=8)
         return torch.cat([y.flatten(), mean, rstd])
 
-    want = run(plain_module(path)._layer_norm_fwd_fused, x)
+    want = run(plain_module(path)._layer_norm_fwd_fused[(ROWS,)], x)
     kernel = module_at(path)._layer_norm_fwd_fused
     lo, hi = rows_of(rank, world, ROWS)
     error = 0.0
-    for _ in range(2):
-        error = worst(error, (run(kernel, x[lo:hi].contiguous()) - want).abs().max().item())
+    try:
+        for _ in range(2):
+            error = worst(error, (run(kernel[grid], x[lo:hi].contiguous()) - want).abs().max().item())
+    except tilelink.LaunchError as refused:
+        return str(refused)
     return error
 
 
@@ -125,11 +130,55 @@ def test_columns_or_rows_that_can_leave_the_programs_row_are_refused(old: str, n
         _generate(source)
 
 
-def test_a_layer_norm_without_a_row_count_says_what_to_pass() -> None:
-    source = LAYER_NORM.replace(', size="M"', "")
+def _rows_grid(meta: dict) -> tuple[int]:
+    return (ROWS,)
+
+
+def test_rows_nothing_counts_are_counted_by_the_grid(tmp_path, monkeypatch) -> None:
+    # the layer norm counts no rows: launched one program a row, the grid's programs are the gathered rows
+    (plan,) = _generate(LAYER_NORM).plans
+    assert plan.launch.size_param == "tl.num_programs(0)"
+    monkeypatch.setenv("TILELINK_RACES", "1")
+    path = tmp_path / "rows.py"
+    path.write_text(LAYER_NORM)
+    # a grid function of the arguments is evaluated as Triton does
+    assert tilelink.spawn(_layer_norm, 2, str(path), _rows_grid) == [0.0, 0.0]
+    # a grid of more programs than rows: the shards are not the rows of so many, on every rank
+    said = tilelink.spawn(_layer_norm, 2, str(path), (2 * ROWS,))
+    assert all("must pass rows [" in s and f"{2 * ROWS} rows (the grid's programs along axis 0" in s
+               for s in said), said
+
+
+def test_a_row_the_grid_does_not_count_says_what_to_pass() -> None:
+    # the row is the program's place in a 2-D grid, flattened: not one axis's programs
+    source = LAYER_NORM.replace("    row = tl.program_id(0)\n",
+                                "    row = tl.program_id(1) * tl.num_programs(0) + tl.program_id(0)\n")
+    assert source != LAYER_NORM
     with pytest.raises(AnnotationError, match="one row a program") as info:
         _generate(source)
     assert 'size="<the full row count>"' in info.value.hint
+
+
+AUTOTUNED = LAYER_NORM.replace("@triton.jit\n", """@triton.autotune(configs=[triton.Config({"BLOCK_SIZE": 8}),
+                             triton.Config({"BLOCK_SIZE": 16})], key=["N"])
+@triton.jit
+""")
+
+
+def test_a_grid_the_launch_cannot_count_rows_from_is_refused_saying_what_to_pass(tmp_path) -> None:
+    path = tmp_path / "rows.py"
+    path.write_text(AUTOTUNED)
+    kernel = module_at(str(path))._layer_norm_fwd_fused
+    bound = dict(N=COLS, eps=1e-5)
+    assert kernel.grid_size((ROWS, 2), bound, 0) == ROWS
+    assert kernel.grid_size(lambda meta: (meta["N"] + ROWS - COLS,), bound, 0) == ROWS  # of the arguments
+    # a count that changes with the configuration the autotuner picks
+    with pytest.raises(tilelink.LaunchError, match="8 programs under the autotuning configuration BLOCK_SIZE=8, 16 "):
+        kernel.grid_size(lambda meta: (meta["BLOCK_SIZE"],), bound, 0)
+    with pytest.raises(tilelink.LaunchError, match="cannot evaluate the grid"):
+        kernel.grid_size(lambda meta: (meta["M"],), bound, 0)
+    with pytest.raises(tilelink.LaunchError, match=r"launch it as `_layer_norm_fwd_fused\[grid\]"):
+        kernel.grid_size(None, bound, 0)
 
 
 SMALL = """import triton
@@ -198,9 +247,9 @@ def silu(x):
     return x * tl.sigmoid(x)
 
 
-@tilelink.overlap(tilelink.all_gather(("a_ptr", "b_ptr"), dim=0, size="n_rows"))
+@tilelink.overlap(tilelink.all_gather(("a_ptr", "b_ptr"), dim=0))
 @triton.jit
-def _swiglu_forward_kernel(a_ptr, b_ptr, c_ptr, stride, n_rows, n_cols: tl.constexpr, BLOCK_SIZE: tl.constexpr):
+def _swiglu_forward_kernel(a_ptr, b_ptr, c_ptr, stride, n_cols: tl.constexpr, BLOCK_SIZE: tl.constexpr):
     program_id = tl.program_id(0).to(tl.int64)
     a_ptr += program_id * stride
     b_ptr += program_id * stride

@@ -1,6 +1,6 @@
 """Triton's layer-norm tutorial (forward) under all_gather: `X += row * stride` once, then three loops over the
-columns (`cols = off + tl.arange(0, BLOCK_SIZE)`, masked by `N`). It counts no rows, so the annotation passes
-size= (the kernel takes the row count `M`)."""
+columns (`cols = off + tl.arange(0, BLOCK_SIZE)`, masked by `N`). It counts no rows: launched `[(M,)]`, one row a
+program, the grid counts them."""
 
 import triton
 import triton.language as tl
@@ -8,9 +8,9 @@ import triton.language as tl
 import tilelink
 
 
-@tilelink.overlap(tilelink.all_gather("X", dim=0, size="M"))
+@tilelink.overlap(tilelink.all_gather("X", dim=0))
 @triton.jit
-def _layer_norm_fwd_fused(X, Y, W, B, Mean, Rstd, stride, N, M, eps, BLOCK_SIZE: tl.constexpr):
+def _layer_norm_fwd_fused(X, Y, W, B, Mean, Rstd, stride, N, eps, BLOCK_SIZE: tl.constexpr):
     row = tl.program_id(0)
     Y += row * stride
     X += row * stride
