@@ -575,8 +575,7 @@ def _arg(call: cst.Call, position: int, keyword: str) -> cst.BaseExpression | No
 
 def _arange_size(node: cst.BaseExpression) -> str | None:
     """``tl.arange(0, B)`` -> ``"B"`` (also widened, ``tl.arange(0, B).to(tl.int64)``: the same values)."""
-    if _is_widening(node):
-        node = node.func.value  # type: ignore[attr-defined]
+    node = widened_value(node) or node
     if _is_tl_call(node, "arange") and len(node.args) == 2:  # type: ignore[attr-defined]
         lo, hi = node.args  # type: ignore[attr-defined]
         if m.matches(lo.value, m.Integer("0")):
@@ -584,12 +583,29 @@ def _arange_size(node: cst.BaseExpression) -> str | None:
     return None
 
 
+_INT64 = m.Attribute(value=m.Name("tl"), attr=m.Name("int64"))
+
+
+def widened_value(value: cst.BaseExpression) -> cst.BaseExpression | None:
+    """``x`` of ``x.to(tl.int64)`` or ``tl.cast(x, tl.int64)``: a cast that keeps every value of an int32 vector (row
+    offsets made 64-bit so that their products with strides do not wrap, as kernels over large tensors write them);
+    ``None`` for any other expression (a narrowing cast, `d.to(tl.int8)`, may change the value)."""
+    if not isinstance(value, cst.Call) or any(a.star for a in value.args):
+        return None
+    if isinstance(value.func, cst.Attribute) and value.func.attr.value == "to" and len(value.args) == 1 \
+            and (value.args[0].keyword is None or value.args[0].keyword.value == "dtype") \
+            and m.matches(value.args[0].value, _INT64):
+        return value.func.value
+    if m.matches(value.func, m.Attribute(value=m.Name("tl"), attr=m.Name("cast"))) and len(value.args) == 2 \
+            and value.args[0].keyword is None and (value.args[1].keyword is None or value.args[1].keyword.value
+                                                   == "dtype") and m.matches(value.args[1].value, _INT64):
+        return value.args[0].value
+    return None
+
+
 def _is_widening(value: cst.BaseExpression) -> bool:
-    """``x.to(tl.int64)``: a cast that keeps every value of an int32 vector (row offsets made 64-bit so that their
-    products with strides do not wrap, as kernels over large tensors write them)."""
-    return (isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and value.func.attr.value == "to"
-            and len(value.args) == 1 and value.args[0].keyword is None
-            and m.matches(value.args[0].value, m.Attribute(value=m.Name("tl"), attr=m.Name("int64"))))
+    """A cast to a 64-bit int, which keeps the value (:func:`widened_value`)."""
+    return widened_value(value) is not None
 
 
 def parse_offsets(value: cst.BaseExpression, resolve=None) -> tuple[str, str] | None:
@@ -604,7 +620,7 @@ def parse_offsets(value: cst.BaseExpression, resolve=None) -> tuple[str, str] | 
         elif (_is_tl_call(value, "multiple_of") or _is_tl_call(value, "max_contiguous")) and value.args:
             value = value.args[0].value  # a compiler hint: the same values
         elif _is_widening(value):
-            value = value.func.value  # type: ignore[attr-defined]  # `(...).to(tl.int64)`: the same values
+            value = widened_value(value)  # type: ignore[assignment]  # `(...).to(tl.int64)`: the same values
         elif isinstance(value, cst.Name) and resolve is not None and resolve(value.value) is not None:
             value = resolve(value.value)  # `rm = pid_m * BLOCK_M + tl.arange(...)`, then `tl.multiple_of(rm % M, ..)`
             resolve = None
@@ -839,7 +855,7 @@ class _Analyzer:
         for name, defs in list(self.assignments.items()):
             if name in self.params or name in self.rebound:
                 continue
-            widened = [(ref, v) for ref, v in defs if _is_widening(v) and m.matches(v.func.value, m.Name(name))]  # type: ignore[attr-defined]
+            widened = [(ref, v) for ref, v in defs if m.matches(widened_value(v), m.Name(name))]
             if not widened or len(widened) == len(defs):
                 continue
             self.widened[name] = [v for _, v in widened]
@@ -1109,7 +1125,7 @@ class _Analyzer:
         while isinstance(inner, cst.BinaryOperation) and isinstance(inner.operator, cst.Modulo) or (
                 inner is not None and _is_widening(inner)):
             # what parse_offsets reads through: `% M`, hints, `.to(tl.int64)` (`ram = offs_am.to(tl.int64)`)
-            inner = _unhinted(inner.left if isinstance(inner, cst.BinaryOperation) else inner.func.value)
+            inner = _unhinted(inner.left if isinstance(inner, cst.BinaryOperation) else widened_value(inner))
         if isinstance(inner, cst.Name) and inner.value != name:
             resolved = self._resolved(inner.value, self.where(value.node))
             if resolved is not None:
@@ -1210,7 +1226,8 @@ class _Analyzer:
         # (`offs_token = offs_token.to(tl.int64)`, as vLLM's MoE kernel widens them) is the same rows
         def same_values(n: str, value: cst.BaseExpression) -> bool:
             value = _unhinted(value)
-            return _is_widening(value) and m.matches(_unhinted(value.func.value), m.Name(n))  # type: ignore[attr-defined]
+            inner = widened_value(value)
+            return inner is not None and m.matches(_unhinted(inner), m.Name(n))
 
         for n in names_in(cst.parse_expression(rows)):
             defs = self.assignments.get(n, [])
@@ -1606,7 +1623,7 @@ def _is_rows(node: cst.BaseExpression, offsets: str) -> bool:
     """``offs``, ``offs[:, None]`` (any expansion, also widened: ``offs[:, None].to(tl.int64)``), or ``offs[...] *
     stride`` with no other use of ``offs``."""
     if _is_widening(node):
-        return _is_rows(node.func.value, offsets)  # type: ignore[attr-defined]
+        return _is_rows(widened_value(node), offsets)  # type: ignore[arg-type]
     if m.matches(node, m.Name(offsets)) or (isinstance(node, cst.Subscript) and m.matches(node.value, m.Name(offsets))
                                             and all(isinstance(e.slice, cst.Slice) or m.matches(
                                                 e.slice, m.Index(value=m.Name("None"))) for e in node.slice)):
@@ -1687,8 +1704,8 @@ def _factors(an: _Analyzer, node: cst.BaseExpression, offsets: str, depth: int =
         # a parameter the kernel binds again holds another value than the argument the launch reads, unless the
         # binding only casts it (`stride_am = stride_am.to(tl.int64)`)
         defs = an.assignments.get(node.value, [])
-        if node.value in an.rebound or len(defs) > 1 or (defs and not m.matches(defs[0][1], m.Call(
-                func=m.Attribute(value=m.Name(node.value), attr=m.Name("to"))))):
+        if node.value in an.rebound or len(defs) > 1 or (defs and not m.matches(widened_value(defs[0][1]),
+                                                                                 m.Name(node.value))):
             return None
         return [node.value]
     if isinstance(node, cst.Name) and depth < 8 and node.value not in an.rebound:
@@ -1921,13 +1938,12 @@ def _nonnegative_value(an: _Analyzer, node: cst.BaseExpression, depth: int = 0,
         if m.matches(node.func, m.Attribute(value=m.Name("tl"), attr=m.Name("arange"))) and len(node.args) == 2 \
                 and m.matches(node.args[0].value, m.Integer("0")):
             return set()
-        if m.matches(node.func, m.Attribute(attr=m.Name("to"))):
+        if m.matches(node.func, m.Attribute(attr=m.Name("to")) | m.Attribute(value=m.Name("tl"),
+                                                                                  attr=m.Name("cast"))):
             # a cast to a 64-bit int keeps the value (`tl.int8` wraps, an unsigned one turns a
             # negative value into a large one)
-            if len(node.args) == 1 and node.args[0].keyword is None and m.matches(node.args[0].value, m.Attribute(
-                    value=m.Name("tl"), attr=m.Name("int64"))):
-                return _nonnegative_value(an, node.func.value, depth, passed)  # type: ignore[attr-defined]
-            return None
+            inner = widened_value(node)
+            return None if inner is None else _nonnegative_value(an, inner, depth, passed)
         args = [a.value for a in node.args if a.keyword is None and not a.star]
         if len(args) == 2 == len(node.args) and m.matches(node.func, m.Attribute(
                 value=m.Name("tl") | m.Name("triton"), attr=m.Name("cdiv")) | m.Attribute(
@@ -2716,7 +2732,7 @@ def _uncast(node: cst.BaseExpression) -> cst.BaseExpression:
     keep the value), parentheses stripped."""
     node = _bare(node)
     while _is_widening(node):
-        node = _bare(node.func.value)  # type: ignore[attr-defined]
+        node = _bare(widened_value(node))  # type: ignore[arg-type]
     return node
 
 
@@ -4777,7 +4793,7 @@ def _bounded_columns(an: _Analyzer, acc: Access) -> set[str]:
 
 #: calls a name's value may make and still be read as its expression (no side effect, no memory read)
 _PURE_TL = {"arange", "program_id", "num_programs", "cdiv", "minimum", "maximum", "where", "full", "zeros",
-            "zeros_like", "multiple_of", "max_contiguous", "broadcast_to", "expand_dims", "reshape", "abs"}
+            "zeros_like", "multiple_of", "max_contiguous", "broadcast_to", "expand_dims", "reshape", "abs", "cast"}
 
 
 def _pure(expr: cst.BaseExpression) -> bool:

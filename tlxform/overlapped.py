@@ -15,6 +15,7 @@ import functools
 import importlib.util
 import inspect
 import math
+import numbers
 import operator
 import os
 import re
@@ -160,30 +161,64 @@ class OverlappedKernel:
             with self._remember_timeout():
                 self._launcher.check()
 
+    @functools.cached_property
+    def _int_fact_names(self) -> tuple[str, ...]:
+        """The parameters the launch plan's row facts multiply, add or compare as ints (strides, steps, shifts,
+        column bounds, divisors): each call refuses a float among them."""
+        plan, names = self.plan.launch, set()
+        for _, factors, _ in plan.row_scales:
+            names |= set(factors)
+        for _, factors, _, _ in plan.row_steps:
+            names |= set(factors)
+        for _, terms, _ in plan.row_shifts:
+            names |= {f for _, factors in terms for f in factors}
+        for _, terms, stride, _ in plan.row_bounds:
+            names |= {f for _, factors in terms for f in factors} | {stride}
+        for factors, divisor, _, _ in plan.row_multiples:
+            names |= set(factors) | set(divisor.split(" * "))
+        for _, block, step, _, _ in plan.column_ends:
+            names |= set(block) | set(step)
+        return tuple(sorted(n for n in names if n.isidentifier()))
+
     def grid_size(self, grid: Any, bound: dict, axis: int) -> int:
         """The rows of a kernel that reads one row a program and counts them nowhere: its grid's programs along
-        ``axis``, the same under every autotuning configuration the call may run."""
+        ``axis``, the same under every autotuning configuration the call may run. A grid function or a heuristic that
+        reads a gathered tensor is refused: it sees this rank's shard here and the gathered rows in Triton's launch."""
+        said_grid = f"the gathered rows are counted by the grid (one row a program, along axis {axis})"
         if grid is None:
             raise LaunchError(
-                f"{self.name}: the gathered rows are counted by the grid (one row a program, along axis {axis}), "
-                f"which this call does not give: launch it as `{self.name}[grid](...)`, or pass size= to the "
-                f"annotation (an int parameter of the kernel holding the full row count)")
+                f"{self.name}: {said_grid}, which this call does not give: launch it as `{self.name}[grid](...)`, or "
+                f"pass size= to the annotation (an int parameter of the kernel holding the full row count)")
         from tilelink.rules.launch import metas
 
+        withheld = {name: _Withheld(name) for name in self.plan.launch.tensors}
         counts: dict[int, str] = {}
-        for meta, config in metas(self.kernel, bound):
-            said = "" if config == "the call's arguments" else f" under the autotuning configuration {config}"
-            programs = _grid_of(grid, {**self.defaults, **meta})
-            if programs is None:
-                raise LaunchError(
-                    f"{self.name}: the gathered rows are counted by the grid (one row a program, along axis {axis}), "
-                    f"but TileLink cannot evaluate the grid {grid!r}{said}: pass it as a tuple of ints or a function "
-                    f"of the arguments, or pass size= to the annotation")
-            counts.setdefault(programs[axis], said)
+        try:
+            for meta, config in metas(self.kernel, {**bound, **withheld}):
+                said = "" if config == "the call's arguments" else f" under the autotuning configuration {config}"
+                values = {**self.defaults, **meta}
+                if callable(grid):
+                    try:
+                        grid(values)
+                    except _ReadsGathered:
+                        raise
+                    except Exception:  # noqa: BLE001, S110 - not evaluated: said below
+                        pass
+                programs = _grid_of(grid, values)
+                if programs is None:
+                    raise LaunchError(
+                        f"{self.name}: {said_grid}, but TileLink cannot evaluate the grid {grid!r}{said}: pass it as a "
+                        f"tuple of ints or a function of the arguments, or pass size= to the annotation")
+                counts.setdefault(programs[axis], said)
+        except _ReadsGathered as read:
+            raise LaunchError(
+                f"{self.name}: {said_grid}, but the grid or a heuristic reads {read.args[0]!r}, which is this rank's "
+                f"shard here and the gathered rows where Triton launches the kernel: compute the grid from int "
+                f"arguments (`({read.args[0]}_rows,)`), or pass size= to the annotation") from None
         if len(counts) > 1:
             raise LaunchError(
-                f"{self.name}: the gathered rows are counted by the grid (one row a program, along axis {axis}), but "
-                f"the grid launches " + ", ".join(f"{n} programs{said or ' as called'}" for n, said in counts.items())
+                f"{self.name}: {said_grid}, but the grid launches "
+                + ", ".join(f"{n} programs{said or ' as called'}" for n, said in counts.items())
                 + ": pass size= to the annotation (an int parameter holding the full row count)")
         return next(iter(counts))
 
@@ -295,6 +330,15 @@ class OverlappedKernel:
             said_config = "" if config == "the call's arguments" else f" under the autotuning configuration {config}"
             gathered = self.specs[0].kind == "all_gather"
             access, touches, waits = ("load", "reads", "wait") if gathered else ("store", "writes", "notify")
+            floats = [n for n in self._int_fact_names if _is_float(values.get(n))]
+            if floats:
+                # the proofs computed with ints: a float the kernel casts (`tl.cast(stride, tl.int64)` truncates
+                # 4.25 to 4) or compares with (`cols < n_cols` lets column 20 of rows of 20 through for 20.5) is
+                # another value than the one each check below would read
+                raise LaunchError(
+                    f"{self.name}: argument {floats[0]!r} is {values[floats[0]]!r}{said_config}, not an int, but the "
+                    f"rows and columns its accesses touch were proven to be those their {waits}s cover with "
+                    f"{floats[0]} an int (a row stride, a step, a column bound): pass an int")
             for name, line in plan.row_signs:
                 value = values.get(name)
                 if isinstance(value, int) and not isinstance(value, bool) and value < 0:
@@ -373,14 +417,6 @@ class OverlappedKernel:
                 if not hasattr(t, "shape") or len(t.shape) <= dim:
                     continue
                 rows = _product(tuple(str(int(n)) for n in t.shape[dim + 1:]), {})
-                floats = [f for _, factors in terms for f in factors if isinstance(values.get(f), float)]
-                if floats:
-                    # a mask compares the columns with a float as Triton computes it, which the int bound below
-                    # would not read: `n_cols = 20.5` on rows of 20 lets column 20, the next row's first, through
-                    raise LaunchError(
-                        f"{self.name}: argument {floats[0]!r} is {values[floats[0]]!r}{said_config}, not an int, but "
-                        f"it bounds the columns of {tensor!r} the load or store at {_display_path(self.file)}:{line} "
-                        f"touches, which each call compares with a row: pass an int")
                 known = [_product(factors, values) for _, factors in terms]
                 step = int(stride) if stride.isdigit() else values.get(stride)  # `cols[None, :]`: a stride of 1
                 step = int(step) if isinstance(step, bool) else step  # `* True` steps by 1, as the kernel computes
@@ -839,6 +875,33 @@ class OverlappedKernel:
         return f"<overlapped kernel {self.name} ({', '.join(s.describe() for s in self.specs)})>"
 
 
+class _ReadsGathered(Exception):  # noqa: N818 - a read, said in the launch's refusal
+    """A grid function or heuristic read a gathered tensor (:meth:`OverlappedKernel.grid_size`)."""
+
+
+class _Withheld:
+    """A gathered tensor as a grid function sees it while the rows are counted from the grid: any read of it raises
+    :class:`_ReadsGathered` (the function would see the shard here, the gathered rows in Triton's launch)."""
+
+    __slots__ = ("_name",)
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    def __getattr__(self, attr: str):
+        raise _ReadsGathered(object.__getattribute__(self, "_name"))
+
+    def _read(self, *_args):
+        raise _ReadsGathered(self._name)
+
+    __getitem__ = __len__ = __bool__ = __int__ = __index__ = __iter__ = _read
+
+
+def _is_float(value: Any) -> bool:
+    """A real number that is not an int (a Python or numpy float; a bool is an int)."""
+    return isinstance(value, numbers.Real) and not isinstance(value, numbers.Integral)
+
+
 def _product(factors: tuple[str, ...], values: dict[str, Any]) -> int | None:
     """The product of a row fact's ``factors`` (int literals and parameter names) with the parameters' ``values``;
     ``None`` when one of them is not an int there. A bool is its int, as the kernel computes with it (`row * True` is
@@ -915,14 +978,26 @@ def _least_program(source: str, values: dict[str, Any],
     return int(full[at]), tuple(int(i) for i in at), int(np.max(full))  # type: ignore[return-value]
 
 
-def _int_cast(node: ast.Call) -> int | None:
-    """The width of the signed int ``x.to(tl.int32)`` / ``x.to(tl.int64)`` casts to (a value that fits keeps it);
-    ``None`` for any other cast (``tl.int8`` wraps, an unsigned one changes a negative value's sign)."""
-    if len(node.args) != 1 or node.keywords:
+def _int_cast(node: ast.Call) -> tuple[ast.expr, int] | None:
+    """The value and the width of the signed int ``x.to(tl.int32)`` / ``x.to(tl.int64)`` or ``tl.cast(x, tl.int64)``
+    casts to (a value that fits keeps it); ``None`` for any other call or cast (``tl.int8`` wraps, an unsigned one
+    changes a negative value's sign, ``bitcast=True`` reinterprets the bits)."""
+    func = node.func
+    if not isinstance(func, ast.Attribute):
         return None
-    target = node.args[0]
+    if func.attr == "to":
+        value, rest = func.value, list(node.args)
+    elif func.attr == "cast" and isinstance(func.value, ast.Name) and func.value.id == "tl" and node.args:
+        value, rest = node.args[0], list(node.args[1:])
+    else:
+        return None
+    rest += [k.value for k in node.keywords if k.arg == "dtype"]
+    if len(rest) != 1 or any(k.arg != "dtype" for k in node.keywords):
+        return None
+    target = rest[0]
     if isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) and target.value.id == "tl":
-        return {"int32": 32, "int64": 64}.get(target.attr)
+        width = {"int32": 32, "int64": 64}.get(target.attr)
+        return None if width is None else (value, width)
     return None
 
 
@@ -1276,10 +1351,12 @@ def _evaluate(source: str, values: dict[str, Any], dom: _Interval, wraps: list[s
             return dom.pick(a[0], b[0], least), max(a[1], b[1])
         if not isinstance(func, ast.Attribute):
             return None
-        if func.attr == "to":
-            inner = walk(func.value)
-            kind = _int_cast(node)
-            if inner is None or kind is None or inner[1] == _CONST:
+        cast = _int_cast(node)
+        if cast is not None or func.attr == "to":
+            if cast is None:
+                return None
+            inner, kind = walk(cast[0]), cast[1]
+            if inner is None or inner[1] == _CONST:
                 return None
             if kind == 32 and not (-(1 << 31) <= dom.least(inner[0]) and dom.largest(inner[0]) < 1 << 31):
                 return wrap(node)

@@ -184,7 +184,7 @@ class _Rows:
                                                 | m.Name("max_contiguous"))) and node.args:
                 return self.poly(node.args[0].value)
             if _widening(node):  # `(off_hz // H).to(tl.int64)`: the same value (a narrowing cast may change it)
-                return self.poly(node.func.value)  # type: ignore[attr-defined]
+                return self.poly(_widened(node))
         self.names |= {n.value for n in m.findall(node, m.Name()) if n.value not in ("tl", "triton")}
         self.atoms.add(_code(node))
         return {(_code(node),): 1}
@@ -194,9 +194,13 @@ class _Rows:
 
 
 def _widening(node: cst.Call) -> bool:
-    from tilelink.analysis import _is_widening
+    return _widened(node) is not None
 
-    return _is_widening(node)
+
+def _widened(node: cst.BaseExpression) -> cst.BaseExpression | None:
+    from tilelink.analysis import widened_value
+
+    return widened_value(node)
 
 
 def _is_descriptor(value: cst.BaseExpression) -> bool:
@@ -262,7 +266,7 @@ def passed_params(an: _Analyzer) -> set[str]:
     """The parameters the launch reads as the kernel uses them: bound nowhere in the kernel, or only widened
     (``stride_xb = stride_xb.to(tl.int64)``; a narrowing cast, `d.to(tl.int8)`, may change the value)."""
     return {p for p in an.params if p not in an.rebound and all(
-        _widening(v) and m.matches(v.func.value, m.Name(p))  # type: ignore[attr-defined]
+        m.matches(_widened(v), m.Name(p))
         for _, v in an.assignments.get(p, []))}
 
 

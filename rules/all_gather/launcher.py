@@ -17,6 +17,7 @@ from tilelink.rules.launch import (
     bound_launch,
     copy_address,
     described,
+    grid_axis,
     kept_form_may_run,
     on_stream,
     rebuilt,
@@ -88,7 +89,10 @@ class AllGatherLauncher(Launcher):
                 raise LaunchError(
                     f"{self.okernel.name}: rank {world.rank} must pass rows [{lo}, {hi}) of {name} along dim "
                     f"{dim} ({hi - lo} rows, for {self.size_said(size)} over {world.world_size} "
-                    f"ranks), got {t.shape[dim]}{flat}")
+                    f"ranks), got {t.shape[dim]}{flat}"
+                    + ("; the grid counts the rows here: launch one program a row, or, for a grid of more programs "
+                       "than rows, pass size= to the annotation (an int parameter holding the full row count)"
+                       if grid_axis(self.plan.size_param) is not None else ""))
             shapes.append((*t.shape[:dim], size, *t.shape[dim + 1:]))
         key = (size, tuple(shapes), tuple(str(described(bound[n]).dtype) for n in self.plan.tensors))
         ctx = self.contexts.get(key)

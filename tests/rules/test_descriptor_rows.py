@@ -151,7 +151,7 @@ def test_a_descriptors_base_moved_along_an_inner_dims_row_is_refused_at_the_laun
     class Launcher(_Launcher):
         """The full size along the rows too, `size="S"`."""
 
-        def size_of(self, bound: dict) -> int:
+        def size_of(self, bound: dict, grid=None) -> int:
             return bound["S"]
 
     kernel._check_row_scales(args(0), Launcher())
@@ -164,7 +164,7 @@ def test_a_descriptors_base_moved_along_an_inner_dims_row_is_refused_at_the_laun
 class _SizedLauncher(_Launcher):
     """A world of two whose full size along the rows is the call's `S` (`size="S"`)."""
 
-    def size_of(self, bound: dict) -> int:
+    def size_of(self, bound: dict, grid=None) -> int:
         return bound["S"]
 
 

@@ -146,7 +146,7 @@ def test_rows_nothing_counts_are_counted_by_the_grid(tmp_path, monkeypatch) -> N
     # a grid of more programs than rows: the shards are not the rows of so many, on every rank
     said = tilelink.spawn(_layer_norm, 2, str(path), (2 * ROWS,))
     assert all("must pass rows [" in s and f"{2 * ROWS} rows (the grid's programs along axis 0" in s
-               for s in said), said
+               and "pass size= to the annotation" in s for s in said), said
 
 
 def test_a_row_the_grid_does_not_count_says_what_to_pass() -> None:
@@ -177,6 +177,9 @@ def test_a_grid_the_launch_cannot_count_rows_from_is_refused_saying_what_to_pass
         kernel.grid_size(lambda meta: (meta["BLOCK_SIZE"],), bound, 0)
     with pytest.raises(tilelink.LaunchError, match="cannot evaluate the grid"):
         kernel.grid_size(lambda meta: (meta["M"],), bound, 0)
+    # the gathered tensor is this rank's shard here and the gathered rows where Triton evaluates the grid
+    with pytest.raises(tilelink.LaunchError, match="the grid or a heuristic reads 'X'"):
+        kernel.grid_size(lambda meta: (meta["X"].shape[0],), dict(bound, X=torch.zeros(ROWS, COLS)), 0)
     with pytest.raises(tilelink.LaunchError, match=r"launch it as `_layer_norm_fwd_fused\[grid\]"):
         kernel.grid_size(None, bound, 0)
 
@@ -343,3 +346,30 @@ def test_a_bool_row_stride_is_read_as_its_int_at_the_call(tmp_path) -> None:
     path.write_text(SOFTMAX)
     said = tilelink.spawn(_softmax_call, 2, str(path), COLS, True)  # `row_idx * True` is `row_idx`: not a row apart
     assert all("addressed 1 elements apart" in s for s in said), said
+
+
+SIZED = LAYER_NORM.replace('all_gather("X", dim=0)', 'all_gather("X", dim=0, size="M")').replace(
+    "N, eps, BLOCK_SIZE: tl.constexpr)", "N, eps, M, BLOCK_SIZE: tl.constexpr)")
+
+
+def _short_grid(path: str) -> str:
+    """The sized layer norm launched on fewer programs than rows: what the call is refused with, or "ran"."""
+    rank, world = tilelink.rank(), tilelink.world_size()
+    x = torch.randn(ROWS, COLS)
+    lo, hi = rows_of(rank, world, ROWS)
+    y, mean, rstd = torch.zeros(ROWS, COLS), torch.zeros(ROWS), torch.zeros(ROWS)
+    return launch_refusal(lambda: module_at(path)._layer_norm_fwd_fused[(ROWS // 2,)](
+        x[lo:hi].contiguous(), y, torch.ones(COLS), torch.zeros(COLS), mean, rstd, COLS, COLS, 1e-5, ROWS,
+        BLOCK_SIZE=8))
+
+
+@pytest.mark.parametrize("row", ["tl.program_id(0).to(tl.int64)", "tl.cast(tl.program_id(0), tl.int64)"])
+def test_a_widened_row_is_rotated_under_the_grids_check(row: str, tmp_path) -> None:
+    # rotated among the M rows, the programs of a grid shorter than M would compute other rows than as written
+    source = SIZED.replace("    row = tl.program_id(0)\n", f"    row = {row}\n")
+    assert source != SIZED and SIZED != LAYER_NORM
+    path = tmp_path / "rows.py"
+    path.write_text(source)
+    said = tilelink.spawn(_short_grid, 2, str(path))
+    assert all("the tile order rotates the tile index" in s and f"gives it {ROWS // 2} of them" in s
+               for s in said), said

@@ -305,9 +305,39 @@ def test_a_scale_from_a_parameter_the_kernel_binds_again_is_refused_at_build() -
     assert "stride_xm" in said and "bound again" in said, said
 
 
-def test_a_stride_parameter_cast_in_the_kernel_is_still_read_from_the_argument() -> None:
+@pytest.mark.parametrize("cast", ["stride_xm.to(tl.int64)", "tl.cast(stride_xm, tl.int64)",
+                                  "stride_xm.to(dtype=tl.int64)"])
+def test_a_stride_parameter_cast_in_the_kernel_is_still_read_from_the_argument(cast: str) -> None:
     from tilelink.analysis import analyse, parse_source
 
-    text = HEAD + textwrap.dedent(ROWS.replace("    offs_m =", "    stride_xm = stride_xm.to(tl.int64)\n    offs_m ="))
+    text = HEAD + textwrap.dedent(ROWS.replace("    offs_m =", f"    stride_xm = {cast}\n    offs_m ="))
     an = analyse(parse_source(text, "k.py"), "k.py", "row_sum_kernel", {"x_ptr": (0, None, "M", None)})
     assert [(t, f) for t, f, _ in an.row_scales] == [("x_ptr", ("stride_xm",))], an.row_scales
+
+
+@pytest.mark.parametrize("cast", ["stride_xm.to(tl.int16)", "tl.cast(stride_xm, tl.int8)", "stride_xm.to(tl.uint32)"])
+def test_a_stride_parameter_narrowed_in_the_kernel_is_refused(cast: str) -> None:
+    # 300 cast to int8 is 44: the call's argument is not the stride the kernel steps by
+    with pytest.raises(AnnotationError, match="`stride_xm` is bound again in the kernel"):
+        _generated(ROWS.replace("    offs_m =", f"    stride_xm = {cast}\n    offs_m ="))
+
+
+def _float_stride(path: str, stride) -> str:
+    rank, world = tilelink.rank(), tilelink.world_size()
+    M, D = 32, 8
+    lo, hi = rows_of(rank, world, M)
+    kernel = _load(path, "float_stride").row_sum_kernel
+    try:
+        kernel[(M // 8,)](torch.randn(hi - lo, D), torch.zeros(M), M, D, stride, BLOCK_M=8, BLOCK_D=D)
+    except LaunchError as refused:
+        return str(refused)
+    return "ran"
+
+
+def test_a_float_stride_the_kernel_casts_to_an_int_is_refused_at_the_call(tmp_path) -> None:
+    # `tl.cast(4.25, tl.int64)` is 4: the check of the row stride would read 4.25, the kernel steps by 4
+    path = tmp_path / "float_stride.py"
+    path.write_text(HEAD + textwrap.dedent(ROWS.replace("    offs_m =", "    stride_xm = tl.cast(stride_xm, tl.int64)\n"
+                                                                       "    offs_m =")))
+    said = tilelink.spawn(_float_stride, 2, str(path), 4.25)
+    assert all("argument 'stride_xm' is 4.25, not an int" in s for s in said), said

@@ -74,7 +74,7 @@ class _Launcher:
     def world(self):
         return SimpleNamespace(world_size=self.size)
 
-    def size_of(self, bound: dict) -> int:
+    def size_of(self, bound: dict, grid=None) -> int:
         return bound["S"]
 
 

@@ -43,7 +43,7 @@ class _Launcher:
     def world(self):
         return SimpleNamespace(world_size=2)
 
-    def size_of(self, bound: dict) -> int:
+    def size_of(self, bound: dict, grid=None) -> int:
         return bound["S"]
 
 
