@@ -1932,20 +1932,28 @@ def _store_columns(an: KernelAnalysis, a) -> tuple[str, str] | None:
             found = _column_range(an, a, vector.value)
             if found is not None:
                 return " + ".join([f"({found[0]})", *shift]), found[1]
-            # `cols2 = cols + BLOCK_N // 2`: a column vector bound once, before the store, as another plus a scalar
+            # `cols2 = cols + BLOCK_N // 2`: a column vector bound once, before the store, as another plus a scalar;
+            # `n_offs = n_offs_untagged` (kernl): as another itself
             values, binds = an.values.get(vector.value, ()), an.bindings.get(vector.value, ())
             if len(values) != 1 or len(binds) != 1 or not _before(binds[0][0], a.where):
                 return None
             value = cst.parse_expression(values[0])
             value = _bare(value)
-            if not (isinstance(value, cst.BinaryOperation) and isinstance(value.operator, cst.Add)):
+            if isinstance(value, cst.Name):
+                scalar, inner = [], value
+            elif isinstance(value, cst.BinaryOperation) and isinstance(value.operator, cst.Add):
+                scalar = [x for x in (value.left, value.right) if not _is_vector_source(an, x)]
+                if len(scalar) != 1:
+                    return None
+                inner = value.right if scalar[0] is value.left else value.left
+            else:
                 return None
-            scalar = [x for x in (value.left, value.right) if not _is_vector_source(an, x)]
-            if len(scalar) != 1 or any(_before(binds[0][0], at) for n in names_in(scalar[0])
-                                       for at, _ in an.bindings.get(n, ())):
+            # what it was made from holds at the store what it held there: nothing it reads bound after it (the
+            # columns' own range is read at the store)
+            if any(_before(binds[0][0], at) for n in names_in(value) for at, _ in an.bindings.get(n, ())):
                 return None
-            shift.append(f"({code(scalar[0])})")
-            vector = value.right if scalar[0] is value.left else value.left
+            shift += [f"({code(x)})" for x in scalar]
+            vector = inner
         elif isinstance(vector, cst.BinaryOperation) and isinstance(vector.operator, cst.Add):
             found = parse_offsets(vector)
             return None if found is None else (" + ".join([f"({found[0]})", *shift]), found[1])

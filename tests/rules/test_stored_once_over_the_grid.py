@@ -280,3 +280,70 @@ def test_a_grid_of_more_programs_than_are_checked_is_refused_saying_so() -> None
     with pytest.raises(LaunchError, match=r"has 16777217 programs, more than the 16777216 whose tiles TileLink checks "
                                           r"one by one .*launch fewer programs"):
         tilelink.spawn(_too_many, 2)
+
+
+COLUMNS = """import triton
+import triton.language as tl
+
+import tilelink
+
+
+@tilelink.overlap(tilelink.reduce_scatter("y_ptr", size="M"))
+@triton.jit
+def k(x_ptr, y_ptr, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+{columns}
+    mask = (rows < M)[:, None] & (out_cols < N)[None, :]
+    v = tl.load(x_ptr + rows[:, None] * N + out_cols[None, :], mask=mask)
+    tl.store(y_ptr + rows[:, None] * N + out_cols[None, :], v, mask=mask)
+"""
+
+
+@pytest.mark.parametrize("columns", [
+    "    out_cols = cols",  # kernl's `n_offs = n_offs_untagged`
+    "    out_cols = cols + 0",
+], ids=["alias", "alias-plus-zero"])
+def test_columns_through_a_local_made_from_others_are_the_programs_own(columns: str) -> None:
+    source = COLUMNS.format(columns="    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)\n" + columns)
+    plan = generate(source, "columns.py", requests_in(source, "columns.py")).plans[0].launch
+    (_, _, col, cols, _, _, _), = plan.stored_tiles
+    assert col.startswith("(tl.program_id(1) * BLOCK_N)") and cols == "BLOCK_N", plan.stored_tiles
+    assert _stored_twice(plan.stored_tiles, dict(M=32, N=16, BLOCK_M=16, BLOCK_N=8), (2, 2, 1), 32) is None
+
+
+@pytest.mark.parametrize("columns", ["    out_cols = cols", "    out_cols = cols + 0"], ids=["alias", "shifted"])
+def test_columns_made_from_a_vector_bound_again_before_the_store_are_refused(columns: str) -> None:
+    # made from the columns every program shares, then those bound again to the program's own: the programs store
+    # the first columns, not those the name holds at the store
+    source = COLUMNS.format(columns=f"    cols = tl.arange(0, BLOCK_N)\n{columns}\n"
+                                    "    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)")
+    with pytest.raises(AnnotationError, match="made from the vector `cols`, which is bound more than once"):
+        generate(source, "columns.py", requests_in(source, "columns.py"))
+
+
+def _alias_columns(path: str) -> float:
+    """The reduce-scatter of each rank's (M, N) values, stored through a column alias, against their sum."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("alias_columns", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    rank, world = tilelink.rank(), tilelink.world_size()
+    M, N = 30, 16
+    values = [torch.randn(M, N, generator=torch.Generator().manual_seed(r)) for r in range(world)]
+    lo, hi = rows_of(rank, world, M)
+    error = 0.0
+    for _ in range(2):
+        y = torch.full((hi - lo, N), float("nan"))
+        module.k[(triton.cdiv(M, 16), 2)](values[rank], y, M, N, BLOCK_M=16, BLOCK_N=8)
+        error = max(error, (y - sum(values)[lo:hi]).abs().max().item())
+    return error
+
+
+def test_columns_through_an_alias_reduce_as_the_sum(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("TILELINK_RACES", "1")
+    path = tmp_path / "alias_columns.py"
+    path.write_text(COLUMNS.format(columns="    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)\n"
+                                           "    out_cols = cols"))
+    errors = tilelink.spawn(_alias_columns, 2, str(path))
+    assert all(e < 1e-5 for e in errors), errors
