@@ -561,8 +561,13 @@ def _is_tl_call(node: cst.CSTNode, name: str) -> bool:
 
 
 def _passed(an: _Analyzer, node: cst.BaseExpression) -> bool:
-    """``node`` is a parameter the kernel leaves as passed (never bound again): the launch reads its value."""
-    return isinstance(node, cst.Name) and node.value in an.params and not an.bindings.get(node.value)
+    """``node`` is a parameter the kernel leaves as passed (never bound again, or only to its own 64-bit widening,
+    `stride = stride.to(tl.int64)`, which keeps the value): the launch reads its value."""
+    if not isinstance(node, cst.Name) or node.value not in an.params:
+        return False
+    binds, made = an.bindings.get(node.value, ()), an.assignments.get(node.value, [])
+    return node.value not in an.rebound and len(binds) == len(made) and all(
+        m.matches(widened_value(v), m.Name(node.value)) for _, v in made)
 
 
 def _arg(call: cst.Call, position: int, keyword: str) -> cst.BaseExpression | None:

@@ -373,3 +373,17 @@ def test_a_widened_row_is_rotated_under_the_grids_check(row: str, tmp_path) -> N
     said = tilelink.spawn(_short_grid, 2, str(path))
     assert all("the tile order rotates the tile index" in s and f"gives it {ROWS // 2} of them" in s
                for s in said), said
+
+
+@pytest.mark.parametrize("cast", ["stride.to(tl.int64)", "tl.cast(stride, tl.int64)"])
+def test_a_row_stride_widened_in_the_kernel_is_read_as_passed(cast: str, tmp_path, monkeypatch) -> None:
+    # vLLM and Liger widen their strides (`stride = stride.to(tl.int64)`): the same value, which the launch checks
+    monkeypatch.setenv("TILELINK_RACES", "1")
+    source = LAYER_NORM.replace("    row = tl.program_id(0)\n", f"    stride = {cast}\n    row = tl.program_id(0)\n")
+    assert source != LAYER_NORM
+    path = tmp_path / "rows.py"
+    path.write_text(source)
+    assert tilelink.spawn(_layer_norm, 2, str(path)) == [0.0, 0.0]
+    # a narrowing cast may change it: not the argument the launch reads
+    with pytest.raises(AnnotationError):
+        _generate(source.replace(cast, "stride.to(tl.int16)"))
