@@ -14,7 +14,7 @@ import torch
 import triton
 
 import tilelink
-from tests.rules.cases import rows_of
+from tests.rules.cases import module_at, rows_of
 from tests.rules.forms_cases import FORMS, _placed, load_form
 from tilelink.annotations import requests_in
 from tilelink.codegen import generate
@@ -323,11 +323,7 @@ def test_columns_made_from_a_vector_bound_again_before_the_store_are_refused(col
 
 def _alias_columns(path: str) -> float:
     """The reduce-scatter of each rank's (M, N) values, stored through a column alias, against their sum."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("alias_columns", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = module_at(path)
     rank, world = tilelink.rank(), tilelink.world_size()
     M, N = 30, 16
     values = [torch.randn(M, N, generator=torch.Generator().manual_seed(r)) for r in range(world)]
