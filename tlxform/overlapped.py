@@ -1626,17 +1626,19 @@ def _unstored(tiles: tuple[tuple, ...], values: dict[str, Any], programs: tuple[
               width: int, tensor: str = "the output") -> str | None:
     """What of an output of ``size`` rows of ``width`` elements the stores (``LaunchPlan.stored_tiles``) leave
     unstored, or store past a row's end, on the grid ``programs``, in words; ``None`` where every element is stored
-    once, or where TileLink cannot tell (a store whose elements per row it cannot count, a test it cannot evaluate,
-    tiles not all of one height). Each row's channel counts its elements to ``width``: one short of them never
-    completes. Called after :func:`_stored_twice` found the tiles disjoint."""
+    once, or where TileLink cannot tell (a test it cannot evaluate, tiles not all of one height; where a store's
+    elements per row are not counted, only rows no store reaches are said). Each row's channel counts its elements to
+    ``width``: one short of them never completes. Called after :func:`_stored_twice` found the tiles disjoint."""
     import numpy as np
 
     starts, counts, lines = [], [], []
-    height = None
+    height, counted = None, True
     for row, rows, _col, _cols, test, line, *rest in tiles:
         live = rest[0] if rest else ""
         if not live:
-            return None
+            # elements per row it cannot count: the rows no program stores are still said (their channels never
+            # complete), the rows' counts are not
+            live, counted = "1", False
         dom, parts = _each_step((row, rows, live), values, programs)
         if dom.loops and dom.steps is None:
             continue  # loops that run no step: the store never runs
@@ -1682,6 +1684,8 @@ def _unstored(tiles: tuple[tuple, ...], values: dict[str, Any], programs: tuple[
         more = f" (nor {len(missing) - 1} more tile{'s' if len(missing) > 2 else ''} of rows)" if len(missing) > 1 \
             else ""
         return f"no program stores {rows_of(missing[0])} of {tensor!r}{more}"
+    if not counted:
+        return None
     for start, got in sorted(have.items()):
         if got != width:
             line = int(at[np.argmax(r == start)])

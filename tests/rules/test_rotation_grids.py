@@ -87,3 +87,19 @@ def test_grids_short_of_and_past_the_tiles_on_the_race_exposing_schedule(world: 
         assert all(e < 1e-6 for e in tilelink.spawn(_gathered, world, str(path), programs)), programs
     for programs in (tiles, tiles + 2):
         assert all(e < 1e-5 for e in tilelink.spawn(_reduced, world, str(path), programs)), programs
+
+
+def _reduced_refusal(path: str, programs: int) -> str:
+    try:
+        _reduced(path, programs)
+    except tilelink.LaunchError as refused:
+        return str(refused)
+    return "ran"
+
+
+def test_a_reduction_on_a_grid_short_of_the_tiles_is_refused_before_it_waits(tmp_path) -> None:
+    # the last tile is stored by no program: its channel would never complete, and the owner's wait would time out
+    path = tmp_path / "row_tile_copy.py"
+    path.write_text(FORM.read_text())
+    said = tilelink.spawn(_reduced_refusal, 2, str(path), M // BLOCK_M - 1)
+    assert all(f"no program stores rows [{M - BLOCK_M}, {M}) of 'y_ptr'" in s for s in said), said
