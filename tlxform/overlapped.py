@@ -197,14 +197,15 @@ class OverlappedKernel:
             for meta, config in metas(self.kernel, {**bound, **withheld}):
                 said = "" if config == "the call's arguments" else f" under the autotuning configuration {config}"
                 values = {**self.defaults, **meta}
-                if callable(grid):
+                found = grid
+                if callable(grid):  # evaluated once here, so that a read of a gathered tensor is told apart
                     try:
-                        grid(values)
+                        found = grid(values)
                     except _ReadsGathered:
                         raise
-                    except Exception:  # noqa: BLE001, S110 - not evaluated: said below
-                        pass
-                programs = _grid_of(grid, values)
+                    except Exception:  # noqa: BLE001 - not evaluated: said below
+                        found = None
+                programs = _grid_of(found, values) if found is not None else None
                 if programs is None:
                     raise LaunchError(
                         f"{self.name}: {said_grid}, but TileLink cannot evaluate the grid {grid!r}{said}: pass it as a "
