@@ -324,6 +324,17 @@ def metas(kernel, bound: dict) -> list[tuple[dict, str]]:
     return found
 
 
+def has_heuristics(kernel) -> bool:
+    """Whether ``kernel``'s wrappers include a ``triton.heuristics``, whose values are computed from the arguments."""
+    for _ in range(8):
+        if isinstance(getattr(kernel, "values", None), dict):
+            return True
+        kernel = getattr(kernel, "fn", None)
+        if kernel is None:
+            break
+    return False
+
+
 class Launcher:
     """Common part of the rules' launchers."""
 
@@ -401,6 +412,33 @@ class Launcher:
         if not isinstance(value, int) or value < 1:
             raise LaunchError(f"{self.okernel.name}: {self.size_said(value)} must be a positive int")
         return value
+
+    def launched_shapes(self, bound: dict, size: int) -> dict[str, tuple[int, ...]]:
+        """The shape of each annotated tensor as the rewritten kernel is given it, for a call of ``size`` rows, where
+        it is not the argument's (the gathered rows in place of the shard, the partial sums in place of the output's
+        rows)."""
+        return {}
+
+    def as_launched(self, bound: dict, grid: Any = None) -> dict:
+        """``bound`` as Triton's launch evaluates the grid function and the heuristics on it: each annotated tensor
+        replaced by a tensor of the shape, strides and dtype of the one the rewritten kernel is given (on the meta
+        device: no memory). The checks that evaluate them must see what the launch sees: a grid of
+        ``X.shape[0]`` programs reads the shard's rows here and the gathered rows there, and a heuristic that
+        splits K by the rows would add in one and store in the other. ``bound`` itself where neither is evaluated,
+        or where the call's size is not known (the launch refuses it, saying why)."""
+        if not callable(grid) and not has_heuristics(self.okernel.kernel):
+            return bound
+        try:
+            size = self.size_of(bound, grid)
+        except LaunchError:
+            return bound
+        shapes = self.launched_shapes(bound, size)
+        view = dict(bound)
+        for name, shape in shapes.items():
+            t = bound.get(name)
+            if type(t) is torch.Tensor:
+                view[name] = torch.empty(shape, dtype=t.dtype, device="meta")
+        return view
 
     def size_said(self, size: Any) -> str:
         """The size of a call as its messages say it: ``M=64``, or the grid's programs that count the rows."""

@@ -284,6 +284,15 @@ class OverlappedKernel:
         return {n: p.default for n, p in inspect.signature(self.fn).parameters.items()
                 if p.default is not inspect.Parameter.empty}
 
+    def _as_launched(self, bound: dict, launcher, grid: Any) -> dict:
+        """``bound`` as Triton's launch evaluates a grid function and heuristics on it
+        (:meth:`tilelink.rules.launch.Launcher.as_launched`); ``bound`` itself where there is neither."""
+        from tilelink.rules.launch import has_heuristics
+
+        if not callable(grid) and not has_heuristics(self.kernel):
+            return bound
+        return launcher.as_launched(bound, grid)
+
     def _check_row_scales(self, bound: dict, launcher, grid: Any = None) -> None:
         """The rows a wait or notify covers are the offsets vector's, ``offs``; an access reads or writes the elements
         ``offs * scale`` (``offs[:, None] * stride_am``, ``x_ptr + offs * 2``). Both are the same rows only when the
@@ -325,7 +334,7 @@ class OverlappedKernel:
                 full = launcher.size_of(bound, grid)
             except LaunchError:
                 pass  # the launcher refuses the call, saying why
-        for meta, config in metas(self.kernel, bound):
+        for meta, config in metas(self.kernel, self._as_launched(bound, launcher, grid)):
             # a parameter the call leaves out runs with its default (`STEP: tl.constexpr = 2`): compare that value
             values = {**self.defaults, **meta}
             said_config = "" if config == "the call's arguments" else f" under the autotuning configuration {config}"
@@ -628,7 +637,7 @@ class OverlappedKernel:
         # every name a tile's fields read, the elements it stores per row too: a call passes again at no cost only
         # where they and the output's row are as at a call that passed
         names = sorted({n for tile in tiles for x in (*tile[:5], *tile[6:]) for n in _names_read(x)})
-        for meta, config in metas(self.kernel, bound):
+        for meta, config in metas(self.kernel, self._as_launched(bound, launcher, grid)):
             values = {**self.defaults, **meta}
             said_config = "" if config == "the call's arguments" else f" under the autotuning configuration {config}"
             programs = _grid_of(grid, values)

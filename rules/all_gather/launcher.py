@@ -70,6 +70,15 @@ class AllGatherLauncher(Launcher):
         consumer, launched first, keeps every SM while it waits for the flags (Launcher.begin_captured)."""
         return self.plan.via == "copy_engine"
 
+    def launched_shapes(self, bound: dict, size: int) -> dict[str, tuple[int, ...]]:
+        """The gathered tensors: the shard's shape with ``size`` rows along the gathered dim."""
+        dim, shapes = self.plan.dim, {}
+        for name in self.plan.tensors:
+            t = bound.get(name)
+            if isinstance(t, torch.Tensor) and t.dim() > dim:
+                shapes[name] = (*t.shape[:dim], size, *t.shape[dim + 1:])
+        return shapes
+
     def checked_context(self, bound: dict, grid=None) -> AllGatherContext:
         world = self.world()
         size = self.size_of(bound, grid)

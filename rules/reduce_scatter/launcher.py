@@ -109,13 +109,25 @@ class ReduceScatterLauncher(Launcher):
     #: warps, 8 per SM
     TOPK_REDUCE_GPU = {"BLOCK": 4096, "num_warps": 8, "per_sm": 4}
 
+    def launched_shapes(self, bound: dict, size: int) -> dict[str, tuple[int, ...]]:
+        """The output: the partial sums, ``size`` rows (times the top-k slots) of the output's row shape."""
+        (name,) = self.plan.tensors
+        t = bound.get(name)
+        if not isinstance(t, torch.Tensor) or t.dim() < 1:
+            return {}
+        try:
+            topk = self.topk(bound)
+        except LaunchError:
+            return {}
+        return {name: (size * topk, *t.shape[1:])}
+
     def checked_context(self, bound: dict, grid=None) -> ReduceScatterContext:
         world = self.world()
         size = self.size_of(bound, grid)
         sharding = self.sharding(world, size)
         (name,) = self.plan.tensors
         out = self.tensor_arg(bound, name, world)
-        self.check_sums_type(name, out, bound)
+        self.check_sums_type(name, out, self.as_launched(bound, grid))
         lo, hi = sharding.rank_range(world.rank)
         if out.dim() < 1 or out.shape[0] != hi - lo:
             raise LaunchError(
@@ -501,7 +513,7 @@ class ReduceScatterLauncher(Launcher):
         if ctx.recv_channel is not None:
             ctx.recv_channel.advance()
         world.stream_barrier(ctx.streams.main)  # every rank is done reading the previous call's partial sums
-        self.start_sums(ctx, grid, bound)
+        self.start_sums(ctx, grid, call)  # the kernel's arguments: its heuristics and grid see the partial sums
         self.produce_and_pull(grid, call, ctx, world, out, epoch)
 
     def produce_and_pull(self, grid, call: dict, ctx: ReduceScatterContext, world, out, epoch: int) -> None:

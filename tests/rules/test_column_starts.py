@@ -72,6 +72,9 @@ class _Launcher:
     def world(self):
         return SimpleNamespace(world_size=2)
 
+    def as_launched(self, bound: dict, grid) -> dict:  # the call's tensors are the buffers the kernel is given
+        return bound
+
 
 def _args(off: int) -> dict:
     return dict(x_ptr=torch.zeros(M // 2, D), y_ptr=torch.zeros(M, BLOCK_D), M=M, D=D, OFF=off, NSTEP=3,

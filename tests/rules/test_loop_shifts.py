@@ -69,6 +69,9 @@ class _Launcher:
     def world(self):
         return SimpleNamespace(world_size=2)
 
+    def as_launched(self, bound: dict, grid) -> dict:  # the call's tensors are the buffers the kernel is given
+        return bound
+
 
 def _args(span: int) -> dict:
     return dict(x_ptr=torch.zeros(M // 2, D), y_ptr=torch.zeros(M, D), M=M, D=D, SPAN=span, stride_xm=D,

@@ -387,3 +387,33 @@ def test_a_row_stride_widened_in_the_kernel_is_read_as_passed(cast: str, tmp_pat
     # a narrowing cast may change it: not the argument the launch reads
     with pytest.raises(AnnotationError):
         _generate(source.replace(cast, "stride.to(tl.int16)"))
+
+
+HEURISTIC = LAYER_NORM.replace('tilelink.all_gather("X", dim=0)', 'tilelink.all_gather("X", dim=0, size="M")').replace(
+    "stride, N, eps,", "stride, N, M, eps,").replace(
+    "@triton.jit\n", '@triton.heuristics({"BLOCK_SIZE": lambda args: 8 if args["X"].shape[0] < args["M"] else 16})\n'
+                     "@triton.jit\n")
+
+
+def test_the_checks_evaluate_grids_and_heuristics_on_the_tensors_the_launch_gives(tmp_path) -> None:
+    # Triton evaluates them on the rewritten kernel's arguments: the gathered rows, not the caller's shard
+    assert HEURISTIC.count("@triton.heuristics") == 1 and "stride, N, M, eps," in HEURISTIC
+    path = tmp_path / "rows.py"
+    path.write_text(HEURISTIC)
+    kernel = module_at(str(path))._layer_norm_fwd_fused
+    shard = torch.zeros(ROWS // 2, COLS)
+    bound = dict(X=shard, N=COLS, M=ROWS, eps=1e-5)
+    seen = kernel.launcher.as_launched(bound, (ROWS,))
+    assert seen["X"].shape == (ROWS, COLS) and seen["X"].dtype == shard.dtype and seen["X"].is_contiguous()
+    assert bound["X"] is shard  # the call's own arguments are left as they are
+    from tilelink.rules.launch import metas
+
+    assert [meta["BLOCK_SIZE"] for meta, _ in metas(kernel.kernel, seen)] == [16]
+    assert [meta["BLOCK_SIZE"] for meta, _ in metas(kernel.kernel, bound)] == [8]
+    # neither a grid function nor a heuristic to evaluate: nothing is made
+    path = tmp_path / "untuned.py"
+    path.write_text(HEURISTIC.replace(HEURISTIC[HEURISTIC.index("@triton.heuristics"):HEURISTIC.index("@triton.jit")],
+                                      ""))
+    untuned = module_at(str(path))._layer_norm_fwd_fused
+    assert untuned.launcher.as_launched(bound, (ROWS,)) is bound
+    assert untuned.launcher.as_launched(bound, lambda meta: (ROWS,))["X"].shape == (ROWS, COLS)

@@ -55,6 +55,9 @@ class _Launcher:
     def world(self):
         return SimpleNamespace(world_size=2)
 
+    def as_launched(self, bound: dict, grid) -> dict:  # the call's tensors are the buffers the kernel is given
+        return bound
+
     def size_of(self, bound: dict, grid=None) -> int:
         return bound["S"]
 

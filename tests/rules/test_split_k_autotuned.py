@@ -145,3 +145,25 @@ def test_dropping_the_notify_of_the_autotuned_write_back_is_caught(tmp_path, mon
     assert results[0], "the rewrite inserted no notify"
     caught = {what for outcomes in results for what, outcome in outcomes if outcome.startswith("failed")}
     assert caught == {what for what, _ in results[0]}, results
+
+
+def written_with_a_heuristic(tmp_path) -> str:
+    """The kernel untuned, its split count a heuristic of the tensor it writes: two splits where that tensor holds
+    all M rows, one where it holds fewer. The rewritten kernel is given the partial sums (all M rows), the caller
+    passes its rows of the output: the split is decided on the former, as Triton's launch decides it."""
+    path = tmp_path / "tuned_split_k.py"
+    path.write_text(textwrap.dedent(KERNEL).replace(
+        '@triton.autotune(configs=[{configs}], key=["K"])\n',
+        '@triton.heuristics({"SPLIT_K": lambda args: 2 if args["c_ptr"].shape[0] == args["M"] else 1})\n'))
+    return str(path)
+
+
+@pytest.mark.slow
+def test_a_split_count_a_heuristic_reads_from_the_reduced_tensor_is_counted_as_launched(tmp_path,
+                                                                                       monkeypatch) -> None:
+    # counted on the caller's rows of the output, the split would be one: the sums would not be started at zero
+    # nor the channels lowered for the second split's adds, and each channel would complete early
+    monkeypatch.setenv("TILELINK_RACES", "1")
+    monkeypatch.setenv("TILELINK_WAIT_TIMEOUT", "20")
+    errors = tilelink.spawn(_multiply, 2, written_with_a_heuristic(tmp_path))
+    assert all(e == 0.0 for e in errors), errors
