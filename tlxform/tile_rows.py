@@ -265,9 +265,9 @@ class _Ranges:
 def passed_params(an: _Analyzer) -> set[str]:
     """The parameters the launch reads as the kernel uses them: bound nowhere in the kernel, or only widened
     (``stride_xb = stride_xb.to(tl.int64)``; a narrowing cast, `d.to(tl.int8)`, may change the value)."""
-    return {p for p in an.params if p not in an.rebound and all(
-        m.matches(_widened(v), m.Name(p))
-        for _, v in an.assignments.get(p, []))}
+    from tilelink.analysis import _passed
+
+    return {p for p in an.params if _passed(an, cst.Name(p))}
 
 
 def _minimum_atom(atom: str) -> list[cst.BaseExpression] | None:
