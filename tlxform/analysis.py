@@ -3329,6 +3329,14 @@ def _access_row_scales(an: _Analyzer, acc: Access, pointers: set[str]) -> tuple[
                     continue  # `k * BLOCK_K * stride_ak` beside the columns it moves: 0 on the first step
                 # a loop variable's term: checked at the loop's first and last values
                 ends = _loop_term(an, acc, term, negative, offsets) if _varies(an, term) else None
+                spanned = launch_value(an, code(term), acc.where) if ends is None and along and _varies(
+                    an, term) else None
+                if spanned is not None and "tl.range(" in spanned:
+                    # a term a loop's variable moves through locals, `//` or calls (`offs_ks * stride_as_k`, `offs_ks
+                    # = k * BLOCK_K // group_k`): written out with the loop read as its range, which each call bounds
+                    # over the loop and the grid, one term of its own (`_term_span`)
+                    ways = plus(ways, [[(negative, (f"({spanned})",))]])
+                    continue
                 if ends is None and _varies(an, term):
                     # what it adds over the loop is not bounded: a `while` counter (`j += 1`), a loop of a step of
                     # unknown sign or of bounds the kernel computes moves the address into the next rows

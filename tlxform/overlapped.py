@@ -461,6 +461,9 @@ class OverlappedKernel:
                 if not hasattr(t, "shape") or len(t.shape) <= dim or dim > 0 and full is None:
                     continue
                 rows = _product(tuple(str(int(n)) for n in t.shape[dim + 1:]), {})
+                if any(_spanned(factors) for _, factors in terms):
+                    self._check_span(tensor, terms, line, rows, values, programs, grid, said_config)
+                    continue
                 known = [_product(factors, values) for _, factors in terms]
                 if None in known:
                     continue  # a parameter that is not an int at this call: Triton refuses the call itself
@@ -714,6 +717,46 @@ class OverlappedKernel:
         bounded and passed."""
         return set()
 
+    def _check_span(self, tensor: str, terms, line: int, rows: int, values: dict,
+                    programs: tuple[int, int, int] | None, grid: Any, said_config: str) -> None:
+        """A way of an access's terms along the rows (``row_shifts``, dim 0) of which one or more is a term a loop
+        moves, written out with the loop as its range (``(offs_ks * stride_as_k)`` as ``((tl.range(0, tl.cdiv(K,
+        BLOCK_K), 1, loop=L) * BLOCK_K // group_k) * stride_as_k)``): refuse the call unless their sum, bounded over
+        every step of the loop and every program of ``grid``, lies within a row of ``rows`` elements. A bound
+        TileLink cannot find (a grid it cannot evaluate, a step that may wrap its int width) refuses the call too."""
+        low = high = 0
+        for negative, factors in terms:
+            if _spanned(factors):
+                # a term that reads no program id is bounded by the loop alone, whatever the grid
+                over = programs if programs is not None or "program" in factors[0] else (1, 1, 1)
+                found = _value_bounds(factors[0], values, over) if over is not None and 0 not in over else None
+                if found is None:
+                    raise LaunchError(
+                        f"{self.name}: the address at {_display_path(self.file)}:{line} adds `{factors[0]}` to the "
+                        f"rows of {tensor!r}, which TileLink bounds at each call over the loop and the grid, but "
+                        f"cannot here{said_config}"
+                        + ("" if programs is not None else " (a grid it cannot evaluate: pass it as a tuple or a "
+                           "function of the arguments)")
+                        + ": the access may touch other rows than those its wait or notify covers; pass int "
+                          "arguments under which the term stays within its int width, or add the term to a column "
+                          "vector masked by the row's length")
+                lo, hi = found
+            else:
+                value = _product(factors, values)
+                if value is None:
+                    return  # a parameter that is not an int at this call: Triton refuses the call itself
+                lo = hi = value
+            low, high = (low - hi, high - lo) if negative else (low + lo, high + hi)
+        if 0 <= low and high < rows:
+            return
+        said = " + ".join(("-" if neg else "") + (f[0] if _spanned(f) else _said(f, values)) for neg, f in terms)
+        raise LaunchError(
+            f"{self.name}: the address at {_display_path(self.file)}:{line} adds {said} to the rows of {tensor!r}, "
+            f"from {low} to {high} elements over the steps of its loop and the programs of the grid {grid}"
+            f"{said_config}, but the rows of the buffer TileLink passes as {tensor!r} are {rows} elements long: it "
+            f"touches other rows than those its wait or notify covers; pass arguments under which the term stays "
+            f"within [0, {rows}) (a row's length, the scale groups of a row for a scale tensor)")
+
     def _check_column_end(self, start: str, block: tuple[str, ...], step: tuple[str, ...], line: int, values: dict,
                           programs: tuple[int, int, int] | None, said_config: str) -> None:
         """An unmasked walk of whole blocks (``column_ends``) reads ``block`` columns from ``start`` plus a multiple of
@@ -925,6 +968,11 @@ def _product(factors: tuple[str, ...], values: dict[str, Any]) -> int | None:
             return None
         product *= value
     return product
+
+
+def _spanned(factors: tuple[str, ...]) -> bool:
+    """A term of ``row_shifts`` that is an expression over a loop's range, bounded at each call, not a product."""
+    return len(factors) == 1 and factors[0].startswith("(")
 
 
 def _grid_of(grid: Any, values: dict[str, Any]) -> tuple[int, int, int] | None:

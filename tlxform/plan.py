@@ -54,6 +54,13 @@ def _factors(value: object) -> bool:
     return isinstance(value, tuple) and all(isinstance(f, str) and (f.isdigit() or f.isidentifier()) for f in value)
 
 
+def _shift_factors(value: object) -> bool:
+    """The factors of a term of ``row_shifts``: as :func:`_factors`, or one parenthesised expression the launch bounds
+    over a loop's range and the grid."""
+    return _factors(value) or isinstance(value, tuple) and len(value) == 1 and isinstance(value[0], str) and \
+        value[0].startswith("(") and value[0].endswith(")")
+
+
 @dataclass(frozen=True, kw_only=True)
 class LaunchPlan:
     """What a rule's launcher needs of a rewrite: the fields every rule has, set by keyword.
@@ -147,7 +154,7 @@ class LaunchPlan:
             for e in self.row_scales), "a tuple of (tensor, factors, line)")
         self._check("row_shifts", isinstance(self.row_shifts, tuple) and all(
             isinstance(e, tuple) and len(e) == 3 and _name(e[0]) and isinstance(e[1], tuple) and bool(e[1]) and all(
-                isinstance(t, tuple) and len(t) == 2 and isinstance(t[0], bool) and _factors(t[1]) for t in e[1])
+                isinstance(t, tuple) and len(t) == 2 and isinstance(t[0], bool) and _shift_factors(t[1]) for t in e[1])
             and _positive(e[2]) for e in self.row_shifts), "a tuple of (tensor, ((subtracted, factors), ...), line)")
         self._check("row_signs", isinstance(self.row_signs, tuple) and all(
             isinstance(e, tuple) and len(e) == 2 and _name(e[0]) and _positive(e[1]) for e in self.row_signs),

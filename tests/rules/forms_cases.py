@@ -224,6 +224,39 @@ def gemm_row_scales(calls: int = 2) -> float:
     return err
 
 
+def block_scaled(rank: int, world: int, M: int = 45, N: int = 32, K: int = 64, group: int = 16,
+                 scale_columns: int | None = None):
+    """The block-scaled GEMM's inputs and its call on this rank's rows of A and of its scales: ``(call, reference)``,
+    ``call(c)`` launching it into ``c``; ``scale_columns`` scale columns of A passed in place of ``K / group``."""
+    kernel = load_form("gemm_block_scales").block_scaled_matmul
+    g = torch.Generator().manual_seed(29)
+    a, b = _exact(torch.randn(M, K, generator=g), torch.randn(N, K, generator=g))
+    a_s, b_s = _exact(torch.rand(M, K // group, generator=g) + 0.5, torch.rand(N // group, K // group, generator=g)
+                      + 0.5)
+    reference = (a * a_s.repeat_interleave(group, 1)) @ (b * b_s.repeat_interleave(group, 0).repeat_interleave(
+        group, 1)).T
+    lo, hi = rows_of(rank, world, M)
+    a_s = a_s[:, :scale_columns] if scale_columns is not None else a_s
+    ad, asd, bd, bsd = _placed(a[lo:hi].contiguous(), a_s[lo:hi].contiguous(), b, b_s)
+
+    def call(c: torch.Tensor) -> None:
+        grid = (triton.cdiv(M, 16) * triton.cdiv(N, 16),)
+        kernel[grid](ad, bd, c, asd, bsd, M, N, K, group, group, K, 1, 1, K, N, 1, asd.shape[1], 1, 1, K // group,
+                     BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, GROUP_M=2)
+
+    return call, reference, ad
+
+
+def gemm_block_scales(calls: int = 2) -> float:
+    call, reference, ad = block_scaled(tilelink.rank(), tilelink.world_size())
+    err = 0.0
+    for _ in range(calls):
+        c = torch.full(reference.shape, float("nan"), dtype=ad.dtype, device=ad.device)
+        call(c)
+        err = worst(err, _error(c, reference))
+    return err
+
+
 def gemm_columns_beside(calls: int = 2, M: int = 50, N: int = 24, K: int = 40, blocks=(16, 16, 16)) -> float:
     rank, world = tilelink.rank(), tilelink.world_size()
     kernel = load_form("gemm_columns_beside").scaled_mm_kernel
@@ -462,6 +495,7 @@ RUNS = {"attention_descriptor_advance": attention_descriptor_advance, "attention
         "gemm_row_wrap": gemm_row_wrap,
         "gemm_row_wrap_hints": gemm_row_wrap_hints, "gemm_row_clamp": gemm_row_clamp,
         "gemm_row_scales": gemm_row_scales, "gemm_columns_beside": gemm_columns_beside,
+        "gemm_block_scales": gemm_block_scales,
         "row_softmax": row_softmax, "row_layer_norm": row_layer_norm,
         "gemm_rs_epilogue_branch": gemm_rs_epilogue_branch, "gemm_rs_split_k": gemm_rs_split_k,
         "gemm_rs_k_row_stride": gemm_rs_k_row_stride, "gemm_ar_split_k": gemm_ar_split_k,

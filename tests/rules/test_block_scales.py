@@ -1,0 +1,47 @@
+"""Block-quantised operands (tests/rules/forms/gemm_block_scales.py, the FP8 form of vLLM's and SGLang's block-scaled
+GEMM): A's scales are gathered with A, and the K loop loads column `k * BLOCK_K // group_k` of the tile's scale rows.
+That column is a term along the rows that the loop moves through a local and `//`: each call bounds it over every
+step of the loop, and refuses a call whose steps would read a scale of the next row, which the wait does not
+cover. The form's run against torch at worlds 1-4 is in tests/rules/test_forms.py."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import tilelink
+from tests.rules.forms_cases import FORMS, block_scaled
+from tests.rules.test_carried_accumulator import _generate
+
+SOURCE = (FORMS / "gemm_block_scales.py").read_text()
+
+
+def test_the_scales_are_waited_for_with_the_rows_and_their_column_is_bounded_at_each_call() -> None:
+    generated = _generate(SOURCE)
+    (plan,) = generated.plans
+    load = next(i for i, line in enumerate(SOURCE.splitlines(), 1) if "a_s = tl.load(" in line)
+    waits = [str(e) for e in generated.report.entries if "consumer_tile_wait" in str(e)]
+    assert len(waits) == 1 and f"reads of A, As at line(s) {load - 4}, {load}" in waits[0], waits
+    ((tensor, ((subtracted, (term,)),), line),) = plan.launch.row_shifts
+    assert (tensor, subtracted, line) == ("As", False, load), plan.launch.row_shifts
+    assert term == "(((tl.range(0, tl.cdiv(K, BLOCK_K), 1, loop=" + str(load - 5) + ") * BLOCK_K) // group_k) * " \
+                   "stride_as_k)", term
+
+
+def _short_scales() -> str:
+    call, _, ad = block_scaled(tilelink.rank(), tilelink.world_size(), scale_columns=3)
+    try:
+        call(torch.full((45, 32), float("nan"), dtype=ad.dtype, device=ad.device))
+    except tilelink.LaunchError as refused:
+        return str(refused)
+    return "ran"
+
+
+@pytest.mark.slow
+def test_scale_rows_shorter_than_the_loop_reads_are_refused_at_the_call(monkeypatch) -> None:
+    # K = 64 in groups of 16 reads four scales a row; rows of three put the fourth in the next row
+    monkeypatch.setenv("TILELINK_RACES", "1")
+    said = tilelink.spawn(_short_scales, 2)
+    assert all("gemm_block_scales.py:" in s and "adds (((tl.range(0, tl.cdiv(K, BLOCK_K), 1, loop=" in s
+               and "to the rows of 'As', from 0 to 3 elements over the steps of its loop" in s
+               and "are 3 elements long" in s for s in said), said
