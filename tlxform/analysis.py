@@ -3330,11 +3330,13 @@ def _access_row_scales(an: _Analyzer, acc: Access, pointers: set[str]) -> tuple[
                 # a loop variable's term: checked at the loop's first and last values
                 ends = _loop_term(an, acc, term, negative, offsets) if _varies(an, term) else None
                 spanned = launch_value(an, code(term), acc.where) if ends is None and along and _varies(
-                    an, term) else None
+                    an, term) and acc.kind == "load" else None
                 if spanned is not None and "tl.range(" in spanned:
                     # a term a loop's variable moves through locals, `//` or calls (`offs_ks * stride_as_k`, `offs_ks
                     # = k * BLOCK_K // group_k`): written out with the loop read as its range, which each call bounds
-                    # over the loop and the grid, one term of its own (`_term_span`)
+                    # over the loop and the grid, one term of its own (`_check_span`). Loads only: a store's notify
+                    # counts what each step stores, and two steps that store the same elements (`j // 2`) would
+                    # complete a channel early
                     ways = plus(ways, [[(negative, (f"({spanned})",))]])
                     continue
                 if ends is None and _varies(an, term):

@@ -45,3 +45,29 @@ def test_scale_rows_shorter_than_the_loop_reads_are_refused_at_the_call(monkeypa
     assert all("gemm_block_scales.py:" in s and "adds (((tl.range(0, tl.cdiv(K, BLOCK_K), 1, loop=" in s
                and "to the rows of 'As', from 0 to 3 elements over the steps of its loop" in s
                and "are 3 elements long" in s for s in said), said
+
+
+STORE = '''import triton
+import triton.language as tl
+import tilelink
+
+
+@tilelink.overlap(tilelink.reduce_scatter("c_ptr", size="M"))
+@triton.jit
+def strip_store(x_ptr, c_ptr, M, NSTEP, stride_cm, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.arange(0, BLOCK_D)
+    for j in range(0, tl.cdiv(NSTEP, 1)):
+        v = tl.load(x_ptr + offs_m[:, None] * BLOCK_D + cols[None, :], mask=offs_m[:, None] < M, other=0.0)
+        tl.store(c_ptr + offs_m[:, None] * stride_cm + cols[None, :] + (j // 2) * BLOCK_D, v,
+                 mask=offs_m[:, None] < M)
+'''
+
+
+def test_a_store_a_loop_moves_through_a_division_is_still_refused() -> None:
+    # steps 0 and 1 store the same elements: each notify counts its step's, so a channel would complete early
+    from tilelink.errors import AnnotationError
+
+    with pytest.raises(AnnotationError, match=r"adds `\(j // 2\) \* BLOCK_D` along the rows of 'c_ptr', which changes "
+                                              r"from one step of a loop to the next"):
+        _generate(STORE)
