@@ -4,7 +4,9 @@ reading it with `META.get("SPLIT_K", 1)`; configurations that split differently 
 launched; an untuned split count left to its constexpr default), rows scaled by the row stride of a view (and a
 scale that is not, refused at the call, also when it is a constexpr default), and a kernel that reads its position
 directly, run in its own tile order; rows gathered through an index whose columns pass the row's end, refused at
-the call; triton.ops.matmul's split-K walk of whole blocks without a column mask, checked over the grid."""
+the call; triton.ops.matmul's split-K walk of whole blocks without a column mask, checked over the grid; a split
+count a heuristic reads from the reduced tensor, and a grid that counts its rows, evaluated on the partial sums the
+kernel is given."""
 
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ from tests.rules import test_row_scales as scales
 from tests.rules import test_scattered_index_rows as index_rows
 from tests.rules import test_tile_order_bypass as bypass
 from tests.rules import test_whole_blocks as whole
-from tests.rules.test_split_k_autotuned import _multiply, _written, written_with_a_default
+from tests.rules.test_split_k_autotuned import _multiply, _written, written_with_a_default, written_with_a_heuristic
 from tilelink.errors import LaunchError
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
@@ -38,6 +40,21 @@ def test_configurations_that_split_differently_are_refused_on_the_gpu(tmp_path) 
 
 def test_a_split_count_left_to_its_default_is_counted_on_the_gpu(tmp_path) -> None:
     errors = tilelink.spawn(_multiply, 2, written_with_a_default(tmp_path), backend="nvshmem")
+    assert all(e == 0.0 for e in errors), errors
+
+
+def test_a_split_count_a_heuristic_reads_from_the_reduced_tensor_is_counted_on_the_gpu(tmp_path) -> None:
+    errors = tilelink.spawn(_multiply, 2, written_with_a_heuristic(tmp_path), backend="nvshmem")
+    assert all(e == 0.0 for e in errors), errors
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_a_grid_that_counts_the_rows_of_the_reduced_tensor_is_checked_on_the_tiles_launched(world: int,
+                                                                                          tmp_path) -> None:
+    # Triton gives the grid function the partial sums (all M rows), not the caller's rows of the output: the checks
+    # that no row is left unstored and none stored twice evaluate it on the same
+    errors = tilelink.spawn(_multiply, world, written_with_a_default(tmp_path), rows_from_output=True,
+                            backend="nvshmem")
     assert all(e == 0.0 for e in errors), errors
 
 

@@ -58,9 +58,12 @@ def _load(path: str):
     return module
 
 
-def _multiply(path: str, name: str = "matmul_tuned_split_k", whole: bool = False, **meta) -> float:
+def _multiply(path: str, name: str = "matmul_tuned_split_k", whole: bool = False, rows_from_output: bool = False,
+              **meta) -> float:
     """The kernel ``name`` of ``path`` over this rank's slice of K, against torch: its rows of the product (an
-    all-reduce's: ``whole``, all of them). ``meta``: further arguments of the call (``SPLIT_K=3``)."""
+    all-reduce's: ``whole``, all of them). ``meta``: further arguments of the call (``SPLIT_K=3``). With
+    ``rows_from_output`` the grid counts the row tiles from the tensor the kernel writes (on a GPU, where Triton gives
+    the grid function the tensors: the interpreter gives it their addresses)."""
     module = _load(path)
     rank, world = tilelink.rank(), tilelink.world_size()
     M, N, K = 40, 24, 64
@@ -75,8 +78,8 @@ def _multiply(path: str, name: str = "matmul_tuned_split_k", whole: bool = False
     err = 0.0
     for _ in range(2):
         out = torch.full((hi - lo, N), float("nan"), device=device)
-        grid = lambda META: (triton.cdiv(M, META["BLOCK_M"]), triton.cdiv(N, META["BLOCK_N"]),  # noqa: E731
-                             META.get("SPLIT_K", 1))
+        grid = lambda META: (triton.cdiv(META["c_ptr"].shape[0] if rows_from_output else M,  # noqa: E731
+                                         META["BLOCK_M"]), triton.cdiv(N, META["BLOCK_N"]), META.get("SPLIT_K", 1))
         getattr(module, name)[grid](ar, br, out, M, N, khi - klo, ar.stride(0), ar.stride(1), br.stride(0),
                                     br.stride(1), N, 1, BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, **meta)
         got = out.cpu() - (a @ b)[lo:hi]
