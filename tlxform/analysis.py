@@ -1308,12 +1308,14 @@ class _Analyzer:
             # a row that is the program's id (`row = tl.program_id(0)`, also widened) is the tile's index: the tile
             # order may rotate it, as it rotates `pid_m` of a block of rows
             made = self.assignments.get(start, [])
-            own = len(made) == 1 and m.matches(_uncast(made[0][1]), m.Call(func=m.Attribute(
-                value=m.Name("tl"), attr=m.Name("program_id"))))
+            # through a straight-line helper too (FlagGems' `row = tle.program_id(0)`)
+            pid = _uncast(_helpers_written_out(self, made[0][1])) if len(made) == 1 else None
+            own = pid is not None and m.matches(pid, m.Call(func=m.Attribute(value=m.Name("tl"),
+                                                                            attr=m.Name("program_id"))))
             if own and not loops and size_param is None and counted is None:
                 # nothing counts the rows (`_layer_norm_fwd_fused[(M,)]`): the programs along the row's axis do, one
                 # row each, which each call reads from its grid (the launch checks every rank's shard against it)
-                axis = call_position(_uncast(made[0][1]))  # type: ignore[arg-type]
+                axis = call_position(pid)  # type: ignore[arg-type]
                 counted = f"tl.num_programs({axis})" if axis in ("0", "1", "2") else None
             return Tile(start, "1", None, size_param or counted, start if own else self._pid_of(start),
                         access.where, 1)
@@ -1430,7 +1432,8 @@ def _check_start_runs_again(an: _Analyzer, acc: Access, start: str, offsets: str
     through another name, `queue.next_tile(q)`), or that loads memory the kernel writes (`tl.load(perm_ptr + pid)`
     with a `tl.store(perm_ptr + pid, 0)` before the wait) could give other rows the second time
     (`tl.atomic_add(counter, 1) * BLOCK_M`: the next tile's rows, not these)."""
-    node = cst.parse_expression(start)
+    original = cst.parse_expression(start)
+    node = _helpers_written_out(an, original)
     loads = [c for c in m.findall(node, m.Call()) if _is_tl_call(c, "load") and c.args]
     written = _written_roots(an) if loads else set()  # (read only where the start loads: this runs for every access)
     calls = [c for c in m.findall(node, m.Call()) if m.matches(c, _EFFECTS) or (
@@ -1438,8 +1441,15 @@ def _check_start_runs_again(an: _Analyzer, acc: Access, start: str, offsets: str
         isinstance(c.func, cst.Attribute) and not m.matches(c.func, m.Attribute(value=m.Name("tl")))
         and not _is_widening(c)) or (c in loads and _roots(an, c.args[0].value) & written)]
     if calls:
+        # the user's own call where a helper's value made it (`next_row(q)`, returning `tl.atomic_add(q, 1)`)
+        found = code(calls[0])
+        helper = next((c for c in m.findall(original, m.Call()) if found not in code(original) and found in code(
+            _helpers_written_out(an, c))), None)
+        said = f"`{code(calls[0].func)}`" if helper is None else \
+            f"`{code(helper.func)}`, whose value calls `{code(calls[0].func)}`"
+        calls = calls if helper is None else [helper]
         raise _refuse(acc, f"the rows `{offsets}` of the {acc.kind} at line {acc.where.line} start at `{start}`, "
-                           f"which calls `{code(calls[0].func)}`"
+                           f"which calls {said}"
                            + (", reading memory the kernel also writes" if _is_tl_call(calls[0], "load") else "")
                            + f": TileLink computes the channels the {_waits(acc)} covers from the start where it "
                              f"places it, so the call would run again there and may give other rows",
@@ -1449,6 +1459,30 @@ def _check_start_runs_again(an: _Analyzer, acc: Access, start: str, offsets: str
                       "compute the rows from tl.program_id (or a tile loop's target) and the arguments: the launch "
                       "checks that no two programs store the same rows, which a tile taken at run time (from a queue) "
                       "does not let it do")
+
+
+def _helpers_written_out(an: _Analyzer, node: cst.BaseExpression) -> cst.BaseExpression:
+    """``node`` with each call of a straight-line helper (:func:`_helper_value`: FlagGems' `tle.program_id(0)`,
+    returning `tl.program_id(axis).to(tl.int64)`) replaced by what it returns, down to four levels: such a call
+    computes its value from its arguments alone, and runs again to the same value."""
+
+    class _Written(cst.CSTTransformer):
+        def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
+            if m.matches(updated.func, m.Attribute(value=m.Name("tl"))) and not m.matches(
+                    updated.func, m.Attribute(attr=m.Name("swizzle2d"))):
+                return updated
+            value = _helper_value(an, updated)
+            if value is None:
+                return updated
+            return value.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()]) if hasattr(
+                value, "lpar") else value
+
+    for _ in range(4):
+        written = node.visit(_Written())
+        if written.deep_equals(node):
+            break
+        node = written
+    return node
 
 
 def _roots(an: _Analyzer, node: cst.BaseExpression) -> set[str]:

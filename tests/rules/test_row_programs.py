@@ -417,3 +417,32 @@ def test_the_checks_evaluate_grids_and_heuristics_on_the_tensors_the_launch_give
     untuned = module_at(str(path))._layer_norm_fwd_fused
     assert untuned.launcher.as_launched(bound, (ROWS,)) is bound
     assert untuned.launcher.as_launched(bound, lambda meta: (ROWS,))["X"].shape == (ROWS, COLS)
+
+
+#: the row through a straight-line helper, as FlagGems writes every program id (`row = tle.program_id(0)`)
+HELPER = LAYER_NORM.replace("@tilelink.overlap", "@triton.jit\ndef program_id(axis: tl.constexpr):\n"
+                                                 "    return tl.program_id(axis).to(tl.int64)\n\n\n@tilelink.overlap",
+                            1).replace("    row = tl.program_id(0)\n", "    row = program_id(0)\n")
+
+
+def test_a_row_read_through_a_straight_line_helper_is_the_programs_own(tmp_path, monkeypatch) -> None:
+    assert HELPER.count("row = program_id(0)") == 1 and "def program_id(axis" in HELPER
+    generated = _generate(HELPER)
+    (plan,) = generated.plans
+    assert plan.launch.size_param == "tl.num_programs(0)", plan.launch.size_param
+    assert any("row rotated" in str(e) for e in generated.report.entries), generated.report.entries
+    monkeypatch.setenv("TILELINK_RACES", "1")
+    path = tmp_path / "rows.py"
+    path.write_text(HELPER)
+    assert tilelink.spawn(_layer_norm, 2, str(path)) == [0.0, 0.0]
+
+
+def test_a_row_from_a_helper_with_an_effect_is_refused() -> None:
+    # the helper takes the next row from a counter: the wait's placement would call it again, and take another row
+    source = HELPER.replace("    return tl.program_id(axis).to(tl.int64)\n",
+                            "    return tl.atomic_add(axis, 1)\n").replace("def program_id(axis: tl.constexpr):",
+                                                                            "def program_id(axis):").replace(
+        "    row = program_id(0)\n", "    row = program_id(Mean)\n")
+    with pytest.raises(AnnotationError, match=r"start at `program_id\(Mean\)`, which calls `program_id`, whose value "
+                                              r"calls `tl.atomic_add`"):
+        _generate(source)
