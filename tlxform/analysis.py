@@ -3926,6 +3926,19 @@ def _row_of_program(an: _Analyzer, acc: Access, dim: int, pointers: set[str], ex
             term = _bare(term)
             if negative:
                 return None
+            if isinstance(term, cst.Name) and term.value not in pointers and term.value not in an.params:
+                # the row's offset bound to a local of its own (SGLang's `input_start = pid * hidden_dim`, then
+                # `activ_ptr + input_start + offsets`): read as its product, where it holds at the load
+                defs = an.assignments.get(term.value, [])
+                value = _bare(defs[0][1]) if len(defs) == 1 else None
+                if value is not None and isinstance(value, cst.BinaryOperation) and isinstance(
+                        value.operator, cst.Multiply) and len(an.bindings.get(term.value, ())) == 1 \
+                        and term.value not in an.rebound and not _is_vector(an, term):
+                    ref = defs[0][0]
+                    if ref.blocks and _contains(an, ref.blocks[-1], acc.where) and at(ref) < site \
+                            and steady({term.value}, at(ref)):
+                        todo.append((value, at(ref)))
+                        continue
             if not (isinstance(term, cst.Name) and term.value in pointers):
                 terms.append((term, site))
                 continue

@@ -446,3 +446,24 @@ def test_a_row_from_a_helper_with_an_effect_is_refused() -> None:
     with pytest.raises(AnnotationError, match=r"start at `program_id\(Mean\)`, which calls `program_id`, whose value "
                                               r"calls `tl.atomic_add`"):
         _generate(source)
+
+
+#: the row's offset bound to a local of its own, as SGLang's fused RMSNorms write it (`input_start = pid *
+#: hidden_dim`, then `activ_ptr + input_start + offsets`)
+OFFSET = LAYER_NORM.replace("    Y += row * stride\n    X += row * stride\n",
+                            "    start = row * stride\n    Y += start\n    X += start\n")
+
+
+def test_a_row_offset_bound_to_a_local_of_its_own_is_read_as_its_product(tmp_path, monkeypatch) -> None:
+    assert OFFSET != LAYER_NORM
+    (plan,) = _generate(OFFSET).plans
+    assert plan.launch.size_param == "tl.num_programs(0)", plan.launch.size_param
+    assert plan.launch.row_scales and all(f == ("stride",) for _, f, _ in plan.launch.row_scales), plan.launch
+    monkeypatch.setenv("TILELINK_RACES", "1")
+    path = tmp_path / "rows.py"
+    path.write_text(OFFSET)
+    assert tilelink.spawn(_layer_norm, 2, str(path)) == [0.0, 0.0]
+    # bound twice: the offset is read as its product only where it is bound once
+    moved = OFFSET.replace("    X += start\n", "    X += start\n    start = start + 1\n")
+    with pytest.raises(AnnotationError):
+        _generate(moved)
