@@ -900,13 +900,10 @@ class OverlappedKernel:
     def _sign_names(self) -> tuple[str, ...] | None:
         """The parameters of the launch plan's ``row_signs``, whose values key the calls already checked; ``None``
         when a ``triton.heuristics`` wrapper may compute one of them from other arguments (checked every call)."""
-        kernel = self.kernel
-        for _ in range(8):
-            if isinstance(getattr(kernel, "values", None), dict):
-                return None
-            kernel = getattr(kernel, "fn", None)
-            if kernel is None:
-                break
+        from tilelink.rules.launch import has_heuristics
+
+        if has_heuristics(self.kernel):
+            return None
         return tuple(dict.fromkeys(n for n, _ in self.plan.launch.row_signs))
 
     @functools.cached_property
