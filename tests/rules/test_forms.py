@@ -47,7 +47,8 @@ COVERED = {"attention_descriptor_advance": {"attn_fwd#2 (consumer_tile_wait)"},
            "attention_batched_rows": {"attn_fwd_batched#2 (consumer_tile_wait)"},
            "gemm_row_wrap": {"matmul_wrap#2 (consumer_tile_wait)"},
            "gemm_row_wrap_hints": {"matmul_wrap_hints#2 (consumer_tile_wait)"},
-           "gemm_row_clamp": {"matmul_clamp#2 (consumer_tile_wait)"}}
+           "gemm_row_clamp": {"matmul_clamp#2 (consumer_tile_wait)"},
+           "gemm_block_scales": {"block_scaled_matmul#2 (consumer_tile_wait)"}}
 
 
 @pytest.mark.slow
