@@ -1911,6 +1911,23 @@ def _loop_term(an: _Analyzer, acc: Access, term: cst.BaseExpression, negative: b
     return None
 
 
+def _bound_once_through(an: _Analyzer, node: cst.BaseExpression) -> bool:
+    """Every local ``node`` reads, and every local their values read, is bound once (an assignment, or a loop's
+    target): the value written out where the access is (:func:`launch_value`) is then the one an alias of its pointer
+    read where it was bound, earlier, as well."""
+    seen: set[str] = set()
+    todo = list(names_in(node))
+    while todo:
+        name = todo.pop()
+        if name in seen or name in an.params or name in ("tl", "triton"):
+            continue
+        seen.add(name)
+        if len(an.bindings.get(name, ())) != 1 or len(seen) > 64:
+            return False
+        todo += [n for _, value in an.assignments.get(name, []) for n in names_in(value)]
+    return True
+
+
 def _nonnegative_value(an: _Analyzer, node: cst.BaseExpression, depth: int = 0,
                        passed: frozenset[str] = frozenset()) -> set[str] | None:
     """The parameters whose signs make ``node`` non-negative: it is built from ``tl.arange(0, B)``, int literals of
@@ -3364,7 +3381,7 @@ def _access_row_scales(an: _Analyzer, acc: Access, pointers: set[str]) -> tuple[
                 # a loop variable's term: checked at the loop's first and last values
                 ends = _loop_term(an, acc, term, negative, offsets) if _varies(an, term) else None
                 spanned = launch_value(an, code(term), acc.where) if ends is None and along and _varies(
-                    an, term) and acc.kind == "load" else None
+                    an, term) and acc.kind == "load" and _bound_once_through(an, term) else None
                 if spanned is not None and "tl.range(" in spanned:
                     # a term a loop's variable moves through locals, `//` or calls (`offs_ks * stride_as_k`, `offs_ks
                     # = k * BLOCK_K // group_k`): written out with the loop read as its range, which each call bounds

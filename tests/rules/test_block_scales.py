@@ -71,3 +71,33 @@ def test_a_store_a_loop_moves_through_a_division_is_still_refused() -> None:
     with pytest.raises(AnnotationError, match=r"adds `\(j // 2\) \* BLOCK_D` along the rows of 'c_ptr', which changes "
                                               r"from one step of a loop to the next"):
         _generate(STORE)
+
+
+REBOUND = '''import triton
+import triton.language as tl
+import tilelink
+
+
+@tilelink.overlap(tilelink.all_gather(("A", "As"), dim=0, size="M"))
+@triton.jit
+def scale_sums(A, As, C, M, K, group_k, stride_as_m, stride_as_k, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+    pid_m = tl.program_id(0)
+    offs_am = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    acc = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BLOCK_K)):
+        ks = k * BLOCK_K // group_k
+        p = As + offs_am * stride_as_m + ks * stride_as_k
+        ks = ks // 1000
+        acc += tl.load(p, mask=offs_am < M, other=0.0)
+    tl.store(C + offs_am, acc, mask=offs_am < M)
+'''
+
+
+def test_a_term_read_through_a_local_bound_again_after_the_pointer_is_refused() -> None:
+    # the pointer took `ks` before its second binding; written out at the load, `ks` would be the second value, a
+    # thousandth of the column the load reads, and the call's bound would pass columns past the row
+    from tilelink.errors import AnnotationError
+
+    with pytest.raises(AnnotationError, match=r"adds `ks \* stride_as_k` along the rows of 'As', which changes from "
+                                              r"one step of a loop to the next"):
+        _generate(REBOUND)
