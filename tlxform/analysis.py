@@ -1911,23 +1911,6 @@ def _loop_term(an: _Analyzer, acc: Access, term: cst.BaseExpression, negative: b
     return None
 
 
-def _bound_once_through(an: _Analyzer, node: cst.BaseExpression) -> bool:
-    """Every local ``node`` reads, and every local their values read, is bound once (an assignment, or a loop's
-    target): the value written out where the access is (:func:`launch_value`) is then the one an alias of its pointer
-    read where it was bound, earlier, as well."""
-    seen: set[str] = set()
-    todo = list(names_in(node))
-    while todo:
-        name = todo.pop()
-        if name in seen or name in an.params or name in ("tl", "triton"):
-            continue
-        seen.add(name)
-        if len(an.bindings.get(name, ())) != 1 or len(seen) > 64:
-            return False
-        todo += [n for _, value in an.assignments.get(name, []) for n in names_in(value)]
-    return True
-
-
 def _nonnegative_value(an: _Analyzer, node: cst.BaseExpression, depth: int = 0,
                        passed: frozenset[str] = frozenset()) -> set[str] | None:
     """The parameters whose signs make ``node`` non-negative: it is built from ``tl.arange(0, B)``, int literals of
@@ -3282,7 +3265,9 @@ def _access_row_scales(an: _Analyzer, acc: Access, pointers: set[str]) -> tuple[
                           "bind the pointer's aliases once, and choose the offsets in a local instead")
         return out
 
-    def walk(expr: cst.BaseExpression, seen: frozenset[str]) -> tuple[int, list[_Terms] | None]:
+    def walk(expr: cst.BaseExpression, seen: frozenset[str], site: Where) -> tuple[int, list[_Terms] | None]:
+        """The rows terms of ``expr`` and its ways, ``expr`` read at ``site`` (the access, or the binding of the
+        alias whose value it is)."""
         n = 0
         ways: list[_Terms] | None = [[]]
         for term, negative in _terms(expr):
@@ -3380,14 +3365,15 @@ def _access_row_scales(an: _Analyzer, acc: Access, pointers: set[str]) -> tuple[
                     continue  # `k * BLOCK_K * stride_ak` beside the columns it moves: 0 on the first step
                 # a loop variable's term: checked at the loop's first and last values
                 ends = _loop_term(an, acc, term, negative, offsets) if _varies(an, term) else None
-                spanned = launch_value(an, code(term), acc.where) if ends is None and along and _varies(
-                    an, term) and acc.kind == "load" and _bound_once_through(an, term) else None
+                spanned = launch_value(an, code(term), site) if ends is None and along and _varies(
+                    an, term) and acc.kind == "load" else None
                 if spanned is not None and "tl.range(" in spanned:
                     # a term a loop's variable moves through locals, `//` or calls (`offs_ks * stride_as_k`, `offs_ks
                     # = k * BLOCK_K // group_k`): written out with the loop read as its range, which each call bounds
-                    # over the loop and the grid, one term of its own (`_check_span`). Loads only: a store's notify
-                    # counts what each step stores, and two steps that store the same elements (`j // 2`) would
-                    # complete a channel early
+                    # over the loop and the grid, one term of its own (`_check_span`); written out where it is read
+                    # (an alias's binding: a local bound again after it, `ks = ks // 1000`, is not what the pointer
+                    # took). Loads only: a store's notify counts what each step stores, and two steps that store the
+                    # same elements (`j // 2`) would complete a channel early
                     ways = plus(ways, [[(negative, (f"({spanned})",))]])
                     continue
                 if ends is None and _varies(an, term):
@@ -3413,7 +3399,7 @@ def _access_row_scales(an: _Analyzer, acc: Access, pointers: set[str]) -> tuple[
             defs = [v for _, v in an.assignments.get(name, [])]
             if not defs:
                 continue
-            found = [walk(v, seen | {name}) for v in defs]
+            found = [walk(v, seen | {name}, an.where(ref.node)) for ref, v in an.assignments.get(name, [])]
             n += max(k for k, _ in found)
             moved = [an.where(ref.node) for ref, v in an.assignments.get(name, []) if name in names_in(v)] + [
                 an.where(node) for node in an.findall(an.fn.body, m.AugAssign(target=m.Name(name)))]
@@ -3435,7 +3421,7 @@ def _access_row_scales(an: _Analyzer, acc: Access, pointers: set[str]) -> tuple[
                 ways = plus(ways, [w for _, each in found for w in each])
         return n, ways
 
-    count, ways = walk(cst.parse_expression(acc.pointer), frozenset())
+    count, ways = walk(cst.parse_expression(acc.pointer), frozenset(), acc.where)
     if count > 1:
         raise _refuse(acc, f"the address of the {acc.kind} at line {acc.where.line} adds the rows `{offsets}` of "
                            f"{acc.tensor!r} more than once (through its aliases): it touches other rows than the "
