@@ -1439,7 +1439,19 @@ def _check_start_runs_again(an: _Analyzer, acc: Access, start: str, offsets: str
     calls = [c for c in m.findall(node, m.Call()) if m.matches(c, _EFFECTS) or (
         isinstance(c.func, cst.Name) and c.func.value not in _PURE_BUILTINS) or (
         isinstance(c.func, cst.Attribute) and not m.matches(c.func, m.Attribute(value=m.Name("tl")))
-        and not _is_widening(c)) or (c in loads and _roots(an, c.args[0].value) & written)]
+        and c.func.attr.value != "to") or (c in loads and _roots(an, c.args[0].value) & written)]
+    unread = [c for c in calls if not m.matches(c, _EFFECTS) and not _is_tl_call(c, "load")]
+    if unread and unread[0] is calls[0]:
+        # a function TileLink does not read through (a helper calling another, one its module binds twice, a method)
+        raise _refuse(acc, f"the rows `{offsets}` of the {acc.kind} at line {acc.where.line} start at `{start}`, "
+                           f"which calls `{code(calls[0].func)}`, a function TileLink does not read: "
+                           f"TileLink computes the channels the {_waits(acc)} covers from the start where it places "
+                           f"it, so the call would run again there, and a function it cannot read may give other "
+                           f"rows the second time",
+                      f"compute the rows from tl.program_id (or a tile loop's target) and the arguments in the "
+                      f"kernel, or make `{code(calls[0].func)}` a @triton.jit helper TileLink reads: bound once in "
+                      f"this file or in a module it imports, straight-line (assignments to names, then one "
+                      f"`return`), reading only its parameters, `tl` and `triton`, with no atomic or store")
     if calls:
         # the user's own call where a helper's value made it (`next_row(q)`, returning `tl.atomic_add(q, 1)`)
         found = code(calls[0])
@@ -2513,6 +2525,8 @@ def _returned_value(fn: cst.FunctionDef, call: cst.Call) -> cst.BaseExpression |
         def leave_Name(self, original: cst.Name, updated: cst.Name) -> cst.BaseExpression:
             return env.get(original.value, updated)
 
+    if m.findall(fn.body, _EFFECTS):
+        return None  # its effect would be left out of what it returns (`t = tl.atomic_add(q, 1)`, then `return ...`)
     for statement in fn.body.body:
         if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
             return None

@@ -74,8 +74,37 @@ def _jitted_in(dotted: str, level: int, file: str, is_jit) -> dict[str, str]:
         parsed = cst.parse_module(text)
     except cst.ParserSyntaxError:
         return {}
+    bound = _bindings(parsed)
+    # a name the module binds more than once (`program_id = _other` after its `def`, a second `def` under `if`) is
+    # whichever ran last, not necessarily the `def` read here
     return {f.name.value: cst.Module(body=[]).code_for_node(f).strip() for f in parsed.body
-            if isinstance(f, cst.FunctionDef) and any(is_jit(d) for d in f.decorators)}
+            if isinstance(f, cst.FunctionDef) and any(is_jit(d) for d in f.decorators) and bound.get(f.name.value) == 1}
+
+
+def _bindings(module: cst.Module) -> dict[str, int]:
+    """How many times each name is bound anywhere in ``module``: by a `def` or `class`, an import, an assignment
+    (plain, annotated, augmented, a named expression, an unpacking), a loop's or a `with`'s target, or a `global` or
+    `nonlocal` declaration (a function may bind it)."""
+    counts: dict[str, int] = {}
+
+    def add(node: cst.CSTNode | None) -> None:
+        for name in m.findall(node, m.Name()) if node is not None else ():
+            counts[name.value] = counts.get(name.value, 0) + 1
+
+    for node in m.findall(module, m.FunctionDef() | m.ClassDef()):
+        counts[node.name.value] = counts.get(node.name.value, 0) + 1
+    for node in m.findall(module, m.AssignTarget() | m.AnnAssign() | m.AugAssign() | m.NamedExpr() | m.For()):
+        add(node.target if not isinstance(node, cst.AssignTarget) else node.target)
+    for node in m.findall(module, m.AsName()):
+        add(node.name)
+    for node in m.findall(module, m.ImportAlias()):
+        if node.asname is None:
+            dotted = cst.Module(body=[]).code_for_node(node.name).strip().split(".")[0]
+            counts[dotted] = counts.get(dotted, 0) + 1
+    for node in m.findall(module, m.Global() | m.Nonlocal()):
+        for item in node.names:
+            counts[item.name.value] = counts.get(item.name.value, 0) + 2  # rebound where the function runs
+    return counts
 
 
 #: modules whose functions a kernel calls that are not its helpers (Triton's, torch's): not looked up

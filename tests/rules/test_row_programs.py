@@ -443,9 +443,18 @@ def test_a_row_from_a_helper_with_an_effect_is_refused() -> None:
                             "    return tl.atomic_add(axis, 1)\n").replace("def program_id(axis: tl.constexpr):",
                                                                             "def program_id(axis):").replace(
         "    row = program_id(0)\n", "    row = program_id(Mean)\n")
-    with pytest.raises(AnnotationError, match=r"start at `program_id\(Mean\)`, which calls `program_id`, whose value "
-                                              r"calls `tl.atomic_add`"):
+    with pytest.raises(AnnotationError, match=r"start at `program_id\(Mean\)`, which calls `program_id`, a function "
+                                              r"TileLink does not read") as info:
         _generate(source)
+    assert "with no atomic or store" in info.value.hint, info.value.hint
+    # an effect in a binding the helper's value leaves out (`t = tl.atomic_add(...)`, then `return tl.program_id(0)`)
+    # keeps it unread too: called again where the wait is placed, it would take another counter value
+    dead = HELPER.replace("    return tl.program_id(axis).to(tl.int64)\n",
+                          "    t = tl.atomic_add(axis, 1)\n    return tl.program_id(0).to(tl.int64)\n").replace(
+        "def program_id(axis: tl.constexpr):", "def program_id(axis):").replace(
+        "    row = program_id(0)\n", "    row = program_id(Mean)\n")
+    with pytest.raises(AnnotationError, match=r"which calls `program_id`, a function TileLink does not read"):
+        _generate(dead)
 
 
 #: the row's offset bound to a local of its own, as SGLang's fused RMSNorms write it (`input_start = pid *
@@ -467,3 +476,38 @@ def test_a_row_offset_bound_to_a_local_of_its_own_is_read_as_its_product(tmp_pat
     moved = OFFSET.replace("    X += start\n", "    X += start\n    start = start + 1\n")
     with pytest.raises(AnnotationError):
         _generate(moved)
+
+
+HELPER_MODULE = '''import triton
+import triton.language as tl
+
+
+@triton.jit
+def program_id(axis: tl.constexpr):
+    return tl.program_id(axis).to(tl.int64)
+
+
+@triton.jit
+def _halved(axis: tl.constexpr):
+    return tl.program_id(axis) // 2
+'''
+
+
+def test_a_helper_of_an_imported_module_is_read_only_where_that_module_binds_it_once(tmp_path) -> None:
+    from tilelink.annotations import requests_in
+    from tilelink.codegen import generate
+
+    source = HELPER.replace("@triton.jit\ndef program_id(axis: tl.constexpr):\n"
+                            "    return tl.program_id(axis).to(tl.int64)\n\n\n", "").replace(
+        "import tilelink\n", "import tilelink\nimport tle_helpers as tle\n").replace(
+        "    row = program_id(0)\n", "    row = tle.program_id(0)\n")
+    assert "row = tle.program_id(0)" in source and "def program_id" not in source
+    path = tmp_path / "rows.py"
+    path.write_text(source)
+    (tmp_path / "tle_helpers.py").write_text(HELPER_MODULE)
+    (plan,) = generate(source, str(path), requests_in(source, str(path))).plans
+    assert plan.launch.size_param == "tl.num_programs(0)", plan.launch.size_param
+    # bound again after its `def`: the module's `program_id` is whatever ran last, here two programs a row
+    (tmp_path / "tle_helpers.py").write_text(HELPER_MODULE + "\n\nprogram_id = _halved\n")
+    with pytest.raises(AnnotationError, match=r"which calls `tle.program_id`, a function TileLink does not read"):
+        generate(source, str(path), requests_in(source, str(path)))
