@@ -317,11 +317,90 @@ def metas(kernel, bound: dict) -> list[tuple[dict, str]]:
         elif isinstance(getattr(kernel, "values", None), dict):  # triton.heuristics
             for meta, _ in found:
                 for name, heuristic in kernel.values.items():
-                    meta[name] = heuristic(meta)
+                    try:
+                        meta[name] = heuristic(meta)
+                    except Exception as exc:
+                        stood = [k for k, v in meta.items() if isinstance(v, _Launched)]
+                        if not stood:
+                            raise
+                        read = f"reads `.{exc.args[0]}` of" if isinstance(exc, ReadsValues) else \
+                            f"fails ({type(exc).__name__}: {exc}) on"
+                        raise LaunchError(
+                            f"the @triton.heuristics value {name!r} {read} the tensors TileLink gives the rewritten "
+                            f"kernel in place of {', '.join(map(repr, stood))} (the gathered rows or the partial "
+                            f"sums, whose values are not all there when Triton evaluates it): compute it from the "
+                            f"arguments' layout (shape, strides, dtype) and int values") from None
         kernel = getattr(kernel, "fn", None)
         if kernel is None:
             break
     return found
+
+
+class ReadsValues(Exception):  # noqa: N818 - a read, said in the launch's refusal
+    """A grid function or a heuristic read something of a tensor the rewritten kernel is given other than its
+    layout: its values, which are not all there before the launch (:class:`_Launched`)."""
+
+
+class _Launched:
+    """Stands for a tensor the rewritten kernel is given (the gathered rows, the partial sums) where a grid function or
+    a heuristic is evaluated before the launch: its layout (shape, strides, dtype, device, size) as Triton's launch
+    sees it, and an aligned address; any other read (its values: `x.abs().max().item()`) raises
+    :class:`ReadsValues`, since the peers' rows are still in flight when Triton evaluates them."""
+
+    __slots__ = ("_shape", "_strides", "dtype", "device")
+
+    def __init__(self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> None:
+        self._shape = torch.Size(shape)
+        strides, step = [], 1
+        for n in reversed(self._shape):
+            strides.append(step)
+            step *= max(int(n), 1)
+        self._strides = tuple(reversed(strides))
+        self.dtype, self.device = dtype, device
+
+    @property
+    def shape(self) -> torch.Size:
+        return self._shape
+
+    ndim = property(lambda self: len(self._shape))
+    is_cuda = property(lambda self: self.device.type == "cuda")
+    is_cpu = property(lambda self: self.device.type == "cpu")
+
+    def size(self, dim: int | None = None):
+        return self._shape if dim is None else self._shape[dim]
+
+    def stride(self, dim: int | None = None):
+        return self._strides if dim is None else self._strides[dim]
+
+    def dim(self) -> int:
+        return len(self._shape)
+
+    def numel(self) -> int:
+        n = 1
+        for d in self._shape:
+            n *= int(d)
+        return n
+
+    def element_size(self) -> int:
+        return torch.empty((), dtype=self.dtype, device="meta").element_size()
+
+    def is_contiguous(self, *args, **kwargs) -> bool:
+        return True
+
+    def get_device(self) -> int:
+        return -1 if self.device.type == "cpu" else int(self.device.index or 0)
+
+    def data_ptr(self) -> int:
+        return 0  # the symmetric buffers are aligned past any alignment a heuristic tests
+
+    def __len__(self) -> int:
+        return int(self._shape[0]) if self._shape else 0
+
+    def __getattr__(self, name: str):
+        raise ReadsValues(name)
+
+    def __repr__(self) -> str:
+        return f"<the buffer the rewritten kernel is given: {tuple(self._shape)}, {self.dtype}>"
 
 
 def has_heuristics(kernel) -> bool:
@@ -421,8 +500,8 @@ class Launcher:
 
     def as_launched(self, bound: dict, grid: Any = None) -> dict:
         """``bound`` as Triton's launch evaluates the grid function and the heuristics on it: each annotated tensor
-        replaced by a tensor of the shape, strides and dtype of the one the rewritten kernel is given (on the meta
-        device: no memory). The checks that evaluate them must see what the launch sees: a grid of
+        replaced by a stand-in of the layout of the one the rewritten kernel is given (:class:`_Launched`: no memory,
+        no values). The checks that evaluate them must see what the launch sees: a grid of
         ``X.shape[0]`` programs reads the shard's rows here and the gathered rows there, and a heuristic that
         splits K by the rows would add in one and store in the other. ``bound`` itself where neither is evaluated,
         or where the call's size is not known (the launch refuses it, saying why)."""
@@ -437,7 +516,7 @@ class Launcher:
         for name, shape in shapes.items():
             t = bound.get(name)
             if type(t) is torch.Tensor:
-                view[name] = torch.empty(shape, dtype=t.dtype, device="meta")
+                view[name] = _Launched(shape, t.dtype, t.device)
         return view
 
     def size_said(self, size: Any) -> str:

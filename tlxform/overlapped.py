@@ -260,6 +260,10 @@ class OverlappedKernel:
                     f"(a late notify still adds to them), so later calls could pass their waits too early: "
                     f"start the world again (tilelink.finalize(), then tilelink.init()) once the cause is fixed")
             bound = self.bind(args, kwargs)
+            if world.world_size > 1 and self._heuristics:
+                # evaluated as Triton's launch evaluates them: one that reads the values of a tensor TileLink
+                # replaces (the gathered rows, in flight then) is refused, whatever the checks below read
+                self._launch_metas(bound, launcher, grid)
             self._check_row_scales(bound, launcher, grid)
             self._check_stored_once(bound, launcher, grid)
             # a call may make its context, tables and prepared steps, kept for the later calls
@@ -284,14 +288,19 @@ class OverlappedKernel:
         return {n: p.default for n, p in inspect.signature(self.fn).parameters.items()
                 if p.default is not inspect.Parameter.empty}
 
-    def _as_launched(self, bound: dict, launcher, grid: Any) -> dict:
-        """``bound`` as Triton's launch evaluates a grid function and heuristics on it
-        (:meth:`tilelink.rules.launch.Launcher.as_launched`); ``bound`` itself where there is neither."""
-        from tilelink.rules.launch import has_heuristics
+    def _launch_metas(self, bound: dict, launcher, grid: Any) -> list[tuple[dict, str]]:
+        """The meta-parameters of each configuration the call may run (:func:`tilelink.rules.launch.metas`), the
+        heuristics evaluated on ``bound`` as Triton's launch evaluates them (:meth:`Launcher.as_launched`: the tensors
+        the rewritten kernel is given in place of the annotated ones, where a grid function or a heuristic reads
+        them). A heuristic that reads more of such a tensor than its layout (its values) refuses the call."""
+        from tilelink.rules.launch import metas
 
-        if not callable(grid) and not has_heuristics(self.kernel):
-            return bound
-        return launcher.as_launched(bound, grid)
+        if not callable(grid) and not self._heuristics:
+            return metas(self.kernel, bound)
+        try:
+            return metas(self.kernel, launcher.as_launched(bound, grid))
+        except LaunchError as exc:
+            raise LaunchError(f"{self.name}: {exc}") from None
 
     def _check_row_scales(self, bound: dict, launcher, grid: Any = None) -> None:
         """The rows a wait or notify covers are the offsets vector's, ``offs``; an access reads or writes the elements
@@ -325,8 +334,6 @@ class OverlappedKernel:
                 key = None  # a tensor or another object (kept out of the record): checked every call
             elif key in self._signs_passed:
                 return
-        from tilelink.rules.launch import metas
-
         dim, full = plan.dim, None
         if dim > 0 and (plan.row_shifts or plan.row_steps):
             # rows along an inner dim: a step of the dim before them is the full size along the rows times a row
@@ -334,7 +341,7 @@ class OverlappedKernel:
                 full = launcher.size_of(bound, grid)
             except LaunchError:
                 pass  # the launcher refuses the call, saying why
-        for meta, config in metas(self.kernel, self._as_launched(bound, launcher, grid)):
+        for meta, config in self._launch_metas(bound, launcher, grid):
             # a parameter the call leaves out runs with its default (`STEP: tl.constexpr = 2`): compare that value
             values = {**self.defaults, **meta}
             said_config = "" if config == "the call's arguments" else f" under the autotuning configuration {config}"
@@ -634,13 +641,11 @@ class OverlappedKernel:
         tiles = getattr(self.plan.launch, "stored_tiles", ())
         if not tiles or launcher.world().world_size == 1:
             return
-        from tilelink.rules.launch import metas
-
         size, width = launcher.size_of(bound, grid), self._row_width(bound, launcher)
         # every name a tile's fields read, the elements it stores per row too: a call passes again at no cost only
         # where they and the output's row are as at a call that passed
         names = sorted({n for tile in tiles for x in (*tile[:5], *tile[6:]) for n in _names_read(x)})
-        for meta, config in metas(self.kernel, self._as_launched(bound, launcher, grid)):
+        for meta, config in self._launch_metas(bound, launcher, grid):
             values = {**self.defaults, **meta}
             said_config = "" if config == "the call's arguments" else f" under the autotuning configuration {config}"
             programs = _grid_of(grid, values)
@@ -897,12 +902,17 @@ class OverlappedKernel:
         return {}
 
     @functools.cached_property
+    def _heuristics(self) -> bool:
+        """Whether a ``triton.heuristics`` wraps the kernel (read once)."""
+        from tilelink.rules.launch import has_heuristics
+
+        return has_heuristics(self.kernel)
+
+    @functools.cached_property
     def _sign_names(self) -> tuple[str, ...] | None:
         """The parameters of the launch plan's ``row_signs``, whose values key the calls already checked; ``None``
         when a ``triton.heuristics`` wrapper may compute one of them from other arguments (checked every call)."""
-        from tilelink.rules.launch import has_heuristics
-
-        if has_heuristics(self.kernel):
+        if self._heuristics:
             return None
         return tuple(dict.fromkeys(n for n, _ in self.plan.launch.row_signs))
 

@@ -541,7 +541,11 @@ class ReduceScatterLauncher(Launcher):
         import triton.language as tl
 
         found = []
-        for meta, _ in metas(self.kernel, bound):
+        try:
+            configs = metas(self.kernel, bound)
+        except LaunchError as exc:
+            raise LaunchError(f"{self.okernel.name}: {exc}") from None
+        for meta, _ in configs:
             env = {n: getattr(v, "value", v) for n, v in {**self.okernel.defaults, **meta}.items()}
             for source in self.plan.sums_dtypes:
                 try:

@@ -511,3 +511,45 @@ def test_a_helper_of_an_imported_module_is_read_only_where_that_module_binds_it_
     (tmp_path / "tle_helpers.py").write_text(HELPER_MODULE + "\n\nprogram_id = _halved\n")
     with pytest.raises(AnnotationError, match=r"which calls `tle.program_id`, a function TileLink does not read"):
         generate(source, str(path), requests_in(source, str(path)))
+
+
+def test_a_stand_in_for_the_launched_tensor_has_its_layout_and_device_and_no_values(tmp_path) -> None:
+    path = tmp_path / "rows.py"
+    path.write_text(HEURISTIC)
+    kernel = module_at(str(path))._layer_norm_fwd_fused
+    seen = kernel.launcher.as_launched(dict(X=torch.zeros(ROWS // 2, COLS), N=COLS, M=ROWS, eps=1e-5), (ROWS,))["X"]
+    assert (seen.shape, seen.stride(), seen.dim(), seen.numel()) == ((ROWS, COLS), (COLS, 1), 2, ROWS * COLS)
+    assert seen.is_cpu and not seen.is_cuda and seen.device == torch.device("cpu") and seen.element_size() == 4
+    from tilelink.rules.launch import ReadsValues
+
+    with pytest.raises(ReadsValues):
+        seen.abs()
+
+
+VALUES = HEURISTIC.replace('lambda args: 8 if args["X"].shape[0] < args["M"] else 16',
+                           'lambda args: 8 if args["X"].abs().max().item() < 100 else 16')
+
+
+def test_a_heuristic_that_reads_the_values_of_the_gathered_tensor_is_refused_at_the_call(tmp_path,
+                                                                                        monkeypatch) -> None:
+    # Triton evaluates it on the gathered buffer before the launch, while the peers' rows are still in flight
+    assert VALUES != HEURISTIC
+    monkeypatch.setenv("TILELINK_RACES", "1")
+    path = tmp_path / "rows.py"
+    path.write_text(VALUES)
+    said = tilelink.spawn(_layer_norm_sized, 2, str(path))
+    assert all("the @triton.heuristics value 'BLOCK_SIZE' reads `.abs` of the tensors TileLink gives the rewritten "
+               "kernel in place of 'X'" in s for s in said), said
+
+
+def _layer_norm_sized(path: str) -> str:
+    """The sized layer norm (`size="M"`) on this rank's rows, its block left to the heuristic: what the call is
+    refused with, or "ran"."""
+    rank, world = tilelink.rank(), tilelink.world_size()
+    g = torch.Generator().manual_seed(4)
+    x, w, b = torch.randn(ROWS, COLS, generator=g), torch.randn(COLS, generator=g), torch.randn(COLS, generator=g)
+    lo, hi = rows_of(rank, world, ROWS)
+    y = torch.full((ROWS, COLS), float("nan"))
+    mean, rstd = torch.full((ROWS,), float("nan")), torch.full((ROWS,), float("nan"))
+    kernel = module_at(path)._layer_norm_fwd_fused
+    return launch_refusal(lambda: kernel[(ROWS,)](x[lo:hi].contiguous(), y, w, b, mean, rstd, COLS, COLS, ROWS, 1e-5))
