@@ -517,6 +517,9 @@ class Launcher:
             t = bound.get(name)
             if type(t) is torch.Tensor:
                 view[name] = _Launched(shape, t.dtype, t.device)
+            elif is_host_descriptor(t):  # the same descriptor over the buffer, as `rebuilt` makes it at the launch
+                stand_in = _Launched(shape, t.base.dtype, t.base.device)
+                view[name] = dataclasses.replace(t, base=stand_in, shape=list(shape), strides=list(stand_in.stride()))
         return view
 
     def size_said(self, size: Any) -> str:

@@ -3947,7 +3947,7 @@ def _row_of_program(an: _Analyzer, acc: Access, dim: int, pointers: set[str], ex
                 # the row's offset bound to a local of its own (SGLang's `input_start = pid * hidden_dim`, then
                 # `activ_ptr + input_start + offsets`): read as its product, where it holds at the load
                 defs = an.assignments.get(term.value, [])
-                value = _bare(defs[0][1]) if len(defs) == 1 else None
+                value = _uncast(defs[0][1]) if len(defs) == 1 else None  # also widened, `(row * stride).to(tl.int64)`
                 if value is not None and isinstance(value, cst.BinaryOperation) and isinstance(
                         value.operator, cst.Multiply) and len(an.bindings.get(term.value, ())) == 1 \
                         and term.value not in an.rebound and not _is_vector(an, term):

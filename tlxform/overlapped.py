@@ -737,9 +737,9 @@ class OverlappedKernel:
                 found = _value_bounds(factors[0], values, over) if over is not None and 0 not in over else None
                 if found is None:
                     raise LaunchError(
-                        f"{self.name}: the address at {_display_path(self.file)}:{line} adds `{factors[0]}` to the "
-                        f"rows of {tensor!r}, which TileLink bounds at each call over the loop and the grid, but "
-                        f"cannot here{said_config}"
+                        f"{self.name}: the address at {_display_path(self.file)}:{line} adds "
+                        f"`{_unwrapped(factors[0])}` to the rows of {tensor!r}, which TileLink bounds at each call "
+                        f"over the loop and the grid, but cannot here{said_config}"
                         + ("" if programs is not None else " (a grid it cannot evaluate: pass it as a tuple or a "
                            "function of the arguments)")
                         + ": the access may touch other rows than those its wait or notify covers; pass int "
@@ -754,7 +754,8 @@ class OverlappedKernel:
             low, high = (low - hi, high - lo) if negative else (low + lo, high + hi)
         if 0 <= low and high < rows:
             return
-        said = " + ".join(("-" if neg else "") + (f[0] if _spanned(f) else _said(f, values)) for neg, f in terms)
+        said = " + ".join(("-" if neg else "") + (f"`{_unwrapped(f[0])}`" if _spanned(f) else _said(f, values))
+                          for neg, f in terms)
         raise LaunchError(
             f"{self.name}: the address at {_display_path(self.file)}:{line} adds {said} to the rows of {tensor!r}, "
             f"from {low} to {high} elements over the steps of its loop and the programs of the grid {grid}"
@@ -975,6 +976,19 @@ def _product(factors: tuple[str, ...], values: dict[str, Any]) -> int | None:
             return None
         product *= value
     return product
+
+
+def _unwrapped(source: str) -> str:
+    """``source`` without the parentheses around the whole of it, as many pairs as there are."""
+    while source.startswith("(") and source.endswith(")"):
+        depth = 0
+        for i, c in enumerate(source):
+            depth += c == "("
+            depth -= c == ")"
+            if depth == 0 and i < len(source) - 1:
+                return source  # `(a) * (b)`: the first pair closes before the end
+        source = source[1:-1]
+    return source
 
 
 def _spanned(factors: tuple[str, ...]) -> bool:

@@ -74,7 +74,7 @@ class AllGatherLauncher(Launcher):
         """The gathered tensors: the shard's shape with ``size`` rows along the gathered dim."""
         dim, shapes = self.plan.dim, {}
         for name in self.plan.tensors:
-            t = bound.get(name)
+            t = described(bound.get(name))
             if isinstance(t, torch.Tensor) and t.dim() > dim:
                 shapes[name] = (*t.shape[:dim], size, *t.shape[dim + 1:])
         return shapes

@@ -112,7 +112,7 @@ class ReduceScatterLauncher(Launcher):
     def launched_shapes(self, bound: dict, size: int) -> dict[str, tuple[int, ...]]:
         """The output: the partial sums, ``size`` rows (times the top-k slots) of the output's row shape."""
         (name,) = self.plan.tensors
-        t = bound.get(name)
+        t = described(bound.get(name))
         if not isinstance(t, torch.Tensor) or t.dim() < 1:
             return {}
         try:

@@ -42,7 +42,7 @@ def test_scale_rows_shorter_than_the_loop_reads_are_refused_at_the_call(monkeypa
     # K = 64 in groups of 16 reads four scales a row; rows of three put the fourth in the next row
     monkeypatch.setenv("TILELINK_RACES", "1")
     said = tilelink.spawn(_short_scales, 2)
-    assert all("gemm_block_scales.py:" in s and "adds (((tl.range(0, tl.cdiv(K, BLOCK_K), 1, loop=" in s
+    assert all("gemm_block_scales.py:" in s and "adds `((tl.range(0, tl.cdiv(K, BLOCK_K), 1, loop=" in s
                and "to the rows of 'As', from 0 to 3 elements over the steps of its loop" in s
                and "are 3 elements long" in s for s in said), said
 

@@ -553,3 +553,22 @@ def _layer_norm_sized(path: str) -> str:
     mean, rstd = torch.full((ROWS,), float("nan")), torch.full((ROWS,), float("nan"))
     kernel = module_at(path)._layer_norm_fwd_fused
     return launch_refusal(lambda: kernel[(ROWS,)](x[lo:hi].contiguous(), y, w, b, mean, rstd, COLS, COLS, ROWS, 1e-5))
+
+
+def test_a_host_descriptor_is_seen_over_the_gathered_rows_by_a_grid_function() -> None:
+    # the launch passes the same descriptor (block shape, padding) over the gathered rows (`rebuilt`)
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    kernel = module_at(str(FORMS / "gemm_host_descriptor_ag.py")).matmul_descriptor_persistent
+    shard = torch.zeros(ROWS // 2, COLS)
+    desc = TensorDescriptor(shard, list(shard.shape), list(shard.stride()), [8, 16])
+    seen = kernel.launcher.as_launched(dict(a_desc=desc, M=ROWS, N=8, K=COLS), lambda meta: (1,))["a_desc"]
+    assert (list(seen.shape), list(seen.strides), list(seen.block_shape)) == ([ROWS, COLS], [COLS, 1], [8, 16])
+    assert tuple(seen.base.shape) == (ROWS, COLS) and desc.shape == [ROWS // 2, COLS]
+
+
+def test_a_row_offset_local_widened_where_it_is_bound_is_read_as_its_product() -> None:
+    widened = OFFSET.replace("    start = row * stride\n", "    start = (row * stride).to(tl.int64)\n")
+    assert widened != OFFSET
+    (plan,) = _generate(widened).plans
+    assert plan.launch.size_param == "tl.num_programs(0)" and plan.launch.row_scales, plan.launch
