@@ -824,8 +824,9 @@ class OverlappedKernel:
         arguments) among ``tiles`` tiles, at the program's other coordinates (``others``, joined by " ; "): each
         program then computes another tile of the same others. The programs compute the kernel's own tiles only where,
         at each of the others the grid gives, the index takes every tile of ``[0, tiles)`` or none: refuse a call
-        whose grid takes some and not all (a grid shorter than the tiles, by rows or by part of one). A grid larger
-        than ``_EXACT_PROGRAMS`` programs, or a value TileLink does not evaluate (a loop's target), is not checked,
+        whose grid takes some and not all (a grid shorter than the tiles, by rows or by part of one; a persistent
+        kernel's tile loop on fewer programs than its step, each program's index read at each step of the loop). A
+        grid larger than ``_EXACT_PROGRAMS`` programs, or a value TileLink does not evaluate, is not checked,
         unless the rotation stands on the check (``required``: a coordinate it groups by is no exact pair of the
         index's), which refuses such a call."""
         import numpy as np
@@ -847,15 +848,22 @@ class OverlappedKernel:
         if key in self._rotations_passed:
             return  # the same grid and the same values: checked already
         dom = _PerProgram(programs)
-        count = _evaluate(tiles, values, dom)
-        found = _evaluate(index, values, dom)
-        coords = [_evaluate(o, values, dom) for o in others.split(" ; ") if o]
-        if count is None or found is None or any(c is None for c in coords):
-            unread("TileLink cannot evaluate them over this call's grid and arguments (a value past its type, or a "
-                   "`//` or `%` of a negative one)")
+        sources = (tiles, index, *(o for o in others.split(" ; ") if o))
+        parts = [_evaluate(x, values, dom) for x in sources]
+        if any(p is None for p in parts) and "tl.range(" in " ".join(sources):
+            # a persistent kernel's tile loop (`for tile_id in tl.range(start_pid, num_tiles, NUM_SMS)`): each
+            # program's index at each step of the loop; a grid shorter than the loop's step leaves tiles out
+            dom, parts = _each_step(sources, values, programs)
+            if dom.loops and dom.steps is None:
+                return  # the loops run no step: no program computes a tile
+        if any(p is None for p in parts):
+            unread("TileLink cannot evaluate them over this call's grid and arguments (a value past its type, a "
+                   "`//` or `%` of a negative one, or loops of more steps than it evaluates)")
             return
+        count, found, *coords = parts
         n = int(np.max(count))
-        table = np.stack([np.broadcast_to(x, programs).ravel() for x in (*coords, found)], axis=1)
+        shape = np.broadcast_shapes(*(np.shape(x) for x in parts))
+        table = np.stack([np.broadcast_to(x, shape).ravel() for x in (*coords, found)], axis=1)
         table = np.unique(table[(table[:, -1] >= 0) & (table[:, -1] < n)], axis=0)
         groups, taken = np.unique(table[:, :-1], axis=0, return_counts=True)
         short = np.flatnonzero(taken != n)
@@ -868,12 +876,16 @@ class OverlappedKernel:
         taken_there = table[(table[:, :-1] == where).all(axis=1), -1]
         missing = int(np.setdiff1d(np.arange(n), taken_there)[0])
         names = [o for o in others.split(" ; ") if o]
+        # a coordinate read over a loop's range is said by its line alone: its source is TileLink's, not the kernel's
         at = ", ".join(f"`{o}` = {int(v)}" for o, v in zip(names, where, strict=True)
-                       if not ((axis := re.fullmatch(r"tl\.program_id\((\d)\)", o)) and programs[int(axis[1])] == 1))
+                       if "tl.range(" not in o
+                       and not ((axis := re.fullmatch(r"tl\.program_id\((\d)\)", o)) and programs[int(axis[1])] == 1))
         grid = "(" + ", ".join(map(str, programs)) + ")"
+        shown = "" if "tl.range(" in index else f" (`{index}`)"
+        over = " over the steps of its tile loop" if "tl.range(" in index else ""
         raise LaunchError(
-            f"{self.name}: the tile order rotates the tile index bound at {_display_path(self.file)}:{line} "
-            f"(`{index}`) among its {n} tiles{said_config}, but the grid {grid} gives it {taken_there.size} of them"
+            f"{self.name}: the tile order rotates the tile index bound at {_display_path(self.file)}:{line}{shown} "
+            f"among its {n} tiles{said_config}, but the grid {grid} gives it {taken_there.size} of them{over}"
             f"{f' where {at}' if at else ''} (not tile {missing}): rotated, its programs would compute other tiles "
             f"than the kernel as written; launch a grid that covers every tile, or pass order=\"mesh\" to keep the "
             f"kernel's own order")
