@@ -1150,17 +1150,29 @@ class _Analyzer:
         """``offs_am[:, None] < M`` or ``offs_am < M`` anywhere in the kernel -> ``"M"`` (also through a name bound
         once to the block, Inductor's `idx_m = rm[:, None]` compared as `idx_m < M`)."""
         for cmp in self.findall(self.fn.body, m.Comparison()):
-            left = cmp.left
+            if len(cmp.comparisons) != 1:
+                continue
+            # `offs < M`, or the same written the other way round or with `<=` (`M > offs`, `offs <= M - 1`)
+            op, left, right = cmp.comparisons[0].operator, _bare(cmp.left), _bare(cmp.comparisons[0].comparator)
+            if isinstance(op, (cst.GreaterThan, cst.GreaterThanEqual)):
+                left, right = right, left
             if isinstance(left, cst.Name) and left.value not in self.rebound and len(
                     defs := self.assignments.get(left.value, [])) == 1 and isinstance(defs[0][1], cst.Subscript):
                 left = defs[0][1]
             if isinstance(left, cst.Subscript):
                 left = left.value
-            if m.matches(left, m.Name(offsets)) and len(cmp.comparisons) == 1:
-                c = cmp.comparisons[0]
-                if isinstance(c.operator, cst.LessThan) and isinstance(c.comparator, cst.Name) \
-                        and c.comparator.value in self.params:
-                    return c.comparator.value
+            if not m.matches(left, m.Name(offsets)):
+                continue
+            if isinstance(op, (cst.LessThanEqual, cst.GreaterThanEqual)):
+                # `offs <= M - 1`: the rows below M
+                if not (isinstance(right, cst.BinaryOperation) and isinstance(right.operator, cst.Subtract)
+                        and m.matches(right.right, m.Integer("1"))):
+                    continue
+                right = _bare(right.left)
+            elif not isinstance(op, (cst.LessThan, cst.GreaterThan)):
+                continue
+            if isinstance(right, cst.Name) and right.value in self.params:
+                return right.value
         return None
 
     def _launch_size(self, dim_size: cst.BaseExpression) -> str | None:

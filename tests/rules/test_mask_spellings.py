@@ -1,0 +1,84 @@
+"""The rows' bound of a mask may be written either way round, or with `<=`: `offs_cm[:, None] < M`, `M >
+offs_cm[:, None]` and `offs_cm[:, None] <= M - 1` all name M as the full row count (a store under reduce_scatter, a
+load under all_gather), and each builds and equals torch on the race-exposing schedule at two ranks."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import triton
+
+import tilelink
+from tests.rules.cases import module_at, rows_of, worst
+
+KERNEL = '''import triton
+import triton.language as tl
+
+import tilelink
+
+
+@tilelink.overlap(tilelink.{rule})
+@triton.jit
+def matmul_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    offs_am = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_bn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    a_ptrs = a_ptr + offs_am[:, None] * stride_am + offs_k[None, :] * stride_ak
+    b_ptrs = b_ptr + offs_k[:, None] * stride_bk + offs_bn[None, :] * stride_bn
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BLOCK_K)):
+        a = tl.load(a_ptrs, mask=({a_rows}) & (offs_k[None, :] < K - k * BLOCK_K), other=0.0)
+        b = tl.load(b_ptrs, mask=(offs_k[:, None] < K - k * BLOCK_K) & (offs_bn[None, :] < N), other=0.0)
+        acc = tl.dot(a, b, acc)
+        a_ptrs += BLOCK_K * stride_ak
+        b_ptrs += BLOCK_K * stride_bk
+    offs_cm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_cn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    c_ptrs = c_ptr + offs_cm[:, None] * stride_cm + offs_cn[None, :] * stride_cn
+    tl.store(c_ptrs, acc, mask=({c_rows}) & (offs_cn[None, :] < N))
+'''
+
+SPELLINGS = {"less": "{v}[:, None] < M", "greater": "M > {v}[:, None]", "at_most": "{v}[:, None] <= M - 1",
+             "at_least": "M - 1 >= {v}[:, None]"}
+M, N, K = 37, 24, 40
+
+
+def _written(tmp_path, rule: str, spelling: str) -> str:
+    rows = SPELLINGS[spelling]
+    path = tmp_path / f"mask_{spelling}.py"
+    path.write_text(KERNEL.format(rule=rule, a_rows=rows.format(v="offs_am"), c_rows=rows.format(v="offs_cm")))
+    return str(path)
+
+
+def _multiply(path: str, reduce: bool) -> float:
+    """The kernel on this rank's rows of A (gathered) or slice of K (reduced), against torch, two calls."""
+    rank, world = tilelink.rank(), tilelink.world_size()
+    g = torch.Generator().manual_seed(43)
+    a, b = torch.randint(-3, 4, (M, K), generator=g).float(), torch.randint(-3, 4, (K, N), generator=g).float()
+    lo, hi = rows_of(rank, world, M)
+    klo, khi = rows_of(rank, world, K) if reduce else (0, K)
+    ar = a[:, klo:khi].contiguous() if reduce else a[lo:hi].contiguous()
+    br = b[klo:khi].contiguous()
+    kernel = module_at(path).matmul_kernel
+    error = 0.0
+    for _ in range(2):
+        c = torch.full((hi - lo, N) if reduce else (M, N), float("nan"))
+        kernel[(triton.cdiv(M, 16), triton.cdiv(N, 16))](ar, br, c, M, N, khi - klo, ar.stride(0), ar.stride(1),
+                                                          br.stride(0), br.stride(1), c.stride(0), c.stride(1),
+                                                          BLOCK_M=16, BLOCK_N=16, BLOCK_K=16)
+        want = (a @ b)[lo:hi] if reduce else a @ b
+        error = worst(error, (c - want).abs().max().item())
+    return error
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("spelling", sorted(SPELLINGS))
+@pytest.mark.parametrize("rule", ['reduce_scatter("c_ptr")', 'all_gather("a_ptr")'], ids=["reduce", "gather"])
+def test_a_rows_bound_written_either_way_names_the_row_count(rule: str, spelling: str, tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("TILELINK_RACES", "1")
+    path = _written(tmp_path, rule, spelling)
+    errors = tilelink.spawn(_multiply, 2, path, rule.startswith("reduce"))
+    assert errors == [0.0, 0.0], errors
