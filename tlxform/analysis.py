@@ -3957,12 +3957,16 @@ def _row_of_program(an: _Analyzer, acc: Access, dim: int, pointers: set[str], ex
                 return None
             if isinstance(term, cst.Name) and term.value not in pointers and term.value not in an.params:
                 # the row's offset bound to a local of its own (SGLang's `input_start = pid * hidden_dim`, then
-                # `activ_ptr + input_start + offsets`): read as its product, where it holds at the load
+                # `activ_ptr + input_start + offsets`), or with the columns (`offs = row * stride + cols`, then
+                # `x_ptr + offs`): read as its terms, where it holds at the load
                 defs = an.assignments.get(term.value, [])
                 value = _uncast(defs[0][1]) if len(defs) == 1 else None  # also widened, `(row * stride).to(tl.int64)`
-                if value is not None and isinstance(value, cst.BinaryOperation) and isinstance(
-                        value.operator, cst.Multiply) and len(an.bindings.get(term.value, ())) == 1 \
-                        and term.value not in an.rebound and not _is_vector(an, term):
+                parts = _terms(value) if value is not None else []
+                products = [t for t, neg in parts if isinstance(_bare(t), cst.BinaryOperation) and isinstance(
+                    _bare(t).operator, cst.Multiply)]
+                if len(products) == 1 and not any(neg for _, neg in parts) and len(
+                        an.bindings.get(term.value, ())) == 1 and term.value not in an.rebound and (
+                        len(parts) == 2 or len(parts) == 1 and not _is_vector(an, term)):
                     ref = defs[0][0]
                     if ref.blocks and _contains(an, ref.blocks[-1], acc.where) and at(ref) < site \
                             and steady({term.value}, at(ref)):

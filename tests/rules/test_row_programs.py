@@ -572,3 +572,46 @@ def test_a_row_offset_local_widened_where_it_is_bound_is_read_as_its_product() -
     assert widened != OFFSET
     (plan,) = _generate(widened).plans
     assert plan.launch.size_param == "tl.num_programs(0)" and plan.launch.row_scales, plan.launch
+
+
+ROW_AND_COLUMNS = '''import triton
+import triton.language as tl
+
+import tilelink
+
+
+@tilelink.overlap(tilelink.all_gather("x_ptr", dim=0))
+@triton.jit
+def scale_rows(x_ptr, y_ptr, stride_x, N, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < N
+    offs = row * stride_x + cols
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0)
+    tl.store(y_ptr + offs, x * 2.0, mask=mask)
+'''
+
+
+def _scaled_rows(path: str) -> float:
+    rank, world = tilelink.rank(), tilelink.world_size()
+    x = torch.randn(ROWS, COLS, generator=torch.Generator().manual_seed(6))
+    lo, hi = rows_of(rank, world, ROWS)
+    kernel = module_at(path).scale_rows
+    error = 0.0
+    for _ in range(2):
+        y = torch.full((ROWS, COLS), float("nan"))
+        kernel[(ROWS,)](x[lo:hi].contiguous(), y, COLS, COLS, BLOCK=32)
+        error = worst(error, (y - 2 * x).abs().max().item())
+    return error
+
+
+def test_a_row_offset_bound_with_its_columns_in_one_local_is_read_as_its_terms(tmp_path, monkeypatch) -> None:
+    (plan,) = _generate(ROW_AND_COLUMNS).plans
+    assert plan.launch.size_param == "tl.num_programs(0)", plan.launch.size_param
+    monkeypatch.setenv("TILELINK_RACES", "1")
+    path = tmp_path / "rows.py"
+    path.write_text(ROW_AND_COLUMNS)
+    assert tilelink.spawn(_scaled_rows, 2, str(path)) == [0.0, 0.0]
+    # the columns less one: the terms are not a row's product and its columns
+    with pytest.raises(AnnotationError):
+        _generate(ROW_AND_COLUMNS.replace("offs = row * stride_x + cols", "offs = row * stride_x - cols"))
