@@ -336,9 +336,10 @@ def metas(kernel, bound: dict) -> list[tuple[dict, str]]:
     return found
 
 
-class ReadsValues(Exception):  # noqa: N818 - a read, said in the launch's refusal
+class ReadsValues(AttributeError):  # noqa: N818 - a read, said in the launch's refusal
     """A grid function or a heuristic read something of a tensor the rewritten kernel is given other than its
-    layout: its values, which are not all there before the launch (:class:`_Launched`)."""
+    layout: its values, which are not all there before the launch (:class:`_Launched`). An ``AttributeError``, so
+    that a look that has a default (``getattr(v, "value", v)``, ``hasattr``) takes it."""
 
 
 class _Launched:
