@@ -3946,61 +3946,76 @@ def _row_of_program(an: _Analyzer, acc: Access, dim: int, pointers: set[str], ex
             _contains(an, lp, acc.where) and not _contains(an, lp, w) and _contains(an, lp, b) for lp in loops)
             for n in names for b, _ in an.bindings.get(n, ()))
 
-    # the address's terms, each with where it was read: the load itself, or the binding of the alias that holds it
-    terms: list[tuple[cst.BaseExpression, tuple[int, int]]] = []
-    todo, seen = [(cst.parse_expression(acc.pointer), before)], set()
-    while todo:
-        expr, site = todo.pop()
-        for term, negative in _terms(_bare(expr)):
-            term = _bare(term)
-            if negative:
-                return None
-            if isinstance(term, cst.Name) and term.value not in pointers and term.value not in an.params:
-                # the row's offset bound to a local of its own (SGLang's `input_start = pid * hidden_dim`, then
-                # `activ_ptr + input_start + offsets`), or with the columns (`offs = row * stride + cols`, then
-                # `x_ptr + offs`): read as its terms, where it holds at the load
-                defs = an.assignments.get(term.value, [])
-                value = _uncast(defs[0][1]) if len(defs) == 1 else None  # also widened, `(row * stride).to(tl.int64)`
-                parts = _terms(value) if value is not None else []
-                products = [t for t, neg in parts if isinstance(_bare(t), cst.BinaryOperation) and isinstance(
-                    _bare(t).operator, cst.Multiply)]
-                if len(products) == 1 and not any(neg for _, neg in parts) and len(
-                        an.bindings.get(term.value, ())) == 1 and term.value not in an.rebound and (
-                        len(parts) == 2 or len(parts) == 1 and not _is_vector(an, term)):
-                    ref = defs[0][0]
-                    if ref.blocks and _contains(an, ref.blocks[-1], acc.where) and at(ref) < site \
-                            and steady({term.value}, at(ref)):
-                        todo.append((value, at(ref)))
-                        continue
-            if not (isinstance(term, cst.Name) and term.value in pointers):
-                terms.append((term, site))
-                continue
-            name = term.value
-            if name in seen or len(seen) > 8:
-                return None
-            seen.add(name)
-            defs = an.assignments.get(name, [])
-            if name == acc.tensor:
-                steps = an.findall(an.fn.body, m.AugAssign(target=m.Name(name)))
-                if defs or len(steps) > 1 or len(an.bindings.get(name, ())) != len(steps):
+    def gathered(expand: bool) -> list[tuple[cst.BaseExpression, tuple[int, int]]] | None:
+        """The address's terms, each with where it was read: the load itself, or the binding of the alias that holds
+        it; with ``expand``, a local the address adds is read as its terms where it holds one product (the row's
+        offset bound apart: taken only where no row product is found otherwise, so that a column vector made of a
+        product, `col = pid * BLOCK_N + tl.arange(0, BLOCK_N)`, stays the columns). ``None``: not this form."""
+        terms: list[tuple[cst.BaseExpression, tuple[int, int]]] = []
+        todo, seen = [(cst.parse_expression(acc.pointer), before)], set()
+        while todo:
+            expr, site = todo.pop()
+            for term, negative in _terms(_bare(expr)):
+                term = _bare(term)
+                if negative:
                     return None
-                if steps:
-                    # advanced once at the top level, before whatever read the tensor on the way to the load
-                    ref = next((r for r in an.statements if r.node is not None and r.blocks == (an.fn.body,)
-                                and any(sm is steps[0] for sm in small_statements(r))), None)
-                    if ref is None or not isinstance(steps[0].operator, cst.AddAssign) or at(ref) >= site:
+                if expand and isinstance(term, cst.Name) and term.value not in pointers \
+                        and term.value not in an.params:
+                    # the row's offset bound to a local of its own (SGLang's `input_start = pid * hidden_dim`, then
+                    # `activ_ptr + input_start + offsets`), or with the columns (`offs = row * stride + cols`, then
+                    # `x_ptr + offs`): read as its terms, where it holds at the load
+                    defs = an.assignments.get(term.value, [])
+                    value = _uncast(defs[0][1]) if len(defs) == 1 else None  # also widened, `(row * stride).to(...)`
+                    parts = _terms(value) if value is not None else []
+                    made = [t for t, neg in parts if isinstance(_bare(t), cst.BinaryOperation) and isinstance(
+                        _bare(t).operator, cst.Multiply)]
+                    if len(made) == 1 and not any(neg for _, neg in parts) and len(
+                            an.bindings.get(term.value, ())) == 1 and term.value not in an.rebound and (
+                            len(parts) == 2 or len(parts) == 1 and not _is_vector(an, term)):
+                        ref = defs[0][0]
+                        if ref.blocks and _contains(an, ref.blocks[-1], acc.where) and at(ref) < site \
+                                and steady({term.value}, at(ref)):
+                            todo.append((value, at(ref)))
+                            continue
+                if not (isinstance(term, cst.Name) and term.value in pointers):
+                    terms.append((term, site))
+                    continue
+                name = term.value
+                if name in seen or len(seen) > 8:
+                    return None
+                seen.add(name)
+                defs = an.assignments.get(name, [])
+                if name == acc.tensor:
+                    steps = an.findall(an.fn.body, m.AugAssign(target=m.Name(name)))
+                    if defs or len(steps) > 1 or len(an.bindings.get(name, ())) != len(steps):
                         return None
-                    todo.append((steps[0].value, at(ref)))
-                continue
-            if len(defs) != 1 or len(an.bindings.get(name, ())) != 1 or name in an.rebound:
-                return None
-            ref, value = defs[0]
-            # bound before what reads it, in a block that holds the load: the value of this pass, not a previous one
-            if not ref.blocks or not _contains(an, ref.blocks[-1], acc.where) or at(ref) >= site:
-                return None
-            todo.append((value, at(ref)))
-    rows = [t for t, _ in terms if isinstance(t, cst.BinaryOperation) and isinstance(t.operator, cst.Multiply)
-            and len(_product_factors(t)) == 2]
+                    if steps:
+                        # advanced once at the top level, before whatever read the tensor on the way to the load
+                        ref = next((r for r in an.statements if r.node is not None and r.blocks == (an.fn.body,)
+                                    and any(sm is steps[0] for sm in small_statements(r))), None)
+                        if ref is None or not isinstance(steps[0].operator, cst.AddAssign) or at(ref) >= site:
+                            return None
+                        todo.append((steps[0].value, at(ref)))
+                    continue
+                if len(defs) != 1 or len(an.bindings.get(name, ())) != 1 or name in an.rebound:
+                    return None
+                ref, value = defs[0]
+                # bound before what reads it, in a block that holds the load: the value of this pass, not a previous one
+                if not ref.blocks or not _contains(an, ref.blocks[-1], acc.where) or at(ref) >= site:
+                    return None
+                todo.append((value, at(ref)))
+        return terms
+
+    def products(terms) -> list[cst.BaseExpression]:
+        return [t for t, _ in terms if isinstance(t, cst.BinaryOperation) and isinstance(t.operator, cst.Multiply)
+                and len(_product_factors(t)) == 2]
+
+    terms = gathered(False)
+    if terms is not None and not products(terms):
+        terms = gathered(True)
+    if terms is None:
+        return None
+    rows = products(terms)
     if len(rows) != 1 or len(terms) != 2:
         return None
     factors = [_bare(f) for f in _product_factors(rows[0])]

@@ -615,3 +615,48 @@ def test_a_row_offset_bound_with_its_columns_in_one_local_is_read_as_its_terms(t
     # the columns less one: the terms are not a row's product and its columns
     with pytest.raises(AnnotationError):
         _generate(ROW_AND_COLUMNS.replace("offs = row * stride_x + cols", "offs = row * stride_x - cols"))
+
+
+#: Liger's DyT form: the columns a product of the program's place along axis 0 (`col = pid0 * BLOCK_N +
+#: tl.arange(0, BLOCK_N)`), the row the program's place along axis 1; the columns stay one vector, not a row's offset
+COLUMN_BLOCKS = '''import triton
+import triton.language as tl
+
+import tilelink
+
+
+@tilelink.overlap(tilelink.all_gather("X", dim=0))
+@triton.jit
+def scale_blocks(X, Y, Gamma, N: tl.constexpr, BLOCK_N: tl.constexpr):
+    col = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = col < N
+    row = tl.program_id(1)
+    X += row * N
+    Y += row * N
+    gamma = tl.load(Gamma + col, mask=mask, other=0.0)
+    x = tl.load(X + col, mask=mask, other=0.0)
+    tl.store(Y + col, x * gamma, mask=mask)
+'''
+
+
+def _scaled_blocks(path: str) -> float:
+    rank, world = tilelink.rank(), tilelink.world_size()
+    g = torch.Generator().manual_seed(8)
+    x, gamma = torch.randn(ROWS, COLS, generator=g), torch.randn(COLS, generator=g)
+    lo, hi = rows_of(rank, world, ROWS)
+    kernel = module_at(path).scale_blocks
+    error = 0.0
+    for _ in range(2):
+        y = torch.full((ROWS, COLS), float("nan"))
+        kernel[(3, ROWS)](x[lo:hi].contiguous(), y, gamma, N=COLS, BLOCK_N=8)
+        error = worst(error, (y - x * gamma).abs().max().item())
+    return error
+
+
+def test_columns_made_of_a_product_stay_the_columns_beside_a_row_on_another_axis(tmp_path, monkeypatch) -> None:
+    (plan,) = _generate(COLUMN_BLOCKS).plans
+    assert plan.launch.size_param == "tl.num_programs(1)", plan.launch.size_param
+    monkeypatch.setenv("TILELINK_RACES", "1")
+    path = tmp_path / "blocks.py"
+    path.write_text(COLUMN_BLOCKS)
+    assert tilelink.spawn(_scaled_blocks, 2, str(path)) == [0.0, 0.0]
