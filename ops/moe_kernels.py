@@ -133,9 +133,7 @@ def ag_group_gemm_persistent_kernel(x_ptr, w_ptr, out_ptr, sorted_slot_ids_ptr, 
     num_pid_m = tl.cdiv(EM, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
     num_tiles = num_pid_m * num_pid_n
-    tail = num_tiles % NUM_SMS
-    if TAIL_SPLIT == 1:
-        tail = 0
+    tail = num_tiles % NUM_SMS if TAIL_SPLIT > 1 else 0  # one binding: each call's rotation check writes it out
     # one expert's (K, N) at a time: the K tail of a tile reads zeros, not the next expert's rows
     w_desc = tl.make_tensor_descriptor(w_ptr, shape=[num_experts, K, N], strides=[stride_we, stride_wk, stride_wn],
                                        block_shape=[1, BLOCK_K, BLOCK_N])

@@ -149,20 +149,39 @@ def remap_order(an: KernelAnalysis, access: Access, rule: str, order: str,
                 for op in m.findall(cst.parse_expression(text), m.BinaryOperation(operator=m.Modulo()
                                                                                   | m.FloorDivide()))}
     facts = []
+
+    def written_as(name: str, value: str, at) -> str | None:
+        """``name``'s ``value`` bound at ``at`` written out over program ids and the arguments; the element the name
+        takes where the statement unpacks a tuple (`pid_m, pid_n = _compute_pid(tile_id, ...)`, the helper's
+        `return pid_m, pid_n` written out)."""
+        found = an.written_out(value, at) if an.written_out is not None else None
+        targets = an.unpacked.get(at)
+        if found is None or targets is None:
+            return found
+        element = cst.parse_expression(found)
+        if targets.count(name) != 1 or not isinstance(element, cst.Tuple) or len(element.elements) != len(targets):
+            return None
+        return code(element.elements[targets.index(name)].value)
+
     for value, at in zip(an.values.get(tile.pid, ()), an.assignments.get(tile.pid, ()), strict=False):
-        written = an.written_out(value, at) if an.written_out is not None else None
+        written = written_as(tile.pid, value, at)
         count = an.written_out(tiles, at) if an.written_out is not None else None
         sides = [side for side in an.branch_sides.get(at, ()) if side.static]
         # the other coordinates' values a launch that compiles this binding may compile too (not those of the other
         # side of a compile-time `if` around it)
-        others = [an.written_out(v, w) if an.written_out is not None else None for n in sorted(carriers)
+        others = [written_as(n, v, w) for n in sorted(carriers)
                   for v, w in zip(an.values.get(n, ()), an.assignments.get(n, ()), strict=False)
                   if not any(o.where == side.where and o.body != side.body
                              for o in an.branch_sides.get(w, ()) for side in sides)]
         if written is None or count is None:
             # an index TileLink cannot write out (a helper's return, `pid_m, pid_n = swizzle(tl.program_id(0), ...)`)
-            # is rotated unchecked, as a grid that covers every tile is the kernel's own contract
-            continue
+            # cannot be checked at the call: rotated, a grid that does not cover every tile (a persistent loop on
+            # fewer programs than its step) would compute other tiles than the kernel; its own order is kept
+            return [], ReportEntry(
+                an.name, rule, "not applied",
+                f"order={order!r} not applied: {tile.pid} (line {at.line}) is computed in a way TileLink cannot write "
+                f"out over program ids and the arguments, so no call could check that its grid gives every tile; "
+                f"tiles keep the kernel's own order", access.where), ()
         # a coordinate it cannot write out is left out of the grouping: a grid that gives the index every tile or none
         # at each value of every coordinate does so at each value of fewer of them, so the coarser check refuses no
         # launch the full one passes, and still catches a grid short of whole tiles
@@ -214,7 +233,7 @@ def _other_coordinates(an: KernelAnalysis, pid: str) -> set[str]:
 
 #: what each call's check evaluates (``tlxform.overlapped._evaluate``): ints and names, `+ - * // %`, a negation, and
 #: Triton's integer functions of them
-_EVALUATED_CALLS = {"program_id", "num_programs", "cdiv", "minimum", "maximum", "min", "max"}
+_EVALUATED_CALLS = {"program_id", "num_programs", "cdiv", "minimum", "maximum", "min", "max", "range"}
 
 
 def _evaluable(source: str) -> bool:

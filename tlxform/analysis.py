@@ -2528,7 +2528,7 @@ def _returned_value(fn: cst.FunctionDef, call: cst.Call) -> cst.BaseExpression |
             given[p.name.value] = p.default
     env = {n: v.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()]) if hasattr(v, "lpar") else v
            for n, v in given.items()}
-    known = set(params) | {"tl", "triton"}
+    known = set(params) | {"tl", "triton"} | {"min", "max"}  # Triton reads the builtins as tl.minimum, tl.maximum
 
     class _Put(_ValueNames):
         def again(self) -> _Put:

@@ -375,9 +375,16 @@ class OverlappedKernel:
             for start, block, step, test, line in plan.column_ends:
                 if self._holds(test, values):
                     self._check_column_end(start, block, step, line, values, programs, said_config)
+            # the bindings of one index a launch compiles, checked together: the tiles they cover between them
+            held: dict[tuple, list[tuple[str, str, int]]] = {}
+            stands: dict[tuple, bool] = {}
             for index, tiles, others, test, line, required in plan.rotations:
                 if self._holds(test, values):
-                    self._check_rotation(index, tiles, others, line, values, programs, said_config, required)
+                    group = (tiles, len([o for o in others.split(" ; ") if o]))
+                    held.setdefault(group, []).append((index, others, line))
+                    stands[group] = stands.get(group, False) or required
+            for group, bindings in held.items():
+                self._check_rotation(bindings, group[0], values, programs, said_config, stands[group])
             for tensor, factors, line in plan.row_scales:
                 t = bound.get(tensor)
                 if not (hasattr(t, "shape") and hasattr(t, "stride")) or len(t.shape) <= plan.dim:
@@ -818,23 +825,27 @@ class OverlappedKernel:
             f"them, rows its wait does not cover; pass arguments that make {product} a multiple of {divisor}" +
             (f", or ones under which `{test}` does not hold" if test else ""))
 
-    def _check_rotation(self, index: str, tiles: str, others: str, line: int, values: dict,
+    def _check_rotation(self, bindings: list[tuple[str, str, int]], tiles: str, values: dict,
                         programs: tuple[int, int, int] | None, said_config: str, required: bool = False) -> None:
-        """The tile order rotates the tile index bound at ``line`` (``index`` its value, over program ids and the
-        arguments) among ``tiles`` tiles, at the program's other coordinates (``others``, joined by " ; "): each
-        program then computes another tile of the same others. The programs compute the kernel's own tiles only where,
-        at each of the others the grid gives, the index takes every tile of ``[0, tiles)`` or none: refuse a call
-        whose grid takes some and not all (a grid shorter than the tiles, by rows or by part of one; a persistent
-        kernel's tile loop on fewer programs than its step, each program's index read at each step of the loop). A
-        grid larger than ``_EXACT_PROGRAMS`` programs, or a value TileLink does not evaluate, is not checked,
-        unless the rotation stands on the check (``required``: a coordinate it groups by is no exact pair of the
-        index's), which refuses such a call."""
+        """The tile order rotates a tile index among ``tiles`` tiles; ``bindings`` are its bindings a launch of these
+        values compiles, each ``(its value over program ids and the arguments, the program's other coordinates there
+        joined by " ; ", its line)``: each program then computes another tile of the same others. The programs compute
+        the kernel's own tiles only where, at each of the others the grid gives, the index takes every tile of ``[0,
+        tiles)`` or none, over all its bindings together (a persistent kernel's main tile loop and the loop over its
+        last wave's pieces): refuse a call whose grid takes some and not all (a grid shorter than the tiles, by rows or
+        by part of one; a persistent kernel's tile loop on fewer programs than its step, each program's index read at
+        each step of the loop). A grid larger than ``_EXACT_PROGRAMS`` programs, or a value TileLink does not
+        evaluate, is not checked, unless the rotation stands on the check (``required``: a coordinate it groups by is
+        no exact pair of the index's), which refuses such a call."""
         import numpy as np
+
+        index, others, line = bindings[0]
+        lines = ", ".join(str(n) for n in sorted({b[2] for b in bindings}))
 
         def unread(why: str) -> None:
             if required:
                 raise LaunchError(
-                    f"{self.name}: the tile order rotates the tile index bound at {_display_path(self.file)}:{line} "
+                    f"{self.name}: the tile order rotates the tile index bound at {_display_path(self.file)}:{lines} "
                     f"(`{index}`) at the program's other coordinates `{others}`, which it takes for the mapping's "
                     f"only where each call's grid gives the index every tile at each of them, but {why}"
                     f"{said_config}: pass order=\"mesh\" to keep the kernel's own order")
@@ -843,27 +854,33 @@ class OverlappedKernel:
             unread("this call's grid cannot be read" if programs is None or 0 in programs else
                    f"this call's grid of {math.prod(programs)} programs is more than the {_EXACT_PROGRAMS} it reads")
             return
-        key = (index, tiles, others, programs, tuple(sorted(
+        key = (tuple(bindings), tiles, programs, tuple(sorted(
             (n, getattr(v, "value", v)) for n, v in values.items() if isinstance(getattr(v, "value", v), int))))
         if key in self._rotations_passed:
             return  # the same grid and the same values: checked already
-        dom = _PerProgram(programs)
-        sources = (tiles, index, *(o for o in others.split(" ; ") if o))
-        parts = [_evaluate(x, values, dom) for x in sources]
-        if any(p is None for p in parts) and "tl.range(" in " ".join(sources):
-            # a persistent kernel's tile loop (`for tile_id in tl.range(start_pid, num_tiles, NUM_SMS)`): each
-            # program's index at each step of the loop; a grid shorter than the loop's step leaves tiles out
-            dom, parts = _each_step(sources, values, programs)
-            if dom.loops and dom.steps is None:
-                return  # the loops run no step: no program computes a tile
-        if any(p is None for p in parts):
-            unread("TileLink cannot evaluate them over this call's grid and arguments (a value past its type, a "
-                   "`//` or `%` of a negative one, or loops of more steps than it evaluates)")
+        tables, n = [], None
+        for index, others, _line in bindings:
+            dom = _PerProgram(programs)
+            sources = (tiles, index, *(o for o in others.split(" ; ") if o))
+            parts = [_evaluate(x, values, dom) for x in sources]
+            if any(p is None for p in parts) and "tl.range(" in " ".join(sources):
+                # a persistent kernel's tile loop (`for tile_id in tl.range(start_pid, num_tiles, NUM_SMS)`): each
+                # program's index at each step of the loop; a grid shorter than the loop's step leaves tiles out
+                dom, parts = _each_step(sources, values, programs)
+                if dom.loops and dom.steps is None:
+                    n = n if n is not None else int(np.max(_evaluate(tiles, values, _PerProgram(programs)) or 0))
+                    continue  # the loops run no step: no program computes a tile here
+            if any(p is None for p in parts):
+                unread("TileLink cannot evaluate them over this call's grid and arguments (a value past its type, a "
+                       "`//` or `%` of a negative one, or loops of more steps than it evaluates)")
+                return
+            count, found, *coords = parts
+            n = int(np.max(count))
+            shape = np.broadcast_shapes(*(np.shape(x) for x in parts))
+            tables.append(np.stack([np.broadcast_to(x, shape).ravel() for x in (*coords, found)], axis=1))
+        if not tables or n is None:
             return
-        count, found, *coords = parts
-        n = int(np.max(count))
-        shape = np.broadcast_shapes(*(np.shape(x) for x in parts))
-        table = np.stack([np.broadcast_to(x, shape).ravel() for x in (*coords, found)], axis=1)
+        table = np.concatenate(tables)
         table = np.unique(table[(table[:, -1] >= 0) & (table[:, -1] < n)], axis=0)
         groups, taken = np.unique(table[:, :-1], axis=0, return_counts=True)
         short = np.flatnonzero(taken != n)
@@ -875,19 +892,23 @@ class OverlappedKernel:
         where = groups[short[0]]
         taken_there = table[(table[:, :-1] == where).all(axis=1), -1]
         missing = int(np.setdiff1d(np.arange(n), taken_there)[0])
+        index, others, _ = bindings[0]
         names = [o for o in others.split(" ; ") if o]
-        # a coordinate read over a loop's range is said by its line alone: its source is TileLink's, not the kernel's
+        # a coordinate read over a loop's range is left out: its source is TileLink's, not the kernel's
         at = ", ".join(f"`{o}` = {int(v)}" for o, v in zip(names, where, strict=True)
                        if "tl.range(" not in o
                        and not ((axis := re.fullmatch(r"tl\.program_id\((\d)\)", o)) and programs[int(axis[1])] == 1))
         grid = "(" + ", ".join(map(str, programs)) + ")"
-        shown = "" if "tl.range(" in index else f" (`{index}`)"
-        over = " over the steps of its tile loop" if "tl.range(" in index else ""
+        looped = any("tl.range(" in b[0] for b in bindings)
+        shown = "" if looped or len(bindings) > 1 else f" (`{index}`)"
+        over = " over the steps of its tile loops" if looped else ""
+        covers = "every tile (a tile loop: at least as many programs as its step, or as its tiles)" if looped else \
+            "every tile"
         raise LaunchError(
-            f"{self.name}: the tile order rotates the tile index bound at {_display_path(self.file)}:{line}{shown} "
+            f"{self.name}: the tile order rotates the tile index bound at {_display_path(self.file)}:{lines}{shown} "
             f"among its {n} tiles{said_config}, but the grid {grid} gives it {taken_there.size} of them{over}"
             f"{f' where {at}' if at else ''} (not tile {missing}): rotated, its programs would compute other tiles "
-            f"than the kernel as written; launch a grid that covers every tile, or pass order=\"mesh\" to keep the "
+            f"than the kernel as written; launch a grid that covers {covers}, or pass order=\"mesh\" to keep the "
             f"kernel's own order")
 
     @functools.cached_property

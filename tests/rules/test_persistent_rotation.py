@@ -82,4 +82,5 @@ def test_a_persistent_tile_loop_is_rotated_on_its_grid_and_refused_on_a_shorter_
     # three programs stepping by four leave tiles 3, 7, ... out: rotated, they would compute others
     said = tilelink.spawn(_multiply, 2, str(path), SMS - 1)
     assert all("the tile order rotates the tile index bound at " in s and "persistent.py:16 among its 3 tiles, but "
-               "the grid (3, 1, 1) gives it 2 of them over the steps of its tile loop" in s for s in said), said
+               "the grid (3, 1, 1) gives it 2 of them over the steps of its tile loops" in s
+               and "at least as many programs as its step" in s for s in said), said
