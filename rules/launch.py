@@ -320,16 +320,21 @@ def metas(kernel, bound: dict) -> list[tuple[dict, str]]:
                     try:
                         meta[name] = heuristic(meta)
                     except Exception as exc:
-                        stood = [k for k, v in meta.items() if isinstance(v, _Launched)]
+                        stood = [k for k, v in meta.items() if isinstance(v, _Launched) or isinstance(
+                            getattr(v, "base", None), _Launched)]
                         if not stood:
                             raise
-                        read = f"reads `.{exc.args[0]}` of" if isinstance(exc, ReadsValues) else \
-                            f"fails ({type(exc).__name__}: {exc}) on"
+                        if isinstance(exc, ReadsValues):
+                            raise LaunchError(
+                                f"the @triton.heuristics value {name!r} reads `.{exc.args[0]}` of the tensors TileLink "
+                                f"gives the rewritten kernel in place of {', '.join(map(repr, stood))} (the gathered "
+                                f"rows or the partial sums, whose values are not all there when Triton evaluates it): "
+                                f"compute it from the arguments' layout (shape, strides, dtype) and int "
+                                f"values") from None
                         raise LaunchError(
-                            f"the @triton.heuristics value {name!r} {read} the tensors TileLink gives the rewritten "
-                            f"kernel in place of {', '.join(map(repr, stood))} (the gathered rows or the partial "
-                            f"sums, whose values are not all there when Triton evaluates it): compute it from the "
-                            f"arguments' layout (shape, strides, dtype) and int values") from None
+                            f"the @triton.heuristics value {name!r} fails ({type(exc).__name__}: {exc}) where TileLink "
+                            f"evaluates it as Triton's launch does, with stand-ins for the tensors the rewritten "
+                            f"kernel is given in place of {', '.join(map(repr, stood))} (their layout only)") from None
         kernel = getattr(kernel, "fn", None)
         if kernel is None:
             break
@@ -384,6 +389,19 @@ class _Launched:
 
     def element_size(self) -> int:
         return torch.empty((), dtype=self.dtype, device="meta").element_size()
+
+    itemsize = property(element_size)
+    nbytes = property(lambda self: self.numel() * self.element_size())
+    layout = property(lambda self: torch.strided)
+
+    def storage_offset(self) -> int:
+        return 0
+
+    def is_floating_point(self) -> bool:
+        return self.dtype.is_floating_point
+
+    def is_complex(self) -> bool:
+        return self.dtype.is_complex
 
     def is_contiguous(self, *args, **kwargs) -> bool:
         return True

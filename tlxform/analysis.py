@@ -2459,6 +2459,11 @@ def _helper_value(an: _Analyzer, call: cst.Call) -> cst.BaseExpression | None:
             an.module, m.Import() | m.ImportFrom() | m.Assign() | m.AnnAssign() | m.AugAssign()))
     if anywhere != 1:
         return None
+    place = next((i for i, stmt in enumerate(an.module.body) if stmt is bound[0] or (
+        isinstance(stmt, cst.SimpleStatementLine) and any(small is bound[0] for small in stmt.body))),
+        len(an.module.body)) if bound else len(an.module.body)
+    if any(m.findall(stmt, m.ImportFrom(names=m.ImportStar())) for stmt in an.module.body[place:]):
+        return None  # a star import after it may bind the name again
     fn = bound[0] if len(bound) == 1 and isinstance(bound[0], cst.FunctionDef) and any(
         is_triton_jit(d) for d in bound[0].decorators) else None
     if fn is None and len(bound) == 1 and isinstance(bound[0], (cst.Import, cst.ImportFrom)):

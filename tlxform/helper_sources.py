@@ -76,9 +76,11 @@ def _jitted_in(dotted: str, level: int, file: str, is_jit) -> dict[str, str]:
         return {}
     bound = _bindings(parsed)
     # a name the module binds more than once (`program_id = _other` after its `def`, a second `def` under `if`) is
-    # whichever ran last, not necessarily the `def` read here
-    return {f.name.value: cst.Module(body=[]).code_for_node(f).strip() for f in parsed.body
-            if isinstance(f, cst.FunctionDef) and any(is_jit(d) for d in f.decorators) and bound.get(f.name.value) == 1}
+    # whichever ran last, not necessarily the `def` read here; so may a star import after it (`from m import *`)
+    stars = [i for i, stmt in enumerate(parsed.body) if m.findall(stmt, m.ImportFrom(names=m.ImportStar()))]
+    return {f.name.value: cst.Module(body=[]).code_for_node(f).strip() for i, f in enumerate(parsed.body)
+            if isinstance(f, cst.FunctionDef) and any(is_jit(d) for d in f.decorators) and bound.get(f.name.value) == 1
+            and not any(star > i for star in stars)}
 
 
 def _bindings(module: cst.Module) -> dict[str, int]:

@@ -520,6 +520,8 @@ def test_a_stand_in_for_the_launched_tensor_has_its_layout_and_device_and_no_val
     seen = kernel.launcher.as_launched(dict(X=torch.zeros(ROWS // 2, COLS), N=COLS, M=ROWS, eps=1e-5), (ROWS,))["X"]
     assert (seen.shape, seen.stride(), seen.dim(), seen.numel()) == ((ROWS, COLS), (COLS, 1), 2, ROWS * COLS)
     assert seen.is_cpu and not seen.is_cuda and seen.device == torch.device("cpu") and seen.element_size() == 4
+    assert (seen.itemsize, seen.nbytes, seen.storage_offset(), seen.is_floating_point()) == (4, 4 * ROWS * COLS, 0,
+                                                                                          True)
     from tilelink.rules.launch import ReadsValues
 
     with pytest.raises(ReadsValues):
@@ -660,3 +662,12 @@ def test_columns_made_of_a_product_stay_the_columns_beside_a_row_on_another_axis
     path = tmp_path / "blocks.py"
     path.write_text(COLUMN_BLOCKS)
     assert tilelink.spawn(_scaled_blocks, 2, str(path)) == [0.0, 0.0]
+
+
+def test_a_helper_a_star_import_after_it_may_bind_again_is_not_read() -> None:
+    # the import runs after the `def`, and may bind `program_id` to whatever its module has of that name
+    starred = HELPER.replace("\n\n@tilelink.overlap",
+                             "\n\nfrom os.path import *  # noqa: F403\n\n\n@tilelink.overlap", 1)
+    assert starred != HELPER
+    with pytest.raises(AnnotationError, match=r"which calls `program_id`, a function TileLink does not read"):
+        _generate(starred)
