@@ -150,26 +150,13 @@ def remap_order(an: KernelAnalysis, access: Access, rule: str, order: str,
                                                                                   | m.FloorDivide()))}
     facts = []
 
-    def written_as(name: str, value: str, at) -> str | None:
-        """``name``'s ``value`` bound at ``at`` written out over program ids and the arguments; the element the name
-        takes where the statement unpacks a tuple (`pid_m, pid_n = _compute_pid(tile_id, ...)`, the helper's
-        `return pid_m, pid_n` written out)."""
-        found = an.written_out(value, at) if an.written_out is not None else None
-        targets = an.unpacked.get(at)
-        if found is None or targets is None:
-            return found
-        element = cst.parse_expression(found)
-        if targets.count(name) != 1 or not isinstance(element, cst.Tuple) or len(element.elements) != len(targets):
-            return None
-        return code(element.elements[targets.index(name)].value)
-
     for value, at in zip(an.values.get(tile.pid, ()), an.assignments.get(tile.pid, ()), strict=False):
-        written = written_as(tile.pid, value, at)
+        written = _written_element(an, tile.pid, value, at)
         count = an.written_out(tiles, at) if an.written_out is not None else None
         sides = [side for side in an.branch_sides.get(at, ()) if side.static]
         # the other coordinates' values a launch that compiles this binding may compile too (not those of the other
         # side of a compile-time `if` around it)
-        others = [written_as(n, v, w) for n in sorted(carriers)
+        others = [_written_element(an, n, v, w) for n in sorted(carriers)
                   for v, w in zip(an.values.get(n, ()), an.assignments.get(n, ()), strict=False)
                   if not any(o.where == side.where and o.body != side.body
                              for o in an.branch_sides.get(w, ()) for side in sides)]
@@ -215,6 +202,20 @@ def remap_order(an: KernelAnalysis, access: Access, rule: str, order: str,
     return inserts, entry, tuple(dict.fromkeys(facts))
 
 
+def _written_element(an: KernelAnalysis, name: str, value: str, at) -> str | None:
+    """``name``'s ``value`` bound at ``at`` written out over program ids and the arguments; the element the name
+    takes where the statement unpacks a tuple (`pid_m, pid_n = _compute_pid(tile_id, ...)`, the helper's `return
+    pid_m, pid_n` written out)."""
+    found = an.written_out(value, at) if an.written_out is not None else None
+    targets = an.unpacked.get(at)
+    if found is None or targets is None:
+        return found
+    element = cst.parse_expression(found)
+    if targets.count(name) != 1 or not isinstance(element, cst.Tuple) or len(element.elements) != len(targets):
+        return None
+    return code(element.elements[targets.index(name)].value)
+
+
 def _other_coordinates(an: KernelAnalysis, pid: str) -> set[str]:
     """The program's other coordinates beside the rotated index ``pid``: scalars made from the position, not from
     ``pid`` nor from what ``pid`` is made from (`pid_n`; not `rn`, a vector of it, nor `b`, data loaded at it). The
@@ -227,7 +228,7 @@ def _other_coordinates(an: KernelAnalysis, pid: str) -> set[str]:
     return {n for n in position - chain - after if not any(
         m.findall(cst.parse_expression(v), m.Call(func=m.Attribute(attr=m.Name("arange") | m.Name("load"))))
         for x in {n} | _depends_on(an, an.values.get(n, ())) for v in an.values.get(x, ())) and all(
-        an.written_out is not None and (w := an.written_out(v, at)) is not None and _evaluable(w)
+        (w := _written_element(an, n, v, at)) is not None and _evaluable(w)
         for v, at in zip(an.values.get(n, ()), an.assignments.get(n, ()), strict=False))}
 
 

@@ -2469,7 +2469,30 @@ def _helper_value(an: _Analyzer, call: cst.Call) -> cst.BaseExpression | None:
     if fn is None and len(bound) == 1 and isinstance(bound[0], (cst.Import, cst.ImportFrom)):
         # one the file imports by name (`from tilelink.ops.gemm_kernels import tile_coordinates`)
         fn = _defined(_imported(an).get(name))
-    return None if fn is None else _returned_value(fn, call)
+        return None if fn is None else _returned_value(fn, call)
+    return None if fn is None else _returned_value(fn, call, _int_constants(an))
+
+
+def _int_constants(an: _Analyzer) -> dict[str, cst.Integer]:
+    """The file's names bound once, at its top level, to an int literal (`GROUP = 4`), and nowhere else: Triton
+    reads such a global as that constant where a helper of the file uses it."""
+    found: dict[str, cst.Integer] = {}
+    for line in an.module.body:
+        if isinstance(line, cst.SimpleStatementLine):
+            for small in line.body:
+                if isinstance(small, cst.Assign) and len(small.targets) == 1 and isinstance(
+                        small.targets[0].target, cst.Name) and isinstance(small.value, cst.Integer):
+                    found[small.targets[0].target.value] = small.value
+    if any(m.findall(stmt, m.ImportFrom(names=m.ImportStar())) for stmt in an.module.body):
+        return {}
+    bound = [n for node in m.findall(an.module, m.AssignTarget() | m.AnnAssign() | m.AugAssign() | m.For())
+             for n in names_in(node.target)] + [
+        n.value for node in m.findall(an.module, m.FunctionDef() | m.ClassDef()) for n in [node.name]] + [
+        alias.asname.name.value if alias.asname is not None and isinstance(alias.asname.name, cst.Name) else
+        code(alias.name).split(".")[0] for node in m.findall(an.module, m.Import() | m.ImportFrom())
+        if not isinstance(node.names, cst.ImportStar) for alias in node.names] + [
+        item.name.value for node in m.findall(an.module, m.Global() | m.Nonlocal()) for item in node.names]
+    return {n: v for n, v in found.items() if bound.count(n) == 1}
 
 
 def _defined(source: str | None) -> cst.FunctionDef | None:
@@ -2512,9 +2535,10 @@ def _triton_helper(name: str) -> cst.FunctionDef | None:
     return found[0].visit(_Core())
 
 
-def _returned_value(fn: cst.FunctionDef, call: cst.Call) -> cst.BaseExpression | None:
+def _returned_value(fn: cst.FunctionDef, call: cst.Call,
+                    constants: dict[str, cst.Integer] | None = None) -> cst.BaseExpression | None:
     """What the straight-line helper ``fn`` returns for ``call``, written out over its arguments (see
-    :func:`_helper_value`)."""
+    :func:`_helper_value`); ``constants``: the int globals of its module it may read (:func:`_int_constants`)."""
     if fn.params.star_arg not in (None, cst.MaybeSentinel.DEFAULT) or fn.params.kwonly_params \
             or fn.params.star_kwarg is not None or fn.params.posonly_params \
             or not isinstance(fn.body, cst.IndentedBlock):
@@ -2534,6 +2558,9 @@ def _returned_value(fn: cst.FunctionDef, call: cst.Call) -> cst.BaseExpression |
     env = {n: v.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()]) if hasattr(v, "lpar") else v
            for n, v in given.items()}
     known = set(params) | {"tl", "triton"} | {"min", "max"}  # Triton reads the builtins as tl.minimum, tl.maximum
+    for name, value in (constants or {}).items():
+        if name not in params and name not in env:
+            env[name], known = value, known | {name}
 
     class _Put(_ValueNames):
         def again(self) -> _Put:

@@ -97,7 +97,19 @@ TILELINK_PLAN = {'matmul_relu_kernel': {'channels_per_rank': None,
                         'mode': 'pull',
                         'order': 'local_first',
                         'partner_kernels': ['ag_pull_producer'],
-                        'rotations': [],
+                        'rotations': [['(((tl.program_id(0)) // (4 * (tl.cdiv((N), (BLOCK_N))))) * '
+                                       '4) + (((tl.program_id(0)) % (4 * (tl.cdiv((N), '
+                                       '(BLOCK_N))))) % (min((tl.cdiv((M), (BLOCK_M))) - '
+                                       '(((tl.program_id(0)) // (4 * (tl.cdiv((N), (BLOCK_N))))) * '
+                                       '4), 4)))',
+                                       'tl.cdiv(M, BLOCK_M)',
+                                       '((tl.program_id(0)) % (4 * (tl.cdiv((N), (BLOCK_N))))) // '
+                                       '(min((tl.cdiv((M), (BLOCK_M))) - (((tl.program_id(0)) // '
+                                       '(4 * (tl.cdiv((N), (BLOCK_N))))) * 4), 4)) ; '
+                                       'tl.program_id(1) ; tl.program_id(2)',
+                                       '',
+                                       36,
+                                       False]],
                         'row_bounds': [['a_ptr', [[False, ['K']]], 'stride_ak', 44]],
                         'row_multiples': [],
                         'row_scales': [['a_ptr', ['stride_am'], 44]],

@@ -150,10 +150,10 @@ TILELINK_PLAN = {'down_kernel': {'atomic_axes': None,
                'mode': 'pull',
                'order': 'local_first',
                'partner_kernels': ['ag_pull_producer'],
-               'rotations': [['((tl.program_id(0)) // (tl.cdiv((N), (BLOCK_N))), '
-                              '(tl.program_id(0)) % (tl.cdiv((N), (BLOCK_N))))',
+               'rotations': [['(tl.program_id(0)) // (tl.cdiv((N), (BLOCK_N)))',
                               'tl.cdiv(M, BLOCK_M)',
-                              'tl.program_id(1) ; tl.program_id(2)',
+                              '(tl.program_id(0)) % (tl.cdiv((N), (BLOCK_N))) ; tl.program_id(1) ; '
+                              'tl.program_id(2)',
                               '',
                               19,
                               False]],
