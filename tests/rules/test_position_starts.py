@@ -289,9 +289,9 @@ HELPER = "@triton.jit\ndef pos(pid, SHIFT_BY: tl.constexpr = 0):\n    return pid
 @pytest.mark.parametrize("edit, said", [
     # a parameter the kernel binds again: the launch would bound the argument, not the kernel's value
     ((POSITION, "    SHIFT = SHIFT + 1\n" + POSITION), "it reads `SHIFT`"),
-    # a helper that reads a global of its module: not the kernel's name of that spelling
-    (("@tilelink.overlap", "OFF = 1\n\n\n@triton.jit\ndef pos(pid):\n    return pid - OFF\n\n\n@tilelink.overlap"),
-     "it reads `pos`"),
+    # a helper that reads a global of its module bound again: which value runs is not known
+    (("@tilelink.overlap", "OFF = 1\nOFF = 2\n\n\n@triton.jit\ndef pos(pid):\n    return pid - OFF\n\n\n"
+                           "@tilelink.overlap"), "it reads `pos`"),
     # a helper the file defines twice: the last definition is the one that runs
     (("@tilelink.overlap", "@triton.jit\ndef pos(pid):\n    return pid\n\n\n" + HELPER + "@tilelink.overlap"),
      "it reads `pos`"),
@@ -305,6 +305,14 @@ def test_a_position_tilelink_cannot_write_out_is_refused_at_the_access(edit, sai
     assert f"shifted_column_blocks.py:{LOAD_LINE + source.count(chr(10)) - SOURCE.count(chr(10))}:" in str(info.value)
     assert "whose sign TileLink cannot tell from its form and cannot write out" in str(info.value), str(info.value)
     assert said in str(info.value), str(info.value)
+
+
+def test_a_helper_reading_an_int_constant_of_its_file_is_written_out() -> None:
+    # `OFF = 1` bound once at the file's top level: Triton reads it as that constant
+    source = SOURCE.replace("@tilelink.overlap", "OFF = 1\n\n\n@triton.jit\ndef pos(pid):\n    return pid - OFF\n\n\n"
+                            "@tilelink.overlap").replace(POSITION, "    pid_d = pos(tl.program_id(1))\n")
+    (value, _), = _plan(source).row_starts
+    assert "pos" not in value and "OFF" not in value and "- 1" in value, value
 
 
 @pytest.mark.parametrize("call", ["pos(tl.program_id(1))", "pos(pid=tl.program_id(axis=1))",
