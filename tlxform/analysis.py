@@ -731,6 +731,7 @@ class _Analyzer:
         self.inline_columns: dict[str, str] = {}
         # the `@triton.jit` helpers the kernel's file imports by name, read once where a value calls one
         self.imported: dict[str, str] | None = None
+        self.int_constants: dict[str, cst.Integer] | None = None  # read once (_int_constants)
         # the column starts at a program's position whose sign the launch bounds from the grid
         # (`KernelAnalysis.row_starts`)
         self.row_starts: list[tuple[str, Where]] = []
@@ -2475,7 +2476,9 @@ def _helper_value(an: _Analyzer, call: cst.Call) -> cst.BaseExpression | None:
 
 def _int_constants(an: _Analyzer) -> dict[str, cst.Integer]:
     """The file's names bound once, at its top level, to an int literal (`GROUP = 4`), and nowhere else: Triton
-    reads such a global as that constant where a helper of the file uses it."""
+    reads such a global as that constant where a helper of the file uses it. Read once per kernel."""
+    if an.int_constants is not None:
+        return an.int_constants
     found: dict[str, cst.Integer] = {}
     for line in an.module.body:
         if isinstance(line, cst.SimpleStatementLine):
@@ -2483,16 +2486,12 @@ def _int_constants(an: _Analyzer) -> dict[str, cst.Integer]:
                 if isinstance(small, cst.Assign) and len(small.targets) == 1 and isinstance(
                         small.targets[0].target, cst.Name) and isinstance(small.value, cst.Integer):
                     found[small.targets[0].target.value] = small.value
-    if any(m.findall(stmt, m.ImportFrom(names=m.ImportStar())) for stmt in an.module.body):
-        return {}
-    bound = [n for node in m.findall(an.module, m.AssignTarget() | m.AnnAssign() | m.AugAssign() | m.For())
-             for n in names_in(node.target)] + [
-        n.value for node in m.findall(an.module, m.FunctionDef() | m.ClassDef()) for n in [node.name]] + [
-        alias.asname.name.value if alias.asname is not None and isinstance(alias.asname.name, cst.Name) else
-        code(alias.name).split(".")[0] for node in m.findall(an.module, m.Import() | m.ImportFrom())
-        if not isinstance(node.names, cst.ImportStar) for alias in node.names] + [
-        item.name.value for node in m.findall(an.module, m.Global() | m.Nonlocal()) for item in node.names]
-    return {n: v for n, v in found.items() if bound.count(n) == 1}
+    from tilelink.helper_sources import module_bindings
+
+    starred = any(m.findall(stmt, m.ImportFrom(names=m.ImportStar())) for stmt in an.module.body)
+    bound = {} if starred else module_bindings(an.module)
+    an.int_constants = {n: v for n, v in found.items() if bound.get(n) == 1}
+    return an.int_constants
 
 
 def _defined(source: str | None) -> cst.FunctionDef | None:

@@ -74,7 +74,7 @@ def _jitted_in(dotted: str, level: int, file: str, is_jit) -> dict[str, str]:
         parsed = cst.parse_module(text)
     except cst.ParserSyntaxError:
         return {}
-    bound = _bindings(parsed)
+    bound = module_bindings(parsed)
     # a name the module binds more than once (`program_id = _other` after its `def`, a second `def` under `if`) is
     # whichever ran last, not necessarily the `def` read here; so may a star import after it (`from m import *`)
     stars = [i for i, stmt in enumerate(parsed.body) if m.findall(stmt, m.ImportFrom(names=m.ImportStar()))]
@@ -83,7 +83,7 @@ def _jitted_in(dotted: str, level: int, file: str, is_jit) -> dict[str, str]:
             and not any(star > i for star in stars)}
 
 
-def _bindings(module: cst.Module) -> dict[str, int]:
+def module_bindings(module: cst.Module) -> dict[str, int]:
     """How many times each name is bound anywhere in ``module``: by a `def` or `class`, an import, an assignment
     (plain, annotated, augmented, a named expression, an unpacking), a loop's or a `with`'s target, or a `global` or
     `nonlocal` declaration (a function may bind it)."""
