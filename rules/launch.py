@@ -709,7 +709,8 @@ class Launcher:
         """The other ranks, ring order (the next rank first)."""
         return [(world.rank + step) % world.world_size for step in range(1, world.world_size)]
 
-    def handshake(self, ctx, ready, world, epoch: int, flags: tuple[int, int, int] = (0, 0, 0)) -> None:
+    def handshake(self, ctx, ready, world, epoch: int, flags: tuple[int, int, int] = (0, 0, 0),
+                  copy: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
         """Tell every peer that this rank reached call ``epoch`` (word ``rank`` of their ``ready``), then wait for
         every peer's word: on a GPU one kernel on the current stream does both (:class:`HandshakeLaunch`), so the
         work enqueued behind it starts once every peer has reached the call; in the emulated world the host
@@ -722,7 +723,10 @@ class Launcher:
         that does not come in time is reported as :class:`~tilelink.runtime.diagnostics.HandshakeTimeout` ("rank
         1 has not reached call 3 of ag_gemm_kernel"): on a GPU from the record the kernel leaves in ``ctx.diag``,
         read as any wait's (``finish``); in the emulated world at once, and the host's wait also stops, with
-        :class:`~tilelink.runtime.diagnostics.PeerFailedError`, when the peer failed or finished its work."""
+        :class:`~tilelink.runtime.diagnostics.PeerFailedError`, when the peer failed or finished its work.
+        ``copy``: ``(shard, place)``, this rank's shard to copy into its place in the gathered set first (a
+        contiguous place of the shard's shape and dtype); on a GPU the handshake's kernel makes the copy
+        (:func:`tilelink.runtime.handshake.shard_handshake_kernel`) where the shard is 16-byte aligned."""
         from tilelink.runtime.diagnostics import skew_timeout_s
 
         emulated = world.backend == "emulated"
@@ -732,8 +736,10 @@ class Launcher:
             if entry is None or entry[0] is not ctx:
                 launch = HandshakeLaunch(ready, ctx.diag, ctx.channel, ctx.scratch, world, flags[:2])
                 entry = self.handshakes[id(ctx)] = (ctx, launch)
-            entry[1](epoch, int(budget * 1e9), flags[2])
+            entry[1](epoch, int(budget * 1e9), flags[2], copy)
             return
+        if copy is not None:
+            copy[1].copy_(copy[0])
         from tilelink.runtime import rank_notify
 
         peers = self.peer_order(world)
@@ -999,16 +1005,21 @@ class AloneLaunch:
 
 class HandshakeLaunch:
     """The handshake of one context's uncaptured calls on a GPU (:meth:`Launcher.handshake`), made once per context:
-    ``launch(call, budget_ns, flag_value)`` launches :func:`tilelink.runtime.handshake.handshake_kernel` on the current
-    stream over the context's ``ready`` words, diagnostics array and ``flags`` (``(first, count)`` of ``channel``'s
-    words), through a bound launch (:class:`tilelink.rules.direct.Bound`: only the call's number, the budget and the
-    flags' value change between calls). Each form of those two ints (their widths)
-    is compiled and loaded first by a dry run against the context's scratch array, once this rank's streams are
-    idle: loading a module waits for the kernels already running, and the call's kernel may be the one a peer waits
-    for. It stands in for a ``cuStreamWriteValue64`` per peer and, per peer, a ``cuStreamWaitValue64`` with two
-    events for the host thread that watched it."""
+    ``launch(call, budget_ns, flag_value, copy)`` launches :func:`tilelink.runtime.handshake.handshake_kernel` on the
+    current stream over the context's ``ready`` words, diagnostics array and ``flags`` (``(first, count)`` of
+    ``channel``'s words), through a bound launch (:class:`tilelink.rules.direct.Bound`: only the call's number, the
+    budget and the flags' value change between calls); with ``copy`` (an all-gather's ``(shard, place)``),
+    :func:`~tilelink.runtime.handshake.shard_handshake_kernel`, which copies the shard into its place first, one
+    bound launch per place. Each form of those ints (their widths) and places is compiled and loaded first by a dry
+    run against the context's scratch array, once this rank's streams are idle: loading a module waits for the
+    kernels already running, and the call's kernel may be the one a peer waits for. It stands in for a
+    ``cuStreamWriteValue64`` per peer and, per peer, a ``cuStreamWaitValue64`` with two events for the host thread
+    that watched it (and, with ``copy``, for the shard's ``cuMemcpyAsync``)."""
 
-    __slots__ = ("call", "device", "dry", "kernel", "loaded", "run")
+    __slots__ = ("call", "copies", "device", "dry", "kernel", "loaded", "run", "sms")
+
+    #: elements a program copies a step (4 warps: 16-byte vectors of a 2-byte type, 4 each per thread)
+    COPY_BLOCK = 4096
 
     def __init__(self, ready, diag, channel, scratch: torch.Tensor, world, flags: tuple[int, int]) -> None:
         from tilelink.runtime.handshake import handshake_kernel
@@ -1023,24 +1034,68 @@ class HandshakeLaunch:
         table = torch.full((world.world_size,), scratch.data_ptr(), dtype=torch.int64, device=world.device)
         self.dry = {**self.call, "ready_table": table, "ready_ptr": scratch, "flags_ptr": scratch, "call": 0}
         self.loaded: set[tuple] = set()
-        if type(self.kernel) is DirectKernel:
-            self.run = self.kernel.bound((1,), self.call, ("call", "budget", "flag_value"))
-        else:  # Triton's own launch
+        self.copies: dict[tuple, tuple] = {}  # (place's address, numel, dtype) -> (its launch, its dry run's call)
+        self.sms = 0
+        self.run = self._bound(self.kernel, (1,), self.call, ("call", "budget", "flag_value"))
 
-            def run(call: int, budget: int, flag_value: int) -> None:
-                self.kernel[(1,)](**{**self.call, "call": call, "budget": budget, "flag_value": flag_value})
+    @staticmethod
+    def _bound(kernel, grid, call: dict, names: tuple[str, ...]):
+        if type(kernel) is DirectKernel:
+            return kernel.bound(grid, call, names)
 
-            self.run = run
+        def run(*values) -> None:  # Triton's own launch
+            kernel[grid](**{**call, **dict(zip(names, values, strict=True))})
 
-    def __call__(self, call: int, budget: int, flag_value: int) -> None:
+        return run
+
+    def _copying(self, place: torch.Tensor) -> tuple:
+        """The launch that copies a shard into ``place`` and hands shakes, and its dry run's call, made once per
+        place: the place (its address, size and dtype) is the same every call of its set."""
+        key = (place.data_ptr(), place.numel(), place.dtype)
+        entry = self.copies.get(key)
+        if entry is None:
+            from tilelink.runtime.handshake import shard_handshake_kernel
+
+            if not self.sms:
+                self.sms = torch.cuda.get_device_properties(self.device).multi_processor_count
+            n = place.numel()
+            grid = (max(1, min(cdiv(n, self.COPY_BLOCK), 4 * self.sms)),)
+            # a count per place: two calls of a context on two streams, not ordered, are of two parities
+            count = torch.zeros(1, dtype=torch.int64, device=self.device)
+            call = {"src_ptr": place, "dst_ptr": place, "n": n, "count_ptr": count,
+                    **{k: v for k, v in self.call.items() if k != "num_warps"}, "BLOCK": self.COPY_BLOCK,
+                    "num_warps": 4}
+            kernel = direct(shard_handshake_kernel)
+            # the dry run copies the place onto itself: the same bytes, whoever reads them meanwhile
+            dry = {**call, **{k: v for k, v in self.dry.items() if k != "num_warps"}}
+            entry = self.copies[key] = (self._bound(kernel, grid, call, ("src_ptr", "call", "budget", "flag_value")),
+                                        kernel, grid, dry)
+        return entry
+
+    def __call__(self, call: int, budget: int, flag_value: int, copy: tuple | None = None) -> None:
         # what of the three ints Triton compiles on: their widths
         form = (-2**31 <= call < 2**31, -2**31 <= budget < 2**31, -2**31 <= flag_value < 2**31)
-        if form not in self.loaded:
+        if copy is not None:
+            shard, place = copy
+            if shard.data_ptr() % 16 or place.data_ptr() % 16:  # the kernel's variant of aligned rows only
+                place.copy_(shard)
+                copy = None
+        if copy is None:
+            if form not in self.loaded:
+                torch.cuda.synchronize(self.device)
+                self.kernel[(1,)](**{**self.dry, "budget": budget, "flag_value": flag_value})
+                torch.cuda.synchronize(self.device)
+                self.loaded.add(form)
+            self.run(call, budget, flag_value)
+            return
+        run, kernel, grid, dry = self._copying(place)
+        key = (*form, place.data_ptr(), place.numel(), place.dtype)
+        if key not in self.loaded:
             torch.cuda.synchronize(self.device)
-            self.kernel[(1,)](**{**self.dry, "budget": budget, "flag_value": flag_value})
+            kernel[grid](**{**dry, "budget": budget, "flag_value": flag_value})
             torch.cuda.synchronize(self.device)
-            self.loaded.add(form)
-        self.run(call, budget, flag_value)
+            self.loaded.add(key)
+        run(shard, call, budget, flag_value)
 
 
 def channel_args(barriers: torch.Tensor, epoch: int, rank: int, world_size: int, sharding: RowSharding,

@@ -336,13 +336,17 @@ class AllGatherLauncher(Launcher):
         # epoch + 2, behind its wait for every peer's word of epoch + 1, which each peer sets only once its streams
         # are past call epoch: the set's readers and writers of call epoch are done (ARCHITECTURE.md). Stream
         # barriers here would make every rank wait for the slowest rank's host on every call.
-        for name, full in zip(self.plan.tensors, fulls, strict=True):
-            if hi > lo:
-                full.narrow(dim, lo, hi - lo).copy_(described(bound[name]))
+        shards = [(described(bound[name]), full.narrow(dim, lo, hi - lo))
+                  for name, full in zip(self.plan.tensors, fulls, strict=True) if hi > lo]
+        fused = shards[0] if len(shards) == 1 and copied_by_handshake(*shards[0]) else None
+        for shard, place in shards:
+            if fused is None:
+                place.copy_(shard)
         # on the main stream (a GPU's current one: follow_caller); on a GPU its kernel also sets the copy engine's
-        # flags of this rank's own channels, whose rows the shard's copy put in place
+        # flags of this rank's own channels, whose rows the shard's copy put in place (the kernel's own copy, where
+        # one shard goes into a contiguous place)
         own = (world.rank * ctx.sharding.channels_per_rank, ctx.sharding.channels_per_rank, epoch * k)
-        self.handshake(ctx, ctx.ready, world, epoch, own if copy_engine and side is not None else (0, 0, 0))
+        self.handshake(ctx, ctx.ready, world, epoch, own if copy_engine and side is not None else (0, 0, 0), fused)
         # a channel is notified once per call per gathered tensor
         consumer_args = self.channel_args(ctx.channel.barriers, epoch * k, world, ctx.sharding, ctx.diag)
         if side is None and races.enabled():  # emulated, every channel as late as the consumer allows
@@ -371,6 +375,13 @@ class AllGatherLauncher(Launcher):
                 self._producer(ctx, world, epoch, ctx.channel.barriers, ctx.channel.peer_table)
             self.kernel[grid](**call, **consumer_args)
         self.finish(ctx)
+
+
+def copied_by_handshake(shard, place: torch.Tensor) -> bool:
+    """Whether the handshake's kernel can copy ``shard`` into ``place`` (``Launcher.handshake``'s ``copy``): a plain
+    contiguous tensor of the place's shape and dtype, into a contiguous place."""
+    return (type(shard) is torch.Tensor and shard.dtype == place.dtype and shard.shape == place.shape
+            and shard.is_contiguous() and place.is_contiguous() and place.numel() > 0)
 
 
 def _shard_place(place: torch.Tensor) -> tuple[torch.Tensor, int, int]:
@@ -436,14 +447,20 @@ class GatherLaunch:
         try:
             # this rank's shards into the set of the call's parity (none for an empty shard), the handshake behind
             # them: launch's reasons
-            for (place, address, nbytes), i in zip(self.shards[parity], self.gathered, strict=False):
-                shard = tensors[i]
-                if address and shard.dtype == place.dtype and shard.shape == place.shape and shard.is_contiguous():
-                    # one driver call on the caller's stream: torch's copy_ took 10-30 µs of the call's host time
-                    self.copy_at(address, shard.data_ptr(), nbytes, ctx.streams.main)
-                else:
-                    place.copy_(shard)
-            launcher.handshake(ctx, ctx.ready, world, epoch, (*self.own, value) if self.copy_engine else (0, 0, 0))
+            places = self.shards[parity]
+            fused = None
+            if len(places) == 1 and copied_by_handshake(tensors[self.gathered[0]], places[0][0]):
+                fused = (tensors[self.gathered[0]], places[0][0])  # the handshake's kernel copies it
+            else:
+                for (place, address, nbytes), i in zip(places, self.gathered, strict=False):
+                    shard = tensors[i]
+                    if address and shard.dtype == place.dtype and shard.shape == place.shape and shard.is_contiguous():
+                        # one driver call on the caller's stream: torch's copy_ took 10-30 µs of the call's host time
+                        self.copy_at(address, shard.data_ptr(), nbytes, ctx.streams.main)
+                    else:
+                        place.copy_(shard)
+            launcher.handshake(ctx, ctx.ready, world, epoch, (*self.own, value) if self.copy_engine else (0, 0, 0),
+                               fused)
             # the copy engine's own flags were set with the handshake (an SM producer sets its own)
             args = (ctx, world, epoch, ctx.channel.barriers, ctx.channel.peer_table, False)
             if side is None:  # emulated: kernels are synchronous, the producer first

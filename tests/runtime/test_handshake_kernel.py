@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 import tilelink
-from tests.runtime.handshake_worlds import handshake_calls
+from tests.runtime.handshake_worlds import handshake_calls, shard_handshake_calls
 
 
 @pytest.mark.slow  # two ranks of interpreted kernels, the late rank's second of sleep
@@ -27,3 +27,12 @@ def test_a_rank_that_does_not_come_is_named_with_the_call(monkeypatch) -> None:
     assert rank0[0] == "ok" and rank0[1].startswith("HandshakeTimeout peer=1 call=2 seen=1: "), rank0
     assert "rank 0: rank 1 has not reached call 2 of ag_gemm_kernel after 1.5 s (30 x TILELINK_WAIT_TIMEOUT=0.05); " \
            "it last reached call 1." in rank0[1], rank0
+
+
+@pytest.mark.parametrize(("n", "block", "programs"), [(1000, 128, 3), (64, 128, 4), (256, 128, 2)])
+def test_the_copying_handshake_puts_the_shard_in_place_before_it_tells_the_peers(n, block, programs) -> None:
+    """The all-gather's handshake with the shard's copy (``shard_handshake_kernel``): programs striding over blocks
+    (more blocks than programs, fewer, as many), the last one to finish hand shakes and resets the count for the next
+    call; three calls on two ranks."""
+    for rank, seen in enumerate(tilelink.spawn(shard_handshake_calls, 2, 3, n, block, programs)):
+        assert seen == ["ok", "ok", "ok"], (rank, seen)
