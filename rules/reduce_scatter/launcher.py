@@ -278,7 +278,8 @@ class ReduceScatterLauncher(Launcher):
         ``(WAIT, address, channel, elements)`` (the side stream waits until this rank's word ``channel`` of the
         sent channel, at ``address``, reaches the call's number times ``elements``), ``(COPY, destination, source,
         bytes)`` or ``(NOTIFY, address, index, 0)`` (a peer's word ``index`` of its receive channel set to the call's
-        number). Read per call, the words' addresses and the copies' views cost the host microseconds each."""
+        number). Read per call, the words' addresses and the copies' views cost the host microseconds each. This rank's
+        own channels have no step: the stream waits for the GEMM as a whole before the reduction (``_scatter``)."""
         key = ("steps", parity)
         steps = ctx.scatter_plans.get(key)
         if steps is not None:
@@ -286,7 +287,7 @@ class ReduceScatterLauncher(Launcher):
         sh, row_elems, steps = ctx.sharding, ctx.row_elems, []
         for dst, remote, channels in self._scatter_plan(ctx, world, parity):
             for j, ch, rows, views in channels:
-                if rows > 0:
+                if rows > 0 and remote:
                     steps.append((_WAIT, ctx.sent_channel.word_address(ch, world.rank, "reduce-scatter"), ch,
                                   rows * row_elems))
                     if views is not None:
@@ -300,8 +301,11 @@ class ReduceScatterLauncher(Launcher):
     def _scatter(self, ctx: ReduceScatterContext, world, epoch: int) -> None:
         """Hybrid, copy-engine half: as each channel's rows are complete here, copy them into the
         receive slot of the rank that owns them and tell it (ring order: the next rank first). This
-        rank's own rows stay where they were written (the reduction reads them there); the stream only
-        waits for them, so that the reduction, launched next, starts after the GEMM's last tile."""
+        rank's own rows stay where they were written (the reduction reads them there, behind its own waits for
+        their channels); the stream only waits for them, so that the reduction, launched next, starts after the
+        GEMM's last tile. Uncaptured, that is a wait for the main stream's work so far, the GEMM's (one event, where a
+        watched wait on each own channel was a stream wait, two events and the watcher's bookkeeping; the GEMM
+        computes this rank's own rows last)."""
         stream = ctx.streams.side
         chained = False  # the first wait's budget starts when the stream reaches it; the next ones', as the last passed
         if not ctx.captured:  # the host goes on enqueueing; a stuck wait is released and raised by finish()
@@ -315,6 +319,8 @@ class ReduceScatterLauncher(Launcher):
                     impl.copy_at(address, other, n, stream)
                 else:
                     impl.write_value_at(address, epoch, stream)
+            if stream is not None:  # emulated kernels are done when they return
+                ctx.streams.fork()
             return
         sh, row_elems = ctx.sharding, ctx.row_elems
         for dst, remote, channels in self._scatter_plan(ctx, world, epoch % 2):
