@@ -104,7 +104,7 @@ def _pid_times_size(an, tile) -> bool:
     tile of one row."""
     import libcst as cst
 
-    from tilelink.analysis import code
+    from tilelink.analysis import code, widened_value
 
     try:
         start, size = cst.parse_expression(tile.start), code(cst.parse_expression(tile.size))
@@ -117,8 +117,10 @@ def _pid_times_size(an, tile) -> bool:
         if len(values) != 1:
             return False
         start = cst.parse_expression(values[0])
-    return (isinstance(start, cst.BinaryOperation) and isinstance(start.operator, cst.Multiply)
-            and {code(start.left), code(start.right)} == {tile.pid, size})
+    if not (isinstance(start, cst.BinaryOperation) and isinstance(start.operator, cst.Multiply)):
+        return False
+    # `pid.to(tl.int64) * SIZE`: the cast keeps the pid's value
+    return {code(widened_value(side) or side) for side in (start.left, start.right)} == {tile.pid, size}
 
 
 def remap_order(an: KernelAnalysis, access: Access, rule: str, order: str,

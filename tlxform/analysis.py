@@ -1195,7 +1195,8 @@ class _Analyzer:
         return code(dim_size)
 
     def _pid_of(self, start: str) -> str | None:
-        """``pid_m * BLOCK_M`` -> ``"pid_m"`` (a variable, not a parameter)."""
+        """``pid_m * BLOCK_M`` -> ``"pid_m"`` (a variable, not a parameter; ``pid_m.to(tl.int64) * BLOCK_M`` too: the
+        cast keeps its value)."""
         try:
             e = cst.parse_expression(start)
         except cst.ParserSyntaxError:
@@ -1205,6 +1206,7 @@ class _Analyzer:
             return self._pid_of(code(self.assignments[e.value][0][1]))
         if isinstance(e, cst.BinaryOperation) and isinstance(e.operator, cst.Multiply):
             for side in (e.left, e.right):
+                side = widened_value(side) or side
                 if isinstance(side, cst.Name) and side.value not in self.params \
                         and side.value in self.assignments:
                     return side.value

@@ -19,7 +19,8 @@ import libcst.matchers as m
 from libcst.metadata import MetadataWrapper, PositionProvider
 
 import tilelink
-from tilelink.analysis import analyse, find_kernel, is_triton_jit, names_in, parse_source
+from tilelink.analysis import Where, analyse, find_kernel, is_triton_jit, names_in, parse_source
+from tilelink.branches import AlikeBranches, alike_branches, anchored_outside
 from tilelink.errors import AnnotationError
 from tilelink.inline import inline_helpers
 from tilelink.plan import Insertion, Report, ReportEntry, RewritePlan
@@ -78,6 +79,28 @@ def plan_kernel(module: cst.Module, file: str, request: Request, names_at=None) 
         "would run different code, while TileLink's waits and notifies synchronise every thread of the program "
         "(software pipelining stays)", at) for at in an.warp_specialized)
     return dataclasses.replace(plan, report=plan.report + notes) if notes else plan
+
+
+def _alike_checked(plan: RewritePlan, alike: AlikeBranches, inlined, file: str) -> RewritePlan:
+    """``plan``, made on the module that reads each ``if`` of ``alike`` as one binding, for the module the user wrote:
+    refused where it inserts inside such an ``if`` (its code would go into one side only), else with a note per
+    ``if`` read so."""
+    insertions, inside = anchored_outside(alike, plan.insertions)
+    if inside:
+        ins, region = inside[0]
+        raise inlined.user_error(AnnotationError(
+            f"TileLink would insert its code at line {ins.anchor.line}, inside the `if {region.test}` at line "
+            f"{region.first}, whose sides bind the same values (up to casts to int64) and which it read as that "
+            f"one binding: the code would be on one side only",
+            file=file, line=region.first, column=region.column,
+            hint="write what the sides share once, outside the `if`, and keep only the casts under it "
+                 "(`r = tl.program_id(0)`, then `if WIDE: r = r.to(tl.int64)`), or write one side"))
+    notes = tuple(ReportEntry(plan.kernel, plan.rule, "note", f"the `if {r.test}` at line "
+                              f"{inlined.user_line(r.first)} binds the same values on both sides (up to casts to "
+                              f"int64): read as one binding, both sides kept", Where(file, inlined.user_line(r.first),
+                                                                                    r.column))
+                  for r in alike.regions)
+    return dataclasses.replace(plan, insertions=insertions, report=plan.report + notes)
 
 
 def source_hash(source: str, requests: list[Request]) -> str:
@@ -304,7 +327,12 @@ def generate(source: str, file: str, requests: list[Request]) -> GeneratedModule
     for req in requests:
         # helpers that receive an annotated tensor are inlined: the analysis and the rewrite see their accesses
         inlined = inline_helpers(module, file, req.kernel, [t for s in req.specs for t in s.tensors])
-        plan = inlined.planned(plan_kernel, file, req)
+        # an `if` whose sides bind the same values is read as that one binding; the module written keeps it
+        alike = alike_branches(inlined.module, req.kernel)
+        plan = (dataclasses.replace(inlined, module=alike.module) if alike.regions else inlined).planned(
+            plan_kernel, file, req)
+        if alike.regions:
+            plan = _alike_checked(plan, alike, inlined, file)
         launch = plan.launch  # the row facts at the user's lines (an inlined helper's, inside the helper)
         plan = dataclasses.replace(plan, launch=dataclasses.replace(
             launch, row_scales=tuple(sorted({(t, f, inlined.user_line(line)) for t, f, line in launch.row_scales})),
