@@ -72,11 +72,14 @@ class AlikeBranches:
 
 
 _INT_CALLS = ("program_id", "num_programs", "arange", "cdiv")
+#: the calls of those that give a scalar
+SCALAR_CALLS = ("program_id", "num_programs", "cdiv")
 
 
-def _int_sources(fn: cst.FunctionDef) -> set[str]:
-    """The kernel's names whose every binding is an int the analysis can see to be one (:func:`_is_int`): its
-    parameters, ``range`` loop indices, and names assigned only such values."""
+def int_sources(fn: cst.FunctionDef, calls: tuple[str, ...] = _INT_CALLS) -> set[str]:
+    """The kernel's names whose every binding is an int the analysis can see to be one (:func:`is_int`, with the
+    ``tl`` functions ``calls``): its parameters, ``range`` loop indices, and names assigned only such values. With
+    :data:`SCALAR_CALLS`, the scalar ones (no ``arange``)."""
     params = {p.name.value for p in (*fn.params.posonly_params, *fn.params.params, *fn.params.kwonly_params)}
     values: dict[str, list[cst.BaseExpression | None]] = {}
     for node in m.findall(fn.body, m.Assign() | m.AugAssign() | m.AnnAssign() | m.For() | m.NamedExpr()):
@@ -108,34 +111,35 @@ def _int_sources(fn: cst.FunctionDef) -> set[str]:
             if name in known:
                 continue
             own = known | ({name} if name in params else set())
-            if all(v is not None and _is_int(v, own | {name}) for v in vals):
+            if all(v is not None and is_int(v, own | {name}, calls) for v in vals):
                 known.add(name)
                 changed = True
     return known
 
 
-def _is_int(value: cst.BaseExpression, ints: set[str]) -> bool:
-    """Whether ``value`` is an int by its form: an int literal, a name of ``ints``, a program id, an ``arange``,
-    ``tl.cdiv``, a cast to a 64-bit int of one, or ``+ - * // %`` and unary minus of them."""
+def is_int(value: cst.BaseExpression, ints: set[str], calls: tuple[str, ...] = _INT_CALLS) -> bool:
+    """Whether ``value`` is an int by its form: an int literal, a name of ``ints``, a call of ``tl`` among ``calls`` (a
+    program id, an ``arange``, ``tl.cdiv``), a cast to a 64-bit int of one, or ``+ - * // %`` and unary minus of
+    them."""
     if isinstance(value, cst.Integer):
         return True
     if isinstance(value, cst.Name):
         return value.value in ints
     if isinstance(value, cst.BinaryOperation):
         return isinstance(value.operator, (cst.Add, cst.Subtract, cst.Multiply, cst.FloorDivide, cst.Modulo)) \
-            and _is_int(value.left, ints) and _is_int(value.right, ints)
+            and is_int(value.left, ints, calls) and is_int(value.right, ints, calls)
     if isinstance(value, cst.UnaryOperation):
-        return isinstance(value.operator, cst.Minus) and _is_int(value.expression, ints)
+        return isinstance(value.operator, cst.Minus) and is_int(value.expression, ints, calls)
     if isinstance(value, cst.Call):
         inner = widened_value(value)
         if inner is not None:
-            return _is_int(inner, ints)
-        return m.matches(value.func, m.Attribute(value=m.Name("tl"), attr=m.OneOf(*(m.Name(n) for n in _INT_CALLS))))
+            return is_int(inner, ints, calls)
+        return m.matches(value.func, m.Attribute(value=m.Name("tl"), attr=m.OneOf(*(m.Name(n) for n in calls))))
     return False
 
 
 class _Narrowed(cst.CSTTransformer):
-    """Drop every cast to a 64-bit int of an int (:func:`_is_int`), counting them; ``failed`` once a cast of
+    """Drop every cast to a 64-bit int of an int (:func:`is_int`), counting them; ``failed`` once a cast of
     anything else is seen (a value it may change)."""
 
     def __init__(self, ints: set[str]) -> None:
@@ -146,7 +150,7 @@ class _Narrowed(cst.CSTTransformer):
         inner = widened_value(updated)
         if inner is None:
             return updated
-        if not _is_int(inner, self.ints):
+        if not is_int(inner, self.ints):
             self.failed = True
             return updated
         self.casts += 1
@@ -202,7 +206,7 @@ def alike_branches(module: cst.Module, kernel: str) -> AlikeBranches:
     fn = find_kernel(module, kernel)
     if fn is None:
         return AlikeBranches(module, ())
-    ints = _int_sources(fn)
+    ints = int_sources(fn)
     positions = MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider)
     lines = module.code.split("\n")
     replaced: dict[int, str] = {}  # 0-based line -> its text in the analysed module

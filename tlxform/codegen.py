@@ -22,6 +22,7 @@ import tilelink
 from tilelink.analysis import Where, analyse, find_kernel, is_triton_jit, names_in, parse_source
 from tilelink.branches import AlikeBranches, alike_branches, anchored_outside
 from tilelink.errors import AnnotationError
+from tilelink.expanded import as_written, expanded_offsets
 from tilelink.inline import inline_helpers
 from tilelink.plan import Insertion, Report, ReportEntry, RewritePlan
 from tilelink.rules import rule_of
@@ -79,6 +80,33 @@ def plan_kernel(module: cst.Module, file: str, request: Request, names_at=None) 
         "would run different code, while TileLink's waits and notifies synchronise every thread of the program "
         "(software pipelining stays)", at) for at in an.warp_specialized)
     return dataclasses.replace(plan, report=plan.report + notes) if notes else plan
+
+
+def _planned(inlined, module: cst.Module, view: cst.Module, expanded: dict[str, str], file: str,
+             request: Request) -> RewritePlan:
+    """The plan of ``request`` made on ``view`` (``module`` with the offsets ``expanded`` read as vectors), its
+    insertions as they read in ``module`` (``expanded.as_written``), noted in its report; made on ``module`` instead
+    where that refuses or inserts code that reads those offsets as the vectors. ``inlined``: the positions' way back
+    to the user's file."""
+    def on(m_: cst.Module) -> RewritePlan:
+        return (dataclasses.replace(inlined, module=m_) if m_ is not inlined.module else inlined).planned(
+            plan_kernel, file, request)
+
+    if not expanded:
+        return on(module)
+    try:
+        plan = on(view)
+    except AnnotationError:
+        return on(module)
+    written = [as_written(ins.lines, expanded) for ins in plan.insertions]
+    if any(lines is None for lines in written):
+        return on(module)
+    names = ", ".join(f"`{n}` (`{axis}`)" for n, axis in sorted(expanded.items()))
+    note = ReportEntry(plan.kernel, plan.rule, "note", f"the offsets {names}, broadcast where bound (`tl.arange(0, "
+                       f"B)[:, None]`), read as the vector and that subscript at each use")
+    insertions = tuple(dataclasses.replace(ins, lines=lines) for ins, lines in zip(plan.insertions, written,
+                                                                                   strict=True))
+    return dataclasses.replace(plan, insertions=insertions, report=plan.report + (note,))
 
 
 def _alike_checked(plan: RewritePlan, alike: AlikeBranches, inlined, file: str) -> RewritePlan:
@@ -327,10 +355,11 @@ def generate(source: str, file: str, requests: list[Request]) -> GeneratedModule
     for req in requests:
         # helpers that receive an annotated tensor are inlined: the analysis and the rewrite see their accesses
         inlined = inline_helpers(module, file, req.kernel, [t for s in req.specs for t in s.tensors])
-        # an `if` whose sides bind the same values is read as that one binding; the module written keeps it
+        # an `if` whose sides bind the same values is read as that one binding, offsets broadcast where bound as the
+        # vector and its subscript at each use; the module written keeps what the user wrote
         alike = alike_branches(inlined.module, req.kernel)
-        plan = (dataclasses.replace(inlined, module=alike.module) if alike.regions else inlined).planned(
-            plan_kernel, file, req)
+        view, expanded = expanded_offsets(alike.module, req.kernel)
+        plan = _planned(inlined, alike.module, view, expanded, file, req)
         if alike.regions:
             plan = _alike_checked(plan, alike, inlined, file)
         launch = plan.launch  # the row facts at the user's lines (an inlined helper's, inside the helper)
