@@ -86,8 +86,8 @@ def _planned(inlined, module: cst.Module, view: cst.Module, expanded: dict[str, 
              request: Request) -> RewritePlan:
     """The plan of ``request`` made on ``view`` (``module`` with the offsets ``expanded`` read as vectors), its
     insertions as they read in ``module`` (``expanded.as_written``), noted in its report; made on ``module`` instead
-    where that refuses or inserts code that reads those offsets as the vectors. ``inlined``: the positions' way back
-    to the user's file."""
+    where that refuses (whose refusal is then the view's, which read further) or inserts code that reads those offsets
+    as the vectors. ``inlined``: the positions' way back to the user's file."""
     def on(m_: cst.Module) -> RewritePlan:
         return (dataclasses.replace(inlined, module=m_) if m_ is not inlined.module else inlined).planned(
             plan_kernel, file, request)
@@ -96,8 +96,11 @@ def _planned(inlined, module: cst.Module, view: cst.Module, expanded: dict[str, 
         return on(module)
     try:
         plan = on(view)
-    except AnnotationError:
-        return on(module)
+    except AnnotationError as refused:
+        try:
+            return on(module)
+        except AnnotationError:  # the view reads further: its reason is the one that stands
+            raise refused from None
     written = [as_written(ins.lines, expanded) for ins in plan.insertions]
     if any(lines is None for lines in written):
         return on(module)

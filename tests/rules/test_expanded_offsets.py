@@ -12,6 +12,7 @@ import triton
 
 import tilelink
 from tests.rules.cases import module_at, rows_of, worst
+from tilelink.errors import AnnotationError
 from tilelink.expanded import as_written, expanded_offsets
 from tilelink.runtime import current_world
 
@@ -125,3 +126,49 @@ def test_inserted_code_reads_the_name_as_bound_or_the_plan_is_made_on_the_kernel
     assert as_written(("x = tl.sum(tl.where(o[:, None] < n, 1, 0))",), axes) == ("x = tl.sum(tl.where(o < n, 1, 0))",)
     assert as_written(("x = o + 1",), axes) is None  # the vector itself: the kernel as written has no such value
     assert as_written(("y = other[:, None]",), axes) == ("y = other[:, None]",)
+
+
+HEURISTIC = '''import triton
+import triton.language as tl
+
+import tilelink
+
+
+@tilelink.overlap(tilelink.reduce_scatter("C"))
+@triton.heuristics({"ONE_TILE": lambda args: args["M"] <= args["BLOCK_M"]})
+@triton.jit
+def mv_kernel(A, B, C, N, M, stride_an, stride_am, stride_bm, stride_cn, BLOCK_N: tl.constexpr,
+              BLOCK_M: tl.constexpr, ONE_TILE: tl.constexpr):
+    pid = tl.program_id(0)
+    offset_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)[:, None]
+    offset_m = tl.arange(0, BLOCK_M)[None, :]
+    n_mask = offset_n < N
+    A_ptrs = A + offset_n * stride_an + offset_m * stride_am
+    B_ptrs = B + offset_m * stride_bm
+    if ONE_TILE:
+        a = tl.load(A_ptrs, mask=n_mask, other=0.0).to(tl.float32)
+        b = tl.load(B_ptrs).to(tl.float32)
+        acc = tl.sum(a * b, axis=1)
+        tl.store(C + offset_n * stride_cn, acc[:, None], mask=n_mask)
+    else:
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+        for m in range(0, M, BLOCK_M):
+            m_mask = m + offset_m < M
+            a = tl.load(A_ptrs, mask=n_mask & m_mask, other=0.0).to(tl.float32)
+            b = tl.load(B_ptrs, mask=m_mask, other=0.0).to(tl.float32)
+            acc += a * b
+            A_ptrs += BLOCK_M * stride_am
+            B_ptrs += BLOCK_M * stride_bm
+        acc = tl.sum(acc, axis=1)
+        tl.store(C + offset_n * stride_cn, acc[:, None], mask=n_mask)
+'''
+
+
+def test_a_refusal_of_the_kernel_read_so_is_the_one_reported(tmp_path) -> None:
+    """FlagGems' vendor form: the constexpr that picks the branch comes from M, the extent the ranks split. Read as
+    written, the stores' rows are not found and the two stores look like one tile stored twice; read with the vectors,
+    the analysis gets to the reason that stands."""
+    path = tmp_path / "mv_heuristic.py"
+    path.write_text(HEURISTIC)
+    with pytest.raises(AnnotationError, match=r"reads `ONE_TILE`, computed by the `@triton.heuristics`"):
+        tilelink.build(str(path))
