@@ -128,47 +128,23 @@ def test_inserted_code_reads_the_name_as_bound_or_the_plan_is_made_on_the_kernel
     assert as_written(("y = other[:, None]",), axes) == ("y = other[:, None]",)
 
 
-HEURISTIC = '''import triton
-import triton.language as tl
-
-import tilelink
-
-
-@tilelink.overlap(tilelink.reduce_scatter("C"))
-@triton.heuristics({"ONE_TILE": lambda args: args["M"] <= args["BLOCK_M"]})
-@triton.jit
-def mv_kernel(A, B, C, N, M, stride_an, stride_am, stride_bm, stride_cn, BLOCK_N: tl.constexpr,
-              BLOCK_M: tl.constexpr, ONE_TILE: tl.constexpr):
-    pid = tl.program_id(0)
-    offset_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)[:, None]
-    offset_m = tl.arange(0, BLOCK_M)[None, :]
-    n_mask = offset_n < N
-    A_ptrs = A + offset_n * stride_an + offset_m * stride_am
-    B_ptrs = B + offset_m * stride_bm
-    if ONE_TILE:
+#: FlagGems' vendor form: a heuristic constexpr picks a one-tile branch or MV's K loop
+ONE_TILE = '@triton.heuristics({"ONE_TILE": lambda args: args["M"] <= args["BLOCK_M"]})\n'
+HEURISTIC = MV.format(rule=RULES["reduce"]).replace("@triton.jit\n", ONE_TILE + "@triton.jit\n").replace(
+    "BLOCK_M: tl.constexpr):", "BLOCK_M: tl.constexpr, ONE_TILE: tl.constexpr):").replace(
+    "    acc = tl.zeros(", """    if ONE_TILE:
         a = tl.load(A_ptrs, mask=n_mask, other=0.0).to(tl.float32)
         b = tl.load(B_ptrs).to(tl.float32)
-        acc = tl.sum(a * b, axis=1)
-        tl.store(C + offset_n * stride_cn, acc[:, None], mask=n_mask)
-    else:
-        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-        for m in range(0, M, BLOCK_M):
-            m_mask = m + offset_m < M
-            a = tl.load(A_ptrs, mask=n_mask & m_mask, other=0.0).to(tl.float32)
-            b = tl.load(B_ptrs, mask=m_mask, other=0.0).to(tl.float32)
-            acc += a * b
-            A_ptrs += BLOCK_M * stride_am
-            B_ptrs += BLOCK_M * stride_bm
-        acc = tl.sum(acc, axis=1)
-        tl.store(C + offset_n * stride_cn, acc[:, None], mask=n_mask)
-'''
+        tl.store(C + offset_n * stride_cn, tl.sum(a * b, axis=1)[:, None], mask=n_mask)
+        return
+    acc = tl.zeros(""")
 
 
 def test_a_refusal_of_the_kernel_read_so_is_the_one_reported(tmp_path) -> None:
-    """FlagGems' vendor form: the constexpr that picks the branch comes from M, the extent the ranks split. Read as
-    written, the stores' rows are not found and the two stores look like one tile stored twice; read with the vectors,
-    the analysis gets to the reason that stands."""
+    """FlagGems' vendor form: a branch that reads A outside the loop over the ranks' slices of M. Read as written, the
+    stores' rows are not found ("cannot tell which rows of 'C'"); read with the vectors, the analysis gets to the
+    reason that stands."""
     path = tmp_path / "mv_heuristic.py"
     path.write_text(HEURISTIC)
-    with pytest.raises(AnnotationError, match=r"reads `ONE_TILE`, computed by the `@triton.heuristics`"):
+    with pytest.raises(AnnotationError, match=r"the load at line 19 reads `A` outside the loop at line 24 that sums"):
         tilelink.build(str(path))
