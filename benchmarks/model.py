@@ -18,6 +18,7 @@ import glob
 import json
 import math
 import os
+import re
 import statistics
 import sys
 import time
@@ -114,7 +115,8 @@ def host_record(rec: dict) -> dict[str, dict[int, list[float]]]:
 def calibration_from_records(folder: Path = RECORDS) -> cost.Calibration:
     """The H200's parts from the records in ``folder`` (see each part's source); records of other GPUs (an H100's
     host times, kept beside them for the docs) are left out."""
-    recs = [(path, rec) for path, rec in _records(folder) if "H200" in str(rec.get("device", "NVIDIA H200"))]
+    recs = [(path, rec) for path, rec in _records(folder)
+            if re.search(r"\bH200\b", str(rec.get("device", "NVIDIA H200")))]  # not an H100's, nor a GH200's
     parts: dict[str, float] = {}
     src: dict[str, str] = {}
     gemm, ag, rs = [], [], []

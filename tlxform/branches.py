@@ -23,10 +23,15 @@ An ``if`` is read so only where nothing of it can differ between its sides:
 - its test has no call (a test that loads or calls would be an access the analysis no longer sees);
 - each side is plain statements (no nested block), and the two are the same code once every cast to a 64-bit int
   of an int value is dropped and a name bound to itself is left out (``if LONG: n = tl.cast(n, tl.int64)`` with no
-  ``else`` is an ``if`` of nothing);
+  ``else`` is an ``if`` of nothing), the ``if`` having a line for each statement of the side read;
 - a dropped cast is of an int value the analysis can see to be one: a program id, an ``arange``, an int literal, a
-  parameter, a ``range`` loop's index, or arithmetic of those (a loaded value or an accumulator cast to ``int64``
-  truncates a float: that ``if`` is left as it is).
+  ``range`` loop's index, a ``tl.constexpr`` an ``arange`` reads, another parameter, or arithmetic of those (a loaded
+  value or an accumulator cast to ``int64`` truncates a float: that ``if`` is left as it is). A parameter taken so
+  is checked by the rewritten kernel at compile time (``tl.static_assert(n.dtype.is_int(), ...)``: a float passed
+  there is refused with the ``if``'s line);
+- each side is assignments and expressions, one a line (no ``return``, ``break`` or ``continue``, no ``;``), and
+  the two compare equal as syntax (``ast``), the dropped casts' operands kept whole: ``tl.cast(pid + 1, tl.int64) * B``
+  is ``(pid + 1) * B``.
 
 The side read stands on the last lines of the ``if``: code the rewrite inserts before one of its statements goes
 before the ``if``, after one of them after the ``if`` (a tile index bound on both sides, which the tile order rotates
@@ -36,6 +41,7 @@ move so would be on one side only: the build is refused, naming the ``if`` (:fun
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import textwrap
 from dataclasses import dataclass
@@ -60,6 +66,8 @@ class Region:
     #: the lines of the side the analysis reads, at the end of the ``if``'s lines (the last ends it), and their code
     read: tuple[int, ...] = ()
     code: tuple[str, ...] = ()
+    #: the parameters a dropped cast took as ints: the rewritten kernel checks each at compile time
+    ints: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -72,6 +80,7 @@ class AlikeBranches:
 
 
 _INT_CALLS = ("program_id", "num_programs", "arange", "cdiv")
+_ARANGE_CALL = m.Call(func=m.Attribute(value=m.Name("tl"), attr=m.Name("arange")))
 #: the calls of those that give a scalar
 SCALAR_CALLS = ("program_id", "num_programs", "cdiv")
 
@@ -103,7 +112,12 @@ def int_sources(fn: cst.FunctionDef, calls: tuple[str, ...] = _INT_CALLS) -> set
             target = node.target
             if isinstance(target, cst.Name):
                 values.setdefault(target.value, []).append(getattr(node, "value", None))
-    known = set(params) - set(values)  # a parameter bound again is read through its bindings
+    constexprs = {p.name.value for p in (*fn.params.posonly_params, *fn.params.params, *fn.params.kwonly_params)
+                  if p.annotation is not None and "constexpr" in cst.Module([]).code_for_node(p.annotation.annotation)}
+    sized = {n.value for call in m.findall(fn.body, _ARANGE_CALL) for n in m.findall(call, m.Name())}
+    # a constexpr is an int where an `arange` reads it; any other parameter is taken as one, which the kernel
+    # checks at compile time where a dropped cast relies on it (`Region.ints`)
+    known = (set(params) - (constexprs - sized)) - set(values)  # one bound again is read through its bindings
     changed = True
     while changed:
         changed = False
@@ -142,9 +156,9 @@ class _Narrowed(cst.CSTTransformer):
     """Drop every cast to a 64-bit int of an int (:func:`is_int`), counting them; ``failed`` once a cast of
     anything else is seen (a value it may change)."""
 
-    def __init__(self, ints: set[str]) -> None:
+    def __init__(self, ints: set[str], relies) -> None:
         super().__init__()
-        self.ints, self.failed, self.casts = ints, False, 0
+        self.ints, self.relies, self.failed, self.casts, self.params = ints, relies, False, 0, set()
 
     def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
         inner = widened_value(updated)
@@ -154,7 +168,11 @@ class _Narrowed(cst.CSTTransformer):
             self.failed = True
             return updated
         self.casts += 1
-        return inner.with_changes(lpar=[], rpar=[]) if isinstance(inner, cst.Name) else inner
+        self.params |= self.relies(inner)
+        if isinstance(inner, (cst.Name, cst.Integer, cst.Call, cst.Attribute, cst.Subscript)):
+            return inner.with_changes(lpar=[], rpar=[])
+        # `tl.cast(pid + 1, tl.int64) * B` is `(pid + 1) * B`, not `pid + 1 * B`
+        return inner.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
 
 
 @dataclass(frozen=True)
@@ -165,38 +183,45 @@ class _Side:
     lines: tuple[tuple[int, str], ...]
     plain: tuple[str, ...]
     casts: int
+    params: frozenset[str] = frozenset()  # the parameters a dropped cast took as ints
 
 
 def _code(node: cst.CSTNode) -> str:
     return cst.Module([]).code_for_node(node).strip()
 
 
-def _side(block: cst.BaseSuite, ints: set[str], positions) -> _Side | None:
-    """A side's statements (:class:`_Side`); ``None`` where it is not plain statements, holds a cast of a value that
-    may change, or a statement of more than one line."""
+def _side(block: cst.BaseSuite, ints: set[str], relies, positions) -> _Side | None:
+    """A side's statements (:class:`_Side`); ``None`` where it is not plain statements (assignments and expressions,
+    one a line: a `return`, `break` or `continue` would end what the code moved past it runs for), holds a cast of a
+    value that may change, or a statement of more than one line. The sides are compared as syntax (their ``ast``),
+    not as text."""
     if not isinstance(block, cst.IndentedBlock):
         return None
-    lines, plain, casts = [], [], 0
+    lines, plain, casts, params = [], [], 0, set()
     for line in block.body:
-        if not isinstance(line, cst.SimpleStatementLine):
+        if not isinstance(line, cst.SimpleStatementLine) or len(line.body) != 1:
             return None
-        for small in line.body:
-            small = small.with_changes(semicolon=cst.MaybeSentinel.DEFAULT)
-            narrowed = _Narrowed(ints)
-            stripped = small.visit(narrowed)
-            if narrowed.failed:
-                return None
-            if isinstance(stripped, cst.Pass) or isinstance(stripped, cst.Assign) and len(stripped.targets) == 1 \
-                    and isinstance(stripped.targets[0].target, cst.Name) \
-                    and m.matches(stripped.value, m.Name(stripped.targets[0].target.value)):
-                continue  # `n = tl.cast(n, tl.int64)`: `n` as it was
-            written = _code(small)
-            if "\n" in written:
-                return None
-            casts += narrowed.casts
-            lines.append((positions[line].start.line, written))
-            plain.append(_code(stripped))
-    return _Side(tuple(lines), tuple(plain), casts)
+        small = line.body[0].with_changes(semicolon=cst.MaybeSentinel.DEFAULT)
+        if isinstance(small, cst.Pass):
+            continue
+        if not isinstance(small, (cst.Assign, cst.AugAssign, cst.AnnAssign, cst.Expr)):
+            return None
+        narrowed = _Narrowed(ints, relies)
+        stripped = small.visit(narrowed)
+        if narrowed.failed:
+            return None
+        params |= narrowed.params
+        if isinstance(stripped, cst.Assign) and len(stripped.targets) == 1 \
+                and isinstance(stripped.targets[0].target, cst.Name) \
+                and m.matches(stripped.value, m.Name(stripped.targets[0].target.value)):
+            continue  # `n = tl.cast(n, tl.int64)`: `n` as it was
+        written = _code(small)
+        if "\n" in written:
+            return None
+        casts += narrowed.casts
+        lines.append((positions[line].start.line, written))
+        plain.append(ast.dump(ast.parse(_code(stripped))))
+    return _Side(tuple(lines), tuple(plain), casts, frozenset(params))
 
 
 def alike_branches(module: cst.Module, kernel: str) -> AlikeBranches:
@@ -207,6 +232,29 @@ def alike_branches(module: cst.Module, kernel: str) -> AlikeBranches:
     if fn is None:
         return AlikeBranches(module, ())
     ints = int_sources(fn)
+    # the parameters a check at compile time reads the type of (a constexpr counts only where an `arange` reads it)
+    params = {p.name.value for p in (*fn.params.posonly_params, *fn.params.params, *fn.params.kwonly_params)
+              if p.annotation is None or "constexpr" not in cst.Module([]).code_for_node(p.annotation.annotation)}
+    bindings: dict[str, list[cst.BaseExpression]] = {}
+    for node in m.findall(fn.body, m.Assign()):
+        for t in node.targets:
+            if isinstance(t.target, cst.Name):
+                bindings.setdefault(t.target.value, []).append(node.value)
+
+    def relies(value: cst.BaseExpression) -> set[str]:
+        """The parameters ``value`` is an int through (its names', transitively)."""
+        out, seen, todo = set(), set(), [n.value for n in m.findall(value, m.Name())]
+        while todo:
+            name = todo.pop()
+            if name in seen:
+                continue
+            seen.add(name)
+            if name in params:
+                out.add(name)
+            for v in bindings.get(name, ()):
+                todo.extend(n.value for n in m.findall(v, m.Name()))
+        return out
+
     positions = MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider)
     lines = module.code.split("\n")
     replaced: dict[int, str] = {}  # 0-based line -> its text in the analysed module
@@ -216,19 +264,23 @@ def alike_branches(module: cst.Module, kernel: str) -> AlikeBranches:
     for node in ifs:
         if id(node) in elifs or isinstance(node.orelse, cst.If) or m.findall(node.test, m.Call() | m.NamedExpr()):
             continue
-        body = _side(node.body, ints, positions)
-        other = _side(node.orelse.body, ints, positions) if isinstance(node.orelse, cst.Else) else _Side((), (), 0)
+        body = _side(node.body, ints, relies, positions)
+        other = _side(node.orelse.body, ints, relies, positions) if isinstance(node.orelse, cst.Else) else _Side(
+            (), (), 0)
         if body is None or other is None or body.plain != other.plain:
             continue
         start, end = positions[node].start, positions[node].end
-        indent = " " * start.column
+        indent = lines[start.line - 1][:start.column]  # the `if`'s own (tabs stay tabs)
         # the side's statements on the last lines of the `if`: code inserted before the first of them goes before
-        # the `if`, after the last of them after the `if` (insertions_inside)
+        # the `if`, after the last of them after the `if` (anchored_outside)
         chosen = [text for _, text in (body if body.casts > other.casts else other).lines]
+        if len(chosen) > end.line - start.line or indent.strip():
+            continue
         read = tuple(range(end.line - len(chosen) + 1, end.line + 1))
         for line in range(start.line, end.line + 1):
             replaced[line - 1] = indent + (chosen[line - read[0]] if line in read else "pass")
-        regions.append(Region(start.line, end.line, start.column + 1, _code(node.test), read, tuple(chosen)))
+        regions.append(Region(start.line, end.line, start.column + 1, _code(node.test), read, tuple(chosen),
+                              tuple(sorted(body.params | other.params))))
     if not regions:
         return AlikeBranches(module, ())
     text = "\n".join(replaced.get(i, line) for i, line in enumerate(lines))
@@ -238,8 +290,8 @@ def alike_branches(module: cst.Module, kernel: str) -> AlikeBranches:
 def _names(code: str) -> tuple[set[str], set[str]]:
     """The names the statements ``code`` bind and those they read."""
     module = cst.parse_module(code)
-    bound = {n.value for node in m.findall(module, m.AssignTarget() | m.AugAssign()) for n in
-             m.findall(node.target, m.Name())}
+    bound = {n.value for node in m.findall(module, m.AssignTarget() | m.AugAssign() | m.AnnAssign() | m.NamedExpr()
+                                           | m.For()) for n in m.findall(node.target, m.Name())}
     return bound, {n.value for n in m.findall(module, m.Name())} - bound | {
         n.value for node in m.findall(module, m.AugAssign()) for n in m.findall(node.target, m.Name())}
 

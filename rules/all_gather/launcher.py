@@ -379,9 +379,11 @@ class AllGatherLauncher(Launcher):
 
 def copied_by_handshake(shard, place: torch.Tensor) -> bool:
     """Whether the handshake's kernel can copy ``shard`` into ``place`` (``Launcher.handshake``'s ``copy``): a plain
-    contiguous tensor of the place's shape and dtype, into a contiguous place."""
+    contiguous tensor of the place's shape, dtype and device, into a contiguous place, both at 16-byte aligned
+    addresses (the kernel's one variant; a shard at another address is copied by the driver, one call)."""
     return (type(shard) is torch.Tensor and shard.dtype == place.dtype and shard.shape == place.shape
-            and shard.is_contiguous() and place.is_contiguous() and place.numel() > 0)
+            and shard.device == place.device and shard.is_contiguous() and place.is_contiguous()
+            and place.numel() > 0 and shard.data_ptr() % 16 == 0 and place.data_ptr() % 16 == 0)
 
 
 def _shard_place(place: torch.Tensor) -> tuple[torch.Tensor, int, int]:

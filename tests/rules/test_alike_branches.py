@@ -193,6 +193,33 @@ def test_only_casts_of_ints_are_dropped(side: str, other: str) -> None:
     assert alike_branches(cst.parse_module(source), "k").regions == ()
 
 
+@pytest.mark.parametrize(("side", "other"), [
+    ("x = tl.cast(pid + 1, tl.int64) * B", "x = pid + 1 * B"),  # the cast's operand is `(pid + 1)`
+    ("x = pid.to(tl.int64); y = 1", "x = pid; y = 1"),  # one statement a line
+    ("x = pid.to(tl.int64)\n        return", "x = pid\n        return"),  # code moved past it would not run
+])
+def test_sides_read_as_one_must_be_one_binding_a_line_and_equal_as_syntax(side: str, other: str) -> None:
+    source = ("import triton\nimport triton.language as tl\n\n\n@triton.jit\ndef k(p, F: tl.constexpr, "
+              "B: tl.constexpr):\n    pid = tl.program_id(0)\n"
+              f"    if F:\n        {side}\n    else:\n        {other}\n    tl.store(p + x + tl.arange(0, B), 0)\n")
+    assert alike_branches(cst.parse_module(source), "k").regions == ()
+
+
+def test_a_tab_indented_if_keeps_its_tabs(tmp_path) -> None:
+    path = tmp_path / "fg_tabs.py"
+    path.write_text(ELEMENTWISE.format(narrow=NARROW).replace("    ", "\t"))
+    built = tilelink.build(str(path))
+    assert built.report.applied and "\tif LONG_INDEXING:\n\t\toffsets" in built.rewritten["_fg_kernel"]
+
+
+def test_a_parameter_a_dropped_cast_takes_as_an_int_is_checked_at_compile_time(tmp_path) -> None:
+    path = tmp_path / "fg.py"
+    path.write_text(ELEMENTWISE.format(narrow=NARROW))
+    kernel = tilelink.build(str(path)).rewritten["_fg_kernel"]
+    assert "tl.static_assert(n_elements.dtype.is_int(), " in kernel
+    assert "BLOCK_SIZE.dtype" not in kernel  # a constexpr an arange reads is an int already
+
+
 def test_an_if_of_a_widened_size_alone_is_read_as_nothing() -> None:
     source = ("import triton\nimport triton.language as tl\n\n\n@triton.jit\ndef k(p, n, F: tl.constexpr):\n"
               "    if F:\n        n = tl.cast(n, tl.int64)\n    offs = tl.arange(0, 16)\n"
@@ -233,6 +260,6 @@ def test_code_that_cannot_leave_the_if_is_refused_naming_it(tmp_path) -> None:
     one side alone."""
     path = tmp_path / "rows.py"
     path.write_text(ROWS)
-    with pytest.raises(AnnotationError, match=r"TileLink would insert its code at line \d+, inside the `if WIDE` at "
-                                              r"line 11, whose sides bind the same values"):
+    with pytest.raises(AnnotationError, match=r"TileLink would insert its code between the statements of a side of "
+                                              r"the `if WIDE` at line 11, whose sides bind the same values"):
         tilelink.build(str(path))

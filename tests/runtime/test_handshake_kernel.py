@@ -30,9 +30,28 @@ def test_a_rank_that_does_not_come_is_named_with_the_call(monkeypatch) -> None:
 
 
 @pytest.mark.parametrize(("n", "block", "programs"), [(1000, 128, 3), (64, 128, 4), (256, 128, 2)])
-def test_the_copying_handshake_puts_the_shard_in_place_before_it_tells_the_peers(n, block, programs) -> None:
+def test_the_copying_handshake_copies_the_shard_and_hands_shakes_at_each_call(n, block, programs) -> None:
     """The all-gather's handshake with the shard's copy (``shard_handshake_kernel``): programs striding over blocks
-    (more blocks than programs, fewer, as many), the last one to finish hand shakes and resets the count for the next
-    call; three calls on two ranks."""
+    (more blocks than programs, fewer, as many) copy every element and none past the place, the last one hand shakes
+    and resets the count for the next call; three calls on two ranks. (The interpreter runs the programs one after
+    another: the order of the copy and the notify across programs is the compiled kernel's, tested on the GPU by the
+    operators' gathers.)"""
     for rank, seen in enumerate(tilelink.spawn(shard_handshake_calls, 2, 3, n, block, programs)):
         assert seen == ["ok", "ok", "ok"], (rank, seen)
+
+
+def test_the_handshake_copies_a_shard_only_where_its_kernel_can() -> None:
+    """A plain contiguous shard of the place's shape, dtype and device at a 16-byte aligned address; any other is
+    copied as before (torch, or the driver's one copy on a GPU)."""
+    import torch
+
+    from tilelink.rules.all_gather.launcher import copied_by_handshake
+
+    place = torch.zeros(64, 8)[8:16]
+    assert copied_by_handshake(torch.ones(8, 8), place)
+    assert not copied_by_handshake(torch.ones(8, 8, dtype=torch.float64), place)
+    assert not copied_by_handshake(torch.ones(16, 8)[::2], place)  # strided
+    assert not copied_by_handshake(torch.ones(65)[1:].view(8, 8), place)  # 4 bytes past an aligned address
+    assert not copied_by_handshake(torch.ones(8, 8), torch.zeros(8, 9)[:, :8])  # a strided place
+    assert not copied_by_handshake(torch.ones(0, 8), torch.zeros(0, 8))
+    assert not copied_by_handshake(torch.ones(8, 8, device="meta"), place)
