@@ -126,7 +126,10 @@ def expanded_offsets(module: cst.Module, kernel: str) -> tuple[cst.Module, dict[
     """The module the analysis of ``kernel`` reads (the module's docstring) and the names read as vectors, each with
     the subscript it had where bound; ``module`` itself and none where the kernel has no such binding."""
     fn = find_kernel(module, kernel)
-    if fn is None:
+    # statements joined on a line (`a = o; b = 1`, `if c: x = o`): a longer first one would move the next one's start,
+    # where an insertion may anchor
+    if fn is None or m.findall(fn.body, m.SimpleStatementSuite()) or any(
+            len(line.body) > 1 for line in m.findall(fn.body, m.SimpleStatementLine())):
         return module, {}
     assigns = [n for n in m.findall(fn.body, m.Assign()) if len(n.targets) == 1
                and isinstance(n.targets[0].target, cst.Name)]

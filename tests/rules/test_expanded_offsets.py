@@ -115,6 +115,9 @@ def test_only_names_bound_once_and_read_by_value_are_read_as_vectors() -> None:
     assert _axes("    o = pid * B + tl.arange(0, B)[:, None]\n    z = tl.zeros(o.shape, tl.int32)\n"
                  "    tl.store(p + o, z)\n") == {}
     assert _axes("    o = pid * B + tl.arange(0, B)[:, None]\n    tl.store(p + f(o), 0)\n") == {}
+    # statements joined on a line: a longer first one would move where the next one starts
+    assert _axes(column + "    x = o + 1; tl.store(p + o, 0)\n") == {}
+    assert _axes(column + "    if n > 0: tl.store(p + o, 0)\n") == {}
     # a vector start makes a grid, which the vector and a subscript are not
     store = "    tl.store(p + o, 0)\n"
     assert _axes("    c = tl.arange(0, B)\n    o = c[None, :] + tl.arange(0, B)[:, None]\n" + store) == {}
