@@ -27,8 +27,7 @@ An ``if`` is read so only where nothing of it can differ between its sides:
 - a dropped cast is of an int value the analysis can see to be one: a program id, an ``arange``, an int literal, a
   ``range`` loop's index, a ``tl.constexpr`` an ``arange`` reads, another parameter, or arithmetic of those (a loaded
   value or an accumulator cast to ``int64`` truncates a float: that ``if`` is left as it is). A parameter taken so
-  is checked by the rewritten kernel at compile time (``tl.static_assert(n.dtype.is_int(), ...)``: a float passed
-  there is refused with the ``if``'s line);
+  goes into the launch plan's ``int_params``: each call with peers refuses a float passed there, naming the ``if``;
 - each side is assignments and expressions, one a line (no ``return``, ``break`` or ``continue``, no ``;``), and
   the two compare equal as syntax (``ast``), the dropped casts' operands kept whole: ``tl.cast(pid + 1, tl.int64) * B``
   is ``(pid + 1) * B``.
@@ -66,7 +65,7 @@ class Region:
     #: the lines of the side the analysis reads, at the end of the ``if``'s lines (the last ends it), and their code
     read: tuple[int, ...] = ()
     code: tuple[str, ...] = ()
-    #: the parameters a dropped cast took as ints: the rewritten kernel checks each at compile time
+    #: the parameters a dropped cast took as ints (the launch plan's ``int_params``)
     ints: tuple[str, ...] = ()
 
 
@@ -115,8 +114,8 @@ def int_sources(fn: cst.FunctionDef, calls: tuple[str, ...] = _INT_CALLS) -> set
     constexprs = {p.name.value for p in (*fn.params.posonly_params, *fn.params.params, *fn.params.kwonly_params)
                   if p.annotation is not None and "constexpr" in cst.Module([]).code_for_node(p.annotation.annotation)}
     sized = {n.value for call in m.findall(fn.body, _ARANGE_CALL) for n in m.findall(call, m.Name())}
-    # a constexpr is an int where an `arange` reads it; any other parameter is taken as one, which the kernel
-    # checks at compile time where a dropped cast relies on it (`Region.ints`)
+    # a constexpr is an int where an `arange` reads it; any other parameter is taken as one, which each call checks
+    # where a dropped cast relies on it (`Region.ints`, the launch plan's `int_params`)
     known = (set(params) - (constexprs - sized)) - set(values)  # one bound again is read through its bindings
     changed = True
     while changed:
@@ -232,7 +231,7 @@ def alike_branches(module: cst.Module, kernel: str) -> AlikeBranches:
     if fn is None:
         return AlikeBranches(module, ())
     ints = int_sources(fn)
-    # the parameters a check at compile time reads the type of (a constexpr counts only where an `arange` reads it)
+    # the parameters a call's check reads the type of (a constexpr counts only where an `arange` reads it)
     params = {p.name.value for p in (*fn.params.posonly_params, *fn.params.params, *fn.params.kwonly_params)
               if p.annotation is None or "constexpr" not in cst.Module([]).code_for_node(p.annotation.annotation)}
     bindings: dict[str, list[cst.BaseExpression]] = {}

@@ -115,8 +115,8 @@ def _planned(inlined, module: cst.Module, view: cst.Module, expanded: dict[str, 
 def _alike_checked(plan: RewritePlan, alike: AlikeBranches, inlined, file: str) -> RewritePlan:
     """``plan``, made on the module that reads each ``if`` of ``alike`` as one binding, for the module the user wrote:
     refused where it inserts inside such an ``if`` (its code would go into one side only), else with a note per
-    ``if`` read so, and a compile-time check of each parameter a dropped cast took as an int, at the kernel's first
-    statement."""
+    ``if`` read so, and the parameters a dropped cast took as ints in its launch plan (``int_params``: each call with
+    peers refuses a float there)."""
     insertions, inside = anchored_outside(alike, plan.insertions)
     if inside:
         _ins, region = inside[0]
@@ -132,27 +132,9 @@ def _alike_checked(plan: RewritePlan, alike: AlikeBranches, inlined, file: str) 
                               f"int64): read as one binding, both sides kept", Where(file, inlined.user_line(r.first),
                                                                                     r.column))
                   for r in alike.regions)
-    checks = []
-    for r in alike.regions:
-        for name in r.ints:
-            message = (f"{name} must be an int: TileLink read the `if {r.test}` at line {inlined.user_line(r.first)} "
-                       f"as one binding (its casts to int64 keep an int's value)")
-            checks.append(f"tl.static_assert({name}.dtype.is_int(), {message!r})")
-    if checks:
-        first = _first_statement(inlined.module, plan.kernel, file)
-        checks = ["# tilelink: what an `if` read as one binding took as ints", *dict.fromkeys(checks)]
-        insertions = (Insertion(first, "before", tuple(checks)), *insertions)
-    return dataclasses.replace(plan, insertions=insertions, report=plan.report + notes)
-
-
-def _first_statement(module: cst.Module, kernel: str, file: str) -> Where:
-    """Where ``kernel``'s first statement after its docstring starts (an anchor, 1-based column)."""
-    fn = find_kernel(module, kernel)
-    body = list(fn.body.body)
-    if body and fn.get_docstring(clean=False) is not None:
-        body = body[1:]
-    position = MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider)[body[0]].start
-    return Where(file, position.line, position.column + 1)
+    ints = tuple(dict.fromkeys((name, inlined.user_line(r.first)) for r in alike.regions for name in r.ints))
+    launch = dataclasses.replace(plan.launch, int_params=plan.launch.int_params + ints) if ints else plan.launch
+    return dataclasses.replace(plan, insertions=insertions, report=plan.report + notes, launch=launch)
 
 
 def source_hash(source: str, requests: list[Request]) -> str:

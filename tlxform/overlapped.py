@@ -178,6 +178,7 @@ class OverlappedKernel:
             names |= set(factors) | set(divisor.split(" * "))
         for _, block, step, _, _ in plan.column_ends:
             names |= set(block) | set(step)
+        names |= {name for name, _ in plan.int_params}
         return tuple(sorted(n for n in names if n.isidentifier()))
 
     def grid_size(self, grid: Any, bound: dict, axis: int) -> int:
@@ -322,15 +323,18 @@ class OverlappedKernel:
         a row's elements."""
         plan = self.plan.launch
         if not (plan.row_scales or plan.row_shifts or plan.row_signs or plan.row_steps or plan.row_bounds
-                or plan.row_multiples or plan.row_starts or plan.column_ends or plan.rotations) \
+                or plan.row_multiples or plan.row_starts or plan.column_ends or plan.rotations or plan.int_params) \
                 or launcher.world().world_size == 1:
             return
-        # a kernel with only sign facts is checked once per form of call: the values of the parameters they name
+        # a kernel with only sign facts (and ints) is checked once per form of call: the values of the parameters they
+        # name
         key = None
         if not (plan.row_scales or plan.row_shifts or plan.row_steps or plan.row_bounds or plan.row_multiples
                 or plan.row_starts or plan.column_ends or plan.rotations) and self._sign_names is not None:
-            key = tuple(bound.get(n) for n in self._sign_names)
-            if not all(v is None or isinstance(v, (int, float)) for v in key):
+            values = tuple(bound.get(n) for n in self._sign_names)
+            # by type too: 10.0 equals 10 (and hashes alike), and a float is refused where an int passed
+            key = tuple((type(v), v) for v in values)
+            if not all(v is None or isinstance(v, (int, float)) for v in values):
                 key = None  # a tensor or another object (kept out of the record): checked every call
             elif key in self._signs_passed:
                 return
@@ -352,10 +356,13 @@ class OverlappedKernel:
                 # the proofs computed with ints: a float the kernel casts (`tl.cast(stride, tl.int64)` truncates
                 # 4.25 to 4) or compares with (`cols < n_cols` lets column 20 of rows of 20 through for 20.5) is
                 # another value than the one each check below would read
+                why = next((f"the `if` at {_display_path(self.file)}:{line} was read as one binding, its casts of "
+                            f"{name} to int64 as keeping its value" for name, line in plan.int_params
+                            if name == floats[0]), f"{floats[0]} an int (a row stride, a step, a column bound)")
                 raise LaunchError(
                     f"{self.name}: argument {floats[0]!r} is {values[floats[0]]!r}{said_config}, not an int, but the "
-                    f"rows and columns its accesses touch were proven to be those their {waits}s cover with "
-                    f"{floats[0]} an int (a row stride, a step, a column bound): pass an int")
+                    f"rows and columns its accesses touch were proven to be those their {waits}s cover with {why}: "
+                    f"pass an int")
             for name, line in plan.row_signs:
                 value = values.get(name)
                 if isinstance(value, int) and not isinstance(value, bool) and value < 0:
@@ -944,11 +951,13 @@ class OverlappedKernel:
 
     @functools.cached_property
     def _sign_names(self) -> tuple[str, ...] | None:
-        """The parameters of the launch plan's ``row_signs``, whose values key the calls already checked; ``None``
-        when a ``triton.heuristics`` wrapper may compute one of them from other arguments (checked every call)."""
+        """The parameters of the launch plan's ``row_signs`` and ``int_params``, whose values key the calls already
+        checked; ``None`` when a ``triton.heuristics`` wrapper may compute one of them from other arguments (checked
+        every call)."""
         if self._heuristics:
             return None
-        return tuple(dict.fromkeys(n for n, _ in self.plan.launch.row_signs))
+        plan = self.plan.launch
+        return tuple(dict.fromkeys(n for n, _ in (*plan.row_signs, *plan.int_params)))
 
     @functools.cached_property
     def _signs_passed(self) -> set[tuple]:

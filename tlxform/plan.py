@@ -133,6 +133,10 @@ class LaunchPlan:
     #: field says whether the rotation stands on that check (a coordinate it groups by is no exact pair of the index's,
     #: ``rules.emit._checked_coordinates``): a call whose grid the check cannot read is then refused, not passed
     rotations: tuple[tuple[str, str, str, str, int, bool], ...] = ()
+    #: the parameters an ``if`` read as one binding took as ints (``tilelink.branches``: its casts of them to int64
+    #: dropped as keeping their values), ``(parameter, line of the if)``: each call with more than one rank refuses a
+    #: float among them
+    int_params: tuple[tuple[str, int], ...] = ()
 
     def __post_init__(self) -> None:
         if not self.rule or type(self) is LaunchPlan:

@@ -76,6 +76,8 @@ def matmul_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk,
 '''
 #: the tile index on both sides, then its pair after the `if` (the rotation of pid_m moves after the `if`)
 ONE = ("        pid_m = pid.to(tl.int64) // num_pid_n", "        pid_m = pid // num_pid_n")
+#: the cast of the whole quotient, which reads the parameter N through `num_pid_n`
+QUOTIENT = ("        pid_m = (pid // num_pid_n).to(tl.int64)", "        pid_m = pid // num_pid_n")
 #: both coordinates on both sides: the rotation of pid_m moves past `pid_n = ...`, which reads `pid` only
 TWO = ("        pid_m = pid.to(tl.int64) // num_pid_n\n        pid_n = pid % num_pid_n",
        "        pid_m = pid // num_pid_n\n        pid_n = pid % num_pid_n")
@@ -212,12 +214,40 @@ def test_a_tab_indented_if_keeps_its_tabs(tmp_path) -> None:
     assert built.report.applied and "\tif LONG_INDEXING:\n\t\toffsets" in built.rewritten["_fg_kernel"]
 
 
-def test_a_parameter_a_dropped_cast_takes_as_an_int_is_checked_at_compile_time(tmp_path) -> None:
+def test_the_parameters_a_dropped_cast_takes_as_ints_are_in_the_launch_plan(tmp_path) -> None:
     path = tmp_path / "fg.py"
     path.write_text(ELEMENTWISE.format(narrow=NARROW))
-    kernel = tilelink.build(str(path)).rewritten["_fg_kernel"]
-    assert "tl.static_assert(n_elements.dtype.is_int(), " in kernel
-    assert "BLOCK_SIZE.dtype" not in kernel  # a constexpr an arange reads is an int already
+    # a constexpr an arange reads is an int already; `n_elements` is cast to itself on one side
+    assert tilelink.build(str(path)).plans[0].launch.int_params == (("n_elements", 11),)
+    # a cast of the tile index's quotient by `num_pid_n`, counted from the parameter N (not of `pid` alone)
+    assert tilelink.build(gemm(tmp_path, 'reduce_scatter("c_ptr")', ONE)).plans[0].launch.int_params == ()
+    assert tilelink.build(gemm(tmp_path, 'reduce_scatter("c_ptr")', QUOTIENT)).plans[0].launch.int_params == (
+        ("N", 13),)
+
+
+def _float_n(path: str) -> str:
+    """A call with N a float whose value is an int's: the `if` took N as an int, so the call is refused."""
+    gen = torch.Generator().manual_seed(1)
+    a, b = torch.randn(M, K, generator=gen), torch.randn(K, N, generator=gen)
+    lo, hi = rows_of(tilelink.rank(), tilelink.world_size(), M)
+    c = torch.empty(M, N)
+    kernel = module_at(path).matmul_kernel
+    args = (a[lo:hi].contiguous(), b, c, M, N, K, K, 1, N, 1, N, 1)
+    kernel[(triton.cdiv(M, 16) * triton.cdiv(N, 16),)](*args, BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, WIDE=True)
+    try:
+        kernel[(triton.cdiv(M, 16) * triton.cdiv(N, 16),)](*args[:4], float(N), *args[5:], BLOCK_M=16, BLOCK_N=16,
+                                                           BLOCK_K=16, WIDE=True)
+    except tilelink.LaunchError as exc:
+        return str(exc)
+    return "launched"
+
+
+@pytest.mark.slow
+def test_a_float_where_an_if_read_as_one_took_an_int_is_refused_at_the_call(tmp_path) -> None:
+    # the kernel's own tile order: the rotation's check would refuse the float N first, for its grid
+    said = tilelink.spawn(_float_n, 2, gemm(tmp_path, 'all_gather("a_ptr"), order="mesh"', QUOTIENT))
+    assert all("argument 'N' is 24.0, not an int" in s and "`if` at" in s and "was read as one binding" in s
+               for s in said), said
 
 
 def test_an_if_of_a_widened_size_alone_is_read_as_nothing() -> None:
