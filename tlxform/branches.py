@@ -25,7 +25,7 @@ An ``if`` is read so only where nothing of it can differ between its sides:
   of an int value is dropped and a name bound to itself is left out (``if LONG: n = tl.cast(n, tl.int64)`` with no
   ``else`` is an ``if`` of nothing), the ``if`` having a line for each statement of the side read;
 - a dropped cast is of an int value the analysis can see to be one: a program id, an ``arange``, an int literal, a
-  ``range`` loop's index, a ``tl.constexpr`` an ``arange`` reads, another parameter, or arithmetic of those (a loaded
+  ``range`` loop's index, a parameter, ``tl.cdiv`` of those, or arithmetic of those (a loaded
   value or an accumulator cast to ``int64`` truncates a float: that ``if`` is left as it is). A parameter taken so
   goes into the launch plan's ``int_params``: each call with peers refuses a float passed there, naming the ``if``;
 - each side is assignments and expressions, one a line (no ``return``, ``break`` or ``continue``, no ``;``), and
@@ -111,12 +111,9 @@ def int_sources(fn: cst.FunctionDef, calls: tuple[str, ...] = _INT_CALLS) -> set
             target = node.target
             if isinstance(target, cst.Name):
                 values.setdefault(target.value, []).append(getattr(node, "value", None))
-    constexprs = {p.name.value for p in (*fn.params.posonly_params, *fn.params.params, *fn.params.kwonly_params)
-                  if p.annotation is not None and "constexpr" in cst.Module([]).code_for_node(p.annotation.annotation)}
-    sized = {n.value for call in m.findall(fn.body, _ARANGE_CALL) for n in m.findall(call, m.Name())}
-    # a constexpr is an int where an `arange` reads it; any other parameter is taken as one, which each call checks
-    # where a dropped cast relies on it (`Region.ints`, the launch plan's `int_params`)
-    known = (set(params) - (constexprs - sized)) - set(values)  # one bound again is read through its bindings
+    # a parameter is taken as an int, which each call with peers checks where a dropped cast relies on it
+    # (`Region.ints`, the launch plan's `int_params`)
+    known = set(params) - set(values)  # one bound again is read through its bindings
     changed = True
     while changed:
         changed = False
@@ -147,7 +144,13 @@ def is_int(value: cst.BaseExpression, ints: set[str], calls: tuple[str, ...] = _
         inner = widened_value(value)
         if inner is not None:
             return is_int(inner, ints, calls)
-        return m.matches(value.func, m.Attribute(value=m.Name("tl"), attr=m.OneOf(*(m.Name(n) for n in calls))))
+        func = value.func
+        if not (isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.attr.value in calls):
+            return False
+        if func.attr.value in ("program_id", "num_programs"):  # `tl.`'s, or a language extension's (`tle.`)
+            return True
+        # `tl.cdiv(a, b)` is an int (a scalar) where `a` and `b` are; `tl.arange`'s bounds are ints
+        return func.value.value == "tl" and all(is_int(a.value, ints, calls) for a in value.args)
     return False
 
 
@@ -231,9 +234,11 @@ def alike_branches(module: cst.Module, kernel: str) -> AlikeBranches:
     if fn is None:
         return AlikeBranches(module, ())
     ints = int_sources(fn)
-    # the parameters a call's check reads the type of (a constexpr counts only where an `arange` reads it)
+    # the parameters a call's check reads the type of: not a constexpr an `arange` reads (Triton requires an int)
+    sized = {n.value for call in m.findall(fn.body, _ARANGE_CALL) for n in m.findall(call, m.Name())}
     params = {p.name.value for p in (*fn.params.posonly_params, *fn.params.params, *fn.params.kwonly_params)
-              if p.annotation is None or "constexpr" not in cst.Module([]).code_for_node(p.annotation.annotation)}
+              if not (p.name.value in sized and p.annotation is not None
+                      and "constexpr" in cst.Module([]).code_for_node(p.annotation.annotation))}
     bindings: dict[str, list[cst.BaseExpression]] = {}
     for node in m.findall(fn.body, m.Assign()):
         for t in node.targets:

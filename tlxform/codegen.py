@@ -22,7 +22,7 @@ import tilelink
 from tilelink.analysis import Where, analyse, find_kernel, is_triton_jit, names_in, parse_source
 from tilelink.branches import AlikeBranches, alike_branches, anchored_outside
 from tilelink.errors import AnnotationError
-from tilelink.expanded import as_written, expanded_offsets
+from tilelink.expanded import as_written, expanded_offsets, said_as_written, written_column
 from tilelink.inline import inline_helpers
 from tilelink.plan import Insertion, Report, ReportEntry, RewritePlan
 from tilelink.rules import rule_of
@@ -99,8 +99,10 @@ def _planned(inlined, module: cst.Module, view: cst.Module, expanded: dict[str, 
     except AnnotationError as refused:
         try:
             return on(module)
-        except AnnotationError:  # the view reads further: its reason is the one that stands
-            raise refused from None
+        except AnnotationError:  # the view reads further: its reason is the one that stands, said of the kernel
+            column = written_column(view, refused.line, refused.column, expanded) if inlined.origins is None else None
+            raise AnnotationError(said_as_written(refused.reason, expanded), file=refused.file, line=refused.line,
+                                  column=column, hint=said_as_written(refused.hint, expanded)) from None
     written = [as_written(ins.lines, expanded) for ins in plan.insertions]
     if any(lines is None for lines in written):
         return on(module)

@@ -29,7 +29,7 @@ import libcst.matchers as m
 from tilelink.analysis import find_kernel
 from tilelink.branches import SCALAR_CALLS, int_sources, is_int
 
-__all__ = ["as_written", "expanded_offsets"]
+__all__ = ["as_written", "expanded_offsets", "said_as_written", "written_column"]
 
 _ARANGE = m.Call(func=m.Attribute(value=m.Name("tl"), attr=m.Name("arange")))
 #: the subscripts that make a column or a row of a 2-D grid from a vector
@@ -178,3 +178,24 @@ def as_written(lines: tuple[str, ...], axes: dict[str, str]) -> tuple[str, ...] 
                 return None
         out.append(line)
     return tuple(out)
+
+
+def said_as_written(text: str | None, axes: dict[str, str]) -> str | None:
+    """A message about the module read with the vectors, in the kernel as written: ``name[:, None]`` is ``name``."""
+    if text is None:
+        return None
+    for name, axis in axes.items():
+        text = re.sub(rf"\b{re.escape(name)}{re.escape(axis)}", name, text)
+    return text
+
+
+def written_column(view: cst.Module, line: int | None, column: int | None, axes: dict[str, str]) -> int | None:
+    """The column in the kernel as written of ``column`` (1-based) on ``line`` of ``view``: each subscript added before
+    it on the line moved it right."""
+    lines = view.code.split("\n")
+    if line is None or column is None or not 1 <= line <= len(lines):
+        return column
+    before = lines[line - 1][:column - 1]
+    added = sum(len(axis) * len(re.findall(rf"\b{re.escape(name)}{re.escape(axis)}", before))
+                for name, axis in axes.items())
+    return column - added

@@ -223,6 +223,12 @@ def test_the_parameters_a_dropped_cast_takes_as_ints_are_in_the_launch_plan(tmp_
     assert tilelink.build(gemm(tmp_path, 'reduce_scatter("c_ptr")', ONE)).plans[0].launch.int_params == ()
     assert tilelink.build(gemm(tmp_path, 'reduce_scatter("c_ptr")', QUOTIENT)).plans[0].launch.int_params == (
         ("N", 13),)
+    # a constexpr no arange reads (a group size) is checked too; one an arange reads is an int already
+    source = ("import triton\nimport triton.language as tl\n\n\n@triton.jit\ndef k(p, F: tl.constexpr, "
+              "G: tl.constexpr, B: tl.constexpr):\n    pid = tl.program_id(0)\n    if F:\n"
+              "        x = (pid // G * B).to(tl.int64)\n    else:\n        x = pid // G * B\n"
+              "    tl.store(p + x + tl.arange(0, B), 0)\n")
+    assert [r.ints for r in alike_branches(cst.parse_module(source), "k").regions] == [("G",)]
 
 
 def _float_n(path: str) -> str:

@@ -151,3 +151,29 @@ def test_a_refusal_of_the_kernel_read_so_is_the_one_reported(tmp_path) -> None:
     path.write_text(HEURISTIC)
     with pytest.raises(AnnotationError, match=r"the load at line 19 reads `A` outside the loop at line 24 that sums"):
         tilelink.build(str(path))
+
+
+def test_a_start_is_a_scalar_only_where_every_part_of_it_is() -> None:
+    # `tl.cdiv` of a vector is a vector: its sum with the column is a grid
+    assert _axes("    s = tl.cdiv(pid * B + tl.arange(0, B), 1)\n    o = s + tl.arange(0, B)[:, None]\n"
+                 "    tl.store(p + o, 0)\n") == {}
+    assert _axes("    s = tl.cdiv(pid * B, 2)\n    o = s + tl.arange(0, B)[:, None]\n    tl.store(p + o, 0)\n") == {
+        "o": "[:, None]"}
+    # a language extension's program id (FlagGems' `tle.program_id`)
+    source = ("import triton\nimport triton.language as tl\nimport tle\n\n\n@triton.jit\ndef k(p, B: tl.constexpr):\n"
+              "    pid = tle.program_id(0)\n    o = pid * B + tl.arange(0, B)[:, None]\n    tl.store(p + o, 0)\n")
+    assert expanded_offsets(cst.parse_module(source), "k")[1] == {"o": "[:, None]"}
+
+
+def test_a_refusal_of_the_kernel_read_so_names_the_code_and_column_as_written(tmp_path) -> None:
+    path = tmp_path / "mv_columns.py"
+    # the columns' sum inside the product: a form the analysis does not read, refused either way
+    path.write_text(MV.format(rule=RULES["gather"]).replace(
+        "a = tl.load(A_ptrs, mask=n_mask & m_mask, other=0.0)",
+        "a = (offset_m >= 0) * tl.load(A + offset_n * stride_an + (m + offset_m) * stride_am, mask=n_mask & m_mask,"
+        " other=0.0)"))
+    with pytest.raises(AnnotationError) as refused:
+        tilelink.build(str(path))
+    line = path.read_text().splitlines()[refused.value.line - 1]
+    assert line[refused.value.column - 1:].startswith("tl.load("), (refused.value.column, line)
+    assert "[None, :]" not in str(refused.value) and "[:, None]" not in str(refused.value), str(refused.value)
