@@ -1081,21 +1081,16 @@ class HandshakeLaunch:
                 place.copy_(shard)
                 copy = None
         if copy is None:
-            if form not in self.loaded:
-                torch.cuda.synchronize(self.device)
-                self.kernel[(1,)](**{**self.dry, "budget": budget, "flag_value": flag_value})
-                torch.cuda.synchronize(self.device)
-                self.loaded.add(form)
-            self.run(call, budget, flag_value)
-            return
-        run, kernel, grid, dry = self._copying(place)
-        key = (*form, place.data_ptr(), place.numel(), place.dtype)
+            run, kernel, grid, dry, key, given = self.run, self.kernel, (1,), self.dry, form, ()
+        else:
+            run, kernel, grid, dry = self._copying(place)
+            key, given = (*form, place.data_ptr(), place.numel(), place.dtype), (shard,)
         if key not in self.loaded:
             torch.cuda.synchronize(self.device)
             kernel[grid](**{**dry, "budget": budget, "flag_value": flag_value})
             torch.cuda.synchronize(self.device)
             self.loaded.add(key)
-        run(shard, call, budget, flag_value)
+        run(*given, call, budget, flag_value)
 
 
 def channel_args(barriers: torch.Tensor, epoch: int, rank: int, world_size: int, sharding: RowSharding,
