@@ -254,6 +254,16 @@ class KernelAnalysis:
 
 
 # ----------------------------------------------------------------------------- helpers
+def param_names(fn: cst.FunctionDef) -> list[str]:
+    """The names of ``fn``'s parameters, positional-only and keyword-only ones included."""
+    return [p.name.value for p in (*fn.params.posonly_params, *fn.params.params, *fn.params.kwonly_params)]
+
+
+def is_constexpr(param: cst.Param) -> bool:
+    """Whether ``param`` is annotated ``tl.constexpr``."""
+    return param.annotation is not None and "constexpr" in code(param.annotation.annotation)
+
+
 def code(node: cst.CSTNode) -> str:
     """Source text of a node (without surrounding whitespace). An expression written over several lines inside the
     brackets of what holds it (a call's argument, `mask=a &\n    b`) is put in parentheses of its own: TileLink parses
@@ -747,9 +757,7 @@ class _Analyzer:
         self.positions = wrapper.resolve(PositionProvider)
         self.index = NodeIndex(module)  # the searches below, and the analysis's hundreds more, read this one walk
         self.params = tuple(p.name.value for p in fn.params.params)
-        self.constexpr = tuple(
-            p.name.value for p in fn.params.params
-            if p.annotation is not None and "constexpr" in code(p.annotation.annotation))
+        self.constexpr = tuple(p.name.value for p in fn.params.params if is_constexpr(p))
         self.statements = list(walk_statements(fn.body))
         self.assignments: dict[str, list[tuple[StmtRef, cst.BaseExpression]]] = {}
         for ref in self.statements:

@@ -49,7 +49,7 @@ import libcst as cst
 import libcst.matchers as m
 from libcst.metadata import MetadataWrapper, PositionProvider
 
-from tilelink.analysis import find_kernel, widened_value
+from tilelink.analysis import code, find_kernel, is_constexpr, param_names, widened_value
 
 __all__ = ["AlikeBranches", "alike_branches", "anchored_outside"]
 
@@ -88,7 +88,7 @@ def int_sources(fn: cst.FunctionDef, calls: tuple[str, ...] = _INT_CALLS) -> set
     """The kernel's names whose every binding is an int the analysis can see to be one (:func:`is_int`, with the
     ``tl`` functions ``calls``): its parameters, ``range`` loop indices, and names assigned only such values. With
     :data:`SCALAR_CALLS`, the scalar ones (no ``arange``)."""
-    params = {p.name.value for p in (*fn.params.posonly_params, *fn.params.params, *fn.params.kwonly_params)}
+    params = set(param_names(fn))
     values: dict[str, list[cst.BaseExpression | None]] = {}
     for node in m.findall(fn.body, m.Assign() | m.AugAssign() | m.AnnAssign() | m.For() | m.NamedExpr()):
         if isinstance(node, cst.Assign):
@@ -188,10 +188,6 @@ class _Side:
     params: frozenset[str] = frozenset()  # the parameters a dropped cast took as ints
 
 
-def _code(node: cst.CSTNode) -> str:
-    return cst.Module([]).code_for_node(node).strip()
-
-
 def _side(block: cst.BaseSuite, ints: set[str], relies, positions) -> _Side | None:
     """A side's statements (:class:`_Side`); ``None`` where it is not plain statements (assignments and expressions,
     one a line: a `return`, `break` or `continue` would end what the code moved past it runs for), holds a cast of a
@@ -217,12 +213,12 @@ def _side(block: cst.BaseSuite, ints: set[str], relies, positions) -> _Side | No
                 and isinstance(stripped.targets[0].target, cst.Name) \
                 and m.matches(stripped.value, m.Name(stripped.targets[0].target.value)):
             continue  # `n = tl.cast(n, tl.int64)`: `n` as it was
-        written = _code(small)
+        written = code(small)
         if "\n" in written:
             return None
         casts += narrowed.casts
         lines.append((positions[line].start.line, written))
-        plain.append(ast.dump(ast.parse(_code(stripped))))
+        plain.append(ast.dump(ast.parse(code(stripped))))
     return _Side(tuple(lines), tuple(plain), casts, frozenset(params))
 
 
@@ -237,8 +233,7 @@ def alike_branches(module: cst.Module, kernel: str) -> AlikeBranches:
     # the parameters a call's check reads the type of: not a constexpr an `arange` reads (Triton requires an int)
     sized = {n.value for call in m.findall(fn.body, _ARANGE_CALL) for n in m.findall(call, m.Name())}
     params = {p.name.value for p in (*fn.params.posonly_params, *fn.params.params, *fn.params.kwonly_params)
-              if not (p.name.value in sized and p.annotation is not None
-                      and "constexpr" in cst.Module([]).code_for_node(p.annotation.annotation))}
+              if not (p.name.value in sized and is_constexpr(p))}
     bindings: dict[str, list[cst.BaseExpression]] = {}
     for node in m.findall(fn.body, m.Assign()):
         for t in node.targets:
@@ -283,7 +278,7 @@ def alike_branches(module: cst.Module, kernel: str) -> AlikeBranches:
         read = tuple(range(end.line - len(chosen) + 1, end.line + 1))
         for line in range(start.line, end.line + 1):
             replaced[line - 1] = indent + (chosen[line - read[0]] if line in read else "pass")
-        regions.append(Region(start.line, end.line, start.column + 1, _code(node.test), read, tuple(chosen),
+        regions.append(Region(start.line, end.line, start.column + 1, code(node.test), read, tuple(chosen),
                               tuple(sorted(body.params | other.params))))
     if not regions:
         return AlikeBranches(module, ())

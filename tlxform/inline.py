@@ -32,7 +32,15 @@ import libcst as cst
 import libcst.matchers as m
 from libcst.metadata import MetadataWrapper, PositionProvider
 
-from tilelink.analysis import _without_dtypes, find_kernel, is_triton_jit, names_in, names_outside_loads
+from tilelink.analysis import (
+    _without_dtypes,
+    find_kernel,
+    is_constexpr,
+    is_triton_jit,
+    names_in,
+    names_outside_loads,
+    param_names,
+)
 from tilelink.errors import AnnotationError
 
 #: how many calls one kernel may have inlined (a bound on helpers that call helpers)
@@ -146,7 +154,7 @@ def _free(helper: cst.FunctionDef) -> set[str]:
     """The names ``helper`` reads from its module: neither its parameters nor its locals (its parameters' defaults
     too, which an inlined call that leaves them out writes into the kernel)."""
     params = helper.params
-    own = {p.name.value for p in (*params.posonly_params, *params.params, *params.kwonly_params)}
+    own = set(param_names(helper))
     defaults = set().union(*(names_in(p.default) for p in (*params.posonly_params, *params.params)
                              if p.default is not None))
     return (names_in(helper.body) - _bound(helper.body) - own) | defaults
@@ -424,7 +432,7 @@ def _inline(module: cst.Module, file: str, fn: cst.FunctionDef, site: _Site,
             # a literal list (`shape=[M, K]`, `block_shape=[BLOCK_M, BLOCK_K]`) is written where it is used: the
             # analysis reads a descriptor's shape from the list itself
             renames[pname] = value.with_changes(lpar=[], rpar=[]) if isinstance(value, cst.List) else value
-        elif _constexpr(p) and pname not in rebound:
+        elif is_constexpr(p) and pname not in rebound:
             # a compile-time value (`4 - STAGE`, `i + 1`, `tl.cdiv(D, 2)`: a call of constexprs has no effect to run
             # once) is written where it is used, in parentheses: a constexpr local set before the body would be
             # defined again on each unrolled step of a tl.static_range loop, which Triton refuses
@@ -439,7 +447,7 @@ def _inline(module: cst.Module, file: str, fn: cst.FunctionDef, site: _Site,
             continue
         local = _fresh(pname, taken, local_names)
         renames[pname] = cst.Name(local)
-        prelude.append(f"{local}{': tl.constexpr' if _constexpr(p) else ''} = {code_of(bound[pname])}")
+        prelude.append(f"{local}{': tl.constexpr' if is_constexpr(p) else ''} = {code_of(bound[pname])}")
     # the helper's own constexpr locals (`HALF: tl.constexpr = W // 2`), set once at its top level, are written where
     # they are used too, for the same reason: in an unrolled loop the inlined definition would run on every step
     folded: set[int] = set()
@@ -509,10 +517,6 @@ def _bindings(body, name: str) -> int:
     """How many statements of ``body`` bind ``name``."""
     return sum(name in _bound(n) for n in m.findall(cst.IndentedBlock(body=body), m.Assign() | m.AugAssign()
                                                       | m.AnnAssign() | m.NamedExpr() | m.For()))
-
-
-def _constexpr(param: cst.Param) -> bool:
-    return param.annotation is not None and "constexpr" in code_of(param.annotation.annotation)
 
 
 def _tail_returns(body) -> list[cst.Return]:
