@@ -26,7 +26,7 @@ import re
 import libcst as cst
 import libcst.matchers as m
 
-from tilelink.analysis import find_kernel
+from tilelink.analysis import find_kernel, param_names
 from tilelink.branches import SCALAR_CALLS, int_sources, is_int
 
 __all__ = ["as_written", "expanded_offsets", "said_as_written", "written_column"]
@@ -139,7 +139,7 @@ def expanded_offsets(module: cst.Module, kernel: str) -> tuple[cst.Module, dict[
         for t in targets:
             for name in m.findall(t, m.Name()):
                 bound[name.value] = bound.get(name.value, 0) + 1
-    params = {p.name.value for p in (*fn.params.posonly_params, *fn.params.params, *fn.params.kwonly_params)}
+    params = set(param_names(fn))
     scalars = int_sources(fn, SCALAR_CALLS)
     axes, vectors = {}, {}
     for node in assigns:
@@ -165,6 +165,11 @@ def expanded_offsets(module: cst.Module, kernel: str) -> tuple[cst.Module, dict[
     return out, axes
 
 
+def _subscripted(name: str, axis: str) -> str:
+    """The pattern of ``name`` read with its subscript (``offset_n[:, None]``), as the view writes it."""
+    return rf"\b{re.escape(name)}{re.escape(axis)}"
+
+
 def as_written(lines: tuple[str, ...], axes: dict[str, str]) -> tuple[str, ...] | None:
     """Inserted ``lines`` made on the module that reads the offsets ``axes`` (name -> subscript) as vectors, for the
     module as written: each ``name[:, None]`` is the name as bound there. ``None`` where a line reads such a name
@@ -173,7 +178,7 @@ def as_written(lines: tuple[str, ...], axes: dict[str, str]) -> tuple[str, ...] 
     for line in lines:
         for name, axis in axes.items():
             bare = len(re.findall(rf"\b{re.escape(name)}\b", line))
-            line, subscripted = re.subn(rf"\b{re.escape(name)}{re.escape(axis)}", name, line)
+            line, subscripted = re.subn(_subscripted(name, axis), name, line)
             if bare != subscripted:
                 return None
         out.append(line)
@@ -185,7 +190,7 @@ def said_as_written(text: str | None, axes: dict[str, str]) -> str | None:
     if text is None:
         return None
     for name, axis in axes.items():
-        text = re.sub(rf"\b{re.escape(name)}{re.escape(axis)}", name, text)
+        text = re.sub(_subscripted(name, axis), name, text)
     return text
 
 
@@ -196,6 +201,6 @@ def written_column(view: cst.Module, line: int | None, column: int | None, axes:
     if line is None or column is None or not 1 <= line <= len(lines):
         return column
     before = lines[line - 1][:column - 1]
-    added = sum(len(axis) * len(re.findall(rf"\b{re.escape(name)}{re.escape(axis)}", before))
+    added = sum(len(axis) * len(re.findall(_subscripted(name, axis), before))
                 for name, axis in axes.items())
     return column - added
