@@ -227,7 +227,8 @@ def alike_branches(module: cst.Module, kernel: str) -> AlikeBranches:
     docstring) replaced by its side with the more casts to int64 (the 64-bit one: the code TileLink inserts after it
     then computes rows as wide as the kernel does where it must), on that side's lines."""
     fn = find_kernel(module, kernel)
-    if fn is None:
+    ifs = m.findall(fn.body, m.If()) if fn is not None else []
+    if not ifs:  # most kernels: nothing to read, nor its positions to resolve
         return AlikeBranches(module, ())
     ints = int_sources(fn)
     # the parameters a call's check reads the type of: not a constexpr an `arange` reads (Triton requires an int)
@@ -258,7 +259,6 @@ def alike_branches(module: cst.Module, kernel: str) -> AlikeBranches:
     lines = module.code.split("\n")
     replaced: dict[int, str] = {}  # 0-based line -> its text in the analysed module
     regions = []
-    ifs = m.findall(fn.body, m.If())
     elifs = {id(node.orelse) for node in ifs if isinstance(node.orelse, cst.If)}
     for node in ifs:
         if id(node) in elifs or isinstance(node.orelse, cst.If) or m.findall(node.test, m.Call() | m.NamedExpr()):

@@ -128,9 +128,10 @@ def expanded_offsets(module: cst.Module, kernel: str) -> tuple[cst.Module, dict[
     fn = find_kernel(module, kernel)
     # statements joined on a line (`a = o; b = 1`, `if c: x = o`): a longer first one would move the next one's start,
     # where an insertion may anchor
-    if fn is None or m.findall(fn.body, m.SimpleStatementSuite()) or any(
-            len(line.body) > 1 for line in m.findall(fn.body, m.SimpleStatementLine())):
-        return module, {}
+    if fn is None or not any(_axis(node) for node in m.findall(fn.body, m.Subscript())) \
+            or m.findall(fn.body, m.SimpleStatementSuite()) \
+            or any(len(line.body) > 1 for line in m.findall(fn.body, m.SimpleStatementLine())):
+        return module, {}  # no `tl.arange(...)[:, None]` at all: nothing to read (most kernels)
     assigns = [n for n in m.findall(fn.body, m.Assign()) if len(n.targets) == 1
                and isinstance(n.targets[0].target, cst.Name)]
     bound: dict[str, int] = {}
