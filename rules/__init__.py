@@ -25,6 +25,8 @@ class Rule:
 
     kind: str  # the spec's kind, and the package's name
     launcher_class: str
+    #: the kernel may only read its annotated tensors (the launch passes another buffer in their place)
+    read_only: bool = False
 
     @property
     def package(self) -> str:
@@ -69,7 +71,7 @@ def _top_level_functions(path: str) -> dict[str, str]:
 
 
 RULES: dict[str, Rule] = {rule.kind: rule for rule in (
-    Rule("all_gather", "AllGatherLauncher"),
+    Rule("all_gather", "AllGatherLauncher", read_only=True),
     Rule("reduce_scatter", "ReduceScatterLauncher"),
     Rule("all_reduce", "AllReduceLauncher"),
 )}

@@ -4733,6 +4733,21 @@ def _without_dtypes(node: cst.BaseExpression) -> cst.BaseExpression:
     return node.visit(_T())  # type: ignore[return-value]
 
 
+def _check_only_read(an: _Analyzer, tensor: str, pointers: set[str], descriptors: set[str], rule: str) -> None:
+    """Refuse a store to ``tensor`` (or an atomic add) under ``rule``, which passes another buffer in its place (the
+    gathered rows): the caller's tensor would not be written. Said before the address is read, since whatever the
+    address's form, the store is what must change."""
+    a = next((a for a in an.accesses(tensor, pointers, descriptors) if a.kind == "store"), None)
+    if a is None:
+        return
+    raise AnnotationError(
+        f"kernel {an.fn.name.value!r} {'adds to' if a.atomic else 'stores to'} {a.tensor!r}"
+        f"{' with tl.atomic_add' if a.atomic else ''}, which {rule} replaces by the gathered buffer that the "
+        f"peers read this rank's rows from: the caller's tensor would not be written",
+        file=a.where.file, line=a.where.line, column=a.where.column,
+        hint="write the kernel's output to another parameter; the gathered tensor is read-only in the kernel")
+
+
 def _check_other_uses(an: _Analyzer, tensor: str, pointers: set[str], descriptors: set[str]) -> None:
     """Every use of the annotated tensor is one TileLink sees: a ``tl.load`` / ``tl.store`` through a pointer, a
     descriptor's ``load`` / ``store``, a descriptor made by ``tl.make_tensor_descriptor``, or pointer arithmetic.
@@ -5213,13 +5228,15 @@ def find_kernel(module: cst.Module, name: str) -> cst.FunctionDef | None:
 
 def analyse(module: cst.Module, file: str, kernel: str,
             tensors: dict[str, tuple[int, tuple[str, str] | None, str | None, str | None]],
-            names_at: Callable[[int], dict[str, str]] | None = None) -> KernelAnalysis:
+            names_at: Callable[[int], dict[str, str]] | None = None,
+            read_only: str | None = None) -> KernelAnalysis:
     """Analyse ``kernel`` of the parsed ``module`` (:func:`parse_source`) for the annotated ``tensors``.
 
     ``tensors`` maps each annotated parameter to ``(dim, tile override, size parameter, index
     parameter)``. Positions are those of ``module``'s nodes, so a rewrite of the same module object
-    can find its anchors. Raises :class:`AnnotationError` (file, line, column, what to do) when the
-    kernel cannot be used.
+    can find its anchors. ``read_only``: the rule whose tensors the kernel may only read (``all_gather``, which passes
+    the gathered buffer in their place): a store to one is refused before anything else is read of it. Raises
+    :class:`AnnotationError` (file, line, column, what to do) when the kernel cannot be used.
     """
     wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
     fn = find_kernel(module, kernel)
@@ -5274,6 +5291,8 @@ def analyse(module: cst.Module, file: str, kernel: str,
         if _host_descriptor(an, tensor, descriptors):
             pointers.discard(tensor)
             descriptors.add(tensor)
+        if read_only is not None:
+            _check_only_read(an, tensor, pointers, descriptors, read_only)
         _check_other_uses(an, tensor, pointers, descriptors)
         _check_size(an, tensor, size_param, where)
         if override is not None:

@@ -63,7 +63,8 @@ def plan_kernel(module: cst.Module, file: str, request: Request, names_at=None) 
                  "kernel")
     spec = request.specs[0]
     tensors = {t: (spec.dim, spec.tile, spec.size, spec.index) for t in spec.tensors}
-    an = analyse(module, file, request.kernel, tensors, names_at)
+    an = analyse(module, file, request.kernel, tensors, names_at,
+                 read_only=spec.kind if rule_of(spec.kind).read_only else None)
     plan = rule_of(spec.kind).rewrite_module().rewrite(an, spec, request.options)
     # the row facts the launch checks at each call with more than one rank, from the analysis the rule read
     plan = dataclasses.replace(plan, launch=dataclasses.replace(

@@ -126,15 +126,7 @@ def rewrite(an: KernelAnalysis, spec: AllGatherSpec, options: Options) -> Rewrit
             f"kernel {an.name!r} never loads from {names} (through tl.load or a tensor descriptor)",
             file=an.file, line=an.where.line, column=an.where.column,
             hint="annotate the pointer the kernel reads, or remove the all_gather spec")
-    writes = [a for t in spec.tensors for a in an.accesses_of(t, "store")]
-    if writes:
-        a = writes[0]
-        raise AnnotationError(
-            f"kernel {an.name!r} {'adds to' if a.atomic else 'stores to'} {a.tensor!r}"
-            f"{' with tl.atomic_add' if a.atomic else ''}, which all_gather replaces by the gathered buffer that the "
-            f"peers read this rank's rows from: the caller's tensor would not be written",
-            file=a.where.file, line=a.where.line, column=a.where.column,
-            hint="write the kernel's output to another parameter; the gathered tensor is read-only in the kernel")
+    # a store to a gathered tensor is refused by the analysis (``read_only``), before its address is read
     untiled = [a for a in loads if a.tile is None]
     if untiled:
         a = untiled[0]

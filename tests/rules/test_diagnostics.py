@@ -359,6 +359,10 @@ def kernel(a_ptr, o_ptr, M, stride_am, D: tl.constexpr, BLOCK_M: tl.constexpr):
      "    x = desc.load([pid * BLOCK_M, 0])", "is made from `a_ptr + D`, not from 'a_ptr' itself"),
     ("    x = tl.load(a_ptr + offs[:, None] * stride_am + cols[None, :])\n"
      "    tl.store(a_ptr + offs[:, None] * stride_am + cols[None, :], x)", "stores to 'a_ptr', which all_gather"),
+    # Liger's cross entropy: the pointer moved to the program's row, the gradient written in place; the store is
+    # what must change, whatever TileLink makes of the advance
+    ("    a_ptr += pid * stride_am\n    x = tl.load(a_ptr + cols)\n    tl.store(a_ptr + cols, x)\n"
+     "    x = x[None, :] + tl.zeros((BLOCK_M, D), tl.float32)", "stores to 'a_ptr', which all_gather"),
 ])
 def test_rows_other_than_the_tile_s_are_refused(body: str, says: str) -> None:
     err = _error(ROWS.format(body=body))
