@@ -753,6 +753,8 @@ class _Analyzer:
         self.column_ends: list[tuple[str, tuple[str, ...], tuple[str, ...], Where]] = []
         # the loads of one row a program (`_row_of_program`) -> (the row stride parameter, the columns' bound terms)
         self.row_programs: dict[Where, tuple[str, tuple[tuple[bool, tuple[str, ...]], ...]]] = {}
+        #: stores of one element a program at its id (`tl.store(y_ptr + row, y)`): their rows are one element apart
+        self.scalar_rows: set[Where] = set()
         self.row_program_misses: dict[Where, str] = {}  # `KernelAnalysis.row_program_misses`
         self.positions = wrapper.resolve(PositionProvider)
         self.index = NodeIndex(module)  # the searches below, and the analysis's hundreds more, read this one walk
@@ -1342,6 +1344,10 @@ class _Analyzer:
                 counted = f"tl.num_programs({axis})" if axis in ("0", "1", "2") else None
             return Tile(start, "1", None, size_param or counted, start if own else self._pid_of(start),
                         access.where, 1)
+        scalar = _scalar_store_row(self, access, dim, exprs, size_param)
+        if scalar is not None:
+            self.scalar_rows.add(access.where)
+            return scalar
         candidates = self._offsets_candidates(exprs, dim)
         ndim = 2 if any(m.findall(e, m.Subscript(slice=[m.ZeroOrMore(), m.SubscriptElement(m.Slice()),
                                                        m.ZeroOrMore()])) for e in exprs) else 1
@@ -3947,6 +3953,51 @@ def _check_carried_columns(an: _Analyzer, acc: Access, pointers: set[str], vecto
     an.row_signs.extend((n, acc.where) for n in sorted(signs))
 
 
+def _scalar_store_row(an: _Analyzer, acc: Access, dim: int, exprs: list[cst.BaseExpression],
+                      size_param: str | None) -> Tile | None:
+    """A store of one element a program at its id (a matrix-vector product's `tl.store(y_ptr + row, y)`, `row =
+    tl.program_id(0)`): the tile is that row, one element. Read only where
+
+    - the address is the tensor plus the name, written in the store (no alias), and the store is a statement of the
+      kernel's body (no loop or branch stores it again or skips it);
+    - the name is bound once, to the program's id along one axis (also cast, `.to(tl.int64)`);
+    - the store has no mask, and the rows are then the grid's programs along that axis, or its mask is `row < X`,
+      ``X`` a parameter: the rows are ``X`` (``size=`` names them otherwise).
+
+    The launch checks that the output's rows are one element apart (a 1-D output, or one column). ``None`` for any
+    other form."""
+    if acc.kind != "store" or acc.descriptor or acc.atomic or dim != 0 or len(exprs) != 1:
+        return None
+    terms = _terms(_bare(exprs[0]))
+    names = [t.value for t, negative in terms if isinstance(t, cst.Name) and not negative]
+    if len(terms) != 2 or len(names) != 2 or acc.tensor not in names or names[0] == names[1]:
+        return None
+    row = names[1] if names[0] == acc.tensor else names[0]
+    made = an.assignments.get(row, [])
+    if len(made) != 1 or len(an.bindings.get(row, ())) != 1 or row in an.rebound:
+        return None
+    pid = _uncast(_helpers_written_out(an, made[0][1]))
+    if not m.matches(pid, m.Call(func=m.Attribute(value=m.Name("tl"), attr=m.Name("program_id")))):
+        return None
+    axis = call_position(pid)  # type: ignore[arg-type]
+    if axis not in ("0", "1", "2"):
+        return None
+    if not any(isinstance(r.node, cst.SimpleStatementLine) and r.blocks == (an.fn.body,)
+               and _contains(an, r.node, acc.where) for r in an.statements):
+        return None
+    counted = f"tl.num_programs({axis})"
+    if acc.mask is not None:
+        bound = _bare(cst.parse_expression(acc.mask))
+        if not (isinstance(bound, cst.Comparison) and len(bound.comparisons) == 1
+                and isinstance(bound.comparisons[0].operator, cst.LessThan)
+                and m.matches(_bare(bound.left), m.Name(row))
+                and m.matches(limit := _bare(bound.comparisons[0].comparator), m.Name())
+                and limit.value in an.params and limit.value not in an.constexpr):  # type: ignore[attr-defined]
+            return None
+        counted = limit.value  # type: ignore[attr-defined]
+    return Tile(row, "1", None, size_param or counted, row, acc.where, 1)
+
+
 def _row_of_program(an: _Analyzer, acc: Access, dim: int, pointers: set[str], exprs: list[cst.BaseExpression]
                     ) -> tuple[str, str, tuple[tuple[bool, tuple[str, ...]], ...]] | None:
     """A load of one row a program (Triton's softmax and layer-norm tutorials: `row_start_ptr = input_ptr + row_idx *
@@ -5321,6 +5372,8 @@ def analyse(module: cst.Module, file: str, kernel: str,
             except AnnotationError as error:
                 raise _with_row_program_hint(an, acc, error) from None
             scales, shifts, steps = _row_scales(an, accesses[-1], pointers)
+            if acc.where in an.scalar_rows:
+                scales = {*scales, ("1",)}  # one element a row: the launch checks the output's rows are that
             if acc.where in an.row_programs:
                 # one row a program: the row stride parameter is a row of the gathered buffer, and the columns the
                 # mask lets through lie in it

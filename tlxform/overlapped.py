@@ -401,6 +401,13 @@ class OverlappedKernel:
                 if scale is not None and scale != rows:
                     said = _said(factors, values)
                     buffer = "the gathered rows" if self.specs[0].kind == "all_gather" else "the partial sums"
+                    if factors == ("1",):  # one element a row (`y_ptr + row`): the output must be a vector
+                        raise LaunchError(
+                            f"{self.name}: {tensor!r} is addressed one element a row at {_display_path(self.file)}:"
+                            f"{line}, but the buffer TileLink passes as {tensor!r} ({buffer}, of the shape of the "
+                            f"argument, {tuple(t.shape)}) has rows of {rows} elements, so the access would touch "
+                            f"other rows than those its wait or notify covers: pass {tensor} of one element a row "
+                            f"(shape (rows,) or (rows, 1))")
                     raise LaunchError(
                         f"{self.name}: the rows of {tensor!r} are addressed {scale} elements apart at "
                         f"{_display_path(self.file)}:{line} (its offsets times {said}{said_config}), but the buffer "

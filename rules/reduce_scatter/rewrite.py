@@ -259,9 +259,11 @@ def _notify_rows(an: KernelAnalysis, t) -> tuple[str, ...]:
     )
 
 
-def _stored_per_element(a) -> str:
-    """Elements the store wrote, per element of its value: 1 where its mask holds."""
-    shape = f"({a.value}).shape"
+def _stored_per_element(a, by_address: bool = False) -> str:
+    """Elements the store wrote, per element of its value (``by_address``: of its address, for a tile of one row given
+    by its start, where a scalar address takes a value of any shape and writes one element): 1 where its mask
+    holds."""
+    shape = f"({a.pointer if by_address else a.value}).shape"
     return (f"tl.where({a.mask}, 1, 0) + tl.zeros({shape}, tl.int32)" if a.mask
             else f"tl.full({shape}, 1, tl.int32)")
 
@@ -3328,7 +3330,7 @@ def _notify_each(an: KernelAnalysis, spec, opts: Options, rule: str, stores, ins
                 *_notify_rows(an, t),
             )
         else:
-            stored = _stored_per_element(a)
+            stored = _stored_per_element(a, by_address=t.ndim == 1 and t.size == "1" and t.offsets is None)
             if t.ndim == 2:  # elements stored per row of the tile
                 stored = f"tl.sum({stored}, axis={1 - spec.dim})"
             lines = (

@@ -312,6 +312,32 @@ def row_layer_norm(calls: int = 2) -> float:
     return err
 
 
+def matvec_rows(calls: int = 2, masked: bool = False) -> float:
+    """``y = A @ x``, K split over the ranks; reduce-scattered (one output element a program) or, ``masked``, all-reduced
+    on a grid three programs longer than the rows."""
+    rank, world = tilelink.rank(), tilelink.world_size()
+    rows, k = 37, 45
+    g = torch.Generator().manual_seed(41)
+    a, x = _exact(torch.randn(rows, k, generator=g), torch.randn(k, generator=g))
+    klo, khi = rows_of(rank, world, k)
+    ar, xr = _placed(a[:, klo:khi].contiguous(), x[klo:khi].contiguous())
+    lo, hi = (0, rows) if masked else rows_of(rank, world, rows)
+    err = 0.0
+    for _ in range(calls):
+        y = torch.full((hi - lo,), float("nan"), dtype=ar.dtype, device=ar.device)
+        if masked:
+            load_form("matvec_rows_masked_ar").matvec_rows_masked[(rows + 3,)](
+                ar, xr, y, rows, khi - klo, ar.stride(0), BLOCK_K=8)
+        else:
+            load_form("matvec_rows_rs").matvec_rows[(rows,)](ar, xr, y, khi - klo, ar.stride(0), BLOCK_K=8)
+        err = worst(err, _error(y, (a @ x)[lo:hi]) if hi > lo else 0.0)
+    return err
+
+
+def matvec_rows_masked_ar(calls: int = 2) -> float:
+    return matvec_rows(calls, masked=True)
+
+
 def gemm_rs_epilogue_branch(calls: int = 2) -> float:
     rank, world = tilelink.rank(), tilelink.world_size()
     kernel = load_form("gemm_rs_epilogue_branch").matmul_branch
@@ -501,7 +527,8 @@ RUNS = {"attention_descriptor_advance": attention_descriptor_advance, "attention
         "gemm_rs_k_row_stride": gemm_rs_k_row_stride, "gemm_ar_split_k": gemm_ar_split_k,
         "gemm_host_descriptor_ag": gemm_host_descriptor_ag, "gemm_host_descriptor_rs": gemm_host_descriptor_rs,
         "moe_rs_expert_zeros": moe_rs_expert_zeros, "gemm_rs_persistent_grouped": gemm_rs_persistent_grouped,
-        "gemm_persistent_counter": gemm_persistent_counter}
+        "gemm_persistent_counter": gemm_persistent_counter, "matvec_rows_rs": matvec_rows,
+        "matvec_rows_masked_ar": matvec_rows_masked_ar}
 
 
 def run_forms(names: list[str], sizes: dict | None = None) -> dict[str, float | str]:
