@@ -1638,7 +1638,8 @@ def _settle(an: _Analyzer, acc: Access, tile: Tile, stmt: StmtRef, pointers: set
     verb = "reads" if acc.kind == "load" else "writes"
     # the pointer expression and every alias definition it rests on, read by both checks
     exprs = [] if acc.descriptor else an._pointer_definitions(acc.pointer, pointers)
-    if acc.where not in an.row_programs:  # one row a program: its one advance, the row's, was read with its address
+    if acc.where not in an.row_programs and acc.where not in an.scalar_rows:
+        # one row a program, one element a program: its one advance, the row's, was read with its address
         _check_pointer_advances(an, acc, tile, pointers, exprs)
     _check_row_terms(an, acc, tile, pointers, exprs)
     moved = False
@@ -3958,17 +3959,52 @@ def _scalar_store_row(an: _Analyzer, acc: Access, dim: int, exprs: list[cst.Base
     """A store of one element a program at its id (a matrix-vector product's `tl.store(y_ptr + row, y)`, `row =
     tl.program_id(0)`): the tile is that row, one element. Read only where
 
-    - the address is the tensor plus the name, written in the store (no alias), and the store is a statement of the
-      kernel's body (no loop or branch stores it again or skips it);
+    - the address is the tensor plus the name: written in the store, through an alias bound once (`y_ptrs = y_ptr +
+      row`), or the tensor advanced in place once (`y_ptr += row`, then `tl.store(y_ptr, y)`), the alias or the advance
+      a statement of the kernel's body before the store; the store is a statement of the kernel's body too (no loop
+      stores it twice, no branch skips it);
     - the name is bound once, to the program's id along one axis (also cast, `.to(tl.int64)`);
     - the store has no mask, and the rows are then the grid's programs along that axis, or its mask is `row < X`,
       ``X`` a parameter: the rows are ``X`` (``size=`` names them otherwise).
 
     The launch checks that the output's rows are one element apart (a 1-D output, or one column). ``None`` for any
     other form."""
-    if acc.kind != "store" or acc.descriptor or acc.atomic or dim != 0 or len(exprs) != 1:
+    if acc.kind != "store" or acc.descriptor or acc.atomic or dim != 0:
         return None
-    terms = _terms(_bare(exprs[0]))
+
+    def top_level(where: Where) -> bool:
+        """A statement of the kernel's body (not of a loop or a branch) holds ``where``."""
+        return any(isinstance(r.node, cst.SimpleStatementLine) and r.blocks == (an.fn.body,)
+                   and _contains(an, r.node, where) for r in an.statements)
+
+    def top_level_before(where: Where) -> bool:
+        return (where.line, where.column) < (acc.where.line, acc.where.column) and top_level(where)
+
+    if not top_level(acc.where):
+        return None
+
+    advances = an.bindings.get(acc.tensor, ())
+    if len(exprs) == 1 and not advances:
+        address = _bare(exprs[0])
+    elif len(exprs) == 2 and not advances and m.matches(_bare(exprs[0]), m.Name()):
+        alias = _bare(exprs[0]).value  # type: ignore[attr-defined]
+        made = an.assignments.get(alias, [])
+        if len(made) != 1 or len(an.bindings.get(alias, ())) != 1 or alias in an.rebound or not top_level_before(
+                an.where(made[0][0].node)):
+            return None
+        address = _bare(exprs[1])
+    elif len(exprs) == 1 and m.matches(_bare(exprs[0]), m.Name(acc.tensor)) and len(advances) == 1 \
+            and top_level_before(advances[0][0]):
+        ref = next((r for r in an.statements if isinstance(r.node, cst.SimpleStatementLine)
+                    and an.where(r.node) == advances[0][0]), None)
+        small = ref.node.body[0] if ref is not None and len(ref.node.body) == 1 else None  # type: ignore[attr-defined]
+        if not (isinstance(small, cst.AugAssign) and isinstance(small.operator, cst.AddAssign)
+                and m.matches(small.target, m.Name(acc.tensor))):
+            return None
+        address = cst.BinaryOperation(cst.Name(acc.tensor), cst.Add(), small.value)
+    else:
+        return None
+    terms = _terms(address)
     names = [t.value for t, negative in terms if isinstance(t, cst.Name) and not negative]
     if len(terms) != 2 or len(names) != 2 or acc.tensor not in names or names[0] == names[1]:
         return None
@@ -3981,9 +4017,6 @@ def _scalar_store_row(an: _Analyzer, acc: Access, dim: int, exprs: list[cst.Base
         return None
     axis = call_position(pid)  # type: ignore[arg-type]
     if axis not in ("0", "1", "2"):
-        return None
-    if not any(isinstance(r.node, cst.SimpleStatementLine) and r.blocks == (an.fn.body,)
-               and _contains(an, r.node, acc.where) for r in an.statements):
         return None
     counted = f"tl.num_programs({axis})"
     if acc.mask is not None:

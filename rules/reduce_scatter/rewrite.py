@@ -953,8 +953,8 @@ def _scalar_row(an: KernelAnalysis, a) -> str | None:
     """The one scalar term of a store's address besides the tensor (`y_ptr + row`, `row = tl.program_id(0)`): the row
     a program stores, which the annotation can name as its tile; ``None`` for any other address."""
     terms = [t for t in re.split(r"\s*\+\s*", a.pointer.strip()) if t != a.tensor]
-    if len(terms) != 1 or not re.fullmatch(r"[A-Za-z_]\w*", terms[0]):
-        return None
+    if len(terms) != 1 or not re.fullmatch(r"[A-Za-z_]\w*", terms[0]) or terms[0] in an.aliases.get(a.tensor, ()):
+        return None  # not a name, or a pointer (`y_ptrs`), not a row
     return None if _position_facts(an, cst.Name(terms[0]))[2] else terms[0]
 
 

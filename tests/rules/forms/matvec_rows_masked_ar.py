@@ -1,6 +1,7 @@
 """A matrix-vector product one output element a program on a grid rounded up past the rows: the store is masked by
-`row < M` (and A is read through rows clamped to the last one). Under all_reduce (K split over the ranks) the row
-count is the mask's bound, and every rank ends with the whole vector."""
+`pid < M`, through the output pointer moved to the program's element in place (`y_ptr += pid`, as Liger's and
+unsloth's row kernels move theirs), A read through rows clamped to the last one. Under all_reduce (K split over the
+ranks) the row count is the mask's bound, and every rank ends with the whole vector."""
 
 import triton
 import triton.language as tl
@@ -19,4 +20,5 @@ def matvec_rows_masked(a_ptr, x_ptr, y_ptr, M, K, stride_am, BLOCK_K: tl.constex
         a = tl.load(a_ptr + clamped * stride_am + offs_k, mask=offs_k < K, other=0.0)
         x = tl.load(x_ptr + offs_k, mask=offs_k < K, other=0.0)
         acc += a.to(tl.float32) * x.to(tl.float32)
-    tl.store(y_ptr + pid, tl.sum(acc, axis=0), mask=pid < M)
+    y_ptr += pid
+    tl.store(y_ptr, tl.sum(acc, axis=0), mask=pid < M)
