@@ -137,7 +137,23 @@ def _alike_checked(plan: RewritePlan, alike: AlikeBranches, inlined, file: str) 
                   for r in alike.regions)
     ints = tuple(dict.fromkeys((name, inlined.user_line(r.first)) for r in alike.regions for name in r.ints))
     launch = dataclasses.replace(plan.launch, int_params=plan.launch.int_params + ints) if ints else plan.launch
-    return dataclasses.replace(plan, insertions=insertions, report=plan.report + notes, launch=launch)
+    # code moved out of an `if` is reported where it goes: before or after the whole `if`, not at the side's line
+    moved = {(inlined.user_line(was.anchor.line), was.position): region for was, now in zip(
+        plan.insertions, insertions, strict=True) if now.anchor.line != was.anchor.line
+        for region in alike.regions if region.first == now.anchor.line}
+    report = tuple(_said_of_the_if(entry, moved, inlined, file) for entry in plan.report)
+    return dataclasses.replace(plan, insertions=insertions, report=report + notes, launch=launch)
+
+
+def _said_of_the_if(entry: ReportEntry, moved: dict, inlined, file: str) -> ReportEntry:
+    """``entry`` of code inserted before or after line L, said of the ``if`` the code moved before or after."""
+    for (line, position), region in moved.items():
+        said = f"{position} line {line}"
+        if entry.where is not None and entry.where.line == line and said in entry.message:
+            first = inlined.user_line(region.first)
+            message = entry.message.replace(said, f"{position} the `if {region.test}` at line {first}")
+            return dataclasses.replace(entry, message=message, where=Where(file, first, region.column))
+    return entry
 
 
 def source_hash(source: str, requests: list[Request]) -> str:

@@ -280,6 +280,10 @@ def test_a_tile_index_bound_alike_on_both_sides_is_rotated_after_the_if(rule: st
     kernel = built.rewritten["matmul_kernel"]
     before, after = kernel.split("    else:\n", 1)
     assert "tl_remap_tile" not in before and "tl_remap_tile" in after.split("offs_am =")[0], kernel
+    # reported where it goes: after the whole `if`, not after a line of one side
+    rotated = [e for e in built.report.entries if "rotated" in e.message]
+    assert rotated and rotated[0].message.endswith("rotated after the `if WIDE` at line 13"), rotated
+    assert rotated[0].where.line == 13, rotated
 
 
 @pytest.mark.slow
