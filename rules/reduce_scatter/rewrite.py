@@ -1428,13 +1428,17 @@ def _check_k_masks(an: KernelAnalysis, a, rule: str) -> None:
                 for term in _mask_terms(an, code(mask)):
                     if not (names_in(term) & varying) or _bounds_k(an, term, target, extent, stored):
                         continue
-                    if extent[0] is None and _bounds_k(an, term, target, extent, stored, shape_only=True):
-                        # the form of a bound by the loop's extent, which is not known
+                    if extent[0] is None and (target is None or _bounds_k(an, term, target, extent, stored,
+                                                                          shape_only=True)):
+                        # the form of a bound by the loop's extent, which is not known; or a `while` loop, whose
+                        # step TileLink does not read at all
                         header = _loop_header(an, loop)
+                        unread = ("read that loop's K extent from its range" if target is not None
+                                  else "read the K extent of a `while` loop")
                         raise AnnotationError(
                             f"the mask of the load at line {site.line} bounds the offsets along K in the loop at "
                             f"line {loop[0].line}, which sums the partial sums of {a.tensor!r}, but TileLink does not "
-                            f"read that loop's K extent from its range{f' (`{header}`)' if header else ''}: each rank "
+                            f"{unread}{f' (`{header}`)' if header else ''}: each rank "
                             f"runs the loop over its own slice of K, and TileLink can check neither that the loop "
                             f"covers the slice nor that the mask's bound (`{code(term).strip()}`) is the slice's end",
                             file=site.file, line=site.line, column=site.column,

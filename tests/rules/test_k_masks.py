@@ -115,6 +115,19 @@ def test_a_masked_loop_whose_extent_is_not_read_is_refused(loop: str) -> None:
     assert f"(`{loop}`)" in str(err.value) and "range(0, tl.cdiv(K, BLOCK_K))" in err.value.hint, err.value
 
 
+def test_a_while_loop_that_sums_is_refused_for_its_extent() -> None:
+    """A `while` loop's step is what its body adds to its counter, which TileLink does not read: refused for that,
+    with the `for` loop to write, not for the form of its mask."""
+    source = _source("acc += tl.dot(a, b)").replace("    for k in range(0, tl.cdiv(K, BLOCK_K)):\n",
+                                                    "    k = 0\n    while k < tl.cdiv(K, BLOCK_K):\n")
+    source = source.replace("        acc += tl.dot(a, b)\n", "        acc += tl.dot(a, b)\n        k += 1\n")
+    assert "while k <" in source and "k += 1" in source
+    with pytest.raises(AnnotationError, match=r"the loop at line 17, .* does not read the K extent of a `while` loop "
+                                              r"\(`k < tl.cdiv\(K, BLOCK_K\)`\)") as err:
+        _generate(source)
+    assert "range(0, tl.cdiv(K, BLOCK_K))" in err.value.hint, err.value
+
+
 @pytest.mark.parametrize("mask", ["rk[None, :] < K - 2 * k * BLOCK_K", "rk[None, :] < K - k * BLOCK_N",
                                   "rk[None, :] < K - k * k", "(2 * k * BLOCK_K + rk)[None, :] < K"])
 def test_a_step_term_of_another_size_than_the_loop_s_is_refused(mask: str) -> None:
