@@ -79,6 +79,9 @@ class Access:
     swept: bool = False
     branch: Where | None = None  # a store anchored inside the branches of this `if` (see _through_branches)
     atomic: bool = False  # a store that adds: ``tl.atomic_add(ptrs, value, mask=...)`` (a split-K write-back)
+    #: the anchor is a line of plain statements, the store inside an expression of it that may skip it
+    #: (`tl.store(...) if c else None`)
+    in_expression: bool = False
 
 
 @dataclass(frozen=True)
@@ -1438,9 +1441,20 @@ def _anchor(an: _Analyzer, acc: Access, tile: Tile | None, pointers: set[str]) -
             earlier.insert(0, acc.tensor)
     loop = next((r for r in an.statements if isinstance(r.node, cst.For) and r.node.body is target), None)
     return Access(acc.kind, acc.tensor, acc.pointer, acc.descriptor, acc.where, acc.value, acc.mask, tile,
-                  where, isinstance(stmt.node, cst.SimpleStatementLine), tuple(earlier), acc.offsets,
+                  where, _own_statement(an, stmt.node, acc), tuple(earlier), acc.offsets,
                   an.where(loop.node) if loop is not None else None, _sweeps(an, stmt.node, chain, acc, tile),
-                  branch, acc.atomic)
+                  branch, acc.atomic,
+                  isinstance(stmt.node, cst.SimpleStatementLine) and not _own_statement(an, stmt.node, acc))
+
+
+def _own_statement(an: _Analyzer, node: cst.CSTNode, acc: Access) -> bool:
+    """Whether ``node`` is a line of plain statements, and, for a store, one of them is the store's call itself (not
+    a call inside an expression that may skip it: `tl.store(...) if c else None`, `c and tl.store(...)`), so that
+    the store has run once the line has."""
+    if not isinstance(node, cst.SimpleStatementLine):
+        return False
+    return acc.kind != "store" or any(isinstance(small, cst.Expr) and isinstance(small.value, cst.Call)
+                                      and an.where(small.value) == acc.where for small in node.body)
 
 
 # ----------------------------------------------------------------------------- soundness
@@ -4024,9 +4038,9 @@ def _scalar_store_row(an: _Analyzer, acc: Access, dim: int, exprs: list[cst.Base
         if not (isinstance(bound, cst.Comparison) and len(bound.comparisons) == 1
                 and isinstance(bound.comparisons[0].operator, cst.LessThan)
                 and m.matches(_bare(bound.left), m.Name(row))
-                and m.matches(limit := _bare(bound.comparisons[0].comparator), m.Name())
-                and limit.value in an.params and limit.value not in an.constexpr):  # type: ignore[attr-defined]
-            return None
+                and _passed(an, limit := _bare(bound.comparisons[0].comparator))
+                and limit.value not in an.constexpr):  # type: ignore[attr-defined]
+            return None  # the bound also a parameter the kernel leaves as passed: the launch reads the rows there
         counted = limit.value  # type: ignore[attr-defined]
     return Tile(row, "1", None, size_param or counted, row, acc.where, 1)
 
@@ -4921,7 +4935,7 @@ def _sweeps(an: _Analyzer, anchor: cst.CSTNode, chain, acc: Access, tile: Tile) 
     through its column terms (``cols[None, :]``; a descriptor store: other than its column offsets)."""
     if not isinstance(anchor, cst.For) or chain.blocks[-1] is not anchor.body:
         return False
-    if an.where(chain.node) != acc.where:
+    if an.where(chain.node) != acc.where or not _own_statement(an, chain.node, acc):
         return False
     # every name the loop binds (its target included): one with a binding inside the loop's span
     bound = {name for name, spans in an.bindings.items() if any(_contains(an, anchor, at) for at, _ in spans)}

@@ -721,14 +721,17 @@ class OverlappedKernel:
                 self._tiles_passed.add(key)
 
     def _row_width(self, bound: dict, launcher) -> int | None:
-        """The elements of a row of the reduced output, whose rows are its first dim (a 2-D tensor): what each
-        row's channel counts to; ``None`` otherwise (no check of the columns stored)."""
+        """The elements of a row of the reduced output, whose rows are its first dim (a 2-D tensor; a 1-D one has
+        rows of one element): what each row's channel counts to; ``None`` otherwise (no check of the columns
+        stored)."""
         if getattr(self.specs[0], "dim", 0) != 0:
             return None
         from tilelink.rules.launch import described
 
         out = described(bound.get(self.specs[0].tensors[0]))
         shape = getattr(out, "shape", None)
+        if shape is not None and len(shape) == 1:
+            return 1
         return int(shape[1]) if shape is not None and len(shape) == 2 else None
 
     @functools.cached_property

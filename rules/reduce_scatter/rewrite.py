@@ -259,6 +259,12 @@ def _notify_rows(an: KernelAnalysis, t) -> tuple[str, ...]:
     )
 
 
+def _one_element(a, t) -> bool:
+    """Whether the pointer store ``a`` of tile ``t`` writes one element a row at the row's start (a GEMV's `y_ptr +
+    row`, a tile of one row given by its start): its address, not its value, says how many elements it writes."""
+    return not a.descriptor and t.ndim == 1 and t.size == "1" and t.offsets is None
+
+
 def _stored_per_element(a, by_address: bool = False) -> str:
     """Elements the store wrote, per element of its value (``by_address``: of its address, for a tile of one row given
     by its start, where a scalar address takes a value of any shape and writes one element): 1 where its mask
@@ -2069,6 +2075,13 @@ def stored_tiles(an: KernelAnalysis, spec) -> tuple[tuple[str, str, str, str, st
             continue
         live = _live_per_row(an, a, t, spec)
         live = an.written_out(live, a.where) or "" if live is not None else ""
+        tests = []
+        if _one_element(a, t):
+            # one element a row, stored where the mask holds (`mask=row < M`): the mask is the test of the store
+            mask = an.written_out(a.mask, a.where) if a.mask else "True"
+            live = "1" if mask is not None else ""
+            if a.mask and mask is not None:
+                tests.append(f"({mask})")
         def written(source: str, a=a) -> str | None:
             host = a.descriptor and a.pointer in an.params and re.fullmatch(
                 rf"{re.escape(a.pointer)}\.block_shape\[\d\]", source.strip())
@@ -2093,7 +2106,6 @@ def stored_tiles(an: KernelAnalysis, spec) -> tuple[tuple[str, str, str, str, st
         _moves_with_its_loops(an, a, row + " " + col)
         # the `if` tests around the store, for the launch to tell which programs run it (`if pid % 2 == 0:`, a
         # constexpr `if EPILOGUE_SUBTILE:`); a test it cannot write out leaves the store run by every program
-        tests = []
         for side in an.branch_sides.get(a.where) or an.branch_sides.get(a.anchor, ()):
             if (test := _side_written(an, side)) is not None:
                 tests.append(test)
@@ -3267,6 +3279,13 @@ def _notify_each(an: KernelAnalysis, spec, opts: Options, rule: str, stores, ins
                 if scalar is not None else
                 "compute the offsets as `offs_cm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)` and "
                 "index with offs_cm[:, None], or pass tile=(\"<start>\", \"<size>\")")
+        if a.in_expression:
+            raise AnnotationError(
+                f"the store to {a.tensor!r} is inside an expression (`... if c else ...`, `c and ...`) that may "
+                f"skip it: the notify TileLink inserts after the line would count rows the store did not write",
+                file=a.where.file, line=a.where.line, column=a.where.column,
+                hint="write the store as a statement of its own, and its condition in the mask "
+                     "(`mask=... & (c)`) or an `if` around it")
         if not a.anchor_is_access and not a.swept:
             raise AnnotationError(
                 f"the store to {a.tensor!r} must be a statement of its own (`tl.store(ptrs, value, mask=...)` or "
@@ -3334,7 +3353,7 @@ def _notify_each(an: KernelAnalysis, spec, opts: Options, rule: str, stores, ins
                 *_notify_rows(an, t),
             )
         else:
-            stored = _stored_per_element(a, by_address=t.ndim == 1 and t.size == "1" and t.offsets is None)
+            stored = _stored_per_element(a, by_address=_one_element(a, t))
             if t.ndim == 2:  # elements stored per row of the tile
                 stored = f"tl.sum({stored}, axis={1 - spec.dim})"
             lines = (

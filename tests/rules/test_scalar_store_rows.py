@@ -111,3 +111,53 @@ def test_the_notify_counts_the_one_element_the_address_writes(tmp_path) -> None:
     store = "    tl.store(y_ptr + row, acc)"
     rewritten = tilelink.build(written(tmp_path, store=store)).rewritten["matvec"]
     assert "tlk_stored = tl.full((y_ptr + row).shape, 1, tl.int32)" in rewritten, rewritten
+
+
+@pytest.mark.parametrize("store", [
+    "    tl.store(y_ptr + row, tl.sum(acc, axis=0)) if row != 3 else tl.debug_barrier()",
+    "    row > 2 and tl.store(y_ptr + row, tl.sum(acc, axis=0))",
+])
+def test_a_store_inside_an_expression_that_may_skip_it_is_refused(store: str, tmp_path) -> None:
+    """The notify goes after the line: it would count the row where the expression skipped its store."""
+    with pytest.raises(AnnotationError, match="is inside an expression .* that may skip it") as refused:
+        tilelink.build(written(tmp_path, store=store))
+    assert "write the store as a statement of its own" in refused.value.hint, refused.value
+
+
+def test_a_tile_store_inside_an_expression_is_refused_too(tmp_path) -> None:
+    from tests.rules.matmul_variants import VARIANTS
+
+    source = VARIANTS[0].source("reduce_scatter").replace("    tl.store(c_ptrs, c, mask=c_mask)\n",
+                                                         "    tl.store(c_ptrs, c, mask=c_mask) if M > 3 else None\n")
+    assert " if M > 3 else None" in source
+    path = tmp_path / "gemm.py"
+    path.write_text(source)
+    with pytest.raises(AnnotationError, match="the store to 'c_ptr' is inside an expression"):
+        tilelink.build(str(path))
+
+
+def test_a_mask_bound_the_kernel_binds_again_is_not_the_row_count(tmp_path) -> None:
+    store = "    M = M - 3\n    tl.store(y_ptr + row, tl.sum(acc, axis=0), mask=row < M)"
+    with pytest.raises(AnnotationError, match="cannot tell which rows of 'y_ptr'"):
+        tilelink.build(written(tmp_path, store=store))
+
+
+def _unstored(path: str, grid: int, rows: int, m: int) -> str:
+    import torch
+
+    kernel = module_at(path).matvec
+    a, x = torch.ones(8, 4), torch.ones(4)
+    return launch_refusal(lambda: kernel[(grid,)](a, x, torch.zeros(rows), m, 4, 4, BLOCK_K=4))
+
+
+def test_rows_no_program_stores_in_a_vector_output_are_refused_at_the_call(tmp_path) -> None:
+    """Each row's channel counts one element: a grid short of the mask's bound, or the bound short of `size=`, leaves
+    rows no program stores, whose waits would time out."""
+    masked = "    tl.store(y_ptr + row, tl.sum(acc, axis=0), mask=row < M)"
+    short = tilelink.spawn(_unstored, 2, written(tmp_path, "all_reduce", store=masked), 6, 8, 8)[0]
+    assert "no program stores rows [6, 7) of 'y_ptr'" in short, short
+    path = tmp_path / "sized.py"
+    path.write_text(KERNEL.format(rule="all_reduce", row="tl.program_id(0)", store=masked).replace(
+        'all_reduce("y_ptr")', 'all_reduce("y_ptr", size="K + 6")'))
+    sized = tilelink.spawn(_unstored, 2, str(path), 8, 10, 6)[0]
+    assert "no program stores rows [6, 7) of 'y_ptr'" in sized, sized
