@@ -4166,6 +4166,15 @@ def _row_of_program(an: _Analyzer, acc: Access, dim: int, pointers: set[str], ex
         cols, cst.Name) else names_in(cols)
     strides = [f for f in factors if _passed(an, f) and (  # type: ignore[union-attr]
         f.value not in an.constexpr or f.value not in blocks)]  # type: ignore[union-attr]
+    if not strides and isinstance(cols, cst.Name):
+        # the stride through a function TileLink does not read (unsloth's `row * triton_cast(stride, tl.int64)`,
+        # `triton_cast` imported from its utilities): say so, naming the spellings it reads
+        called = [f for f in factors if isinstance(f, cst.Call)]
+        if len(called) == 1 and any(_passed(an, x.value) for x in called[0].args):
+            an.row_program_misses[acc.where] = (
+                f"this load reads one row a program, beside the columns `{cols.value}`, but its row's stride is "
+                f"`{code(called[0])}`, a call TileLink does not read: it reads a stride parameter as passed or widened "
+                f"(`stride.to(tl.int64)`, `tl.cast(stride, tl.int64)`); write one of those")
     if len(strides) != 1:
         return None
     stride = strides[0]

@@ -389,6 +389,17 @@ def test_a_row_stride_widened_in_the_kernel_is_read_as_passed(cast: str, tmp_pat
         _generate(source.replace(cast, "stride.to(tl.int16)"))
 
 
+def test_a_row_stride_through_a_function_it_does_not_read_names_the_call() -> None:
+    # unsloth's cross entropy: `logits_ptr += row_idx * triton_cast(logits_row_stride, tl.int64)`, `triton_cast`
+    # imported from its utilities
+    source = LAYER_NORM.replace("X += row * stride", "X += row * triton_cast(stride, tl.int64)")
+    assert source != LAYER_NORM
+    with pytest.raises(AnnotationError) as info:
+        _generate(source)
+    assert "its row's stride is `triton_cast(stride, tl.int64)`, a call TileLink does not read" in info.value.hint
+    assert "`tl.cast(stride, tl.int64)`" in info.value.hint, info.value
+
+
 HEURISTIC = LAYER_NORM.replace('tilelink.all_gather("X", dim=0)', 'tilelink.all_gather("X", dim=0, size="M")').replace(
     "stride, N, eps,", "stride, N, M, eps,").replace(
     "@triton.jit\n", '@triton.heuristics({"BLOCK_SIZE": lambda args: 8 if args["X"].shape[0] < args["M"] else 16})\n'
