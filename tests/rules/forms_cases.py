@@ -313,8 +313,8 @@ def row_layer_norm(calls: int = 2) -> float:
 
 
 def matvec_rows(calls: int = 2, masked: bool = False) -> float:
-    """``y = A @ x``, K split over the ranks; reduce-scattered (one output element a program) or, ``masked``, all-reduced
-    on a grid three programs longer than the rows."""
+    """``y = A @ x``, K split over the ranks; reduce-scattered (one output element a program) or, ``masked``,
+    all-reduced on a grid three programs longer than the rows."""
     rank, world = tilelink.rank(), tilelink.world_size()
     rows, k = 37, 45
     g = torch.Generator().manual_seed(41)

@@ -59,8 +59,10 @@ OFFSETS = {
     "wide": ('''    offs_am = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
     offs_bn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
 ''', True),
-    "hinted": ('''    offs_am = tl.max_contiguous(tl.multiple_of((pid_m * BLOCK_M + tl.arange(0, BLOCK_M)) % M, BLOCK_M), BLOCK_M)
-    offs_bn = tl.max_contiguous(tl.multiple_of((pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % N, BLOCK_N), BLOCK_N)
+    "hinted": ('''    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_am = tl.max_contiguous(tl.multiple_of(rm % M, BLOCK_M), BLOCK_M)
+    offs_bn = tl.max_contiguous(tl.multiple_of(rn % N, BLOCK_N), BLOCK_N)
 ''', False),
 }
 
@@ -92,7 +94,8 @@ LOOPS = {
                "b_ptr + (k * BLOCK_K + offs_k)[:, None] * stride_bk + offs_bn[None, :] * stride_bn", "", False),
 }
 
-ACCUMULATE = {"add": "        accumulator += tl.dot(a, b)\n", "acc": "        accumulator = tl.dot(a, b, accumulator)\n"}
+ACCUMULATE = {"add": "        accumulator += tl.dot(a, b)\n",
+              "acc": "        accumulator = tl.dot(a, b, accumulator)\n"}
 
 STORES = {
     "tutorial": '''    c = accumulator.to(c_ptr.dtype.element_ty)

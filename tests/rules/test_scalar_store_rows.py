@@ -6,7 +6,6 @@ or the bound of a `row < M` mask. The two forms run at worlds 1-4 and through th
 from __future__ import annotations
 
 import pytest
-import triton
 
 import tilelink
 from tests.rules.cases import launch_refusal, module_at
@@ -71,7 +70,8 @@ def test_one_element_a_program_is_its_row(rule: str, row: str, store: str, size:
     # an alias bound in a branch, or twice; the pointer moved by something else too, or twice
     ("tl.program_id(0)", "    if M > 0:\n        y_ptrs = y_ptr + row\n    else:\n        y_ptrs = y_ptr + 1\n"
                          "    tl.store(y_ptrs, tl.sum(acc, axis=0))"),
-    ("tl.program_id(0)", "    y_ptrs = y_ptr + row\n    y_ptrs = y_ptr + row\n    tl.store(y_ptrs, tl.sum(acc, axis=0))"),
+    ("tl.program_id(0)", "    y_ptrs = y_ptr + row\n    y_ptrs = y_ptr + row\n"
+                         "    tl.store(y_ptrs, tl.sum(acc, axis=0))"),
     ("tl.program_id(0)", "    y_ptr += 1\n    tl.store(y_ptr + row, tl.sum(acc, axis=0))"),
     ("tl.program_id(0)", "    y_ptr += row\n    y_ptr += row\n    tl.store(y_ptr, tl.sum(acc, axis=0))"),
     ("tl.program_id(0)", "    y_ptr += row * 2\n    tl.store(y_ptr, tl.sum(acc, axis=0))"),
