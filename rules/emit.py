@@ -384,6 +384,17 @@ def _remap_order(an: KernelAnalysis, access: Access, rule: str, order: str,
                                f"order={order!r} not applied: {bypass}, not through {tile.pid}: the rotation of "
                                f"{tile.pid} would move the tile's rows but not that; tiles keep the kernel's own "
                                f"order{said}", access.where)
+    # the rotation goes after the line that binds the index: a statement after the binding on that line (`row =
+    # tl.program_id(0); y_ptrs = y_ptr + row`) would read the index before it is rotated, the rest after
+    joined = next((w for w in assigned for other in [
+        *(b for name, binds in an.bindings.items() if name != tile.pid for b, _ in binds),
+        *(a.where for a in an.accesses)] if other.line == w.line and other.column > w.column), None)
+    if joined is not None:
+        return [], ReportEntry(an.name, rule, "not applied",
+                               f"order={order!r} not applied: {tile.pid} is bound at line {joined.line} before other "
+                               f"statements of that line, which the rotation, inserted after the line, would not "
+                               f"reach; tiles keep the kernel's own order (write them on lines of their own)",
+                               access.where)
     before = [w for w in assigned if w.line <= tile.defined_at.line]
     if not before:
         return [], ReportEntry(an.name, rule, "not applied",

@@ -79,8 +79,8 @@ class Access:
     swept: bool = False
     branch: Where | None = None  # a store anchored inside the branches of this `if` (see _through_branches)
     atomic: bool = False  # a store that adds: ``tl.atomic_add(ptrs, value, mask=...)`` (a split-K write-back)
-    #: the anchor is a line of plain statements, the store inside an expression of it that may skip it
-    #: (`tl.store(...) if c else None`)
+    #: the store's line is one of plain statements, the store inside an expression of it that may skip it
+    #: (`tl.store(...) if c else None`) or followed on it by a `return`
     in_expression: bool = False
 
 
@@ -1444,17 +1444,24 @@ def _anchor(an: _Analyzer, acc: Access, tile: Tile | None, pointers: set[str]) -
                   where, _own_statement(an, stmt.node, acc), tuple(earlier), acc.offsets,
                   an.where(loop.node) if loop is not None else None, _sweeps(an, stmt.node, chain, acc, tile),
                   branch, acc.atomic,
-                  isinstance(stmt.node, cst.SimpleStatementLine) and not _own_statement(an, stmt.node, acc))
+                  isinstance(chain.node, cst.SimpleStatementLine) and not _own_statement(an, chain.node, acc))
 
 
 def _own_statement(an: _Analyzer, node: cst.CSTNode, acc: Access) -> bool:
-    """Whether ``node`` is a line of plain statements, and, for a store, one of them is the store's call itself (not
-    a call inside an expression that may skip it: `tl.store(...) if c else None`, `c and tl.store(...)`), so that
-    the store has run once the line has."""
+    """Whether ``node`` is a line of plain statements, and, for a store, one of them is the store's call itself (or
+    binds its value: `_ = tl.store(...)`), not a call inside an expression that may skip it (`tl.store(...) if c else
+    None`, `c and tl.store(...)`), with nothing after it on the line that leaves the program or the loop's pass (`;
+    return`): the store has run once the line has."""
     if not isinstance(node, cst.SimpleStatementLine):
         return False
-    return acc.kind != "store" or any(isinstance(small, cst.Expr) and isinstance(small.value, cst.Call)
-                                      and an.where(small.value) == acc.where for small in node.body)
+    if acc.kind != "store":
+        return True
+    for i, small in enumerate(node.body):
+        value = small.value if isinstance(small, (cst.Expr, cst.Assign, cst.AnnAssign)) else None
+        if isinstance(value, cst.Call) and an.where(value) == acc.where:
+            return not any(isinstance(later, (cst.Return, cst.Break, cst.Continue, cst.Raise))
+                           for later in node.body[i + 1:])
+    return False
 
 
 # ----------------------------------------------------------------------------- soundness

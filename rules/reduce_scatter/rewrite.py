@@ -1434,8 +1434,8 @@ def _check_k_masks(an: KernelAnalysis, a, rule: str) -> None:
                 for term in _mask_terms(an, code(mask)):
                     if not (names_in(term) & varying) or _bounds_k(an, term, target, extent, stored):
                         continue
-                    if extent[0] is None and (target is None or _bounds_k(an, term, target, extent, stored,
-                                                                          shape_only=True)):
+                    if extent[0] is None and (_bounds_k(an, term, target, extent, stored, shape_only=True)
+                                              if target is not None else _extent_shaped(an, term, stored)):
                         # the form of a bound by the loop's extent, which is not known; or a `while` loop, whose
                         # step TileLink does not read at all
                         header = _loop_header(an, loop)
@@ -1460,6 +1460,18 @@ def _check_k_masks(an: KernelAnalysis, a, rule: str) -> None:
                         f"value", file=site.file, line=site.line, column=site.column,
                         hint="bound the K offsets by the K extent alone (`mask=... & (offs_k[None, :] < K - k * "
                              "BLOCK_K)`), and apply a condition on rows or data to the reduced result instead")
+
+
+def _extent_shaped(an: KernelAnalysis, term: cst.BaseExpression, stored: set[str]) -> bool:
+    """Whether a mask term in a `while` loop (whose step TileLink does not read) has the form of a bound of the K
+    offsets by what is left of K: one `<` or `<=` comparison whose bound reads a parameter passed at run time, of no
+    loaded data nor the output's rows (a triangular `(k + rk)[None, :] <= rm[:, None]` is refused for what it is)."""
+    if not (isinstance(term, cst.Comparison) and len(term.comparisons) == 1 and isinstance(
+            term.comparisons[0].operator, (cst.LessThan, cst.LessThanEqual))):
+        return False
+    passed = set(an.params) - set(an.constexpr_params)
+    return (not m.findall(term, m.Call(func=m.Attribute(attr=m.Name("load"))))
+            and not (names_in(term) & stored) - {"None"} and bool(names_in(term.comparisons[0].comparator) & passed))
 
 
 def _written_helper(an: KernelAnalysis, value: cst.BaseExpression) -> cst.BaseExpression:
@@ -3282,9 +3294,10 @@ def _notify_each(an: KernelAnalysis, spec, opts: Options, rule: str, stores, ins
         if a.in_expression:
             raise AnnotationError(
                 f"the store to {a.tensor!r} is inside an expression (`... if c else ...`, `c and ...`) that may "
-                f"skip it: the notify TileLink inserts after the line would count rows the store did not write",
+                f"skip it, or followed on its line by a `return`, `break` or `continue`: the notify TileLink "
+                f"inserts after the line would count rows the store did not write, or never run",
                 file=a.where.file, line=a.where.line, column=a.where.column,
-                hint="write the store as a statement of its own, and its condition in the mask "
+                hint="write the store as a statement of its own line, and its condition in the mask "
                      "(`mask=... & (c)`) or an `if` around it")
         if not a.anchor_is_access and not a.swept:
             raise AnnotationError(

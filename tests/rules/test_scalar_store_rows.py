@@ -116,12 +116,14 @@ def test_the_notify_counts_the_one_element_the_address_writes(tmp_path) -> None:
 @pytest.mark.parametrize("store", [
     "    tl.store(y_ptr + row, tl.sum(acc, axis=0)) if row != 3 else tl.debug_barrier()",
     "    row > 2 and tl.store(y_ptr + row, tl.sum(acc, axis=0))",
+    "    tl.store(y_ptr + row, tl.sum(acc, axis=0)); return",
 ])
 def test_a_store_inside_an_expression_that_may_skip_it_is_refused(store: str, tmp_path) -> None:
     """The notify goes after the line: it would count the row where the expression skipped its store."""
-    with pytest.raises(AnnotationError, match="is inside an expression .* that may skip it") as refused:
+    with pytest.raises(AnnotationError, match="is inside an expression .* that may skip it, or followed on its "
+                                              "line by a `return`") as refused:
         tilelink.build(written(tmp_path, store=store))
-    assert "write the store as a statement of its own" in refused.value.hint, refused.value
+    assert "write the store as a statement of its own line" in refused.value.hint, refused.value
 
 
 def test_a_tile_store_inside_an_expression_is_refused_too(tmp_path) -> None:
@@ -161,3 +163,41 @@ def test_rows_no_program_stores_in_a_vector_output_are_refused_at_the_call(tmp_p
         'all_reduce("y_ptr")', 'all_reduce("y_ptr", size="K + 6")'))
     sized = tilelink.spawn(_unstored, 2, str(path), 8, 10, 6)[0]
     assert "no program stores rows [6, 7) of 'y_ptr'" in sized, sized
+
+
+def test_a_store_whose_value_is_bound_builds(tmp_path) -> None:
+    """`_ = tl.store(...)` runs the store as a statement does."""
+    built = tilelink.build(written(tmp_path, store="    _ = tl.store(y_ptr + row, tl.sum(acc, axis=0))"))
+    assert built.report.applied, [str(e) for e in built.report.entries]
+
+
+def test_the_tile_order_is_kept_where_the_index_shares_its_line(tmp_path, monkeypatch) -> None:
+    """The rotation goes after the line that binds the index: `row = tl.program_id(0); y_ptrs = y_ptr + row` would
+    store the unrotated row's element at the rotated row's value."""
+    monkeypatch.setenv("TILELINK_RACES", "1")
+    path = written(tmp_path, row="tl.program_id(0); y_ptrs = y_ptr + row",
+                   store="    tl.store(y_ptrs, tl.sum(acc, axis=0))")
+    built = tilelink.build(path)
+    kept = [e.message for e in built.report.entries if e.status == "not applied"]
+    assert kept and "row is bound at line 10 before other statements of that line" in kept[0], kept
+    assert "tl_remap_tile" not in built.rewritten["matvec"]
+    assert tilelink.spawn(_matvec, 2, path) == [0.0, 0.0]
+
+
+def _matvec(path: str) -> float:
+    import torch
+
+    from tests.rules.cases import rows_of, worst
+
+    rank, world = tilelink.rank(), tilelink.world_size()
+    g = torch.Generator().manual_seed(3)
+    a, x = torch.randint(-3, 4, (9, 10), generator=g).float(), torch.randint(-3, 4, (10,), generator=g).float()
+    klo, khi = rows_of(rank, world, 10)
+    lo, hi = rows_of(rank, world, 9)
+    ar = a[:, klo:khi].contiguous()
+    error = 0.0
+    for _ in range(2):
+        y = torch.full((hi - lo,), float("nan"))
+        module_at(path).matvec[(9,)](ar, x[klo:khi].contiguous(), y, 9, khi - klo, ar.stride(0), BLOCK_K=4)
+        error = worst(error, (y - (a @ x)[lo:hi]).abs().max().item())
+    return error
