@@ -3986,7 +3986,7 @@ def _scalar_store_row(an: _Analyzer, acc: Access, dim: int, exprs: list[cst.Base
       stores it twice, no branch skips it);
     - the name is bound once, to the program's id along one axis (also cast, `.to(tl.int64)`);
     - the store has no mask, and the rows are then the grid's programs along that axis, or its mask is `row < X`,
-      ``X`` a parameter: the rows are ``X`` (``size=`` names them otherwise).
+      ``X`` a parameter the kernel leaves as passed: the rows are ``X`` (``size=`` names them otherwise).
 
     The launch checks that the output's rows are one element apart (a 1-D output, or one column). ``None`` for any
     other form."""
@@ -4047,7 +4047,7 @@ def _scalar_store_row(an: _Analyzer, acc: Access, dim: int, exprs: list[cst.Base
                 and m.matches(_bare(bound.left), m.Name(row))
                 and _passed(an, limit := _bare(bound.comparisons[0].comparator))
                 and limit.value not in an.constexpr):  # type: ignore[attr-defined]
-            return None  # the bound also a parameter the kernel leaves as passed: the launch reads the rows there
+            return None  # a bound other than a parameter the kernel leaves as passed, which the launch reads
         counted = limit.value  # type: ignore[attr-defined]
     return Tile(row, "1", None, size_param or counted, row, acc.where, 1)
 
