@@ -1,7 +1,8 @@
 """A GEMV that gives each program one output row (`row = tl.program_id(0)`, its K loop summing `w * x` and
 `tl.store(y_ptr + row, tl.sum(acc, axis=0))`, one scalar per program), under a reduction of `y` with its tile named
 (`tile=("row", "1")`, `size="N"`): each store writes one element of one row, so its notify counts one element of
-that row's channel. Equal to torch on the race-exposing schedule, each rank holding a slice of K."""
+that row's channel. Equal to torch on the race-exposing schedule, each rank holding a slice of K; without `tile=` the
+store is read as that tile (``tests/rules/test_scalar_store_rows.py``)."""
 
 from __future__ import annotations
 
@@ -61,12 +62,30 @@ def test_a_gemv_storing_one_scalar_per_program_equals_torch(rule: str, tmp_path,
         assert all(e < 1e-4 for e in errors), (world, errors)
 
 
-def test_without_the_tile_the_refusal_says_how_to_name_it() -> None:
+def test_without_the_tile_it_is_read_as_that_tile(tmp_path, monkeypatch) -> None:
+    """The store names its row itself: without `tile=` and `size=` the rows are the grid's programs."""
+    from tilelink.annotations import requests_in
+    from tilelink.codegen import generate
+
+    monkeypatch.setenv("TILELINK_RACES", "1")
+    source = KERNEL.format(rule="all_reduce").replace(', tile=("row", "1"), size="N"', "")
+    generated = generate(source, "gemv.py", requests_in(source, "gemv.py"))
+    assert generated.plans[0].launch.size_param == "tl.num_programs(0)", generated.plans[0].launch
+    path = tmp_path / "gemv.py"
+    path.write_text(source)
+    errors = tilelink.spawn(_gemv, 2, str(path), True)
+    assert all(e < 1e-4 for e in errors), errors
+
+
+def test_a_store_it_does_not_read_says_how_to_name_the_tile() -> None:
     from tilelink.annotations import requests_in
     from tilelink.codegen import generate
     from tilelink.errors import AnnotationError
 
-    source = KERNEL.format(rule="all_reduce").replace(', tile=("row", "1"), size="N"', "")
+    store = "tl.store(y_ptr + row, tl.sum(acc, axis=0))"
+    source = KERNEL.format(rule="all_reduce").replace(', tile=("row", "1"), size="N"', "").replace(
+        f"    {store}", f"    if K > 0:\n        {store}")
+    assert "if K > 0:" in source
     with pytest.raises(AnnotationError, match="cannot tell which rows of 'y_ptr' this store writes") as err:
         generate(source, "gemv.py", requests_in(source, "gemv.py"))
     assert 'all_reduce("y_ptr", tile=("row", "1"), size="<the rows of the output>")' in err.value.hint, err.value.hint
