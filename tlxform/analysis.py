@@ -204,6 +204,14 @@ class KernelAnalysis:
     computed: dict[str, tuple[Where, frozenset[str] | None]] = field(default_factory=dict)
     # each load read as one row a program's (`row * stride` beside a columns vector) that TileLink refused -> why
     row_program_misses: dict[Where, str] = field(default_factory=dict)
+    # each store directly in the body of a loop that keeps its rows, whose iterations TileLink cannot tell store other
+    # columns than each other -> (the loop, whether the loop binds the columns at all)
+    sweep_misses: dict[Where, tuple[Where, bool]] = field(default_factory=dict)
+    # each store read as one element a program (`y_ptr + row`, `row = tl.program_id(0)`): its tile is that row
+    scalar_rows: frozenset[Where] = frozenset()
+    # each store read as one row a program (`y_ptr + row * stride + cols`): (the columns vector, the bound its mask
+    # puts on them in source): its tile is that row, the columns the mask lets through the elements it writes of it
+    row_columns: dict[Where, tuple[str, str]] = field(default_factory=dict)
 
     def accesses_of(self, tensor: str, kind: str) -> list[Access]:
         return [a for a in self.accesses if a.tensor == tensor and a.kind == kind]
@@ -755,10 +763,11 @@ class _Analyzer:
         # where the columns of each unmasked walk of whole blocks start (`KernelAnalysis.column_ends`)
         self.column_ends: list[tuple[str, tuple[str, ...], tuple[str, ...], Where]] = []
         # the loads of one row a program (`_row_of_program`) -> (the row stride parameter, the columns' bound terms)
-        self.row_programs: dict[Where, tuple[str, tuple[tuple[bool, tuple[str, ...]], ...]]] = {}
+        self.row_programs: dict[Where, tuple[str, tuple[tuple[bool, tuple[str, ...]], ...], str]] = {}
         #: stores of one element a program at its id (`tl.store(y_ptr + row, y)`): their rows are one element apart
         self.scalar_rows: set[Where] = set()
         self.row_program_misses: dict[Where, str] = {}  # `KernelAnalysis.row_program_misses`
+        self.sweep_misses: dict[Where, tuple[Where, bool]] = {}  # `KernelAnalysis.sweep_misses`
         self.positions = wrapper.resolve(PositionProvider)
         self.index = NodeIndex(module)  # the searches below, and the analysis's hundreds more, read this one walk
         self.params = tuple(p.name.value for p in fn.params.params)
@@ -1327,8 +1336,8 @@ class _Analyzer:
         exprs = self._pointer_definitions(access.pointer, pointers)
         row = _row_of_program(self, access, dim, pointers, exprs)
         if row is not None:
-            start, stride, bound = row
-            self.row_programs[access.where] = (stride, bound)
+            start, stride, bound, columns = row
+            self.row_programs[access.where] = (stride, bound, columns)
             # the rows a loop over them counts to (`for row_idx in tl.range(row_start, n_rows, row_step)`)
             loops = self.findall(self.fn.body, m.For(target=m.Name(start)))
             ends = [_range_args(loops[0])] if len(loops) == 1 else []
@@ -3975,6 +3984,16 @@ def _check_carried_columns(an: _Analyzer, acc: Access, pointers: set[str], vecto
     an.row_signs.extend((n, acc.where) for n in sorted(signs))
 
 
+def _terms_source(terms: tuple[tuple[bool, tuple[str, ...]], ...]) -> str:
+    """``((False, ("BLOCK", "2")), (True, ("1",)))`` -> ``"BLOCK * 2 - 1"``: a sum of products, in source."""
+    text = ""
+    for negative, factors in terms:
+        product = " * ".join(factors)
+        text = f"-{product}" if not text and negative else f"{text} {'-' if negative else '+'} {product}" if text \
+            else product
+    return text or "0"
+
+
 def _scalar_store_row(an: _Analyzer, acc: Access, dim: int, exprs: list[cst.BaseExpression],
                       size_param: str | None) -> Tile | None:
     """A store of one element a program at its id (a matrix-vector product's `tl.store(y_ptr + row, y)`, `row =
@@ -4053,7 +4072,7 @@ def _scalar_store_row(an: _Analyzer, acc: Access, dim: int, exprs: list[cst.Base
 
 
 def _row_of_program(an: _Analyzer, acc: Access, dim: int, pointers: set[str], exprs: list[cst.BaseExpression]
-                    ) -> tuple[str, str, tuple[tuple[bool, tuple[str, ...]], ...]] | None:
+                    ) -> tuple[str, str, tuple[tuple[bool, tuple[str, ...]], ...], str] | None:
     """A load of one row a program (Triton's softmax and layer-norm tutorials: `row_start_ptr = input_ptr + row_idx *
     input_row_stride` then `tl.load(row_start_ptr + col_offsets, mask=col_offsets < n_cols)`, or `X += row * stride`
     then `tl.load(X + cols, mask=cols < N)`): the address is the tensor, one row term `row * S` and one vector of
@@ -4072,11 +4091,12 @@ def _row_of_program(an: _Analyzer, acc: Access, dim: int, pointers: set[str], ex
 
     Then the load reads row ``row`` only, and the tile is that row. ``None`` for any other form, which the other
     readings take (or refuse)."""
-    if acc.descriptor or acc.kind != "load" or dim != 0 or any(
+    if acc.descriptor or acc.atomic or dim != 0 or any(
             m.findall(e, m.Subscript(slice=[m.ZeroOrMore(), m.SubscriptElement(m.Index(value=m.Name("None"))),
                                             m.ZeroOrMore()])) for e in exprs):
         return None
     before = (acc.where.line, acc.where.column)
+    verb, waits = ("reads", "waits for") if acc.kind == "load" else ("writes", "notifies")
 
     def at(ref: StmtRef) -> tuple[int, int]:
         w = an.where(ref.node)
@@ -4179,7 +4199,7 @@ def _row_of_program(an: _Analyzer, acc: Access, dim: int, pointers: set[str], ex
         called = [f for f in factors if isinstance(f, cst.Call)]
         if len(called) == 1 and any(_passed(an, x.value) for x in called[0].args):
             an.row_program_misses[acc.where] = (
-                f"this load reads one row a program, beside the columns `{cols.value}`, but its row's stride is "
+                f"this {acc.kind} {verb} one row a program, beside the columns `{cols.value}`, but its row's stride is "
                 f"`{code(called[0])}`, a call TileLink does not read: it reads a stride parameter as passed or widened "
                 f"(`stride.to(tl.int64)`, `tl.cast(stride, tl.int64)`); write one of those")
     if len(strides) != 1:
@@ -4189,8 +4209,8 @@ def _row_of_program(an: _Analyzer, acc: Access, dim: int, pointers: set[str], ex
 
     def miss(why: str) -> None:
         an.row_program_misses[acc.where] = (
-            f"this load reads one row a program, `{code(row)}` times `{code(stride)}`, beside the columns "
-            f"`{code(cols)}`, but {why}: TileLink waits for that one row when the row is a name bound once (the "
+            f"this {acc.kind} {verb} one row a program, `{code(row)}` times `{code(stride)}`, beside the columns "
+            f"`{code(cols)}`, but {why}: TileLink {waits} that one row when the row is a name bound once (the "
             f"program's id or a loop's target), the stride a parameter, and the columns one non-negative vector "
             f"masked by the row's length (`cols = tl.arange(0, BLOCK)`, `mask=cols < N`)")
 
@@ -4200,7 +4220,7 @@ def _row_of_program(an: _Analyzer, acc: Access, dim: int, pointers: set[str], ex
         return miss(f"the row `{row.value}` is a vector, not one row")
     moved = [n for t, site in terms for n in sorted(names_in(t)) if not steady({n}, site)]
     if moved:
-        return miss(f"`{moved[0]}` is bound again between where the address reads it and the load")
+        return miss(f"`{moved[0]}` is bound again between where the address reads it and the {acc.kind}")
     # the row: bound once, to a value that gives the same row where the wait computes it again
     if len(an.bindings.get(row.value, ())) != 1 or row.value in an.rebound and not an.findall(
             an.fn.body, m.For(target=m.Name(row.value))):
@@ -4246,7 +4266,7 @@ def _row_of_program(an: _Analyzer, acc: Access, dim: int, pointers: set[str], ex
             bound.append((False, ("1",)))  # the columns [0, X]: X + 1 of them
         if bound:
             an.row_signs.extend((n, acc.where) for n in sorted(row_signs | col_signs))
-            return row.value, stride.value, tuple(bound)  # type: ignore[union-attr]
+            return row.value, stride.value, tuple(bound), cols.value  # type: ignore[union-attr]
     return miss(f"its mask does not bound `{cols.value}` by the row's length (`{cols.value} < N`, `N` a parameter "
                 f"or a sum of products of parameters and int literals)")
 
@@ -4970,9 +4990,17 @@ def _sweeps(an: _Analyzer, anchor: cst.CSTNode, chain, acc: Access, tile: Tile) 
         return not (names_in(offsets.elements[0].value) & bound) and width is not None and _column_steps(
             anchor, offsets.elements[-1].value, width) is not None
     columns = _bounded_columns(an, acc)
-    if not columns or _row_names(an, cst.parse_expression(acc.pointer), columns) & bound:
+    if not columns or _row_names(an, cst.parse_expression(acc.pointer), columns,
+                                 flat=acc.where in an.row_programs) & bound:
         return False
-    return _sweep_steps(an, anchor, acc) is not None
+    if _sweep_steps(an, anchor, acc) is None:
+        # the same rows on every iteration, but other columns on each is not shown: said where the store is refused,
+        # with whether the loop moves the columns at all
+        moved = any(_contains(an, anchor, an.where(ref.node)) for name in columns
+                    for ref, _ in an.assignments.get(name, []))
+        an.sweep_misses[acc.where] = (an.where(anchor), moved)
+        return False
+    return True
 
 
 def _sweep_steps(an: _Analyzer, loop: cst.For, acc: Access) -> tuple[int, int] | None:
@@ -5042,14 +5070,24 @@ def _poly(node: cst.BaseExpression) -> dict[tuple[str, ...], int] | None:
 
 def _column_steps(loop: cst.For, start: cst.BaseExpression, width: str) -> tuple[int, int] | None:
     """``(k, d)`` when ``start`` is ``(k * t + d) * width`` for the target ``t`` of ``loop`` (a ``range`` of
-    step 1), with ``k >= 1``: iteration ``t`` stores column tile ``k * t + d``."""
+    step 1), or ``t + d * width`` for a ``range(0, X, k * width)``, with ``k >= 1``: iteration ``t`` (the ``t``-th)
+    stores column tile ``k * t + d``."""
     read = _range_args(loop)
-    if not isinstance(loop.target, cst.Name) or read is None or not m.matches(read[2], m.Integer("1")):
+    if not isinstance(loop.target, cst.Name) or read is None:
         return None
     t, w = loop.target.value, cst.parse_expression(width)
     poly = _poly(start)
     if poly is None or not isinstance(w, cst.Name):
         return None
+    if not m.matches(read[2], m.Integer("1")):
+        # `for off in range(0, N, k * W)`, the columns `off + d * W + tl.arange(0, W)` (the layer-norm tutorial's
+        # sweep, k = 1): iteration i stores column tile k * i + d
+        step, first = _poly(_bare(read[2])), _poly(_bare(read[0]))
+        if step is None or set(step) != {(w.value,)} or first not in ({}, {(): 0}) or set(poly) - {(t,), (w.value,)} \
+                or poly.get((t,)) != 1:
+            return None
+        k, d = step[(w.value,)], poly.get((w.value,), 0)
+        return (k, d) if k >= 1 else None
     steps = {tuple(sorted((t, w.value))): 0, (w.value,): 0}
     if set(poly) - set(steps):
         return None
@@ -5062,6 +5100,8 @@ def _bounded_columns(an: _Analyzer, acc: Access) -> set[str]:
     inside the row, so they may change from one iteration of a row sweep to the next."""
     if acc.mask is None:
         return set()
+    if acc.where in an.row_programs:  # one row a program: its columns vector, which the mask bounds
+        return {an.row_programs[acc.where][2]}
     defs = an.assignments.get(acc.mask, [])
     try:
         mask = defs[0][1] if len(defs) == 1 else cst.parse_expression(acc.mask)
@@ -5087,10 +5127,12 @@ def _pure(expr: cst.BaseExpression) -> bool:
     return True
 
 
-def _row_names(an: _Analyzer, expr: cst.BaseExpression, columns: set[str], depth: int = 0) -> set[str]:
+def _row_names(an: _Analyzer, expr: cst.BaseExpression, columns: set[str], depth: int = 0, flat: bool = False
+               ) -> set[str]:
     """The names ``expr`` depends on other than through the bounded column terms ``cols[None, :]``
-    (``columns``), looking through names assigned once to a pure expression (a name assigned more than
-    once, by ``+=``, or from a load, an atomic or any other call, stands for itself)."""
+    (``columns``; with ``flat``, the columns of one row a program, ``cols`` itself), looking through names assigned
+    once to a pure expression (a name assigned more than once, by ``+=``, or from a load, an atomic or any other call,
+    stands for itself)."""
     found: set[str] = set()
 
     class _V(cst.CSTVisitor):
@@ -5099,7 +5141,8 @@ def _row_names(an: _Analyzer, expr: cst.BaseExpression, columns: set[str], depth
             return expanded(node, 1) not in columns
 
         def visit_Name(self, node: cst.Name) -> None:
-            found.add(node.value)
+            if not (flat and node.value in columns):
+                found.add(node.value)
 
         def visit_Attribute(self, node: cst.Attribute) -> bool:
             node.value.visit(self)  # `tl.arange`: the module, not the attribute
@@ -5110,7 +5153,7 @@ def _row_names(an: _Analyzer, expr: cst.BaseExpression, columns: set[str], depth
     for name in found:
         defs = an.assignments.get(name, [])
         if len(defs) == 1 and name not in an.rebound and depth < 8 and _pure(defs[0][1]):
-            out |= _row_names(an, defs[0][1], columns, depth + 1)
+            out |= _row_names(an, defs[0][1], columns, depth + 1, flat)
         else:
             out.add(name)
     return out
@@ -5440,7 +5483,7 @@ def analyse(module: cst.Module, file: str, kernel: str,
             if acc.where in an.row_programs:
                 # one row a program: the row stride parameter is a row of the gathered buffer, and the columns the
                 # mask lets through lie in it
-                stride, bound = an.row_programs[acc.where]
+                stride, bound, _ = an.row_programs[acc.where]
                 scales = {*scales, (stride,)}
                 an.row_bounds.append((tensor, bound, "1", acc.where))
             row_scales.extend((tensor, scale, acc.where) for scale in sorted(scales))
@@ -5499,5 +5542,9 @@ def analyse(module: cst.Module, file: str, kernel: str,
                               body_first=_body_first(an, fn),
                               reaching_at_stores=_reaching_at_stores(an, accesses, aliases),
                               computed=_computed_params(an, fn, module),
-                              row_program_misses=dict(an.row_program_misses))
+                              row_program_misses=dict(an.row_program_misses),
+                              scalar_rows=frozenset(an.scalar_rows), sweep_misses=dict(an.sweep_misses),
+                              row_columns={at: (columns, _terms_source(bound))
+                                           for at, (_, bound, columns) in an.row_programs.items()
+                                           if any(a.where == at and a.kind == "store" for a in accesses)})
     return analysis

@@ -16,6 +16,7 @@ from tilelink.analysis import (
     BranchSide,
     KernelAnalysis,
     Where,
+    _arange_size,
     _arg,
     _bare,
     _conjuncts,
@@ -85,7 +86,8 @@ def _before(a: Where, b: Where) -> bool:
 
 
 def _column_range(an: KernelAnalysis, access, cols: str) -> tuple[str, str] | None:
-    """``(start, SIZE)`` when ``cols`` is assigned once, as ``start + tl.arange(0, SIZE)`` (no modulo), before
+    """``(start, SIZE)`` when ``cols`` is assigned once, as ``start + tl.arange(0, SIZE)`` (no modulo; ``start`` 0 for
+    ``tl.arange(0, SIZE)`` alone), before
     the store, and every binding of a name of ``start`` comes before that assignment (none after it, even
     after the store in a loop) and is not the target of a loop that ends before the store: ``start`` then
     means at the store what it meant there."""
@@ -96,6 +98,9 @@ def _column_range(an: KernelAnalysis, access, cols: str) -> tuple[str, str] | No
     if len(values) != 1 or len(binds) != 1:
         return None
     node = cst.parse_expression(values[0])
+    size = _arange_size(_bare(node))
+    if size is not None:  # `cols = tl.arange(0, BLOCK_N)`: the columns from 0 (a row a program's)
+        return ("0", size) if _before(binds[0][0], access.where) else None
     parsed = parse_offsets(node) if isinstance(node, cst.BinaryOperation) and isinstance(node.operator,
                                                                                         cst.Add) else None
     defined, store = binds[0][0], access.where
@@ -259,9 +264,21 @@ def _notify_rows(an: KernelAnalysis, t) -> tuple[str, ...]:
     )
 
 
-def _one_element(a, t) -> bool:
+def _one_element(an: KernelAnalysis, a, t) -> bool:
     """Whether the pointer store ``a`` of tile ``t`` writes one element a row at the row's start (a GEMV's `y_ptr +
     row`, a tile of one row given by its start): its address, not its value, says how many elements it writes."""
+    return _by_address(a, t) and a.where not in an.row_columns
+
+
+def _and_more(mask: str) -> bool:
+    """Whether the mask ``mask`` is a conjunction (`(cols < N) & (row < M)`): a term beside the columns' bound."""
+    return bool(m.findall(cst.parse_expression(mask), m.BinaryOperation(operator=m.BitAnd()) | m.BooleanOperation()))
+
+
+def _by_address(a, t) -> bool:
+    """Whether the pointer store ``a`` of tile ``t`` writes one row, by its address: one element (`y_ptr + row`) or a
+    vector of the row's columns (`y_ptr + row * stride + cols`). A scalar address takes a value of any shape (a vector
+    left unsummed broadcasts onto it) and writes one element: the address, not the value, counts what it writes."""
     return not a.descriptor and t.ndim == 1 and t.size == "1" and t.offsets is None
 
 
@@ -313,6 +330,8 @@ def _swept(an: KernelAnalysis, a, t, spec: ReduceScatterSpec, total: str) -> lis
                                  "they have written memory",)
     else:
         columns = separable_columns(an, a, t, spec.size or t.size_param)
+        if a.where in an.row_columns:  # one row a program: the elements its address and mask let through
+            columns = f"tl.sum({_stored_per_element(a, by_address=True)})"
         wait = ()
         if columns is None:
             raise AnnotationError(
@@ -2088,12 +2107,16 @@ def stored_tiles(an: KernelAnalysis, spec) -> tuple[tuple[str, str, str, str, st
         live = _live_per_row(an, a, t, spec)
         live = an.written_out(live, a.where) or "" if live is not None else ""
         tests = []
-        if _one_element(a, t):
+        if _one_element(an, a, t):
             # one element a row, stored where the mask holds (`mask=row < M`): the mask is the test of the store
             mask = an.written_out(a.mask, a.where) if a.mask else "True"
             live = "1" if mask is not None else ""
             if a.mask and mask is not None:
                 tests.append(f"({mask})")
+        elif a.where in an.row_columns and a.mask and not _and_more(a.mask):
+            # one row a program, the columns its mask lets through (`cols < N`, the mask's only term)
+            columns, bound = an.row_columns[a.where]
+            live = an.written_out(_live_columns(an, a, columns, bound), a.where) or ""
         def written(source: str, a=a) -> str | None:
             host = a.descriptor and a.pointer in an.params and re.fullmatch(
                 rf"{re.escape(a.pointer)}\.block_shape\[\d\]", source.strip())
@@ -3277,6 +3300,11 @@ def _notify_each(an: KernelAnalysis, spec, opts: Options, rule: str, stores, ins
                 hint=f"pass index=\"{indexed[1]}\", topk=\"{topk or '<the slots per token>'}\" (the slots of one "
                      f"token, reduced together) and size=\"<the full row count of the output>\" (e.g. "
                      f"\"num_valid_tokens // {topk or 'top_k'}\") to {rule}(...)")
+        if a.tile is None and a.where in an.row_program_misses:
+            # one row a program, not taken as such: why, rather than a hint about blocks of rows
+            raise AnnotationError(f"cannot tell which rows of {a.tensor!r} this store writes (pointer `{a.pointer}`)",
+                                  file=a.where.file, line=a.where.line, column=a.where.column,
+                                  hint=an.row_program_misses[a.where])
         if a.tile is None:
             scalar = _scalar_row(an, a)
             raise AnnotationError(
@@ -3299,6 +3327,25 @@ def _notify_each(an: KernelAnalysis, spec, opts: Options, rule: str, stores, ins
                 file=a.where.file, line=a.where.line, column=a.where.column,
                 hint="write the store as a statement of its own line, and its condition in the mask "
                      "(`mask=... & (c)`) or an `if` around it")
+        if not a.anchor_is_access and not a.swept and a.where in an.sweep_misses and not an.sweep_misses[a.where][1]:
+            loop = an.sweep_misses[a.where][0]
+            raise AnnotationError(
+                f"the loop at line {loop.line} stores the same elements of {a.tensor!r} on every iteration (line "
+                f"{a.where.line}): each notify counts what its store wrote, so the row's channel would count them once "
+                f"an iteration and complete before the rest of the row is stored", file=a.where.file,
+                line=a.where.line, column=a.where.column,
+                hint="store once, after the loop; or move the columns with the loop (`for off in range(0, N, "
+                     "BLOCK_N):` with `cols = off + tl.arange(0, BLOCK_N)`), each iteration storing a block of its own")
+        if not a.anchor_is_access and not a.swept and a.where in an.sweep_misses:
+            loop = an.sweep_misses[a.where][0]
+            raise AnnotationError(
+                f"the loop at line {loop.line} stores the same rows of {a.tensor!r} on every iteration (line "
+                f"{a.where.line}), but TileLink cannot tell that each iteration stores other columns than the others: "
+                f"each notify counts what its store wrote, so a column stored twice would complete its row's channel "
+                f"before the rest of it is stored", file=a.where.file, line=a.where.line, column=a.where.column,
+                hint="step the loop by the columns' block and start the columns at its target (`for off in range(0, "
+                     "N, BLOCK_N):` with `cols = off + tl.arange(0, BLOCK_N)`), or count the blocks (`for t in "
+                     "range(0, tl.cdiv(N, BLOCK_N)):` with `cols = t * BLOCK_N + tl.arange(0, BLOCK_N)`)")
         if not a.anchor_is_access and not a.swept:
             raise AnnotationError(
                 f"the store to {a.tensor!r} must be a statement of its own (`tl.store(ptrs, value, mask=...)` or "
@@ -3366,7 +3413,7 @@ def _notify_each(an: KernelAnalysis, spec, opts: Options, rule: str, stores, ins
                 *_notify_rows(an, t),
             )
         else:
-            stored = _stored_per_element(a, by_address=_one_element(a, t))
+            stored = _stored_per_element(a, by_address=_by_address(a, t))
             if t.ndim == 2:  # elements stored per row of the tile
                 stored = f"tl.sum({stored}, axis={1 - spec.dim})"
             lines = (

@@ -338,6 +338,33 @@ def matvec_rows_masked_ar(calls: int = 2) -> float:
     return matvec_rows(calls, masked=True)
 
 
+def row_outputs(calls: int = 2, sweep: bool = False) -> float:
+    """``y = x @ w.T`` one output row a program, K split over the ranks: reduce-scattered, the row's columns in one
+    block, or, ``sweep``, all-reduced through a loop over the row's column blocks (the last one partly masked)."""
+    rank, world = tilelink.rank(), tilelink.world_size()
+    rows, n, k = 13, 21, 45
+    g = torch.Generator().manual_seed(43)
+    x, w = _exact(torch.randn(rows, k, generator=g), torch.randn(n, k, generator=g))
+    klo, khi = rows_of(rank, world, k)
+    xr, wr = _placed(x[:, klo:khi].contiguous(), w[:, klo:khi].contiguous())
+    lo, hi = (0, rows) if sweep else rows_of(rank, world, rows)
+    err = 0.0
+    for _ in range(calls):
+        y = torch.full((hi - lo, n), float("nan"), dtype=xr.dtype, device=xr.device)
+        if sweep:
+            load_form("row_sweep_ar").row_sweep[(rows,)](xr, wr, y, xr.stride(0), wr.stride(0), y.stride(0), n,
+                                                         khi - klo, BLOCK_N=8, BLOCK_K=16)
+        else:
+            load_form("row_outputs_rs").row_linear[(rows,)](xr, wr, y, n, khi - klo, xr.stride(0), wr.stride(0),
+                                                            y.stride(0), BLOCK_N=32, BLOCK_K=16)
+        err = worst(err, _error(y, (x @ w.T)[lo:hi]) if hi > lo else 0.0)
+    return err
+
+
+def row_sweep_ar(calls: int = 2) -> float:
+    return row_outputs(calls, sweep=True)
+
+
 def gemm_rs_epilogue_branch(calls: int = 2) -> float:
     rank, world = tilelink.rank(), tilelink.world_size()
     kernel = load_form("gemm_rs_epilogue_branch").matmul_branch
@@ -528,7 +555,7 @@ RUNS = {"attention_descriptor_advance": attention_descriptor_advance, "attention
         "gemm_host_descriptor_ag": gemm_host_descriptor_ag, "gemm_host_descriptor_rs": gemm_host_descriptor_rs,
         "moe_rs_expert_zeros": moe_rs_expert_zeros, "gemm_rs_persistent_grouped": gemm_rs_persistent_grouped,
         "gemm_persistent_counter": gemm_persistent_counter, "matvec_rows_rs": matvec_rows,
-        "matvec_rows_masked_ar": matvec_rows_masked_ar}
+        "matvec_rows_masked_ar": matvec_rows_masked_ar, "row_outputs_rs": row_outputs, "row_sweep_ar": row_sweep_ar}
 
 
 def run_forms(names: list[str], sizes: dict | None = None) -> dict[str, float | str]:

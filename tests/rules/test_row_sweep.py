@@ -179,4 +179,6 @@ def test_a_store_repeated_on_every_step_of_an_inner_loop_is_refused() -> None:
         ''')
     with pytest.raises(AnnotationError) as info:
         _generated(text)
-    assert "must be a statement of its own" in str(info.value), info.value
+    assert "the loop at line 13 stores the same elements of 'c_ptr' on every iteration (line 15)" in str(info.value), \
+        info.value
+    assert "store once, after the loop" in info.value.hint, info.value.hint
