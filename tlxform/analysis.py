@@ -3179,6 +3179,8 @@ def _related_bound(an: _Analyzer, acc: Access, name: str) -> _Terms | None:
     if len(others) != 1:
         return None
     start = [(t, negative) for t, negative in terms if t is not others[0]]
+    # widened (`tl.arange(0, BLOCK_K).to(tl.int64)`, vLLM's offsets for large tensors): the same values
+    others = [_bare(widened_value(_bare(others[0])) or others[0])]
     if any(_is_vector(an, t) or m.findall(t, m.Subscript()) for t, _ in start):
         return None
 

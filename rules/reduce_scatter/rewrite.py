@@ -30,6 +30,7 @@ from tilelink.analysis import (
     parse_offsets,
     position_helpers,
     position_reads,
+    widened_value,
 )
 from tilelink.errors import AnnotationError
 from tilelink.plan import Insertion, ReduceScatterLaunch, ReportEntry, RewritePlan
@@ -1096,6 +1097,9 @@ def _sum_terms(an: KernelAnalysis, node: cst.BaseExpression, keep: str | None,
         elif isinstance(term, cst.Call) and term.args and m.matches(term.func, _HINTS) and depth < 8:
             # a hint to the compiler (`tl.multiple_of(k * BLOCK_K, BLOCK_K)`) has the value it is given
             found += [(t, n != negative) for t, n in _sum_terms(an, term.args[0].value, keep, depth + 1)]
+        elif (inner := widened_value(term)) is not None and depth < 8:
+            # widened to 64 bits (FlagGems' `rk = (start_k + tl.arange(0, BLOCK_K)).to(tl.int64)`): the same values
+            found += [(t, n != negative) for t, n in _sum_terms(an, inner, keep, depth + 1)]
         else:
             found.append((term, negative))
     return found
@@ -1795,6 +1799,8 @@ class _Columns:
             return poly_add(lo, {("arange:" + poly_show(poly_add(hi, lo, -1)),): 1})
         if m.matches(node, m.Call(func=m.Attribute(value=m.Name("tl"), attr=m.Name("load")))):
             return None  # read from memory: the two stores may see different values
+        if (inner := widened_value(node)) is not None:
+            return self.read(inner, depth)  # widened to 64 bits (`(k + tl.arange(0, BLOCK_K)).to(tl.int64)`)
         return {(code(node),): 1}
 
     def span(self, access) -> tuple[Poly, Poly] | None:

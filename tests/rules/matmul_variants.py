@@ -92,6 +92,18 @@ LOOPS = {
                "(k * BLOCK_K + offs_k)[:, None] < K",
                "a_ptr + offs_am[:, None] * stride_am + (k * BLOCK_K + offs_k)[None, :] * stride_ak",
                "b_ptr + (k * BLOCK_K + offs_k)[:, None] * stride_bk + offs_bn[None, :] * stride_bn", "", False),
+    # the step's columns widened to 64 bits (FlagGems' `rk = (start_k + tl.arange(0, BLOCK_K)).to(tl.int64)`)
+    "widened": ("    for start_k in range(0, K, BLOCK_K):\n"
+                "        rk = (start_k + tl.arange(0, BLOCK_K)).to(tl.int64)\n", "rk[None, :] < K", "rk[:, None] < K",
+                "a_ptr + (offs_am[:, None] * stride_am + rk[None, :] * stride_ak)",
+                "b_ptr + (rk[:, None] * stride_bk + offs_bn[None, :] * stride_bn)", "", False),
+    # the columns widened, masked through the unwidened block from 0 (the persistent tutorial's `offs_k_for_mask`, as
+    # vLLM's batch-invariant matmul widens it for large tensors)
+    "for_mask": ("    for ki in range(0, tl.cdiv(K, BLOCK_K)):\n"
+                 "        offs_kk = ki * BLOCK_K + tl.arange(0, BLOCK_K).to(tl.int64)\n",
+                 "offs_k[None, :] < K - ki * BLOCK_K", "offs_k[:, None] < K - ki * BLOCK_K",
+                 "a_ptr + (offs_am[:, None] * stride_am + offs_kk[None, :] * stride_ak)",
+                 "b_ptr + (offs_kk[:, None] * stride_bk + offs_bn[None, :] * stride_bn)", "", False),
 }
 
 ACCUMULATE = {"add": "        accumulator += tl.dot(a, b)\n",

@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import tilelink
-from tests.rules.matmul_variants import COVERING, RULES, VARIANTS, multiply
+from tests.rules.matmul_variants import COVERING, RULES, VARIANTS, Variant, multiply
 
 
 @pytest.mark.slow
@@ -38,3 +38,21 @@ def test_compositions_equal_torch_on_the_race_exposing_schedule(variant, rule, t
     path.write_text(variant.source(rule))
     errors = tilelink.spawn(multiply, 2, str(path), rule, variant.order == "two_axes")
     assert errors == [0.0, 0.0], (str(variant), rule, errors)
+
+
+@pytest.mark.parametrize(("loop", "rule", "written", "instead"), [
+    # widened columns bounded past K, or stepping twice the block: each rank's slice is not what its loop sums
+    ("widened", "reduce_scatter", "rk[None, :] < K)", "rk[None, :] < K + 8)"),
+    ("widened", "all_reduce", "(start_k + tl.arange", "(2 * start_k + tl.arange"),
+    # the widened columns wider than the block the mask bounds, or narrowed (a cast that loses values)
+    ("for_mask", "all_gather", "tl.arange(0, BLOCK_K).to(tl.int64)", "tl.arange(0, 2 * BLOCK_K).to(tl.int64)"),
+    ("for_mask", "all_gather", "tl.arange(0, BLOCK_K).to(tl.int64)", "tl.arange(0, BLOCK_K).to(tl.int8)"),
+])
+def test_widened_columns_are_read_as_their_values_and_no_further(loop: str, rule: str, written: str, instead: str,
+                                                                 tmp_path) -> None:
+    source = Variant("rows_first", "plain", loop, "add", "tutorial").source(rule)
+    assert written in source
+    path = tmp_path / "widened.py"
+    path.write_text(source.replace(written, instead, 1))
+    with pytest.raises(tilelink.AnnotationError, match="line 21"):
+        tilelink.build(str(path))
