@@ -1248,7 +1248,9 @@ class _Analyzer:
                                                                                  attr=m.Name("cdiv"))))
                  if len(call.args) == 2 and code(call.args[1].value) in heights
                  and isinstance(a := call.args[0].value, cst.Name) and a.value in self.params
-                 and a.value not in self.constexpr}
+                 and a.value not in self.assignments and a.value not in self.rebound}
+        # a constexpr one too (the block-scaled tutorial's `M: tl.constexpr`): each call passes it as it passes the
+        # others, and the launch reads it there
         return found.pop() if len(found) == 1 else None
 
     def _indexed_rows(self, access: Access, dim: int, pointers: set[str], index: str) -> Tile | None:

@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 
 import tilelink
-from tests.rules.cases import rows_of, worst
+from tests.rules.cases import module_at, rows_of, worst
 from tilelink.runtime import current_world
 
 FORMS = Path(__file__).parent / "forms"
@@ -462,9 +462,11 @@ def _descriptor(t: torch.Tensor, block: list[int]):
 
 
 def gemm_host_descriptor_ag(calls: int = 2, M: int = 50, N: int = 40, K: int = 40,
-                            blocks: tuple[int, int, int] = (16, 16, 16), programs: int = 3) -> float:
+                            blocks: tuple[int, int, int] = (16, 16, 16), programs: int = 3,
+                            path: str | None = None) -> float:
+    """``path``: a file holding the form's kernel spelled otherwise, run in its place."""
     rank, world = tilelink.rank(), tilelink.world_size()
-    kernel = load_form("gemm_host_descriptor_ag").matmul_descriptor_persistent
+    kernel = (module_at(path) if path else load_form("gemm_host_descriptor_ag")).matmul_descriptor_persistent
     bm, bn, bk = blocks
     g = torch.Generator().manual_seed(15)
     a, b = _exact(torch.randn(M, K, generator=g), torch.randn(K, N, generator=g))

@@ -17,6 +17,7 @@ import torch
 
 import tilelink
 from tests.rules.cases import rows_of
+from tests.rules.forms_cases import gemm_host_descriptor_ag
 from tilelink.annotations import requests_in
 from tilelink.codegen import generate
 from tilelink.errors import AnnotationError, LaunchError
@@ -253,3 +254,20 @@ def test_a_descriptors_row_stride_the_launch_cannot_read_is_refused() -> None:
     said = str(info.value)
     assert "the descriptor `desc` of 'x_ptr' steps its rows by `stride_xs`" in said, said
     assert "give the rows' stride as a parameter" in info.value.hint, info.value.hint
+
+
+@pytest.mark.parametrize("rule", ["all_gather", "reduce_scatter"])
+def test_a_constexpr_row_count_counts_the_host_descriptors_tiles(rule: str, tmp_path, monkeypatch) -> None:
+    """The block-scaled tutorial declares `M: tl.constexpr`: the tiles' `tl.cdiv(M, BLOCK_M)` names the rows as a plain
+    parameter does, which each call reads as passed (it was refused: "cannot find the parameter holding the full size
+    of dim 0")."""
+    name = "gemm_host_descriptor_ag" if rule == "all_gather" else "gemm_host_descriptor_rs"
+    source = (FORMS / f"{name}.py").read_text()
+    assert source.count(" M, N, K,") == 1
+    path = tmp_path / f"{name}.py"
+    path.write_text(source.replace(" M, N, K,", " M: tl.constexpr, N, K,"))
+    built = tilelink.build(str(path))
+    assert built.plans[0].launch.size_param == "M", built.plans[0].launch.size_param
+    if rule == "all_gather":
+        monkeypatch.setenv("TILELINK_RACES", "1")
+        assert max(tilelink.spawn(gemm_host_descriptor_ag, 2, path=str(path))) < 1e-4
