@@ -4886,6 +4886,27 @@ def _check_only_read(an: _Analyzer, tensor: str, pointers: set[str], descriptors
         hint="write the kernel's output to another parameter; the gathered tensor is read-only in the kernel")
 
 
+def _check_pointer_table(an: _Analyzer, tensor: str, pointers: set[str]) -> None:
+    """Refuse a tensor the kernel reads pointers from (the grouped-GEMM tutorial's `a_ptr = tl.load(group_a_ptrs +
+    g).to(tl.pointer_type(tl.float16))`): its elements are addresses of other tensors, whose rows TileLink cannot
+    follow; said before anything about its rows, which would speak of the table's."""
+    loaded_pointer = m.Call(func=m.Attribute(value=m.Call(func=m.Attribute(value=m.Name("tl"), attr=m.Name("load"))),
+                                             attr=m.Name("to")),
+                            args=[m.Arg(value=m.Call(func=m.Attribute(attr=m.Name("pointer_type")))), m.ZeroOrMore()])
+    for call in an.findall(an.fn.body, loaded_pointer):
+        load = call.func.value  # type: ignore[attr-defined]
+        address = _arg(load, 0, "pointer")
+        if address is None or not names_in(address) & (pointers | {tensor}):
+            continue
+        at = an.where(call)
+        raise AnnotationError(
+            f"kernel {an.fn.name.value!r} reads pointers from {tensor!r} (`{code(call)}`): its elements are addresses "
+            f"of other tensors, whose rows TileLink cannot follow through memory", file=at.file, line=at.line,
+            column=at.column,
+            hint="annotate a kernel that takes the tensor itself as a parameter (one problem of the group a launch), "
+                 "so that its loads or stores address it directly")
+
+
 def _check_other_uses(an: _Analyzer, tensor: str, pointers: set[str], descriptors: set[str]) -> None:
     """Every use of the annotated tensor is one TileLink sees: a ``tl.load`` / ``tl.store`` through a pointer, a
     descriptor's ``load`` / ``store``, a descriptor made by ``tl.make_tensor_descriptor``, or pointer arithmetic.
@@ -5452,6 +5473,7 @@ def analyse(module: cst.Module, file: str, kernel: str,
         if _host_descriptor(an, tensor, descriptors):
             pointers.discard(tensor)
             descriptors.add(tensor)
+        _check_pointer_table(an, tensor, pointers)
         if read_only is not None:
             _check_only_read(an, tensor, pointers, descriptors, read_only)
         _check_other_uses(an, tensor, pointers, descriptors)

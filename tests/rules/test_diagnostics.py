@@ -445,3 +445,31 @@ def test_a_gather_along_an_inner_dim_indexed_as_the_block_s_rows_is_told_the_til
             and "instead of advancing `a_ptrs` in place" in err.hint), err.hint
     err = _error(BATCHED.format(extra=', tile=("pid_m * BLOCK_M", "BLOCK_M"), size="M"'))
     assert "`a_ptrs` is bound more than once (lines 14, 21)" in err.reason, err.reason
+
+
+GROUPED = """\
+@tilelink.overlap(tilelink.{rule}("{tensor}"))
+@triton.jit
+def grouped(group_a_ptrs, group_c_ptrs, sizes, group_size, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+    tile = tl.program_id(0)
+    for g in range(group_size):
+        m = tl.load(sizes + g * 2)
+        k = tl.load(sizes + g * 2 + 1)
+        a_ptr = tl.load(group_a_ptrs + g).to(tl.pointer_type(tl.float16))
+        c_ptr = tl.load(group_c_ptrs + g).to(tl.pointer_type(tl.float16))
+        offs_m = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_k = tl.arange(0, BLOCK_K)
+        a = tl.load(a_ptr + offs_m[:, None] * k + offs_k[None, :], mask=offs_m[:, None] < m)
+        tl.store(c_ptr + offs_m[:, None] * k + offs_k[None, :], a, mask=offs_m[:, None] < m)
+"""
+
+
+@pytest.mark.parametrize(("rule", "tensor", "line"), [("all_gather", "group_a_ptrs", 12),
+                                                      ("reduce_scatter", "group_c_ptrs", 13)])
+def test_a_table_of_pointers_is_refused_saying_so(rule: str, tensor: str, line: int) -> None:
+    """The grouped-GEMM tutorial's form: the annotated tensor holds the addresses of the group's matrices. Refused
+    for that, at the load that reads them (it was refused for its rows, or for never being stored to)."""
+    err = _error(GROUPED.format(rule=rule, tensor=tensor))
+    assert err.line == line, err
+    assert f"reads pointers from {tensor!r} (`tl.load({tensor} + g).to(tl.pointer_type(tl.float16))`)" in str(err)
+    assert "takes the tensor itself as a parameter" in err.hint
