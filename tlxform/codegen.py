@@ -62,10 +62,10 @@ def plan_kernel(module: cst.Module, file: str, request: Request, names_at=None) 
             hint="gather several tensors together with all_gather((\"k_ptr\", \"v_ptr\")), or split the "
                  "kernel")
     spec = request.specs[0]
+    rule = rule_of(spec.kind)
     tensors = {t: (spec.dim, spec.tile, spec.size, spec.index) for t in spec.tensors}
-    an = analyse(module, file, request.kernel, tensors, names_at,
-                 read_only=spec.kind if rule_of(spec.kind).read_only else None)
-    plan = rule_of(spec.kind).rewrite_module().rewrite(an, spec, request.options)
+    an = analyse(module, file, request.kernel, tensors, names_at, read_only=spec.kind if rule.read_only else None)
+    plan = rule.rewrite_module().rewrite(an, spec, request.options)
     # the row facts the launch checks at each call with more than one rank, from the analysis the rule read
     plan = dataclasses.replace(plan, launch=dataclasses.replace(
         plan.launch, row_scales=tuple(sorted({(t, f, at.line) for t, f, at in an.row_scales})),
