@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 import tilelink
-from tests.rules.cases import launch_refusal, module_at
+from tests.rules.cases import launch_refusal, module_at, rows_of, worst
 from tilelink.errors import AnnotationError
 
 KERNEL = '''import triton
@@ -186,8 +186,6 @@ def test_the_tile_order_is_kept_where_the_index_shares_its_line(tmp_path, monkey
 
 def _matvec(path: str) -> float:
     import torch
-
-    from tests.rules.cases import rows_of, worst
 
     rank, world = tilelink.rank(), tilelink.world_size()
     g = torch.Generator().manual_seed(3)
