@@ -205,8 +205,9 @@ class KernelAnalysis:
     # each load read as one row a program's (`row * stride` beside a columns vector) that TileLink refused -> why
     row_program_misses: dict[Where, str] = field(default_factory=dict)
     # each store directly in the body of a loop that keeps its rows, whose iterations TileLink cannot tell store other
-    # columns than each other -> (the loop, whether the loop binds the columns at all)
-    sweep_misses: dict[Where, tuple[Where, bool]] = field(default_factory=dict)
+    # columns than each other -> (the loop, why: "exits", a step may leave before its store; "same", the loop does not
+    # move the columns; "columns", they move otherwise than by whole blocks of their own, bound once before the store)
+    sweep_misses: dict[Where, tuple[Where, str]] = field(default_factory=dict)
     # each store read as one element a program (`y_ptr + row`, `row = tl.program_id(0)`): its tile is that row
     scalar_rows: frozenset[Where] = frozenset()
     # each store read as one row a program (`y_ptr + row * stride + cols`): (the columns vector, the bound its mask
@@ -767,7 +768,7 @@ class _Analyzer:
         #: stores of one element a program at its id (`tl.store(y_ptr + row, y)`): their rows are one element apart
         self.scalar_rows: set[Where] = set()
         self.row_program_misses: dict[Where, str] = {}  # `KernelAnalysis.row_program_misses`
-        self.sweep_misses: dict[Where, tuple[Where, bool]] = {}  # `KernelAnalysis.sweep_misses`
+        self.sweep_misses: dict[Where, tuple[Where, str]] = {}  # `KernelAnalysis.sweep_misses`
         self.positions = wrapper.resolve(PositionProvider)
         self.index = NodeIndex(module)  # the searches below, and the analysis's hundreds more, read this one walk
         self.params = tuple(p.name.value for p in fn.params.params)
@@ -4222,6 +4223,15 @@ def _row_of_program(an: _Analyzer, acc: Access, dim: int, pointers: set[str], ex
         return miss("the row or the columns are not a name of their own")
     if _is_vector(an, row):
         return miss(f"the row `{row.value}` is a vector, not one row")
+    if acc.kind == "store":
+        # the notify counts the store's lanes: each must be a column of its own (`tl.arange(0, W) // 2` stores each
+        # column twice, and would complete the row's channel before the rest of it is stored)
+        made = an.assignments.get(cols.value, [])
+        if not made or len(an.bindings.get(cols.value, ())) != len(made) or any(
+                (lanes := _distinct_offsets(v)) is None or _is_vector(an, cst.parse_expression(lanes[0]))
+                for _, v in made):
+            return miss(f"the columns `{cols.value}` are not made as `start + tl.arange(0, BLOCK)` (a scalar start), "
+                        f"whose lanes are columns of their own, each counted once")
     moved = [n for t, site in terms for n in sorted(names_in(t)) if not steady({n}, site)]
     if moved:
         return miss(f"`{moved[0]}` is bound again between where the address reads it and the {acc.kind}")
@@ -4890,12 +4900,18 @@ def _check_pointer_table(an: _Analyzer, tensor: str, pointers: set[str]) -> None
     """Refuse a tensor the kernel reads pointers from (the grouped-GEMM tutorial's `a_ptr = tl.load(group_a_ptrs +
     g).to(tl.pointer_type(tl.float16))`): its elements are addresses of other tensors, whose rows TileLink cannot
     follow; said before anything about its rows, which would speak of the table's."""
-    loaded_pointer = m.Call(func=m.Attribute(value=m.Call(func=m.Attribute(value=m.Name("tl"), attr=m.Name("load"))),
-                                             attr=m.Name("to")),
-                            args=[m.Arg(value=m.Call(func=m.Attribute(attr=m.Name("pointer_type")))), m.ZeroOrMore()])
-    for call in an.findall(an.fn.body, loaded_pointer):
-        load = call.func.value  # type: ignore[attr-defined]
-        address = _arg(load, 0, "pointer")
+    to_pointer = m.Arg(value=m.Call(func=m.Attribute(attr=m.Name("pointer_type"))))
+    load = m.Call(func=m.Attribute(value=m.Name("tl"), attr=m.Name("load")))
+    for call in an.findall(an.fn.body, m.Call(func=m.Attribute(attr=m.Name("to")), args=[to_pointer, m.ZeroOrMore()])
+                           | m.Call(func=m.Attribute(value=m.Name("tl"), attr=m.Name("cast")),
+                                    args=[m.Arg(), to_pointer, m.ZeroOrMore()])):
+        # the value converted: `x.to(...)`, `tl.cast(x, ...)`; a load, or a name bound to one (`p = tl.load(tab + g)`)
+        value = _bare(call.func.value if m.matches(call.func, m.Attribute(attr=m.Name("to")))  # type: ignore
+                      else call.args[0].value)
+        if isinstance(value, cst.Name):
+            values = [v for _, v in an.assignments.get(value.value, [])]
+            value = _bare(values[0]) if len(values) == 1 else value
+        address = _arg(value, 0, "pointer") if m.matches(value, load) else None
         if address is None or not names_in(address) & (pointers | {tensor}):
             continue
         at = an.where(call)
@@ -5021,9 +5037,9 @@ def _sweeps(an: _Analyzer, anchor: cst.CSTNode, chain, acc: Access, tile: Tile) 
     if _sweep_steps(an, anchor, acc) is None:
         # the same rows on every iteration, but other columns on each is not shown: said where the store is refused,
         # with whether the loop moves the columns at all
-        moved = any(_contains(an, anchor, an.where(ref.node)) for name in columns
-                    for ref, _ in an.assignments.get(name, []))
-        an.sweep_misses[acc.where] = (an.where(anchor), moved)
+        moved = any(_contains(an, anchor, at) for name in columns for at, _ in an.bindings.get(name, ()))
+        an.sweep_misses[acc.where] = (an.where(anchor), "exits" if _exits(an, anchor) else
+                                      "columns" if moved else "same")
         return False
     return True
 
@@ -5032,13 +5048,55 @@ def _sweep_steps(an: _Analyzer, loop: cst.For, acc: Access) -> tuple[int, int] |
     """The ``(k, d)`` of a pointer store's column tiles in a column sweep (:func:`_column_steps`): each iteration
     stores other columns; its column vector starts at ``(k * t + d) * WIDTH`` for the loop's own ``t``."""
     steps = None
+    if _exits(an, loop):
+        return None  # a step that leaves before its store stores nothing: the rows' counts would fall short
     for name in _bounded_columns(an, acc):
-        inside = [v for ref, v in an.assignments.get(name, []) if _contains(an, loop, an.where(ref.node))]
-        parsed = parse_offsets(inside[0]) if len(inside) == 1 else None
+        inside = [(ref, v) for ref, v in an.assignments.get(name, []) if _contains(an, loop, an.where(ref.node))]
+        bound = [at for at, _ in an.bindings.get(name, ()) if _contains(an, loop, at)]
+        # made once on each step, before the store, by a statement of the loop's own body: the store's columns are
+        # that step's (one made after the store, or in a branch, leaves the store the columns of a step before)
+        if len(inside) != 1 or len(bound) != 1 or inside[0][0].blocks[-1] is not loop.body or not (
+                an.where(inside[0][0].node).line, an.where(inside[0][0].node).column) < (acc.where.line,
+                                                                                       acc.where.column):
+            return None
+        parsed = _distinct_offsets(inside[0][1])
         steps = _column_steps(loop, cst.parse_expression(parsed[0]), parsed[1]) if parsed is not None else None
         if steps is None:
             return None
     return steps
+
+
+def _exits(an: _Analyzer, loop: cst.For) -> bool:
+    """Whether a step of ``loop`` may leave before its end: a `return`, or a `break` / `continue` of its own (not of
+    a loop inside it)."""
+    if an.findall(loop.body, m.Return()):
+        return True
+    inner = an.findall(loop.body, m.For() | m.While())
+    return any(not any(_contains(an, lp, an.where(x)) for lp in inner)
+               for x in an.findall(loop.body, m.Break() | m.Continue()))
+
+
+def _distinct_offsets(value: cst.BaseExpression) -> tuple[str, str] | None:
+    """``(start, size)`` of ``start + tl.arange(0, size)`` or ``tl.arange(0, size)`` (start 0), also widened or
+    hinted, ``start`` a scalar: a vector whose lanes are distinct columns. Not one taken modulo a bound (`(off +
+    tl.arange(0, W)) % N` wraps onto columns another lane or step holds)."""
+    inner = _bare(value)
+    for _ in range(8):
+        if (_is_tl_call(inner, "multiple_of") or _is_tl_call(inner, "max_contiguous")) and inner.args:  # type: ignore
+            inner = _bare(inner.args[0].value)  # type: ignore[attr-defined]
+        elif _is_widening(inner):
+            inner = _bare(widened_value(inner))  # type: ignore[arg-type]
+        else:
+            break
+    if isinstance(inner, cst.BinaryOperation) and isinstance(inner.operator, cst.Modulo):
+        return None
+    size = _arange_size(inner)
+    if size is not None:
+        return "0", size
+    parsed = parse_offsets(inner)
+    if parsed is None or m.findall(cst.parse_expression(parsed[0]), m.Call(func=m.Attribute(attr=m.Name("arange")))):
+        return None
+    return parsed
 
 
 def _check_sweeps_disjoint(an: _Analyzer, accesses: list[Access]) -> None:

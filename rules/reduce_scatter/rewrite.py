@@ -271,9 +271,16 @@ def _one_element(an: KernelAnalysis, a, t) -> bool:
     return _by_address(a, t) and a.where not in an.row_columns
 
 
-def _and_more(mask: str) -> bool:
-    """Whether the mask ``mask`` is a conjunction (`(cols < N) & (row < M)`): a term beside the columns' bound."""
-    return bool(m.findall(cst.parse_expression(mask), m.BinaryOperation(operator=m.BitAnd()) | m.BooleanOperation()))
+def _and_more(an: KernelAnalysis, mask: str) -> bool:
+    """Whether the mask ``mask`` may be more than the columns' bound: a conjunction (`(cols < N) & (row < M)`), also
+    through a local (`mask = (cols < N) & (cols < 4)`, one made more than once too)."""
+    node = cst.parse_expression(mask)
+    if isinstance(_bare(node), cst.Name) and _bare(node).value in an.bindings:  # type: ignore[attr-defined]
+        values = an.values.get(_bare(node).value, ())  # type: ignore[attr-defined]
+        if len(values) != 1 or len(an.bindings[_bare(node).value]) != 1:  # type: ignore[attr-defined]
+            return True
+        node = cst.parse_expression(values[0])
+    return bool(m.findall(node, m.BinaryOperation(operator=m.BitAnd()) | m.BooleanOperation() | m.Call()))
 
 
 def _by_address(a, t) -> bool:
@@ -2119,7 +2126,7 @@ def stored_tiles(an: KernelAnalysis, spec) -> tuple[tuple[str, str, str, str, st
             live = "1" if mask is not None else ""
             if a.mask and mask is not None:
                 tests.append(f"({mask})")
-        elif a.where in an.row_columns and a.mask and not _and_more(a.mask):
+        elif a.where in an.row_columns and a.mask and not _and_more(an, a.mask):
             # one row a program, the columns its mask lets through (`cols < N`, the mask's only term)
             columns, bound = an.row_columns[a.where]
             live = an.written_out(_live_columns(an, a, columns, bound), a.where) or ""
@@ -3333,7 +3340,17 @@ def _notify_each(an: KernelAnalysis, spec, opts: Options, rule: str, stores, ins
                 file=a.where.file, line=a.where.line, column=a.where.column,
                 hint="write the store as a statement of its own line, and its condition in the mask "
                      "(`mask=... & (c)`) or an `if` around it")
-        if not a.anchor_is_access and not a.swept and a.where in an.sweep_misses and not an.sweep_misses[a.where][1]:
+        if not a.anchor_is_access and not a.swept and a.where in an.sweep_misses and \
+                an.sweep_misses[a.where][1] == "exits":
+            loop = an.sweep_misses[a.where][0]
+            raise AnnotationError(
+                f"the loop at line {loop.line} stores the same rows of {a.tensor!r} on every iteration (line "
+                f"{a.where.line}), and a step may leave it before the store (a `break`, `continue` or `return`): the "
+                f"row's channel counts each step's columns, and one a step skips is never counted", file=a.where.file,
+                line=a.where.line, column=a.where.column,
+                hint="store on every step of the loop (mask what a step must not write), and return only after it")
+        if not a.anchor_is_access and not a.swept and a.where in an.sweep_misses and \
+                an.sweep_misses[a.where][1] == "same":
             loop = an.sweep_misses[a.where][0]
             raise AnnotationError(
                 f"the loop at line {loop.line} stores the same elements of {a.tensor!r} on every iteration (line "
@@ -3346,7 +3363,8 @@ def _notify_each(an: KernelAnalysis, spec, opts: Options, rule: str, stores, ins
             loop = an.sweep_misses[a.where][0]
             raise AnnotationError(
                 f"the loop at line {loop.line} stores the same rows of {a.tensor!r} on every iteration (line "
-                f"{a.where.line}), but TileLink cannot tell that each iteration stores other columns than the others: "
+                f"{a.where.line}), but TileLink cannot tell that each iteration stores other columns than the others, "
+                f"made once on each step before the store: "
                 f"each notify counts what its store wrote, so a column stored twice would complete its row's channel "
                 f"before the rest of it is stored", file=a.where.file, line=a.where.line, column=a.where.column,
                 hint="step the loop by the columns' block and start the columns at its target (`for off in range(0, "

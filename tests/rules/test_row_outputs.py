@@ -178,3 +178,29 @@ def test_other_row_stores_are_refused(store: str, says: str, tmp_path) -> None:
     with pytest.raises(AnnotationError) as refused:
         tilelink.build(written(tmp_path, body("row = tl.program_id(0)", store), "reduce_scatter"))
     assert says in str(refused.value) + (refused.value.hint or ""), refused.value
+
+
+@pytest.mark.parametrize(("cols", "sweep", "says"), [
+    # lanes that repeat a column: the notify counts lanes, and would count the column twice
+    ("cols = tl.arange(0, BLOCK_N) // 2", None, "are not made as `start + tl.arange(0, BLOCK)`"),
+    ("cols = tl.arange(0, BLOCK_N) % 4", None, "are not made as `start + tl.arange(0, BLOCK)`"),
+    ("cols = tl.maximum(tl.arange(0, BLOCK_N), 2)", None, "are not made as `start + tl.arange(0, BLOCK)`"),
+    # a sweep's columns made after the store, or a step that leaves before it
+    ("cols = off + tl.arange(0, BLOCK_N)", "for off in range(0, N, BLOCK_N):\n    if off > N:\n        break",
+     "a step may leave it before the store"),
+])
+def test_row_columns_that_may_repeat_or_go_uncounted_are_refused(cols: str, sweep: str | None, says: str,
+                                                                 tmp_path) -> None:
+    with pytest.raises(AnnotationError) as refused:
+        tilelink.build(written(tmp_path, body("row = tl.program_id(0)", STORE, cols, sweep), "reduce_scatter"))
+    assert says in str(refused.value) + (refused.value.hint or ""), refused.value
+
+
+def test_a_sweep_whose_columns_are_made_after_the_store_is_refused(tmp_path) -> None:
+    """Its first step stores the columns made before the loop, its second the first step's again."""
+    made = "        cols = off + tl.arange(0, BLOCK_N)\n"
+    form = FOLLOWED["swept"].replace(made, "").replace(f"        {STORE}\n", f"        {STORE}\n{made}").replace(
+        "    row = tl.program_id(0)\n", "    row = tl.program_id(0)\n    cols = tl.arange(0, BLOCK_N)\n")
+    assert form.index(STORE) < form.index(made)
+    with pytest.raises(AnnotationError, match="cannot tell that each iteration stores other columns"):
+        tilelink.build(written(tmp_path, form, "all_reduce"))

@@ -182,3 +182,36 @@ def test_a_store_repeated_on_every_step_of_an_inner_loop_is_refused() -> None:
     assert "the loop at line 13 stores the same elements of 'c_ptr' on every iteration (line 15)" in str(info.value), \
         info.value
     assert "store once, after the loop" in info.value.hint, info.value.hint
+
+
+@pytest.mark.parametrize(("loop", "says"), [
+    # the columns made after the store: its first step stores the columns made before the loop, its second the
+    # first step's again
+    ("offs_n = tl.arange(0, BLOCK_N)\n    for j in range(0, tl.cdiv(N, BLOCK_N) + 1):\n        {store}\n"
+     "        offs_n = j * BLOCK_N + tl.arange(0, BLOCK_N)", "cannot tell that each iteration stores other columns"),
+    # made in a branch: a step that skips it stores the columns of a step before
+    ("offs_n = tl.arange(0, BLOCK_N)\n    for j in range(0, 2 * tl.cdiv(N, BLOCK_N)):\n"
+     "        if j * BLOCK_N < N:\n            offs_n = j * BLOCK_N + tl.arange(0, BLOCK_N)\n        {store}",
+     "cannot tell that each iteration stores other columns"),
+    # wrapped onto the row's start: the last block's lanes past N store its first columns again
+    ("for j in range(0, tl.cdiv(N, BLOCK_N)):\n        offs_n = (j * BLOCK_N + tl.arange(0, BLOCK_N)) % N\n"
+     "        {store}", "the columns `offs_n` of the store at line 15"),
+    # a step that leaves before its store: its columns are never counted
+    ("for j in range(0, tl.cdiv(N, BLOCK_N)):\n        offs_n = j * BLOCK_N + tl.arange(0, BLOCK_N)\n"
+     "        if j == 1:\n            continue\n        {store}", "a step may leave it before the store"),
+])
+def test_a_sweep_whose_columns_may_repeat_or_go_unstored_is_refused(loop: str, says: str) -> None:
+    """Each iteration's count is added to the row's: the columns it stores must be its own, made on that step before
+    the store, and every step must store them (a column counted twice completes the channel early, one never
+    counted leaves it short)."""
+    store = ("tl.store(c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :], acc,\n"
+             "                 mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))")
+    text = HEAD + DECORATORS + textwrap.dedent('''
+        def kernel(c_ptr, M, N, stride_cm, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+            pid_m = tl.program_id(0)
+            offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32) + 1.0
+        ''') + "    " + loop.replace("{store}", store) + "\n"
+    with pytest.raises(AnnotationError) as info:
+        _generated(text)
+    assert says in str(info.value), info.value
