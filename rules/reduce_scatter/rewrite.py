@@ -271,6 +271,35 @@ def _one_element(an: KernelAnalysis, a, t) -> bool:
     return _by_address(a, t) and a.where not in an.row_columns
 
 
+#: why a loop that holds a store and keeps its rows is not a sweep (``KernelAnalysis.sweep_misses``): what the store
+#: does on the loop's steps, and what to write instead
+_SWEEP_MISSES = {
+    "exits": ("stores the same rows of {tensor!r} on every iteration (line {line}), and a step may leave it before the "
+              "store (a `break`, `continue` or `return`): the row's channel counts each step's columns, and one a step "
+              "skips is never counted",
+              "store on every step of the loop (mask what a step must not write), and return only after it"),
+    "same": ("stores the same elements of {tensor!r} on every iteration (line {line}): each notify counts what its "
+             "store wrote, so the row's channel would count them once an iteration and complete before the rest of "
+             "the row is stored",
+             "store once, after the loop; or move the columns with the loop (`for off in range(0, N, BLOCK_N):` with "
+             "`cols = off + tl.arange(0, BLOCK_N)`), each iteration storing a block of its own"),
+    "columns": ("stores the same rows of {tensor!r} on every iteration (line {line}), but TileLink cannot tell that "
+                "each iteration stores other columns than the others, made once on each step before the store: each "
+                "notify counts what its store wrote, so a column stored twice would complete its row's channel before "
+                "the rest of it is stored",
+                "step the loop by the columns' block and start the columns at its target (`for off in range(0, N, "
+                "BLOCK_N):` with `cols = off + tl.arange(0, BLOCK_N)`), or count the blocks (`for t in range(0, "
+                "tl.cdiv(N, BLOCK_N)):` with `cols = t * BLOCK_N + tl.arange(0, BLOCK_N)`)"),
+}
+
+
+def _sweep_refused(a, loop: Where, why: str) -> AnnotationError:
+    """The refusal of the store ``a`` directly in the loop at ``loop``, which is not a sweep for ``why``."""
+    reason, hint = _SWEEP_MISSES[why]
+    return AnnotationError(f"the loop at line {loop.line} " + reason.format(tensor=a.tensor, line=a.where.line),
+                           file=a.where.file, line=a.where.line, column=a.where.column, hint=hint)
+
+
 def _and_more(an: KernelAnalysis, mask: str) -> bool:
     """Whether the mask ``mask`` may be more than the columns' bound: a conjunction (`(cols < N) & (row < M)`), also
     through a local (`mask = (cols < N) & (cols < 4)`, one made more than once too)."""
@@ -3340,36 +3369,8 @@ def _notify_each(an: KernelAnalysis, spec, opts: Options, rule: str, stores, ins
                 file=a.where.file, line=a.where.line, column=a.where.column,
                 hint="write the store as a statement of its own line, and its condition in the mask "
                      "(`mask=... & (c)`) or an `if` around it")
-        if not a.anchor_is_access and not a.swept and a.where in an.sweep_misses and \
-                an.sweep_misses[a.where][1] == "exits":
-            loop = an.sweep_misses[a.where][0]
-            raise AnnotationError(
-                f"the loop at line {loop.line} stores the same rows of {a.tensor!r} on every iteration (line "
-                f"{a.where.line}), and a step may leave it before the store (a `break`, `continue` or `return`): the "
-                f"row's channel counts each step's columns, and one a step skips is never counted", file=a.where.file,
-                line=a.where.line, column=a.where.column,
-                hint="store on every step of the loop (mask what a step must not write), and return only after it")
-        if not a.anchor_is_access and not a.swept and a.where in an.sweep_misses and \
-                an.sweep_misses[a.where][1] == "same":
-            loop = an.sweep_misses[a.where][0]
-            raise AnnotationError(
-                f"the loop at line {loop.line} stores the same elements of {a.tensor!r} on every iteration (line "
-                f"{a.where.line}): each notify counts what its store wrote, so the row's channel would count them once "
-                f"an iteration and complete before the rest of the row is stored", file=a.where.file,
-                line=a.where.line, column=a.where.column,
-                hint="store once, after the loop; or move the columns with the loop (`for off in range(0, N, "
-                     "BLOCK_N):` with `cols = off + tl.arange(0, BLOCK_N)`), each iteration storing a block of its own")
         if not a.anchor_is_access and not a.swept and a.where in an.sweep_misses:
-            loop = an.sweep_misses[a.where][0]
-            raise AnnotationError(
-                f"the loop at line {loop.line} stores the same rows of {a.tensor!r} on every iteration (line "
-                f"{a.where.line}), but TileLink cannot tell that each iteration stores other columns than the others, "
-                f"made once on each step before the store: "
-                f"each notify counts what its store wrote, so a column stored twice would complete its row's channel "
-                f"before the rest of it is stored", file=a.where.file, line=a.where.line, column=a.where.column,
-                hint="step the loop by the columns' block and start the columns at its target (`for off in range(0, "
-                     "N, BLOCK_N):` with `cols = off + tl.arange(0, BLOCK_N)`), or count the blocks (`for t in "
-                     "range(0, tl.cdiv(N, BLOCK_N)):` with `cols = t * BLOCK_N + tl.arange(0, BLOCK_N)`)")
+            raise _sweep_refused(a, *an.sweep_misses[a.where])
         if not a.anchor_is_access and not a.swept:
             raise AnnotationError(
                 f"the store to {a.tensor!r} must be a statement of its own (`tl.store(ptrs, value, mask=...)` or "
