@@ -4228,7 +4228,7 @@ def _row_of_program(an: _Analyzer, acc: Access, dim: int, pointers: set[str], ex
         # column twice, and would complete the row's channel before the rest of it is stored)
         made = an.assignments.get(cols.value, [])
         if not made or len(an.bindings.get(cols.value, ())) != len(made) or any(
-                (lanes := _distinct_offsets(v)) is None or _is_vector(an, cst.parse_expression(lanes[0]))
+                (lanes := _distinct_offsets(v)) is None or not _scalar_value(an, cst.parse_expression(lanes[0]))
                 for _, v in made):
             return miss(f"the columns `{cols.value}` are not made as `start + tl.arange(0, BLOCK)` (a scalar start), "
                         f"whose lanes are columns of their own, each counted once")
@@ -5028,11 +5028,17 @@ def _sweeps(an: _Analyzer, anchor: cst.CSTNode, chain, acc: Access, tile: Tile) 
         made = an.assignments.get(acc.pointer, [])
         box = _arg(made[0][1], 3, "block_shape") if len(made) == 1 and isinstance(made[0][1], cst.Call) else None
         width = code(box.elements[-1].value) if isinstance(box, (cst.List, cst.Tuple)) and box.elements else None
-        return not (names_in(offsets.elements[0].value) & bound) and width is not None and _column_steps(
+        return not (names_in(offsets.elements[0].value) & bound) and width is not None and not _exits(
+            an, anchor) and _steady_in(an, anchor, names_in(offsets.elements[-1].value)) and _column_steps(
             anchor, offsets.elements[-1].value, width) is not None
     columns = _bounded_columns(an, acc)
     if not columns or _row_names(an, cst.parse_expression(acc.pointer), columns,
                                  flat=acc.where in an.row_programs) & bound:
+        return False
+    if not columns <= _address_reads(an, cst.parse_expression(acc.pointer), columns):
+        # the mask bounds columns the address does not read (`base[None, :]` stored, `offs_n[None, :] < N` masked):
+        # the count would move with them while the store writes the same columns on every step
+        an.sweep_misses[acc.where] = (an.where(anchor), "columns")
         return False
     if _sweep_steps(an, anchor, acc) is None:
         # the same rows on every iteration, but other columns on each is not shown: said where the store is refused,
@@ -5060,10 +5066,75 @@ def _sweep_steps(an: _Analyzer, loop: cst.For, acc: Access) -> tuple[int, int] |
                                                                                        acc.where.column):
             return None
         parsed = _distinct_offsets(inside[0][1])
-        steps = _column_steps(loop, cst.parse_expression(parsed[0]), parsed[1]) if parsed is not None else None
+        # the start read as the loop's own step: nothing it reads bound again in the loop (`j = 0`, an inner loop's
+        # target of the same name), the loop's target by the loop alone
+        if parsed is None or not _steady_in(an, loop, names_in(cst.parse_expression(parsed[0]))):
+            return None
+        steps = _column_steps(loop, cst.parse_expression(parsed[0]), parsed[1])
         if steps is None:
             return None
     return steps
+
+
+#: calls whose value is a scalar where their arguments are
+_SCALAR_CALLS = {"program_id", "num_programs", "cdiv", "minimum", "maximum", "min", "max", "to", "cast",
+                 "multiple_of"}
+
+
+def _scalar_value(an: _Analyzer, node: cst.BaseExpression, depth: int = 0) -> bool:
+    """Whether ``node`` is shown one value for every lane: literals, parameters, loop targets and program ids, with
+    arithmetic and the calls of ``_SCALAR_CALLS``, through locals whose every value is so. Anything else (a helper's
+    value, a load) may be a vector: a start of columns made so may repeat a column."""
+    node = _bare(node)
+    if depth > 8:
+        return False
+    if isinstance(node, (cst.Integer, cst.Float)):
+        return True
+    if isinstance(node, cst.Name):
+        if node.value in an.params:
+            return node.value not in an.assignments and node.value not in an.rebound
+        defs = an.assignments.get(node.value, [])
+        targets = an.findall(an.fn.body, m.For(target=m.Name(node.value)))
+        if len(an.bindings.get(node.value, ())) != len(defs) + len(targets):
+            return False  # also bound by `+=`, `:=` or a `with`
+        return all(_scalar_value(an, v, depth + 1) for _, v in defs) and all(
+            m.matches(_bare(lp.iter), m.Call(func=m.Name("range") | m.Attribute(attr=m.Name("range")))) and all(
+                _scalar_value(an, a.value, depth + 1) for a in lp.iter.args  # type: ignore[attr-defined]
+                if a.keyword is None) for lp in targets)
+    if isinstance(node, cst.BinaryOperation):
+        return _scalar_value(an, node.left, depth + 1) and _scalar_value(an, node.right, depth + 1)
+    if isinstance(node, cst.UnaryOperation):
+        return _scalar_value(an, node.expression, depth + 1)
+    if isinstance(node, cst.Call):
+        func = node.func
+        name = func.attr.value if isinstance(func, cst.Attribute) else func.value if isinstance(func, cst.Name) \
+            else None
+        if name not in _SCALAR_CALLS:
+            return False
+        if isinstance(func, cst.Attribute) and name in ("to",):
+            return _scalar_value(an, func.value, depth + 1)
+        if isinstance(func, cst.Attribute) and not m.matches(func.value, m.Name("tl")):
+            return False
+        return all(_scalar_value(an, a.value, depth + 1) or m.matches(a.value, m.Attribute(value=m.Name("tl")))
+                   for a in node.args)
+    return False
+
+
+def _steady_in(an: _Analyzer, loop: cst.For, names: set[str]) -> bool:
+    """Whether no name of ``names`` is bound inside ``loop`` but by the loop itself (its target)."""
+    own = an.where(loop)
+    return not any(_contains(an, loop, at) and at != own for n in names for at, _ in an.bindings.get(n, ()))
+
+
+def _address_reads(an: _Analyzer, expr: cst.BaseExpression, names: set[str], depth: int = 0) -> set[str]:
+    """The names of ``names`` the address ``expr`` reads: written in it, or through an alias bound once to a pure
+    value (``c_ptrs = c_ptr + offs_m[:, None] * stride + offs_n[None, :]``)."""
+    found = names_in(expr) & names
+    for name in names_in(expr) - names:
+        defs = an.assignments.get(name, [])
+        if depth < 8 and len(defs) == 1 and name not in an.rebound and _pure(defs[0][1]):
+            found |= _address_reads(an, defs[0][1], names, depth + 1)
+    return found
 
 
 def _exits(an: _Analyzer, loop: cst.For) -> bool:

@@ -67,10 +67,18 @@ FOLLOWED = {
 }
 
 
+HELPER = '''
+
+@triton.jit
+def first_lane(B: tl.constexpr):
+    return 1 // (tl.arange(0, B) + 1)
+'''
+
+
 def written(tmp_path, form: str, rule: str) -> str:
-    """The kernel of body ``form`` under ``rule``, in a file of its own."""
+    """The kernel of body ``form`` under ``rule``, in a file of its own (with the helper ``first_lane``)."""
     path = tmp_path / f"row_linear_{len(list(tmp_path.iterdir()))}.py"
-    path.write_text(KERNEL.format(rule=rule, body=form))
+    path.write_text(KERNEL.format(rule=rule, body=form) + HELPER)
     return str(path)
 
 
@@ -185,6 +193,8 @@ def test_other_row_stores_are_refused(store: str, says: str, tmp_path) -> None:
     ("cols = tl.arange(0, BLOCK_N) // 2", None, "are not made as `start + tl.arange(0, BLOCK)`"),
     ("cols = tl.arange(0, BLOCK_N) % 4", None, "are not made as `start + tl.arange(0, BLOCK)`"),
     ("cols = tl.maximum(tl.arange(0, BLOCK_N), 2)", None, "are not made as `start + tl.arange(0, BLOCK)`"),
+    # a start a helper makes: TileLink does not show it one value for every lane (here `[1, 0, 0, ...]`)
+    ("cols = first_lane(BLOCK_N) + tl.arange(0, BLOCK_N)", None, "are not made as `start + tl.arange(0, BLOCK)`"),
     # a sweep's columns made after the store, or a step that leaves before it
     ("cols = off + tl.arange(0, BLOCK_N)", "for off in range(0, N, BLOCK_N):\n    if off > N:\n        break",
      "a step may leave it before the store"),

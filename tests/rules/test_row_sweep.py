@@ -199,6 +199,19 @@ def test_a_store_repeated_on_every_step_of_an_inner_loop_is_refused() -> None:
     # a step that leaves before its store: its columns are never counted
     ("for j in range(0, tl.cdiv(N, BLOCK_N)):\n        offs_n = j * BLOCK_N + tl.arange(0, BLOCK_N)\n"
      "        if j == 1:\n            continue\n        {store}", "a step may leave it before the store"),
+    # the loop's target bound again in its body, or by an inner loop, before the columns are made: every step
+    # stores the same block
+    ("for j in range(0, tl.cdiv(N, BLOCK_N)):\n        j = 0\n        offs_n = j * BLOCK_N + tl.arange(0, BLOCK_N)\n"
+     "        {store}", "cannot tell that each iteration stores other columns"),
+    ("for j in range(0, tl.cdiv(N, BLOCK_N)):\n        for j in range(0, 1):\n            pass\n"
+     "        offs_n = j * BLOCK_N + tl.arange(0, BLOCK_N)\n        {store}",
+     "cannot tell that each iteration stores other columns"),
+    # the mask bounds columns that move, the address stores others that do not
+    ("base = tl.arange(0, BLOCK_N)\n    for j in range(0, tl.cdiv(N, BLOCK_N)):\n"
+     "        offs_n = j * BLOCK_N + tl.arange(0, BLOCK_N)\n"
+     "        tl.store(c_ptr + offs_m[:, None] * stride_cm + base[None, :], acc,\n"
+     "                 mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))",
+     "cannot tell that each iteration stores other columns"),
 ])
 def test_a_sweep_whose_columns_may_repeat_or_go_unstored_is_refused(loop: str, says: str) -> None:
     """Each iteration's count is added to the row's: the columns it stores must be its own, made on that step before
