@@ -1079,7 +1079,10 @@ class _Analyzer:
                 kinds = ["slice" if isinstance(el.slice, cst.Slice) else "none"
                          if m.matches(el.slice, m.Index(value=m.Name("None"))) else "other" for el in elements]
                 if kinds.count("slice") == 1 and kinds.count("other") == 0 and kinds.index("slice") == dim:
-                    if isinstance(sub.value, cst.Name):
+                    block = self._pointer_block(sub.value)
+                    if block is not None:  # a 1-D block of pointers indexed so (`scale_ptrs[:, None]`)
+                        indexed.append(block)
+                    elif isinstance(sub.value, cst.Name):
                         found.append(sub.value.value)
                     else:
                         indexed.append(sub.value)
@@ -1097,6 +1100,23 @@ class _Analyzer:
                     if self._offsets_definition(name) is not None:
                         found.append(name)
         return found
+
+    def _pointer_block(self, node: cst.BaseExpression) -> cst.BaseExpression | None:
+        """The value of a name bound once to a 1-D block of pointers (`scale_ptrs = scale_ptr + offs`, no axis
+        indexed in it) that is not itself an offsets vector: indexing it (`scale_ptrs[:, None]`) indexes the offsets
+        it adds, as `scale_ptr + offs[:, None]` does."""
+        if not isinstance(node, cst.Name) or self._offsets_definition(node.value) is not None:
+            return None
+        values = [v for _, v in self.assignments.get(node.value, [])]
+        if len(values) != 1 or node.value in self.rebound:
+            return None
+        value = values[0]
+        terms = [t for t, _ in _terms(_bare(value))]
+        if len(terms) < 2 or m.findall(value, m.Subscript() | m.Call()) or not any(
+                isinstance(t, cst.Name) and t.value in self.params for t in terms) or not any(
+                self._offsets_definition(n) for n in names_in(value)):
+            return None  # not a parameter's pointer plus offsets (`rows = tl.load(...)` is a block of values)
+        return value
 
     def _offsets_definition(self, name: str, at: Where | None = None) -> tuple[StmtRef, str, str] | None:
         """``name = start + tl.arange(0, size)``: the assignment that reaches ``at`` (the last one before it in a
@@ -1749,6 +1769,15 @@ def _is_rows(node: cst.BaseExpression, offsets: str) -> bool:
     return False
 
 
+def _is_pointer(term: cst.BaseExpression, pointers: set[str]) -> bool:
+    """An alias of the pointer, or a block of them given axes (`ptrs[:, None]`): its own value is an address term
+    of its own, read as one."""
+    if isinstance(term, cst.Subscript) and all(isinstance(e.slice, cst.Slice) or m.matches(
+            e.slice, m.Index(value=m.Name("None"))) for e in term.slice):
+        term = term.value
+    return isinstance(term, cst.Name) and term.value in pointers
+
+
 def _check_row_terms(an: _Analyzer, acc: Access, tile: Tile, pointers: set[str],
                      exprs: list[cst.BaseExpression]) -> None:
     """The rows a pointer access touches are exactly its tile's offsets vector: each term of the address that
@@ -1776,13 +1805,13 @@ def _check_row_terms(an: _Analyzer, acc: Access, tile: Tile, pointers: set[str],
                 scaled = scaled or isinstance(term, cst.BinaryOperation)
     unit = not scaled and an.tensors[acc.tensor][0] == 0  # `x_ptr + offs`: dim 0's stride is 1, rows are elements
     for term in rest:
-        if unit and not (isinstance(term, cst.Name) and term.value in pointers):
+        if unit and not _is_pointer(term, pointers):
             # a contiguous tensor whose dim 0 has stride 1 has no other dim: every other term moves along the rows
             raise _refuse(acc, f"the address of the {acc.kind} at line {acc.where.line} adds `{code(term)}` along the "
                                f"rows of {acc.tensor!r} (indexed by `{tile.offsets}` itself, stride 1): it touches "
                                f"other rows than the tile's `{tile.offsets}`", hint)
         moved = names_in(term) & strides - pointers
-        if moved and not (isinstance(term, cst.Name) and term.value in pointers):
+        if moved and not _is_pointer(term, pointers):
             raise _refuse(acc, f"the address of the {acc.kind} at line {acc.where.line} adds `{code(term)}` along the "
                                f"rows of {acc.tensor!r} (by {', '.join(sorted(moved))}): it touches other rows than "
                                f"the tile's `{tile.offsets}`", hint)
@@ -3395,7 +3424,7 @@ def _access_row_scales(an: _Analyzer, acc: Access, pointers: set[str]) -> tuple[
                                        f"of {acc.tensor!r} at the launch{said}", hint)
                 scales.add(tuple(sorted(factors)))
                 n += 1
-            elif not along or isinstance(term, cst.Name) and term.value in pointers:
+            elif not along or _is_pointer(term, pointers):
                 continue  # an alias: its own terms, below; along an inner dim, `inner_terms` reads them
             elif (column := _column_of(an, term, offsets)) is not None:
                 # a column vector (`cols[None, :]`, `cols = D + tl.arange(0, BLOCK_D)`), also times factors the launch

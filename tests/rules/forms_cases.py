@@ -224,6 +224,25 @@ def gemm_row_scales(calls: int = 2) -> float:
     return err
 
 
+def gemm_scale_blocks(calls: int = 2) -> float:
+    rank, world = tilelink.rank(), tilelink.world_size()
+    kernel = load_form("gemm_scale_blocks").scaled_matmul
+    M, N, K = 45, 24, 40
+    g = torch.Generator().manual_seed(19)
+    a, b = _exact(torch.randn(M, K, generator=g), torch.randn(K, N, generator=g))
+    scale_a, scale_b = torch.rand(M, generator=g) + 0.5, torch.rand(N, generator=g) + 0.5
+    lo, hi = rows_of(rank, world, M)
+    ad, sd, bd, sbd = _placed(a[lo:hi].contiguous(), scale_a[lo:hi].contiguous(), b, scale_b)
+    err = 0.0
+    for _ in range(calls):
+        c = torch.full((M, N), float("nan"), dtype=ad.dtype, device=ad.device)
+        kernel[(triton.cdiv(M, 16) * triton.cdiv(N, 16),)](
+            ad, bd, sd, sbd, c, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0),
+            c.stride(1), BLOCK_M=16, BLOCK_N=16, BLOCK_K=16)
+        err = worst(err, _error(c, (a @ b) * scale_a[:, None] * scale_b[None, :]))
+    return err
+
+
 def block_scaled(rank: int, world: int, M: int = 45, N: int = 32, K: int = 64, group: int = 16,
                  scale_columns: int | None = None):
     """The block-scaled GEMM's inputs and its call on this rank's rows of A and of its scales: ``(call, reference)``,
@@ -549,7 +568,8 @@ RUNS = {"attention_descriptor_advance": attention_descriptor_advance, "attention
         "attention_flat_heads": attention_flat_heads, "attention_batched_rows": attention_batched_rows,
         "gemm_row_wrap": gemm_row_wrap,
         "gemm_row_wrap_hints": gemm_row_wrap_hints, "gemm_row_clamp": gemm_row_clamp,
-        "gemm_row_scales": gemm_row_scales, "gemm_columns_beside": gemm_columns_beside,
+        "gemm_row_scales": gemm_row_scales, "gemm_scale_blocks": gemm_scale_blocks,
+        "gemm_columns_beside": gemm_columns_beside,
         "gemm_block_scales": gemm_block_scales,
         "row_softmax": row_softmax, "row_layer_norm": row_layer_norm,
         "gemm_rs_epilogue_branch": gemm_rs_epilogue_branch, "gemm_rs_split_k": gemm_rs_split_k,
