@@ -3179,6 +3179,24 @@ def _misread(an: KernelAnalysis, node: cst.BaseExpression, extent: frozenset[str
     return None
 
 
+def _peeled(an: KernelAnalysis, loop: tuple[Where, Where], header: str, load: _Load) -> bool:
+    """Whether ``load``, after ``loop``, reads K offsets made from where the loop stops (`rk = prev_multiple +
+    tl.arange(0, BLOCK_K)` after `for start_k in range(0, prev_multiple, BLOCK_K)`): a last step peeled out of it."""
+    site = load.site
+    if (site.line, site.column) < (loop[1].line, loop[1].column) or not header.startswith("range("):
+        return False
+    try:
+        args = cst.parse_expression(header).args  # type: ignore[attr-defined]
+    except cst.ParserSyntaxError:
+        return False
+    stop = names_in(args[1].value) if len(args) >= 2 else set()
+    read = set().union(*(names_in(o) for o in load.offsets)) if load.offsets else set()
+    return bool(stop) and any(
+        w is not None and (loop[1].line, loop[1].column) < (w.line, w.column) < (site.line, site.column)
+        and "arange" in src and names_in(cst.parse_expression(src)) & stop
+        for n in read for src, w in _bindings(an, n))
+
+
 def _check_k_offsets(an: KernelAnalysis, summing, extent: frozenset[str], said: dict[str, str]) -> None:
     """In a loop that sums, each rank reads its own slice of K, whose columns start at 0 and end at its own extent:
     a load's offsets along K may be what the step reads (`k * BLOCK_K + tl.arange(0, BLOCK_K)`, a pointer advanced
@@ -3235,13 +3253,21 @@ def _check_k_offsets(an: KernelAnalysis, summing, extent: frozenset[str], said: 
                 _launch_sides(an, load.site), _launch_sides(an, other.site)) is not None]
             if along and not load.helper:
                 site = load.site
+                header = _loop_header(an, loop)
+                after = _peeled(an, loop, header, load)
                 raise AnnotationError(
-                    f"the load at line {site.line} reads `{load.root}` outside the loop at line {loop[0].line} that "
-                    f"sums, which steps along its K (the load at line {along[0].line}): each rank holds "
+                    (f"the load at line {site.line} reads `{load.root}` after the loop at line {loop[0].line} that "
+                     f"sums, as a last step of K peeled out of it (the loop steps along the K of `{load.root}` at line "
+                     f"{along[0].line})" if after else
+                     f"the load at line {site.line} reads `{load.root}` outside the loop at line {loop[0].line} that "
+                     f"sums, which steps along its K (the load at line {along[0].line})") + ": each rank holds "
                     f"only its own slice of K of `{load.root}`, so what this load reads differs from rank to rank, "
-                    f"and the sum over the ranks would not be the full problem's value",
+                    f"and TileLink cannot show that the ranks' sum is the full problem's value",
                     file=site.file, line=site.line, column=site.column,
-                    hint=f"read `{load.root}` only in the loop that sums, at each step's own columns (Triton "
+                    hint=(f"fold the last step into the loop: loop over all of K (`range(0, K, BLOCK_K)` in place of "
+                          f"`{header or 'its range'}`) and mask the step's columns by K (`mask=rk[None, :] < K`, "
+                          f"`other=0.0`); a masked step costs about what the peeled one did") if after else
+                         f"read `{load.root}` only in the loop that sums, at each step's own columns (Triton "
                          f"pipelines the loop's loads itself: no load before the loop is needed)")
         for load in loads:
             if load.steps:

@@ -270,3 +270,61 @@ def test_a_pointer_bound_by_a_walrus_in_the_address_is_read() -> None:
     body = "a = a + tl.load((p := a_ptr) + rm[:, None] * stride_am + rk[None, :], mask=rm[:, None] < M, other=0.0)"
     with pytest.raises(AnnotationError, match=r"reads `a_ptr` at the same offsets on every step"):
         _generate(_with(body))
+
+
+#: a GEMM in FlagGems' general form: whole K blocks in the loop, the last (partial) one peeled after it
+PEELED = '''import triton
+import triton.language as tl
+import tilelink
+
+
+@triton.jit
+def prev_multiple_of(a, b):
+    return tl.cdiv(a, b) * b - b
+
+
+@tilelink.overlap(tilelink.{rule}("c_ptr"))
+@triton.jit
+def mm_peeled(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+{loop}
+    tl.store(c_ptr + rm[:, None] * stride_cm + rn[None, :] * stride_cn, acc,
+             mask=(rm[:, None] < M) & (rn[None, :] < N))
+'''
+STEP = '''        a = tl.load(a_ptr + rm[:, None] * stride_am + rk[None, :] * stride_ak,
+                    mask=(rm[:, None] < M){k_rows}, other=0.0)
+        b = tl.load(b_ptr + rk[:, None] * stride_bk + rn[None, :] * stride_bn,
+                    mask={k_columns}(rn[None, :] < N), other=0.0)
+        acc += tl.dot(a, b)'''
+WHOLE = STEP.format(k_rows="", k_columns="")  # a step of a whole block: no mask along K
+MASKED = STEP.format(k_rows=" & (rk[None, :] < K)", k_columns="(rk[:, None] < K) & ")
+PEELED_LOOP = '''    prev_multiple = prev_multiple_of(K, BLOCK_K)
+    for start_k in range(0, prev_multiple, BLOCK_K):
+        rk = (start_k + tl.arange(0, BLOCK_K)).to(tl.int64)
+''' + WHOLE + '''
+    rk = (prev_multiple + tl.arange(0, BLOCK_K)).to(tl.int64)
+    if True:
+''' + MASKED
+FOLDED_LOOP = '''    for start_k in range(0, K, BLOCK_K):
+        rk = (start_k + tl.arange(0, BLOCK_K)).to(tl.int64)
+''' + MASKED
+
+
+@pytest.mark.parametrize("rule", ["reduce_scatter", "all_reduce"])
+def test_a_last_k_step_peeled_after_the_loop_is_refused_saying_how_to_fold_it(rule: str, tmp_path) -> None:
+    """Loop and peel cover each rank's K only where the loop stops at the start of its last block, which TileLink
+    does not prove; the message says what was found and the folded loop it does read, which then builds."""
+    peeled = tmp_path / "mm_peeled.py"
+    peeled.write_text(PEELED.format(rule=rule, loop=PEELED_LOOP))
+    with pytest.raises(AnnotationError, match=r"reads `a_ptr` after the loop at line 19 that sums, as a last step of "
+                                              r"K peeled out of it") as err:
+        tilelink.build(str(peeled))
+    assert "fold the last step into the loop" in err.value.hint and "range(0, prev_multiple, BLOCK_K)" in \
+        err.value.hint, err.value.hint
+    folded = tmp_path / "mm_folded.py"
+    folded.write_text(PEELED.format(rule=rule, loop=FOLDED_LOOP))
+    built = tilelink.build(str(folded))
+    assert any(e.status == "applied" for e in built.report.entries), built.report
