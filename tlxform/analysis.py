@@ -3969,8 +3969,12 @@ def _with_row_program_hint(an: _Analyzer, acc: Access, error: AnnotationError) -
     why = an.row_program_misses.get(acc.where)
     if why is None or why in (error.hint or ""):
         return error
-    return AnnotationError(error.reason, file=error.file, line=error.line, column=error.column,
-                           hint=f"{why}; {error.hint}" if error.hint else why)
+    # the other readings took the columns for a block of rows (`cols` "indexed by itself"): their reason and hint
+    # speak of rows the kernel does not have, so the refusal says which rows it could not tell, and why
+    verb = "reads" if acc.kind == "load" else "writes"
+    return AnnotationError(f"cannot tell which rows of {acc.tensor!r} this {acc.kind} {verb} (pointer "
+                           f"`{acc.pointer}`)", file=acc.where.file, line=acc.where.line, column=acc.where.column,
+                           hint=why)
 
 
 def _check_carried_columns(an: _Analyzer, acc: Access, pointers: set[str], vector: str, scale: tuple[str, ...],

@@ -214,3 +214,16 @@ def test_a_sweep_whose_columns_are_made_after_the_store_is_refused(tmp_path) -> 
     assert form.index(STORE) < form.index(made)
     with pytest.raises(AnnotationError, match="cannot tell that each iteration stores other columns"):
         tilelink.build(written(tmp_path, form, "all_reduce"))
+
+
+def test_a_row_store_not_taken_as_one_row_says_why_not_of_blocks_of_rows(tmp_path) -> None:
+    """A sweep whose start is bound again in the loop (`off = 0`) is no row TileLink reads; the refusal says which
+    store and why it is not one row a program, not what reading its columns as a block of rows would need."""
+    form = body("row = tl.program_id(0)", STORE, "cols = off + tl.arange(0, BLOCK_N)",
+                "for off in range(0, N, BLOCK_N):\n    off = 0")
+    with pytest.raises(AnnotationError) as refused:
+        tilelink.build(written(tmp_path, form, "reduce_scatter"))
+    said = str(refused.value)
+    assert "cannot tell which rows of 'y_ptr' this store writes (pointer `y_ptr + row * stride_ym + cols`)" in said
+    assert refused.value.hint.startswith("this store writes one row a program, `row` times `stride_ym`"), said
+    assert "indexed by `cols` itself" not in said and "cols[:, None] * stride" not in said, said
