@@ -82,6 +82,26 @@ def _axis_hint(an: KernelAnalysis, access: Access, dim: int, size: str | None) -
     return hint
 
 
+def _computed_from_index(an: KernelAnalysis, access: Access, loaded: str, dim: int) -> tuple[str, str] | None:
+    """``(rows, value)`` where the rows the address of ``access`` indexes along ``dim`` (`rows[:, None]`) are computed
+    from the loaded index ``loaded`` rather than being it (`kv_loc = kv_page_number * PAGE_SIZE + offs_n % PAGE_SIZE`);
+    ``None`` where the address indexes the loaded values themselves, or its rows are not one name bound once."""
+    todo, seen, rows = [access.pointer], set(), set()
+    while todo:
+        node = cst.parse_expression(todo.pop())
+        rows |= {sub.value.value for sub in m.findall(node, m.Subscript(value=m.Name()))
+                 if [i for i, e in enumerate(sub.slice) if isinstance(e.slice, cst.Slice)] == [dim]}
+        for name in names_in(node) - seen:
+            seen.add(name)
+            if name != loaded:
+                todo.extend(an.values.get(name, ()))
+    if loaded in rows or len(rows - {loaded}) != 1:
+        return None
+    (name,) = rows - {loaded}
+    values = an.values.get(name, ())
+    return (name, values[0]) if len(values) == 1 and loaded in names_in(cst.parse_expression(values[0])) else None
+
+
 def _check_token_carriers(an: KernelAnalysis, tokens: list[str], a: Access) -> None:
     """The wait's token is added to each pointer the tile's loads go through after it (`ptrs = ptrs + tlk_token`),
     which keeps those loads after the wait: a name holding the pointer in a tuple or a list cannot carry it."""
@@ -130,11 +150,18 @@ def rewrite(an: KernelAnalysis, spec: AllGatherSpec, options: Options) -> Rewrit
     untiled = [a for a in loads if a.tile is None]
     if untiled:
         a = untiled[0]
-        indexed = None if spec.index else an.index_behind(a)
+        behind = an.index_behind(a)
+        computed = _computed_from_index(an, a, behind[0], spec.dim) if behind else None
+        indexed = None if spec.index else behind
         raise AnnotationError(
             f"cannot tell which rows along dim {spec.dim} of {a.tensor!r} this load reads "
             f"(pointer `{a.pointer}`)", file=a.where.file, line=a.where.line, column=a.where.column,
-            hint=f"the rows come from `{indexed[0]}`, loaded from {indexed[1]!r}: pass index=\"{indexed[1]}\" and "
+            hint=f"the rows are `{computed[0]}`, computed from `{behind[0]}`, loaded from {behind[1]!r} (`"
+                 f"{computed[0]} = {computed[1]}`), as through a page table: all_gather's index= reads rows that are "
+                 f"the loaded values themselves (`{a.tensor} + rows[:, None] * stride`, also `rows[:, None] // "
+                 f"top_k`), and TileLink does not gather through a table of pages; gather the rows this load reads "
+                 f"into a buffer of their own, indexed so, or leave this kernel as it is" if computed else
+                 f"the rows come from `{indexed[0]}`, loaded from {indexed[1]!r}: pass index=\"{indexed[1]}\" and "
                  f"size=\"<the full row count>\" to all_gather(...)" if indexed else an.row_program_misses.get(
                 a.where) or _flat_hint(a) or _axis_hint(
                 an, a, spec.dim, spec.size) or

@@ -297,6 +297,30 @@ def test_rows_from_a_loaded_index_suggest_index() -> None:
     assert "the rows come from `rows`, loaded from 'ids_ptr': pass index=\"ids_ptr\"" in err.hint, err
 
 
+PAGED = '''
+    @tilelink.overlap(tilelink.all_gather("k_ptr"{index}))
+    @triton.jit
+    def kernel(k_ptr, table_ptr, c_ptr, N, D, PAGE: tl.constexpr, BLOCK: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        page = tl.load(table_ptr + offs // PAGE, mask=offs < N, other=0)
+        loc = page * PAGE + offs % PAGE
+        cols = tl.arange(0, BLOCK)
+        k = tl.load(k_ptr + loc[:, None] * D + cols[None, :], mask=cols[None, :] < D)
+        tl.store(c_ptr + offs[:, None] * D + cols[None, :], k, mask=cols[None, :] < D)
+    '''
+
+
+@pytest.mark.parametrize("index", ["", ', index="table_ptr", size="N"'])
+def test_rows_computed_from_a_loaded_index_say_index_does_not_read_them(index: str) -> None:
+    """Rows made from loaded page numbers (`loc = page * PAGE + offs % PAGE`) are not the loaded values index= reads:
+    the refusal says so, with or without index=, rather than suggesting it."""
+    err = _error(PAGED.format(index=index))
+    assert "cannot tell which rows along dim 0 of 'k_ptr' this load reads" in str(err), err
+    assert err.hint.startswith("the rows are `loc`, computed from `page`, loaded from 'table_ptr' (`loc = page * PAGE "
+                               "+ offs % PAGE`)"), err.hint
+    assert "pass index=" not in err.hint, err.hint
+
+
 def test_a_user_comment_after_the_last_parameter_is_kept() -> None:
     text = HEAD + textwrap.dedent('''
         @tilelink.overlap(tilelink.all_gather("a_ptr"))
