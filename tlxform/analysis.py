@@ -1476,7 +1476,8 @@ def _anchor(an: _Analyzer, acc: Access, tile: Tile | None, pointers: set[str]) -
                   where, _own_statement(an, stmt.node, acc), tuple(earlier), acc.offsets,
                   an.where(loop.node) if loop is not None else None, _sweeps(an, stmt.node, chain, acc, tile),
                   branch, acc.atomic,
-                  isinstance(chain.node, cst.SimpleStatementLine) and not _own_statement(an, chain.node, acc))
+                  any(isinstance(node, (cst.SimpleStatementLine, cst.BaseSmallStatement)) and not _own_statement(
+                      an, node, acc) for node in (chain.node, stmt.node)))
 
 
 def _own_statement(an: _Analyzer, node: cst.CSTNode, acc: Access) -> bool:
@@ -1484,15 +1485,23 @@ def _own_statement(an: _Analyzer, node: cst.CSTNode, acc: Access) -> bool:
     binds its value: `_ = tl.store(...)`), not a call inside an expression that may skip it (`tl.store(...) if c else
     None`, `c and tl.store(...)`), with nothing after it on the line that leaves the program or the loop's pass (`;
     return`): the store has run once the line has."""
-    if not isinstance(node, cst.SimpleStatementLine):
+    line = node
+    if isinstance(node, cst.BaseSmallStatement):  # one of a one-line suite: the suite's statements are its line
+        line = next((s for s in an.findall(an.fn.body, m.SimpleStatementSuite()) if any(x is node for x in s.body)),
+                    None)
+        if line is None:
+            return False
+    elif not isinstance(node, cst.SimpleStatementLine):
         return False
     if acc.kind != "store":
         return True
-    for i, small in enumerate(node.body):
+    for i, small in enumerate(line.body):
+        if isinstance(node, cst.BaseSmallStatement) and small is not node:
+            continue
         value = small.value if isinstance(small, (cst.Expr, cst.Assign, cst.AnnAssign)) else None
         if isinstance(value, cst.Call) and an.where(value) == acc.where:
             return not any(isinstance(later, (cst.Return, cst.Break, cst.Continue, cst.Raise))
-                           for later in node.body[i + 1:])
+                           for later in line.body[i + 1:])
     return False
 
 
@@ -1667,7 +1676,8 @@ def _describe(what: list[tuple[str, Where]]) -> str:
 def _through_branches(an: _Analyzer, stmt: StmtRef, where: Where) -> StmtRef:
     """The statement holding ``where`` inside the ``if`` / ``elif`` / ``else`` blocks of ``stmt``, when only
     branches (no loop) lie between; else ``stmt``."""
-    inner = next((r for r in an.statements if isinstance(r.node, cst.SimpleStatementLine)
+    # a line, or a statement of a one-line suite (`if STORE: tl.store(...)`), which the rewrite makes a block
+    inner = next((r for r in an.statements if isinstance(r.node, (cst.SimpleStatementLine, cst.BaseSmallStatement))
                   and _contains(an, r.node, where)), None)
     if inner is None or not all(_is_branch_block(an, b) for b in inner.blocks[len(stmt.blocks):]):
         return stmt
