@@ -208,8 +208,6 @@ class KernelAnalysis:
     # columns than each other -> (the loop, why: "exits", a step may leave before its store; "same", the loop does not
     # move the columns; "columns", they move otherwise than by whole blocks of their own, bound once before the store)
     sweep_misses: dict[Where, tuple[Where, str]] = field(default_factory=dict)
-    # each store read as one element a program (`y_ptr + row`, `row = tl.program_id(0)`): its tile is that row
-    scalar_rows: frozenset[Where] = frozenset()
     # each store read as one row a program (`y_ptr + row * stride + cols`): (the columns vector, the bound its mask
     # puts on them in source): its tile is that row, the columns the mask lets through the elements it writes of it
     row_columns: dict[Where, tuple[str, str]] = field(default_factory=dict)
@@ -635,14 +633,19 @@ def _is_widening(value: cst.BaseExpression) -> bool:
     return widened_value(value) is not None
 
 
-def parse_offsets(value: cst.BaseExpression, resolve=None) -> tuple[str, str] | None:
+def parse_offsets(value: cst.BaseExpression, resolve=None, wraps: bool = True,
+                  alone: bool = False) -> tuple[str, str] | None:
     """Recognise ``start + tl.arange(0, size)`` (either order, optionally ``(...) % bound``, inside
-    ``tl.multiple_of`` / ``tl.max_contiguous``).
+    ``tl.multiple_of`` / ``tl.max_contiguous``, widened).
 
-    Returns ``(start, size)`` source strings or ``None``.
+    Returns ``(start, size)`` source strings or ``None``. With ``wraps=False`` a vector taken modulo a bound is not
+    one (its lanes may wrap onto each other's columns); with ``alone=True`` ``tl.arange(0, size)`` itself is one, from
+    ``"0"``.
     """
     while True:
         if isinstance(value, cst.BinaryOperation) and isinstance(value.operator, cst.Modulo):
+            if not wraps:
+                return None
             value = value.left  # rows that wrap (`% M`) past the end, never stored
         elif (_is_tl_call(value, "multiple_of") or _is_tl_call(value, "max_contiguous")) and value.args:
             value = value.args[0].value  # a compiler hint: the same values
@@ -655,6 +658,8 @@ def parse_offsets(value: cst.BaseExpression, resolve=None) -> tuple[str, str] | 
             break
         else:
             value = value.with_changes(lpar=[], rpar=[])
+    if alone and (size := _arange_size(value)) is not None:
+        return "0", size
     if isinstance(value, cst.BinaryOperation) and isinstance(value.operator, cst.Add):
         for a, b in ((value.left, value.right), (value.right, value.left)):
             size = _arange_size(b)
@@ -5083,22 +5088,24 @@ def _sweeps(an: _Analyzer, anchor: cst.CSTNode, chain, acc: Access, tile: Tile) 
         # the count would move with them while the store writes the same columns on every step
         an.sweep_misses[acc.where] = (an.where(anchor), "columns")
         return False
+    if _exits(an, anchor):
+        # a step that leaves before its store stores nothing: the rows' counts would fall short
+        an.sweep_misses[acc.where] = (an.where(anchor), "exits")
+        return False
     if _sweep_steps(an, anchor, acc) is None:
         # the same rows on every iteration, but other columns on each is not shown: said where the store is refused,
         # with whether the loop moves the columns at all
         moved = any(_contains(an, anchor, at) for name in columns for at, _ in an.bindings.get(name, ()))
-        an.sweep_misses[acc.where] = (an.where(anchor), "exits" if _exits(an, anchor) else
-                                      "columns" if moved else "same")
+        an.sweep_misses[acc.where] = (an.where(anchor), "columns" if moved else "same")
         return False
     return True
 
 
 def _sweep_steps(an: _Analyzer, loop: cst.For, acc: Access) -> tuple[int, int] | None:
     """The ``(k, d)`` of a pointer store's column tiles in a column sweep (:func:`_column_steps`): each iteration
-    stores other columns; its column vector starts at ``(k * t + d) * WIDTH`` for the loop's own ``t``."""
+    stores other columns; its column vector starts at ``(k * t + d) * WIDTH`` for the loop's own ``t``. Whether a
+    step may leave the loop before the store (:func:`_exits`) is the caller's to check."""
     steps = None
-    if _exits(an, loop):
-        return None  # a step that leaves before its store stores nothing: the rows' counts would fall short
     for name in _bounded_columns(an, acc):
         inside = [(ref, v) for ref, v in an.assignments.get(name, []) if _contains(an, loop, an.where(ref.node))]
         bound = [at for at, _ in an.bindings.get(name, ()) if _contains(an, loop, at)]
@@ -5192,22 +5199,9 @@ def _exits(an: _Analyzer, loop: cst.For) -> bool:
 
 def _distinct_offsets(value: cst.BaseExpression) -> tuple[str, str] | None:
     """``(start, size)`` of ``start + tl.arange(0, size)`` or ``tl.arange(0, size)`` (start 0), also widened or
-    hinted, ``start`` a scalar: a vector whose lanes are distinct columns. Not one taken modulo a bound (`(off +
-    tl.arange(0, W)) % N` wraps onto columns another lane or step holds)."""
-    inner = _bare(value)
-    for _ in range(8):
-        if (_is_tl_call(inner, "multiple_of") or _is_tl_call(inner, "max_contiguous")) and inner.args:  # type: ignore
-            inner = _bare(inner.args[0].value)  # type: ignore[attr-defined]
-        elif _is_widening(inner):
-            inner = _bare(widened_value(inner))  # type: ignore[arg-type]
-        else:
-            break
-    if isinstance(inner, cst.BinaryOperation) and isinstance(inner.operator, cst.Modulo):
-        return None
-    size = _arange_size(inner)
-    if size is not None:
-        return "0", size
-    parsed = parse_offsets(inner)
+    hinted, ``start`` with no `tl.arange` of its own: a vector whose lanes are distinct columns. Not one taken modulo
+    a bound (`(off + tl.arange(0, W)) % N` wraps onto columns another lane or step holds)."""
+    parsed = parse_offsets(_bare(value), wraps=False, alone=True)
     if parsed is None or m.findall(cst.parse_expression(parsed[0]), m.Call(func=m.Attribute(attr=m.Name("arange")))):
         return None
     return parsed
@@ -5741,7 +5735,7 @@ def analyse(module: cst.Module, file: str, kernel: str,
                               reaching_at_stores=_reaching_at_stores(an, accesses, aliases),
                               computed=_computed_params(an, fn, module),
                               row_program_misses=dict(an.row_program_misses),
-                              scalar_rows=frozenset(an.scalar_rows), sweep_misses=dict(an.sweep_misses),
+                              sweep_misses=dict(an.sweep_misses),
                               row_columns={at: (columns, _terms_source(bound))
                                            for at, (_, bound, columns) in an.row_programs.items()
                                            if any(a.where == at and a.kind == "store" for a in accesses)})

@@ -16,7 +16,6 @@ from tilelink.analysis import (
     BranchSide,
     KernelAnalysis,
     Where,
-    _arange_size,
     _arg,
     _bare,
     _conjuncts,
@@ -98,12 +97,8 @@ def _column_range(an: KernelAnalysis, access, cols: str) -> tuple[str, str] | No
         values, binds = (reaching[0],), ((reaching[1], None),)
     if len(values) != 1 or len(binds) != 1:
         return None
-    node = cst.parse_expression(values[0])
-    size = _arange_size(_bare(node))
-    if size is not None:  # `cols = tl.arange(0, BLOCK_N)`: the columns from 0 (a row a program's)
-        return ("0", size) if _before(binds[0][0], access.where) else None
-    parsed = parse_offsets(node) if isinstance(node, cst.BinaryOperation) and isinstance(node.operator,
-                                                                                        cst.Add) else None
+    # `cols = tl.arange(0, BLOCK_N)` alone: the columns from 0 (a row a program's)
+    parsed = parse_offsets(_bare(cst.parse_expression(values[0])), wraps=False, alone=True)
     defined, store = binds[0][0], access.where
     if parsed is None or not _before(defined, store):
         return None
