@@ -1341,14 +1341,25 @@ class _Analyzer:
                 if len({code(v) for _, v in desc_defs}) > 1 or base is None or not (
                         isinstance(base, cst.Name) and base.value == access.tensor):
                     at = self.where(desc_defs[0][0].node)
+                    ways = len({code(v) for _, v in desc_defs}) > 1
+                    test = _test_between(self, [self.where(r.node) for r, _ in desc_defs]) if ways else None
+                    shapes = [code(x) for _, v in desc_defs if isinstance(v, cst.Call) and (
+                        x := _arg(v, 1, "shape")) is not None]
                     raise AnnotationError(
                         f"the descriptor `{access.pointer}` of {access.tensor!r} is made "
-                        + ("in more than one way" if len({code(v) for _, v in desc_defs}) > 1 else
+                        + (f"in more than one way, on the two sides of `if {test}:`"
+                           + (f" (shape {' and '.join(f'`{x}`' for x in dict.fromkeys(shapes))})"
+                              if len(set(shapes)) > 1 else "")
+                           if test else "in more than one way" if ways else
                            f"from `{code(base) if base is not None else '?'}`, not from {access.tensor!r} itself")
                         + ": TileLink reads a descriptor's rows from its offsets only", file=at.file, line=at.line,
-                        column=at.column, hint=f"make it once from the tensor, `{access.pointer} = "
-                                               f"tl.make_tensor_descriptor({access.tensor}, shape=..., strides=..., "
-                                               f"block_shape=...)`, and move rows through the load's offsets")
+                        column=at.column, hint=(
+                            f"annotate a kernel that makes it one way, the side of `if {test}:` your calls take: "
+                            f"`{access.pointer} = tl.make_tensor_descriptor({access.tensor}, shape=..., strides=..., "
+                            f"block_shape=...)`, its rows along dim {dim}" if test else
+                            f"make it once from the tensor, `{access.pointer} = tl.make_tensor_descriptor("
+                            f"{access.tensor}, shape=..., strides=..., block_shape=...)`, and move rows through the "
+                            f"load's offsets"))
                 shape = _arg(make, 3, "block_shape") if isinstance(make, cst.Call) else None
                 if isinstance(shape, (cst.List, cst.Tuple)) and dim < len(shape.elements):
                     start_node = offsets.elements[dim].value
@@ -1401,6 +1412,19 @@ class _Analyzer:
                             wraps=any(_row_wraps(v, start) or _is_clamp(_unhinted(v))
                                       for v in self._resolved_values(name, access.where)))
         return None
+
+
+def _test_between(an: _Analyzer, sites: list[Where]) -> str | None:
+    """The test of an `if` whose two sides hold statements of ``sites`` (`if FP8_OUTPUT:` making a descriptor one way,
+    `else:` another), in source; ``None`` when no one `if` parts them."""
+    sides = _branch_sides(an)
+    seen: dict[Where, set[bool]] = {}
+    tests: dict[Where, str] = {}
+    for site in sites:
+        for side in sides.get(site, ()):
+            seen.setdefault(side.where, set()).add(side.body)
+            tests[side.where] = side.test
+    return next((tests[w] for w, taken in seen.items() if taken == {True, False}), None)
 
 
 def _anchor(an: _Analyzer, acc: Access, tile: Tile | None, pointers: set[str]) -> Access:

@@ -321,6 +321,26 @@ def test_rows_computed_from_a_loaded_index_say_index_does_not_read_them(index: s
     assert "pass index=" not in err.hint, err.hint
 
 
+def test_a_descriptor_made_two_ways_by_a_compile_time_branch_names_the_branch() -> None:
+    """The fused-attention tutorial makes V's descriptor transposed under `if FP8_OUTPUT:`: its rows lie along another
+    dim on that side, so the refusal names the `if` and the two shapes, and says to annotate one side."""
+    err = _error('''
+        @tilelink.overlap(tilelink.all_gather("v_ptr"))
+        @triton.jit
+        def kernel(v_ptr, o_ptr, S, D: tl.constexpr, BLOCK: tl.constexpr, TRANS: tl.constexpr):
+            if TRANS:
+                desc = tl.make_tensor_descriptor(v_ptr, shape=[D, S], strides=[S, 1], block_shape=[D, BLOCK])
+            else:
+                desc = tl.make_tensor_descriptor(v_ptr, shape=[S, D], strides=[D, 1], block_shape=[BLOCK, D])
+            v = desc.load([tl.program_id(0) * BLOCK, 0])
+            offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+            tl.store(o_ptr + offs[:, None] * D + tl.arange(0, D)[None, :], v)
+        ''')
+    assert "the descriptor `desc` of 'v_ptr' is made in more than one way, on the two sides of `if TRANS:` (shape " \
+           "`[D, S]` and `[S, D]`)" in str(err), err
+    assert err.hint.startswith("annotate a kernel that makes it one way, the side of `if TRANS:` your calls take"), err
+
+
 def test_a_user_comment_after_the_last_parameter_is_kept() -> None:
     text = HEAD + textwrap.dedent('''
         @tilelink.overlap(tilelink.all_gather("a_ptr"))
