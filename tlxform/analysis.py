@@ -980,7 +980,9 @@ class _Analyzer:
                         atomic = f.attr.value == "atomic_add"  # type: ignore[attr-defined]
                         value = _arg(call, 1, "val" if atomic else "value") if kind == "store" else None
                         mask = _arg(call, 2 if kind == "store" else 1, "mask")
-                        if kind == "store" and not atomic:
+                        if not atomic:
+                            # a grid of offsets in a local of its own (`offs_a = offs_m[:, None] * stride_am + ...`,
+                            # `tl.load(a_ptr + offs_a)`) is read as written in the address
                             at = analyzer.where(call)
                             ptr = analyzer.indices_written_out(ptr, at, pointers | descriptors)
                             mask = analyzer.indices_written_out(mask, at, pointers | descriptors) \
@@ -1000,12 +1002,14 @@ class _Analyzer:
         return found
 
     def indices_written_out(self, node: cst.BaseExpression, at: Where, pointers: set[str]) -> cst.BaseExpression:
-        """``node`` (a store's address or mask) with each name bound once to a block of indices written in, and
+        """``node`` (an access's address or mask) with each name bound once to a block of indices written in, and
         ``tl.broadcast_to(x, shape)`` read as ``x``: torch Inductor's epilogue, `idx_m = rm[:, None]`, `idx_n =
         rn[None, :]`, `mask = (idx_m < M) & (idx_n < N)`, `xindex = idx_n + N * idx_m`, `tl.store(out_ptr0 +
         tl.broadcast_to(xindex, mask.shape), acc, mask)`, is the store to `out_ptr0 + (rn[None, :] + N * rm[:,
-        None])` under `(rm[:, None] < M) & (rn[None, :] < N)`. A name is written in where its one binding, a plain
-        assignment in a block holding the store, reads only names not bound again before the store, makes no call
+        None])` under `(rm[:, None] < M) & (rn[None, :] < N)`; a K loop's `offs_a = rm[:, None] * stride_am + ks[None,
+        :] * stride_ak`, `tl.load(a_ptr + offs_a)`, loads the grid as written. A name is written in where its one
+        binding, a plain assignment in a block holding the access, reads only names not bound again before the access,
+        makes no call
         but hints and broadcasts, and holds a row or column block (`x[:, None]`, `x[None, :]`): offsets vectors
         themselves (`rm = start + tl.arange(0, B)`) stay the names the tile is read from."""
         analyzer = self
@@ -1036,8 +1040,9 @@ class _Analyzer:
             return written if blocks else None
 
         def grouped(value: cst.BaseExpression) -> cst.BaseExpression:
-            """``value`` written in place of a name: parenthesised unless it is an atom already."""
-            value = _bare(value)
+            """``value`` written in place of a name: parenthesised unless it is an atom already, on one line (the
+            address reads so in a message)."""
+            value = _bare(cst.parse_expression(" ".join(code(value).split())))
             return value if isinstance(value, (cst.Name, cst.Subscript, cst.Call)) else value.with_changes(
                 lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
 

@@ -104,6 +104,12 @@ LOOPS = {
                  "offs_k[None, :] < K - ki * BLOCK_K", "offs_k[:, None] < K - ki * BLOCK_K",
                  "a_ptr + (offs_am[:, None] * stride_am + offs_kk[None, :] * stride_ak)",
                  "b_ptr + (offs_kk[:, None] * stride_bk + offs_bn[None, :] * stride_bn)", "", False),
+    # the offsets grids in locals of their own, made on each step and added at the loads (`tl.load(a_ptr + offs_a)`)
+    "grid_local": ("    for k in range(0, tl.cdiv(K, BLOCK_K)):\n"
+                   "        ks = k * BLOCK_K + offs_k\n"
+                   "        offs_a = offs_am[:, None] * stride_am + ks[None, :] * stride_ak\n"
+                   "        offs_b = ks[:, None] * stride_bk + offs_bn[None, :] * stride_bn\n",
+                   "ks[None, :] < K", "ks[:, None] < K", "a_ptr + offs_a", "b_ptr + offs_b", "", False),
 }
 
 ACCUMULATE = {"add": "        accumulator += tl.dot(a, b)\n",

@@ -353,7 +353,8 @@ def test_columns_stepped_in_a_loop_start_at_its_target_and_keep_their_end() -> N
 
 @pytest.mark.parametrize("columns, builds", [
     ("offs_d[None, :].to(tl.int64)", True), ("offs_d[None, :] * (D // D)", False),
-    ("tl.broadcast_to(offs_d[None, :], (BLOCK_M, BLOCK_D))", False), ("tl.expand_dims(offs_d, 0)", False)],
+    # broadcast to the block: the same columns, read as `offs_d[None, :]` (as a store's address is)
+    ("tl.broadcast_to(offs_d[None, :], (BLOCK_M, BLOCK_D))", True), ("tl.expand_dims(offs_d, 0)", False)],
     ids=["cast", "unread_scale", "broadcast", "expand_dims"])
 def test_columns_in_a_form_tilelink_does_not_read_are_refused(columns: str, builds: bool) -> None:
     source = SOURCE.replace("offs_d[None, :], mask=", f"{columns}, mask=")
