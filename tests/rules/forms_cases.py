@@ -205,14 +205,18 @@ def gemm_row_wrap(calls: int = 2, form: str = "gemm_row_wrap", kernel: str = "ma
     return err
 
 
-def gemm_row_scales(calls: int = 2) -> float:
-    rank, world = tilelink.rank(), tilelink.world_size()
-    kernel = load_form("gemm_row_scales").matmul_row_scales
+def _row_scaled(seed: int):
+    """A GEMM's operands with a scale per row of A and per column of B, and this rank's rows of A."""
     M, N, K = 45, 24, 40
-    g = torch.Generator().manual_seed(17)
+    g = torch.Generator().manual_seed(seed)
     a, b = _exact(torch.randn(M, K, generator=g), torch.randn(K, N, generator=g))
-    scale = torch.rand(M, generator=g) + 0.5
-    lo, hi = rows_of(rank, world, M)
+    scale_a, scale_b = torch.rand(M, generator=g) + 0.5, torch.rand(N, generator=g) + 0.5
+    return (M, N, K), (a, b), (scale_a, scale_b), rows_of(tilelink.rank(), tilelink.world_size(), M)
+
+
+def gemm_row_scales(calls: int = 2) -> float:
+    kernel = load_form("gemm_row_scales").matmul_row_scales
+    (M, N, K), (a, b), (scale, _), (lo, hi) = _row_scaled(17)
     ad, sd, bd = _placed(a[lo:hi].contiguous(), scale[lo:hi].contiguous(), b)
     err = 0.0
     for _ in range(calls):
@@ -225,13 +229,8 @@ def gemm_row_scales(calls: int = 2) -> float:
 
 
 def gemm_scale_blocks(calls: int = 2) -> float:
-    rank, world = tilelink.rank(), tilelink.world_size()
     kernel = load_form("gemm_scale_blocks").scaled_matmul
-    M, N, K = 45, 24, 40
-    g = torch.Generator().manual_seed(19)
-    a, b = _exact(torch.randn(M, K, generator=g), torch.randn(K, N, generator=g))
-    scale_a, scale_b = torch.rand(M, generator=g) + 0.5, torch.rand(N, generator=g) + 0.5
-    lo, hi = rows_of(rank, world, M)
+    (M, N, K), (a, b), (scale_a, scale_b), (lo, hi) = _row_scaled(19)
     ad, sd, bd, sbd = _placed(a[lo:hi].contiguous(), scale_a[lo:hi].contiguous(), b, scale_b)
     err = 0.0
     for _ in range(calls):
