@@ -1420,15 +1420,17 @@ class _Analyzer:
 
 
 def _test_between(an: _Analyzer, sites: list[Where]) -> str | None:
-    """The test of an `if` whose two sides hold statements of ``sites`` (`if FP8_OUTPUT:` making a descriptor one way,
-    `else:` another), in source; ``None`` when no one `if` parts them."""
+    """The test of a compile-time `if` whose two sides hold statements of ``sites`` (`if FP8_OUTPUT:` making a
+    descriptor one way, `else:` another), in source; ``None`` when no one such `if` parts them (a test of run-time
+    values takes both sides in one call)."""
     sides = _branch_sides(an)
     seen: dict[Where, set[bool]] = {}
     tests: dict[Where, str] = {}
     for site in sites:
         for side in sides.get(site, ()):
-            seen.setdefault(side.where, set()).add(side.body)
-            tests[side.where] = side.test
+            if side.static:
+                seen.setdefault(side.where, set()).add(side.body)
+                tests[side.where] = side.test
     return next((tests[w] for w, taken in seen.items() if taken == {True, False}), None)
 
 
@@ -1822,6 +1824,35 @@ def _is_pointer(term: cst.BaseExpression, pointers: set[str]) -> bool:
     return isinstance(term, cst.Name) and term.value in pointers
 
 
+def _check_alias_rows_current(an: _Analyzer, acc: Access, tile: Tile, pointers: set[str]) -> None:
+    """A pointer alias the access goes through that was made from the tile's offsets (`ptrs = base + offs[:, None]`,
+    or a block `ptrs = base + offs` read as `ptrs[:, None]`) holds the rows those offsets had where it was made: an
+    offsets binding between that alias and the access (`offs = other + tl.arange(...)`) gives the wait or notify,
+    which reads the binding that reaches the access, other rows than the access touches."""
+    assert tile.offsets is not None
+    here = (acc.where.line, acc.where.column)
+    todo, seen = [cst.parse_expression(acc.pointer)], set()
+    while todo:
+        for name in names_in(todo.pop()) & pointers - seen - {acc.tensor}:
+            seen.add(name)
+            for ref, value in an.assignments.get(name, []):
+                todo.append(value)
+                if tile.offsets not in names_in(value):
+                    continue
+                made = an.where(ref.node)
+                again = [b for b, _ in an.bindings.get(tile.offsets, ()) if (made.line, made.column) < (
+                    b.line, b.column) < here]
+                if again:
+                    raise _refuse(acc, f"the pointer `{name}` of this {acc.kind} is made from the rows "
+                                       f"`{tile.offsets}` at line {made.line}, and `{tile.offsets}` is bound again at "
+                                       f"line {again[0].line}, before the {acc.kind}: the {acc.kind} touches the rows "
+                                       f"`{tile.offsets}` had at line {made.line}, its "
+                                       f"{'wait' if acc.kind == 'load' else 'notify'} would cover those of line "
+                                       f"{again[0].line}",
+                                  f"make `{name}` after the last binding of `{tile.offsets}` before the {acc.kind}, "
+                                  f"or give the other rows a name of their own")
+
+
 def _check_row_terms(an: _Analyzer, acc: Access, tile: Tile, pointers: set[str],
                      exprs: list[cst.BaseExpression]) -> None:
     """The rows a pointer access touches are exactly its tile's offsets vector: each term of the address that
@@ -1832,6 +1863,7 @@ def _check_row_terms(an: _Analyzer, acc: Access, tile: Tile, pointers: set[str],
         return
     hint = (f"index the rows with the offsets vector itself, `{tile.offsets}[:, None] * stride`, and compute it for "
             f"the rows the access touches: `{tile.offsets} = start + tl.arange(0, BLOCK)`")
+    _check_alias_rows_current(an, acc, tile, pointers)
     others = set(an._offsets_candidates(exprs, 0)) | set(an._offsets_candidates(exprs, 1))
     vectors = {n for n in others if an._offsets_definition(n) is not None} - {tile.offsets}
     strides: set[str] = set()

@@ -82,10 +82,13 @@ def _axis_hint(an: KernelAnalysis, access: Access, dim: int, size: str | None) -
     return hint
 
 
-def _computed_from_index(an: KernelAnalysis, access: Access, loaded: str, dim: int) -> tuple[str, str] | None:
-    """``(rows, value)`` where the rows the address of ``access`` indexes along ``dim`` (`rows[:, None]`) are computed
-    from the loaded index ``loaded`` rather than being it (`kv_loc = kv_page_number * PAGE_SIZE + offs_n % PAGE_SIZE`);
-    ``None`` where the address indexes the loaded values themselves, or its rows are not one name bound once."""
+def _computed_from_index(an: KernelAnalysis, access: Access, loaded: str,
+                         dim: int) -> tuple[str, str, bool] | None:
+    """``(rows, value, alone)`` where the rows the address of ``access`` indexes along ``dim`` (`rows[:, None]`) are
+    computed from the loaded index ``loaded`` rather than being it (`kv_loc = kv_page_number * PAGE_SIZE + offs_n %
+    PAGE_SIZE`); ``alone``: the value reads nothing else but parameters (`rows = tok // top_k`, which index= reads
+    written in the address). ``None`` where the address indexes the loaded values themselves, or its rows are not one
+    name bound once."""
     todo, seen, rows = [access.pointer], set(), set()
     while todo:
         node = cst.parse_expression(todo.pop())
@@ -99,7 +102,9 @@ def _computed_from_index(an: KernelAnalysis, access: Access, loaded: str, dim: i
         return None
     (name,) = rows - {loaded}
     values = an.values.get(name, ())
-    return (name, values[0]) if len(values) == 1 and loaded in names_in(cst.parse_expression(values[0])) else None
+    if len(values) != 1 or loaded not in names_in(value := cst.parse_expression(values[0])):
+        return None
+    return name, values[0], not names_in(value) - {loaded, "tl", "triton"} - set(an.params)
 
 
 def _check_token_carriers(an: KernelAnalysis, tokens: list[str], a: Access) -> None:
@@ -156,11 +161,15 @@ def rewrite(an: KernelAnalysis, spec: AllGatherSpec, options: Options) -> Rewrit
         raise AnnotationError(
             f"cannot tell which rows along dim {spec.dim} of {a.tensor!r} this load reads "
             f"(pointer `{a.pointer}`)", file=a.where.file, line=a.where.line, column=a.where.column,
-            hint=f"the rows are `{computed[0]}`, computed from `{behind[0]}`, loaded from {behind[1]!r} (`"
-                 f"{computed[0]} = {computed[1]}`), as through a page table: all_gather's index= reads rows that are "
-                 f"the loaded values themselves (`{a.tensor} + rows[:, None] * stride`, also `rows[:, None] // "
-                 f"top_k`), and TileLink does not gather through a table of pages; gather the rows this load reads "
-                 f"into a buffer of their own, indexed so, or leave this kernel as it is" if computed else
+            hint=(f"the rows are `{computed[0]}`, computed from `{behind[0]}`, loaded from {behind[1]!r} (`"
+                  f"{computed[0]} = {computed[1]}`): all_gather's index= reads the loaded values where the address "
+                  f"uses them; write them there, `{behind[0]}[:, None]` (also `{behind[0]}[:, None] // top_k`), and "
+                  f"pass index=\"{behind[1]}\" and size=\"<the full row count>\"" if computed[2] else
+                  f"the rows are `{computed[0]}`, computed from `{behind[0]}`, loaded from {behind[1]!r} (`"
+                  f"{computed[0]} = {computed[1]}`), as through a page table: all_gather's index= reads rows that are "
+                  f"the loaded values themselves (`{a.tensor} + rows[:, None] * stride`, also `rows[:, None] // "
+                  f"top_k`), and TileLink does not gather through a table of pages; gather the rows this load reads "
+                  f"into a buffer of their own, indexed so, or leave this kernel as it is") if computed else
                  f"the rows come from `{indexed[0]}`, loaded from {indexed[1]!r}: pass index=\"{indexed[1]}\" and "
                  f"size=\"<the full row count>\" to all_gather(...)" if indexed else an.row_program_misses.get(
                 a.where) or _flat_hint(a) or _axis_hint(

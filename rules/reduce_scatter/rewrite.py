@@ -12,6 +12,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from tilelink.analysis import (
+    _EFFECTS,
     ANY_AXIS,
     BranchSide,
     KernelAnalysis,
@@ -318,6 +319,9 @@ def _stored_per_element(a, by_address: bool = False) -> str:
     """Elements the store wrote, per element of its value (``by_address``: of its address, for a tile of one row given
     by its start, where a scalar address takes a value of any shape and writes one element): 1 where its mask
     holds."""
+    # a value with effects (`x + 0 * tl.atomic_add(...)`) is not written again for its shape: the notify would run
+    # them a second time; the address has the stored block's shape too
+    by_address = by_address or bool(m.findall(cst.parse_expression(a.value), _EFFECTS))
     shape = f"({a.pointer if by_address else a.value}).shape"
     return (f"tl.where({a.mask}, 1, 0) + tl.zeros({shape}, tl.int32)" if a.mask
             else f"tl.full({shape}, 1, tl.int32)")
@@ -3390,6 +3394,14 @@ def _notify_each(an: KernelAnalysis, spec, opts: Options, rule: str, stores, ins
                 file=a.where.file, line=a.where.line, column=a.where.column,
                 hint="write the store as a statement of its own line, and its condition in the mask "
                      "(`mask=... & (c)`) or an `if` around it")
+        effects = [code(c) for x in (a.pointer, a.mask) if x for c in m.findall(cst.parse_expression(x), _EFFECTS)]
+        if effects:
+            raise AnnotationError(
+                f"the {'address' if m.findall(cst.parse_expression(a.pointer), _EFFECTS) else 'mask'} of the store to "
+                f"{a.tensor!r} calls `{effects[0]}`, which has an effect: the notify TileLink inserts reads the "
+                f"store's address and mask again, and would run it twice",
+                file=a.where.file, line=a.where.line, column=a.where.column,
+                hint="make that call in a statement of its own before the store and store through its result")
         if not a.anchor_is_access and not a.swept and a.where in an.sweep_misses:
             raise _sweep_refused(a, *an.sweep_misses[a.where])
         if not a.anchor_is_access and not a.swept:

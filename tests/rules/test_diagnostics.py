@@ -341,6 +341,39 @@ def test_a_descriptor_made_two_ways_by_a_compile_time_branch_names_the_branch() 
     assert err.hint.startswith("annotate a kernel that makes it one way, the side of `if TRANS:` your calls take"), err
 
 
+def test_rows_computed_from_the_loaded_index_alone_say_to_write_them_in_the_address() -> None:
+    """`rows = tok // top_k` is what index= reads written in the address (`tok[:, None] // top_k`): said so, not "a
+    table of pages"."""
+    err = _error('''
+        @tilelink.overlap(tilelink.all_gather("a_ptr", index="ids_ptr", size="M"))
+        @triton.jit
+        def kernel(a_ptr, ids_ptr, c_ptr, M, N, top_k, BLOCK: tl.constexpr):
+            offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+            tok = tl.load(ids_ptr + offs, mask=offs < N, other=0)
+            rows = tok // top_k
+            a = tl.load(a_ptr + rows[:, None] * N + tl.arange(0, BLOCK)[None, :])
+            tl.store(c_ptr + offs[:, None] * N + tl.arange(0, BLOCK)[None, :], a)
+        ''')
+    assert "write them there, `tok[:, None]` (also `tok[:, None] // top_k`)" in err.hint, err.hint
+    assert "page" not in err.hint, err.hint
+
+
+def test_a_descriptor_made_two_ways_by_a_run_time_branch_is_not_called_a_choice_of_the_call() -> None:
+    err = _error('''
+        @tilelink.overlap(tilelink.all_gather("v_ptr"))
+        @triton.jit
+        def kernel(v_ptr, o_ptr, S, D: tl.constexpr, BLOCK: tl.constexpr):
+            if tl.program_id(0) % 2 == 0:
+                desc = tl.make_tensor_descriptor(v_ptr, shape=[D, S], strides=[S, 1], block_shape=[D, BLOCK])
+            else:
+                desc = tl.make_tensor_descriptor(v_ptr, shape=[S, D], strides=[D, 1], block_shape=[BLOCK, D])
+            v = desc.load([tl.program_id(0) * BLOCK, 0])
+            offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+            tl.store(o_ptr + offs[:, None] * D + tl.arange(0, D)[None, :], v)
+        ''')
+    assert "is made in more than one way:" in str(err) and "your calls take" not in err.hint, err
+
+
 def test_a_user_comment_after_the_last_parameter_is_kept() -> None:
     text = HEAD + textwrap.dedent('''
         @tilelink.overlap(tilelink.all_gather("a_ptr"))
