@@ -3605,6 +3605,17 @@ def _access_row_scales(an: _Analyzer, acc: Access, pointers: set[str]) -> tuple[
                                   "stride_d` beside `cols[None, :] * stride_d`, `mask=... & (cols[None, :] < D - j * "
                                   "BLOCK_D)`)")
                 found_term = None if ends is not None else _scalar_term(an, acc, term, negative, offsets)
+                if ends is None and found_term is None and not _varies(an, term):
+                    # a fixed offset the launch cannot read (`(K // 2) * stride_ak`): unchecked, it may carry the
+                    # columns beside it into the next rows
+                    raise _refuse(acc, f"the address of the {acc.kind} at line {acc.where.line} adds `{code(term)}` "
+                                       f"along the rows of {acc.tensor!r}, an offset TileLink cannot read at the "
+                                       f"launch (a product of parameters and literals is what it reads): it cannot "
+                                       f"check that the columns beside it stay within the rows its {_waits(acc)} "
+                                       f"covers",
+                                  f"add the offset to the column vector and mask the vector by the row's length "
+                                  f"(`cols = {code(term).split(' * ')[0]} + ...`, `mask=... & (cols[None, :] < K)`), "
+                                  f"or pass it as an argument")
                 ways = plus(ways, ends) if ends is not None else None if found_term is None else plus(
                     ways, [[found_term]])
             else:

@@ -374,6 +374,34 @@ def test_a_descriptor_made_two_ways_by_a_run_time_branch_is_not_called_a_choice_
     assert "is made in more than one way:" in str(err) and "your calls take" not in err.hint, err
 
 
+SHIFTED = '''
+    @tilelink.overlap(tilelink.all_gather("a_ptr", size="M"))
+    @triton.jit
+    def kernel(a_ptr, b_ptr, c_ptr, M, N, K, SH, stride_am, stride_ak, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+        offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_k = tl.arange(0, BLOCK_K)
+        acc = tl.zeros((BLOCK_M, BLOCK_K), dtype=tl.float32)
+        for k in range(0, tl.cdiv(K, BLOCK_K)):
+            ks = k * BLOCK_K + offs_k
+            acc += tl.load(a_ptr + offs_m[:, None] * stride_am + {shift} * stride_ak + ks[None, :] * stride_ak,
+                           mask=(offs_m[:, None] < M) & (ks[None, :] < K), other=0.0)
+        tl.store(c_ptr + offs_m[:, None] * BLOCK_K + offs_k[None, :], acc, mask=offs_m[:, None] < M)
+    '''
+
+
+def test_a_fixed_column_offset_beside_moving_columns_is_checked_or_refused() -> None:
+    """`(K // 2) * stride_ak` beside the K columns `ks < K` reads past the row's end into the next row, which the
+    wait does not cover: an offset the launch cannot read is refused at the load; one it reads (`SH`) is checked
+    by each call with the columns' last element, `SH + K - 1`."""
+    err = _error(SHIFTED.format(shift="(K // 2)"))
+    assert "adds `(K // 2) * stride_ak` along the rows of 'a_ptr', an offset TileLink cannot read at the launch" in \
+        str(err), err
+    text = HEAD + textwrap.dedent(SHIFTED.format(shift="SH"))
+    plan = generate(text, "k.py", requests_in(text, "k.py")).plans[0].launch
+    ways = [way for _, way, _ in plan.row_shifts]
+    assert ((False, ("SH", "stride_ak")), (False, ("K", "stride_ak")), (True, ("1", "stride_ak"))) in ways, ways
+
+
 def test_a_user_comment_after_the_last_parameter_is_kept() -> None:
     text = HEAD + textwrap.dedent('''
         @tilelink.overlap(tilelink.all_gather("a_ptr"))
