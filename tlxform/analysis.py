@@ -3605,7 +3605,8 @@ def _access_row_scales(an: _Analyzer, acc: Access, pointers: set[str]) -> tuple[
                                   "stride_d` beside `cols[None, :] * stride_d`, `mask=... & (cols[None, :] < D - j * "
                                   "BLOCK_D)`)")
                 found_term = None if ends is not None else _scalar_term(an, acc, term, negative, offsets)
-                if ends is None and found_term is None and not _varies(an, term):
+                if ends is None and found_term is None and not _varies(an, term) and not names_in(term) & (
+                        pointers | {acc.tensor}):
                     # a fixed offset the launch cannot read (`(K // 2) * stride_ak`): unchecked, it may carry the
                     # columns beside it into the next rows
                     raise _refuse(acc, f"the address of the {acc.kind} at line {acc.where.line} adds `{code(term)}` "
