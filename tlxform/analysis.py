@@ -1066,14 +1066,22 @@ class _Analyzer:
     # -- tiles ---------------------------------------------------------------------------------
     def _pointer_definitions(self, expr: str, pointers: set[str]) -> list[cst.BaseExpression]:
         """The pointer expression and every alias definition it transitively rests on."""
-        out: list[cst.BaseExpression] = [cst.parse_expression(expr)]
+        return [cst.parse_expression(expr), *(v for _, _, v in self._pointer_bindings(expr, pointers))]
+
+    def _pointer_bindings(self, expr: str, pointers: set[str]) -> list[tuple[str, StmtRef, cst.BaseExpression]]:
+        """Each binding of an alias in ``pointers`` that the pointer expression ``expr`` transitively rests on, as
+        ``(name, statement, value)``, nearest first."""
+        out: list[tuple[str, StmtRef, cst.BaseExpression]] = []
+        todo = [cst.parse_expression(expr)]
         seen: set[str] = set()
         i = 0
-        while i < len(out):
-            for name in names_in(out[i]) & pointers:
+        while i < len(todo):
+            for name in names_in(todo[i]) & pointers:
                 if name not in seen:
                     seen.add(name)
-                    out.extend(v for _, v in self.assignments.get(name, []))
+                    for ref, value in self.assignments.get(name, []):
+                        out.append((name, ref, value))
+                        todo.append(value)
             i += 1
         return out
 
@@ -1831,26 +1839,20 @@ def _check_alias_rows_current(an: _Analyzer, acc: Access, tile: Tile, pointers: 
     which reads the binding that reaches the access, other rows than the access touches."""
     assert tile.offsets is not None
     here = (acc.where.line, acc.where.column)
-    todo, seen = [cst.parse_expression(acc.pointer)], set()
-    while todo:
-        for name in names_in(todo.pop()) & pointers - seen - {acc.tensor}:
-            seen.add(name)
-            for ref, value in an.assignments.get(name, []):
-                todo.append(value)
-                if tile.offsets not in names_in(value):
-                    continue
-                made = an.where(ref.node)
-                again = [b for b, _ in an.bindings.get(tile.offsets, ()) if (made.line, made.column) < (
-                    b.line, b.column) < here]
-                if again:
-                    raise _refuse(acc, f"the pointer `{name}` of this {acc.kind} is made from the rows "
-                                       f"`{tile.offsets}` at line {made.line}, and `{tile.offsets}` is bound again at "
-                                       f"line {again[0].line}, before the {acc.kind}: the {acc.kind} touches the rows "
-                                       f"`{tile.offsets}` had at line {made.line}, its "
-                                       f"{'wait' if acc.kind == 'load' else 'notify'} would cover those of line "
-                                       f"{again[0].line}",
-                                  f"make `{name}` after the last binding of `{tile.offsets}` before the {acc.kind}, "
-                                  f"or give the other rows a name of their own")
+    for name, ref, value in an._pointer_bindings(acc.pointer, pointers - {acc.tensor}):
+        if tile.offsets not in names_in(value):
+            continue
+        made = an.where(ref.node)
+        again = [b for b, _ in an.bindings.get(tile.offsets, ())
+                 if (made.line, made.column) < (b.line, b.column) < here]
+        if again:
+            raise _refuse(acc, f"the pointer `{name}` of this {acc.kind} is made from the rows `{tile.offsets}` at "
+                               f"line {made.line}, and `{tile.offsets}` is bound again at line {again[0].line}, "
+                               f"before the {acc.kind}: the {acc.kind} touches the rows `{tile.offsets}` had at line "
+                               f"{made.line}, its {'wait' if acc.kind == 'load' else 'notify'} would cover those of "
+                               f"line {again[0].line}",
+                          f"make `{name}` after the last binding of `{tile.offsets}` before the {acc.kind}, or give "
+                          f"the other rows a name of their own")
 
 
 def _check_row_terms(an: _Analyzer, acc: Access, tile: Tile, pointers: set[str],

@@ -3394,12 +3394,13 @@ def _notify_each(an: KernelAnalysis, spec, opts: Options, rule: str, stores, ins
                 file=a.where.file, line=a.where.line, column=a.where.column,
                 hint="write the store as a statement of its own line, and its condition in the mask "
                      "(`mask=... & (c)`) or an `if` around it")
-        effects = [code(c) for x in (a.pointer, a.mask) if x for c in m.findall(cst.parse_expression(x), _EFFECTS)]
+        effects = [(part, code(c)) for part, x in (("address", a.pointer), ("mask", a.mask)) if x
+                   for c in m.findall(cst.parse_expression(x), _EFFECTS)]
         if effects:
+            part, call = effects[0]
             raise AnnotationError(
-                f"the {'address' if m.findall(cst.parse_expression(a.pointer), _EFFECTS) else 'mask'} of the store to "
-                f"{a.tensor!r} calls `{effects[0]}`, which has an effect: the notify TileLink inserts reads the "
-                f"store's address and mask again, and would run it twice",
+                f"the {part} of the store to {a.tensor!r} calls `{call}`, which has an effect: the notify TileLink "
+                f"inserts reads the store's address and mask again, and would run it twice",
                 file=a.where.file, line=a.where.line, column=a.where.column,
                 hint="make that call in a statement of its own before the store and store through its result")
         if not a.anchor_is_access and not a.swept and a.where in an.sweep_misses:
