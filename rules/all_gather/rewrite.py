@@ -107,6 +107,30 @@ def _computed_from_index(an: KernelAnalysis, access: Access, loaded: str,
     return name, values[0], not names_in(value) - {loaded, "tl", "triton"} - set(an.params)
 
 
+def _index_hint(an: KernelAnalysis, access: Access, spec: AllGatherSpec) -> str | None:
+    """For a load whose rows TileLink cannot tell, what to do where they come from a loaded index: pass `index=`
+    (when the spec has none), write rows computed from the index alone in the address, or, for rows made from it
+    and more (a page table's), why `index=` does not read them."""
+    behind = an.index_behind(access)
+    if behind is None:
+        return None
+    loaded, source = behind
+    computed = _computed_from_index(an, access, loaded, spec.dim)
+    if computed is None:
+        return None if spec.index else (f"the rows come from `{loaded}`, loaded from {source!r}: pass index=\""
+                                        f"{source}\" and size=\"<the full row count>\" to all_gather(...)")
+    rows, value, alone = computed
+    said = f"the rows are `{rows}`, computed from `{loaded}`, loaded from {source!r} (`{rows} = {value}`)"
+    if alone:
+        return (f"{said}: all_gather's index= reads the loaded values where the address uses them; write them there, "
+                f"`{loaded}[:, None]` (also `{loaded}[:, None] // top_k`), and pass index=\"{source}\" and "
+                f"size=\"<the full row count>\"")
+    return (f"{said}, as through a page table: all_gather's index= reads rows that are the loaded values themselves "
+            f"(`{access.tensor} + rows[:, None] * stride`, also `rows[:, None] // top_k`), and TileLink does not "
+            f"gather through a table of pages; gather the rows this load reads into a buffer of their own, indexed "
+            f"so, or leave this kernel as it is")
+
+
 def _check_token_carriers(an: KernelAnalysis, tokens: list[str], a: Access) -> None:
     """The wait's token is added to each pointer the tile's loads go through after it (`ptrs = ptrs + tlk_token`),
     which keeps those loads after the wait: a name holding the pointer in a tuple or a list cannot carry it."""
@@ -155,27 +179,13 @@ def rewrite(an: KernelAnalysis, spec: AllGatherSpec, options: Options) -> Rewrit
     untiled = [a for a in loads if a.tile is None]
     if untiled:
         a = untiled[0]
-        behind = an.index_behind(a)
-        computed = _computed_from_index(an, a, behind[0], spec.dim) if behind else None
-        indexed = None if spec.index else behind
         raise AnnotationError(
             f"cannot tell which rows along dim {spec.dim} of {a.tensor!r} this load reads "
             f"(pointer `{a.pointer}`)", file=a.where.file, line=a.where.line, column=a.where.column,
-            hint=(f"the rows are `{computed[0]}`, computed from `{behind[0]}`, loaded from {behind[1]!r} (`"
-                  f"{computed[0]} = {computed[1]}`): all_gather's index= reads the loaded values where the address "
-                  f"uses them; write them there, `{behind[0]}[:, None]` (also `{behind[0]}[:, None] // top_k`), and "
-                  f"pass index=\"{behind[1]}\" and size=\"<the full row count>\"" if computed[2] else
-                  f"the rows are `{computed[0]}`, computed from `{behind[0]}`, loaded from {behind[1]!r} (`"
-                  f"{computed[0]} = {computed[1]}`), as through a page table: all_gather's index= reads rows that are "
-                  f"the loaded values themselves (`{a.tensor} + rows[:, None] * stride`, also `rows[:, None] // "
-                  f"top_k`), and TileLink does not gather through a table of pages; gather the rows this load reads "
-                  f"into a buffer of their own, indexed so, or leave this kernel as it is") if computed else
-                 f"the rows come from `{indexed[0]}`, loaded from {indexed[1]!r}: pass index=\"{indexed[1]}\" and "
-                 f"size=\"<the full row count>\" to all_gather(...)" if indexed else an.row_program_misses.get(
-                a.where) or _flat_hint(a) or _axis_hint(
-                an, a, spec.dim, spec.size) or
-                 "compute the offsets as `offs = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)` and index "
-                 "with offs[:, None], or pass tile=(\"<start>\", \"<size>\") to all_gather(...)")
+            hint=_index_hint(an, a, spec) or an.row_program_misses.get(a.where) or _flat_hint(a)
+            or _axis_hint(an, a, spec.dim, spec.size)
+            or "compute the offsets as `offs = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)` and index with offs[:, None], "
+               "or pass tile=(\"<start>\", \"<size>\") to all_gather(...)")
     # in the order they run: a group's wait goes before its first load, whichever tensor that load reads (a row
     # scale loaded before the K loop that loads the rows)
     loads.sort(key=lambda a: (a.anchor.line, a.anchor.column, a.where.line, a.where.column))

@@ -321,24 +321,33 @@ def test_rows_computed_from_a_loaded_index_say_index_does_not_read_them(index: s
     assert "pass index=" not in err.hint, err.hint
 
 
+#: a descriptor made two ways on the sides of `if {test}:`, a compile-time or a run-time test
+TWO_WAYS = '''
+    @tilelink.overlap(tilelink.all_gather("v_ptr"))
+    @triton.jit
+    def kernel(v_ptr, o_ptr, S, D: tl.constexpr, BLOCK: tl.constexpr, TRANS: tl.constexpr):
+        if {test}:
+            desc = tl.make_tensor_descriptor(v_ptr, shape=[D, S], strides=[S, 1], block_shape=[D, BLOCK])
+        else:
+            desc = tl.make_tensor_descriptor(v_ptr, shape=[S, D], strides=[D, 1], block_shape=[BLOCK, D])
+        v = desc.load([tl.program_id(0) * BLOCK, 0])
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        tl.store(o_ptr + offs[:, None] * D + tl.arange(0, D)[None, :], v)
+    '''
+
+
 def test_a_descriptor_made_two_ways_by_a_compile_time_branch_names_the_branch() -> None:
     """The fused-attention tutorial makes V's descriptor transposed under `if FP8_OUTPUT:`: its rows lie along another
     dim on that side, so the refusal names the `if` and the two shapes, and says to annotate one side."""
-    err = _error('''
-        @tilelink.overlap(tilelink.all_gather("v_ptr"))
-        @triton.jit
-        def kernel(v_ptr, o_ptr, S, D: tl.constexpr, BLOCK: tl.constexpr, TRANS: tl.constexpr):
-            if TRANS:
-                desc = tl.make_tensor_descriptor(v_ptr, shape=[D, S], strides=[S, 1], block_shape=[D, BLOCK])
-            else:
-                desc = tl.make_tensor_descriptor(v_ptr, shape=[S, D], strides=[D, 1], block_shape=[BLOCK, D])
-            v = desc.load([tl.program_id(0) * BLOCK, 0])
-            offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-            tl.store(o_ptr + offs[:, None] * D + tl.arange(0, D)[None, :], v)
-        ''')
+    err = _error(TWO_WAYS.format(test="TRANS"))
     assert "the descriptor `desc` of 'v_ptr' is made in more than one way, on the two sides of `if TRANS:` (shape " \
            "`[D, S]` and `[S, D]`)" in str(err), err
     assert err.hint.startswith("annotate a kernel that makes it one way, the side of `if TRANS:` your calls take"), err
+
+
+def test_a_descriptor_made_two_ways_by_a_run_time_branch_is_not_called_a_choice_of_the_call() -> None:
+    err = _error(TWO_WAYS.format(test="tl.program_id(0) % 2 == 0"))
+    assert "is made in more than one way:" in str(err) and "your calls take" not in err.hint, err
 
 
 def test_rows_computed_from_the_loaded_index_alone_say_to_write_them_in_the_address() -> None:
@@ -356,22 +365,6 @@ def test_rows_computed_from_the_loaded_index_alone_say_to_write_them_in_the_addr
         ''')
     assert "write them there, `tok[:, None]` (also `tok[:, None] // top_k`)" in err.hint, err.hint
     assert "page" not in err.hint, err.hint
-
-
-def test_a_descriptor_made_two_ways_by_a_run_time_branch_is_not_called_a_choice_of_the_call() -> None:
-    err = _error('''
-        @tilelink.overlap(tilelink.all_gather("v_ptr"))
-        @triton.jit
-        def kernel(v_ptr, o_ptr, S, D: tl.constexpr, BLOCK: tl.constexpr):
-            if tl.program_id(0) % 2 == 0:
-                desc = tl.make_tensor_descriptor(v_ptr, shape=[D, S], strides=[S, 1], block_shape=[D, BLOCK])
-            else:
-                desc = tl.make_tensor_descriptor(v_ptr, shape=[S, D], strides=[D, 1], block_shape=[BLOCK, D])
-            v = desc.load([tl.program_id(0) * BLOCK, 0])
-            offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-            tl.store(o_ptr + offs[:, None] * D + tl.arange(0, D)[None, :], v)
-        ''')
-    assert "is made in more than one way:" in str(err) and "your calls take" not in err.hint, err
 
 
 SHIFTED = '''
