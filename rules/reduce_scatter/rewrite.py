@@ -1052,11 +1052,12 @@ def _loop_extent(an: KernelAnalysis, loop: tuple[Where, Where], target: str | No
     if len(args) == 3 and m.matches(args[1], m.Integer("0")) and m.matches(
             _bare(args[2]), m.UnaryOperation(operator=m.Minus()) | m.BinaryOperation(
                 left=m.UnaryOperation(operator=m.Minus()))):
-        return args[0], (), True
+        return _bound_value(an, args[0]), (), True
     if len(args) == 3 and m.matches(_bare(args[2]), m.Integer("1")):
         args = args[:2]  # `range(0, n, 1)` is `range(0, n)`
     if len(args) == 3 and not m.matches(_bare(args[2]), m.UnaryOperation()):
-        return args[1], (), False  # `range(start, X, F)`: `k` is the column the step starts at (a split's too)
+        # `range(start, X, F)`: `k` is the column the step starts at (a split's too)
+        return _bound_value(an, args[1]), (), False
     stop = args[0] if len(args) == 1 else args[1] if len(args) > 1 and m.matches(args[0], m.Integer("0")) else None
     if isinstance(stop, cst.Name) and stop.value in set(an.params) - set(an.constexpr_params):
         return stop, (), False  # `range(0, K)`: a column a step, `k` itself
@@ -1079,6 +1080,20 @@ def _loop_extent(an: KernelAnalysis, loop: tuple[Where, Where], target: str | No
     if divided is not None:
         return divided[0], _factor_codes(divided[1]), False
     return None, (), False
+
+
+def _bound_value(an: KernelAnalysis, node: cst.BaseExpression, params_only: bool = True) -> cst.BaseExpression:
+    """``node`` read through the locals it names that are bound once, down to four of them: where that ends at a
+    parameter (`k_end = K`), or with ``params_only`` off, at any value (`prev = prev_multiple_of(K, BLOCK_K)`);
+    otherwise ``node`` as it is."""
+    value = node
+    for _ in range(4):
+        bare = _bare(value)
+        if not isinstance(bare, cst.Name) or bare.value in an.params or len(_bindings(an, bare.value)) != 1:
+            break
+        value = cst.parse_expression(_bindings(an, bare.value)[0][0])
+    bare = _bare(value)
+    return value if not params_only or isinstance(bare, cst.Name) and bare.value in an.params else node
 
 
 def _ceil_divided(node: cst.BaseExpression) -> tuple[cst.BaseExpression, cst.BaseExpression] | None:
@@ -1474,6 +1489,7 @@ def _check_k_masks(an: KernelAnalysis, a, rule: str) -> None:
     slice, not in the full K: the ranks' sum is not the full problem's value. Refused."""
     targets = _loop_targets(an)
     summing = _summing_loops(an)
+    _check_whole_extent(an, summing, targets, a, rule)
     # the names the store's address reads, through their values: the output's own offsets
     stored = _names_through(an, cst.parse_expression(a.pointer), outside_loops=False)
     # in source order, so that the first load refused is the one reported, on every build
@@ -1518,6 +1534,32 @@ def _check_k_masks(an: KernelAnalysis, a, rule: str) -> None:
                         f"value", file=site.file, line=site.line, column=site.column,
                         hint="bound the K offsets by the K extent alone (`mask=... & (offs_k[None, :] < K - k * "
                              "BLOCK_K)`), and apply a condition on rows or data to the reduced result instead")
+
+
+def _check_whole_extent(an: KernelAnalysis, summing, targets: dict, a, rule: str) -> None:
+    """A loop that sums must run over the whole K extent the call passes (`range(0, K, BLOCK_K)`, `range(0,
+    tl.cdiv(K, BLOCK_K))`, `range(K, 0, -BLOCK_K)`; through a name bound once): each rank runs it over its own slice
+    of K, so a loop over a part of K computed from the extent (`K // 2`, `K - BLOCK_K`) covers that part of each
+    rank's slice, not of the full K, and the ranks' sum is not the full problem's value. A loop TileLink does not
+    read the extent of is judged by the other checks; a last step peeled out of the loop is refused as such, naming
+    its load (:func:`_check_k_offsets`)."""
+    for loop in sorted(summing, key=lambda lp: (lp[0].line, lp[0].column)):
+        extent = _loop_extent(an, loop, targets.get(loop))[0]
+        if extent is None or isinstance(_bare(extent), cst.Name) and _bare(extent).value in an.params:
+            continue
+        header = _loop_header(an, loop)
+        if any(_peeled(an, loop, header, load) for load in _summing_loads(an, loop, outside=True)[0]):
+            continue
+        said, value = code(_bare(extent)).strip(), code(_bare(_bound_value(an, extent, params_only=False))).strip()
+        through = f" (`{said} = {value}`)" if value != said else ""
+        raise AnnotationError(
+            f"the loop at line {loop[0].line}, which sums the partial sums of {a.tensor!r}, runs over `{said}`"
+            f"{through}, not over the K extent the call passes: each rank runs it over its own slice of K, so it "
+            f"covers `{said}` of each rank's slice, not of the full K, and the sum {rule} makes over the ranks would "
+            f"not be the full problem's value",
+            file=loop[0].file, line=loop[0].line, column=loop[0].column,
+            hint="loop over all of K (`range(0, K, BLOCK_K)`, or `range(0, tl.cdiv(K, BLOCK_K))`) and mask the last "
+                 "step's columns by K (`mask=offs_k[None, :] < K - k * BLOCK_K`, `other=0.0`)")
 
 
 def _extent_shaped(an: KernelAnalysis, term: cst.BaseExpression, stored: set[str]) -> bool:

@@ -328,3 +328,33 @@ def test_a_last_k_step_peeled_after_the_loop_is_refused_saying_how_to_fold_it(ru
     folded.write_text(PEELED.format(rule=rule, loop=FOLDED_LOOP))
     built = tilelink.build(str(folded))
     assert any(e.status == "applied" for e in built.report.entries), built.report
+
+
+def _short(stop: str, step: str = WHOLE, before: str = "") -> str:
+    return before + f'''    for start_k in range(0, {stop}, BLOCK_K):
+        rk = (start_k + tl.arange(0, BLOCK_K)).to(tl.int64)
+''' + step
+
+
+@pytest.mark.parametrize("loop, shown", [
+    (_short("K // 2"), r"`K // 2`"),
+    (_short("K - BLOCK_K"), r"`K - BLOCK_K`"),
+    (_short("K // 2", MASKED), r"`K // 2`"),  # its mask bounds the columns by K: the loop still stops short
+    (_short("k_end", before="    k_end = tl.cdiv(K, BLOCK_K) * BLOCK_K - BLOCK_K\n"),
+     r"`k_end` \(`k_end = tl.cdiv\(K, BLOCK_K\) \* BLOCK_K - BLOCK_K`\)"),
+])
+@pytest.mark.parametrize("rule", ["reduce_scatter", "all_reduce"])
+def test_a_loop_that_sums_over_part_of_k_is_refused(rule: str, loop: str, shown: str) -> None:
+    """Each rank runs the loop over its own slice: a loop over `K // 2` sums the first half of each rank's slice, not
+    the first half of K, and built so it gave sums 17 to 20 away from the kernel's on the whole of K at world 2."""
+    with pytest.raises(AnnotationError, match=r"the loop at line \d+, which sums the partial sums of 'c_ptr', runs "
+                                              rf"over {shown}, not over the K extent the call passes") as err:
+        _generate(PEELED.format(rule=rule, loop=loop))
+    assert err.value.line == 18 + loop.split("for start_k")[0].count("\n"), err.value
+    assert "range(0, K, BLOCK_K)" in err.value.hint, err.value.hint
+
+
+@pytest.mark.parametrize("rule", ["reduce_scatter", "all_reduce"])
+def test_a_loop_over_k_through_a_name_bound_once_builds(rule: str) -> None:
+    built = _generate(PEELED.format(rule=rule, loop=_short("k_end", MASKED, before="    k_end = K\n")))
+    assert "producer_tile_notify" in built.text, built.text
