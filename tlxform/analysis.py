@@ -1876,8 +1876,9 @@ def _check_row_terms(an: _Analyzer, acc: Access, tile: Tile, pointers: set[str],
             if tile.offsets not in names_in(term):
                 rest.append(term)
             elif negative or not _is_rows(term, tile.offsets):
-                raise _refuse(acc, f"the {acc.kind} at line {acc.where.line} touches the rows `{code(term)}` of "
-                                   f"{acc.tensor!r}, which are not the tile's rows `{tile.offsets}`", hint)
+                raise _refuse(acc, f"the {acc.kind} at line {acc.where.line} touches the rows "
+                                   f"`{'-' if negative else ''}{code(term)}` of {acc.tensor!r}, which are not the "
+                                   f"tile's rows `{tile.offsets}`", hint)
             else:
                 strides |= names_in(term) - {tile.offsets, "None", "True", "False"}
                 scaled = scaled or isinstance(term, cst.BinaryOperation)

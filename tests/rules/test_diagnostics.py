@@ -453,6 +453,9 @@ def kernel(a_ptr, o_ptr, M, stride_am, D: tl.constexpr, BLOCK_M: tl.constexpr):
     ("    nxt = offs + BLOCK_M\n    p = a_ptr + offs[:, None] * stride_am + cols[None, :]\n"
      "    x = tl.load(p + nxt[:, None] * stride_am)", "adds `nxt[:, None] * stride_am` along the rows of 'a_ptr'"),
     ("    x = tl.load(a_ptr + (offs % 4)[:, None] * stride_am + cols[None, :])", "which are not the tile's rows"),
+    # subtracted: the message keeps the sign
+    ("    x = tl.load(a_ptr - offs[:, None] * stride_am + cols[None, :])",
+     "touches the rows `-offs[:, None] * stride_am` of 'a_ptr', which are not the tile's rows `offs`"),
     ("    desc = tl.make_tensor_descriptor(a_ptr + D, shape=[M, D], strides=[D, 1], block_shape=[BLOCK_M, D])\n"
      "    x = desc.load([pid * BLOCK_M, 0])", "is made from `a_ptr + D`, not from 'a_ptr' itself"),
     ("    x = tl.load(a_ptr + offs[:, None] * stride_am + cols[None, :])\n"
