@@ -8,7 +8,8 @@ which is not a rank's global position, and its flash backend takes no explicit m
 Modes:
 - ``compute`` (one GPU): the flash-attention kernel TileLink's operator is annotated from
   (``flash_attention``, no communication) and the same kernel as rewritten (every channel already
-  satisfied: the inserted waits pass at once) against ``scaled_dot_product_attention`` on each of its
+  satisfied: the inserted waits pass at once), and at ``--world`` above 1 the plain kernel in the rewritten one's
+  chunks of keys (``chunked``: the cost of the chunks alone), against ``scaled_dot_product_attention`` on each of its
   GPU backends (cuDNN, flash, memory-efficient), side by side; the fastest backend on the shape is the
   baseline, ratio = its time / ours (> 1 faster), and every backend's time is recorded. ``--configs``
   also times candidate tile configs of the plain kernel on the first shape.
@@ -133,6 +134,23 @@ def _rewritten(q, k, v, world: int, meta: dict):
     return run
 
 
+def _chunked(q, k, v, world: int, meta: dict):
+    """The plain kernel visiting the keys in the rewritten kernel's chunks (one rank's shard each), with no wait:
+    against the plain kernel in one chunk, what the chunks alone cost (each restarts the inner loop's pipeline);
+    against the rewritten kernel, what its waits cost."""
+    from tilelink.ops.attention import _launch
+    from tilelink.ops.attention_kernels import attention_fwd_kernel
+
+    S = k.shape[2]
+    o = torch.empty_like(q)
+
+    def run():
+        _launch(attention_fwd_kernel, q, k, v, o, S, k.shape[1], 0, 0, -(-S // world), False,
+                (k.stride(0), k.stride(1), k.stride(2)), meta)
+        return o
+    return run
+
+
 def _measure_compute(shape: AttnShape, S: int, world: int, dtype: torch.dtype, rounds: int, sweep: bool,
                      rewritten: bool, device: str = "cuda") -> tuple[dict, list[dict]]:
     """One per-rank shape: every SDPA backend and our kernel side by side (the fastest backend is the baseline);
@@ -153,6 +171,9 @@ def _measure_compute(shape: AttnShape, S: int, world: int, dtype: torch.dtype, r
     if rewritten:
         fns["rewritten"] = _rewritten(q, k, v, world, meta)
         errors["rewritten"] = _rel_err(fns["rewritten"](), ref)
+        if world > 1:
+            fns["chunked"] = _chunked(q, k, v, world, meta)
+            errors["chunked"] = _rel_err(fns["chunked"](), ref)
     failed: list[dict] = []
     if sweep:
         for bm, bn, w, st in CANDIDATES:
@@ -168,8 +189,8 @@ def _measure_compute(shape: AttnShape, S: int, world: int, dtype: torch.dtype, r
     med = {n: statistics.median(t) for n, t in times.items()}
     best = best_sdpa(med)
     f = flops(shape.heads, q_rows, S, shape.head_dim)
-    main = [*baselines, *(n for n in ("tilelink", "rewritten") if n in med)]
-    ours = [n for n in ("tilelink", "rewritten") if n in med]
+    main = [*baselines, *(n for n in ("tilelink", "chunked", "rewritten") if n in med)]
+    ours = [n for n in ("tilelink", "chunked", "rewritten") if n in med]
     row = {"shape": shape.name, "S": S, "q_rows": q_rows, "heads": shape.heads, "head_dim": shape.head_dim,
            "config": meta, "baseline": best, "sdpa_refused": refused,
            "ms": {n: med[n] for n in main}, "times_ms": {n: times[n] for n in main},
@@ -179,7 +200,7 @@ def _measure_compute(shape: AttnShape, S: int, world: int, dtype: torch.dtype, r
            "rel_err_vs_sdpa": errors}
     entries = failed + [{"shape": shape.name, "S": S, "config": n, "ms": med[n],
                          "ratio_vs_best_sdpa": med[best] / med[n], "tflops": f / (med[n] * 1e-3) / 1e12}
-                        for n in med if n not in (*baselines, "rewritten")]
+                        for n in med if n not in (*baselines, "chunked", "rewritten")]
     return row, entries if sweep else []
 
 

@@ -49,3 +49,17 @@ def test_the_baseline_is_the_fastest_sdpa_backend_that_runs() -> None:
     assert all(reason for reason in refused.values())
     for fn in fns.values():
         assert torch.allclose(fn(), torch.nn.functional.scaled_dot_product_attention(q, k, v), atol=1e-5)
+
+
+@pytest.mark.parametrize("world, keys", [(4, 64), (3, 50)])
+def test_the_chunked_plain_kernel_is_attention_over_every_chunk(world: int, keys: int) -> None:
+    """``chunked`` (the plain kernel in the rewritten one's chunks of keys, no wait) is timed against both: it must
+    compute the same attention, whole chunks or a ragged last one."""
+    from tilelink.benchmarks.attention import _chunked
+    from tilelink.ops.attention import attention_config
+
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(1, 2, n, 16, generator=g) for n in (keys // world, keys, keys))
+    out = _chunked(q, k, v, world, attention_config(16, torch.float32, "cpu"))()
+    ref = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+    assert (out - ref).abs().max().item() < 1e-4
