@@ -1490,6 +1490,7 @@ def _check_k_masks(an: KernelAnalysis, a, rule: str) -> None:
     targets = _loop_targets(an)
     summing = _summing_loops(an)
     _check_whole_extent(an, summing, targets, a, rule)
+    _check_step_blocks(an, summing, targets, a, rule)
     # the names the store's address reads, through their values: the output's own offsets
     stored = _names_through(an, cst.parse_expression(a.pointer), outside_loops=False)
     # in source order, so that the first load refused is the one reported, on every build
@@ -1545,9 +1546,12 @@ def _check_whole_extent(an: KernelAnalysis, summing, targets: dict, a, rule: str
     its load (:func:`_check_k_offsets`)."""
     for loop in sorted(summing, key=lambda lp: (lp[0].line, lp[0].column)):
         extent = _loop_extent(an, loop, targets.get(loop))[0]
-        if extent is None or isinstance(_bare(extent), cst.Name) and _bare(extent).value in an.params:
-            continue
         header = _loop_header(an, loop)
+        if extent is None:
+            continue
+        if isinstance(_bare(extent), cst.Name) and _bare(extent).value in an.params:
+            _check_range_start(an, loop, header, a, rule)
+            continue
         if any(_peeled(an, loop, header, load) for load in _summing_loads(an, loop, outside=True)[0]):
             continue
         said, value = code(_bare(extent)).strip(), code(_bare(_bound_value(an, extent, params_only=False))).strip()
@@ -1560,6 +1564,193 @@ def _check_whole_extent(an: KernelAnalysis, summing, targets: dict, a, rule: str
             file=loop[0].file, line=loop[0].line, column=loop[0].column,
             hint="loop over all of K (`range(0, K, BLOCK_K)`, or `range(0, tl.cdiv(K, BLOCK_K))`) and mask the last "
                  "step's columns by K (`mask=offs_k[None, :] < K - k * BLOCK_K`, `other=0.0`)")
+
+
+def _product_of(factors: tuple[str, ...], coefficient: int = 1) -> tuple[int, tuple[str, ...]]:
+    """A product as ``(coefficient, the other factors sorted)``: its integer literals multiplied into the
+    coefficient."""
+    names = []
+    for f in factors:
+        if f.isdigit():
+            coefficient *= int(f)
+        else:
+            names.append(f)
+    return coefficient, tuple(sorted(names))
+
+
+def _show_product(product: tuple[int, tuple[str, ...]]) -> str:
+    coefficient, names = product
+    return " * ".join(([str(coefficient)] if coefficient != 1 or not names else []) + list(names))
+
+
+def _less(factors: tuple[str, ...], rest: tuple[str, ...]) -> tuple[str, ...] | None:
+    """``factors`` less the factors ``rest`` (each once), or ``None`` where ``rest`` is not among them."""
+    left = list(factors)
+    for f in rest:
+        if f not in left:
+            return None
+        left.remove(f)
+    return tuple(left)
+
+
+def _column_blocks(an: KernelAnalysis, start: Poly, moves: Poly, moving: str | None
+                   ) -> list[tuple[tuple[int, tuple[str, ...]], tuple[int, tuple[str, ...]], bool]] | None:
+    """The blocks of K columns an address reads a step, as ``(width, advance, strided)``: a block is a term
+    ``tl.arange(0, W) * rest`` of ``start``; its advance on each step, the terms of ``moves`` that are ``rest`` times
+    more (read without the name ``moving``, the loop's target, where it is given), as products; ``strided``: ``rest``
+    is not empty, so the advance is along the block's own stride (`k * BLOCK_K * stride_ak` beside `rk *
+    stride_ak`), where without one an advance may be a row's (`b_ptr + k * N + offs_n` walks B's rows, `offs_n`
+    its columns). ``None`` where the columns also start at a program's position (a split-K program's `pid_k *
+    BLOCK_K`: the split's own checks judge those)."""
+    aranges = [(m_[i], m_[:i] + m_[i + 1:], c) for m_, c in start.items()
+               for i, atom in enumerate(m_) if atom.startswith("arange:") and sum(
+                   x.startswith("arange:") for x in m_) == 1]
+    steps = [(m_ if moving is None else _less(m_, (moving,)), c) for m_, c in moves.items()
+             if moving is None or m_.count(moving) == 1]
+    blocks = []
+    for atom, rest, width_coefficient in aranges:
+        matched = [(left, c) for others, c in steps if others is not None
+                   and (left := _less(others, rest)) is not None]
+        if not matched or width_coefficient != 1:
+            continue  # not columns the steps move, or strided columns: not a block
+        for monomial in start:
+            left = _less(monomial, rest)
+            if left is not None and atom not in monomial and (moving is None or moving not in monomial) and any(
+                    _placed(an, x) for x in left):
+                return None
+        width = _product_of(_factor_codes(cst.parse_expression(atom[len("arange:"):])))
+        blocks += [(width, _product_of(left, c), bool(rest)) for left, c in matched]
+    return blocks
+
+
+def _check_range_start(an: KernelAnalysis, loop: tuple[Where, Where], header: str, a, rule: str) -> None:
+    """A loop that sums over `range(start, K, F)` must start at 0, or at a split-K program's own first column
+    (`pid_k * BLOCK_K`, which the split's checks judge): each rank runs it over its own slice of K, so a loop that
+    starts further in (`range(BLOCK_K, K, BLOCK_K)`, `range(K // 2, K, ...)`) leaves out the first columns of each
+    rank's slice, not of the full K."""
+    try:
+        args = [x.value for x in cst.parse_expression(header).args if x.keyword is None]  # type: ignore
+    except (cst.ParserSyntaxError, AttributeError):
+        return
+    if len(args) != 3 or m.matches(_bare(args[0]), m.Integer("0")):
+        return
+    start = code(_bare(args[0])).strip()
+    if _placed(an, start):
+        return
+    raise AnnotationError(
+        f"the loop at line {loop[0].line}, which sums the partial sums of {a.tensor!r}, starts at `{start}` "
+        f"(`{header}`), not at 0: each rank runs it over its own slice of K, so it leaves out the first `{start}` "
+        f"columns of each rank's slice, not of the full K, and the sum {rule} makes over the ranks would not be the "
+        f"full problem's value", file=loop[0].file, line=loop[0].line, column=loop[0].column,
+        hint="start the loop at 0 (`range(0, K, BLOCK_K)`) and mask the last step's columns by K")
+
+
+def _check_step_blocks(an: KernelAnalysis, summing, targets: dict, a, rule: str) -> None:
+    """Each step of a loop that sums must read the block of K columns that follows the one before, whole: the
+    columns move by the block's width on each step (`k * BLOCK_K + tl.arange(0, BLOCK_K)`, `start_k +
+    tl.arange(0, BLOCK_K)` over `range(0, K, BLOCK_K)`, `a_ptrs += BLOCK_K * stride_ak`), and a loop that counts its
+    steps (`range(0, tl.cdiv(K, F))`) counts them by that width. Each rank runs the loop over its own slice of K:
+    steps that leave columns out between them (`k * 2 * BLOCK_K + tl.arange(0, BLOCK_K)`), read some twice, or stop
+    short of K, leave out or repeat other columns on each rank than on the full K, and the ranks' sum is not the
+    full problem's value. Refused at the load. A load whose blocks TileLink does not find (a descriptor, strided
+    columns, a split-K program's own start) is left to the other checks."""
+    for loop in sorted(summing, key=lambda lp: (lp[0].line, lp[0].column)):
+        target = targets.get(loop)
+        extent, factors, down = _loop_extent(an, loop, target)
+        if extent is None or down or target is None:
+            continue
+        header = _loop_header(an, loop)
+        try:
+            args = [x.value for x in cst.parse_expression(header).args if x.keyword is None]  # type: ignore
+        except (cst.ParserSyntaxError, AttributeError):
+            continue
+        # what the target moves by on each step: 1 where the loop counts its steps, the range's step otherwise
+        ranged = len(args) == 3
+        per_step = _product_of(_factor_codes(args[2])) if ranged else None
+        counted = None if ranged else _product_of(factors)
+        loads, _, carried = _summing_loads(an, loop)
+        reader = _Offsets(an)
+        for load in loads:
+            if not load.steps or load.helper:
+                continue
+            if load.blocks:  # a descriptor's block of each offset, moved along K by what the step adds to it
+                found = []
+                for node, block in zip(load.offsets, load.blocks, strict=True):
+                    poly = reader.read(node)
+                    moved = [(_less(m_, (target,)), c) for m_, c in (poly or {}).items() if m_.count(target) == 1]
+                    if poly is None or any(others is None for others, _ in moved) or len(moved) != 1 or any(
+                            _placed(an, x) for m_ in poly for x in m_ if target not in m_):
+                        continue  # not moved along K by the step alone (a split's program start: its own checks)
+                    advance = _product_of(moved[0][0], moved[0][1])
+                    if ranged:
+                        advance = (advance[0] * per_step[0], tuple(sorted(advance[1] + per_step[1])))
+                    found.append((_product_of(_factor_codes(cst.parse_expression(block))), advance, counted, True))
+                _refuse_gaps(found, load, loop, header, a, rule)
+                continue
+            for node in load.offsets:
+                poly = reader.read(node)
+                if poly is None:
+                    continue
+                found = []
+                for monomial in poly:
+                    if len(monomial) == 1 and monomial[0] in carried and monomial[0] != target:
+                        # a pointer the loop advances: its first binding's blocks, moved by what each update adds
+                        binds = _bindings(an, monomial[0])
+                        first = [src for src, w in binds if w is None or not _inside(w, loop)]
+                        moved = [src for src, w in binds if w is not None and _inside(w, loop)]
+                        if len(first) != 1 or len(moved) != 1:
+                            found = None
+                            break
+                        start, step = reader.read(cst.parse_expression(first[0])), reader.read(
+                            cst.parse_expression(moved[0]))
+                        if start is None or step is None:
+                            found = None
+                            break
+                        blocks = _column_blocks(an, start, {m_: c for m_, c in step.items()
+                                                            if m_ != monomial}, None)
+                        if blocks is None:
+                            found = None
+                            break
+                        found += [(w, adv, counted or per_step, strided) for w, adv, strided in blocks]
+                if found is None:
+                    continue
+                blocks = _column_blocks(an, poly, poly, target) if target in names_in(node) or any(
+                    target in m_ for m_ in poly) else []
+                if blocks is None:
+                    continue
+                found += [(w, (adv[0] * per_step[0], tuple(sorted(adv[1] + per_step[1]))) if ranged else adv,
+                           counted, strided) for w, adv, strided in blocks]
+                _refuse_gaps(found, load, loop, header, a, rule)
+
+
+def _refuse_gaps(found: list, load: _Load, loop: tuple[Where, Where], header: str, a, rule: str) -> None:
+    """Refuse a load of :func:`_check_step_blocks` whose blocks, ``(width, advance, count, strided)`` (products;
+    ``count``: what the loop counts its steps by, ``None`` where it steps its target itself; ``strided``: see
+    :func:`_column_blocks`), do not tile K. A block without a stride of its own is judged only against a product of
+    the same names (`2 * BLOCK_K` against `BLOCK_K`): its advance may be along another dim."""
+    for width, advance, count, strided in found:
+        site = load.site
+        if advance != width and (strided or advance[1] == width[1]):
+            raise AnnotationError(
+                f"the load at line {site.line} reads `{_show_product(width)}` columns along K on each step "
+                f"of the loop at line {loop[0].line}, which sums the partial sums of {a.tensor!r}, and "
+                f"moves them by `{_show_product(advance)}` a step: each rank runs that loop over its own "
+                f"slice of K, so the columns the steps leave out or read twice are other columns on each "
+                f"rank than on the full K, and the sum {rule} makes over the ranks would not be the full "
+                f"problem's value", file=site.file, line=site.line, column=site.column,
+                hint=f"move the columns by the block's width on each step (`k * {_show_product(width)} + "
+                     f"tl.arange(0, {_show_product(width)})`, a descriptor's offset `k * {_show_product(width)}`, or "
+                     f"a pointer advanced by `{_show_product(width)}` columns), and count the steps by it "
+                     f"(`range(0, tl.cdiv(K, {_show_product(width)}))`)")
+        if count is not None and count != width and (strided or count[1] == width[1]):
+            raise AnnotationError(
+                f"the loop at line {loop[0].line}, which sums the partial sums of {a.tensor!r}, counts its "
+                f"steps by `{_show_product(count)}` (`{header}`), while the load at line {site.line} reads "
+                f"`{_show_product(width)}` columns along K a step: each rank runs that loop over its own "
+                f"slice of K, so its steps cover another part of each rank's slice than of the full K, "
+                f"and the sum {rule} makes over the ranks would not be the full problem's value",
+                file=loop[0].file, line=loop[0].line, column=loop[0].column,
+                hint=f"count the steps by the block's width: `range(0, tl.cdiv(K, {_show_product(width)}))`")
 
 
 def _extent_shaped(an: KernelAnalysis, term: cst.BaseExpression, stored: set[str]) -> bool:
@@ -2901,9 +3092,10 @@ def _check_extent_data(an: KernelAnalysis, summing, facts: _ExtentFacts) -> None
 
 
 class _Offsets(_Columns):
-    """Reads a load's address as sums of products (:class:`_Columns`' form): a broadcast (`rm[:, None]`) is its
-    vector, a hint (`tl.multiple_of(x, 16)`) its value, a load (a gathered offset) an atom of its own, and so is a
-    name bound to a block pointer or a descriptor (:func:`_misread` reads what it is made from)."""
+    """Reads a load's address as sums of products (:class:`_Columns`' form): a broadcast (`rm[:, None]`,
+    `tl.broadcast_to(x, shape)`) is its vector, a hint (`tl.multiple_of(x, 16)`) its value, a load (a gathered
+    offset) an atom of its own, and so is a name bound to a block pointer or a descriptor (:func:`_misread` reads
+    what it is made from)."""
 
     def read(self, node: cst.BaseExpression, depth: int = 0) -> Poly | None:
         node = _bare(node)
@@ -2915,6 +3107,9 @@ class _Offsets(_Columns):
             return self.read(node.value, depth)
         if isinstance(node, cst.Call) and node.args and m.matches(node.func, _HINTS):
             return self.read(node.args[0].value, depth)
+        if isinstance(node, cst.Call) and len(node.args) == 2 and m.matches(
+                node.func, m.Attribute(value=m.Name("tl"), attr=m.Name("broadcast_to"))):
+            return self.read(node.args[0].value, depth)  # `tl.broadcast_to(x, shape)`: x's elements, repeated
         if m.matches(node, m.Call(func=m.Attribute(attr=m.Name("load") | m.Name("gather")))):
             return {(code(node),): 1}
         if isinstance(node, cst.Name) and _made_address(self.an, node.value) is not None:
@@ -2987,6 +3182,8 @@ class _Load(NamedTuple):
     steps: bool  # whether where it reads changes with the loop's step
     pointers: frozenset[str] = frozenset()  # the names its address reads (through their values)
     helper: str = ""  # a helper TileLink does not read, handed the pointer ``root``
+    #: a descriptor's block shape, in source, one entry per offset (where the kernel makes the descriptor)
+    blocks: tuple[str, ...] = ()
 
 
 def _reads_varying(an: KernelAnalysis, node: cst.BaseExpression, varying: set[str]) -> bool:
@@ -3047,7 +3244,12 @@ def _read_summing_loads(an: KernelAnalysis, loop: tuple[Where, Where], outside: 
             steps = any(_reads_varying(an, n, varying) for n in offsets) or (not pointer and _reads_varying(
                 an, base, varying))
             reads = frozenset(_names_through(an, base, outside_loops=False))
-            found.append(_Load(site, offsets, _address_root(an, base), steps, reads))
+            made = _made_address(an, _bare(base).value) if not pointer and isinstance(_bare(base), cst.Name) else None
+            shape = _arg(made, 3, "block_shape") if made is not None and m.matches(made.func, m.Attribute(
+                attr=m.Name("make_tensor_descriptor"))) else None
+            blocks = tuple(code(e.value).strip() for e in shape.elements) if isinstance(
+                shape, (cst.List, cst.Tuple)) and len(shape.elements) == len(offsets) else ()
+            found.append(_Load(site, offsets, _address_root(an, base), steps, reads, blocks=blocks))
     return found, varying, carried
 
 

@@ -234,7 +234,9 @@ def test_a_wrapper_tilelink_does_not_read_may_compute_any_argument() -> None:
 def test_a_test_of_a_block_size_computed_from_the_extent_after_the_loop_is_refused() -> None:
     source = _heuristic(_source("acc += tl.dot(a, b)", after="if BK == 32:\n        acc = acc * 2"),
                         "{'BK': lambda args: 32 if args['K'] > 25 else 16}", "BK").replace(
-        "rk = tl.arange(0, BLOCK_K)", "rk = tl.arange(0, BK)")
+        "rk = tl.arange(0, BLOCK_K)", "rk = tl.arange(0, BK)").replace(
+        "tl.cdiv(K, BLOCK_K)", "tl.cdiv(K, BK)").replace("k * BLOCK_K", "k * BK")  # the steps' own block size
+    assert "BLOCK_K" not in source.split("for k in")[1].split("acc +=")[0], source
     with pytest.raises(AnnotationError, match=r"\(`BK == 32`\) reads `BK`, computed by the `@triton.heuristics`"):
         _generate(source)
 

@@ -210,10 +210,15 @@ ADVANCED = ("    a_ptrs = a_ptr + rm[:, None] * K + rk[None, :]\n"
         "                    mask=(rm[:, None] < M) & (offs_k[None, :] < K), other=0.0)\n"
         "        for r in tl.static_range(0, 2):\n"
         "            acc += tl.dot(a, b) * 0.5", 1)),
+    # the step's columns broadcast to the tile's shape at the load
+    ("broadcast", lambda s: s.replace(
+        "(k * BLOCK_K + rk)[None, :] * stride_ak,",
+        "tl.broadcast_to((k * BLOCK_K + rk)[None, :] * stride_ak, (BLOCK_M, BLOCK_K)),", 1)),
 ])
 def test_offsets_along_k_read_from_the_step_equal_the_kernel(name: str, edit, tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("TILELINK_RACES", "1")
     source = edit(_source("acc += tl.dot(a, b)"))
+    assert source != _source("acc += tl.dot(a, b)"), name  # the edit applies
     path = tmp_path / f"k_offsets_{name}.py"
     path.write_text(source)
     assert "tll.producer_tile_notify" in _generate(source).rewritten["matmul"]
@@ -357,4 +362,63 @@ def test_a_loop_that_sums_over_part_of_k_is_refused(rule: str, loop: str, shown:
 @pytest.mark.parametrize("rule", ["reduce_scatter", "all_reduce"])
 def test_a_loop_over_k_through_a_name_bound_once_builds(rule: str) -> None:
     built = _generate(PEELED.format(rule=rule, loop=_short("k_end", MASKED, before="    k_end = K\n")))
+    assert "producer_tile_notify" in built.text, built.text
+
+
+#: a loop whose steps leave columns out between them, or count themselves by another width than the block's
+GAPPED_COUNT = '''    for k in range(0, tl.cdiv(K, {count})):
+        rk = (k * {step} + tl.arange(0, BLOCK_K)).to(tl.int64)
+''' + MASKED
+ADVANCED_BY = '''    offs_k = tl.arange(0, BLOCK_K)
+    a_ptrs = a_ptr + rm[:, None] * stride_am + offs_k[None, :] * stride_ak
+    b_ptrs = b_ptr + offs_k[:, None] * stride_bk + rn[None, :] * stride_bn
+    for k in range(0, tl.cdiv(K, {count})):
+        a = tl.load(a_ptrs, mask=(rm[:, None] < M) & (offs_k[None, :] < K - k * {count}), other=0.0)
+        b = tl.load(b_ptrs, mask=(offs_k[:, None] < K - k * {count}) & (rn[None, :] < N), other=0.0)
+        acc += tl.dot(a, b)
+        a_ptrs += {count} * stride_ak
+        b_ptrs += {count} * stride_bk'''
+
+DESCRIBED = '''    a_desc = tl.make_tensor_descriptor(a_ptr, shape=[M, K], strides=[stride_am, 1],
+                                      block_shape=[BLOCK_M, BLOCK_K])
+    b_desc = tl.make_tensor_descriptor(b_ptr, shape=[K, N], strides=[stride_bk, 1],
+                                      block_shape=[BLOCK_K, BLOCK_N])
+    for k in range(0, tl.cdiv(K, {count})):
+        a = a_desc.load([tl.program_id(0) * BLOCK_M, k * {count}])
+        b = b_desc.load([k * {count}, tl.program_id(1) * BLOCK_N])
+        acc += tl.dot(a, b)'''
+
+
+@pytest.mark.parametrize("loop, says", [
+    (GAPPED_COUNT.format(count="2 * BLOCK_K", step="2 * BLOCK_K"),
+     r"the load at line 20 reads `BLOCK_K` columns along K on each step of the loop at line 18, which sums the partial "
+     r"sums of 'c_ptr', and moves them by `2 \* BLOCK_K` a step"),
+    (_short("K", WHOLE).replace("range(0, K, BLOCK_K)", "range(0, K, 2 * BLOCK_K)"),
+     r"the load at line 20 reads `BLOCK_K` columns .* moves them by `2 \* BLOCK_K` a step"),
+    (GAPPED_COUNT.format(count="2 * BLOCK_K", step="BLOCK_K"),
+     r"the loop at line 18, which sums the partial sums of 'c_ptr', counts its steps by `2 \* BLOCK_K` "
+     r"\(`range\(0, tl.cdiv\(K, 2 \* BLOCK_K\)\)`\), while the load at line 20 reads `BLOCK_K` columns"),
+    (ADVANCED_BY.format(count="2 * BLOCK_K"), r"the load at line 22 reads `BLOCK_K` columns .* moves them by "
+                                              r"`2 \* BLOCK_K` a step"),
+    (DESCRIBED.format(count="2 * BLOCK_K"), r"the load at line 23 reads `BLOCK_K` columns .* moves them by "
+                                            r"`2 \* BLOCK_K` a step"),
+    (_short("K", WHOLE).replace("range(0, K, BLOCK_K)", "range(BLOCK_K, K, BLOCK_K)"),
+     r"the loop at line 18, which sums the partial sums of 'c_ptr', starts at `BLOCK_K` \(`range\(BLOCK_K, K, "
+     r"BLOCK_K\)`\), not at 0"),
+])
+@pytest.mark.parametrize("rule", ["reduce_scatter", "all_reduce"])
+def test_steps_that_do_not_tile_k_are_refused(rule: str, loop: str, says: str) -> None:
+    """Each rank runs the loop over its own slice: a step that moves its block of `BLOCK_K` columns by `2 * BLOCK_K`
+    reads every other block of each rank's slice, not of the full K (built, 14 to 18 away from the kernel's sums at
+    world 2; the same through tensor descriptors), and one that starts at `BLOCK_K` leaves out each rank's first
+    block (13.7 away)."""
+    with pytest.raises(AnnotationError, match=says):
+        _generate(PEELED.format(rule=rule, loop=loop))
+
+
+@pytest.mark.parametrize("loop", [
+    GAPPED_COUNT.format(count="BLOCK_K", step="BLOCK_K"), ADVANCED_BY.format(count="BLOCK_K"), _short("K", MASKED),
+    DESCRIBED.format(count="BLOCK_K")])
+def test_steps_that_tile_k_build(loop: str) -> None:
+    built = _generate(PEELED.format(rule="reduce_scatter", loop=loop))
     assert "producer_tile_notify" in built.text, built.text
