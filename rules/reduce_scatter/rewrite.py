@@ -1545,12 +1545,13 @@ def _check_whole_extent(an: KernelAnalysis, summing, targets: dict, a, rule: str
     read the extent of is judged by the other checks; a last step peeled out of the loop is refused as such, naming
     its load (:func:`_check_k_offsets`)."""
     for loop in sorted(summing, key=lambda lp: (lp[0].line, lp[0].column)):
-        extent = _loop_extent(an, loop, targets.get(loop))[0]
+        extent, _, down = _loop_extent(an, loop, targets.get(loop))
         header = _loop_header(an, loop)
         if extent is None:
             continue
         if isinstance(_bare(extent), cst.Name) and _bare(extent).value in an.params:
-            _check_range_start(an, loop, header, a, rule)
+            if not down:  # `range(K, 0, -BLOCK_K)` counts what is left: it starts at the extent itself
+                _check_range_start(an, loop, header, a, rule)
             continue
         if any(_peeled(an, loop, header, load) for load in _summing_loads(an, loop, outside=True)[0]):
             continue
