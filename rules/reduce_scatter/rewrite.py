@@ -1667,6 +1667,10 @@ def _check_step_blocks(an: KernelAnalysis, summing, targets: dict, a, rule: str)
             continue
         # what the target moves by on each step: 1 where the loop counts its steps, the range's step otherwise
         ranged = len(args) == 3
+        if ranged and not m.matches(_bare(args[0]), m.Integer("0")):
+            # a split-K program's own start (`range(pid_k * BLOCK_K, K, BLOCK_K * SPLIT_K)`, any other start is
+            # refused by _check_range_start): the split's checks judge its steps
+            continue
         per_step = _product_of(_factor_codes(args[2])) if ranged else None
         counted = None if ranged else _product_of(factors)
         loads, _, carried = _summing_loads(an, loop)
