@@ -1549,12 +1549,32 @@ def _check_whole_extent(an: KernelAnalysis, summing, targets: dict, a, rule: str
         header = _loop_header(an, loop)
         if extent is None:
             continue
-        if isinstance(_bare(extent), cst.Name) and _bare(extent).value in an.params:
+        value = _bare(_bound_value(an, extent, params_only=False))
+        if isinstance(value, cst.Call) and m.matches(value.func, m.Attribute(attr=m.Name("cdiv"))) or \
+                _ceil_divided(value) is not None:
+            # a count of K's blocks over which a split-K program takes every S-th (`range(pid_k, k_tiles, SPLIT_K)`,
+            # `k_tiles = tl.cdiv(K, BLOCK_K)`): where the blocks start and how they move are the other checks'
+            value = _bare(value.args[0].value) if isinstance(value, cst.Call) else _bare(_ceil_divided(value)[0])
+        if isinstance(value, cst.Name) and value.value in an.params:
+            binds = _bindings(an, value.value)
+            if binds:
+                at = next((w for _, w in binds if w is not None), None)
+                raise AnnotationError(
+                    f"the loop at line {loop[0].line}, which sums the partial sums of {a.tensor!r}, runs over "
+                    f"`{value.value}`, which the kernel binds again{f' at line {at.line}' if at else ''}: "
+                    f"TileLink reads the K extent of a loop that sums as the argument the call passes (each rank "
+                    f"passes its own slice's), and a value bound in the kernel may cover another part of it",
+                    file=loop[0].file, line=loop[0].line, column=loop[0].column,
+                    hint=f"loop over the argument itself (`range(0, {value.value}, BLOCK_K)`), and give the value "
+                         f"the kernel computes a name of its own")
             if not down:  # `range(K, 0, -BLOCK_K)` counts what is left: it starts at the extent itself
                 _check_range_start(an, loop, header, a, rule)
             continue
-        if any(_peeled(an, loop, header, load) for load in _summing_loads(an, loop, outside=True)[0]):
-            continue
+        loads = _summing_loads(an, loop)[0]
+        stepped = {load.root for load in loads if load.steps}
+        if any(load.root in stepped and _peeled(an, loop, header, load)
+               for load in _summing_loads(an, loop, outside=True)[0]):
+            continue  # refused as a peeled last step, naming its load (_check_k_offsets)
         said, value = code(_bare(extent)).strip(), code(_bare(_bound_value(an, extent, params_only=False))).strip()
         through = f" (`{said} = {value}`)" if value != said else ""
         raise AnnotationError(
@@ -1594,15 +1614,18 @@ def _less(factors: tuple[str, ...], rest: tuple[str, ...]) -> tuple[str, ...] | 
     return tuple(left)
 
 
-def _column_blocks(an: KernelAnalysis, start: Poly, moves: Poly, moving: str | None
-                   ) -> list[tuple[tuple[int, tuple[str, ...]], tuple[int, tuple[str, ...]], bool]] | None:
-    """The blocks of K columns an address reads a step, as ``(width, advance, strided)``: a block is a term
+def _column_blocks(an: KernelAnalysis, start: Poly, moves: Poly, moving: str | None, root: str | None
+                   ) -> list[tuple[tuple[int, tuple[str, ...]], tuple[int, tuple[str, ...]], bool,
+                                   tuple[int, tuple[str, ...]] | None]]:
+    """The blocks of K columns an address reads a step, each ``(width, advance, strided, start)``: a block is a term
     ``tl.arange(0, W) * rest`` of ``start``; its advance on each step, the terms of ``moves`` that are ``rest`` times
-    more (read without the name ``moving``, the loop's target, where it is given), as products; ``strided``: ``rest``
-    is not empty, so the advance is along the block's own stride (`k * BLOCK_K * stride_ak` beside `rk *
-    stride_ak`), where without one an advance may be a row's (`b_ptr + k * N + offs_n` walks B's rows, `offs_n`
-    its columns). ``None`` where the columns also start at a program's position (a split-K program's `pid_k *
-    BLOCK_K`: the split's own checks judge those)."""
+    more (read without the name ``moving``, the loop's target, where it is given); where it starts, the other terms
+    of ``start`` that are ``rest`` times more (``(0, ())``: none; ``None``: more than one), all as products.
+    ``strided``: ``rest`` is not empty, so the advance is along the block's own stride (`k * BLOCK_K * stride_ak`
+    beside `rk * stride_ak`), where without one an advance may be a row's (`b_ptr + k * N + offs_n` walks B's rows,
+    `offs_n` its columns). A term that is another block's rest times more is that block's (the rows' `pid_m *
+    BLOCK_M * stride_am` beside `rm * stride_am`); so is the pointer ``root`` itself. A block that also starts at a
+    program's position (a split-K program's `pid_k * BLOCK_K`) is left out, not read."""
     aranges = [(m_[i], m_[:i] + m_[i + 1:], c) for m_, c in start.items()
                for i, atom in enumerate(m_) if atom.startswith("arange:") and sum(
                    x.startswith("arange:") for x in m_) == 1]
@@ -1614,26 +1637,50 @@ def _column_blocks(an: KernelAnalysis, start: Poly, moves: Poly, moving: str | N
                    and (left := _less(others, rest)) is not None]
         if not matched or width_coefficient != 1:
             continue  # not columns the steps move, or strided columns: not a block
-        for monomial in start:
+        others = [r for a_, r, _ in aranges if (a_, r) != (atom, rest) and len(r) > len(rest)]
+        shifts, placed = [], False
+        for monomial, c in start.items():
             left = _less(monomial, rest)
-            if left is not None and atom not in monomial and (moving is None or moving not in monomial) and any(
-                    _placed(an, x) for x in left):
-                return None
+            if left is None or atom in monomial or (moving is not None and moving in monomial) or \
+                    monomial == (root,) or any(_less(monomial, r) is not None for r in others):
+                continue
+            if any(_placed(an, x) for x in left):
+                placed = True
+                break
+            shifts.append(_product_of(left, c))
+        if placed:
+            continue
         width = _product_of(_factor_codes(cst.parse_expression(atom[len("arange:"):])))
-        blocks += [(width, _product_of(left, c), bool(rest)) for left, c in matched]
+        begin = (0, ()) if not shifts else shifts[0] if len(shifts) == 1 else None
+        blocks += [(width, _product_of(left, c), bool(rest), begin) for left, c in matched]
     return blocks
+
+
+def _moved(an: KernelAnalysis, name: str, loop: tuple[Where, Where], reader) -> tuple[Poly, Poly] | None:
+    """A name the loop carries (a pointer it advances, `offs_k += BLOCK_K`) as ``(its first binding, what each step
+    adds to it)``, read as sums of products; ``None`` where it is bound otherwise than once before the loop and once
+    in it."""
+    binds = _bindings(an, name)
+    first = [src for src, w in binds if w is None or not _inside(w, loop)]
+    moved = [src for src, w in binds if w is not None and _inside(w, loop)]
+    if len(first) != 1 or len(moved) != 1:
+        return None
+    start, step = reader.read(cst.parse_expression(first[0])), reader.read(cst.parse_expression(moved[0]))
+    if start is None or step is None or step.get((name,)) != 1:
+        return None
+    return start, {m_: c for m_, c in step.items() if m_ != (name,)}
 
 
 def _check_range_start(an: KernelAnalysis, loop: tuple[Where, Where], header: str, a, rule: str) -> None:
     """A loop that sums over `range(start, K, F)` must start at 0, or at a split-K program's own first column
-    (`pid_k * BLOCK_K`, which the split's checks judge): each rank runs it over its own slice of K, so a loop that
+    (`pid_k * BLOCK_K`, whose steps are not read): each rank runs it over its own slice of K, so a loop that
     starts further in (`range(BLOCK_K, K, BLOCK_K)`, `range(K // 2, K, ...)`) leaves out the first columns of each
     rank's slice, not of the full K."""
     try:
         args = [x.value for x in cst.parse_expression(header).args if x.keyword is None]  # type: ignore
     except (cst.ParserSyntaxError, AttributeError):
         return
-    if len(args) != 3 or m.matches(_bare(args[0]), m.Integer("0")):
+    if len(args) != 3 or m.matches(_bare(_bound_value(an, args[0], params_only=False)), m.Integer("0")):
         return
     start = code(_bare(args[0])).strip()
     if _placed(an, start):
@@ -1647,116 +1694,132 @@ def _check_range_start(an: KernelAnalysis, loop: tuple[Where, Where], header: st
 
 
 def _check_step_blocks(an: KernelAnalysis, summing, targets: dict, a, rule: str) -> None:
-    """Each step of a loop that sums must read the block of K columns that follows the one before, whole: the
-    columns move by the block's width on each step (`k * BLOCK_K + tl.arange(0, BLOCK_K)`, `start_k +
-    tl.arange(0, BLOCK_K)` over `range(0, K, BLOCK_K)`, `a_ptrs += BLOCK_K * stride_ak`), and a loop that counts its
-    steps (`range(0, tl.cdiv(K, F))`) counts them by that width. Each rank runs the loop over its own slice of K:
-    steps that leave columns out between them (`k * 2 * BLOCK_K + tl.arange(0, BLOCK_K)`), read some twice, or stop
-    short of K, leave out or repeat other columns on each rank than on the full K, and the ranks' sum is not the
-    full problem's value. Refused at the load. A load whose blocks TileLink does not find (a descriptor, strided
-    columns, a split-K program's own start) is left to the other checks."""
+    """The steps of a loop that sums must tile K: on each step, the blocks of K columns the loads of one tensor read
+    (`tl.arange(0, W)` times the column stride in an address, in a pointer's or an offsets vector's first binding
+    where the loop advances it, a descriptor's `block_shape` entry) start at 0, W, 2W, ... (n blocks: one, or a step
+    unrolled by hand) and move by n W a step (`k * BLOCK_K + tl.arange(0, BLOCK_K)`, `start_k` over `range(0, K,
+    BLOCK_K)`, `a_ptrs += BLOCK_K * stride_ak`); and the loop moves by what some tensor's blocks move by (`range(0,
+    tl.cdiv(K, BLOCK_K))`, `range(0, K, BLOCK_K)`, `range(K, 0, -BLOCK_K)`). Each rank runs the loop over its own slice
+    of K: steps that leave columns out between them (`k * 2 * BLOCK_K + tl.arange(0, BLOCK_K)`), read some twice,
+    start past the slice's first column (`k * BLOCK_K + BLOCK_K + ...`) or are counted by another width, leave out or
+    repeat other columns on each rank than on the full K, and the ranks' sum is not the full problem's value.
+    Refused. Blocks TileLink does not read (strided columns, a start of several terms, a split-K program's own start,
+    an advance along another dim) are left to the other checks."""
+    reader = _Offsets(an)
     for loop in sorted(summing, key=lambda lp: (lp[0].line, lp[0].column)):
         target = targets.get(loop)
         extent, factors, down = _loop_extent(an, loop, target)
-        if extent is None or down or target is None:
+        if extent is None or target is None:
             continue
         header = _loop_header(an, loop)
         try:
-            args = [x.value for x in cst.parse_expression(header).args if x.keyword is None]  # type: ignore
+            args = [_bound_value(an, x.value, params_only=False) for x in cst.parse_expression(header).args
+                    if x.keyword is None]  # type: ignore[attr-defined]
         except (cst.ParserSyntaxError, AttributeError):
             continue
-        # what the target moves by on each step: 1 where the loop counts its steps, the range's step otherwise
-        ranged = len(args) == 3
+        ranged = len(args) == 3 and not down
         if ranged and not m.matches(_bare(args[0]), m.Integer("0")):
-            # a split-K program's own start (`range(pid_k * BLOCK_K, K, BLOCK_K * SPLIT_K)`, any other start is
-            # refused by _check_range_start): the split's checks judge its steps
+            # a split-K program's own start (`range(pid_k * BLOCK_K, K, BLOCK_K * SPLIT_K)`; any other start is
+            # refused by _check_range_start): its steps, taken with the other programs' of the split, are not read
             continue
-        per_step = _product_of(_factor_codes(args[2])) if ranged else None
-        counted = None if ranged else _product_of(factors)
+        if down:  # `range(K, 0, -F)`: what is left drops by F a step
+            step = _bare(args[2])
+            step = step.expression if isinstance(step, cst.UnaryOperation) else step
+            count = _product_of(tuple(f.lstrip("-") for f in _factor_codes(step)))
+        else:
+            count = _product_of(_factor_codes(args[2]) if ranged else tuple(
+                f for x in factors for f in _factor_codes(_bound_value(an, cst.parse_expression(x),
+                                                                        params_only=False))))
         loads, _, carried = _summing_loads(an, loop)
-        reader = _Offsets(an)
+        # each tensor's blocks: (width, advance, start, line)
+        found: dict[str, list] = {}
         for load in loads:
-            if not load.steps or load.helper:
+            if not load.steps or load.helper or load.root is None:
                 continue
+            blocks, direct = [], []  # direct: blocks moved by the target itself, which moves by `count` in a range
             if load.blocks:  # a descriptor's block of each offset, moved along K by what the step adds to it
-                found = []
                 for node, block in zip(load.offsets, load.blocks, strict=True):
                     poly = reader.read(node)
-                    moved = [(_less(m_, (target,)), c) for m_, c in (poly or {}).items() if m_.count(target) == 1]
-                    if poly is None or any(others is None for others, _ in moved) or len(moved) != 1 or any(
-                            _placed(an, x) for m_ in poly for x in m_ if target not in m_):
-                        continue  # not moved along K by the step alone (a split's program start: its own checks)
-                    advance = _product_of(moved[0][0], moved[0][1])
-                    if ranged:
-                        advance = (advance[0] * per_step[0], tuple(sorted(advance[1] + per_step[1])))
-                    found.append((_product_of(_factor_codes(cst.parse_expression(block))), advance, counted, True))
-                _refuse_gaps(found, load, loop, header, a, rule)
-                continue
-            for node in load.offsets:
-                poly = reader.read(node)
-                if poly is None:
-                    continue
-                found = []
-                for monomial in poly:
-                    if len(monomial) == 1 and monomial[0] in carried and monomial[0] != target:
-                        # a pointer the loop advances: its first binding's blocks, moved by what each update adds
-                        binds = _bindings(an, monomial[0])
-                        first = [src for src, w in binds if w is None or not _inside(w, loop)]
-                        moved = [src for src, w in binds if w is not None and _inside(w, loop)]
-                        if len(first) != 1 or len(moved) != 1:
-                            found = None
-                            break
-                        start, step = reader.read(cst.parse_expression(first[0])), reader.read(
-                            cst.parse_expression(moved[0]))
-                        if start is None or step is None:
-                            found = None
-                            break
-                        blocks = _column_blocks(an, start, {m_: c for m_, c in step.items()
-                                                            if m_ != monomial}, None)
-                        if blocks is None:
-                            found = None
-                            break
-                        found += [(w, adv, counted or per_step, strided) for w, adv, strided in blocks]
-                if found is None:
-                    continue
-                blocks = _column_blocks(an, poly, poly, target) if target in names_in(node) or any(
-                    target in m_ for m_ in poly) else []
-                if blocks is None:
-                    continue
-                found += [(w, (adv[0] * per_step[0], tuple(sorted(adv[1] + per_step[1]))) if ranged else adv,
-                           counted, strided) for w, adv, strided in blocks]
-                _refuse_gaps(found, load, loop, header, a, rule)
+                    if poly is None or down:
+                        continue
+                    moved = [(_less(m_, (target,)), c) for m_, c in poly.items() if m_.count(target) == 1]
+                    rest = [(m_, c) for m_, c in poly.items() if target not in m_]
+                    if len(moved) != 1 or moved[0][0] is None or any(_placed(an, x) for m_, _ in rest for x in m_):
+                        continue  # not moved along K by the step alone (a split-K program's start: not read)
+                    begin = (0, ()) if not rest else _product_of(*rest[0]) if len(rest) == 1 else None
+                    direct.append((_product_of(_factor_codes(cst.parse_expression(block))),
+                                   _product_of(*moved[0]), True, begin))
+            else:
+                for node in load.offsets:
+                    poly = reader.read(node)
+                    if poly is None:
+                        continue
+                    for name in sorted({x for m_ in poly for x in m_ if x in carried and x != target}):
+                        read = _moved(an, name, loop, reader)  # a pointer or offsets the loop advances
+                        if read is not None:
+                            blocks += _column_blocks(an, read[0], read[1], None, load.root)
+                    if not down and any(target in m_ for m_ in poly):
+                        direct += _column_blocks(an, poly, poly, target, load.root)
+            if ranged:
+                direct = [(w, (adv[0] * count[0], tuple(sorted(adv[1] + count[1]))), strided, begin)
+                          for w, adv, strided, begin in direct]
+            for width, advance, strided, begin in blocks + direct:
+                if strided or advance[1] == width[1]:
+                    found.setdefault(load.root, []).append((width, advance, begin, load.site))
+        _refuse_gaps(found, count, loop, header, a, rule)
 
 
-def _refuse_gaps(found: list, load: _Load, loop: tuple[Where, Where], header: str, a, rule: str) -> None:
-    """Refuse a load of :func:`_check_step_blocks` whose blocks, ``(width, advance, count, strided)`` (products;
-    ``count``: what the loop counts its steps by, ``None`` where it steps its target itself; ``strided``: see
-    :func:`_column_blocks`), do not tile K. A block without a stride of its own is judged only against a product of
-    the same names (`2 * BLOCK_K` against `BLOCK_K`): its advance may be along another dim."""
-    for width, advance, count, strided in found:
-        site = load.site
-        if advance != width and (strided or advance[1] == width[1]):
+def _refuse_gaps(found: dict[str, list], count: tuple[int, tuple[str, ...]], loop: tuple[Where, Where], header: str,
+                 a, rule: str) -> None:
+    """Refuse the blocks of :func:`_check_step_blocks` (each tensor's ``(width, advance, start, site)``) that do not
+    tile K, or a loop ``count`` (what it moves by a step) that no tensor's blocks move by."""
+    advances = []
+    for root, blocks in found.items():
+        widths, moves = {b[0] for b in blocks}, {b[1] for b in blocks}
+        if len(widths) != 1 or len(moves) != 1 or any(b[2] is None for b in blocks):
+            continue  # blocks of several widths, or a start of several terms: not read
+        (width,), (advance,) = widths, moves
+        starts = sorted({b[2] for b in blocks})
+        places = sorted(s_[0] // width[0] if s_ == (0, ()) or (s_[1] == width[1] and s_[0] % width[0] == 0) else -1
+                        for s_ in starts)
+        site = blocks[0][3]
+        if places != list(range(len(places))):
+            shifted = next(s_ for s_ in starts if s_ != (0, ()))
             raise AnnotationError(
-                f"the load at line {site.line} reads `{_show_product(width)}` columns along K on each step "
-                f"of the loop at line {loop[0].line}, which sums the partial sums of {a.tensor!r}, and "
-                f"moves them by `{_show_product(advance)}` a step: each rank runs that loop over its own "
-                f"slice of K, so the columns the steps leave out or read twice are other columns on each "
-                f"rank than on the full K, and the sum {rule} makes over the ranks would not be the full "
-                f"problem's value", file=site.file, line=site.line, column=site.column,
-                hint=f"move the columns by the block's width on each step (`k * {_show_product(width)} + "
-                     f"tl.arange(0, {_show_product(width)})`, a descriptor's offset `k * {_show_product(width)}`, or "
-                     f"a pointer advanced by `{_show_product(width)}` columns), and count the steps by it "
-                     f"(`range(0, tl.cdiv(K, {_show_product(width)}))`)")
-        if count is not None and count != width and (strided or count[1] == width[1]):
+                f"the load at line {next(b[3] for b in blocks if b[2] == shifted).line} reads `{root}`'s columns "
+                f"along K from `{_show_product(shifted)}` on, past where the step's block starts, on each step of "
+                f"the loop at line {loop[0].line}, which sums the partial sums of {a.tensor!r}: each rank runs that "
+                f"loop over its own slice of K, so it leaves out (or reads twice) other columns of each rank's slice "
+                f"than of the full K, and the sum {rule} makes over the ranks would not be the full problem's value",
+                file=site.file, line=site.line, column=site.column,
+                hint=f"read each step's block from where the step starts (`k * {_show_product(width)} + tl.arange(0, "
+                     f"{_show_product(width)})`); a step unrolled by hand reads its blocks at 0, "
+                     f"{_show_product(width)}, ... of the step")
+        whole = (width[0] * len(places), width[1])
+        if advance != whole:
             raise AnnotationError(
-                f"the loop at line {loop[0].line}, which sums the partial sums of {a.tensor!r}, counts its "
-                f"steps by `{_show_product(count)}` (`{header}`), while the load at line {site.line} reads "
-                f"`{_show_product(width)}` columns along K a step: each rank runs that loop over its own "
-                f"slice of K, so its steps cover another part of each rank's slice than of the full K, "
-                f"and the sum {rule} makes over the ranks would not be the full problem's value",
-                file=loop[0].file, line=loop[0].line, column=loop[0].column,
-                hint=f"count the steps by the block's width: `range(0, tl.cdiv(K, {_show_product(width)}))`")
-
+                f"the load at line {site.line} reads `{_show_product(whole)}` columns of `{root}` along K on each "
+                f"step of the loop at line {loop[0].line}, which sums the partial sums of {a.tensor!r}, and moves "
+                f"them by `{_show_product(advance)}` a step: each rank runs that loop over its own slice of K, so the "
+                f"columns the steps leave out or read twice are other columns on each rank than on the full K, and the "
+                f"sum {rule} makes over the ranks would not be the full problem's value",
+                file=site.file, line=site.line, column=site.column,
+                hint=f"move the columns by the block's width on each step (`k * {_show_product(whole)} + "
+                     f"tl.arange(0, {_show_product(whole)})`, a descriptor's offset `k * {_show_product(whole)}`, or "
+                     f"a pointer advanced by `{_show_product(whole)}` columns), and count the steps by it "
+                     f"(`range(0, tl.cdiv(K, {_show_product(whole)}))`)")
+        advances.append((advance, site))
+    if advances and count != (1, ()) and all(adv != count for adv, _ in advances):
+        advance, site = advances[0]
+        raise AnnotationError(
+            f"the loop at line {loop[0].line}, which sums the partial sums of {a.tensor!r}, moves by "
+            f"`{_show_product(count)}` a step (`{header}`), while the load at line {site.line} reads "
+            f"`{_show_product(advance)}` columns along K a step: each rank runs that loop over its own slice of K, "
+            f"so its steps cover another part of each rank's slice than of the full K, and the sum {rule} makes "
+            f"over the ranks would not be the full problem's value",
+            file=loop[0].file, line=loop[0].line, column=loop[0].column,
+            hint=f"step the loop by the block's width: `range(0, tl.cdiv(K, {_show_product(advance)}))` or "
+                 f"`range(0, K, {_show_product(advance)})`")
 
 def _extent_shaped(an: KernelAnalysis, term: cst.BaseExpression, stored: set[str]) -> bool:
     """Whether a mask term in a `while` loop (whose step TileLink does not read) has the form of a bound of the K

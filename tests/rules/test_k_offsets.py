@@ -391,12 +391,12 @@ DESCRIBED = '''    a_desc = tl.make_tensor_descriptor(a_ptr, shape=[M, K], strid
 
 @pytest.mark.parametrize("loop, says", [
     (GAPPED_COUNT.format(count="2 * BLOCK_K", step="2 * BLOCK_K"),
-     r"the load at line 20 reads `BLOCK_K` columns along K on each step of the loop at line 18, which sums the partial "
-     r"sums of 'c_ptr', and moves them by `2 \* BLOCK_K` a step"),
+     r"the load at line 20 reads `BLOCK_K` columns of `a_ptr` along K on each step of the loop at line 18, which sums "
+     r"the partial sums of 'c_ptr', and moves them by `2 \* BLOCK_K` a step"),
     (_short("K", WHOLE).replace("range(0, K, BLOCK_K)", "range(0, K, 2 * BLOCK_K)"),
      r"the load at line 20 reads `BLOCK_K` columns .* moves them by `2 \* BLOCK_K` a step"),
     (GAPPED_COUNT.format(count="2 * BLOCK_K", step="BLOCK_K"),
-     r"the loop at line 18, which sums the partial sums of 'c_ptr', counts its steps by `2 \* BLOCK_K` "
+     r"the loop at line 18, which sums the partial sums of 'c_ptr', moves by `2 \* BLOCK_K` a step "
      r"\(`range\(0, tl.cdiv\(K, 2 \* BLOCK_K\)\)`\), while the load at line 20 reads `BLOCK_K` columns"),
     (ADVANCED_BY.format(count="2 * BLOCK_K"), r"the load at line 22 reads `BLOCK_K` columns .* moves them by "
                                               r"`2 \* BLOCK_K` a step"),
@@ -422,3 +422,149 @@ def test_steps_that_do_not_tile_k_are_refused(rule: str, loop: str, says: str) -
 def test_steps_that_tile_k_build(loop: str) -> None:
     built = _generate(PEELED.format(rule="reduce_scatter", loop=loop))
     assert "producer_tile_notify" in built.text, built.text
+
+
+#: what each step reads, around a loop of the PEELED kernel (`a_ptr`, `b_ptr`, their strides, rm, rn, acc)
+UNSTRIDED_GAP = '''    for k in range(0, tl.cdiv(K, 2 * BLOCK_K)):
+        rk = k * 2 * BLOCK_K + tl.arange(0, BLOCK_K)
+        a = tl.load(a_ptr + rm[:, None] * stride_am + rk[None, :], mask=(rm[:, None] < M) & (rk[None, :] < K),
+                    other=0.0)
+        b = tl.load(b_ptr + rk[:, None] * stride_bk + rn[None, :], mask=(rk[:, None] < K) & (rn[None, :] < N),
+                    other=0.0)
+        acc += tl.dot(a, b)'''
+CARRIED_OFFSETS = '''    offs_k = tl.arange(0, BLOCK_K)
+    for k in range(0, tl.cdiv(K, 2 * BLOCK_K)):
+        a = tl.load(a_ptr + rm[:, None] * stride_am + offs_k[None, :] * stride_ak,
+                    mask=(rm[:, None] < M) & (offs_k[None, :] < K), other=0.0)
+        b = tl.load(b_ptr + offs_k[:, None] * stride_bk + rn[None, :] * stride_bn,
+                    mask=(offs_k[:, None] < K) & (rn[None, :] < N), other=0.0)
+        acc += tl.dot(a, b)
+        offs_k += 2 * BLOCK_K'''
+COUNTED_DOWN = '''    rk = tl.arange(0, BLOCK_K)
+    A = a_ptr + rm[:, None] * stride_am + rk[None, :] * stride_ak
+    B = b_ptr + rk[:, None] * stride_bk + rn[None, :] * stride_bn
+    for k in range(K, 0, -{step}):
+        a = tl.load(A, mask=(rk[None, :] < k) & (rm[:, None] < M), other=0.0)
+        b = tl.load(B, mask=(rk[:, None] < k) & (rn[None, :] < N), other=0.0)
+        acc += tl.dot(a, b)
+        A += {step} * stride_ak
+        B += {step} * stride_bk'''
+SHIFTED = '''    for k in range(0, tl.cdiv(K, BLOCK_K)):
+        rk = k * BLOCK_K + BLOCK_K + tl.arange(0, BLOCK_K)
+''' + MASKED
+DESCRIBED_SHIFTED = DESCRIBED.format(count="BLOCK_K").replace("k * BLOCK_K]", "k * BLOCK_K + BLOCK_K]").replace(
+    "[k * BLOCK_K,", "[k * BLOCK_K + BLOCK_K,")
+REBOUND = "    K = K // 2\n" + _short("K")
+UNROLLED = '''    for k in range(0, K, 2 * BLOCK_K):
+        rk0 = k + tl.arange(0, BLOCK_K)
+        rk1 = k + BLOCK_K + tl.arange(0, BLOCK_K)
+        a0 = tl.load(a_ptr + rm[:, None] * stride_am + rk0[None, :] * stride_ak,
+                     mask=(rm[:, None] < M) & (rk0[None, :] < K), other=0.0)
+        b0 = tl.load(b_ptr + rk0[:, None] * stride_bk + rn[None, :] * stride_bn,
+                     mask=(rk0[:, None] < K) & (rn[None, :] < N), other=0.0)
+        a1 = tl.load(a_ptr + rm[:, None] * stride_am + rk1[None, :] * stride_ak,
+                     mask=(rm[:, None] < M) & (rk1[None, :] < K), other=0.0)
+        b1 = tl.load(b_ptr + rk1[:, None] * stride_bk + rn[None, :] * stride_bn,
+                     mask=(rk1[:, None] < K) & (rn[None, :] < N), other=0.0)
+        acc += tl.dot(a0, b0)
+        acc += tl.dot(a1, b1)'''
+PACKED = '''    for k in range(0, tl.cdiv(K, BLOCK_K)):
+        rkh = k * (BLOCK_K // 2) + tl.arange(0, BLOCK_K // 2)
+        rk = k * BLOCK_K + tl.arange(0, BLOCK_K)
+        ah = tl.load(a_ptr + rm[:, None] * stride_am + rkh[None, :] * stride_ak,
+                     mask=(rm[:, None] < M) & (2 * rkh[None, :] < K), other=0.0)
+        a = tl.interleave(ah, ah)
+        b = tl.load(b_ptr + rk[:, None] * stride_bk + rn[None, :] * stride_bn,
+                    mask=(rk[:, None] < K) & (rn[None, :] < N), other=0.0)
+        acc += tl.dot(a, b)'''
+BIAS_AFTER = _short("K - BLOCK_K") + '''
+    offs_bias = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
+    acc = acc * tl.load(bias_ptr + offs_bias, mask=offs_bias < N, other=0.0)[None, :]'''
+
+
+@pytest.mark.parametrize("loop, says", [
+    (UNSTRIDED_GAP, r"the load at line 20 reads `BLOCK_K` columns of `a_ptr` along K .* moves them by `2 \* BLOCK_K`"),
+    (CARRIED_OFFSETS, r"reads `BLOCK_K` columns of `a_ptr` along K .* moves them by `2 \* BLOCK_K`"),
+    (COUNTED_DOWN.format(step="2 * BLOCK_K"), r"reads `BLOCK_K` columns of `a_ptr` along K .* moves them by "
+                                              r"`2 \* BLOCK_K`"),
+    (SHIFTED, r"the load at line 20 reads `a_ptr`'s columns along K from `BLOCK_K` on, past where the step's block "
+              r"starts"),
+    (DESCRIBED_SHIFTED, r"reads `a_ptr`'s columns along K from `BLOCK_K` on"),
+    (REBOUND, r"the loop at line 19, which sums the partial sums of 'c_ptr', runs over `K`, which the kernel binds "
+              r"again at line 18"),
+    (BIAS_AFTER, r"runs over `K - BLOCK_K`, not over the K extent the call passes"),
+])
+@pytest.mark.parametrize("rule", ["reduce_scatter", "all_reduce"])
+def test_steps_read_through_other_forms_must_tile_k(rule: str, loop: str, says: str) -> None:
+    """The same gaps written other ways: a column stride of 1 left out, an offsets vector the loop advances, a loop
+    counting down, the first block shifted by one (through a descriptor too), the extent bound again in the kernel,
+    and a short loop beside a load after it that is no peeled step. Each built and gave sums 14 to 42 away from the
+    kernel's at world 2."""
+    source = PEELED.format(rule=rule, loop=loop).replace("stride_cm, stride_cn,", "stride_cm, stride_cn, bias_ptr,")
+    with pytest.raises(AnnotationError, match=says):
+        _generate(source)
+
+
+@pytest.mark.parametrize("loop", [
+    UNROLLED, COUNTED_DOWN.format(step="BLOCK_K"),
+    _short("step", MASKED, before="    step = BLOCK_K\n").replace("range(0, step, BLOCK_K)", "range(0, K, step)"),
+    _short("K", MASKED, before="    k0 = 0\n").replace("range(0, K, BLOCK_K)", "range(k0, K, BLOCK_K)"),
+])
+def test_steps_that_tile_k_other_ways_equal_the_kernel(loop: str, tmp_path, monkeypatch) -> None:
+    """A step unrolled by hand (blocks at 0 and BLOCK_K of a 2 * BLOCK_K step), a loop counting down, and a step or
+    start through a name bound once build, and equal the kernel on the whole of K at world 2 (each rank 40 columns:
+    no whole number of blocks)."""
+    monkeypatch.setenv("TILELINK_RACES", "1")
+    path = tmp_path / "mm_tiled.py"
+    path.write_text(PEELED.format(rule="reduce_scatter", loop=loop))
+    errors = tilelink.spawn(_peeled_on, 2, str(path), 80)
+    assert all(e < 1e-4 for e in errors), errors
+
+
+def test_a_packed_operand_read_at_half_the_step_builds() -> None:
+    """A packed A (two values a column, `tl.interleave`) is read at half the step's width while B is read at the
+    step's: the loop moves as B's blocks do."""
+    built = _generate(PEELED.format(rule="reduce_scatter", loop=PACKED))
+    assert "producer_tile_notify" in built.text, built.text
+
+
+def _peeled_on(path: str, K: int) -> float:
+    """PEELED's kernel at this rank's slice of K against the plain kernel on the whole of K."""
+    import torch
+    import triton
+
+    from tests.rules.cases import module_at, plain_module, rows_of
+
+    rank, world = tilelink.rank(), tilelink.world_size()
+    M, N = 40, 32
+    g = torch.Generator().manual_seed(3)
+    a, b = torch.randn(M, K, generator=g), torch.randn(K, N, generator=g)
+    grid, meta = (triton.cdiv(M, 16), triton.cdiv(N, 16)), dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16)
+    want = torch.zeros(M, N)
+    plain_module(path).mm_peeled[grid](a, b, want, M, N, K, K, 1, N, 1, N, 1, **meta)
+    klo, khi = rows_of(rank, world, K)
+    lo, hi = rows_of(rank, world, M)
+    ar, br = a[:, klo:khi].contiguous(), b[klo:khi].contiguous()
+    got = torch.full((hi - lo, N), float("nan"))
+    module_at(path).mm_peeled[grid](ar, br, got, M, N, khi - klo, khi - klo, 1, N, 1, N, 1, **meta)
+    return (got - want[lo:hi]).abs().max().item()
+
+
+def test_a_split_over_tile_counts_builds() -> None:
+    """A split-K kernel whose programs take every SPLIT_K-th of K's blocks, counted in tiles (`range(pid_k, k_tiles,
+    SPLIT_K)`, `k_tiles = tl.cdiv(K, BLOCK_K)`), read through descriptors, is no loop over a part of K."""
+    loop = '''    a_desc = tl.make_tensor_descriptor(a_ptr, shape=[M, K], strides=[stride_am, 1],
+                                      block_shape=[BLOCK_M, BLOCK_K])
+    b_desc = tl.make_tensor_descriptor(b_ptr, shape=[K, N], strides=[stride_bk, 1],
+                                      block_shape=[BLOCK_K, BLOCK_N])
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    pid_k = tl.program_id(axis=2)
+    for ki in range(pid_k, k_tiles, SPLIT_K):
+        a = a_desc.load([tl.program_id(0) * BLOCK_M, ki * BLOCK_K])
+        b = b_desc.load([ki * BLOCK_K, tl.program_id(1) * BLOCK_N])
+        acc = tl.dot(a, b, acc)'''
+    source = PEELED.format(rule="reduce_scatter", loop=loop).replace(
+        "BLOCK_K: tl.constexpr):", "BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):").replace(
+        "    tl.store(c_ptr", "    tl.atomic_add(c_ptr")
+    built = _generate(source)
+    assert "tl.atomic_add" in built.text, built.text
