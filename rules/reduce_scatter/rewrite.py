@@ -1036,6 +1036,22 @@ def _mask_terms(an: KernelAnalysis, source: str, depth: int = 0,
     return found
 
 
+def _range_args(call) -> list:
+    """A range's bounds and step as positional arguments, `tl.range`'s keywords `arg1`, `arg2`, `step` in their
+    places (`tl.range(0, K, step=BLOCK_K)` is `range(0, K, BLOCK_K)`)."""
+    pos = [a.value for a in call.args if a.keyword is None]
+    named = {a.keyword.value: a.value for a in call.args if a.keyword is not None}
+    slots = (pos + [None, None, None])[:3]
+    for i, key in enumerate(("arg1", "arg2", "step")):
+        if slots[i] is None and key in named:
+            slots[i] = named[key]
+    if slots[0] is not None and slots[1] is None and slots[2] is not None:
+        slots = [cst.Integer("0"), slots[0], slots[2]]  # `tl.range(N, step=F)`: from 0
+    while slots and slots[-1] is None:
+        slots.pop()
+    return pos if None in slots else slots
+
+
 def _loop_extent(an: KernelAnalysis, loop: tuple[Where, Where], target: str | None
                  ) -> tuple[cst.BaseExpression | None, tuple[str, ...], bool]:
     """The K extent ``X`` a loop runs over, read from its range, with the factors of what the step adds to the
@@ -1048,7 +1064,7 @@ def _loop_extent(an: KernelAnalysis, loop: tuple[Where, Where], target: str | No
     call = _bare(parsed.value) if isinstance(_bare(parsed), cst.NamedExpr) else None  # type: ignore[union-attr]
     if not isinstance(call, cst.Call):
         return None, (), False
-    args = [a.value for a in call.args if a.keyword is None]
+    args = _range_args(call)
     if len(args) == 3 and m.matches(args[1], m.Integer("0")) and m.matches(
             _bare(args[2]), m.UnaryOperation(operator=m.Minus()) | m.BinaryOperation(
                 left=m.UnaryOperation(operator=m.Minus()))):
@@ -1556,7 +1572,10 @@ def _check_whole_extent(an: KernelAnalysis, summing, targets: dict, a, rule: str
             # `k_tiles = tl.cdiv(K, BLOCK_K)`): where the blocks start and how they move are the other checks'
             value = _bare(value.args[0].value) if isinstance(value, cst.Call) else _bare(_ceil_divided(value)[0])
         if isinstance(value, cst.Name) and value.value in an.params:
-            binds = _bindings(an, value.value)
+            binds = [(src, w) for src, w in _bindings(an, value.value)
+                     if not (m.matches(v := _bare(cst.parse_expression(src)), m.Call(func=_HINTS)) and v.args
+                             and m.matches(_bare(v.args[0].value), m.Name(value.value)))
+                     and not m.matches(widened_value(_bare(cst.parse_expression(src))), m.Name(value.value))]
             if binds:
                 at = next((w for _, w in binds if w is not None), None)
                 raise AnnotationError(
@@ -1656,19 +1675,30 @@ def _column_blocks(an: KernelAnalysis, start: Poly, moves: Poly, moving: str | N
     return blocks
 
 
-def _moved(an: KernelAnalysis, name: str, loop: tuple[Where, Where], reader) -> tuple[Poly, Poly] | None:
+def _moved(an: KernelAnalysis, name: str, loop: tuple[Where, Where], reader, at: Where | None = None
+           ) -> tuple[Poly, Poly] | None:
     """A name the loop carries (a pointer it advances, `offs_k += BLOCK_K`) as ``(its first binding, what each step
     adds to it)``, read as sums of products; ``None`` where it is bound otherwise than once before the loop and once
     in it."""
     binds = _bindings(an, name)
     first = [src for src, w in binds if w is None or not _inside(w, loop)]
-    moved = [src for src, w in binds if w is not None and _inside(w, loop)]
-    if len(first) != 1 or len(moved) != 1:
+    moved = [(src, w) for src, w in binds if w is not None and _inside(w, loop)]
+    if len(first) != 1 or not moved:
         return None
-    start, step = reader.read(cst.parse_expression(first[0])), reader.read(cst.parse_expression(moved[0]))
-    if start is None or step is None or step.get((name,)) != 1:
+    start, total = reader.read(cst.parse_expression(first[0])), {}
+    if start is None:
         return None
-    return start, {m_: c for m_, c in step.items() if m_ != (name,)}
+    if len(moved) > 1 and any(_inside(side.where, loop) for _, w in moved for side in an.branch_sides.get(w, ())):
+        return None  # advances under an `if`: a step may take some of them only
+    for src, w in moved:  # each advance in the step (a step unrolled by hand advances it once a block)
+        step = reader.read(cst.parse_expression(src))
+        if step is None or step.get((name,)) != 1:
+            return None
+        added = {m_: c for m_, c in step.items() if m_ != (name,)}
+        total = poly_add(total, added)
+        if at is not None and _before(w, at):
+            start = poly_add(start, added)  # where the load reads: past the advances before it
+    return start, total
 
 
 def _check_range_start(an: KernelAnalysis, loop: tuple[Where, Where], header: str, a, rule: str) -> None:
@@ -1677,7 +1707,7 @@ def _check_range_start(an: KernelAnalysis, loop: tuple[Where, Where], header: st
     starts further in (`range(BLOCK_K, K, BLOCK_K)`, `range(K // 2, K, ...)`) leaves out the first columns of each
     rank's slice, not of the full K."""
     try:
-        args = [x.value for x in cst.parse_expression(header).args if x.keyword is None]  # type: ignore
+        args = _range_args(cst.parse_expression(header))  # type: ignore
     except (cst.ParserSyntaxError, AttributeError):
         return
     if len(args) != 3 or m.matches(_bare(_bound_value(an, args[0], params_only=False)), m.Integer("0")):
@@ -1713,8 +1743,7 @@ def _check_step_blocks(an: KernelAnalysis, summing, targets: dict, a, rule: str)
             continue
         header = _loop_header(an, loop)
         try:
-            args = [_bound_value(an, x.value, params_only=False) for x in cst.parse_expression(header).args
-                    if x.keyword is None]  # type: ignore[attr-defined]
+            args = [_bound_value(an, x, params_only=False) for x in _range_args(cst.parse_expression(header))]
         except (cst.ParserSyntaxError, AttributeError):
             continue
         ranged = len(args) == 3 and not down
@@ -1737,17 +1766,26 @@ def _check_step_blocks(an: KernelAnalysis, summing, targets: dict, a, rule: str)
             if not load.steps or load.helper or load.root is None:
                 continue
             blocks, direct = [], []  # direct: blocks moved by the target itself, which moves by `count` in a range
-            if load.blocks:  # a descriptor's block of each offset, moved along K by what the step adds to it
-                for node, block in zip(load.offsets, load.blocks, strict=True):
+            if load.blocks or len(load.offsets) > 1:  # a descriptor's block of each offset, moved along K
+                for node, block in zip(load.offsets, load.blocks or (None,) * len(load.offsets), strict=True):
                     poly = reader.read(node)
                     if poly is None or down:
                         continue
+                    width = _product_of(_factor_codes(cst.parse_expression(block))) if block else None
+                    for name in sorted({x for m_ in poly for x in m_ if x in carried and x != target}):
+                        read = _moved(an, name, loop, reader, load.site)  # an offset the loop advances
+                        if read is None or len(read[1]) != 1 or any(
+                                _placed(an, x) for p_ in read for m_ in p_ for x in m_):
+                            continue
+                        begin = (0, ()) if not read[0] else _product_of(*next(iter(read[0].items()))) if len(
+                            read[0]) == 1 else None
+                        blocks.append((width, _product_of(*next(iter(read[1].items()))), True, begin))
                     moved = [(_less(m_, (target,)), c) for m_, c in poly.items() if m_.count(target) == 1]
                     rest = [(m_, c) for m_, c in poly.items() if target not in m_]
                     if len(moved) != 1 or moved[0][0] is None or any(_placed(an, x) for m_, _ in rest for x in m_):
                         continue  # not moved along K by the step alone (a split-K program's start: not read)
                     begin = (0, ()) if not rest else _product_of(*rest[0]) if len(rest) == 1 else None
-                    direct.append((_product_of(_factor_codes(cst.parse_expression(block))),
+                    direct.append((_product_of(_factor_codes(cst.parse_expression(block))) if block else None,
                                    _product_of(*moved[0]), True, begin))
             else:
                 for node in load.offsets:
@@ -1755,7 +1793,7 @@ def _check_step_blocks(an: KernelAnalysis, summing, targets: dict, a, rule: str)
                     if poly is None:
                         continue
                     for name in sorted({x for m_ in poly for x in m_ if x in carried and x != target}):
-                        read = _moved(an, name, loop, reader)  # a pointer or offsets the loop advances
+                        read = _moved(an, name, loop, reader, load.site)  # a pointer or offsets the loop advances
                         if read is not None:
                             blocks += _column_blocks(an, read[0], read[1], None, load.root)
                     if not down and any(target in m_ for m_ in poly):
@@ -1764,7 +1802,7 @@ def _check_step_blocks(an: KernelAnalysis, summing, targets: dict, a, rule: str)
                 direct = [(w, (adv[0] * count[0], tuple(sorted(adv[1] + count[1]))), strided, begin)
                           for w, adv, strided, begin in direct]
             for width, advance, strided, begin in blocks + direct:
-                if strided or advance[1] == width[1]:
+                if strided or width is None or advance[1] == width[1]:
                     found.setdefault(load.root, []).append((width, advance, begin, load.site))
         _refuse_gaps(found, count, loop, header, a, rule)
 
@@ -1776,18 +1814,23 @@ def _refuse_gaps(found: dict[str, list], count: tuple[int, tuple[str, ...]], loo
     advances = []
     for root, blocks in found.items():
         widths, moves = {b[0] for b in blocks}, {b[1] for b in blocks}
-        if len(widths) != 1 or len(moves) != 1 or any(b[2] is None for b in blocks):
-            continue  # blocks of several widths, or a start of several terms: not read
+        if len(widths) > 1 and None in widths:
+            widths.discard(None)
+        if len(widths) != 1 or len(moves) != 1:
+            continue  # blocks of several widths: not read
         (width,), (advance,) = widths, moves
-        starts = sorted({b[2] for b in blocks})
-        places = sorted(s_[0] // width[0] if s_ == (0, ()) or (s_[1] == width[1] and s_[0] % width[0] == 0) else -1
-                        for s_ in starts)
+        starts = sorted({b[2] for b in blocks}, key=lambda s_: (s_ is None, s_ or (0, ())))
+        if width is None:  # a descriptor whose block TileLink does not see: as wide as each step moves by its loads
+            width = (advance[0] // len(starts), advance[1]) if advance[0] % len(starts) == 0 else advance
+        places = sorted(s_[0] // width[0] if s_ == (0, ()) or (
+            s_ is not None and s_[1] == width[1] and s_[0] % width[0] == 0) else -1 for s_ in starts)
         site = blocks[0][3]
         if places != list(range(len(places))):
             shifted = next(s_ for s_ in starts if s_ != (0, ()))
             raise AnnotationError(
                 f"the load at line {next(b[3] for b in blocks if b[2] == shifted).line} reads `{root}`'s columns "
-                f"along K from `{_show_product(shifted)}` on, past where the step's block starts, on each step of "
+                f"along K from `{_show_product(shifted) if shifted else 'a start of several terms'}` on, past "
+                f"where the step's block starts, on each step of "
                 f"the loop at line {loop[0].line}, which sums the partial sums of {a.tensor!r}: each rank runs that "
                 f"loop over its own slice of K, so it leaves out (or reads twice) other columns of each rank's slice "
                 f"than of the full K, and the sum {rule} makes over the ranks would not be the full problem's value",
@@ -3315,6 +3358,7 @@ def _read_summing_loads(an: KernelAnalysis, loop: tuple[Where, Where], outside: 
             made = _made_address(an, _bare(base).value) if not pointer and isinstance(_bare(base), cst.Name) else None
             shape = _arg(made, 3, "block_shape") if made is not None and m.matches(made.func, m.Attribute(
                 attr=m.Name("make_tensor_descriptor"))) else None
+            shape = _bare(_bound_value(an, shape, params_only=False)) if shape is not None else None
             blocks = tuple(code(e.value).strip() for e in shape.elements) if isinstance(
                 shape, (cst.List, cst.Tuple)) and len(shape.elements) == len(offsets) else ()
             found.append(_Load(site, offsets, _address_root(an, base), steps, reads, blocks=blocks))

@@ -568,3 +568,57 @@ def test_a_split_over_tile_counts_builds() -> None:
         "    tl.store(c_ptr", "    tl.atomic_add(c_ptr")
     built = _generate(source)
     assert "tl.atomic_add" in built.text, built.text
+
+
+OFFSETS_ADVANCED = '''    offs_k = tl.arange(0, BLOCK_K)
+    for k in range(0, tl.cdiv(K, {count})):
+{steps}'''
+OFFSETS_STEP = '''        a = tl.load(a_ptr + rm[:, None] * stride_am + offs_k[None, :] * stride_ak,
+                    mask=(rm[:, None] < M) & (offs_k[None, :] < K), other=0.0)
+        b = tl.load(b_ptr + offs_k[:, None] * stride_bk + rn[None, :] * stride_bn,
+                    mask=(offs_k[:, None] < K) & (rn[None, :] < N), other=0.0)
+        acc = tl.dot(a, b, acc)
+        offs_k += BLOCK_K'''
+RANGED_BY_KEYWORD = '''    offs_k = tl.arange(0, BLOCK_K)
+    a_ptrs = a_ptr + rm[:, None] * stride_am + offs_k[None, :] * stride_ak
+    b_ptrs = b_ptr + offs_k[:, None] * stride_bk + rn[None, :] * stride_bn
+    for k in tl.range(0, K, step={step}):
+        a = tl.load(a_ptrs, mask=(rm[:, None] < M) & (offs_k[None, :] < K - k), other=0.0)
+        b = tl.load(b_ptrs, mask=(offs_k[:, None] < K - k) & (rn[None, :] < N), other=0.0)
+        acc = tl.dot(a, b, acc)
+        a_ptrs += BLOCK_K * stride_ak
+        b_ptrs += BLOCK_K * stride_bk'''
+
+
+@pytest.mark.parametrize("loop, says", [
+    # `tl.range`'s step given by keyword
+    (RANGED_BY_KEYWORD.format(step="2 * BLOCK_K"), r"moves by `2 \* BLOCK_K` a step .* while the load at line \d+ "
+                                                   r"reads `BLOCK_K` columns"),
+    # an offsets vector advanced twice a step, past the block read between
+    (OFFSETS_ADVANCED.format(count="BLOCK_K", steps=OFFSETS_STEP + "\n        offs_k += BLOCK_K"),
+     r"reads `BLOCK_K` columns of `a_ptr` along K .* moves them by `2 \* BLOCK_K` a step"),
+    # a start of two terms
+    (_short("K", MASKED).replace("(start_k + tl.arange(0, BLOCK_K))",
+                                 "(start_k + BLOCK_K - 8 + tl.arange(0, BLOCK_K))"),
+     r"reads `a_ptr`'s columns along K from `a start of several terms` on"),
+    # a descriptor's block shape through a name
+    (DESCRIBED.format(count="BLOCK_K").replace("block_shape=[BLOCK_M, BLOCK_K])", "block_shape=a_block)").replace(
+        "    a_desc =", "    a_block = [BLOCK_M, BLOCK_K]\n    a_desc =").replace("k * BLOCK_K]", "k * 2 * BLOCK_K]"),
+     r"reads `BLOCK_K` columns of `a_ptr` along K .* moves them by `2 \* BLOCK_K` a step"),
+])
+def test_steps_read_through_names_and_keywords_must_tile_k(loop: str, says: str) -> None:
+    """Gaps behind `tl.range(..., step=...)`, two advances of one offsets vector, a start of two terms, and a
+    descriptor whose block shape is a name: each built and gave sums 12 to 25 away from the kernel's at world 2."""
+    with pytest.raises(AnnotationError, match=says):
+        _generate(PEELED.format(rule="reduce_scatter", loop=loop))
+
+
+@pytest.mark.parametrize("loop", [
+    RANGED_BY_KEYWORD.format(step="BLOCK_K"),
+    OFFSETS_ADVANCED.format(count="2 * BLOCK_K", steps=OFFSETS_STEP + "\n" + OFFSETS_STEP),  # unrolled by hand
+    "    K = tl.multiple_of(K, 16)\n" + _short("K", MASKED),
+    "    K = K.to(tl.int64)\n" + _short("K", MASKED),
+])
+def test_steps_that_tile_k_through_names_and_keywords_build(loop: str) -> None:
+    built = _generate(PEELED.format(rule="reduce_scatter", loop=loop))
+    assert "producer_tile_notify" in built.text, built.text
