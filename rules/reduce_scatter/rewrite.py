@@ -1578,14 +1578,12 @@ def _check_whole_extent(an: KernelAnalysis, summing, targets: dict, a, rule: str
                      and not m.matches(widened_value(_bare(cst.parse_expression(src))), m.Name(value.value))]
             if binds:
                 at = next((w for _, w in binds if w is not None), None)
-                raise AnnotationError(
-                    f"the loop at line {loop[0].line}, which sums the partial sums of {a.tensor!r}, runs over "
-                    f"`{value.value}`, which the kernel binds again{f' at line {at.line}' if at else ''}: "
-                    f"TileLink reads the K extent of a loop that sums as the argument the call passes (each rank "
-                    f"passes its own slice's), and a value bound in the kernel may cover another part of it",
-                    file=loop[0].file, line=loop[0].line, column=loop[0].column,
-                    hint=f"loop over the argument itself (`range(0, {value.value}, BLOCK_K)`), and give the value "
-                         f"the kernel computes a name of its own")
+                raise _loop_refused(
+                    loop, a, rule, f"runs over `{value.value}`, which the kernel binds again"
+                                   f"{f' at line {at.line}' if at else ''}",
+                    "a value the kernel binds may cover another part of each rank's slice than the argument the call "
+                    "passes", f"loop over the argument itself (`range(0, {value.value}, BLOCK_K)`), and give the value "
+                              f"the kernel computes a name of its own")
             if not down:  # `range(K, 0, -BLOCK_K)` counts what is left: it starts at the extent itself
                 _check_range_start(an, loop, header, a, rule)
             continue
@@ -1596,14 +1594,11 @@ def _check_whole_extent(an: KernelAnalysis, summing, targets: dict, a, rule: str
             continue  # refused as a peeled last step, naming its load (_check_k_offsets)
         said, value = code(_bare(extent)).strip(), code(_bare(_bound_value(an, extent, params_only=False))).strip()
         through = f" (`{said} = {value}`)" if value != said else ""
-        raise AnnotationError(
-            f"the loop at line {loop[0].line}, which sums the partial sums of {a.tensor!r}, runs over `{said}`"
-            f"{through}, not over the K extent the call passes: each rank runs it over its own slice of K, so it "
-            f"covers `{said}` of each rank's slice, not of the full K, and the sum {rule} makes over the ranks would "
-            f"not be the full problem's value",
-            file=loop[0].file, line=loop[0].line, column=loop[0].column,
-            hint="loop over all of K (`range(0, K, BLOCK_K)`, or `range(0, tl.cdiv(K, BLOCK_K))`) and mask the last "
-                 "step's columns by K (`mask=offs_k[None, :] < K - k * BLOCK_K`, `other=0.0`)")
+        raise _loop_refused(
+            loop, a, rule, f"runs over `{said}`{through}, not over the K extent the call passes",
+            f"it covers `{said}` of each rank's slice, not of the full K",
+            "loop over all of K (`range(0, K, BLOCK_K)`, or `range(0, tl.cdiv(K, BLOCK_K))`) and mask the last step's "
+            "columns by K (`mask=offs_k[None, :] < K - k * BLOCK_K`, `other=0.0`)")
 
 
 def _product_of(factors: tuple[str, ...], coefficient: int = 1) -> tuple[int, tuple[str, ...]]:
@@ -1715,12 +1710,9 @@ def _check_range_start(an: KernelAnalysis, loop: tuple[Where, Where], header: st
     start = code(_bare(args[0])).strip()
     if _placed(an, start):
         return
-    raise AnnotationError(
-        f"the loop at line {loop[0].line}, which sums the partial sums of {a.tensor!r}, starts at `{start}` "
-        f"(`{header}`), not at 0: each rank runs it over its own slice of K, so it leaves out the first `{start}` "
-        f"columns of each rank's slice, not of the full K, and the sum {rule} makes over the ranks would not be the "
-        f"full problem's value", file=loop[0].file, line=loop[0].line, column=loop[0].column,
-        hint="start the loop at 0 (`range(0, K, BLOCK_K)`) and mask the last step's columns by K")
+    raise _loop_refused(loop, a, rule, f"starts at `{start}` (`{header}`), not at 0",
+                        f"it leaves out the first `{start}` columns of each rank's slice, not of the full K",
+                        "start the loop at 0 (`range(0, K, BLOCK_K)`) and mask the last step's columns by K")
 
 
 def _check_step_blocks(an: KernelAnalysis, summing, targets: dict, a, rule: str) -> None:
@@ -1827,42 +1819,55 @@ def _refuse_gaps(found: dict[str, list], count: tuple[int, tuple[str, ...]], loo
         site = blocks[0][3]
         if places != list(range(len(places))):
             shifted = next(s_ for s_ in starts if s_ != (0, ()))
-            raise AnnotationError(
-                f"the load at line {next(b[3] for b in blocks if b[2] == shifted).line} reads `{root}`'s columns "
-                f"along K from `{_show_product(shifted) if shifted else 'a start of several terms'}` on, past "
-                f"where the step's block starts, on each step of "
-                f"the loop at line {loop[0].line}, which sums the partial sums of {a.tensor!r}: each rank runs that "
-                f"loop over its own slice of K, so it leaves out (or reads twice) other columns of each rank's slice "
-                f"than of the full K, and the sum {rule} makes over the ranks would not be the full problem's value",
-                file=site.file, line=site.line, column=site.column,
-                hint=f"read each step's block from where the step starts (`k * {_show_product(width)} + tl.arange(0, "
-                     f"{_show_product(width)})`); a step unrolled by hand reads its blocks at 0, "
-                     f"{_show_product(width)}, ... of the step")
+            raise _step_refused(
+                next(b[3] for b in blocks if b[2] == shifted), loop, a, rule,
+                f"reads `{root}`'s columns along K from "
+                f"`{_show_product(shifted) if shifted else 'a start of several terms'}` on, past where the step's "
+                f"block starts", "", "it leaves out (or reads twice) other columns of each rank's slice than of the "
+                                     "full K",
+                f"read each step's block from where the step starts (`k * {_show_product(width)} + tl.arange(0, "
+                f"{_show_product(width)})`); a step unrolled by hand reads its blocks at 0, {_show_product(width)}, "
+                f"... of the step")
         whole = (width[0] * len(places), width[1])
         if advance != whole:
-            raise AnnotationError(
-                f"the load at line {site.line} reads `{_show_product(whole)}` columns of `{root}` along K on each "
-                f"step of the loop at line {loop[0].line}, which sums the partial sums of {a.tensor!r}, and moves "
-                f"them by `{_show_product(advance)}` a step: each rank runs that loop over its own slice of K, so the "
-                f"columns the steps leave out or read twice are other columns on each rank than on the full K, and the "
-                f"sum {rule} makes over the ranks would not be the full problem's value",
-                file=site.file, line=site.line, column=site.column,
-                hint=f"move the columns by the block's width on each step (`k * {_show_product(whole)} + "
-                     f"tl.arange(0, {_show_product(whole)})`, a descriptor's offset `k * {_show_product(whole)}`, or "
-                     f"a pointer advanced by `{_show_product(whole)}` columns), and count the steps by it "
-                     f"(`range(0, tl.cdiv(K, {_show_product(whole)}))`)")
+            raise _step_refused(
+                site, loop, a, rule, f"reads `{_show_product(whole)}` columns of `{root}` along K",
+                f", and moves them by `{_show_product(advance)}` a step",
+                "the columns the steps leave out or read twice are other columns on each rank than on the full K",
+                f"move the columns by the block's width on each step (`k * {_show_product(whole)} + tl.arange(0, "
+                f"{_show_product(whole)})`, a descriptor's offset `k * {_show_product(whole)}`, or a pointer advanced "
+                f"by `{_show_product(whole)}` columns), and count the steps by it (`range(0, tl.cdiv(K, "
+                f"{_show_product(whole)}))`)")
         advances.append((advance, site))
     if advances and count != (1, ()) and all(adv != count for adv, _ in advances):
         advance, site = advances[0]
-        raise AnnotationError(
-            f"the loop at line {loop[0].line}, which sums the partial sums of {a.tensor!r}, moves by "
-            f"`{_show_product(count)}` a step (`{header}`), while the load at line {site.line} reads "
-            f"`{_show_product(advance)}` columns along K a step: each rank runs that loop over its own slice of K, "
-            f"so its steps cover another part of each rank's slice than of the full K, and the sum {rule} makes "
-            f"over the ranks would not be the full problem's value",
-            file=loop[0].file, line=loop[0].line, column=loop[0].column,
-            hint=f"step the loop by the block's width: `range(0, tl.cdiv(K, {_show_product(advance)}))` or "
-                 f"`range(0, K, {_show_product(advance)})`")
+        raise _loop_refused(
+            loop, a, rule, f"moves by `{_show_product(count)}` a step (`{header}`), while the load at line "
+                           f"{site.line} reads `{_show_product(advance)}` columns along K a step",
+            "its steps cover another part of each rank's slice than of the full K",
+            f"step the loop by the block's width: `range(0, tl.cdiv(K, {_show_product(advance)}))` or "
+            f"`range(0, K, {_show_product(advance)})`")
+
+
+def _step_refused(site: Where, loop: tuple[Where, Where], a, rule: str, reads: str, after: str, why: str,
+                  hint: str) -> AnnotationError:
+    """The refusal of a load whose steps do not tile K (:func:`_refuse_gaps`): what it ``reads`` a step, and ``why``,
+    on each rank's own slice of K, the ranks' sum is then not the full problem's value."""
+    return AnnotationError(
+        f"the load at line {site.line} {reads} on each step of the loop at line {loop[0].line}, which sums the partial "
+        f"sums of {a.tensor!r}{after}: each rank runs that loop over its own slice of K, so {why}, and the sum {rule} "
+        f"makes over the ranks would not be the full problem's value", file=site.file, line=site.line,
+        column=site.column, hint=hint)
+
+
+def _loop_refused(loop: tuple[Where, Where], a, rule: str, what: str, why: str, hint: str) -> AnnotationError:
+    """The refusal of a loop that sums the partial sums of ``a``'s tensor: ``what`` it does, and ``why``, on each
+    rank's own slice of K, the ranks' sum is then not the full problem's value."""
+    return AnnotationError(
+        f"the loop at line {loop[0].line}, which sums the partial sums of {a.tensor!r}, {what}: each rank runs it "
+        f"over its own slice of K, so {why}, and the sum {rule} makes over the ranks would not be the full problem's "
+        f"value", file=loop[0].file, line=loop[0].line, column=loop[0].column, hint=hint)
+
 
 def _extent_shaped(an: KernelAnalysis, term: cst.BaseExpression, stored: set[str]) -> bool:
     """Whether a mask term in a `while` loop (whose step TileLink does not read) has the form of a bound of the K
