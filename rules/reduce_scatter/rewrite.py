@@ -1505,8 +1505,12 @@ def _check_k_masks(an: KernelAnalysis, a, rule: str) -> None:
     slice, not in the full K: the ranks' sum is not the full problem's value. Refused."""
     targets = _loop_targets(an)
     summing = _summing_loops(an)
-    _check_whole_extent(an, summing, targets, a, rule)
-    _check_step_blocks(an, summing, targets, a, rule)
+    if not an.__dict__.setdefault("_k_tiling_read", False):
+        # the loops' own checks, once per analysis: they read the loops, not the store (the frozen analysis' own
+        # dict keeps that they ran, as _summing_loads keeps its answers)
+        _check_whole_extent(an, summing, targets, a, rule)
+        _check_step_blocks(an, summing, targets, a, rule)
+        an.__dict__["_k_tiling_read"] = True
     # the names the store's address reads, through their values: the output's own offsets
     stored = _names_through(an, cst.parse_expression(a.pointer), outside_loops=False)
     # in source order, so that the first load refused is the one reported, on every build
@@ -1565,7 +1569,7 @@ def _check_whole_extent(an: KernelAnalysis, summing, targets: dict, a, rule: str
         header = _loop_header(an, loop)
         if extent is None:
             continue
-        value = _bare(_bound_value(an, extent, params_only=False))
+        bound = value = _bare(_bound_value(an, extent, params_only=False))
         if isinstance(value, cst.Call) and m.matches(value.func, m.Attribute(attr=m.Name("cdiv"))) or \
                 _ceil_divided(value) is not None:
             # a count of K's blocks over which a split-K program takes every S-th (`range(pid_k, k_tiles, SPLIT_K)`,
@@ -1592,7 +1596,7 @@ def _check_whole_extent(an: KernelAnalysis, summing, targets: dict, a, rule: str
         if any(load.root in stepped and _peeled(an, loop, header, load)
                for load in _summing_loads(an, loop, outside=True)[0]):
             continue  # refused as a peeled last step, naming its load (_check_k_offsets)
-        said, value = code(_bare(extent)).strip(), code(_bare(_bound_value(an, extent, params_only=False))).strip()
+        said, value = code(_bare(extent)).strip(), code(bound).strip()
         through = f" (`{said} = {value}`)" if value != said else ""
         raise _loop_refused(
             loop, a, rule, f"runs over `{said}`{through}, not over the K extent the call passes",
@@ -1611,6 +1615,14 @@ def _product_of(factors: tuple[str, ...], coefficient: int = 1) -> tuple[int, tu
         else:
             names.append(f)
     return coefficient, tuple(sorted(names))
+
+
+def _single_product(poly: Poly) -> tuple[int, tuple[str, ...]] | None:
+    """A sum of products as one product: ``(0, ())`` for no term, the term's product for one, ``None`` for more."""
+    if len(poly) != 1:
+        return None if poly else (0, ())
+    ((monomial, coefficient),) = poly.items()
+    return _product_of(monomial, coefficient)
 
 
 def _show_product(product: tuple[int, tuple[str, ...]]) -> str:
@@ -1769,16 +1781,12 @@ def _check_step_blocks(an: KernelAnalysis, summing, targets: dict, a, rule: str)
                         if read is None or len(read[1]) != 1 or any(
                                 _placed(an, x) for p_ in read for m_ in p_ for x in m_):
                             continue
-                        begin = (0, ()) if not read[0] else _product_of(*next(iter(read[0].items()))) if len(
-                            read[0]) == 1 else None
-                        blocks.append((width, _product_of(*next(iter(read[1].items()))), True, begin))
+                        blocks.append((width, _single_product(read[1]), True, _single_product(read[0])))
                     moved = [(_less(m_, (target,)), c) for m_, c in poly.items() if m_.count(target) == 1]
-                    rest = [(m_, c) for m_, c in poly.items() if target not in m_]
-                    if len(moved) != 1 or moved[0][0] is None or any(_placed(an, x) for m_, _ in rest for x in m_):
+                    rest = {m_: c for m_, c in poly.items() if target not in m_}
+                    if len(moved) != 1 or moved[0][0] is None or any(_placed(an, x) for m_ in rest for x in m_):
                         continue  # not moved along K by the step alone (a split-K program's start: not read)
-                    begin = (0, ()) if not rest else _product_of(*rest[0]) if len(rest) == 1 else None
-                    direct.append((_product_of(_factor_codes(cst.parse_expression(block))) if block else None,
-                                   _product_of(*moved[0]), True, begin))
+                    direct.append((width, _product_of(*moved[0]), True, _single_product(rest)))
             else:
                 for node in load.offsets:
                     poly = reader.read(node)
