@@ -280,6 +280,12 @@ class ReduceScatterLaunch(LaunchPlan):
     #: zeros of the same layout in their place (``rules.reduce_scatter.rewrite.first_rank_terms``), and the sum
     #: over the ranks adds them once, as vLLM's row-parallel linear adds its bias on rank 0 only
     first_rank_only: tuple[str, ...] = ()
+    #: what a split-K loop's steps ask of the grid, ``(programs, axis, line, step)``: each program along the grid axis
+    #: ``axis`` starts its K blocks at its index's place and moves by ``step`` (source) a step, ``programs`` (source
+    #: over the arguments, `SPLIT_K`) times its blocks (``rules.reduce_scatter.rewrite.split_steps``): its programs
+    #: tile K only where the grid has ``programs`` of them along ``axis``, which each call with more than one rank
+    #: checks (a rank's own slice would otherwise lose or repeat other columns than the full K does)
+    split_steps: tuple[tuple[str, int, int, str], ...] = ()
 
     def adds(self, values: Mapping[str, Any]) -> bool:
         """Whether a launch with the constexpr arguments ``values`` takes the split-K write-back (``tl.atomic_add``):
@@ -296,6 +302,10 @@ class ReduceScatterLaunch(LaunchPlan):
             isinstance(e, tuple) and len(e) == 7 and all(isinstance(x, str) for x in (*e[:5], e[6])) and all(e[:2])
             and bool(e[2]) == bool(e[3]) and _positive(e[5]) for e in self.stored_tiles),
             "a tuple of (row start, rows, column start, columns, test, line, stored per row)")
+        self._check("split_steps", isinstance(self.split_steps, tuple) and all(
+            isinstance(e, tuple) and len(e) == 4 and isinstance(e[0], str) and e[0] and type(e[1]) is int
+            and 0 <= e[1] <= 2 and _positive(e[2]) and isinstance(e[3], str) for e in self.split_steps),
+            "a tuple of (programs, axis, line, step)")
         self._check("first_rank_only", isinstance(self.first_rank_only, tuple) and all(
             _name(e) for e in self.first_rank_only), "a tuple of parameter names")
         self._check("sums_dtypes", isinstance(self.sums_dtypes, tuple) and all(

@@ -133,6 +133,8 @@ class AllReduceLauncher(ReduceScatterLauncher):
     def launch(self, grid, bound: dict) -> None:
         self.refuse_epilogue(bound)
         world = self.world()
+        if world.world_size > 1:
+            self.check_split_steps(grid, bound)
         ctx = self.context(bound, grid)
         ctx.streams.follow_caller(world.device)
         if world.world_size == 1:  # the output is the whole result (captured too: every wait passes)

@@ -497,6 +497,8 @@ class ReduceScatterLauncher(Launcher):
     def launch(self, grid, bound: dict) -> None:
         self.refuse_epilogue(bound)
         world = self.world()
+        if world.world_size > 1:
+            self.check_split_steps(grid, bound)
         ctx = self.context(bound, grid)
         ctx.streams.follow_caller(world.device)
         if self.alone_call(bound, world):  # the output shard is the whole result
@@ -625,6 +627,41 @@ class ReduceScatterLauncher(Launcher):
                               f"split count, or pass it as an argument of the call (SPLIT_K=...) rather than a "
                               f"configuration's")
         return next(iter(counts))
+
+    def check_split_steps(self, grid, bound: dict) -> None:
+        """Refuse a call whose grid does not have along a split axis the number of programs the kernel's split-K
+        loop steps over (``ReduceScatterLaunch.split_steps``: `pid_k * BLOCK_K + ...` moved by `BLOCK_K * SPLIT_K` a
+        step tiles K only with SPLIT_K programs along `pid_k`'s axis). The kernel alone would lose or repeat columns
+        of K the same way on the full problem; on each rank's slice it loses or repeats other columns, and the sum
+        over the ranks would be neither. With each autotuning configuration's and the heuristics' values, as the
+        grid sees them."""
+        if not self.plan.split_steps:
+            return
+        defaults = self.okernel.defaults
+        for meta, config in metas(self.kernel, bound):
+            meta = {**defaults, **meta}
+            try:
+                sizes = (tuple(grid(meta) if callable(grid) else grid) + (1, 1, 1))[:3]
+            except Exception as exc:  # noqa: BLE001 - reported with the grid
+                raise LaunchError(f"{self.okernel.name}: cannot evaluate the grid from the arguments to check the K "
+                                  f"splits of its loop ({exc}); pass the grid as a tuple") from None
+            env = {n: getattr(v, "value", v) for n, v in meta.items()}  # tl.constexpr(x): x
+            for programs, axis, line, step in self.plan.split_steps:
+                try:
+                    want = eval(programs, {"__builtins__": {}}, env)  # noqa: S307 - a product of the parameters
+                except Exception as exc:  # noqa: BLE001 - reported with the step
+                    raise LaunchError(f"{self.okernel.name}: cannot evaluate `{programs}`, the number of K splits "
+                                      f"the loop at line {line} steps over, from the arguments ({exc}); pass the "
+                                      f"parameters it reads to the call") from None
+                if int(sizes[axis]) != want:
+                    where = "" if config == "the call's arguments" else f" (configuration {config})"
+                    raise LaunchError(
+                        f"{self.okernel.name}: the grid has {int(sizes[axis])} programs along axis {axis}, the K "
+                        f"splits, while the loop at line {line} steps over {want} of them (it moves each split's "
+                        f"columns by `{step}` a step, with `{programs}` = {want}{where}): its splits would leave out "
+                        f"or read twice other columns of each rank's slice of K than of the full K, and the sum over "
+                        f"the ranks would not be the kernel's value; launch as many programs along axis {axis} as the "
+                        f"loop steps over ({want}), or pass the count the grid has")
 
     def _split_count(self, grid) -> int:
         sizes = (tuple(grid) + (1, 1, 1))[:3]

@@ -1071,10 +1071,14 @@ def _loop_extent(an: KernelAnalysis, loop: tuple[Where, Where], target: str | No
         return _bound_value(an, args[0]), (), True
     if len(args) == 3 and m.matches(_bare(args[2]), m.Integer("1")):
         args = args[:2]  # `range(0, n, 1)` is `range(0, n)`
-    if len(args) == 3 and not m.matches(_bare(args[2]), m.UnaryOperation()):
+    ranged = len(args) == 3 and not m.matches(_bare(args[2]), m.UnaryOperation())
+    if ranged and _tile_count(an, args[1]) is None:
         # `range(start, X, F)`: `k` is the column the step starts at (a split's too)
         return _bound_value(an, args[1]), (), False
-    stop = args[0] if len(args) == 1 else args[1] if len(args) > 1 and m.matches(args[0], m.Integer("0")) else None
+    # `range(start, tl.cdiv(X, F), S)` (a split's `range(pid_k, k_tiles, SPLIT_K)`) counts tiles, as `range(0,
+    # tl.cdiv(X, F))` does
+    stop = args[1] if ranged else args[0] if len(args) == 1 else args[1] if len(args) > 1 and m.matches(
+        args[0], m.Integer("0")) else None
     if isinstance(stop, cst.Name) and stop.value in set(an.params) - set(an.constexpr_params):
         return stop, (), False  # `range(0, K)`: a column a step, `k` itself
     for _ in range(4):  # through a name bound once (`k_tiles = tl.cdiv(K, BLOCK_SIZE_K)`)
@@ -1089,13 +1093,20 @@ def _loop_extent(an: KernelAnalysis, loop: tuple[Where, Where], target: str | No
                 stop = sides[0]
             elif m.matches(_bare(sides[0]), m.Integer("0")):
                 stop = sides[1]
-    stop = _bare(stop) if stop is not None else None
-    if isinstance(stop, cst.Call) and m.matches(stop.func, m.Attribute(attr=m.Name("cdiv"))) and len(stop.args) == 2:
-        return _bare(stop.args[0].value), _factor_codes(stop.args[1].value), False
-    divided = _ceil_divided(stop) if stop is not None else None
-    if divided is not None:
-        return divided[0], _factor_codes(divided[1]), False
-    return None, (), False
+    counted = _tile_count(an, stop) if stop is not None else None
+    return (counted[0], _factor_codes(counted[1]), False) if counted is not None else (None, (), False)
+
+
+def _tile_count(an: KernelAnalysis, node: cst.BaseExpression) -> tuple[cst.BaseExpression, cst.BaseExpression] | None:
+    """``(X, F)`` where ``node`` is a count of F-wide tiles of X: `tl.cdiv(X, F)`, `(X + F - 1) // F`, through a name
+    bound once; ``None`` otherwise."""
+    for _ in range(4):
+        if isinstance(node, cst.Name) and node.value not in an.params and len(_bindings(an, node.value)) == 1:
+            node = cst.parse_expression(_bindings(an, node.value)[0][0])
+    node = _bare(node)
+    if isinstance(node, cst.Call) and m.matches(node.func, m.Attribute(attr=m.Name("cdiv"))) and len(node.args) == 2:
+        return _bare(node.args[0].value), node.args[1].value
+    return _ceil_divided(node)
 
 
 def _bound_value(an: KernelAnalysis, node: cst.BaseExpression, params_only: bool = True) -> cst.BaseExpression:
@@ -1640,18 +1651,19 @@ def _less(factors: tuple[str, ...], rest: tuple[str, ...]) -> tuple[str, ...] | 
     return tuple(left)
 
 
-def _column_blocks(an: KernelAnalysis, start: Poly, moves: Poly, moving: str | None, root: str | None
-                   ) -> list[tuple[tuple[int, tuple[str, ...]], tuple[int, tuple[str, ...]], bool,
-                                   tuple[int, tuple[str, ...]] | None]]:
-    """The blocks of K columns an address reads a step, each ``(width, advance, strided, start)``: a block is a term
-    ``tl.arange(0, W) * rest`` of ``start``; its advance on each step, the terms of ``moves`` that are ``rest`` times
-    more (read without the name ``moving``, the loop's target, where it is given); where it starts, the other terms
-    of ``start`` that are ``rest`` times more (``(0, ())``: none; ``None``: more than one), all as products.
+def _column_blocks(an: KernelAnalysis, start: Poly, moves: Poly, moving: str | None, root: str | None,
+                   axes: frozenset[int] = frozenset()) -> list[tuple]:
+    """The blocks of K columns an address reads a step, each ``(width, advance, strided, start, split)``: a block is
+    a term ``tl.arange(0, W) * rest`` of ``start``; its advance on each step, the terms of ``moves`` that are ``rest``
+    times more (read without the name ``moving``, the loop's target, where it is given); where it starts, the other
+    terms of ``start`` that are ``rest`` times more (``(0, ())``: none; ``None``: more than one), all as products.
     ``strided``: ``rest`` is not empty, so the advance is along the block's own stride (`k * BLOCK_K * stride_ak`
     beside `rk * stride_ak`), where without one an advance may be a row's (`b_ptr + k * N + offs_n` walks B's rows,
     `offs_n` its columns). A term that is another block's rest times more is that block's (the rows' `pid_m *
-    BLOCK_M * stride_am` beside `rm * stride_am`); so is the pointer ``root`` itself. A block that also starts at a
-    program's position (a split-K program's `pid_k * BLOCK_K`) is left out, not read."""
+    BLOCK_M * stride_am` beside `rm * stride_am`); so is the pointer ``root`` itself. ``split``: how far apart the
+    programs along a split-K axis (``axes``: the grid axes the write-back's address does not read) start, from a term
+    that is their index times more (`pid_k * BLOCK_K`), as ``(product, axis)``; ``None`` without one. A block that
+    also starts at another program's position is left out, not read."""
     aranges = [(m_[i], m_[:i] + m_[i + 1:], c) for m_, c in start.items()
                for i, atom in enumerate(m_) if atom.startswith("arange:") and sum(
                    x.startswith("arange:") for x in m_) == 1]
@@ -1664,22 +1676,61 @@ def _column_blocks(an: KernelAnalysis, start: Poly, moves: Poly, moving: str | N
         if not matched or width_coefficient != 1:
             continue  # not columns the steps move, or strided columns: not a block
         others = [r for a_, r, _ in aranges if (a_, r) != (atom, rest) and len(r) > len(rest)]
-        shifts, placed = [], False
+        shifts, placed, split = [], False, None
         for monomial, c in start.items():
             left = _less(monomial, rest)
             if left is None or atom in monomial or (moving is not None and moving in monomial) or \
                     monomial == (root,) or any(_less(monomial, r) is not None for r in others):
                 continue
             if any(_placed(an, x) for x in left):
-                placed = True
-                break
+                at = _split_offset({left: c}, an, axes)
+                if at is None or split is not None:
+                    placed = True
+                    break
+                split = (at[1], at[2])
+                continue
             shifts.append(_product_of(left, c))
         if placed:
             continue
         width = _product_of(_factor_codes(cst.parse_expression(atom[len("arange:"):])))
         begin = (0, ()) if not shifts else shifts[0] if len(shifts) == 1 else None
-        blocks += [(width, _product_of(left, c), bool(rest), begin) for left, c in matched]
+        blocks += [(width, _product_of(left, c), bool(rest), begin, split) for left, c in matched]
     return blocks
+
+
+def _split_axes(an: KernelAnalysis, a) -> frozenset[int]:
+    """The grid axes that split K for ``a``'s tensor: those no write of it reads in its address, whose programs add
+    into the same tile (a split-K write-back, ``tl.atomic_add``: :func:`split_k`), or store the same one, which each
+    launch allows one program along them only (``stored_tiles``: triton.ops.matmul's `if SPLIT_K == 1:` side)."""
+    addressed = _program_axes(an, [x.pointer for x in an.accesses_of(a.tensor, "store")])
+    return frozenset() if -1 in addressed else frozenset({0, 1, 2} - addressed)
+
+
+def _split_index(an: KernelAnalysis, atom: str, axes: frozenset[int]) -> int | None:
+    """The split axis ``atom`` is the index of (`tl.program_id(axis=1)`, one of ``axes``), or ``None``."""
+    node = _bare(cst.parse_expression(atom))
+    if not m.matches(node, m.Call(func=m.Attribute(value=m.Name("tl"), attr=m.Name("program_id")))):
+        return None
+    read = _program_axes(an, [atom])
+    return next(iter(read)) if len(read) == 1 and read <= axes else None
+
+
+def _split_offset(terms: Poly, an: KernelAnalysis, axes: frozenset[int]
+                  ) -> tuple[Poly, tuple[int, tuple[str, ...]], int] | None:
+    """``terms`` with one term a split index times a product (`pid_k * BLOCK_K`) as ``(the other terms, that product,
+    the split axis)``; ``None`` where no term is, or where a term reads another program's position (a tile's, a
+    loaded value, a loop's target) or the index twice."""
+    found, other = None, {}
+    for monomial, c in terms.items():
+        placed = [x for x in monomial if _placed(an, x)]
+        if not placed:
+            other[monomial] = c
+            continue
+        axis = _split_index(an, placed[0], axes) if len(placed) == 1 else None
+        if axis is None or found is not None:
+            return None
+        found = (_product_of(_less(monomial, (placed[0],)), c), axis)
+    return None if found is None else (other, found[0], found[1])
 
 
 def _moved(an: KernelAnalysis, name: str, loop: tuple[Where, Where], reader, at: Where | None = None
@@ -1710,9 +1761,10 @@ def _moved(an: KernelAnalysis, name: str, loop: tuple[Where, Where], reader, at:
 
 def _check_range_start(an: KernelAnalysis, loop: tuple[Where, Where], header: str, a, rule: str) -> None:
     """A loop that sums over `range(start, K, F)` must start at 0, or at a split-K program's own first column
-    (`pid_k * BLOCK_K`, whose steps are not read): each rank runs it over its own slice of K, so a loop that
-    starts further in (`range(BLOCK_K, K, BLOCK_K)`, `range(K // 2, K, ...)`) leaves out the first columns of each
-    rank's slice, not of the full K."""
+    (`pid_k * BLOCK_K`, `pid_k` a grid axis the write-back's address does not read; its steps are read by
+    :func:`_check_step_blocks`): each rank runs it over its own slice of K, so a loop that starts further in
+    (`range(BLOCK_K, K, BLOCK_K)`, `range(K // 2, K, ...)`), or at a tile's position (`range(pid_m * BLOCK_M, K,
+    BLOCK_K)`, a triangular product's), leaves out the first columns of each rank's slice, not of the full K."""
     try:
         args = _range_args(cst.parse_expression(header))  # type: ignore
     except (cst.ParserSyntaxError, AttributeError):
@@ -1720,11 +1772,17 @@ def _check_range_start(an: KernelAnalysis, loop: tuple[Where, Where], header: st
     if len(args) != 3 or m.matches(_bare(_bound_value(an, args[0], params_only=False)), m.Integer("0")):
         return
     start = code(_bare(args[0])).strip()
-    if _placed(an, start):
+    read = _Offsets(an).read(args[0])
+    split = _split_offset(read, an, _split_axes(an, a)) if read is not None else None
+    if split is not None and not split[0]:
         return
+    placed = read is not None and any(_placed(an, x) for m_ in read for x in m_)
     raise _loop_refused(loop, a, rule, f"starts at `{start}` (`{header}`), not at 0",
                         f"it leaves out the first `{start}` columns of each rank's slice, not of the full K",
-                        "start the loop at 0 (`range(0, K, BLOCK_K)`) and mask the last step's columns by K")
+                        "start the loop at 0 (`range(0, K, BLOCK_K)`) and mask the last step's columns by K"
+                        + ("; a split-K program may start at its own block (`range(pid_k * BLOCK_K, K, BLOCK_K * "
+                           "SPLIT_K)`, `pid_k` the program id of a grid axis the tl.atomic_add's address does not "
+                           "read)" if placed else ""))
 
 
 def _check_step_blocks(an: KernelAnalysis, summing, targets: dict, a, rule: str) -> None:
@@ -1737,9 +1795,13 @@ def _check_step_blocks(an: KernelAnalysis, summing, targets: dict, a, rule: str)
     of K: steps that leave columns out between them (`k * 2 * BLOCK_K + tl.arange(0, BLOCK_K)`), read some twice,
     start past the slice's first column (`k * BLOCK_K + BLOCK_K + ...`) or are counted by another width, leave out or
     repeat other columns on each rank than on the full K, and the ranks' sum is not the full problem's value.
-    Refused. Blocks TileLink does not read (strided columns, a start of several terms, a split-K program's own start,
-    an advance along another dim) are left to the other checks."""
-    reader = _Offsets(an)
+    Refused. A split-K program's blocks also start at its split index's place (`pid_k * BLOCK_K + ...`, or a range
+    from `pid_k * BLOCK_K`, `pid_k` in tiles): the programs must start n W apart and move by S n W a step, where S,
+    the number of programs along the split axis, is checked at each launch against the grid (``split_steps``, kept
+    in the analysis' own dict for :func:`split_steps`). Blocks TileLink does not read (strided columns, a start of
+    several terms, another program's position, an advance along another dim) are left to the other checks."""
+    reader, axes = _Offsets(an), _split_axes(an, a)
+    checked = an.__dict__.setdefault("_split_steps", [])
     for loop in sorted(summing, key=lambda lp: (lp[0].line, lp[0].column)):
         target = targets.get(loop)
         extent, factors, down = _loop_extent(an, loop, target)
@@ -1751,25 +1813,31 @@ def _check_step_blocks(an: KernelAnalysis, summing, targets: dict, a, rule: str)
         except (cst.ParserSyntaxError, AttributeError):
             continue
         ranged = len(args) == 3 and not down
+        started = None  # a split-K program's own start, `range(pid_k * BLOCK_K, K, ...)`: (its index's factor, axis)
         if ranged and not m.matches(_bare(args[0]), m.Integer("0")):
-            # a split-K program's own start (`range(pid_k * BLOCK_K, K, BLOCK_K * SPLIT_K)`; any other start is
-            # refused by _check_range_start): its steps, taken with the other programs' of the split, are not read
-            continue
+            split = _split_offset(reader.read(args[0]) or {}, an, axes)
+            if split is None or split[0]:
+                continue  # refused by _check_range_start
+            started = split[1:]
         if down:  # `range(K, 0, -F)`: what is left drops by F a step
             step = _bare(args[2])
             step = step.expression if isinstance(step, cst.UnaryOperation) else step
-            count = _product_of(tuple(f.lstrip("-") for f in _factor_codes(step)))
+            count = units = _product_of(tuple(f.lstrip("-") for f in _factor_codes(step)))
         else:
-            count = _product_of(_factor_codes(args[2]) if ranged else tuple(
-                f for x in factors for f in _factor_codes(_bound_value(an, cst.parse_expression(x),
-                                                                        params_only=False))))
+            # the columns of a tile where the range counts tiles (`tl.cdiv(K, BLOCK_K)`), one column where it counts
+            # columns (`range(0, K, BLOCK_K)`)
+            tile = _product_of(tuple(f for x in factors for f in _factor_codes(
+                _bound_value(an, cst.parse_expression(x), params_only=False))))
+            units = _product_of(_factor_codes(args[2])) if ranged else tile
+            # a range over a count of tiles with a step (`range(pid_k, k_tiles, SPLIT_K)`) moves by S tiles a step
+            count = _times(units, tile) if ranged else units
         loads, _, carried = _summing_loads(an, loop)
-        # each tensor's blocks: (width, advance, start, line)
+        # each tensor's blocks: (width, advance, start, line, split)
         found: dict[str, list] = {}
         for load in loads:
             if not load.steps or load.helper or load.root is None:
                 continue
-            blocks, direct = [], []  # direct: blocks moved by the target itself, which moves by `count` in a range
+            blocks, direct = [], []  # direct: blocks moved by the target itself, which moves by `units` in a range
             if load.blocks or len(load.offsets) > 1:  # a descriptor's block of each offset, moved along K
                 for node, block in zip(load.offsets, load.blocks or (None,) * len(load.offsets), strict=True):
                     poly = reader.read(node)
@@ -1778,15 +1846,16 @@ def _check_step_blocks(an: KernelAnalysis, summing, targets: dict, a, rule: str)
                     width = _product_of(_factor_codes(cst.parse_expression(block))) if block else None
                     for name in sorted({x for m_ in poly for x in m_ if x in carried and x != target}):
                         read = _moved(an, name, loop, reader, load.site)  # an offset the loop advances
-                        if read is None or len(read[1]) != 1 or any(
-                                _placed(an, x) for p_ in read for m_ in p_ for x in m_):
+                        if read is None or len(read[1]) != 1 or any(_placed(an, x) for m_ in read[1] for x in m_):
                             continue
-                        blocks.append((width, _single_product(read[1]), True, _single_product(read[0])))
+                        first, split = _unplaced(an, read[0], axes)
+                        if first is not None:
+                            blocks.append((width, _single_product(read[1]), True, _single_product(first), split))
                     moved = [(_less(m_, (target,)), c) for m_, c in poly.items() if m_.count(target) == 1]
-                    rest = {m_: c for m_, c in poly.items() if target not in m_}
-                    if len(moved) != 1 or moved[0][0] is None or any(_placed(an, x) for m_ in rest for x in m_):
-                        continue  # not moved along K by the step alone (a split-K program's start: not read)
-                    direct.append((width, _product_of(*moved[0]), True, _single_product(rest)))
+                    rest, split = _unplaced(an, {m_: c for m_, c in poly.items() if target not in m_}, axes)
+                    if len(moved) != 1 or moved[0][0] is None or rest is None:
+                        continue  # not moved along K by the step alone
+                    direct.append((width, _product_of(*moved[0]), True, _single_product(rest), split))
             else:
                 for node in load.offsets:
                     poly = reader.read(node)
@@ -1795,23 +1864,51 @@ def _check_step_blocks(an: KernelAnalysis, summing, targets: dict, a, rule: str)
                     for name in sorted({x for m_ in poly for x in m_ if x in carried and x != target}):
                         read = _moved(an, name, loop, reader, load.site)  # a pointer or offsets the loop advances
                         if read is not None:
-                            blocks += _column_blocks(an, read[0], read[1], None, load.root)
+                            blocks += _column_blocks(an, read[0], read[1], None, load.root, axes)
                     if not down and any(target in m_ for m_ in poly):
-                        direct += _column_blocks(an, poly, poly, target, load.root)
+                        direct += _column_blocks(an, poly, poly, target, load.root, axes)
             if ranged:
-                direct = [(w, (adv[0] * count[0], tuple(sorted(adv[1] + count[1]))), strided, begin)
-                          for w, adv, strided, begin in direct]
-            for width, advance, strided, begin in blocks + direct:
+                moved_direct = []
+                for w, adv, strided, begin, split in direct:
+                    if started is not None:  # the programs' first blocks, `pid_k * F` steps of the target apart
+                        if split is not None:
+                            continue  # both the range and the address start at the split: not read
+                        split = (_times(adv, started[0]), started[1])
+                    moved_direct.append((w, _times(adv, units), strided, begin, split))
+                direct = moved_direct
+            for width, advance, strided, begin, split in blocks + direct:
                 if strided or width is None or advance[1] == width[1]:
-                    found.setdefault(load.root, []).append((width, advance, begin, load.site))
-        _refuse_gaps(found, count, loop, header, a, rule)
+                    found.setdefault(load.root, []).append((width, advance, begin, load.site, split))
+        checked += _refuse_gaps(an, found, count, loop, header, a, rule)
 
 
-def _refuse_gaps(found: dict[str, list], count: tuple[int, tuple[str, ...]], loop: tuple[Where, Where], header: str,
-                 a, rule: str) -> None:
-    """Refuse the blocks of :func:`_check_step_blocks` (each tensor's ``(width, advance, start, site)``) that do not
-    tile K, or a loop ``count`` (what it moves by a step) that no tensor's blocks move by."""
-    advances = []
+def _times(x: tuple[int, tuple[str, ...]], y: tuple[int, tuple[str, ...]]) -> tuple[int, tuple[str, ...]]:
+    return x[0] * y[0], tuple(sorted(x[1] + y[1]))
+
+
+def _unplaced(an: KernelAnalysis, terms: Poly, axes: frozenset[int]
+              ) -> tuple[Poly | None, tuple[tuple[int, tuple[str, ...]], int] | None]:
+    """``terms`` as ``(its terms but a split index's, (that term's factor, the split axis))``: ``(terms, None)``
+    where none reads a program's position, ``(None, None)`` where one reads another's (a tile's, a loaded value)."""
+    if not any(_placed(an, x) for m_ in terms for x in m_):
+        return terms, None
+    split = _split_offset(terms, an, axes)
+    return (None, None) if split is None else (split[0], split[1:])
+
+
+def _divided(x: tuple[int, tuple[str, ...]], y: tuple[int, tuple[str, ...]]) -> tuple[int, tuple[str, ...]] | None:
+    """The product ``x / y``, where ``y`` divides it (its coefficient and each of its factors), else ``None``."""
+    left = _less(x[1], y[1])
+    return None if left is None or y[0] == 0 or x[0] % y[0] else (x[0] // y[0], left)
+
+
+def _refuse_gaps(an: KernelAnalysis, found: dict[str, list], count: tuple[int, tuple[str, ...]],
+                 loop: tuple[Where, Where], header: str, a, rule: str) -> list[tuple[str, int, int, str]]:
+    """Refuse the blocks of :func:`_check_step_blocks` (each tensor's ``(width, advance, start, site, split)``) that do
+    not tile K, or a loop ``count`` (what it moves by a step) that no tensor's blocks move by. Returns what a split-K
+    loop's steps ask of the launch: ``(the number of programs along the split axis, as source, that axis, the loop's
+    line, what it moves by a step)``."""
+    advances, splits = [], []
     for root, blocks in found.items():
         widths, moves = {b[0] for b in blocks}, {b[1] for b in blocks}
         if len(widths) > 1 and None in widths:
@@ -1837,7 +1934,18 @@ def _refuse_gaps(found: dict[str, list], count: tuple[int, tuple[str, ...]], loo
                 f"{_show_product(width)})`); a step unrolled by hand reads its blocks at 0, {_show_product(width)}, "
                 f"... of the step")
         whole = (width[0] * len(places), width[1])
-        if advance != whole:
+        split = {b[4] for b in blocks}
+        if len(split) > 1:
+            raise _step_refused(
+                site, loop, a, rule, f"reads `{root}`'s columns along K from a split-K program's position on some "
+                                     f"blocks and not on others", "",
+                "the programs along the split axis would read other columns of each rank's slice than of the full K",
+                "offset every block of K columns of every tensor by the same split position (`pid_k * BLOCK_K + "
+                "tl.arange(0, BLOCK_K)`)")
+        (split,) = split
+        if split is not None:
+            _split_tiles(an, split, whole, advance, root, site, loop, header, a, rule, splits)
+        elif advance != whole:
             raise _step_refused(
                 site, loop, a, rule, f"reads `{_show_product(whole)}` columns of `{root}` along K",
                 f", and moves them by `{_show_product(advance)}` a step",
@@ -1847,6 +1955,14 @@ def _refuse_gaps(found: dict[str, list], count: tuple[int, tuple[str, ...]], loo
                 f"by `{_show_product(whole)}` columns), and count the steps by it (`range(0, tl.cdiv(K, "
                 f"{_show_product(whole)}))`)")
         advances.append((advance, site))
+    if splits and len(found) != len({root for root, blocks in found.items() if {b[4] for b in blocks} != {None}}):
+        root = next(root for root, blocks in found.items() if {b[4] for b in blocks} == {None})
+        raise _step_refused(
+            found[root][0][3], loop, a, rule, f"reads `{root}`'s columns along K at the same place in every program "
+                                              f"along the split axis, while other tensors' move with it", "",
+            "the programs along the split axis would multiply other columns of each rank's slice than of the full K",
+            "offset every block of K columns of every tensor by the same split position (`pid_k * BLOCK_K + "
+            "tl.arange(0, BLOCK_K)`)")
     if advances and count != (1, ()) and all(adv != count for adv, _ in advances):
         advance, site = advances[0]
         raise _loop_refused(
@@ -1855,6 +1971,36 @@ def _refuse_gaps(found: dict[str, list], count: tuple[int, tuple[str, ...]], loo
             "its steps cover another part of each rank's slice than of the full K",
             f"step the loop by the block's width: `range(0, tl.cdiv(K, {_show_product(advance)}))` or "
             f"`range(0, K, {_show_product(advance)})`")
+    return [(programs, axis, loop[0].line, _show_product(advance)) for programs, axis, advance in
+            {(s_[0], s_[1], s_[2]) for s_ in splits}]
+
+
+def _split_tiles(an: KernelAnalysis, split, whole, advance, root: str, site: Where, loop, header: str, a, rule: str,
+                 splits: list) -> None:
+    """A split-K tensor's blocks (:func:`_refuse_gaps`): the programs along the split axis start ``whole`` columns
+    apart (``split``: their distance, and the axis) and each moves by a whole number S of such steps, S the number of
+    programs along that axis, which the launch checks against its grid (appended to ``splits``)."""
+    apart, axis = split
+    if apart != whole:
+        raise _step_refused(
+            site, loop, a, rule, f"reads `{_show_product(whole)}` columns of `{root}` along K",
+            f", and the programs along the split axis {axis} start `{_show_product(apart)}` columns apart",
+            "the programs would leave out or read twice other columns of each rank's slice than of the full K",
+            f"start each split's block where the one before ends: `pid_k * {_show_product(whole)} + tl.arange(0, "
+            f"{_show_product(whole)})`, moved by `{_show_product(whole)} * SPLIT_K` a step")
+    programs = _divided(advance, whole)
+    names = set(programs[1]) if programs else set()
+    counted = programs is not None and names <= set(an.params)
+    if not counted:
+        raise _step_refused(
+            site, loop, a, rule, f"reads `{_show_product(whole)}` columns of `{root}` along K",
+            f", and each program along the split axis {axis} moves them by `{_show_product(advance)}` a step, " + (
+                "no whole number of the programs' blocks" if programs is None else
+                f"`{_show_product(programs)}` times their blocks, a number TileLink cannot read at the launch"),
+            "the programs would leave out or read twice other columns of each rank's slice than of the full K",
+            f"move each program's block by `{_show_product(whole)} * SPLIT_K` a step, SPLIT_K a parameter equal to "
+            f"the grid's size along axis {axis}")
+    splits.append((_show_product(programs), axis, advance))
 
 
 def _step_refused(site: Where, loop: tuple[Where, Where], a, rule: str, reads: str, after: str, why: str,
@@ -3908,6 +4054,12 @@ def _program_axes(an: KernelAnalysis, sources: list[str]) -> set[int]:
     return axes
 
 
+def split_steps(an: KernelAnalysis) -> tuple[tuple[str, int, int, str], ...]:
+    """What the split-K loops' steps ask of the launch's grid (``ReduceScatterLaunch.split_steps``), as
+    :func:`_check_step_blocks` read them while the stores were checked."""
+    return tuple(sorted(set(an.__dict__.get("_split_steps", ()))))
+
+
 def split_k_note(an: KernelAnalysis, found: tuple[list[int], str] | None, rule: str) -> list[ReportEntry]:
     """The report's note on a split-K write-back (:func:`split_k`'s axes and test), none without one."""
     if found is None:
@@ -4055,7 +4207,7 @@ def rewrite(an: KernelAnalysis, spec: ReduceScatterSpec, options: Options) -> Re
                                  atomic_axes=None if found is None else tuple(found[0]),
                                  atomic_when="" if found is None else found[1], refused=refused,
                                  stored_tiles=stored_tiles(an, spec), sums_dtypes=sums_dtypes(an, spec),
-                                 first_rank_only=first_rank, rotations=rotations)
+                                 first_rank_only=first_rank, rotations=rotations, split_steps=split_steps(an))
     if opts.via == "sm" and opts.mode == "push" and spec.topk:
         raise AnnotationError("reduce_scatter with topk= reduces by pulling", file=an.file, line=an.where.line,
                               column=an.where.column, hint="drop mode='push' for the MoE reduction")

@@ -97,6 +97,7 @@ TILELINK_PLAN = {'persistent_matmul_kernel': {'algorithm': None,
                               'row_steps': [],
                               'rule': 'all_reduce',
                               'size_param': 'M',
+                              'split_steps': [],
                               'stored_tiles': [['(tl.range(tl.program_id(0), tl.cdiv(M, BLOCK_M) * '
                                                 '(tl.cdiv(N, BLOCK_N)), NUM_PROGRAMS, loop=18) // '
                                                 '(tl.cdiv(N, BLOCK_N))) * BLOCK_M',

@@ -102,6 +102,7 @@ TILELINK_PLAN = {'matmul_kernel': {'atomic_axes': None,
                    'row_steps': [],
                    'rule': 'reduce_scatter',
                    'size_param': 'M',
+                   'split_steps': [],
                    'stored_tiles': [['(tl.range(tl.program_id(0), (tl.cdiv(M, BLOCK_M) * '
                                      '(tl.cdiv(N, BLOCK_N))), NUM_SMS, loop=23) // (tl.cdiv(N, '
                                      'BLOCK_N))) * BLOCK_M',

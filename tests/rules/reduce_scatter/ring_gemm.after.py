@@ -120,6 +120,7 @@ TILELINK_PLAN = {'matmul_kernel': {'atomic_axes': None,
                    'row_steps': [],
                    'rule': 'reduce_scatter',
                    'size_param': 'M',
+                   'split_steps': [],
                    'stored_tiles': [['((((tl.program_id(0)) // (GROUP_M * (tl.cdiv(N, BLOCK_N)))) '
                                      '* GROUP_M) + (((tl.program_id(0)) % (GROUP_M * (tl.cdiv(N, '
                                      'BLOCK_N)))) % (min((tl.cdiv(M, BLOCK_M)) - '
