@@ -1759,6 +1759,48 @@ def _moved(an: KernelAnalysis, name: str, loop: tuple[Where, Where], reader, at:
     return start, total
 
 
+def _advanced(an: KernelAnalysis, name: str, loop: tuple[Where, Where], reader, at: Where
+              ) -> list[tuple[Poly, Poly, tuple[int, tuple[str, ...]]]] | None:
+    """A block pointer the loop moves (`p = tl.make_block_ptr(..., offsets=(o0, o1), block_shape=(b0, b1), ...)`
+    before it, `p = tl.advance(p, (d0, d1))` in it) as each dim's ``(its offset where the load at ``at`` reads, what a
+    step adds to it, its block's width)``; ``None`` where it is bound otherwise."""
+    binds = _bindings(an, name)
+    first = [src for src, w in binds if w is None or not _inside(w, loop)]
+    moved = [(src, w) for src, w in binds if w is not None and _inside(w, loop)]
+    made = _bare(cst.parse_expression(first[0])) if len(first) == 1 else None
+    if made is None or not m.matches(made, m.Call(func=m.Attribute(attr=m.Name("make_block_ptr")))) or not moved:
+        return None
+    if len(moved) > 1 and any(_inside(side.where, loop) for _, w in moved for side in an.branch_sides.get(w, ())):
+        return None  # advances under an `if`: a step may take some of them only
+    named = {a.keyword.value: a.value for a in made.args if a.keyword is not None}
+    places = ("base", "shape", "strides", "offsets", "block_shape", "order")
+    named.update((places[i], a.value) for i, a in enumerate(made.args) if a.keyword is None and i < len(places))
+    offsets, shape = (_bare(named.get(k)) for k in ("offsets", "block_shape"))
+    if not isinstance(offsets, (cst.Tuple, cst.List)) or not isinstance(shape, (cst.Tuple, cst.List)) or len(
+            offsets.elements) != len(shape.elements):
+        return None
+    starts = [reader.read(e.value) for e in offsets.elements]
+    steps: list[Poly] = [{} for _ in starts]
+    for src, w in moved:
+        step = _bare(cst.parse_expression(src))
+        if not m.matches(step, m.Call(func=m.Attribute(attr=m.Name("advance")), args=[m.Arg(m.Name(name)), m.Arg()])):
+            return None
+        deltas = _bare(step.args[1].value)
+        if not isinstance(deltas, (cst.Tuple, cst.List)) or len(deltas.elements) != len(starts):
+            return None
+        for i, e in enumerate(deltas.elements):
+            added = reader.read(e.value)
+            if added is None or starts[i] is None:
+                return None
+            steps[i] = poly_add(steps[i], added)
+            if _before(w, at):
+                starts[i] = poly_add(starts[i], added)  # where the load reads: past the advances before it
+    if any(x is None for x in starts):
+        return None
+    return [(start, step, _product_of(_factor_codes(e.value))) for start, step, e in zip(
+        starts, steps, shape.elements, strict=True)]
+
+
 def _check_range_start(an: KernelAnalysis, loop: tuple[Where, Where], header: str, a, rule: str) -> None:
     """A loop that sums over `range(start, K, F)` must start at 0, or at a split-K program's own first column
     (`pid_k * BLOCK_K`, `pid_k` a grid axis the write-back's address does not read; its steps are read by
@@ -1862,6 +1904,13 @@ def _check_step_blocks(an: KernelAnalysis, summing, targets: dict, a, rule: str)
                     if poly is None:
                         continue
                     for name in sorted({x for m_ in poly for x in m_ if x in carried and x != target}):
+                        if _made_address(an, name) is not None:  # a block pointer the loop moves by `tl.advance`
+                            for dim in _advanced(an, name, loop, reader, load.site) or ():
+                                first, split = _unplaced(an, dim[0], axes)
+                                if dim[1] and first is not None and len(dim[1]) == 1:
+                                    blocks.append((dim[2], _single_product(dim[1]), True, _single_product(first),
+                                                   split))
+                            continue
                         read = _moved(an, name, loop, reader, load.site)  # a pointer or offsets the loop advances
                         if read is not None:
                             blocks += _column_blocks(an, read[0], read[1], None, load.root, axes)
