@@ -2923,7 +2923,9 @@ def check_sliced_reads(an: KernelAnalysis, spec) -> None:
     # the sums' own bindings in those loops: their updates, and any other, which `_check_carried` judges (a scale in a
     # compile-time branch refuses only the launches that take it)
     sums = {name for name, _ in _summing_updates(an, summing)}
-    updates = {(name, w) for name in sums for _, w in _bindings(an, name) if _within(w, summing)}
+    # a peeled last step's updates are the loop's own (:func:`_verified_peel`)
+    peeled = frozenset().union(*(p.updates for lp in summing if (p := _verified_peel(an, lp)) is not None))
+    updates = {(name, w) for name in sums for _, w in _bindings(an, name) if _within(w, summing) or w in peeled}
 
     # why each name is the rank's own: the extent itself, a target or binding of a loop that sums, or a value read
     why: dict[str, str] = {n: "the K extent of the loop that sums, which each rank passes as its own slice's"
@@ -3760,6 +3762,251 @@ def _peeled(an: KernelAnalysis, loop: tuple[Where, Where], header: str, load: _L
         for n in read for src, w in _bindings(an, n))
 
 
+class _Peel(NamedTuple):
+    """A last step of K peeled out of a loop that sums (:func:`_verified_peel`)."""
+    loads: frozenset[Where]  # its loads of the tensors the loop steps along
+    updates: frozenset[Where]  # its updates of the sums, as the loop's own
+
+
+def _reaching(an: KernelAnalysis, name: str, loop: tuple[Where, Where], at: Where) -> str | None:
+    """The value of ``name`` at ``at``, after ``loop``: its last binding between the two, outside every loop; ``None``
+    where there is none."""
+    after = [(w, src) for src, w in _bindings(an, name) if w is not None and _before(loop[1], w) and _before(w, at)]
+    if not after or _within(max(after)[0], _loops(an)):
+        return None
+    return max(after, key=lambda x: (x[0].line, x[0].column))[1]
+
+
+def _expanded(an: KernelAnalysis, reader, poly: Poly, value_of) -> Poly | None:
+    """``poly`` with each atom that ``value_of`` gives a value (source) for replaced by that value's terms."""
+    out: Poly = {}
+    for monomial, c in poly.items():
+        term: Poly = {(): c}
+        for atom in monomial:
+            src = value_of(atom)
+            read = reader.read(cst.parse_expression(src)) if src is not None else {(atom,): 1}
+            if read is None:
+                return None
+            term = poly_mul(term, read)
+        out = poly_add(out, term)
+    return {m_: c for m_, c in out.items() if c}
+
+
+_PEEL_WIDTHS = (*range(1, 17), 32, 64, 128, 256)
+
+
+def _peel_start(an: KernelAnalysis, node: cst.BaseExpression, extent: str, width: cst.BaseExpression) -> bool:
+    """Whether ``node``, where a loop over `range(0, P, W)` stops and its peeled step starts, is a multiple of W
+    within W of the extent: ``K - W <= P <= K`` and ``P % W == 0`` for every K from 1 (`tl.cdiv(K, BLOCK_K) *
+    BLOCK_K - BLOCK_K`, `K // BLOCK_K * BLOCK_K`, `K - K % BLOCK_K`, through names bound once and helpers of one
+    `return`), so that the loop's blocks and the peeled one cover [0, K) once. ``node`` may read the extent, the
+    names of W and literals, with `+ - * // %`, `tl.cdiv`; it is checked for the block widths 1 to 16 and the powers
+    of two up to 256, and, each a quasi-affine function of K, over two of its periods."""
+    names = {n for n in names_in(width)} | {extent}
+
+    def value(x: cst.BaseExpression, env: dict[str, int], depth: int = 0) -> int | None:
+        x = _bare(x)
+        if depth > 12:
+            return None
+        if isinstance(x, cst.Integer):
+            return int(x.evaluated_value)
+        if isinstance(x, cst.Name):
+            if x.value in env:
+                return env[x.value]
+            binds = _bindings(an, x.value)
+            return value(cst.parse_expression(binds[0][0]), env, depth + 1) if len(binds) == 1 else None
+        if isinstance(x, cst.UnaryOperation) and isinstance(x.operator, cst.Minus):
+            v = value(x.expression, env, depth + 1)
+            return None if v is None else -v
+        if isinstance(x, cst.Call) and isinstance(x.func, cst.Name) and x.func.value in an.helpers:
+            written = _helper_return(an, x)
+            return None if written is None else value(written, env, depth + 1)
+        if isinstance(x, cst.Call) and m.matches(x.func, m.Attribute(attr=m.Name("cdiv"))) and len(x.args) == 2:
+            top, bottom = (value(a.value, env, depth + 1) for a in x.args)
+            return None if top is None or not bottom else -(-top // bottom)
+        if isinstance(x, cst.BinaryOperation):
+            left, right = value(x.left, env, depth + 1), value(x.right, env, depth + 1)
+            if left is None or right is None:
+                return None
+            op = x.operator
+            if isinstance(op, cst.Add):
+                return left + right
+            if isinstance(op, cst.Subtract):
+                return left - right
+            if isinstance(op, cst.Multiply):
+                return left * right
+            if isinstance(op, (cst.FloorDivide, cst.Modulo)) and right:
+                return left // right if isinstance(op, cst.FloorDivide) else left % right
+        return None
+
+    literal = 1  # the literal divisors' product: with the width, a period of the value less the extent
+    for div in m.findall(node, m.BinaryOperation(operator=m.FloorDivide() | m.Modulo())):
+        if isinstance(_bare(div.right), cst.Integer):
+            literal *= max(1, int(_bare(div.right).evaluated_value))
+    others = sorted(names - {extent})
+    for w in _PEEL_WIDTHS:
+        env = dict.fromkeys(others, w)
+        step = value(width, env)
+        if step is None or step < 1:
+            return False
+        period = step * literal
+        if period > 1 << 16:
+            return False
+        for k in range(1, 2 * period + 1):
+            start = value(node, {**env, extent: k})
+            later = value(node, {**env, extent: k + period})
+            if start is None or later is None or start % step or not k - step <= start <= k or \
+                    later - start != period:
+                return False
+    return True
+
+
+def _verified_peel(an: KernelAnalysis, loop: tuple[Where, Where]) -> _Peel | None:
+    """A last step of K peeled out of ``loop`` that covers the rest of each rank's slice once, as FlagGems' GEMMs
+    write it: the loop runs `range(0, P, W)` with `P` a multiple of W within W of the extent (:func:`_peel_start`),
+    each of its loads of a tensor it steps along K is read again after it at `k = P` (the same address, the step's
+    names read at their values there) and masked by the extent (`mask_k = rk < K`, `rk = P + tl.arange(0, W)`), and
+    each update of the sums after it is one of the loop's own over the values those loads give, run once (under
+    compile-time tests only), before every store. ``None`` otherwise (refused by :func:`_check_k_offsets`).
+    Memoized per loop."""
+    memo = an.__dict__.setdefault("_peels", {})
+    if loop not in memo:
+        try:
+            memo[loop] = _read_peel(an, loop)
+        except (cst.ParserSyntaxError, AttributeError, ValueError, TypeError):
+            memo[loop] = None
+    return memo[loop]
+
+
+def _read_peel(an: KernelAnalysis, loop: tuple[Where, Where]) -> _Peel | None:
+    """:func:`_verified_peel`, read."""
+    target = _loop_targets(an).get(loop)
+    header = _loop_header(an, loop)
+    if target is None or not header.startswith("range("):
+        return None
+    args = _range_args(cst.parse_expression(header))  # type: ignore[arg-type]
+    if len(args) != 3 or not m.matches(_bare(args[0]), m.Integer("0")) or not isinstance(_bare(args[1]), cst.Name):
+        return None
+    stop, width = _bare(args[1]).value, args[2]
+    if stop in an.params or len(_bindings(an, stop)) != 1 or _within(_bindings(an, stop)[0][1], _loops(an)):
+        return None
+    reader, loops = _Offsets(an), _loops(an)
+    loads = _summing_loads(an, loop)[0]
+    stepped = {x.root for x in loads if x.steps and x.root is not None}
+    after = [x for x in _summing_loads(an, loop, outside=True)[0] if x.root in stepped]
+    if not stepped or not after or any(x.helper or len(x.offsets) != 1 for x in loads + after if x.root in stepped):
+        return None
+    in_loop = {n for n in set(an.values) | set(an.updates) for _, w in _bindings(an, n) if _within(w, {loop})}
+    stop_terms = reader.read(cst.Name(stop))
+    extent = None
+    for peel in after:
+        site = peel.site
+        if not _before(loop[1], site) or _within(site, loops) or any(
+                not side.static for side in _sides_of(an, site)):
+            return None
+
+        def at_peel(atom: str, site: Where = site) -> str | None:
+            return _reaching(an, atom, loop, site) if atom in in_loop else None
+
+        read = reader.read(peel.offsets[0])
+        got = _expanded(an, reader, read, at_peel) if read is not None else None
+        # the address some load of the tensor in the loop reads, at the step `k = P`
+        matched = False
+        for x in loads:
+            if x.root != peel.root or not x.steps:
+                continue
+            inside = reader.read(x.offsets[0])
+
+            def in_step(atom: str, x=x) -> str | None:
+                binds = [(w, src) for src, w in _bindings(an, atom) if w is not None and _inside(w, loop)]
+                return binds[0][1] if len(binds) == 1 and _before(binds[0][0], x.site) else None
+
+            want = _expanded(an, reader, inside, in_step) if inside is not None else None
+            want = _expanded(an, reader, want, lambda a_: stop if a_ == target else None) if want else None
+            matched = matched or (want is not None and got is not None and want == got)
+        if not matched:
+            return None
+        # its mask bounds the K offsets `P + tl.arange(0, W)` by the extent
+        call = next((c for src, w in _located(an) if w == site for c in m.findall(
+            cst.parse_expression(src), m.Call(func=m.Attribute(attr=m.Name("load"))))), None)
+        mask = _arg(call, 1, "mask") if call is not None else None
+        if mask is None:
+            return None
+        block = poly_add(stop_terms or {}, reader.read(cst.parse_expression(f"tl.arange(0, {code(width)})")) or {})
+        bound = _peel_bound(an, reader, mask, block, loop, site, at_peel)
+        if bound is None or extent not in (None, bound):
+            return None
+        extent = bound
+    if extent is None or not _peel_start(an, cst.Name(stop), extent, width):
+        return None
+    # the sums' updates after the loop: the loop's own, over the peeled loads' values, once, before every store
+    peel_sites = frozenset(x.site for x in after)
+    updates = set()
+    for name, w in _summing_updates(an, {loop}):
+        src = next(s_ for s_, w_ in _bindings(an, name) if w_ == w)
+        for later, lw in _bindings(an, name):
+            if lw is None or not _before(loop[1], lw) or later != src:
+                continue
+            if _within(lw, loops) or any(not side.static for side in _sides_of(an, lw)):
+                return None
+            for read_name in names_in(cst.parse_expression(later)) & in_loop - {name}:
+                first = min((w_ for _, w_ in _bindings(an, read_name) if w_ is not None and _before(loop[1], w_)),
+                            key=lambda w_: (w_.line, w_.column), default=None)
+                if first is None or not _before(first, lw) or not any(
+                        p.line == first.line for p in peel_sites):
+                    return None
+            updates.add(lw)
+    if not updates:
+        return None
+    last = max(updates, key=lambda w: (w.line, w.column))
+    for name, w in _summing_updates(an, {loop}):
+        # each of the loop's updates has one in the peel on the same compile-time sides, and the sums are bound
+        # nothing else between the loop and the peel's last update (a scale there would weigh the loop's part alone)
+        sides = _launch_sides(an, w)
+        meeting = [u for _, u in _bindings(an, name) if u in updates
+                   and _joined_sides(sides, _launch_sides(an, u)) is not None]
+        # one on the launches that take the loop's update, on every one of them (`if True:` aside)
+        if len(meeting) != 1 or not {x for x in _launch_sides(an, meeting[0]) if x != ("True", True)} <= sides:
+            return None
+        if any(u is not None and _before(loop[1], u) and _before(u, last) and u not in updates
+               for _, u in _bindings(an, name)):
+            return None
+    if any(x.kind == "store" and _before(x.where, last) for x in an.accesses):
+        return None
+    return _Peel(peel_sites, frozenset(updates))
+
+
+def _peel_bound(an: KernelAnalysis, reader, mask: cst.BaseExpression, block: Poly, loop, site: Where, at_peel
+                ) -> str | None:
+    """The extent parameter a peeled load's ``mask`` bounds its K offsets ``block`` (`P + tl.arange(0, W)`) by, in a
+    term `offsets < K` of it (through names bound after the loop, `mask_k[None, :]`), or ``None``."""
+    todo, seen = [mask], 0
+    while todo and seen < 32:
+        seen += 1
+        term = _bare(todo.pop())
+        if isinstance(term, cst.Subscript):
+            todo.append(term.value)
+        elif isinstance(term, cst.BinaryOperation) and isinstance(term.operator, cst.BitAnd):
+            todo += [term.left, term.right]
+        elif isinstance(term, cst.Name) and (src := at_peel(term.value)) is not None:
+            todo.append(cst.parse_expression(src))
+        elif isinstance(term, cst.Name) and len(_bindings(an, term.value)) == 1 and term.value not in an.params:
+            todo.append(cst.parse_expression(_bindings(an, term.value)[0][0]))
+        elif isinstance(term, cst.Comparison) and len(term.comparisons) == 1:
+            op, left, right = term.comparisons[0].operator, term.left, term.comparisons[0].comparator
+            if isinstance(op, cst.GreaterThan):
+                left, right, op = right, left, cst.LessThan()
+            bound = _bare(right)
+            if not isinstance(op, cst.LessThan) or not isinstance(bound, cst.Name) or bound.value not in set(
+                    an.params) - set(an.constexpr_params):
+                continue
+            read = reader.read(left)
+            offsets = _expanded(an, reader, read, at_peel) if read is not None else None
+            if offsets == {m_: c for m_, c in block.items() if c}:
+                return bound.value
+    return None
+
+
 def _check_k_offsets(an: KernelAnalysis, summing, extent: frozenset[str], said: dict[str, str]) -> None:
     """In a loop that sums, each rank reads its own slice of K, whose columns start at 0 and end at its own extent:
     a load's offsets along K may be what the step reads (`k * BLOCK_K + tl.arange(0, BLOCK_K)`, a pointer advanced
@@ -3818,6 +4065,8 @@ def _check_k_offsets(an: KernelAnalysis, summing, extent: frozenset[str], said: 
                 site = load.site
                 header = _loop_header(an, loop)
                 after = _peeled(an, loop, header, load)
+                if after and (peel := _verified_peel(an, loop)) is not None and site in peel.loads:
+                    continue  # the loop's last step, peeled: the loop and it cover each rank's slice once
                 raise AnnotationError(
                     (f"the load at line {site.line} reads `{load.root}` after the loop at line {loop[0].line} that "
                      f"sums, as a last step of K peeled out of it (the loop steps along the K of `{load.root}` at line "
@@ -3829,7 +4078,11 @@ def _check_k_offsets(an: KernelAnalysis, summing, extent: frozenset[str], said: 
                     file=site.file, line=site.line, column=site.column,
                     hint=(f"fold the last step into the loop: loop over all of K (`range(0, K, BLOCK_K)` in place of "
                           f"`{header or 'its range'}`) and mask the step's columns by K (`mask=rk[None, :] < K`, "
-                          f"`other=0.0`); a masked step costs about what the peeled one did") if after else
+                          f"`other=0.0`); a masked step costs about what the peeled one did. A peeled step TileLink "
+                          f"reads: the loop stops at a multiple of the block within a block of K (`prev = tl.cdiv(K, "
+                          f"BLOCK_K) * BLOCK_K - BLOCK_K`, `range(0, prev, BLOCK_K)`), and after it each load of the "
+                          f"loop is made again at `prev + tl.arange(0, BLOCK_K)`, masked by `< K`, and added to the "
+                          f"sums as the loop adds, once, before the store") if after else
                          f"read `{load.root}` only in the loop that sums, at each step's own columns (Triton "
                          f"pipelines the loop's loads itself: no load before the loop is needed)")
         for load in loads:

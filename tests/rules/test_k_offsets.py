@@ -319,16 +319,18 @@ FOLDED_LOOP = '''    for start_k in range(0, K, BLOCK_K):
 
 
 @pytest.mark.parametrize("rule", ["reduce_scatter", "all_reduce"])
-def test_a_last_k_step_peeled_after_the_loop_is_refused_saying_how_to_fold_it(rule: str, tmp_path) -> None:
-    """Loop and peel cover each rank's K only where the loop stops at the start of its last block, which TileLink
-    does not prove; the message says what was found and the folded loop it does read, which then builds."""
+def test_a_last_k_step_peeled_past_the_loop_s_end_is_refused_saying_how_to_fold_it(rule: str, tmp_path) -> None:
+    """A peeled step that does not start where the loop stops (here one block later) leaves a block of each rank's
+    slice out; the message says what was found, the folded loop, and the peel TileLink reads. The folded loop
+    builds (the peel that starts where the loop stops: tests/rules/test_peeled_step.py)."""
     peeled = tmp_path / "mm_peeled.py"
-    peeled.write_text(PEELED.format(rule=rule, loop=PEELED_LOOP))
+    peeled.write_text(PEELED.format(rule=rule, loop=PEELED_LOOP.replace(
+        "rk = (prev_multiple + tl.arange", "rk = (prev_multiple + BLOCK_K + tl.arange")))
     with pytest.raises(AnnotationError, match=r"reads `a_ptr` after the loop at line 19 that sums, as a last step of "
                                               r"K peeled out of it") as err:
         tilelink.build(str(peeled))
     assert "fold the last step into the loop" in err.value.hint and "range(0, prev_multiple, BLOCK_K)" in \
-        err.value.hint, err.value.hint
+        err.value.hint and "A peeled step TileLink reads" in err.value.hint, err.value.hint
     folded = tmp_path / "mm_folded.py"
     folded.write_text(PEELED.format(rule=rule, loop=FOLDED_LOOP))
     built = tilelink.build(str(folded))
