@@ -1493,7 +1493,20 @@ def _varying(an: KernelAnalysis, loop: tuple[Where, Where], target: str | None) 
     varying = {target} if target else set()
     bound_in = [(n, names_in(cst.parse_expression(src))) for n in set(an.values) | set(an.updates)
                 for src, site in _bindings(an, n) if site is not None and _inside(site, loop)]
-    varying |= {n for n, read in bound_in if n in read}
+    # carried through other names too (`a_next = tl.advance(a_blocks, ...)`, `a_blocks = a_next`): a name its own
+    # bindings in the loop reach
+    graph: dict[str, set[str]] = {}
+    for n, read in bound_in:
+        graph.setdefault(n, set()).update(read)
+    for n in graph:
+        seen, todo = set(), list(graph[n])
+        while todo:
+            x = todo.pop()
+            if x not in seen:
+                seen.add(x)
+                todo += graph.get(x, ())
+        if n in seen:
+            varying.add(n)
     grown = True
     while grown:
         more = {n for n, read in bound_in if read & varying} - varying
@@ -1760,43 +1773,49 @@ def _moved(an: KernelAnalysis, name: str, loop: tuple[Where, Where], reader, at:
 
 
 def _advanced(an: KernelAnalysis, name: str, loop: tuple[Where, Where], reader, at: Where
-              ) -> list[tuple[Poly, Poly, tuple[int, tuple[str, ...]]]] | None:
+              ) -> list[tuple[Poly, Poly, tuple[int, tuple[str, ...]]]] | str | None:
     """A block pointer the loop moves (`p = tl.make_block_ptr(..., offsets=(o0, o1), block_shape=(b0, b1), ...)`
     before it, `p = tl.advance(p, (d0, d1))` in it) as each dim's ``(its offset where the load at ``at`` reads, what a
-    step adds to it, its block's width)``; ``None`` where it is bound otherwise."""
+    step adds to it, its block's width)``; ``None`` where the loop does not bind it; else why TileLink does not read
+    its moves: made or moved otherwise (more than once before the loop, through another name, `p.advance(...)`), an
+    advance under an `if`, or more than one dim moved."""
     binds = _bindings(an, name)
     first = [src for src, w in binds if w is None or not _inside(w, loop)]
     moved = [(src, w) for src, w in binds if w is not None and _inside(w, loop)]
+    if not moved or not first and len(moved) == 1 and m.matches(
+            _bare(cst.parse_expression(moved[0][0])), m.Call(func=m.Attribute(attr=m.Name("make_block_ptr")))):
+        return None  # not moved, or made afresh on each step from the step's offsets
     made = _bare(cst.parse_expression(first[0])) if len(first) == 1 else None
-    if made is None or not m.matches(made, m.Call(func=m.Attribute(attr=m.Name("make_block_ptr")))) or not moved:
-        return None
-    if len(moved) > 1 and any(_inside(side.where, loop) for _, w in moved for side in an.branch_sides.get(w, ())):
-        return None  # advances under an `if`: a step may take some of them only
+    if made is None or not m.matches(made, m.Call(func=m.Attribute(attr=m.Name("make_block_ptr")))):
+        return "is made or moved more than once outside the loop"
+    if any(_inside(side.where, loop) for _, w in moved for side in an.branch_sides.get(w, ())):
+        return "is advanced under an `if`, so a step may not move it"
     named = {a.keyword.value: a.value for a in made.args if a.keyword is not None}
     places = ("base", "shape", "strides", "offsets", "block_shape", "order")
     named.update((places[i], a.value) for i, a in enumerate(made.args) if a.keyword is None and i < len(places))
     offsets, shape = (_bare(named.get(k)) for k in ("offsets", "block_shape"))
     if not isinstance(offsets, (cst.Tuple, cst.List)) or not isinstance(shape, (cst.Tuple, cst.List)) or len(
             offsets.elements) != len(shape.elements):
-        return None
+        return "is made with offsets or a block shape TileLink does not read"
     starts = [reader.read(e.value) for e in offsets.elements]
     steps: list[Poly] = [{} for _ in starts]
     for src, w in moved:
         step = _bare(cst.parse_expression(src))
-        if not m.matches(step, m.Call(func=m.Attribute(attr=m.Name("advance")), args=[m.Arg(m.Name(name)), m.Arg()])):
-            return None
+        if not m.matches(step, m.Call(func=m.Attribute(value=m.Name("tl"), attr=m.Name("advance")),
+                                      args=[m.Arg(m.Name(name)), m.Arg()])):
+            return f"is bound in the loop otherwise than by `tl.advance({name}, ...)` (`{src}`)"
         deltas = _bare(step.args[1].value)
         if not isinstance(deltas, (cst.Tuple, cst.List)) or len(deltas.elements) != len(starts):
-            return None
+            return f"is advanced by offsets TileLink does not read (`{src}`)"
         for i, e in enumerate(deltas.elements):
             added = reader.read(e.value)
             if added is None or starts[i] is None:
-                return None
+                return f"is advanced by offsets TileLink does not read (`{src}`)"
             steps[i] = poly_add(steps[i], added)
             if _before(w, at):
                 starts[i] = poly_add(starts[i], added)  # where the load reads: past the advances before it
-    if any(x is None for x in starts):
-        return None
+    if sum(bool({m_: c for m_, c in x.items() if c}) for x in steps) > 1:
+        return "is advanced along more than one dim"
     return [(start, step, _product_of(_factor_codes(e.value))) for start, step, e in zip(
         starts, steps, shape.elements, strict=True)]
 
@@ -1903,9 +1922,28 @@ def _check_step_blocks(an: KernelAnalysis, summing, targets: dict, a, rule: str)
                     poly = reader.read(node)
                     if poly is None:
                         continue
-                    for name in sorted({x for m_ in poly for x in m_ if x in carried and x != target}):
+                    twice = sorted(x for m_ in poly for x in m_ if x not in carried and x != target and sum(
+                        w is not None and _inside(w, loop) for _, w in _bindings(an, x)) > 1)
+                    if twice:  # a step unrolled by hand through one name (`offs_k = ...` made twice a step)
+                        raise _step_refused(
+                            load.site, loop, a, rule, f"reads `{load.root}` at offsets made more than once in the "
+                                                      f"loop (`{twice[0]}`),", "",
+                            "TileLink does not read which columns each of those makes, nor that they cover each "
+                            "rank's slice of K once", f"give each block's offsets a name of its own (`{twice[0]}0`, "
+                                                      f"`{twice[0]}1`), each made once a step")
+                    for name in sorted({x for m_ in poly for x in m_ if x != target and (
+                            x in carried or _made_address(an, x) is not None)}):
                         if _made_address(an, name) is not None:  # a block pointer the loop moves by `tl.advance`
-                            for dim in _advanced(an, name, loop, reader, load.site) or ():
+                            dims = _advanced(an, name, loop, reader, load.site)
+                            if isinstance(dims, str):
+                                raise _step_refused(
+                                    load.site, loop, a, rule, f"reads `{load.root}` through the block pointer "
+                                                              f"`{name}`, which {dims},", "",
+                                    "TileLink cannot check that its steps cover each rank's slice of K once",
+                                    f"make `{name}` once before the loop and move it along K alone, by one "
+                                    f"`{name} = tl.advance({name}, (0, BLOCK_K))` a step (or use a tensor "
+                                    f"descriptor, `desc.load([row, k * BLOCK_K])`)")
+                            for dim in dims or ():
                                 first, split = _unplaced(an, dim[0], axes)
                                 if dim[1] and first is not None and len(dim[1]) == 1:
                                     blocks.append((dim[2], _single_product(dim[1]), True, _single_product(first),
@@ -1920,15 +1958,28 @@ def _check_step_blocks(an: KernelAnalysis, summing, targets: dict, a, rule: str)
                 moved_direct = []
                 for w, adv, strided, begin, split in direct:
                     if started is not None:  # the programs' first blocks, `pid_k * F` steps of the target apart
-                        if split is not None:
-                            continue  # both the range and the address start at the split: not read
+                        if split is not None:  # both the range and the address start at the split: twice apart
+                            raise _loop_refused(
+                                loop, a, rule, f"starts at a split-K program's position (`{header}`), and the load "
+                                               f"at line {load.site.line} adds that position again",
+                                "its programs' blocks are twice as far apart as its steps assume",
+                                "offset the columns by the split's position once: in the range (`offs_k = k + "
+                                "tl.arange(0, BLOCK_K)`) or in the address (`range(0, K, BLOCK_K * SPLIT_K)`)")
                         split = (_times(adv, started[0]), started[1])
                     moved_direct.append((w, _times(adv, units), strided, begin, split))
                 direct = moved_direct
             for width, advance, strided, begin, split in blocks + direct:
                 if strided or width is None or advance[1] == width[1]:
                     found.setdefault(load.root, []).append((width, advance, begin, load.site, split))
-        checked += _refuse_gaps(an, found, count, loop, header, a, rule)
+        read = _refuse_gaps(an, found, count, loop, header, a, rule)
+        if started is not None and not read:
+            raise _loop_refused(
+                loop, a, rule, f"starts at a split-K program's position (`{header}`), but TileLink reads no block of "
+                               f"K columns (`k + tl.arange(0, BLOCK_K)`) its steps move",
+                "it cannot check that the programs along the split axis cover each rank's slice once",
+                "read each step's columns as a block, `offs_k = k + tl.arange(0, BLOCK_K)` over `range(pid_k * "
+                "BLOCK_K, K, BLOCK_K * SPLIT_K)`")
+        checked += read
 
 
 def _times(x: tuple[int, tuple[str, ...]], y: tuple[int, tuple[str, ...]]) -> tuple[int, tuple[str, ...]]:
@@ -2004,6 +2055,14 @@ def _refuse_gaps(an: KernelAnalysis, found: dict[str, list], count: tuple[int, t
                 f"by `{_show_product(whole)}` columns), and count the steps by it (`range(0, tl.cdiv(K, "
                 f"{_show_product(whole)}))`)")
         advances.append((advance, site))
+    if len({s_[1] for s_ in splits}) > 1:
+        root = next(iter(found))
+        axes = ", ".join(sorted({str(s_[1]) for s_ in splits}))
+        raise _step_refused(
+            found[root][0][3], loop, a, rule, f"reads its tensors' columns along K from the positions of programs "
+                                              f"along different split axes ({axes})",
+            "", "the programs would multiply other columns of one tensor than of another",
+            "offset every tensor's K columns by the same split index (`pid_k * BLOCK_K + tl.arange(0, BLOCK_K)`)")
     if splits and len(found) != len({root for root, blocks in found.items() if {b[4] for b in blocks} != {None}}):
         root = next(root for root, blocks in found.items() if {b[4] for b in blocks} == {None})
         raise _step_refused(
@@ -3930,11 +3989,22 @@ def _read_peel(an: KernelAnalysis, loop: tuple[Where, Where]) -> _Peel | None:
         call = next((c for src, w in _located(an) if w == site for c in m.findall(
             cst.parse_expression(src), m.Call(func=m.Attribute(attr=m.Name("load"))))), None)
         mask = _arg(call, 1, "mask") if call is not None else None
-        if mask is None:
-            return None
+        other = _arg(call, 2, "other") if call is not None else None
+        if mask is None or other is not None and (not m.matches(_bare(other), m.Integer() | m.Float()) or float(
+                code(_bare(other))) != 0.0):
+            return None  # the masked-out columns add zeros (Triton's, where `other` is left out)
         block = poly_add(stop_terms or {}, reader.read(cst.parse_expression(f"tl.arange(0, {code(width)})")) or {})
         bound = _peel_bound(an, reader, mask, block, loop, site, at_peel)
         if bound is None or extent not in (None, bound):
+            return None
+        # every other term of the mask is one of the loop's loads' own (the rows' `rm[:, None] < M`): a term that
+        # reads the peel's columns otherwise picks them by their place in each rank's slice
+        loop_terms = {code(t).strip() for x in loads if x.root == peel.root for src, w in _located(an)
+                      if w == x.site for c in m.findall(cst.parse_expression(src), m.Call(
+                          func=m.Attribute(attr=m.Name("load")))) if (lm := _arg(c, 1, "mask")) is not None
+                      for t in _and_terms(lm)}
+        if any(code(t).strip() not in loop_terms and _peel_bound(an, reader, t, block, loop, site, at_peel) is None
+               for t in _and_terms(mask)):
             return None
         extent = bound
     if extent is None or not _peel_start(an, cst.Name(stop), extent, width):
@@ -3950,10 +4020,13 @@ def _read_peel(an: KernelAnalysis, loop: tuple[Where, Where]) -> _Peel | None:
             if _within(lw, loops) or any(not side.static for side in _sides_of(an, lw)):
                 return None
             for read_name in names_in(cst.parse_expression(later)) & in_loop - {name}:
-                first = min((w_ for _, w_ in _bindings(an, read_name) if w_ is not None and _before(loop[1], w_)),
-                            key=lambda w_: (w_.line, w_.column), default=None)
-                if first is None or not _before(first, lw) or not any(
-                        p.line == first.line for p in peel_sites):
+                # bound after the loop first by a peeled load of its own (`a = tl.load(...)`), then cast at most
+                # (`a = a.to(C.dtype.element_ty)`): any other change weighs the peeled block unlike the loop's
+                chain = sorted(((w_, src_) for src_, w_ in _bindings(an, read_name) if w_ is not None
+                                and _before(loop[1], w_) and _before(w_, lw)), key=lambda x: (x[0].line, x[0].column))
+                if not chain or not _peel_load_binding(an, chain[0][1], chain[0][0], peel_sites) or any(
+                        not m.matches(_bare(cst.parse_expression(src_)), m.Call(
+                            func=m.Attribute(value=m.Name(read_name), attr=m.Name("to")))) for _, src_ in chain[1:]):
                     return None
             updates.add(lw)
     if not updates:
@@ -3974,6 +4047,22 @@ def _read_peel(an: KernelAnalysis, loop: tuple[Where, Where]) -> _Peel | None:
     if any(x.kind == "store" and _before(x.where, last) for x in an.accesses):
         return None
     return _Peel(peel_sites, frozenset(updates))
+
+
+def _and_terms(node: cst.BaseExpression) -> list[cst.BaseExpression]:
+    """The terms of a conjunction `x & y & ...` (one term for anything else)."""
+    node = _bare(node)
+    if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.BitAnd):
+        return _and_terms(node.left) + _and_terms(node.right)
+    return [node]
+
+
+def _peel_load_binding(an: KernelAnalysis, src: str, where: Where, sites: frozenset[Where]) -> bool:
+    """Whether the binding ``src`` at ``where`` is the value of one of the peeled loads at ``sites`` itself."""
+    value = _bare(cst.parse_expression(src))
+    return m.matches(value, m.Call(func=m.Attribute(attr=m.Name("load")))) and any(
+        p.line == where.line or (p.line > where.line and p.line <= where.line + code(value).count("\n"))
+        for p in sites)
 
 
 def _peel_bound(an: KernelAnalysis, reader, mask: cst.BaseExpression, block: Poly, loop, site: Where, at_peel

@@ -65,3 +65,22 @@ def test_block_pointers_that_do_not_tile_k_are_refused(start: str, advance: str,
     with pytest.raises(AnnotationError, match=says) as err:
         _generate(BLOCK_POINTERS.format(start=start, step=advance, advance=advance))
     assert "each rank runs that loop over its own slice of K" in str(err.value), err.value
+
+
+@pytest.mark.parametrize("edit, says", [
+    (("        a_blocks = tl.advance(a_blocks, (0, BLOCK_K))",
+      "        if k % 2 == 0:\n            a_blocks = tl.advance(a_blocks, (0, BLOCK_K))"),
+     "is advanced under an `if`"),
+    (("(0, BLOCK_K))\n", "(BLOCK_M, BLOCK_K))\n"), "is advanced along more than one dim"),
+    (("        a_blocks = tl.advance(a_blocks, (0, BLOCK_K))",
+      "        a_next = tl.advance(a_blocks, (0, BLOCK_K))\n        a_blocks = a_next"),
+     r"is bound in the loop otherwise than by `tl.advance\(a_blocks, ...\)` \(`a_next`\)"),
+    (("    acc = tl.zeros(", "    a_blocks = tl.advance(a_blocks, (0, BLOCK_K))\n    acc = tl.zeros("),
+     "is made or moved more than once outside the loop"),
+], ids=["under-if", "both-dims", "through-a-name", "moved-before"])
+def test_block_pointers_moved_otherwise_are_refused(edit: tuple[str, str], says: str) -> None:
+    """A block pointer moved in a way TileLink does not read: each of these built before, unchecked."""
+    source = BLOCK_POINTERS.format(start="0", step="BLOCK_K", advance="BLOCK_K")
+    assert edit[0] in source
+    with pytest.raises(AnnotationError, match=f"through the block pointer `a_blocks`, which {says}"):
+        _generate(source.replace(edit[0], edit[1], 1))

@@ -69,7 +69,18 @@ def test_a_peel_that_covers_the_rest_of_the_slice_equals_the_kernel(loop: str, t
     # the peel's loads under a test of the data
     _peel(step=MASKED.replace("        b = tl.load(", "        if tl.sum(a) > 0:\n            b = tl.load(")
           .replace("                    mask=(rk[:, None] < K)", "                        mask=(rk[:, None] < K)")),
-], ids=["half", "past", "unmasked", "other-bound", "twice", "scaled-between", "other-update", "data-test"])
+    # the peeled value changed between its load and the update
+    _peel(step=MASKED.replace("        acc += tl.dot(a, b)", "        a = a * 2.0\n        acc += tl.dot(a, b)")),
+    # another term of the mask that reads the peel's columns
+    _peel(step=MASKED.replace("(rk[None, :] < K)", "(rk[None, :] < K) & (rk[None, :] % 2 == 0)")),
+    # the masked-out columns read as ones
+    _peel(step=MASKED.replace("(rk[None, :] < K), other=0.0", "(rk[None, :] < K), other=1.0")),
+    # B's name bound on the line of A's peeled load, to the loop's last value
+    _peel(step=MASKED.replace("        b = tl.load(", "        a, b = tl.load(a_ptr + rm[:, None] * stride_am + "
+                                                    "rk[None, :] * stride_ak, mask=(rm[:, None] < M) & (rk[None, :] < "
+                                                    "K), other=0.0), b\n        bb = tl.load(")),
+], ids=["half", "past", "unmasked", "other-bound", "twice", "scaled-between", "other-update", "data-test", "changed",
+        "extra-mask", "other-ones", "stale-on-the-line"])
 def test_a_peel_that_misses_part_of_the_slice_is_refused(loop: str) -> None:
     with pytest.raises(AnnotationError, match=r"after the loop at line 19 that sums|outside the loop at line 19|"
                                               r"bound at line \d+ in the loop that sums") as err:

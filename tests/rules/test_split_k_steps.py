@@ -139,7 +139,15 @@ def test_a_grid_with_other_than_the_step_s_split_count_is_refused_at_the_call(tm
     # a triangular product's start at the tile's row: the first columns of each rank's slice left out
     (COLUMNS.format(start="pid_m * BLOCK_M", step="BLOCK_K"),
      r"the loop at line 17, .* starts at `pid_m \* BLOCK_M` \(`range\(pid_m \* BLOCK_M, K, BLOCK_K\)`\), not at 0"),
-], ids=["overlapping", "apart", "uneven", "b-not-split", "triangular"])
+    # the split's position both in the range's start and in the address
+    (COLUMNS.format(start="pid_k * BLOCK_K", step="BLOCK_K * SPLIT_K").replace("offs_k = k + lanes",
+                                                                           "offs_k = k + pid_k * BLOCK_K + lanes"),
+     r"starts at a split-K program's position .* and the load at line 19 adds that position again"),
+    # a step unrolled through one name made twice
+    (COLUMNS.format(start="pid_k * BLOCK_K", step="2 * BLOCK_K * SPLIT_K").replace(
+        "        acc = tl.dot(a, b, acc)", "        acc = tl.dot(a, b, acc)\n        offs_k = k + BLOCK_K + lanes\n"
+        + STEP), r"reads `a_ptr` at offsets made more than once in the loop \(`offs_k`\)"),
+], ids=["overlapping", "apart", "uneven", "b-not-split", "triangular", "split-twice", "unrolled-one-name"])
 def test_split_k_steps_that_do_not_tile_k_are_refused(loop: str, says: str) -> None:
     with pytest.raises(AnnotationError, match=says) as err:
         _generate(SPLIT.format(loop=loop))
