@@ -2002,6 +2002,11 @@ def _divided(x: tuple[int, tuple[str, ...]], y: tuple[int, tuple[str, ...]]) -> 
     return None if left is None or y[0] == 0 or x[0] % y[0] else (x[0] // y[0], left)
 
 
+#: what to write where the tensors' K blocks do not all move with one split index
+_SAME_SPLIT = ("offset every block of K columns of every tensor by the same split index (`pid_k * BLOCK_K + "
+               "tl.arange(0, BLOCK_K)`, `pid_k` one grid axis's program id)")
+
+
 def _refuse_gaps(an: KernelAnalysis, found: dict[str, list], count: tuple[int, tuple[str, ...]],
                  loop: tuple[Where, Where], header: str, a, rule: str) -> list[tuple[str, int, int, str]]:
     """Refuse the blocks of :func:`_check_step_blocks` (each tensor's ``(width, advance, start, site, split)``) that do
@@ -2040,8 +2045,7 @@ def _refuse_gaps(an: KernelAnalysis, found: dict[str, list], count: tuple[int, t
                 site, loop, a, rule, f"reads `{root}`'s columns along K from a split-K program's position on some "
                                      f"blocks and not on others", "",
                 "the programs along the split axis would read other columns of each rank's slice than of the full K",
-                "offset every block of K columns of every tensor by the same split position (`pid_k * BLOCK_K + "
-                "tl.arange(0, BLOCK_K)`)")
+                _SAME_SPLIT)
         (split,) = split
         if split is not None:
             _split_tiles(an, split, whole, advance, root, site, loop, header, a, rule, splits)
@@ -2062,15 +2066,14 @@ def _refuse_gaps(an: KernelAnalysis, found: dict[str, list], count: tuple[int, t
             found[root][0][3], loop, a, rule, f"reads its tensors' columns along K from the positions of programs "
                                               f"along different split axes ({axes})",
             "", "the programs would multiply other columns of one tensor than of another",
-            "offset every tensor's K columns by the same split index (`pid_k * BLOCK_K + tl.arange(0, BLOCK_K)`)")
+            _SAME_SPLIT)
     if splits and len(found) != len({root for root, blocks in found.items() if {b[4] for b in blocks} != {None}}):
         root = next(root for root, blocks in found.items() if {b[4] for b in blocks} == {None})
         raise _step_refused(
             found[root][0][3], loop, a, rule, f"reads `{root}`'s columns along K at the same place in every program "
                                               f"along the split axis, while other tensors' move with it", "",
             "the programs along the split axis would multiply other columns of each rank's slice than of the full K",
-            "offset every block of K columns of every tensor by the same split position (`pid_k * BLOCK_K + "
-            "tl.arange(0, BLOCK_K)`)")
+            _SAME_SPLIT)
     if advances and count != (1, ()) and all(adv != count for adv, _ in advances):
         advance, site = advances[0]
         raise _loop_refused(
