@@ -608,17 +608,8 @@ class ReduceScatterLauncher(Launcher):
         if not callable(grid):
             return self._split_count(grid)
         counts: dict[int, list[str]] = {}
-        defaults = self.okernel.defaults
-        for meta, config in metas(self.kernel, bound):
-            # Triton's grid reads the parameters the call leaves out at their defaults (the autotuner's and the
-            # heuristics' values come first): `META.get("SPLIT_K", 1)` under `SPLIT_K: tl.constexpr = 2` is two
-            meta = {**defaults, **meta}
-            try:
-                count = self._split_count(grid(meta))
-            except Exception as exc:  # noqa: BLE001 - reported with the grid
-                raise LaunchError(f"{self.okernel.name}: cannot evaluate the grid from the arguments to count the K "
-                                  f"splits of the tl.atomic_add write-back ({exc}); pass the grid as a tuple") from None
-            counts.setdefault(count, []).append(config)
+        for sizes, _, config in self._grid_sizes(grid, bound, "count the K splits of the tl.atomic_add write-back"):
+            counts.setdefault(self._split_count(sizes), []).append(config)
         if len(counts) > 1:
             found = ", ".join(f"{n} ({'; '.join(configs)})" for n, configs in sorted(counts.items()))
             raise LaunchError(f"{self.okernel.name}: K splits {found} of the tl.atomic_add write-back by autotuning "
@@ -637,14 +628,7 @@ class ReduceScatterLauncher(Launcher):
         grid sees them."""
         if not self.plan.split_steps:
             return
-        defaults = self.okernel.defaults
-        for meta, config in metas(self.kernel, bound):
-            meta = {**defaults, **meta}
-            try:
-                sizes = (tuple(grid(meta) if callable(grid) else grid) + (1, 1, 1))[:3]
-            except Exception as exc:  # noqa: BLE001 - reported with the grid
-                raise LaunchError(f"{self.okernel.name}: cannot evaluate the grid from the arguments to check the K "
-                                  f"splits of its loop ({exc}); pass the grid as a tuple") from None
+        for sizes, meta, config in self._grid_sizes(grid, bound, "check the K splits of its loop"):
             env = {n: getattr(v, "value", v) for n, v in meta.items()}  # tl.constexpr(x): x
             for programs, axis, line, step in self.plan.split_steps:
                 try:
@@ -662,6 +646,23 @@ class ReduceScatterLauncher(Launcher):
                         f"or read twice other columns of each rank's slice of K than of the full K, and the sum over "
                         f"the ranks would not be the kernel's value; launch as many programs along axis {axis} as the "
                         f"loop steps over ({want}), or pass the count the grid has")
+
+    def _grid_sizes(self, grid, bound: dict, why: str) -> list[tuple[tuple[int, ...], dict, str]]:
+        """The grid's three sizes as Triton evaluates a grid function: on the arguments with each autotuning
+        configuration's meta-parameters and the heuristics' values, each with those meta-parameters and the
+        configuration's description; ``why``: what they are wanted for, said where the grid cannot be evaluated."""
+        found = []
+        for meta, config in metas(self.kernel, bound):
+            # Triton's grid reads the parameters the call leaves out at their defaults (the autotuner's and the
+            # heuristics' values come first): `META.get("SPLIT_K", 1)` under `SPLIT_K: tl.constexpr = 2` is two
+            meta = {**self.okernel.defaults, **meta}
+            try:
+                sizes = (tuple(grid(meta) if callable(grid) else grid) + (1, 1, 1))[:3]
+            except Exception as exc:  # noqa: BLE001 - reported with the grid
+                raise LaunchError(f"{self.okernel.name}: cannot evaluate the grid from the arguments to {why} ({exc}); "
+                                  f"pass the grid as a tuple") from None
+            found.append((sizes, meta, config))
+        return found
 
     def _split_count(self, grid) -> int:
         sizes = (tuple(grid) + (1, 1, 1))[:3]
