@@ -1100,10 +1100,7 @@ def _loop_extent(an: KernelAnalysis, loop: tuple[Where, Where], target: str | No
 def _tile_count(an: KernelAnalysis, node: cst.BaseExpression) -> tuple[cst.BaseExpression, cst.BaseExpression] | None:
     """``(X, F)`` where ``node`` is a count of F-wide tiles of X: `tl.cdiv(X, F)`, `(X + F - 1) // F`, through a name
     bound once; ``None`` otherwise."""
-    for _ in range(4):
-        if isinstance(node, cst.Name) and node.value not in an.params and len(_bindings(an, node.value)) == 1:
-            node = cst.parse_expression(_bindings(an, node.value)[0][0])
-    node = _bare(node)
+    node = _bare(_bound_value(an, node, params_only=False))
     if isinstance(node, cst.Call) and m.matches(node.func, m.Attribute(attr=m.Name("cdiv"))) and len(node.args) == 2:
         return _bare(node.args[0].value), node.args[1].value
     return _ceil_divided(node)
@@ -1594,11 +1591,10 @@ def _check_whole_extent(an: KernelAnalysis, summing, targets: dict, a, rule: str
         if extent is None:
             continue
         bound = value = _bare(_bound_value(an, extent, params_only=False))
-        if isinstance(value, cst.Call) and m.matches(value.func, m.Attribute(attr=m.Name("cdiv"))) or \
-                _ceil_divided(value) is not None:
+        if (counted := _tile_count(an, value)) is not None:
             # a count of K's blocks over which a split-K program takes every S-th (`range(pid_k, k_tiles, SPLIT_K)`,
             # `k_tiles = tl.cdiv(K, BLOCK_K)`): where the blocks start and how they move are the other checks'
-            value = _bare(value.args[0].value) if isinstance(value, cst.Call) else _bare(_ceil_divided(value)[0])
+            value = _bare(counted[0])
         if isinstance(value, cst.Name) and value.value in an.params:
             binds = [(src, w) for src, w in _bindings(an, value.value)
                      if not (m.matches(v := _bare(cst.parse_expression(src)), m.Call(func=_HINTS)) and v.args
@@ -3834,9 +3830,8 @@ def _reaching(an: KernelAnalysis, name: str, loop: tuple[Where, Where], at: Wher
     """The value of ``name`` at ``at``, after ``loop``: its last binding between the two, outside every loop; ``None``
     where there is none."""
     after = [(w, src) for src, w in _bindings(an, name) if w is not None and _before(loop[1], w) and _before(w, at)]
-    if not after or _within(max(after)[0], _loops(an)):
-        return None
-    return max(after, key=lambda x: (x[0].line, x[0].column))[1]
+    last = max(after, key=lambda x: (x[0].line, x[0].column), default=None)
+    return None if last is None or _within(last[0], _loops(an)) else last[1]
 
 
 def _expanded(an: KernelAnalysis, reader, poly: Poly, value_of) -> Poly | None:
@@ -3997,7 +3992,7 @@ def _read_peel(an: KernelAnalysis, loop: tuple[Where, Where]) -> _Peel | None:
                 code(_bare(other))) != 0.0):
             return None  # the masked-out columns add zeros (Triton's, where `other` is left out)
         block = poly_add(stop_terms or {}, reader.read(cst.parse_expression(f"tl.arange(0, {code(width)})")) or {})
-        bound = _peel_bound(an, reader, mask, block, loop, site, at_peel)
+        bound = _peel_bound(an, reader, mask, block, at_peel)
         if bound is None or extent not in (None, bound):
             return None
         # every other term of the mask is one of the loop's loads' own (the rows' `rm[:, None] < M`): a term that
@@ -4006,7 +4001,7 @@ def _read_peel(an: KernelAnalysis, loop: tuple[Where, Where]) -> _Peel | None:
                       if w == x.site for c in m.findall(cst.parse_expression(src), m.Call(
                           func=m.Attribute(attr=m.Name("load")))) if (lm := _arg(c, 1, "mask")) is not None
                       for t in _and_terms(lm)}
-        if any(code(t).strip() not in loop_terms and _peel_bound(an, reader, t, block, loop, site, at_peel) is None
+        if any(code(t).strip() not in loop_terms and _peel_bound(an, reader, t, block, at_peel) is None
                for t in _and_terms(mask)):
             return None
         extent = bound
@@ -4027,7 +4022,7 @@ def _read_peel(an: KernelAnalysis, loop: tuple[Where, Where]) -> _Peel | None:
                 # (`a = a.to(C.dtype.element_ty)`): any other change weighs the peeled block unlike the loop's
                 chain = sorted(((w_, src_) for src_, w_ in _bindings(an, read_name) if w_ is not None
                                 and _before(loop[1], w_) and _before(w_, lw)), key=lambda x: (x[0].line, x[0].column))
-                if not chain or not _peel_load_binding(an, chain[0][1], chain[0][0], peel_sites) or any(
+                if not chain or not _peel_load_binding(chain[0][1], chain[0][0], peel_sites) or any(
                         not m.matches(_bare(cst.parse_expression(src_)), m.Call(
                             func=m.Attribute(value=m.Name(read_name), attr=m.Name("to")))) for _, src_ in chain[1:]):
                     return None
@@ -4060,7 +4055,7 @@ def _and_terms(node: cst.BaseExpression) -> list[cst.BaseExpression]:
     return [node]
 
 
-def _peel_load_binding(an: KernelAnalysis, src: str, where: Where, sites: frozenset[Where]) -> bool:
+def _peel_load_binding(src: str, where: Where, sites: frozenset[Where]) -> bool:
     """Whether the binding ``src`` at ``where`` is the value of one of the peeled loads at ``sites`` itself."""
     value = _bare(cst.parse_expression(src))
     return m.matches(value, m.Call(func=m.Attribute(attr=m.Name("load")))) and any(
@@ -4068,8 +4063,7 @@ def _peel_load_binding(an: KernelAnalysis, src: str, where: Where, sites: frozen
         for p in sites)
 
 
-def _peel_bound(an: KernelAnalysis, reader, mask: cst.BaseExpression, block: Poly, loop, site: Where, at_peel
-                ) -> str | None:
+def _peel_bound(an: KernelAnalysis, reader, mask: cst.BaseExpression, block: Poly, at_peel) -> str | None:
     """The extent parameter a peeled load's ``mask`` bounds its K offsets ``block`` (`P + tl.arange(0, W)`) by, in a
     term `offsets < K` of it (through names bound after the loop, `mask_k[None, :]`), or ``None``."""
     todo, seen = [mask], 0
