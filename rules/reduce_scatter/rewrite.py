@@ -1548,7 +1548,10 @@ def _check_k_masks(an: KernelAnalysis, a, rule: str) -> None:
                 if mask is None:
                     continue
                 for term in _mask_terms(an, code(mask)):
-                    if not (names_in(term) & varying) or _bounds_k(an, term, target, extent, stored):
+                    if not (names_in(term) & varying):
+                        continue
+                    if _bounds_k(an, term, target, extent, stored):
+                        _check_k_other(an, call, term, site, loop, a, rule)
                         continue
                     if extent[0] is None and (_bounds_k(an, term, target, extent, stored, shape_only=True)
                                               if target is not None else _extent_shaped(an, term, stored)):
@@ -1576,6 +1579,42 @@ def _check_k_masks(an: KernelAnalysis, a, rule: str) -> None:
                         f"value", file=site.file, line=site.line, column=site.column,
                         hint="bound the K offsets by the K extent alone (`mask=... & (offs_k[None, :] < K - k * "
                              "BLOCK_K)`), and apply a condition on rows or data to the reduced result instead")
+
+
+def _check_k_other(an: KernelAnalysis, call: cst.Call, term: cst.BaseExpression, site: Where, loop, a,
+                   rule: str) -> None:
+    """A load whose mask bounds the K offsets by the extent reads its `other` at the columns past K: on the full K in
+    the last block only, on each rank past the end of its own slice. Anything but zero there is summed once per rank
+    whose slice ends inside a block, not once: refused."""
+    if not m.matches(call.func, m.Attribute(value=m.Name("tl"))):
+        return  # a descriptor's load has no `other`
+    other = _arg(call, 2, "other")
+    if other is None:
+        return
+    if _zero(an, other):
+        return
+    raise AnnotationError(
+        f"the load at line {site.line} is masked by K (`{code(term).strip()}`) in the loop at line {loop[0].line}, "
+        f"which sums the partial sums of {a.tensor!r}, and reads `other={code(other).strip()}` where the mask is "
+        f"false: each rank runs that loop over its own slice of K, so those columns are past the end of each rank's "
+        f"slice rather than past the full K, the fill is summed on every rank whose slice ends inside a block, and "
+        f"the sum {rule} makes over the ranks would not be the full problem's value", file=site.file,
+        line=site.line, column=site.column,
+        hint="fill the masked columns with zero (`other=0.0`), and apply any other value to the reduced result")
+
+
+def _zero(an: KernelAnalysis, node: cst.BaseExpression) -> bool:
+    """Whether ``node`` is zero: a literal (signed or not), `tl.zeros(...)` or `tl.full(shape, 0, ...)` (the
+    fill triton.ops.matmul writes, `_0 = tl.zeros((1, 1), dtype=...)`), through names bound once."""
+    value = _bare(_bound_value(an, node, params_only=False))
+    if isinstance(value, cst.UnaryOperation) and isinstance(value.operator, (cst.Minus, cst.Plus)):
+        value = _bare(value.expression)
+    if m.matches(value, m.Call(func=m.Attribute(value=m.Name("tl"), attr=m.Name("zeros")))):
+        return True
+    if m.matches(value, m.Call(func=m.Attribute(value=m.Name("tl"), attr=m.Name("full")))):
+        fill = _arg(value, 1, "value")
+        return fill is not None and _zero(an, fill)
+    return isinstance(value, (cst.Integer, cst.Float)) and float(value.value.replace("_", "")) == 0
 
 
 def _check_whole_extent(an: KernelAnalysis, summing, targets: dict, a, rule: str) -> None:
@@ -1647,7 +1686,18 @@ def _single_product(poly: Poly) -> tuple[int, tuple[str, ...]] | None:
 
 def _show_product(product: tuple[int, tuple[str, ...]]) -> str:
     coefficient, names = product
-    return " * ".join(([str(coefficient)] if coefficient != 1 or not names else []) + list(names))
+    factors = ([str(coefficient)] if coefficient != 1 or not names else []) + list(names)
+    return " * ".join(f"({f})" if len(factors) > 1 and not _atomic(f) else f for f in factors)
+
+
+def _atomic(source: str) -> bool:
+    """Whether ``source`` reads as one factor of a product without brackets (a name, a call, `pid_m`; not `pid_m %
+    2`)."""
+    try:
+        return isinstance(cst.parse_expression(source), (cst.Name, cst.Attribute, cst.Call, cst.Subscript,
+                                                         cst.Integer, cst.Float))
+    except cst.ParserSyntaxError:
+        return False
 
 
 def _less(factors: tuple[str, ...], rest: tuple[str, ...]) -> tuple[str, ...] | None:
@@ -1667,12 +1717,15 @@ def _column_blocks(an: KernelAnalysis, start: Poly, moves: Poly, moving: str | N
     times more (read without the name ``moving``, the loop's target, where it is given); where it starts, the other
     terms of ``start`` that are ``rest`` times more (``(0, ())``: none; ``None``: more than one), all as products.
     ``strided``: ``rest`` is not empty, so the advance is along the block's own stride (`k * BLOCK_K * stride_ak`
-    beside `rk * stride_ak`), where without one an advance may be a row's (`b_ptr + k * N + offs_n` walks B's rows,
-    `offs_n` its columns). A term that is another block's rest times more is that block's (the rows' `pid_m *
-    BLOCK_M * stride_am` beside `rm * stride_am`); so is the pointer ``root`` itself. ``split``: how far apart the
+    beside `rk * stride_ak`), or the advance is the loop's target itself (`k + tl.arange(0, BLOCK_K)`), where
+    without either an advance may be a row's (`b_ptr + k * N + offs_n` walks B's rows, `offs_n` its columns). A
+    term that is another block's rest times more is that block's (the rows' `pid_m * BLOCK_M * stride_am` beside `rm
+    * stride_am`), and so is a position times a parameter beside a block with no stride; so is the pointer ``root``
+    itself. ``split``: how far apart the
     programs along a split-K axis (``axes``: the grid axes the write-back's address does not read) start, from a term
     that is their index times more (`pid_k * BLOCK_K`), as ``(product, axis)``; ``None`` without one. A block that
-    also starts at another program's position is left out, not read."""
+    also starts at another program's position (a tile's, a loaded value, an outer loop's target) has the source of
+    that term as its start, which :func:`_check_step_blocks` refuses."""
     aranges = [(m_[i], m_[:i] + m_[i + 1:], c) for m_, c in start.items()
                for i, atom in enumerate(m_) if atom.startswith("arange:") and sum(
                    x.startswith("arange:") for x in m_) == 1]
@@ -1685,25 +1738,27 @@ def _column_blocks(an: KernelAnalysis, start: Poly, moves: Poly, moving: str | N
         if not matched or width_coefficient != 1:
             continue  # not columns the steps move, or strided columns: not a block
         others = [r for a_, r, _ in aranges if (a_, r) != (atom, rest) and len(r) > len(rest)]
-        shifts, placed, split = [], False, None
+        shifts, placed, split = [], "", None
         for monomial, c in start.items():
             left = _less(monomial, rest)
             if left is None or atom in monomial or (moving is not None and moving in monomial) or \
                     monomial == (root,) or any(_less(monomial, r) is not None for r in others):
                 continue
             if any(_placed(an, x) for x in left):
+                if not rest and any(x in an.params and x not in an.constexpr_params for x in left):
+                    continue  # beside columns with no stride, a position times a stride is another dim's (rows)
                 at = _split_offset({left: c}, an, axes)
                 if at is None or split is not None:
-                    placed = True
+                    placed = _show_product(_product_of(left, c))
                     break
                 split = (at[1], at[2])
                 continue
             shifts.append(_product_of(left, c))
-        if placed:
-            continue
         width = _product_of(_factor_codes(cst.parse_expression(atom[len("arange:"):])))
-        begin = (0, ()) if not shifts else shifts[0] if len(shifts) == 1 else None
-        blocks += [(width, _product_of(left, c), bool(rest), begin, split) for left, c in matched]
+        begin = placed or ((0, ()) if not shifts else shifts[0] if len(shifts) == 1 else None)
+        # the loop's target itself beside the block (`k + tl.arange(0, BLOCK_K)`) indexes columns whatever the stride
+        blocks += [(width, _product_of(left, c), bool(rest) or (moving is not None and not left), begin, split)
+                   for left, c in matched]
     return blocks
 
 
@@ -1786,13 +1841,10 @@ def _advanced(an: KernelAnalysis, name: str, loop: tuple[Where, Where], reader, 
         return "is made or moved more than once outside the loop"
     if any(_inside(side.where, loop) for _, w in moved for side in an.branch_sides.get(w, ())):
         return "is advanced under an `if`, so a step may not move it"
-    named = {a.keyword.value: a.value for a in made.args if a.keyword is not None}
-    places = ("base", "shape", "strides", "offsets", "block_shape", "order")
-    named.update((places[i], a.value) for i, a in enumerate(made.args) if a.keyword is None and i < len(places))
-    offsets, shape = (_bare(named.get(k)) for k in ("offsets", "block_shape"))
-    if not isinstance(offsets, (cst.Tuple, cst.List)) or not isinstance(shape, (cst.Tuple, cst.List)) or len(
-            offsets.elements) != len(shape.elements):
+    parts = _block_ptr_parts(made)
+    if parts is None:
         return "is made with offsets or a block shape TileLink does not read"
+    offsets, shape = parts
     starts = [reader.read(e.value) for e in offsets.elements]
     steps: list[Poly] = [{} for _ in starts]
     for src, w in moved:
@@ -1814,6 +1866,37 @@ def _advanced(an: KernelAnalysis, name: str, loop: tuple[Where, Where], reader, 
         return "is advanced along more than one dim"
     return [(start, step, _product_of(_factor_codes(e.value))) for start, step, e in zip(
         starts, steps, shape.elements, strict=True)]
+
+
+def _block_ptr_parts(made: cst.Call) -> tuple[cst.Tuple | cst.List, cst.Tuple | cst.List] | None:
+    """The offsets and the block shape of `tl.make_block_ptr(base, shape, strides, offsets, block_shape, order)`, by
+    place or keyword, one entry a dim; ``None`` where either is no tuple or list of as many entries."""
+    named = {a.keyword.value: a.value for a in made.args if a.keyword is not None}
+    places = ("base", "shape", "strides", "offsets", "block_shape", "order")
+    named.update((places[i], a.value) for i, a in enumerate(made.args) if a.keyword is None and i < len(places))
+    offsets, shape = (_bare(named.get(k)) for k in ("offsets", "block_shape"))
+    if not isinstance(offsets, (cst.Tuple, cst.List)) or not isinstance(shape, (cst.Tuple, cst.List)) or len(
+            offsets.elements) != len(shape.elements):
+        return None
+    return offsets, shape
+
+
+def _made_afresh(an: KernelAnalysis, name: str, loop: tuple[Where, Where]
+                 ) -> list[tuple[cst.BaseExpression, str]] | str | None:
+    """A block pointer made once on each step of the loop from the step's offsets (`p = tl.make_block_ptr(...,
+    offsets=(pid_m * BLOCK_M, k), block_shape=(BLOCK_M, BLOCK_K), ...)` in it) as each dim's ``(offset, block
+    width)``, read as a descriptor's load's; ``None`` where it is not bound so; why not where its offsets or block
+    shape are not read."""
+    binds = _bindings(an, name)
+    if len(binds) != 1 or binds[0][1] is None or not _inside(binds[0][1], loop):
+        return None
+    made = _bare(cst.parse_expression(binds[0][0]))
+    if not m.matches(made, m.Call(func=m.Attribute(attr=m.Name("make_block_ptr")))):
+        return None
+    parts = _block_ptr_parts(made)
+    if parts is None:
+        return "is made with offsets or a block shape TileLink does not read"
+    return [(o.value, code(b.value).strip()) for o, b in zip(parts[0].elements, parts[1].elements, strict=True)]
 
 
 def _check_range_start(an: KernelAnalysis, loop: tuple[Where, Where], header: str, a, rule: str) -> None:
@@ -1906,13 +1989,10 @@ def _check_step_blocks(an: KernelAnalysis, summing, targets: dict, a, rule: str)
                         if read is None or len(read[1]) != 1 or any(_placed(an, x) for m_ in read[1] for x in m_):
                             continue
                         first, split = _unplaced(an, read[0], axes)
-                        if first is not None:
-                            blocks.append((width, _single_product(read[1]), True, _single_product(first), split))
-                    moved = [(_less(m_, (target,)), c) for m_, c in poly.items() if m_.count(target) == 1]
-                    rest, split = _unplaced(an, {m_: c for m_, c in poly.items() if target not in m_}, axes)
-                    if len(moved) != 1 or moved[0][0] is None or rest is None:
-                        continue  # not moved along K by the step alone
-                    direct.append((width, _product_of(*moved[0]), True, _single_product(rest), split))
+                        blocks.append((width, _single_product(read[1]), True,
+                                       _single_product(first) if first is not None else _elsewhere(an, read[0], axes),
+                                       split))
+                    direct += _offset_block(an, poly, width, target, axes)
             else:
                 for node in load.offsets:
                     poly = reader.read(node)
@@ -1929,6 +2009,20 @@ def _check_step_blocks(an: KernelAnalysis, summing, targets: dict, a, rule: str)
                                                       f"`{twice[0]}1`), each made once a step")
                     for name in sorted({x for m_ in poly for x in m_ if x != target and (
                             x in carried or _made_address(an, x) is not None)}):
+                        afresh = _made_afresh(an, name, loop)
+                        if isinstance(afresh, str):
+                            raise _step_refused(
+                                load.site, loop, a, rule, f"reads `{load.root}` through the block pointer `{name}`, "
+                                                          f"which {afresh},", "",
+                                "TileLink cannot check that its steps cover each rank's slice of K once",
+                                f"make `{name}` with a tuple of offsets and a tuple of block sizes, one a dim")
+                        if afresh is not None:  # made on each step at the step's offsets: a descriptor's load
+                            for node, block in afresh:
+                                offset = reader.read(node)
+                                if offset is not None and not down:
+                                    direct += _offset_block(an, offset, _product_of(
+                                        _factor_codes(cst.parse_expression(block))), target, axes)
+                            continue
                         if _made_address(an, name) is not None:  # a block pointer the loop moves by `tl.advance`
                             dims = _advanced(an, name, loop, reader, load.site)
                             if isinstance(dims, str):
@@ -1941,9 +2035,9 @@ def _check_step_blocks(an: KernelAnalysis, summing, targets: dict, a, rule: str)
                                     f"descriptor, `desc.load([row, k * BLOCK_K])`)")
                             for dim in dims or ():
                                 first, split = _unplaced(an, dim[0], axes)
-                                if dim[1] and first is not None and len(dim[1]) == 1:
-                                    blocks.append((dim[2], _single_product(dim[1]), True, _single_product(first),
-                                                   split))
+                                if dim[1] and len(dim[1]) == 1:
+                                    blocks.append((dim[2], _single_product(dim[1]), True, _single_product(first)
+                                                   if first is not None else _elsewhere(an, dim[0], axes), split))
                             continue
                         read = _moved(an, name, loop, reader, load.site)  # a pointer or offsets the loop advances
                         if read is not None:
@@ -1965,8 +2059,19 @@ def _check_step_blocks(an: KernelAnalysis, summing, targets: dict, a, rule: str)
                     moved_direct.append((w, _times(adv, units), strided, begin, split))
                 direct = moved_direct
             for width, advance, strided, begin, split in blocks + direct:
-                if strided or width is None or advance[1] == width[1]:
-                    found.setdefault(load.root, []).append((width, advance, begin, load.site, split))
+                if not (strided or width is None or advance[1] == width[1]):
+                    continue  # no block of K columns: an advance along another dim (a GEMV's `k * D` beside `offs_d`)
+                if isinstance(begin, str):
+                    raise _step_refused(
+                        load.site, loop, a, rule, f"reads `{load.root}`'s columns along K from `{begin}` on, "
+                                                  f"which reads a program's position, a loaded value or another "
+                                                  f"loop's target,", "",
+                        "the columns it leaves out or reads twice are other columns of each rank's slice than of the "
+                        "full K",
+                        "read each step's block of K from where the step starts (`k * BLOCK_K + tl.arange(0, "
+                        "BLOCK_K)`) in every program; a split-K program may start at its split's block (`pid_k * "
+                        "BLOCK_K + ...`, `pid_k` the program id of a grid axis the write's address does not read)")
+                found.setdefault(load.root, []).append((width, advance, begin, load.site, split))
         read = _refuse_gaps(an, found, count, loop, header, a, rule)
         if started is not None and not read:
             raise _loop_refused(
@@ -1976,6 +2081,19 @@ def _check_step_blocks(an: KernelAnalysis, summing, targets: dict, a, rule: str)
                 "read each step's columns as a block, `offs_k = k + tl.arange(0, BLOCK_K)` over `range(pid_k * "
                 "BLOCK_K, K, BLOCK_K * SPLIT_K)`")
         checked += read
+
+
+def _offset_block(an: KernelAnalysis, poly: Poly, width, target: str, axes: frozenset[int]) -> list[tuple]:
+    """A descriptor's or a block pointer's offset along one dim, ``width`` wide, as the block of K columns it reads
+    (:func:`_column_blocks`' form), where the loop's target alone moves it (`k * BLOCK_K`, `pid_k * BLOCK_K + k`);
+    none where it does not."""
+    moved = [(_less(m_, (target,)), c) for m_, c in poly.items() if m_.count(target) == 1]
+    if len(moved) != 1 or moved[0][0] is None:
+        return []  # not moved along K by the step alone
+    still = {m_: c for m_, c in poly.items() if target not in m_}
+    rest, split = _unplaced(an, still, axes)
+    return [(width, _product_of(*moved[0]), True, _single_product(rest) if rest is not None
+             else _elsewhere(an, still, axes), split)]
 
 
 def _times(x: tuple[int, tuple[str, ...]], y: tuple[int, tuple[str, ...]]) -> tuple[int, tuple[str, ...]]:
@@ -1990,6 +2108,14 @@ def _unplaced(an: KernelAnalysis, terms: Poly, axes: frozenset[int]
         return terms, None
     split = _split_offset(terms, an, axes)
     return (None, None) if split is None else (split[0], split[1:])
+
+
+def _elsewhere(an: KernelAnalysis, terms: Poly, axes: frozenset[int]) -> str:
+    """The source of the term of ``terms`` that reads a position other than a split index's (a tile's, a loaded
+    value, an outer loop's target), or of the first that reads any where each is a split's (one split added twice)."""
+    placed = [(m_, c) for m_, c in terms.items() if any(_placed(an, x) for x in m_)]
+    other = [(m_, c) for m_, c in placed if _split_offset({m_: c}, an, axes) is None]
+    return _show_product(_product_of(*(other or placed)[0]))
 
 
 def _divided(x: tuple[int, tuple[str, ...]], y: tuple[int, tuple[str, ...]]) -> tuple[int, tuple[str, ...]] | None:

@@ -1,6 +1,7 @@
-"""Split-K steps and block pointers read under a reduction, compiled and run on the GPU with several ranks sharing
-it (the interpreter has no block pointers): the forms that tile K equal torch at worlds 2 and 3, and a grid with
-another split count than the step's is refused at the call, before anything is enqueued."""
+"""Split-K steps and block pointers (moved by `tl.advance` or made on each step) read under a reduction, compiled and
+run on the GPU with several ranks sharing it (the interpreter has no block pointers): the forms that tile K equal
+torch at worlds 2 and 3, and a grid with another split count than the step's is refused at the call, before anything
+is enqueued."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import tilelink
 from tests.rules.cases import launch_refusal, module_at, rows_of
 from tests.rules.forms_cases import _error, _exact, _placed
 from tests.rules.test_block_pointer_steps import BLOCK_POINTERS
+from tests.rules.test_k_columns_read import AFRESH
 from tests.rules.test_split_k_steps import COLUMNS, POINTERS, SPLIT, TILES
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
@@ -40,7 +42,8 @@ def _gemm_on(path: str, name: str, splits: int, split_k: int) -> float | str:
 
 
 @pytest.mark.parametrize("world", [2, 3])
-@pytest.mark.parametrize("form", ["pointers", "columns", "tiles", "block-pointers", "split-block-pointers"])
+@pytest.mark.parametrize("form", ["pointers", "columns", "tiles", "block-pointers", "split-block-pointers",
+                                  "block-pointers-afresh", "split-block-pointers-afresh"])
 def test_forms_that_tile_k_equal_torch(form: str, world: int, tmp_path) -> None:
     source, name = {
         "pointers": (SPLIT.format(loop=POINTERS.format(start="BLOCK_K", advance="BLOCK_K * SPLIT_K")), "mm_split"),
@@ -49,10 +52,15 @@ def test_forms_that_tile_k_equal_torch(form: str, world: int, tmp_path) -> None:
         "block-pointers": (BLOCK_POINTERS.format(start="0", step="BLOCK_K", advance="BLOCK_K"), "mm_blocks"),
         "split-block-pointers": (BLOCK_POINTERS.format(start="pid_k * BLOCK_K", step="BLOCK_K * SPLIT_K",
                                                        advance="BLOCK_K * SPLIT_K"), "mm_blocks"),
+        "block-pointers-afresh": (SPLIT.replace("tl.atomic_add(", "tl.store(").format(loop=AFRESH.format(
+            range="0, K, BLOCK_K", a_at="pid_m * BLOCK_M, k", b_at="k, pid_n * BLOCK_N")), "mm_split"),
+        "split-block-pointers-afresh": (SPLIT.format(loop=AFRESH.format(
+            range="pid_k * BLOCK_K, K, BLOCK_K * SPLIT_K", a_at="pid_m * BLOCK_M, k", b_at="k, pid_n * BLOCK_N")),
+            "mm_split"),
     }[form]
     path = tmp_path / f"{name}.py"
     path.write_text(source)
-    splits = 1 if form == "block-pointers" else 3
+    splits = 1 if form in ("block-pointers", "block-pointers-afresh") else 3
     errors = tilelink.spawn(_gemm_on, world, str(path), name, splits, splits, backend="nvshmem")
     assert all(isinstance(e, float) and e < 2e-2 for e in errors), errors
 
