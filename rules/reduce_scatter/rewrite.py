@@ -1694,8 +1694,8 @@ def _atomic(source: str) -> bool:
     """Whether ``source`` reads as one factor of a product without brackets (a name, a call, `pid_m`; not `pid_m %
     2`)."""
     try:
-        return isinstance(cst.parse_expression(source), (cst.Name, cst.Attribute, cst.Call, cst.Subscript,
-                                                         cst.Integer, cst.Float))
+        return isinstance(_bare(cst.parse_expression(source)), (cst.Name, cst.Attribute, cst.Call, cst.Subscript,
+                                                                cst.Integer, cst.Float))
     except cst.ParserSyntaxError:
         return False
 
@@ -3635,9 +3635,7 @@ def _made_address(an: KernelAnalysis, name: str) -> cst.Call | None:
 def _show_term(terms: Poly, monomial: tuple[str, ...]) -> str:
     """A term of :class:`_Offsets`' form as source: an atom written out whole is parenthesised."""
     factors = [a[len("arange:"):].join(("tl.arange(0, ", ")")) if a.startswith("arange:") else
-               a if isinstance(_bare(cst.parse_expression(a)), (cst.Name, cst.Attribute, cst.Call, cst.Subscript,
-                                                                cst.Integer)) else f"({a})"
-               for a in monomial]
+               a if _atomic(a) else f"({a})" for a in monomial]
     coefficient = terms[monomial]
     return " * ".join(([str(coefficient)] if coefficient != 1 else []) + factors) or str(coefficient)
 
