@@ -74,7 +74,9 @@ def plan_kernel(module: cst.Module, file: str, request: Request, names_at=None) 
         row_steps=tuple(sorted({(t, f, v, at.line) for t, f, v, at in an.row_steps})),
         row_starts=tuple(dict.fromkeys((v, at.line) for v, at in an.row_starts)),
         row_bounds=tuple(sorted({(t, terms, s, at.line) for t, terms, s, at in an.row_bounds})),
-        row_multiples=tuple(dict.fromkeys((f, d, test, at.line) for f, d, test, at in an.row_multiples)),
+        # the rule's own (a reduction's loop of whole blocks: each rank's K a whole number of its steps) kept
+        row_multiples=tuple(dict.fromkeys(plan.launch.row_multiples + tuple(
+            (f, d, test, at.line) for f, d, test, at in an.row_multiples))),
         column_ends=tuple(dict.fromkeys((v, b, s, test, at.line) for v, b, s, test, at in an.column_ends))))
     notes = tuple(ReportEntry(
         an.name, plan.rule, "note", f"the loop at line {at.line} runs without warp specialisation: its partitions "

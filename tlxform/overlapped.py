@@ -833,14 +833,20 @@ class OverlappedKernel:
         product = " * ".join(factors)
         under = f" (the load is compiled where `{test}` holds, as it does here)" if test else ""
         said = _said(factors, values) + (f" = {dividend}" if len(factors) > 1 else "")
+        reduced = self.plan.rule in ("reduce_scatter", "all_reduce")
+        covers = ("columns of this rank's slice of K, whose sum over the ranks is the kernel's" if reduced else
+                  "rows its wait covers")
+        past = ("columns past this rank's slice of K, which the sum over the ranks would add" if reduced else
+                "rows its wait does not cover")
         raise LaunchError(
-            f"{self.name}: the rows the load at {_display_path(self.file)}:{line} reads were proven to be those its "
-            f"wait covers with {product} a multiple of {divisor}{under}: its loop steps by {divisor} (rows from its "
-            f"tile='s first row, or columns of a row it reads without a mask), and its last block ends inside them "
-            f"only then; here {said} and {_said(divisors, values)}{said_config}, so its last "
-            f"block can read past "
-            f"them, rows its wait does not cover; pass arguments that make {product} a multiple of {divisor}" +
-            (f", or ones under which `{test}` does not hold" if test else ""))
+            f"{self.name}: the load at {_display_path(self.file)}:{line} reads {covers} only with {product} a "
+            f"multiple of {divisor}{under}: its loop steps by {divisor} (rows from its tile='s first row, or columns "
+            f"it reads without a mask), and its last block ends inside them only then; here {said} and "
+            f"{_said(divisors, values)}{said_config}, so its last block can read past them, {past}; pass arguments "
+            f"that make {product} a multiple of {divisor}" + (f", or ones under which `{test}` does not hold" if test
+                                                            else "") + (
+                f", or mask the loads along K (`mask=offs_k[None, :] < K - k * {divisor}`, `other=0.0`)" if reduced
+                else ""))
 
     def _check_rotation(self, bindings: list[tuple[str, str, int]], tiles: str, values: dict,
                         programs: tuple[int, int, int] | None, said_config: str, required: bool = False) -> None:

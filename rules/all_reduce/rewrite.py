@@ -20,6 +20,7 @@ from tilelink.rules.reduce_scatter.rewrite import (
     split_steps,
     stored_tiles,
     sums_dtypes,
+    whole_steps,
 )
 from tilelink.spec import AllReduceSpec, Options
 
@@ -59,7 +60,8 @@ def rewrite(an: KernelAnalysis, spec: AllReduceSpec, options: Options) -> Rewrit
                              via=opts.via, mode=opts.mode, order=opts.order, comm_block=opts.comm_block,
                              comm_sms=opts.comm_sms, channels_per_rank=opts.channels_per_rank, refused=refused,
                              stored_tiles=stored_tiles(an, spec), sums_dtypes=sums_dtypes(an, spec),
-                             first_rank_only=first_rank, rotations=rotations, split_steps=split_steps(an))
+                             first_rank_only=first_rank, rotations=rotations, split_steps=split_steps(an),
+                             row_multiples=whole_steps(an))
     partners = ("ar_pull_reduce",) if spec.mode == "one_shot" else ("ar_pull_reduce", "ar_gather_rows")
     return RewritePlan(an.name, RULE, spec, opts, CHANNEL_PARAMS, tuple(_named(i) for i in insertions), partners,
                        launch, tuple(report))

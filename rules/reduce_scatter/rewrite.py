@@ -1324,6 +1324,10 @@ def _address_of(node: cst.BaseExpression, pointers: set[str]) -> bool | None:
     return True if len(bases) == 1 and not any(names_in(t) & pointers for t in others) else None
 
 
+#: a load's padding past the bounds that reads zero (`""` leaves it to the hardware's zero fill)
+_ZERO_PADDING = m.SimpleString('"zero"') | m.SimpleString("'zero'") | m.SimpleString('""') | m.SimpleString("''")
+
+
 class _OnceLoads(cst.CSTTransformer):
     """A value with each load through ``pointers`` as the name ``_ONCE_NAME`` and each tensor's type (`bias_ptr.dtype`,
     the same for zeros in its place) as ``_type``; ``clean`` turns false where such a load's address reads them
@@ -1352,9 +1356,9 @@ class _OnceLoads(cst.CSTTransformer):
         # what a masked-out lane reads stays on every rank: only zero (or nothing) there is added once
         other = _arg(updated, 2, "other") if m.matches(func.value, m.Name("tl")) else None
         padding = _arg(updated, 4, "padding_option") if m.matches(func.value, m.Name("tl")) else None
-        if other is not None and not (isinstance(_bare(other), (cst.Integer, cst.Float)) and float(
-                _bare(other).value.replace("_", "")) == 0) or padding is not None and not m.matches(
-                padding, m.SimpleString('"zero"') | m.SimpleString("'zero'") | m.SimpleString('""')):
+        if other is not None and not (isinstance(_bare(other), (cst.Integer, cst.Float))
+                                      and _bare(other).evaluated_value == 0) or \
+                padding is not None and not m.matches(padding, _ZERO_PADDING):
             self.clean = False
         return cst.Name(_ONCE_NAME)
 
@@ -1540,18 +1544,27 @@ def _check_k_masks(an: KernelAnalysis, a, rule: str) -> None:
         target = targets.get(loop)
         extent = _loop_extent(an, loop, target)
         varying = _varying(an, loop, target)
+        # the loads masked by K (source): how they fill past K where not with zero, and whether with a finite literal
+        masked: dict[str, tuple[str, bool] | None] = {}
+        unmasked: list[Where] = []  # the loads stepping along K with no mask or bounds check at all
         for src, site in every:
             if not _inside(site, loop):
                 continue
             for call in m.findall(cst.parse_expression(src), m.Call(func=m.Attribute(attr=m.Name("load")))):
+                _check_padding(an, call, site, loop, a, rule)
                 mask = _arg(call, 1, "mask")
+                if _unmasked_step(an, call, varying):
+                    unmasked.append(site)
                 if mask is None:
                     continue
                 for term in _mask_terms(an, code(mask)):
                     if not (names_in(term) & varying):
                         continue
                     if _bounds_k(an, term, target, extent, stored):
-                        _check_k_other(an, call, term, site, loop, a, rule)
+                        other = _arg(call, 2, "other") if m.matches(call.func, m.Attribute(value=m.Name("tl"))) \
+                            else None
+                        masked[code(call).strip()] = None if other is None or _zero(an, other) else (
+                            f"`other={code(other).strip()}` at line {site.line}", _finite(an, other))
                         continue
                     if extent[0] is None and (_bounds_k(an, term, target, extent, stored, shape_only=True)
                                               if target is not None else _extent_shaped(an, term, stored)):
@@ -1579,28 +1592,224 @@ def _check_k_masks(an: KernelAnalysis, a, rule: str) -> None:
                         f"value", file=site.file, line=site.line, column=site.column,
                         hint="bound the K offsets by the K extent alone (`mask=... & (offs_k[None, :] < K - k * "
                              "BLOCK_K)`), and apply a condition on rows or data to the reduced result instead")
+        if masked:
+            _check_padded_terms(an, loop, masked, a, rule)
+        _whole_steps(an, loop, target, extent[0], unmasked)
 
 
-def _check_k_other(an: KernelAnalysis, call: cst.Call, term: cst.BaseExpression, site: Where, loop, a,
-                   rule: str) -> None:
-    """A load whose mask bounds the K offsets by the extent reads its `other` at the columns past K: on the full K in
-    the last block only, on each rank past the end of its own slice. Anything but zero there is summed once per rank
-    whose slice ends inside a block, not once: refused."""
-    if not m.matches(call.func, m.Attribute(value=m.Name("tl"))):
-        return  # a descriptor's load has no `other`
-    other = _arg(call, 2, "other")
-    if other is None:
+#: what the columns past K add to a sum: nothing (zero there), what reads no load masked by K, or something else;
+#: and a literal zero, zero everywhere
+_PAD_ZERO, _PAD_FREE, _PAD_SOME, _PAD_NIL = "zero", "free", "some", "nil"
+#: not finite there (a fill of `float("inf")`, a division by a zero-filled load): zero times it is no zero
+_PAD_WILD = "wild"
+#: calls whose value at a column is their first argument's there, converted or moved (`a.to(tl.float16)`,
+#: `tl.trans(b)`): zero where it is zero
+_PAD_KEEPS = frozenset({"to", "cast", "trans", "reshape", "permute", "broadcast_to", "view", "expand_dims",
+                        "multiple_of", "max_contiguous", "sum"})
+
+
+def _check_padded_terms(an: KernelAnalysis, loop: tuple[Where, Where], masked: dict[str, tuple[str, bool] | None], a,
+                        rule: str) -> None:
+    """Each rank's loads masked by K (``masked``: their source, and how they fill where the mask is false if not
+    with zero) read their `other` at the columns past the end of its own slice: on the full K in the last block only.
+    What an update of the loop adds there must be zero, or it is summed once per rank whose slice ends inside a block
+    rather than once past the full K. A product with a zero-filled load is zero there (`tl.dot(a, b, acc)`, `a *
+    x[None, :]`, `(b - zp) * s` beside a zero-filled `a`, also beside `b` filled with `other=1.0`); a sum with
+    anything else is not (`tl.dot(a + 1.0, b + 1.0, acc)`, `tl.exp(a)`, a product of two loads filled with `1.0`):
+    refused at the update."""
+    fills = [fill[0] for fill in masked.values() if fill is not None]
+    for name in sorted(set(an.values) | set(an.updates)):
+        for src, site in _bindings(an, name):
+            if site is None or not _inside(site, loop):
+                continue
+            value = _written_helper(an, cst.parse_expression(src))
+            added = _carried_slot(value, name) if name in names_in(value) else None
+            if not added or not (m.findall(value, _SUMS) or any(_reads_a_load(an, code(x)) for x in added)):
+                continue  # no sum: a counter, a pointer's advance
+            if m.matches(_bare(value), m.Call(func=m.Attribute(attr=m.Name("dot")))):
+                operands = [x.value for x in _bare(value).args if x.keyword is None][:2]
+                kind = _pad_product([_pad_kind(an, x, masked, {name}) for x in operands])
+            else:
+                kind = _pad_sum([_pad_kind(an, x, masked, {name}) for x in added])
+            if kind not in (_PAD_SOME, _PAD_WILD):
+                continue
+            filled = f", its loads filled with {', '.join(fills)}" if fills else ""
+            raise AnnotationError(
+                f"the update of `{name}` at line {site.line}, in the loop at line {loop[0].line} that sums the partial "
+                f"sums of {a.tensor!r}, adds something other than zero at the columns its loads masked by K leave "
+                f"out (`{code(value).strip()}`{filled}): each rank runs that loop over its own slice of K, so those "
+                f"columns are past the end of each rank's slice rather than past the full K, and the sum {rule} makes "
+                f"over the ranks would not be the full problem's value", file=site.file, line=site.line,
+                column=site.column,
+                hint="fill the masked columns with zero (`other=0.0`) and keep what the update adds zero there: a "
+                     "product with a zero-filled load (`tl.dot(a, b - zp, acc)` with `a` loaded with `other=0.0`)")
+
+
+def _pad_product(kinds: list[str]) -> str:
+    if _PAD_WILD in kinds:
+        return _PAD_WILD
+    if _PAD_NIL in kinds:
+        return _PAD_NIL
+    if _PAD_ZERO in kinds:
+        return _PAD_ZERO
+    return _PAD_SOME if _PAD_SOME in kinds else _PAD_FREE
+
+
+def _pad_sum(kinds: list[str]) -> str:
+    kinds = [k for k in kinds if k != _PAD_NIL]  # adding zero changes nothing
+    if not kinds:
+        return _PAD_NIL
+    if _PAD_WILD in kinds:
+        return _PAD_WILD
+    if all(k == _PAD_ZERO for k in kinds):
+        return _PAD_ZERO
+    return _PAD_FREE if all(k == _PAD_FREE for k in kinds) else _PAD_SOME
+
+
+def _pad_kind(an: KernelAnalysis, node: cst.BaseExpression, masked: dict[str, tuple[str, bool] | None],
+              visiting: set[str],
+              depth: int = 0) -> str:
+    """What ``node`` holds at the columns past K of the loads masked by K (``masked``, as for
+    :func:`_check_padded_terms`): zero there, nothing read from such a load, or anything else."""
+    node = _bare(node)
+    if depth > 24:
+        return _PAD_SOME
+    if isinstance(node, (cst.Integer, cst.Float)):
+        return _PAD_NIL if node.evaluated_value == 0 else _PAD_FREE
+    if isinstance(node, cst.Name):
+        binds = _bindings(an, node.value)
+        if node.value in visiting or not binds:
+            return _PAD_FREE if not binds else _PAD_ZERO  # a parameter; a name carried through itself: its others
+        every = [_pad_kind(an, cst.parse_expression(src), masked, visiting | {node.value}, depth + 1)
+                 for src, _ in binds]
+        kinds = [k for k in every if k != _PAD_NIL]  # bound to zero on one side: the others tell
+        if not kinds:
+            return _PAD_NIL
+        binds = [b for b, k in zip(binds, every, strict=True) if k != _PAD_NIL]
+        if _PAD_WILD in kinds or _PAD_SOME in kinds:
+            return _PAD_WILD if _PAD_WILD in kinds else _PAD_SOME
+        # bound on the two sides of an `if` (`if EVEN_K: a = tl.load(A)` else masked): zero where it is masked
+        return _PAD_ZERO if _PAD_ZERO in kinds and all(
+            k == _PAD_ZERO or _reads_a_load(an, src) for k, (src, _) in zip(kinds, binds, strict=True)) else (
+            _PAD_SOME if _PAD_ZERO in kinds else _PAD_FREE)
+    if isinstance(node, cst.UnaryOperation):
+        inner = _pad_kind(an, node.expression, masked, visiting, depth + 1)
+        if isinstance(node.operator, (cst.Minus, cst.Plus)) or inner == _PAD_WILD:
+            return inner
+        return _PAD_FREE if inner == _PAD_FREE else _PAD_SOME  # `~0` is -1, `not 0` is true
+    if isinstance(node, cst.Subscript):
+        return _pad_kind(an, node.value, masked, visiting, depth + 1)
+    if isinstance(node, cst.BinaryOperation):
+        left = _pad_kind(an, node.left, masked, visiting, depth + 1)
+        right = _pad_kind(an, node.right, masked, visiting, depth + 1)
+        if isinstance(node.operator, (cst.Multiply, cst.MatrixMultiply)):
+            return _pad_product([left, right])
+        if isinstance(node.operator, (cst.Divide, cst.FloorDivide, cst.Modulo)):
+            if right in (_PAD_ZERO, _PAD_NIL, _PAD_WILD):
+                return _PAD_WILD  # divided by zero there
+            return left if left in (_PAD_ZERO, _PAD_NIL) else _pad_sum([left, right])
+        return _pad_sum([left, right])
+    if isinstance(node, cst.Call):
+        if code(node).strip() in masked:
+            fill = masked[code(node).strip()]
+            return _PAD_ZERO if fill is None else _PAD_SOME if fill[1] else _PAD_WILD
+        func = node.func
+        attr = func.attr.value if isinstance(func, cst.Attribute) else func.value if isinstance(func, cst.Name) \
+            else None
+        args = [x.value for x in node.args if x.keyword is None]
+        if attr in ("load", "load_tensor_descriptor", "gather"):
+            return _PAD_FREE
+        if attr == "dot" and len(args) >= 2:
+            return _pad_product([_pad_kind(an, x, masked, visiting, depth + 1) for x in args[:2]])
+        if attr == "where" and len(args) == 3:
+            sides = [_pad_kind(an, x, masked, visiting, depth + 1) for x in args[1:]]
+            if all(k in (_PAD_ZERO, _PAD_NIL) for k in sides):
+                return _pad_sum(sides)
+            test = _pad_kind(an, args[0], masked, visiting, depth + 1)
+            return _pad_sum(sides) if test in (_PAD_FREE, _PAD_NIL) else _PAD_WILD if _PAD_WILD in (
+                test, *sides) else _PAD_SOME  # a test of a masked load may hold there
+        if attr in _PAD_KEEPS:
+            method = isinstance(func, cst.Attribute) and not m.matches(func.value, m.Name("tl"))
+            inner = func.value if method else args[0] if args else None  # `a.sum(axis=1)`: `a`'s
+            return _pad_kind(an, inner, masked, visiting, depth + 1) if inner is not None else _PAD_FREE
+        if isinstance(func, cst.Attribute) and not m.matches(func.value, m.Name("tl")):
+            args = [func.value, *args]  # a method: of the tensor it is called on too
+        kinds = [_pad_kind(an, x, masked, visiting, depth + 1) for x in args]
+        return _PAD_FREE if all(k in (_PAD_FREE, _PAD_NIL) for k in kinds) else _PAD_WILD if _PAD_WILD in kinds \
+            else _PAD_SOME
+    if isinstance(node, (cst.Comparison, cst.BooleanOperation)):
+        kinds = [_pad_kind(an, x, masked, visiting, depth + 1) for x in (
+            [node.left, *(c.comparator for c in node.comparisons)] if isinstance(node, cst.Comparison)
+            else [node.left, node.right])]
+        return _PAD_FREE if all(k in (_PAD_FREE, _PAD_NIL) for k in kinds) else _PAD_SOME  # `a == 0` holds there
+    if isinstance(node, (cst.Attribute, cst.SimpleString, cst.Tuple, cst.List)):
+        return _PAD_FREE  # a type, a shape
+    return _PAD_SOME
+
+
+def _unmasked_step(an: KernelAnalysis, call: cst.Call, varying: set[str]) -> bool:
+    """Whether the pointer load ``call`` moves with the loop and reads its block whole: no mask (or one of other
+    dims only), no `boundary_check` of a block pointer. A descriptor's load pads past the shape itself."""
+    if not m.matches(call.func, m.Attribute(value=m.Name("tl"), attr=m.Name("load"))):
+        return False
+    pointer = _arg(call, 0, "pointer")
+    if pointer is None or not _reads_varying(an, pointer, varying) or _arg(call, 3, "boundary_check") is not None:
+        return False
+    mask = _arg(call, 1, "mask")
+    return mask is None or not any(names_in(term) & varying for term in _mask_terms(an, code(mask)))
+
+
+def _whole_steps(an: KernelAnalysis, loop: tuple[Where, Where], target: str | None, extent, unmasked: list[Where]
+                 ) -> None:
+    """Loads that read whole blocks along K with no mask (``unmasked``) end at each rank's last column only where its
+    slice is a whole number of the loop's steps; on the full K the kernel asks that of K alone. Each call with more
+    than one rank checks it (``row_multiples``: the extent, the columns a step moves, the compile-time test the load
+    is under), kept in the analysis' own dict for :func:`whole_steps`."""
+    step = an.__dict__.get("_step_columns", {}).get(loop)
+    bound = _bare(_bound_value(an, extent)) if extent is not None else None
+    if not unmasked or step is None or not isinstance(bound, cst.Name) or target is None:
         return
-    if _zero(an, other):
+    for site in unmasked:
+        tests = [f"({side.test})" if side.body else f"not ({side.test})"
+                 for side in an.branch_sides.get(site, ()) if side.static]
+        an.__dict__.setdefault("_whole_steps", []).append(((bound.value,), step, " and ".join(tests), site.line))
+
+
+def whole_steps(an: KernelAnalysis) -> tuple[tuple[tuple[str, ...], str, str, int], ...]:
+    """What the loops that sum with loads of whole blocks ask of each call (:func:`_whole_steps`), as
+    ``LaunchPlan.row_multiples``."""
+    return tuple(dict.fromkeys(an.__dict__.get("_whole_steps", ())))
+
+
+def _check_padding(an: KernelAnalysis, call: cst.Call, site: Where, loop, a, rule: str) -> None:
+    """A block pointer's load past its bounds, or a descriptor's, reads its `padding_option`: past the end of each
+    rank's slice of K rather than of the full K, as a mask's `other` (:func:`_check_padded_terms`). Only zero
+    (`"zero"`, or `""`, which Triton leaves to the hardware's zero fill) is summed the same: `"nan"` is refused."""
+    padding = None
+    if m.matches(call.func, m.Attribute(value=m.Name("tl"))):
+        padding = _arg(call, 4, "padding_option")
+    elif isinstance(call.func, cst.Attribute) and isinstance(call.func.value, cst.Name):
+        made = _made_address(an, call.func.value.value)  # a descriptor made with its padding
+        padding = next((x.value for x in made.args if x.keyword is not None
+                        and x.keyword.value == "padding_option"), None) if made is not None else None
+    if padding is None or m.matches(_bare(padding), _ZERO_PADDING):
         return
     raise AnnotationError(
-        f"the load at line {site.line} is masked by K (`{code(term).strip()}`) in the loop at line {loop[0].line}, "
-        f"which sums the partial sums of {a.tensor!r}, and reads `other={code(other).strip()}` where the mask is "
-        f"false: each rank runs that loop over its own slice of K, so those columns are past the end of each rank's "
-        f"slice rather than past the full K, the fill is summed on every rank whose slice ends inside a block, and "
-        f"the sum {rule} makes over the ranks would not be the full problem's value", file=site.file,
-        line=site.line, column=site.column,
-        hint="fill the masked columns with zero (`other=0.0`), and apply any other value to the reduced result")
+        f"the load at line {site.line} pads what it reads past the tensor's bounds with "
+        f"`padding_option={code(padding).strip()}` in the loop at line {loop[0].line}, which sums the partial sums "
+        f"of {a.tensor!r}: each rank runs that loop over its own slice of K, so the padded columns are past the end "
+        f"of each rank's slice rather than past the full K, and the sum {rule} makes over the ranks would not be "
+        f"the full problem's value", file=site.file, line=site.line, column=site.column,
+        hint='pad with zero (`padding_option="zero"`)')
+
+
+def _finite(an: KernelAnalysis, node: cst.BaseExpression) -> bool:
+    """Whether ``node`` is a number literal (signed or not), through names bound once: a fill a zero-filled factor
+    beside it makes zero (not `float("inf")`, nor a value TileLink does not read)."""
+    value = _bare(_bound_value(an, node, params_only=False))
+    if isinstance(value, cst.UnaryOperation) and isinstance(value.operator, (cst.Minus, cst.Plus)):
+        value = _bare(value.expression)
+    return isinstance(value, (cst.Integer, cst.Float))
 
 
 def _zero(an: KernelAnalysis, node: cst.BaseExpression) -> bool:
@@ -1614,7 +1823,7 @@ def _zero(an: KernelAnalysis, node: cst.BaseExpression) -> bool:
     if m.matches(value, m.Call(func=m.Attribute(value=m.Name("tl"), attr=m.Name("full")))):
         fill = _arg(value, 1, "value")
         return fill is not None and _zero(an, fill)
-    return isinstance(value, (cst.Integer, cst.Float)) and float(value.value.replace("_", "")) == 0
+    return isinstance(value, (cst.Integer, cst.Float)) and value.evaluated_value == 0
 
 
 def _check_whole_extent(an: KernelAnalysis, summing, targets: dict, a, rule: str) -> None:
@@ -1717,15 +1926,15 @@ def _column_blocks(an: KernelAnalysis, start: Poly, moves: Poly, moving: str | N
     times more (read without the name ``moving``, the loop's target, where it is given); where it starts, the other
     terms of ``start`` that are ``rest`` times more (``(0, ())``: none; ``None``: more than one), all as products.
     ``strided``: ``rest`` is not empty, so the advance is along the block's own stride (`k * BLOCK_K * stride_ak`
-    beside `rk * stride_ak`), or the advance is the loop's target itself (`k + tl.arange(0, BLOCK_K)`), where
-    without either an advance may be a row's (`b_ptr + k * N + offs_n` walks B's rows, `offs_n` its columns). A
-    term that is another block's rest times more is that block's (the rows' `pid_m * BLOCK_M * stride_am` beside `rm
-    * stride_am`), and so is a position times a parameter beside a block with no stride; so is the pointer ``root``
-    itself. ``split``: how far apart the
-    programs along a split-K axis (``axes``: the grid axes the write-back's address does not read) start, from a term
-    that is their index times more (`pid_k * BLOCK_K`), as ``(product, axis)``; ``None`` without one. A block that
-    also starts at another program's position (a tile's, a loaded value, an outer loop's target) has the source of
-    that term as its start, which :func:`_check_step_blocks` refuses."""
+    beside `rk * stride_ak`), or the advance is made of block sizes alone (`k + tl.arange(0, BLOCK_K)`, `k *
+    BLOCK_M + ...`), where otherwise an advance may be a row's (`b_ptr + k * N + offs_n` walks B's rows, `offs_n` its
+    columns). A term that is another block's rest times more is that block's (the rows' `pid_m * BLOCK_M *
+    stride_am` beside `rm * stride_am`), and so is a position times a run-time parameter (`offs_m * stride_am`
+    beside columns with no stride, an expert's `e * K * N` beside `offs_k * N`); so is the pointer ``root`` itself.
+    ``split``: how far apart the programs along a split-K axis (``axes``: the grid axes the write-back's address does
+    not read) start, from a term that is their index times more (`pid_k * BLOCK_K`), as ``(product, axis)``; ``None``
+    without one. A block that also starts at another program's position (a tile's, a loaded value, an outer loop's
+    target) has the source of that term as its start, which :func:`_check_step_blocks` refuses."""
     aranges = [(m_[i], m_[:i] + m_[i + 1:], c) for m_, c in start.items()
                for i, atom in enumerate(m_) if atom.startswith("arange:") and sum(
                    x.startswith("arange:") for x in m_) == 1]
@@ -1745,9 +1954,11 @@ def _column_blocks(an: KernelAnalysis, start: Poly, moves: Poly, moving: str | N
                     monomial == (root,) or any(_less(monomial, r) is not None for r in others):
                 continue
             if any(_placed(an, x) for x in left):
-                if not rest and any(x in an.params and x not in an.constexpr_params for x in left):
-                    continue  # beside columns with no stride, a position times a stride is another dim's (rows)
                 at = _split_offset({left: c}, an, axes)
+                if at is None and any(x in an.params and x not in an.constexpr_params for x in left):
+                    # a position times a run-time parameter is another dim's: the rows' `offs_m * stride_am` beside
+                    # columns with no stride, an expert's `e * K * N` beside `offs_k * N`
+                    continue
                 if at is None or split is not None:
                     placed = _show_product(_product_of(left, c))
                     break
@@ -1756,9 +1967,10 @@ def _column_blocks(an: KernelAnalysis, start: Poly, moves: Poly, moving: str | N
             shifts.append(_product_of(left, c))
         width = _product_of(_factor_codes(cst.parse_expression(atom[len("arange:"):])))
         begin = placed or ((0, ()) if not shifts else shifts[0] if len(shifts) == 1 else None)
-        # the loop's target itself beside the block (`k + tl.arange(0, BLOCK_K)`) indexes columns whatever the stride
-        blocks += [(width, _product_of(left, c), bool(rest) or (moving is not None and not left), begin, split)
-                   for left, c in matched]
+        # an advance of block sizes alone (`k + tl.arange(0, BLOCK_K)`, `k * BLOCK_M + ...`, `a_ptrs += BLOCK_K`)
+        # moves columns whatever their stride; one that reads a run-time parameter may be a row's (`k * D`)
+        blocks += [(width, _product_of(left, c), bool(rest) or all(
+            x in an.constexpr_params for x in left if not x.isdigit()), begin, split) for left, c in matched]
     return blocks
 
 
@@ -1803,11 +2015,8 @@ def _moved(an: KernelAnalysis, name: str, loop: tuple[Where, Where], reader, at:
     adds to it)``, read as sums of products; ``None`` where it is bound otherwise than once before the loop and once
     in it."""
     binds = _bindings(an, name)
-    first = [src for src, w in binds if w is None or not _inside(w, loop)]
     moved = [(src, w) for src, w in binds if w is not None and _inside(w, loop)]
-    if len(first) != 1 or not moved:
-        return None
-    start, total = reader.read(cst.parse_expression(first[0])), {}
+    start, total = _before_loop(an, name, loop, reader) if moved else None, {}
     if start is None:
         return None
     if len(moved) > 1 and any(_inside(side.where, loop) for _, w in moved for side in an.branch_sides.get(w, ())):
@@ -1821,6 +2030,48 @@ def _moved(an: KernelAnalysis, name: str, loop: tuple[Where, Where], reader, at:
         if at is not None and _before(w, at):
             start = poly_add(start, added)  # where the load reads: past the advances before it
     return start, total
+
+
+def _before_loop(an: KernelAnalysis, name: str, loop: tuple[Where, Where], reader) -> Poly | None:
+    """What ``name`` holds where the loop starts, read as a sum of products: a parameter (itself) or its first
+    binding, plus what each `name += X` (or `name = name + X`) before the loop adds (`a_ptr += pid_b * stride_ab`,
+    `a_ptrs += pid_n * BLOCK_K * stride_ak`); ``None`` where it is bound after the loop too, or otherwise, or under an
+    `if` or in another loop before it."""
+    binds = sorted([(src, w) for src, w in _bindings(an, name) if w is not None and not _inside(w, loop)],
+                   key=lambda b: (b[1].line, b[1].column))
+    if any(not _before(w, loop[0]) for _, w in binds):
+        return None
+    if name in an.params:
+        start, more = {(name,): 1}, binds
+    elif binds:
+        start, more = reader.read(cst.parse_expression(binds[0][0])), binds[1:]
+    else:
+        return None
+    around = [lp for lp in _loop_targets(an) if _inside(loop[0], lp)] + [loop]
+    for src, w in more:
+        if start is None or any(_inside(w, lp) for lp in _loop_targets(an) if lp not in around) or not set(
+                an.branch_sides.get(w, ())) <= set(an.branch_sides.get(loop[0], ())):
+            return None  # moved in another loop, or under an `if` the loop is not under
+        step = reader.read(cst.parse_expression(src))
+        if step is None or step.get((name,)) != 1:
+            return None
+        start = poly_add(start, {m_: c for m_, c in step.items() if m_ != (name,)})
+    return start
+
+
+def _at_loop_start(an: KernelAnalysis, poly: Poly, loop: tuple[Where, Where], reader, varying: set[str]) -> Poly:
+    """``poly`` with each name the loop does not change that is moved before the loop (a parameter `a_ptr += ...`, a
+    pointer made and then moved) written out as what it holds where the loop starts (:func:`_before_loop`), where it
+    is one term of its own."""
+    for name in sorted({x for m_ in poly for x in m_ if x not in varying}):
+        binds = [w for _, w in _bindings(an, name) if w is not None and not _inside(w, loop)]
+        if not binds or name not in an.params and len(binds) < 2 or poly.get((name,)) != 1 or sum(
+                name in m_ for m_ in poly) != 1:
+            continue
+        start = _before_loop(an, name, loop, reader)
+        if start is not None:
+            poly = poly_add({m_: c for m_, c in poly.items() if m_ != (name,)}, start)
+    return poly
 
 
 def _advanced(an: KernelAnalysis, name: str, loop: tuple[Where, Where], reader, at: Where
@@ -1864,6 +2115,10 @@ def _advanced(an: KernelAnalysis, name: str, loop: tuple[Where, Where], reader, 
                 starts[i] = poly_add(starts[i], added)  # where the load reads: past the advances before it
     if sum(bool({m_: c for m_, c in x.items() if c}) for x in steps) > 1:
         return "is advanced along more than one dim"
+    along = [i for i, x in enumerate(steps) if {m_: c for m_, c in x.items() if c}]
+    why = _block_ptr_along_k(an, made, along[0], loop) if along else None
+    if why is not None:
+        return why
     return [(start, step, _product_of(_factor_codes(e.value))) for start, step, e in zip(
         starts, steps, shape.elements, strict=True)]
 
@@ -1890,13 +2145,67 @@ def _made_afresh(an: KernelAnalysis, name: str, loop: tuple[Where, Where]
     binds = _bindings(an, name)
     if len(binds) != 1 or binds[0][1] is None or not _inside(binds[0][1], loop):
         return None
-    made = _bare(cst.parse_expression(binds[0][0]))
-    if not m.matches(made, m.Call(func=m.Attribute(attr=m.Name("make_block_ptr")))):
+    return _made_parts(an, _bare(cst.parse_expression(binds[0][0])), loop)
+
+
+def _made_parts(an: KernelAnalysis, made: cst.BaseExpression, loop: tuple[Where, Where]
+                ) -> list[tuple[cst.BaseExpression, str]] | str | None:
+    """:func:`_made_afresh` of the call ``made`` itself (also one written in the load, `tl.load(tl.make_block_ptr(
+    ...))`); ``None`` where it is no `tl.make_block_ptr`. Its base must not move with the loop: TileLink reads the
+    columns from the offsets."""
+    if not m.matches(made, m.Call(func=m.Attribute(attr=m.Name("make_block_ptr")))) or not made.args:
         return None
     parts = _block_ptr_parts(made)
     if parts is None:
         return "is made with offsets or a block shape TileLink does not read"
+    target = _loop_targets(an).get(loop)
+    base = _block_ptr_arg(made, 0, "base")
+    if base is None or _reads_varying(an, base, _varying(an, loop, target)):
+        return "is made at a base that moves with the loop"
+    along = [i for i, o in enumerate(parts[0].elements) if target is not None and target in _names_through(
+        an, o.value, outside_loops=False)]
+    why = _block_ptr_along_k(an, made, along[0], loop) if len(along) == 1 else None
+    if why is not None:
+        return why
     return [(o.value, code(b.value).strip()) for o, b in zip(parts[0].elements, parts[1].elements, strict=True)]
+
+
+def _block_ptr_arg(made: cst.Call, place: int, keyword: str) -> cst.BaseExpression | None:
+    """The argument of `tl.make_block_ptr(base, shape, strides, offsets, block_shape, order)` at ``place`` or
+    ``keyword``."""
+    named = next((a.value for a in made.args if a.keyword is not None and a.keyword.value == keyword), None)
+    if named is not None:
+        return named
+    return made.args[place].value if len(made.args) > place and made.args[place].keyword is None else None
+
+
+def _block_ptr_along_k(an: KernelAnalysis, made: cst.Call, dim: int, loop: tuple[Where, Where]) -> str | None:
+    """Why a block pointer moved along its dim ``dim`` by the loop does not read the columns its offsets say, or
+    ``None``: its shape there must be the K extent the call passes (`(M, K - BLOCK_K)` leaves out each rank's last
+    columns, not the full K's), and its base where the loop starts must not be moved along that dim (`a_ptr +=
+    BLOCK_K * stride_ak` before the loop starts each rank's columns further in)."""
+    reader, target = _Offsets(an), _loop_targets(an).get(loop)
+    shape, strides = (_bare(_bound_value(an, x, params_only=False)) if x is not None else None
+                      for x in (_block_ptr_arg(made, 1, "shape"), _block_ptr_arg(made, 2, "strides")))
+    extent = _loop_extent(an, loop, target)[0]
+    if extent is not None and isinstance(shape, (cst.Tuple, cst.List)) and dim < len(shape.elements):
+        want = code(_bare(_bound_value(an, extent, params_only=False))).strip()
+        have = code(_bare(_bound_value(an, shape.elements[dim].value, params_only=False))).strip()
+        if have != want and code(_bare(extent)).strip() != have:
+            return f"is made with `{have}` along K where the loop runs over `{want}`"
+    base = _block_ptr_arg(made, 0, "base")
+    if base is None or not isinstance(strides, (cst.Tuple, cst.List)) or dim >= len(strides.elements):
+        return None
+    start, stride = reader.read(base), reader.read(strides.elements[dim].value)
+    if start is None or stride is None or len(stride) != 1:
+        return None
+    start = _at_loop_start(an, start, loop, reader, {target} if target else set())
+    ((unit, _),) = stride.items()
+    moved = [m_ for m_ in start if len(m_) > 1 or m_ and m_[0] not in an.params]
+    moved = [m_ for m_ in moved if _less(m_, unit) is not None]
+    if moved:
+        return f"is made at a base moved along K (`{_show_term(start, moved[0])}`) where the loop starts"
+    return None
 
 
 def _check_range_start(an: KernelAnalysis, loop: tuple[Where, Where], header: str, a, rule: str) -> None:
@@ -1995,6 +2304,20 @@ def _check_step_blocks(an: KernelAnalysis, summing, targets: dict, a, rule: str)
                     direct += _offset_block(an, poly, width, target, axes)
             else:
                 for node in load.offsets:
+                    inline = _made_parts(an, _bare(node), loop)  # `tl.load(tl.make_block_ptr(...))`
+                    if isinstance(inline, str):
+                        raise _step_refused(
+                            load.site, loop, a, rule, f"reads `{load.root}` through a block pointer that {inline},",
+                            "", "TileLink cannot check that its steps cover each rank's slice of K once",
+                            "make the block pointer at the tensor's own base, with a tuple of offsets (`(pid_m * "
+                            "BLOCK_M, k)`) and a tuple of block sizes, one a dim")
+                    if inline is not None:
+                        for offset, block in inline:
+                            read = reader.read(offset)
+                            if read is not None and not down:
+                                direct += _offset_block(an, read, _product_of(
+                                    _factor_codes(cst.parse_expression(block))), target, axes)
+                        continue
                     poly = reader.read(node)
                     if poly is None:
                         continue
@@ -2015,7 +2338,8 @@ def _check_step_blocks(an: KernelAnalysis, summing, targets: dict, a, rule: str)
                                 load.site, loop, a, rule, f"reads `{load.root}` through the block pointer `{name}`, "
                                                           f"which {afresh},", "",
                                 "TileLink cannot check that its steps cover each rank's slice of K once",
-                                f"make `{name}` with a tuple of offsets and a tuple of block sizes, one a dim")
+                                f"make `{name}` at the tensor's own base, with a tuple of offsets (`(pid_m * "
+                                f"BLOCK_M, k)`) and a tuple of block sizes, one a dim")
                         if afresh is not None:  # made on each step at the step's offsets: a descriptor's load
                             for node, block in afresh:
                                 offset = reader.read(node)
@@ -2041,7 +2365,12 @@ def _check_step_blocks(an: KernelAnalysis, summing, targets: dict, a, rule: str)
                             continue
                         read = _moved(an, name, loop, reader, load.site)  # a pointer or offsets the loop advances
                         if read is not None:
-                            blocks += _column_blocks(an, read[0], read[1], None, load.root, axes)
+                            start = read[0]
+                            if poly.get((name,)) == 1 and sum(name in m_ for m_ in poly) == 1:
+                                # the address around it (`a_ptr + offs` over a parameter the loop advances)
+                                start = poly_add({m_: c for m_, c in poly.items() if m_ != (name,)}, start)
+                            blocks += _column_blocks(an, start, read[1], None, load.root, axes)
+                    poly = _at_loop_start(an, poly, loop, reader, carried | {target})
                     if not down and any(target in m_ for m_ in poly):
                         direct += _column_blocks(an, poly, poly, target, load.root, axes)
             if ranged:
@@ -2062,16 +2391,21 @@ def _check_step_blocks(an: KernelAnalysis, summing, targets: dict, a, rule: str)
                 if not (strided or width is None or advance[1] == width[1]):
                     continue  # no block of K columns: an advance along another dim (a GEMV's `k * D` beside `offs_d`)
                 if isinstance(begin, str):
+                    what = ("which moves with the loop's step besides the pointer's own advance" if re.search(
+                        rf"\b{re.escape(target)}\b", begin) else "which reads a program's position, a loaded value "
+                                                                  "or another loop's target")
                     raise _step_refused(
-                        load.site, loop, a, rule, f"reads `{load.root}`'s columns along K from `{begin}` on, "
-                                                  f"which reads a program's position, a loaded value or another "
-                                                  f"loop's target,", "",
+                        load.site, loop, a, rule, f"reads `{load.root}`'s columns along K from `{begin}` on, {what},",
+                        "",
                         "the columns it leaves out or reads twice are other columns of each rank's slice than of the "
                         "full K",
                         "read each step's block of K from where the step starts (`k * BLOCK_K + tl.arange(0, "
                         "BLOCK_K)`) in every program; a split-K program may start at its split's block (`pid_k * "
                         "BLOCK_K + ...`, `pid_k` the program id of a grid axis the write's address does not read)")
                 found.setdefault(load.root, []).append((width, advance, begin, load.site, split))
+        if count != (1, ()) and all(f in an.params for f in count[1]):  # what each rank's K must be a multiple of
+            an.__dict__.setdefault("_step_columns", {})[loop] = " * ".join(
+                ([str(count[0])] if count[0] != 1 else []) + list(count[1]))
         read = _refuse_gaps(an, found, count, loop, header, a, rule)
         if started is not None and not read:
             raise _loop_refused(
@@ -3753,6 +4087,9 @@ def _read_summing_loads(an: KernelAnalysis, loop: tuple[Where, Where], outside: 
             shape = _bare(_bound_value(an, shape, params_only=False)) if shape is not None else None
             blocks = tuple(code(e.value).strip() for e in shape.elements) if isinstance(
                 shape, (cst.List, cst.Tuple)) and len(shape.elements) == len(offsets) else ()
+            if pointer and m.matches(_bare(given), m.Call(func=m.Attribute(attr=m.Name("make_block_ptr")))) and \
+                    _bare(given).args:  # `tl.load(tl.make_block_ptr(a_ptr, ...))`: the tensor is its base's
+                base = _bare(given).args[0].value  # type: ignore[attr-defined]
             found.append(_Load(site, offsets, _address_root(an, base), steps, reads, blocks=blocks))
     return found, varying, carried
 
@@ -4719,7 +5056,8 @@ def rewrite(an: KernelAnalysis, spec: ReduceScatterSpec, options: Options) -> Re
                                  atomic_axes=None if found is None else tuple(found[0]),
                                  atomic_when="" if found is None else found[1], refused=refused,
                                  stored_tiles=stored_tiles(an, spec), sums_dtypes=sums_dtypes(an, spec),
-                                 first_rank_only=first_rank, rotations=rotations, split_steps=split_steps(an))
+                                 first_rank_only=first_rank, rotations=rotations, split_steps=split_steps(an),
+                                 row_multiples=whole_steps(an))
     if opts.via == "sm" and opts.mode == "push" and spec.topk:
         raise AnnotationError("reduce_scatter with topk= reduces by pulling", file=an.file, line=an.where.line,
                               column=an.where.column, hint="drop mode='push' for the MoE reduction")

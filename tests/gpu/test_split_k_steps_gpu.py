@@ -13,7 +13,7 @@ import tilelink
 from tests.rules.cases import launch_refusal, module_at, rows_of
 from tests.rules.forms_cases import _error, _exact, _placed
 from tests.rules.test_block_pointer_steps import BLOCK_POINTERS
-from tests.rules.test_k_columns_read import AFRESH
+from tests.rules.test_k_columns_read import AFRESH, PARAMS_ADVANCED
 from tests.rules.test_split_k_steps import COLUMNS, POINTERS, SPLIT, TILES
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
@@ -43,7 +43,8 @@ def _gemm_on(path: str, name: str, splits: int, split_k: int) -> float | str:
 
 @pytest.mark.parametrize("world", [2, 3])
 @pytest.mark.parametrize("form", ["pointers", "columns", "tiles", "block-pointers", "split-block-pointers",
-                                  "block-pointers-afresh", "split-block-pointers-afresh"])
+                                  "block-pointers-afresh", "split-block-pointers-afresh", "block-pointers-in-load",
+                                  "parameters-advanced"])
 def test_forms_that_tile_k_equal_torch(form: str, world: int, tmp_path) -> None:
     source, name = {
         "pointers": (SPLIT.format(loop=POINTERS.format(start="BLOCK_K", advance="BLOCK_K * SPLIT_K")), "mm_split"),
@@ -57,10 +58,18 @@ def test_forms_that_tile_k_equal_torch(form: str, world: int, tmp_path) -> None:
         "split-block-pointers-afresh": (SPLIT.format(loop=AFRESH.format(
             range="pid_k * BLOCK_K, K, BLOCK_K * SPLIT_K", a_at="pid_m * BLOCK_M, k", b_at="k, pid_n * BLOCK_N")),
             "mm_split"),
+        "block-pointers-in-load": (SPLIT.replace("tl.atomic_add(", "tl.store(").format(loop=AFRESH.format(
+            range="0, K, BLOCK_K", a_at="pid_m * BLOCK_M, k", b_at="k, pid_n * BLOCK_N").replace(
+            "        a_bp = tl.make_block_ptr(a_ptr, (M, K), (stride_am, stride_ak), (pid_m * BLOCK_M, k), (BLOCK_M, "
+            "BLOCK_K), (1, 0))\n", "").replace(
+            "tl.load(a_bp,", "tl.load(tl.make_block_ptr(a_ptr, (M, K), (stride_am, stride_ak), (pid_m * BLOCK_M, k), "
+                             "(BLOCK_M, BLOCK_K), (1, 0)),")), "mm_split"),
+        "parameters-advanced": (SPLIT.replace("tl.atomic_add(", "tl.store(").format(
+            loop=PARAMS_ADVANCED.format(advance="BLOCK_K")), "mm_split"),
     }[form]
     path = tmp_path / f"{name}.py"
     path.write_text(source)
-    splits = 1 if form in ("block-pointers", "block-pointers-afresh") else 3
+    splits = 3 if form in ("pointers", "columns", "tiles", "split-block-pointers", "split-block-pointers-afresh") else 1
     errors = tilelink.spawn(_gemm_on, world, str(path), name, splits, splits, backend="nvshmem")
     assert all(isinstance(e, float) and e < 2e-2 for e in errors), errors
 

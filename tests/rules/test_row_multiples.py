@@ -127,8 +127,8 @@ def test_the_call_is_refused_where_the_chunk_is_no_whole_number_of_blocks(tmp_pa
             kernel._check_row_scales(_args(12, True), two)
         said = str(info.value)
         line = _line_of(FORM.read_text(), "x = whole.load(")
-        assert said.startswith(f"{NAME}: the rows the load at "), said
-        assert f"{NAME}.py:{line} reads were proven to be those its wait covers with CHUNK a multiple of " \
+        assert said.startswith(f"{NAME}: the load at "), said
+        assert f"{NAME}.py:{line} reads rows its wait covers only with CHUNK a multiple of " \
                "BLOCK_S (the load is compiled where `(EVEN)` holds, as it does here)" in said, said
         assert "here CHUNK=12 and BLOCK_S=8, so its last block can read past them" in said, said
         assert "pass arguments that make CHUNK a multiple of BLOCK_S, or ones under which `(EVEN)` does not hold" \
