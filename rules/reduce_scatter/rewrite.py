@@ -1667,8 +1667,7 @@ def _pad_sum(kinds: list[str]) -> str:
 
 
 def _pad_kind(an: KernelAnalysis, node: cst.BaseExpression, masked: dict[str, tuple[str, bool] | None],
-              visiting: set[str],
-              depth: int = 0) -> str:
+              visiting: set[str], depth: int = 0) -> str:
     """What ``node`` holds at the columns past K of the loads masked by K (``masked``, as for
     :func:`_check_padded_terms`): zero there, nothing read from such a load, or anything else."""
     node = _bare(node)
@@ -1710,8 +1709,8 @@ def _pad_kind(an: KernelAnalysis, node: cst.BaseExpression, masked: dict[str, tu
             return left if left in (_PAD_ZERO, _PAD_NIL) else _pad_sum([left, right])
         return _pad_sum([left, right])
     if isinstance(node, cst.Call):
-        if code(node).strip() in masked:
-            fill = masked[code(node).strip()]
+        if (source := code(node).strip()) in masked:
+            fill = masked[source]
             return _PAD_ZERO if fill is None else _PAD_SOME if fill[1] else _PAD_WILD
         func = node.func
         attr = func.attr.value if isinstance(func, cst.Attribute) else func.value if isinstance(func, cst.Name) \
@@ -1806,18 +1805,21 @@ def _check_padding(an: KernelAnalysis, call: cst.Call, site: Where, loop, a, rul
 def _finite(an: KernelAnalysis, node: cst.BaseExpression) -> bool:
     """Whether ``node`` is a number literal (signed or not), through names bound once: a fill a zero-filled factor
     beside it makes zero (not `float("inf")`, nor a value TileLink does not read)."""
+    return isinstance(_unsigned(an, node), (cst.Integer, cst.Float))
+
+
+def _unsigned(an: KernelAnalysis, node: cst.BaseExpression) -> cst.BaseExpression:
+    """``node`` through names bound once, a sign before it left out (`-0.0`, `+1`)."""
     value = _bare(_bound_value(an, node, params_only=False))
     if isinstance(value, cst.UnaryOperation) and isinstance(value.operator, (cst.Minus, cst.Plus)):
         value = _bare(value.expression)
-    return isinstance(value, (cst.Integer, cst.Float))
+    return value
 
 
 def _zero(an: KernelAnalysis, node: cst.BaseExpression) -> bool:
     """Whether ``node`` is zero: a literal (signed or not), `tl.zeros(...)` or `tl.full(shape, 0, ...)` (the
     fill triton.ops.matmul writes, `_0 = tl.zeros((1, 1), dtype=...)`), through names bound once."""
-    value = _bare(_bound_value(an, node, params_only=False))
-    if isinstance(value, cst.UnaryOperation) and isinstance(value.operator, (cst.Minus, cst.Plus)):
-        value = _bare(value.expression)
+    value = _unsigned(an, node)
     if m.matches(value, m.Call(func=m.Attribute(value=m.Name("tl"), attr=m.Name("zeros")))):
         return True
     if m.matches(value, m.Call(func=m.Attribute(value=m.Name("tl"), attr=m.Name("full")))):
@@ -2126,10 +2128,8 @@ def _advanced(an: KernelAnalysis, name: str, loop: tuple[Where, Where], reader, 
 def _block_ptr_parts(made: cst.Call) -> tuple[cst.Tuple | cst.List, cst.Tuple | cst.List] | None:
     """The offsets and the block shape of `tl.make_block_ptr(base, shape, strides, offsets, block_shape, order)`, by
     place or keyword, one entry a dim; ``None`` where either is no tuple or list of as many entries."""
-    named = {a.keyword.value: a.value for a in made.args if a.keyword is not None}
-    places = ("base", "shape", "strides", "offsets", "block_shape", "order")
-    named.update((places[i], a.value) for i, a in enumerate(made.args) if a.keyword is None and i < len(places))
-    offsets, shape = (_bare(named.get(k)) for k in ("offsets", "block_shape"))
+    offsets, shape = (_bare(x) if x is not None else None for x in (
+        _block_ptr_arg(made, 3, "offsets"), _block_ptr_arg(made, 4, "block_shape")))
     if not isinstance(offsets, (cst.Tuple, cst.List)) or not isinstance(shape, (cst.Tuple, cst.List)) or len(
             offsets.elements) != len(shape.elements):
         return None
@@ -2305,18 +2305,9 @@ def _check_step_blocks(an: KernelAnalysis, summing, targets: dict, a, rule: str)
             else:
                 for node in load.offsets:
                     inline = _made_parts(an, _bare(node), loop)  # `tl.load(tl.make_block_ptr(...))`
-                    if isinstance(inline, str):
-                        raise _step_refused(
-                            load.site, loop, a, rule, f"reads `{load.root}` through a block pointer that {inline},",
-                            "", "TileLink cannot check that its steps cover each rank's slice of K once",
-                            "make the block pointer at the tensor's own base, with a tuple of offsets (`(pid_m * "
-                            "BLOCK_M, k)`) and a tuple of block sizes, one a dim")
                     if inline is not None:
-                        for offset, block in inline:
-                            read = reader.read(offset)
-                            if read is not None and not down:
-                                direct += _offset_block(an, read, _product_of(
-                                    _factor_codes(cst.parse_expression(block))), target, axes)
+                        direct += _afresh_blocks(an, inline, "a block pointer that", "the block pointer", load, loop,
+                                                 a, rule, down, axes)
                         continue
                     poly = reader.read(node)
                     if poly is None:
@@ -2333,19 +2324,9 @@ def _check_step_blocks(an: KernelAnalysis, summing, targets: dict, a, rule: str)
                     for name in sorted({x for m_ in poly for x in m_ if x != target and (
                             x in carried or _made_address(an, x) is not None)}):
                         afresh = _made_afresh(an, name, loop)
-                        if isinstance(afresh, str):
-                            raise _step_refused(
-                                load.site, loop, a, rule, f"reads `{load.root}` through the block pointer `{name}`, "
-                                                          f"which {afresh},", "",
-                                "TileLink cannot check that its steps cover each rank's slice of K once",
-                                f"make `{name}` at the tensor's own base, with a tuple of offsets (`(pid_m * "
-                                f"BLOCK_M, k)`) and a tuple of block sizes, one a dim")
                         if afresh is not None:  # made on each step at the step's offsets: a descriptor's load
-                            for node, block in afresh:
-                                offset = reader.read(node)
-                                if offset is not None and not down:
-                                    direct += _offset_block(an, offset, _product_of(
-                                        _factor_codes(cst.parse_expression(block))), target, axes)
+                            direct += _afresh_blocks(an, afresh, f"the block pointer `{name}`, which",
+                                                     f"`{name}`", load, loop, a, rule, down, axes)
                             continue
                         if _made_address(an, name) is not None:  # a block pointer the loop moves by `tl.advance`
                             dims = _advanced(an, name, loop, reader, load.site)
@@ -2415,6 +2396,25 @@ def _check_step_blocks(an: KernelAnalysis, summing, targets: dict, a, rule: str)
                 "read each step's columns as a block, `offs_k = k + tl.arange(0, BLOCK_K)` over `range(pid_k * "
                 "BLOCK_K, K, BLOCK_K * SPLIT_K)`")
         checked += read
+
+
+def _afresh_blocks(an: KernelAnalysis, dims, pointer: str, named: str, load, loop: tuple[Where, Where], a, rule: str,
+                   down: bool, axes: frozenset[int]) -> list[tuple]:
+    """The blocks of K columns a block pointer made on each step reads (``dims``: :func:`_made_parts`, each dim's
+    offset and block), as a descriptor's load's (:func:`_offset_block`); refused where TileLink does not read it
+    (``dims`` says why), ``pointer`` and ``named`` naming it in the message and the hint."""
+    if isinstance(dims, str):
+        raise _step_refused(
+            load.site, loop, a, rule, f"reads `{load.root}` through {pointer} {dims},", "",
+            "TileLink cannot check that its steps cover each rank's slice of K once",
+            f"make {named} at the tensor's own base, with a tuple of offsets (`(pid_m * BLOCK_M, k)`) and a tuple of "
+            f"block sizes, one a dim")
+    reader, target, blocks = _Offsets(an), _loop_targets(an).get(loop), []
+    for node, block in dims:
+        offset = reader.read(node)
+        if offset is not None and not down:
+            blocks += _offset_block(an, offset, _product_of(_factor_codes(cst.parse_expression(block))), target, axes)
+    return blocks
 
 
 def _offset_block(an: KernelAnalysis, poly: Poly, width, target: str, axes: frozenset[int]) -> list[tuple]:
