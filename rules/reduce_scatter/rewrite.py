@@ -1535,6 +1535,7 @@ def _check_k_masks(an: KernelAnalysis, a, rule: str) -> None:
         # dict keeps that they ran, as _summing_loads keeps its answers)
         _check_whole_extent(an, summing, targets, a, rule)
         _check_step_blocks(an, summing, targets, a, rule)
+        _check_restarted(an, summing, targets, a, rule)
         an.__dict__["_k_tiling_read"] = True
     # the names the store's address reads, through their values: the output's own offsets
     stored = _names_through(an, cst.parse_expression(a.pointer), outside_loops=False)
@@ -2232,6 +2233,42 @@ def _check_range_start(an: KernelAnalysis, loop: tuple[Where, Where], header: st
                         + ("; a split-K program may start at its own block (`range(pid_k * BLOCK_K, K, BLOCK_K * "
                            "SPLIT_K)`, `pid_k` the program id of a grid axis the tl.atomic_add's address does not "
                            "read)" if placed else ""))
+
+
+def _check_restarted(an: KernelAnalysis, summing, targets: dict, a, rule: str) -> None:
+    """A pointer, a parameter or offsets the loop that sums advances along K (`a_ptrs += BLOCK_K * stride_ak`,
+    `a_bp = tl.advance(a_bp, ...)`) must be made again on each pass of every other loop around it (a persistent
+    kernel's tile loop): one made before that loop starts each pass where the last ended, past K. The plain kernel
+    reads past K there too; each rank's slice of K ends elsewhere, so the ranks' sum is not even that kernel's value.
+    Refused at the first load that reads it."""
+    for loop in sorted(summing, key=lambda lp: (lp[0].line, lp[0].column)):
+        outers = sorted((lp for lp in targets if lp != loop and lp not in summing and _inside(loop[0], lp)),
+                        key=lambda lp: (lp[0].line, lp[0].column))
+        if not outers:
+            continue
+        loads, _, carried = _summing_loads(an, loop)
+        for load in sorted(loads, key=lambda ld: (ld.site.line, ld.site.column)):
+            read = set(load.pointers).union(*(names_in(node) for node in load.offsets))
+            for name in sorted(read & carried - {targets.get(loop)}):
+                binds = [w for _, w in _bindings(an, name) if w is not None]
+                for outer in outers:
+                    if any(_inside(w, outer) and not _inside(w, loop) for w in binds):
+                        continue
+                    made = "is a parameter" if name in an.params and not any(
+                        not _inside(w, loop) for w in binds) else "is made before it"
+                    through = f"`{name}`" if name == load.root else f"`{load.root or name}` through `{name}`"
+                    raise AnnotationError(
+                        f"the load at line {load.site.line} reads {through}, which the loop at line {loop[0].line} "
+                        f"advances along K as it sums the partial sums of {a.tensor!r}; "
+                        f"`{name}` {made} and is not made again on the passes of the loop at line {outer[0].line} "
+                        f"around it, so each pass starts it where the last one ended, past K. Each rank runs the loop "
+                        f"over its own slice of K, which ends elsewhere, and the sum {rule} makes over the ranks would "
+                        f"not be the kernel's value", file=load.site.file, line=load.site.line,
+                        column=load.site.column,
+                        hint=f"advance a pointer made from `{name}` on each pass of the loop at line {outer[0].line} "
+                             f"(`{name}s = {name} + ...` there), not `{name}` itself" if name in an.params else
+                        f"make `{name}` on each pass of the loop at line {outer[0].line}, before the loop that sums "
+                        f"(`{name} = ...` there)")
 
 
 def _check_step_blocks(an: KernelAnalysis, summing, targets: dict, a, rule: str) -> None:

@@ -439,3 +439,91 @@ def _checked_on(path: str, K: int) -> float | str:
         return _filled_on(path, K)
     except LaunchError as error:
         return str(error)
+
+
+#: a persistent GEMM: each program takes tiles `NUM_SMS` apart, and `{body}` sums and stores each tile
+PERSISTENT = '''import triton
+import triton.language as tl
+import tilelink
+
+
+@tilelink.overlap(tilelink.reduce_scatter("c_ptr"))
+@triton.jit
+def mm_tiles(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NUM_SMS: tl.constexpr):
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+{before}
+    for tile in range(tl.program_id(0), tl.cdiv(M, BLOCK_M) * num_pid_n, NUM_SMS):
+        rm = (tile // num_pid_n) * BLOCK_M + tl.arange(0, BLOCK_M)
+        rn = (tile % num_pid_n) * BLOCK_N + tl.arange(0, BLOCK_N)
+{made}
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k in range(0, tl.cdiv(K, BLOCK_K)):
+            a = tl.load({a}, mask=(rm[:, None] < M) & (offs_k[None, :] < K - k * BLOCK_K), other=0.0)
+            b = tl.load({b}, mask=(offs_k[:, None] < K - k * BLOCK_K) & (rn[None, :] < N), other=0.0)
+            acc = tl.dot(a, b, acc)
+{advance}
+        tl.store(c_ptr + rm[:, None] * stride_cm + rn[None, :] * stride_cn, acc,
+                 mask=(rm[:, None] < M) & (rn[None, :] < N))
+'''
+#: the pointers the loop that sums advances, made with `{rows}` and `{cols}` (the tile's) or without
+_MADE = ("{ind}a_ptrs = a_ptr + {rows}offs_k[None, :] * stride_ak\n"
+         "{ind}b_ptrs = b_ptr + offs_k[:, None] * stride_bk{cols}")
+_ADVANCE = "            {a} += BLOCK_K * stride_ak\n            {b} += BLOCK_K * stride_bk"
+
+
+def _persistent(where: str) -> str:
+    if where == "parameters":  # the parameters themselves advanced
+        return PERSISTENT.format(before="", made="", a="a_ptr + rm[:, None] * stride_am + offs_k[None, :] * stride_ak",
+                                 b="b_ptr + offs_k[:, None] * stride_bk + rn[None, :] * stride_bn",
+                                 advance=_ADVANCE.format(a="a_ptr", b="b_ptr"))
+    advance = _ADVANCE.format(a="a_ptrs", b="b_ptrs")
+    if where == "outside":  # made once, before the tile loop
+        return PERSISTENT.format(before=_MADE.format(ind="    ", rows="", cols=""), made="",
+                                 a="a_ptrs + rm[:, None] * stride_am", b="b_ptrs + rn[None, :] * stride_bn",
+                                 advance=advance)
+    return PERSISTENT.format(before="", made=_MADE.format(ind="        ", rows="rm[:, None] * stride_am + ",
+                                                          cols=" + rn[None, :] * stride_bn"),
+                             a="a_ptrs", b="b_ptrs", advance=advance)
+
+
+def _tiles_on(path: str) -> float:
+    """The persistent kernel at ``path`` on this rank's slice of K against torch on the whole of K, two calls."""
+    rank, world = tilelink.rank(), tilelink.world_size()
+    M, N, K = 40, 32, 72
+    g = torch.Generator().manual_seed(9)
+    a, b = torch.randn(M, K, generator=g), torch.randn(K, N, generator=g)
+    klo, khi = rows_of(rank, world, K)
+    lo, hi = rows_of(rank, world, M)
+    ar, br = a[:, klo:khi].contiguous(), b[klo:khi].contiguous()
+    kernel, err = module_at(path).mm_tiles, 0.0
+    for _ in range(2):
+        got = torch.full((hi - lo, N), float("nan"))
+        kernel[(3,)](ar, br, got, M, N, khi - klo, khi - klo, 1, N, 1, N, 1, BLOCK_M=16, BLOCK_N=16, BLOCK_K=16,
+                     NUM_SMS=3)
+        err = max(err, (got - (a @ b)[lo:hi]).abs().max().item())
+    return err
+
+
+@pytest.mark.parametrize("where, name", [("outside", "a_ptrs"), ("parameters", "a_ptr")])
+def test_pointers_the_loop_advances_made_once_around_a_tile_loop_are_refused(where: str, name: str) -> None:
+    """Made (or passed) once and advanced by the loop that sums inside a persistent tile loop, a pointer starts each
+    tile where the last tile's loop ended, past K; each rank's slice ends elsewhere. It built before."""
+    source = _persistent(where)
+    lines = source.splitlines()
+    tiles, load = (next(i for i, line in enumerate(lines, 1) if text in line) for text in ("for tile", "a = tl.load"))
+    with pytest.raises(AnnotationError) as err:
+        _generate(source)
+    text = str(err.value)
+    assert f"`{name}` is {'a parameter' if name == 'a_ptr' else 'made before it'} and is not made again on the " \
+           f"passes of the loop at line {tiles} around it, so each pass starts it where the last one ended, past K" \
+           in text, text
+    assert err.value.line == load and f"on each pass of the loop at line {tiles}" in err.value.hint, err.value
+
+
+def test_pointers_made_on_each_tile_build_and_equal_torch(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("TILELINK_RACES", "1")
+    path = tmp_path / "mm_tiles.py"
+    path.write_text(_persistent("each tile"))
+    assert all(e < 1e-4 for e in tilelink.spawn(_tiles_on, 2, str(path))), path
