@@ -558,7 +558,12 @@ def descriptor_inner_terms(an: _Analyzer, acc: Access) -> tuple[list[tuple], set
     address = _Rows(an).read(base)
     entries = [_Rows(an).read(e.value) for e in strides.elements]
     axes = [i for i, e in enumerate(entries) if len(e) == 1 and next(iter(e)) and _divide(address, next(iter(e)))[0]]
-    if not axes:
+    dim = an.tensors[acc.tensor][0]
+    if not axes and m.matches(base, m.Name(acc.tensor)) and dim < len(entries):
+        # made from the tensor itself: its axes are the tensor's dims, the rows' the annotated one, whose offset the
+        # tile reads (a (B, S, D) tensor gathered along S: `shape=[B, S, D], strides=[stride_xb, stride_xs, 1]`)
+        axes = [dim]
+    elif not axes:
         # a descriptor over every row (`tl.make_tensor_descriptor(k_base, shape=[N_CTX, D], ...)`): its base holds no
         # row term, and its rows' axis is the only one of a stride other than 1, as the tile= proof reads it
         axes = [i for i, e in enumerate(entries) if len(e) == 1 and next(iter(e)) and e != {(): 1}]
@@ -580,6 +585,7 @@ def descriptor_inner_terms(an: _Analyzer, acc: Access) -> tuple[list[tuple], set
     # dims before the rows, or, in a sequence-major layout (the attention kernel's (1, 1, S, B * H * D),
     # `off_z * stride_kz`), a block of columns of the row that holds the descriptor's whole read
     shift, steps = _outside_terms(an, acc, rest)
+    steps |= _descriptor_outer_steps(an, acc, shape, strides, axis)
     extent: list[tuple[bool, tuple[str, ...]]] = []
     for size, stride in zip(shape.elements[axis + 1:], strides.elements[axis + 1:], strict=True):
         found = [] if m.findall(stride.value, m.Call() | m.Subscript()) else _factors(an, stride.value, "\0")
@@ -602,6 +608,40 @@ def descriptor_inner_terms(an: _Analyzer, acc: Access) -> tuple[list[tuple], set
         # 2` read over a row of D) would hide where the read starts, in the row before
         shift = [tuple(shift[0]) + tuple(extent), tuple(shift[0])] if shift else [tuple(extent)]
     return shift, steps, {scale}
+
+
+def _descriptor_outer_steps(an: _Analyzer, acc: Access, shape, strides, axis: int
+                            ) -> set[tuple[tuple[str, ...], str]]:
+    """The steps a descriptor's axes before the rows' take (``KernelAnalysis.row_steps``): the access's index along
+    such an axis (`b` of `desc.load([b, start, 0])` on `shape=[B, S, D], strides=[stride_xb, stride_xs, 1]`) times
+    the axis' stride, which the launch checks is a whole step of the dims before the rows in the gathered buffer (a
+    shard's `stride_xb` steps over S_r rows of the buffer's S: other rows than the wait covers) and bounds from the
+    grid. An axis of size 1 is never stepped along; an index or a stride TileLink cannot read there is refused."""
+    from tilelink.analysis import _computed, _factors, _refuse, code, names_in, program_value
+
+    steps: set[tuple[tuple[str, ...], str]] = set()
+    offsets = cst.parse_expression(acc.offsets) if acc.offsets else None
+    indices = offsets.elements if isinstance(offsets, (cst.List, cst.Tuple)) else None
+    for j in range(axis):
+        if m.matches(shape.elements[j].value, m.Integer("1")):
+            continue
+        stride = strides.elements[j].value
+        factors = None if m.findall(stride, m.Call() | m.Subscript()) else _factors(an, stride, "\0")
+        index = indices[j].value if indices is not None and len(indices) == len(shape.elements) else None
+        literal = isinstance(index, cst.Integer)
+        if factors is None or index is None or not literal and (
+                m.findall(index, m.Subscript()) or not _computed(an, index)) and names_in(index) - set(an.params):
+            raise _refuse(acc, f"the descriptor `{acc.pointer}` of {acc.tensor!r} steps along its axis {j}, before "
+                               f"the rows, by `{code(stride)}`" + (f" at the index `{code(index)}`" if index is not
+                                                                   None else "") +
+                          f", which TileLink cannot read at the launch: it cannot check that the {acc.kind} at line "
+                          f"{acc.where.line} reads the rows of the gathered buffer its wait covers",
+                          "give that axis' stride as a parameter or a product of parameters and literals "
+                          "(`strides=[stride_xb, stride_xs, 1]`), index it by a value computed from tl.program_id "
+                          "(`b = tl.program_id(1)`), and pass the full tensor's stride")
+        value = index.value if literal else program_value(an, code(index))
+        steps.add((tuple(sorted(factors)), value))
+    return steps
 
 
 def _outside_terms(an: _Analyzer, acc: Access, rest: Poly) -> tuple[list[tuple], set[tuple[tuple[str, ...], str]]]:

@@ -14,6 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+import triton
 
 import tilelink
 from tests.rules.cases import rows_of
@@ -271,3 +272,100 @@ def test_a_constexpr_row_count_counts_the_host_descriptors_tiles(rule: str, tmp_
     if rule == "all_gather":
         monkeypatch.setenv("TILELINK_RACES", "1")
         assert max(tilelink.spawn(gemm_host_descriptor_ag, 2, path=str(path))) < 1e-4
+
+
+#: a descriptor made from a (B, S, D) tensor gathered along S, its axes the tensor's dims: a program copies BLOCK_S
+#: rows of batch `b`, twice
+BATCHED = textwrap.dedent('''
+    import triton
+    import triton.language as tl
+
+    import tilelink
+
+
+    @tilelink.overlap(tilelink.all_gather("x_ptr", dim=1))
+    @triton.jit
+    def batched_copy(x_ptr, y_ptr, B, S, D, stride_xb, stride_xs, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
+        pid = tl.program_id(0)
+        b = tl.program_id(1)
+        desc = tl.make_tensor_descriptor(x_ptr, shape=[B, S, D], strides=[stride_xb, stride_xs, 1],
+                                         block_shape=[1, BLOCK_S, BLOCK_D])
+        start = pid * BLOCK_S
+        x = tl.reshape(desc.load([b, start, 0]), (BLOCK_S, BLOCK_D))
+        offs = start + tl.arange(0, BLOCK_S)
+        cols = tl.arange(0, BLOCK_D)
+        tl.store(y_ptr + b * S * D + offs[:, None] * D + cols[None, :], x * 2,
+                 mask=(offs[:, None] < S) & (cols[None, :] < D))
+''')
+#: a descriptor made from a (D, M) tensor gathered along its columns, M: a program copies BLOCK_M of them
+COLUMNS = textwrap.dedent('''
+    import triton
+    import triton.language as tl
+
+    import tilelink
+
+
+    @tilelink.overlap(tilelink.all_gather("a_ptr", dim=1))
+    @triton.jit
+    def column_copy(a_ptr, y_ptr, M, D, stride_ad, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+        pid = tl.program_id(0)
+        desc = tl.make_tensor_descriptor(a_ptr, shape=[D, M], strides=[stride_ad, 1], block_shape=[BLOCK_D, BLOCK_M])
+        x = desc.load([0, pid * BLOCK_M])
+        offs = pid * BLOCK_M + tl.arange(0, BLOCK_M)
+        tl.store(y_ptr + tl.arange(0, BLOCK_D)[:, None] * M + offs[None, :], x, mask=offs[None, :] < M)
+''')
+
+
+def _copied(path: str, form: str, full_stride: bool) -> float | str:
+    """The copy at ``path`` on this rank's rows along dim 1, passed the shard's or the full tensor's stride of dim 0,
+    against the tensor itself (twice, the race-exposing schedule on); what the call is refused with, where it is."""
+    rank, world = tilelink.rank(), tilelink.world_size()
+    from tests.rules.cases import module_at
+
+    kernel = getattr(module_at(path), form)
+    g, error = torch.Generator().manual_seed(11), 0.0
+    for _ in range(2):
+        if form == "batched_copy":
+            B, S, d = 2, 40, 16
+            x = torch.randn(B, S, d, generator=g)
+            lo, hi = rows_of(rank, world, S)
+            shard, y = x[:, lo:hi].contiguous(), torch.zeros(B, S, d)
+            stride = S * d if full_stride else shard.stride(0)
+            run = lambda: kernel[(triton.cdiv(S, 8), B)](shard, y, B, S, d, stride, d, BLOCK_S=8, BLOCK_D=16)  # noqa
+            want = 2 * x
+        else:
+            M, d = 64, 16
+            x = torch.randn(d, M, generator=g)
+            lo, hi = rows_of(rank, world, M)
+            shard, y = x[:, lo:hi].contiguous(), torch.zeros(d, M)
+            stride = M if full_stride else shard.stride(0)
+            run = lambda: kernel[(triton.cdiv(M, 16),)](shard, y, M, d, stride, BLOCK_M=16, BLOCK_D=16)  # noqa
+            want = x
+        try:
+            run()
+        except LaunchError as refused:
+            return str(refused)
+        error = max(error, (y - want).abs().max().item())
+    return error
+
+
+@pytest.mark.parametrize("form, step, at, full", [
+    ("batched_copy", "stride_xb", "(tl.program_id(1))", 640), ("column_copy", "stride_ad", "0", 64)])
+def test_a_descriptors_axes_before_the_rows_step_by_the_gathered_buffers_stride(form: str, step: str, at: str,
+                                                                                full: int, tmp_path,
+                                                                                monkeypatch) -> None:
+    """Made from the tensor itself, a descriptor's axes are its dims: gathered along dim 1, its rows are axis 1, and
+    axis 0 steps over whole blocks of the gathered buffer's rows. Given the shard's stride there (S_r * D, not S * D),
+    the batched copy built and read batch 1 from other rows than its wait covered (NaN at world 2); the column copy
+    took axis 0 for its rows and was refused at every call. Each call now checks axis 0's stride, and with the full
+    tensor's each equals the tensor on the race-exposing schedule."""
+    source = BATCHED if form == "batched_copy" else COLUMNS
+    plan = generate(source, f"{form}.py", requests_in(source, f"{form}.py")).plans[0].launch
+    line = next(i for i, text in enumerate(source.splitlines(), 1) if "desc.load(" in text)
+    assert plan.row_steps == (("x_ptr" if form == "batched_copy" else "a_ptr", (step,), at, line),), plan.row_steps
+    monkeypatch.setenv("TILELINK_RACES", "1")
+    path = tmp_path / f"{form}.py"
+    path.write_text(source)
+    for said in tilelink.spawn(_copied, 2, str(path), form, False):
+        assert isinstance(said, str) and f"pass the full tensor's stride of dim 0 ({full} here)" in said, said
+    assert tilelink.spawn(_copied, 2, str(path), form, True) == [0.0, 0.0]
