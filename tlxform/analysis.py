@@ -2995,8 +2995,10 @@ def _index_term(an: _Analyzer, access: Access, dim: int, pointers: set[str],
     """The rows term of an address whose rows come from a loaded index (:meth:`_Analyzer._indexed_rows`): ``(the
     rows in source, the loaded name, the other factors)``, or ``None`` where the address is not that term plus
     column terms."""
+    # the index as loaded, also widened where it is loaded (`tl.load(idx_ptr + rows, ...).to(tl.int64)`: the same
+    # values)
     loaded = {name for name, defs in an.assignments.items()
-              if any(_is_tl_call(v, "load") and index in names_in(v) for _, v in defs)}
+              if any(_is_tl_call(widened_value(v) or v, "load") and index in names_in(v) for _, v in defs)}
     params = set(an.params) - set(an.assignments) - an.rebound
     found = None
     columns: list[cst.BaseExpression] = []
@@ -3111,7 +3113,13 @@ def _mask_locals(an: _Analyzer, acc: Access) -> Access:
         return acc
     out, todo = [], _conjuncts(acc.mask, an.params)
     while todo and len(out) < 64:
-        node = todo.pop()
+        node, made = todo.pop(), None
+        if m.matches(node, m.Subscript(value=m.Name(), slice=_AS_ROWS)
+                     | m.Subscript(value=m.Name(), slice=_AS_COLUMNS)):
+            # a 1-D mask local made a row or a column (`k_mask = offs_k < K`, then `k_mask[None, :]`): each of its
+            # conjuncts made one alike (`offs_k[None, :] < K`), the broadcast of a conjunction being the
+            # conjunction of the broadcasts
+            node, made = node.value, node
         defs = an.assignments.get(node.value, []) if isinstance(node, cst.Name) else []
         # bound once: its value where it is read; bound in a loop (`c_mask = ...` beside the store of each tile) only
         # where nothing it reads can change between its binding and the access (parameters, loop targets, locals
@@ -3121,9 +3129,12 @@ def _mask_locals(an: _Analyzer, acc: Access) -> Access:
                 not _bound_again(an, n) or _loop_range(an, n) is not None) for n in names_in(defs[0][1]))
         if len(defs) == 1 and len(an.bindings.get(node.value, ())) == 1 and not _bound_again(an, node.value) and (
                 not _varies(an, node) or steady):
-            todo += _conjuncts(code(defs[0][1]), an.params)
+            todo += _conjuncts(code(defs[0][1]), an.params) if made is None else [
+                c for part in _conjuncts(code(defs[0][1])) for c in _conjuncts(
+                    code(made.with_changes(value=part.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()]))),
+                    an.params)]
         else:
-            out.append(f"({code(_name_columns(an, acc, node, register=False))})")
+            out.append(f"({code(_name_columns(an, acc, made or node, register=False))})")
     from dataclasses import replace
 
     return replace(acc, mask=" & ".join(out))

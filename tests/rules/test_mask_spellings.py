@@ -82,3 +82,53 @@ def test_a_rows_bound_written_either_way_names_the_row_count(rule: str, spelling
     path = _written(tmp_path, rule, spelling)
     errors = tilelink.spawn(_multiply, 2, path, rule.startswith("reduce"))
     assert errors == [0.0, 0.0], errors
+
+
+#: K columns masked through a 1-D local made a column of A's block and a row of B's (`k_mask[None, :]`, as Liger's and
+#: LoRA-style kernels write it)
+LOCAL_MASK = '''import triton
+import triton.language as tl
+
+import tilelink
+
+
+@tilelink.overlap(tilelink.{rule})
+@triton.jit
+def matmul_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BLOCK_K)):
+        ks = k * BLOCK_K + rk
+        k_mask = {k_mask}
+        a = tl.load(a_ptr + rm[:, None] * stride_am + ks[None, :] * stride_ak,
+                    mask=(rm[:, None] < M) & k_mask[None, :], other=0.0)
+        b = tl.load(b_ptr + ks[:, None] * stride_bk + rn[None, :] * stride_bn,
+                    mask=k_mask[:, None] & (rn[None, :] < N), other=0.0)
+        acc += tl.dot(a, b)
+    tl.store(c_ptr + rm[:, None] * stride_cm + rn[None, :] * stride_cn, acc, mask=(rm[:, None] < M) & (rn[None, :] < N))
+'''
+
+
+@pytest.mark.parametrize("rule", ['reduce_scatter("c_ptr")', 'all_gather("a_ptr")'], ids=["reduce", "gather"])
+def test_a_column_mask_through_a_local_made_a_column_builds(rule: str, tmp_path, monkeypatch) -> None:
+    """`k_mask = ks < K`, then `k_mask[None, :]`: the same bound as `ks[None, :] < K`. Under all_gather it was refused
+    ("not bounded by the mask"); it builds, equals torch on the race-exposing schedule, and the same local bounding
+    the columns by more than the row (`ks < 2 * K`, reading the next row) is refused at the call."""
+    monkeypatch.setenv("TILELINK_RACES", "1")
+    path = tmp_path / "local_mask.py"
+    path.write_text(LOCAL_MASK.format(rule=rule, k_mask="ks < K"))
+    assert tilelink.spawn(_multiply, 2, str(path), rule.startswith("reduce")) == [0.0, 0.0]
+    if rule.startswith("all_gather"):
+        path.write_text(LOCAL_MASK.format(rule=rule, k_mask="ks < 2 * K"))
+        said = tilelink.spawn(_refused, 2, str(path))
+        assert all("adds 79 elements (2 * K=40 * stride_ak=1 + -1 * stride_ak=1) to the rows of 'a_ptr'" in s
+                   for s in said), said
+
+
+def _refused(path: str) -> str:
+    from tests.rules.cases import launch_refusal
+
+    return launch_refusal(lambda: _multiply(path, False))

@@ -124,3 +124,18 @@ def test_gathered_rows_addressed_afresh_on_each_step_equal_torch(tmp_path, monke
     path.write_text(source)
     errors = tilelink.spawn(_run, 2, str(path))
     assert all(e < 1e-4 for e in errors), errors
+
+
+@pytest.mark.parametrize("cast", [".to(tl.int64)", ".to(dtype=tl.int64)"])
+def test_an_index_widened_where_it_is_loaded_equals_torch(cast: str, tmp_path, monkeypatch) -> None:
+    """`tl.load(src_ptr + offs_i, ...).to(tl.int64)` holds the index's values, as a widening bound on a line of its
+    own does (vLLM's `offs_token.to(tl.int64)`). It was refused ("cannot tell which rows"); it builds, each tile
+    waits for its rows, and the kernel equals torch on the race-exposing schedule."""
+    monkeypatch.setenv("TILELINK_RACES", "1")
+    loaded = "rows = tl.load(src_ptr + offs_i, mask=offs_i < L, other=0)"
+    source = textwrap.dedent(KERNEL).replace(loaded, loaded + cast)
+    assert loaded + cast in source
+    path = tmp_path / "gather_mm_widened.py"
+    path.write_text(source)
+    errors = tilelink.spawn(_run, 2, str(path))
+    assert all(e < 1e-4 for e in errors), errors
