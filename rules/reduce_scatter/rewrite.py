@@ -3663,14 +3663,21 @@ def _launch_sides(an: KernelAnalysis, site: Where | None) -> frozenset[tuple[str
         return all(n in an.params and not an.bindings.get(n)
                    for n in names_in(cst.parse_expression(test)) - {"True", "False", "None"})
 
-    def side(test: str, taken: bool) -> tuple[str, bool]:  # `not X` taken is `X` not taken
-        node = _bare(cst.parse_expression(test))
+    def sides(node: cst.BaseExpression, taken: bool) -> set[tuple[str, bool]]:
+        """The test taken (or not), and what that says of its parts: `not X` taken is `X` not taken, `A and B` taken
+        is each of them taken, `A or B` not taken each of them not taken (vLLM's `elif (use_fp8_w8a8 or
+        use_int8_w8a8) and not (group_k > 0 and group_n > 0):` is the other side of its `if group_k > 0 and group_n
+        > 0:`)."""
+        node = _bare(node)
         while isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Not):
             node, taken = _bare(node.expression), not taken
-        return code(node), taken
+        found = {(code(node), taken)}
+        if isinstance(node, cst.BooleanOperation) and isinstance(node.operator, cst.And if taken else cst.Or):
+            found |= sides(node.left, taken) | sides(node.right, taken)
+        return found
 
-    return frozenset(side(s.test, s.body) for s in an.branch_sides.get(site, ()) if s.static and fixed(s.test)) \
-        if site is not None else frozenset()
+    return frozenset(x for s in an.branch_sides.get(site, ()) if s.static and fixed(s.test)
+                     for x in sides(cst.parse_expression(s.test), s.body)) if site is not None else frozenset()
 
 
 def _joined_sides(a: frozenset, b: frozenset) -> frozenset | None:

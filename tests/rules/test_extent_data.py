@@ -191,9 +191,19 @@ def test_a_value_bound_in_the_loop_on_another_compile_time_side_equals_torch(tmp
     assert all(e < 1e-4 for e in errors), errors
 
 
-@pytest.mark.parametrize("after_test", ["BLOCKWISE", "AFTER", "K > 0"])
+@pytest.mark.parametrize("after_test", ["AFTER and not BLOCKWISE", "not (BLOCKWISE or AFTER)"])
+def test_a_side_a_compound_test_excludes_builds(after_test: str) -> None:
+    """`A and not BLOCKWISE` taken is `BLOCKWISE` not taken, and so is `not (BLOCKWISE or A)` (vLLM's `elif
+    (use_fp8_w8a8 or use_int8_w8a8) and not (group_k > 0 and group_n > 0):` after the loop that binds its scales
+    under `if group_k > 0 and group_n > 0:`): no launch takes it with the loop's `if BLOCKWISE:`. It was refused."""
+    assert "tll.producer_tile_notify" in _generate(_sides(after_test)).rewritten["matmul"]
+
+
+@pytest.mark.parametrize("after_test", ["BLOCKWISE", "AFTER", "K > 0", "AFTER or not BLOCKWISE",
+                                        "not (BLOCKWISE and AFTER)", "AFTER and BLOCKWISE"])
 def test_a_value_bound_in_the_loop_read_on_a_side_a_launch_may_take_with_it_is_refused(after_test: str) -> None:
-    """`BLOCKWISE` on both; `AFTER` (another test: a launch may take both) and a run-time test likewise."""
+    """`BLOCKWISE` on both; `AFTER` (another test: a launch may take both) and a run-time test likewise; a compound
+    test that does not exclude `BLOCKWISE` too."""
     with pytest.raises(AnnotationError, match=r"reads `w`, bound at line 23 in the loop that sums"):
         _generate(_sides(after_test))
 
