@@ -3141,10 +3141,25 @@ def _mask_locals(an: _Analyzer, acc: Access) -> Access:
 
 
 def _mask_varies(an: _Analyzer, acc: Access, name: str) -> bool:
-    """Whether a conjunct of the access's mask that bounds the column vector ``name`` reads a name that changes from
-    one step of a loop to the next (``cols[None, :] < D - j``)."""
-    return any(name in names_in(node) and _varies(an, node) for node in (
-        _conjuncts(acc.mask, an.params) if acc.mask is not None else ()))
+    """Whether a conjunct of the access's mask bounds the column vector ``name`` from above by what changes from one
+    step of a loop to the next: its bound does (``cols[None, :] < D - j``), or the side it is on adds what does
+    (``cols[None, :] + j * F < D``). A vector that changes itself under a fixed bound (`ks[None, :] < k_end`, `ks`
+    made on each step) is no such walk, nor is a conjunct that bounds it by no `<` (`ks >= 0`, `ks != K`, an `|`): the
+    columns are then bounded by the mask's bound or their own end, as anywhere."""
+    column = _as_column(name)
+    for node in _conjuncts(acc.mask, an.params) if acc.mask is not None else ():
+        if not isinstance(node, cst.Comparison) or len(node.comparisons) != 1:
+            continue
+        op, right = node.comparisons[0].operator, node.comparisons[0].comparator
+        if isinstance(op, (cst.LessThan, cst.LessThanEqual)):
+            small, big = node.left, right
+        elif isinstance(op, (cst.GreaterThan, cst.GreaterThanEqual)):
+            small, big = right, node.left
+        else:
+            continue
+        if name in names_in(small) and (_varies(an, big) or not m.matches(small, column) and _varies(an, small)):
+            return True
+    return False
 
 
 def _position_params(an: _Analyzer, name: str, depth: int = 0) -> set[str]:
@@ -3545,12 +3560,14 @@ def _access_row_scales(an: _Analyzer, acc: Access, pointers: set[str]) -> tuple[
                     # `+ j`): the loop's terms are checked at both ends, the columns from their start, and `D`
                     # against the row (`row_bounds`), where the address moves the columns by the step the mask
                     # takes off; otherwise by the vector's own end, as unmasked
-                    if position or _walked_bound(an, acc, pointers, vector, scale, offsets) or not _stepped_by_mask(
-                            an, acc, pointers, vector, offsets):
-                        # (a pointer advanced in place has its walk checked as an advance, `row_bounds` too)
+                    if _walked_bound(an, acc, pointers, vector, scale, offsets) or _advanced_in_place(
+                            an, acc, pointers):
+                        # (a pointer advanced in place has its walk checked as an advance, `row_bounds` too; a mask
+                        # that changes otherwise, `ks[None, :] < k_end` with `k_end` bound in the loop, bounds
+                        # nothing the launch reads: the columns' own end does, where the launch reads it)
                         ways = None if position else plus(ways, [low])
                         continue
-                    last = _vector_last(an, vector, offsets)
+                    last = None if position else _vector_last(an, vector, offsets)
                     if last is None:
                         raise _refuse(acc, f"the columns `{vector}` of the {acc.kind} at line {acc.where.line} are "
                                            f"bounded by a mask that changes from one step of a loop to the next, "
@@ -4585,17 +4602,11 @@ def _column_step(an: _Analyzer, acc: Access, pointers: set[str], term: cst.BaseE
     return True
 
 
-def _stepped_by_mask(an: _Analyzer, acc: Access, pointers: set[str], vector: str, offsets: str) -> bool:
-    """Whether a conjunct of the mask bounding ``vector`` reads the variable of a ``for`` loop around the access
-    (``cols[None, :] < X - j * BLOCK_D``) while no alias of the pointer is advanced in place (which the advance check
-    bounds by the same mask): the columns are then bounded by ``X`` (:func:`_walked_bound`, with the term that moves
-    them) or by their own end, never by the mask's start alone (`X` past the row reads the next row)."""
-    loops = {lp.target.value for lp in an.findall(an.fn.body, m.For(target=m.Name())) if _contains(an, lp, acc.where)}
-    masked = set().union(*(names_in(node) for node in (_conjuncts(acc.mask, an.params) if acc.mask else ())
-                           if vector in names_in(node))) & loops
+def _advanced_in_place(an: _Analyzer, acc: Access, pointers: set[str]) -> bool:
+    """Whether an alias of the access's pointer is advanced in place (`a_ptrs += BLOCK_K * stride_ak`), whose walk the
+    advance check bounds by the access's mask."""
     aliases = {n for e in an._pointer_definitions(acc.pointer, pointers) for n in names_in(e) & pointers}
-    advanced = any(n in an.rebound or any(n in names_in(v) for _, v in an.assignments.get(n, ())) for n in aliases)
-    return bool(masked) and not advanced
+    return any(n in an.rebound or any(n in names_in(v) for _, v in an.assignments.get(n, ())) for n in aliases)
 
 
 def _walk_alone(an: _Analyzer, definitions: list[cst.BaseExpression], pointers: set[str], offsets: str, vector: str,

@@ -10,6 +10,8 @@ import triton
 
 import tilelink
 from tests.rules.cases import module_at, rows_of, worst
+from tilelink.errors import AnnotationError
+from tilelink.runtime import current_world
 
 KERNEL = '''import triton
 import triton.language as tl
@@ -62,15 +64,17 @@ def _multiply(path: str, reduce: bool) -> float:
     klo, khi = rows_of(rank, world, K) if reduce else (0, K)
     ar = a[:, klo:khi].contiguous() if reduce else a[lo:hi].contiguous()
     br = b[klo:khi].contiguous()
+    device = current_world().device  # the CPU in the emulated world, this rank's GPU with NVSHMEM
+    ar, br = ar.to(device), br.to(device)
     kernel = module_at(path).matmul_kernel
     error = 0.0
     for _ in range(2):
-        c = torch.full((hi - lo, N) if reduce else (M, N), float("nan"))
+        c = torch.full((hi - lo, N) if reduce else (M, N), float("nan"), device=device)
         kernel[(triton.cdiv(M, 16), triton.cdiv(N, 16))](ar, br, c, M, N, khi - klo, ar.stride(0), ar.stride(1),
                                                           br.stride(0), br.stride(1), c.stride(0), c.stride(1),
                                                           BLOCK_M=16, BLOCK_N=16, BLOCK_K=16)
         want = (a @ b)[lo:hi] if reduce else a @ b
-        error = worst(error, (c - want).abs().max().item())
+        error = worst(error, (c.cpu() - want).abs().max().item())
     return error
 
 
@@ -132,3 +136,24 @@ def _refused(path: str) -> str:
     from tests.rules.cases import launch_refusal
 
     return launch_refusal(lambda: _multiply(path, False))
+
+
+@pytest.mark.parametrize("k_mask, mask", [
+    ("ks >= 0", "k_mask[None, :]"),  # bounds the columns from below only
+    ("ks != K", "k_mask[None, :]"),
+    ("(ks < K) | (ks < 2 * K)", "k_mask[None, :]"),
+    ("ks < K", "(ks[None, :] < k_end)"),  # a bound bound again on each step, which the launch cannot read
+], ids=["below", "unequal", "either", "bound-in-loop"])
+def test_a_column_mask_that_bounds_nothing_the_launch_reads_is_refused(k_mask: str, mask: str, tmp_path) -> None:
+    """Each of these built under all_gather and read, at a tile ending on a rank's last row, the next rank's first
+    row, which no wait covered (NaN at world 2): a mask that changes from step to step was taken for the walk of what
+    is left of the row even where the vector itself changed and not its bound."""
+    from tests.rules.test_carried_accumulator import _generate
+
+    source = LOCAL_MASK.format(rule='all_gather("a_ptr")', k_mask=k_mask).replace(
+        "        k_mask = ", "        k_end = K + BLOCK_K\n        k_mask = ").replace(
+        "mask=(rm[:, None] < M) & k_mask[None, :]", f"mask=(rm[:, None] < M) & {mask}")
+    assert f"& {mask}" in source
+    with pytest.raises(AnnotationError, match=r"the columns `ks` of the load at line \d+ are (not bounded by the mask|"
+                                              r"bounded by a mask that changes from one step)"):
+        _generate(source)
