@@ -615,32 +615,26 @@ def _descriptor_outer_steps(an: _Analyzer, acc: Access, shape, strides, axis: in
     """The steps a descriptor's axes before the rows' take (``KernelAnalysis.row_steps``): the access's index along
     such an axis (`b` of `desc.load([b, start, 0])` on `shape=[B, S, D], strides=[stride_xb, stride_xs, 1]`) times
     the axis' stride, which the launch checks is a whole step of the dims before the rows in the gathered buffer (a
-    shard's `stride_xb` steps over S_r rows of the buffer's S: other rows than the wait covers) and bounds from the
-    grid. An axis of size 1 is never stepped along; an index or a stride TileLink cannot read there is refused."""
-    from tilelink.analysis import _computed, _factors, _refuse, code, names_in, program_value
+    shard's `stride_xb` steps over S_r rows of the buffer's S: other rows than the wait covers). Whatever the index
+    (a program id, a loop's variable, a loaded value), the descriptor's own shape bounds it (a block past the shape
+    reads zeros, not memory), so the launch need not bound it from the grid: the step's value is 0 for that check. An
+    axis of size 1 is never stepped along; a stride TileLink cannot read there is refused."""
+    from tilelink.analysis import _factors, _refuse, code
 
     steps: set[tuple[tuple[str, ...], str]] = set()
-    offsets = cst.parse_expression(acc.offsets) if acc.offsets else None
-    indices = offsets.elements if isinstance(offsets, (cst.List, cst.Tuple)) else None
     for j in range(axis):
         if m.matches(shape.elements[j].value, m.Integer("1")):
             continue
         stride = strides.elements[j].value
         factors = None if m.findall(stride, m.Call() | m.Subscript()) else _factors(an, stride, "\0")
-        index = indices[j].value if indices is not None and len(indices) == len(shape.elements) else None
-        literal = isinstance(index, cst.Integer)
-        if factors is None or index is None or not literal and (
-                m.findall(index, m.Subscript()) or not _computed(an, index)) and names_in(index) - set(an.params):
+        if factors is None:
             raise _refuse(acc, f"the descriptor `{acc.pointer}` of {acc.tensor!r} steps along its axis {j}, before "
-                               f"the rows, by `{code(stride)}`" + (f" at the index `{code(index)}`" if index is not
-                                                                   None else "") +
-                          f", which TileLink cannot read at the launch: it cannot check that the {acc.kind} at line "
-                          f"{acc.where.line} reads the rows of the gathered buffer its wait covers",
+                               f"the rows, by `{code(stride)}`, which TileLink cannot read at the launch: it cannot "
+                               f"check that the {acc.kind} at line {acc.where.line} reads the rows of the gathered "
+                               f"buffer its wait covers",
                           "give that axis' stride as a parameter or a product of parameters and literals "
-                          "(`strides=[stride_xb, stride_xs, 1]`), index it by a value computed from tl.program_id "
-                          "(`b = tl.program_id(1)`), and pass the full tensor's stride")
-        value = index.value if literal else program_value(an, code(index))
-        steps.add((tuple(sorted(factors)), value))
+                          "(`strides=[stride_xb, stride_xs, 1]`), and pass the full tensor's stride")
+        steps.add((tuple(sorted(factors)), "0"))
     return steps
 
 
