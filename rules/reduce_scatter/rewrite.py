@@ -2250,12 +2250,18 @@ def _check_restarted(an: KernelAnalysis, summing, targets: dict, a, rule: str) -
         for load in sorted(loads, key=lambda ld: (ld.site.line, ld.site.column)):
             read = set(load.pointers).union(*(names_in(node) for node in load.offsets))
             for name in sorted(read & carried - {targets.get(loop)}):
-                binds = [w for _, w in _bindings(an, name) if w is not None]
+                binds = [(src, w) for src, w in _bindings(an, name) if w is not None]
+                if any(_inside(w, loop) and name not in names_in(cst.parse_expression(src)) for src, w in binds):
+                    continue  # made afresh in the loop that sums too (`if k == 0: a_ptrs = ...`): its own checks
                 for outer in outers:
-                    if any(_inside(w, outer) and not _inside(w, loop) for w in binds):
+                    # made again on each pass: in that loop, before the loop that sums, from other values than its own
+                    # (`a_ptrs = a_ptrs + 0` is no new start), under no `if` the loop that sums is not under
+                    if any(_inside(w, outer) and _before(w, loop[0]) and name not in names_in(cst.parse_expression(
+                            src)) and set(an.branch_sides.get(w, ())) <= set(an.branch_sides.get(loop[0], ()))
+                           for src, w in binds):
                         continue
                     made = "is a parameter" if name in an.params and not any(
-                        not _inside(w, loop) for w in binds) else "is made before it"
+                        not _inside(w, loop) for _, w in binds) else "is made before it"
                     through = f"`{name}`" if name == load.root else f"`{load.root or name}` through `{name}`"
                     raise AnnotationError(
                         f"the load at line {load.site.line} reads {through}, which the loop at line {loop[0].line} "

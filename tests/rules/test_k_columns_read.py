@@ -527,3 +527,21 @@ def test_pointers_made_on_each_tile_build_and_equal_torch(tmp_path, monkeypatch)
     path = tmp_path / "mm_tiles.py"
     path.write_text(_persistent("each tile"))
     assert all(e < 1e-4 for e in tilelink.spawn(_tiles_on, 2, str(path))), path
+
+
+def test_pointers_made_again_on_each_pass_or_at_the_first_step_build_and_others_are_refused() -> None:
+    """Made again at the tile loop's top under the tile loop's own `if`s, or at the first step of the loop that sums
+    (`if k == 0:`), the pointers start each tile at its first column: built. Made again only under an `if` of their
+    own, or from themselves (`a_ptrs = a_ptrs + 0`), they may carry the last tile's end: refused."""
+    outside = _persistent("outside")
+    made = ("            if k == 0:\n"
+            "                a_ptrs = a_ptr + offs_k[None, :] * stride_ak\n"
+            "                b_ptrs = b_ptr + offs_k[:, None] * stride_bk\n")
+    first_step = outside.replace("            a = tl.load(", made + "            a = tl.load(", 1)
+    assert _generate(first_step).plans
+    for again in ("        if K < 0:\n            a_ptrs = a_ptr + offs_k[None, :] * stride_ak\n",
+                  "        a_ptrs = a_ptrs + 0 * stride_ak\n"):
+        source = outside.replace("        acc = tl.zeros(", again + "        acc = tl.zeros(", 1)
+        assert again in source
+        with pytest.raises(AnnotationError, match=r"`a_ptrs` is made before it and is not made again on the passes"):
+            _generate(source)
