@@ -1,0 +1,46 @@
+"""Forms the rewriter reads, compiled and run on the GPU with several ranks sharing it through NVSHMEM: a descriptor
+made from a tensor gathered along an inner dim (its axes before the rows checked at each call against the gathered
+buffer: the shard's stride refused, the full tensor's equal to the tensor), a 1-D mask local made a column of the
+block (`k_mask[None, :]`), and an index widened where it is loaded."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+import torch
+
+import tilelink
+from tests.rules import test_descriptor_rows as descriptors
+from tests.rules import test_mask_spellings as masks
+from tests.rules import test_scattered_index_rows as scattered
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
+                                                  reason="needs an NVIDIA GPU (run tests/gpu/run.sh on the device)")]
+
+
+@pytest.mark.parametrize("form, full", [("batched_copy", 640), ("column_copy", 64)])
+def test_a_descriptors_axes_before_the_rows_on_the_gpu(form: str, full: int, tmp_path) -> None:
+    path = tmp_path / f"{form}.py"
+    path.write_text(descriptors.BATCHED if form == "batched_copy" else descriptors.COLUMNS)
+    for said in tilelink.spawn(descriptors._copied, 2, str(path), form, False, backend="nvshmem"):
+        assert isinstance(said, str) and f"pass the full tensor's stride of dim 0 ({full} here)" in said, said
+    for world in (2, 3):
+        assert tilelink.spawn(descriptors._copied, world, str(path), form, True, backend="nvshmem") == [0.0] * world
+
+
+@pytest.mark.parametrize("rule", ['reduce_scatter("c_ptr")', 'all_gather("a_ptr")'], ids=["reduce", "gather"])
+def test_a_column_mask_through_a_local_on_the_gpu(rule: str, tmp_path) -> None:
+    path = tmp_path / "local_mask.py"
+    path.write_text(masks.LOCAL_MASK.format(rule=rule, k_mask="ks < K"))
+    errors = tilelink.spawn(masks._multiply, 2, str(path), rule.startswith("reduce"), backend="nvshmem")
+    assert all(e < 1e-2 for e in errors), errors
+
+
+def test_an_index_widened_where_it_is_loaded_on_the_gpu(tmp_path) -> None:
+    loaded = "rows = tl.load(src_ptr + offs_i, mask=offs_i < L, other=0)"
+    path = tmp_path / "gather_mm_widened.py"
+    path.write_text(textwrap.dedent(scattered.KERNEL).replace(loaded, loaded + ".to(tl.int64)"))
+    for world in (2, 3):
+        errors = tilelink.spawn(scattered._run, world, str(path), backend="nvshmem")
+        assert all(e < 5e-2 for e in errors), (world, errors)  # tf32 dots
