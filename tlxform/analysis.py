@@ -9,6 +9,7 @@ the user's source again except through what is recorded here.
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import textwrap
 from collections.abc import Callable, Iterator, Sequence
@@ -598,8 +599,16 @@ def _arg(call: cst.Call, position: int, keyword: str) -> cst.BaseExpression | No
     return positional[position].value if position < len(positional) else None
 
 
+#: the kernel's local names of a 32- or 64-bit int type, bound once (`INDEX_DTYPE : tl.constexpr = tl.int32`),
+#: while :func:`analyse` reads it
+_INT_TYPES: contextvars.ContextVar[frozenset[str]] = contextvars.ContextVar("int_types", default=frozenset())
+_WIDE_INTS = m.Attribute(value=m.Name("tl"), attr=m.Name("int32") | m.Name("int64") | m.Name("uint32")
+                         | m.Name("uint64"))
+
+
 def _arange_size(node: cst.BaseExpression) -> str | None:
-    """``tl.arange(0, B)`` -> ``"B"`` (also widened, ``tl.arange(0, B).to(tl.int64)``: the same values)."""
+    """``tl.arange(0, B)`` -> ``"B"`` (also cast to a 32- or 64-bit int, ``tl.arange(0, B).to(tl.int64)`` or Inductor's
+    ``.to(INDEX_DTYPE)``: values below the block's size, which each such type holds)."""
     node = widened_value(node) or node
     if _is_tl_call(node, "arange") and len(node.args) == 2:  # type: ignore[attr-defined]
         lo, hi = node.args  # type: ignore[attr-defined]
@@ -614,17 +623,27 @@ _INT64 = m.Attribute(value=m.Name("tl"), attr=m.Name("int64"))
 def widened_value(value: cst.BaseExpression) -> cst.BaseExpression | None:
     """``x`` of ``x.to(tl.int64)`` or ``tl.cast(x, tl.int64)``: a cast that keeps every value of an int32 vector (row
     offsets made 64-bit so that their products with strides do not wrap, as kernels over large tensors write them);
-    ``None`` for any other expression (a narrowing cast, `d.to(tl.int8)`, may change the value)."""
+    also ``tl.arange(...)`` or ``tl.program_id(...)`` cast to any 32- or 64-bit int (torch Inductor's
+    ``.to(INDEX_DTYPE)``, a local bound once to one): their values are below 2**31. ``None`` for any other expression
+    (a narrowing cast, `d.to(tl.int8)`, may change the value)."""
     if not isinstance(value, cst.Call) or any(a.star for a in value.args):
         return None
+    inner = target = None
     if isinstance(value.func, cst.Attribute) and value.func.attr.value == "to" and len(value.args) == 1 \
-            and (value.args[0].keyword is None or value.args[0].keyword.value == "dtype") \
-            and m.matches(value.args[0].value, _INT64):
-        return value.func.value
-    if m.matches(value.func, m.Attribute(value=m.Name("tl"), attr=m.Name("cast"))) and len(value.args) == 2 \
+            and (value.args[0].keyword is None or value.args[0].keyword.value == "dtype"):
+        inner, target = value.func.value, value.args[0].value
+    elif m.matches(value.func, m.Attribute(value=m.Name("tl"), attr=m.Name("cast"))) and len(value.args) == 2 \
             and value.args[0].keyword is None and (value.args[1].keyword is None or value.args[1].keyword.value
-                                                   == "dtype") and m.matches(value.args[1].value, _INT64):
-        return value.args[0].value
+                                                   == "dtype"):
+        inner, target = value.args[0].value, value.args[1].value
+    if inner is None or target is None:
+        return None
+    if m.matches(target, _INT64):
+        return inner
+    small = m.matches(_bare(inner), m.Call(func=m.Attribute(value=m.Name("tl"), attr=m.Name("arange")
+                                                            | m.Name("program_id"))))
+    if small and (m.matches(target, _WIDE_INTS) or isinstance(target, cst.Name) and target.value in _INT_TYPES.get()):
+        return inner
     return None
 
 
@@ -1016,9 +1035,15 @@ class _Analyzer:
 
         def value_of(name: str, depth: int) -> cst.BaseExpression | None:
             defs = analyzer.assignments.get(name, [])
-            if depth > 4 or name in analyzer.params or name in pointers or name in analyzer.rebound or len(
-                    defs) != 1 or len(analyzer.bindings.get(name, [])) != 1:
+            if depth > 4 or name in analyzer.params or name in pointers or name in analyzer.rebound or not defs:
                 return None
+            if len(defs) != 1 or len(analyzer.bindings.get(name, [])) != 1:
+                # bound again for each operand (Inductor's `idx_m`, `idx_n` and `xindex` before each load and the
+                # store): the binding every run reaching the access last made
+                reach = _reaching(analyzer, name, at)
+                if reach is None:
+                    return None
+                defs = [reach]
             ref, value = defs[0]
             smalls = small_statements(ref)
             bound_at = analyzer.where(ref.node)
@@ -1221,6 +1246,10 @@ class _Analyzer:
             if isinstance(left, cst.Name) and left.value not in self.rebound and len(
                     defs := self.assignments.get(left.value, [])) == 1 and isinstance(defs[0][1], cst.Subscript):
                 left = defs[0][1]
+            elif isinstance(left, cst.Name) and left.value not in self.rebound and len(defs) > 1 and (
+                    reach := _reaching(self, left.value, self.where(cmp))) is not None and isinstance(
+                    reach[1], cst.Subscript):
+                left = reach[1]  # bound again for each operand (`idx_m = rm[:, None]` before the load's mask)
             if isinstance(left, cst.Subscript):
                 left = left.value
             if not m.matches(left, m.Name(offsets)):
@@ -1235,6 +1264,23 @@ class _Analyzer:
                 continue
             if isinstance(right, cst.Name) and right.value in self.params:
                 return right.value
+            alias = self.param_alias(right)
+            if alias is not None:
+                return alias
+        return None
+
+    def param_alias(self, node: cst.BaseExpression) -> str | None:
+        """The parameter a local bound once to it holds (Inductor's `M = ks0`): neither is bound again, so the
+        local holds the argument on every run. ``None`` for anything else."""
+        if not isinstance(node, cst.Name) or node.value in self.params or node.value in self.rebound:
+            return None
+        defs = self.assignments.get(node.value, [])
+        if len(defs) != 1 or len(self.bindings.get(node.value, ())) != 1:
+            return None
+        value = _bare(defs[0][1])
+        if isinstance(value, cst.Name) and value.value in self.params and value.value not in self.assignments \
+                and value.value not in self.rebound:
+            return value.value
         return None
 
     def _launch_size(self, dim_size: cst.BaseExpression) -> str | None:
@@ -1312,14 +1358,36 @@ class _Analyzer:
             inner = widened_value(value)
             return inner is not None and m.matches(_unhinted(inner), m.Name(n))
 
+        at = None
         for n in names_in(cst.parse_expression(rows)):
             defs = self.assignments.get(n, [])
             again = [v for _, v in defs if not same_values(n, v)]
-            if (n in self.params and self.bindings.get(n)) or len(self.bindings.get(n, ())) != len(defs) or (
-                    n not in self.params and len(again) != 1):
+            if (n in self.params and self.bindings.get(n)) or len(self.bindings.get(n, ())) != len(defs):
                 return None
-        ref = self.assignments[name][0][0]
-        return Tile(rows, "", name, None, None, self.where(ref.node), 2, True)
+            if n not in self.params and len(again) != 1:
+                # bound once on each side of an `if` (vLLM's `if not naive_block_assignment:` loads the tokens,
+                # its other side makes them from the program id): after it, the names hold one side's values on
+                # every run, and the wait computes its channels from those values
+                branch = _sides_binding(self, n, access)
+                if branch is None:
+                    lines = sorted({w.line for w, _ in self.bindings.get(n, ())})
+                    said = ", ".join(str(x) for x in lines[:-1]) + f" and {lines[-1]}" if len(lines) > 1 else \
+                        str(lines[0]) if lines else "?"
+                    raise _refuse(access, (
+                        f"the rows {f'`{rows}` ' if rows != n else ''}of the {access.kind} at line "
+                        f"{access.where.line} come through `{n}`, "
+                        f"bound at lines {said}: the {_waits(access)} computes its channels from the values `{n}` "
+                        f"holds where it is placed, which TileLink can tell are the ones the pointer read only "
+                        f"where `{n}` is bound once, or once on each side of one `if` (in no loop, not read inside "
+                        f"it) before the pointer is made"), (
+                        f"bind `{n}` once, or once on each side of one `if` (`if not naive_block_assignment: {n} = "
+                        f"tl.load(...)` / `else: {n} = ...`), before the pointer; give other values a name of their "
+                        f"own (`{n}_2 = ...`)"))
+                if n == name:
+                    at = self.where(branch.node)
+        if at is None:
+            at = self.where(self.assignments[name][0][0].node)
+        return Tile(rows, "", name, None, None, at, 2, True)
 
     def tile(self, access: Access, dim: int, pointers: set[str], override: tuple[str, str] | None,
              size_param: str | None, index: str | None = None) -> Tile | None:
@@ -2391,9 +2459,12 @@ def _reaching(an: _Analyzer, name: str, at: Where) -> tuple[StmtRef, cst.BaseExp
         block = ref.blocks[-1] if ref.blocks else an.fn.body
         if not _before(_end(an, ref.node), at) or not (block is an.fn.body or _contains(an, block, at)):
             continue
-        if not any(isinstance(small, (cst.Assign, cst.AnnAssign)) and small.value is value
+        if not any(isinstance(small, cst.Assign) and any(m.matches(t.target, m.Name(name)) for t in small.targets)
+                   or isinstance(small, cst.AnnAssign) and m.matches(small.target, m.Name(name))
                    for small in small_statements(ref)):
-            continue  # a named expression: it may sit where it does not run (`c and (x := v)`)
+            # a named expression: it may sit where it does not run (`c and (x := v)`); the value itself may be
+            # written out already (an offsets grid folded into it)
+            continue
         if best is None or _before(an.where(best[0].node), an.where(ref.node)):
             best = (ref, value)
     if best is None:
@@ -2988,6 +3059,36 @@ def _uncast(node: cst.BaseExpression) -> cst.BaseExpression:
     while _is_widening(node):
         node = _bare(widened_value(node))  # type: ignore[arg-type]
     return node
+
+
+def _sides_binding(an: _Analyzer, name: str, acc: Access) -> StmtRef | None:
+    """The ``if`` statement whose sides bind ``name``, each side at most once and nothing else anywhere, where
+    every run that reaches ``acc`` has passed it: the ``if`` in no loop, in a block that holds ``acc``, ending before
+    it, and ``name`` read nowhere inside it (a pointer made there from one of two bindings of a side would read
+    values the name no longer holds after it). ``None`` where the bindings are not such."""
+    defs = an.assignments.get(name, [])
+    if len(defs) < 2 or len(an.bindings.get(name, ())) != len(defs):
+        return None
+    for ref, value in defs:
+        smalls = small_statements(ref)
+        if len(smalls) != 1 or not m.matches(smalls[0], m.Assign(targets=[m.AssignTarget(target=m.Name(name))])) \
+                or smalls[0].value is not value:
+            return None
+    blocks = [ref.blocks[-1] for ref, _ in defs]
+    branch = next((ref for ref in an.statements if isinstance(ref.node, cst.If)
+                   and all(any(b is s for s in _suites(ref.node)) for b in blocks)), None)
+    if branch is None or len({id(b) for b in blocks}) != len(blocks):
+        return None
+    block = branch.blocks[-1]
+    loops = an.findall(an.fn.body, m.For() | m.While())
+    start = an.where(branch.node)
+    if any(_contains(an, loop, start) for loop in loops) or not _before(_end(an, branch.node), acc.where) or not (
+            block is an.fn.body or _contains(an, block, acc.where)):
+        return None
+    reads = [n for n in an.findall(branch.node, m.Name(name))
+             if not any(n is ref_target for ref, _ in defs for small in small_statements(ref)
+                        for t in small.targets for ref_target in (t.target,))]
+    return None if reads else branch
 
 
 def _index_term(an: _Analyzer, access: Access, dim: int, pointers: set[str],
@@ -5690,6 +5791,18 @@ def analyse(module: cst.Module, file: str, kernel: str,
         raise AnnotationError(f"no top-level function named {kernel!r}", file=file, line=None,
                               hint="@tilelink.overlap applies to top-level @triton.jit kernels")
     an = _Analyzer(module, wrapper, fn, file, tensors)
+    types = frozenset(n for n, defs in an.assignments.items() if len(defs) == 1 and len(an.bindings.get(n, ())) == 1
+                      and n not in an.params and m.matches(defs[0][1], _WIDE_INTS))
+    token = _INT_TYPES.set(types)
+    try:
+        return _analysed(an, module, file, kernel, fn, tensors, names_at, read_only)
+    finally:
+        _INT_TYPES.reset(token)
+
+
+def _analysed(an: _Analyzer, module: cst.Module, file: str, kernel: str, fn: cst.FunctionDef,
+              tensors: dict[str, tuple[int, tuple[str, str] | None, str | None, str | None]],
+              names_at: Callable[[int], dict[str, str]] | None, read_only: str | None) -> KernelAnalysis:
     fn_where = an.where(fn)
     overlap = next((d for d in fn.decorators if m.matches(
         d.decorator.func if isinstance(d.decorator, cst.Call) else d.decorator,

@@ -14,6 +14,7 @@ import tilelink
 from tests.rules.cases import module_at, plain_module, rows_of, worst
 from tests.rules.test_carried_accumulator import _generate
 from tilelink.errors import AnnotationError
+from tilelink.runtime import current_world
 
 TEMPLATE = '''\
 import triton
@@ -146,4 +147,99 @@ def test_rows_bound_on_both_sides_of_an_if_to_values_that_differ_are_refused() -
     source = _source("all_gather", TESTED).replace(
         "        ram = rm % M\n", "        rm = rm + BLOCK_M\n        ram = rm % M\n", 1)
     with pytest.raises(AnnotationError, match="row offsets"):
+        _generate(source)
+
+
+#: the spellings of later torch releases: sizes passed as `ks0..ks2` and named once at the top (`M = ks0`), an
+#: index type bound once as a local constexpr and every `tl.arange` and the program id cast to it, and the names
+#: `idx_m` / `idx_n` bound again for each operand and the store
+SPELLED = '''\
+import triton
+import triton.language as tl
+import tilelink
+
+
+@tilelink.overlap(tilelink.all_gather("arg_A", dim=0))
+@triton.jit
+def mm_spelled(arg_A, arg_B, out_ptr0, ks0, ks1, ks2, stride_am, stride_ak, stride_bk, stride_bn,
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    INDEX_DTYPE: tl.constexpr = tl.int32
+    M = ks0
+    N = ks1
+    K = ks2
+    pid = tl.program_id(0).to(INDEX_DTYPE)
+    grid_n = tl.cdiv(N, BLOCK_N)
+    pid_m = pid // grid_n
+    pid_n = pid % grid_n
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M).to(INDEX_DTYPE)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N).to(INDEX_DTYPE)
+    offs_k = tl.arange(0, BLOCK_K).to(INDEX_DTYPE)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k_idx in range(0, tl.cdiv(K, BLOCK_K)):
+        ks = k_idx * BLOCK_K + offs_k
+        idx_m = rm[:, None]
+        idx_n = ks[None, :]
+        a = tl.load(arg_A + idx_m * stride_am + idx_n * stride_ak,
+                    mask=(idx_m < M) & (offs_k[None, :] < K - k_idx * BLOCK_K), other=0.0)
+        idx_m = ks[:, None]
+        idx_n = rn[None, :]
+        b = tl.load(arg_B + idx_m * stride_bk + idx_n * stride_bn,
+                    mask=(offs_k[:, None] < K - k_idx * BLOCK_K) & (idx_n < N), other=0.0)
+        acc += tl.dot(a, b)
+    idx_m = rm[:, None]
+    idx_n = rn[None, :]
+    mask = (idx_m < M) & (idx_n < N)
+    xindex = idx_n + N * idx_m
+    tl.store(out_ptr0 + (tl.broadcast_to(xindex, mask.shape)), acc, mask)
+'''
+
+
+def _spelled(path: str) -> float:
+    """The gathered matmul on this rank's rows of A against torch."""
+    rank, world = tilelink.rank(), tilelink.world_size()
+    g = torch.Generator().manual_seed(5)
+    a, b = torch.randn(M, K, generator=g), torch.randn(K, N, generator=g)
+    kernel = module_at(path).mm_spelled
+    lo, hi = rows_of(rank, world, M)
+    device = current_world().device  # the CPU in the emulated world, this rank's GPU with NVSHMEM
+    shard, bd = a[lo:hi].contiguous().to(device), b.to(device)
+    err = 0.0
+    for _ in range(2):
+        got = torch.full((M, N), float("nan"), device=device)
+        kernel[(triton_cdiv(M, 16) * triton_cdiv(N, 16),)](shard, bd, got, M, N, K, K, 1, N, 1,
+                                                            BLOCK_M=16, BLOCK_N=16, BLOCK_K=16)
+        err = worst(err, (got.cpu() - a @ b).abs().max().item())
+    return err
+
+
+def test_later_torch_spellings_build_and_equal_torch(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("TILELINK_RACES", "1")
+    body = _generate(SPELLED).rewritten["mm_spelled"]
+    assert body.count("tll.consumer_tile_wait(") == 1, body
+    path = tmp_path / "spelled.py"
+    path.write_text(SPELLED)
+    for world in (2, 3):
+        errors = tilelink.spawn(_spelled, world, str(path))
+        assert all(e < 1e-4 for e in errors), (world, errors)
+
+
+@pytest.mark.parametrize(("old", "new", "says"), [
+    # a cast that can wrap a block's offsets (an int8 holds 127 at most) is not read as the same values
+    ("tl.arange(0, BLOCK_M).to(INDEX_DTYPE)", "tl.arange(0, BLOCK_M).to(tl.int8)", "cannot tell which rows"),
+    # an index type passed by the caller: TileLink does not know what it holds
+    ("    INDEX_DTYPE: tl.constexpr = tl.int32\n", "", "cannot tell which rows"),
+    # an alias of the size bound again: it no longer holds the argument the launch reads
+    ("    M = ks0\n", "    M = ks0\n    M = M + 1\n", "cannot find the parameter holding the full size"),
+    # the load's row name bound on one side of an `if` only: which binding reaches the load depends on the run
+    ("        idx_m = rm[:, None]\n        idx_n = ks[None, :]\n",
+     "        idx_m = rm[:, None]\n        if k_idx > 0:\n            idx_m = ks[:, None]\n"
+     "        idx_n = ks[None, :]\n",
+     "cannot tell which rows"),
+], ids=["int8-cast", "passed-index-type", "alias-bound-again", "row-name-in-a-branch"])
+def test_spellings_that_could_hold_other_values_are_refused(old: str, new: str, says: str) -> None:
+    source = SPELLED.replace(old, new, 1)
+    if not new:  # the index type a parameter instead
+        source = source.replace("BLOCK_K: tl.constexpr):", "BLOCK_K: tl.constexpr, INDEX_DTYPE: tl.constexpr):")
+    assert source != SPELLED
+    with pytest.raises(AnnotationError, match=says):
         _generate(source)

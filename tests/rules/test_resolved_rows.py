@@ -123,7 +123,9 @@ def test_index_rows_bound_again_after_the_pointer_is_made_are_refused() -> None:
     """The wait computes its channels from the rows' name at the access: bound again after the pointer was made
     from it, the name holds other rows than the load reads."""
     text = HEAD + textwrap.dedent(INDEXED).replace("{again}", "rows = tl.load(dst_ptr + offs_i, mask=offs_i < L)")
-    assert "cannot tell which rows along dim 0 of 'a_ptr'" in _error(text)
+    said = _error(text)
+    assert "the rows of the load at line 17 come through `rows`, bound at lines 14 and 16" in said, said
+    assert "bind `rows` once, or once on each side of one `if`" in said, said
     text = HEAD + textwrap.dedent(INDEXED).replace("{again}", "")
     body = generate(text, "user_kernels.py", requests_in(text, "user_kernels.py")).rewritten["gather_mm"]
     assert "tll.consumer_tile_wait_channels" in body, body
