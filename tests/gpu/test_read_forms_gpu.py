@@ -1,7 +1,8 @@
 """Forms the rewriter reads, compiled and run on the GPU with several ranks sharing it through NVSHMEM: a descriptor
 made from a tensor gathered along an inner dim (its axes before the rows checked at each call against the gathered
 buffer: the shard's stride refused, the full tensor's equal to the tensor), a 1-D mask local made a column of the
-block (`k_mask[None, :]`), and an index widened where it is loaded."""
+block (`k_mask[None, :]`), an index widened where it is loaded, and token rows bound on each side of a compile-time
+`if` (vLLM's one-slot blocks, run with no index at all), and the matmul template as later torch releases spell it."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ import torch
 
 import tilelink
 from tests.rules import test_descriptor_rows as descriptors
+from tests.rules import test_index_per_side as sides
+from tests.rules import test_inductor_template as inductor
 from tests.rules import test_mask_spellings as masks
 from tests.rules import test_scattered_index_rows as scattered
 
@@ -43,4 +46,23 @@ def test_an_index_widened_where_it_is_loaded_on_the_gpu(tmp_path) -> None:
     path.write_text(textwrap.dedent(scattered.KERNEL).replace(loaded, loaded + ".to(tl.int64)"))
     for world in (2, 3):
         errors = tilelink.spawn(scattered._run, world, str(path), backend="nvshmem")
+        assert all(e < 5e-2 for e in errors), (world, errors)  # tf32 dots
+
+
+@pytest.mark.parametrize("naive", [False, True], ids=["sorted", "one-slot-blocks"])
+@pytest.mark.parametrize("rule", ["gather", "reduce"])
+def test_tokens_bound_on_each_side_of_an_if_on_the_gpu(rule: str, naive: bool, tmp_path) -> None:
+    path = tmp_path / f"moe_{rule}.py"
+    path.write_text(textwrap.dedent(sides.UP if rule == "gather" else sides.DOWN))
+    run = sides._up if rule == "gather" else sides._down
+    for world in (2, 3):
+        errors = tilelink.spawn(run, world, str(path), naive, backend="nvshmem")
+        assert all(e < 5e-2 for e in errors), (world, errors)  # tf32 dots
+
+
+def test_later_torch_template_spellings_on_the_gpu(tmp_path) -> None:
+    path = tmp_path / "spelled.py"
+    path.write_text(inductor.SPELLED)
+    for world in (2, 3):
+        errors = tilelink.spawn(inductor._spelled, world, str(path), backend="nvshmem")
         assert all(e < 5e-2 for e in errors), (world, errors)  # tf32 dots
