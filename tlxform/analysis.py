@@ -9,6 +9,7 @@ the user's source again except through what is recorded here.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import functools
 import textwrap
@@ -177,6 +178,9 @@ class KernelAnalysis:
     # name from a module TileLink finds (`tilelink/helper_sources.py`) -> its source: what a helper the kernel calls
     # computes (the tile-order rotation reads a tile mapping's helper)
     helpers: dict[str, str] = field(default_factory=dict)
+    # the kernel's locals bound once to a 32- or 64-bit int type (`INDEX_DTYPE: tl.constexpr = tl.int32`): what the
+    # rules read a cast of a `tl.arange` to as the same values, within :func:`reading_int_types`
+    int_types: frozenset[str] = frozenset()
     # each statement that unpacks a value into a flat tuple of names (`pid_m, pid_n = tile_of(...)`) -> the names, in
     # order: which of a helper's returned values each one gets
     unpacked: dict[Where, tuple[str, ...]] = field(default_factory=dict)
@@ -604,6 +608,17 @@ def _arg(call: cst.Call, position: int, keyword: str) -> cst.BaseExpression | No
 _INT_TYPES: contextvars.ContextVar[frozenset[str]] = contextvars.ContextVar("int_types", default=frozenset())
 _WIDE_INTS = m.Attribute(value=m.Name("tl"), attr=m.Name("int32") | m.Name("int64") | m.Name("uint32")
                          | m.Name("uint64"))
+
+
+@contextlib.contextmanager
+def reading_int_types(types: frozenset[str]) -> Iterator[None]:
+    """Read a cast of a `tl.arange` or a program id to one of the local int types ``types`` as the same values
+    (:func:`widened_value`), as :func:`analyse` does for the kernel it reads: the rules reading its analysis too."""
+    token = _INT_TYPES.set(types)
+    try:
+        yield
+    finally:
+        _INT_TYPES.reset(token)
 
 
 def _arange_size(node: cst.BaseExpression) -> str | None:
@@ -1231,6 +1246,9 @@ class _Analyzer:
             for mod in m.findall(value, m.BinaryOperation(operator=m.Modulo(), right=m.Name())):
                 if mod.right.value in self.params:  # type: ignore[union-attr]
                     return mod.right.value  # type: ignore[union-attr]
+                alias = self.param_alias(mod.right)  # `M = ks0`
+                if alias is not None:
+                    return alias
         return None
 
     def _size_param(self, offsets: str) -> str | None:
@@ -1973,7 +1991,9 @@ def _check_row_terms(an: _Analyzer, acc: Access, tile: Tile, pointers: set[str],
         clamp = _clamp_bound(_unhinted(value))
         bounds += [("are clamped to row 0 at", clamp)] if clamp is not None else []
         for what, bound in bounds:
-            if tile.size_param is not None and bound != tile.size_param:
+            # a local bound once to the size (`M = ks0`) holds it
+            alias = an.param_alias(cst.parse_expression(bound)) if bound.isidentifier() else None
+            if tile.size_param is not None and bound != tile.size_param and alias != tile.size_param:
                 raise _refuse(acc, f"the rows `{tile.offsets}` {what} `{bound}`, not at the size of {acc.tensor!r} "
                                    f"({tile.size_param}): the rows past it read the first rows, which the wait or "
                                    f"notify covers only at the size",
@@ -2035,7 +2055,8 @@ def _position(an: _Analyzer, node: cst.BaseExpression, depth: int = 0) -> bool:
                in _imported(an)}
     for name in names_in(node) - set(an.params) - called - {"tl"}:
         defs = an.assignments.get(name, [])
-        if depth >= 8 or name in an.rebound or len(defs) != 1 or not _position(an, defs[0][1], depth + 1):
+        # (a local annotated once, `INDEX_DTYPE: tl.constexpr = tl.int32`, is bound once)
+        if depth >= 8 or _bound_again(an, name) or len(defs) != 1 or not _position(an, defs[0][1], depth + 1):
             return False
     return True
 
@@ -3100,6 +3121,22 @@ def _index_term(an: _Analyzer, access: Access, dim: int, pointers: set[str],
     # values)
     loaded = {name for name, defs in an.assignments.items()
               if any(_is_tl_call(widened_value(v) or v, "load") and index in names_in(v) for _, v in defs)}
+
+    def arange(node: cst.BaseExpression) -> bool:  # `tl.arange(0, B)`, also through a name bound once to it
+        node = _uncast(node)
+        if isinstance(node, cst.Name) and len(an.assignments.get(node.value, [])) == 1 and len(
+                an.bindings.get(node.value, ())) == 1:
+            node = _uncast(an.assignments[node.value][0][1])
+        return _arange_size(node) is not None
+
+    # a block of rows from a start loaded through the index (Liger's `row_offs = (row_start + m_offs).to(tl.int64)`,
+    # `row_start = tl.load(tile_row_start_ptr + pid_m)`): its values are the rows, as a loaded vector's are
+    for name, defs in an.assignments.items():
+        value = _uncast(defs[0][1]) if len(defs) == 1 and len(an.bindings.get(name, ())) == 1 else None
+        if isinstance(value, cst.BinaryOperation) and isinstance(value.operator, cst.Add) and any(
+                isinstance(_uncast(a), cst.Name) and _uncast(a).value in loaded and arange(b)
+                for a, b in ((value.left, value.right), (value.right, value.left))):
+            loaded = loaded | {name}
     params = set(an.params) - set(an.assignments) - an.rebound
     found = None
     columns: list[cst.BaseExpression] = []
@@ -4730,6 +4767,13 @@ def _walk_alone(an: _Analyzer, definitions: list[cst.BaseExpression], pointers: 
     return moving == 1 and columns == 1  # each once: two of either walk twice as far as the mask counts
 
 
+def _literal_local(an: _Analyzer, name: str) -> bool:
+    """``name`` is a local bound once, to an int literal (torch Inductor's `BLOCK_K : tl.constexpr = 32`)."""
+    defs = an.assignments.get(name, [])
+    return name not in an.params and len(defs) == 1 and len(an.bindings.get(name, ())) == 1 and isinstance(
+        _bare(defs[0][1]), cst.Integer)
+
+
 def _walked_bound(an: _Analyzer, acc: Access, pointers: set[str], vector: str, scale: tuple[str, ...],
                   offsets: str) -> bool:
     """Columns ``vector[None, :]`` (times the factors ``scale``) masked by what is left of the row on each step of a
@@ -4754,7 +4798,8 @@ def _walked_bound(an: _Analyzer, acc: Access, pointers: set[str], vector: str, s
         parts = _product_factors(moving[0][0])
         if sum(1 for p in parts if m.matches(p, m.Name(k))) != 1 or not all(
                 isinstance(p, cst.Integer) or (isinstance(p, cst.Name) and (p.value == k or (
-                    p.value in an.params and not an.bindings.get(p.value)))) for p in parts):
+                    p.value in an.params and not an.bindings.get(p.value)) or _literal_local(an, p.value)))
+                for p in parts):
             continue
         rest = sorted(code(p) for p in parts if not m.matches(p, m.Name(k)))
         if not _walk_alone(an, definitions, pointers | {acc.tensor}, offsets, vector, k):
@@ -4847,6 +4892,8 @@ def _left_of_row(an: _Analyzer, acc: Access, loop: cst.For, k: str, vector: str,
                 todo.append(node.expression)
             elif isinstance(node, cst.Integer) or _passed(an, node):
                 parts.append(code(node))
+            elif (alias := an.param_alias(node)) is not None:
+                parts.append(alias)  # `K = ks2`: the launch reads the argument it holds
             else:
                 return None
         return negative, tuple(sorted(parts))
@@ -5564,6 +5611,41 @@ def _contains(an: _Analyzer, node: cst.CSTNode, where: Where) -> bool:
     return (r.start.line, r.start.column + 1) <= (where.line, where.column) <= (r.end.line, r.end.column + 1)
 
 
+def _loads_written_out(an: _Analyzer, ref: StmtRef, value: cst.BaseExpression) -> cst.BaseExpression:
+    """``value`` (bound by the statement ``ref``) with the address and mask of each ``tl.load`` in it that read a local
+    bound more than once written out as the bindings that reach the load (torch Inductor's `idx_m`, `idx_n` and
+    `xindex`, bound again for each operand of a K loop): the rules read each load's address as the values it has
+    there."""
+    def twice(arg: cst.Arg) -> bool:
+        return any(n not in an.params and len(an.bindings.get(n, ())) > 1 for n in names_in(arg.value))
+
+    matcher = m.Call(func=m.Attribute(value=m.Name("tl"), attr=m.Name("load")))
+    calls = list(m.findall(value, matcher))
+    # where each load is: the statement's own loads, in order (the value may have an offsets grid folded in, a node
+    # the kernel does not hold)
+    sites = [an.where(c) for node in [*small_statements(ref), *header_expressions(ref)]
+             for c in an.findall(node, matcher)]
+    swaps = {}
+    for call, at in zip(calls, sites if len(sites) == len(calls) else [None] * len(calls), strict=True):
+        # the address and the mask, as passed (`tl.load(A + (xindex), a_mask, ...)` or `mask=`)
+        args = [i for i, a in enumerate(call.args) if not a.star and (
+            (a.keyword is None and i < 2) or (a.keyword is not None and a.keyword.value in ("pointer", "mask")))]
+        if at is None or not any(twice(call.args[i]) for i in args):
+            continue
+        new = list(call.args)
+        for i in args:
+            new[i] = call.args[i].with_changes(value=an.indices_written_out(call.args[i].value, at, set()))
+        swaps[call] = call.with_changes(args=new)
+    if not swaps:
+        return value
+
+    class _Swap(cst.CSTTransformer):
+        def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
+            return swaps.get(original, updated)
+
+    return value.visit(_Swap())
+
+
 def _effects(an: _Analyzer) -> tuple[tuple[str, Where], ...]:
     """See ``KernelAnalysis.effects``."""
     out: list[tuple[str, Where]] = []
@@ -5793,11 +5875,8 @@ def analyse(module: cst.Module, file: str, kernel: str,
     an = _Analyzer(module, wrapper, fn, file, tensors)
     types = frozenset(n for n, defs in an.assignments.items() if len(defs) == 1 and len(an.bindings.get(n, ())) == 1
                       and n not in an.params and m.matches(defs[0][1], _WIDE_INTS))
-    token = _INT_TYPES.set(types)
-    try:
+    with reading_int_types(types):
         return _analysed(an, module, file, kernel, fn, tensors, names_at, read_only)
-    finally:
-        _INT_TYPES.reset(token)
 
 
 def _analysed(an: _Analyzer, module: cst.Module, file: str, kernel: str, fn: cst.FunctionDef,
@@ -5913,7 +5992,8 @@ def _analysed(an: _Analyzer, module: cst.Module, file: str, kernel: str, fn: cst
                               tuple(sorted(accesses, key=lambda a: (a.where.line, a.where.column))),
                               fn_where,
                               {n: tuple(an.where(r.node) for r, _ in defs) for n, defs in an.assignments.items()},
-                              {n: tuple(code(v) for _, v in defs) for n, defs in an.assignments.items()},
+                              {n: tuple(code(_loads_written_out(an, r, v)) for r, v in defs)
+                               for n, defs in an.assignments.items()},
                               frozenset(an.rebound), {n: tuple(b) for n, b in an.bindings.items()},
                               warp_specialized, {n: tuple(v) for n, v in updates.items()}, _returns(an),
                               tuple(row_scales), tuple(row_shifts), _effects(an), branch_sides=_branch_sides(an),
@@ -5925,6 +6005,7 @@ def _analysed(an: _Analyzer, module: cst.Module, file: str, kernel: str, fn: cst
                                                                 for factors, divisor, at in an.row_multiples)),
                               column_ends=tuple(dict.fromkeys((v, b, f, _static_test(an, at), at)
                                                               for v, b, f, at in an.column_ends)),
+                              int_types=_INT_TYPES.get(),
                               helpers={**imported_helpers(module, file, is_triton_jit), **{
                                   f.name.value: code(f) for f in module.body if isinstance(f, cst.FunctionDef)
                                   and f.name.value != kernel and any(is_triton_jit(d) for d in f.decorators)}},

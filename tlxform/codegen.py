@@ -19,7 +19,7 @@ import libcst.matchers as m
 from libcst.metadata import MetadataWrapper, PositionProvider
 
 import tilelink
-from tilelink.analysis import Where, analyse, find_kernel, is_triton_jit, names_in, parse_source
+from tilelink.analysis import Where, analyse, find_kernel, is_triton_jit, names_in, parse_source, reading_int_types
 from tilelink.branches import AlikeBranches, alike_branches, anchored_outside
 from tilelink.errors import AnnotationError
 from tilelink.expanded import as_written, expanded_offsets, said_as_written, written_column
@@ -65,7 +65,8 @@ def plan_kernel(module: cst.Module, file: str, request: Request, names_at=None) 
     rule = rule_of(spec.kind)
     tensors = {t: (spec.dim, spec.tile, spec.size, spec.index) for t in spec.tensors}
     an = analyse(module, file, request.kernel, tensors, names_at, read_only=spec.kind if rule.read_only else None)
-    plan = rule.rewrite_module().rewrite(an, spec, request.options)
+    with reading_int_types(an.int_types):
+        plan = rule.rewrite_module().rewrite(an, spec, request.options)
     # the row facts the launch checks at each call with more than one rank, from the analysis the rule read
     plan = dataclasses.replace(plan, launch=dataclasses.replace(
         plan.launch, row_scales=tuple(sorted({(t, f, at.line) for t, f, at in an.row_scales})),

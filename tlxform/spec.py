@@ -130,6 +130,14 @@ def _tile(tile: object, what: str) -> tuple[str, str] | None:
     return (tile[0].strip(), tile[1].strip())
 
 
+def _parameter(value: object, what: str, key: str, example: str, alone: str) -> str | None:
+    """A keyword that names a kernel parameter (``index=``, ``topk=``): ``None`` or an identifier."""
+    if value is None or (isinstance(value, str) and value.isidentifier()):
+        return value
+    raise ValueError(f"{what}: {key}= names a parameter of the kernel, e.g. {key}=\"{example}\", got {value!r}; "
+                     f"{alone}")
+
+
 def _dim(dim: object, what: str) -> int:
     if not isinstance(dim, int) or isinstance(dim, bool) or dim < 0:
         raise ValueError(f"{what}: dim must be a non-negative int, got {dim!r}")
@@ -148,7 +156,9 @@ def all_gather(tensor: str | tuple[str, ...], dim: int = 0, *, tile: tuple[str, 
         size: name of the parameter holding the full size along ``dim``; inferred when omitted.
     """
     return AllGatherSpec(_tensors(tensor, "all_gather"), _dim(dim, "all_gather"),
-                         _tile(tile, "all_gather"), index, size)
+                         _tile(tile, "all_gather"), _parameter(index, "all_gather", "index", "sorted_token_ids_ptr",
+                                                               "leave it out where the rows are not read through an "
+                                                               "index"), size)
 
 
 def reduce_scatter(tensor: str | tuple[str, ...], dim: int = 0, *, tile: tuple[str, str] | None = None,
@@ -170,7 +180,11 @@ def reduce_scatter(tensor: str | tuple[str, ...], dim: int = 0, *, tile: tuple[s
         raise ValueError(f"reduce_scatter: linear_epilogue= takes True or False, got {linear_epilogue!r}")
     return ReduceScatterSpec(_one_output(_tensors(tensor, "reduce_scatter"), "reduce_scatter"),
                              _dim(dim, "reduce_scatter"),
-                             _tile(tile, "reduce_scatter"), index, topk, size, linear_epilogue)
+                             _tile(tile, "reduce_scatter"),
+                             _parameter(index, "reduce_scatter", "index", "sorted_token_ids_ptr",
+                                        "leave it out where the rows are not written through an index"),
+                             _parameter(topk, "reduce_scatter", "topk", "top_k",
+                                        "leave it out where each token has one row (one slot)"), size, linear_epilogue)
 
 
 def all_reduce(tensor: str | tuple[str, ...], dim: int = 0, *, tile: tuple[str, str] | None = None,

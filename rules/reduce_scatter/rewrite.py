@@ -1106,6 +1106,15 @@ def _tile_count(an: KernelAnalysis, node: cst.BaseExpression) -> tuple[cst.BaseE
     return _ceil_divided(node)
 
 
+def _bound_factor(an: KernelAnalysis, source: str) -> cst.BaseExpression:
+    """A factor of a tile's width read through the locals it names (:func:`_bound_value`), except a local bound to a
+    literal (`BLOCK_K: tl.constexpr = 32`, as torch Inductor's templates bind their blocks): the loads name the
+    block by that local, and so does the width compared with them."""
+    node = cst.parse_expression(source)
+    value = _bound_value(an, node, params_only=False)
+    return node if isinstance(_bare(node), cst.Name) and isinstance(_bare(value), cst.Integer) else value
+
+
 def _bound_value(an: KernelAnalysis, node: cst.BaseExpression, params_only: bool = True) -> cst.BaseExpression:
     """``node`` read through the locals it names that are bound once, down to four of them: where that ends at a
     parameter (`k_end = K`), or with ``params_only`` off, at any value (`prev = prev_multiple_of(K, BLOCK_K)`);
@@ -1213,7 +1222,9 @@ def _bounds_k(an: KernelAnalysis, node: cst.BaseExpression, target: str | None,
     moving = [(t, n) for t, n in columns if target in names_in(t)] + [
         (t, not n) for t, n in limit if target in names_in(t)]
     fixed = sorted((n, code(t).replace(" ", "")) for t, n in limit if target not in names_in(t))
-    extent_terms = sorted((n, code(_bare(t)).replace(" ", "")) for t, n in _terms(X)) if X is not None else None
+    # read through the locals it names as the bound is (`K = ks2`, torch's size aliases: both read `ks2`)
+    extent_terms = sorted((n, code(_bare(t)).replace(" ", "")) for t, n in _sum_terms(an, X, target)) \
+        if X is not None else None
     if not moving and len(fixed) == 1 and not fixed[0][0] and fixed[0][1] in set(an.params) - set(
             an.constexpr_params):
         # offsets that move with the step through names of their own (columns advanced in place, `offs_k +=
@@ -2318,8 +2329,7 @@ def _check_step_blocks(an: KernelAnalysis, summing, targets: dict, a, rule: str)
         else:
             # the columns of a tile where the range counts tiles (`tl.cdiv(K, BLOCK_K)`), one column where it counts
             # columns (`range(0, K, BLOCK_K)`)
-            tile = _product_of(tuple(f for x in factors for f in _factor_codes(
-                _bound_value(an, cst.parse_expression(x), params_only=False))))
+            tile = _product_of(tuple(f for x in factors for f in _factor_codes(_bound_factor(an, x))))
             units = _product_of(_factor_codes(args[2])) if ranged else tile
             # a range over a count of tiles with a step (`range(pid_k, k_tiles, SPLIT_K)`) moves by S tiles a step
             count = _times(units, tile) if ranged else units
@@ -4778,9 +4788,12 @@ def _notify_each(an: KernelAnalysis, spec, opts: Options, rule: str, stores, ins
                 f"cannot tell which rows of {a.tensor!r} this store writes: they come through an index, "
                 f"`{indexed[0]}`, loaded from {indexed[1]!r}, which {rule} reads only when the annotation names it",
                 file=a.where.file, line=a.where.line, column=a.where.column,
-                hint=f"pass index=\"{indexed[1]}\", topk=\"{topk or '<the slots per token>'}\" (the slots of one "
-                     f"token, reduced together) and size=\"<the full row count of the output>\" (e.g. "
-                     f"\"num_valid_tokens // {topk or 'top_k'}\") to {rule}(...)")
+                hint=(f"pass index=\"{indexed[1]}\", topk=\"{topk}\" (the parameter holding the slots of one "
+                      f"token, reduced together) and size=\"<the full row count of the output>\" (e.g. "
+                      f"\"num_valid_tokens // {topk}\") to {rule}(...)") if topk else
+                     f"pass index=\"{indexed[1]}\" and size=\"<the full row count of the output>\" (a parameter, or "
+                     f"an expression of them; add one where the kernel has none), and topk=\"<the parameter holding "
+                     f"the slots of one token>\" where several rows of a token are reduced together, to {rule}(...)")
         if a.tile is None and a.where in an.row_program_misses:
             # one row a program, not taken as such: why, rather than a hint about blocks of rows
             raise AnnotationError(f"cannot tell which rows of {a.tensor!r} this store writes (pointer `{a.pointer}`)",
