@@ -2,7 +2,8 @@
 made from a tensor gathered along an inner dim (its axes before the rows checked at each call against the gathered
 buffer: the shard's stride refused, the full tensor's equal to the tensor), a 1-D mask local made a column of the
 block (`k_mask[None, :]`), an index widened where it is loaded, and token rows bound on each side of a compile-time
-`if` (vLLM's one-slot blocks, run with no index at all), and the matmul template as later torch releases spell it."""
+`if` (vLLM's one-slot blocks, run with no index at all), the matmul template as later torch releases spell it, and
+tiles that start at rows loaded through an index (Liger's grouped GEMM)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import tilelink
 from tests.rules import test_descriptor_rows as descriptors
 from tests.rules import test_index_per_side as sides
 from tests.rules import test_inductor_template as inductor
+from tests.rules import test_loaded_tile_start as loaded
 from tests.rules import test_mask_spellings as masks
 from tests.rules import test_scattered_index_rows as scattered
 
@@ -65,4 +67,22 @@ def test_later_torch_template_spellings_on_the_gpu(tmp_path) -> None:
     path.write_text(inductor.SPELLED)
     for world in (2, 3):
         errors = tilelink.spawn(inductor._spelled, world, str(path), backend="nvshmem")
+        assert all(e < 5e-2 for e in errors), (world, errors)  # tf32 dots
+
+
+@pytest.mark.parametrize("rule", ["all_gather", "reduce_scatter"])
+def test_the_later_torch_template_on_the_gpu(rule: str, tmp_path) -> None:
+    path = tmp_path / f"later_{rule}.py"
+    path.write_text(inductor.LATER.format(rule=rule, tensor=inductor.TENSORS[rule], head=inductor.ONE_TILE))
+    for world in (2, 3):
+        errors = tilelink.spawn(inductor._later, world, str(path), rule, False, backend="nvshmem")
+        assert all(e < 5e-2 for e in errors), (world, errors)  # tf32 dots
+
+
+@pytest.mark.parametrize("rule", sorted(loaded.RULES))
+def test_tiles_started_at_loaded_rows_on_the_gpu(rule: str, tmp_path) -> None:
+    path = tmp_path / f"grouped_{rule}.py"
+    path.write_text(textwrap.dedent(loaded.KERNEL).replace("{rule}", loaded.RULES[rule]))
+    for world in (2, 3):
+        errors = tilelink.spawn(loaded._run, world, str(path), rule, backend="nvshmem")
         assert all(e < 5e-2 for e in errors), (world, errors)  # tf32 dots
