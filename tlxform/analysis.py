@@ -3346,12 +3346,19 @@ def _broadcast_inside(node: cst.BaseExpression, scalars: frozenset[str] | set[st
     comparison = node.value.with_changes(lpar=[], rpar=[])
     if len(comparison.comparisons) != 1:
         return node
-    left, right = comparison.left, comparison.comparisons[0].comparator
+    left, right, op = comparison.left, comparison.comparisons[0].comparator, comparison.comparisons[0].operator
     if m.findall(left, m.Subscript() | m.Call()) or not _scalar(right, scalars):
-        return node
+        # the scalar first (`k_mask = K > ks`, then `k_mask[None, :]`): the same comparison turned round
+        turned = {cst.GreaterThan: cst.LessThan, cst.GreaterThanEqual: cst.LessThanEqual, cst.LessThan:
+                  cst.GreaterThan, cst.LessThanEqual: cst.GreaterThanEqual, cst.Equal: cst.Equal,
+                  cst.NotEqual: cst.NotEqual}.get(type(op))
+        if turned is None or m.findall(right, m.Subscript() | m.Call()) or not _scalar(left, scalars):
+            return node
+        left, right, op = right, left, turned()
     whole = left if isinstance(left, cst.Name) or left.lpar else left.with_changes(
         lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
-    return comparison.with_changes(left=cst.Subscript(value=whole, slice=node.slice))
+    return cst.Comparison(left=cst.Subscript(value=whole, slice=node.slice),
+                          comparisons=[cst.ComparisonTarget(operator=op, comparator=right)])
 
 
 def _scalar(node: cst.BaseExpression, scalars: frozenset[str] | set[str]) -> bool:

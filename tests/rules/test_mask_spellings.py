@@ -157,3 +157,19 @@ def test_a_column_mask_that_bounds_nothing_the_launch_reads_is_refused(k_mask: s
     with pytest.raises(AnnotationError, match=r"the columns `ks` of the load at line \d+ are (not bounded by the mask|"
                                               r"bounded by a mask that changes from one step)"):
         _generate(source)
+
+
+@pytest.mark.parametrize("rule", ['reduce_scatter("c_ptr")', 'all_gather("a_ptr")'], ids=["reduce", "gather"])
+def test_a_column_mask_local_with_the_bound_first_builds(rule: str, tmp_path, monkeypatch) -> None:
+    """`k_mask = K > ks`, the bound written first: the same comparison as `ks < K`. It was refused under all_gather
+    ("not bounded by the mask"); it builds and equals torch on the race-exposing schedule, and `K >= ks`, which lets
+    the last column reach the next row, is refused at the call."""
+    monkeypatch.setenv("TILELINK_RACES", "1")
+    path = tmp_path / "local_mask_turned.py"
+    path.write_text(LOCAL_MASK.format(rule=rule, k_mask="K > ks"))
+    assert tilelink.spawn(_multiply, 2, str(path), rule.startswith("reduce")) == [0.0, 0.0]
+    if rule.startswith("all_gather"):
+        path.write_text(LOCAL_MASK.format(rule=rule, k_mask="K >= ks"))
+        said = tilelink.spawn(_refused, 2, str(path))
+        assert all("adds 40 elements (K=40 * stride_ak=1) to the rows of 'a_ptr', whose rows are 40 elements long"
+                   in s for s in said), said
