@@ -1048,14 +1048,15 @@ class _Analyzer:
         themselves (`rm = start + tl.arange(0, B)`) stay the names the tile is read from."""
         analyzer = self
 
-        def value_of(name: str, depth: int) -> cst.BaseExpression | None:
+        def value_of(name: str, depth: int, site: Where) -> cst.BaseExpression | None:
+            """The value of ``name`` read at ``site`` (the access, or the binding whose value reads it)."""
             defs = analyzer.assignments.get(name, [])
             if depth > 4 or name in analyzer.params or name in pointers or name in analyzer.rebound or not defs:
                 return None
             if len(defs) != 1 or len(analyzer.bindings.get(name, [])) != 1:
                 # bound again for each operand (Inductor's `idx_m`, `idx_n` and `xindex` before each load and the
                 # store): the binding every run reaching the access last made
-                reach = _reaching(analyzer, name, at)
+                reach = _reaching(analyzer, name, site)
                 if reach is None:
                     return None
                 defs = [reach]
@@ -1063,18 +1064,20 @@ class _Analyzer:
             smalls = small_statements(ref)
             bound_at = analyzer.where(ref.node)
             if len(smalls) != 1 or not isinstance(smalls[0], cst.Assign) or (bound_at.line, bound_at.column) >= (
-                    at.line, at.column) or not (ref.blocks[-1] is analyzer.fn.body or _contains(
-                    analyzer, ref.blocks[-1], at)):
+                    site.line, site.column) or not (ref.blocks[-1] is analyzer.fn.body or _contains(
+                    analyzer, ref.blocks[-1], site)):
                 return None
             if any(not (m.matches(c, m.Call(func=m.Attribute(value=m.Name("tl"), attr=m.Name("broadcast_to")
                                                              | m.Name("multiple_of") | m.Name("max_contiguous")))))
                    for c in m.findall(value, m.Call())):
                 return None
-            for read in names_in(value):  # read where it is bound, and at the store alike
+            # read where it is bound, and at the access alike (the names it reads are then read at its binding: a
+            # name bound again, `ka = (rm[:, None] < M) & ka[None, :]`, reads the binding before)
+            for read in names_in(value):
                 if any((bound_at.line, bound_at.column) < (b.line, b.column) < (at.line, at.column)
                        for b, _ in analyzer.bindings.get(read, [])):
                     return None
-            written = write(value, depth + 1)
+            written = write(value, depth + 1, bound_at)
             blocks = m.findall(written, m.Subscript(slice=[m.ZeroOrMore(), m.SubscriptElement(
                 m.Index(value=m.Name("None"))), m.ZeroOrMore()]))
             return written if blocks else None
@@ -1086,7 +1089,7 @@ class _Analyzer:
             return value if isinstance(value, (cst.Name, cst.Subscript, cst.Call)) else value.with_changes(
                 lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
 
-        def write(node: cst.BaseExpression, depth: int) -> cst.BaseExpression:
+        def write(node: cst.BaseExpression, depth: int, site: Where) -> cst.BaseExpression:
             class _T(cst.CSTTransformer):
                 def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
                     return grouped(updated.args[0].value) if _is_tl_call(updated, "broadcast_to") and updated.args \
@@ -1096,12 +1099,12 @@ class _Analyzer:
                     return updated.with_changes(attr=original.attr)
 
                 def leave_Name(self, original: cst.Name, updated: cst.Name) -> cst.BaseExpression:
-                    value = value_of(original.value, depth)
+                    value = value_of(original.value, depth, site)
                     return updated if value is None else grouped(value)
 
             return node.visit(_T())  # type: ignore[return-value]
 
-        return write(node, 0)
+        return write(node, 0, at)
 
     # -- tiles ---------------------------------------------------------------------------------
     def _pointer_definitions(self, expr: str, pointers: set[str]) -> list[cst.BaseExpression]:
@@ -2480,7 +2483,7 @@ def _reaching(an: _Analyzer, name: str, at: Where) -> tuple[StmtRef, cst.BaseExp
         block = ref.blocks[-1] if ref.blocks else an.fn.body
         if not _before(_end(an, ref.node), at) or not (block is an.fn.body or _contains(an, block, at)):
             continue
-        if not any(isinstance(small, cst.Assign) and any(m.matches(t.target, m.Name(name)) for t in small.targets)
+        if not any(isinstance(small, cst.Assign) and any(name in names_in(t.target) for t in small.targets)
                    or isinstance(small, cst.AnnAssign) and m.matches(small.target, m.Name(name))
                    for small in small_statements(ref)):
             # a named expression: it may sit where it does not run (`c and (x := v)`); the value itself may be
