@@ -5727,6 +5727,13 @@ def _static_test(an: _Analyzer, at: Where) -> str:
         if not used:
             break
         expr = expr.visit(_Substitute({n: locals_[n] for n in used}))
+    if not names_in(expr) - {"True", "False", "None"}:
+        # literals alone (`EVEN_K: tl.constexpr = True`): every launch compiles it, or none does
+        try:
+            if eval(compile(code(expr), "<test>", "eval"), {"__builtins__": {}}) is True:  # noqa: S307
+                return ""
+        except Exception:  # noqa: BLE001 - not a literal test after all: said as written
+            pass
     return code(expr)
 
 
@@ -6004,7 +6011,9 @@ def _analysed(an: _Analyzer, module: cst.Module, file: str, kernel: str, fn: cst
                               {n: tuple(an.where(r.node) for r, _ in defs) for n, defs in an.assignments.items()},
                               {n: tuple(code(_loads_written_out(an, r, v)) for r, v in defs)
                                for n, defs in an.assignments.items()},
-                              frozenset(an.rebound), {n: tuple(b) for n, b in an.bindings.items()},
+                              # a local annotated once (`BLOCK_K: tl.constexpr = 16`) is bound once, as assigned
+                              frozenset(n for n in an.rebound if _bound_again(an, n)),
+                              {n: tuple(b) for n, b in an.bindings.items()},
                               warp_specialized, {n: tuple(v) for n, v in updates.items()}, _returns(an),
                               tuple(row_scales), tuple(row_shifts), _effects(an), branch_sides=_branch_sides(an),
                               update_sites={n: tuple(w) for n, w in update_sites.items()},

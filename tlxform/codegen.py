@@ -65,6 +65,15 @@ def plan_kernel(module: cst.Module, file: str, request: Request, names_at=None) 
     rule = rule_of(spec.kind)
     tensors = {t: (spec.dim, spec.tile, spec.size, spec.index) for t in spec.tensors}
     an = analyse(module, file, request.kernel, tensors, names_at, read_only=spec.kind if rule.read_only else None)
+    for key in ("index", "topk"):  # names the launch and the inserted code read as the kernel's arguments
+        name = getattr(spec, key, None)
+        if name is not None and name not in an.params:
+            raise AnnotationError(
+                f"{key}={name!r} names no parameter of {request.kernel!r}: each call's "
+                f"{'index' if key == 'index' else 'count of slots per token'} is read from the argument it names",
+                file=file, line=request.line, hint=(
+                    f"name one of its parameters ({', '.join(an.params)})" + (
+                        ", or leave topk= out where each token has one row" if key == "topk" else "")))
     with reading_int_types(an.int_types):
         plan = rule.rewrite_module().rewrite(an, spec, request.options)
     # the row facts the launch checks at each call with more than one rank, from the analysis the rule read

@@ -122,13 +122,15 @@ def _index_hint(an: KernelAnalysis, access: Access, spec: AllGatherSpec) -> str 
     rows, value, alone = computed
     said = f"the rows are `{rows}`, computed from `{loaded}`, loaded from {source!r} (`{rows} = {value}`)"
     if alone:
-        return (f"{said}: all_gather's index= reads the loaded values where the address uses them; write them there, "
+        return (f"{said}: all_gather's index= reads the loaded values where the address uses them, or a block from a "
+                f"loaded start (`rows = (start + tl.arange(0, BLOCK_M)).to(tl.int64)`); write them so, "
                 f"`{loaded}[:, None]` (also `{loaded}[:, None] // top_k`), and pass index=\"{source}\" and "
                 f"size=\"<the full row count>\"")
     return (f"{said}, as through a page table: all_gather's index= reads rows that are the loaded values themselves "
-            f"(`{access.tensor} + rows[:, None] * stride`, also `rows[:, None] // top_k`), and TileLink does not "
-            f"gather through a table of pages; gather the rows this load reads into a buffer of their own, indexed "
-            f"so, or leave this kernel as it is")
+            f"(`{access.tensor} + rows[:, None] * stride`, also `rows[:, None] // top_k`) or a block from a loaded "
+            f"start (`rows = start + tl.arange(0, BLOCK_M)`, bound once), and TileLink does not gather through a "
+            f"table of pages; gather the rows this load reads into a buffer of their own, indexed so, or leave this "
+            f"kernel as it is")
 
 
 def _check_token_carriers(an: KernelAnalysis, tokens: list[str], a: Access) -> None:

@@ -1106,15 +1106,6 @@ def _tile_count(an: KernelAnalysis, node: cst.BaseExpression) -> tuple[cst.BaseE
     return _ceil_divided(node)
 
 
-def _bound_factor(an: KernelAnalysis, source: str) -> cst.BaseExpression:
-    """A factor of a tile's width read through the locals it names (:func:`_bound_value`), except a local bound to a
-    literal (`BLOCK_K: tl.constexpr = 32`, as torch Inductor's templates bind their blocks): the loads name the
-    block by that local, and so does the width compared with them."""
-    node = cst.parse_expression(source)
-    value = _bound_value(an, node, params_only=False)
-    return node if isinstance(_bare(node), cst.Name) and isinstance(_bare(value), cst.Integer) else value
-
-
 def _bound_value(an: KernelAnalysis, node: cst.BaseExpression, params_only: bool = True) -> cst.BaseExpression:
     """``node`` read through the locals it names that are bound once, down to four of them: where that ends at a
     parameter (`k_end = K`), or with ``params_only`` off, at any value (`prev = prev_multiple_of(K, BLOCK_K)`);
@@ -1781,8 +1772,10 @@ def _whole_steps(an: KernelAnalysis, loop: tuple[Where, Where], target: str | No
     if not unmasked or step is None or not isinstance(bound, cst.Name) or target is None:
         return
     for site in unmasked:
+        # a side every launch takes (`if EVEN_K:` with `EVEN_K: tl.constexpr = True`) asks nothing of the call
         tests = [f"({side.test})" if side.body else f"not ({side.test})"
-                 for side in an.branch_sides.get(site, ()) if side.static]
+                 for side in an.branch_sides.get(site, ()) if side.static
+                 and side.test.strip() != ("True" if side.body else "False")]
         an.__dict__.setdefault("_whole_steps", []).append(((bound.value,), step, " and ".join(tests), site.line))
 
 
@@ -2329,7 +2322,8 @@ def _check_step_blocks(an: KernelAnalysis, summing, targets: dict, a, rule: str)
         else:
             # the columns of a tile where the range counts tiles (`tl.cdiv(K, BLOCK_K)`), one column where it counts
             # columns (`range(0, K, BLOCK_K)`)
-            tile = _product_of(tuple(f for x in factors for f in _factor_codes(_bound_factor(an, x))))
+            tile = _product_of(tuple(f for x in factors for f in _factor_codes(
+                _bound_value(an, cst.parse_expression(x), params_only=False))))
             units = _product_of(_factor_codes(args[2])) if ranged else tile
             # a range over a count of tiles with a step (`range(pid_k, k_tiles, SPLIT_K)`) moves by S tiles a step
             count = _times(units, tile) if ranged else units

@@ -324,7 +324,7 @@ PERSISTENT = ("    start_pid = tl.program_id(0).to(INDEX_DTYPE)\n    num_tiles =
               "    for pid in tl.range(start_pid, num_tiles, NUM_SMS):\n")
 
 
-def _later(path: str, rule: str, persistent: bool) -> float:
+def _later(path: str, rule: str, persistent: bool, K: int = K) -> float:  # noqa: N803 - the problem's K
     """The template's rewrite on this rank's part against torch on the whole problem."""
     rank, world = tilelink.rank(), tilelink.world_size()
     g = torch.Generator().manual_seed(7)
@@ -361,3 +361,30 @@ def test_the_later_template_builds_and_equals_torch(tmp_path, monkeypatch, rule:
     for world in (2, 3):
         errors = tilelink.spawn(_later, world, str(path), rule, persistent)
         assert all(e < 1e-4 for e in errors), (world, errors)
+
+
+def _later_refused(path: str, rule: str, k: int) -> str:
+    from tests.rules.cases import launch_refusal
+
+    return launch_refusal(lambda: _later(path, rule, False, k))
+
+
+@pytest.mark.parametrize("rule", ["reduce_scatter", "all_reduce"])
+def test_the_later_template_with_unmasked_blocks_asks_whole_blocks_of_each_rank(tmp_path, monkeypatch,
+                                                                                rule: str) -> None:
+    """`EVEN_K: tl.constexpr = True` and the loads unmasked, as the template is rendered for a K of whole blocks:
+    each rank's slice of K must be whole blocks too (the block a local constexpr, `BLOCK_K: tl.constexpr = 16`). A K
+    of 64 (32 a rank at world 2) equals torch; 40 (20 a rank) is refused at the call, naming the multiple, where
+    reading past the slice would add other columns."""
+    monkeypatch.setenv("TILELINK_RACES", "1")
+    source = LATER.format(rule=rule, tensor=TENSORS[rule], head=ONE_TILE).replace(
+        "EVEN_K: tl.constexpr = False", "EVEN_K: tl.constexpr = True").replace(
+        "tl.load(A + (xindex), a_mask, other=0.0)", "tl.load(A + (xindex))").replace(
+        "tl.load(B + (xindex), b_mask, other=0.0)", "tl.load(B + (xindex))")
+    assert source.count("tl.load(") == 2 and "a_mask, other" not in source
+    path = tmp_path / f"later_even_{rule}.py"
+    path.write_text(source)
+    errors = tilelink.spawn(_later, 2, str(path), rule, False, 64)
+    assert all(e < 1e-4 for e in errors), errors
+    for said in tilelink.spawn(_later_refused, 2, str(path), rule, 40):
+        assert "only with ks2 a multiple of 16" in said and "here ks2=20" in said, said

@@ -126,3 +126,17 @@ def test_a_parameter_keyword_given_something_else_is_refused_at_the_annotation(r
     with pytest.raises(AnnotationError) as info:
         generate(source, "grouped.py", requests_in(source, "grouped.py"))
     assert says in str(info.value) and info.value.line == 7, info.value
+
+
+@pytest.mark.parametrize(("rule", "says"), [
+    ('reduce_scatter("y_ptr", index="tile_row_start_ptr", topk="top_k", size="TK")',
+     "topk='top_k' names no parameter of 'grouped_mm': each call's count of slots per token is read"),
+    ('all_gather("a_ptr", index="row_start_ptr", size="TK")',
+     "index='row_start_ptr' names no parameter of 'grouped_mm': each call's index is read"),
+])
+def test_an_index_or_top_k_the_kernel_does_not_take_is_refused_at_the_annotation(rule: str, says: str) -> None:
+    source = textwrap.dedent(KERNEL).replace("{rule}", rule)
+    with pytest.raises(AnnotationError) as info:
+        generate(source, "grouped.py", requests_in(source, "grouped.py"))
+    assert says in str(info.value) and info.value.line == 7, info.value
+    assert "name one of its parameters (a_ptr, w_ptr, " in info.value.hint, info.value.hint
