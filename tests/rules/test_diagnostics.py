@@ -364,7 +364,7 @@ def test_rows_computed_from_the_loaded_index_alone_say_to_write_them_in_the_addr
             a = tl.load(a_ptr + rows[:, None] * N + tl.arange(0, BLOCK)[None, :])
             tl.store(c_ptr + offs[:, None] * N + tl.arange(0, BLOCK)[None, :], a)
         ''')
-    assert "write them there, `tok[:, None]` (also `tok[:, None] // top_k`)" in err.hint, err.hint
+    assert "write them so, `tok[:, None]` (also `tok[:, None] // top_k`)" in err.hint, err.hint
     assert "page" not in err.hint, err.hint
 
 
