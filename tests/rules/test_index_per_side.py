@@ -149,20 +149,12 @@ def _written(tmp_path, name: str, source: str) -> str:
 
 
 @pytest.mark.parametrize("naive", [False, True], ids=["sorted", "one-slot-blocks"])
-def test_tokens_bound_on_each_side_of_an_if_are_gathered_as_torch(naive: bool, tmp_path, monkeypatch) -> None:
+@pytest.mark.parametrize("rule", ["gather", "reduce"])
+def test_tokens_bound_on_each_side_of_an_if_equal_torch(rule: str, naive: bool, tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("TILELINK_RACES", "1")
-    path = _written(tmp_path, "moe_up", UP)
+    path = _written(tmp_path, f"moe_{rule}", UP if rule == "gather" else DOWN)
     for world in (2, 3):
-        errors = tilelink.spawn(_up, world, path, naive)
-        assert all(e < 1e-4 for e in errors), (world, naive, errors)
-
-
-@pytest.mark.parametrize("naive", [False, True], ids=["sorted", "one-slot-blocks"])
-def test_tokens_bound_on_each_side_of_an_if_are_reduced_as_torch(naive: bool, tmp_path, monkeypatch) -> None:
-    monkeypatch.setenv("TILELINK_RACES", "1")
-    path = _written(tmp_path, "moe_down", DOWN)
-    for world in (2, 3):
-        errors = tilelink.spawn(_down, world, path, naive)
+        errors = tilelink.spawn(_up if rule == "gather" else _down, world, path, naive)
         assert all(e < 1e-4 for e in errors), (world, naive, errors)
 
 

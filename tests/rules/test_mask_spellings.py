@@ -116,20 +116,26 @@ def matmul_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk,
 '''
 
 
+@pytest.mark.parametrize(("within", "past", "says"), [
+    ("ks < K", "ks < 2 * K", "adds 79 elements (2 * K=40 * stride_ak=1 + -1 * stride_ak=1) to the rows of 'a_ptr'"),
+    # the bound written first: the same comparison turned round (it was refused, "not bounded by the mask")
+    ("K > ks", "K >= ks", "adds 40 elements (K=40 * stride_ak=1) to the rows of 'a_ptr', whose rows are 40 elements "
+                          "long"),
+], ids=["vector-first", "bound-first"])
 @pytest.mark.parametrize("rule", ['reduce_scatter("c_ptr")', 'all_gather("a_ptr")'], ids=["reduce", "gather"])
-def test_a_column_mask_through_a_local_made_a_column_builds(rule: str, tmp_path, monkeypatch) -> None:
-    """`k_mask = ks < K`, then `k_mask[None, :]`: the same bound as `ks[None, :] < K`. Under all_gather it was refused
-    ("not bounded by the mask"); it builds, equals torch on the race-exposing schedule, and the same local bounding
-    the columns by more than the row (`ks < 2 * K`, reading the next row) is refused at the call."""
+def test_a_column_mask_through_a_local_made_a_column_builds(rule: str, within: str, past: str, says: str, tmp_path,
+                                                            monkeypatch) -> None:
+    """`k_mask = ks < K` (or `K > ks`), then `k_mask[None, :]`: the same bound as `ks[None, :] < K`. Under all_gather
+    it was refused ("not bounded by the mask"); it builds, equals torch on the race-exposing schedule, and the same
+    local bounding the columns past the row (reading the next row) is refused at the call."""
     monkeypatch.setenv("TILELINK_RACES", "1")
     path = tmp_path / "local_mask.py"
-    path.write_text(LOCAL_MASK.format(rule=rule, k_mask="ks < K"))
+    path.write_text(LOCAL_MASK.format(rule=rule, k_mask=within))
     assert tilelink.spawn(_multiply, 2, str(path), rule.startswith("reduce")) == [0.0, 0.0]
     if rule.startswith("all_gather"):
-        path.write_text(LOCAL_MASK.format(rule=rule, k_mask="ks < 2 * K"))
+        path.write_text(LOCAL_MASK.format(rule=rule, k_mask=past))
         said = tilelink.spawn(_refused, 2, str(path))
-        assert all("adds 79 elements (2 * K=40 * stride_ak=1 + -1 * stride_ak=1) to the rows of 'a_ptr'" in s
-                   for s in said), said
+        assert all(says in s for s in said), said
 
 
 def _refused(path: str) -> str:
@@ -158,18 +164,3 @@ def test_a_column_mask_that_bounds_nothing_the_launch_reads_is_refused(k_mask: s
                                               r"bounded by a mask that changes from one step)"):
         _generate(source)
 
-
-@pytest.mark.parametrize("rule", ['reduce_scatter("c_ptr")', 'all_gather("a_ptr")'], ids=["reduce", "gather"])
-def test_a_column_mask_local_with_the_bound_first_builds(rule: str, tmp_path, monkeypatch) -> None:
-    """`k_mask = K > ks`, the bound written first: the same comparison as `ks < K`. It was refused under all_gather
-    ("not bounded by the mask"); it builds and equals torch on the race-exposing schedule, and `K >= ks`, which lets
-    the last column reach the next row, is refused at the call."""
-    monkeypatch.setenv("TILELINK_RACES", "1")
-    path = tmp_path / "local_mask_turned.py"
-    path.write_text(LOCAL_MASK.format(rule=rule, k_mask="K > ks"))
-    assert tilelink.spawn(_multiply, 2, str(path), rule.startswith("reduce")) == [0.0, 0.0]
-    if rule.startswith("all_gather"):
-        path.write_text(LOCAL_MASK.format(rule=rule, k_mask="K >= ks"))
-        said = tilelink.spawn(_refused, 2, str(path))
-        assert all("adds 40 elements (K=40 * stride_ak=1) to the rows of 'a_ptr', whose rows are 40 elements long"
-                   in s for s in said), said
