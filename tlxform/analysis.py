@@ -1063,9 +1063,12 @@ class _Analyzer:
             ref, value = defs[0]
             smalls = small_statements(ref)
             bound_at = analyzer.where(ref.node)
-            if len(smalls) != 1 or not isinstance(smalls[0], cst.Assign) or (bound_at.line, bound_at.column) >= (
-                    site.line, site.column) or not (ref.blocks[-1] is analyzer.fn.body or _contains(
-                    analyzer, ref.blocks[-1], site)):
+            # `name = value`, or an unpacking of elements (`a, b = x, y`); one of anything else binds the name to
+            # a part of the whole right-hand side, not to it
+            if len(smalls) != 1 or not isinstance(smalls[0], cst.Assign) or (value is smalls[0].value and not all(
+                    m.matches(t.target, m.Name(name)) for t in smalls[0].targets)) or (
+                    bound_at.line, bound_at.column) >= (site.line, site.column) or not (
+                    ref.blocks[-1] is analyzer.fn.body or _contains(analyzer, ref.blocks[-1], site)):
                 return None
             if any(not (m.matches(c, m.Call(func=m.Attribute(value=m.Name("tl"), attr=m.Name("broadcast_to")
                                                              | m.Name("multiple_of") | m.Name("max_contiguous")))))

@@ -115,6 +115,9 @@ def _index_hint(an: KernelAnalysis, access: Access, spec: AllGatherSpec) -> str 
     if behind is None:
         return None
     loaded, source = behind
+    if spec.index and spec.index != source:
+        return (f"the rows come from `{loaded}`, loaded from {source!r}, not from {spec.index!r}: pass "
+                f"index=\"{source}\" to all_gather(...)")
     computed = _computed_from_index(an, access, loaded, spec.dim)
     if computed is None:
         return None if spec.index else (f"the rows come from `{loaded}`, loaded from {source!r}: pass index=\""

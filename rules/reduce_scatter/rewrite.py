@@ -1772,10 +1772,11 @@ def _whole_steps(an: KernelAnalysis, loop: tuple[Where, Where], target: str | No
     if not unmasked or step is None or not isinstance(bound, cst.Name) or target is None:
         return
     for site in unmasked:
-        # a side every launch takes (`if EVEN_K:` with `EVEN_K: tl.constexpr = True`) asks nothing of the call
+        # a side decided by the kernel's own constants (`if EVEN_K:` with `EVEN_K: tl.constexpr = True`) is the same
+        # on every launch: the check asks the call nothing about it
         tests = [f"({side.test})" if side.body else f"not ({side.test})"
                  for side in an.branch_sides.get(site, ()) if side.static
-                 and side.test.strip() != ("True" if side.body else "False")]
+                 and names_in(cst.parse_expression(side.test)) & set(an.params)]
         an.__dict__.setdefault("_whole_steps", []).append(((bound.value,), step, " and ".join(tests), site.line))
 
 
