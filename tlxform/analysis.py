@@ -1061,6 +1061,8 @@ class _Analyzer:
                     return None
                 defs = [reach]
             ref, value = defs[0]
+            if name in names_in(value):
+                return None  # `acc = acc * w`: written in, it would read the new value where the access is
             smalls = small_statements(ref)
             bound_at = analyzer.where(ref.node)
             # `name = value`, or an unpacking of elements (`a, b = x, y`); one of anything else binds the name to
