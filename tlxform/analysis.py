@@ -3109,14 +3109,12 @@ def _sides_binding(an: _Analyzer, name: str, acc: Access) -> StmtRef | None:
     if branch is None or len({id(b) for b in blocks}) != len(blocks):
         return None
     block = branch.blocks[-1]
-    loops = an.findall(an.fn.body, m.For() | m.While())
-    start = an.where(branch.node)
-    if any(_contains(an, loop, start) for loop in loops) or not _before(_end(an, branch.node), acc.where) or not (
+    # every binding is in the `if`'s own sides: the `if` is in a loop where one of them is
+    if _bound_in_a_loop(an, name) or not _before(_end(an, branch.node), acc.where) or not (
             block is an.fn.body or _contains(an, block, acc.where)):
         return None
-    reads = [n for n in an.findall(branch.node, m.Name(name))
-             if not any(n is ref_target for ref, _ in defs for small in small_statements(ref)
-                        for t in small.targets for ref_target in (t.target,))]
+    targets = {id(small.targets[0].target) for ref, _ in defs for small in small_statements(ref)}
+    reads = [n for n in an.findall(branch.node, m.Name(name)) if id(n) not in targets]
     return None if reads else branch
 
 
