@@ -3040,6 +3040,15 @@ def _returns_between(an: KernelAnalysis, a, b) -> bool:
         for where, _ in an.returns)
 
 
+def _always_negative(gap: Poly, widths: set[str]) -> bool:
+    """Whether ``gap`` is below 0 for every value of its atoms, each a block's width (at least 1): its terms other
+    than the constant have no positive coefficient, so it is largest with every width 1."""
+    terms = {k: v for k, v in gap.items() if k}
+    if any(v > 0 or any(atom not in widths for atom in k) for k, v in terms.items()):
+        return False
+    return gap.get((), 0) + sum(terms.values()) < 0
+
+
 def _stored_once(an: KernelAnalysis, stores, rule: str) -> tuple[list[Insertion], list[ReportEntry]]:
     """Each element of the reduced tensors is stored once by a program. Every store adds the elements it wrote to
     its channels' counts, so a tile stored twice (`tl.store(ptrs, zeros)` then `tl.store(ptrs, acc)`, or two
@@ -3084,9 +3093,12 @@ def _stored_once(an: KernelAnalysis, stores, rule: str) -> tuple[list[Insertion]
                     if not moved and any(all(v >= 0 for v in g.values()) and all(
                             atom in widths for k in g for atom in k) for g in gaps):
                         continue
-                    # mixed signs (`BLOCK_N // 2 - c_desc.block_shape[1]`): the compiled kernel can tell
+                    # mixed signs (`BLOCK_N // 2 - c_desc.block_shape[1]`): the compiled kernel can tell; a gap
+                    # negative for every width (`-2 * (BLOCK_D // 2) + 1`, the second half starting one column
+                    # inside the first) is refused here rather than by an assert no launch can pass
                     gap = None if moved else next(
-                        (g for g in gaps if any(v > 0 for v in g.values()) and _compile_time(an, g)), None)
+                        (g for g in gaps if any(v > 0 for v in g.values()) and _compile_time(an, g)
+                         and not _always_negative(g, widths)), None)
             where = f"{a.where.file}:{b.where.line}"
             if gap is not None:
                 message = (f"{where}: the stores to {a.tensor!r} at lines {a.where.line}, {b.where.line} write "
