@@ -224,8 +224,8 @@ def _other_coordinates(an: KernelAnalysis, pid: str) -> set[str]:
     rotation's check at each call groups the grid by their values (:func:`remap_order`)."""
     chain, position = _made_from(an, pid), _positions(an)
     after = {pid}
-    while more := {n for n in set(an.values) - after if any(
-            names_in(cst.parse_expression(v)) & after for v in an.values.get(n, ()))}:
+    reads = {v: names_in(cst.parse_expression(v)) for vs in an.values.values() for v in vs}
+    while more := {n for n in set(an.values) - after if any(reads[v] & after for v in an.values.get(n, ()))}:
         after |= more
     return {n for n in position - chain - after if not any(
         m.findall(cst.parse_expression(v), m.Call(func=m.Attribute(attr=m.Name("arange") | m.Name("load"))))
@@ -273,10 +273,13 @@ def _evaluable(source: str) -> bool:
 def _positions(an: KernelAnalysis) -> set[str]:
     """Every name whose value reads the program's position, directly or through other names."""
     reading, headers = position_helpers(an.helpers), _loop_ranges(an)
+    read: dict[str, tuple[bool, set[str]]] = {}  # each value's text: (reads the position itself, names it reads)
+    for text in {v for n in set(an.values) | set(headers) for v in an.values.get(n, ()) + headers.get(n, ())}:
+        node = cst.parse_expression(text)
+        read[text] = (bool(position_reads(node, reading)), names_in(node))
     position: set[str] = set()
     while more := {n for n in (set(an.values) | set(headers)) - position if any(
-            position_reads(cst.parse_expression(v), reading) or names_in(cst.parse_expression(v)) & position
-            for v in an.values.get(n, ()) + headers.get(n, ()))}:
+            read[v][0] or read[v][1] & position for v in an.values.get(n, ()) + headers.get(n, ()))}:
         position |= more
     return position
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import hashlib
 import importlib.util
 import os
@@ -70,17 +71,24 @@ def _jitted_in(dotted: str, level: int, file: str, is_jit) -> dict[str, str]:
         lookups.append(_lookup(dotted, level, file, path, text))
     if text is None:
         return {}
+    return dict(_jitted_of(text, is_jit))
+
+
+@functools.lru_cache(maxsize=64)
+def _jitted_of(text: str, is_jit) -> tuple[tuple[str, str], ...]:
+    """The ``@triton.jit`` functions a module of source ``text`` binds once, as ``(name, source)`` pairs. Kept by
+    text: each kernel of a file that imports a module (``tilelink``, a helpers module) reads it again."""
     try:
         parsed = cst.parse_module(text)
     except cst.ParserSyntaxError:
-        return {}
+        return ()
     bound = module_bindings(parsed)
     # a name the module binds more than once (`program_id = _other` after its `def`, a second `def` under `if`) is
     # whichever ran last, not necessarily the `def` read here; so may a star import after it (`from m import *`)
     stars = [i for i, stmt in enumerate(parsed.body) if m.findall(stmt, m.ImportFrom(names=m.ImportStar()))]
-    return {f.name.value: cst.Module(body=[]).code_for_node(f).strip() for i, f in enumerate(parsed.body)
-            if isinstance(f, cst.FunctionDef) and any(is_jit(d) for d in f.decorators) and bound.get(f.name.value) == 1
-            and not any(star > i for star in stars)}
+    return tuple((f.name.value, cst.Module(body=[]).code_for_node(f).strip()) for i, f in enumerate(parsed.body)
+                 if isinstance(f, cst.FunctionDef) and any(is_jit(d) for d in f.decorators)
+                 and bound.get(f.name.value) == 1 and not any(star > i for star in stars))
 
 
 def module_bindings(module: cst.Module) -> dict[str, int]:
