@@ -673,10 +673,12 @@ def _helper_pairs(an: KernelAnalysis, pid: str, other: str, value: str) -> bool:
     # the kernel's names that read a program id (any axis), directly or in turn, a loop's target through its range
     headers = _loop_ranges(an)
     carriers: set[str] = set()
+    read = {v: (bool(position_reads(e)), names_in(e)) for v in {
+        v for n in set(an.values) | set(headers) for v in an.values.get(n, ()) + headers.get(n, ())}
+        for e in (cst.parse_expression(v),)}
     while True:
         more = {n for n in set(an.values) | set(headers) if n not in carriers and any(
-            position_reads(e) or names_in(e) & carriers for e in map(
-                cst.parse_expression, an.values.get(n, ()) + headers.get(n, ())))}
+            read[v][0] or read[v][1] & carriers for v in an.values.get(n, ()) + headers.get(n, ()))}
         if not more:
             break
         carriers |= more

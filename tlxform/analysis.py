@@ -23,7 +23,7 @@ from libcst.metadata import MetadataWrapper, PositionProvider
 
 from tilelink.errors import AnnotationError
 from tilelink.helper_sources import imported_helpers
-from tilelink.node_index import NodeIndex
+from tilelink.node_index import find_in, index_of
 
 
 # ----------------------------------------------------------------------------- small data types
@@ -306,12 +306,30 @@ def _names(node: cst.CSTNode, *, skip_loads: bool) -> set[str]:
             stack.append(n.value)  # not an attribute's name, nor the keyword of `mask=m`: neither is a reference
         elif not (skip_loads and isinstance(n, cst.Call) and isinstance(n.func, cst.Attribute)
                   and n.func.attr.value == "load"):
-            for field in _fields_of(type(n)):
-                value = getattr(n, field)
+            for name in _fields_of(type(n)):
+                value = getattr(n, name)
                 if isinstance(value, cst.CSTNode):
                     stack.append(value)
                 elif isinstance(value, (tuple, list)):
                     stack.extend(v for v in value if isinstance(v, cst.CSTNode))
+    return found
+
+
+def nodes_of(node: cst.CSTNode, kinds: type | tuple[type, ...]) -> list[cst.CSTNode]:
+    """Every node of the classes ``kinds`` in ``node`` (``node`` included), in no particular order: the set
+    ``m.findall(node, m.Call())`` finds, read without libcst's visitors."""
+    found: list[cst.CSTNode] = []
+    stack: list[cst.CSTNode] = [node]
+    while stack:
+        n = stack.pop()
+        if isinstance(n, kinds):
+            found.append(n)
+        for name in _fields_of(type(n)):
+            value = getattr(n, name)
+            if isinstance(value, cst.CSTNode):
+                stack.append(value)
+            elif isinstance(value, (tuple, list)):
+                stack.extend(v for v in value if isinstance(v, cst.CSTNode))
     return found
 
 
@@ -336,7 +354,7 @@ def position_reads(node: cst.CSTNode, reading: frozenset[str] = frozenset()) -> 
     int literal (`tl.program_id(AXIS)`) and a call of a helper of ``reading`` (:func:`position_helpers`: those that
     read the program's position themselves, at any depth) give :data:`ANY_AXIS`: the rewrite cannot tell which axis
     they read."""
-    return {axis for call in m.findall(node, m.Call()) if (axis := call_position(call, reading)) is not None}
+    return {axis for call in nodes_of(node, cst.Call) if (axis := call_position(call, reading)) is not None}
 
 
 def call_position(call: cst.Call, reading: frozenset[str] = frozenset()) -> str | None:
@@ -512,7 +530,7 @@ def _bound_once(module: cst.Module | None, name: str) -> cst.BaseExpression | No
                if isinstance(small, cst.Assign) and m.matches(small.value, m.Call(
                    func=m.Attribute(attr=m.Name("heuristics")) | m.Name("heuristics")))
                and any(m.matches(a.value, named) for a in small.value.args)]
-    uses = len(m.findall(module, named))
+    uses = len(find_in(module, module, named))
     return found[0] if len(found) == 1 and uses == 1 + len(decorated) + len(wrapped) else None
 
 
@@ -535,7 +553,7 @@ def _imported_as(module: cst.Module | None, name: str) -> set[str]:
     if module is None:
         return set()
     return {(alias.asname.name.value if alias.asname is not None else alias.name.value)
-            for imp in m.findall(module, m.ImportFrom()) if imp.module is not None
+            for imp in find_in(module, module, m.ImportFrom()) if imp.module is not None
             and code(imp.module).split(".")[0] == "triton" and not isinstance(imp.names, cst.ImportStar)
             for alias in imp.names if m.matches(alias.name, m.Name(name)) and (
                 alias.asname is None or isinstance(alias.asname.name, cst.Name))}
@@ -800,6 +818,7 @@ class _Analyzer:
         # the `@triton.jit` helpers the kernel's file imports by name, read once where a value calls one
         self.imported: dict[str, str] | None = None
         self.int_constants: dict[str, cst.Integer] | None = None  # read once (_int_constants)
+        self.named_helpers: dict[str, tuple[cst.FunctionDef | None, bool]] = {}  # read once each (_named_helper)
         # the column starts at a program's position whose sign the launch bounds from the grid
         # (`KernelAnalysis.row_starts`)
         self.row_starts: list[tuple[str, Where]] = []
@@ -816,7 +835,7 @@ class _Analyzer:
         self.row_program_misses: dict[Where, str] = {}  # `KernelAnalysis.row_program_misses`
         self.sweep_misses: dict[Where, tuple[Where, str]] = {}  # `KernelAnalysis.sweep_misses`
         self.positions = wrapper.resolve(PositionProvider)
-        self.index = NodeIndex(module)  # the searches below, and the analysis's hundreds more, read this one walk
+        self.index = index_of(module)  # the searches below, and the analysis's hundreds more, read this one walk
         self.params = tuple(p.name.value for p in fn.params.params)
         self.constexpr = tuple(p.name.value for p in fn.params.params if is_constexpr(p))
         self.statements = list(walk_statements(fn.body))
@@ -2714,29 +2733,42 @@ def _helper_value(an: _Analyzer, call: cst.Call) -> cst.BaseExpression | None:
         return None if fn is None else _returned_value(fn, call)
     if not isinstance(call.func, cst.Name):
         return None
-    name = call.func.value
+    fn, imported = _named_helper(an, call.func.value)
+    if fn is None:
+        return None
+    return _returned_value(fn, call) if imported else _returned_value(fn, call, _int_constants(an))
+
+
+def _named_helper(an: _Analyzer, name: str) -> tuple[cst.FunctionDef | None, bool]:
+    """The ``@triton.jit`` function a call of the plain name ``name`` runs (:func:`_helper_value`), and whether the
+    file imports it; ``(None, False)`` where it is not one TileLink can read. Found once per name."""
+    if name not in an.named_helpers:
+        an.named_helpers[name] = _find_named_helper(an, name)
+    return an.named_helpers[name]
+
+
+def _find_named_helper(an: _Analyzer, name: str) -> tuple[cst.FunctionDef | None, bool]:
     bound = [f for f in an.module.body if isinstance(f, (cst.FunctionDef, cst.ClassDef)) and f.name.value == name]
     bound += [small for line in an.module.body if isinstance(line, cst.SimpleStatementLine) for small in line.body
               if name in _top_level_names(small)]
     # bound anywhere else in the module too (`try: from lib import f` / `except ImportError: def f(...)`, a
     # definition under `if`): the one that runs is not known here
     anywhere = len(an.findall(an.module, m.FunctionDef(name=m.Name(name)) | m.ClassDef(name=m.Name(name)))) + sum(
-        name in _top_level_names(small) for small in m.findall(
+        name in _top_level_names(small) for small in an.findall(
             an.module, m.Import() | m.ImportFrom() | m.Assign() | m.AnnAssign() | m.AugAssign()))
     if anywhere != 1:
-        return None
+        return None, False
     place = next((i for i, stmt in enumerate(an.module.body) if stmt is bound[0] or (
         isinstance(stmt, cst.SimpleStatementLine) and any(small is bound[0] for small in stmt.body))),
         len(an.module.body)) if bound else len(an.module.body)
-    if any(m.findall(stmt, m.ImportFrom(names=m.ImportStar())) for stmt in an.module.body[place:]):
-        return None  # a star import after it may bind the name again
+    if any(an.findall(stmt, m.ImportFrom(names=m.ImportStar())) for stmt in an.module.body[place:]):
+        return None, False  # a star import after it may bind the name again
     fn = bound[0] if len(bound) == 1 and isinstance(bound[0], cst.FunctionDef) and any(
         is_triton_jit(d) for d in bound[0].decorators) else None
     if fn is None and len(bound) == 1 and isinstance(bound[0], (cst.Import, cst.ImportFrom)):
         # one the file imports by name (`from tilelink.ops.gemm_kernels import tile_coordinates`)
-        fn = _defined(_imported(an).get(name))
-        return None if fn is None else _returned_value(fn, call)
-    return None if fn is None else _returned_value(fn, call, _int_constants(an))
+        return _defined(_imported(an).get(name)), True
+    return fn, False
 
 
 def _int_constants(an: _Analyzer) -> dict[str, cst.Integer]:
@@ -5841,8 +5873,8 @@ def _check_position_calls(an: _Analyzer, module: cst.Module, fn: cst.FunctionDef
     # the module's own names: an import of the function under its name, or any binding of that name at the top level
     # (a read in the kernel before its local is bound would find that one)
     module_names = {n for stmt in module.body if not isinstance(stmt, (cst.FunctionDef, cst.ClassDef))
-                    and not m.findall(stmt, m.FunctionDef() | m.ClassDef())
-                    for node in m.findall(stmt, m.ImportAlias() | m.AssignTarget())
+                    and not find_in(module, stmt, m.FunctionDef() | m.ClassDef())
+                    for node in find_in(module, stmt, m.ImportAlias() | m.AssignTarget())
                     for n in names_in(node.asname.name if isinstance(node, cst.ImportAlias) and node.asname
                                       else node.name if isinstance(node, cst.ImportAlias) else node.target)}
     for ref in m.findall(fn.body, m.Attribute(attr=m.Name(value=m.MatchIfTrue(lambda v: v in _POSITION_FUNCTIONS)))
@@ -5868,7 +5900,7 @@ def _check_position_calls(an: _Analyzer, module: cst.Module, fn: cst.FunctionDef
                     raise refuse(small, f"`{code(small).strip()}` at the module's top level names "
                                         f"`{code(_bare(small.value))}` otherwise, and the kernel reads `{read[0]}`",
                                  function, f"call `tl.{function}(axis)` in the kernel where the position is read")
-    for imp in m.findall(module, m.ImportFrom()):
+    for imp in find_in(module, module, m.ImportFrom()):
         for alias in imp.names if isinstance(imp.names, Sequence) else ():
             if code(alias.name) in _POSITION_FUNCTIONS and alias.asname is not None and m.findall(
                     fn.body, m.Name(code(alias.asname.name))):

@@ -24,6 +24,8 @@ import sys
 import libcst as cst
 import libcst.matchers as m
 
+from tilelink.node_index import find_in
+
 
 def imported_helpers(module: cst.Module, file: str, is_jit) -> dict[str, str]:
     """Each name ``module`` imports from another module, whose module's file TileLink finds and which is a
@@ -31,10 +33,10 @@ def imported_helpers(module: cst.Module, file: str, is_jit) -> dict[str, str]:
     left out: the rotation does not read it."""
     out: dict[str, str] = {}
     # only names the file calls: `from __future__ import annotations` and the like are not read
-    called = {c.func.value for c in m.findall(module, m.Call(func=m.Name()))}
+    called = {c.func.value for c in find_in(module, module, m.Call(func=m.Name()))}
     # the modules the file calls functions of (`import helpers` ... `helpers.block_start(...)`), by the name it binds
     through = {cst.Module(body=[]).code_for_node(c.func.value).strip()
-               for c in m.findall(module, m.Call(func=m.Attribute(value=m.Name() | m.Attribute())))}
+               for c in find_in(module, module, m.Call(func=m.Attribute(value=m.Name() | m.Attribute())))}
     for stmt in module.body:
         if not isinstance(stmt, cst.SimpleStatementLine):
             continue
@@ -101,17 +103,17 @@ def module_bindings(module: cst.Module) -> dict[str, int]:
         for name in m.findall(node, m.Name()) if node is not None else ():
             counts[name.value] = counts.get(name.value, 0) + 1
 
-    for node in m.findall(module, m.FunctionDef() | m.ClassDef()):
+    for node in find_in(module, module, m.FunctionDef() | m.ClassDef()):
         counts[node.name.value] = counts.get(node.name.value, 0) + 1
-    for node in m.findall(module, m.AssignTarget() | m.AnnAssign() | m.AugAssign() | m.NamedExpr() | m.For()):
+    for node in find_in(module, module, m.AssignTarget() | m.AnnAssign() | m.AugAssign() | m.NamedExpr() | m.For()):
         add(node.target if not isinstance(node, cst.AssignTarget) else node.target)
-    for node in m.findall(module, m.AsName()):
+    for node in find_in(module, module, m.AsName()):
         add(node.name)
-    for node in m.findall(module, m.ImportAlias()):
+    for node in find_in(module, module, m.ImportAlias()):
         if node.asname is None:
             dotted = cst.Module(body=[]).code_for_node(node.name).strip().split(".")[0]
             counts[dotted] = counts.get(dotted, 0) + 1
-    for node in m.findall(module, m.Global() | m.Nonlocal()):
+    for node in find_in(module, module, m.Global() | m.Nonlocal()):
         for item in node.names:
             counts[item.name.value] = counts.get(item.name.value, 0) + 2  # rebound where the function runs
     return counts

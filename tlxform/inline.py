@@ -42,6 +42,7 @@ from tilelink.analysis import (
     param_names,
 )
 from tilelink.errors import AnnotationError
+from tilelink.node_index import find_in
 
 #: how many calls one kernel may have inlined (a bound on helpers that call helpers)
 MAX_INLINED = 64
@@ -231,7 +232,7 @@ def rename_rebound(module: cst.Module, kernel: str, tensors: tuple[str, ...],
     if fn is None or not isinstance(fn.body, cst.IndentedBlock):
         return module
     body = list(fn.body.body)
-    taken = {n.value for n in m.findall(module, m.Name())}
+    taken = {n.value for n in find_in(module, module, m.Name())}
     changed = False
     for tensor in tensors:
         at = next((i for i, stmt in enumerate(body) if isinstance(stmt, cst.SimpleStatementLine) and any(

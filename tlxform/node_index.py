@@ -75,3 +75,24 @@ class NodeIndex:
         if len(kinds) > 1:
             candidates.sort()
         return [self.nodes[i] for i in candidates if m.matches(self.nodes[i], matcher)]
+
+
+#: the indexes of the trees searched last (a file's module, read for each of its kernels), newest last
+_RECENT: list[tuple[cst.CSTNode, NodeIndex]] = []
+
+
+def index_of(tree: cst.CSTNode) -> NodeIndex:
+    """The index of ``tree``, walked once for the few trees searched last: each kernel of a file searches the same
+    module (its imports, its helpers, its top-level names)."""
+    for kept, index in _RECENT:
+        if kept is tree:
+            return index
+    index = NodeIndex(tree)
+    _RECENT.append((tree, index))
+    del _RECENT[:-8]
+    return index
+
+
+def find_in(tree: cst.CSTNode, root: cst.CSTNode, matcher) -> Sequence[cst.CSTNode]:
+    """``m.findall(root, matcher)`` for ``root`` a node of ``tree`` (``tree`` itself included), from its index."""
+    return index_of(tree).findall(root, matcher)
