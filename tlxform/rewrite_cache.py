@@ -23,6 +23,7 @@ the keeping off.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import os
@@ -58,10 +59,39 @@ def generate_kept(source: str, file: str, requests: list[Request]) -> GeneratedM
     kept = _read(path)
     if kept is not None:
         return kept
-    with helper_sources.recording() as lookups:
-        generated = generate(source, file, requests)
-    _write(path, {"format": FORMAT, "lookups": tuple(lookups), "generated": generated})
+    # the ranks of a world import the same file at once: one rewrites it, the others wait for its entry (seconds of
+    # each rank's CPU saved, and ranks sharing few cores start together)
+    with _entry_lock(path):
+        kept = _read(path)
+        if kept is not None:
+            return kept
+        with helper_sources.recording() as lookups:
+            generated = generate(source, file, requests)
+        _write(path, {"format": FORMAT, "lookups": tuple(lookups), "generated": generated})
     return generated
+
+
+@contextlib.contextmanager
+def _entry_lock(path: Path):
+    """Holds an exclusive lock on ``path``'s lock file while the block runs (released by the system if the process
+    dies). Where locks cannot be taken (no ``fcntl``, a cache folder that cannot be written), the block runs
+    unlocked: two processes then rewrite the same file, as without the cache."""
+    try:
+        import fcntl
+
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd = os.open(path.with_suffix(".lock"), os.O_RDWR | os.O_CREAT, 0o600)
+    except (ImportError, OSError):
+        yield
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError:
+            pass
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
 
 
 class CodeState:

@@ -194,3 +194,38 @@ def test_code_changed_while_the_process_runs_turns_the_cache_off(tmp_path, gener
     assert generations == ["parity_kernel"] * 3 and len(_entries(tmp_path)) == 1
     # changed after the rewriter was imported, before it was read: never used
     assert rewrite_cache.CodeState([("tilelink/rewrite.py", code)], loaded_ns=0).current() is None
+
+
+def _decorate_after(barrier, path: Path, results) -> None:
+    barrier.wait()
+    results.put(_decorate(path).source)
+
+
+def test_processes_decorating_one_file_at_once_rewrite_it_once(tmp_path, monkeypatch) -> None:
+    """The ranks of a world import the same file together: one rewrites it, the others wait and read its entry."""
+    import multiprocessing
+
+    monkeypatch.setenv("TILELINK_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("TILELINK_REWRITE_CACHE", raising=False)
+    log = tmp_path / "generated.txt"
+    real = rewrite_cache.generate
+
+    def slow(source, file, requests):
+        with open(log, "a") as f:
+            f.write("generated\n")
+        time.sleep(1.0)  # long enough for every process to find no entry yet
+        return real(source, file, requests)
+
+    monkeypatch.setattr(rewrite_cache, "generate", slow)
+    path = tmp_path / "parity.py"
+    path.write_text(_form("helper_pair"))
+    ctx = multiprocessing.get_context("fork")
+    barrier, results = ctx.Barrier(3), ctx.Queue()
+    processes = [ctx.Process(target=_decorate_after, args=(barrier, path, results)) for _ in range(3)]
+    for p in processes:
+        p.start()
+    sources = [results.get(timeout=120) for _ in processes]
+    for p in processes:
+        p.join(timeout=30)
+    assert log.read_text().splitlines() == ["generated"], "each process rewrote the file itself"
+    assert len(set(sources)) == 1 and "parity_kernel" in sources[0]
