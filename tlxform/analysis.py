@@ -193,6 +193,9 @@ class KernelAnalysis:
     # arguments as passed and literals (a loop's target as ``tl.range(a, b, step)``), for the launch to evaluate over
     # the grid; ``None`` where it reads anything else (:func:`launch_value`)
     written_out: Callable[[str, Where], str | None] | None = field(default=None, compare=False, repr=False)
+    # ``launch_test(at)``: the test, over the kernel's parameters, that a launch compiles the statement at ``at``
+    # (the compile-time `if` sides around it, its constexpr locals written out; "" where every launch does)
+    launch_test: Callable[[Where], str] | None = field(default=None, compare=False, repr=False)
     # each `while` loop: where it starts and ends (a store inside one runs as often as the loop does, which TileLink
     # cannot count)
     while_loops: tuple[tuple[Where, Where], ...] = ()
@@ -6083,6 +6086,7 @@ def _analysed(an: _Analyzer, module: cst.Module, file: str, kernel: str, fn: cst
                               blocks={an.where(ref.node): _span(an, ref.blocks[-1]) for ref in an.statements
                                       if ref.blocks},
                               written_out=lambda source, at: launch_value(an, source, at),
+                              launch_test=lambda at: _static_test(an, at),
                               while_loops=tuple((an.where(loop), _end(an, loop))
                                                 for loop in an.findall(fn.body, m.While())),
                               body_first=_body_first(an, fn),

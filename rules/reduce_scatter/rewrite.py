@@ -1772,12 +1772,11 @@ def _whole_steps(an: KernelAnalysis, loop: tuple[Where, Where], target: str | No
     if not unmasked or step is None or not isinstance(bound, cst.Name) or target is None:
         return
     for site in unmasked:
-        # a side decided by the kernel's own constants (`if EVEN_K:` with `EVEN_K: tl.constexpr = True`) is the same
-        # on every launch: the check asks the call nothing about it
-        tests = [f"({side.test})" if side.body else f"not ({side.test})"
-                 for side in an.branch_sides.get(site, ()) if side.static
-                 and names_in(cst.parse_expression(side.test)) & set(an.params)]
-        an.__dict__.setdefault("_whole_steps", []).append(((bound.value,), step, " and ".join(tests), site.line))
+        # the compile-time sides around the load, as the row checks read them: one decided by the kernel's own
+        # constants (`if EVEN_K:` with `EVEN_K: tl.constexpr = True`) is the same on every launch, and the check asks
+        # the call nothing about it
+        test = an.launch_test(site) if an.launch_test is not None else ""
+        an.__dict__.setdefault("_whole_steps", []).append(((bound.value,), step, test, site.line))
 
 
 def whole_steps(an: KernelAnalysis) -> tuple[tuple[tuple[str, ...], str, str, int], ...]:

@@ -388,3 +388,28 @@ def test_the_later_template_with_unmasked_blocks_asks_whole_blocks_of_each_rank(
     assert all(e < 1e-4 for e in errors), errors
     for said in tilelink.spawn(_later_refused, 2, str(path), rule, 40):
         assert "only with ks2 a multiple of 16" in said and "here ks2=20" in said, said
+
+
+@pytest.mark.parametrize("even", [False, True], ids=["odd-local", "even-local"])
+def test_unmasked_blocks_on_a_side_a_local_decides_are_asked_only_where_compiled(tmp_path, monkeypatch,
+                                                                                 even: bool) -> None:
+    """The unmasked loads under `if EVEN_K:`, the masked ones under its `else`, with `EVEN_K` a local constexpr: the
+    launch asks whole blocks of each rank only where the local makes the unmasked side the one compiled. With `False`
+    a slice of 20 columns equals torch; with `True` it is refused, naming the multiple."""
+    monkeypatch.setenv("TILELINK_RACES", "1")
+    rule = "reduce_scatter"
+    source = LATER.format(rule=rule, tensor=TENSORS[rule], head=ONE_TILE).replace(
+        "EVEN_K: tl.constexpr = False", f"EVEN_K: tl.constexpr = {even}")
+    for operand in ("a", "b"):
+        load = f"{operand} = tl.load({operand.upper()} + (xindex), {operand}_mask, other=0.0)"
+        assert load in source
+        source = source.replace(load, f"if EVEN_K:\n                {operand} = tl.load({operand.upper()} + (xindex))"
+                                      f"\n            else:\n                {load}")
+    path = tmp_path / f"sides_{even}.py"
+    path.write_text(source)
+    if even:
+        for said in tilelink.spawn(_later_refused, 2, str(path), rule, 40):
+            assert "only with ks2 a multiple of 16" in said and "here ks2=20" in said, said
+    else:
+        errors = tilelink.spawn(_later, 2, str(path), rule, False, 40)
+        assert all(e < 1e-4 for e in errors), errors
