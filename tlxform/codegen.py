@@ -74,6 +74,15 @@ def plan_kernel(module: cst.Module, file: str, request: Request, names_at=None) 
                 file=file, line=request.line, hint=(
                     f"name one of its parameters ({', '.join(an.params)})" + (
                         ", or leave topk= out where each token has one row" if key == "topk" else "")))
+    # the count of slots a token has is an int: a pointer the kernel loads through is the wrong parameter (each
+    # call would be refused, its address read as a count)
+    topk = getattr(spec, "topk", None)
+    if topk is not None and topk in _addressed(find_kernel(module, request.kernel), an):
+        raise AnnotationError(f"topk={topk!r} of {request.kernel!r} is a pointer the kernel loads through: "
+                              f"topk= names the int parameter holding the count of slots of one token",
+                              file=file, line=request.line,
+                              hint="pass topk= the int parameter (vLLM's `top_k`), or leave topk= out where each "
+                                   "token has one row")
     with reading_int_types(an.int_types):
         plan = rule.rewrite_module().rewrite(an, spec, request.options)
     # the row facts the launch checks at each call with more than one rank, from the analysis the rule read
@@ -93,6 +102,32 @@ def plan_kernel(module: cst.Module, file: str, request: Request, names_at=None) 
         "would run different code, while TileLink's waits and notifies synchronise every thread of the program "
         "(software pipelining stays)", at) for at in an.warp_specialized)
     return dataclasses.replace(plan, report=plan.report + notes) if notes else plan
+
+
+def _addressed(fn: cst.FunctionDef | None, an) -> set[str]:
+    """The kernel's parameters that a `tl.load` or `tl.store` adds offsets to: terms of the sum its address is,
+    through locals bound once (`ptrs = idx_ptr + offs`, then `tl.load(ptrs)`)."""
+    found: set[str] = set()
+    if fn is None:
+        return found
+
+    def terms(node: cst.BaseExpression, depth: int) -> None:
+        while isinstance(node, (cst.BinaryOperation,)) and isinstance(node.operator, cst.Add):
+            terms(node.right, depth)
+            node = node.left
+        if isinstance(node, cst.Name):
+            if node.value in an.params:
+                found.add(node.value)
+            elif depth < 8 and len(an.values.get(node.value, ())) == 1:
+                terms(cst.parse_expression(an.values[node.value][0]), depth + 1)
+        elif isinstance(node, cst.Subscript):  # `ptrs[:, None]`
+            terms(node.value, depth)
+
+    for call in m.findall(fn.body, m.Call(func=m.Attribute(value=m.Name("tl"), attr=m.Name("load") | m.Name(
+            "store")))):
+        if call.args:
+            terms(call.args[0].value, 0)
+    return found
 
 
 def _planned(inlined, module: cst.Module, view: cst.Module, expanded: dict[str, str], file: str,

@@ -126,7 +126,10 @@ def test_without_index_the_reduction_asks_for_index_and_size_and_not_a_top_k_it_
      "topk='top_k' names no parameter of 'grouped_mm': each call's count of slots per token is read"),
     ('all_gather("a_ptr", index="row_start_ptr", size="TK")',
      "index='row_start_ptr' names no parameter of 'grouped_mm': each call's index is read"),
-], ids=["literal-topk", "expression-index", "unknown-topk", "unknown-index"])
+    # a pointer where the count of slots goes
+    ('reduce_scatter("y_ptr", index="tile_row_start_ptr", topk="tile_expert_ptr", size="TK")',
+     "topk='tile_expert_ptr' of 'grouped_mm' is a pointer the kernel loads through: topk= names the int parameter"),
+], ids=["literal-topk", "expression-index", "unknown-topk", "unknown-index", "pointer-topk"])
 def test_an_index_or_top_k_other_than_a_parameter_is_refused_at_the_annotation(rule: str, says: str) -> None:
     source = textwrap.dedent(KERNEL).replace("{rule}", rule)
     with pytest.raises(AnnotationError) as info:
