@@ -3085,10 +3085,12 @@ def _stored_once(an: KernelAnalysis, stores, rule: str) -> tuple[list[Insertion]
                     moved = any(_before(a.where, at) and _before(at, b.where)  # bound again between the stores
                                 for n in read for at, _ in an.bindings.get(n, ()))
                     # a gap is non-negative by its form when its coefficients are and each of its atoms is a block's
-                    # width (an arange's or a descriptor's block, which Triton compiles only above 0); any other
-                    # name (`c2 = BLOCK_D + G + cols` with `G` a parameter) may be negative: the compiled kernel
-                    # checks a constexpr one below, anything else is refused
-                    widths = {atom for k in (*width_a, *width_b) for atom in k}
+                    # width (an arange's or a descriptor's block, which Triton compiles only above 0: a width that is
+                    # a positive multiple of one name, not a part of a sum, `BLOCK_D + 2 * PAD`, whose `PAD` may be
+                    # 0 or below); any other name (`c2 = BLOCK_D + G + cols` with `G` a parameter) may be negative:
+                    # the compiled kernel checks a constexpr one below, anything else is refused
+                    widths = {k[0] for w in (width_a, width_b) if len(w) == 1
+                              for k, v in w.items() if len(k) == 1 and v > 0}
                     if not moved and any(all(v >= 0 for v in g.values()) and all(
                             atom in widths for k in g for atom in k) for g in gaps):
                         continue

@@ -100,6 +100,24 @@ def test_a_constexpr_gap_between_two_stores_is_asserted_at_compile_time() -> Non
     assert "tl.static_assert(G >= 0" in kernel, kernel
 
 
+@pytest.mark.parametrize(("first", "second", "asserted"), [
+    # the first block `BLOCK_D + G` wide, the second from `BLOCK_D + 2 * G`: apart by `G`, which may be below 0
+    ("BLOCK_D + G", "BLOCK_D + 2 * G", "tl.static_assert(G >= 0"),
+    # the second one column past a block of `BLOCK_D + 2 * G`: apart for `G = 0` only, not for every width
+    ("BLOCK_D + 2 * G", "BLOCK_D + 1", "tl.static_assert(-2 * G + 1 >= 0"),
+], ids=["gap-of-a-part", "one-launch-apart"])
+def test_a_width_made_of_a_sum_is_not_read_as_positive_in_each_part(first: str, second: str, asserted: str) -> None:
+    """Triton compiles an arange only above 0 wide, but a width that is a sum says nothing of each of its parts: the
+    gap between the stores is asserted at compile time, neither taken as non-negative nor refused as never so."""
+    source = KERNEL.replace("G, BLOCK_M", "G: tl.constexpr, BLOCK_M").format(
+        store=f"c1 = tl.arange(0, {first})\n    c2 = {second} + cols\n"
+              f"    tl.store(y_ptr + offs[:, None] * D + c1[None, :], tl.zeros((BLOCK_M, {first}), tl.float32),\n"
+              "             mask=c1[None, :] < D)\n"
+              "    tl.store(y_ptr + offs[:, None] * D + c2[None, :], x, mask=c2[None, :] < D)")
+    kernel = _build(source).rewritten["copy_rows"]
+    assert asserted in kernel, kernel
+
+
 def test_a_host_descriptors_block_width_is_asserted_at_compile_time() -> None:
     path = FORMS / "gemm_host_descriptor_rs.py"
     text = path.read_text()
