@@ -30,6 +30,7 @@ import os
 import pickle
 import sys
 import tempfile
+import time
 from importlib import metadata
 from pathlib import Path
 
@@ -59,37 +60,72 @@ def generate_kept(source: str, file: str, requests: list[Request]) -> GeneratedM
     kept = _read(path)
     if kept is not None:
         return kept
-    # the ranks of a world import the same file at once: one rewrites it, the others wait for its entry (seconds of
-    # each rank's CPU saved, and ranks sharing few cores start together)
-    with _entry_lock(path):
-        kept = _read(path)
-        if kept is not None:
-            return kept
+    # the ranks of a world import the same file at once: the first rewrites it while the others wait for its entry
+    # (seconds of each rank's CPU saved, and ranks sharing few cores start together)
+    with _first_or_waited(path) as first:
+        if not first:
+            kept = _read(path)
+            if kept is not None:
+                return kept
         with helper_sources.recording() as lookups:
             generated = generate(source, file, requests)
         _write(path, {"format": FORMAT, "lookups": tuple(lookups), "generated": generated})
     return generated
 
 
+#: how long a process waits for another's rewrite of the same file before rewriting it itself
+LOCK_WAIT_S = 300.0
+
+#: the entries this process is rewriting now (a rewrite that decorated the same file again would wait on itself)
+_HELD: set[Path] = set()
+
+
 @contextlib.contextmanager
-def _entry_lock(path: Path):
-    """Holds an exclusive lock on ``path``'s lock file while the block runs (released by the system if the process
-    dies). Where locks cannot be taken (no ``fcntl``, a cache folder that cannot be written), the block runs
-    unlocked: two processes then rewrite the same file, as without the cache."""
+def _first_or_waited(path: Path):
+    """Yields ``True`` holding ``path``'s lock where no other process holds it (this one rewrites, the others wait),
+    else ``False`` once the holder let go (its entry is then there to read; where it is not, a refused kernel or an
+    entry that could not be written, each waiting process rewrites on its own, at once, not one after another). A
+    holder stopped or gone without a word is waited for at most ``LOCK_WAIT_S`` seconds. Without ``fcntl``, with a
+    lock file that cannot be made or is not the user's own, or for an entry this process is already rewriting, yields
+    ``True`` unlocked: processes then rewrite the same file each, as without the cache."""
+    fd = None
     try:
         import fcntl
 
-        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        fd = os.open(path.with_suffix(".lock"), os.O_RDWR | os.O_CREAT, 0o600)
+        if path not in _HELD:
+            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            fd = os.open(path.with_suffix(".lock"), os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o600)
+            if hasattr(os, "getuid") and os.fstat(fd).st_uid != os.getuid():
+                os.close(fd)
+                fd = None
     except (ImportError, OSError):
-        yield
+        fd = None
+    if fd is None:
+        yield True
         return
     try:
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            first = True
         except OSError:
-            pass
-        yield
+            first = False
+        if not first:
+            deadline = time.monotonic() + LOCK_WAIT_S
+            while time.monotonic() < deadline:
+                time.sleep(0.05)
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except OSError:
+                    continue
+                fcntl.flock(fd, fcntl.LOCK_UN)  # the holder is done: read its entry, no need to hold the lock
+                break
+            yield False
+            return
+        _HELD.add(path)
+        try:
+            yield True
+        finally:
+            _HELD.discard(path)
     finally:
         os.close(fd)  # closing releases the lock
 

@@ -198,12 +198,17 @@ def test_code_changed_while_the_process_runs_turns_the_cache_off(tmp_path, gener
 
 def _decorate_after(barrier, path: Path, results) -> None:
     barrier.wait()
-    results.put(_decorate(path).source)
+    try:
+        results.put(_decorate(path).source)
+    except AnnotationError as exc:
+        results.put(f"refused: {exc}")
 
 
-def test_processes_decorating_one_file_at_once_rewrite_it_once(tmp_path, monkeypatch) -> None:
-    """The ranks of a world import the same file together: one rewrites it, the others wait and read its entry."""
+def _at_once(tmp_path, monkeypatch, form: str) -> tuple[list[str], list[str]]:
+    """Three processes decorating one file together, each rewrite taking a second: (what each got, the log of the
+    rewrites' starts and ends by process)."""
     import multiprocessing
+    import os
 
     monkeypatch.setenv("TILELINK_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.delenv("TILELINK_REWRITE_CACHE", raising=False)
@@ -212,20 +217,62 @@ def test_processes_decorating_one_file_at_once_rewrite_it_once(tmp_path, monkeyp
 
     def slow(source, file, requests):
         with open(log, "a") as f:
-            f.write("generated\n")
+            f.write(f"start {os.getpid()}\n")
         time.sleep(1.0)  # long enough for every process to find no entry yet
-        return real(source, file, requests)
+        try:
+            return real(source, file, requests)
+        finally:
+            with open(log, "a") as f:
+                f.write(f"end {os.getpid()}\n")
 
     monkeypatch.setattr(rewrite_cache, "generate", slow)
     path = tmp_path / "parity.py"
-    path.write_text(_form("helper_pair"))
+    path.write_text(form)
     ctx = multiprocessing.get_context("fork")
     barrier, results = ctx.Barrier(3), ctx.Queue()
     processes = [ctx.Process(target=_decorate_after, args=(barrier, path, results)) for _ in range(3)]
     for p in processes:
         p.start()
-    sources = [results.get(timeout=120) for _ in processes]
+    got = [results.get(timeout=120) for _ in processes]
     for p in processes:
         p.join(timeout=30)
-    assert log.read_text().splitlines() == ["generated"], "each process rewrote the file itself"
+    return got, log.read_text().split()[::2]
+
+
+def test_processes_decorating_one_file_at_once_rewrite_it_once(tmp_path, monkeypatch) -> None:
+    """The ranks of a world import the same file together: one rewrites it, the others wait and read its entry."""
+    sources, log = _at_once(tmp_path, monkeypatch, _form("helper_pair"))
+    assert log == ["start", "end"], "each process rewrote the file itself"
     assert len(set(sources)) == 1 and "parity_kernel" in sources[0]
+
+
+def test_processes_waiting_on_a_refused_kernel_rewrite_it_together_not_in_turn(tmp_path, monkeypatch) -> None:
+    """A refused kernel leaves no entry: the processes that waited for the first each analyse it, at once (the
+    second's start before the first of them ends), and each says why."""
+    refused = _form("helper_pair").replace('all_gather("x_ptr"', 'all_gather("z_ptr"')
+    said, log = _at_once(tmp_path, monkeypatch, refused)
+    assert all(s.startswith("refused: ") and "z_ptr" in s for s in said), said
+    assert log[:2] == ["start", "end"] and log[2:4] == ["start", "start"], log
+
+
+def test_a_rewrite_waits_for_a_held_entry_only_so_long(tmp_path, generations, monkeypatch) -> None:
+    """A holder that never lets go (stopped, or its lock inherited by a child) is waited for ``LOCK_WAIT_S``; the
+    process then rewrites the file itself."""
+    import fcntl
+
+    path = tmp_path / "parity.py"
+    path.write_text(_form("helper_pair"))
+    kernel = _decorate(path)
+    (entry,) = _entries(tmp_path)
+    entry.unlink()
+    monkeypatch.setattr(rewrite_cache, "LOCK_WAIT_S", 0.3)
+    with open(entry.with_suffix(".lock"), "a") as held:
+        fcntl.flock(held.fileno(), fcntl.LOCK_EX)
+        again = rewrite_cache.generate_kept(_form("helper_pair"), _display_path(str(path)), _request(kernel))
+    assert _order(again) == _order(kernel) and generations == ["parity_kernel"] * 2
+
+
+def test_a_rewrite_inside_one_of_the_same_entry_does_not_wait_on_itself(tmp_path) -> None:
+    entry = tmp_path / "cache" / "rewrites" / "key.pickle"
+    with rewrite_cache._first_or_waited(entry) as first, rewrite_cache._first_or_waited(entry) as again:
+        assert first and again
