@@ -309,12 +309,7 @@ def _names(node: cst.CSTNode, *, skip_loads: bool) -> set[str]:
             stack.append(n.value)  # not an attribute's name, nor the keyword of `mask=m`: neither is a reference
         elif not (skip_loads and isinstance(n, cst.Call) and isinstance(n.func, cst.Attribute)
                   and n.func.attr.value == "load"):
-            for name in _fields_of(type(n)):
-                value = getattr(n, name)
-                if isinstance(value, cst.CSTNode):
-                    stack.append(value)
-                elif isinstance(value, (tuple, list)):
-                    stack.extend(v for v in value if isinstance(v, cst.CSTNode))
+            _push_children(n, stack)
     return found
 
 
@@ -327,13 +322,18 @@ def nodes_of(node: cst.CSTNode, kinds: type | tuple[type, ...]) -> list[cst.CSTN
         n = stack.pop()
         if isinstance(n, kinds):
             found.append(n)
-        for name in _fields_of(type(n)):
-            value = getattr(n, name)
-            if isinstance(value, cst.CSTNode):
-                stack.append(value)
-            elif isinstance(value, (tuple, list)):
-                stack.extend(v for v in value if isinstance(v, cst.CSTNode))
+        _push_children(n, stack)
     return found
+
+
+def _push_children(node: cst.CSTNode, stack: list[cst.CSTNode]) -> None:
+    """Appends the nodes ``node``'s fields hold (whitespace left out) to ``stack``."""
+    for name in _fields_of(type(node)):
+        value = getattr(node, name)
+        if isinstance(value, cst.CSTNode):
+            stack.append(value)
+        elif isinstance(value, (tuple, list)):
+            stack.extend(v for v in value if isinstance(v, cst.CSTNode))
 
 
 @functools.cache
