@@ -105,28 +105,35 @@ def plan_kernel(module: cst.Module, file: str, request: Request, names_at=None) 
 
 
 def _addressed(fn: cst.FunctionDef | None, an) -> set[str]:
-    """The kernel's parameters that a `tl.load` or `tl.store` adds offsets to: terms of the sum its address is,
-    through locals bound once (`ptrs = idx_ptr + offs`, then `tl.load(ptrs)`)."""
+    """The kernel's parameters a `tl.load` or `tl.store` address starts from: the first term of the sum the address
+    is, through locals bound once (`ptrs = idx_ptr + offs`, then `tl.load(ptrs)`). An int added after it (`ptr + top_k`)
+    is not one, nor is a constexpr parameter."""
     found: set[str] = set()
     if fn is None:
         return found
 
-    def terms(node: cst.BaseExpression, depth: int) -> None:
-        while isinstance(node, (cst.BinaryOperation,)) and isinstance(node.operator, cst.Add):
-            terms(node.right, depth)
-            node = node.left
-        if isinstance(node, cst.Name):
-            if node.value in an.params:
+    def base(node: cst.BaseExpression, depth: int) -> None:
+        while True:
+            if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Add):
+                node = node.left
+            elif isinstance(node, cst.Subscript):  # `ptrs[:, None]`
+                node = node.value
+            else:
+                break
+        if not isinstance(node, cst.Name):
+            return
+        if node.value in an.params:
+            if node.value not in an.constexpr_params:
                 found.add(node.value)
-            elif depth < 8 and len(an.values.get(node.value, ())) == 1:
-                terms(cst.parse_expression(an.values[node.value][0]), depth + 1)
-        elif isinstance(node, cst.Subscript):  # `ptrs[:, None]`
-            terms(node.value, depth)
+        elif depth < 8 and len(an.values.get(node.value, ())) == 1 and node.value not in an.rebound:
+            base(cst.parse_expression(an.values[node.value][0]), depth + 1)
 
     for call in m.findall(fn.body, m.Call(func=m.Attribute(value=m.Name("tl"), attr=m.Name("load") | m.Name(
             "store")))):
-        if call.args:
-            terms(call.args[0].value, 0)
+        pointer = next((a.value for a in call.args if a.keyword is not None and a.keyword.value == "pointer"),
+                       call.args[0].value if call.args and call.args[0].keyword is None else None)
+        if pointer is not None:
+            base(pointer, 0)
     return found
 
 

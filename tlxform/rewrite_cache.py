@@ -24,6 +24,7 @@ the keeping off.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import importlib.util
 import os
@@ -62,11 +63,10 @@ def generate_kept(source: str, file: str, requests: list[Request]) -> GeneratedM
         return kept
     # the ranks of a world import the same file at once: the first rewrites it while the others wait for its entry
     # (seconds of each rank's CPU saved, and ranks sharing few cores start together)
-    with _first_or_waited(path) as first:
-        if not first:
-            kept = _read(path)
-            if kept is not None:
-                return kept
+    with _first_or_waited(path):
+        kept = _read(path)  # written by a holder that let go between the read above and the lock
+        if kept is not None:
+            return kept
         with helper_sources.recording() as lookups:
             generated = generate(source, file, requests)
         _write(path, {"format": FORMAT, "lookups": tuple(lookups), "generated": generated})
@@ -96,28 +96,27 @@ def _first_or_waited(path: Path):
             path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
             fd = os.open(path.with_suffix(".lock"), os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o600)
             if hasattr(os, "getuid") and os.fstat(fd).st_uid != os.getuid():
-                os.close(fd)
-                fd = None
+                raise PermissionError("the lock file is not the user's own")
     except (ImportError, OSError):
+        if fd is not None:
+            os.close(fd)
         fd = None
     if fd is None:
         yield True
         return
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            first = True
-        except OSError:
-            first = False
-        if not first:
+        held = _try_lock(fcntl, fd)
+        if held is None:  # a file system without locks (Lustre without flock, NFS without lockd): unlocked
+            yield True
+            return
+        if not held:
             deadline = time.monotonic() + LOCK_WAIT_S
             while time.monotonic() < deadline:
                 time.sleep(0.05)
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except OSError:
+                if _try_lock(fcntl, fd) is False:
                     continue
-                fcntl.flock(fd, fcntl.LOCK_UN)  # the holder is done: read its entry, no need to hold the lock
+                with contextlib.suppress(OSError):
+                    fcntl.flock(fd, fcntl.LOCK_UN)  # the holder is done: read its entry, no need to hold the lock
                 break
             yield False
             return
@@ -128,6 +127,16 @@ def _first_or_waited(path: Path):
             _HELD.discard(path)
     finally:
         os.close(fd)  # closing releases the lock
+
+
+def _try_lock(fcntl, fd: int) -> bool | None:
+    """Takes ``fd``'s exclusive lock without waiting: ``True`` taken, ``False`` held by another process, ``None``
+    where the file system takes no locks."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        return False if exc.errno in (errno.EAGAIN, errno.EWOULDBLOCK, errno.EACCES) else None
+    return True
 
 
 class CodeState:

@@ -137,3 +137,19 @@ def test_an_index_or_top_k_other_than_a_parameter_is_refused_at_the_annotation(r
     assert says in str(info.value) and info.value.line == 7, info.value
     if "names no parameter" in says:
         assert "name one of its parameters (a_ptr, w_ptr, " in info.value.hint, info.value.hint
+
+
+@pytest.mark.parametrize("extra", [
+    "    e2 = tl.load(expert_ids_ptr + pid_m + top_k)\n",  # the count added after the pointer
+    "    end = pid_m + top_k\n    e2 = tl.load(expert_ids_ptr + end)\n",  # through a local
+    "    j = top_k\n    for j in range(2):\n        e2 = tl.load(expert_ids_ptr + j)\n",  # a local bound again
+], ids=["added", "through-a-local", "rebound-local"])
+def test_an_int_top_k_added_to_an_address_is_not_taken_for_a_pointer(extra: str) -> None:
+    """Only the term an address starts from is its pointer: an int count added to it stays a count."""
+    from pathlib import Path
+
+    source = (Path(__file__).parent / "reduce_scatter" / "moe_scatter_topk.before.py").read_text()
+    anchor = "    expert = tl.load(expert_ids_ptr + pid_m)\n"
+    assert anchor in source and "topk=" in source
+    source = source.replace(anchor, anchor + extra)
+    assert generate(source, "moe.py", requests_in(source, "moe.py")).rewritten

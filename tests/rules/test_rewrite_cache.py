@@ -276,3 +276,17 @@ def test_a_rewrite_inside_one_of_the_same_entry_does_not_wait_on_itself(tmp_path
     entry = tmp_path / "cache" / "rewrites" / "key.pickle"
     with rewrite_cache._first_or_waited(entry) as first, rewrite_cache._first_or_waited(entry) as again:
         assert first and again
+
+
+def test_a_file_system_without_locks_rewrites_unlocked_without_waiting(tmp_path, monkeypatch) -> None:
+    """Lustre without flock, NFS without lockd: the lock's error is not another process holding it."""
+    import errno
+    import fcntl
+
+    def no_locks(fd, operation):
+        raise OSError(errno.ENOSYS, "Function not implemented")
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    monkeypatch.setattr(rewrite_cache, "LOCK_WAIT_S", 5.0)  # were it taken for held: False after 5 s
+    with rewrite_cache._first_or_waited(tmp_path / "cache" / "rewrites" / "key.pickle") as first:
+        assert first
