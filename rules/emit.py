@@ -270,9 +270,11 @@ def _evaluable(source: str) -> bool:
     return True
 
 
-def _positions(an: KernelAnalysis) -> set[str]:
-    """Every name whose value reads the program's position, directly or through other names."""
-    reading, headers = position_helpers(an.helpers), _loop_ranges(an)
+def _positions(an: KernelAnalysis, reading: frozenset[str] | None = None) -> set[str]:
+    """Every name whose value reads the program's position, directly or through other names; ``reading``: the helpers
+    taken to read it themselves (default: the kernel's, :func:`position_helpers`)."""
+    reading = position_helpers(an.helpers) if reading is None else reading
+    headers = _loop_ranges(an)
     read: dict[str, tuple[bool, set[str]]] = {}  # each value's text: (reads the position itself, names it reads)
     for text in {v for n in set(an.values) | set(headers) for v in an.values.get(n, ()) + headers.get(n, ())}:
         node = cst.parse_expression(text)
@@ -671,17 +673,7 @@ def _helper_pairs(an: KernelAnalysis, pid: str, other: str, value: str) -> bool:
     if any(a.keyword is not None or a.star for a in call.args) or len(args) > len(params):
         return False
     # the kernel's names that read a program id (any axis), directly or in turn, a loop's target through its range
-    headers = _loop_ranges(an)
-    carriers: set[str] = set()
-    read = {v: (bool(position_reads(e)), names_in(e)) for v in {
-        v for n in set(an.values) | set(headers) for v in an.values.get(n, ()) + headers.get(n, ())}
-        for e in (cst.parse_expression(v),)}
-    while True:
-        more = {n for n in set(an.values) | set(headers) if n not in carriers and any(
-            read[v][0] or read[v][1] & carriers for v in an.values.get(n, ()) + headers.get(n, ()))}
-        if not more:
-            break
-        carriers |= more
+    carriers = _positions(an, frozenset())
     position = {p for p, a in zip(params, args, strict=False) if position_reads(a) or names_in(a) & carriers}
     locals_: dict[str, list[cst.BaseExpression]] = {}
     counts: dict[str, int] = {}
